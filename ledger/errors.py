@@ -1,0 +1,305 @@
+"""The one catalogue of Magnetar's operating errors, shared by bookie, ledger client,
+broker and gateway.
+
+Every class carries a stable numeric ``code`` (never reused once published), a
+``retriable`` flag that tells a caller whether trying again may succeed, and the
+``http_status`` a REST shell answers with. The receiving side of any wire rebuilds the
+typed error with :func:`error_for_code`, so a fenced ledger raised on a bookie is a
+``LedgerFenced`` in the broker too.
+
+Code ranges:
+    1000-1999  bad input and configuration (the caller's fault, never retriable)
+    2000-2999  ledgers and entries
+    3000-3999  metadata store (etcd)
+    4000-4999  broker and topics
+    5000-5999  capacity, time and availability (mostly retriable)
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class MagnetarError(Exception):
+    """Base of every operating error. Subclasses set the three class variables."""
+
+    code: ClassVar[int] = 1000
+    retriable: ClassVar[bool] = False
+    http_status: ClassVar[int] = 500
+
+    def __init__(self, message: str = "") -> None:
+        self.message = message or self.__class__.__name__
+        super().__init__(self.message)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"code": self.code, "error": self.__class__.__name__, "message": self.message}
+
+
+# A LedgerError is any error about ledgers and entries; the style guide names the
+# family after it, and callers catch it to mean "the storage path said no".
+class LedgerError(MagnetarError):
+    code = 2000
+
+
+# --- 1000: bad input and configuration -------------------------------------------
+
+class ConfigError(MagnetarError):
+    """An operator setting is invalid; the message names the field."""
+
+    code, http_status = 1001, 400
+
+
+class InvalidArgument(MagnetarError):
+    code, http_status = 1002, 400
+
+
+class MalformedFrame(MagnetarError):
+    """Bytes from a peer do not parse as the format says; the peer is to blame."""
+
+    code, http_status = 1003, 400
+
+
+class EntryTooLarge(MagnetarError):
+    code, http_status = 1004, 413
+
+    def __init__(self, size_bytes: int, size_bytes_max: int) -> None:
+        self.size_bytes = size_bytes
+        self.size_bytes_max = size_bytes_max
+        super().__init__(f"entry of {size_bytes} bytes exceeds the limit of {size_bytes_max}")
+
+
+class DigestMismatch(LedgerError):
+    """An entry's CRC32C does not match its bytes: corruption or a bad writer."""
+
+    code, http_status = 2013, 422
+
+    def __init__(self, ledger_id: int, entry_id: int, detail: str = "") -> None:
+        self.ledger_id = ledger_id
+        self.entry_id = entry_id
+        suffix = f": {detail}" if detail else ""
+        super().__init__(f"digest mismatch: ledger_id={ledger_id} entry_id={entry_id}{suffix}")
+
+
+class NotFound(MagnetarError):
+    """A named thing (tenant, namespace, topic, subscription...) does not exist."""
+
+    code, http_status = 1006, 404
+
+
+class AlreadyExists(MagnetarError):
+    code, http_status = 1007, 409
+
+
+class Unauthorized(MagnetarError):
+    code, http_status = 1008, 401
+
+
+# --- 2000: ledgers and entries ------------------------------------------------------
+
+class LedgerFenced(LedgerError):
+    code, http_status = 2001, 409
+
+    def __init__(self, ledger_id: int) -> None:
+        self.ledger_id = ledger_id
+        super().__init__(f"ledger {ledger_id} is fenced")
+
+
+class NoSuchLedger(LedgerError):
+    code, http_status = 2002, 404
+
+    def __init__(self, ledger_id: int) -> None:
+        self.ledger_id = ledger_id
+        super().__init__(f"no such ledger: ledger_id={ledger_id}")
+
+
+class NoSuchEntry(LedgerError):
+    code, http_status = 2003, 404
+
+    def __init__(self, ledger_id: int, entry_id: int) -> None:
+        self.ledger_id = ledger_id
+        self.entry_id = entry_id
+        super().__init__(f"no such entry: ledger_id={ledger_id} entry_id={entry_id}")
+
+
+class LedgerClosed(LedgerError):
+    code, http_status = 2004, 409
+
+    def __init__(self, ledger_id: int) -> None:
+        self.ledger_id = ledger_id
+        super().__init__(f"ledger {ledger_id} is closed")
+
+
+class NotEnoughBookies(LedgerError):
+    """Fewer writable bookies are registered than an ensemble needs."""
+
+    code, retriable, http_status = 2005, True, 503
+
+    def __init__(self, needed: int, available: int) -> None:
+        self.needed = needed
+        self.available = available
+        super().__init__(f"not enough writable bookies: needed={needed} available={available}")
+
+
+class BookieReadOnly(LedgerError):
+    code, retriable, http_status = 2006, True, 503
+
+    def __init__(self, bookie_id: str) -> None:
+        self.bookie_id = bookie_id
+        super().__init__(f"bookie {bookie_id} is read-only")
+
+
+class BookieUnavailable(LedgerError):
+    """A bookie did not answer (connection refused, reset, timed out)."""
+
+    code, retriable, http_status = 2007, True, 503
+
+    def __init__(self, bookie_id: str, detail: str = "") -> None:
+        self.bookie_id = bookie_id
+        suffix = f": {detail}" if detail else ""
+        super().__init__(f"bookie {bookie_id} unavailable{suffix}")
+
+
+class LedgerRecoveryFailed(LedgerError):
+    code, retriable, http_status = 2008, True, 503
+
+
+class EntryIdOutOfRange(LedgerError):
+    """A read asked for entries past the end of a closed ledger, or a negative id."""
+
+    code, http_status = 2009, 400
+
+    def __init__(self, ledger_id: int, entry_id: int, last_entry_id: int) -> None:
+        self.ledger_id = ledger_id
+        self.entry_id = entry_id
+        self.last_entry_id = last_entry_id
+        super().__init__(
+            f"entry out of range: ledger_id={ledger_id} entry_id={entry_id} "
+            f"last_entry_id={last_entry_id}"
+        )
+
+
+class LedgerMetadataConflict(LedgerError):
+    """A compare-and-swap on ledger metadata lost to another writer."""
+
+    code, retriable, http_status = 2010, True, 409
+
+
+class BookieStorageError(LedgerError):
+    """The bookie's own disk failed an operation (full disk, IO error)."""
+
+    code, http_status = 2011, 507
+
+
+class AddTimeout(LedgerError):
+    code, retriable, http_status = 2012, True, 504
+
+
+# --- 3000: metadata store ------------------------------------------------------------
+
+class MetadataError(MagnetarError):
+    code, retriable, http_status = 3000, True, 503
+
+
+class MetadataUnavailable(MetadataError):
+    code, retriable, http_status = 3001, True, 503
+
+
+class MetadataVersionConflict(MetadataError):
+    """A compare-and-swap found another revision than expected."""
+
+    code, retriable, http_status = 3002, True, 409
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        super().__init__(f"metadata version conflict: key={key}")
+
+
+class MetadataKeyExists(MetadataError):
+    code, retriable, http_status = 3003, False, 409
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        super().__init__(f"metadata key exists: key={key}")
+
+
+class MetadataNoSuchKey(MetadataError):
+    code, retriable, http_status = 3004, False, 404
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        super().__init__(f"metadata key not found: key={key}")
+
+
+class MetadataLeaseExpired(MetadataError):
+    code, retriable, http_status = 3005, True, 503
+
+
+# --- 5000: capacity, time, availability -------------------------------------------
+
+class Overloaded(MagnetarError):
+    code, retriable, http_status = 5001, True, 503
+
+
+class OperationTimeout(MagnetarError):
+    code, retriable, http_status = 5002, True, 504
+
+
+class ServiceNotReady(MagnetarError):
+    code, retriable, http_status = 5003, True, 503
+
+
+class ShuttingDown(MagnetarError):
+    code, retriable, http_status = 5004, True, 503
+
+
+class UnknownError(MagnetarError):
+    """The receiving side got a code it does not know (a newer peer)."""
+
+    code, http_status = 1999, 500
+
+
+def _all_error_classes() -> list[type[MagnetarError]]:
+    found: list[type[MagnetarError]] = []
+    pending: list[type[MagnetarError]] = [MagnetarError]
+    while pending:
+        cls = pending.pop()
+        found.append(cls)
+        pending.extend(cls.__subclasses__())
+    return found
+
+
+def _build_code_table() -> dict[int, type[MagnetarError]]:
+    table: dict[int, type[MagnetarError]] = {}
+    for cls in _all_error_classes():
+        # Two classes on one code would make error_for_code ambiguous across a wire.
+        assert cls.code not in table or table[cls.code] is cls, (cls, table.get(cls.code))
+        table[cls.code] = cls
+    return table
+
+
+_BY_CODE = _build_code_table()
+
+
+def register(cls: type[MagnetarError]) -> type[MagnetarError]:
+    """Adds a class defined in another module (the broker's errors) to the table."""
+    existing = _BY_CODE.get(cls.code)
+    assert existing is None or existing is cls, (cls, existing)
+    _BY_CODE[cls.code] = cls
+    return cls
+
+
+def error_class_for_code(code: int) -> type[MagnetarError]:
+    return _BY_CODE.get(code, UnknownError)
+
+
+def error_for_code(code: int, message: str) -> MagnetarError:
+    """Rebuilds a typed error on the receiving side of a wire.
+
+    The fields a class keeps (ledger_id and so on) are not carried on the wire, only
+    the message that was built from them, so the instance is made without calling
+    the subclass constructor.
+    """
+    cls = error_class_for_code(code)
+    error = cls.__new__(cls)
+    MagnetarError.__init__(error, message)
+    return error

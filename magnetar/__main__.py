@@ -1,0 +1,5 @@
+import sys
+
+from magnetar.cli import main
+
+sys.exit(main())
