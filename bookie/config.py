@@ -1,0 +1,152 @@
+"""Configuration of a bookie: one frozen dataclass per component, built once at start
+by the wiring (bookie/main.py), validated here and passed down through constructors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ledger.errors import ConfigError
+
+KIB = 1024
+MIB = 1024 * KIB
+GIB = 1024 * MIB
+
+# Pulsar's default maximum message is 5 MiB and a producer batch is one entry; the
+# margin covers the entry header and the broker's metadata.
+ENTRY_BYTES_MAX_DEFAULT = 5 * MIB + 64 * KIB
+
+
+@dataclass(frozen=True)
+class JournalConfig:
+    journal_dir: str
+    # A group is written with one write + fdatasync. It closes when it holds this many
+    # bytes (a large sequential write is near the disk's full bandwidth by 4 MiB) ...
+    group_bytes_max: int = 4 * MIB
+    # ... or when its oldest add has waited this long (BookKeeper's default is 2 ms; an
+    # idle journal flushes at once since nothing else is coming).
+    group_wait_ms_max: float = 2.0
+    # Adds queued for the journal but not yet written; past this, adds wait (back-
+    # pressure to the gRPC stream). 64 MiB absorbs a few fsyncs' worth at full speed.
+    queue_bytes_max: int = 64 * MIB
+    # Journal files rotate at this size; old ones go once a checkpoint passes them.
+    file_bytes_max: int = 256 * MIB
+    # Disable only for benchmarks of the code path itself, never in production.
+    fsync_enabled: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.journal_dir:
+            raise ConfigError("journal_dir must be set")
+        if not 0 < self.group_bytes_max <= self.file_bytes_max:
+            raise ConfigError("group_bytes_max must be in (0, file_bytes_max]")
+        if not 0 <= self.group_wait_ms_max <= 1000:
+            raise ConfigError("group_wait_ms_max must be in [0, 1000]")
+        if self.queue_bytes_max < self.group_bytes_max:
+            raise ConfigError("queue_bytes_max must be at least group_bytes_max")
+        if self.file_bytes_max < 1 * MIB:
+            raise ConfigError("file_bytes_max must be at least 1 MiB")
+
+
+@dataclass(frozen=True)
+class LedgerStorageConfig:
+    ledger_dirs: tuple[str, ...]
+    # Entries wait in the write cache (memory) until a flush writes them, sorted by
+    # ledger, to the entry log. A flush starts at half this size or on the interval.
+    write_cache_bytes_max: int = 256 * MIB
+    flush_interval_s: float = 1.0
+    # Recently flushed and recently read entries, for readers just behind the tail.
+    read_cache_bytes_max: int = 128 * MIB
+    # On a read from disk, also load this many bytes ahead into the read cache.
+    read_ahead_bytes: int = 1 * MIB
+    entry_log_bytes_max: int = 512 * MIB
+    entry_bytes_max: int = ENTRY_BYTES_MAX_DEFAULT
+    # A read reply carries at most this many bytes (gRPC messages are capped at 64 MiB).
+    read_response_bytes_max: int = 8 * MIB
+    # An add that finds the write cache full waits this long for a flush, then fails
+    # with Overloaded.
+    write_cache_wait_s_max: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not self.ledger_dirs:
+            raise ConfigError("ledger_dirs must name at least one directory")
+        if len(set(self.ledger_dirs)) != len(self.ledger_dirs):
+            raise ConfigError("ledger_dirs must not repeat a directory")
+        if self.write_cache_bytes_max < 2 * self.entry_bytes_max:
+            raise ConfigError("write_cache_bytes_max must hold at least two maximal entries")
+        if not 0.01 <= self.flush_interval_s <= 600:
+            raise ConfigError("flush_interval_s must be in [0.01, 600]")
+        if self.read_cache_bytes_max < 0:
+            raise ConfigError("read_cache_bytes_max must not be negative")
+        if self.entry_log_bytes_max < 4 * self.entry_bytes_max:
+            raise ConfigError("entry_log_bytes_max must hold at least four maximal entries")
+        if not 1 * MIB <= self.read_response_bytes_max <= 32 * MIB:
+            raise ConfigError("read_response_bytes_max must be in [1 MiB, 32 MiB]")
+
+
+@dataclass(frozen=True)
+class GcConfig:
+    # How often deleted ledgers are looked for in metadata.
+    interval_s: float = 60.0
+    # Entry logs whose live bytes fall below this share of their size are compacted.
+    compaction_live_ratio_min: float = 0.5
+    # Compaction copies at most this many bytes per GC round (bounds the IO it steals).
+    compaction_bytes_per_round_max: int = 1 * GIB
+
+    def __post_init__(self) -> None:
+        if not 0.05 <= self.interval_s <= 86_400:
+            raise ConfigError("gc interval_s must be in [0.05, 86400]")
+        if not 0.0 <= self.compaction_live_ratio_min < 1.0:
+            raise ConfigError("compaction_live_ratio_min must be in [0, 1)")
+
+
+@dataclass(frozen=True)
+class DiskConfig:
+    # Past this share of a disk in use the bookie turns read-only (BookKeeper's
+    # diskUsageThreshold default is 0.95)...
+    usage_threshold: float = 0.95
+    # ... and it turns writable again below this one (the low water mark).
+    usage_lwm_threshold: float = 0.90
+    check_interval_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.usage_threshold <= 1.0:
+            raise ConfigError("usage_threshold must be in (0, 1]")
+        if not 0.0 < self.usage_lwm_threshold <= self.usage_threshold:
+            raise ConfigError("usage_lwm_threshold must be in (0, usage_threshold]")
+        if not 0.05 <= self.check_interval_s <= 3600:
+            raise ConfigError("disk check_interval_s must be in [0.05, 3600]")
+
+
+@dataclass(frozen=True)
+class BookieConfig:
+    metadata_url: str
+    journal: JournalConfig
+    storage: LedgerStorageConfig
+    gc: GcConfig = field(default_factory=GcConfig)
+    disk: DiskConfig = field(default_factory=DiskConfig)
+    host: str = "127.0.0.1"
+    port: int = 3181
+    http_port: int = 8000
+    # The id under which the bookie registers; default "host:port" (its address).
+    bookie_id: str = ""
+    # Lease on the registration: a dead bookie disappears from writers' view this long
+    # after its last keep-alive.
+    registration_ttl_s: int = 10
+    # Parallel disk reads (each on its own thread with its own index connection).
+    read_threads: int = 4
+    # Concurrent gRPC streams and calls a bookie serves before refusing new ones.
+    concurrent_rpcs_max: int = 1024
+    grpc_message_bytes_max: int = 64 * MIB
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError("port must be in [0, 65535]")
+        if not 0 <= self.http_port <= 65535:
+            raise ConfigError("http_port must be in [0, 65535]")
+        if not 2 <= self.registration_ttl_s <= 600:
+            raise ConfigError("registration_ttl_s must be in [2, 600]")
+        if not 1 <= self.read_threads <= 64:
+            raise ConfigError("read_threads must be in [1, 64]")
+        if self.grpc_message_bytes_max < 2 * self.storage.entry_bytes_max:
+            raise ConfigError("grpc_message_bytes_max must hold at least two maximal entries")
+        if self.grpc_message_bytes_max < self.storage.read_response_bytes_max + self.storage.entry_bytes_max:
+            raise ConfigError("grpc_message_bytes_max must exceed read_response_bytes_max by an entry")

@@ -1,0 +1,50 @@
+"""Disk usage of a bookie's journal and ledger directories, and the read-only decision.
+
+``decide_read_only`` is the pure rule: turn read-only when any directory's filesystem is
+past ``usage_threshold``; turn writable again only when every one is below the low
+water mark, so a bookie near the line does not flap. ``measure`` does the IO.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DiskUsage:
+    total_bytes: int
+    free_bytes: int
+    # The highest used share among the bookie's directories' filesystems.
+    ratio: float
+    worst_directory: str
+
+
+def decide_read_only(currently_read_only: bool, ratio: float, threshold: float, lwm_threshold: float) -> bool:
+    assert 0 < lwm_threshold <= threshold <= 1
+    if ratio >= threshold:
+        return True
+    if currently_read_only and ratio >= lwm_threshold:
+        return True
+    return False
+
+
+def measure(directories: list[str]) -> DiskUsage:
+    """Blocking (statvfs per directory); call from a thread."""
+    assert directories
+    worst_ratio = -1.0
+    worst = directories[0]
+    total_free = 0
+    total_size = 0
+    seen_devices: set[tuple[int, int]] = set()
+    for directory in directories:
+        usage = shutil.disk_usage(directory)
+        ratio = (usage.total - usage.free) / usage.total if usage.total else 1.0
+        if ratio > worst_ratio:
+            worst_ratio, worst = ratio, directory
+        key = (usage.total, usage.free)
+        if key not in seen_devices:  # count a filesystem shared by several dirs once
+            seen_devices.add(key)
+            total_free += usage.free
+            total_size += usage.total
+    return DiskUsage(total_bytes=total_size, free_bytes=total_free, ratio=worst_ratio, worst_directory=worst)

@@ -1,0 +1,307 @@
+"""The journal: the bookie's write-ahead log, with group commit.
+
+Theory of operation:
+- Adds (and fences) are appended to an in-memory pending group. One writer task takes
+  the group, writes it with one vectored ``write`` and one ``fdatasync`` on a dedicated
+  IO thread, and only then (back on the event loop) hands the group's tokens to
+  ``on_durable`` and resolves the callers' futures. So nothing is acknowledged, and
+  nothing is made visible to readers, before its fsync.
+- A group closes when it holds ``group_bytes_max``, when its oldest add has waited
+  ``group_wait_ms_max``, or when no new add arrived during a turn of the event loop
+  (the queue is empty). While one group is being fsynced the next one fills, so under
+  load many adds share one fsync and the disk is kept busy.
+- ``applied_position`` is the journal position up to which every record has been
+  handed to ``on_durable``; a checkpoint takes it, flushes ledger storage, and may then
+  delete journal files wholly before it (``trim``).
+- Files rotate at ``file_bytes_max``; a new journal always starts a new file, so replay
+  never has to trust a file the previous process was writing past its last fsync.
+- An IO error from write or fdatasync leaves the page cache in an unknown state; the
+  journal then fails every pending and later append (``BookieStorageError``) rather than
+  risk acknowledging what is not on disk. The bookie treats that as fatal.
+
+Invariants: tokens reach ``on_durable`` in append order; a future resolves only after
+the fsync covering its record returned; ``applied_position`` only moves forward.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import mmap
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from bookie.config import JournalConfig
+from bookie.format import (
+    FILE_HEADER_SIZE,
+    JOURNAL_MAGIC,
+    JournalPosition,
+    JournalRecord,
+    decode_file_header,
+    encode_file_header,
+    iter_journal_records,
+    journal_file_name,
+    parse_file_id,
+)
+from ledger.errors import BookieStorageError, MalformedFrame, ShuttingDown
+
+log = logging.getLogger(__name__)
+
+# Linux's IOV_MAX: a single writev takes at most this many buffers.
+_IOV_MAX = 1024
+
+
+@dataclass
+class _Group:
+    buffers: list[bytes] = field(default_factory=list)
+    tokens: list[object] = field(default_factory=list)
+    futures: list[asyncio.Future[None]] = field(default_factory=list)
+    size_bytes: int = 0
+    first_append_time: float = 0.0
+
+
+@dataclass
+class JournalStats:
+    groups_written: int = 0
+    records_written: int = 0
+    bytes_written: int = 0
+    fsync_seconds_total: float = 0.0
+
+
+def list_journal_ids(journal_dir: str) -> list[int]:
+    ids = []
+    for name in os.listdir(journal_dir):
+        file_id = parse_file_id(name, "journal")
+        if file_id is not None:
+            ids.append(file_id)
+    return sorted(ids)
+
+
+def replay_journal(journal_dir: str, start: JournalPosition | None) -> Iterator[tuple[int, JournalRecord]]:
+    """Yields (journal_id, record) for every intact record at or after ``start``, in
+    order. Runs at startup, before the bookie serves, so plain blocking IO is fine."""
+    for journal_id in list_journal_ids(journal_dir):
+        if start is not None and journal_id < start.journal_id:
+            continue
+        path = os.path.join(journal_dir, journal_file_name(journal_id))
+        size = os.path.getsize(path)
+        if size < FILE_HEADER_SIZE:
+            log.warning("journal file shorter than its header, skipped: path=%s size=%d", path, size)
+            continue
+        with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            found_id = decode_file_header(mapped[:FILE_HEADER_SIZE], JOURNAL_MAGIC)
+            if found_id != journal_id:
+                raise MalformedFrame(f"journal file {path} says id {found_id}")
+            offset = FILE_HEADER_SIZE
+            if start is not None and journal_id == start.journal_id:
+                offset = max(start.offset, FILE_HEADER_SIZE)
+            last_end = offset
+            for record in iter_journal_records(mapped, offset):
+                last_end = record.end_offset
+                yield journal_id, record
+            if last_end < size:
+                log.info("journal replay stopped before file end: journal_id=%d offset=%d size=%d",
+                         journal_id, last_end, size)
+
+
+def _fsync_directory(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Journal:
+    def __init__(
+        self,
+        config: JournalConfig,
+        *,
+        on_durable: Callable[[list[object]], None],
+        first_journal_id: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self._on_durable = on_durable
+        self._clock = clock
+        self._journal_id = first_journal_id
+        self._fd = -1
+        self._file_offset = 0
+        self._pending = _Group()
+        self._pending_event = asyncio.Event()
+        self._room_event = asyncio.Event()
+        self._queued_bytes = 0
+        self._failed: BaseException | None = None
+        self._closing = False
+        # One thread does every journal write and fsync, so they are ordered.
+        self._io = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="journal")
+        self.applied_position = JournalPosition(first_journal_id, FILE_HEADER_SIZE)
+        self.stats = JournalStats()
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Creates the first file of this journal (blocking; call before serving)."""
+        os.makedirs(self.config.journal_dir, exist_ok=True)
+        self._open_file(self._journal_id)
+        self.applied_position = JournalPosition(self._journal_id, self._file_offset)
+
+    def _open_file(self, journal_id: int) -> None:
+        path = os.path.join(self.config.journal_dir, journal_file_name(journal_id))
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        header = encode_file_header(JOURNAL_MAGIC, journal_id)
+        os.write(fd, header)
+        os.fsync(fd)
+        _fsync_directory(self.config.journal_dir)
+        self._fd = fd
+        self._journal_id = journal_id
+        self._file_offset = len(header)
+        log.info("journal file opened: journal_id=%d path=%s", journal_id, path)
+
+    async def run(self) -> None:
+        """The single writer loop; runs until ``close``."""
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._pending.tokens:
+                if self._closing:
+                    return
+                self._pending_event.clear()
+                await self._pending_event.wait()
+                continue
+            await self._gather()
+            group, self._pending = self._pending, _Group()
+            try:
+                position = await loop.run_in_executor(self._io, self._write_group, group.buffers)
+            except OSError as error:
+                self._fail(BookieStorageError(f"journal write failed: {error}"), group)
+                log.error("journal write failed, journal stopped: error=%s", error)
+                return
+            self.stats.groups_written += 1
+            self.stats.records_written += len(group.tokens)
+            self.stats.bytes_written += group.size_bytes
+            self._queued_bytes -= group.size_bytes
+            self._room_event.set()
+            # Hand the durable records on before acknowledging: a reader may only see an
+            # entry once a crash can no longer erase it, and the ack follows visibility.
+            self._on_durable(group.tokens)
+            assert position >= self.applied_position, (position, self.applied_position)
+            self.applied_position = position
+            for future in group.futures:
+                if not future.done():
+                    future.set_result(None)
+
+    async def _gather(self) -> None:
+        """Lets the pending group grow until one of the three close conditions holds."""
+        wait_s = self.config.group_wait_ms_max / 1000.0
+        deadline = self._pending.first_append_time + wait_s
+        seen = len(self._pending.tokens)
+        while self._pending.size_bytes < self.config.group_bytes_max and self._clock() < deadline:
+            await asyncio.sleep(0)
+            if len(self._pending.tokens) == seen:
+                return  # nothing arrived during a loop turn: the queue is empty
+            seen = len(self._pending.tokens)
+
+    def _write_group(self, buffers: list[bytes]) -> JournalPosition:
+        """On the IO thread: write, fdatasync, rotate. Returns the position after."""
+        total = 0
+        for start in range(0, len(buffers), _IOV_MAX):
+            chunk = buffers[start:start + _IOV_MAX]
+            chunk_size = sum(len(b) for b in chunk)
+            written = os.writev(self._fd, chunk)
+            if written != chunk_size:
+                # A short write (rare: signals, a full disk): finish it buffer by buffer.
+                self._finish_short_write(chunk, written)
+            total += chunk_size
+        start_time = time.perf_counter()
+        if self.config.fsync_enabled:
+            os.fdatasync(self._fd)
+        self.stats.fsync_seconds_total += time.perf_counter() - start_time
+        self._file_offset += total
+        position = JournalPosition(self._journal_id, self._file_offset)
+        if self._file_offset >= self.config.file_bytes_max:
+            os.close(self._fd)
+            self._open_file(self._journal_id + 1)
+        return position
+
+    def _finish_short_write(self, chunk: list[bytes], written: int) -> None:
+        remaining = memoryview(b"".join(chunk))[written:]
+        while remaining:
+            count = os.write(self._fd, remaining)
+            if count <= 0:
+                raise OSError("journal write made no progress")
+            remaining = remaining[count:]
+
+    def _fail(self, error: BaseException, group: _Group) -> None:
+        self._failed = error
+        for future in group.futures + self._pending.futures:
+            if not future.done():
+                future.set_exception(error)
+        self._pending = _Group()
+        self._room_event.set()
+
+    async def close(self) -> None:
+        """Writes what is pending, then stops the writer and closes the file."""
+        self._closing = True
+        self._pending_event.set()
+
+    def close_file(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self._io.shutdown(wait=True)
+
+    # --- appends ----------------------------------------------------------------------------
+
+    @property
+    def failed(self) -> BaseException | None:
+        return self._failed
+
+    async def wait_for_room(self, size_bytes: int, timeout_s: float) -> None:
+        """Back-pressure: waits while the queue holds more than queue_bytes_max."""
+        async with asyncio.timeout(timeout_s):
+            while self._queued_bytes + size_bytes > self.config.queue_bytes_max and self._queued_bytes > 0:
+                self._room_event.clear()
+                await self._room_event.wait()
+
+    def append(self, buffers: list[bytes], size_bytes: int, tokens: list[object]) -> asyncio.Future[None]:
+        """Queues records (given as buffers for a vectored write) and returns one future
+        that resolves once all of them are fsynced. ``tokens`` (one per record) reach
+        ``on_durable`` just before that. A batch from one stream message shares a future."""
+        if self._failed is not None:
+            raise self._failed
+        if self._closing:
+            raise ShuttingDown("journal is closing")
+        assert tokens
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        group = self._pending
+        if not group.tokens:
+            group.first_append_time = self._clock()
+        group.buffers.extend(buffers)
+        group.tokens.extend(tokens)
+        group.futures.append(future)
+        group.size_bytes += size_bytes
+        self._queued_bytes += size_bytes
+        self._pending_event.set()
+        return future
+
+    # --- trimming -------------------------------------------------------------------------------
+
+    def trim(self, upto: JournalPosition) -> int:
+        """Deletes journal files wholly before ``upto`` (a checkpointed position).
+        Blocking but cheap (unlinks); returns how many files went."""
+        removed = 0
+        for journal_id in list_journal_ids(self.config.journal_dir):
+            if journal_id >= upto.journal_id or journal_id >= self._journal_id:
+                break
+            os.unlink(os.path.join(self.config.journal_dir, journal_file_name(journal_id)))
+            removed += 1
+        if removed:
+            log.info("journal files trimmed: count=%d upto_journal_id=%d", removed, upto.journal_id)
+        return removed
+
+    @property
+    def current_journal_id(self) -> int:
+        return self._journal_id

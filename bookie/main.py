@@ -1,0 +1,216 @@
+"""Wiring of ``magnetar bookie``: parse options into BookieConfig, build the node, the
+gRPC server, the ops HTTP server, registration, checkpointer, GC and disk monitor, and
+run them under one TaskGroup until SIGTERM/SIGINT (or a fatal journal error)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import time
+
+import grpc
+from prometheus_client import CollectorRegistry
+
+from bookie import disk_monitor
+from bookie.config import (
+    MIB,
+    BookieConfig,
+    DiskConfig,
+    GcConfig,
+    JournalConfig,
+    LedgerStorageConfig,
+)
+from bookie.gc import run_gc
+from bookie.ledger_storage_disk import DiskLedgerStorage
+from bookie.metrics import BookieMetrics
+from bookie.node import BookieNode
+from bookie.proto import bookie_pb2_grpc
+from bookie.registration import Registration, check_cookie
+from bookie.server import BookieServicer
+from ledger.errors import ConfigError, MagnetarError
+from magnetar import __version__
+from magnetar.ops_http import build_ops_app, start_ops_server
+from metadata import open_store
+from metadata.bookie_record import BookieRecord
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--metadata", required=True, help="etcd://host:port[,host:port...]")
+    parser.add_argument("--journal-dir", required=True)
+    parser.add_argument("--ledger-dir", action="append", required=True, dest="ledger_dirs",
+                        help="a ledger (data) directory; repeat for several disks")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=3181, help="gRPC port (0: any free port)")
+    parser.add_argument("--http-port", type=int, default=8000, help="/health and /metrics (0: any)")
+    parser.add_argument("--bookie-id", default="", help="default: host:port")
+    parser.add_argument("--disk-usage-threshold", type=float, default=0.95)
+    parser.add_argument("--disk-usage-lwm-threshold", type=float, default=None,
+                        help="writable again below this (default: threshold - 0.05)")
+    parser.add_argument("--disk-check-interval-s", type=float, default=5.0)
+    parser.add_argument("--gc-interval-s", type=float, default=60.0)
+    parser.add_argument("--compaction-live-ratio", type=float, default=0.5)
+    parser.add_argument("--flush-interval-s", type=float, default=1.0)
+    parser.add_argument("--write-cache-mib", type=int, default=256)
+    parser.add_argument("--read-cache-mib", type=int, default=128)
+    parser.add_argument("--journal-file-mib", type=int, default=256)
+    parser.add_argument("--entry-log-mib", type=int, default=256)
+    parser.add_argument("--group-wait-ms", type=float, default=2.0)
+    parser.add_argument("--registration-ttl-s", type=int, default=10)
+
+
+def config_from_args(args: argparse.Namespace) -> BookieConfig:
+    lwm = args.disk_usage_lwm_threshold
+    if lwm is None:
+        lwm = max(args.disk_usage_threshold - 0.05, args.disk_usage_threshold / 2)
+    return BookieConfig(
+        metadata_url=args.metadata,
+        journal=JournalConfig(journal_dir=args.journal_dir, file_bytes_max=args.journal_file_mib * MIB,
+                              group_wait_ms_max=args.group_wait_ms),
+        storage=LedgerStorageConfig(ledger_dirs=tuple(args.ledger_dirs),
+                                    write_cache_bytes_max=args.write_cache_mib * MIB,
+                                    read_cache_bytes_max=args.read_cache_mib * MIB,
+                                    flush_interval_s=args.flush_interval_s,
+                                    entry_log_bytes_max=args.entry_log_mib * MIB),
+        gc=GcConfig(interval_s=args.gc_interval_s, compaction_live_ratio_min=args.compaction_live_ratio),
+        disk=DiskConfig(usage_threshold=args.disk_usage_threshold, usage_lwm_threshold=lwm,
+                        check_interval_s=args.disk_check_interval_s),
+        host=args.host,
+        port=args.port,
+        http_port=args.http_port,
+        bookie_id=args.bookie_id,
+        registration_ttl_s=args.registration_ttl_s,
+    )
+
+
+class BookieProcess:
+    def __init__(self, config: BookieConfig) -> None:
+        self.config = config
+        self.stopping = asyncio.Event()
+        self.exit_code = 0
+
+    def _record(self, node: BookieNode, address: str, http_address: str, started_at_ms: int) -> BookieRecord:
+        usage = node.disk_usage
+        return BookieRecord(
+            bookie_id=node.bookie_id, address=address, http_address=http_address, read_only=node.read_only,
+            free_bytes=usage.free_bytes if usage else 0, total_bytes=usage.total_bytes if usage else 0,
+            disk_usage_ratio=usage.ratio if usage else 0.0, version=__version__, started_at_ms=started_at_ms)
+
+    async def run(self) -> int:
+        config = self.config
+        log.info("bookie starting: config=%s", config)
+        store = open_store(config.metadata_url)
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", config.grpc_message_bytes_max),
+                ("grpc.max_send_message_length", config.grpc_message_bytes_max),
+                ("grpc.so_reuseport", 0),
+            ],
+            maximum_concurrent_rpcs=config.concurrent_rpcs_max,
+        )
+        port = server.add_insecure_port(f"{config.host}:{config.port}")
+        if port == 0:
+            raise ConfigError(f"cannot bind {config.host}:{config.port}")
+        address = f"{config.host}:{port}"
+        bookie_id = config.bookie_id or address
+        await check_cookie(store, bookie_id, config.journal.journal_dir, list(config.storage.ledger_dirs))
+
+        storage = DiskLedgerStorage(config.storage, read_threads=config.read_threads,
+                                    fsync_enabled=config.journal.fsync_enabled)
+        node = BookieNode(config, storage, bookie_id)
+        await asyncio.to_thread(node.open)
+        assert node.journal is not None
+        directories = [config.journal.journal_dir, *config.storage.ledger_dirs]
+        node.disk_usage = await asyncio.to_thread(disk_monitor.measure, directories)
+        node.read_only = disk_monitor.decide_read_only(False, node.disk_usage.ratio, config.disk.usage_threshold,
+                                                       config.disk.usage_lwm_threshold)
+
+        registry = CollectorRegistry()
+        metrics = BookieMetrics(node, registry)
+        bookie_pb2_grpc.add_BookieServicer_to_server(BookieServicer(node, metrics), server)
+        registration = Registration(store, config.registration_ttl_s)
+
+        async def health() -> tuple[bool, dict]:
+            ok = registration.registered and node.journal is not None and node.journal.failed is None
+            return ok, {"bookie_id": bookie_id, "read_only": node.read_only,
+                        "registered": registration.registered}
+
+        runner, http_port = await start_ops_server(build_ops_app(registry, health), config.host, config.http_port)
+        http_address = f"{config.host}:{http_port}"
+        started_at_ms = int(time.time() * 1000)
+        await server.start()
+        await registration.register(self._record(node, address, http_address, started_at_ms))
+        log.info("bookie listening: bookie_id=%s address=%s http_address=%s read_only=%s replayed=%d",
+                 bookie_id, address, http_address, node.read_only, node.replayed_records)
+
+        async def watch_journal() -> None:
+            assert node.journal is not None
+            await node.journal.run()
+            if node.journal.failed is not None:
+                log.error("journal failed, bookie stopping: error=%s", node.journal.failed)
+                self.exit_code = 3
+                self.stopping.set()
+
+        async def watch_disks() -> None:
+            while True:
+                await asyncio.sleep(config.disk.check_interval_s)
+                usage = await asyncio.to_thread(disk_monitor.measure, directories)
+                node.disk_usage = usage
+                read_only = disk_monitor.decide_read_only(node.read_only, usage.ratio, config.disk.usage_threshold,
+                                                          config.disk.usage_lwm_threshold)
+                if read_only != node.read_only:
+                    node.read_only = read_only
+                    log.warning("bookie %s: bookie_id=%s disk_usage_ratio=%.4f directory=%s",
+                                "turned read-only" if read_only else "writable again", bookie_id,
+                                usage.ratio, usage.worst_directory)
+                registration.update(self._record(node, address, http_address, started_at_ms))
+
+        gc_trigger = asyncio.Event()
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                journal_task = tasks.create_task(watch_journal())
+                background = [
+                    tasks.create_task(node.run_checkpointer()),
+                    tasks.create_task(registration.run()),
+                    tasks.create_task(run_gc(store, storage, config.gc, gc_trigger)),
+                    tasks.create_task(watch_disks()),
+                ]
+                await self.stopping.wait()
+                log.info("bookie stopping: bookie_id=%s", bookie_id)
+                for task in background:
+                    task.cancel()
+                try:
+                    await registration.unregister()
+                except MagnetarError:
+                    pass
+                await server.stop(grace=2.0)
+                await node.close()
+                await journal_task
+        finally:
+            try:
+                if node.journal is not None and node.journal.failed is None:
+                    await node.checkpoint()
+                await storage.close()
+            finally:
+                if node.journal is not None:
+                    node.journal.close_file()
+                await runner.cleanup()
+                await store.close()
+        log.info("bookie stopped: bookie_id=%s", bookie_id)
+        return self.exit_code
+
+
+def main(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    process = BookieProcess(config)
+
+    async def run() -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, process.stopping.set)
+        return await process.run()
+
+    return asyncio.run(run())

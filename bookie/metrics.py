@@ -1,0 +1,59 @@
+"""The bookie's Prometheus metrics. Counters move per batch, not per entry; gauges are
+read from the node when /metrics is scraped."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from bookie.node import BookieNode
+
+
+class BookieMetrics:
+    def __init__(self, node: BookieNode, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.adds = Counter("magnetar_bookie_adds", "Entries acknowledged", registry=registry)
+        self.add_errors = Counter("magnetar_bookie_add_errors", "Entries refused", registry=registry)
+        self.add_bytes = Counter("magnetar_bookie_add_bytes", "Bytes of entries received", registry=registry)
+        self.reads = Counter("magnetar_bookie_read_entries", "Entries read (including errors)", registry=registry)
+        self.read_bytes = Counter("magnetar_bookie_read_bytes", "Bytes of entries read", registry=registry)
+
+        def journal_stat(name: str):
+            return lambda: getattr(node.journal.stats, name) if node.journal else 0
+
+        def storage_stat(name: str):
+            return lambda: getattr(node.storage.stats(), name)
+
+        gauges = [
+            ("magnetar_bookie_read_only", "1 when the bookie is read-only", lambda: 1 if node.read_only else 0),
+            ("magnetar_bookie_journal_fsyncs", "Journal groups written and fsynced", journal_stat("groups_written")),
+            ("magnetar_bookie_journal_records", "Journal records written", journal_stat("records_written")),
+            ("magnetar_bookie_journal_bytes", "Journal bytes written", journal_stat("bytes_written")),
+            ("magnetar_bookie_journal_fsync_seconds", "Time spent in journal fdatasync",
+             journal_stat("fsync_seconds_total")),
+            ("magnetar_bookie_write_cache_bytes", "Bytes in write caches", storage_stat("write_cache_bytes")),
+            ("magnetar_bookie_read_cache_bytes", "Bytes in read caches", storage_stat("read_cache_bytes")),
+            ("magnetar_bookie_read_cache_hits", "Read cache hits", storage_stat("read_cache_hits")),
+            ("magnetar_bookie_read_cache_misses", "Read cache misses", storage_stat("read_cache_misses")),
+            ("magnetar_bookie_ledgers", "Ledgers stored", storage_stat("ledger_count")),
+            ("magnetar_bookie_entry_logs", "Entry log files", storage_stat("entry_log_count")),
+            ("magnetar_bookie_flushes", "Ledger storage flushes", storage_stat("flushes")),
+            ("magnetar_bookie_flushed_bytes", "Bytes flushed to entry logs", storage_stat("flushed_bytes")),
+            ("magnetar_bookie_compacted_logs", "Entry logs compacted", storage_stat("compacted_logs")),
+            ("magnetar_bookie_compacted_bytes", "Bytes reclaimed by compaction", storage_stat("compacted_bytes")),
+            ("magnetar_bookie_disk_usage_ratio", "Highest used share of a bookie disk",
+             lambda: node.disk_usage.ratio if node.disk_usage else 0.0),
+            ("magnetar_bookie_disk_free_bytes", "Free bytes on the bookie's disks",
+             lambda: node.disk_usage.free_bytes if node.disk_usage else 0),
+        ]
+        for name, help_text, function in gauges:
+            Gauge(name, help_text, registry=registry).set_function(function)
+
+    def on_adds(self, accepted: int, refused: int, size_bytes: int) -> None:
+        self.adds.inc(accepted)
+        if refused:
+            self.add_errors.inc(refused)
+        self.add_bytes.inc(size_bytes)
+
+    def on_reads(self, count: int, size_bytes: int) -> None:
+        self.reads.inc(count)
+        self.read_bytes.inc(size_bytes)

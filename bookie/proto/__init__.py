@@ -1,0 +1,1 @@
+"""Generated gRPC code for the bookie service (``make proto`` builds it from bookie.proto)."""

@@ -1,0 +1,48 @@
+"""The read cache: a byte-bounded LRU of entries recently flushed or read from disk, so
+readers just behind the tail (and repeated reads of a hot range) do not hit the disk.
+Pure data structure."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+
+class ReadCache:
+    def __init__(self, capacity_bytes: int) -> None:
+        assert capacity_bytes >= 0
+        self.capacity_bytes = capacity_bytes
+        self.size_bytes = 0
+        self._entries: OrderedDict[tuple[int, int], bytes] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def put(self, ledger_id: int, entry_id: int, entry: bytes) -> None:
+        if len(entry) > self.capacity_bytes:
+            return
+        key = (ledger_id, entry_id)
+        previous = self._entries.pop(key, None)
+        if previous is not None:
+            self.size_bytes -= len(previous)
+        self._entries[key] = entry
+        self.size_bytes += len(entry)
+        while self.size_bytes > self.capacity_bytes:
+            _, evicted = self._entries.popitem(last=False)
+            self.size_bytes -= len(evicted)
+
+    def get(self, ledger_id: int, entry_id: int) -> bytes | None:
+        key = (ledger_id, entry_id)
+        entry = self._entries.get(key)
+        if entry is None:
+            self.misses += 1
+            return None
+        self._entries.move_to_end(key)
+        self.hits += 1
+        return entry
+
+    def delete_ledger(self, ledger_id: int) -> None:
+        doomed = [key for key in self._entries if key[0] == ledger_id]
+        for key in doomed:
+            self.size_bytes -= len(self._entries.pop(key))
+
+    def __len__(self) -> int:
+        return len(self._entries)

@@ -1,0 +1,191 @@
+"""The bookie's gRPC shell: decodes requests, calls BookieNode, encodes replies.
+
+Per-item failures (a bad entry in a batch, a missing entry in a read) travel as
+``error_code`` fields; a failure of a whole call (bad arguments, an unknown ledger)
+aborts the call with the gRPC status from ``_STATUS_BY_ERROR`` and the Magnetar code in
+the ``magnetar-error-code`` trailing metadata, which ``ledger/bookie_client.py`` turns
+back into the typed error. Nothing a peer sends can stop the server: every handler
+catches our errors, and gRPC itself rejects bytes that are not HTTP/2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, AsyncIterator
+
+import grpc
+
+from bookie.node import AddItem, BookieNode
+from bookie.proto import bookie_pb2, bookie_pb2_grpc
+from ledger.errors import (
+    BookieReadOnly,
+    EntryTooLarge,
+    InvalidArgument,
+    MagnetarError,
+    MalformedFrame,
+    NoSuchLedger,
+    Overloaded,
+    ShuttingDown,
+)
+
+if TYPE_CHECKING:
+    from bookie.metrics import BookieMetrics
+
+log = logging.getLogger(__name__)
+
+ERROR_CODE_METADATA_KEY = "magnetar-error-code"
+
+# Add batches read from one stream but not yet answered; past this the stream stops
+# reading (gRPC flow control then holds the writer back).
+STREAM_BATCHES_IN_FLIGHT_MAX = 64
+
+_STATUS_BY_ERROR: list[tuple[type[MagnetarError], grpc.StatusCode]] = [
+    (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
+    (MalformedFrame, grpc.StatusCode.INVALID_ARGUMENT),
+    (EntryTooLarge, grpc.StatusCode.INVALID_ARGUMENT),
+    (NoSuchLedger, grpc.StatusCode.NOT_FOUND),
+    (BookieReadOnly, grpc.StatusCode.FAILED_PRECONDITION),
+    (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (ShuttingDown, grpc.StatusCode.UNAVAILABLE),
+]
+
+
+def status_for_error(error: MagnetarError) -> grpc.StatusCode:
+    for cls, status in _STATUS_BY_ERROR:
+        if isinstance(error, cls):
+            return status
+    return grpc.StatusCode.INTERNAL
+
+
+async def _abort(context: grpc.aio.ServicerContext, error: MagnetarError) -> None:
+    context.set_trailing_metadata(((ERROR_CODE_METADATA_KEY, str(error.code)),))
+    await context.abort(status_for_error(error), error.message)
+
+
+class BookieServicer(bookie_pb2_grpc.BookieServicer):
+    def __init__(self, node: BookieNode, metrics: "BookieMetrics | None" = None) -> None:
+        self._node = node
+        self._metrics = metrics
+
+    async def AddEntries(self, request_iterator: AsyncIterator[bookie_pb2.AddRequest],
+                         context: grpc.aio.ServicerContext) -> AsyncIterator[bookie_pb2.AddResponse]:
+        node = self._node
+        pending: asyncio.Queue = asyncio.Queue(maxsize=STREAM_BATCHES_IN_FLIGHT_MAX)
+
+        async def read_requests() -> None:
+            try:
+                async for request in request_iterator:
+                    items = [AddItem(e.ledger_id, e.entry_id, e.entry, e.recovery) for e in request.entries]
+                    future = None
+                    try:
+                        await node.admit(items)
+                        outcomes, future = node.submit_adds(items)
+                    except MagnetarError as error:
+                        outcomes = [error] * len(items)
+                    await pending.put((items, outcomes, future))
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # a broken stream ends the reader, never the server
+                log.info("add stream ended: peer=%s error=%s", context.peer(), error)
+            finally:
+                try:
+                    pending.put_nowait(None)
+                except asyncio.QueueFull:
+                    pass
+
+        reader = asyncio.get_running_loop().create_task(read_requests())
+        try:
+            while True:
+                batch = await pending.get()
+                if batch is None:
+                    break
+                items, outcomes, future = batch
+                if future is not None:
+                    try:
+                        await future
+                    except MagnetarError as error:
+                        outcomes = [outcome or error for outcome in outcomes]
+                results = []
+                errors = 0
+                for item, outcome in zip(items, outcomes):
+                    if outcome is None:
+                        results.append(bookie_pb2.AddResult(ledger_id=item.ledger_id, entry_id=item.entry_id))
+                    else:
+                        errors += 1
+                        results.append(bookie_pb2.AddResult(
+                            ledger_id=item.ledger_id, entry_id=item.entry_id,
+                            error_code=outcome.code, error_message=outcome.message))
+                if self._metrics is not None:
+                    self._metrics.on_adds(len(items) - errors, errors,
+                                          sum(len(i.entry) for i in items))
+                yield bookie_pb2.AddResponse(results=results)
+                # The reader may have stopped on a full queue; let it go on.
+                if reader.done() and pending.empty():
+                    break
+        finally:
+            reader.cancel()
+
+    async def ReadEntries(self, request: bookie_pb2.ReadRequest,
+                          context: grpc.aio.ServicerContext) -> bookie_pb2.ReadResponse:
+        try:
+            outcomes = await self._node.read(request.ledger_id, list(request.entry_ids),
+                                             request.response_bytes_max)
+        except MagnetarError as error:
+            await _abort(context, error)
+            raise AssertionError("abort returns by raising")
+        results = []
+        size = 0
+        for outcome in outcomes:
+            if outcome.entry is not None:
+                results.append(bookie_pb2.ReadResult(entry_id=outcome.entry_id, entry=outcome.entry))
+                size += len(outcome.entry)
+            else:
+                assert outcome.error is not None
+                results.append(bookie_pb2.ReadResult(entry_id=outcome.entry_id, error_code=outcome.error.code,
+                                                     error_message=outcome.error.message))
+        if self._metrics is not None:
+            self._metrics.on_reads(len(results), size)
+        return bookie_pb2.ReadResponse(results=results)
+
+    @staticmethod
+    def _state_response(state) -> bookie_pb2.LedgerStateResponse:
+        return bookie_pb2.LedgerStateResponse(last_add_confirmed=state.last_add_confirmed,
+                                              last_entry_id=state.last_entry_id, fenced=state.fenced)
+
+    async def ReadLastAddConfirmed(self, request: bookie_pb2.LedgerRequest,
+                                   context: grpc.aio.ServicerContext) -> bookie_pb2.LedgerStateResponse:
+        try:
+            return self._state_response(self._node.ledger_state(request.ledger_id))
+        except MagnetarError as error:
+            return bookie_pb2.LedgerStateResponse(error_code=error.code, error_message=error.message,
+                                                  last_add_confirmed=-1, last_entry_id=-1)
+
+    async def Fence(self, request: bookie_pb2.LedgerRequest,
+                    context: grpc.aio.ServicerContext) -> bookie_pb2.LedgerStateResponse:
+        try:
+            return self._state_response(await self._node.fence(request.ledger_id))
+        except MagnetarError as error:
+            return bookie_pb2.LedgerStateResponse(error_code=error.code, error_message=error.message,
+                                                  last_add_confirmed=-1, last_entry_id=-1)
+
+    async def Info(self, request: bookie_pb2.InfoRequest,
+                   context: grpc.aio.ServicerContext) -> bookie_pb2.InfoResponse:
+        info = self._node_info()
+        return bookie_pb2.InfoResponse(**info)
+
+    def _node_info(self) -> dict:
+        from magnetar import __version__
+
+        node = self._node
+        usage = node.disk_usage
+        return {
+            "bookie_id": node.bookie_id,
+            "read_only": node.read_only,
+            "free_bytes": usage.free_bytes if usage else 0,
+            "total_bytes": usage.total_bytes if usage else 0,
+            "disk_usage_ratio": usage.ratio if usage else 0.0,
+            "ledger_count": len(node.storage.ledger_ids()),
+            "version": __version__,
+        }
+

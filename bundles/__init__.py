@@ -1,0 +1,1 @@
+"""Bundles: topic-name hash ranges of a namespace, their ownership, load and lookup."""

@@ -1,0 +1,1 @@
+"""The HTTP gateway: produce and consume over HTTP for users without a Pulsar client."""

@@ -1,0 +1,289 @@
+"""The client side of one bookie's gRPC service, and the pool of them.
+
+Theory of operation:
+- All ledgers a process writes share one add stream per bookie. ``add`` only queues
+  the entry and returns a future; a sender task packs whatever is queued (up to
+  ``batch_entries_max`` / ``batch_bytes_max``) into one stream message, so under load
+  many entries travel per message while an idle writer still sends at once.
+- The bookie answers each message with one reply, in order, so replies are matched to
+  futures first-in first-out (no per-entry lookup).
+- When the stream breaks, or its oldest unanswered batch is older than
+  ``add_timeout_s``, every pending future fails with BookieUnavailable/AddTimeout and
+  the stream is dropped; the next add opens a new one. The write handle reacts to those
+  failures with an ensemble change.
+- Reads, fences and last-add-confirmed are unary calls with deadlines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from dataclasses import dataclass
+
+import grpc
+
+from bookie.proto import bookie_pb2, bookie_pb2_grpc
+from ledger.config import LedgerClientConfig
+from ledger.errors import (
+    AddTimeout,
+    BookieUnavailable,
+    MagnetarError,
+    error_for_code,
+)
+
+log = logging.getLogger(__name__)
+
+ERROR_CODE_METADATA_KEY = "magnetar-error-code"
+
+
+@dataclass(frozen=True, slots=True)
+class BookieLedgerState:
+    last_add_confirmed: int
+    last_entry_id: int
+    fenced: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BookieReadResult:
+    entry_id: int
+    entry: bytes | None
+    error: MagnetarError | None
+
+
+def _error_from_rpc(bookie_id: str, error: grpc.aio.AioRpcError) -> MagnetarError:
+    for key, value in error.trailing_metadata() or ():
+        if key == ERROR_CODE_METADATA_KEY:
+            try:
+                return error_for_code(int(value), error.details() or "")
+            except ValueError:
+                break
+    if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return AddTimeout(f"bookie {bookie_id} did not answer in time")
+    return BookieUnavailable(bookie_id, f"{error.code().name}: {error.details()}")
+
+
+class _AddStream:
+    """One AddEntries stream; replaced wholesale when it breaks."""
+
+    def __init__(self, client: "BookieClient") -> None:
+        self._client = client
+        self.call = client._stub.AddEntries()
+        # Batches sent and not yet answered: (send time, futures in request order).
+        self.inflight: collections.deque[tuple[float, list[asyncio.Future[None]]]] = collections.deque()
+        self.broken: MagnetarError | None = None
+
+
+class BookieClient:
+    def __init__(self, bookie_id: str, address: str, config: LedgerClientConfig) -> None:
+        self.bookie_id = bookie_id
+        self.address = address
+        self.config = config
+        self._channel = grpc.aio.insecure_channel(address, options=[
+            ("grpc.max_receive_message_length", config.grpc_message_bytes_max),
+            ("grpc.max_send_message_length", config.grpc_message_bytes_max),
+            ("grpc.keepalive_time_ms", 10_000),
+            ("grpc.keepalive_timeout_ms", 5_000),
+            # Reconnect quickly after a bookie restarts (default backoff grows to 120 s).
+            ("grpc.initial_reconnect_backoff_ms", 200),
+            ("grpc.max_reconnect_backoff_ms", 2_000),
+        ])
+        self._stub = bookie_pb2_grpc.BookieStub(self._channel)
+        self._queue: list[tuple[bookie_pb2.AddEntry, asyncio.Future[None], int]] = []
+        self._queued_event = asyncio.Event()
+        self._stream: _AddStream | None = None
+        self._sender: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # --- adds ------------------------------------------------------------------------------
+
+    def add(self, ledger_id: int, entry_id: int, entry: bytes, *, recovery: bool = False) -> asyncio.Future[None]:
+        """Queues an add; the future resolves when the bookie fsynced it, or fails with
+        the bookie's error (LedgerFenced, BookieReadOnly...) or BookieUnavailable."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self._closed:
+            future.set_exception(BookieUnavailable(self.bookie_id, "client closed"))
+            return future
+        message = bookie_pb2.AddEntry(ledger_id=ledger_id, entry_id=entry_id, entry=entry, recovery=recovery)
+        self._queue.append((message, future, len(entry)))
+        self._queued_event.set()
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.get_running_loop().create_task(self._send_loop())
+        return future
+
+    async def _send_loop(self) -> None:
+        while not self._closed:
+            if not self._queue:
+                self._queued_event.clear()
+                try:
+                    async with asyncio.timeout(self.config.add_timeout_s):
+                        await self._queued_event.wait()
+                except TimeoutError:
+                    self._check_timeouts()
+                    if not self._queue and (self._stream is None or not self._stream.inflight):
+                        return  # idle: the next add starts a new sender
+                    continue
+            batch: list[bookie_pb2.AddEntry] = []
+            futures: list[asyncio.Future[None]] = []
+            size = 0
+            taken = 0
+            for message, future, entry_size in self._queue:
+                if batch and (len(batch) >= self.config.batch_entries_max
+                              or size + entry_size > self.config.batch_bytes_max):
+                    break
+                taken += 1
+                if future.done():
+                    continue  # the caller gave up on it
+                batch.append(message)
+                futures.append(future)
+                size += entry_size
+            del self._queue[:taken]
+            if not batch:
+                continue
+            stream = self._stream_now()
+            stream.inflight.append((time.monotonic(), futures))
+            try:
+                await stream.call.write(bookie_pb2.AddRequest(entries=batch))
+            except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as error:
+                self._break(stream, BookieUnavailable(self.bookie_id, f"add stream write failed: {error}"))
+            except MagnetarError as error:
+                self._break(stream, error)
+            self._check_timeouts()
+
+    def _stream_now(self) -> _AddStream:
+        stream = self._stream
+        if stream is None or stream.broken is not None:
+            stream = self._stream = _AddStream(self)
+            asyncio.get_running_loop().create_task(self._receive_loop(stream))
+        return stream
+
+    async def _receive_loop(self, stream: _AddStream) -> None:
+        try:
+            while True:
+                response = await stream.call.read()
+                if response is grpc.aio.EOF:
+                    self._break(stream, BookieUnavailable(self.bookie_id, "add stream closed by bookie"))
+                    return
+                if not stream.inflight:
+                    self._break(stream, BookieUnavailable(self.bookie_id, "unexpected add reply"))
+                    return
+                _sent, futures = stream.inflight.popleft()
+                results = response.results
+                if len(results) != len(futures):
+                    self._break(stream, BookieUnavailable(
+                        self.bookie_id, f"add reply has {len(results)} results for {len(futures)} entries"))
+                    for future in futures:
+                        if not future.done():
+                            future.set_exception(BookieUnavailable(self.bookie_id, "malformed add reply"))
+                    return
+                for future, result in zip(futures, results):
+                    if future.done():
+                        continue
+                    if result.error_code == 0:
+                        future.set_result(None)
+                    else:
+                        future.set_exception(error_for_code(result.error_code, result.error_message))
+        except grpc.aio.AioRpcError as error:
+            self._break(stream, _error_from_rpc(self.bookie_id, error))
+        except asyncio.CancelledError:
+            self._break(stream, BookieUnavailable(self.bookie_id, "client closed"))
+            raise
+
+    def _check_timeouts(self) -> None:
+        stream = self._stream
+        if stream is None or not stream.inflight:
+            return
+        oldest_sent, _ = stream.inflight[0]
+        if time.monotonic() - oldest_sent > self.config.add_timeout_s:
+            self._break(stream, AddTimeout(f"bookie {self.bookie_id} did not answer an add "
+                                           f"within {self.config.add_timeout_s}s"))
+
+    def _break(self, stream: _AddStream, error: MagnetarError) -> None:
+        if stream.broken is None:
+            stream.broken = error
+            log.info("add stream broken: bookie_id=%s error=%s", self.bookie_id, error)
+            stream.call.cancel()
+        while stream.inflight:
+            _sent, futures = stream.inflight.popleft()
+            for future in futures:
+                if not future.done():
+                    future.set_exception(error)
+        if self._stream is stream:
+            self._stream = None
+
+    # --- unary calls ----------------------------------------------------------------------
+
+    async def read(self, ledger_id: int, entry_ids: list[int], response_bytes_max: int) -> list[BookieReadResult]:
+        request = bookie_pb2.ReadRequest(ledger_id=ledger_id, entry_ids=entry_ids,
+                                         response_bytes_max=response_bytes_max)
+        try:
+            response = await self._stub.ReadEntries(request, timeout=self.config.read_timeout_s)
+        except grpc.aio.AioRpcError as error:
+            raise _error_from_rpc(self.bookie_id, error) from None
+        return [
+            BookieReadResult(r.entry_id, r.entry if r.error_code == 0 else None,
+                             None if r.error_code == 0 else error_for_code(r.error_code, r.error_message))
+            for r in response.results
+        ]
+
+    async def _ledger_call(self, method, ledger_id: int) -> BookieLedgerState:
+        try:
+            response = await method(bookie_pb2.LedgerRequest(ledger_id=ledger_id),
+                                    timeout=self.config.control_timeout_s)
+        except grpc.aio.AioRpcError as error:
+            raise _error_from_rpc(self.bookie_id, error) from None
+        if response.error_code:
+            raise error_for_code(response.error_code, response.error_message)
+        return BookieLedgerState(response.last_add_confirmed, response.last_entry_id, response.fenced)
+
+    async def fence(self, ledger_id: int) -> BookieLedgerState:
+        return await self._ledger_call(self._stub.Fence, ledger_id)
+
+    async def read_last_add_confirmed(self, ledger_id: int) -> BookieLedgerState:
+        return await self._ledger_call(self._stub.ReadLastAddConfirmed, ledger_id)
+
+    async def info(self) -> bookie_pb2.InfoResponse:
+        try:
+            return await self._stub.Info(bookie_pb2.InfoRequest(), timeout=self.config.control_timeout_s)
+        except grpc.aio.AioRpcError as error:
+            raise _error_from_rpc(self.bookie_id, error) from None
+
+    async def close(self) -> None:
+        self._closed = True
+        error = BookieUnavailable(self.bookie_id, "client closed")
+        for _message, future, _size in self._queue:
+            if not future.done():
+                future.set_exception(error)
+        self._queue.clear()
+        if self._stream is not None:
+            self._break(self._stream, error)
+        if self._sender is not None:
+            self._sender.cancel()
+        await self._channel.close()
+
+
+class BookieClientPool:
+    """One BookieClient per bookie id, created on first use. Addresses come from the
+    registry (a bookie id is its address unless it registered another)."""
+
+    def __init__(self, config: LedgerClientConfig, address_of) -> None:
+        self._config = config
+        self._address_of = address_of
+        self._clients: dict[str, BookieClient] = {}
+
+    def get(self, bookie_id: str) -> BookieClient:
+        client = self._clients.get(bookie_id)
+        address = self._address_of(bookie_id)
+        if client is not None and client.address != address:
+            # The bookie re-registered elsewhere; drop the stale channel.
+            asyncio.get_running_loop().create_task(client.close())
+            client = None
+        if client is None:
+            client = self._clients[bookie_id] = BookieClient(bookie_id, address, self._config)
+        return client
+
+    async def close(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            await client.close()

@@ -1,0 +1,324 @@
+"""The write handle: the single writer of an open ledger.
+
+Theory of operation:
+- ``submit`` gives the payload the next entry id, encodes it once (header with the
+  current last_add_confirmed, CRC32C) and sends the same bytes to each bookie of its
+  write set. The returned future resolves with the entry id once Qa bookies acked it
+  and every earlier entry completed (``AckTracker``), so acknowledgements reach the
+  application in entry order and last_add_confirmed only grows.
+- A bookie error other than "fenced" (unavailable, timeout, read-only, disk error)
+  starts an ensemble change: the failed bookies are replaced by writable ones from the
+  registry for entries from last_add_confirmed + 1 on, the new fragment is written to
+  the ledger metadata by compare-and-swap, acknowledgements the failed bookies gave for
+  those entries are forgotten, and the entries are sent to the replacements. While the
+  change is being recorded no entry at or past its start completes (a reader must be
+  able to find every acknowledged entry through the metadata), and new entries wait.
+- LedgerFenced from any bookie, or a metadata compare-and-swap that finds the ledger
+  IN_RECOVERY or CLOSED, means another client recovered the ledger: every pending
+  and later add fails with LedgerFenced. This writer must stop.
+- ``close`` waits for pending adds, then records state CLOSED and the last entry id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from dataclasses import dataclass
+
+from ledger.context import LedgerContext
+from ledger.entry import ENTRY_HEADER_SIZE, encode_entry
+from ledger.errors import (
+    BookieReadOnly,
+    InvalidArgument,
+    LedgerClosed,
+    LedgerError,
+    LedgerFenced,
+    LedgerMetadataConflict,
+    MagnetarError,
+    MetadataError,
+    NotEnoughBookies,
+)
+from ledger.metadata import LedgerState, VersionedMetadata
+from ledger.placement import choose_replacement
+from ledger.quorum import AckTracker
+from ledger.reader import LedgerEntry, LedgerReader
+
+log = logging.getLogger(__name__)
+
+
+class _HandleState(enum.Enum):
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
+    FAILED = "failed"
+
+
+@dataclass(slots=True)
+class _PendingAdd:
+    entry_id: int
+    data: bytes
+    future: asyncio.Future[int]
+
+
+class WriteHandle:
+    def __init__(self, context: LedgerContext, versioned: VersionedMetadata) -> None:
+        metadata = versioned.metadata
+        assert metadata.state == LedgerState.OPEN
+        self._context = context
+        self._versioned = versioned
+        self.ledger_id = metadata.ledger_id
+        self._ensemble: list[str] = list(metadata.current_ensemble)
+        self._tracker = AckTracker(metadata.ensemble_size, metadata.write_quorum_size, metadata.ack_quorum_size)
+        self._pending: dict[int, _PendingAdd] = {}
+        self._held: list[_PendingAdd] = []   # submitted during an ensemble change
+        self._next_entry_id = 0
+        self._pending_bytes = 0
+        self._length_bytes = 0      # payload bytes of completed entries
+        self._submitted_bytes = 0   # payload bytes of every entry given an id
+        self._state = _HandleState.OPEN
+        self._failure: MagnetarError | None = None
+        self._failed_indices: set[int] = set()
+        self._failed_bookies: set[str] = set()
+        self._change_task: asyncio.Task[None] | None = None
+        self._change_start: int | None = None
+        self._room = asyncio.Event()
+        self._room.set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.ensemble_changes = 0
+
+    # --- properties -----------------------------------------------------------------------
+
+    @property
+    def metadata(self):
+        return self._versioned.metadata
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._tracker.last_add_confirmed
+
+    @property
+    def length_bytes(self) -> int:
+        return self._length_bytes
+
+    @property
+    def is_closed(self) -> bool:
+        return self._state == _HandleState.CLOSED
+
+    @property
+    def failure(self) -> MagnetarError | None:
+        return self._failure
+
+    # --- adds -----------------------------------------------------------------------------------
+
+    async def add(self, payload: bytes | memoryview) -> int:
+        """Adds one entry and waits for it; returns its entry id."""
+        return await (await self.submit(payload))
+
+    async def submit(self, payload: bytes | memoryview) -> asyncio.Future[int]:
+        """Waits for room among the pending adds, then sends the entry; returns a future
+        of its entry id (resolved in entry order)."""
+        config = self._context.config
+        while (len(self._pending) >= config.pending_adds_max
+               or self._pending_bytes >= config.pending_bytes_max) and self._state == _HandleState.OPEN:
+            self._room.clear()
+            await self._room.wait()
+        return self.submit_nowait(payload)
+
+    def submit_nowait(self, payload: bytes | memoryview) -> asyncio.Future[int]:
+        if self._state == _HandleState.FAILED:
+            assert self._failure is not None
+            raise self._failure
+        if self._state != _HandleState.OPEN:
+            raise LedgerClosed(self.ledger_id)
+        if len(payload) + ENTRY_HEADER_SIZE > self._context.config.grpc_message_bytes_max // 2:
+            raise InvalidArgument(f"entry of {len(payload)} bytes is too large")
+        entry_id = self._next_entry_id
+        self._next_entry_id += 1
+        self._submitted_bytes += len(payload)
+        data = encode_entry(self.ledger_id, entry_id, self._tracker.last_add_confirmed, self._submitted_bytes,
+                            payload)
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        pending = _PendingAdd(entry_id, data, future)
+        self._pending[entry_id] = pending
+        self._pending_bytes += len(data)
+        self._tracker.add(entry_id)
+        self._idle.clear()
+        if self._change_task is not None:
+            self._held.append(pending)
+        else:
+            self._send(pending, self._tracker.write_set(entry_id))
+        return future
+
+    def _send(self, pending: _PendingAdd, indices: list[int]) -> None:
+        pool = self._context.pool
+        for index in indices:
+            bookie_id = self._ensemble[index]
+            reply = pool.get(bookie_id).add(self.ledger_id, pending.entry_id, pending.data)
+            reply.add_done_callback(
+                lambda f, entry_id=pending.entry_id, index=index, bookie_id=bookie_id:
+                self._on_reply(entry_id, index, bookie_id, f))
+
+    def _on_reply(self, entry_id: int, index: int, bookie_id: str, reply: asyncio.Future[None]) -> None:
+        if self._state in (_HandleState.FAILED, _HandleState.CLOSED):
+            if not reply.cancelled():
+                reply.exception()  # consume it
+            return
+        if reply.cancelled():
+            error: BaseException | None = LedgerError(f"add to {bookie_id} cancelled")
+        else:
+            error = reply.exception()
+        if self._ensemble[index] != bookie_id:
+            return  # from a bookie that was replaced meanwhile
+        if error is not None and bookie_id in self._failed_bookies:
+            return  # a further failure of a bookie already being replaced
+        if error is None:
+            self._tracker.ack(entry_id, index)
+            self._complete()
+            return
+        if isinstance(error, LedgerFenced):
+            self._fail(LedgerFenced(self.ledger_id))
+            return
+        if not isinstance(error, MagnetarError):
+            error = LedgerError(f"add to {bookie_id} failed: {error!r}")
+        if index not in self._failed_indices:
+            level = logging.INFO if isinstance(error, BookieReadOnly) else logging.WARNING
+            log.log(level, "bookie failed during add, changing ensemble: ledger_id=%d bookie_id=%s entry_id=%d "
+                    "error=%s", self.ledger_id, bookie_id, entry_id, error)
+        self._failed_indices.add(index)
+        self._failed_bookies.add(bookie_id)
+        if self._change_task is None:
+            self._change_start = self._tracker.last_add_confirmed + 1
+            self._change_task = asyncio.get_running_loop().create_task(self._change_ensemble())
+
+    def _complete(self) -> None:
+        done = self._tracker.complete(self._change_start)
+        if not done:
+            return
+        for entry_id in done:
+            pending = self._pending.pop(entry_id)
+            self._pending_bytes -= len(pending.data)
+            self._length_bytes += len(pending.data) - ENTRY_HEADER_SIZE
+            if not pending.future.done():
+                pending.future.set_result(entry_id)
+        self._room.set()
+        if not self._pending:
+            self._idle.set()
+
+    def _fail(self, error: MagnetarError) -> None:
+        if self._state == _HandleState.FAILED:
+            return
+        log.warning("write handle failed: ledger_id=%d last_add_confirmed=%d error=%s",
+                    self.ledger_id, self._tracker.last_add_confirmed, error)
+        self._state = _HandleState.FAILED
+        self._failure = error
+        for pending in self._pending.values():
+            if not pending.future.done():
+                pending.future.set_exception(error)
+        self._pending.clear()
+        self._held.clear()
+        self._pending_bytes = 0
+        self._room.set()
+        self._idle.set()
+
+    # --- ensemble change ------------------------------------------------------------------------
+
+    async def _change_ensemble(self) -> None:
+        try:
+            while self._failed_indices and self._state not in (_HandleState.FAILED, _HandleState.CLOSED):
+                indices = sorted(self._failed_indices)
+                self._failed_indices = set()
+                start = self._tracker.last_add_confirmed + 1
+                self._change_start = start
+                new_ensemble = list(self._ensemble)
+                registry = self._context.registry
+                for index in indices:
+                    new_ensemble[index] = choose_replacement(registry.writable(), new_ensemble, self._context.rng,
+                                                             exclude=self._failed_bookies)
+                await self._record_ensemble(start, tuple(new_ensemble))
+                replaced = {index: (self._ensemble[index], new_ensemble[index]) for index in indices}
+                self._ensemble = new_ensemble
+                self.ensemble_changes += 1
+                log.info("ensemble changed: ledger_id=%d first_entry_id=%d replaced=%s",
+                         self.ledger_id, start, replaced)
+                held_ids = {pending.entry_id for pending in self._held}
+                for entry_id in self._tracker.pending_ids():
+                    members = self._tracker.write_set(entry_id)
+                    resend = [index for index in indices if index in members]
+                    for index in resend:
+                        self._tracker.unack(entry_id, index)
+                    pending = self._pending.get(entry_id)
+                    if pending is not None and resend and entry_id not in held_ids:
+                        self._send(pending, resend)
+            held, self._held = self._held, []
+            for pending in held:
+                self._send(pending, self._tracker.write_set(pending.entry_id))
+        except NotEnoughBookies as error:
+            self._fail(error)
+        except (LedgerFenced, MetadataError, LedgerError) as error:
+            self._fail(error if isinstance(error, MagnetarError) else LedgerError(str(error)))
+        finally:
+            self._change_task = None
+            self._change_start = None
+            if self._state not in (_HandleState.FAILED, _HandleState.CLOSED):
+                self._complete()
+
+    async def _record_ensemble(self, start: int, ensemble: tuple[str, ...]) -> None:
+        context = self._context
+        for _attempt in range(context.config.metadata_attempts_max):
+            current = self._versioned
+            if current.metadata.state != LedgerState.OPEN:
+                raise LedgerFenced(self.ledger_id)
+            updated = current.metadata.with_ensemble_from(start, ensemble)
+            try:
+                self._versioned = await context.write_metadata(updated, current.version)
+                return
+            except LedgerMetadataConflict:
+                self._versioned = await context.read_metadata(self.ledger_id)
+        raise LedgerMetadataConflict(f"ledger {self.ledger_id}: ensemble change lost too many races")
+
+    # --- reads of own entries, close ----------------------------------------------------------------
+
+    def reader(self) -> LedgerReader:
+        """A reader on the current metadata, for entries up to last_add_confirmed."""
+        return LedgerReader(self._versioned.metadata, self._context.pool, self._context.config)
+
+    async def read(self, first_entry_id: int, last_entry_id: int) -> list[LedgerEntry]:
+        if last_entry_id > self._tracker.last_add_confirmed:
+            from ledger.errors import EntryIdOutOfRange
+
+            raise EntryIdOutOfRange(self.ledger_id, last_entry_id, self._tracker.last_add_confirmed)
+        return await self.reader().read(first_entry_id, last_entry_id)
+
+    async def close(self) -> VersionedMetadata:
+        """Waits for pending adds, then closes the ledger in metadata."""
+        if self._state == _HandleState.CLOSED:
+            return self._versioned
+        if self._state == _HandleState.OPEN:
+            self._state = _HandleState.CLOSING
+            await self._idle.wait()
+        if self._state == _HandleState.FAILED and isinstance(self._failure, LedgerFenced):
+            raise LedgerFenced(self.ledger_id)
+        last_entry_id = self._tracker.last_add_confirmed
+        context = self._context
+        for _attempt in range(context.config.metadata_attempts_max):
+            current = self._versioned
+            if current.metadata.state == LedgerState.CLOSED:
+                if current.metadata.last_entry_id != last_entry_id:
+                    raise LedgerFenced(self.ledger_id)
+                break
+            if current.metadata.state == LedgerState.IN_RECOVERY:
+                raise LedgerFenced(self.ledger_id)
+            try:
+                self._versioned = await context.write_metadata(
+                    current.metadata.closed(last_entry_id, self._length_bytes), current.version)
+                break
+            except LedgerMetadataConflict:
+                self._versioned = await context.read_metadata(self.ledger_id)
+        else:
+            raise LedgerMetadataConflict(f"ledger {self.ledger_id}: close lost too many races")
+        self._state = _HandleState.CLOSED
+        log.info("ledger closed: ledger_id=%d last_entry_id=%d length_bytes=%d",
+                 self.ledger_id, last_entry_id, self._length_bytes)
+        return self._versioned

@@ -1,0 +1,214 @@
+"""``magnetar shell``: BookKeeper-style tools for operators and tests.
+
+    listbookies     registered bookies (id, address, read-only, free space)
+    simpletest      write N entries to a new ledger through bookie failures; report
+    readledger      read a whole ledger verifying digests (optionally recovering it)
+    ledgermetadata  print a ledger's metadata
+    listledgers     list ledger ids
+    deleteledger    delete a ledger
+    recoverledger   fence and close a ledger
+
+Every command prints, as its last line, one JSON object with its result, so scripts and
+tests can parse it; progress goes to stdout as JSON lines before that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import struct
+import time
+
+from ledger.client import LedgerClient
+from ledger.config import LedgerClientConfig
+from ledger.errors import MagnetarError
+from ledger.reader import LedgerReader
+from metadata import open_store
+
+_PATTERN_HEAD = struct.Struct(">QQ")
+
+
+def pattern_payload(ledger_id: int, entry_id: int, size: int) -> bytes:
+    """The payload simpletest writes: ids first, then a byte that depends on the entry,
+    so that readledger --check-pattern can tell a misplaced or altered entry."""
+    head = _PATTERN_HEAD.pack(ledger_id, entry_id)
+    if size <= len(head):
+        return head[:size]
+    return head + bytes([(entry_id * 31 + ledger_id) % 251]) * (size - len(head))
+
+
+def _emit(document: dict) -> None:
+    print(json.dumps(document), flush=True)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--metadata", required=True, help="etcd://host:port[,host:port...]")
+    commands = parser.add_subparsers(dest="shell_command", required=True)
+
+    commands.add_parser("listbookies", help="registered bookies").add_argument(
+        "--readonly", action="store_true", help="only read-only bookies")
+
+    simple = commands.add_parser("simpletest", help="write N entries to a new ledger")
+    simple.add_argument("--ensemble", type=int, default=3)
+    simple.add_argument("--write-quorum", type=int, default=2)
+    simple.add_argument("--ack-quorum", type=int, default=2)
+    simple.add_argument("--entries", type=int, default=1000)
+    simple.add_argument("--size", type=int, default=1024, help="payload bytes per entry")
+    simple.add_argument("--window", type=int, default=1000, help="adds in flight at once")
+    simple.add_argument("--progress-interval-s", type=float, default=0.5)
+
+    read = commands.add_parser("readledger", help="read a whole ledger, verifying digests")
+    read.add_argument("--ledger", type=int, required=True)
+    read.add_argument("--recover", action="store_true", help="fence and close the ledger first")
+    read.add_argument("--check-pattern", action="store_true", help="payloads must be simpletest's")
+    read.add_argument("--batch", type=int, default=1000)
+
+    meta = commands.add_parser("ledgermetadata", help="print a ledger's metadata")
+    meta.add_argument("--ledger", type=int, required=True)
+    commands.add_parser("listledgers", help="list ledger ids")
+    delete = commands.add_parser("deleteledger", help="delete a ledger")
+    delete.add_argument("--ledger", type=int, required=True)
+    recover = commands.add_parser("recoverledger", help="fence and close a ledger")
+    recover.add_argument("--ledger", type=int, required=True)
+
+
+async def _list_bookies(client: LedgerClient, args: argparse.Namespace) -> int:
+    bookies = sorted(client.registry.all(), key=lambda b: b.bookie_id)
+    if args.readonly:
+        bookies = [b for b in bookies if b.read_only]
+    _emit({"bookies": [{"bookie_id": b.bookie_id, "address": b.address, "read_only": b.read_only,
+                        "free_bytes": b.free_bytes, "disk_usage_ratio": round(b.disk_usage_ratio, 4)}
+                       for b in bookies]})
+    return 0
+
+
+async def _simple_test(client: LedgerClient, args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    handle = await client.create_ledger(args.ensemble, args.write_quorum, args.ack_quorum)
+    ledger_id = handle.ledger_id
+    _emit({"event": "created", "ledger_id": ledger_id, "ensemble": list(handle.metadata.current_ensemble)})
+    window = asyncio.Semaphore(max(1, args.window))
+    error: MagnetarError | None = None
+    last_progress = time.monotonic()
+    futures: list[asyncio.Future[int]] = []
+
+    def release(_future: asyncio.Future[int]) -> None:
+        window.release()
+
+    for entry_id in range(args.entries):
+        if handle.failure is not None:
+            break
+        await window.acquire()
+        try:
+            future = handle.submit_nowait(pattern_payload(ledger_id, entry_id, args.size))
+        except MagnetarError as failure:
+            error = failure
+            window.release()
+            break
+        future.add_done_callback(release)
+        futures.append(future)
+        now = time.monotonic()
+        if now - last_progress >= args.progress_interval_s:
+            last_progress = now
+            _emit({"event": "progress", "acked": handle.last_add_confirmed + 1, "submitted": entry_id + 1,
+                   "ensemble": list(handle.metadata.current_ensemble)})
+    outcomes = await asyncio.gather(*futures, return_exceptions=True)
+    failures = [o for o in outcomes if isinstance(o, BaseException)]
+    if failures and error is None:
+        error = failures[0] if isinstance(failures[0], MagnetarError) else MagnetarError(str(failures[0]))
+    acked = sum(1 for o in outcomes if not isinstance(o, BaseException))
+    # Acknowledgements are in entry order, so the acked entries are exactly 0..acked-1.
+    assert acked == handle.last_add_confirmed + 1, (acked, handle.last_add_confirmed)
+    closed = False
+    try:
+        await handle.close()
+        closed = True
+    except MagnetarError as close_error:
+        error = error or close_error
+    seconds = time.monotonic() - started
+    fragments = [{"first_entry_id": f.first_entry_id, "bookies": list(f.bookies)} for f in handle.metadata.fragments]
+    _emit({"ledger_id": ledger_id, "acked": acked, "last_entry_id": handle.last_add_confirmed,
+           "requested": args.entries, "ensemble_changes": handle.ensemble_changes, "fragments": fragments,
+           "closed": closed, "error": str(error) if error else None, "error_code": error.code if error else 0,
+           "seconds": round(seconds, 3), "adds_per_s": round(acked / seconds, 1) if seconds > 0 else 0.0})
+    return 0 if acked == args.entries and closed else 1
+
+
+async def _read_ledger(client: LedgerClient, args: argparse.Namespace) -> int:
+    reader = await client.open_ledger(args.ledger, recovery=args.recover)
+    metadata = reader.metadata
+    last_entry_id = metadata.last_entry_id if metadata.is_closed else await reader.read_last_add_confirmed()
+    good = 0
+    unreadable: list[int] = []
+    pattern_errors: list[int] = []
+    first_error: str | None = None
+    entry_id = 0
+    while entry_id <= last_entry_id:
+        end = min(entry_id + args.batch - 1, last_entry_id)
+        try:
+            entries = await reader.read(entry_id, end)
+        except MagnetarError:
+            # Find the bad ones one by one so the report names them.
+            entries = []
+            for single in range(entry_id, end + 1):
+                try:
+                    entries.extend(await reader.read(single, single))
+                except MagnetarError as error:
+                    unreadable.append(single)
+                    first_error = first_error or str(error)
+        for entry in entries:
+            good += 1
+            if args.check_pattern:
+                expected = pattern_payload(args.ledger, entry.entry_id, len(entry.payload))
+                if entry.payload != expected:
+                    pattern_errors.append(entry.entry_id)
+        entry_id = end + 1
+    _emit({"ledger_id": args.ledger, "state": metadata.state.value if metadata.is_closed else "OPEN",
+           "entries": good, "last_entry_id": last_entry_id, "digest_errors": reader.stats.digest_errors,
+           "digest_error_entries": sorted(reader.stats.digest_error_entries)[:100],
+           "unreadable": len(unreadable), "unreadable_entries": unreadable[:100],
+           "pattern_errors": len(pattern_errors), "error": first_error})
+    return 0 if not unreadable and not pattern_errors and reader.stats.digest_errors == 0 else 1
+
+
+async def _run(args: argparse.Namespace) -> int:
+    store = open_store(args.metadata)
+    client = LedgerClient(store, LedgerClientConfig())
+    try:
+        await client.start()
+        command = args.shell_command
+        if command == "listbookies":
+            return await _list_bookies(client, args)
+        if command == "simpletest":
+            return await _simple_test(client, args)
+        if command == "readledger":
+            return await _read_ledger(client, args)
+        if command == "ledgermetadata":
+            metadata = await client.ledger_metadata(args.ledger)
+            _emit(json.loads(metadata.encode()))
+            return 0
+        if command == "listledgers":
+            _emit({"ledgers": await client.list_ledgers()})
+            return 0
+        if command == "deleteledger":
+            await client.delete_ledger(args.ledger)
+            _emit({"deleted": args.ledger})
+            return 0
+        if command == "recoverledger":
+            reader: LedgerReader = await client.open_ledger(args.ledger, recovery=True)
+            _emit({"ledger_id": args.ledger, "last_entry_id": reader.metadata.last_entry_id,
+                   "state": reader.metadata.state.value})
+            return 0
+        raise AssertionError(command)
+    except MagnetarError as error:
+        _emit({"error": error.message, "error_code": error.code})
+        return 1
+    finally:
+        await client.close()
+        await store.close()
+
+
+def main(args: argparse.Namespace) -> int:
+    return asyncio.run(_run(args))
+

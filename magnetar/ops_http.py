@@ -1,0 +1,43 @@
+"""The operations HTTP endpoint every server exposes: ``/health`` (200 when the
+process is serving, 503 with the reason when not) and ``/metrics`` (Prometheus text
+format from the process's own registry). Servers may add routes of their own."""
+
+from __future__ import annotations
+
+import logging
+from typing import Awaitable, Callable
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+log = logging.getLogger(__name__)
+
+HealthCheck = Callable[[], Awaitable[tuple[bool, dict]]]
+
+
+def build_ops_app(registry: CollectorRegistry, health: HealthCheck) -> web.Application:
+    async def health_handler(_request: web.Request) -> web.Response:
+        ok, details = await health()
+        return web.json_response({"status": "ok" if ok else "unavailable", **details}, status=200 if ok else 503)
+
+    async def metrics_handler(_request: web.Request) -> web.Response:
+        body = generate_latest(registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/health", health_handler)
+    app.router.add_get("/metrics", metrics_handler)
+    return app
+
+
+async def start_ops_server(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Starts the app; returns the runner (to clean up) and the bound port."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    server = site._server  # aiohttp exposes the bound sockets only here
+    bound_port = port
+    if server is not None and server.sockets:
+        bound_port = server.sockets[0].getsockname()[1]
+    return runner, bound_port

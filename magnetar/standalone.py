@@ -1,0 +1,148 @@
+"""``magnetar standalone``: a whole cluster on this machine, data under one directory.
+
+It runs etcd and the bookies as child processes (real processes, as in production),
+waits for each to be ready, prints how to reach them, and stops them all on SIGTERM or
+Ctrl-C. If any child dies on its own the standalone stops the others and exits non-zero
+(loud failure rather than a half-working cluster). Data survives restarts: the same
+``--data-dir`` brings back the same cluster.
+
+Layout of the data directory:
+    etcd/                      etcd's data
+    bookie-<n>/journal/        bookie n's journal
+    bookie-<n>/ledgers/        bookie n's ledger directory
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+import urllib.request
+
+from magnetar.etcd_server import etcd_command, wait_for_etcd
+
+log = logging.getLogger(__name__)
+
+READY_TIMEOUT_S = 60.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", default="data/standalone")
+    parser.add_argument("--bookies", type=int, default=3)
+    parser.add_argument("--etcd-port", type=int, default=2379)
+    parser.add_argument("--etcd-peer-port", type=int, default=2380)
+    parser.add_argument("--bookie-port-base", type=int, default=3181, help="bookie n listens on base + n")
+    parser.add_argument("--bookie-http-port-base", type=int, default=8001)
+
+
+class Standalone:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.data_dir = os.path.abspath(args.data_dir)
+        self.children: list[tuple[str, asyncio.subprocess.Process]] = []
+        self.stopping = asyncio.Event()
+
+    @property
+    def metadata_url(self) -> str:
+        return f"etcd://127.0.0.1:{self.args.etcd_port}"
+
+    async def _spawn(self, name: str, command: list[str]) -> asyncio.subprocess.Process:
+        log_path = os.path.join(self.data_dir, f"{name}.log")
+        log_file = open(log_path, "ab")
+        process = await asyncio.create_subprocess_exec(*command, stdout=log_file, stderr=log_file,
+                                                       start_new_session=True)
+        log_file.close()
+        self.children.append((name, process))
+        log.info("started: process=%s pid=%d log=%s", name, process.pid, log_path)
+        return process
+
+    async def _wait_http_ok(self, name: str, url: str, process: asyncio.subprocess.Process) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if process.returncode is not None:
+                raise RuntimeError(f"{name} exited with code {process.returncode}; see its log")
+            try:
+                status = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=1.0).status)
+                if status == 200:
+                    return
+            except OSError:
+                pass
+            await asyncio.sleep(0.2)
+        raise RuntimeError(f"{name} not ready after {READY_TIMEOUT_S}s ({url})")
+
+    async def start(self) -> None:
+        os.makedirs(self.data_dir, exist_ok=True)
+        etcd = await self._spawn("etcd", etcd_command(os.path.join(self.data_dir, "etcd"), self.args.etcd_port,
+                                                     self.args.etcd_peer_port))
+        await asyncio.to_thread(wait_for_etcd, self.args.etcd_port, READY_TIMEOUT_S)
+        if etcd.returncode is not None:
+            raise RuntimeError("etcd exited during start-up; see etcd.log")
+        bookies = []
+        for n in range(self.args.bookies):
+            directory = os.path.join(self.data_dir, f"bookie-{n}")
+            http_port = self.args.bookie_http_port_base + n
+            command = [sys.executable, "-m", "magnetar", "bookie", "--metadata", self.metadata_url,
+                       "--journal-dir", os.path.join(directory, "journal"),
+                       "--ledger-dir", os.path.join(directory, "ledgers"),
+                       "--port", str(self.args.bookie_port_base + n), "--http-port", str(http_port)]
+            process = await self._spawn(f"bookie-{n}", command)
+            bookies.append((f"bookie-{n}", f"http://127.0.0.1:{http_port}/health", process))
+        for name, url, process in bookies:
+            await self._wait_http_ok(name, url, process)
+        print(json.dumps({
+            "event": "standalone ready",
+            "metadata": self.metadata_url,
+            "bookies": [f"127.0.0.1:{self.args.bookie_port_base + n}" for n in range(self.args.bookies)],
+            "data_dir": self.data_dir,
+        }), flush=True)
+        print(f"Magnetar standalone is up. Try:\n"
+              f"  magnetar shell --metadata {self.metadata_url} listbookies\n"
+              f"  magnetar shell --metadata {self.metadata_url} simpletest --entries 10000\n"
+              f"  magnetar shell --metadata {self.metadata_url} readledger --ledger 1\n"
+              f"Logs are in {self.data_dir}/*.log. Ctrl-C stops everything.", flush=True)
+
+    async def watch_children(self) -> int:
+        waits = {asyncio.ensure_future(process.wait()): name for name, process in self.children}
+        stop = asyncio.ensure_future(self.stopping.wait())
+        done, _ = await asyncio.wait([stop, *waits], return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        for future in waits:
+            future.cancel()
+        for future in done:
+            if future in waits:
+                log.error("child exited on its own, stopping the standalone: process=%s", waits[future])
+                return 1
+        return 0
+
+    async def stop(self) -> None:
+        # Bookies first (they flush and checkpoint), etcd last.
+        for name, process in reversed(self.children):
+            if process.returncode is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    async with asyncio.timeout(20):
+                        await process.wait()
+                except TimeoutError:
+                    log.warning("child did not stop in time, killing: process=%s", name)
+                    process.kill()
+                    await process.wait()
+
+
+def main(args: argparse.Namespace) -> int:
+    async def run() -> int:
+        standalone = Standalone(args)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, standalone.stopping.set)
+        try:
+            await standalone.start()
+            return await standalone.watch_children()
+        finally:
+            await standalone.stop()
+
+    return asyncio.run(run())

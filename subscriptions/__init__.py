@@ -1,0 +1,1 @@
+"""Subscriptions: durable cursors and the exclusive, shared, failover and broadcast modes."""
