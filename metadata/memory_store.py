@@ -43,7 +43,7 @@ class _MemoryWatch(Watch):
 class MemoryStore(MetadataStore):
     def __init__(self) -> None:
         self._data: dict[str, Record] = {}
-        self._revision = 0
+        self._revision = 1  # like etcd, whose first revision is 1 (0 means "now" to watches)
         self._lease_ids = itertools.count(1)
         self._leases: dict[int, Lease] = {}
         self._watches: list[_MemoryWatch] = []

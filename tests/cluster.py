@@ -1,0 +1,193 @@
+"""Real processes for integration tests: etcd and bookies on free loopback ports.
+
+A process counts as ready when its log shows its listen line (bookies) or its health
+endpoint answers (etcd). Processes are killed with SIGKILL where a test means a crash,
+and every process a test started is stopped when the test ends, whatever happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from magnetar.etcd_server import etcd_command, wait_for_etcd
+
+READY_TIMEOUT_S = 60.0
+_BOOKIE_READY = re.compile(r"bookie listening: bookie_id=(\S+) address=(\S+) http_address=(\S+)")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def python_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "magnetar", *args]
+
+
+class ManagedProcess:
+    def __init__(self, name: str, argv: list[str], log_path: str) -> None:
+        self.name = name
+        self.argv = argv
+        self.log_path = log_path
+        self.process: subprocess.Popen | None = None
+        self._log_offset = 0
+
+    def spawn(self) -> None:
+        assert self.process is None or self.process.poll() is not None, f"{self.name} already running"
+        os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
+        with open(self.log_path, "ab") as log_file:
+            self._log_offset = log_file.tell()
+            self.process = subprocess.Popen(self.argv, stdout=log_file, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+
+    def log_text(self, since_spawn: bool = True) -> str:
+        with open(self.log_path, "rb") as handle:
+            if since_spawn:
+                handle.seek(self._log_offset)
+            return handle.read().decode(errors="replace")
+
+    async def wait_for_log(self, pattern: re.Pattern, timeout_s: float = READY_TIMEOUT_S) -> re.Match:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            match = pattern.search(self.log_text())
+            if match:
+                return match
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited ({self.process.returncode}):\n{self.log_text()[-4000:]}")
+            await asyncio.sleep(0.05)
+        raise TimeoutError(f"{self.name}: {pattern.pattern!r} not seen in {timeout_s}s:\n{self.log_text()[-4000:]}")
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill9(self) -> None:
+        if self.running:
+            assert self.process is not None
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    async def terminate(self, timeout_s: float = 30.0) -> int:
+        if not self.running:
+            return self.process.returncode if self.process is not None else 0
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                return self.process.returncode
+            await asyncio.sleep(0.05)
+        self.kill9()
+        raise TimeoutError(f"{self.name} did not stop within {timeout_s}s after SIGTERM")
+
+
+class EtcdProcess(ManagedProcess):
+    def __init__(self, base_dir: str) -> None:
+        self.client_port = free_port()
+        self.peer_port = free_port()
+        self.data_dir = os.path.join(base_dir, "etcd")
+        super().__init__("etcd", etcd_command(self.data_dir, self.client_port, self.peer_port),
+                         os.path.join(base_dir, "etcd.log"))
+
+    def start(self) -> None:
+        self.spawn()
+        wait_for_etcd(self.client_port, READY_TIMEOUT_S, self.process)
+
+    def url(self, root: str) -> str:
+        return f"etcd://127.0.0.1:{self.client_port}{root}"
+
+
+@dataclass
+class BookieProcess(ManagedProcess):
+    metadata_url: str = ""
+    journal_dir: str = ""
+    ledger_dirs: list[str] = field(default_factory=list)
+    extra_args: list[str] = field(default_factory=list)
+    port: int = 0
+    bookie_id: str = ""
+    address: str = ""
+    http_address: str = ""
+
+    def __init__(self, name: str, base_dir: str, metadata_url: str, *, ledger_dir_count: int = 1,
+                 extra_args: list[str] | None = None, journal_dir: str | None = None,
+                 ledger_dirs: list[str] | None = None) -> None:
+        self.metadata_url = metadata_url
+        directory = os.path.join(base_dir, name)
+        self.journal_dir = journal_dir or os.path.join(directory, "journal")
+        self.ledger_dirs = ledger_dirs or [os.path.join(directory, f"ledgers-{i}") for i in range(ledger_dir_count)]
+        self.extra_args = list(extra_args or [])
+        self.port = 0
+        self.bookie_id = ""
+        self.address = ""
+        self.http_address = ""
+        super().__init__(name, [], os.path.join(directory, "bookie.log"))
+
+    def _argv(self) -> list[str]:
+        argv = python_command("bookie", "--metadata", self.metadata_url, "--journal-dir", self.journal_dir,
+                              "--port", str(self.port), "--http-port", "0", "--registration-ttl-s", "4")
+        for ledger_dir in self.ledger_dirs:
+            argv += ["--ledger-dir", ledger_dir]
+        return argv + self.extra_args
+
+    async def start(self) -> "BookieProcess":
+        """Starts (or restarts, on the same port) and waits until it serves."""
+        self.argv = self._argv()
+        self.spawn()
+        match = await self.wait_for_log(_BOOKIE_READY)
+        self.bookie_id, self.address, self.http_address = match.group(1), match.group(2), match.group(3)
+        self.port = int(self.address.rsplit(":", 1)[1])
+        return self
+
+
+class Cluster:
+    """etcd (shared per session) plus bookies of one test, under a unique root."""
+
+    def __init__(self, etcd: EtcdProcess, base_dir: str) -> None:
+        self.etcd = etcd
+        self.base_dir = base_dir
+        self.root = f"/test-{uuid.uuid4().hex[:12]}"
+        self.metadata_url = etcd.url(self.root)
+        self.bookies: list[BookieProcess] = []
+
+    def bookie(self, name: str | None = None, **kwargs) -> BookieProcess:
+        name = name or f"bookie-{len(self.bookies)}"
+        process = BookieProcess(name, self.base_dir, self.metadata_url, **kwargs)
+        self.bookies.append(process)
+        return process
+
+    async def start_bookies(self, count: int, **kwargs) -> list[BookieProcess]:
+        started = [self.bookie(**kwargs) for _ in range(count)]
+        await asyncio.gather(*(b.start() for b in started))
+        return started
+
+    async def stop(self) -> None:
+        for bookie in self.bookies:
+            if bookie.running:
+                try:
+                    await bookie.terminate(timeout_s=15)
+                except TimeoutError:
+                    pass
+
+
+async def run_cli(*args: str, timeout_s: float = 120.0) -> tuple[int, str, str]:
+    """Runs ``magnetar …`` to completion; returns (exit code, stdout, stderr)."""
+    process = await asyncio.create_subprocess_exec(*python_command(*args), stdout=asyncio.subprocess.PIPE,
+                                                   stderr=asyncio.subprocess.PIPE)
+    try:
+        async with asyncio.timeout(timeout_s):
+            stdout, stderr = await process.communicate()
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        raise
+    return process.returncode, stdout.decode(), stderr.decode()

@@ -1,0 +1,41 @@
+"""Shared fixtures: one real etcd per test session (each test gets its own key root),
+and a per-test cluster of bookie processes that is always stopped afterwards."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import pytest
+
+from tests.cluster import Cluster, EtcdProcess
+
+
+@pytest.fixture(scope="session")
+def etcd_process():
+    base_dir = tempfile.mkdtemp(prefix="magnetar-etcd-")
+    etcd = EtcdProcess(base_dir)
+    etcd.start()
+    yield etcd
+    etcd.kill9()
+    shutil.rmtree(base_dir, ignore_errors=True)
+
+
+@pytest.fixture
+async def cluster(etcd_process, tmp_path):
+    cluster = Cluster(etcd_process, str(tmp_path))
+    yield cluster
+    await cluster.stop()
+
+
+@pytest.fixture
+def metadata_url(etcd_process) -> str:
+    import uuid
+
+    return etcd_process.url(f"/test-{uuid.uuid4().hex[:12]}")
+
+
+def pytest_configure(config):
+    # Bookie data directories live under the system temp dir; keep them on the real disk.
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")

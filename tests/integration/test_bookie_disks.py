@@ -1,0 +1,258 @@
+"""What happens on the bookies' disks: corruption, a filling disk, and garbage collection.
+
+Proves: a byte flipped in an entry log is reported as a digest error and never
+returned as data (with one copy the entry is unreadable; with two the reader takes the
+good replica); a bookie whose disk passes its usage threshold turns read-only (in its
+registration), new ledgers avoid it, a writer using it moves to another bookie, its
+entries stay readable, and it turns writable again below the low-water mark; deleting
+ledgers makes the bookies drop them and compaction gives the disk space back while the
+surviving ledgers stay intact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import sqlite3
+import subprocess
+import uuid
+
+import pytest
+
+from ledger.client import LedgerClient
+from ledger.config import LedgerClientConfig
+from ledger.errors import NoSuchLedger
+from metadata import keys, open_store
+from metadata.bookie_record import BookieRecord
+from tests.cluster import run_cli
+
+MIB = 1024 * 1024
+
+
+def last_json(stdout: str) -> dict:
+    return json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
+
+
+@contextlib.asynccontextmanager
+async def ledger_client(cluster):
+    store = open_store(cluster.metadata_url)
+    client = LedgerClient(store, LedgerClientConfig(), rng=random.Random(7))
+    await client.start()
+    try:
+        yield client
+    finally:
+        await client.close()
+        await store.close()
+
+
+def flip_byte_on_disk(bookie, ledger_id: int, entry_id: int) -> None:
+    """Flips one payload byte of an entry in its entry log (bookie must be stopped)."""
+    for ledger_dir in bookie.ledger_dirs:
+        with sqlite3.connect(os.path.join(ledger_dir, "index.sqlite")) as db:
+            row = db.execute("SELECT log_id, offset, size FROM entries WHERE ledger_id = ? AND entry_id = ?",
+                             (ledger_id, entry_id)).fetchone()
+        if row is None:
+            continue
+        log_id, offset, size = row
+        path = os.path.join(ledger_dir, "entrylogs", f"entrylog-{log_id:016x}.log")
+        with open(path, "r+b") as handle:
+            handle.seek(offset + size - 10)
+            byte = handle.read(1)
+            handle.seek(offset + size - 10)
+            handle.write(bytes([byte[0] ^ 0x40]))
+            handle.flush()
+            os.fsync(handle.fileno())
+        return
+    raise AssertionError(f"entry {ledger_id}/{entry_id} not in any index of {bookie.name}")
+
+
+async def write_ledger(client: LedgerClient, quorums: tuple[int, int, int], count: int, size: int = 200) -> int:
+    handle = await client.create_ledger(*quorums)
+    futures = [await handle.submit(bytes([i % 256]) * size) for i in range(count)]
+    await asyncio.gather(*futures)
+    await handle.close()
+    return handle.ledger_id
+
+
+async def test_flipped_byte_is_a_digest_error_never_data(cluster):
+    """One copy: the corrupted entry is reported unreadable with a digest error, all
+    others read fine. Two copies: the reader counts the digest error and returns the
+    good replica's bytes."""
+    bookies = await cluster.start_bookies(2, extra_args=["--flush-interval-s", "0.1"])
+    async with ledger_client(cluster) as client:
+        single = await write_ledger(client, (1, 1, 1), 300)
+        double = await write_ledger(client, (2, 2, 2), 300)
+        single_bookie_id = (await client.ledger_metadata(single)).current_ensemble[0]
+    for bookie in bookies:
+        await bookie.terminate()  # a clean stop flushes everything to the entry logs
+    single_bookie = next(b for b in bookies if b.bookie_id == single_bookie_id)
+    flip_byte_on_disk(single_bookie, single, 123)
+    flip_byte_on_disk(bookies[0], double, 45)
+    for bookie in bookies:
+        await bookie.start()
+
+    code, stdout, _ = await run_cli("--log-level", "error", "shell", "--metadata", cluster.metadata_url,
+                                    "readledger", "--ledger", str(single))
+    report = last_json(stdout)
+    assert code == 1
+    assert report["entries"] == 299 and report["unreadable_entries"] == [123]
+    assert report["digest_errors"] >= 1 and 123 in report["digest_error_entries"]
+    assert "digest mismatch" in report["error"]
+
+    code, stdout, _ = await run_cli("--log-level", "error", "shell", "--metadata", cluster.metadata_url,
+                                    "readledger", "--ledger", str(double))
+    report = last_json(stdout)
+    assert report["entries"] == 300 and report["unreadable"] == 0
+    assert report["digest_errors"] == 1 and report["digest_error_entries"] == [45]
+    async with ledger_client(cluster) as client:
+        reader = await client.open_ledger(double, recovery=False)
+        entries = await reader.read(40, 50)
+        assert [bytes(e.payload) for e in entries] == [bytes([i % 256]) * 200 for i in range(40, 51)]
+    assert "corrupt entry on disk" in bookies[0].log_text()
+
+
+@contextlib.contextmanager
+def small_filesystem(path: str, size_mib: int):
+    """A tmpfs of the given size mounted at ``path`` (the test runs as root, as CI does)."""
+    os.makedirs(path, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mib}m", "tmpfs", path], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", path], check=False)
+
+
+async def registration(cluster, bookie_id: str) -> BookieRecord:
+    store = open_store(cluster.metadata_url)
+    try:
+        record = await store.get(keys.bookie(bookie_id))
+        assert record is not None
+        return BookieRecord.decode(record.value)
+    finally:
+        await store.close()
+
+
+async def wait_until(predicate, timeout_s: float = 20.0, interval_s: float = 0.1):
+    async with asyncio.timeout(timeout_s):
+        while not await predicate():
+            await asyncio.sleep(interval_s)
+
+
+async def test_full_disk_turns_bookie_read_only(cluster, tmp_path):
+    """The disk of one bookie fills past its threshold: it turns read-only, writers
+    move off it, new ledgers avoid it, its entries stay readable; freeing the disk
+    brings it back."""
+    mount_point = str(tmp_path / f"small-{uuid.uuid4().hex[:6]}")
+    with small_filesystem(mount_point, 64):
+        small = cluster.bookie("small", journal_dir=os.path.join(mount_point, "journal"),
+                               ledger_dirs=[os.path.join(mount_point, "ledgers")],
+                               extra_args=["--disk-usage-threshold", "0.5", "--disk-usage-lwm-threshold", "0.3",
+                                           "--disk-check-interval-s", "0.1", "--flush-interval-s", "0.1"])
+        await small.start()
+        others = await cluster.start_bookies(3)
+        async with ledger_client(cluster) as client:
+            # A ledger on all four bookies, written before the disk fills.
+            handle = await client.create_ledger(4, 4, 4)
+            assert small.bookie_id in handle.metadata.current_ensemble
+            for i in range(100):
+                await handle.add(b"before-%d" % i)
+
+            filler = os.path.join(mount_point, "filler")
+            with open(filler, "wb") as out:
+                out.write(b"\0" * (40 * MIB))
+                out.flush()
+                os.fsync(out.fileno())
+
+            async def small_is_read_only():
+                return (await registration(cluster, small.bookie_id)).read_only
+            await wait_until(small_is_read_only)
+            assert "turned read-only" in small.log_text()
+
+            # The writer's next adds are refused by the full bookie; it cannot move (all
+            # four bookies are in a 4-bookie ensemble), so add a fifth and go on.
+            spare = cluster.bookie("spare")
+            await spare.start()
+            await client.registry.refresh()
+            for i in range(100, 200):
+                await handle.add(b"after-%d" % i)
+            assert small.bookie_id not in handle.metadata.current_ensemble
+            await handle.close()
+
+            # New ledgers never choose the read-only bookie.
+            for _ in range(15):
+                new = await client.create_ledger(3, 3, 3)
+                assert small.bookie_id not in new.metadata.current_ensemble
+                await new.close()
+
+            # Its entries stay readable, from it alone.
+            stored = await client.pool.get(small.bookie_id).read(handle.ledger_id, list(range(100)), 8 << 20)
+            assert [bytes(r.entry[-len(b"before-%d" % r.entry_id):]) for r in stored] == \
+                [b"before-%d" % i for i in range(100)]
+            reader = await client.open_ledger(handle.ledger_id, recovery=False)
+            assert len(await reader.read(0, 199)) == 200
+
+            code, stdout, _ = await run_cli("--log-level", "error", "shell", "--metadata", cluster.metadata_url,
+                                            "listbookies", "--readonly")
+            assert [b["bookie_id"] for b in last_json(stdout)["bookies"]] == [small.bookie_id]
+
+            os.unlink(filler)
+
+            async def small_is_writable():
+                return not (await registration(cluster, small.bookie_id)).read_only
+            await wait_until(small_is_writable)
+            assert "writable again" in small.log_text()
+        assert others  # the three regular bookies served throughout
+
+
+def directory_bytes(path: str) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):
+                total += os.path.getsize(os.path.join(root, name))
+    return total
+
+
+async def test_deleted_ledgers_are_collected_and_space_returns(cluster):
+    """Two ledgers interleaved in the same entry logs; one is deleted. Each bookie
+    drops it at its next GC, compaction moves the survivor's entries out of the sparse
+    logs and deletes them, so the ledger directories shrink, and the survivor still
+    reads back intact."""
+    bookies = await cluster.start_bookies(
+        2, extra_args=["--flush-interval-s", "0.1", "--gc-interval-s", "0.5", "--entry-log-mib", "24"])
+    payload_size = 8 * 1024
+    async with ledger_client(cluster) as client:
+        doomed = await client.create_ledger(2, 2, 2)
+        kept = await client.create_ledger(2, 2, 2)
+        futures = []
+        for i in range(3000):
+            futures.append(await doomed.submit(b"d" * payload_size))
+            if i % 10 == 0:
+                futures.append(await kept.submit(i.to_bytes(4, "big") * (payload_size // 4)))
+        await asyncio.gather(*futures)
+        await doomed.close()
+        await kept.close()
+        await asyncio.sleep(0.5)  # let the last flush land
+        before = [directory_bytes(d) for b in bookies for d in b.ledger_dirs]
+        assert min(before) > 20 * MIB
+
+        await client.delete_ledger(doomed.ledger_id)
+
+        async def shrunk():
+            after = [directory_bytes(d) for b in bookies for d in b.ledger_dirs]
+            return all(a < b / 4 for a, b in zip(after, before))
+        await wait_until(shrunk, timeout_s=60, interval_s=0.5)
+        after = [directory_bytes(d) for b in bookies for d in b.ledger_dirs]
+
+        for bookie in bookies:
+            with pytest.raises(NoSuchLedger):
+                await client.pool.get(bookie.bookie_id).read(doomed.ledger_id, [0], 1 << 20)
+            assert "entry log compacted" in bookie.log_text()
+        reader = await client.open_ledger(kept.ledger_id, recovery=False)
+        entries = await reader.read(0, 299)
+        assert [bytes(e.payload) for e in entries] == [(i * 10).to_bytes(4, "big") * (payload_size // 4)
+                                                       for i in range(300)]
+    print(f"ledger dir bytes before GC {before}, after {after}")
