@@ -55,8 +55,6 @@ class LedgerStorageConfig:
     flush_interval_s: float = 1.0
     # Recently flushed and recently read entries, for readers just behind the tail.
     read_cache_bytes_max: int = 128 * MIB
-    # On a read from disk, also load this many bytes ahead into the read cache.
-    read_ahead_bytes: int = 1 * MIB
     entry_log_bytes_max: int = 512 * MIB
     entry_bytes_max: int = ENTRY_BYTES_MAX_DEFAULT
     # A read reply carries at most this many bytes (gRPC messages are capped at 64 MiB).
@@ -68,6 +66,10 @@ class LedgerStorageConfig:
     def __post_init__(self) -> None:
         if not self.ledger_dirs:
             raise ConfigError("ledger_dirs must name at least one directory")
+        if not 4 * KIB <= self.entry_bytes_max <= 64 * MIB:
+            raise ConfigError("entry_bytes_max must be in [4 KiB, 64 MiB]")
+        if not 0 < self.write_cache_wait_s_max <= 600:
+            raise ConfigError("write_cache_wait_s_max must be in (0, 600]")
         if len(set(self.ledger_dirs)) != len(self.ledger_dirs):
             raise ConfigError("ledger_dirs must not repeat a directory")
         if self.write_cache_bytes_max < 2 * self.entry_bytes_max:
@@ -96,6 +98,8 @@ class GcConfig:
             raise ConfigError("gc interval_s must be in [0.05, 86400]")
         if not 0.0 <= self.compaction_live_ratio_min < 1.0:
             raise ConfigError("compaction_live_ratio_min must be in [0, 1)")
+        if self.compaction_bytes_per_round_max < 1 * MIB:
+            raise ConfigError("compaction_bytes_per_round_max must be at least 1 MiB")
 
 
 @dataclass(frozen=True)
@@ -146,6 +150,8 @@ class BookieConfig:
             raise ConfigError("registration_ttl_s must be in [2, 600]")
         if not 1 <= self.read_threads <= 64:
             raise ConfigError("read_threads must be in [1, 64]")
+        if not 1 <= self.concurrent_rpcs_max <= 100_000:
+            raise ConfigError("concurrent_rpcs_max must be in [1, 100000]")
         if self.grpc_message_bytes_max < 2 * self.storage.entry_bytes_max:
             raise ConfigError("grpc_message_bytes_max must hold at least two maximal entries")
         if self.grpc_message_bytes_max < self.storage.read_response_bytes_max + self.storage.entry_bytes_max:

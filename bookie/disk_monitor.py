@@ -7,6 +7,7 @@ water mark, so a bookie near the line does not flap. ``measure`` does the IO.
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass
 
@@ -29,6 +30,10 @@ def decide_read_only(currently_read_only: bool, ratio: float, threshold: float, 
     return False
 
 
+def _device_of(directory: str) -> int:
+    return os.stat(directory).st_dev
+
+
 def measure(directories: list[str]) -> DiskUsage:
     """Blocking (statvfs per directory); call from a thread."""
     assert directories
@@ -36,15 +41,15 @@ def measure(directories: list[str]) -> DiskUsage:
     worst = directories[0]
     total_free = 0
     total_size = 0
-    seen_devices: set[tuple[int, int]] = set()
+    seen_devices: set[int] = set()
     for directory in directories:
         usage = shutil.disk_usage(directory)
         ratio = (usage.total - usage.free) / usage.total if usage.total else 1.0
         if ratio > worst_ratio:
             worst_ratio, worst = ratio, directory
-        key = (usage.total, usage.free)
-        if key not in seen_devices:  # count a filesystem shared by several dirs once
-            seen_devices.add(key)
+        device = _device_of(directory)
+        if device not in seen_devices:  # count a filesystem shared by several dirs once
+            seen_devices.add(device)
             total_free += usage.free
             total_size += usage.total
     return DiskUsage(total_bytes=total_size, free_bytes=total_free, ratio=worst_ratio, worst_directory=worst)

@@ -23,11 +23,9 @@ from bookie.format import (
     ENTRY_LOG_MAGIC,
     ENTRY_LOG_RECORD_HEAD_SIZE,
     FILE_HEADER_SIZE,
-    decode_file_header,
     encode_file_header,
     entry_log_file_name,
     entry_log_record_head,
-    iter_entry_log_records,
     parse_file_id,
 )
 
@@ -201,15 +199,6 @@ class EntryLogger:
         if len(data) != size:
             raise OSError(f"short read from entry log {log_id}: {len(data)} of {size} bytes")
         return data
-
-    def scan(self, log_id: int):
-        """Yields (offset, entry bytes) of every complete record of a log (compaction,
-        rebuilding). Reads the whole file: logs are bounded by log_bytes_max."""
-        with open(self.path(log_id), "rb") as handle:
-            data = handle.read()
-        decode_file_header(data[:FILE_HEADER_SIZE], ENTRY_LOG_MAGIC)
-        for offset, entry in iter_entry_log_records(data):
-            yield offset, bytes(entry)
 
     def close(self) -> None:
         if self._active_fd >= 0:

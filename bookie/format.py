@@ -200,11 +200,15 @@ def entry_log_file_name(log_id: int) -> str:
     return f"entrylog-{log_id:016x}.log"
 
 
+_HEX_DIGITS = frozenset("0123456789abcdef")
+
+
 def parse_file_id(name: str, prefix: str) -> int | None:
+    """The id in a name this module writes (exactly 16 lower-case hex digits); None
+    for any other name, so stray files are never taken for journals or logs."""
     if not (name.startswith(prefix + "-") and name.endswith(".log")):
         return None
     text = name[len(prefix) + 1:-4]
-    try:
-        return int(text, 16)
-    except ValueError:
+    if len(text) != 16 or not set(text) <= _HEX_DIGITS:
         return None
+    return int(text, 16)

@@ -35,7 +35,7 @@ from bookie.index import IndexReader, IndexWriter, LedgerRow
 from bookie.ledger_storage import LedgerState, LedgerStorage, ReadOutcome, StorageStats
 from bookie.read_cache import ReadCache
 from bookie.write_cache import WriteCache
-from ledger.entry import entry_ids, verify_entry
+from ledger.entry import verify_entry
 from ledger.errors import (
     BookieStorageError,
     DigestMismatch,
@@ -51,8 +51,9 @@ log = logging.getLogger(__name__)
 _READ_ATTEMPTS_MAX = 3
 # Spans of adjacent entries are read with one pread up to this size.
 _READ_SPAN_BYTES_MAX = 4 * 1024 * 1024
-# Compaction copies live entries in batches of this many bytes.
-_COMPACTION_BATCH_BYTES = 16 * 1024 * 1024
+# Compaction copies live entries in batches of this many (bounds its memory: at most
+# this many maximal entries, ~5 GiB in theory, ~1 MiB for typical 1 KiB entries).
+_COMPACTION_BATCH_ENTRIES = 1024
 
 
 @dataclass
@@ -108,8 +109,14 @@ class _Directory:
         # process) are sealed now so compaction can reclaim their dead tails.
         known = self.index_writer.log_sizes()
         for log_id in self.entry_logger.log_ids():
-            if log_id not in known:
-                self._sealed_logs.append((log_id, self.entry_logger.file_size(log_id)))
+            size = self.entry_logger.file_size(log_id)
+            if size <= FILE_HEADER_SIZE and not self.index_writer.log_has_entries(log_id):
+                # An empty active log of an earlier run: nothing to keep.
+                self.entry_logger.delete_log(log_id)
+                if log_id in known:
+                    self.index_writer.forget_log(log_id)
+            elif log_id not in known:
+                self._sealed_logs.append((log_id, size))
         self.entry_logger.open_new_log()
 
     async def close(self) -> None:
@@ -177,8 +184,10 @@ class _Directory:
                 log.error("ledger storage flush failed: directory=%s error=%s", self.path, error)
                 self._merge_back(rows)
                 raise BookieStorageError(f"flush failed in {self.path}: {error}") from error
+            states = self.states
             for ledger_id, entry_id, entry in items:
-                self.read_cache.put(ledger_id, entry_id, entry)
+                if ledger_id in states:  # not deleted while the flush ran
+                    self.read_cache.put(ledger_id, entry_id, entry)
             self.flushing = None
             self.stats.flushes += 1
             self.stats.flushed_bytes += sum(len(e) for _, _, e in items)
@@ -315,8 +324,8 @@ class _Directory:
                 log.error("corrupt entry on disk: directory=%s ledger_id=%d entry_id=%d log_id=%d "
                           "offset=%d error=%s", self.path, ledger_id, entry_id, location.log_id,
                           location.offset, error)
-                result.errors[entry_id] = (error if isinstance(error, DigestMismatch)
-                                           else DigestMismatch(ledger_id, entry_id, str(error)))
+                # Name the entry that was asked for: a corrupted header carries wrong ids.
+                result.errors[entry_id] = DigestMismatch(ledger_id, entry_id, str(error))
                 continue
             result.found[entry_id] = bytes(entry)
 
@@ -354,56 +363,48 @@ class _Directory:
         return compacted, reclaimed
 
     def _compaction_candidates(self, live_ratio_min: float) -> list[tuple[int, int, int]]:
+        """Flush thread: sealed logs whose live share is below ``live_ratio_min``, as
+        (log_id, size_bytes, live_bytes), sparsest first."""
         assert self.index_writer is not None
-        sizes = self.index_writer.log_sizes()
-        live = self.index_writer.log_live_bytes()
         active_id = self.entry_logger.active_log_id
         active_size = self.entry_logger.active_size
-        # The active log is never compacted; if it is mostly dead, seal it so the next
+        # The active log is never compacted; if it is mostly dead, seal it so that this
         # round can (otherwise a quiet bookie would never give space back).
-        if active_size > FILE_HEADER_SIZE and live.get(active_id, 0) < live_ratio_min * active_size:
+        if active_size > FILE_HEADER_SIZE and \
+                self.index_writer.log_live_bytes(active_id) < live_ratio_min * active_size:
             self.entry_logger.rotate()
             self.index_writer.commit_flush([], [], [(active_id, active_size)] + self.entry_logger.take_sealed())
-            sizes[active_id] = active_size
         candidates = []
-        for log_id, size_bytes in sizes.items():
-            if log_id == self.entry_logger.active_log_id or size_bytes <= FILE_HEADER_SIZE:
+        for log_id, size_bytes in self.index_writer.log_sizes().items():
+            if log_id == self.entry_logger.active_log_id:
                 continue
-            live_bytes = live.get(log_id, 0)
+            live_bytes = self.index_writer.log_live_bytes(log_id)
             if live_bytes < live_ratio_min * size_bytes:
                 candidates.append((log_id, size_bytes, live_bytes))
         candidates.sort(key=lambda c: c[2] / max(c[1], 1))
         return candidates
 
     def _compact_log(self, log_id: int) -> int:
-        """Flush thread: copies the live entries of ``log_id`` to the active log,
-        re-points the index, deletes the log. Returns the bytes copied."""
+        """Flush thread: copies the entries the index still has in ``log_id`` to the
+        active log, re-points the index, and deletes the log once nothing points into
+        it. Returns the bytes copied."""
         assert self.index_writer is not None
         moved_bytes = 0
-        batch: list[tuple[int, int, int, bytes]] = []
-        batch_bytes = 0
-
-        def move(batch: list[tuple[int, int, int, bytes]]) -> None:
-            locations = self.entry_logger.append_batch([entry for *_, entry in batch])
-            assert self.index_writer is not None
+        after_offset = -1
+        while True:
+            live = self.index_writer.live_entries(log_id, after_offset, _COMPACTION_BATCH_ENTRIES)
+            if not live:
+                break
+            entries = []
+            for ledger_id, entry_id, offset, size in live:
+                # Copied as they are: a corrupt entry stays detectable by its digest.
+                entries.append(self.entry_logger.read(EntryLocation(log_id, offset, size)))
+            locations = self.entry_logger.append_batch(entries)
             self.index_writer.relocate(
-                [(lid, eid, old_offset, loc) for (lid, eid, old_offset, _), loc in zip(batch, locations)],
-                log_id)
-
-        if os.path.exists(self.entry_logger.path(log_id)):
-            for offset, entry in self.entry_logger.scan(log_id):
-                ledger_id, entry_id = entry_ids(entry)
-                location = self.index_writer.location_of(ledger_id, entry_id)
-                if location is None or location.log_id != log_id or location.offset != offset:
-                    continue  # dead: deleted ledger or overwritten
-                batch.append((ledger_id, entry_id, offset, entry))
-                batch_bytes += len(entry)
-                moved_bytes += len(entry)
-                if batch_bytes >= _COMPACTION_BATCH_BYTES:
-                    move(batch)
-                    batch, batch_bytes = [], 0
-        if batch:
-            move(batch)
+                [(ledger_id, entry_id, offset, location)
+                 for (ledger_id, entry_id, offset, _size), location in zip(live, locations)], log_id)
+            moved_bytes += sum(size for *_, size in live)
+            after_offset = live[-1][2]
         self.index_writer.forget_log(log_id)
         self.entry_logger.delete_log(log_id)
         return moved_bytes

@@ -161,12 +161,18 @@ class BookieProcess:
                 node.disk_usage = usage
                 read_only = disk_monitor.decide_read_only(node.read_only, usage.ratio, config.disk.usage_threshold,
                                                           config.disk.usage_lwm_threshold)
-                if read_only != node.read_only:
+                flipped = read_only != node.read_only
+                if flipped:
                     node.read_only = read_only
                     log.warning("bookie %s: bookie_id=%s disk_usage_ratio=%.4f directory=%s",
                                 "turned read-only" if read_only else "writable again", bookie_id,
                                 usage.ratio, usage.worst_directory)
-                registration.update(self._record(node, address, http_address, started_at_ms))
+                # Publish a read-only flip at once; free space only when it moved by more
+                # than 1% of the disk, so an idle cluster does not write etcd every tick.
+                published = registration.record
+                moved = published is None or abs(published.free_bytes - usage.free_bytes) > usage.total_bytes // 100
+                if flipped or moved:
+                    registration.update(self._record(node, address, http_address, started_at_ms))
 
         gc_trigger = asyncio.Event()
         try:

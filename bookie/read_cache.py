@@ -17,12 +17,12 @@ class ReadCache:
         self.misses = 0
 
     def put(self, ledger_id: int, entry_id: int, entry: bytes) -> None:
-        if len(entry) > self.capacity_bytes:
-            return
         key = (ledger_id, entry_id)
         previous = self._entries.pop(key, None)
         if previous is not None:
             self.size_bytes -= len(previous)
+        if len(entry) > self.capacity_bytes:
+            return  # too big to cache; the older version (dropped above) must not linger
         self._entries[key] = entry
         self.size_bytes += len(entry)
         while self.size_bytes > self.capacity_bytes:

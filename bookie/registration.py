@@ -87,6 +87,10 @@ class Registration:
         self._changed = asyncio.Event()
 
     @property
+    def record(self) -> BookieRecord | None:
+        return self._record
+
+    @property
     def registered(self) -> bool:
         return self._lease is not None and not self._lease.is_lost
 

@@ -73,6 +73,7 @@ class _AddStream:
         # Batches sent and not yet answered: (send time, futures in request order).
         self.inflight: collections.deque[tuple[float, list[asyncio.Future[None]]]] = collections.deque()
         self.broken: MagnetarError | None = None
+        self.receiver: asyncio.Task[None] | None = None
 
 
 class BookieClient:
@@ -155,7 +156,8 @@ class BookieClient:
         stream = self._stream
         if stream is None or stream.broken is not None:
             stream = self._stream = _AddStream(self)
-            asyncio.get_running_loop().create_task(self._receive_loop(stream))
+            # Owned by the stream; cancelled by close() or ends when the stream breaks.
+            stream.receiver = asyncio.get_running_loop().create_task(self._receive_loop(stream))
         return stream
 
     async def _receive_loop(self, stream: _AddStream) -> None:
@@ -256,8 +258,11 @@ class BookieClient:
             if not future.done():
                 future.set_exception(error)
         self._queue.clear()
-        if self._stream is not None:
-            self._break(self._stream, error)
+        stream = self._stream
+        if stream is not None:
+            self._break(stream, error)
+            if stream.receiver is not None:
+                stream.receiver.cancel()
         if self._sender is not None:
             self._sender.cancel()
         await self._channel.close()

@@ -38,8 +38,12 @@ class LedgerClientConfig:
                 raise ConfigError(f"{name} must be in (0, 600]")
         if not 1 <= self.batch_entries_max <= 10_000:
             raise ConfigError("batch_entries_max must be in [1, 10000]")
-        if self.batch_bytes_max > self.grpc_message_bytes_max // 2:
-            raise ConfigError("batch_bytes_max must be at most half of grpc_message_bytes_max")
+        if not 64 * 1024 <= self.batch_bytes_max <= self.grpc_message_bytes_max // 2:
+            raise ConfigError("batch_bytes_max must be in [64 KiB, grpc_message_bytes_max / 2]")
+        if not 1 <= self.read_batch_entries_max <= 100_000:
+            raise ConfigError("read_batch_entries_max must be in [1, 100000]")
+        if not 64 * 1024 <= self.read_response_bytes_max <= self.grpc_message_bytes_max // 2:
+            raise ConfigError("read_response_bytes_max must be in [64 KiB, grpc_message_bytes_max / 2]")
         if self.pending_adds_max < 1 or self.pending_bytes_max < MIB:
             raise ConfigError("pending_adds_max must be >= 1 and pending_bytes_max >= 1 MiB")
         if not 1 <= self.metadata_attempts_max <= 1000:

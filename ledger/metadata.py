@@ -115,24 +115,64 @@ class LedgerMetadata:
 
     @classmethod
     def decode(cls, data: bytes) -> "LedgerMetadata":
+        """Parses and checks stored metadata. Anything inconsistent is MalformedFrame:
+        bytes from etcd are outside input, never trusted to satisfy our invariants."""
         try:
             doc = json.loads(data)
-            if doc.get("format_version", 0) > METADATA_FORMAT_VERSION:
-                raise MalformedFrame(f"ledger metadata format {doc['format_version']} is newer than this client")
-            return cls(
-                ledger_id=int(doc["ledger_id"]),
-                ensemble_size=int(doc["ensemble_size"]),
-                write_quorum_size=int(doc["write_quorum_size"]),
-                ack_quorum_size=int(doc["ack_quorum_size"]),
-                state=LedgerState(doc["state"]),
-                last_entry_id=int(doc["last_entry_id"]),
-                length_bytes=int(doc["length_bytes"]),
-                created_ms=int(doc.get("created_ms", 0)),
-                fragments=tuple(Fragment(int(f["first_entry_id"]), tuple(f["bookies"])) for f in doc["fragments"]),
-                custom={str(k): str(v) for k, v in doc.get("custom", {}).items()},
-            )
-        except (ValueError, KeyError, TypeError) as error:
-            raise MalformedFrame(f"bad ledger metadata: {error}") from None
+        except ValueError as error:
+            raise MalformedFrame(f"ledger metadata is not JSON: {error}") from None
+        if not isinstance(doc, dict):
+            raise MalformedFrame("ledger metadata is not a JSON object")
+        if _int(doc, "format_version", 0) > METADATA_FORMAT_VERSION:
+            raise MalformedFrame(f"ledger metadata format {doc['format_version']} is newer than this client")
+        ensemble_size = _int(doc, "ensemble_size")
+        write_quorum_size = _int(doc, "write_quorum_size")
+        ack_quorum_size = _int(doc, "ack_quorum_size")
+        if not ensemble_size >= write_quorum_size >= ack_quorum_size >= 1:
+            raise MalformedFrame(f"ledger metadata quorums E={ensemble_size} Qw={write_quorum_size} "
+                                 f"Qa={ack_quorum_size} break E >= Qw >= Qa >= 1")
+        try:
+            state = LedgerState(doc.get("state"))
+        except ValueError:
+            raise MalformedFrame(f"ledger metadata state {doc.get('state')!r} is unknown") from None
+        raw_fragments = doc.get("fragments")
+        if not isinstance(raw_fragments, list) or not raw_fragments:
+            raise MalformedFrame("ledger metadata has no fragments")
+        fragments = []
+        for raw in raw_fragments:
+            if not isinstance(raw, dict):
+                raise MalformedFrame("ledger metadata fragment is not an object")
+            bookies = raw.get("bookies")
+            if (not isinstance(bookies, list) or len(bookies) != ensemble_size
+                    or not all(isinstance(b, str) and b for b in bookies)):
+                raise MalformedFrame(f"ledger metadata fragment must list {ensemble_size} bookie ids")
+            fragments.append(Fragment(_int(raw, "first_entry_id"), tuple(bookies)))
+        if fragments[0].first_entry_id != 0:
+            raise MalformedFrame("ledger metadata's first fragment does not start at entry 0")
+        if any(a.first_entry_id >= b.first_entry_id for a, b in zip(fragments, fragments[1:])):
+            raise MalformedFrame("ledger metadata fragments are not in increasing entry order")
+        custom = doc.get("custom", {})
+        if not isinstance(custom, dict):
+            raise MalformedFrame("ledger metadata custom is not an object")
+        return cls(
+            ledger_id=_int(doc, "ledger_id"),
+            ensemble_size=ensemble_size,
+            write_quorum_size=write_quorum_size,
+            ack_quorum_size=ack_quorum_size,
+            state=state,
+            last_entry_id=_int(doc, "last_entry_id", minimum=-1),
+            length_bytes=_int(doc, "length_bytes"),
+            created_ms=_int(doc, "created_ms", 0),
+            fragments=tuple(fragments),
+            custom={str(k): str(v) for k, v in custom.items()},
+        )
+
+
+def _int(doc: dict, name: str, default: int | None = None, *, minimum: int = 0) -> int:
+    value = doc.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise MalformedFrame(f"ledger metadata field {name} must be an integer >= {minimum}, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)

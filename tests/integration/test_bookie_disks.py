@@ -25,6 +25,7 @@ import pytest
 from ledger.client import LedgerClient
 from ledger.config import LedgerClientConfig
 from ledger.errors import NoSuchLedger
+from ledger.quorum import write_set
 from metadata import keys, open_store
 from metadata.bookie_record import BookieRecord
 from tests.cluster import run_cli
@@ -86,11 +87,15 @@ async def test_flipped_byte_is_a_digest_error_never_data(cluster):
         single = await write_ledger(client, (1, 1, 1), 300)
         double = await write_ledger(client, (2, 2, 2), 300)
         single_bookie_id = (await client.ledger_metadata(single)).current_ensemble[0]
+        # Corrupt the copy of entry 45 the reader asks for first (its write set's head).
+        double_ensemble = (await client.ledger_metadata(double)).current_ensemble
+        first_asked_id = double_ensemble[write_set(45, 2, 2)[0]]
     for bookie in bookies:
         await bookie.terminate()  # a clean stop flushes everything to the entry logs
     single_bookie = next(b for b in bookies if b.bookie_id == single_bookie_id)
     flip_byte_on_disk(single_bookie, single, 123)
-    flip_byte_on_disk(bookies[0], double, 45)
+    first_asked = next(b for b in bookies if b.bookie_id == first_asked_id)
+    flip_byte_on_disk(first_asked, double, 45)
     for bookie in bookies:
         await bookie.start()
 
@@ -111,7 +116,7 @@ async def test_flipped_byte_is_a_digest_error_never_data(cluster):
         reader = await client.open_ledger(double, recovery=False)
         entries = await reader.read(40, 50)
         assert [bytes(e.payload) for e in entries] == [bytes([i % 256]) * 200 for i in range(40, 51)]
-    assert "corrupt entry on disk" in bookies[0].log_text()
+    assert "corrupt entry on disk" in first_asked.log_text()
 
 
 @contextlib.contextmanager
