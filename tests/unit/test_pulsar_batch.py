@@ -1,0 +1,203 @@
+"""Batch payloads (broker/batch.py), with no sockets.
+
+Proves that: a hand-assembled batch splits into the messages it spells and encode_batch
+writes the same bytes; batches of any size round-trip, including through a SEND frame
+and the frame decoder; the payloads returned are views, not copies; a payload counts as
+a batch exactly when num_messages_in_batch is set (a batch of one included); compressed
+(any codec, even one newer than our .proto) and encrypted payloads are refused with a
+typed error naming why; every inconsistent size or count raises MalformedFrame; and
+seeded random mutations of batches raise nothing but MalformedFrame.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+
+import pytest
+
+from broker.batch import (
+    EncryptedPayload,
+    SingleMessage,
+    UnsupportedCompression,
+    encode_batch,
+    is_batch,
+    message_count,
+    parse_batch,
+)
+from broker.codec import NEED_DATA, CommandDecoder, encode_payload_command, wrap
+from broker.proto import pulsar_api_pb2 as pb
+from ledger.errors import MalformedFrame
+
+
+def h(text: str) -> bytes:
+    return bytes.fromhex(text.replace("|", " "))
+
+
+def batch_metadata(count: int, **fields) -> pb.MessageMetadata:
+    return pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1,
+                              num_messages_in_batch=count, **fields)
+
+
+def items(count: int, rng: random.Random | None = None) -> list[tuple[pb.SingleMessageMetadata, bytes]]:
+    rng = rng or random.Random(count)
+    result = []
+    for index in range(count):
+        single = pb.SingleMessageMetadata(sequence_id=index, event_time=index * 10)
+        if index % 3 == 0:
+            single.partition_key = f"key-{index}"
+            single.properties.add(key="n", value=str(index))
+        result.append((single, rng.randbytes(rng.randint(0, 40))))
+    return result
+
+
+# Two messages, "a" and the empty message: metadata_size | SingleMessageMetadata | bytes.
+GOLDEN_BATCH = h("00000002 | 1801 | 61 | 00000004 | 1800 4001 | ")
+
+
+def test_golden_batch_splits_and_encodes_byte_for_byte():
+    messages = parse_batch(batch_metadata(2), GOLDEN_BATCH)
+    assert [(m.batch_index, bytes(m.payload)) for m in messages] == [(0, b"a"), (1, b"")]
+    assert messages[1].metadata.sequence_id == 1
+    assert encode_batch([(pb.SingleMessageMetadata(), b"a"),
+                         (pb.SingleMessageMetadata(sequence_id=1), b"")]) == GOLDEN_BATCH
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 17, 1000])
+def test_batches_round_trip(count):
+    source = items(count)
+    payload = encode_batch(source)
+    messages = parse_batch(batch_metadata(count), payload)
+    assert len(messages) == count
+    for index, (message, (single, body)) in enumerate(zip(messages, source)):
+        assert isinstance(message, SingleMessage)
+        assert message.batch_index == index
+        assert bytes(message.payload) == body
+        assert message.metadata.payload_size == len(body)
+        assert message.metadata.partition_key == single.partition_key
+        assert message.payload.obj is payload                # a view, not a copy
+
+
+def test_encode_batch_leaves_caller_metadata_alone():
+    single = pb.SingleMessageMetadata(partition_key="k")
+    encode_batch([(single, b"abc")])
+    assert not single.HasField("payload_size")
+    with pytest.raises(AssertionError):
+        encode_batch([(pb.SingleMessageMetadata(payload_size=2), b"abc")])
+
+
+def test_batch_through_a_send_frame_fed_bytewise():
+    """A batched SEND decodes byte by byte and its payload splits into the messages."""
+    source = items(5)
+    metadata = batch_metadata(5)
+    frame_bytes = encode_payload_command(wrap(pb.CommandSend(producer_id=1, sequence_id=0, num_messages=5)),
+                                         metadata, encode_batch(source))
+    decoder = CommandDecoder()
+    frames = []
+    for index in range(len(frame_bytes)):
+        decoder.feed(frame_bytes[index:index + 1])
+        while (frame := decoder.next_command()) is not NEED_DATA:
+            frames.append(frame)
+    (frame,) = frames
+    assert message_count(frame.payload.metadata) == 5
+    messages = parse_batch(frame.payload.metadata, frame.payload.payload)
+    assert [bytes(m.payload) for m in messages] == [body for _single, body in source]
+
+
+def test_batch_of_one_is_still_a_batch():
+    """num_messages_in_batch=1 present means the batch layout; absent means a plain
+    message, although both read 1."""
+    single = batch_metadata(1)
+    plain = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1)
+    assert is_batch(single) and message_count(single) == 1
+    assert not is_batch(plain) and message_count(plain) == 1
+    assert plain.num_messages_in_batch == 1
+    assert len(parse_batch(single, encode_batch(items(1)))) == 1
+    with pytest.raises(MalformedFrame, match="not a batch"):
+        parse_batch(plain, encode_batch(items(1)))
+
+
+def test_message_count_reads_compressed_batches_without_parsing():
+    assert message_count(batch_metadata(250, compression=pb.ZSTD)) == 250
+    with pytest.raises(MalformedFrame, match="below 1"):
+        message_count(batch_metadata(0))
+    with pytest.raises(MalformedFrame, match="below 1"):
+        message_count(batch_metadata(-5))
+
+
+@pytest.mark.parametrize("codec_value, codec_name", [
+    (pb.LZ4, "LZ4"), (pb.ZLIB, "ZLIB"), (pb.ZSTD, "ZSTD"), (pb.SNAPPY, "SNAPPY")])
+def test_compressed_batches_are_refused_naming_the_codec(codec_value, codec_name):
+    with pytest.raises(UnsupportedCompression, match=codec_name) as caught:
+        parse_batch(batch_metadata(2, compression=codec_value), encode_batch(items(2)))
+    assert isinstance(caught.value, MalformedFrame)
+    assert caught.value.codec == codec_name
+
+
+def test_codec_newer_than_our_proto_is_refused_too():
+    """An unknown compression value is kept as an unknown field and ``compression``
+    reads NONE; parse_batch still notices."""
+    raw = batch_metadata(2).SerializeToString() + h("4009")   # field 8 = 9
+    metadata = pb.MessageMetadata.FromString(raw)
+    assert metadata.compression == pb.NONE
+    with pytest.raises(UnsupportedCompression, match="unknown codec 9"):
+        parse_batch(metadata, encode_batch(items(2)))
+
+
+def test_encrypted_batches_are_refused():
+    metadata = batch_metadata(2)
+    metadata.encryption_keys.add(key="k", value=b"v")
+    with pytest.raises(EncryptedPayload):
+        parse_batch(metadata, encode_batch(items(2)))
+
+
+def record(single: bytes, body: bytes = b"") -> bytes:
+    return struct.pack(">I", len(single)) + single + body
+
+
+INVALID = [
+    ("count beyond bytes", 1000, encode_batch(items(2)), "declares 1000"),
+    ("count zero", 0, encode_batch(items(2)), "below 1"),
+    ("count negative", -1, encode_batch(items(2)), "below 1"),
+    ("fewer messages than count", 3, encode_batch(items(2)), "truncated|exceeds|does not"),
+    ("trailing bytes", 1, encode_batch(items(2)), "bytes after its 1 messages"),
+    ("truncated size", 2, record(h("1803"), b"abc") + h("000000"), "truncated before its size"),
+    ("metadata_size too large", 1, h("000000ff 1800"), "metadata_size 255"),
+    ("metadata garbage", 1, record(h("ffff")), "does not parse"),
+    ("payload_size missing", 1, record(h("1001")) + h("0000"), "required"),
+    ("payload_size negative", 1, record(h("18ffffffffffffffffff01")), "payload_size -1"),
+    ("payload_size too large", 1, record(h("1805"), b"abc"), "payload_size 5"),
+    ("invalid utf-8 key", 1, record(h("1800 1201ff")), "UTF-8"),
+    ("empty payload", 1, b"", "declares 1"),
+]
+
+
+@pytest.mark.parametrize("name, count, payload, message", INVALID, ids=[case[0] for case in INVALID])
+def test_inconsistent_batches_raise_malformed_frame(name, count, payload, message):
+    with pytest.raises(MalformedFrame, match=message):
+        parse_batch(batch_metadata(count), payload)
+
+
+def test_mutated_batches_raise_only_malformed_frame():
+    rng = random.Random(4004)
+    sources = [(count, encode_batch(items(count, rng))) for count in (1, 2, 5, 12)]
+    parsed_any = False
+    for _attempt in range(20_000):
+        count, payload = rng.choice(sources)
+        data = bytearray(payload)
+        for _mutation in range(rng.randint(1, 3)):
+            index = rng.randrange(len(data))
+            roll = rng.random()
+            if roll < 0.6:
+                data[index] = rng.randrange(256)
+            elif roll < 0.8:
+                del data[index]
+            else:
+                data.insert(index, rng.randrange(256))
+        declared = count if rng.random() < 0.8 else rng.randint(-2, count + 3)
+        try:
+            parse_batch(batch_metadata(declared), bytes(data))
+            parsed_any = True
+        except MalformedFrame:
+            pass
+    assert parsed_any
