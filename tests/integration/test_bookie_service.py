@@ -229,3 +229,27 @@ async def test_restart_replays_journal(cluster):
         assert "records=201" in process.log_text()
     finally:
         await client.close()
+
+
+async def test_several_ledger_dirs_share_the_ledgers(cluster):
+    """A bookie with three ledger directories spreads ledgers over all of them (each
+    gets entry logs and index rows) and reads every ledger back after a restart."""
+    (process,) = await cluster.start_bookies(1, ledger_dir_count=3, extra_args=["--flush-interval-s", "0.1"])
+    client = BookieClient(process.bookie_id, process.address, CONFIG)
+    try:
+        for ledger_id in range(1, 10):
+            await write_entries(client, ledger_id, 20)
+    finally:
+        await client.close()
+    await process.terminate()
+    for ledger_dir in process.ledger_dirs:
+        logs = os.listdir(os.path.join(ledger_dir, "entrylogs"))
+        assert any(os.path.getsize(os.path.join(ledger_dir, "entrylogs", name)) > 1000 for name in logs), ledger_dir
+    await process.start()
+    client = BookieClient(process.bookie_id, process.address, CONFIG)
+    try:
+        for ledger_id in range(1, 10):
+            results = await client.read(ledger_id, list(range(20)), 1 << 20)
+            assert all(r.entry is not None for r in results) and len(results) == 20
+    finally:
+        await client.close()
