@@ -33,7 +33,7 @@ from bookie.entry_log import EntryLocation, EntryLogger
 from bookie.format import ENTRY_LOG_RECORD_HEAD_SIZE, FILE_HEADER_SIZE
 from bookie.index import IndexReader, IndexWriter, LedgerRow
 from bookie.ledger_storage import LedgerState, LedgerStorage, ReadOutcome, StorageStats
-from bookie.read_cache import ReadCache
+from ledger.entry_cache import EntryCache
 from bookie.write_cache import WriteCache
 from ledger.entry import verify_entry
 from ledger.errors import (
@@ -82,7 +82,7 @@ class _Directory:
         self._write_cache_bytes_max = write_cache_bytes_max
         self.active = WriteCache()
         self.flushing: WriteCache | None = None
-        self.read_cache = ReadCache(read_cache_bytes_max)
+        self.read_cache = EntryCache(read_cache_bytes_max)
         self.states: dict[int, LedgerState] = {}
         self._dirty: set[int] = set()
         self._flush_thread = concurrent.futures.ThreadPoolExecutor(

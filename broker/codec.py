@@ -521,3 +521,16 @@ def _assert_body_matches(command: BaseCommand) -> None:
     field_name = COMMAND_FIELD.get(command.type)
     if field_name is not None and command.type not in _EMPTY_BODY_TYPES:
         assert command.HasField(field_name), f"{command_name(command.type)} without {field_name}"
+
+
+def stored_metadata(stored: bytes | memoryview) -> MessageMetadata:
+    """The MessageMetadata of a stored payload, without checking its CRC32C: for the
+    dispatch path, which reads entries whose ledger digest was already verified (the
+    producer's checksum was checked on SEND and travels on to the consumer)."""
+    view = memoryview(stored)
+    if len(view) < STORED_HEAD_SIZE or _MAGIC.unpack_from(view, 0)[0] != MAGIC_CHECKSUM:
+        raise MalformedFrame("stored payload lacks its 0x0e01 head")
+    (metadata_size,) = _U32.unpack_from(view, _SECTION_HEAD.size)
+    if metadata_size > len(view) - STORED_HEAD_SIZE:
+        raise MalformedFrame(f"metadata_size {metadata_size} exceeds the stored payload")
+    return parse_proto(MessageMetadata, view[STORED_HEAD_SIZE:STORED_HEAD_SIZE + metadata_size], "MessageMetadata")

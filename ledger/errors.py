@@ -234,6 +234,83 @@ class MetadataLeaseExpired(MetadataError):
     code, retriable, http_status = 3005, True, 503
 
 
+# --- 4000: broker and topics --------------------------------------------------------
+
+class BrokerError(MagnetarError):
+    code, http_status = 4000, 500
+
+
+class TopicNotFound(BrokerError):
+    code, http_status = 4001, 404
+
+
+class ProducerBusy(BrokerError):
+    code, http_status = 4002, 409
+
+
+class ConsumerBusy(BrokerError):
+    code, http_status = 4003, 409
+
+
+class TopicTerminated(BrokerError):
+    code, http_status = 4004, 409
+
+
+class TopicFenced(BrokerError):
+    """The topic was closed here (unload, ownership lost, or its ledger fenced by a new
+    owner): clients look it up again."""
+
+    code, retriable, http_status = 4005, True, 503
+
+
+class NotAllowed(BrokerError):
+    code, http_status = 4006, 403
+
+
+class SubscriptionNotFound(BrokerError):
+    code, http_status = 4007, 404
+
+
+class PersistenceError(BrokerError):
+    """Storing a message failed (bookies unavailable); the producer may retry."""
+
+    code, retriable, http_status = 4008, True, 503
+
+
+class ChecksumError(BrokerError):
+    code, http_status = 4009, 400
+
+
+class TooManyRequests(BrokerError):
+    code, retriable, http_status = 4010, True, 429
+
+
+class ProducerBlockedQuota(BrokerError):
+    code, http_status = 4011, 409
+
+
+class IncompatibleSchema(BrokerError):
+    code, http_status = 4012, 409
+
+
+class PreconditionFailed(BrokerError):
+    code, http_status = 4013, 412
+
+
+class NamespaceNotFound(NotFound):
+    code, http_status = 4014, 404
+
+
+class TenantNotFound(NotFound):
+    code, http_status = 4015, 404
+
+
+class NotOwner(BrokerError):
+    """This broker does not own the topic's bundle (the caller should look it up)."""
+
+    code, retriable, http_status = 4016, True, 503
+
+
 # --- 5000: capacity, time, availability -------------------------------------------
 
 class Overloaded(MagnetarError):

@@ -28,6 +28,12 @@ def build_parser() -> argparse.ArgumentParser:
     bookie_main.add_arguments(bookie_parser)
     bookie_parser.set_defaults(handler=bookie_main.main, process="bookie")
 
+    from broker import main as broker_main
+
+    broker_parser = commands.add_parser("broker", help="run a broker")
+    broker_main.add_arguments(broker_parser)
+    broker_parser.set_defaults(handler=broker_main.main, process="broker")
+
     from ledger import shell
 
     shell_parser = commands.add_parser("shell", help="ledger and bookie tools")

@@ -30,3 +30,51 @@ COOKIES = "/cookies/"
 
 def cookie(bookie_id: str) -> str:
     return f"{COOKIES}{bookie_id}"
+
+
+TENANTS = "/tenants/"
+NAMESPACES = "/namespaces/"
+PARTITIONED_TOPICS = "/partitioned-topics/"
+MANAGED_LEDGERS = "/managed-ledgers/"
+CURSORS = "/cursors/"
+CLUSTERS = "/clusters/"
+BROKERS = "/brokers/"
+
+
+def tenant(name: str) -> str:
+    return f"{TENANTS}{name}"
+
+
+def namespace_policies(tenant_name: str, namespace: str) -> str:
+    return f"{NAMESPACES}{tenant_name}/{namespace}/policies"
+
+
+def partitioned_topic(tenant_name: str, namespace: str, encoded_local_name: str) -> str:
+    return f"{PARTITIONED_TOPICS}{tenant_name}/{namespace}/{encoded_local_name}"
+
+
+def managed_ledger(topic_key_path: str) -> str:
+    """``topic_key_path`` is TopicName.key_path (persistent/tenant/ns/encoded-name)."""
+    return f"{MANAGED_LEDGERS}{topic_key_path}"
+
+
+def managed_ledgers_of_namespace(tenant_name: str, namespace: str) -> str:
+    return f"{MANAGED_LEDGERS}persistent/{tenant_name}/{namespace}/"
+
+
+def cursor(topic_key_path: str, subscription: str) -> str:
+    from urllib.parse import quote
+
+    return f"{CURSORS}{topic_key_path}/{quote(subscription, safe='')}"
+
+
+def cursors_of_topic(topic_key_path: str) -> str:
+    return f"{CURSORS}{topic_key_path}/"
+
+
+def cluster(name: str) -> str:
+    return f"{CLUSTERS}{name}"
+
+
+def broker(broker_id: str) -> str:
+    return f"{BROKERS}{broker_id}"

@@ -22,6 +22,7 @@ from magnetar.etcd_server import etcd_command, wait_for_etcd
 
 READY_TIMEOUT_S = 60.0
 _BOOKIE_READY = re.compile(r"bookie listening: bookie_id=(\S+) address=(\S+) http_address=(\S+)")
+_BROKER_READY = re.compile(r"broker listening: broker_id=(\S+) service_url=(\S+) web_service_url=(\S+)")
 
 
 def free_port() -> int:
@@ -149,6 +150,31 @@ class BookieProcess(ManagedProcess):
         return self
 
 
+class BrokerProcess(ManagedProcess):
+    def __init__(self, name: str, base_dir: str, metadata_url: str, *, extra_args: list[str] | None = None,
+                 port: int = 0, http_port: int = 0) -> None:
+        self.metadata_url = metadata_url
+        self.extra_args = list(extra_args or [])
+        self.port = port
+        self.http_port = http_port
+        self.broker_id = ""
+        self.service_url = ""
+        self.web_service_url = ""
+        super().__init__(name, [], os.path.join(base_dir, name, "broker.log"))
+
+    async def start(self) -> "BrokerProcess":
+        """Starts (or restarts, on the same ports) and waits until it serves."""
+        self.argv = python_command("broker", "--metadata", self.metadata_url, "--port", str(self.port),
+                                   "--http-port", str(self.http_port), "--keepalive-interval-s", "10",
+                                   *self.extra_args)
+        self.spawn()
+        match = await self.wait_for_log(_BROKER_READY)
+        self.broker_id, self.service_url, self.web_service_url = match.group(1), match.group(2), match.group(3)
+        self.port = int(self.service_url.rsplit(":", 1)[1])
+        self.http_port = int(self.web_service_url.rsplit(":", 1)[1])
+        return self
+
+
 class Cluster:
     """etcd (shared per session) plus bookies of one test, under a unique root."""
 
@@ -158,6 +184,7 @@ class Cluster:
         self.root = f"/test-{uuid.uuid4().hex[:12]}"
         self.metadata_url = etcd.url(self.root)
         self.bookies: list[BookieProcess] = []
+        self.brokers: list[BrokerProcess] = []
 
     def bookie(self, name: str | None = None, **kwargs) -> BookieProcess:
         name = name or f"bookie-{len(self.bookies)}"
@@ -170,7 +197,24 @@ class Cluster:
         await asyncio.gather(*(b.start() for b in started))
         return started
 
+    def broker(self, name: str | None = None, **kwargs) -> BrokerProcess:
+        name = name or f"broker-{len(self.brokers)}"
+        process = BrokerProcess(name, self.base_dir, self.metadata_url, **kwargs)
+        self.brokers.append(process)
+        return process
+
+    async def start_brokers(self, count: int, **kwargs) -> list[BrokerProcess]:
+        started = [self.broker(**kwargs) for _ in range(count)]
+        await asyncio.gather(*(b.start() for b in started))
+        return started
+
     async def stop(self) -> None:
+        for broker in self.brokers:
+            if broker.running:
+                try:
+                    await broker.terminate(timeout_s=20)
+                except TimeoutError:
+                    pass
         for bookie in self.bookies:
             if bookie.running:
                 try:

@@ -3,6 +3,7 @@ and a per-test cluster of bookie processes that is always stopped afterwards."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import tempfile
@@ -27,6 +28,19 @@ async def cluster(etcd_process, tmp_path):
     cluster = Cluster(etcd_process, str(tmp_path))
     yield cluster
     await cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def pulsar_cluster(etcd_process, tmp_path_factory):
+    """etcd + 3 bookies + 1 broker shared by the tests of one module (each test uses
+    its own topics). Yields the Cluster; ``cluster.brokers[0].service_url`` is the
+    pulsar:// URL and ``.web_service_url`` the admin URL. Synchronous, so the tests
+    using it may be plain functions driving the (threaded) official client."""
+    cluster = Cluster(etcd_process, str(tmp_path_factory.mktemp("pulsar-cluster")))
+    asyncio.run(cluster.start_bookies(3))
+    asyncio.run(cluster.start_brokers(1))
+    yield cluster
+    asyncio.run(cluster.stop())
 
 
 @pytest.fixture

@@ -1,13 +1,17 @@
-"""The read cache: a byte-bounded LRU of entries recently flushed or read from disk, so
-readers just behind the tail (and repeated reads of a hot range) do not hit the disk.
-Pure data structure."""
+"""A byte-bounded LRU of ledger entries keyed by (ledger_id, entry_id). Pure.
+
+Two users: the bookie's read cache (entries recently flushed or read from disk, so
+readers just behind the tail do not hit the disk) and the broker's entry cache
+(entries just appended, so tailing consumers and every subscription of a topic are
+served from memory). Ledger ids are unique cluster-wide, so one cache serves all
+ledgers of a process."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
 
-class ReadCache:
+class EntryCache:
     def __init__(self, capacity_bytes: int) -> None:
         assert capacity_bytes >= 0
         self.capacity_bytes = capacity_bytes

@@ -15,12 +15,12 @@ from __future__ import annotations
 import random
 from collections import OrderedDict
 
-from bookie.read_cache import ReadCache
+from ledger.entry_cache import EntryCache
 
 
 def test_evicts_least_recently_put_by_bytes():
     """Four 30-byte entries in a 100-byte cache: the first one goes."""
-    cache = ReadCache(100)
+    cache = EntryCache(100)
     for entry_id in range(4):
         cache.put(1, entry_id, bytes([entry_id]) * 30)
     assert cache.get(1, 0) is None
@@ -31,7 +31,7 @@ def test_evicts_least_recently_put_by_bytes():
 
 def test_one_large_put_evicts_several():
     """Eviction continues until the new entry fits."""
-    cache = ReadCache(100)
+    cache = EntryCache(100)
     for entry_id in range(5):
         cache.put(1, entry_id, b"x" * 20)
     cache.put(2, 0, b"y" * 70)
@@ -42,7 +42,7 @@ def test_one_large_put_evicts_several():
 
 def test_get_refreshes_recency():
     """A read entry survives the next eviction; the untouched one goes instead."""
-    cache = ReadCache(90)
+    cache = EntryCache(90)
     for entry_id in range(3):
         cache.put(1, entry_id, b"e" * 30)
     assert cache.get(1, 0) is not None
@@ -54,7 +54,7 @@ def test_get_refreshes_recency():
 
 def test_overwrite_replaces_bytes_and_recency():
     """Putting an entry again counts only the new bytes and makes it most recent."""
-    cache = ReadCache(100)
+    cache = EntryCache(100)
     cache.put(1, 0, b"a" * 40)
     cache.put(1, 1, b"b" * 40)
     cache.put(1, 0, b"A" * 10)
@@ -68,7 +68,7 @@ def test_overwrite_replaces_bytes_and_recency():
 
 def test_entry_larger_than_capacity_is_not_cached():
     """An entry bigger than the whole cache is skipped and evicts nothing."""
-    cache = ReadCache(100)
+    cache = EntryCache(100)
     cache.put(1, 0, b"a" * 50)
     cache.put(1, 1, b"b" * 101)
     assert cache.get(1, 1) is None
@@ -82,7 +82,7 @@ def test_entry_larger_than_capacity_is_not_cached():
 def test_oversized_overwrite_does_not_leave_the_old_version_behind():
     """When an entry is put again with bytes too large to cache, the cache must not
     keep serving the previous bytes of that entry (a stale read)."""
-    cache = ReadCache(100)
+    cache = EntryCache(100)
     cache.put(1, 0, b"old" * 10)
     cache.put(1, 0, b"new" * 50)
     assert cache.get(1, 0) != b"old" * 10
@@ -90,7 +90,7 @@ def test_oversized_overwrite_does_not_leave_the_old_version_behind():
 
 def test_zero_capacity_caches_nothing():
     """A cache of 0 bytes (read cache disabled) holds no non-empty entry."""
-    cache = ReadCache(0)
+    cache = EntryCache(0)
     cache.put(1, 0, b"a")
     assert cache.get(1, 0) is None
     assert cache.size_bytes == 0
@@ -98,7 +98,7 @@ def test_zero_capacity_caches_nothing():
 
 def test_delete_ledger_drops_only_that_ledger():
     """Entries of other ledgers and their bytes stay."""
-    cache = ReadCache(1000)
+    cache = EntryCache(1000)
     cache.put(1, 0, b"a" * 10)
     cache.put(2, 0, b"b" * 20)
     cache.put(1, 1, b"c" * 30)
@@ -111,7 +111,7 @@ def test_delete_ledger_drops_only_that_ledger():
 
 def test_hits_and_misses_are_counted():
     """Each get is exactly one hit or one miss."""
-    cache = ReadCache(100)
+    cache = EntryCache(100)
     cache.put(1, 0, b"a")
     cache.get(1, 0)
     cache.get(1, 0)
@@ -124,7 +124,7 @@ def test_random_operations_match_a_reference_lru():
     never over capacity (a reference LRU built on OrderedDict is the model)."""
     rng = random.Random(11)
     capacity = 500
-    cache = ReadCache(capacity)
+    cache = EntryCache(capacity)
     model: OrderedDict[tuple[int, int], bytes] = OrderedDict()
     for _ in range(5000):
         action = rng.random()

@@ -1,0 +1,2 @@
+"""The broker's HTTP side: Pulsar's admin REST paths (/admin/v2), lookups
+(/lookup/v2), /health and /metrics."""

@@ -1,0 +1,46 @@
+"""The broker's aiohttp application: assembles the admin routes, the lookup routes,
+/health and /metrics, and turns Magnetar errors into JSON error responses (the status
+from the error catalogue, body ``{"reason": ..., "code": ...}`` as Pulsar's clients
+read it)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from broker.service import BrokerService
+from ledger.errors import InvalidArgument, MagnetarError
+from magnetar.ops_http import build_ops_app
+
+log = logging.getLogger(__name__)
+
+
+def error_response(error: MagnetarError) -> web.Response:
+    return web.json_response({"reason": error.message, "code": error.code, "error": type(error).__name__},
+                             status=error.http_status)
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler):
+    try:
+        return await handler(request)
+    except MagnetarError as error:
+        return error_response(error)
+    except json.JSONDecodeError as error:
+        return error_response(InvalidArgument(f"request body is not JSON: {error}"))
+
+
+def build_admin_app(service: BrokerService, registry: CollectorRegistry) -> web.Application:
+    async def health() -> tuple[bool, dict]:
+        return not service.shutting_down, {"broker_id": service.broker_id}
+
+    app = build_ops_app(registry, health)
+    app.middlewares.append(errors_middleware)
+    app["service"] = service
+    from broker.admin import routes
+
+    routes.add_routes(app, service)
+    return app

@@ -1,0 +1,77 @@
+"""Configuration of a broker, built once by the wiring (broker/main.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from broker.codec import FRAME_PADDING_BYTES, MAX_MESSAGE_SIZE_DEFAULT
+from broker.managed_ledger import ManagedLedgerConfig
+from ledger.errors import ConfigError
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    metadata_url: str
+    cluster: str = "standalone"
+    host: str = "127.0.0.1"
+    port: int = 6650
+    http_port: int = 8080
+    # The address clients are told to connect to (lookups); default host:port.
+    advertised_address: str = ""
+    broker_id: str = ""
+    managed_ledger: ManagedLedgerConfig = field(default_factory=ManagedLedgerConfig)
+    # Largest message (payload frame) a client may send; announced in CONNECTED.
+    max_message_size: int = MAX_MESSAGE_SIZE_DEFAULT
+    # Sends a connection may have in flight before the broker stops reading from it
+    # (Pulsar's maxPendingPublishRequestsPerConnection is 1,000).
+    pending_sends_per_connection_max: int = 1000
+    # Keep-alive: PING after this long without traffic; close after twice that.
+    keepalive_interval_s: float = 30.0
+    # Broker-wide entry cache for tailing reads (Pulsar's default is 1/5 of direct memory).
+    entry_cache_bytes_max: int = 512 * MIB
+    # Entries read from the ledger per dispatch round, and the bytes they may total.
+    dispatch_entries_max: int = 100
+    dispatch_bytes_max: int = 4 * MIB
+    # Cursor state is flushed this often (acknowledgements within one interval before
+    # a crash may be redelivered).
+    cursor_flush_interval_s: float = 1.0
+    allow_auto_topic_creation: bool = True
+    # Connection write buffer high/low water marks (flow control toward consumers).
+    write_buffer_high_bytes: int = 8 * MIB
+    write_buffer_low_bytes: int = 2 * MIB
+    # Redelivery counters kept per subscription (for dead-letter policies).
+    redelivery_counts_max: int = 100_000
+    lookup_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535 or not 0 <= self.http_port <= 65535:
+            raise ConfigError("port and http_port must be in [0, 65535]")
+        if not 1024 <= self.max_message_size <= 64 * MIB:
+            raise ConfigError("max_message_size must be in [1 KiB, 64 MiB]")
+        if not 1 <= self.pending_sends_per_connection_max <= 1_000_000:
+            raise ConfigError("pending_sends_per_connection_max must be in [1, 1000000]")
+        if not 1.0 <= self.keepalive_interval_s <= 3600:
+            raise ConfigError("keepalive_interval_s must be in [1, 3600]")
+        if self.entry_cache_bytes_max < 0:
+            raise ConfigError("entry_cache_bytes_max must not be negative")
+        if not 1 <= self.dispatch_entries_max <= 10_000:
+            raise ConfigError("dispatch_entries_max must be in [1, 10000]")
+        if not 0.01 <= self.cursor_flush_interval_s <= 60:
+            raise ConfigError("cursor_flush_interval_s must be in [0.01, 60]")
+        if not 0 < self.write_buffer_low_bytes < self.write_buffer_high_bytes:
+            raise ConfigError("write_buffer_low_bytes must be in (0, write_buffer_high_bytes)")
+
+    @property
+    def frame_bytes_max(self) -> int:
+        return self.max_message_size + FRAME_PADDING_BYTES
+
+    @property
+    def service_url(self) -> str:
+        return f"pulsar://{self.advertised_address or f'{self.host}:{self.port}'}"
+
+    @property
+    def web_service_url(self) -> str:
+        host = (self.advertised_address or self.host).rsplit(":", 1)[0] if self.advertised_address else self.host
+        return f"http://{host}:{self.http_port}"

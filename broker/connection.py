@@ -1,0 +1,591 @@
+"""One client connection speaking Pulsar's binary protocol (the shell around the
+sans-IO codec).
+
+Theory of operation:
+- Bytes go into the ``CommandDecoder``; every complete frame is handled in arrival
+  order. Commands that must keep their order and need no IO (SEND, FLOW, ACK,
+  REDELIVER) are handled inline; commands that wait on metadata or storage (LOOKUP,
+  PRODUCER, SUBSCRIBE, SEEK...) run as tasks owned by the connection, and the client
+  waits for their answers before depending on them.
+- Until CONNECT only CONNECT is accepted. A malformed frame closes this connection
+  only; a SEND whose payload checksum is wrong gets SEND_ERROR(ChecksumError) and the
+  connection goes on (Pulsar's behaviour).
+- Back-pressure: past ``pending_sends_per_connection_max`` unanswered SENDs the broker
+  stops reading the socket until half of them are answered. Toward consumers, when the
+  socket's write buffer passes its high-water mark the connection is not writable and
+  dispatchers hold off until it drains.
+- Keep-alive: a PING after ``keepalive_interval_s`` of silence; no traffic for twice
+  that closes the connection. When the connection goes, its producers and consumers
+  are removed from their topics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Callable
+
+from broker import commands
+from broker.codec import NEED_DATA, CommandDecoder, Frame, PayloadChecksumMismatch, command_name, encode_command
+from broker.consumer import Consumer
+from broker.position import Position
+from broker.producer import Producer
+from broker.proto import pulsar_api_pb2 as pb
+from broker.server_errors import server_error_for
+from broker.topic_name import NamespaceName, TopicName
+from ledger.errors import (
+    ChecksumError,
+    InvalidArgument,
+    MagnetarError,
+    MalformedFrame,
+    NotAllowed,
+    SubscriptionNotFound,
+)
+from magnetar import __version__
+
+if TYPE_CHECKING:
+    from broker.service import BrokerService
+    from broker.topic import PersistentTopic
+    from subscriptions.subscription import Subscription
+
+log = logging.getLogger(__name__)
+
+SERVER_VERSION = f"Magnetar {__version__}"
+T = pb.BaseCommand
+
+
+class _AttachedConsumer:
+    __slots__ = ("consumer", "topic", "subscription", "durable")
+
+    def __init__(self, consumer: Consumer, topic: "PersistentTopic", subscription: "Subscription",
+                 durable: bool) -> None:
+        self.consumer = consumer
+        self.topic = topic
+        self.subscription = subscription
+        self.durable = durable
+
+
+class ServerConnection(asyncio.Protocol):
+    def __init__(self, service: "BrokerService") -> None:
+        self.service = service
+        self.config = service.config
+        self.decoder = CommandDecoder(frame_bytes_max=self.config.frame_bytes_max)
+        self.transport: asyncio.Transport | None = None
+        self.peer = ""
+        self.connected = False
+        self.closed = False
+        self.protocol_version = 0
+        self.client_version = ""
+        self.writable = True
+        self.producers: dict[int, Producer] = {}
+        self._producer_topics: dict[int, "PersistentTopic"] = {}
+        self._pending_producers: dict[int, asyncio.Task[None]] = {}
+        self.consumers: dict[int, _AttachedConsumer] = {}
+        self._pending_consumers: dict[int, asyncio.Task[None]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._pending_sends = 0
+        self._reading_paused = False
+        self._last_received = time.monotonic()
+        self._keepalive: asyncio.Task[None] | None = None
+        self._handlers: dict[int, Callable[[Frame], None]] = {
+            T.CONNECT: self._on_connect,
+            T.PING: self._on_ping,
+            T.PONG: self._on_pong,
+            T.PARTITIONED_METADATA: self._spawn(self._on_partitioned_metadata),
+            T.LOOKUP: self._spawn(self._on_lookup),
+            T.PRODUCER: self._on_producer,
+            T.SEND: self._on_send,
+            T.CLOSE_PRODUCER: self._spawn(self._on_close_producer),
+            T.SUBSCRIBE: self._on_subscribe,
+            T.FLOW: self._on_flow,
+            T.ACK: self._on_ack,
+            T.REDELIVER_UNACKNOWLEDGED_MESSAGES: self._on_redeliver,
+            T.UNSUBSCRIBE: self._spawn(self._on_unsubscribe),
+            T.CLOSE_CONSUMER: self._spawn(self._on_close_consumer),
+            T.SEEK: self._spawn(self._on_seek),
+            T.GET_LAST_MESSAGE_ID: self._spawn(self._on_get_last_message_id),
+            T.GET_TOPICS_OF_NAMESPACE: self._spawn(self._on_get_topics_of_namespace),
+            T.GET_SCHEMA: self._on_get_schema,
+            T.GET_OR_CREATE_SCHEMA: self._on_get_or_create_schema,
+            T.CONSUMER_STATS: self._on_consumer_stats,
+        }
+
+    # --- asyncio.Protocol --------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        transport.set_write_buffer_limits(high=self.config.write_buffer_high_bytes,
+                                          low=self.config.write_buffer_low_bytes)
+        self.service.connections.add(self)
+        self._keepalive = asyncio.get_running_loop().create_task(self._keep_alive())
+        log.debug("connection opened: peer=%s", self.peer)
+
+    def data_received(self, data: bytes) -> None:
+        self._last_received = time.monotonic()
+        try:
+            self.decoder.feed(data)
+            while not self.closed:
+                try:
+                    frame = self.decoder.next_command()
+                except PayloadChecksumMismatch as error:
+                    self._on_checksum_mismatch(error)
+                    continue
+                if frame is NEED_DATA:
+                    break
+                self._handle(frame)
+        except MalformedFrame as error:
+            log.info("malformed frame, closing connection: peer=%s error=%s", self.peer, error)
+            self.close()
+
+    def pause_writing(self) -> None:
+        self.writable = False
+
+    def resume_writing(self) -> None:
+        self.writable = True
+        for attached in self.consumers.values():
+            attached.subscription.dispatcher.wake()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.service.connections.discard(self)
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        for producer_id in list(self.producers):
+            self._detach_producer(producer_id)
+        for consumer_id in list(self.consumers):
+            self._detach_consumer(consumer_id)
+        log.debug("connection closed: peer=%s error=%s", self.peer, exc)
+
+    # --- writing -------------------------------------------------------------------------------
+
+    def write_command(self, command: pb.BaseCommand) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(encode_command(command))
+
+    def write_buffers(self, buffers: list) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.writelines(buffers)
+
+    def close(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    def _write_error(self, request_id: int, error: BaseException) -> None:
+        message = error.message if isinstance(error, MagnetarError) else str(error)
+        self.write_command(commands.error(request_id, server_error_for(error), message))
+
+    # --- dispatch ----------------------------------------------------------------------------------
+
+    def _spawn(self, handler) -> Callable[[Frame], None]:
+        def start(frame: Frame) -> None:
+            self._start_task(handler(frame))
+        return start
+
+    def _start_task(self, coroutine) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("connection handler failed: peer=%s error=%r", self.peer, task.exception())
+
+    def _handle(self, frame: Frame) -> None:
+        command_type = frame.command.type
+        if not self.connected and command_type != T.CONNECT:
+            log.info("command before CONNECT, closing: peer=%s command=%s", self.peer, command_name(command_type))
+            self.write_command(commands.error(0, pb.NotAllowedError, "the first command must be CONNECT"))
+            self.close()
+            return
+        handler = self._handlers.get(command_type)
+        if handler is None:
+            request_id = _request_id_of(frame.command)
+            log.info("unsupported command: peer=%s command=%s", self.peer, command_name(command_type))
+            if request_id is None:
+                self.close()
+            else:
+                self.write_command(commands.error(request_id, pb.NotAllowedError,
+                                                  f"command {command_name(command_type)} is not supported"))
+            return
+        handler(frame)
+
+    # --- connection-level commands ---------------------------------------------------------------
+
+    def _on_connect(self, frame: Frame) -> None:
+        if self.connected:
+            self.write_command(commands.error(0, pb.NotAllowedError, "already connected"))
+            return
+        connect = frame.command.connect
+        self.client_version = connect.client_version
+        self.protocol_version = commands.negotiated_protocol_version(connect.protocol_version)
+        self.connected = True
+        self.write_command(commands.connected(SERVER_VERSION, self.protocol_version, self.config.max_message_size))
+        log.debug("client connected: peer=%s client=%s protocol=%d", self.peer, self.client_version,
+                  self.protocol_version)
+
+    def _on_ping(self, frame: Frame) -> None:
+        self.write_command(commands.pong())
+
+    def _on_pong(self, frame: Frame) -> None:
+        pass  # _last_received was updated when it arrived
+
+    async def _keep_alive(self) -> None:
+        interval = self.config.keepalive_interval_s
+        while not self.closed:
+            await asyncio.sleep(interval / 2)
+            silent = time.monotonic() - self._last_received
+            if silent > 2 * interval:
+                log.info("connection idle past keep-alive, closing: peer=%s silent_s=%.1f", self.peer, silent)
+                self.close()
+                return
+            if silent > interval and self.connected:
+                self.write_command(commands.ping())
+
+    # --- lookups ----------------------------------------------------------------------------------
+
+    async def _on_partitioned_metadata(self, frame: Frame) -> None:
+        request = frame.command.partitionMetadata
+        try:
+            partitions = await self.service.partitioned_metadata(TopicName.parse(request.topic))
+        except MagnetarError as error:
+            self.write_command(commands.partitioned_metadata_failure(request.request_id, server_error_for(error),
+                                                                     error.message))
+            return
+        self.write_command(commands.partitioned_metadata_response(request.request_id, partitions))
+
+    async def _on_lookup(self, frame: Frame) -> None:
+        request = frame.command.lookupTopic
+        try:
+            owner = await self.service.lookup(TopicName.parse(request.topic))
+        except MagnetarError as error:
+            self.write_command(commands.lookup_failure(request.request_id, server_error_for(error), error.message))
+            return
+        # authoritative: the answer comes from the owner's record, so a client that is
+        # redirected connects straight to the owner.
+        self.write_command(commands.lookup_response(request.request_id, owner.service_url, authoritative=True,
+                                                    redirect=not owner.is_self))
+
+    async def _on_get_topics_of_namespace(self, frame: Frame) -> None:
+        request = frame.command.getTopicsOfNamespace
+        try:
+            topics = await self.service.topics_of_namespace(NamespaceName.parse(request.namespace))
+        except MagnetarError as error:
+            self._write_error(request.request_id, error)
+            return
+        self.write_command(commands.topics_of_namespace_response(request.request_id, topics))
+
+    def _on_get_schema(self, frame: Frame) -> None:
+        request = frame.command.getSchema
+        self.write_command(commands.wrap(pb.CommandGetSchemaResponse(
+            request_id=request.request_id, error_code=pb.TopicNotFound,
+            error_message="this broker keeps no schemas")))
+
+    def _on_get_or_create_schema(self, frame: Frame) -> None:
+        request = frame.command.getOrCreateSchema
+        self.write_command(commands.wrap(pb.CommandGetOrCreateSchemaResponse(
+            request_id=request.request_id, schema_version=_SCHEMA_VERSION_ZERO)))
+
+    # --- producers ----------------------------------------------------------------------------------
+
+    def _on_producer(self, frame: Frame) -> None:
+        request = frame.command.producer
+        if request.producer_id in self.producers:
+            # A retry of a request that succeeded: answer it again.
+            producer = self.producers[request.producer_id]
+            self.write_command(commands.producer_success(request.request_id, producer.name))
+            return
+        if request.producer_id in self._pending_producers:
+            return  # still being created; its answer will come
+        task = self._start_task(self._create_producer(request))
+        self._pending_producers[request.producer_id] = task
+        task.add_done_callback(lambda _t, pid=request.producer_id: self._pending_producers.pop(pid, None))
+
+    async def _create_producer(self, request: pb.CommandProducer) -> None:
+        try:
+            topic = await self.service.get_topic(TopicName.parse(request.topic), create=True)
+            name = request.producer_name or topic.generate_producer_name()
+            producer = Producer(request.producer_id, name, topic.full_name, self,
+                                user_provided_name=bool(request.producer_name),
+                                access_mode=request.producer_access_mode,
+                                metadata={kv.key: kv.value for kv in request.metadata})
+            topic.add_producer(producer)
+        except MagnetarError as error:
+            log.info("producer refused: peer=%s topic=%s error=%s", self.peer, request.topic, error)
+            self._write_error(request.request_id, error)
+            return
+        if self.closed:
+            topic.remove_producer(producer)
+            return
+        self.producers[request.producer_id] = producer
+        self._producer_topics[request.producer_id] = topic
+        schema_version = _SCHEMA_VERSION_ZERO if request.HasField("schema") else None
+        self.write_command(commands.producer_success(request.request_id, name, schema_version=schema_version))
+        log.info("producer created: peer=%s topic=%s producer=%s", self.peer, topic.full_name, name)
+
+    def _on_send(self, frame: Frame) -> None:
+        send = frame.command.send
+        producer = self.producers.get(send.producer_id)
+        topic = self._producer_topics.get(send.producer_id)
+        if producer is None or topic is None:
+            self.write_command(commands.send_error(send.producer_id, send.sequence_id, pb.NotAllowedError,
+                                                   "no such producer on this connection"))
+            return
+        assert frame.payload is not None
+        # Copy out of the socket buffer once: this bytes object is the entry stored,
+        # cached and dispatched from then on.
+        payload = bytes(frame.payload.stored)
+        future = topic.publish(producer, payload, send.num_messages)
+        self._pending_sends += 1
+        if self._pending_sends >= self.config.pending_sends_per_connection_max and not self._reading_paused:
+            self._reading_paused = True
+            if self.transport is not None:
+                self.transport.pause_reading()
+        sequence_id = send.sequence_id
+        highest = send.highest_sequence_id
+        producer_id = send.producer_id
+        future.add_done_callback(lambda f: self._on_send_done(producer_id, sequence_id, highest, f))
+
+    def _on_send_done(self, producer_id: int, sequence_id: int, highest: int, future: asyncio.Future[Position]) -> None:
+        self._pending_sends -= 1
+        if self._reading_paused and self._pending_sends <= self.config.pending_sends_per_connection_max // 2:
+            self._reading_paused = False
+            if self.transport is not None and not self.closed:
+                self.transport.resume_reading()
+        if producer_id not in self.producers:
+            return  # closed meanwhile (the client resends what it did not get receipts for)
+        error = future.exception()
+        if error is None:
+            position = future.result()
+            self.write_command(commands.send_receipt(producer_id, sequence_id, position.ledger_id,
+                                                     position.entry_id, highest_sequence_id=highest))
+        else:
+            message = error.message if isinstance(error, MagnetarError) else str(error)
+            self.write_command(commands.send_error(producer_id, sequence_id, server_error_for(error), message))
+
+    def _on_checksum_mismatch(self, error: PayloadChecksumMismatch) -> None:
+        command = error.command
+        if command is None or command.type != T.SEND:
+            raise MalformedFrame(str(error))
+        send = command.send
+        log.info("payload checksum mismatch on send: peer=%s producer_id=%d sequence_id=%d",
+                 self.peer, send.producer_id, send.sequence_id)
+        self.write_command(commands.send_error(send.producer_id, send.sequence_id, server_error_for(
+            ChecksumError("")), "payload checksum mismatch"))
+
+    async def _on_close_producer(self, frame: Frame) -> None:
+        request = frame.command.close_producer
+        self._detach_producer(request.producer_id)
+        self.write_command(commands.success(request.request_id))
+
+    def _detach_producer(self, producer_id: int) -> None:
+        producer = self.producers.pop(producer_id, None)
+        topic = self._producer_topics.pop(producer_id, None)
+        if producer is not None and topic is not None:
+            producer.closed = True
+            topic.remove_producer(producer)
+
+    def forget_producer(self, producer: Producer) -> None:
+        """The broker closed this producer (CLOSE_PRODUCER was sent)."""
+        self.producers.pop(producer.producer_id, None)
+        self._producer_topics.pop(producer.producer_id, None)
+
+    # --- consumers ----------------------------------------------------------------------------------
+
+    def _on_subscribe(self, frame: Frame) -> None:
+        request = frame.command.subscribe
+        if request.consumer_id in self.consumers:
+            self.write_command(commands.success(request.request_id))
+            return
+        if request.consumer_id in self._pending_consumers:
+            return
+        task = self._start_task(self._subscribe(request))
+        self._pending_consumers[request.consumer_id] = task
+        task.add_done_callback(lambda _t, cid=request.consumer_id: self._pending_consumers.pop(cid, None))
+
+    async def _subscribe(self, request: pb.CommandSubscribe) -> None:
+        durable = request.durable
+        try:
+            if not request.subscription:
+                raise InvalidArgument("subscription name must not be empty")
+            topic = await self.service.get_topic(TopicName.parse(request.topic), create=request.force_topic_creation)
+            consumer = Consumer(request.consumer_id, request.consumer_name or f"consumer-{request.consumer_id}",
+                                request.subscription, topic.full_name, request.subType, self,
+                                priority_level=request.priority_level,
+                                partition_index=topic.name.partition_index,
+                                metadata={kv.key: kv.value for kv in request.metadata})
+            start = request.start_message_id if request.HasField("start_message_id") else None
+            subscription = await topic.subscribe(
+                consumer, durable=durable, initial_position=request.initialPosition,
+                start_message_id=start, rollback_duration_s=request.start_message_rollback_duration_sec)
+        except MagnetarError as error:
+            log.info("subscribe refused: peer=%s topic=%s subscription=%s error=%s", self.peer, request.topic,
+                     request.subscription, error)
+            self._write_error(request.request_id, error)
+            return
+        if self.closed:
+            subscription.remove_consumer(consumer)
+            return
+        self.consumers[request.consumer_id] = _AttachedConsumer(consumer, topic, subscription, durable)
+        self.write_command(commands.success(request.request_id))
+        log.info("consumer subscribed: peer=%s topic=%s subscription=%s mode=%s consumer=%s", self.peer,
+                 topic.full_name, subscription.name, subscription.type_name, consumer.name)
+
+    def _attached(self, consumer_id: int) -> _AttachedConsumer | None:
+        return self.consumers.get(consumer_id)
+
+    def _on_flow(self, frame: Frame) -> None:
+        flow = frame.command.flow
+        attached = self._attached(flow.consumer_id)
+        if attached is None:
+            return
+        attached.consumer.permits += flow.messagePermits
+        attached.subscription.dispatcher.on_flow(attached.consumer)
+
+    def _on_ack(self, frame: Frame) -> None:
+        ack = frame.command.ack
+        attached = self._attached(ack.consumer_id)
+        if attached is None:
+            if ack.HasField("request_id"):
+                self.write_command(commands.error(ack.request_id, pb.ConsumerNotFound, "no such consumer"))
+            return
+        try:
+            attached.subscription.acknowledge(attached.consumer, ack.ack_type, list(ack.message_id))
+        except MagnetarError as error:
+            if ack.HasField("request_id"):
+                self._write_error(ack.request_id, error)
+            return
+        if ack.HasField("request_id"):
+            self.write_command(commands.ack_response(ack.consumer_id, ack.request_id))
+
+    def _on_redeliver(self, frame: Frame) -> None:
+        request = frame.command.redeliverUnacknowledgedMessages
+        attached = self._attached(request.consumer_id)
+        if attached is not None:
+            attached.subscription.redeliver(attached.consumer, list(request.message_ids))
+
+    async def _on_unsubscribe(self, frame: Frame) -> None:
+        request = frame.command.unsubscribe
+        attached = self._attached(request.consumer_id)
+        if attached is None:
+            self.write_command(commands.error(request.request_id, pb.ConsumerNotFound, "no such consumer"))
+            return
+        try:
+            await attached.topic.unsubscribe(attached.subscription.name, attached.consumer)
+        except MagnetarError as error:
+            self._write_error(request.request_id, error)
+            return
+        self.consumers.pop(request.consumer_id, None)
+        attached.consumer.closed = True
+        self.write_command(commands.success(request.request_id))
+
+    async def _on_close_consumer(self, frame: Frame) -> None:
+        request = frame.command.close_consumer
+        self._detach_consumer(request.consumer_id)
+        self.write_command(commands.success(request.request_id))
+
+    def _detach_consumer(self, consumer_id: int) -> None:
+        attached = self.consumers.pop(consumer_id, None)
+        if attached is None:
+            return
+        attached.consumer.closed = True
+        attached.subscription.remove_consumer(attached.consumer)
+        if not attached.durable and not attached.subscription.consumers:
+            # A reader's subscription lives only as long as its consumer.
+            self._start_task(self._drop_subscription(attached))
+
+    async def _drop_subscription(self, attached: _AttachedConsumer) -> None:
+        try:
+            await attached.topic.unsubscribe(attached.subscription.name, None)
+        except (MagnetarError, SubscriptionNotFound):
+            pass
+
+    def forget_consumer(self, consumer: Consumer) -> None:
+        """The broker closed this consumer (CLOSE_CONSUMER was sent)."""
+        self.consumers.pop(consumer.consumer_id, None)
+
+    async def _on_seek(self, frame: Frame) -> None:
+        request = frame.command.seek
+        attached = self._attached(request.consumer_id)
+        if attached is None:
+            self.write_command(commands.error(request.request_id, pb.ConsumerNotFound, "no such consumer"))
+            return
+        try:
+            if request.HasField("message_id"):
+                target = attached.topic.ledger.normalize(
+                    Position(request.message_id.ledgerId, request.message_id.entryId))
+            elif request.HasField("message_publish_time"):
+                target = await attached.topic.find_position_by_time(request.message_publish_time)
+            else:
+                raise NotAllowed("seek needs a message id or a publish time")
+        except MagnetarError as error:
+            self._write_error(request.request_id, error)
+            return
+        subscription = attached.subscription
+        # As Pulsar does: move the cursor, then disconnect the subscription's consumers
+        # so that every client drops what it had queued and reconnects from the new place.
+        subscription.reset_cursor(target)
+        self.write_command(commands.success(request.request_id))
+        for consumer in list(subscription.consumers):
+            consumer.connection.write_command(commands.close_consumer(consumer.consumer_id))
+            consumer.connection.forget_consumer(consumer)
+            consumer.closed = True
+            subscription.remove_consumer(consumer)
+        log.info("subscription seek: topic=%s subscription=%s position=%s", attached.topic.full_name,
+                 subscription.name, target)
+
+    async def _on_get_last_message_id(self, frame: Frame) -> None:
+        request = frame.command.getLastMessageId
+        attached = self._attached(request.consumer_id)
+        if attached is None:
+            self.write_command(commands.error(request.request_id, pb.ConsumerNotFound, "no such consumer"))
+            return
+        try:
+            position, batch_index = await attached.topic.last_message_id()
+        except MagnetarError as error:
+            self._write_error(request.request_id, error)
+            return
+        command = commands.get_last_message_id_response(
+            request.request_id, position.ledger_id, position.entry_id,
+            mark_delete=tuple(attached.subscription.cursor.mark_delete_position))
+        if batch_index >= 0:
+            command.getLastMessageIdResponse.last_message_id.batch_index = batch_index
+        self.write_command(command)
+
+    def _on_consumer_stats(self, frame: Frame) -> None:
+        request = frame.command.consumerStats
+        attached = self._attached(request.consumer_id)
+        if attached is None:
+            self.write_command(commands.wrap(pb.CommandConsumerStatsResponse(
+                request_id=request.request_id, error_code=pb.ConsumerNotFound, error_message="no such consumer")))
+            return
+        consumer = attached.consumer
+        self.write_command(commands.wrap(pb.CommandConsumerStatsResponse(
+            request_id=request.request_id, consumerName=consumer.name, availablePermits=max(consumer.permits, 0),
+            unackedMessages=consumer.unacked_messages, address=self.peer,
+            type=attached.subscription.type_name)))
+
+
+# A schema version for producers that sent a schema: the broker keeps none, so every
+# schema is version 0 (8-byte big-endian, as Pulsar encodes versions).
+_SCHEMA_VERSION_ZERO = bytes(8)
+
+
+def _request_id_of(command: pb.BaseCommand) -> int | None:
+    """The request id of an unsupported command, if it has one (to answer with ERROR)."""
+    for field, value in command.ListFields():
+        if field.name == "type":
+            continue
+        if hasattr(value, "request_id"):
+            try:
+                return int(value.request_id)
+            except (TypeError, ValueError):
+                return None
+    return None

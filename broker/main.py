@@ -1,0 +1,119 @@
+"""Wiring of ``magnetar broker``: options → BrokerConfig; the metadata store, ledger
+client and broker service; the binary-protocol server and the HTTP server (admin REST,
+lookups, /health, /metrics); run until SIGTERM/SIGINT, then close every topic (clients
+are told to reconnect elsewhere) and stop."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+from dataclasses import replace
+
+from prometheus_client import CollectorRegistry
+
+from broker.admin.app import build_admin_app
+from broker.config import BrokerConfig
+from broker.connection import ServerConnection
+from broker.managed_ledger import ManagedLedgerConfig
+from broker.metrics import BrokerMetrics
+from broker.service import BrokerService
+from ledger.client import LedgerClient
+from ledger.config import LedgerClientConfig
+from magnetar.ops_http import start_ops_server
+from metadata import open_store
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--metadata", required=True, help="etcd://host:port[,host:port...]")
+    parser.add_argument("--cluster", default="standalone")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=6650, help="binary protocol port (0: any)")
+    parser.add_argument("--http-port", type=int, default=8080, help="admin REST and /metrics (0: any)")
+    parser.add_argument("--broker-id", default="")
+    parser.add_argument("--ensemble-size", type=int, default=2)
+    parser.add_argument("--write-quorum", type=int, default=2)
+    parser.add_argument("--ack-quorum", type=int, default=2)
+    parser.add_argument("--ledger-max-entries", type=int, default=50_000)
+    parser.add_argument("--ledger-max-mib", type=int, default=2048)
+    parser.add_argument("--ledger-max-age-s", type=float, default=4 * 3600.0)
+    parser.add_argument("--entry-cache-mib", type=int, default=512)
+    parser.add_argument("--cursor-flush-interval-s", type=float, default=1.0)
+    parser.add_argument("--keepalive-interval-s", type=float, default=30.0)
+    parser.add_argument("--max-message-size", type=int, default=5 * 1024 * 1024)
+    parser.add_argument("--no-auto-topic-creation", action="store_true")
+
+
+def config_from_args(args: argparse.Namespace) -> BrokerConfig:
+    return BrokerConfig(
+        metadata_url=args.metadata, cluster=args.cluster, host=args.host, port=args.port,
+        http_port=args.http_port, broker_id=args.broker_id,
+        managed_ledger=ManagedLedgerConfig(
+            ensemble_size=args.ensemble_size, write_quorum_size=args.write_quorum, ack_quorum_size=args.ack_quorum,
+            ledger_entries_max=args.ledger_max_entries, ledger_bytes_max=args.ledger_max_mib * 1024 * 1024,
+            ledger_age_s_max=args.ledger_max_age_s),
+        entry_cache_bytes_max=args.entry_cache_mib * 1024 * 1024,
+        cursor_flush_interval_s=args.cursor_flush_interval_s,
+        keepalive_interval_s=args.keepalive_interval_s,
+        max_message_size=args.max_message_size,
+        allow_auto_topic_creation=not args.no_auto_topic_creation,
+    )
+
+
+class BrokerProcess:
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.stopping = asyncio.Event()
+
+    async def run(self) -> int:
+        config = self.config
+        store = open_store(config.metadata_url)
+        ledger_client = LedgerClient(store, LedgerClientConfig())
+        await ledger_client.start()
+        loop = asyncio.get_running_loop()
+        # Bind both ports first: the advertised addresses need the real port numbers.
+        server = await loop.create_server(lambda: ServerConnection(service), config.host, config.port,
+                                          reuse_address=True, start_serving=False)
+        port = server.sockets[0].getsockname()[1]
+        config = replace(config, port=port)
+        service = BrokerService(config, store, ledger_client)
+        registry = CollectorRegistry()
+        metrics = BrokerMetrics(service, registry)
+        app = build_admin_app(service, registry)
+        runner, http_port = await start_ops_server(app, config.host, config.http_port)
+        config = replace(config, http_port=http_port)
+        service.config = config
+        await service.start()
+        await server.start_serving()
+        log.info("broker listening: broker_id=%s service_url=%s web_service_url=%s",
+                 service.broker_id, config.service_url, config.web_service_url)
+        try:
+            await self.stopping.wait()
+        finally:
+            log.info("broker stopping: broker_id=%s", service.broker_id)
+            server.close()
+            await service.close()
+            for connection in list(service.connections):
+                connection.close()
+            await server.wait_closed()
+            await runner.cleanup()
+            del metrics
+            await ledger_client.close()
+            await store.close()
+            log.info("broker stopped: broker_id=%s", service.broker_id)
+        return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    process = BrokerProcess(config_from_args(args))
+
+    async def run() -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, process.stopping.set)
+        return await process.run()
+
+    return asyncio.run(run())

@@ -1,0 +1,602 @@
+"""The managed ledger: one topic's ordered list of ledgers, written by its owner.
+
+Theory of operation:
+- ``open`` reads the ledger list from etcd, recovers the last ledger (fencing the
+  previous owner, whose late writes then fail), learns every ledger's entry count, drops
+  empty ones, creates a fresh ledger and records it by compare-and-swap. A lost
+  compare-and-swap means another broker opened the topic: this one must not write.
+- ``append`` takes the stored payload of one producer frame (one entry, batch or
+  not). It returns a future of the entry's Position, and these futures resolve strictly
+  in append order, also across a rollover (the new ledger's first entry may be
+  confirmed before the old ledger's last): producers receive receipts in order.
+- Rollover happens after an append that fills the current ledger (entries, bytes or
+  age). Appends that arrive while the next ledger is created wait in order in a queue;
+  the old ledger is closed once its own adds completed.
+- A write failure that is not fencing fails the affected appends (the producer
+  retries) and rolls over to a new ledger. Fencing (LedgerFenced, or a lost
+  compare-and-swap of the ledger list) means another broker took the topic: everything
+  pending fails with TopicFenced and ``on_fenced`` tells the topic to close.
+- Reads serve confirmed entries only, from the broker-wide entry cache when present
+  (appends are put there as they are confirmed, so tailing subscriptions never touch
+  the bookies) and otherwise from the bookies, a ledger at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from broker.managed_ledger_info import LedgerInfo, ManagedLedgerInfo
+from broker.position import Position
+from broker.topic_name import TopicName
+from ledger.client import LedgerClient
+from ledger.entry import ENTRY_HEADER_SIZE
+from ledger.entry_cache import EntryCache
+from ledger.errors import (
+    ConfigError,
+    LedgerError,
+    LedgerFenced,
+    MagnetarError,
+    MetadataError,
+    MetadataKeyExists,
+    MetadataVersionConflict,
+    NoSuchLedger,
+    PersistenceError,
+    TopicFenced,
+    TopicNotFound,
+    TopicTerminated,
+)
+from ledger.handle import WriteHandle
+from ledger.reader import LedgerReader
+from metadata import keys
+from metadata.store import MetadataStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ManagedLedgerConfig:
+    ensemble_size: int = 2
+    write_quorum_size: int = 2
+    ack_quorum_size: int = 2
+    # Roll over to a new ledger past any of these (Pulsar's defaults: 50,000 entries,
+    # 2 GiB, 4 hours).
+    ledger_entries_max: int = 50_000
+    ledger_bytes_max: int = 2 * 1024 * 1024 * 1024
+    ledger_age_s_max: float = 4 * 3600.0
+    # Readers of closed ledgers kept open per managed ledger.
+    readers_max: int = 16
+
+    def __post_init__(self) -> None:
+        if not self.ensemble_size >= self.write_quorum_size >= self.ack_quorum_size >= 1:
+            raise ConfigError("managed ledger quorums must satisfy E >= Qw >= Qa >= 1")
+        if self.ledger_entries_max < 1 or self.ledger_bytes_max < 1024 or self.ledger_age_s_max <= 0:
+            raise ConfigError("managed ledger rollover thresholds must be positive")
+
+
+@dataclass(frozen=True, slots=True)
+class ManagedEntry:
+    position: Position
+    data: bytes | memoryview   # the stored payload (what the producer sent, from 0x0e01)
+
+
+class _Append:
+    __slots__ = ("payload", "future", "ledger_id", "add_future")
+
+    def __init__(self, payload: bytes, future: asyncio.Future[Position]) -> None:
+        self.payload = payload
+        self.future = future
+        self.ledger_id = -1
+        self.add_future: asyncio.Future[int] | None = None
+
+
+class ManagedLedger:
+    def __init__(self, topic: TopicName, store: MetadataStore, ledger_client: LedgerClient, cache: EntryCache,
+                 config: ManagedLedgerConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.topic = topic
+        self.name = str(topic)
+        self._store = store
+        self._client = ledger_client
+        self._cache = cache
+        self.config = config
+        self._clock = clock
+        self._key = keys.managed_ledger(topic.key_path)
+        self._info = ManagedLedgerInfo()
+        self._version = 0
+        self._ledgers: collections.OrderedDict[int, LedgerInfo] = collections.OrderedDict()
+        self._handle: WriteHandle | None = None
+        self._handle_opened_at = 0.0
+        self._handle_entries = 0
+        self._handle_bytes = 0
+        self._queued: collections.deque[_Append] = collections.deque()    # waiting for a ledger
+        self._inflight: collections.deque[_Append] = collections.deque()  # submitted, in order
+        self._rolling: asyncio.Task[None] | None = None
+        self._closing_handles: set[asyncio.Task[None]] = set()
+        # The current handle and those of rolled-over ledgers still closing.
+        self._open_handles: dict[int, WriteHandle] = {}
+        self._readers: collections.OrderedDict[int, LedgerReader] = collections.OrderedDict()
+        self._waiters: list[asyncio.Future[None]] = []
+        self._metadata_lock = asyncio.Lock()
+        self.last_confirmed = Position(-1, -1)
+        self.fenced_error: MagnetarError | None = None
+        self.closed = False
+        self.on_fenced: Callable[[MagnetarError], None] | None = None
+        self.entries_added = 0
+        self.bytes_added = 0
+
+    # --- opening ----------------------------------------------------------------------
+
+    async def open(self, *, create_if_missing: bool) -> None:
+        record = await self._store.get(self._key)
+        if record is None:
+            if not create_if_missing:
+                raise TopicNotFound(f"topic {self.name} does not exist")
+            info = ManagedLedgerInfo(created_ms=int(time.time() * 1000))
+            try:
+                self._version = await self._store.create(self._key, info.encode())
+            except MetadataKeyExists:
+                return await self.open(create_if_missing=False)
+            self._info = info
+        else:
+            self._info = ManagedLedgerInfo.decode(record.value)
+            self._version = record.version
+        await self._learn_ledgers()
+        if self._info.terminated_position is not None:
+            self.last_confirmed = self._info.terminated_position
+        else:
+            await self._start_new_ledger()
+        log.info("managed ledger opened: topic=%s ledgers=%d last_confirmed=%s",
+                 self.name, len(self._ledgers), self.last_confirmed)
+
+    async def _learn_ledgers(self) -> None:
+        """Recovers unclosed ledgers, learns entry counts, drops empty ledgers."""
+        changed = False
+        kept: list[LedgerInfo] = []
+        for info in self._info.ledgers:
+            if not info.known:
+                try:
+                    reader = await self._client.open_ledger(info.ledger_id, recovery=True)
+                except NoSuchLedger:
+                    log.error("ledger listed by a managed ledger is gone: topic=%s ledger_id=%d",
+                              self.name, info.ledger_id)
+                    changed = True
+                    continue
+                info.entries = reader.metadata.last_entry_id + 1
+                info.size_bytes = reader.metadata.length_bytes
+                changed = True
+            if info.entries == 0:
+                await self._delete_ledger_quietly(info.ledger_id)
+                changed = True
+                continue
+            kept.append(info)
+        self._info.ledgers = kept
+        if changed:
+            await self._write_info()
+        self._ledgers = collections.OrderedDict((i.ledger_id, i) for i in kept)
+        if kept:
+            last = kept[-1]
+            self.last_confirmed = Position(last.ledger_id, last.entries - 1)
+
+    async def _delete_ledger_quietly(self, ledger_id: int) -> None:
+        try:
+            await self._client.delete_ledger(ledger_id)
+        except NoSuchLedger:
+            pass
+
+    async def _write_info(self) -> None:
+        """Compare-and-swap of the ledger list; a lost race fences this owner."""
+        async with self._metadata_lock:
+            try:
+                self._version = await self._store.compare_and_set(self._key, self._info.encode(),
+                                                                  expected_version=self._version)
+            except MetadataVersionConflict:
+                error = TopicFenced(f"topic {self.name} was taken over (managed ledger changed)")
+                self._fence(error)
+                raise error from None
+
+    async def _start_new_ledger(self) -> None:
+        config = self.config
+        handle = await self._client.create_ledger(
+            config.ensemble_size, config.write_quorum_size, config.ack_quorum_size,
+            custom={"managed-ledger": self.name})
+        info = LedgerInfo(handle.ledger_id, created_ms=int(time.time() * 1000))
+        self._info.ledgers.append(info)
+        try:
+            await self._write_info()
+        except MagnetarError:
+            self._info.ledgers.pop()
+            await self._delete_ledger_quietly(handle.ledger_id)
+            raise
+        self._ledgers[info.ledger_id] = info
+        self._handle = handle
+        self._open_handles[handle.ledger_id] = handle
+        self._handle_opened_at = self._clock()
+        self._handle_entries = 0
+        self._handle_bytes = 0
+        log.info("managed ledger rolled to a new ledger: topic=%s ledger_id=%d", self.name, handle.ledger_id)
+
+    # --- appends --------------------------------------------------------------------------
+
+    @property
+    def terminated(self) -> bool:
+        return self._info.terminated_position is not None
+
+    def append(self, payload: bytes) -> asyncio.Future[Position]:
+        """Stores one entry; the future resolves with its position, in append order."""
+        future: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
+        if self.fenced_error is not None:
+            future.set_exception(self.fenced_error)
+            return future
+        if self.closed:
+            future.set_exception(TopicFenced(f"topic {self.name} is closed"))
+            return future
+        if self.terminated:
+            future.set_exception(TopicTerminated(f"topic {self.name} is terminated"))
+            return future
+        append = _Append(payload, future)
+        if self._handle is None or self._rolling is not None:
+            self._queued.append(append)
+            self._ensure_rolling()
+        else:
+            self._submit(append)
+        return future
+
+    def _submit(self, append: _Append) -> None:
+        handle = self._handle
+        assert handle is not None
+        try:
+            add_future = handle.submit_nowait(append.payload)
+        except MagnetarError as error:
+            self._on_write_failure(handle, error)
+            self._queued.append(append)
+            self._ensure_rolling()
+            return
+        append.ledger_id = handle.ledger_id
+        append.add_future = add_future
+        self._inflight.append(append)
+        add_future.add_done_callback(self._on_add_done)
+        self._handle_entries += 1
+        self._handle_bytes += len(append.payload)
+        if self._ledger_full():
+            self._ensure_rolling()
+
+    def _ledger_full(self) -> bool:
+        config = self.config
+        return (self._handle_entries >= config.ledger_entries_max
+                or self._handle_bytes >= config.ledger_bytes_max
+                or self._clock() - self._handle_opened_at >= config.ledger_age_s_max)
+
+    def _on_add_done(self, _future: asyncio.Future[int]) -> None:
+        """Completes appends in order from the head of the in-flight queue."""
+        confirmed = False
+        while self._inflight:
+            head = self._inflight[0]
+            assert head.add_future is not None
+            if not head.add_future.done():
+                break
+            self._inflight.popleft()
+            error = head.add_future.exception() if not head.add_future.cancelled() else LedgerError("cancelled")
+            if error is None:
+                position = Position(head.ledger_id, head.add_future.result())
+                assert position > self.last_confirmed, (position, self.last_confirmed)
+                self.last_confirmed = position
+                self._cache.put(position.ledger_id, position.entry_id, head.payload)
+                self.entries_added += 1
+                self.bytes_added += len(head.payload)
+                confirmed = True
+                if not head.future.done():
+                    head.future.set_result(position)
+            else:
+                failure = self._classify(error)
+                if not head.future.done():
+                    head.future.set_exception(failure)
+                if self._handle is not None and self._handle.ledger_id == head.ledger_id:
+                    self._on_write_failure(self._handle, error)
+        if confirmed:
+            self._wake_waiters()
+
+    def _classify(self, error: BaseException) -> MagnetarError:
+        if isinstance(error, LedgerFenced) or isinstance(error, TopicFenced):
+            return self.fenced_error or TopicFenced(f"topic {self.name} was taken over")
+        if isinstance(error, MagnetarError) and not isinstance(error, LedgerError):
+            return error
+        return PersistenceError(f"storing to topic {self.name} failed: {error}")
+
+    def _on_write_failure(self, handle: WriteHandle, error: BaseException) -> None:
+        if isinstance(error, LedgerFenced):
+            self._fence(TopicFenced(f"topic {self.name}: ledger {handle.ledger_id} fenced by another broker"))
+            return
+        if self._handle is handle:
+            log.warning("managed ledger write failed, rolling over: topic=%s ledger_id=%d error=%s",
+                        self.name, handle.ledger_id, error)
+            self._handle = None
+            self._close_handle_later(handle)
+            self._ensure_rolling()
+
+    def _ensure_rolling(self) -> None:
+        if self._rolling is None and self.fenced_error is None and not self.closed:
+            self._rolling = asyncio.get_running_loop().create_task(self._roll())
+
+    async def _roll(self) -> None:
+        old = self._handle
+        try:
+            for attempt in range(5):
+                try:
+                    await self._start_new_ledger()
+                    break
+                except TopicFenced:
+                    raise
+                except (LedgerError, MetadataError) as error:
+                    log.warning("creating a ledger failed: topic=%s attempt=%d error=%s", self.name, attempt, error)
+                    if attempt == 4:
+                        raise
+                    await asyncio.sleep(0.2 * (attempt + 1))
+        except MagnetarError as error:
+            failure = self._classify(error)
+            while self._queued:
+                append = self._queued.popleft()
+                if not append.future.done():
+                    append.future.set_exception(failure)
+            return
+        finally:
+            self._rolling = None
+        if old is not None and old is not self._handle:
+            self._close_handle_later(old)
+        while self._queued and self._rolling is None and self._handle is not None:
+            self._submit(self._queued.popleft())
+
+    async def _close_handle(self, handle: WriteHandle) -> None:
+        """Closes a ledger we wrote and records its final size (if we still own it)."""
+        try:
+            versioned = await handle.close()
+        except MagnetarError as error:
+            log.warning("closing a ledger failed: topic=%s ledger_id=%d error=%s",
+                        self.name, handle.ledger_id, error)
+            return
+        info = self._ledgers.get(handle.ledger_id)
+        if info is not None:
+            info.entries = versioned.metadata.last_entry_id + 1
+            info.size_bytes = versioned.metadata.length_bytes
+        self._open_handles.pop(handle.ledger_id, None)
+        if info is not None and self.fenced_error is None:
+            try:
+                await self._write_info()
+            except MagnetarError:
+                pass
+
+    def _close_handle_later(self, handle: WriteHandle) -> None:
+        async def close() -> None:
+            await self._close_handle(handle)
+
+        task = asyncio.get_running_loop().create_task(close())
+        self._closing_handles.add(task)
+        task.add_done_callback(self._closing_handles.discard)
+
+    def _fence(self, error: MagnetarError) -> None:
+        if self.fenced_error is not None:
+            return
+        self.fenced_error = error
+        log.warning("managed ledger fenced: topic=%s error=%s", self.name, error)
+        for append in list(self._queued) + list(self._inflight):
+            if not append.future.done():
+                append.future.set_exception(error)
+        self._queued.clear()
+        self._wake_waiters()
+        if self.on_fenced is not None:
+            self.on_fenced(error)
+
+    # --- reads ------------------------------------------------------------------------------
+
+    def _wake_waiters(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def wait_for_entries(self) -> asyncio.Future[None]:
+        """Resolves when new entries are confirmed (or the ledger closes)."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self.closed or self.fenced_error is not None:
+            waiter.set_result(None)
+        else:
+            self._waiters.append(waiter)
+        return waiter
+
+    def ledger_ids(self) -> list[int]:
+        return list(self._ledgers)
+
+    def ledger_infos(self) -> list[LedgerInfo]:
+        return list(self._ledgers.values())
+
+    def _last_entry_of(self, ledger_id: int) -> int:
+        """Last confirmed entry id of a ledger of this topic (-1: none)."""
+        handle = self._open_handles.get(ledger_id)
+        if handle is not None:
+            if self.last_confirmed.ledger_id == ledger_id:
+                return self.last_confirmed.entry_id
+            if self.last_confirmed.ledger_id > ledger_id:
+                # Appends complete in order: once a later ledger has a confirmed entry,
+                # this one's confirmed entries are final.
+                return handle.last_add_confirmed
+            return -1
+        info = self._ledgers.get(ledger_id)
+        return info.entries - 1 if info is not None and info.known else -1
+
+    def _may_grow(self, ledger_id: int) -> bool:
+        """True for the current ledger, and for a rolled-over one whose in-flight
+        appends have not all completed (nothing after it is confirmed yet)."""
+        if self._handle is not None and self._handle.ledger_id == ledger_id:
+            return True
+        return ledger_id in self._open_handles and self.last_confirmed.ledger_id <= ledger_id
+
+    def normalize(self, position: Position) -> Position:
+        """The same place in the topic, moved off the end of a finished ledger (or off a
+        deleted one) to the first entry of the next ledger holding one. Positions in the
+        current ledger are left as they are, written or not."""
+        ledger_id, entry_id = position
+        while True:
+            if self._may_grow(ledger_id):
+                return Position(ledger_id, entry_id)
+            if ledger_id in self._ledgers and entry_id <= self._last_entry_of(ledger_id):
+                return Position(ledger_id, entry_id)
+            following = next((l for l in self._ledgers if l > ledger_id), None)
+            if following is None:
+                return Position(ledger_id, entry_id)
+            ledger_id, entry_id = following, 0
+
+    def next_position(self, position: Position) -> Position:
+        """The position right after ``position`` (possibly not written yet)."""
+        return self.normalize(Position(position.ledger_id, position.entry_id + 1))
+
+    @property
+    def first_position(self) -> Position:
+        """The oldest position still stored (or the next to be written, if none is)."""
+        return self.normalize(Position(-1, 0))
+
+    async def read(self, start: Position, count_max: int, bytes_max: int) -> list[ManagedEntry]:
+        """Confirmed entries from ``start`` on (at most count_max / about bytes_max),
+        possibly spanning ledgers. An empty list means nothing is there yet."""
+        assert count_max > 0
+        entries: list[ManagedEntry] = []
+        size = 0
+        position = self.normalize(start)
+        while len(entries) < count_max and size < bytes_max and position <= self.last_confirmed:
+            ledger_id = position.ledger_id
+            last = self._last_entry_of(ledger_id)
+            if position.entry_id > last:
+                break  # the current ledger, nothing confirmed past here yet
+            end = min(last, position.entry_id + (count_max - len(entries)) - 1)
+            chunk = await self._read_ledger(ledger_id, position.entry_id, end, bytes_max - size)
+            if not chunk:
+                break
+            entries.extend(chunk)
+            size += sum(len(e.data) for e in chunk)
+            position = self.next_position(chunk[-1].position)
+        return entries
+
+    async def _read_ledger(self, ledger_id: int, first: int, last: int, bytes_max: int) -> list[ManagedEntry]:
+        entries: list[ManagedEntry] = []
+        size = 0
+        entry_id = first
+        while entry_id <= last and size < bytes_max:
+            cached = self._cache.get(ledger_id, entry_id)
+            if cached is not None:
+                entries.append(ManagedEntry(Position(ledger_id, entry_id), cached))
+                size += len(cached)
+                entry_id += 1
+                continue
+            # A run of misses: read it from the bookies in one call per bookie.
+            miss_end = entry_id
+            while miss_end < last and self._cache.get(ledger_id, miss_end + 1) is None and \
+                    miss_end - entry_id < 500:
+                miss_end += 1
+            reader = await self._reader(ledger_id)
+            for ledger_entry in await reader.read(entry_id, miss_end):
+                data = memoryview(ledger_entry.data)[ENTRY_HEADER_SIZE:]
+                self._cache.put(ledger_id, ledger_entry.entry_id, data)
+                entries.append(ManagedEntry(Position(ledger_id, ledger_entry.entry_id), data))
+                size += len(data)
+            entry_id = miss_end + 1
+        return entries
+
+    async def _reader(self, ledger_id: int) -> LedgerReader:
+        handle = self._open_handles.get(ledger_id)
+        if handle is not None:
+            return handle.reader()
+        reader = self._readers.get(ledger_id)
+        if reader is None:
+            reader = await self._client.open_ledger(ledger_id, recovery=False)
+            self._readers[ledger_id] = reader
+            while len(self._readers) > self.config.readers_max:
+                self._readers.popitem(last=False)
+        else:
+            self._readers.move_to_end(ledger_id)
+        return reader
+
+    # --- termination, closing, deletion ------------------------------------------------------
+
+    async def terminate(self) -> Position:
+        """No appends after this; returns the last position."""
+        if self.terminated:
+            assert self._info.terminated_position is not None
+            return self._info.terminated_position
+        await self._drain()
+        self._info.terminated_position = self.last_confirmed
+        await self._write_info()
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            await self._close_handle(handle)
+        self._wake_waiters()
+        log.info("managed ledger terminated: topic=%s last=%s", self.name, self.last_confirmed)
+        return self.last_confirmed
+
+    async def _drain(self) -> None:
+        """Waits for every queued and in-flight append to finish (bounded by the
+        ledger client's own add timeouts)."""
+        pending = [a.future for a in list(self._queued) + list(self._inflight)]
+        if self._rolling is not None:
+            pending.append(self._rolling)
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def close(self) -> None:
+        """Stops appends, lets pending ones finish, closes the current ledger."""
+        if self.closed:
+            return
+        await self._drain()
+        self.closed = True
+        handle, self._handle = self._handle, None
+        if handle is not None and self.fenced_error is None:
+            await self._close_handle(handle)
+        if self._closing_handles:
+            await asyncio.gather(*self._closing_handles, return_exceptions=True)
+        self._wake_waiters()
+
+    async def delete(self) -> None:
+        """Deletes every ledger and the managed ledger's metadata."""
+        await self.close()
+        for ledger_id in list(self._ledgers):
+            await self._delete_ledger_quietly(ledger_id)
+        await self._store.delete(self._key)
+        self._ledgers.clear()
+
+    # --- trimming (retention) ---------------------------------------------------------------
+
+    async def delete_ledgers_before(self, ledger_id: int) -> list[int]:
+        """Deletes whole ledgers older than ``ledger_id`` (never the current one)."""
+        doomed = [l for l in self._ledgers if l < ledger_id and (self._handle is None or l != self._handle.ledger_id)]
+        if not doomed:
+            return []
+        self._info.ledgers = [i for i in self._info.ledgers if i.ledger_id not in doomed]
+        await self._write_info()
+        for doomed_id in doomed:
+            self._ledgers.pop(doomed_id, None)
+            self._readers.pop(doomed_id, None)
+            await self._delete_ledger_quietly(doomed_id)
+        log.info("ledgers trimmed: topic=%s ledger_ids=%s", self.name, doomed)
+        return doomed
+
+    # --- stats ------------------------------------------------------------------------------------
+
+    @property
+    def current_ledger_id(self) -> int:
+        return self._handle.ledger_id if self._handle is not None else -1
+
+    def number_of_entries(self) -> int:
+        total = 0
+        for ledger_id in self._ledgers:
+            total += self._last_entry_of(ledger_id) + 1
+        return total
+
+    def total_size(self) -> int:
+        total = 0
+        for ledger_id, info in self._ledgers.items():
+            if info.known:
+                total += info.size_bytes
+            elif self._handle is not None and self._handle.ledger_id == ledger_id:
+                total += self._handle_bytes
+        return total

@@ -1,0 +1,67 @@
+"""What etcd keeps of a managed ledger under ``/managed-ledgers/<topic>``. Pure (JSON).
+
+The list of the topic's ledgers in order, with each closed ledger's entry count and
+size once known (-1 while a ledger is open or its count is not yet recorded; the
+ledger's own metadata is the authority), whether the topic is terminated and at which
+position, and free-form properties. Only the owner writes it, by compare-and-swap.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from broker.position import Position
+from ledger.errors import MalformedFrame
+
+FORMAT_VERSION = 1
+
+
+@dataclass
+class LedgerInfo:
+    ledger_id: int
+    entries: int = -1        # -1: unknown (open, or not yet recorded)
+    size_bytes: int = -1
+    created_ms: int = 0
+
+    @property
+    def known(self) -> bool:
+        return self.entries >= 0
+
+
+@dataclass
+class ManagedLedgerInfo:
+    ledgers: list[LedgerInfo] = field(default_factory=list)
+    terminated_position: Position | None = None
+    properties: dict[str, str] = field(default_factory=dict)
+    created_ms: int = 0
+
+    def encode(self) -> bytes:
+        return json.dumps({
+            "format_version": FORMAT_VERSION,
+            "ledgers": [[i.ledger_id, i.entries, i.size_bytes, i.created_ms] for i in self.ledgers],
+            "terminated_position": list(self.terminated_position) if self.terminated_position else None,
+            "properties": self.properties,
+            "created_ms": self.created_ms,
+        }, sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> "ManagedLedgerInfo":
+        try:
+            doc = json.loads(data)
+            if not isinstance(doc, dict) or doc.get("format_version", 0) > FORMAT_VERSION:
+                raise ValueError("unknown format")
+            ledgers = [LedgerInfo(int(a), int(b), int(c), int(d)) for a, b, c, d in doc["ledgers"]]
+            terminated = doc.get("terminated_position")
+            properties = doc.get("properties") or {}
+            if not isinstance(properties, dict):
+                raise ValueError("properties must be an object")
+            ids = [i.ledger_id for i in ledgers]
+            if ids != sorted(set(ids)):
+                raise ValueError("ledger ids must increase")
+            return cls(ledgers=ledgers,
+                       terminated_position=Position(int(terminated[0]), int(terminated[1])) if terminated else None,
+                       properties={str(k): str(v) for k, v in properties.items()},
+                       created_ms=int(doc.get("created_ms", 0)))
+        except (ValueError, KeyError, TypeError) as error:
+            raise MalformedFrame(f"bad managed ledger record: {error}") from None

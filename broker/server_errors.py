@@ -1,0 +1,41 @@
+"""The one table from Magnetar's error catalogue to Pulsar's ServerError codes (what
+the official clients react to: ServiceNotReady makes them look the topic up again and
+retry, TopicNotFound and the like fail the operation)."""
+
+from __future__ import annotations
+
+from broker.proto import pulsar_api_pb2 as pb
+from ledger import errors
+
+_TABLE: list[tuple[type[errors.MagnetarError], int]] = [
+    (errors.TopicNotFound, pb.TopicNotFound),
+    (errors.NamespaceNotFound, pb.TopicNotFound),
+    (errors.TenantNotFound, pb.TopicNotFound),
+    (errors.SubscriptionNotFound, pb.SubscriptionNotFound),
+    (errors.ConsumerBusy, pb.ConsumerBusy),
+    (errors.ProducerBusy, pb.ProducerBusy),
+    (errors.TopicTerminated, pb.TopicTerminatedError),
+    (errors.TopicFenced, pb.ServiceNotReady),
+    (errors.NotOwner, pb.ServiceNotReady),
+    (errors.ServiceNotReady, pb.ServiceNotReady),
+    (errors.ShuttingDown, pb.ServiceNotReady),
+    (errors.NotAllowed, pb.NotAllowedError),
+    (errors.PreconditionFailed, pb.NotAllowedError),
+    (errors.PersistenceError, pb.PersistenceError),
+    (errors.LedgerError, pb.PersistenceError),
+    (errors.ChecksumError, pb.ChecksumError),
+    (errors.TooManyRequests, pb.TooManyRequests),
+    (errors.Overloaded, pb.TooManyRequests),
+    (errors.ProducerBlockedQuota, pb.ProducerBlockedQuotaExceededError),
+    (errors.IncompatibleSchema, pb.IncompatibleSchema),
+    (errors.InvalidArgument, pb.InvalidTopicName),
+    (errors.MetadataError, pb.MetadataError),
+    (errors.OperationTimeout, pb.ServiceNotReady),
+]
+
+
+def server_error_for(error: BaseException) -> int:
+    for cls, code in _TABLE:
+        if isinstance(error, cls):
+            return code
+    return pb.UnknownError

@@ -1,0 +1,228 @@
+"""The broker service: the topics this broker serves, and the lookups, partition
+metadata and namespace listings clients ask for.
+
+Topics load on first use (a producer, consumer, lookup or admin call). Concurrent
+first uses share one load. A topic is auto-created when its namespace exists and allows
+it (on by default, as in Pulsar standalone); otherwise the caller gets TopicNotFound.
+Ownership: ``owner_of`` says which broker serves a topic. With the bundles layer this
+is the owner of the topic's bundle; standing alone the broker owns everything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from broker.config import BrokerConfig
+from broker.managed_ledger import ManagedLedger, ManagedLedgerConfig
+from broker.resources import Resources
+from broker.topic import PersistentTopic
+from broker.topic_name import DEFAULT_NAMESPACE, DEFAULT_TENANT, NamespaceName, TopicName
+from ledger.client import LedgerClient
+from ledger.entry_cache import EntryCache
+from ledger.errors import (
+    AlreadyExists,
+    MagnetarError,
+    NamespaceNotFound,
+    NotAllowed,
+    ServiceNotReady,
+    TenantNotFound,
+    TopicNotFound,
+)
+from metadata.policies import NamespacePolicies, PersistencePolicies, TenantInfo
+from metadata.store import MetadataStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class OwnerInfo:
+    broker_id: str
+    service_url: str          # pulsar://host:port
+    web_service_url: str      # http://host:port
+    is_self: bool
+
+
+class BrokerService:
+    def __init__(self, config: BrokerConfig, store: MetadataStore, ledger_client: LedgerClient) -> None:
+        self.config = config
+        self.store = store
+        self.ledger_client = ledger_client
+        self.resources = Resources(store)
+        self.cache = EntryCache(config.entry_cache_bytes_max)
+        self.topics: dict[str, asyncio.Future[PersistentTopic]] = {}
+        self.broker_id = config.broker_id or f"{config.host}:{config.port}"
+        self.started_at = time.time()
+        self.shutting_down = False
+        # Replaced by the bundles layer (issue 5): who owns a topic.
+        self.owner_of: Callable[[TopicName], Awaitable[OwnerInfo]] = self._self_owner
+        self.connections: set = set()
+        self._rates: dict[str, tuple[float, int, int]] = {}
+
+    async def _self_owner(self, topic: TopicName) -> OwnerInfo:
+        return OwnerInfo(self.broker_id, self.config.service_url, self.config.web_service_url, True)
+
+    async def start(self) -> None:
+        """Creates the cluster, the ``public`` tenant and ``public/default`` namespace if
+        missing (what Pulsar standalone starts with)."""
+        await self.resources.ensure_cluster(self.config.cluster, self.config.service_url,
+                                            self.config.web_service_url)
+        try:
+            await self.resources.create_tenant(DEFAULT_TENANT, TenantInfo(allowedClusters=[self.config.cluster]))
+        except AlreadyExists:
+            pass
+        try:
+            await self.resources.create_namespace(NamespaceName(DEFAULT_TENANT, DEFAULT_NAMESPACE))
+        except AlreadyExists:
+            pass
+
+    # --- topics ---------------------------------------------------------------------------
+
+    async def _ledger_config(self, namespace: NamespaceName, policies: NamespacePolicies) -> ManagedLedgerConfig:
+        base = self.config.managed_ledger
+        default = PersistencePolicies(base.ensemble_size, base.write_quorum_size, base.ack_quorum_size)
+        persistence = policies.persistence_policies(default)
+        from dataclasses import replace
+
+        return replace(base, ensemble_size=persistence.bookkeeperEnsemble,
+                       write_quorum_size=persistence.bookkeeperWriteQuorum,
+                       ack_quorum_size=persistence.bookkeeperAckQuorum)
+
+    async def get_topic(self, name: TopicName, *, create: bool) -> PersistentTopic:
+        """The loaded topic (loading it if needed). Raises TopicNotFound if it does not
+        exist and may not be created here."""
+        if self.shutting_down:
+            raise ServiceNotReady("broker is shutting down")
+        key = str(name)
+        loading = self.topics.get(key)
+        if loading is not None:
+            try:
+                topic = await asyncio.shield(loading)
+            except MagnetarError:
+                if self.topics.get(key) is loading:
+                    self.topics.pop(key, None)
+                raise
+            if not topic.closing:
+                return topic
+            self.topics.pop(key, None)
+            return await self.get_topic(name, create=create)
+        owner = await self.owner_of(name)
+        if not owner.is_self:
+            raise ServiceNotReady(f"topic {name} is served by {owner.broker_id}")
+        future: asyncio.Future[PersistentTopic] = asyncio.get_running_loop().create_future()
+        self.topics[key] = future
+        try:
+            topic = await self._load_topic(name, create=create)
+        except BaseException as error:
+            self.topics.pop(key, None)
+            future.set_exception(error if isinstance(error, MagnetarError) else ServiceNotReady(str(error)))
+            future.exception()  # retrieved: waiters got it through shield
+            raise
+        future.set_result(topic)
+        return topic
+
+    async def _load_topic(self, name: TopicName, *, create: bool) -> PersistentTopic:
+        namespace = name.namespace_name
+        try:
+            policies = await self.resources.policies(namespace)
+        except NamespaceNotFound:
+            try:
+                await self.resources.tenant(name.tenant)
+            except TenantNotFound:
+                raise TopicNotFound(f"topic {name}: tenant {name.tenant} does not exist") from None
+            raise TopicNotFound(f"topic {name}: namespace {namespace} does not exist") from None
+        if create and name.is_partition is False and await self.resources.partitions(name) > 0:
+            raise NotAllowed(f"{name} is a partitioned topic: use its partitions")
+        may_create = create and policies.allows_auto_topic_creation(self.config.allow_auto_topic_creation)
+        if name.is_partition and create:
+            # A partition of an existing partitioned topic may always be created.
+            parent_partitions = await self.resources.partitions(name.partitioned_parent)
+            if name.partition_index < parent_partitions:
+                may_create = True
+        ledger = ManagedLedger(name, self.store, self.ledger_client, self.cache,
+                               await self._ledger_config(namespace, policies))
+        await ledger.open(create_if_missing=may_create)
+        topic = PersistentTopic(name, ledger, self.store, self.config)
+        topic.on_closed = self._on_topic_closed
+        try:
+            await topic.load_subscriptions()
+        except MagnetarError:
+            await ledger.close()
+            raise
+        log.info("topic loaded: topic=%s subscriptions=%d", name, len(topic.subscriptions))
+        return topic
+
+    def _on_topic_closed(self, topic: PersistentTopic) -> None:
+        loading = self.topics.get(topic.full_name)
+        if loading is not None and loading.done() and not loading.exception() and loading.result() is topic:
+            self.topics.pop(topic.full_name, None)
+
+    def loaded_topic(self, name: TopicName) -> PersistentTopic | None:
+        future = self.topics.get(str(name))
+        if future is None or not future.done() or future.exception() is not None:
+            return None
+        return future.result()
+
+    def loaded_topics(self) -> list[PersistentTopic]:
+        return [f.result() for f in self.topics.values() if f.done() and f.exception() is None]
+
+    async def unload_topic(self, name: TopicName) -> bool:
+        topic = self.loaded_topic(name)
+        if topic is None:
+            return False
+        await topic.close(disconnect_clients=True)
+        return True
+
+    async def delete_topic(self, name: TopicName, *, force: bool) -> None:
+        topic = await self.get_topic(name, create=False)
+        await topic.delete(force=force)
+        self.topics.pop(str(name), None)
+
+    # --- lookups ---------------------------------------------------------------------------
+
+    async def partitioned_metadata(self, name: TopicName) -> int:
+        """Partition count (0: not partitioned). Auto-creation creates non-partitioned
+        topics, like Pulsar standalone; a missing namespace is TopicNotFound."""
+        await self._check_namespace(name)
+        return await self.resources.partitions(name)
+
+    async def _check_namespace(self, name: TopicName) -> None:
+        try:
+            await self.resources.policies(name.namespace_name)
+        except NamespaceNotFound:
+            raise TopicNotFound(f"topic {name}: namespace {name.namespace_name} does not exist") from None
+
+    async def lookup(self, name: TopicName) -> OwnerInfo:
+        await self._check_namespace(name)
+        return await self.owner_of(name)
+
+    async def topics_of_namespace(self, namespace: NamespaceName) -> list[str]:
+        await self.resources.policies(namespace)
+        names = set(await self.resources.topics(namespace))
+        for topic in self.loaded_topics():
+            if topic.name.namespace_name == namespace:
+                names.add(topic.full_name)
+        return sorted(names)
+
+    # --- shutdown -----------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        self.shutting_down = True
+        topics = self.loaded_topics()
+        await asyncio.gather(*(t.close(disconnect_clients=True) for t in topics), return_exceptions=True)
+        self.topics.clear()
+
+    # --- rates ----------------------------------------------------------------------------------
+
+    def rates(self, topic: PersistentTopic) -> tuple[float, float]:
+        """Messages/s and bytes/s published to a topic since the last call for it."""
+        now = time.monotonic()
+        previous = self._rates.get(topic.full_name)
+        self._rates[topic.full_name] = (now, topic.messages_in, topic.bytes_in)
+        if previous is None or now <= previous[0]:
+            return 0.0, 0.0
+        elapsed = now - previous[0]
+        return (topic.messages_in - previous[1]) / elapsed, (topic.bytes_in - previous[2]) / elapsed

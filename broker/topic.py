@@ -1,0 +1,325 @@
+"""A persistent topic on the broker that owns it: the managed ledger, the producers and
+the subscriptions.
+
+Publishing stores each producer frame's payload as one entry and answers with the
+entry's position as message id; receipts go out in order because the managed ledger
+completes appends in order. Subscriptions are loaded with the topic (every durable
+cursor in etcd) so backlog and retention see them even with no consumer attached.
+Closing the topic (unload, shutdown, ownership lost) sends CLOSE_PRODUCER and
+CLOSE_CONSUMER so clients look the topic up again and reconnect, flushes every cursor
+and closes the current ledger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from typing import Callable
+
+from broker import commands
+from broker.batch import message_count
+from broker.codec import stored_metadata
+from broker.config import BrokerConfig
+from broker.consumer import Consumer
+from broker.managed_ledger import ManagedLedger
+from broker.position import Position
+from broker.producer import Producer
+from broker.proto import pulsar_api_pb2 as pb
+from broker.topic_name import TopicName
+from ledger.errors import (
+    MagnetarError,
+    PreconditionFailed,
+    ProducerBusy,
+    SubscriptionNotFound,
+    TopicFenced,
+    TopicTerminated,
+)
+from metadata import keys
+from metadata.store import MetadataStore
+from subscriptions.cursor import CursorState, ManagedCursor
+from subscriptions.cursor_store import EtcdCursorStore
+from subscriptions.subscription import Subscription
+
+log = logging.getLogger(__name__)
+
+# The clients' MessageId.earliest is (-1, -1) and MessageId.latest (INT64_MAX, INT64_MAX);
+# ledger and entry ids are uint64 on the wire.
+_EARLIEST_ID = 2**64 - 1
+_LATEST_ID = 2**63 - 1
+# Publish-time searches read at most this many entries (binary search over a topic).
+_TIME_SEARCH_READS_MAX = 200
+
+
+class PersistentTopic:
+    def __init__(self, name: TopicName, ledger: ManagedLedger, store: MetadataStore, config: BrokerConfig) -> None:
+        self.name = name
+        self.full_name = str(name)
+        self.ledger = ledger
+        self._store = store
+        self.config = config
+        self.producers: dict[int, Producer] = {}        # by identity id()
+        self.subscriptions: dict[str, Subscription] = {}
+        self.closing = False
+        self.closed = False
+        self._producer_names: set[str] = set()
+        self._name_counter = itertools.count()
+        self.on_closed: Callable[["PersistentTopic"], None] | None = None
+        self.created_at = time.time()
+        ledger.on_fenced = self._on_ledger_fenced
+        # Counters for rates (the service's stats ticker derives rates from them).
+        self.messages_in = 0
+        self.bytes_in = 0
+
+    # --- loading ---------------------------------------------------------------------------
+
+    async def load_subscriptions(self) -> None:
+        records = await self._store.get_prefix(keys.cursors_of_topic(self.name.key_path))
+        from urllib.parse import unquote
+
+        for record in records:
+            name = unquote(record.key.rsplit("/", 1)[1])
+            store = EtcdCursorStore(self._store, record.key)
+            state = await store.load()
+            if state is None:
+                continue
+            self.subscriptions[name] = self._make_subscription(name, state, store, pb.CommandSubscribe.Exclusive)
+
+    def _make_subscription(self, name: str, state: CursorState, store: EtcdCursorStore | None, sub_type: int,
+                           ) -> Subscription:
+        cursor = ManagedCursor(f"{self.full_name}/{name}", self.ledger, state, store,
+                               flush_interval_s=self.config.cursor_flush_interval_s, durable=store is not None)
+        return Subscription(name, self.full_name, self.ledger, cursor, sub_type,
+                            partition_index=self.name.partition_index,
+                            entries_max=self.config.dispatch_entries_max, bytes_max=self.config.dispatch_bytes_max,
+                            redelivery_counts_max=self.config.redelivery_counts_max)
+
+    # --- producers ----------------------------------------------------------------------------
+
+    def generate_producer_name(self) -> str:
+        return f"{self.config.cluster}-{self.config.broker_id or 'broker'}-{next(self._name_counter)}"
+
+    def add_producer(self, producer: Producer) -> None:
+        self._check_open()
+        if self.ledger.terminated:
+            raise TopicTerminated(f"topic {self.full_name} is terminated")
+        if producer.name in self._producer_names:
+            raise ProducerBusy(f"producer {producer.name} is already connected to {self.full_name}")
+        self._producer_names.add(producer.name)
+        self.producers[id(producer)] = producer
+
+    def remove_producer(self, producer: Producer) -> None:
+        if self.producers.pop(id(producer), None) is not None:
+            self._producer_names.discard(producer.name)
+
+    def publish(self, producer: Producer, payload: bytes, num_messages: int) -> asyncio.Future[Position]:
+        producer.messages_in += num_messages
+        producer.bytes_in += len(payload)
+        self.messages_in += num_messages
+        self.bytes_in += len(payload)
+        return self.ledger.append(payload)
+
+    # --- subscriptions --------------------------------------------------------------------------
+
+    async def subscribe(self, consumer: Consumer, *, durable: bool, initial_position: int,
+                        start_message_id: pb.MessageIdData | None, rollback_duration_s: int = 0) -> Subscription:
+        self._check_open()
+        name = consumer.subscription_name
+        subscription = self.subscriptions.get(name)
+        if subscription is None:
+            start = self._start_position(initial_position, start_message_id, durable)
+            if rollback_duration_s > 0:
+                start = await self.find_position_by_time(int((time.time() - rollback_duration_s) * 1000))
+            state = CursorState(mark_delete=self._before(start))
+            store = None
+            if durable:
+                store = EtcdCursorStore(self._store, keys.cursor(self.name.key_path, name))
+                await store.save(state)
+            subscription = self._make_subscription(name, state, store, consumer.sub_type)
+            if not durable:
+                subscription.cursor.seek_read(start)
+            self.subscriptions[name] = subscription
+            log.info("subscription created: topic=%s subscription=%s durable=%s start=%s",
+                     self.full_name, name, durable, start)
+        subscription.add_consumer(consumer)
+        return subscription
+
+    def _before(self, position: Position) -> Position:
+        """The mark-delete position that makes ``position`` the next to read."""
+        if position.entry_id > 0:
+            return Position(position.ledger_id, position.entry_id - 1)
+        # The entry before the first of a ledger: the last of the previous ledger, or
+        # "nothing" within this one; either way next_position lands on ``position``.
+        previous = [l for l in self.ledger.ledger_ids() if l < position.ledger_id]
+        if previous:
+            return Position(previous[-1], self.ledger._last_entry_of(previous[-1]))
+        return Position(position.ledger_id, -1)
+
+    def _start_position(self, initial_position: int, start_message_id: pb.MessageIdData | None,
+                        durable: bool) -> Position:
+        ledger = self.ledger
+        if start_message_id is not None and not durable:
+            if start_message_id.ledgerId == _EARLIEST_ID:
+                return ledger.first_position                             # MessageId.earliest
+            if start_message_id.ledgerId == _LATEST_ID:
+                return ledger.next_position(ledger.last_confirmed) if ledger.last_confirmed.entry_id >= 0 \
+                    else ledger.first_position                           # MessageId.latest
+            # Start at the entry itself: the client drops what it should not see
+            # (messages before a batch index, or the start message when not inclusive).
+            return ledger.normalize(Position(start_message_id.ledgerId, start_message_id.entryId))
+        if initial_position == pb.CommandSubscribe.Earliest:
+            return ledger.first_position
+        return ledger.next_position(ledger.last_confirmed) if ledger.last_confirmed.entry_id >= 0 \
+            else ledger.first_position
+
+    async def unsubscribe(self, name: str, consumer: Consumer | None) -> None:
+        subscription = self.subscriptions.get(name)
+        if subscription is None:
+            raise SubscriptionNotFound(f"subscription {name} not found on {self.full_name}")
+        others = [c for c in subscription.consumers if c is not consumer]
+        if others:
+            raise PreconditionFailed(f"subscription {name} has {len(others)} other consumers attached")
+        if consumer is not None:
+            subscription.remove_consumer(consumer)
+        await subscription.dispatcher.close()
+        await subscription.cursor.delete()
+        self.subscriptions.pop(name, None)
+        log.info("subscription deleted: topic=%s subscription=%s", self.full_name, name)
+
+    async def create_subscription(self, name: str, position: Position | None) -> None:
+        """Admin: create a durable subscription at ``position`` (None: the end)."""
+        if name in self.subscriptions:
+            raise MagnetarError(f"subscription {name} exists")
+        start = position if position is not None else self.ledger.next_position(self.ledger.last_confirmed)
+        state = CursorState(mark_delete=self._before(self.ledger.normalize(start)))
+        store = EtcdCursorStore(self._store, keys.cursor(self.name.key_path, name))
+        await store.save(state)
+        self.subscriptions[name] = self._make_subscription(name, state, store, pb.CommandSubscribe.Exclusive)
+
+    # --- queries --------------------------------------------------------------------------------
+
+    async def last_message_id(self) -> tuple[Position, int]:
+        """The last stored message: (position, batch index; -1 if not a batch). An empty
+        topic answers (current ledger, -1)."""
+        last = self.ledger.last_confirmed
+        if last.entry_id < 0:
+            return Position(max(self.ledger.current_ledger_id, last.ledger_id), -1), -1
+        entries = await self.ledger.read(last, 1, 1)
+        if not entries:
+            return last, -1
+        metadata = stored_metadata(entries[0].data)
+        if metadata.HasField("num_messages_in_batch"):
+            return last, message_count(metadata) - 1
+        return last, -1
+
+    async def _publish_time(self, position: Position) -> int:
+        entries = await self.ledger.read(position, 1, 1)
+        if not entries:
+            return -1
+        return int(stored_metadata(entries[0].data).publish_time)
+
+    async def find_position_by_time(self, timestamp_ms: int) -> Position:
+        """The first entry published at or after ``timestamp_ms`` (binary search over
+        the topic's entries by publish time; the end of the topic if none)."""
+        ledger = self.ledger
+        end = ledger.next_position(ledger.last_confirmed) if ledger.last_confirmed.entry_id >= 0 \
+            else ledger.first_position
+        positions: list[tuple[int, int]] = []   # (ledger_id, entry count)
+        for ledger_id in ledger.ledger_ids():
+            count = ledger._last_entry_of(ledger_id) + 1
+            if count > 0:
+                positions.append((ledger_id, count))
+        total = sum(count for _, count in positions)
+        if total == 0:
+            return end
+
+        def at(index: int) -> Position:
+            for ledger_id, count in positions:
+                if index < count:
+                    return Position(ledger_id, index)
+                index -= count
+            raise AssertionError(index)
+
+        low, high = 0, total
+        reads = 0
+        while low < high and reads < _TIME_SEARCH_READS_MAX:
+            middle = (low + high) // 2
+            reads += 1
+            if await self._publish_time(at(middle)) >= timestamp_ms:
+                high = middle
+            else:
+                low = middle + 1
+        return at(low) if low < total else end
+
+    # --- closing ---------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self.closing or self.closed:
+            raise TopicFenced(f"topic {self.full_name} is being closed")
+        if self.ledger.fenced_error is not None:
+            raise self.ledger.fenced_error
+
+    def _on_ledger_fenced(self, error: MagnetarError) -> None:
+        log.warning("topic lost its managed ledger, closing: topic=%s error=%s", self.full_name, error)
+        asyncio.get_running_loop().create_task(self.close(disconnect_clients=True))
+
+    async def close(self, *, disconnect_clients: bool = True) -> None:
+        if self.closing:
+            return
+        self.closing = True
+        for producer in list(self.producers.values()):
+            if disconnect_clients and not producer.closed:
+                producer.connection.write_command(commands.close_producer(producer.producer_id))
+                producer.connection.forget_producer(producer)
+            producer.closed = True
+        self.producers.clear()
+        for subscription in list(self.subscriptions.values()):
+            for consumer in list(subscription.consumers):
+                if disconnect_clients and not consumer.closed:
+                    consumer.connection.write_command(commands.close_consumer(consumer.consumer_id))
+                    consumer.connection.forget_consumer(consumer)
+                consumer.closed = True
+                subscription.remove_consumer(consumer)
+            await subscription.close()
+        try:
+            await self.ledger.close()
+        except MagnetarError as error:
+            log.warning("closing managed ledger failed: topic=%s error=%s", self.full_name, error)
+        self.closed = True
+        if self.on_closed is not None:
+            self.on_closed(self)
+        log.info("topic closed: topic=%s", self.full_name)
+
+    async def delete(self, *, force: bool) -> None:
+        if not force and (self.producers or any(s.consumers for s in self.subscriptions.values())):
+            raise PreconditionFailed(f"topic {self.full_name} has connected producers or consumers")
+        await self.close(disconnect_clients=True)
+        for name, subscription in list(self.subscriptions.items()):
+            await subscription.cursor.delete()
+        await self._store.delete_prefix(keys.cursors_of_topic(self.name.key_path))
+        await self.ledger.delete()
+        log.info("topic deleted: topic=%s", self.full_name)
+
+    async def terminate(self) -> Position:
+        last = await self.ledger.terminate()
+        for subscription in self.subscriptions.values():
+            subscription.dispatcher.wake()
+        return last
+
+    def ensure_not_terminated(self) -> None:
+        if self.ledger.terminated:
+            raise TopicTerminated(f"topic {self.full_name} is terminated")
+
+    def entries_between(self, after: Position, upto: Position) -> int:
+        """Entries in (after, upto] of this topic."""
+        total = 0
+        for ledger_id in self.ledger.ledger_ids():
+            last = self.ledger._last_entry_of(ledger_id)
+            if last < 0 or ledger_id < after.ledger_id or ledger_id > upto.ledger_id:
+                continue
+            first = after.entry_id + 1 if ledger_id == after.ledger_id else 0
+            end = min(last, upto.entry_id) if ledger_id == upto.ledger_id else last
+            total += max(0, end - first + 1)
+        return total
+

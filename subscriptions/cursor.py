@@ -1,0 +1,275 @@
+"""A subscription's cursor: where it has read to and what it has acknowledged.
+
+State: the mark-delete position (every entry at or before it is acknowledged), the
+individually acknowledged entries past it (``AckSet``), and the acknowledged message
+indexes of partly acknowledged batches. The read position (next entry to dispatch) is
+not persisted: a new owner starts reading from just after the mark-delete position and
+skips what was acknowledged individually, so a restarted consumer resumes exactly after
+its acknowledgements.
+
+Persistence is through a ``CursorStore`` (see cursor_store.py). Changes are flushed on
+an interval (``flush_interval_s``) and on close, so acknowledgements made within one
+interval before a broker crash may be redelivered (documented and bounded); a clean
+unload or shutdown loses none.
+
+Batch acknowledgements follow Pulsar's convention: an ``ack_set`` is the bitset of the
+batch's messages still *unacknowledged*; acknowledging with one ANDs it in, and the
+entry counts as acknowledged once no bit is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from broker.position import Position
+from ledger.errors import MagnetarError
+from subscriptions.ack_set import AckSet
+
+log = logging.getLogger(__name__)
+
+
+class PositionSource(Protocol):
+    """What a cursor needs of its managed ledger."""
+
+    last_confirmed: Position
+
+    def next_position(self, position: Position) -> Position: ...
+
+    def normalize(self, position: Position) -> Position: ...
+
+    @property
+    def first_position(self) -> Position: ...
+
+    def number_of_entries(self) -> int: ...
+
+
+@dataclass
+class CursorState:
+    mark_delete: Position
+    acked: AckSet = field(default_factory=AckSet)
+    # position -> (batch size, bitset of unacknowledged indexes)
+    batches: dict[Position, tuple[int, int]] = field(default_factory=dict)
+    properties: dict[str, int] = field(default_factory=dict)
+
+
+class CursorStore(Protocol):
+    async def load(self) -> CursorState | None: ...
+
+    async def save(self, state: CursorState) -> None: ...
+
+    async def delete(self) -> None: ...
+
+
+def ack_set_words_to_int(words: list[int]) -> int:
+    value = 0
+    for index, word in enumerate(words):
+        value |= (word & 0xFFFFFFFFFFFFFFFF) << (64 * index)
+    return value
+
+
+def int_to_ack_set_words(value: int, batch_size: int) -> list[int]:
+    words = []
+    for index in range((batch_size + 63) // 64):
+        word = (value >> (64 * index)) & 0xFFFFFFFFFFFFFFFF
+        words.append(word - (1 << 64) if word >= 1 << 63 else word)  # int64 on the wire
+    return words
+
+
+class ManagedCursor:
+    def __init__(self, name: str, ledger: PositionSource, state: CursorState, store: CursorStore | None,
+                 *, flush_interval_s: float = 1.0, durable: bool = True) -> None:
+        self.name = name
+        self._ledger = ledger
+        self._state = state
+        self._store = store
+        self.durable = durable and store is not None
+        self._flush_interval_s = flush_interval_s
+        self._dirty = False
+        self._flush_task: asyncio.Task[None] | None = None
+        self._flush_lock = asyncio.Lock()
+        self.read_position = ledger.next_position(state.mark_delete)
+        self.on_change: Callable[[], None] | None = None
+        self.flush_errors = 0
+
+    # --- state -------------------------------------------------------------------------
+
+    @property
+    def mark_delete_position(self) -> Position:
+        return self._state.mark_delete
+
+    @property
+    def individually_acked_count(self) -> int:
+        return len(self._state.acked)
+
+    def is_acked(self, position: Position) -> bool:
+        if position <= self._state.mark_delete:
+            return True
+        return self._state.acked.contains(position.ledger_id, position.entry_id)
+
+    def unacked_batch_bits(self, position: Position) -> tuple[int, int] | None:
+        """For a partly acknowledged batch: (batch size, bits still unacknowledged)."""
+        return self._state.batches.get(position)
+
+    # --- acknowledgements ----------------------------------------------------------------
+
+    def ack(self, position: Position, ack_set: list[int] | None = None, batch_size: int = 0) -> bool:
+        """Individual acknowledgement (of a whole entry, or of batch indexes when
+        ``ack_set`` is given). Returns True if something changed."""
+        if position <= self._state.mark_delete or position > self._ledger.last_confirmed:
+            return False
+        if self._ledger.normalize(position) != position:
+            return False  # not an entry of this topic (past its ledger's end, or deleted)
+        if ack_set:
+            remaining = ack_set_words_to_int(ack_set)
+            size = max(batch_size, len(ack_set) * 64)
+            previous = self._state.batches.get(position)
+            if previous is not None:
+                remaining &= previous[1]
+                size = previous[0]
+            if remaining:
+                if previous is None or previous[1] != remaining:
+                    self._state.batches[position] = (size, remaining)
+                    self._mark_dirty()
+                    return True
+                return False
+            self._state.batches.pop(position, None)
+        elif self._state.acked.contains(position.ledger_id, position.entry_id):
+            return False
+        self._state.batches.pop(position, None)
+        self._state.acked.add(position.ledger_id, position.entry_id)
+        self._advance_mark_delete()
+        self._mark_dirty()
+        return True
+
+    def ack_cumulative(self, position: Position, ack_set: list[int] | None = None) -> bool:
+        """Everything up to ``position`` is acknowledged (with ``ack_set``: everything
+        before it, and the batch at it up to the bits left set)."""
+        position = min(position, self._ledger.last_confirmed)
+        if ack_set:
+            remaining = ack_set_words_to_int(ack_set)
+            if remaining:
+                self._state.batches[position] = (len(ack_set) * 64, remaining)
+                target = self._previous(position)
+            else:
+                target = position
+        else:
+            target = position
+        if target <= self._state.mark_delete:
+            return False
+        self._set_mark_delete(target)
+        self._advance_mark_delete()
+        self._mark_dirty()
+        return True
+
+    def _previous(self, position: Position) -> Position:
+        if position.entry_id > 0:
+            return Position(position.ledger_id, position.entry_id - 1)
+        return Position(position.ledger_id, -1)
+
+    def _set_mark_delete(self, position: Position) -> None:
+        assert position >= self._state.mark_delete, (position, self._state.mark_delete)
+        self._state.mark_delete = position
+        self._state.acked.discard_up_to(position.ledger_id, position.entry_id)
+        for batch_position in [p for p in self._state.batches if p <= position]:
+            del self._state.batches[batch_position]
+        if self.read_position <= position:
+            self.read_position = self._ledger.next_position(position)
+
+    def _advance_mark_delete(self) -> None:
+        """Moves the mark-delete position over contiguously acknowledged entries."""
+        acked = self._state.acked
+        mark = self._state.mark_delete
+        last = self._ledger.last_confirmed
+        while True:
+            following = self._ledger.next_position(mark)
+            if following > last or not acked.contains(following.ledger_id, following.entry_id):
+                break
+            end = acked.first_unset(following.ledger_id, following.entry_id) - 1
+            if following.ledger_id == last.ledger_id:
+                end = min(end, last.entry_id)
+            mark = Position(following.ledger_id, end)
+            # If ``end`` is past the ledger's last entry, next_position moves to the next
+            # ledger on the next round; an entry beyond a ledger's end is never marked.
+        if mark != self._state.mark_delete:
+            self._set_mark_delete(mark)
+
+    # --- moving the read position -----------------------------------------------------------
+
+    def rewind(self) -> None:
+        """Reads again from the first entry after the mark-delete position."""
+        self.read_position = self._ledger.next_position(self._state.mark_delete)
+
+    def seek_read(self, position: Position) -> None:
+        self.read_position = self._ledger.normalize(position)
+
+    def reset(self, position: Position) -> None:
+        """Pulsar's reset-cursor: ``position`` is the next to deliver; everything
+        before it counts as acknowledged, nothing after it does."""
+        position = self._ledger.normalize(position)
+        self._state.acked = AckSet()
+        self._state.batches.clear()
+        self._state.mark_delete = self._previous(position)
+        self.read_position = position
+        self._mark_dirty()
+
+    def skip_next_read(self, next_position: Position) -> None:
+        self.read_position = next_position
+
+    # --- backlog --------------------------------------------------------------------------------
+
+    def backlog_entries(self, entries_between: Callable[[Position, Position], int]) -> int:
+        """Unacknowledged entries: those after mark-delete minus those acked singly."""
+        last = self._ledger.last_confirmed
+        if last <= self._state.mark_delete:
+            return 0
+        total = entries_between(self._state.mark_delete, last)
+        return max(0, total - len(self._state.acked))
+
+    # --- persistence ------------------------------------------------------------------------------
+
+    def _mark_dirty(self) -> None:
+        self._dirty = True
+        if self.on_change is not None:
+            self.on_change()
+        if self.durable and self._flush_task is None:
+            self._flush_task = asyncio.get_running_loop().create_task(self._flush_later())
+
+    async def _flush_later(self) -> None:
+        try:
+            await asyncio.sleep(self._flush_interval_s)
+            await self.flush()
+        finally:
+            self._flush_task = None
+            if self._dirty and self.durable:
+                self._flush_task = asyncio.get_running_loop().create_task(self._flush_later())
+
+    async def flush(self) -> None:
+        if not self.durable or self._store is None:
+            return
+        async with self._flush_lock:
+            if not self._dirty:
+                return
+            self._dirty = False
+            try:
+                await self._store.save(self._state)
+            except MagnetarError as error:
+                self._dirty = True
+                self.flush_errors += 1
+                log.warning("cursor flush failed: cursor=%s error=%s", self.name, error)
+
+    async def close(self) -> None:
+        task, self._flush_task = self._flush_task, None
+        if task is not None:
+            task.cancel()
+        await self.flush()
+
+    async def delete(self) -> None:
+        task, self._flush_task = self._flush_task, None
+        if task is not None:
+            task.cancel()
+        self.durable = False
+        if self._store is not None:
+            await self._store.delete()

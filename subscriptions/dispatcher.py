@@ -1,0 +1,232 @@
+"""Dispatchers move entries from a subscription's cursor to its consumers.
+
+Theory of operation (shared by every mode): one task per subscription waits until a
+consumer can take messages (permits left, connection writable) and reads entries from
+the cursor's read position (the entry cache, else the bookies), skipping those already
+acknowledged, and sends them as MESSAGE frames. When caught up it waits for the managed
+ledger to confirm new entries. Entries to send again (redeliveries) are served before
+new ones. Flow control is Pulsar's: a consumer's permits count messages, a batch entry
+takes as many as it holds, and nothing is sent to a consumer without permits.
+
+``SingleActiveDispatcher`` serves exclusive and failover subscriptions: all messages go
+to one active consumer (failover: the first by priority level, then name; for a
+partition, the one its index picks, so partitions spread over consumers), others stand
+by and are told so with ACTIVE_CONSUMER_CHANGE. When the active consumer changes, the
+cursor rewinds to the first unacknowledged entry, so the new one starts there.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from broker import commands
+from broker.batch import message_count
+from broker.codec import stored_metadata
+from broker.position import Position
+from ledger.errors import MagnetarError
+from subscriptions.cursor import int_to_ack_set_words
+
+if TYPE_CHECKING:
+    from broker.consumer import Consumer
+    from broker.managed_ledger import ManagedEntry
+    from subscriptions.subscription import Subscription
+
+log = logging.getLogger(__name__)
+
+
+class Dispatcher(abc.ABC):
+    def __init__(self, subscription: "Subscription", entries_max: int, bytes_max: int) -> None:
+        self.subscription = subscription
+        self.consumers: list["Consumer"] = []
+        self._entries_max = entries_max
+        self._bytes_max = bytes_max
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._waiting_for_entries = False
+        self.messages_dispatched = 0
+
+    # --- events ---------------------------------------------------------------------------
+
+    def wake(self) -> None:
+        self._wakeup.set()
+        if self._task is None and not self._closed:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def add_consumer(self, consumer: "Consumer") -> None:
+        self.consumers.append(consumer)
+        self.wake()
+
+    def remove_consumer(self, consumer: "Consumer") -> None:
+        if consumer in self.consumers:
+            self.consumers.remove(consumer)
+        self.wake()
+
+    def on_flow(self, consumer: "Consumer") -> None:
+        self.wake()
+
+    @abc.abstractmethod
+    def redeliver(self, consumer: "Consumer", positions: list[Position] | None) -> None:
+        """Sends the given unacknowledged entries again (None: all of the consumer's)."""
+
+    async def close(self) -> None:
+        self._closed = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+
+    # --- the loop ----------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        try:
+            while not self._closed:
+                await self._wakeup.wait()
+                self._wakeup.clear()
+                try:
+                    await self._dispatch_round()
+                except MagnetarError as error:
+                    log.warning("dispatch failed, retrying: subscription=%s error=%s",
+                                self.subscription.full_name, error)
+                    await asyncio.sleep(0.5)
+                    self._wakeup.set()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("dispatcher crashed: subscription=%s", self.subscription.full_name)
+            raise
+        finally:
+            self._task = None
+
+    @abc.abstractmethod
+    async def _dispatch_round(self) -> None:
+        """Sends what the consumers can take now; returns when nothing more can go."""
+
+    def _wait_for_entries(self) -> None:
+        if self._waiting_for_entries:
+            return
+        self._waiting_for_entries = True
+        waiter = self.subscription.ledger.wait_for_entries()
+
+        def on_entries(_future: asyncio.Future[None]) -> None:
+            self._waiting_for_entries = False
+            self.wake()
+
+        waiter.add_done_callback(on_entries)
+
+    def _prepare(self, entry: "ManagedEntry") -> tuple[int, list[int] | None] | None:
+        """(message count, ack_set to send) for an entry still to deliver; None if it
+        is acknowledged already."""
+        cursor = self.subscription.cursor
+        if cursor.is_acked(entry.position):
+            return None
+        try:
+            count = message_count(stored_metadata(entry.data))
+        except MagnetarError as error:
+            log.error("unreadable stored entry skipped: subscription=%s position=%s error=%s",
+                      self.subscription.full_name, entry.position, error)
+            return None
+        partial = cursor.unacked_batch_bits(entry.position)
+        if partial is None:
+            return count, None
+        size, bits = partial
+        return count, int_to_ack_set_words(bits, max(size, count))
+
+    def _check_end_of_topic(self) -> None:
+        subscription = self.subscription
+        ledger = subscription.ledger
+        if ledger.terminated and subscription.cursor.read_position > ledger.last_confirmed:
+            for consumer in self.consumers:
+                if not consumer.reached_end_sent:
+                    consumer.reached_end_sent = True
+                    consumer.connection.write_command(commands.reached_end_of_topic(consumer.consumer_id))
+
+
+class SingleActiveDispatcher(Dispatcher):
+    def __init__(self, subscription: "Subscription", entries_max: int, bytes_max: int, *, failover: bool) -> None:
+        super().__init__(subscription, entries_max, bytes_max)
+        self.failover = failover
+        self.active: "Consumer | None" = None
+
+    def _choose_active(self) -> "Consumer | None":
+        if not self.consumers:
+            return None
+        ordered = sorted(self.consumers, key=lambda c: (c.priority_level, c.name, c.consumer_id))
+        if self.failover and self.subscription.partition_index >= 0:
+            top_priority = ordered[0].priority_level
+            candidates = [c for c in ordered if c.priority_level == top_priority]
+            return candidates[self.subscription.partition_index % len(candidates)]
+        return ordered[0]
+
+    def _update_active(self) -> None:
+        chosen = self._choose_active()
+        if chosen is self.active:
+            return
+        previous, self.active = self.active, chosen
+        # The new active consumer starts from the first unacknowledged entry.
+        self.subscription.cursor.rewind()
+        if self.failover:
+            for consumer in self.consumers:
+                consumer.connection.write_command(
+                    commands.active_consumer_change(consumer.consumer_id, is_active=consumer is chosen))
+        log.info("active consumer changed: subscription=%s from=%s to=%s", self.subscription.full_name,
+                 previous.name if previous else None, chosen.name if chosen else None)
+
+    def add_consumer(self, consumer: "Consumer") -> None:
+        self.consumers.append(consumer)
+        if self.failover and self.active is not None:
+            consumer.connection.write_command(
+                commands.active_consumer_change(consumer.consumer_id, is_active=False))
+        self._update_active()
+        self.wake()
+
+    def remove_consumer(self, consumer: "Consumer") -> None:
+        if consumer in self.consumers:
+            self.consumers.remove(consumer)
+        if consumer is self.active:
+            self.active = None
+        self._update_active()
+        self.wake()
+
+    def redeliver(self, consumer: "Consumer", positions: list[Position] | None) -> None:
+        """Exclusive and failover redeliver by rewinding to the first unacknowledged
+        entry (what Pulsar does); the counts of what was in flight go up."""
+        if consumer is not self.active:
+            return
+        cursor = self.subscription.cursor
+        start = self.subscription.ledger.next_position(cursor.mark_delete_position)
+        self.subscription.count_redelivery_range(start, cursor.read_position)
+        cursor.rewind()
+        self.wake()
+
+    async def _dispatch_round(self) -> None:
+        subscription = self.subscription
+        cursor = subscription.cursor
+        ledger = subscription.ledger
+        while not self._closed:
+            consumer = self.active
+            if consumer is None or consumer.permits <= 0 or not consumer.writable:
+                return
+            start = cursor.read_position
+            entries = await ledger.read(start, min(consumer.permits, self._entries_max), self._bytes_max)
+            if consumer is not self.active or cursor.read_position != start:
+                continue  # the consumer changed or the cursor moved while reading
+            if not entries:
+                self._check_end_of_topic()
+                self._wait_for_entries()
+                return
+            for entry in entries:
+                prepared = self._prepare(entry)
+                if prepared is None:
+                    continue
+                count, ack_set = prepared
+                consumer.send(entry, count, redelivery_count=subscription.redelivery_count(entry.position),
+                              ack_set=ack_set)
+                self.messages_dispatched += count
+            cursor.skip_next_read(ledger.next_position(entries[-1].position))
