@@ -108,6 +108,12 @@ class BookieProcess:
                 ("grpc.max_receive_message_length", config.grpc_message_bytes_max),
                 ("grpc.max_send_message_length", config.grpc_message_bytes_max),
                 ("grpc.so_reuseport", 0),
+                # Clients ping every 10 s to notice dead bookies; without these the
+                # server answers such pings on an idle stream with GOAWAY "too many
+                # pings", breaking every add stream of a writer at once.
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+                ("grpc.http2.max_ping_strikes", 0),
             ],
             maximum_concurrent_rpcs=config.concurrent_rpcs_max,
         )

@@ -27,6 +27,11 @@ NOT_PARTITIONED = 0
 NO_PARTITION_INDEX = -1
 
 
+def u64(value: int) -> int:
+    """Pulsar's ids are Java longs sent as uint64: -1 (no entry yet) travels as 2**64 - 1."""
+    return value & 0xFFFFFFFFFFFFFFFF
+
+
 def negotiated_protocol_version(client_protocol_version: int) -> int:
     return max(0, min(client_protocol_version, PROTOCOL_VERSION_MAX))
 
@@ -143,13 +148,13 @@ def ack_response(consumer_id: int, request_id: int) -> pb.BaseCommand:
 def get_last_message_id_response(request_id: int, ledger_id: int, entry_id: int, *,
                                  partition: int = NO_PARTITION_INDEX,
                                  mark_delete: tuple[int, int] | None = None) -> pb.BaseCommand:
-    last = pb.MessageIdData(ledgerId=ledger_id, entryId=entry_id)
+    last = pb.MessageIdData(ledgerId=u64(ledger_id), entryId=u64(entry_id))
     if partition != NO_PARTITION_INDEX:
         last.partition = partition
     body = pb.CommandGetLastMessageIdResponse(request_id=request_id, last_message_id=last)
     if mark_delete is not None:
         body.consumer_mark_delete_position.CopyFrom(
-            pb.MessageIdData(ledgerId=mark_delete[0], entryId=mark_delete[1]))
+            pb.MessageIdData(ledgerId=u64(mark_delete[0]), entryId=u64(mark_delete[1])))
     return wrap(body)
 
 

@@ -529,15 +529,17 @@ class ServerConnection(asyncio.Protocol):
             self._write_error(request.request_id, error)
             return
         subscription = attached.subscription
-        # As Pulsar does: move the cursor, then disconnect the subscription's consumers
-        # so that every client drops what it had queued and reconnects from the new place.
-        subscription.reset_cursor(target)
-        self.write_command(commands.success(request.request_id))
+        # As Pulsar does: disconnect the subscription's consumers (each client drops what
+        # it had queued and subscribes again), move the cursor, and only then answer.
+        # The order matters to the official clients: a seek answered while the consumer
+        # is still connected makes the C++ client skip the sought message itself.
         for consumer in list(subscription.consumers):
             consumer.connection.write_command(commands.close_consumer(consumer.consumer_id))
             consumer.connection.forget_consumer(consumer)
             consumer.closed = True
             subscription.remove_consumer(consumer)
+        subscription.reset_cursor(target)
+        self.write_command(commands.success(request.request_id))
         log.info("subscription seek: topic=%s subscription=%s position=%s", attached.topic.full_name,
                  subscription.name, target)
 
@@ -579,13 +581,27 @@ _SCHEMA_VERSION_ZERO = bytes(8)
 
 
 def _request_id_of(command: pb.BaseCommand) -> int | None:
-    """The request id of an unsupported command, if it has one (to answer with ERROR)."""
+    """The request id of a command this broker does not serve, to answer it with ERROR.
+    Bodies our .proto models are read directly; others (transactions, topic-list
+    watchers...) arrive as unknown fields, and in every such Pulsar command the request
+    id is field 1 of the body, a varint."""
     for field, value in command.ListFields():
-        if field.name == "type":
-            continue
-        if hasattr(value, "request_id"):
-            try:
-                return int(value.request_id)
-            except (TypeError, ValueError):
-                return None
+        if field.name != "type" and hasattr(value, "request_id"):
+            return int(value.request_id)
+    from google.protobuf.unknown_fields import UnknownFieldSet
+
+    for unknown in UnknownFieldSet(command):
+        if unknown.wire_type == 2 and isinstance(unknown.data, bytes):  # a length-delimited body
+            return _varint_field_1(unknown.data)
+    return None
+
+
+def _varint_field_1(body: bytes) -> int | None:
+    if len(body) < 2 or body[0] != 0x08:  # field 1, wire type varint
+        return None
+    value = 0
+    for index, byte in enumerate(body[1:11]):
+        value |= (byte & 0x7F) << (7 * index)
+        if not byte & 0x80:
+            return value
     return None

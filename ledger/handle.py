@@ -46,6 +46,12 @@ from ledger.reader import LedgerEntry, LedgerReader
 
 log = logging.getLogger(__name__)
 
+# When no replacement bookie exists, a failed but still registered bookie is retried
+# this many times (pauses of 50 ms growing to 1 s: about 15 s in all) before the
+# handle fails; long enough for a stream to reconnect, short enough that a bookie
+# that is really gone fails the writer (which then rolls to a new ledger).
+_SAME_BOOKIE_ATTEMPTS_MAX = 30
+
 
 class _HandleState(enum.Enum):
     OPEN = "open"
@@ -82,6 +88,7 @@ class WriteHandle:
         self._failed_bookies: set[str] = set()
         self._change_task: asyncio.Task[None] | None = None
         self._change_start: int | None = None
+        self._same_bookie_attempts = 0
         self._room = asyncio.Event()
         self._room.set()
         self._idle = asyncio.Event()
@@ -175,6 +182,7 @@ class WriteHandle:
             return  # a further failure of a bookie already being replaced
         if error is None:
             self._tracker.ack(entry_id, index)
+            self._same_bookie_attempts = 0
             self._complete()
             return
         if isinstance(error, LedgerFenced):
@@ -231,11 +239,13 @@ class WriteHandle:
                 self._failed_indices = set()
                 start = self._tracker.last_add_confirmed + 1
                 self._change_start = start
-                new_ensemble = list(self._ensemble)
-                registry = self._context.registry
-                for index in indices:
-                    new_ensemble[index] = choose_replacement(registry.writable(), new_ensemble, self._context.rng,
-                                                             exclude=self._failed_bookies)
+                new_ensemble = await self._replacements(indices)
+                if new_ensemble == self._ensemble:
+                    # No other bookie to take over: the failed ones are still registered
+                    # and writable, so the failure was transient (a broken stream). Send
+                    # the pending entries to them again; no metadata change is needed.
+                    self._retry_same_bookies(indices)
+                    continue
                 await self._record_ensemble(start, tuple(new_ensemble))
                 replaced = {index: (self._ensemble[index], new_ensemble[index]) for index in indices}
                 self._ensemble = new_ensemble
@@ -263,6 +273,40 @@ class WriteHandle:
             self._change_start = None
             if self._state not in (_HandleState.FAILED, _HandleState.CLOSED):
                 self._complete()
+
+    async def _replacements(self, indices: list[int]) -> list[str]:
+        """The ensemble with each failed index replaced by a writable bookie not in it.
+        If none is left, a failed bookie that is still registered and writable keeps
+        its place (after a pause that grows with the attempts, up to a limit)."""
+        registry = self._context.registry
+        new_ensemble = list(self._ensemble)
+        for index in indices:
+            try:
+                new_ensemble[index] = choose_replacement(registry.writable(), new_ensemble, self._context.rng,
+                                                         exclude=self._failed_bookies)
+                continue
+            except NotEnoughBookies:
+                bookie_id = self._ensemble[index]
+                alive = registry.get(bookie_id)
+                self._same_bookie_attempts += 1
+                if alive is None or alive.read_only or self._same_bookie_attempts > _SAME_BOOKIE_ATTEMPTS_MAX:
+                    raise
+            await asyncio.sleep(min(0.05 * self._same_bookie_attempts, 1.0))
+        return new_ensemble
+
+    def _retry_same_bookies(self, indices: list[int]) -> None:
+        for index in indices:
+            self._failed_bookies.discard(self._ensemble[index])
+        held_ids = {pending.entry_id for pending in self._held}
+        for entry_id in self._tracker.pending_ids():
+            members = self._tracker.write_set(entry_id)
+            resend = [index for index in indices if index in members and
+                      index not in self._tracker.acked_by(entry_id)]
+            pending = self._pending.get(entry_id)
+            if pending is not None and resend and entry_id not in held_ids:
+                self._send(pending, resend)
+        log.info("retrying the same bookies (no replacement available): ledger_id=%d bookies=%s attempt=%d",
+                 self.ledger_id, [self._ensemble[i] for i in indices], self._same_bookie_attempts)
 
     async def _record_ensemble(self, start: int, ensemble: tuple[str, ...]) -> None:
         context = self._context

@@ -1,6 +1,6 @@
 """``magnetar standalone``: a whole cluster on this machine, data under one directory.
 
-It runs etcd and the bookies as child processes (real processes, as in production),
+It runs etcd, the bookies and the broker as child processes (real processes, as in production),
 waits for each to be ready, prints how to reach them, and stops them all on SIGTERM or
 Ctrl-C. If any child dies on its own the standalone stops the others and exits non-zero
 (loud failure rather than a half-working cluster). Data survives restarts: the same
@@ -10,6 +10,9 @@ Layout of the data directory:
     etcd/                      etcd's data
     bookie-<n>/journal/        bookie n's journal
     bookie-<n>/ledgers/        bookie n's ledger directory
+    *.log                      each process's log
+
+The broker keeps no data of its own (everything is in etcd and the bookies).
 """
 
 from __future__ import annotations
@@ -38,6 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--etcd-peer-port", type=int, default=2380)
     parser.add_argument("--bookie-port-base", type=int, default=3181, help="bookie n listens on base + n")
     parser.add_argument("--bookie-http-port-base", type=int, default=8001)
+    parser.add_argument("--broker-port", type=int, default=6650, help="Pulsar binary protocol")
+    parser.add_argument("--broker-http-port", type=int, default=8080, help="admin REST, lookups, /metrics")
+    parser.add_argument("--copies", type=int, default=2, choices=[1, 2, 3],
+                        help="bookies each message is stored on (E=Qw=Qa), default 2")
 
 
 class Standalone:
@@ -94,16 +101,27 @@ class Standalone:
             bookies.append((f"bookie-{n}", f"http://127.0.0.1:{http_port}/health", process))
         for name, url, process in bookies:
             await self._wait_http_ok(name, url, process)
+        copies = min(self.args.copies, self.args.bookies)
+        broker = await self._spawn("broker", [
+            sys.executable, "-m", "magnetar", "broker", "--metadata", self.metadata_url,
+            "--port", str(self.args.broker_port), "--http-port", str(self.args.broker_http_port),
+            "--ensemble-size", str(copies), "--write-quorum", str(copies), "--ack-quorum", str(copies)])
+        await self._wait_http_ok("broker", f"http://127.0.0.1:{self.args.broker_http_port}/health", broker)
+        service_url = f"pulsar://127.0.0.1:{self.args.broker_port}"
+        admin_url = f"http://127.0.0.1:{self.args.broker_http_port}"
         print(json.dumps({
             "event": "standalone ready",
             "metadata": self.metadata_url,
             "bookies": [f"127.0.0.1:{self.args.bookie_port_base + n}" for n in range(self.args.bookies)],
+            "service_url": service_url,
+            "admin_url": admin_url,
             "data_dir": self.data_dir,
         }), flush=True)
-        print(f"Magnetar standalone is up. Try:\n"
+        print(f"Magnetar standalone is up: {service_url} (Pulsar clients), {admin_url} (admin REST). Try:\n"
+              f"  magnetar produce --service-url {service_url} my-topic -m hello\n"
+              f"  magnetar consume --service-url {service_url} my-topic -s my-sub --initial-position earliest -n 1\n"
+              f"  magnetar admin --admin-url {admin_url} topics list public/default\n"
               f"  magnetar shell --metadata {self.metadata_url} listbookies\n"
-              f"  magnetar shell --metadata {self.metadata_url} simpletest --entries 10000\n"
-              f"  magnetar shell --metadata {self.metadata_url} readledger --ledger 1\n"
               f"Logs are in {self.data_dir}/*.log. Ctrl-C stops everything.", flush=True)
 
     async def watch_children(self) -> int:
@@ -120,7 +138,8 @@ class Standalone:
         return 0
 
     async def stop(self) -> None:
-        # Bookies first (they flush and checkpoint), etcd last.
+        # Broker first (it closes topics and flushes cursors), then bookies (they flush
+        # and checkpoint), etcd last: children were started in the opposite order.
         for name, process in reversed(self.children):
             if process.returncode is None:
                 process.send_signal(signal.SIGTERM)

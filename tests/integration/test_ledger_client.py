@@ -195,3 +195,30 @@ async def test_ledger_ids_come_from_an_etcd_counter(cluster, make_client):
             assert await store.get(keys.ledger(ledger_id)) is not None
     finally:
         await store.close()
+
+
+async def test_stalled_bookie_without_spare_is_retried(cluster, make_client):
+    """E=Qw=Qa=2 on exactly two bookies: one stalls (SIGSTOP) long enough for adds to
+    time out, and there is no spare to replace it. Since it is still registered, the
+    writer retries it instead of failing; once it resumes, every add completes in
+    order and the ledger reads back whole."""
+    import os
+    import signal
+
+    bookies = await cluster.start_bookies(2)
+    client = await make_client(add_timeout_s=1.0)
+    handle = await client.create_ledger(2, 2, 2)
+    for i in range(100):
+        await handle.add(b"x%d" % i)
+    stalled = bookies[0]
+    os.kill(stalled.process.pid, signal.SIGSTOP)
+    try:
+        futures = [await handle.submit(b"x%d" % i) for i in range(100, 200)]
+        await asyncio.sleep(2.5)
+    finally:
+        os.kill(stalled.process.pid, signal.SIGCONT)
+    assert await asyncio.gather(*futures) == list(range(100, 200))
+    assert handle.ensemble_changes == 0
+    await handle.close()
+    reader = await client.open_ledger(handle.ledger_id, recovery=False)
+    assert [bytes(e.payload) for e in await reader.read(0, 199)] == [b"x%d" % i for i in range(200)]

@@ -18,7 +18,8 @@ async def start_standalone(data_dir: str, ports: dict[str, int]) -> asyncio.subp
     process = await asyncio.create_subprocess_exec(
         *python_command("standalone", "--data-dir", data_dir, "--etcd-port", str(ports["etcd"]),
                         "--etcd-peer-port", str(ports["peer"]), "--bookie-port-base", str(ports["bookie"]),
-                        "--bookie-http-port-base", str(ports["http"])),
+                        "--bookie-http-port-base", str(ports["http"]), "--broker-port", str(ports["broker"]),
+                        "--broker-http-port", str(ports["broker_http"])),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True)
     assert process.stdout is not None
     async with asyncio.timeout(90):
@@ -59,7 +60,7 @@ def contiguous_free_ports(count: int) -> int:
 
 async def test_standalone_survives_restart_with_its_data(tmp_path):
     ports = {"etcd": free_port(), "peer": free_port(), "bookie": contiguous_free_ports(3),
-             "http": contiguous_free_ports(3)}
+             "http": contiguous_free_ports(3), "broker": free_port(), "broker_http": free_port()}
     data_dir = str(tmp_path / "standalone")
     metadata = f"etcd://127.0.0.1:{ports['etcd']}"
     process = await start_standalone(data_dir, ports)
@@ -83,5 +84,62 @@ async def test_standalone_survives_restart_with_its_data(tmp_path):
         report = json.loads(stdout.splitlines()[-1])
         assert code == 0, report
         assert report["entries"] == 5000 and report["digest_errors"] == 0 and report["pattern_errors"] == 0
+    finally:
+        assert await stop_standalone(process) == 0
+
+
+async def test_message_ids_and_acks_survive_a_standalone_restart(tmp_path):
+    """Through ``magnetar standalone`` with the official client: message ids read after
+    a restart of the whole standalone (etcd, bookies, broker) are the ones the send
+    receipts gave, and a durable subscription resumes after its last acknowledgement
+    (acknowledgements were flushed by the clean shutdown)."""
+    import pulsar
+
+    ports = {"etcd": free_port(), "peer": free_port(), "bookie": contiguous_free_ports(3),
+             "http": contiguous_free_ports(3), "broker": free_port(), "broker_http": free_port()}
+    data_dir = str(tmp_path / "standalone")
+    service_url = f"pulsar://127.0.0.1:{ports['broker']}"
+    topic = "persistent://public/default/restart-ids"
+    process = await start_standalone(data_dir, ports)
+    try:
+        def first_half():
+            client = pulsar.Client(service_url, operation_timeout_seconds=30)
+            try:
+                consumer = client.subscribe(topic, "keeper", initial_position=pulsar.InitialPosition.Earliest)
+                producer = client.create_producer(topic, batching_enabled=False)
+                ids = [producer.send(f"m{i}".encode()) for i in range(2000)]
+                for i in range(1200):
+                    message = consumer.receive(timeout_millis=10_000)
+                    assert message.data() == f"m{i}".encode()
+                    consumer.acknowledge(message)
+                consumer.close()
+                return [(m.ledger_id(), m.entry_id()) for m in ids]
+            finally:
+                client.close()
+
+        sent = await asyncio.to_thread(first_half)
+    finally:
+        assert await stop_standalone(process) == 0
+
+    process = await start_standalone(data_dir, ports)
+    try:
+        def second_half():
+            client = pulsar.Client(service_url, operation_timeout_seconds=30)
+            try:
+                reader = client.create_reader(topic, pulsar.MessageId.earliest)
+                seen = []
+                for i in range(2000):
+                    message = reader.read_next(10_000)
+                    assert message.data() == f"m{i}".encode()
+                    seen.append((message.message_id().ledger_id(), message.message_id().entry_id()))
+                consumer = client.subscribe(topic, "keeper")
+                resumed = [consumer.receive(timeout_millis=10_000).data() for _ in range(800)]
+                return seen, resumed
+            finally:
+                client.close()
+
+        seen, resumed = await asyncio.to_thread(second_half)
+        assert seen == sent
+        assert resumed == [f"m{i}".encode() for i in range(1200, 2000)]
     finally:
         assert await stop_standalone(process) == 0
