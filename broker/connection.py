@@ -422,9 +422,11 @@ class ServerConnection(asyncio.Protocol):
                                 partition_index=topic.name.partition_index,
                                 metadata={kv.key: kv.value for kv in request.metadata})
             start = request.start_message_id if request.HasField("start_message_id") else None
+            broadcast = await self.service.is_broadcast(topic.name, request.subscription, consumer.metadata)
             subscription = await topic.subscribe(
                 consumer, durable=durable, initial_position=request.initialPosition,
-                start_message_id=start, rollback_duration_s=request.start_message_rollback_duration_sec)
+                start_message_id=start, rollback_duration_s=request.start_message_rollback_duration_sec,
+                broadcast=broadcast)
         except MagnetarError as error:
             log.info("subscribe refused: peer=%s topic=%s subscription=%s error=%s", self.peer, request.topic,
                      request.subscription, error)
@@ -533,11 +535,7 @@ class ServerConnection(asyncio.Protocol):
         # it had queued and subscribes again), move the cursor, and only then answer.
         # The order matters to the official clients: a seek answered while the consumer
         # is still connected makes the C++ client skip the sought message itself.
-        for consumer in list(subscription.consumers):
-            consumer.connection.write_command(commands.close_consumer(consumer.consumer_id))
-            consumer.connection.forget_consumer(consumer)
-            consumer.closed = True
-            subscription.remove_consumer(consumer)
+        subscription.disconnect_consumers()
         subscription.reset_cursor(target)
         self.write_command(commands.success(request.request_id))
         log.info("subscription seek: topic=%s subscription=%s position=%s", attached.topic.full_name,

@@ -169,6 +169,37 @@ class BrokerService:
     def loaded_topics(self) -> list[PersistentTopic]:
         return [f.result() for f in self.topics.values() if f.done() and f.exception() is None]
 
+    async def create_topic(self, name: TopicName) -> PersistentTopic:
+        """Creates a non-partitioned topic (or a partition) whatever the namespace's
+        auto-creation policy: AlreadyExists if it (or a partitioned topic of that name)
+        exists. The empty managed-ledger record is created atomically, then loaded."""
+        from broker.managed_ledger_info import ManagedLedgerInfo
+        from ledger.errors import MetadataKeyExists, PreconditionFailed
+        from metadata import keys
+
+        await self.resources.policies(name.namespace_name)
+        if await self.resources.partitions(name) > 0:
+            raise AlreadyExists(f"{name} exists as a partitioned topic")
+        if name.is_partition:
+            parent_count = await self.resources.partitions(name.partitioned_parent)
+            if parent_count > 0 and name.partition_index >= parent_count:
+                raise PreconditionFailed(f"{name.partitioned_parent} has {parent_count} partitions, "
+                                         f"so {name} cannot be created")
+        record = ManagedLedgerInfo(created_ms=int(time.time() * 1000))
+        try:
+            await self.store.create(keys.managed_ledger(name.key_path), record.encode())
+        except MetadataKeyExists:
+            raise AlreadyExists(f"topic {name} already exists") from None
+        log.info("topic created: topic=%s", name)
+        return await self.get_topic(name, create=False)
+
+    async def topic_exists(self, name: TopicName) -> bool:
+        from metadata import keys
+
+        if self.loaded_topic(name) is not None:
+            return True
+        return await self.store.get(keys.managed_ledger(name.key_path)) is not None
+
     async def unload_topic(self, name: TopicName) -> bool:
         topic = self.loaded_topic(name)
         if topic is None:
@@ -180,6 +211,16 @@ class BrokerService:
         topic = await self.get_topic(name, create=False)
         await topic.delete(force=force)
         self.topics.pop(str(name), None)
+
+    async def is_broadcast(self, name: TopicName, subscription: str, consumer_metadata: dict[str, str]) -> bool:
+        """A subscription is broadcast when its namespace's policy lists it, or when the
+        consumer asks for it with the ``magnetar.subscription.mode=broadcast`` property."""
+        from broker.topic import BROADCAST_PROPERTY
+
+        if consumer_metadata.get(BROADCAST_PROPERTY, "").lower() == "broadcast":
+            return True
+        policies = await self.resources.policies(name.namespace_name)
+        return subscription in policies.broadcast_subscriptions
 
     # --- lookups ---------------------------------------------------------------------------
 

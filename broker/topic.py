@@ -29,6 +29,7 @@ from broker.producer import Producer
 from broker.proto import pulsar_api_pb2 as pb
 from broker.topic_name import TopicName
 from ledger.errors import (
+    AlreadyExists,
     MagnetarError,
     PreconditionFailed,
     ProducerBusy,
@@ -43,6 +44,16 @@ from subscriptions.cursor_store import EtcdCursorStore
 from subscriptions.subscription import Subscription
 
 log = logging.getLogger(__name__)
+
+BROADCAST_MEMBER_SEPARATOR = "::member::"
+# A consumer asks for broadcast delivery with this metadata property (also enabled for
+# every consumer of a subscription the namespace policy lists as broadcast).
+BROADCAST_PROPERTY = "magnetar.subscription.mode"
+
+
+def broadcast_member_name(subscription: str, member: str) -> str:
+    return f"{subscription}{BROADCAST_MEMBER_SEPARATOR}{member}"
+
 
 # The clients' MessageId.earliest is (-1, -1) and MessageId.latest (INT64_MAX, INT64_MAX);
 # ledger and entry ids are uint64 on the wire.
@@ -123,9 +134,18 @@ class PersistentTopic:
     # --- subscriptions --------------------------------------------------------------------------
 
     async def subscribe(self, consumer: Consumer, *, durable: bool, initial_position: int,
-                        start_message_id: pb.MessageIdData | None, rollback_duration_s: int = 0) -> Subscription:
+                        start_message_id: pb.MessageIdData | None, rollback_duration_s: int = 0,
+                        broadcast: bool = False) -> Subscription:
+        """Attaches a consumer (creating the subscription if needed). In a broadcast
+        subscription each member — consumers with one name — gets its own durable
+        subscription ``<subscription>::member::<name>`` and so its own cursor and every
+        message; members of the same name share it in the mode they asked for."""
         self._check_open()
         name = consumer.subscription_name
+        if broadcast:
+            if not durable:
+                raise PreconditionFailed("a broadcast subscription is durable: readers cannot join it")
+            name = broadcast_member_name(name, consumer.name)
         subscription = self.subscriptions.get(name)
         if subscription is None:
             start = self._start_position(initial_position, start_message_id, durable)
@@ -190,7 +210,7 @@ class PersistentTopic:
     async def create_subscription(self, name: str, position: Position | None) -> None:
         """Admin: create a durable subscription at ``position`` (None: the end)."""
         if name in self.subscriptions:
-            raise MagnetarError(f"subscription {name} exists")
+            raise AlreadyExists(f"subscription {name} already exists on {self.full_name}")
         start = position if position is not None else self.ledger.next_position(self.ledger.last_confirmed)
         state = CursorState(mark_delete=self._before(self.ledger.normalize(start)))
         store = EtcdCursorStore(self._store, keys.cursor(self.name.key_path, name))

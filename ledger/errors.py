@@ -311,6 +311,12 @@ class NotOwner(BrokerError):
     code, retriable, http_status = 4016, True, 503
 
 
+class NotSupported(BrokerError):
+    """A feature Magnetar does not offer (e.g. topic compaction): said plainly."""
+
+    code, http_status = 4017, 501
+
+
 # --- 5000: capacity, time, availability -------------------------------------------
 
 class Overloaded(MagnetarError):

@@ -17,6 +17,7 @@ from broker.proto import pulsar_api_pb2 as pb
 from ledger.errors import ConsumerBusy, MagnetarError, NotAllowed
 from subscriptions.cursor import ManagedCursor
 from subscriptions.dispatcher import Dispatcher, SingleActiveDispatcher
+from subscriptions.dispatcher_shared import KeySharedDispatcher, SharedDispatcher
 
 if TYPE_CHECKING:
     from broker.consumer import Consumer
@@ -31,7 +32,8 @@ SUB_TYPE_NAMES = {pb.CommandSubscribe.Exclusive: "Exclusive", pb.CommandSubscrib
 class Subscription:
     def __init__(self, name: str, topic_name: str, ledger: "ManagedLedger", cursor: ManagedCursor,
                  sub_type: int, *, partition_index: int = -1, entries_max: int = 100,
-                 bytes_max: int = 4 * 1024 * 1024, redelivery_counts_max: int = 100_000) -> None:
+                 bytes_max: int = 4 * 1024 * 1024, redelivery_counts_max: int = 100_000,
+                 unacked_per_consumer_max: int = 50_000) -> None:
         self.name = name
         self.topic_name = topic_name
         self.full_name = f"{topic_name}/{name}"
@@ -43,6 +45,7 @@ class Subscription:
         self._bytes_max = bytes_max
         self._redelivery_counts: collections.OrderedDict[Position, int] = collections.OrderedDict()
         self._redelivery_counts_max = redelivery_counts_max
+        self._unacked_per_consumer_max = unacked_per_consumer_max
         self.dispatcher: Dispatcher = self._make_dispatcher(sub_type)
         self.messages_acked = 0
 
@@ -50,7 +53,11 @@ class Subscription:
         if sub_type in (pb.CommandSubscribe.Exclusive, pb.CommandSubscribe.Failover):
             return SingleActiveDispatcher(self, self._entries_max, self._bytes_max,
                                           failover=sub_type == pb.CommandSubscribe.Failover)
-        raise NotAllowed(f"subscription mode {SUB_TYPE_NAMES.get(sub_type, sub_type)} is not supported yet")
+        if sub_type == pb.CommandSubscribe.Shared:
+            return SharedDispatcher(self, self._entries_max, self._bytes_max, self._unacked_per_consumer_max)
+        if sub_type == pb.CommandSubscribe.Key_Shared:
+            return KeySharedDispatcher(self, self._entries_max, self._bytes_max, self._unacked_per_consumer_max)
+        raise NotAllowed(f"unknown subscription mode {sub_type}")
 
     @property
     def consumers(self) -> list["Consumer"]:
@@ -77,6 +84,20 @@ class Subscription:
     def remove_consumer(self, consumer: "Consumer") -> None:
         self.dispatcher.remove_consumer(consumer)
 
+    def disconnect_consumers(self) -> int:
+        """Sends CLOSE_CONSUMER to every consumer (clients subscribe again, dropping what
+        they had queued): for seeks, cursor resets and forced deletes."""
+        from broker import commands
+
+        consumers = list(self.consumers)
+        for consumer in consumers:
+            if not consumer.closed:
+                consumer.connection.write_command(commands.close_consumer(consumer.consumer_id))
+                consumer.connection.forget_consumer(consumer)
+            consumer.closed = True
+            self.remove_consumer(consumer)
+        return len(consumers)
+
     # --- acknowledgements --------------------------------------------------------------------
 
     def acknowledge(self, consumer: "Consumer", ack_type: int, message_ids: list[pb.MessageIdData]) -> None:
@@ -90,12 +111,18 @@ class Subscription:
                 if cursor.ack_cumulative(position, ack_set):
                     self.messages_acked += 1
             return
+        done: list[Position] = []
         for message_id in message_ids:
             position = Position(message_id.ledgerId, message_id.entryId)
             ack_set = list(message_id.ack_set) or None
             if cursor.ack(position, ack_set, message_id.batch_size if message_id.HasField("batch_size") else 0):
                 self.messages_acked += 1
+            if cursor.is_acked(position):
+                done.append(position)
                 self._redelivery_counts.pop(position, None)
+        on_acked = getattr(self.dispatcher, "on_acked", None)
+        if on_acked is not None and done:
+            on_acked(done)
 
     def redeliver(self, consumer: "Consumer", message_ids: list[pb.MessageIdData]) -> None:
         positions = [Position(m.ledgerId, m.entryId) for m in message_ids] or None

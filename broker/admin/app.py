@@ -12,7 +12,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from broker.service import BrokerService
-from ledger.errors import InvalidArgument, MagnetarError
+from ledger.errors import BrokerError, InvalidArgument, MagnetarError, NotFound
 from magnetar.ops_http import build_ops_app
 
 log = logging.getLogger(__name__)
@@ -25,12 +25,27 @@ def error_response(error: MagnetarError) -> web.Response:
 
 @web.middleware
 async def errors_middleware(request: web.Request, handler):
+    """Every error answers JSON. Magnetar errors carry their status; the router's own
+    answers (no such path: 404, no such method: 405) and crashes are dressed the same
+    way. Redirects (a topic served elsewhere) pass through."""
     try:
         return await handler(request)
     except MagnetarError as error:
         return error_response(error)
     except json.JSONDecodeError as error:
         return error_response(InvalidArgument(f"request body is not JSON: {error}"))
+    except web.HTTPNotFound:
+        return error_response(NotFound(f"no such path: {request.method} {request.path}"))
+    except web.HTTPException as error:
+        if error.status < 400:
+            raise
+        # 405 and the like: the router decided, there is no catalogue error behind it.
+        return web.json_response({"reason": f"{error.reason}: {request.method} {request.path}",
+                                  "code": None, "error": type(error).__name__}, status=error.status,
+                                 headers={k: v for k, v in error.headers.items() if k == "Allow"})
+    except Exception as error:
+        log.exception("admin request failed: method=%s path=%s", request.method, request.path)
+        return error_response(BrokerError(f"internal error: {type(error).__name__}: {error}"))
 
 
 def build_admin_app(service: BrokerService, registry: CollectorRegistry) -> web.Application:

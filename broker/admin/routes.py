@@ -1,23 +1,20 @@
-"""Route table of the broker's HTTP API."""
+"""Route table of the broker's HTTP API: each resource module adds its own routes.
+Order matters only where a fixed path and a pattern overlap; each module registers its
+fixed paths before its patterns."""
 
 from __future__ import annotations
 
 from aiohttp import web
 
+from broker.admin import brokers, clusters, lookup, namespaces, subscriptions, tenants, topics
 from broker.service import BrokerService
-from broker.topic_name import TopicName
 
 
 def add_routes(app: web.Application, service: BrokerService) -> None:
-    async def lookup(request: web.Request) -> web.Response:
-        name = TopicName.from_parts(request.match_info["tenant"], request.match_info["namespace"],
-                                    request.match_info["topic"])
-        owner = await service.lookup(name)
-        return web.json_response({"brokerUrl": owner.service_url, "httpUrl": owner.web_service_url,
-                                  "nativeUrl": owner.service_url, "brokerUrlTls": "", "httpUrlTls": ""})
-
-    async def brokers_health(request: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
-    app.router.add_get("/lookup/v2/topic/persistent/{tenant}/{namespace}/{topic}", lookup)
-    app.router.add_get("/admin/v2/brokers/health", brokers_health)
+    lookup.add_routes(app, service)
+    brokers.add_routes(app, service)
+    clusters.add_routes(app, service)
+    tenants.add_routes(app, service)
+    namespaces.add_routes(app, service)
+    topics.add_routes(app, service)
+    subscriptions.add_routes(app, service)

@@ -1,0 +1,78 @@
+"""Admin REST about brokers, as Pulsar's ``/admin/v2/brokers`` paths:
+
+    GET /admin/v2/brokers/health                 "ok" while this broker serves (503 once it stops)
+    GET /admin/v2/brokers/leaderBroker           {"brokerId", "serviceUrl"} of the leader
+    GET /admin/v2/brokers/configuration/runtime  {name: value} of the broker's settings, as strings
+    GET /admin/v2/brokers/{cluster}              the cluster's brokers' web addresses ("host:port")
+
+Until brokers register in etcd and elect a leader (the bundles layer), a broker knows
+only itself: it is the leader, and the only broker of its own cluster. Another
+cluster's broker list is answered empty rather than guessed.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from broker.service import BrokerService
+from ledger.errors import ServiceNotReady
+
+
+def _web_address(web_service_url: str) -> str:
+    return web_service_url.split("://", 1)[-1]
+
+
+def runtime_configuration(service: BrokerService) -> dict[str, str]:
+    """A few settings under the names Pulsar's broker.conf gives them."""
+    config = service.config
+    ledger = config.managed_ledger
+    values: dict[str, object] = {
+        "clusterName": config.cluster,
+        "brokerId": service.broker_id,
+        "bindAddress": config.host,
+        "advertisedAddress": config.advertised_address or config.host,
+        "brokerServicePort": config.port,
+        "webServicePort": config.http_port,
+        "managedLedgerDefaultEnsembleSize": ledger.ensemble_size,
+        "managedLedgerDefaultWriteQuorum": ledger.write_quorum_size,
+        "managedLedgerDefaultAckQuorum": ledger.ack_quorum_size,
+        "managedLedgerMaxEntriesPerLedger": ledger.ledger_entries_max,
+        "managedLedgerMaxSizePerLedgerMbytes": ledger.ledger_bytes_max // (1024 * 1024),
+        "managedLedgerMaxLedgerRolloverTimeMinutes": int(ledger.ledger_age_s_max // 60),
+        "managedLedgerCacheSizeMB": config.entry_cache_bytes_max // (1024 * 1024),
+        "managedLedgerCursorFlushIntervalSeconds": config.cursor_flush_interval_s,
+        "maxMessageSize": config.max_message_size,
+        "maxPendingPublishRequestsPerConnection": config.pending_sends_per_connection_max,
+        "keepAliveIntervalSeconds": config.keepalive_interval_s,
+        "dispatcherMaxReadBatchSize": config.dispatch_entries_max,
+        "dispatcherMaxReadSizeBytes": config.dispatch_bytes_max,
+        "allowAutoTopicCreation": str(config.allow_auto_topic_creation).lower(),
+        "allowAutoTopicCreationType": "non-partitioned",
+    }
+    return {name: str(value) for name, value in values.items()}
+
+
+def add_routes(app: web.Application, service: BrokerService) -> None:
+    async def health(request: web.Request) -> web.Response:
+        if service.shutting_down:
+            raise ServiceNotReady("broker is shutting down")
+        return web.Response(text="ok")
+
+    async def leader_broker(request: web.Request) -> web.Response:
+        return web.json_response({"brokerId": service.broker_id, "serviceUrl": service.config.web_service_url})
+
+    async def runtime(request: web.Request) -> web.Response:
+        return web.json_response(runtime_configuration(service))
+
+    async def cluster_brokers(request: web.Request) -> web.Response:
+        cluster = request.match_info["cluster"]
+        await service.resources.cluster(cluster)
+        if cluster != service.config.cluster:
+            return web.json_response([])
+        return web.json_response([_web_address(service.config.web_service_url)])
+
+    # The fixed paths first: {cluster} would match them too.
+    app.router.add_get("/admin/v2/brokers/health", health)
+    app.router.add_get("/admin/v2/brokers/leaderBroker", leader_broker)
+    app.router.add_get("/admin/v2/brokers/configuration/runtime", runtime)
+    app.router.add_get("/admin/v2/brokers/{cluster}", cluster_brokers)

@@ -1,0 +1,191 @@
+"""Admin REST for a topic's subscriptions, as Pulsar's paths (``{topic}`` is
+``/admin/v2/persistent/{tenant}/{namespace}/{topic}``; on a partitioned topic's name
+each operation applies to every partition, as in Pulsar):
+
+    GET    {topic}/subscriptions                                 names of the subscriptions
+    PUT    {topic}/subscription/{sub}                            create, durable; optional body a
+                                                                 message id {"ledgerId", "entryId"}
+                                                                 to start at (default: latest; -1/-1
+                                                                 is earliest); 409 if it exists
+    DELETE {topic}/subscription/{sub}[?force=true]               delete (412 while consumers are
+                                                                 attached, unless force)
+    POST   {topic}/subscription/{sub}/skip_all                   acknowledge the whole backlog
+    POST   {topic}/subscription/{sub}/skip/{count}               acknowledge the next count unacknowledged entries
+    POST   {topic}/subscription/{sub}/resetcursor/{timestamp}    move to the first message published at
+                                                                 or after timestamp (ms)
+    POST   {topic}/subscription/{sub}/resetcursor[?isExcluded=true]
+                                                                 move to a message id (body); on a
+                                                                 partitioned topic the body names the
+                                                                 partition with "partitionIndex"
+
+A cursor reset makes everything before the new position acknowledged and nothing after
+it; the subscription's consumers are then disconnected so they drop what they had
+buffered and reconnect from the new position. Skips count entries (a batch is one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiohttp import web
+
+from broker.admin import topic_access
+from broker.admin.common import flag, json_body, message_id_of, path_integer, no_content, topic_of
+from broker.admin.policy_codec import subscription_name_of
+from broker.position import Position
+from broker.service import BrokerService
+from broker.topic import PersistentTopic
+from broker.topic_name import TopicName
+from ledger.errors import AlreadyExists, InvalidArgument, NotAllowed, PreconditionFailed, SubscriptionNotFound
+from subscriptions.subscription import Subscription
+
+log = logging.getLogger(__name__)
+
+INT64_MAX = 2**63 - 1
+# A skip walks entries one by one (to step over those acknowledged individually); it
+# yields to the event loop this often so a large skip does not stall other work.
+_SKIP_STEPS_PER_YIELD = 10_000
+
+
+async def skip_entries(topic: PersistentTopic, subscription: Subscription, count: int) -> int:
+    """Acknowledges the next ``count`` unacknowledged entries after the mark-delete
+    position (all of the backlog if it is shorter); returns how many were skipped."""
+    cursor = subscription.cursor
+    ledger = topic.ledger
+    backlog = cursor.backlog_entries(topic.entries_between)
+    if count >= backlog:
+        cursor.ack_cumulative(ledger.last_confirmed)
+        return backlog
+    position = cursor.mark_delete_position
+    skipped = 0
+    steps = 0
+    while skipped < count:
+        following = ledger.next_position(position)
+        if following > ledger.last_confirmed:
+            break
+        position = following
+        if not cursor.is_acked(position):
+            skipped += 1
+        steps += 1
+        if steps % _SKIP_STEPS_PER_YIELD == 0:
+            await asyncio.sleep(0)
+    cursor.ack_cumulative(position)   # a no-op if acknowledgements overtook the walk
+    return skipped
+
+
+def reset(subscription: Subscription, position: Position) -> None:
+    # Reset, then disconnect, with no await between: nothing from before the reset is
+    # dispatched in between, and the consumers drop what they had buffered.
+    subscription.reset_cursor(position)
+    subscription.disconnect_consumers()
+
+
+def add_routes(app: web.Application, service: BrokerService) -> None:
+    def named(request: web.Request) -> tuple[TopicName, str]:
+        return topic_of(request), subscription_name_of(request.match_info["subscription"])
+
+    async def found(request: web.Request) -> list[tuple[PersistentTopic, Subscription]]:
+        """The (topic, subscription) pairs the request names; 404 if none."""
+        name, subscription = named(request)
+        topics = await topic_access.targets(service, name, request)
+        pairs = [(t, t.subscriptions[subscription]) for t in topics if subscription in t.subscriptions]
+        if not pairs:
+            raise SubscriptionNotFound(f"subscription {subscription} does not exist on {name}")
+        return pairs
+
+    async def list_subscriptions(request: web.Request) -> web.Response:
+        topics = await topic_access.targets(service, topic_of(request), request)
+        return web.json_response(sorted({name for t in topics for name in t.subscriptions}))
+
+    async def create_subscription(request: web.Request) -> web.Response:
+        name, subscription = named(request)
+        body = await json_body(request, required=False)
+        kind, position = message_id_of(body) if body is not None else ("latest", None)
+        topics = await topic_access.targets(service, name, request, create=True)
+        if kind == "position" and len(topics) > 1:
+            raise NotAllowed("a partitioned topic's subscription starts at earliest or latest, not a message id")
+        for topic in topics:
+            if subscription in topic.subscriptions:
+                raise AlreadyExists(f"subscription {subscription} already exists on {topic.full_name}")
+        for topic in topics:
+            start = topic.ledger.first_position if kind == "earliest" else position
+            await topic.create_subscription(subscription, start)
+        log.info("subscription created by admin: topic=%s subscription=%s start=%s", name, subscription,
+                 position if position is not None else kind)
+        return no_content()
+
+    async def delete_subscription(request: web.Request) -> web.Response:
+        force = flag(request, "force")
+        pairs = await found(request)
+        if not force:
+            for topic, subscription in pairs:
+                if subscription.consumers:
+                    raise PreconditionFailed(f"subscription {subscription.name} on {topic.full_name} has "
+                                             f"{len(subscription.consumers)} consumers attached")
+        for topic, subscription in pairs:
+            disconnected = subscription.disconnect_consumers() if force else 0
+            await topic.unsubscribe(subscription.name, None)
+            log.info("subscription deleted by admin: topic=%s subscription=%s consumers_disconnected=%d",
+                     topic.full_name, subscription.name, disconnected)
+        return no_content()
+
+    async def skip_all(request: web.Request) -> web.Response:
+        for topic, subscription in await found(request):
+            skipped = await skip_entries(topic, subscription, INT64_MAX)
+            log.info("subscription backlog cleared: topic=%s subscription=%s entries=%d", topic.full_name,
+                     subscription.name, skipped)
+        return no_content()
+
+    async def skip(request: web.Request) -> web.Response:
+        count = path_integer(request, "count", minimum=0, maximum=INT64_MAX)
+        for topic, subscription in await found(request):
+            skipped = await skip_entries(topic, subscription, count)
+            log.info("subscription entries skipped: topic=%s subscription=%s entries=%d", topic.full_name,
+                     subscription.name, skipped)
+        return no_content()
+
+    async def reset_by_time(request: web.Request) -> web.Response:
+        timestamp_ms = path_integer(request, "timestamp", minimum=0, maximum=INT64_MAX)
+        for topic, subscription in await found(request):
+            position = await topic.find_position_by_time(timestamp_ms)
+            reset(subscription, position)
+            log.info("subscription reset by time: topic=%s subscription=%s timestamp_ms=%d position=%s",
+                     topic.full_name, subscription.name, timestamp_ms, position)
+        return no_content()
+
+    async def reset_by_message_id(request: web.Request) -> web.Response:
+        name, subscription_name = named(request)
+        body = await json_body(request, required=True)
+        kind, position = message_id_of(body)
+        excluded = flag(request, "isExcluded")
+        count = await topic_access.partition_count(service, name)
+        if count > 0:
+            index = body.get("partitionIndex", -1) if isinstance(body, dict) else -1
+            if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count:
+                raise InvalidArgument(f"resetting {name} by message id needs a partitionIndex in [0, {count})")
+            name = name.partition(index)
+        topic = await topic_access.load(service, name, request)
+        subscription = topic_access.subscription_of(topic, subscription_name)
+        ledger = topic.ledger
+        if kind == "earliest":
+            target = ledger.first_position
+        elif kind == "latest":
+            target = ledger.next_position(ledger.last_confirmed)
+        else:
+            assert position is not None
+            target = ledger.next_position(position) if excluded else ledger.normalize(position)
+        reset(subscription, target)
+        log.info("subscription reset by message id: topic=%s subscription=%s position=%s", topic.full_name,
+                 subscription_name, target)
+        return no_content()
+
+    topic_path = "/admin/v2/persistent/{tenant}/{namespace}/{topic}"
+    subscription_path = f"{topic_path}/subscription/{{subscription}}"
+    app.router.add_get(f"{topic_path}/subscriptions", list_subscriptions)
+    app.router.add_put(subscription_path, create_subscription)
+    app.router.add_delete(subscription_path, delete_subscription)
+    app.router.add_post(f"{subscription_path}/skip_all", skip_all)
+    app.router.add_post(f"{subscription_path}/skip/{{count}}", skip)
+    app.router.add_post(f"{subscription_path}/resetcursor/{{timestamp}}", reset_by_time)
+    app.router.add_post(f"{subscription_path}/resetcursor", reset_by_message_id)

@@ -1,0 +1,200 @@
+"""Admin REST for persistent topics, as Pulsar's ``/admin/v2/persistent`` paths
+(``{ns}`` is ``{tenant}/{namespace}``; ``{topic}`` is the URL-encoded local name, with
+or without a ``-partition-N`` suffix):
+
+    GET    /admin/v2/persistent/{ns}                     non-partitioned topics and partitions
+    GET    /admin/v2/persistent/{ns}/partitioned         partitioned topics
+    PUT    /admin/v2/persistent/{ns}/{topic}             create a non-partitioned topic (409 if it exists)
+    DELETE /admin/v2/persistent/{ns}/{topic}[?force=true]
+                                                         delete it (412 while clients are attached,
+                                                         unless force, which disconnects them)
+    PUT    /admin/v2/persistent/{ns}/{topic}/partitions  body N: create a partitioned topic
+    POST   /admin/v2/persistent/{ns}/{topic}/partitions  body N: grow it to N partitions
+    GET    /admin/v2/persistent/{ns}/{topic}/partitions  {"partitions": N} (0: not partitioned)
+    DELETE /admin/v2/persistent/{ns}/{topic}/partitions[?force=true]
+                                                         delete it and its partitions
+    GET    .../{topic}/stats                             TopicStats
+    GET    .../{topic}/partitioned-stats[?perPartition=false]
+                                                         PartitionedTopicStats (summed)
+    GET    .../{topic}/internalStats                     the managed ledger and its cursors
+    GET    .../{topic}/partitioned-internalStats         each partition's internal stats
+    GET    .../{topic}/lastMessageId                     {"ledgerId", "entryId", "partitionIndex"[, "batchIndex"]}
+    PUT    .../{topic}/unload                            close it here; clients reconnect
+    POST   .../{topic}/terminate                         no more messages; answers the last message id
+    PUT    .../{topic}/compaction, GET .../compaction    refused: Magnetar does not compact topics
+
+A request for a topic another broker serves is redirected there (307). Operations on a
+partitioned topic's name apply to its partitions where Pulsar does so.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from aiohttp import web
+
+from broker import stats
+from broker.admin import topic_access
+from broker.admin.common import flag, integer, json_body, namespace_of, no_content, topic_of
+from broker.service import BrokerService
+from ledger.errors import NotSupported, AlreadyExists, NotAllowed, PreconditionFailed, TopicNotFound
+
+log = logging.getLogger(__name__)
+
+# Partitions a partitioned topic may have. Pulsar leaves this unlimited by default
+# (maxNumPartitionsPerPartitionedTopic=0); this bound keeps partitioned-stats and
+# deletion, which visit every partition, to a size one request can handle.
+PARTITIONS_MAX = 4096
+
+
+def add_routes(app: web.Application, service: BrokerService) -> None:
+    resources = service.resources
+    meter = stats.RateMeter()
+
+    async def list_topics(request: web.Request) -> web.Response:
+        return web.json_response(await topic_access.namespace_topics(service, namespace_of(request)))
+
+    async def list_partitioned(request: web.Request) -> web.Response:
+        namespace = namespace_of(request)
+        await resources.policies(namespace)
+        return web.json_response(sorted(await resources.partitioned_topics(namespace)))
+
+    async def create_topic(request: web.Request) -> web.Response:
+        name = topic_of(request)
+        await json_body(request, required=False)   # Pulsar's optional topic properties: not kept
+        await topic_access.create_topic(service, name, request)
+        return no_content()
+
+    async def delete_topic(request: web.Request) -> web.Response:
+        name = topic_of(request)
+        if await resources.partitions(name) > 0:
+            raise PreconditionFailed(f"{name} is a partitioned topic: delete it through its /partitions path")
+        await topic_access.delete_topic(service, name, request, force=flag(request, "force"))
+        return no_content()
+
+    # --- partitioned topics ---------------------------------------------------------------
+
+    async def partitions_body(request: web.Request) -> int:
+        return integer(await json_body(request, required=True), "number of partitions",
+                       minimum=1, maximum=PARTITIONS_MAX)
+
+    async def create_partitioned(request: web.Request) -> web.Response:
+        name = topic_of(request)
+        if name.is_partition:
+            raise PreconditionFailed(f"a partitioned topic's name may not end in -partition-N: {name}")
+        count = await partitions_body(request)
+        await resources.policies(name.namespace_name)
+        if await topic_access.exists(service, name):
+            raise AlreadyExists(f"a non-partitioned topic {name} exists")
+        await resources.create_partitioned(name, count)
+        log.info("partitioned topic created: topic=%s partitions=%d", name, count)
+        return no_content()
+
+    async def update_partitioned(request: web.Request) -> web.Response:
+        name = topic_of(request)
+        count = await partitions_body(request)
+        await resources.update_partitions(name, count)
+        log.info("partitioned topic grown: topic=%s partitions=%d", name, count)
+        return no_content()
+
+    async def get_partitions(request: web.Request) -> web.Response:
+        return web.json_response({"partitions": await topic_access.partition_count(service, topic_of(request))})
+
+    async def delete_partitioned(request: web.Request) -> web.Response:
+        await topic_access.delete_partitioned(service, topic_of(request), request, force=flag(request, "force"))
+        return no_content()
+
+    # --- stats ----------------------------------------------------------------------------
+
+    async def non_partitioned(request: web.Request):
+        name = topic_of(request)
+        if await topic_access.partition_count(service, name) > 0:
+            raise TopicNotFound(f"{name} is a partitioned topic: ask for one of its partitions, or its "
+                                f"partitioned-stats")
+        return await topic_access.load(service, name, request)
+
+    async def partitions_of(request: web.Request):
+        name = topic_of(request)
+        count = await topic_access.partition_count(service, name)
+        if count == 0:
+            raise TopicNotFound(f"partitioned topic {name} does not exist")
+        return count, await topic_access.existing_partitions(service, name, count, request)
+
+    async def topic_stats(request: web.Request) -> web.Response:
+        topic = await non_partitioned(request)
+        return web.json_response(stats.topic_stats(topic, meter, time.monotonic()))
+
+    async def partitioned_stats(request: web.Request) -> web.Response:
+        per_partition = flag(request, "perPartition", default=True)
+        count, topics = await partitions_of(request)
+        now = time.monotonic()
+        by_partition = {t.full_name: stats.topic_stats(t, meter, now) for t in topics}
+        return web.json_response(stats.partitioned_stats(by_partition, count, per_partition=per_partition))
+
+    async def internal_stats(request: web.Request) -> web.Response:
+        return web.json_response(stats.internal_stats(await non_partitioned(request)))
+
+    async def partitioned_internal_stats(request: web.Request) -> web.Response:
+        count, topics = await partitions_of(request)
+        by_partition = {t.full_name: stats.internal_stats(t) for t in topics}
+        return web.json_response(stats.partitioned_internal_stats(by_partition, count))
+
+    async def last_message_id(request: web.Request) -> web.Response:
+        name = topic_of(request)
+        if await topic_access.partition_count(service, name) > 0:
+            raise NotAllowed(f"{name} is a partitioned topic: ask one of its partitions for its last message id")
+        topic = await topic_access.load(service, name, request)
+        position, batch_index = await topic.last_message_id()
+        return web.json_response(stats.message_id_json(position, name.partition_index, batch_index))
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    async def unload(request: web.Request) -> web.Response:
+        name = topic_of(request)
+        count = await topic_access.partition_count(service, name)
+        if count > 0:
+            unloaded = [await service.unload_topic(name.partition(i)) for i in range(count)]
+            log.info("partitioned topic unloaded: topic=%s partitions_unloaded=%d", name, sum(unloaded))
+            return no_content()
+        await topic_access.redirect_unless_owner(service, name, request)
+        if not await topic_access.exists(service, name):
+            raise TopicNotFound(f"topic {name} does not exist")
+        unloaded = await service.unload_topic(name)
+        log.info("topic unloaded by admin: topic=%s was_loaded=%s", name, unloaded)
+        return no_content()
+
+    async def terminate(request: web.Request) -> web.Response:
+        name = topic_of(request)
+        if await topic_access.partition_count(service, name) > 0:
+            raise NotAllowed(f"{name} is a partitioned topic: terminate its partitions one by one")
+        topic = await topic_access.load(service, name, request)
+        last = await topic.terminate()
+        log.info("topic terminated by admin: topic=%s last=%s", name, last)
+        return web.json_response(stats.message_id_json(last, name.partition_index))
+
+    async def compaction(request: web.Request) -> web.Response:
+        name = topic_of(request)
+        if await topic_access.partition_count(service, name) == 0 and not await topic_access.exists(service, name):
+            raise TopicNotFound(f"topic {name} does not exist")
+        raise NotSupported("topic compaction is not supported by Magnetar: no compacted view of a topic is kept")
+
+    base = "/admin/v2/persistent/{tenant}/{namespace}"
+    topic_path = f"{base}/{{topic}}"
+    app.router.add_get(base, list_topics)
+    app.router.add_get(f"{base}/partitioned", list_partitioned)
+    app.router.add_put(topic_path, create_topic)
+    app.router.add_delete(topic_path, delete_topic)
+    app.router.add_put(f"{topic_path}/partitions", create_partitioned)
+    app.router.add_post(f"{topic_path}/partitions", update_partitioned)
+    app.router.add_get(f"{topic_path}/partitions", get_partitions)
+    app.router.add_delete(f"{topic_path}/partitions", delete_partitioned)
+    app.router.add_get(f"{topic_path}/stats", topic_stats)
+    app.router.add_get(f"{topic_path}/partitioned-stats", partitioned_stats)
+    app.router.add_get(f"{topic_path}/internalStats", internal_stats)
+    app.router.add_get(f"{topic_path}/partitioned-internalStats", partitioned_internal_stats)
+    app.router.add_get(f"{topic_path}/lastMessageId", last_message_id)
+    app.router.add_put(f"{topic_path}/unload", unload)
+    app.router.add_post(f"{topic_path}/terminate", terminate)
+    app.router.add_put(f"{topic_path}/compaction", compaction)
+    app.router.add_get(f"{topic_path}/compaction", compaction)

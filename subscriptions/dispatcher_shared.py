@@ -1,0 +1,271 @@
+"""Dispatchers for shared and key-shared subscriptions.
+
+Shared: entries go round-robin to the consumers that have permits. Each entry sent is
+remembered as pending at its consumer until acknowledged. Entries to send again — a
+consumer closed or crashed with them, the client asked (negative acknowledgement, ack
+timeout), or a key-shared entry was held back — wait in a replay set and are sent
+before new entries, oldest first, each with its redelivery count raised. A consumer
+with ``unacked_per_consumer_max`` messages pending gets nothing more until it
+acknowledges (Pulsar's maxUnackedMessagesPerConsumer).
+
+Key-shared: each entry's key (ordering key, else partition key, of its metadata) picks
+one consumer through a hash ring (each consumer owns ``POINTS_PER_CONSUMER`` points,
+placed by hashing its name), so a key sticks to a consumer and keys spread as consumers
+come and go. Order per key survives membership changes by Pulsar's rule: a consumer
+that joined when the read position was R receives no entry at or after R until every
+entry before R is acknowledged (the mark-delete position reached R); until then such
+entries wait in the replay set. Entries a departing consumer held are replayed, oldest
+first, to the keys' new owners.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from typing import TYPE_CHECKING
+
+import crc32c
+
+from broker.codec import stored_metadata
+from broker.position import Position
+from subscriptions.dispatcher import Dispatcher
+
+if TYPE_CHECKING:
+    from broker.consumer import Consumer
+    from broker.managed_ledger import ManagedEntry
+    from subscriptions.subscription import Subscription
+
+log = logging.getLogger(__name__)
+
+# Replayed entries read per dispatch round.
+_REPLAY_BATCH = 100
+# Entries held in the replay set before the dispatcher stops reading new ones (bounds
+# memory when key-shared consumers fall behind).
+REPLAY_ENTRIES_MAX = 100_000
+POINTS_PER_CONSUMER = 100
+_HASH_RANGE = 1 << 32
+
+
+class SharedDispatcher(Dispatcher):
+    def __init__(self, subscription: "Subscription", entries_max: int, bytes_max: int,
+                 unacked_per_consumer_max: int = 50_000) -> None:
+        super().__init__(subscription, entries_max, bytes_max)
+        self._unacked_per_consumer_max = unacked_per_consumer_max
+        self.pending: dict[Position, "Consumer"] = {}
+        self._replay: list[Position] = []          # sorted
+        self._replay_set: set[Position] = set()
+        self._next_consumer = 0
+
+    # --- membership ---------------------------------------------------------------------
+
+    def remove_consumer(self, consumer: "Consumer") -> None:
+        if consumer in self.consumers:
+            self.consumers.remove(consumer)
+        held = [p for p, owner in self.pending.items() if owner is consumer]
+        for position in held:
+            del self.pending[position]
+            self._add_replay(position, count=True)
+        consumer.pending.clear()
+        consumer.unacked_messages = 0
+        if held:
+            log.info("consumer left with unacknowledged entries, replaying: subscription=%s consumer=%s entries=%d",
+                     self.subscription.full_name, consumer.name, len(held))
+        self.wake()
+
+    # --- acknowledgements and redelivery -------------------------------------------------------
+
+    def on_acked(self, positions: list[Position]) -> None:
+        woke = False
+        for position in positions:
+            consumer = self.pending.pop(position, None)
+            if consumer is not None:
+                count = consumer.pending.pop(position, 0)
+                consumer.unacked_messages -= count
+                woke = True
+            if position in self._replay_set:
+                self._drop_replay(position)
+        if woke:
+            self.wake()
+
+    def redeliver(self, consumer: "Consumer", positions: list[Position] | None) -> None:
+        if positions is None:
+            chosen = [p for p, owner in self.pending.items() if owner is consumer]
+        else:
+            chosen = [p for p in positions if self.pending.get(p) is consumer]
+        for position in chosen:
+            del self.pending[position]
+            consumer.unacked_messages -= consumer.pending.pop(position, 0)
+            self._add_replay(position, count=True)
+        if chosen:
+            self.wake()
+
+    def _add_replay(self, position: Position, *, count: bool) -> None:
+        if count:
+            self.subscription.count_redelivery(position)
+        if position not in self._replay_set:
+            self._replay_set.add(position)
+            bisect.insort(self._replay, position)
+
+    @property
+    def replay_size(self) -> int:
+        return len(self._replay)
+
+    # --- choosing consumers -----------------------------------------------------------------
+
+    def _can_take(self, consumer: "Consumer") -> bool:
+        return (consumer.permits > 0 and consumer.writable
+                and consumer.unacked_messages < self._unacked_per_consumer_max)
+
+    def _available(self) -> list["Consumer"]:
+        return [c for c in self.consumers if self._can_take(c)]
+
+    def _choose(self, entry: "ManagedEntry", available: list["Consumer"]) -> "Consumer | None":
+        """Round robin over consumers that can take messages."""
+        if not available:
+            return None
+        self._next_consumer = (self._next_consumer + 1) % len(available)
+        return available[self._next_consumer]
+
+    def _send(self, consumer: "Consumer", entry: "ManagedEntry", count: int, ack_set: list[int] | None) -> None:
+        position = entry.position
+        consumer.send(entry, count, redelivery_count=self.subscription.redelivery_count(position), ack_set=ack_set)
+        consumer.pending[position] = count
+        consumer.unacked_messages += count
+        self.pending[position] = consumer
+        self.messages_dispatched += count
+
+    # --- the round ------------------------------------------------------------------------------
+
+    async def _dispatch_round(self) -> None:
+        subscription = self.subscription
+        cursor = subscription.cursor
+        ledger = subscription.ledger
+        while not self._closed:
+            if not self._available():
+                return
+            sent = await self._dispatch_replay() if self._replay else 0
+            available = self._available()
+            if not available:
+                return
+            if len(self._replay) >= REPLAY_ENTRIES_MAX:
+                return  # too much held back: wait for acknowledgements
+            start = cursor.read_position
+            total_permits = sum(c.permits for c in available)
+            entries = await ledger.read(start, max(1, min(total_permits, self._entries_max)), self._bytes_max)
+            if cursor.read_position != start:
+                continue  # the cursor moved (reset) while reading
+            if not entries:
+                self._check_end_of_topic()
+                self._wait_for_entries()
+                return
+            for entry in entries:
+                prepared = self._prepare(entry)
+                if prepared is None or entry.position in self.pending:
+                    continue
+                consumer = self._choose(entry, self._available())
+                if consumer is None:
+                    # Nobody may take it now (key-shared: its consumer is full or must
+                    # wait for older messages): keep it, in order, for later.
+                    self._add_replay(entry.position, count=False)
+                    continue
+                count, ack_set = prepared
+                self._send(consumer, entry, count, ack_set)
+                sent += 1
+            cursor.skip_next_read(ledger.next_position(entries[-1].position))
+            if not sent and not self._available():
+                return
+
+    def _drop_replay(self, position: Position) -> None:
+        self._replay_set.discard(position)
+        index = bisect.bisect_left(self._replay, position)
+        if index < len(self._replay) and self._replay[index] == position:
+            del self._replay[index]
+
+    async def _dispatch_replay(self) -> int:
+        """Sends what it can of the replay set, oldest first; returns entries sent."""
+        ledger = self.subscription.ledger
+        sent = 0
+        for position in list(self._replay[:_REPLAY_BATCH]):
+            if not self._available():
+                break
+            if position not in self._replay_set:
+                continue
+            if self.subscription.cursor.is_acked(position):
+                self._drop_replay(position)
+                continue
+            entries = await ledger.read(position, 1, self._bytes_max)
+            if position not in self._replay_set:
+                continue
+            if not entries or entries[0].position != position:
+                self._drop_replay(position)  # trimmed away meanwhile: nothing to redeliver
+                continue
+            entry = entries[0]
+            prepared = self._prepare(entry)
+            if prepared is None:
+                self._drop_replay(position)
+                continue
+            consumer = self._choose(entry, self._available())
+            if consumer is None:
+                continue  # held back; entries of other keys may still go
+            self._drop_replay(position)
+            count, ack_set = prepared
+            self._send(consumer, entry, count, ack_set)
+            sent += 1
+        return sent
+
+
+class KeySharedDispatcher(SharedDispatcher):
+    def __init__(self, subscription: "Subscription", entries_max: int, bytes_max: int,
+                 unacked_per_consumer_max: int = 50_000) -> None:
+        super().__init__(subscription, entries_max, bytes_max, unacked_per_consumer_max)
+        self._ring_points: list[int] = []
+        self._ring_owners: list["Consumer"] = []
+        self._joined_at: dict[int, Position] = {}         # id(consumer) -> read position at join
+
+    def _rebuild_ring(self) -> None:
+        ring = sorted(
+            (crc32c.crc32c(f"{consumer.name}#{consumer.consumer_id}#{point}".encode()), order, consumer)
+            for order, consumer in enumerate(self.consumers)
+            for point in range(POINTS_PER_CONSUMER))
+        self._ring_points = [point for point, _, _ in ring]
+        self._ring_owners = [consumer for _, _, consumer in ring]
+
+    def add_consumer(self, consumer: "Consumer") -> None:
+        # Entries before the current read position may be in flight at other consumers.
+        self._joined_at[id(consumer)] = self.subscription.cursor.read_position
+        self.consumers.append(consumer)
+        self._rebuild_ring()
+        self.wake()
+
+    def remove_consumer(self, consumer: "Consumer") -> None:
+        self._joined_at.pop(id(consumer), None)
+        super().remove_consumer(consumer)   # replays what it held
+        self._rebuild_ring()
+
+    def owner_of(self, key: bytes) -> "Consumer | None":
+        if not self._ring_points:
+            return None
+        index = bisect.bisect_left(self._ring_points, crc32c.crc32c(key))
+        return self._ring_owners[index % len(self._ring_owners)]
+
+    @staticmethod
+    def key_of(entry: "ManagedEntry") -> bytes:
+        metadata = stored_metadata(entry.data)
+        if metadata.HasField("ordering_key") and metadata.ordering_key:
+            return bytes(metadata.ordering_key)
+        if metadata.HasField("partition_key"):
+            return metadata.partition_key.encode()
+        return b""
+
+    def _choose(self, entry: "ManagedEntry", available: list["Consumer"]) -> "Consumer | None":
+        owner = self.owner_of(self.key_of(entry))
+        if owner is None or owner not in available:
+            return None
+        joined_at = self._joined_at.get(id(owner))
+        if joined_at is not None:
+            mark_delete = self.subscription.cursor.mark_delete_position
+            if self.subscription.ledger.next_position(mark_delete) >= joined_at:
+                del self._joined_at[id(owner)]   # everything before its join is acknowledged
+            elif entry.position >= joined_at:
+                return None                       # would overtake older messages of its keys
+        return owner
