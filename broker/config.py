@@ -44,6 +44,8 @@ class BrokerConfig:
     # Redelivery counters kept per subscription (for dead-letter policies).
     redelivery_counts_max: int = 100_000
     lookup_timeout_s: float = 30.0
+    # How often loaded topics are checked for ledgers retention lets go.
+    retention_check_interval_s: float = 5.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535 or not 0 <= self.http_port <= 65535:
@@ -60,6 +62,8 @@ class BrokerConfig:
             raise ConfigError("dispatch_entries_max must be in [1, 10000]")
         if not 0.01 <= self.cursor_flush_interval_s <= 60:
             raise ConfigError("cursor_flush_interval_s must be in [0.01, 60]")
+        if not 0.05 <= self.retention_check_interval_s <= 3600:
+            raise ConfigError("retention_check_interval_s must be in [0.05, 3600]")
         if not 0 < self.write_buffer_low_bytes < self.write_buffer_high_bytes:
             raise ConfigError("write_buffer_low_bytes must be in (0, write_buffer_high_bytes)")
 

@@ -45,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keepalive-interval-s", type=float, default=30.0)
     parser.add_argument("--max-message-size", type=int, default=5 * 1024 * 1024)
     parser.add_argument("--no-auto-topic-creation", action="store_true")
+    parser.add_argument("--retention-check-interval-s", type=float, default=5.0)
 
 
 def config_from_args(args: argparse.Namespace) -> BrokerConfig:
@@ -60,6 +61,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         keepalive_interval_s=args.keepalive_interval_s,
         max_message_size=args.max_message_size,
         allow_auto_topic_creation=not args.no_auto_topic_creation,
+        retention_check_interval_s=args.retention_check_interval_s,
     )
 
 

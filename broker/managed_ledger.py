@@ -567,8 +567,9 @@ class ManagedLedger:
     # --- trimming (retention) ---------------------------------------------------------------
 
     async def delete_ledgers_before(self, ledger_id: int) -> list[int]:
-        """Deletes whole ledgers older than ``ledger_id`` (never the current one)."""
-        doomed = [l for l in self._ledgers if l < ledger_id and (self._handle is None or l != self._handle.ledger_id)]
+        """Deletes whole ledgers older than ``ledger_id`` (never one still open: the
+        current one, or a rolled-over one whose close is in progress)."""
+        doomed = [l for l in self._ledgers if l < ledger_id and l not in self._open_handles]
         if not doomed:
             return []
         self._info.ledgers = [i for i in self._info.ledgers if i.ledger_id not in doomed]

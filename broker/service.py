@@ -61,6 +61,7 @@ class BrokerService:
         self.owner_of: Callable[[TopicName], Awaitable[OwnerInfo]] = self._self_owner
         self.connections: set = set()
         self._rates: dict[str, tuple[float, int, int]] = {}
+        self._background: list[asyncio.Task[None]] = []
 
     async def _self_owner(self, topic: TopicName) -> OwnerInfo:
         return OwnerInfo(self.broker_id, self.config.service_url, self.config.web_service_url, True)
@@ -78,6 +79,19 @@ class BrokerService:
             await self.resources.create_namespace(NamespaceName(DEFAULT_TENANT, DEFAULT_NAMESPACE))
         except AlreadyExists:
             pass
+        self._background.append(asyncio.get_running_loop().create_task(self._run_retention()))
+
+    async def _run_retention(self) -> None:
+        """Trims consumed ledgers of every loaded topic, per its namespace's policy."""
+        while not self.shutting_down:
+            await asyncio.sleep(self.config.retention_check_interval_s)
+            for topic in self.loaded_topics():
+                try:
+                    policies = await self.resources.policies(topic.name.namespace_name)
+                    retention = policies.retention()
+                    await topic.trim_ledgers(retention.retentionTimeInMinutes, retention.retentionSizeInMB)
+                except MagnetarError as error:
+                    log.warning("retention check failed: topic=%s error=%s", topic.full_name, error)
 
     # --- topics ---------------------------------------------------------------------------
 
@@ -145,7 +159,7 @@ class BrokerService:
         ledger = ManagedLedger(name, self.store, self.ledger_client, self.cache,
                                await self._ledger_config(namespace, policies))
         await ledger.open(create_if_missing=may_create)
-        topic = PersistentTopic(name, ledger, self.store, self.config)
+        topic = PersistentTopic(name, ledger, self.store, self.config, self.ledger_client)
         topic.on_closed = self._on_topic_closed
         try:
             await topic.load_subscriptions()
@@ -252,6 +266,8 @@ class BrokerService:
 
     async def close(self) -> None:
         self.shutting_down = True
+        for task in self._background:
+            task.cancel()
         topics = self.loaded_topics()
         await asyncio.gather(*(t.close(disconnect_clients=True) for t in topics), return_exceptions=True)
         self.topics.clear()

@@ -28,6 +28,7 @@ from broker.position import Position
 from broker.producer import Producer
 from broker.proto import pulsar_api_pb2 as pb
 from broker.topic_name import TopicName
+from ledger.client import LedgerClient
 from ledger.errors import (
     AlreadyExists,
     MagnetarError,
@@ -40,7 +41,7 @@ from ledger.errors import (
 from metadata import keys
 from metadata.store import MetadataStore
 from subscriptions.cursor import CursorState, ManagedCursor
-from subscriptions.cursor_store import EtcdCursorStore
+from subscriptions.cursor_store import LedgerCursorStore
 from subscriptions.subscription import Subscription
 
 log = logging.getLogger(__name__)
@@ -64,14 +65,17 @@ _TIME_SEARCH_READS_MAX = 200
 
 
 class PersistentTopic:
-    def __init__(self, name: TopicName, ledger: ManagedLedger, store: MetadataStore, config: BrokerConfig) -> None:
+    def __init__(self, name: TopicName, ledger: ManagedLedger, store: MetadataStore, config: BrokerConfig,
+                 ledger_client: LedgerClient) -> None:
         self.name = name
         self.full_name = str(name)
         self.ledger = ledger
         self._store = store
+        self._ledger_client = ledger_client
         self.config = config
         self.producers: dict[int, Producer] = {}        # by identity id()
         self.subscriptions: dict[str, Subscription] = {}
+        self._creating: dict[str, asyncio.Future[Subscription]] = {}
         self.closing = False
         self.closed = False
         self._producer_names: set[str] = set()
@@ -91,13 +95,19 @@ class PersistentTopic:
 
         for record in records:
             name = unquote(record.key.rsplit("/", 1)[1])
-            store = EtcdCursorStore(self._store, record.key)
+            store = self._cursor_store(name)
             state = await store.load()
             if state is None:
                 continue
             self.subscriptions[name] = self._make_subscription(name, state, store, pb.CommandSubscribe.Exclusive)
 
-    def _make_subscription(self, name: str, state: CursorState, store: EtcdCursorStore | None, sub_type: int,
+    def _cursor_store(self, subscription: str) -> LedgerCursorStore:
+        config = self.ledger.config
+        return LedgerCursorStore(self._store, keys.cursor(self.name.key_path, subscription), self._ledger_client,
+                                 quorums=(config.ensemble_size, config.write_quorum_size, config.ack_quorum_size),
+                                 owner=self.config.broker_id or f"{self.config.host}:{self.config.port}")
+
+    def _make_subscription(self, name: str, state: CursorState, store: LedgerCursorStore | None, sub_type: int,
                            ) -> Subscription:
         cursor = ManagedCursor(f"{self.full_name}/{name}", self.ledger, state, store,
                                flush_interval_s=self.config.cursor_flush_interval_s, durable=store is not None)
@@ -148,21 +158,48 @@ class PersistentTopic:
             name = broadcast_member_name(name, consumer.name)
         subscription = self.subscriptions.get(name)
         if subscription is None:
-            start = self._start_position(initial_position, start_message_id, durable)
-            if rollback_duration_s > 0:
-                start = await self.find_position_by_time(int((time.time() - rollback_duration_s) * 1000))
-            state = CursorState(mark_delete=self._before(start))
-            store = None
-            if durable:
-                store = EtcdCursorStore(self._store, keys.cursor(self.name.key_path, name))
-                await store.save(state)
-            subscription = self._make_subscription(name, state, store, consumer.sub_type)
-            if not durable:
-                subscription.cursor.seek_read(start)
-            self.subscriptions[name] = subscription
-            log.info("subscription created: topic=%s subscription=%s durable=%s start=%s",
-                     self.full_name, name, durable, start)
+            subscription = await self._create_once(
+                name, lambda: self._new_subscription(name, consumer.sub_type, durable, initial_position,
+                                                     start_message_id, rollback_duration_s))
         subscription.add_consumer(consumer)
+        return subscription
+
+    async def _create_once(self, name: str, create) -> Subscription:
+        """Creates a subscription exactly once however many ask at the same time (the
+        creation awaits storage, so a plain check-then-create would let two concurrent
+        first consumers each make their own and each get every message)."""
+        pending = self._creating.get(name)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[Subscription] = asyncio.get_running_loop().create_future()
+        self._creating[name] = future
+        try:
+            subscription = await create()
+        except BaseException as error:
+            future.set_exception(error)
+            future.exception()  # retrieved: waiters get it through shield
+            raise
+        finally:
+            self._creating.pop(name, None)
+        self.subscriptions[name] = subscription
+        future.set_result(subscription)
+        return subscription
+
+    async def _new_subscription(self, name: str, sub_type: int, durable: bool, initial_position: int,
+                                start_message_id: pb.MessageIdData | None, rollback_duration_s: int
+                                ) -> Subscription:
+        start = self._start_position(initial_position, start_message_id, durable)
+        if rollback_duration_s > 0:
+            start = await self.find_position_by_time(int((time.time() - rollback_duration_s) * 1000))
+        state = CursorState(mark_delete=self._before(start))
+        store = self._cursor_store(name) if durable else None
+        subscription = self._make_subscription(name, state, store, sub_type)
+        if durable:
+            await subscription.cursor.save_now()
+        else:
+            subscription.cursor.seek_read(start)
+        log.info("subscription created: topic=%s subscription=%s durable=%s start=%s",
+                 self.full_name, name, durable, start)
         return subscription
 
     def _before(self, position: Position) -> Position:
@@ -209,13 +246,18 @@ class PersistentTopic:
 
     async def create_subscription(self, name: str, position: Position | None) -> None:
         """Admin: create a durable subscription at ``position`` (None: the end)."""
-        if name in self.subscriptions:
+        if name in self.subscriptions or name in self._creating:
             raise AlreadyExists(f"subscription {name} already exists on {self.full_name}")
-        start = position if position is not None else self.ledger.next_position(self.ledger.last_confirmed)
-        state = CursorState(mark_delete=self._before(self.ledger.normalize(start)))
-        store = EtcdCursorStore(self._store, keys.cursor(self.name.key_path, name))
-        await store.save(state)
-        self.subscriptions[name] = self._make_subscription(name, state, store, pb.CommandSubscribe.Exclusive)
+
+        async def create() -> Subscription:
+            start = position if position is not None else self.ledger.next_position(self.ledger.last_confirmed)
+            state = CursorState(mark_delete=self._before(self.ledger.normalize(start)))
+            subscription = self._make_subscription(name, state, self._cursor_store(name),
+                                                   pb.CommandSubscribe.Exclusive)
+            await subscription.cursor.save_now()
+            return subscription
+
+        await self._create_once(name, create)
 
     # --- queries --------------------------------------------------------------------------------
 
@@ -330,6 +372,31 @@ class PersistentTopic:
     def ensure_not_terminated(self) -> None:
         if self.ledger.terminated:
             raise TopicTerminated(f"topic {self.full_name} is terminated")
+
+    # --- retention ---------------------------------------------------------------------------
+
+    def consumed_upto(self) -> Position:
+        """The lowest mark-delete position of the durable subscriptions (with none, the
+        last stored entry: retention alone then decides)."""
+        marks = [s.cursor.mark_delete_position for s in self.subscriptions.values() if s.cursor.durable]
+        return min(marks) if marks else self.ledger.last_confirmed
+
+    async def trim_ledgers(self, retention_minutes: int, retention_mb: int) -> list[int]:
+        """Deletes the ledgers every durable cursor has passed that retention no longer
+        protects (see broker/retention.py). Returns their ids."""
+        from broker.retention import LedgerSpan, ledgers_to_delete
+
+        if self.closing:
+            return []
+        ledger = self.ledger
+        spans = [LedgerSpan(info.ledger_id, ledger._last_entry_of(info.ledger_id), max(info.size_bytes, 0),
+                            info.created_ms) for info in ledger.ledger_infos()]
+        doomed = ledgers_to_delete(spans, ledger.current_ledger_id, tuple(self.consumed_upto()),
+                                   retention_minutes, retention_mb, int(time.time() * 1000))
+        if not doomed:
+            return []
+        await ledger.delete_ledgers_before(doomed[-1] + 1)
+        return doomed
 
     def entries_between(self, after: Position, upto: Position) -> int:
         """Entries in (after, upto] of this topic."""

@@ -129,6 +129,30 @@ class AckSet:
         else:
             self._ledgers[ledger_id] = (base, bitmap)
 
+    def update(self, other: "AckSet") -> None:
+        """Adds every entry of ``other`` (a bytewise OR of the bitmaps)."""
+        for ledger_id, (other_base, other_bitmap) in other._ledgers.items():
+            if not other_bitmap:
+                continue
+            slot = self._ledgers.get(ledger_id)
+            if slot is None:
+                self._ledgers[ledger_id] = (other_base, bytearray(other_bitmap))
+                self._count += _popcount(other_bitmap)
+                continue
+            base, bitmap = slot
+            if other_base < base:
+                bitmap[0:0] = bytes((base - other_base) // 8)
+                base = other_base
+            start = (other_base - base) // 8
+            end = start + len(other_bitmap)
+            if end > len(bitmap):
+                bitmap.extend(bytes(end - len(bitmap)))
+            before = _popcount(bitmap[start:end])
+            merged = (int.from_bytes(bitmap[start:end], "little") | int.from_bytes(other_bitmap, "little"))
+            bitmap[start:end] = merged.to_bytes(end - start, "little")
+            self._count += _popcount(bitmap[start:end]) - before
+            self._ledgers[ledger_id] = (base, bitmap)
+
     def ledgers(self) -> list[int]:
         return sorted(self._ledgers)
 

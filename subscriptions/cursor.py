@@ -58,7 +58,10 @@ class CursorState:
 class CursorStore(Protocol):
     async def load(self) -> CursorState | None: ...
 
-    async def save(self, state: CursorState) -> None: ...
+    async def save(self, state: CursorState, delta: AckSet | None) -> None:
+        """``delta``: entries acknowledged since the last save; None: write it all."""
+
+    async def close(self) -> None: ...
 
     async def delete(self) -> None: ...
 
@@ -88,6 +91,10 @@ class ManagedCursor:
         self.durable = durable and store is not None
         self._flush_interval_s = flush_interval_s
         self._dirty = False
+        # Entries acknowledged since the last save, and whether the next save must be a
+        # whole snapshot (after a reset, acknowledgements were taken back).
+        self._delta = AckSet()
+        self._snapshot_needed = False
         self._flush_task: asyncio.Task[None] | None = None
         self._flush_lock = asyncio.Lock()
         self.read_position = ledger.next_position(state.mark_delete)
@@ -140,6 +147,7 @@ class ManagedCursor:
             return False
         self._state.batches.pop(position, None)
         self._state.acked.add(position.ledger_id, position.entry_id)
+        self._delta.add(position.ledger_id, position.entry_id)
         self._advance_mark_delete()
         self._mark_dirty()
         return True
@@ -173,6 +181,7 @@ class ManagedCursor:
         assert position >= self._state.mark_delete, (position, self._state.mark_delete)
         self._state.mark_delete = position
         self._state.acked.discard_up_to(position.ledger_id, position.entry_id)
+        self._delta.discard_up_to(position.ledger_id, position.entry_id)
         for batch_position in [p for p in self._state.batches if p <= position]:
             del self._state.batches[batch_position]
         if self.read_position <= position:
@@ -213,6 +222,8 @@ class ManagedCursor:
         self._state.batches.clear()
         self._state.mark_delete = self._previous(position)
         self.read_position = position
+        self._delta = AckSet()
+        self._snapshot_needed = True
         self._mark_dirty()
 
     def skip_next_read(self, next_position: Position) -> None:
@@ -253,10 +264,16 @@ class ManagedCursor:
             if not self._dirty:
                 return
             self._dirty = False
+            delta, self._delta = self._delta, AckSet()
+            snapshot_needed, self._snapshot_needed = self._snapshot_needed, False
             try:
-                await self._store.save(self._state)
+                # The store encodes the state before its first await, so acknowledgements
+                # arriving meanwhile go to the next save (they are in the new delta).
+                await self._store.save(self._state, None if snapshot_needed else delta)
             except MagnetarError as error:
                 self._dirty = True
+                self._delta.update(delta)
+                self._snapshot_needed = self._snapshot_needed or snapshot_needed
                 self.flush_errors += 1
                 log.warning("cursor flush failed: cursor=%s error=%s", self.name, error)
 
@@ -264,6 +281,14 @@ class ManagedCursor:
         task, self._flush_task = self._flush_task, None
         if task is not None:
             task.cancel()
+        await self.flush()
+        if self._store is not None:
+            await self._store.close()
+
+    async def save_now(self) -> None:
+        """Persists the current state (a new subscription's starting position)."""
+        self._dirty = True
+        self._snapshot_needed = True
         await self.flush()
 
     async def delete(self) -> None:

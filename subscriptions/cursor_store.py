@@ -1,61 +1,196 @@
-"""Where cursor state is persisted.
+"""Durable cursor state: etcd holds a small pointer record, the cursor ledger on the
+bookies holds the state itself (DESIGN.md, "Subscriptions").
 
-``EtcdCursorStore`` keeps it in one etcd value per subscription (mark-delete position,
-the compressed ack bitmaps and partly acknowledged batches). etcd caps values at
-1.5 MiB; the ack bitmaps compress well but an adversarial pattern of holes can exceed
-that, in which case the save fails loudly (never silently dropping acknowledgements).
+etcd record ``/cursors/<topic>/<subscription>`` (JSON):
+    {"mark_delete": [ledger, entry], "cursor_ledger": id or -1, "snapshot_entry": id,
+     "inline": base64 CursorRecord or null}
+
+- A subscription that never acknowledged anything keeps its (tiny) state inline in
+  etcd and has no ledger.
+- The first save after that creates a cursor ledger, writes a snapshot as its first
+  entry and points etcd at it. Later saves append a delta (the entries acknowledged
+  since the previous save, plus the mark-delete position), or a fresh snapshot every
+  ``deltas_per_snapshot`` saves or after a reset. Only snapshots move the etcd pointer,
+  so etcd sees a write every ``deltas_per_snapshot`` flushes, not every flush.
+- When the ledger holds ``ledger_entries_max`` records it rolls over: a new ledger
+  starts with a snapshot, etcd points at it, the old ledger is deleted.
+- A new owner (``load``) opens the cursor ledger with recovery — fencing the previous
+  owner's writes — replays the last snapshot and the deltas after it, and starts a
+  ledger of its own at its first save.
+
+The ack state stays exact however many holes it has: nothing is ever dropped, the
+bitmaps of AckSet cost one bit per entry and compress well.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import logging
 
-from broker.position import Position
-from ledger.errors import MalformedFrame, PersistenceError
+from ledger.client import LedgerClient
+from ledger.errors import MagnetarError, MalformedFrame, NoSuchLedger
+from ledger.handle import WriteHandle
 from metadata.store import MetadataStore
 from subscriptions.ack_set import AckSet
 from subscriptions.cursor import CursorState
+from subscriptions.cursor_record import (
+    KIND_DELTA,
+    KIND_SNAPSHOT,
+    CursorRecord,
+    apply_delta,
+    decode_record,
+    encode_record,
+)
 
-# etcd's default request limit is 1.5 MiB; leave room for the key and framing.
-VALUE_BYTES_MAX = 1_400_000
+log = logging.getLogger(__name__)
 
-
-def encode_state(state: CursorState) -> bytes:
-    return json.dumps({
-        "mark_delete": list(state.mark_delete),
-        "acked": base64.b64encode(state.acked.encode()).decode(),
-        "batches": [[p.ledger_id, p.entry_id, size, str(bits)] for p, (size, bits) in state.batches.items()],
-        "properties": state.properties,
-    }).encode()
-
-
-def decode_state(data: bytes) -> CursorState:
-    try:
-        doc = json.loads(data)
-        mark_delete = Position(int(doc["mark_delete"][0]), int(doc["mark_delete"][1]))
-        acked = AckSet.decode(base64.b64decode(doc["acked"]))
-        batches = {Position(int(l), int(e)): (int(size), int(bits)) for l, e, size, bits in doc.get("batches", [])}
-        properties = {str(k): int(v) for k, v in doc.get("properties", {}).items()}
-    except (ValueError, KeyError, TypeError, IndexError) as error:
-        raise MalformedFrame(f"bad cursor record: {error}") from None
-    return CursorState(mark_delete, acked, batches, properties)
+# Saves between snapshots: replaying a cursor reads at most this many deltas.
+DELTAS_PER_SNAPSHOT = 64
+# Records per cursor ledger before it rolls over (the old one is then deleted).
+LEDGER_ENTRIES_MAX = 10_000
 
 
-class EtcdCursorStore:
-    def __init__(self, store: MetadataStore, key: str) -> None:
+class LedgerCursorStore:
+    def __init__(self, store: MetadataStore, key: str, ledger_client: LedgerClient, *,
+                 quorums: tuple[int, int, int], owner: str) -> None:
         self._store = store
         self._key = key
+        self._client = ledger_client
+        self._quorums = quorums
+        self._owner = owner
+        self._handle: WriteHandle | None = None
+        self._ledger_id = -1          # the ledger etcd points at (ours or a previous owner's)
+        self._snapshot_entry = -1
+        self._deltas_since_snapshot = 0
+        self.saves = 0
+        self.snapshots = 0
+
+    # --- loading -----------------------------------------------------------------------
 
     async def load(self) -> CursorState | None:
         record = await self._store.get(self._key)
-        return decode_state(record.value) if record is not None else None
+        if record is None:
+            return None
+        try:
+            pointer = json.loads(record.value)
+            ledger_id = int(pointer.get("cursor_ledger", -1))
+            snapshot_entry = int(pointer.get("snapshot_entry", -1))
+            inline = pointer.get("inline")
+        except (ValueError, TypeError, AttributeError) as error:
+            raise MalformedFrame(f"bad cursor pointer {self._key}: {error}") from None
+        self._ledger_id = ledger_id
+        if ledger_id < 0:
+            if inline is None:
+                raise MalformedFrame(f"cursor pointer {self._key} has neither a ledger nor inline state")
+            return _state_of(decode_record(base64.b64decode(inline)))
+        try:
+            reader = await self._client.open_ledger(ledger_id, recovery=True)
+        except NoSuchLedger:
+            raise MalformedFrame(f"cursor ledger {ledger_id} of {self._key} is gone") from None
+        last = reader.metadata.last_entry_id
+        if last < snapshot_entry:
+            raise MalformedFrame(f"cursor ledger {ledger_id} ends at {last}, before its snapshot {snapshot_entry}")
+        state: CursorState | None = None
+        entry_id = snapshot_entry
+        while entry_id <= last:
+            batch_end = min(last, entry_id + 255)
+            for entry in await reader.read(entry_id, batch_end):
+                record_value = decode_record(entry.payload)
+                if record_value.kind == KIND_SNAPSHOT or state is None:
+                    if record_value.kind != KIND_SNAPSHOT:
+                        raise MalformedFrame(f"cursor ledger {ledger_id} entry {entry.entry_id}: "
+                                             "replay does not start at a snapshot")
+                    state = _state_of(record_value)
+                else:
+                    # Deltas only ever move the mark-delete position forward (a reset
+                    # writes a snapshot), so taking the record's is taking the latest.
+                    apply_delta(state.acked, record_value)
+                    state.mark_delete = record_value.mark_delete
+                    state.acked.discard_up_to(state.mark_delete.ledger_id, state.mark_delete.entry_id)
+                    state.batches = record_value.batches
+                    state.properties = record_value.properties
+            entry_id = batch_end + 1
+        assert state is not None
+        log.info("cursor recovered from its ledger: cursor=%s ledger_id=%d records=%d mark_delete=%s acked=%d",
+                 self._key, ledger_id, last - snapshot_entry + 1, state.mark_delete, len(state.acked))
+        return state
 
-    async def save(self, state: CursorState) -> None:
-        value = encode_state(state)
-        if len(value) > VALUE_BYTES_MAX:
-            raise PersistenceError(f"cursor state of {len(value)} bytes is too large for etcd ({self._key})")
-        await self._store.put(self._key, value)
+    # --- saving -------------------------------------------------------------------------
+
+    async def save(self, state: CursorState, delta: AckSet | None) -> None:
+        """Persists the state. ``delta`` is what was acknowledged since the previous
+        save; None asks for a snapshot (first save, after a reset, or on demand)."""
+        self.saves += 1
+        if self._handle is None and self._ledger_id < 0 and not len(state.acked) and not state.batches:
+            await self._save_inline(state)
+            return
+        if (self._handle is None or delta is None or self._deltas_since_snapshot >= DELTAS_PER_SNAPSHOT
+                or self._handle.last_add_confirmed + 1 >= LEDGER_ENTRIES_MAX):
+            await self._save_snapshot(state)
+            return
+        record = CursorRecord(KIND_DELTA, state.mark_delete, delta, state.batches, state.properties)
+        await self._handle.add(encode_record(record))
+        self._deltas_since_snapshot += 1
+
+    async def _save_inline(self, state: CursorState) -> None:
+        record = encode_record(CursorRecord(KIND_SNAPSHOT, state.mark_delete, AckSet(), state.batches,
+                                            state.properties))
+        await self._store.put(self._key, json.dumps({
+            "mark_delete": list(state.mark_delete), "cursor_ledger": -1, "snapshot_entry": -1,
+            "inline": base64.b64encode(record).decode(), "owner": self._owner}).encode())
+
+    async def _save_snapshot(self, state: CursorState) -> None:
+        record = encode_record(CursorRecord(KIND_SNAPSHOT, state.mark_delete, state.acked, state.batches,
+                                            state.properties))
+        previous_ledger = self._ledger_id
+        rolled = False
+        if self._handle is None or self._handle.last_add_confirmed + 1 >= LEDGER_ENTRIES_MAX:
+            old_handle = self._handle
+            self._handle = await self._client.create_ledger(*self._quorums, custom={"cursor": self._key})
+            rolled = True
+            if old_handle is not None:
+                try:
+                    await old_handle.close()
+                except MagnetarError as error:
+                    log.warning("closing a cursor ledger failed: cursor=%s error=%s", self._key, error)
+        entry_id = await self._handle.add(record)
+        await self._store.put(self._key, json.dumps({
+            "mark_delete": list(state.mark_delete), "cursor_ledger": self._handle.ledger_id,
+            "snapshot_entry": entry_id, "inline": None, "owner": self._owner}).encode())
+        self._ledger_id = self._handle.ledger_id
+        self._snapshot_entry = entry_id
+        self._deltas_since_snapshot = 0
+        self.snapshots += 1
+        if rolled and previous_ledger >= 0 and previous_ledger != self._ledger_id:
+            await self._delete_ledger(previous_ledger)
+
+    async def _delete_ledger(self, ledger_id: int) -> None:
+        try:
+            await self._client.delete_ledger(ledger_id)
+        except NoSuchLedger:
+            pass
+
+    @property
+    def ledger_id(self) -> int:
+        return self._ledger_id
+
+    async def close(self) -> None:
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            try:
+                await handle.close()
+            except MagnetarError as error:
+                log.warning("closing a cursor ledger failed: cursor=%s error=%s", self._key, error)
 
     async def delete(self) -> None:
+        await self.close()
         await self._store.delete(self._key)
+        if self._ledger_id >= 0:
+            await self._delete_ledger(self._ledger_id)
+            self._ledger_id = -1
+
+
+def _state_of(record: CursorRecord) -> CursorState:
+    return CursorState(record.mark_delete, record.acked, dict(record.batches), dict(record.properties))
+

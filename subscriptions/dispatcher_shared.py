@@ -21,6 +21,7 @@ first, to the keys' new owners.
 from __future__ import annotations
 
 import bisect
+import collections
 import logging
 from typing import TYPE_CHECKING
 
@@ -106,6 +107,9 @@ class SharedDispatcher(Dispatcher):
             self._replay_set.add(position)
             bisect.insort(self._replay, position)
 
+    def _begin_replay_pass(self) -> None:
+        """Hook: a pass over the replay set starts."""
+
     @property
     def replay_size(self) -> int:
         return len(self._replay)
@@ -119,7 +123,8 @@ class SharedDispatcher(Dispatcher):
     def _available(self) -> list["Consumer"]:
         return [c for c in self.consumers if self._can_take(c)]
 
-    def _choose(self, entry: "ManagedEntry", available: list["Consumer"]) -> "Consumer | None":
+    def _choose(self, entry: "ManagedEntry", available: list["Consumer"], *, replaying: bool = False,
+                ) -> "Consumer | None":
         """Round robin over consumers that can take messages."""
         if not available:
             return None
@@ -162,7 +167,7 @@ class SharedDispatcher(Dispatcher):
                 prepared = self._prepare(entry)
                 if prepared is None or entry.position in self.pending:
                     continue
-                consumer = self._choose(entry, self._available())
+                consumer = self._choose(entry, self._available(), replaying=False)
                 if consumer is None:
                     # Nobody may take it now (key-shared: its consumer is full or must
                     # wait for older messages): keep it, in order, for later.
@@ -180,11 +185,19 @@ class SharedDispatcher(Dispatcher):
         index = bisect.bisect_left(self._replay, position)
         if index < len(self._replay) and self._replay[index] == position:
             del self._replay[index]
+        self._on_replay_dropped(position)
+
+    def _on_replay_dropped(self, position: Position) -> None:
+        """Hook: a position left the replay set."""
+
+    def _on_held(self, entry: "ManagedEntry") -> None:
+        """Hook: a replayed entry could not be sent in this pass."""
 
     async def _dispatch_replay(self) -> int:
         """Sends what it can of the replay set, oldest first; returns entries sent."""
         ledger = self.subscription.ledger
         sent = 0
+        self._begin_replay_pass()
         for position in list(self._replay[:_REPLAY_BATCH]):
             if not self._available():
                 break
@@ -204,8 +217,9 @@ class SharedDispatcher(Dispatcher):
             if prepared is None:
                 self._drop_replay(position)
                 continue
-            consumer = self._choose(entry, self._available())
+            consumer = self._choose(entry, self._available(), replaying=True)
             if consumer is None:
+                self._on_held(entry)
                 continue  # held back; entries of other keys may still go
             self._drop_replay(position)
             count, ack_set = prepared
@@ -215,12 +229,20 @@ class SharedDispatcher(Dispatcher):
 
 
 class KeySharedDispatcher(SharedDispatcher):
+    """Order per key also holds for redeliveries: while an entry of a key waits in the
+    replay set, no newer entry of that key is sent (new ones join the replay set), and a
+    replayed entry that cannot go blocks the later replayed entries of its key in that
+    pass. Key hashes of pending and replayed entries are remembered for that."""
+
     def __init__(self, subscription: "Subscription", entries_max: int, bytes_max: int,
                  unacked_per_consumer_max: int = 50_000) -> None:
         super().__init__(subscription, entries_max, bytes_max, unacked_per_consumer_max)
         self._ring_points: list[int] = []
         self._ring_owners: list["Consumer"] = []
         self._joined_at: dict[int, Position] = {}         # id(consumer) -> read position at join
+        self._hash_of: dict[Position, int] = {}           # pending and replayed entries
+        self._replay_hashes: collections.Counter[int] = collections.Counter()
+        self._blocked: set[int] = set()
 
     def _rebuild_ring(self) -> None:
         ring = sorted(
@@ -257,8 +279,48 @@ class KeySharedDispatcher(SharedDispatcher):
             return metadata.partition_key.encode()
         return b""
 
-    def _choose(self, entry: "ManagedEntry", available: list["Consumer"]) -> "Consumer | None":
-        owner = self.owner_of(self.key_of(entry))
+    # --- replay bookkeeping ----------------------------------------------------------------
+
+    def _add_replay(self, position: Position, *, count: bool) -> None:
+        was_in = position in self._replay_set
+        super()._add_replay(position, count=count)
+        if not was_in and position in self._hash_of:
+            self._replay_hashes[self._hash_of[position]] += 1
+
+    def _on_replay_dropped(self, position: Position) -> None:
+        key_hash = self._hash_of.get(position)
+        if key_hash is not None and self._replay_hashes[key_hash] > 0:
+            self._replay_hashes[key_hash] -= 1
+            if not self._replay_hashes[key_hash]:
+                del self._replay_hashes[key_hash]
+        if position not in self.pending:
+            self._hash_of.pop(position, None)
+
+    def on_acked(self, positions: list[Position]) -> None:
+        super().on_acked(positions)
+        for position in positions:
+            if position not in self._replay_set:
+                self._hash_of.pop(position, None)
+
+    def _begin_replay_pass(self) -> None:
+        self._blocked = set()
+
+    def _on_held(self, entry: "ManagedEntry") -> None:
+        self._blocked.add(self._hash_of.get(entry.position, crc32c.crc32c(self.key_of(entry))))
+
+    # --- choosing -------------------------------------------------------------------------------
+
+    def _choose(self, entry: "ManagedEntry", available: list["Consumer"], *, replaying: bool = False,
+                ) -> "Consumer | None":
+        key = self.key_of(entry)
+        key_hash = crc32c.crc32c(key)
+        self._hash_of[entry.position] = key_hash
+        if replaying:
+            if key_hash in self._blocked:
+                return None                       # an older entry of this key is still waiting
+        elif self._replay_hashes.get(key_hash):
+            return None                           # older entries of this key wait to be replayed
+        owner = self.owner_of(key)
         if owner is None or owner not in available:
             return None
         joined_at = self._joined_at.get(id(owner))
