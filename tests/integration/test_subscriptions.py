@@ -236,3 +236,68 @@ def test_key_shared_keeps_order_per_key(pulsar_cluster, client):
     assert {i for o in owners.values() for i in o} == {0, 1, 2}
     for consumer in consumers:
         consumer.close()
+
+
+def test_negative_ack_ack_timeout_and_dead_letter(pulsar_cluster, client):
+    """Shared subscription: a negatively acknowledged message comes back (after the
+    client's delay) with its redelivery count raised each time, and after max
+    redeliveries the client's dead-letter policy moves it to the dead-letter topic; a
+    message never acknowledged comes back after the client's ack timeout (at least
+    10 s in the official client) with redelivery count 1."""
+    topic = unique("nack")
+    dead_letter_topic = unique("nack-dlq")
+    consumer = client.subscribe(
+        topic, "nack-sub", consumer_type=pulsar.ConsumerType.Shared,
+        negative_ack_redelivery_delay_ms=200, unacked_messages_timeout_ms=10_000,
+        dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(max_redeliver_count=2,
+                                                           dead_letter_topic=dead_letter_topic))
+    dead_letters = client.subscribe(dead_letter_topic, "dlq-reader",
+                                    initial_position=pulsar.InitialPosition.Earliest)
+    producer = client.create_producer(topic, batching_enabled=False)
+    for payload in (b"nacked", b"ignored", b"fine"):
+        producer.send(payload)
+
+    counts: dict[bytes, list[int]] = {}
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline and len(counts.get(b"ignored", [])) < 2:
+        try:
+            message = consumer.receive(timeout_millis=500)
+        except pulsar.Timeout:
+            continue
+        counts.setdefault(message.data(), []).append(message.redelivery_count())
+        if message.data() == b"nacked":
+            consumer.negative_acknowledge(message)
+        elif message.data() == b"fine":
+            consumer.acknowledge(message)
+        elif len(counts[b"ignored"]) == 2:
+            consumer.acknowledge(message)  # the second delivery, after the ack timeout
+    assert counts[b"fine"] == [0]
+    assert counts[b"nacked"] == [0, 1, 2], counts
+    assert counts[b"ignored"] == [0, 1], counts
+    assert dead_letters.receive(timeout_millis=20_000).data() == b"nacked"
+    with pytest.raises(pulsar.Timeout):
+        consumer.receive(timeout_millis=1000)
+    consumer.close()
+    dead_letters.close()
+    producer.close()
+
+
+def test_unsubscribe_removes_the_cursor(pulsar_cluster, client):
+    """Unsubscribing deletes the subscription (it vanishes from the topic's stats); a
+    new subscription of the same name starts afresh at its initial position."""
+    import json
+    import urllib.request
+
+    topic = unique("unsub")
+    local = topic.rsplit("/", 1)[1]
+    consumer = client.subscribe(topic, "gone-soon", initial_position=pulsar.InitialPosition.Earliest)
+    produce(client, topic, 10)
+    for _ in range(10):
+        consumer.acknowledge(consumer.receive(timeout_millis=5000))
+    consumer.unsubscribe()
+    admin = pulsar_cluster.brokers[0].web_service_url
+    with urllib.request.urlopen(f"{admin}/admin/v2/persistent/public/default/{local}/subscriptions") as response:
+        assert "gone-soon" not in json.loads(response.read())
+    again = client.subscribe(topic, "gone-soon", initial_position=pulsar.InitialPosition.Earliest)
+    assert again.receive(timeout_millis=5000).data() == b"0"
+    again.close()
