@@ -10,7 +10,7 @@ PROTOS := $(wildcard bookie/proto/*.proto broker/proto/*.proto)
 PROTO_OUT := $(PROTOS:.proto=_pb2.py)
 DATA_DIR ?= data/standalone
 
-.PHONY: setup proto run test test-unit test-integration bench bench-bookie clean
+.PHONY: setup proto run test test-unit test-integration bench bench-bookie bench-pulsar clean
 
 setup: $(STAMP) proto
 
@@ -37,10 +37,15 @@ test-unit: setup
 test-integration: setup
 	$(PY) -m pytest -q tests/integration
 
-bench: bench-bookie
+bench: bench-bookie bench-pulsar
 
 bench-bookie: setup
 	$(PY) bench/bookie_bench.py --out bench/results/bookie.json
+
+# End to end through the official Pulsar client (about 3 minutes): publish and drain
+# throughput, latency at fixed rates, against the same disk's raw bandwidth.
+bench-pulsar: setup
+	$(PY) bench/pulsar_perf.py --out bench/results/pulsar_perf.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info

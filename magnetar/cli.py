@@ -3,6 +3,10 @@
     magnetar bookie …        a bookie (storage node)
     magnetar shell …         BookKeeper-style tools: listbookies, simpletest, readledger …
     magnetar standalone …    etcd + bookies (+ brokers) on this machine
+    magnetar produce …       send messages with the official Pulsar client
+    magnetar consume …       receive and acknowledge messages
+    magnetar admin …         the admin REST API (clusters, tenants, namespaces, topics, brokers)
+    magnetar perf …          pulsar-perf-like throughput and latency runs
 
 Each subcommand's module owns its options (``add_arguments``) and wiring (``main``).
 """
@@ -10,46 +14,55 @@ Each subcommand's module owns its options (``add_arguments``) and wiring (``main
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 from magnetar import __version__, logs
 
 
-def build_parser() -> argparse.ArgumentParser:
+# name -> (module with add_arguments/main, one-line help). A module is imported only
+# when its command runs, so a bookie never loads the Pulsar client library, and a
+# broken tool cannot stop the servers from starting.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "bookie": ("bookie.main", "run a bookie"),
+    "broker": ("broker.main", "run a broker"),
+    "shell": ("ledger.shell", "ledger and bookie tools"),
+    "standalone": ("magnetar.standalone", "a whole cluster on this machine"),
+    "produce": ("magnetar.tools.produce", "send messages to a topic"),
+    "consume": ("magnetar.tools.consume", "receive and acknowledge messages"),
+    "admin": ("magnetar.tools.admin", "admin REST client"),
+    "perf": ("magnetar.tools.perf", "throughput and latency runs"),
+}
+
+
+def _chosen_command(argv: list[str]) -> str | None:
+    for token in argv:
+        if token in COMMANDS:
+            return token
+    return None
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="magnetar", description="Magnetar messaging")
     parser.add_argument("--version", action="version", version=f"magnetar {__version__}")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", default="text", choices=["text", "json"])
     commands = parser.add_subparsers(dest="command", required=True)
-
-    from bookie import main as bookie_main
-
-    bookie_parser = commands.add_parser("bookie", help="run a bookie")
-    bookie_main.add_arguments(bookie_parser)
-    bookie_parser.set_defaults(handler=bookie_main.main, process="bookie")
-
-    from broker import main as broker_main
-
-    broker_parser = commands.add_parser("broker", help="run a broker")
-    broker_main.add_arguments(broker_parser)
-    broker_parser.set_defaults(handler=broker_main.main, process="broker")
-
-    from ledger import shell
-
-    shell_parser = commands.add_parser("shell", help="ledger and bookie tools")
-    shell.add_arguments(shell_parser)
-    shell_parser.set_defaults(handler=shell.main, process="shell")
-
-    from magnetar import standalone
-
-    standalone_parser = commands.add_parser("standalone", help="a whole cluster on this machine")
-    standalone.add_arguments(standalone_parser)
-    standalone_parser.set_defaults(handler=standalone.main, process="standalone")
+    chosen = _chosen_command(sys.argv[1:] if argv is None else argv)
+    for name, (module_path, summary) in COMMANDS.items():
+        if name != chosen:
+            commands.add_parser(name, help=summary)
+            continue
+        module = importlib.import_module(module_path)
+        command_parser = commands.add_parser(name, help=summary, description=module.__doc__,
+                                             formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_arguments(command_parser)
+        command_parser.set_defaults(handler=module.main, process=name)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     logs.configure(args.log_level, args.log_format, process=args.process)
     from ledger.errors import ConfigError

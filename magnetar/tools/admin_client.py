@@ -1,0 +1,108 @@
+"""A small synchronous HTTP client for Pulsar's admin REST API (``/admin/v2/...``), on
+urllib so that the tool needs no event loop.
+
+It follows redirects itself, for every method: a Pulsar broker answers a request about
+a topic it does not own with ``307 Temporary Redirect`` to the owner, and urllib only
+follows redirects for GET and HEAD. Errors come back as :class:`AdminError` carrying
+the status and the server's ``reason`` (Pulsar's error body is ``{"reason": ...}``;
+Magnetar adds ``code`` and ``error``).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+
+# Pulsar's own admin client follows a handful of redirects (one hop to the owner is the
+# norm; more means brokers disagree about ownership).
+REDIRECTS_MAX = 5
+REQUEST_TIMEOUT_S = 30.0
+
+
+class AdminError(Exception):
+    def __init__(self, method: str, url: str, status: int | None, reason: str) -> None:
+        self.method = method
+        self.url = url
+        self.status = status
+        self.reason = reason
+        where = f"HTTP {status}" if status is not None else "no response"
+        super().__init__(f"{method} {url}: {where}: {reason}")
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    content_type: str
+    body: bytes
+
+    def document(self):
+        """The body as JSON when it is JSON, else as text; None when empty."""
+        if not self.body:
+            return None
+        text = self.body.decode("utf-8", errors="replace")
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            return text
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None  # surfaces as HTTPError; AdminClient.request follows it itself
+
+
+def path(*segments: str) -> str:
+    """``/admin/v2/...`` with every segment percent-encoded (topic names may hold ``:``,
+    ``%`` or spaces)."""
+    return "/" + "/".join(urllib.parse.quote(str(segment), safe="") for segment in segments)
+
+
+def _reason(status: int, phrase: str, body: bytes) -> str:
+    text = body.decode("utf-8", errors="replace").strip()
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError:
+        # aiohttp's own error pages read "404: Not Found": drop the repeated status.
+        return text.removeprefix(f"{status}: ") or phrase
+    if isinstance(document, dict):
+        reason = document.get("reason") or document.get("message") or document.get("error")
+        if reason:
+            return str(reason)
+    return text or phrase
+
+
+class AdminClient:
+    def __init__(self, base_url: str, *, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self._opener = urllib.request.build_opener(_NoRedirects)
+
+    def request(self, method: str, request_path: str, *, body=None, query: dict | None = None) -> Response:
+        url = self.base_url + request_path
+        if query:
+            url += "?" + urllib.parse.urlencode({k: v for k, v in query.items() if v is not None})
+        data = None if body is None else json.dumps(body).encode()
+        for _ in range(REDIRECTS_MAX + 1):
+            request = urllib.request.Request(url, data=data, method=method)
+            request.add_header("Accept", "application/json")
+            if data is not None:
+                request.add_header("Content-Type", "application/json")
+            try:
+                with self._opener.open(request, timeout=self.timeout_s) as reply:
+                    return Response(reply.status, reply.headers.get("Content-Type", ""), reply.read())
+            except urllib.error.HTTPError as error:
+                location = error.headers.get("Location") if error.headers else None
+                if error.code in (301, 302, 303, 307, 308) and location:
+                    url = urllib.parse.urljoin(url, location)
+                    continue
+                raise AdminError(method, url, error.code, _reason(error.code, error.reason, error.read())) from None
+            except (urllib.error.URLError, OSError) as error:
+                reason = getattr(error, "reason", error)
+                raise AdminError(method, url, None, f"cannot reach the server: {reason}") from None
+        raise AdminError(method, url, None, f"more than {REDIRECTS_MAX} redirects")
+
+    def get(self, request_path: str, **kwargs) -> Response:
+        return self.request("GET", request_path, **kwargs)

@@ -1,0 +1,338 @@
+"""The client-side tools (`magnetar produce|consume|admin|perf`) run as real processes
+against a real cluster (etcd, 3 bookies, 1 broker: the module's `pulsar_cluster`), the
+way a user runs them: exit codes, stdout JSON and stderr errors are what is checked.
+
+The admin tests walk resources through their life (create, read back, change, delete)
+on Pulsar's paths and JSON shapes, each on names of its own, so they share the cluster.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import io
+import json
+import os
+import selectors
+import subprocess
+import time
+import uuid
+
+import pytest
+
+from magnetar.cli import build_parser
+from tests.cluster import python_command
+
+TOOL_TIMEOUT_S = 60
+
+
+def magnetar(*args: str, timeout_s: float = TOOL_TIMEOUT_S, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(python_command(*args), input=stdin, capture_output=True, timeout=timeout_s)
+
+
+def json_lines(text: bytes) -> list[dict]:
+    return [json.loads(line) for line in text.decode().splitlines() if line.strip()]
+
+
+def wait_for_line(process: subprocess.Popen, needle: bytes, timeout_s: float) -> None:
+    """Reads the process's stderr until a line holds ``needle``; fails on timeout or exit."""
+    deadline = time.monotonic() + timeout_s
+    seen = b""
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stderr, selectors.EVENT_READ)
+        while needle not in seen:
+            remaining_s = deadline - time.monotonic()
+            assert remaining_s > 0, f"{needle!r} not seen in {timeout_s} s: {seen.decode()[-2000:]}"
+            if selector.select(timeout=remaining_s):
+                chunk = os.read(process.stderr.fileno(), 65536)
+                assert chunk, f"process exited before {needle!r}: {seen.decode()[-2000:]}"
+                seen += chunk
+
+
+def unique(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="module")
+def urls(pulsar_cluster):
+    broker = pulsar_cluster.brokers[0]
+    return broker.service_url, broker.web_service_url
+
+
+def admin(web_url: str, *args: str):
+    """Runs `magnetar admin …` in this process (the same parser and handler as the
+    command; the admin tool is plain urllib, and a process per call would cost ~0.4 s),
+    asserts it succeeded; returns the printed JSON, the text when it is not JSON, or None
+    when the server sent an empty body. Exit codes and stderr of real processes are
+    checked by test_admin_errors_are_clear."""
+    argv = ["admin", "--admin-url", web_url, *args]
+    parsed = build_parser(argv).parse_args(argv)
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        returncode = parsed.handler(parsed)
+    assert returncode == 0, f"admin {' '.join(args)}: {stderr.getvalue()}"
+    text = stdout.getvalue().strip()
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def test_produce_then_consume_round_trip_with_keys_and_properties(urls, tmp_path):
+    """Proves produce and consume agree on everything a message carries: produce sends
+    text messages (each twice, with a key and two properties) and one binary file, and
+    prints one id per message in send order; consume from the earliest position prints
+    the same ids in order, the key, the properties, event and publish times, the text as
+    UTF-8 and the binary payload as base64. Consuming again on the same subscription
+    times out (exit 3) with nothing: the acknowledgements were flushed when the first
+    consumer closed."""
+    service_url, _ = urls
+    topic = unique("cli-round-trip")
+    binary = bytes([0xff, 0xfe, 0x00, 0x80]) + bytes(range(16))
+    binary_path = tmp_path / "payload.bin"
+    binary_path.write_bytes(binary)
+    produced = magnetar("produce", "--service-url", service_url, topic, "-m", "hello", "-m", "grüße",
+                        "--file", str(binary_path), "-n", "2", "--key", "key-1", "--property", "origin=cli",
+                        "-p", "run=1", "--event-time-ms", "1700000000000")
+    assert produced.returncode == 0, produced.stderr.decode()
+    ids = json_lines(produced.stdout)
+    assert [line["index"] for line in ids] == list(range(6))
+    assert all(line["message_id"]["ledgerId"] >= 0 and line["message_id"]["entryId"] >= 0 for line in ids)
+
+    consumed = magnetar("consume", "--service-url", service_url, topic, "-s", "round-trip", "-n", "6",
+                        "--initial-position", "earliest", "--timeout-s", "20")
+    assert consumed.returncode == 0, consumed.stderr.decode()
+    messages = json_lines(consumed.stdout)
+    assert [m["message_id"] for m in messages] == [line["message_id"] for line in ids]
+    assert [m["payload"] for m in messages[:4]] == ["hello", "hello", "grüße", "grüße"]
+    assert {m["encoding"] for m in messages[:4]} == {"utf-8"}
+    assert [m["encoding"] for m in messages[4:]] == ["base64", "base64"]
+    assert base64.b64decode(messages[4]["payload"]) == binary
+    for message in messages:
+        assert message["key"] == "key-1"
+        assert message["properties"] == {"origin": "cli", "run": "1"}
+        assert message["event_time_ms"] == 1700000000000
+        assert message["publish_time_ms"] > 1700000000000
+        assert message["topic"] == f"persistent://public/default/{topic}"
+        assert message["redelivery_count"] == 0
+
+    again = magnetar("consume", "--service-url", service_url, topic, "-s", "round-trip", "-n", "1",
+                     "--timeout-s", "2")
+    assert again.returncode == 3, again.stderr.decode()
+    assert again.stdout.decode().strip() == ""
+    assert "timed out" in again.stderr.decode()
+
+
+def test_produce_quiet_summary_and_batching(urls):
+    """Proves --batching and --quiet: 200 messages sent with batching enabled are all
+    acknowledged, share batch entries (batch indexes >= 0), and the summary line counts
+    them; a shared subscription consumes all 200."""
+    service_url, _ = urls
+    topic = unique("cli-batching")
+    produced = magnetar("produce", "--service-url", service_url, topic, "-m", "batched", "-n", "200",
+                        "--batching", "--quiet")
+    assert produced.returncode == 0, produced.stderr.decode()
+    (summary,) = json_lines(produced.stdout)
+    assert summary["sent"] == 200 and summary["failed"] == 0
+    assert summary["first_message_id"]["batchIndex"] >= 0
+    consumed = magnetar("consume", "--service-url", service_url, topic, "-s", "batched", "-t", "shared",
+                        "-n", "200", "--initial-position", "earliest", "--timeout-s", "20", "--quiet")
+    assert consumed.returncode == 0, consumed.stderr.decode()
+    assert json_lines(consumed.stdout)[0]["received"] == 200
+
+
+def test_produce_fails_loudly_without_a_broker():
+    """Proves that a produce which cannot reach a broker exits non-zero with the client's
+    error on stderr, and prints nothing on stdout."""
+    result = magnetar("produce", "--service-url", "pulsar://127.0.0.1:1", "--operation-timeout-s", "2",
+                      "nowhere", "-m", "lost")
+    assert result.returncode == 1
+    assert result.stdout.decode().strip() == ""
+    assert "magnetar produce:" in result.stderr.decode()
+
+
+def test_perf_consume_and_paced_produce_report_sane_json(urls, tmp_path):
+    """Proves the perf pair measures what it claims: a consumer subscribes first (it says
+    so on stderr), a producer paced at 2,000 msgs/s sends 4,000 messages; the producer's
+    summary shows the rate held (token bucket) with no errors and ordered publish latency
+    percentiles; the consumer got exactly those 4,000, in order (no duplicates, no gaps),
+    measured end-to-end latency from the payload's send time for every one, and wrote
+    the same summary to --out."""
+    service_url, _ = urls
+    topic = unique("cli-perf")
+    out_path = tmp_path / "consume.json"
+    consumer = subprocess.Popen(python_command("perf", "consume", "--service-url", service_url, topic,
+                                               "--subscription", "perf", "--messages", "4000", "--seconds", "30",
+                                               "--progress-interval-s", "1", "--out", str(out_path)),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for_line(consumer, b'"event": "subscribed"', timeout_s=30)
+        produced = magnetar("perf", "produce", "--service-url", service_url, topic, "--rate", "2000",
+                            "--messages", "4000", "--size", "512", "--progress-interval-s", "1")
+        stdout, stderr = consumer.communicate(timeout=TOOL_TIMEOUT_S)
+    finally:
+        if consumer.poll() is None:
+            consumer.kill()
+    assert produced.returncode == 0, produced.stderr.decode()
+    producer_summary = json_lines(produced.stdout)[-1]
+    assert producer_summary["messages"] == 4000 and producer_summary["errors"] == 0
+    assert producer_summary["size_bytes"] == 512
+    # Paced: never faster than asked (a loaded machine may make it slower, and says so).
+    assert 0 < producer_summary["msgs_per_s"] <= 2000 * 1.05, producer_summary
+    assert producer_summary["rate_sustained"] == (producer_summary["msgs_per_s"] >= 0.95 * 2000)
+    latency = producer_summary["publish_latency_ms"]
+    assert latency["count"] == 4000
+    assert 0 < latency["p50"] <= latency["p99"] <= latency["p99.9"] <= latency["max"]
+    assert any('"progress"' in line for line in produced.stderr.decode().splitlines())
+
+    assert consumer.returncode == 0, stderr.decode()
+    consumer_summary = json_lines(stdout)[-1]
+    assert consumer_summary["messages"] == 4000
+    assert consumer_summary["duplicates"] == 0 and consumer_summary["sequence_gaps"] == 0
+    assert consumer_summary["latency_sources"]["payload_header"] == 4000
+    end_to_end = consumer_summary["end_to_end_latency_ms"]
+    assert 0 < end_to_end["p50"] <= end_to_end["p99"] <= end_to_end["max"] < 30_000
+    assert json.loads(out_path.read_text()) == consumer_summary
+
+
+def test_perf_produce_max_rate_with_and_without_batching(urls):
+    """Proves the unpaced producer: with batching off it sends exactly --messages and
+    every message is acknowledged; with batching on and --seconds it runs for about that
+    long and reports positive throughput, all without errors."""
+    service_url, _ = urls
+    topic = unique("cli-perf-max")
+    unbatched = magnetar("perf", "produce", "--service-url", service_url, topic, "--no-batching",
+                         "--messages", "2000", "--max-pending", "200", "--progress-interval-s", "0")
+    assert unbatched.returncode == 0, unbatched.stderr.decode()
+    summary = json_lines(unbatched.stdout)[-1]
+    assert summary["batching"] is False
+    assert summary["sent"] == summary["messages"] == 2000 and summary["errors"] == 0
+    batched = magnetar("perf", "produce", "--service-url", service_url, topic, "--seconds", "2",
+                       "--progress-interval-s", "0")
+    assert batched.returncode == 0, batched.stderr.decode()
+    summary = json_lines(batched.stdout)[-1]
+    assert summary["batching"] is True and summary["drained"] is True
+    assert 1.5 <= summary["seconds"] <= 10 and summary["msgs_per_s"] > 0 and summary["MB_per_s"] > 0
+    assert summary["messages"] == summary["sent"] and summary["errors"] == 0
+
+
+def test_admin_brokers_health_list_and_leader(urls):
+    """Proves the brokers actions: health (as a real process: exit 0) prints the broker's
+    "ok", list (cluster found through the clusters endpoint) names this broker, leader
+    names its service URL."""
+    _, web_url = urls
+    health = magnetar("admin", "--admin-url", web_url, "brokers", "health")
+    assert health.returncode == 0, health.stderr.decode()
+    assert health.stdout.decode().strip() == "ok"
+    host_port = web_url.removeprefix("http://")
+    assert host_port in admin(web_url, "brokers", "list")
+    assert admin(web_url, "brokers", "leader")["serviceUrl"] == web_url
+
+
+def test_admin_tenant_and_namespace_policies(urls):
+    """Proves the tenant and namespace actions against Pulsar's paths and JSON shapes:
+    a tenant is created on every cluster when none is named, listed and read back; a
+    namespace in it is created, listed, and its retention, persistence and auto topic
+    creation policies are set and read back through `namespaces policies`; both are
+    deleted again."""
+    _, web_url = urls
+    tenant = unique("tenant")
+    namespace = f"{tenant}/ns"
+    assert admin(web_url, "tenants", "create", tenant) is None
+    assert tenant in admin(web_url, "tenants", "list")
+    assert admin(web_url, "tenants", "get", tenant)["allowedClusters"] == admin(web_url, "clusters", "list")
+    admin(web_url, "namespaces", "create", namespace)
+    assert admin(web_url, "namespaces", "list", tenant) == [namespace]
+    admin(web_url, "namespaces", "set-retention", namespace, "--time-minutes", "60", "--size-mb", "100")
+    admin(web_url, "namespaces", "set-persistence", namespace, "--ensemble", "2", "--write-quorum", "2",
+          "--ack-quorum", "1")
+    admin(web_url, "namespaces", "set-auto-topic-creation", namespace, "--disable")
+    policies = admin(web_url, "namespaces", "policies", namespace)
+    assert policies["retention_policies"] == {"retentionTimeInMinutes": 60, "retentionSizeInMB": 100}
+    assert policies["persistence"]["bookkeeperEnsemble"] == 2
+    assert policies["persistence"]["bookkeeperAckQuorum"] == 1
+    assert policies["autoTopicCreationOverride"]["allowAutoTopicCreation"] is False
+    admin(web_url, "namespaces", "delete", namespace)
+    admin(web_url, "tenants", "delete", tenant)
+    assert tenant not in admin(web_url, "tenants", "list")
+
+
+def test_admin_topics_stats_subscriptions_and_cursor(urls):
+    """Proves the topic actions on a topic with 5 messages: it is listed; stats count the
+    messages in and show a subscription created at the earliest position with a backlog
+    of 5; skip -n 2 leaves 3; skip-all leaves 0; reset-cursor to 1 h ago brings the 5
+    back; internal stats and the last message id name the same ledger as produce did;
+    the subscription and the topic are deleted again."""
+    service_url, web_url = urls
+    topic = unique("cli-stats")
+    full_name = f"persistent://public/default/{topic}"
+    produced = magnetar("produce", "--service-url", service_url, topic, "-m", "for-stats", "-n", "5", "--quiet")
+    assert produced.returncode == 0, produced.stderr.decode()
+    last_id = json_lines(produced.stdout)[0]["last_message_id"]
+    assert full_name in admin(web_url, "topics", "list", "public/default")
+    admin(web_url, "topics", "create-subscription", topic, "-s", "stats-sub", "--message-id", "earliest")
+    assert admin(web_url, "topics", "subscriptions", full_name) == ["stats-sub"]
+
+    def backlog() -> int:
+        return admin(web_url, "topics", "stats", topic)["subscriptions"]["stats-sub"]["msgBacklog"]
+
+    stats = admin(web_url, "topics", "stats", topic)
+    assert stats["msgInCounter"] == 5 and isinstance(stats["publishers"], list)
+    assert backlog() == 5
+    admin(web_url, "topics", "skip", topic, "-s", "stats-sub", "-n", "2")
+    assert backlog() == 3
+    admin(web_url, "topics", "skip-all", topic, "-s", "stats-sub")
+    assert backlog() == 0
+    admin(web_url, "topics", "reset-cursor", topic, "-s", "stats-sub", "--time", "1h")
+    assert backlog() == 5
+    internal = admin(web_url, "topics", "internal-stats", topic)
+    assert internal["ledgers"][-1]["ledgerId"] == last_id["ledgerId"]
+    assert "stats-sub" in internal["cursors"]
+    last = admin(web_url, "topics", "last-message-id", topic)
+    assert (last["ledgerId"], last["entryId"]) == (last_id["ledgerId"], last_id["entryId"])
+    admin(web_url, "topics", "delete-subscription", topic, "-s", "stats-sub")
+    admin(web_url, "topics", "delete", topic)
+    assert full_name not in admin(web_url, "topics", "list", "public/default")
+
+
+def test_admin_partitioned_topic(urls):
+    """Proves the partitioned-topic actions: create with 2 partitions, read the count
+    back (Pulsar's {"partitions": n}), grow it to 3, see it listed, delete it."""
+    _, web_url = urls
+    topic = unique("cli-partitioned")
+    admin(web_url, "topics", "create-partitioned", topic, "--partitions", "2")
+    assert admin(web_url, "topics", "get-partitioned", topic) == {"partitions": 2}
+    admin(web_url, "topics", "update-partitioned", topic, "--partitions", "3")
+    assert admin(web_url, "topics", "get-partitioned", topic) == {"partitions": 3}
+    assert f"persistent://public/default/{topic}" in admin(web_url, "topics", "list-partitioned", "public/default")
+    admin(web_url, "topics", "delete-partitioned", topic)
+
+
+def test_admin_topics_lookup_names_the_serving_broker(urls):
+    """Proves `admin topics lookup` (Pulsar's /lookup/v2 path) returns the JSON the broker
+    sent, naming this broker's binary and HTTP URLs for a short topic name."""
+    service_url, web_url = urls
+    document = admin(web_url, "topics", "lookup", unique("cli-lookup"))
+    assert document["brokerUrl"] == service_url
+    assert document["httpUrl"] == web_url
+
+
+def test_admin_errors_are_clear(urls):
+    """Proves the admin tool's failure modes: an unreachable server and a missing topic
+    exit 1 with the method, URL, status and the server's reason on stderr; bad arguments
+    exit 2 before any request."""
+    _, web_url = urls
+    unreachable = magnetar("admin", "--admin-url", "http://127.0.0.1:1", "tenants", "list")
+    assert unreachable.returncode == 1
+    assert "GET http://127.0.0.1:1/admin/v2/tenants: no response: cannot reach the server" in \
+        unreachable.stderr.decode()
+    missing = magnetar("admin", "--admin-url", web_url, "clusters", "get", "no-such-cluster")
+    assert missing.returncode == 1
+    assert missing.stderr.decode().strip() == (f"magnetar admin: GET {web_url}/admin/v2/clusters/no-such-cluster: "
+                                               "HTTP 404: cluster no-such-cluster does not exist")
+    usage = magnetar("admin", "--admin-url", web_url, "namespaces", "set-persistence", "public/default",
+                     "--ensemble", "1", "--write-quorum", "2", "--ack-quorum", "1")
+    assert usage.returncode == 2
+    assert "ensemble >= write-quorum >= ack-quorum" in usage.stderr.decode()
