@@ -31,6 +31,7 @@ from bookie.registration import Registration, check_cookie
 from bookie.server import BookieServicer
 from ledger.errors import ConfigError, MagnetarError
 from magnetar import __version__
+from magnetar.loop_monitor import LoopMonitor
 from magnetar.ops_http import build_ops_app, start_ops_server
 from metadata import open_store
 from metadata.bookie_record import BookieRecord
@@ -136,6 +137,7 @@ class BookieProcess:
 
         registry = CollectorRegistry()
         metrics = BookieMetrics(node, registry)
+        loop_monitor = LoopMonitor(registry, "magnetar_bookie")
         bookie_pb2_grpc.add_BookieServicer_to_server(BookieServicer(node, metrics), server)
         registration = Registration(store, config.registration_ttl_s)
 
@@ -189,6 +191,7 @@ class BookieProcess:
                     tasks.create_task(registration.run()),
                     tasks.create_task(run_gc(store, storage, config.gc, gc_trigger)),
                     tasks.create_task(watch_disks()),
+                    tasks.create_task(loop_monitor.run()),
                 ]
                 await self.stopping.wait()
                 log.info("bookie stopping: bookie_id=%s", bookie_id)

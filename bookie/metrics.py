@@ -3,9 +3,14 @@ read from the node when /metrics is scraped."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from bookie.node import BookieNode
+
+
+# Latency buckets from 0.25 ms to 1 s: a journal fsync on a good disk is well under a
+# millisecond, a stalled one hundreds.
+LATENCY_BUCKETS_S = (0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
 class BookieMetrics:
@@ -16,6 +21,17 @@ class BookieMetrics:
         self.add_bytes = Counter("magnetar_bookie_add_bytes", "Bytes of entries received", registry=registry)
         self.reads = Counter("magnetar_bookie_read_entries", "Entries read (including errors)", registry=registry)
         self.read_bytes = Counter("magnetar_bookie_read_bytes", "Bytes of entries read", registry=registry)
+        self.add_latency = Histogram("magnetar_bookie_add_batch_latency_seconds",
+                                     "From an add batch's arrival to its acknowledgement (journal fsync included)",
+                                     buckets=LATENCY_BUCKETS_S, registry=registry)
+        self.fsync_latency = Histogram("magnetar_bookie_journal_fsync_latency_seconds",
+                                       "Journal write + fdatasync of one group", buckets=LATENCY_BUCKETS_S,
+                                       registry=registry)
+        self.group_records = Histogram("magnetar_bookie_journal_group_records", "Records per journal group",
+                                       buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096),
+                                       registry=registry)
+        if node.journal is not None:
+            node.journal.on_group_written = self.on_group_written
 
         def journal_stat(name: str):
             return lambda: getattr(node.journal.stats, name) if node.journal else 0
@@ -53,6 +69,10 @@ class BookieMetrics:
         if refused:
             self.add_errors.inc(refused)
         self.add_bytes.inc(size_bytes)
+
+    def on_group_written(self, fsync_seconds: float, records: int) -> None:
+        self.fsync_latency.observe(fsync_seconds)
+        self.group_records.observe(records)
 
     def on_reads(self, count: int, size_bytes: int) -> None:
         self.reads.inc(count)

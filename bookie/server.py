@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING, AsyncIterator
 
 import grpc
@@ -76,6 +77,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
         async def read_requests() -> None:
             try:
                 async for request in request_iterator:
+                    arrived = time.perf_counter()
                     items = [AddItem(e.ledger_id, e.entry_id, e.entry, e.recovery) for e in request.entries]
                     future = None
                     try:
@@ -83,7 +85,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
                         outcomes, future = node.submit_adds(items)
                     except MagnetarError as error:
                         outcomes = [error] * len(items)
-                    await pending.put((items, outcomes, future))
+                    await pending.put((items, outcomes, future, arrived))
             except asyncio.CancelledError:
                 raise
             except Exception as error:  # a broken stream ends the reader, never the server
@@ -100,7 +102,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
                 batch = await pending.get()
                 if batch is None:
                     break
-                items, outcomes, future = batch
+                items, outcomes, future, arrived = batch
                 if future is not None:
                     try:
                         await future
@@ -119,6 +121,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
                 if self._metrics is not None:
                     self._metrics.on_adds(len(items) - errors, errors,
                                           sum(len(i.entry) for i in items))
+                    self._metrics.add_latency.observe(time.perf_counter() - arrived)
                 yield bookie_pb2.AddResponse(results=results)
                 # The reader may have stopped on a full queue; let it go on.
                 if reader.done() and pending.empty():

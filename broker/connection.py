@@ -351,9 +351,14 @@ class ServerConnection(asyncio.Protocol):
         sequence_id = send.sequence_id
         highest = send.highest_sequence_id
         producer_id = send.producer_id
-        future.add_done_callback(lambda f: self._on_send_done(producer_id, sequence_id, highest, f))
+        arrived = time.perf_counter()
+        future.add_done_callback(lambda f: self._on_send_done(producer_id, sequence_id, highest, f, arrived))
 
-    def _on_send_done(self, producer_id: int, sequence_id: int, highest: int, future: asyncio.Future[Position]) -> None:
+    def _on_send_done(self, producer_id: int, sequence_id: int, highest: int, future: asyncio.Future[Position],
+                      arrived: float) -> None:
+        observe = self.service.on_publish_latency
+        if observe is not None:
+            observe(time.perf_counter() - arrived)
         self._pending_sends -= 1
         if self._reading_paused and self._pending_sends <= self.config.pending_sends_per_connection_max // 2:
             self._reading_paused = False

@@ -21,6 +21,7 @@ from broker.metrics import BrokerMetrics
 from broker.service import BrokerService
 from ledger.client import LedgerClient
 from ledger.config import LedgerClientConfig
+from magnetar.loop_monitor import LoopMonitor
 from magnetar.ops_http import start_ops_server
 from metadata import open_store
 
@@ -84,6 +85,8 @@ class BrokerProcess:
         service = BrokerService(config, store, ledger_client)
         registry = CollectorRegistry()
         metrics = BrokerMetrics(service, registry)
+        loop_monitor = LoopMonitor(registry, "magnetar_broker")
+        monitor_task = asyncio.get_running_loop().create_task(loop_monitor.run())
         app = build_admin_app(service, registry)
         runner, http_port = await start_ops_server(app, config.host, config.http_port)
         config = replace(config, http_port=http_port)
@@ -96,6 +99,7 @@ class BrokerProcess:
             await self.stopping.wait()
         finally:
             log.info("broker stopping: broker_id=%s", service.broker_id)
+            monitor_task.cancel()
             server.close()
             await service.close()
             for connection in list(service.connections):

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry, Gauge, Histogram
+
+from bookie.metrics import LATENCY_BUCKETS_S
 
 from broker.service import BrokerService
 
@@ -34,3 +36,7 @@ class BrokerMetrics:
         ]
         for name, help_text, function in gauges:
             Gauge(name, help_text, registry=registry).set_function(function)
+        self.publish_latency = Histogram("magnetar_broker_publish_latency_seconds",
+                                         "From a SEND's arrival to its receipt (storage included)",
+                                         buckets=LATENCY_BUCKETS_S, registry=registry)
+        service.on_publish_latency = self.publish_latency.observe

@@ -62,6 +62,8 @@ class BrokerService:
         self.connections: set = set()
         self._rates: dict[str, tuple[float, int, int]] = {}
         self._background: list[asyncio.Task[None]] = []
+        # Set by the metrics: told the seconds from each SEND's arrival to its receipt.
+        self.on_publish_latency: Callable[[float], None] | None = None
 
     async def _self_owner(self, topic: TopicName) -> OwnerInfo:
         return OwnerInfo(self.broker_id, self.config.service_url, self.config.web_service_url, True)
