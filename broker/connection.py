@@ -226,6 +226,7 @@ class ServerConnection(asyncio.Protocol):
         connect = frame.command.connect
         self.client_version = connect.client_version
         self.protocol_version = commands.negotiated_protocol_version(connect.protocol_version)
+        self.supports_partial_producer = connect.feature_flags.supports_partial_producer
         self.connected = True
         self.write_command(commands.connected(SERVER_VERSION, self.protocol_version, self.config.max_message_size))
         log.debug("client connected: peer=%s client=%s protocol=%d", self.peer, self.client_version,

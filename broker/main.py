@@ -19,11 +19,16 @@ from broker.connection import ServerConnection
 from broker.managed_ledger import ManagedLedgerConfig
 from broker.metrics import BrokerMetrics
 from broker.service import BrokerService
+from bundles.config import BundlesConfig
+from bundles.leader import Leader
+from bundles.load import LoadReporter
+from bundles.ownership import BrokerIdentity, OwnershipManager
 from ledger.client import LedgerClient
 from ledger.config import LedgerClientConfig
 from magnetar.loop_monitor import LoopMonitor
 from magnetar.ops_http import start_ops_server
-from metadata import open_store
+from metadata import keys, open_store
+from metadata.prefix_cache import PrefixCache
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +48,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ledger-max-age-s", type=float, default=4 * 3600.0)
     parser.add_argument("--entry-cache-mib", type=int, default=512)
     parser.add_argument("--cursor-flush-interval-s", type=float, default=1.0)
+    parser.add_argument("--read-ahead-entries", type=int, default=500,
+                        help="entries read ahead from the bookies for a subscription catching up (0: off)")
+    parser.add_argument("--dispatch-entries-max", type=int, default=100,
+                        help="entries read from storage per dispatch round of a subscription")
+    parser.add_argument("--dispatch-mib-max", type=int, default=4,
+                        help="bytes (MiB) read per dispatch round of a subscription")
     parser.add_argument("--keepalive-interval-s", type=float, default=30.0)
     parser.add_argument("--max-message-size", type=int, default=5 * 1024 * 1024)
     parser.add_argument("--no-auto-topic-creation", action="store_true")
     parser.add_argument("--retention-check-interval-s", type=float, default=5.0)
+    parser.add_argument("--lease-ttl-s", type=int, default=10, help="a dead broker's bundles move after this")
+    parser.add_argument("--load-report-interval-s", type=float, default=5.0)
+    parser.add_argument("--leader-interval-s", type=float, default=1.0)
+    parser.add_argument("--shedding-threshold", type=float, default=0.25)
+    parser.add_argument("--no-shedding", action="store_true")
+    parser.add_argument("--shedding-cooldown-s", type=float, default=30.0)
+    parser.add_argument("--default-bundles", type=int, default=4)
+
+
+def bundles_config_from_args(args: argparse.Namespace) -> BundlesConfig:
+    return BundlesConfig(lease_ttl_s=args.lease_ttl_s, report_interval_s=args.load_report_interval_s,
+                         leader_interval_s=args.leader_interval_s, shedding_enabled=not args.no_shedding,
+                         shedding_threshold=args.shedding_threshold, shedding_cooldown_s=args.shedding_cooldown_s,
+                         default_bundles=args.default_bundles)
 
 
 def config_from_args(args: argparse.Namespace) -> BrokerConfig:
@@ -56,9 +81,11 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         managed_ledger=ManagedLedgerConfig(
             ensemble_size=args.ensemble_size, write_quorum_size=args.write_quorum, ack_quorum_size=args.ack_quorum,
             ledger_entries_max=args.ledger_max_entries, ledger_bytes_max=args.ledger_max_mib * 1024 * 1024,
-            ledger_age_s_max=args.ledger_max_age_s),
+            ledger_age_s_max=args.ledger_max_age_s, read_ahead_entries_max=args.read_ahead_entries),
         entry_cache_bytes_max=args.entry_cache_mib * 1024 * 1024,
         cursor_flush_interval_s=args.cursor_flush_interval_s,
+        dispatch_entries_max=args.dispatch_entries_max,
+        dispatch_bytes_max=args.dispatch_mib_max * 1024 * 1024,
         keepalive_interval_s=args.keepalive_interval_s,
         max_message_size=args.max_message_size,
         allow_auto_topic_creation=not args.no_auto_topic_creation,
@@ -67,8 +94,9 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
 
 
 class BrokerProcess:
-    def __init__(self, config: BrokerConfig) -> None:
+    def __init__(self, config: BrokerConfig, bundles_config: BundlesConfig) -> None:
         self.config = config
+        self.bundles_config = bundles_config
         self.stopping = asyncio.Event()
 
     async def run(self) -> int:
@@ -83,6 +111,7 @@ class BrokerProcess:
         port = server.sockets[0].getsockname()[1]
         config = replace(config, port=port)
         service = BrokerService(config, store, ledger_client)
+        service.resources.default_bundles = self.bundles_config.default_bundles
         registry = CollectorRegistry()
         metrics = BrokerMetrics(service, registry)
         loop_monitor = LoopMonitor(registry, "magnetar_broker")
@@ -91,6 +120,20 @@ class BrokerProcess:
         runner, http_port = await start_ops_server(app, config.host, config.http_port)
         config = replace(config, http_port=http_port)
         service.config = config
+        identity = BrokerIdentity(service.broker_id, config.service_url, config.web_service_url)
+        brokers = PrefixCache(store, keys.BROKERS)
+        await brokers.start()
+        ownership = OwnershipManager(store, self.bundles_config, identity,
+                                     loaded_topics=service.loaded_topic_names, close_topics=service.close_topics)
+        await ownership.start()
+        service.ownership = ownership
+        service.broker_reports = brokers
+        reporter = LoadReporter(store, self.bundles_config, ownership, lambda: _counters(service))
+        await reporter.publish()   # the leader must know this broker before assigning to it
+        leader = Leader(store, self.bundles_config, identity, lambda: ownership.lease, brokers)
+        service.leader = leader
+        await leader.start()
+        reporter_task = loop.create_task(reporter.run())
         await service.start()
         await server.start_serving()
         log.info("broker listening: broker_id=%s service_url=%s web_service_url=%s",
@@ -100,6 +143,15 @@ class BrokerProcess:
         finally:
             log.info("broker stopping: broker_id=%s", service.broker_id)
             monitor_task.cancel()
+            # Hand every bundle to another broker first, so clients move without errors.
+            await leader.step_down()
+            await ownership.release_all(lambda _bundle: _destination(service, brokers))
+            reporter_task.cancel()
+            await leader.close()
+            if ownership.lease is not None:
+                await store.revoke_lease(ownership.lease)
+            await ownership.close()
+            await brokers.close()
             server.close()
             await service.close()
             for connection in list(service.connections):
@@ -113,8 +165,29 @@ class BrokerProcess:
         return 0
 
 
+def _counters(service: BrokerService) -> tuple[dict[str, tuple[int, int]], int]:
+    topics = {}
+    for topic in service.loaded_topics():
+        out = sum(s.dispatcher.messages_dispatched for s in topic.subscriptions.values())
+        topics[topic.full_name] = (topic.messages_in, out)
+    return topics, len(service.connections)
+
+
+def _destination(service: BrokerService, brokers: PrefixCache) -> str | None:
+    """The least loaded other live broker (None if this is the last one)."""
+    from bundles.balancer import least_loaded
+    from bundles.records import LoadReport
+
+    reports = {}
+    for record in brokers.records.values():
+        report = LoadReport.decode(record.value)
+        reports[report.broker_id] = report
+    owners = service.ownership.owners() if service.ownership is not None else {}
+    return least_loaded(reports, owners, exclude={service.broker_id})
+
+
 def main(args: argparse.Namespace) -> int:
-    process = BrokerProcess(config_from_args(args))
+    process = BrokerProcess(config_from_args(args), bundles_config_from_args(args))
 
     async def run() -> int:
         loop = asyncio.get_running_loop()

@@ -2,8 +2,24 @@
 
 from __future__ import annotations
 
+import itertools
+import secrets
 import time
 from dataclasses import dataclass, field
+
+# Generated producer names must be unique across the cluster and across broker
+# restarts: a client keeps the name it was given and presents it again when it
+# reconnects — possibly to another broker after an ownership move — so two brokers
+# (or one broker before and after a restart) must never hand out the same name.
+_PROCESS_NONCE = secrets.token_hex(4)
+_NAME_COUNTER = itertools.count()
+
+
+def generated_producer_name(cluster: str, broker: str) -> str:
+    """``<cluster>-<broker>-<process nonce>-<n>``, unique per process and, through
+    the random nonce, across processes."""
+    label = "".join(c if c.isalnum() else "_" for c in broker) or "broker"
+    return f"{cluster}-{label}-{_PROCESS_NONCE}-{next(_NAME_COUNTER)}"
 
 
 @dataclass(eq=False)

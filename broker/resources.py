@@ -25,8 +25,9 @@ from metadata.store import MetadataStore
 
 
 class Resources:
-    def __init__(self, store: MetadataStore, *, cache_ttl_s: float = 5.0) -> None:
+    def __init__(self, store: MetadataStore, *, cache_ttl_s: float = 5.0, default_bundles: int = 4) -> None:
         self.store = store
+        self.default_bundles = default_bundles
         self._cache_ttl_s = cache_ttl_s
         self._policies: dict[str, tuple[float, NamespacePolicies | None]] = {}
 
@@ -110,13 +111,26 @@ class Resources:
         self._policies[key] = (now, policies)
         return policies
 
-    async def create_namespace(self, namespace: NamespaceName, policies: NamespacePolicies | None = None) -> None:
+    async def create_namespace(self, namespace: NamespaceName, policies: NamespacePolicies | None = None,
+                               default_bundles: int | None = None) -> None:
+        """Creates the namespace with its bundles (``policies.bundles.numBundles`` or
+        ``default_bundles`` equal ranges), in one transaction."""
+        from bundles.hashing import default_boundaries
+        from bundles.records import BundlesRecord
+        from metadata.store import Compare, Put
+
         await self.tenant(namespace.tenant)
-        try:
-            await self.store.create(keys.namespace_policies(namespace.tenant, namespace.namespace),
-                                    (policies or NamespacePolicies()).encode())
-        except MetadataKeyExists:
-            raise AlreadyExists(f"namespace {namespace} already exists") from None
+        policies = policies or NamespacePolicies()
+        count = default_bundles or self.default_bundles
+        if isinstance(policies.bundles, dict) and policies.bundles.get("numBundles"):
+            count = int(policies.bundles["numBundles"])
+        boundaries = BundlesRecord(default_boundaries(count)).encode()
+        policies_key = keys.namespace_policies(namespace.tenant, namespace.namespace)
+        bundles_key = keys.namespace_bundles(namespace.tenant, namespace.namespace)
+        created = await self.store.transaction([Compare(policies_key, 0)],
+                                               [Put(policies_key, policies.encode()), Put(bundles_key, boundaries)])
+        if created is None:
+            raise AlreadyExists(f"namespace {namespace} already exists")
 
     async def update_policies(self, namespace: NamespaceName, change) -> NamespacePolicies:
         """Read-modify-write of a namespace's policies with compare-and-swap."""

@@ -4,8 +4,10 @@ metadata and namespace listings clients ask for.
 Topics load on first use (a producer, consumer, lookup or admin call). Concurrent
 first uses share one load. A topic is auto-created when its namespace exists and allows
 it (on by default, as in Pulsar standalone); otherwise the caller gets TopicNotFound.
-Ownership: ``owner_of`` says which broker serves a topic. With the bundles layer this
-is the owner of the topic's bundle; standing alone the broker owns everything.
+Ownership: ``owner_of`` says which broker serves a topic: the owner of the topic's
+bundle, from the bundles layer (bundles/ownership.py); a topic loads here only once
+this broker serves its bundle. Without an ownership manager (tests of the service
+alone) the broker owns everything.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Callable
 
 from broker.config import BrokerConfig
 from broker.managed_ledger import ManagedLedger, ManagedLedgerConfig
@@ -58,15 +60,53 @@ class BrokerService:
         self.started_at = time.time()
         self.shutting_down = False
         # Replaced by the bundles layer (issue 5): who owns a topic.
-        self.owner_of: Callable[[TopicName], Awaitable[OwnerInfo]] = self._self_owner
+        # Set by the wiring: the bundles layer's ownership manager and the brokers' load
+        # reports (for the addresses of other brokers).
+        self.ownership = None
+        self.broker_reports = None
+        self.leader = None
         self.connections: set = set()
         self._rates: dict[str, tuple[float, int, int]] = {}
         self._background: list[asyncio.Task[None]] = []
         # Set by the metrics: told the seconds from each SEND's arrival to its receipt.
         self.on_publish_latency: Callable[[float], None] | None = None
 
-    async def _self_owner(self, topic: TopicName) -> OwnerInfo:
-        return OwnerInfo(self.broker_id, self.config.service_url, self.config.web_service_url, True)
+    def broker_urls(self, broker_id: str) -> tuple[str, str] | None:
+        """(service URL, web service URL) of a live broker, from its load report."""
+        if broker_id == self.broker_id:
+            return self.config.service_url, self.config.web_service_url
+        if self.broker_reports is None:
+            return None
+        from bundles.records import LoadReport
+        from metadata import keys
+
+        record = self.broker_reports.get(keys.broker(broker_id))
+        if record is None:
+            return None
+        report = LoadReport.decode(record.value)
+        return report.service_url, report.web_service_url
+
+    async def owner_of(self, topic: TopicName) -> OwnerInfo:
+        if self.ownership is None:
+            return OwnerInfo(self.broker_id, self.config.service_url, self.config.web_service_url, True)
+        owner = await self.ownership.owner_of(topic, self.broker_urls)
+        return OwnerInfo(owner.broker_id, owner.service_url, owner.web_service_url, owner.is_self)
+
+    async def ensure_serving(self, topic: TopicName) -> None:
+        """Returns once this broker serves the topic's bundle (may wait for a transfer
+        or assignment to complete); NotOwner or ServiceNotReady otherwise."""
+        if self.ownership is not None:
+            await self.ownership.ensure_serving(topic)
+
+    async def close_topics(self, names: list[TopicName], reason: str) -> None:
+        """Closes loaded topics (their clients reconnect and look them up again)."""
+        topics = [t for t in (self.loaded_topic(n) for n in names) if t is not None]
+        if topics:
+            log.info("closing topics: count=%d reason=%s", len(topics), reason)
+        await asyncio.gather(*(t.close(disconnect_clients=True) for t in topics), return_exceptions=True)
+
+    def loaded_topic_names(self) -> list[TopicName]:
+        return [t.name for t in self.loaded_topics()]
 
     async def start(self) -> None:
         """Creates the cluster, the ``public`` tenant and ``public/default`` namespace if
@@ -125,13 +165,15 @@ class BrokerService:
                 return topic
             self.topics.pop(key, None)
             return await self.get_topic(name, create=create)
-        owner = await self.owner_of(name)
-        if not owner.is_self:
-            raise ServiceNotReady(f"topic {name} is served by {owner.broker_id}")
+        await self.ensure_serving(name)
         future: asyncio.Future[PersistentTopic] = asyncio.get_running_loop().create_future()
         self.topics[key] = future
         try:
             topic = await self._load_topic(name, create=create)
+            if self.ownership is not None and not await self.ownership.is_serving(name):
+                # The bundle left this broker while the topic loaded: do not keep it.
+                await topic.close(disconnect_clients=False)
+                raise ServiceNotReady(f"topic {name} moved to another broker while loading")
         except BaseException as error:
             self.topics.pop(key, None)
             future.set_exception(error if isinstance(error, MagnetarError) else ServiceNotReady(str(error)))

@@ -20,7 +20,7 @@ Theory of operation:
 - Backlog is counted in entries (a batch is one entry), as Pulsar's ``msgBacklog`` is.
   ``backlogSize`` is an estimate: backlog entries times the topic's mean stored entry
   size (Pulsar estimates it too). The topic's ``backlogSize`` is its slowest
-  subscription's.
+  subscription's; a partitioned topic's, the sum over its partitions (as Pulsar sums).
 - Internal stats describe the managed ledger: ledgers with their entry counts and sizes
   (-1 while a rolled-over ledger is still being closed and its count is not final), the
   current ledger, and each cursor's mark-delete and read positions.
@@ -147,6 +147,7 @@ def publisher_stats(topic: "PersistentTopic", producer: "Producer", meter: RateM
         "address": producer.address,
         "connectedSince": iso_time(producer.connected_at_ms),
         "metadata": dict(producer.metadata),
+        "supportsPartialProducer": bool(getattr(producer.connection, "supports_partial_producer", False)),
     }
 
 
@@ -211,24 +212,37 @@ def topic_stats(topic: "PersistentTopic", meter: RateMeter, now_s: float) -> dic
 
 
 def partitioned_stats(partitions: dict[str, dict], partition_count: int, *, per_partition: bool) -> dict:
-    """Pulsar's PartitionedTopicStats: the partitions' stats summed (publishers merged
-    by producer name, subscriptions by name), plus each partition's own when asked."""
+    """Pulsar's PartitionedTopicStats: the partitions' stats summed (subscriptions
+    merged by name; publishers as Pulsar merges them: by producer name where the client
+    supports partial producers — one producer, one name on every partition — and
+    otherwise position by position, since such clients' per-partition producers have
+    names of their own), plus each partition's own when asked."""
     assert partition_count >= len(partitions), (partition_count, len(partitions))
     total: dict = {field: 0 for field in _SUMMED_TOPIC_FIELDS}
     total["backlogSize"] = 0
-    publishers: dict[str, dict] = {}
+    by_name: dict[str, dict] = {}
+    by_position: list[dict] = []
     subscriptions: dict[str, dict] = {}
-    for stats in partitions.values():
+    for _partition, stats in sorted(partitions.items(), key=lambda item: _partition_index(item[0])):
         for field in _SUMMED_TOPIC_FIELDS:
             total[field] += stats[field]
-        total["backlogSize"] = max(total["backlogSize"], stats["backlogSize"])
+        total["backlogSize"] += stats["backlogSize"]
+        position = 0
         for publisher in stats["publishers"]:
-            merged = publishers.get(publisher["producerName"])
-            if merged is None:
-                publishers[publisher["producerName"]] = dict(publisher)
+            if publisher.get("supportsPartialProducer") and publisher["producerName"]:
+                merged = by_name.get(publisher["producerName"])
+                if merged is None:
+                    by_name[publisher["producerName"]] = dict(publisher)
+                    continue
+            elif position < len(by_position):
+                merged = by_position[position]
+                position += 1
             else:
-                for field in _SUMMED_PUBLISHER_FIELDS:
-                    merged[field] += publisher[field]
+                by_position.append(dict(publisher))
+                position += 1
+                continue
+            for field in _SUMMED_PUBLISHER_FIELDS:
+                merged[field] += publisher[field]
         for name, subscription in stats["subscriptions"].items():
             merged = subscriptions.get(name)
             if merged is None:
@@ -237,19 +251,25 @@ def partitioned_stats(partitions: dict[str, dict], partition_count: int, *, per_
                 for field in _SUMMED_SUBSCRIPTION_FIELDS:
                     merged[field] += subscription[field]
                 merged["consumers"].extend(subscription["consumers"])
-    for publisher in publishers.values():
+    publishers = [*by_name.values(), *by_position]
+    for publisher in publishers:
         rate = publisher["msgRateIn"]
         publisher["averageMsgSize"] = publisher["msgThroughputIn"] / rate if rate > 0 else 0.0
     rate_in = total["msgRateIn"]
     return {
         **total,
         "averageMsgSize": total["msgThroughputIn"] / rate_in if rate_in > 0 else 0.0,
-        "publishers": list(publishers.values()),
+        "publishers": publishers,
         "subscriptions": dict(sorted(subscriptions.items())),
         "replication": {},
         "metadata": {"partitions": partition_count},
         "partitions": dict(sorted(partitions.items())) if per_partition else {},
     }
+
+
+def _partition_index(topic: str) -> int:
+    _, _, index = topic.rpartition("-partition-")
+    return int(index) if index.isdigit() else -1
 
 
 # --- internal stats -------------------------------------------------------------------------

@@ -13,7 +13,6 @@ and closes the current ledger.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
 from typing import Callable
@@ -25,7 +24,7 @@ from broker.config import BrokerConfig
 from broker.consumer import Consumer
 from broker.managed_ledger import ManagedLedger
 from broker.position import Position
-from broker.producer import Producer
+from broker.producer import Producer, generated_producer_name
 from broker.proto import pulsar_api_pb2 as pb
 from broker.topic_name import TopicName
 from ledger.client import LedgerClient
@@ -79,7 +78,6 @@ class PersistentTopic:
         self.closing = False
         self.closed = False
         self._producer_names: set[str] = set()
-        self._name_counter = itertools.count()
         self.on_closed: Callable[["PersistentTopic"], None] | None = None
         self.created_at = time.time()
         ledger.on_fenced = self._on_ledger_fenced
@@ -119,16 +117,27 @@ class PersistentTopic:
     # --- producers ----------------------------------------------------------------------------
 
     def generate_producer_name(self) -> str:
-        return f"{self.config.cluster}-{self.config.broker_id or 'broker'}-{next(self._name_counter)}"
+        return generated_producer_name(self.config.cluster,
+                                       self.config.broker_id or f"{self.config.host}:{self.config.port}")
 
     def add_producer(self, producer: Producer) -> None:
         self._check_open()
         if self.ledger.terminated:
             raise TopicTerminated(f"topic {self.full_name} is terminated")
         if producer.name in self._producer_names:
+            self._drop_producer_of_dead_connection(producer.name)
+        if producer.name in self._producer_names:
             raise ProducerBusy(f"producer {producer.name} is already connected to {self.full_name}")
         self._producer_names.add(producer.name)
         self.producers[id(producer)] = producer
+
+    def _drop_producer_of_dead_connection(self, name: str) -> None:
+        """A client reconnecting after its old connection died (before the broker
+        noticed) presents the same producer name again; the stale registration must
+        not lock it out."""
+        for producer in list(self.producers.values()):
+            if producer.name == name and getattr(producer.connection, "closed", False):
+                self.remove_producer(producer)
 
     def remove_producer(self, producer: Producer) -> None:
         if self.producers.pop(id(producer), None) is not None:

@@ -43,6 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bookie-http-port-base", type=int, default=8001)
     parser.add_argument("--broker-port", type=int, default=6650, help="Pulsar binary protocol")
     parser.add_argument("--broker-http-port", type=int, default=8080, help="admin REST, lookups, /metrics")
+    parser.add_argument("--brokers", type=int, default=1,
+                        help="brokers sharing the bookies (broker n on broker-port + n, broker-http-port + n)")
     parser.add_argument("--copies", type=int, default=2, choices=[1, 2, 3],
                         help="bookies each message is stored on (E=Qw=Qa), default 2")
 
@@ -102,12 +104,19 @@ class Standalone:
         for name, url, process in bookies:
             await self._wait_http_ok(name, url, process)
         copies = min(self.args.copies, self.args.bookies)
-        broker = await self._spawn("broker", [
-            sys.executable, "-m", "magnetar", "broker", "--metadata", self.metadata_url,
-            "--port", str(self.args.broker_port), "--http-port", str(self.args.broker_http_port),
-            "--ensemble-size", str(copies), "--write-quorum", str(copies), "--ack-quorum", str(copies)])
-        await self._wait_http_ok("broker", f"http://127.0.0.1:{self.args.broker_http_port}/health", broker)
-        service_url = f"pulsar://127.0.0.1:{self.args.broker_port}"
+        brokers = []
+        for n in range(self.args.brokers):
+            name = "broker" if n == 0 else f"broker-{n}"
+            process = await self._spawn(name, [
+                sys.executable, "-m", "magnetar", "broker", "--metadata", self.metadata_url,
+                "--port", str(self.args.broker_port + n), "--http-port", str(self.args.broker_http_port + n),
+                "--broker-id", f"broker-{n}",
+                "--ensemble-size", str(copies), "--write-quorum", str(copies), "--ack-quorum", str(copies)])
+            brokers.append((name, f"http://127.0.0.1:{self.args.broker_http_port + n}/health", process))
+        for name, url, process in brokers:
+            await self._wait_http_ok(name, url, process)
+        service_url = "pulsar://" + ",".join(f"127.0.0.1:{self.args.broker_port + n}"
+                                             for n in range(self.args.brokers))
         admin_url = f"http://127.0.0.1:{self.args.broker_http_port}"
         print(json.dumps({
             "event": "standalone ready",

@@ -323,6 +323,7 @@ class EtcdStore(MetadataStore):
                     log.warning("lease lost (expired in etcd): lease_id=%x", lease.lease_id)
                     return
                 last_success = time.monotonic()
+                lease.refreshed_at = last_success
         finally:
             lease.lost.set()
 

@@ -78,3 +78,33 @@ def cluster(name: str) -> str:
 
 def broker(broker_id: str) -> str:
     return f"{BROKERS}{broker_id}"
+
+
+BUNDLE_OWNERS = "/bundle-owners/"
+BUNDLE_ASSIGNMENTS = "/bundle-assignments/"
+BUNDLE_TRANSFERS = "/bundle-transfers/"
+LEADER = "/leader"
+
+
+def namespace_bundles(tenant_name: str, namespace: str) -> str:
+    return f"{NAMESPACES}{tenant_name}/{namespace}/bundles"
+
+
+def bundle_owner(namespace: str, bundle_name: str) -> str:
+    """``namespace`` is "tenant/ns"."""
+    return f"{BUNDLE_OWNERS}{namespace}/{bundle_name}"
+
+
+def bundle_assignment(namespace: str, bundle_name: str) -> str:
+    return f"{BUNDLE_ASSIGNMENTS}{namespace}/{bundle_name}"
+
+
+def bundle_transfer(namespace: str, bundle_name: str) -> str:
+    return f"{BUNDLE_TRANSFERS}{namespace}/{bundle_name}"
+
+
+def split_bundle_key(key: str, prefix: str) -> tuple[str, str]:
+    """(namespace "t/ns", bundle name) of a key under one of the bundle prefixes."""
+    rest = key[len(prefix):]
+    namespace, _, bundle = rest.rpartition("/")
+    return namespace, bundle

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Literal, Sequence
 
@@ -69,11 +70,14 @@ class Delete:
 
 @dataclass
 class Lease:
-    """A granted lease, kept alive by the store that granted it."""
+    """A granted lease, kept alive by the store that granted it. ``refreshed_at``
+    (monotonic) is when etcd last confirmed it: an owner that has not heard so for most
+    of the TTL must stop acting on what the lease holds, because etcd may drop it soon."""
 
     lease_id: int
     ttl_s: int
     lost: asyncio.Event = field(default_factory=asyncio.Event)
+    refreshed_at: float = field(default_factory=time.monotonic)
 
     @property
     def is_lost(self) -> bool:

@@ -5,9 +5,9 @@
     GET /admin/v2/brokers/configuration/runtime  {name: value} of the broker's settings, as strings
     GET /admin/v2/brokers/{cluster}              the cluster's brokers' web addresses ("host:port")
 
-Until brokers register in etcd and elect a leader (the bundles layer), a broker knows
-only itself: it is the leader, and the only broker of its own cluster. Another
-cluster's broker list is answered empty rather than guessed.
+Brokers register in etcd with their load reports and elect a leader (the bundles
+layer); the list and the leader come from there. Another cluster's broker list is
+answered empty rather than guessed.
 """
 
 from __future__ import annotations
@@ -59,7 +59,13 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
         return web.Response(text="ok")
 
     async def leader_broker(request: web.Request) -> web.Response:
-        return web.json_response({"brokerId": service.broker_id, "serviceUrl": service.config.web_service_url})
+        leader = service.leader.leader() if service.leader is not None else None
+        if leader is None:
+            if service.leader is not None:
+                raise ServiceNotReady("no leader elected right now")
+            return web.json_response({"brokerId": service.broker_id, "serviceUrl": service.config.web_service_url})
+        return web.json_response({"brokerId": leader.broker_id, "serviceUrl": leader.web_service_url,
+                                  "brokerServiceUrl": leader.service_url})
 
     async def runtime(request: web.Request) -> web.Response:
         return web.json_response(runtime_configuration(service))
@@ -69,7 +75,13 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
         await service.resources.cluster(cluster)
         if cluster != service.config.cluster:
             return web.json_response([])
-        return web.json_response([_web_address(service.config.web_service_url)])
+        if service.broker_reports is None:
+            return web.json_response([_web_address(service.config.web_service_url)])
+        from bundles.records import LoadReport
+
+        addresses = sorted(_web_address(LoadReport.decode(r.value).web_service_url)
+                           for r in service.broker_reports.records.values())
+        return web.json_response(addresses)
 
     # The fixed paths first: {cluster} would match them too.
     app.router.add_get("/admin/v2/brokers/health", health)

@@ -177,7 +177,22 @@ def namespaces_set_auto_topic_creation(client, args):
 
 
 def namespaces_unload(client, args):
+    if args.bundle:
+        return client.request("PUT", _namespace(args.namespace, args.bundle, "unload"))
     return client.request("PUT", _namespace(args.namespace, "unload"))
+
+
+def namespaces_bundles(client, args):
+    return client.get(_namespace(args.namespace, "bundles"))
+
+
+def namespaces_bundle_owners(client, args):
+    return client.get(_namespace(args.namespace, "bundleOwners"))
+
+
+def namespaces_split_bundle(client, args):
+    return client.request("PUT", _namespace(args.namespace, args.bundle, "split"),
+                          query={"unload": "true" if args.unload else None})
 
 
 def topics_list(client, args):
@@ -366,8 +381,18 @@ def _add_namespaces(resources) -> None:
     switch.add_argument("--disable", dest="enable", action="store_false")
     auto.add_argument("--type", default="non-partitioned", choices=["non-partitioned", "partitioned"])
     auto.add_argument("--num-partitions", type=int, default=1, help="with --type partitioned")
-    _action(actions, "unload", namespaces_unload, "unload every bundle of a namespace").add_argument(
+    unload = _action(actions, "unload", namespaces_unload,
+                     "hand a namespace's bundles (or one, with --bundle) to other brokers")
+    unload.add_argument("namespace", metavar="TENANT/NAMESPACE")
+    unload.add_argument("-b", "--bundle", default=None, help="a bundle, e.g. 0x00000000_0x40000000")
+    _action(actions, "bundles", namespaces_bundles, "a namespace's bundle boundaries").add_argument(
         "namespace", metavar="TENANT/NAMESPACE")
+    _action(actions, "bundle-owners", namespaces_bundle_owners, "which broker owns each bundle").add_argument(
+        "namespace", metavar="TENANT/NAMESPACE")
+    split = _action(actions, "split-bundle", namespaces_split_bundle, "split a bundle in two")
+    split.add_argument("namespace", metavar="TENANT/NAMESPACE")
+    split.add_argument("-b", "--bundle", required=True, help="e.g. 0x00000000_0x40000000")
+    split.add_argument("--unload", action="store_true", help="then hand the halves to other brokers")
 
 
 def _add_topics(resources) -> None:

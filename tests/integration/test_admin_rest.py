@@ -670,7 +670,7 @@ def test_rate_meter_and_partitioned_aggregation_are_exact():
     total = partitioned_stats({"t-partition-0": partition(2.0, 5, 1), "t-partition-1": partition(4.0, 7, 3)}, 3,
                               per_partition=False)
     assert (total["msgRateIn"], total["msgInCounter"], total["storageSize"]) == (6.0, 12, 240)
-    assert total["averageMsgSize"] == 10.0 and total["backlogSize"] == 60
+    assert total["averageMsgSize"] == 10.0 and total["backlogSize"] == 80
     assert total["publishers"] == [{"producerName": "p", "msgRateIn": 6.0, "msgThroughputIn": 60.0,
                                     "averageMsgSize": 10.0}]
     assert total["subscriptions"]["s"]["msgBacklog"] == 4

@@ -259,6 +259,36 @@ def test_admin_tenant_and_namespace_policies(urls):
     assert tenant not in admin(web_url, "tenants", "list")
 
 
+def test_admin_bundles_split_and_unload(urls):
+    """Proves the bundle actions: a new namespace has 4 bundles, owned once a topic in
+    each is used; a split of one owned bundle leaves 5 whose boundaries still cover the
+    whole hash space; unloading one bundle (here the only broker takes it back) and the
+    whole namespace both succeed, and the topic then still takes messages."""
+    service_url, web_url = urls
+    tenant = unique("tenant")
+    namespace = f"{tenant}/ns"
+    admin(web_url, "tenants", "create", tenant)
+    admin(web_url, "namespaces", "create", namespace)
+    bundles = admin(web_url, "namespaces", "bundles", namespace)
+    assert bundles["numBundles"] == 4
+    assert bundles["boundaries"][0] == "0x00000000" and bundles["boundaries"][-1] == "0xffffffff"
+    topic = f"persistent://{namespace}/t"
+    produced = magnetar("produce", "--service-url", service_url, topic, "-m", "x", "--quiet")
+    assert produced.returncode == 0, produced.stderr.decode()
+    owned = [b for b, owner in admin(web_url, "namespaces", "bundle-owners", namespace).items() if owner]
+    assert owned
+    split = admin(web_url, "namespaces", "split-bundle", namespace, "--bundle", owned[0])
+    assert len(split["bundles"]) == 2
+    after = admin(web_url, "namespaces", "bundles", namespace)
+    assert after["numBundles"] == 5
+    assert after["boundaries"][0] == "0x00000000" and after["boundaries"][-1] == "0xffffffff"
+    owned = [b for b, owner in admin(web_url, "namespaces", "bundle-owners", namespace).items() if owner]
+    admin(web_url, "namespaces", "unload", namespace, "--bundle", owned[0])
+    admin(web_url, "namespaces", "unload", namespace)
+    produced = magnetar("produce", "--service-url", service_url, topic, "-m", "y", "--quiet")
+    assert produced.returncode == 0, produced.stderr.decode()
+
+
 def test_admin_topics_stats_subscriptions_and_cursor(urls):
     """Proves the topic actions on a topic with 5 messages: it is listed; stats count the
     messages in and show a subscription created at the earliest position with a backlog

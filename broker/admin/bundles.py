@@ -1,0 +1,125 @@
+"""Admin REST for namespace bundles (Pulsar's paths, plus one Magnetar extension):
+
+    GET /admin/v2/namespaces/{t}/{ns}/bundles                  {"boundaries": [...], "numBundles": n}
+    GET /admin/v2/namespaces/{t}/{ns}/bundleOwners             {bundle: {"broker", "state", "to"}} (Magnetar)
+    PUT /admin/v2/namespaces/{t}/{ns}/unload                   hand every bundle to other brokers
+    PUT /admin/v2/namespaces/{t}/{ns}/{bundle}/unload          hand one bundle to another broker
+    PUT /admin/v2/namespaces/{t}/{ns}/{bundle}/split[?unload=true]
+                                                               split in two (and hand the upper half over)
+    GET /admin/v2/brokers/{cluster}/{broker}/ownedNamespaces   bundles a broker owns
+
+Unload and split run on the bundle's owner: asked elsewhere, the answer is a 307 to the
+owner's admin address (what Pulsar does too).
+"""
+
+from __future__ import annotations
+
+import json
+
+from aiohttp import web
+
+from broker.service import BrokerService
+from broker.topic_name import NamespaceName
+from bundles.hashing import BundleRange
+from bundles.ownership import bundle_key
+from bundles.records import OwnerRecord
+from ledger.errors import MalformedFrame, PreconditionFailed
+from metadata import keys
+
+
+def add_routes(app: web.Application, service: BrokerService) -> None:
+    def namespace_of(request: web.Request) -> NamespaceName:
+        return NamespaceName.parse(f"{request.match_info['tenant']}/{request.match_info['namespace']}")
+
+    def ownership():
+        if service.ownership is None:
+            raise PreconditionFailed("this broker runs without the bundles layer")
+        return service.ownership
+
+    async def get_bundles(request: web.Request) -> web.Response:
+        namespace = namespace_of(request)
+        await service.resources.policies(namespace)
+        bundles = await ownership().bundles_of(namespace)
+        return web.json_response({"boundaries": [f"0x{min(b, 0xFFFFFFFF):08x}" for b in bundles.boundaries],
+                                  "numBundles": len(bundles.ranges)})
+
+    async def bundle_owners(request: web.Request) -> web.Response:
+        namespace = namespace_of(request)
+        await service.resources.policies(namespace)
+        manager = ownership()
+        manager.forget_bundles(str(namespace))
+        bundles = await manager.bundles_of(namespace)
+        result = {}
+        for bundle in bundles.ranges:
+            record = await service.store.get(keys.bundle_owner(str(namespace), bundle.name))
+            if record is None:
+                result[bundle.name] = None
+                continue
+            try:
+                owner = OwnerRecord.decode(record.value)
+            except MalformedFrame:
+                continue
+            result[bundle.name] = {"broker": owner.broker_id, "state": owner.state, "to": owner.to or None}
+        return web.json_response(result)
+
+    async def redirect_unless_owner(request: web.Request, namespace: NamespaceName, bundle: str) -> None:
+        record = await service.store.get(keys.bundle_owner(str(namespace), bundle))
+        if record is None:
+            raise PreconditionFailed(f"bundle {bundle_key(str(namespace), bundle)} has no owner right now")
+        owner = OwnerRecord.decode(record.value)
+        if owner.broker_id != service.broker_id:
+            raise web.HTTPTemporaryRedirect(location=f"{owner.web_service_url}{request.path_qs}")
+
+    def destination() -> str | None:
+        from broker.main import _destination
+
+        return _destination(service, service.broker_reports) if service.broker_reports is not None else None
+
+    async def unload_bundle(request: web.Request) -> web.Response:
+        namespace = namespace_of(request)
+        bundle = BundleRange.parse(request.match_info["bundle"]).name
+        await redirect_unless_owner(request, namespace, bundle)
+        await ownership().release(str(namespace), bundle, to=destination(), reason="admin unload")
+        return web.Response(status=204)
+
+    async def unload_namespace(request: web.Request) -> web.Response:
+        namespace = namespace_of(request)
+        await service.resources.policies(namespace)
+        manager = ownership()
+        mine = [b.rpartition("/")[2] for b in manager.serving() if b.rpartition("/")[0] == str(namespace)]
+        for bundle in mine:
+            await manager.release(str(namespace), bundle, to=destination(), reason="admin unload")
+        # Bundles owned elsewhere are unloaded by their owners' admin endpoints; this
+        # broker reports what it handed over.
+        return web.json_response({"unloaded": mine})
+
+    async def split_bundle(request: web.Request) -> web.Response:
+        namespace = namespace_of(request)
+        bundle = BundleRange.parse(request.match_info["bundle"]).name
+        await redirect_unless_owner(request, namespace, bundle)
+        low, high = await ownership().split(namespace, bundle)
+        if request.query.get("unload", "false").lower() == "true":
+            await ownership().release(str(namespace), high, to=destination(), reason="split")
+        return web.json_response({"bundles": [low, high]})
+
+    async def owned_namespaces(request: web.Request) -> web.Response:
+        broker = request.match_info["broker"]
+        owned = {}
+        for key, record in (service.ownership._owners.records.items() if service.ownership else []):
+            try:
+                owner = OwnerRecord.decode(record.value)
+            except MalformedFrame:
+                continue
+            if owner.broker_id == broker or owner.web_service_url.split("://", 1)[-1] == broker:
+                namespace, bundle = keys.split_bundle_key(key, keys.BUNDLE_OWNERS)
+                owned[bundle_key(namespace, bundle)] = {"broker_assignment": "shared", "is_controlled": False,
+                                                        "is_active": owner.state == "owned"}
+        return web.Response(text=json.dumps(owned), content_type="application/json")
+
+    base = "/admin/v2/namespaces/{tenant}/{namespace}"
+    app.router.add_get(f"{base}/bundles", get_bundles)
+    app.router.add_get(f"{base}/bundleOwners", bundle_owners)
+    app.router.add_put(f"{base}/unload", unload_namespace)
+    app.router.add_put(f"{base}/{{bundle}}/unload", unload_bundle)
+    app.router.add_put(f"{base}/{{bundle}}/split", split_bundle)
+    app.router.add_get("/admin/v2/brokers/{cluster}/{broker}/ownedNamespaces", owned_namespaces)

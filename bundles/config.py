@@ -1,0 +1,45 @@
+"""Configuration of the bundles layer (ownership, leader, load reports, shedding)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ledger.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class BundlesConfig:
+    # The broker's lease: a dead broker's bundles are free this long after its last
+    # keep-alive.
+    lease_ttl_s: int = 10
+    # A broker that has not heard etcd confirm its lease for this share of the TTL
+    # stops serving its bundles: etcd could expire the lease (and give the bundles to
+    # another broker) after the full TTL, so the two never serve at once.
+    fence_fraction: float = 0.6
+    # Load reports are written this often; the leader decides this often.
+    report_interval_s: float = 5.0
+    leader_interval_s: float = 1.0
+    # How long a request for a topic waits for its bundle to come to this broker (a
+    # transfer or assignment in flight) before answering ServiceNotReady.
+    ownership_wait_s: float = 10.0
+    # An assignment not taken up within this long goes to another broker.
+    assignment_timeout_s: float = 15.0
+    shedding_enabled: bool = True
+    shedding_threshold: float = 0.25
+    # A bundle that moved does not move again for this long.
+    shedding_cooldown_s: float = 30.0
+    default_bundles: int = 4
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.lease_ttl_s <= 300:
+            raise ConfigError("lease_ttl_s must be in [2, 300]")
+        if not 0.2 <= self.fence_fraction <= 0.9:
+            raise ConfigError("fence_fraction must be in [0.2, 0.9]")
+        if not 0.1 <= self.report_interval_s <= 600 or not 0.05 <= self.leader_interval_s <= 600:
+            raise ConfigError("report_interval_s and leader_interval_s must be positive and sane")
+        if not 0.5 <= self.ownership_wait_s <= 120:
+            raise ConfigError("ownership_wait_s must be in [0.5, 120]")
+        if self.shedding_threshold <= 0:
+            raise ConfigError("shedding_threshold must be positive")
+        if not 1 <= self.default_bundles <= 1024:
+            raise ConfigError("default_bundles must be in [1, 1024]")

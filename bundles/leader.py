@@ -1,0 +1,220 @@
+"""The leader broker: elected through etcd, it keeps every bundle of every namespace
+owned by a live broker and evens out load.
+
+Election: whoever creates ``/leader`` under its own lease leads; the others watch the
+key and try again when it goes (the leader died or stepped down). Every ``interval``
+the leader:
+- assigns each bundle that has no owner and no live assignment to the least loaded
+  live broker (assignments go under the leader's lease, so a dead leader's pending
+  decisions vanish with it and its successor decides again);
+- replaces assignments to brokers that went away or did not act in time;
+- when shedding is on, asks the owner of one bundle of the busiest broker to hand it to
+  the least busy one (a transfer record), if that evens them out (bundles/balancer.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Callable
+
+from bundles import balancer
+from bundles.config import BundlesConfig
+from bundles.hashing import Bundles
+from bundles.ownership import BrokerIdentity, bundle_key
+from bundles.records import AssignmentRecord, BundlesRecord, LeaderRecord, LoadReport, OwnerRecord, TransferRecord
+from ledger.errors import MagnetarError, MalformedFrame, MetadataKeyExists
+from metadata import keys
+from metadata.prefix_cache import PrefixCache
+from metadata.store import Compare, Lease, MetadataStore, Put
+
+log = logging.getLogger(__name__)
+
+
+class Leader:
+    def __init__(self, store: MetadataStore, config: BundlesConfig, identity: BrokerIdentity,
+                 lease: Callable[[], Lease | None], brokers: PrefixCache) -> None:
+        self._store = store
+        self.config = config
+        self.identity = identity
+        self._lease = lease
+        self._brokers = brokers
+        self._leader = PrefixCache(store, keys.LEADER, self._on_leader_change)
+        self.is_leader = False
+        self._wake = asyncio.Event()
+        self._assigned_at: dict[str, float] = {}       # bundle key -> when we assigned it
+        self._moved_at: dict[str, float] = {}          # bundle key -> when we moved it
+        self._task: asyncio.Task[None] | None = None
+        self.moves = 0
+
+    async def start(self) -> None:
+        await self._leader.start()
+        try:
+            await self._campaign()   # a lone broker leads as soon as it serves
+        except MagnetarError as error:
+            log.warning("first leader campaign failed: error=%s", error)
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+        await self._leader.close()
+
+    def leader(self) -> LeaderRecord | None:
+        record = self._leader.get(keys.LEADER)
+        if record is None:
+            return None
+        try:
+            return LeaderRecord.decode(record.value)
+        except MalformedFrame:
+            return None
+
+    def _on_leader_change(self, key: str, old, new) -> None:
+        if new is None:
+            self.is_leader = False
+            self._wake.set()
+        else:
+            try:
+                self.is_leader = LeaderRecord.decode(new.value).broker_id == self.identity.broker_id
+            except MalformedFrame:
+                self.is_leader = False
+
+    async def step_down(self) -> None:
+        if self.is_leader:
+            self.is_leader = False
+            try:
+                record = self._leader.get(keys.LEADER)
+                if record is not None:
+                    from metadata.store import Delete
+
+                    await self._store.transaction([Compare(keys.LEADER, record.version)], [Delete(keys.LEADER)])
+            except MagnetarError:
+                pass
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                async with asyncio.timeout(self.config.leader_interval_s):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                if not self.is_leader:
+                    await self._campaign()
+                if self.is_leader:
+                    await self._decide()
+            except MagnetarError as error:
+                log.warning("leader round failed: error=%s", error)
+
+    async def _campaign(self) -> None:
+        lease = self._lease()
+        if lease is None or lease.is_lost or self._leader.get(keys.LEADER) is not None:
+            return
+        record = LeaderRecord(self.identity.broker_id, self.identity.web_service_url, self.identity.service_url,
+                              int(time.time() * 1000))
+        try:
+            await self._store.create(keys.LEADER, record.encode(), lease=lease)
+        except MetadataKeyExists:
+            return
+        self.is_leader = True
+        log.info("elected leader: broker_id=%s", self.identity.broker_id)
+
+    # --- decisions ---------------------------------------------------------------------------
+
+    def _reports(self) -> dict[str, LoadReport]:
+        reports = {}
+        for record in self._brokers.records.values():
+            try:
+                report = LoadReport.decode(record.value)
+            except MalformedFrame:
+                continue
+            reports[report.broker_id] = report
+        return reports
+
+    async def _all_bundles(self) -> list[str]:
+        namespaces = [r.key[len(keys.NAMESPACES):-len("/policies")]
+                      for r in await self._store.get_prefix(keys.NAMESPACES, keys_only=True)
+                      if r.key.endswith("/policies")]
+        result = []
+        for namespace in namespaces:
+            tenant, ns = namespace.split("/", 1)
+            record = await self._store.get(keys.namespace_bundles(tenant, ns))
+            if record is None:
+                continue  # created on first use of the namespace by some broker
+            bundles = Bundles(tuple(BundlesRecord.decode(record.value).boundaries))
+            result.extend(bundle_key(namespace, r) for r in bundles.ranges)
+        return result
+
+    async def _decide(self) -> None:
+        lease = self._lease()
+        if lease is None or lease.is_lost:
+            return
+        reports = self._reports()
+        if not reports:
+            return
+        owners_records = await self._store.get_prefix(keys.BUNDLE_OWNERS)
+        owners: dict[str, str] = {}
+        for record in owners_records:
+            namespace, bundle = keys.split_bundle_key(record.key, keys.BUNDLE_OWNERS)
+            try:
+                owners[bundle_key(namespace, bundle)] = OwnerRecord.decode(record.value).broker_id
+            except MalformedFrame:
+                continue
+        assignments = {}
+        for record in await self._store.get_prefix(keys.BUNDLE_ASSIGNMENTS):
+            namespace, bundle = keys.split_bundle_key(record.key, keys.BUNDLE_ASSIGNMENTS)
+            try:
+                assignments[bundle_key(namespace, bundle)] = (AssignmentRecord.decode(record.value), record)
+            except MalformedFrame:
+                continue
+        now = time.monotonic()
+        planned = dict(owners)
+        for bkey in await self._all_bundles():
+            if bkey in owners:
+                continue
+            pending = assignments.get(bkey)
+            if pending is not None:
+                assignment, record = pending
+                fresh = now - self._assigned_at.get(bkey, now) < self.config.assignment_timeout_s
+                if assignment.broker_id in reports and fresh:
+                    planned[bkey] = assignment.broker_id
+                    self._assigned_at.setdefault(bkey, now)
+                    continue
+            target = balancer.least_loaded(reports, planned)
+            if target is None:
+                return
+            namespace, _, bundle = bkey.rpartition("/")
+            key = keys.bundle_assignment(namespace, bundle)
+            new = AssignmentRecord(target, reason="unowned", decided_by=self.identity.broker_id,
+                                   decided_ms=int(time.time() * 1000))
+            expected = pending[1].version if pending is not None else 0
+            if await self._store.transaction([Compare(key, expected), Compare(keys.bundle_owner(namespace, bundle), 0)],
+                                             [Put(key, new.encode(), lease.lease_id)]) is not None:
+                self._assigned_at[bkey] = now
+                planned[bkey] = target
+                log.info("bundle assigned: bundle=%s broker_id=%s", bkey, target)
+        # Shed only when every bundle is owned (nothing was just assigned or pending).
+        if self.config.shedding_enabled and len(planned) == len(owners):
+            await self._shed(reports, owners, lease)
+
+    async def _shed(self, reports: dict[str, LoadReport], owners: dict[str, str], lease: Lease) -> None:
+        now = time.monotonic()
+        cooling = {b for b, at in self._moved_at.items() if now - at < self.config.shedding_cooldown_s}
+        live_owners = {b: o for b, o in owners.items() if o in reports}
+        move = balancer.plan_shedding(reports, live_owners, self.config.shedding_threshold, cooling)
+        if move is None:
+            return
+        namespace, _, bundle = move.bundle.rpartition("/")
+        key = keys.bundle_transfer(namespace, bundle)
+        record = TransferRecord(move.target, reason=f"load: {move.reason}", decided_ms=int(time.time() * 1000))
+        if await self._store.transaction([Compare(key, 0)], [Put(key, record.encode(), lease.lease_id)]) is not None:
+            self._moved_at[move.bundle] = now
+            self.moves += 1
+            log.info("bundle shed: bundle=%s from=%s to=%s reason=%s", move.bundle, move.source, move.target,
+                     move.reason)

@@ -1,0 +1,495 @@
+"""Bundle ownership on one broker: which broker serves a topic, taking bundles the
+leader assigns here, handing bundles over, splitting them, and fencing itself when its
+lease may be gone.
+
+Theory of operation:
+- Every owner record (``/bundle-owners/...``) is mirrored locally; the owner of a
+  topic is the owner of the bundle its name hashes into. A broker serves a topic only
+  while it holds that bundle's owner key under its own live lease.
+- Taking a bundle: the leader writes an assignment naming a broker; that broker
+  creates the owner key (only if absent) under its lease and removes the assignment,
+  in one transaction.
+- Handing a bundle over (unload, shedding, shutdown): mark the owner record RELEASING
+  to the destination (from then on lookups anywhere answer the destination, which
+  holds incoming requests until it owns the bundle), close the bundle's topics one by
+  one (clients reconnect straight away), then in one transaction delete the owner key
+  and assign the bundle to the destination, which takes it. Clients see a reconnect;
+  other bundles of this broker are not touched.
+- Splitting: one transaction replaces the namespace's boundaries and the owner key of
+  the bundle by owner keys of its two halves, still here: nothing is closed.
+- Self-fencing: when the lease has not been confirmed for ``fence_fraction`` of its
+  TTL, the broker closes the topics of all its bundles and refuses to serve until the
+  lease is confirmed again (or, if lost, a new one is granted and bundles are taken
+  anew). etcd can only hand the bundles to another broker after the full TTL, so two
+  brokers never serve one bundle at once; ledger fencing backs this up regardless.
+- Every start and end of serving a bundle is logged with wall-clock times
+  ("bundle serving started/stopped"), which is what the tests check for overlaps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from broker.topic_name import NamespaceName, TopicName
+from bundles.config import BundlesConfig
+from bundles.hashing import BundleRange, Bundles, default_boundaries, topic_hash
+from bundles.records import OWNED, RELEASING, AssignmentRecord, BundlesRecord, OwnerRecord, TransferRecord
+from ledger.errors import (
+    MagnetarError,
+    MalformedFrame,
+    MetadataKeyExists,
+    NamespaceNotFound,
+    NotOwner,
+    PreconditionFailed,
+    ServiceNotReady,
+)
+from metadata import keys
+from metadata.prefix_cache import PrefixCache
+from metadata.store import Compare, Delete, Lease, MetadataStore, Put, Record
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BrokerIdentity:
+    broker_id: str
+    service_url: str
+    web_service_url: str
+
+
+@dataclass(frozen=True)
+class BundleOwner:
+    broker_id: str
+    service_url: str
+    web_service_url: str
+    is_self: bool
+    releasing: bool = False
+
+
+def bundle_key(namespace: str, bundle: BundleRange | str) -> str:
+    name = bundle if isinstance(bundle, str) else bundle.name
+    return f"{namespace}/{name}"
+
+
+class OwnershipManager:
+    def __init__(self, store: MetadataStore, config: BundlesConfig, identity: BrokerIdentity, *,
+                 loaded_topics: Callable[[], list[TopicName]],
+                 close_topics: Callable[[list[TopicName], str], Awaitable[None]]) -> None:
+        self._store = store
+        self.config = config
+        self.identity = identity
+        self._loaded_topics = loaded_topics
+        self._close_topics = close_topics
+        self.lease: Lease | None = None
+        self._owners = PrefixCache(store, keys.BUNDLE_OWNERS, self._on_owner_change)
+        self._assignments = PrefixCache(store, keys.BUNDLE_ASSIGNMENTS, self._on_assignment_change)
+        self._transfers = PrefixCache(store, keys.BUNDLE_TRANSFERS, self._on_transfer_change)
+        self._bundles: dict[str, tuple[Bundles, int]] = {}   # namespace -> (bundles, version)
+        self._serving: dict[str, float] = {}                 # bundle key -> wall time started
+        self._busy: set[str] = set()                         # bundle keys with an operation running
+        self.fenced = False
+        self._changed = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closing = False
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.lease = await self._store.grant_lease(self.config.lease_ttl_s)
+        await self._owners.start()
+        await self._assignments.start()
+        await self._transfers.start()
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._guard_lease()))
+        # Assignments that were waiting for us before we watched.
+        for record in list(self._assignments.records.values()):
+            self._on_assignment_change(record.key, None, record)
+
+    async def close(self) -> None:
+        self._closing = True
+        for task in self._tasks:
+            task.cancel()
+        for cache in (self._owners, self._assignments, self._transfers):
+            await cache.close()
+
+    # --- namespaces' bundles ------------------------------------------------------------------
+
+    async def bundles_of(self, namespace: NamespaceName) -> Bundles:
+        cached = self._bundles.get(str(namespace))
+        if cached is not None:
+            return cached[0]
+        return (await self._load_bundles(namespace))[0]
+
+    async def _load_bundles(self, namespace: NamespaceName) -> tuple[Bundles, int]:
+        key = keys.namespace_bundles(namespace.tenant, namespace.namespace)
+        record = await self._store.get(key)
+        if record is None:
+            if await self._store.get(keys.namespace_policies(namespace.tenant, namespace.namespace)) is None:
+                raise NamespaceNotFound(f"namespace {namespace} does not exist")
+            fresh = BundlesRecord(default_boundaries(self.config.default_bundles))
+            try:
+                await self._store.create(key, fresh.encode())
+            except MetadataKeyExists:
+                pass
+            record = await self._store.get(key)
+            assert record is not None
+        bundles = Bundles(tuple(BundlesRecord.decode(record.value).boundaries))
+        self._bundles[str(namespace)] = (bundles, record.version)
+        return bundles, record.version
+
+    def forget_bundles(self, namespace: str) -> None:
+        self._bundles.pop(namespace, None)
+
+    async def bundle_of(self, topic: TopicName) -> tuple[str, BundleRange]:
+        namespace = topic.namespace_name
+        bundles = await self.bundles_of(namespace)
+        return str(namespace), bundles.for_topic(str(topic))
+
+    # --- who serves what -----------------------------------------------------------------------
+
+    def _owner_record(self, namespace: str, bundle: BundleRange | str) -> OwnerRecord | None:
+        name = bundle if isinstance(bundle, str) else bundle.name
+        record = self._owners.get(keys.bundle_owner(namespace, name))
+        if record is None:
+            return None
+        try:
+            return OwnerRecord.decode(record.value)
+        except MalformedFrame:
+            return None
+
+    def _as_owner(self, record: OwnerRecord) -> BundleOwner:
+        return BundleOwner(record.broker_id, record.service_url, record.web_service_url,
+                           record.broker_id == self.identity.broker_id, record.state == RELEASING)
+
+    def _destination(self, record: OwnerRecord, broker_urls: Callable[[str], tuple[str, str] | None]
+                     ) -> BundleOwner | None:
+        urls = broker_urls(record.to)
+        if urls is None:
+            return None
+        return BundleOwner(record.to, urls[0], urls[1], record.to == self.identity.broker_id)
+
+    async def owner_of(self, topic: TopicName, broker_urls: Callable[[str], tuple[str, str] | None]
+                       ) -> BundleOwner:
+        """The broker a client should talk to for ``topic``: its bundle's owner, or the
+        destination of a transfer under way. Waits (bounded) while nobody owns it."""
+        namespace, bundle = await self.bundle_of(topic)
+        deadline = time.monotonic() + self.config.ownership_wait_s
+        while True:
+            record = self._owner_record(namespace, bundle)
+            if record is not None:
+                if record.state == RELEASING and record.to:
+                    destination = self._destination(record, broker_urls)
+                    if destination is not None:
+                        return destination
+                return self._as_owner(record)
+            if time.monotonic() > deadline:
+                raise ServiceNotReady(f"bundle {bundle_key(namespace, bundle)} has no owner yet")
+            await self._wait_change(deadline)
+            namespace, bundle = await self.bundle_of(topic)   # a split may have moved it
+
+    async def ensure_serving(self, topic: TopicName) -> None:
+        """Returns once this broker serves the topic's bundle; raises NotOwner if another
+        broker owns it (or is taking it), ServiceNotReady if fenced or after the wait."""
+        deadline = time.monotonic() + self.config.ownership_wait_s
+        while True:
+            if self.fenced:
+                raise ServiceNotReady("this broker is fenced (its lease is not confirmed)")
+            namespace, bundle = await self.bundle_of(topic)
+            record = self._owner_record(namespace, bundle)
+            key = bundle_key(namespace, bundle)
+            if record is not None and record.broker_id == self.identity.broker_id and record.state == OWNED \
+                    and key in self._serving:
+                return
+            coming_here = (record is None and self._assigned_here(namespace, bundle)) or (
+                record is not None and record.state == RELEASING and record.to == self.identity.broker_id)
+            if record is not None and not coming_here and record.broker_id != self.identity.broker_id:
+                raise NotOwner(f"bundle {key} is owned by {record.broker_id}")
+            if time.monotonic() > deadline:
+                raise ServiceNotReady(f"bundle {key} is not served here yet")
+            await self._wait_change(deadline)
+
+    async def is_serving(self, topic: TopicName) -> bool:
+        if self.fenced:
+            return False
+        namespace, bundle = await self.bundle_of(topic)
+        return bundle_key(namespace, bundle) in self._serving
+
+    def _assigned_here(self, namespace: str, bundle: BundleRange) -> bool:
+        record = self._assignments.get(keys.bundle_assignment(namespace, bundle.name))
+        if record is None:
+            return False
+        try:
+            return AssignmentRecord.decode(record.value).broker_id == self.identity.broker_id
+        except MalformedFrame:
+            return False
+
+    async def _wait_change(self, deadline: float) -> None:
+        self._changed.clear()
+        try:
+            async with asyncio.timeout(max(0.01, min(deadline - time.monotonic(), 0.5))):
+                await self._changed.wait()
+        except TimeoutError:
+            pass
+
+    def serving(self) -> list[str]:
+        return sorted(self._serving)
+
+    def owners(self) -> dict[str, str]:
+        """bundle key -> owner broker id, for every owned bundle of the cluster."""
+        result = {}
+        for key, record in self._owners.records.items():
+            namespace, bundle = keys.split_bundle_key(key, keys.BUNDLE_OWNERS)
+            try:
+                result[bundle_key(namespace, bundle)] = OwnerRecord.decode(record.value).broker_id
+            except MalformedFrame:
+                continue
+        return result
+
+    # --- watch events ---------------------------------------------------------------------------
+
+    def _on_owner_change(self, key: str, old: Record | None, new: Record | None) -> None:
+        self._changed.set()
+        namespace, bundle = keys.split_bundle_key(key, keys.BUNDLE_OWNERS)
+        bkey = bundle_key(namespace, bundle)
+        mine = False
+        if new is not None:
+            try:
+                mine = OwnerRecord.decode(new.value).broker_id == self.identity.broker_id
+            except MalformedFrame:
+                pass
+        if bkey in self._serving and not mine and bkey not in self._busy:
+            # Our key vanished or changed hands without us releasing it (lease expired,
+            # an operator deleted it): stop serving at once.
+            asyncio.get_running_loop().create_task(self._stop_serving(namespace, bundle, "owner key lost"))
+
+    def _on_assignment_change(self, key: str, old: Record | None, new: Record | None) -> None:
+        self._changed.set()
+        if new is None or self._closing:
+            return
+        try:
+            assignment = AssignmentRecord.decode(new.value)
+        except MalformedFrame:
+            return
+        if assignment.broker_id != self.identity.broker_id:
+            return
+        namespace, bundle = keys.split_bundle_key(key, keys.BUNDLE_ASSIGNMENTS)
+        asyncio.get_running_loop().create_task(self._take(namespace, bundle, new))
+
+    def _on_transfer_change(self, key: str, old: Record | None, new: Record | None) -> None:
+        if new is None or self._closing:
+            return
+        namespace, bundle = keys.split_bundle_key(key, keys.BUNDLE_TRANSFERS)
+        record = self._owner_record(namespace, bundle)
+        if record is None or record.broker_id != self.identity.broker_id:
+            return
+        try:
+            transfer = TransferRecord.decode(new.value)
+        except MalformedFrame:
+            return
+        asyncio.get_running_loop().create_task(self._transfer_requested(namespace, bundle, transfer, new))
+
+    # --- taking a bundle ---------------------------------------------------------------------------
+
+    async def _take(self, namespace: str, bundle_name: str, assignment: Record) -> None:
+        bkey = bundle_key(namespace, bundle_name)
+        if bkey in self._busy or self.fenced or self.lease is None:
+            return
+        self._busy.add(bkey)
+        try:
+            tenant, ns = namespace.split("/", 1)
+            bundles, _version = await self._load_bundles(NamespaceName(tenant, ns))
+            owner_key = keys.bundle_owner(namespace, bundle_name)
+            assignment_key = keys.bundle_assignment(namespace, bundle_name)
+            if BundleRange.parse(bundle_name) not in bundles.ranges:
+                # Split meanwhile: the assignment is stale.
+                await self._store.transaction([Compare(assignment_key, assignment.version)], [Delete(assignment_key)])
+                return
+            record = OwnerRecord(self.identity.broker_id, self.identity.service_url, self.identity.web_service_url,
+                                 acquired_ms=int(time.time() * 1000))
+            taken = await self._store.transaction(
+                [Compare(owner_key, 0), Compare(assignment_key, assignment.version)],
+                [Put(owner_key, record.encode(), self.lease.lease_id), Delete(assignment_key)])
+            if taken is None:
+                return
+            self._start_serving(namespace, bundle_name)
+        except MagnetarError as error:
+            log.warning("taking a bundle failed: bundle=%s error=%s", bkey, error)
+        finally:
+            self._busy.discard(bkey)
+            self._changed.set()
+
+    def _start_serving(self, namespace: str, bundle_name: str) -> None:
+        bkey = bundle_key(namespace, bundle_name)
+        self._serving[bkey] = time.time()
+        log.info("bundle serving started: bundle=%s broker_id=%s wall_time=%.6f", bkey, self.identity.broker_id,
+                 self._serving[bkey])
+
+    async def _stop_serving(self, namespace: str, bundle_name: str, reason: str) -> None:
+        """Closes the bundle's topics and stops serving it (idempotent)."""
+        bkey = bundle_key(namespace, bundle_name)
+        if bkey not in self._serving:
+            return
+        self._serving.pop(bkey, None)
+        self._changed.set()
+        try:
+            await self._close_topics(self._topics_of(namespace, bundle_name), reason)
+        finally:
+            log.info("bundle serving stopped: bundle=%s broker_id=%s reason=%s wall_time=%.6f", bkey,
+                     self.identity.broker_id, reason, time.time())
+
+    def _topics_of(self, namespace: str, bundle_name: str) -> list[TopicName]:
+        bundle = BundleRange.parse(bundle_name)
+        return [topic for topic in self._loaded_topics()
+                if str(topic.namespace_name) == namespace and bundle.contains(topic_hash(str(topic)))]
+
+    # --- handing a bundle over ----------------------------------------------------------------------
+
+    async def _transfer_requested(self, namespace: str, bundle_name: str, transfer: TransferRecord,
+                                  record: Record) -> None:
+        try:
+            await self.release(namespace, bundle_name, to=transfer.to or None, reason=transfer.reason or "shedding")
+        except MagnetarError as error:
+            log.warning("transfer failed: bundle=%s to=%s error=%s", bundle_key(namespace, bundle_name),
+                        transfer.to, error)
+        finally:
+            try:
+                await self._store.transaction([Compare(record.key, record.version)], [Delete(record.key)])
+            except MagnetarError:
+                pass
+
+    async def release(self, namespace: str, bundle_name: str, *, to: str | None, reason: str) -> None:
+        """Hands a bundle this broker owns to ``to`` (or frees it for the leader)."""
+        bkey = bundle_key(namespace, bundle_name)
+        owner_key = keys.bundle_owner(namespace, bundle_name)
+        current = self._owners.get(owner_key)
+        if current is None or OwnerRecord.decode(current.value).broker_id != self.identity.broker_id:
+            raise PreconditionFailed(f"bundle {bkey} is not owned by this broker")
+        if bkey in self._busy:
+            raise PreconditionFailed(f"bundle {bkey} is busy with another operation")
+        assert self.lease is not None
+        self._busy.add(bkey)
+        started = time.monotonic()
+        try:
+            owned = OwnerRecord.decode(current.value)
+            releasing = OwnerRecord(owned.broker_id, owned.service_url, owned.web_service_url, RELEASING,
+                                    to or "", owned.acquired_ms)
+            version = await self._store.transaction([Compare(owner_key, current.version)],
+                                                    [Put(owner_key, releasing.encode(), self.lease.lease_id)])
+            if version is None:
+                raise PreconditionFailed(f"bundle {bkey} changed while being released")
+            await self._stop_serving(namespace, bundle_name, f"released: {reason}")
+            operations: list[Put | Delete] = [Delete(owner_key)]
+            if to:
+                assignment = AssignmentRecord(to, reason=f"transfer from {self.identity.broker_id}: {reason}",
+                                              decided_by=self.identity.broker_id, decided_ms=int(time.time() * 1000))
+                operations.append(Put(keys.bundle_assignment(namespace, bundle_name), assignment.encode(),
+                                      self.lease.lease_id))
+            await self._store.transaction([Compare(owner_key, version)], operations)
+            log.info("bundle released: bundle=%s to=%s reason=%s seconds=%.3f", bkey, to, reason,
+                     time.monotonic() - started)
+        finally:
+            self._busy.discard(bkey)
+            self._changed.set()
+
+    async def release_all(self, choose_destination: Callable[[str], str | None]) -> None:
+        """Hands every bundle over (graceful shutdown); each to the broker chosen."""
+        for bkey in list(self._serving):
+            namespace, _, bundle_name = bkey.rpartition("/")
+            try:
+                await self.release(namespace, bundle_name, to=choose_destination(bkey), reason="shutdown")
+            except MagnetarError as error:
+                log.warning("releasing a bundle at shutdown failed: bundle=%s error=%s", bkey, error)
+
+    # --- splitting --------------------------------------------------------------------------------------
+
+    async def split(self, namespace: NamespaceName, bundle_name: str) -> tuple[str, str]:
+        """Splits an owned bundle in two, both halves staying here; returns their names."""
+        ns = str(namespace)
+        bkey = bundle_key(ns, bundle_name)
+        owner_key = keys.bundle_owner(ns, bundle_name)
+        current = self._owners.get(owner_key)
+        if current is None or OwnerRecord.decode(current.value).broker_id != self.identity.broker_id \
+                or bkey not in self._serving:
+            raise PreconditionFailed(f"bundle {bkey} is not served by this broker")
+        assert self.lease is not None
+        self._busy.add(bkey)
+        try:
+            bundles, version = await self._load_bundles(namespace)
+            bundle = BundleRange.parse(bundle_name)
+            split = bundles.with_split(bundle)
+            low, high = bundle.split()
+            owned = OwnerRecord.decode(current.value)
+            half = OwnerRecord(owned.broker_id, owned.service_url, owned.web_service_url, OWNED, "",
+                               int(time.time() * 1000))
+            bundles_key = keys.namespace_bundles(namespace.tenant, namespace.namespace)
+            done = await self._store.transaction(
+                [Compare(bundles_key, version), Compare(owner_key, current.version),
+                 Compare(keys.bundle_owner(ns, low.name), 0), Compare(keys.bundle_owner(ns, high.name), 0)],
+                [Put(bundles_key, BundlesRecord(list(split.boundaries)).encode()), Delete(owner_key),
+                 Put(keys.bundle_owner(ns, low.name), half.encode(), self.lease.lease_id),
+                 Put(keys.bundle_owner(ns, high.name), half.encode(), self.lease.lease_id)])
+            if done is None:
+                raise PreconditionFailed(f"bundle {bkey} or its namespace changed during the split")
+            self._bundles[ns] = (split, done)
+            started = self._serving.pop(bkey)
+            self._serving[bundle_key(ns, low)] = started
+            self._serving[bundle_key(ns, high)] = started
+            log.info("bundle split: bundle=%s halves=%s,%s broker_id=%s", bkey, low.name, high.name,
+                     self.identity.broker_id)
+            return low.name, high.name
+        finally:
+            self._busy.discard(bkey)
+            self._changed.set()
+
+    def on_bundles_changed(self, namespace: str) -> None:
+        """Another broker split a bundle of the namespace: reload its ranges lazily."""
+        self._bundles.pop(namespace, None)
+        self._changed.set()
+
+    # --- lease guard (self-fencing) ------------------------------------------------------------------
+
+    async def _guard_lease(self) -> None:
+        ttl = self.config.lease_ttl_s
+        while not self._closing:
+            await asyncio.sleep(ttl / 20)
+            lease = self.lease
+            if lease is None:
+                continue
+            stale = time.monotonic() - lease.refreshed_at > ttl * self.config.fence_fraction
+            if (stale or lease.is_lost) and not self.fenced:
+                self.fenced = True
+                log.error("lease not confirmed for %.1fs, stopping to serve every bundle: broker_id=%s",
+                          time.monotonic() - lease.refreshed_at, self.identity.broker_id)
+                for bkey in list(self._serving):
+                    namespace, _, bundle_name = bkey.rpartition("/")
+                    await self._stop_serving(namespace, bundle_name, "lease not confirmed")
+            if self.fenced and lease.is_lost:
+                await self._renew_lease()
+            elif self.fenced and not stale:
+                # The lease survived: serve again what our live keys still own.
+                self.fenced = False
+                log.warning("lease confirmed again, serving resumes: broker_id=%s", self.identity.broker_id)
+                for key, record in list(self._owners.records.items()):
+                    namespace, bundle_name = keys.split_bundle_key(key, keys.BUNDLE_OWNERS)
+                    try:
+                        owner = OwnerRecord.decode(record.value)
+                    except MalformedFrame:
+                        continue
+                    if owner.broker_id == self.identity.broker_id and owner.state == OWNED:
+                        self._start_serving(namespace, bundle_name)
+                self._changed.set()
+
+    async def _renew_lease(self) -> None:
+        try:
+            self.lease = await self._store.grant_lease(self.config.lease_ttl_s)
+        except MagnetarError as error:
+            log.warning("granting a new lease failed: error=%s", error)
+            return
+        self.fenced = False
+        log.warning("new lease granted after losing the old one: broker_id=%s lease_id=%x", self.identity.broker_id,
+                    self.lease.lease_id)
+        self._changed.set()

@@ -1,0 +1,130 @@
+"""What the bundles layer keeps in etcd. JSON, readable by operators. Pure.
+
+    /namespaces/<t>/<ns>/bundles          BundlesRecord (boundaries; changed by split, CAS)
+    /bundle-owners/<t>/<ns>/<range>       OwnerRecord, under the owner broker's lease
+    /bundle-assignments/<t>/<ns>/<range>  AssignmentRecord: who should take an unowned
+                                          bundle (leased by whoever decided it)
+    /bundle-transfers/<t>/<ns>/<range>    TransferRecord: the leader asks an owner to
+                                          hand a bundle to another broker (leader lease)
+    /brokers/<broker_id>                  LoadReport, under the broker's lease
+    /leader                               LeaderRecord, under the leader's lease
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from ledger.errors import MalformedFrame
+
+
+def _decode(cls, data: bytes, what: str):
+    try:
+        doc = json.loads(data)
+        return cls(**{name: doc[name] for name in cls.__dataclass_fields__ if name in doc})
+    except (ValueError, TypeError, KeyError) as error:
+        raise MalformedFrame(f"bad {what}: {error}") from None
+
+
+def _encode(record) -> bytes:
+    return json.dumps(asdict(record), sort_keys=True).encode()
+
+
+@dataclass(frozen=True)
+class BundlesRecord:
+    boundaries: list[int]
+
+    def encode(self) -> bytes:
+        return _encode(self)
+
+    @classmethod
+    def decode(cls, data: bytes) -> "BundlesRecord":
+        return _decode(cls, data, "bundles record")
+
+
+OWNED = "owned"
+RELEASING = "releasing"
+
+
+@dataclass(frozen=True)
+class OwnerRecord:
+    broker_id: str
+    service_url: str
+    web_service_url: str
+    state: str = OWNED          # OWNED, or RELEASING to ``to`` (a transfer under way)
+    to: str = ""                # the destination broker id while releasing
+    acquired_ms: int = 0
+
+    def encode(self) -> bytes:
+        return _encode(self)
+
+    @classmethod
+    def decode(cls, data: bytes) -> "OwnerRecord":
+        return _decode(cls, data, "bundle owner record")
+
+
+@dataclass(frozen=True)
+class AssignmentRecord:
+    broker_id: str
+    reason: str = ""
+    decided_by: str = ""
+    decided_ms: int = 0
+
+    def encode(self) -> bytes:
+        return _encode(self)
+
+    @classmethod
+    def decode(cls, data: bytes) -> "AssignmentRecord":
+        return _decode(cls, data, "bundle assignment")
+
+
+@dataclass(frozen=True)
+class TransferRecord:
+    to: str
+    reason: str = ""
+    decided_ms: int = 0
+
+    def encode(self) -> bytes:
+        return _encode(self)
+
+    @classmethod
+    def decode(cls, data: bytes) -> "TransferRecord":
+        return _decode(cls, data, "bundle transfer")
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    broker_id: str
+    service_url: str
+    web_service_url: str
+    cpu_fraction: float = 0.0           # of one core, over the last report interval
+    msg_rate_in: float = 0.0
+    msg_rate_out: float = 0.0
+    connections: int = 0
+    topics: int = 0
+    bundles: list[str] = field(default_factory=list)          # "t/ns/range"
+    bundle_msg_rates: dict[str, float] = field(default_factory=dict)
+    reported_ms: int = 0
+    started_ms: int = 0
+
+    def encode(self) -> bytes:
+        return _encode(self)
+
+    @classmethod
+    def decode(cls, data: bytes) -> "LoadReport":
+        return _decode(cls, data, "load report")
+
+
+@dataclass(frozen=True)
+class LeaderRecord:
+    broker_id: str
+    web_service_url: str = ""
+    service_url: str = ""
+    elected_ms: int = 0
+
+    def encode(self) -> bytes:
+        return _encode(self)
+
+    @classmethod
+    def decode(cls, data: bytes) -> "LeaderRecord":
+        return _decode(cls, data, "leader record")
