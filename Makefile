@@ -10,7 +10,7 @@ PROTOS := $(wildcard bookie/proto/*.proto broker/proto/*.proto)
 PROTO_OUT := $(PROTOS:.proto=_pb2.py)
 DATA_DIR ?= data/standalone
 
-.PHONY: setup proto run test test-unit test-integration bench bench-bookie bench-pulsar clean
+.PHONY: setup proto run test test-unit test-integration bench bench-bookie bench-pulsar bench-subscriptions clean
 
 setup: $(STAMP) proto
 
@@ -37,7 +37,7 @@ test-unit: setup
 test-integration: setup
 	$(PY) -m pytest -q tests/integration
 
-bench: bench-bookie bench-pulsar
+bench: bench-bookie bench-pulsar bench-subscriptions
 
 bench-bookie: setup
 	$(PY) bench/bookie_bench.py --out bench/results/bookie.json
@@ -46,6 +46,12 @@ bench-bookie: setup
 # throughput, latency at fixed rates, against the same disk's raw bandwidth.
 bench-pulsar: setup
 	$(PY) bench/pulsar_perf.py --out bench/results/pulsar_perf.json
+
+# Subscriptions (about 1.5-3 minutes): shared with per-message acks, fan-out over 4
+# subscriptions, a backlog drain from the bookies; official and raw (bench/rawclient.py)
+# consumers, CPU per process, against disk and CPU baselines of the same run.
+bench-subscriptions: setup
+	$(PY) bench/subscriptions_bench.py --out bench/results/subscriptions.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info

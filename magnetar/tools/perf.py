@@ -75,6 +75,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     consume.add_argument("--receiver-queue-size", type=int, default=1000)
     consume.add_argument("--idle-timeout-s", type=float, default=None,
                          help="stop once no message came for this long (default: never)")
+    consume.add_argument("--wait-for-start", action="store_true",
+                         help="after subscribing, receive nothing until a line (or EOF) arrives on stdin")
     consume.set_defaults(perf_runner=PerfConsumer)
 
 

@@ -16,6 +16,10 @@ seen from that producer is a duplicate (or a redelivery); a jump is a gap. Exclu
 failover subscriptions deliver one producer's messages in order, so for them both must be
 zero unless something was lost or delivered twice.
 
+With ``--wait-for-start`` the consumer subscribes, says so on stderr, and receives
+nothing until a line (or EOF) arrives on stdin: how a runner starts several consumer
+processes at one moment.
+
 A run ends after ``--messages``, after ``--seconds``, or (with ``--idle-timeout-s``) once
 no message came for that long (since the subscription was ready, then since the last
 message): how several consumers of one shared subscription, none knowing its share, stop
@@ -95,6 +99,12 @@ class PerfConsumer:
             receiver_queue_size=args.receiver_queue_size)
         print(json.dumps({"event": READY_EVENT, "topic": args.topic, "subscription": args.subscription}),
               file=sys.stderr, flush=True)
+        if getattr(args, "wait_for_start", False):
+            # A runner starting several consumers lets them all subscribe first, then
+            # starts them at once (a line or EOF on stdin), so none drains a backlog
+            # alone while the others are still importing the client. What the client
+            # prefetched meanwhile (up to its receiver queue) is counted from here on.
+            sys.stdin.readline()
         reporter = ProgressReporter(args.progress_interval_s, self.stats.take_interval)
         started_s = time.monotonic()
         deadline_s = started_s + args.seconds
