@@ -122,5 +122,6 @@ class TopicName:
 
 
 def validate_name_part(text: str, what: str) -> None:
-    if not text or not _NAME_PART.match(text):
+    # fullmatch, not match: the pattern's "$" also matches before a trailing newline.
+    if not text or not _NAME_PART.fullmatch(text):
         raise InvalidArgument(f"bad {what} name {text!r}")

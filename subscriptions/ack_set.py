@@ -24,6 +24,9 @@ from ledger.errors import MalformedFrame
 # A bitmap grows to cover at most this many entries per ledger (managed ledgers roll
 # over at 50,000 entries by default; this allows generous overrides): 16 Mi entries = 2 MiB.
 ENTRIES_PER_LEDGER_MAX = 16 * 1024 * 1024
+# A decoded ack set is refused past this size (a record that decompresses to more is
+# corrupt or hostile, not a cursor: 1,000,000 holes take under 200 KiB).
+DECODED_BYTES_MAX = 256 * 1024 * 1024
 
 _NOT_ALL_ONES = re.compile(rb"[^\xff]")
 _HEAD = struct.Struct(">I")
@@ -50,6 +53,9 @@ class AckSet:
         if entry_id < base:
             # Grow downwards (rare: acks arrive out of order below the first one seen).
             new_base = entry_id - entry_id % 8
+            if base + len(bitmap) * 8 - new_base > ENTRIES_PER_LEDGER_MAX:
+                # Checked before growing, so the set stays as it was (and stays decodable).
+                raise ValueError(f"entry {entry_id} is too far below {base} for one ack bitmap")
             bitmap[0:0] = bytes((base - new_base) // 8)
             self._ledgers[ledger_id] = slot = (new_base, bitmap)
             base = new_base
@@ -84,7 +90,7 @@ class AckSet:
             return entry_id
         base, bitmap = slot
         offset = entry_id - base
-        if offset < 0:
+        if offset < 0 or offset >= len(bitmap) * 8:
             return entry_id
         index, bit = divmod(offset, 8)
         while index < len(bitmap):
@@ -194,10 +200,17 @@ class AckSet:
 
     @classmethod
     def decode(cls, data: bytes) -> "AckSet":
+        inflater = zlib.decompressobj()
         try:
-            raw = zlib.decompress(data, bufsize=1 << 16)
+            raw = inflater.decompress(data, DECODED_BYTES_MAX)
         except zlib.error as error:
             raise MalformedFrame(f"ack set does not decompress: {error}") from None
+        if inflater.unconsumed_tail:
+            raise MalformedFrame(f"ack set decompresses to more than {DECODED_BYTES_MAX} bytes")
+        if not inflater.eof:
+            raise MalformedFrame("ack set truncated")
+        if inflater.unused_data:
+            raise MalformedFrame("ack set has bytes after its end")
         ack_set = cls()
         if len(raw) < _HEAD.size:
             raise MalformedFrame("ack set truncated")
@@ -208,6 +221,8 @@ class AckSet:
                 raise MalformedFrame("ack set truncated")
             ledger_id, base, size = _LEDGER.unpack_from(raw, offset)
             offset += _LEDGER.size
+            if ledger_id in ack_set._ledgers:
+                raise MalformedFrame(f"ack set lists ledger {ledger_id} twice")
             if offset + size > len(raw) or base < 0 or base % 8 or size * 8 > ENTRIES_PER_LEDGER_MAX:
                 raise MalformedFrame("ack set ledger bitmap out of bounds")
             bitmap = bytearray(raw[offset:offset + size])

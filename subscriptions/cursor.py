@@ -96,6 +96,9 @@ class ManagedCursor:
         self._delta = AckSet()
         self._snapshot_needed = False
         self._flush_task: asyncio.Task[None] | None = None
+        # Set by close(): no flush may be scheduled after it (the store is closed, and
+        # the topic may be owned by another broker by then).
+        self._closed = False
         self._flush_lock = asyncio.Lock()
         self.read_position = ledger.next_position(state.mark_delete)
         self.on_change: Callable[[], None] | None = None
@@ -129,6 +132,8 @@ class ManagedCursor:
             return False
         if self._ledger.normalize(position) != position:
             return False  # not an entry of this topic (past its ledger's end, or deleted)
+        if self._state.acked.contains(position.ledger_id, position.entry_id):
+            return False  # acknowledged whole already (a late batch-index ack changes nothing)
         if ack_set:
             remaining = ack_set_words_to_int(ack_set)
             size = max(batch_size, len(ack_set) * 64)
@@ -142,9 +147,6 @@ class ManagedCursor:
                     self._mark_dirty()
                     return True
                 return False
-            self._state.batches.pop(position, None)
-        elif self._state.acked.contains(position.ledger_id, position.entry_id):
-            return False
         self._state.batches.pop(position, None)
         self._state.acked.add(position.ledger_id, position.entry_id)
         self._delta.add(position.ledger_id, position.entry_id)
@@ -156,17 +158,26 @@ class ManagedCursor:
         """Everything up to ``position`` is acknowledged (with ``ack_set``: everything
         before it, and the batch at it up to the bits left set)."""
         position = min(position, self._ledger.last_confirmed)
+        if position <= self._state.mark_delete:
+            return False  # all acknowledged already: keep no batch bits for it
+        batch_changed = False
         if ack_set:
             remaining = ack_set_words_to_int(ack_set)
             if remaining:
-                self._state.batches[position] = (len(ack_set) * 64, remaining)
+                batch = (len(ack_set) * 64, remaining)
+                batch_changed = self._state.batches.get(position) != batch
+                self._state.batches[position] = batch
                 target = self._previous(position)
             else:
                 target = position
         else:
             target = position
         if target <= self._state.mark_delete:
-            return False
+            # Only part of the first unacknowledged batch: no mark to move, but its bits
+            # changed and must be persisted like any acknowledgement.
+            if batch_changed:
+                self._mark_dirty()
+            return batch_changed
         self._set_mark_delete(target)
         self._advance_mark_delete()
         self._mark_dirty()
@@ -245,7 +256,7 @@ class ManagedCursor:
         self._dirty = True
         if self.on_change is not None:
             self.on_change()
-        if self.durable and self._flush_task is None:
+        if self.durable and self._flush_task is None and not self._closed:
             self._flush_task = asyncio.get_running_loop().create_task(self._flush_later())
 
     async def _flush_later(self) -> None:
@@ -254,7 +265,7 @@ class ManagedCursor:
             await self.flush()
         finally:
             self._flush_task = None
-            if self._dirty and self.durable:
+            if self._dirty and self.durable and not self._closed:
                 self._flush_task = asyncio.get_running_loop().create_task(self._flush_later())
 
     async def flush(self) -> None:
@@ -278,6 +289,7 @@ class ManagedCursor:
                 log.warning("cursor flush failed: cursor=%s error=%s", self.name, error)
 
     async def close(self) -> None:
+        self._closed = True
         task, self._flush_task = self._flush_task, None
         if task is not None:
             task.cancel()

@@ -84,7 +84,8 @@ def decode_record(data: bytes | memoryview) -> CursorRecord:
     try:
         raw_batches = json.loads(bytes(_take(view, offset, batches_size)))
         batches = {Position(int(l), int(e)): (int(size), int(bits)) for l, e, size, bits in raw_batches}
-    except (ValueError, TypeError) as error:
+    except (ValueError, TypeError, OverflowError, RecursionError) as error:
+        # OverflowError: int() of a JSON Infinity; RecursionError: JSON nested too deep.
         raise MalformedFrame(f"cursor record batches: {error}") from None
     offset += batches_size
     properties_size = _u32(view, offset)
@@ -92,7 +93,7 @@ def decode_record(data: bytes | memoryview) -> CursorRecord:
     try:
         raw_properties = json.loads(bytes(_take(view, offset, properties_size)))
         properties = {str(k): int(v) for k, v in raw_properties.items()}
-    except (ValueError, TypeError, AttributeError) as error:
+    except (ValueError, TypeError, AttributeError, OverflowError, RecursionError) as error:
         raise MalformedFrame(f"cursor record properties: {error}") from None
     offset += properties_size
     if offset != len(view):

@@ -26,6 +26,9 @@ SUBSCRIPTION_NAME_BYTES_MAX = 1024
 # Broadcast subscriptions listed per namespace: the list lives in the namespace's
 # policies record in etcd, whose values must stay well under etcd's 1.5 MiB.
 BROADCAST_SUBSCRIPTIONS_MAX = 1000
+# Bundles a namespace may be created with: the bound bundles.hashing.default_boundaries
+# enforces when the namespace's ranges are made.
+BUNDLES_MAX = 1024
 _CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f]")
 
 
@@ -114,6 +117,14 @@ def auto_topic_creation_of(doc: object) -> dict:
     return {"allowAutoTopicCreation": allow, "topicType": topic_type}
 
 
+def bundles_of(doc: object) -> dict:
+    """BundlesData: ``numBundles`` equal hash ranges (0 or null: the broker's default)."""
+    doc = _object(doc, "bundles")
+    if doc.get("numBundles") is not None:
+        integer(doc["numBundles"], "numBundles", minimum=0, maximum=BUNDLES_MAX)
+    return doc
+
+
 def subscription_name_of(doc: object) -> str:
     if not isinstance(doc, str) or not doc:
         raise InvalidArgument("a subscription name must be a non-empty JSON string")
@@ -144,7 +155,7 @@ def namespace_policies_of(doc: object) -> NamespacePolicies:
         policies.backlog_quota_map = {backlog_quota_type_of(k): backlog_quota_of(v)
                                       for k, v in _object(quotas, "backlog_quota_map").items()}
     if doc.get("bundles") is not None:
-        policies.bundles = _object(doc["bundles"], "bundles")
+        policies.bundles = bundles_of(doc["bundles"])
     broadcast = doc.get("broadcast_subscriptions")
     if broadcast is not None:
         if not isinstance(broadcast, list) or len(broadcast) > BROADCAST_SUBSCRIPTIONS_MAX:

@@ -72,6 +72,12 @@ async def test_acknowledged_ledgers_are_deleted_and_disk_space_returns(etcd_proc
         topic = f"persistent://public/default/{local}"
         payload = b"r" * (20 * 1024)
 
+        def ledger_ids() -> list[int]:
+            return [entry["ledgerId"] for entry in admin_get(cluster, f"/admin/v2/persistent/public/default/{local}"
+                                                                      f"/internalStats")["ledgers"]]
+
+        before: dict = {}
+
         def produce_and_consume() -> None:
             client = pulsar.Client(url, operation_timeout_seconds=30)
             try:
@@ -81,6 +87,9 @@ async def test_acknowledged_ledgers_are_deleted_and_disk_space_returns(etcd_proc
                 for i in range(3000):
                     producer.send_async(i.to_bytes(4, "big") + payload, None)
                 producer.flush()
+                # Nothing is acknowledged yet, so nothing can have been trimmed.
+                before["ledgers"] = ledger_ids()
+                before["bytes"] = sum(directory_bytes(d) for b in cluster.bookies for d in b.ledger_dirs)
                 for _ in range(3000):
                     fast.acknowledge(fast.receive(timeout_millis=20_000))
                 for _ in range(1000):
@@ -94,12 +103,8 @@ async def test_acknowledged_ledgers_are_deleted_and_disk_space_returns(etcd_proc
         await asyncio.to_thread(produce_and_consume)
         store = open_store(cluster.metadata_url)
         try:
-            def ledger_ids() -> list[int]:
-                return [entry["ledgerId"] for entry in admin_get(cluster, f"/admin/v2/persistent/public/default/{local}"
-                                                                          f"/internalStats")["ledgers"]]
-            all_ledgers = ledger_ids()
+            all_ledgers, bytes_before = before["ledgers"], before["bytes"]
             assert len(all_ledgers) >= 7, all_ledgers
-            bytes_before = sum(directory_bytes(d) for b in cluster.bookies for d in b.ledger_dirs)
 
             # "slow" acknowledged the first 1000 of 3000: only the ledgers before its
             # mark-delete position may go.

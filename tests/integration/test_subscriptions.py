@@ -56,10 +56,12 @@ class Worker:
     def __init__(self, service_url: str, topic: str, subscription: str, mode: str, name: str, directory: str,
                  *extra: str) -> None:
         self.out = os.path.join(directory, f"{name}-{uuid.uuid4().hex[:6]}.log")
-        self.process = subprocess.Popen(
-            [*WORKER, "--service-url", service_url, "--topic", topic, "--subscription", subscription,
-             "--mode", mode, "--name", name, "--out", self.out, *extra],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=os.getcwd())
+        # The client's own log goes to a file beside the events, for post-mortems.
+        with open(self.out + ".client", "wb") as client_log:
+            self.process = subprocess.Popen(
+                [*WORKER, "--service-url", service_url, "--topic", topic, "--subscription", subscription,
+                 "--mode", mode, "--name", name, "--out", self.out, *extra],
+                stdout=client_log, stderr=subprocess.STDOUT, cwd=os.getcwd())
 
     def events(self) -> list[tuple[str, int]]:
         if not os.path.exists(self.out):
