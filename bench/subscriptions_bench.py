@@ -621,7 +621,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run: small backlogs and short baselines (numbers not meaningful)")
     parser.add_argument("--broker-args", default="",
-                        help="extra broker options, e.g. '--read-ahead-entries 0' (recorded in the results)")
+                        help="extra broker options, e.g. '--dispatch-entries-max 500' (recorded in the results)")
     parser.add_argument("--dir", default=None, help="where the cluster's data goes (default: the temp dir)")
     parser.add_argument("--keep-data", action="store_true", help="keep the cluster's data and logs afterwards")
     args = parser.parse_args(argv)

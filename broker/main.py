@@ -48,8 +48,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ledger-max-age-s", type=float, default=4 * 3600.0)
     parser.add_argument("--entry-cache-mib", type=int, default=512)
     parser.add_argument("--cursor-flush-interval-s", type=float, default=1.0)
-    parser.add_argument("--read-ahead-entries", type=int, default=500,
-                        help="entries read ahead from the bookies for a subscription catching up (0: off)")
     parser.add_argument("--dispatch-entries-max", type=int, default=100,
                         help="entries read from storage per dispatch round of a subscription")
     parser.add_argument("--dispatch-mib-max", type=int, default=4,
@@ -81,7 +79,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         managed_ledger=ManagedLedgerConfig(
             ensemble_size=args.ensemble_size, write_quorum_size=args.write_quorum, ack_quorum_size=args.ack_quorum,
             ledger_entries_max=args.ledger_max_entries, ledger_bytes_max=args.ledger_max_mib * 1024 * 1024,
-            ledger_age_s_max=args.ledger_max_age_s, read_ahead_entries_max=args.read_ahead_entries),
+            ledger_age_s_max=args.ledger_max_age_s),
         entry_cache_bytes_max=args.entry_cache_mib * 1024 * 1024,
         cursor_flush_interval_s=args.cursor_flush_interval_s,
         dispatch_entries_max=args.dispatch_entries_max,

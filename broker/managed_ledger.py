@@ -71,10 +71,6 @@ class ManagedLedgerConfig:
     ledger_age_s_max: float = 4 * 3600.0
     # Readers of closed ledgers kept open per managed ledger.
     readers_max: int = 16
-    # After a read that missed the cache, read the next this-many entries (at most) from
-    # the bookies in the background, so a subscription catching up on a backlog finds its
-    # next round in the cache instead of waiting a bookie round trip per round. 0: off.
-    read_ahead_entries_max: int = 500
 
     def __post_init__(self) -> None:
         if not self.ensemble_size >= self.write_quorum_size >= self.ack_quorum_size >= 1:
@@ -84,8 +80,6 @@ class ManagedLedgerConfig:
         if self.ledger_entries_max > ENTRIES_PER_LEDGER_MAX:
             raise ConfigError(f"ledger_entries_max must be at most {ENTRIES_PER_LEDGER_MAX} (a cursor's ack "
                               "bitmap covers that many entries of one ledger)")
-        if not 0 <= self.read_ahead_entries_max <= 10_000:
-            raise ConfigError("read_ahead_entries_max must be in [0, 10000]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,17 +96,6 @@ class _Append:
         self.future = future
         self.ledger_id = -1
         self.add_future: asyncio.Future[int] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class _ReadAhead:
-    ledger_id: int
-    first: int
-    last: int
-    task: asyncio.Task[None]
-
-    def covers(self, ledger_id: int, entry_id: int) -> bool:
-        return self.ledger_id == ledger_id and self.first <= entry_id <= self.last and not self.task.done()
 
 
 class ManagedLedger:
@@ -140,7 +123,6 @@ class ManagedLedger:
         # The current handle and those of rolled-over ledgers still closing.
         self._open_handles: dict[int, WriteHandle] = {}
         self._readers: collections.OrderedDict[int, LedgerReader] = collections.OrderedDict()
-        self._read_ahead: _ReadAhead | None = None   # at most one in flight per managed ledger
         self._waiters: list[asyncio.Future[None]] = []
         self._metadata_lock = asyncio.Lock()
         self.last_confirmed = Position(-1, -1)
@@ -504,19 +486,12 @@ class ManagedLedger:
         entries: list[ManagedEntry] = []
         size = 0
         entry_id = first
-        waited_for_read_ahead = False
         while entry_id <= last and size < bytes_max:
             cached = self._cache.get(ledger_id, entry_id)
             if cached is not None:
                 entries.append(ManagedEntry(Position(ledger_id, entry_id), cached))
                 size += len(cached)
                 entry_id += 1
-                continue
-            ahead = self._read_ahead
-            if ahead is not None and not waited_for_read_ahead and ahead.covers(ledger_id, entry_id):
-                # The entries are on their way: wait for them rather than ask twice.
-                waited_for_read_ahead = True
-                await asyncio.shield(ahead.task)
                 continue
             # A run of misses: read it from the bookies in one call per bookie.
             miss_end = entry_id
@@ -530,34 +505,7 @@ class ManagedLedger:
                 entries.append(ManagedEntry(Position(ledger_id, ledger_entry.entry_id), data))
                 size += len(data)
             entry_id = miss_end + 1
-        if entries:
-            self._maybe_read_ahead(ledger_id, entries[-1].position.entry_id + 1, len(entries))
         return entries
-
-    def _maybe_read_ahead(self, ledger_id: int, first: int, span: int) -> None:
-        """Starts reading ``first`` and up to ``span`` - 1 entries after it (bounded by the
-        config) into the cache, unless a read-ahead is in flight, they are not confirmed
-        yet, or the first is cached already (the writer's entries are: tailing readers
-        never need this)."""
-        count = min(span, self.config.read_ahead_entries_max)
-        if count <= 0 or self.closed or (self._read_ahead is not None and not self._read_ahead.task.done()):
-            return
-        last = min(self._last_entry_of(ledger_id), first + count - 1)
-        if first > last or self._cache.get(ledger_id, first) is not None:
-            return
-        task = asyncio.get_running_loop().create_task(self._fill_cache(ledger_id, first, last))
-        self._read_ahead = _ReadAhead(ledger_id, first, last, task)
-
-    async def _fill_cache(self, ledger_id: int, first: int, last: int) -> None:
-        try:
-            reader = await self._reader(ledger_id)
-            for ledger_entry in await reader.read(first, last):
-                self._cache.put(ledger_id, ledger_entry.entry_id, memoryview(ledger_entry.data)[ENTRY_HEADER_SIZE:])
-        except asyncio.CancelledError:
-            raise
-        except Exception as error:  # the dispatcher's own read will meet and report it
-            log.debug("read-ahead failed: topic=%s ledger=%d entries=%d-%d error=%r",
-                      self.name, ledger_id, first, last, error)
 
     async def _reader(self, ledger_id: int) -> LedgerReader:
         handle = self._open_handles.get(ledger_id)
@@ -605,8 +553,6 @@ class ManagedLedger:
             return
         await self._drain()
         self.closed = True
-        if self._read_ahead is not None:
-            self._read_ahead.task.cancel()
         handle, self._handle = self._handle, None
         if handle is not None and self.fenced_error is None:
             await self._close_handle(handle)
