@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import time
 
 import grpc
@@ -33,6 +32,7 @@ from ledger.errors import ConfigError, MagnetarError
 from magnetar import __version__
 from magnetar.loop_monitor import LoopMonitor
 from magnetar.ops_http import build_ops_app, start_ops_server
+from magnetar.tasks import stop_on_signals
 from metadata import open_store
 from metadata.bookie_record import BookieRecord
 
@@ -223,9 +223,7 @@ def main(args: argparse.Namespace) -> int:
     process = BookieProcess(config)
 
     async def run() -> int:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, process.stopping.set)
+        stop_on_signals(process.stopping)
         return await process.run()
 
     return asyncio.run(run())

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 from dataclasses import replace
 
 from prometheus_client import CollectorRegistry
@@ -27,6 +26,7 @@ from ledger.client import LedgerClient
 from ledger.config import LedgerClientConfig
 from magnetar.loop_monitor import LoopMonitor
 from magnetar.ops_http import start_ops_server
+from magnetar.tasks import stop_on_signals
 from metadata import keys, open_store
 from metadata.prefix_cache import PrefixCache
 
@@ -188,9 +188,7 @@ def main(args: argparse.Namespace) -> int:
     process = BrokerProcess(config_from_args(args), bundles_config_from_args(args))
 
     async def run() -> int:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, process.stopping.set)
+        stop_on_signals(process.stopping)
         return await process.run()
 
     return asyncio.run(run())

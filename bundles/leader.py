@@ -25,6 +25,7 @@ from bundles.hashing import Bundles
 from bundles.ownership import BrokerIdentity, bundle_key
 from bundles.records import AssignmentRecord, BundlesRecord, LeaderRecord, LoadReport, OwnerRecord, TransferRecord
 from ledger.errors import MagnetarError, MalformedFrame, MetadataKeyExists
+from magnetar.tasks import cancel_and_wait
 from metadata import keys
 from metadata.prefix_cache import PrefixCache
 from metadata.store import Compare, Lease, MetadataStore, Put
@@ -57,12 +58,7 @@ class Leader:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await cancel_and_wait(self._task)
         await self._leader.close()
 
     def leader(self) -> LeaderRecord | None:

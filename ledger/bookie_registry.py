@@ -8,6 +8,7 @@ import asyncio
 import logging
 
 from ledger.errors import MagnetarError, MalformedFrame
+from magnetar.tasks import cancel_and_wait
 from metadata import keys
 from metadata.bookie_record import BookieRecord
 from metadata.store import MetadataStore, Watch
@@ -89,11 +90,6 @@ class BookieRegistry:
         return record.address if record is not None else bookie_id
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await cancel_and_wait(self._task)
         if self._watch is not None:
             await self._watch.close()

@@ -28,6 +28,7 @@ import time
 import urllib.request
 
 from magnetar.etcd_server import etcd_command, wait_for_etcd
+from magnetar.tasks import stop_on_signals
 
 log = logging.getLogger(__name__)
 
@@ -164,9 +165,7 @@ class Standalone:
 def main(args: argparse.Namespace) -> int:
     async def run() -> int:
         standalone = Standalone(args)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, standalone.stopping.set)
+        stop_on_signals(standalone.stopping)
         try:
             await standalone.start()
             return await standalone.watch_children()

@@ -31,6 +31,7 @@ import aetcd.rpc as etcd_rpc
 import aetcd.utils
 
 from ledger.errors import ConfigError, MetadataUnavailable
+from magnetar.tasks import cancel_and_wait
 from metadata.store import Compare, Delete, Lease, MetadataStore, Put, Record, Watch, WatchEvent
 
 log = logging.getLogger(__name__)
@@ -346,13 +347,7 @@ class EtcdStore(MetadataStore):
     async def close(self) -> None:
         self._closed = True
         tasks = list(self._keepalive_tasks.values())
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await cancel_and_wait(*tasks)
         client, self._client = self._client, None
         if client is not None:
             await client.close()

@@ -10,6 +10,7 @@ import logging
 from typing import Callable
 
 from ledger.errors import MagnetarError
+from magnetar.tasks import cancel_and_wait
 from metadata.store import MetadataStore, Record
 
 log = logging.getLogger(__name__)
@@ -92,9 +93,4 @@ class PrefixCache:
         return self.records.get(key)
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await cancel_and_wait(self._task)

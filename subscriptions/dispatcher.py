@@ -27,6 +27,7 @@ from broker.batch import message_count
 from broker.codec import stored_metadata
 from broker.position import Position
 from ledger.errors import MagnetarError
+from magnetar.tasks import cancel_and_wait
 from subscriptions.cursor import int_to_ack_set_words
 
 if TYPE_CHECKING:
@@ -75,12 +76,7 @@ class Dispatcher(abc.ABC):
     async def close(self) -> None:
         self._closed = True
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await cancel_and_wait(task)
 
     # --- the loop ----------------------------------------------------------------------------
 
