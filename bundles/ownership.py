@@ -16,7 +16,9 @@ Theory of operation:
   and assign the bundle to the destination, which takes it. Clients see a reconnect;
   other bundles of this broker are not touched.
 - Splitting: one transaction replaces the namespace's boundaries and the owner key of
-  the bundle by owner keys of its two halves, still here: nothing is closed.
+  the bundle by owner keys of its two halves, still here: nothing is closed. Other
+  brokers' cached boundaries go stale; they notice when the bundle they compute has no
+  owner record (the split deleted it) and re-read the boundaries then.
 - Self-fencing: when the lease has not been confirmed for ``fence_fraction`` of its
   TTL, the broker closes the topics of all its bundles and refuses to serve until the
   lease is confirmed again (or, if lost, a new one is granted and bundles are taken
@@ -144,9 +146,12 @@ class OwnershipManager:
     def forget_bundles(self, namespace: str) -> None:
         self._bundles.pop(namespace, None)
 
-    async def bundle_of(self, topic: TopicName) -> tuple[str, BundleRange]:
+    async def bundle_of(self, topic: TopicName, *, refresh: bool = False) -> tuple[str, BundleRange]:
+        """The topic's bundle. ``refresh`` re-reads the boundaries from etcd: the cached
+        ones go stale when another broker splits a bundle, and the bundle they name then
+        has no owner record, which is when callers ask for a refresh."""
         namespace = topic.namespace_name
-        bundles = await self.bundles_of(namespace)
+        bundles = (await self._load_bundles(namespace))[0] if refresh else await self.bundles_of(namespace)
         return str(namespace), bundles.for_topic(str(topic))
 
     # --- who serves what -----------------------------------------------------------------------
@@ -180,6 +185,9 @@ class OwnershipManager:
         deadline = time.monotonic() + self.config.ownership_wait_s
         while True:
             record = self._owner_record(namespace, bundle)
+            if record is None:
+                namespace, bundle = await self.bundle_of(topic, refresh=True)   # split elsewhere?
+                record = self._owner_record(namespace, bundle)
             if record is not None:
                 if record.state == RELEASING and record.to:
                     destination = self._destination(record, broker_urls)
@@ -189,7 +197,6 @@ class OwnershipManager:
             if time.monotonic() > deadline:
                 raise ServiceNotReady(f"bundle {bundle_key(namespace, bundle)} has no owner yet")
             await self._wait_change(deadline)
-            namespace, bundle = await self.bundle_of(topic)   # a split may have moved it
 
     async def ensure_serving(self, topic: TopicName) -> None:
         """Returns once this broker serves the topic's bundle; raises NotOwner if another
@@ -200,6 +207,9 @@ class OwnershipManager:
                 raise ServiceNotReady("this broker is fenced (its lease is not confirmed)")
             namespace, bundle = await self.bundle_of(topic)
             record = self._owner_record(namespace, bundle)
+            if record is None:
+                namespace, bundle = await self.bundle_of(topic, refresh=True)   # split elsewhere?
+                record = self._owner_record(namespace, bundle)
             key = bundle_key(namespace, bundle)
             if record is not None and record.broker_id == self.identity.broker_id and record.state == OWNED \
                     and key in self._serving:
@@ -444,11 +454,6 @@ class OwnershipManager:
         finally:
             self._busy.discard(bkey)
             self._changed.set()
-
-    def on_bundles_changed(self, namespace: str) -> None:
-        """Another broker split a bundle of the namespace: reload its ranges lazily."""
-        self._bundles.pop(namespace, None)
-        self._changed.set()
 
     # --- lease guard (self-fencing) ------------------------------------------------------------------
 
