@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from broker.managed_ledger_info import LedgerInfo, ManagedLedgerInfo
-from broker.position import Position
+from broker.position import Position, normalize
 from broker.topic_name import TopicName
 from ledger.client import LedgerClient
 from ledger.entry import ENTRY_HEADER_SIZE
@@ -441,16 +441,7 @@ class ManagedLedger:
         """The same place in the topic, moved off the end of a finished ledger (or off a
         deleted one) to the first entry of the next ledger holding one. Positions in the
         current ledger are left as they are, written or not."""
-        ledger_id, entry_id = position
-        while True:
-            if self._may_grow(ledger_id):
-                return Position(ledger_id, entry_id)
-            if ledger_id in self._ledgers and entry_id <= self._last_entry_of(ledger_id):
-                return Position(ledger_id, entry_id)
-            following = next((l for l in self._ledgers if l > ledger_id), None)
-            if following is None:
-                return Position(ledger_id, entry_id)
-            ledger_id, entry_id = following, 0
+        return normalize(position, self._ledgers, self._last_entry_of, self._may_grow)
 
     def next_position(self, position: Position) -> Position:
         """The position right after ``position`` (possibly not written yet)."""

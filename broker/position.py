@@ -7,7 +7,7 @@ ids from the cluster-wide counter, so that order is the order of the topic.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, Collection, NamedTuple
 
 
 class Position(NamedTuple):
@@ -24,3 +24,22 @@ class Position(NamedTuple):
 
 
 EARLIEST = Position(-1, -1)
+
+
+def normalize(position: Position, ledger_ids: Collection[int], last_entry_of: Callable[[int], int],
+              may_grow: Callable[[int], bool]) -> Position:
+    """The same place in a topic whose ledgers are ``ledger_ids`` (iterated in ascending
+    order; a dict keyed by ledger id does, without a copy), moved off
+    the end of a finished ledger (or off a deleted one) to the first entry of the next
+    ledger holding one. Positions in a ledger that ``may_grow`` are left as they are,
+    written or not; past the last ledger, too."""
+    ledger_id, entry_id = position
+    while True:
+        if may_grow(ledger_id):
+            return Position(ledger_id, entry_id)
+        if ledger_id in ledger_ids and entry_id <= last_entry_of(ledger_id):
+            return Position(ledger_id, entry_id)
+        following = next((l for l in ledger_ids if l > ledger_id), None)
+        if following is None:
+            return Position(ledger_id, entry_id)
+        ledger_id, entry_id = following, 0

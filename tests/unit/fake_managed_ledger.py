@@ -6,9 +6,10 @@ and its dispatchers call on their managed ledger: the last confirmed position,
 ``normalize`` / ``next_position`` / ``first_position``, entry counts, ``read`` and
 ``wait_for_entries``. It is a double of that edge, not of the code under test.
 
-Positions follow ManagedLedger's rules: ledgers are ordered by id; a position past the
-end of a closed ledger (or in a deleted one) normalizes to entry 0 of the next ledger
-that exists; positions in the current ledger are left as they are, written or not.
+Positions follow ManagedLedger's rules through the same function
+(broker.position.normalize): a position past the end of a closed ledger (or in a deleted
+one) normalizes to entry 0 of the next ledger that exists; positions in the current
+ledger are left as they are, written or not.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import asyncio
 
 from broker.managed_ledger import ManagedEntry
-from broker.position import Position
+from broker.position import Position, normalize
 
 
 class FakeManagedLedger:
@@ -66,16 +67,7 @@ class FakeManagedLedger:
         return len(self._ledgers.get(ledger_id, ())) - 1
 
     def normalize(self, position: Position) -> Position:
-        ledger_id, entry_id = position
-        while True:
-            if ledger_id == self._current:
-                return Position(ledger_id, entry_id)
-            if ledger_id in self._ledgers and entry_id <= self._last_entry_of(ledger_id):
-                return Position(ledger_id, entry_id)
-            following = next((l for l in self._ledgers if l > ledger_id), None)
-            if following is None:
-                return Position(ledger_id, entry_id)
-            ledger_id, entry_id = following, 0
+        return normalize(position, self._ledgers, self._last_entry_of, lambda ledger_id: ledger_id == self._current)
 
     def next_position(self, position: Position) -> Position:
         return self.normalize(Position(position.ledger_id, position.entry_id + 1))

@@ -27,24 +27,10 @@ import pytest
 
 from ledger.errors import MalformedFrame
 from subscriptions.ack_set import ENTRIES_PER_LEDGER_MAX, AckSet
+from tests.unit.ack_sets import ack_set_of, marked
 
 _HEAD = struct.Struct(">I")
 _LEDGER = struct.Struct(">qqI")
-
-
-def ack_set_of(*pairs: tuple[int, int]) -> AckSet:
-    ack_set = AckSet()
-    for ledger_id, entry_id in pairs:
-        ack_set.add(ledger_id, entry_id)
-    return ack_set
-
-
-def marked(ack_set: AckSet) -> set[tuple[int, int]]:
-    """Every marked (ledger_id, entry_id), read back through ``ranges``."""
-    return {(ledger_id, entry_id)
-            for ledger_id in ack_set.ledgers()
-            for first, last in ack_set.ranges(ledger_id)
-            for entry_id in range(first, last + 1)}
 
 
 def runs_of(entry_ids: set[int]) -> list[tuple[int, int]]:

@@ -33,23 +33,10 @@ from subscriptions.cursor_record import (
     decode_record,
     encode_record,
 )
+from tests.unit.ack_sets import ack_set_of, marked
 
 _HEAD = struct.Struct(">HBBqqI")
 _U32 = struct.Struct(">I")
-
-
-def ack_set_of(*pairs: tuple[int, int]) -> AckSet:
-    ack_set = AckSet()
-    for ledger_id, entry_id in pairs:
-        ack_set.add(ledger_id, entry_id)
-    return ack_set
-
-
-def marked(ack_set: AckSet) -> set[tuple[int, int]]:
-    return {(ledger_id, entry_id)
-            for ledger_id in ack_set.ledgers()
-            for first, last in ack_set.ranges(ledger_id)
-            for entry_id in range(first, last + 1)}
 
 
 def assert_same_record(left: CursorRecord, right: CursorRecord) -> None:

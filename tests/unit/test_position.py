@@ -79,3 +79,27 @@ def test_garbage_is_refused(text: str):
     text with Position.parse yet."""
     with pytest.raises((ValueError, InvalidArgument)):
         Position.parse(text)
+
+
+# --- normalize: the rule ManagedLedger (and the subscription tests' fake) apply ---------
+
+def _normalize(position, ledgers: dict[int, int], current: int | None):
+    """``ledgers``: ledger id -> last entry id (-1: empty)."""
+    from broker.position import normalize
+
+    return normalize(position, ledgers, lambda l: ledgers.get(l, -1), lambda l: l == current)
+
+
+def test_normalize_leaves_written_positions_and_the_current_ledger_alone():
+    ledgers = {3: 9, 5: 4}
+    assert _normalize(Position(3, 7), ledgers, current=5) == Position(3, 7)
+    assert _normalize(Position(5, 100), ledgers, current=5) == Position(5, 100)   # not written yet
+
+
+def test_normalize_moves_past_ends_and_over_deleted_and_empty_ledgers():
+    ledgers = {3: 9, 4: -1, 6: 2}
+    assert _normalize(Position(3, 10), ledgers, current=None) == Position(6, 0)   # 4 is empty
+    assert _normalize(Position(1, 0), ledgers, current=None) == Position(3, 0)    # 1 was deleted
+    assert _normalize(Position(-1, 0), ledgers, current=None) == Position(3, 0)   # the first position
+    assert _normalize(Position(6, 3), ledgers, current=None) == Position(6, 3)    # past the last: as is
+    assert _normalize(Position(3, 10), {3: 9, 4: -1}, current=4) == Position(4, 0)
