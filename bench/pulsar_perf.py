@@ -20,9 +20,10 @@ would measure the client. Processes run at once and are added up over the wall-c
 from the first one's start to the last one's end (each reports its bounds).
 
 Baseline, measured in the same run on the disk the bookies write to: the raw sequential
-write + fdatasync bandwidth (bench/bookie_bench.py's probe), before and after each copies
-block. What the disk allows for 1 KiB messages with one copy: every byte is written twice
-(journal, then entry log), so
+write + fdatasync bandwidth, the median of short probes before and after each copies
+block (bench/harness.py; ``baseline_unstable`` when the probes spread too far). What the
+disk allows for 1 KiB messages with one copy: every byte is written twice (journal, then
+entry log), so
     ceiling_MB_per_s = raw_write_fdatasync_MB_per_s / 2,   ceiling_msgs_per_s = that / 1 KiB.
 Throughputs are reported as ratios to that one-copy ceiling; publish also to the
 copies-adjusted ceiling raw / (2 * copies), both bookies sharing the one disk. (The drain
@@ -31,7 +32,8 @@ is shared: absolute numbers drift, ratios to a baseline taken in the same run mu
 
     python bench/pulsar_perf.py --out bench/results/pulsar_perf.json
 
-Default total runtime: about 3 minutes.
+Default total runtime: about 3 minutes. Exit code 1 when a drain missed messages, or a
+run reported errors or duplicates (the numbers are then not of a correct run).
 """
 
 from __future__ import annotations
@@ -40,9 +42,7 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 import uuid
 
@@ -50,8 +50,17 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(BENCH_DIR))
 sys.path.insert(0, BENCH_DIR)
 
-from bookie_bench import raw_disk_bandwidth  # noqa: E402
-from tests.cluster import Cluster, EtcdProcess, python_command, run_cli  # noqa: E402
+from harness import (  # noqa: E402
+    aggregate_runs,
+    bench_cluster,
+    disk_baseline,
+    disk_ceiling_MB_per_s,
+    last_json_line,
+    measure_disk,
+    unstable_note,
+    wait_ready,
+)
+from tests.cluster import Cluster, python_command, run_cli  # noqa: E402
 
 MESSAGE_BYTES = 1024
 # Subprocess budgets beyond a case's own duration: start-up, lookups, the drain of pending sends.
@@ -62,19 +71,10 @@ DRAIN_IDLE_S = 3.0
 READY_TIMEOUT_S = 30.0
 
 
-def _last_json_line(text: str) -> dict | None:
-    for line in reversed(text.strip().splitlines()):
-        try:
-            return json.loads(line)
-        except json.JSONDecodeError:
-            continue
-    return None
-
-
 async def perf(*args: str, timeout_s: float) -> dict:
     """Runs ``magnetar perf …`` and returns its summary; raises with its stderr if it failed."""
     returncode, stdout, stderr = await run_cli("perf", *args, timeout_s=timeout_s)
-    summary = _last_json_line(stdout)
+    summary = last_json_line(stdout)
     if returncode != 0 or summary is None:
         raise RuntimeError(f"magnetar perf {args[0]} exited {returncode}: {stderr.strip()[-2000:]}")
     return summary
@@ -133,13 +133,7 @@ class Bench:
                             "--progress-interval-s", "0"),
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         try:
-            async with asyncio.timeout(READY_TIMEOUT_S):
-                while True:
-                    line = await consumer.stderr.readline()
-                    if not line:
-                        raise RuntimeError("perf consume exited before subscribing")
-                    if b'"event": "subscribed"' in line:
-                        break
+            stderr_head = await wait_ready(consumer.stderr, "perf consume", READY_TIMEOUT_S)
             stderr_rest = asyncio.ensure_future(consumer.stderr.read())  # keep the pipe from filling
             produced = await perf("produce", "--service-url", service_url, topic, "--rate", str(rate),
                                   "--size", str(MESSAGE_BYTES), "--messages", str(messages), "--batching",
@@ -148,19 +142,19 @@ class Bench:
             async with asyncio.timeout(TOOL_OVERHEAD_S):
                 stdout = await consumer.stdout.read()
                 await consumer.wait()
-                stderr = await stderr_rest
+                stderr = stderr_head + await stderr_rest
         finally:
             if consumer.returncode is None:
                 consumer.kill()
                 await consumer.wait()
-        consumed = _last_json_line(stdout.decode())
+        consumed = last_json_line(stdout.decode())
         if consumer.returncode != 0 or consumed is None:
             raise RuntimeError(f"perf consume exited {consumer.returncode}: {stderr.decode().strip()[-2000:]}")
         return {"rate_target": rate, "producer": produced, "consumer": consumed}
 
     async def copies_block(self, copies: int) -> dict:
         args = self.args
-        raw_before = await asyncio.to_thread(raw_disk_bandwidth, self.cluster.base_dir, args.raw_seconds)
+        disk_before = await measure_disk(self.cluster.base_dir, args.raw_seconds)
         quorum = str(copies)
         broker = self.cluster.broker(name=f"broker-copies{copies}", extra_args=[
             "--ensemble-size", quorum, "--write-quorum", quorum, "--ack-quorum", quorum])
@@ -189,28 +183,18 @@ class Bench:
                 print(json.dumps({"copies": copies, "latency": result}), flush=True)
         finally:
             await broker.terminate()
-        raw_after = await asyncio.to_thread(raw_disk_bandwidth, self.cluster.base_dir, args.raw_seconds)
-        raw = (raw_before + raw_after) / 2
-        block["raw_write_fdatasync_MB_per_s"] = {"before": round(raw_before, 1), "after": round(raw_after, 1),
-                                                 "mean": round(raw, 1)}
-        add_ratios(block, raw)
+        disk_after = await measure_disk(self.cluster.base_dir, args.raw_seconds)
+        baseline = disk_baseline(disk_before, disk_after)
+        block["raw_write_fdatasync_MB_per_s"] = baseline
+        add_ratios(block, baseline["median"])
         return block
 
 
 def aggregate(runs: list[dict], start_key: str, end_key: str, *, latency_key: str | None = None) -> dict:
-    """Several perf processes as one: their messages over the wall-clock span from the
-    earliest start to the latest end (each process reports its own bounds). Latency
-    percentiles cannot be merged from summaries: the worst process's value of each is
-    kept, and every process's summary is kept under ``processes``."""
-    starts = [run[start_key] for run in runs if run.get(start_key)]
-    ends = [run[end_key] for run in runs if run.get(end_key)]
-    span_s = max(max(ends) - min(starts), 1e-9) if starts and ends else float("nan")
-    messages = sum(run["messages"] for run in runs)
-    result = {
-        "processes_count": len(runs), "messages": messages, "seconds": round(span_s, 3),
-        "msgs_per_s": round(messages / span_s, 1), "MB_per_s": round(messages * MESSAGE_BYTES / span_s / 1e6, 3),
-        "errors": sum(run["errors"] for run in runs),
-    }
+    """Several perf processes as one (harness.aggregate_runs). Latency percentiles cannot
+    be merged from summaries: the worst process's value of each is kept, and every
+    process's summary is kept under ``processes``."""
+    result = aggregate_runs(runs, start_key, end_key, MESSAGE_BYTES)
     if latency_key is not None:
         result[f"{latency_key}_worst_process"] = {
             key: max(run[latency_key][key] for run in runs) for key in ("p50", "p99", "p99.9", "max")}
@@ -220,25 +204,56 @@ def aggregate(runs: list[dict], start_key: str, end_key: str, *, latency_key: st
 
 def add_ratios(block: dict, raw_MB_per_s: float) -> None:
     """Ratios of the throughputs to what the disk allows (see the module docstring)."""
-    one_copy_MB_per_s = raw_MB_per_s / 2
-    copies_MB_per_s = raw_MB_per_s / (2 * block["copies"])
+    one_copy_MB_per_s = disk_ceiling_MB_per_s(raw_MB_per_s, 1)
+    copies_MB_per_s = disk_ceiling_MB_per_s(raw_MB_per_s, block["copies"])
     block["ceiling"] = {
         "one_copy_MB_per_s": round(one_copy_MB_per_s, 1),
         "one_copy_msgs_per_s": round(one_copy_MB_per_s * 1e6 / MESSAGE_BYTES),
         "copies_adjusted_MB_per_s": round(copies_MB_per_s, 1),
     }
+
+    def ratio(MB_per_s: float | None, ceiling_MB_per_s: float) -> float | None:
+        return round(MB_per_s / ceiling_MB_per_s, 4) if MB_per_s is not None else None
+
     for case in ("publish", "drain"):
         if case in block:
-            block[case]["ratio_to_one_copy_ceiling"] = round(block[case]["MB_per_s"] / one_copy_MB_per_s, 4)
+            block[case]["ratio_to_one_copy_ceiling"] = ratio(block[case]["MB_per_s"], one_copy_MB_per_s)
     if "publish" in block:
         # Only writes multiply per copy; a drain reads each entry from one bookie.
-        block["publish"]["ratio_to_copies_ceiling"] = round(block["publish"]["MB_per_s"] / copies_MB_per_s, 4)
+        block["publish"]["ratio_to_copies_ceiling"] = ratio(block["publish"]["MB_per_s"], copies_MB_per_s)
+
+
+def problems(results: dict) -> list[str]:
+    """What makes a run's numbers not those of a correct run: a drain that missed
+    messages, errors or duplicates anywhere. Empty when all is well."""
+    found = []
+    for block in results["blocks"]:
+        copies = block["copies"]
+        publish, drain = block.get("publish"), block.get("drain")
+        if publish is None or drain is None or "latency" not in block:
+            found.append(f"copies {copies}: the block did not finish")
+            continue
+        if publish["errors"]:
+            found.append(f"copies {copies}: publish had {publish['errors']} errors")
+        if not drain["complete"]:
+            found.append(f"copies {copies}: drain received {drain['messages']} of {drain['expected_messages']} "
+                         f"messages")
+        if drain["errors"]:
+            found.append(f"copies {copies}: drain had {drain['errors']} errors")
+        if drain["duplicates"]:
+            found.append(f"copies {copies}: drain received {drain['duplicates']} duplicates")
+        for result in block["latency"]:
+            rate = result["rate_target"]
+            for side in ("producer", "consumer"):
+                if result[side]["errors"]:
+                    found.append(f"copies {copies}: latency @{rate}/s {side} had {result[side]['errors']} errors")
+            if result["consumer"]["duplicates"]:
+                found.append(f"copies {copies}: latency @{rate}/s consumer received "
+                             f"{result['consumer']['duplicates']} duplicates")
+    return found
 
 
 async def main_async(args: argparse.Namespace) -> dict:
-    base_dir = tempfile.mkdtemp(prefix="magnetar-pulsar-bench-", dir=args.dir)
-    etcd = EtcdProcess(base_dir)
-    etcd.start()
     started = time.monotonic()
     results: dict = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "cpus": os.cpu_count(), "message_bytes": MESSAGE_BYTES,
@@ -248,17 +263,11 @@ async def main_async(args: argparse.Namespace) -> dict:
                      "bookies": 2, "brokers": 1, "batching": True, "batch_max_delay_ms": 1},
         "blocks": [],
     }
-    cluster = Cluster(etcd, base_dir)
-    try:
+    async with bench_cluster("magnetar-pulsar-bench-", directory=args.dir, keep_data=args.keep_data) as cluster:
         await cluster.start_bookies(2)
         bench = Bench(args, cluster)
         for copies in args.copies:
             results["blocks"].append(await bench.copies_block(copies))
-    finally:
-        await cluster.stop()
-        etcd.kill9()
-        if not args.keep_data:
-            shutil.rmtree(base_dir, ignore_errors=True)
     results["total_seconds"] = round(time.monotonic() - started, 1)
     return results
 
@@ -272,8 +281,9 @@ def print_table(results: dict) -> None:
             row = block[case]
             latency = row.get("publish_latency_ms_worst_process")
             p50, p99, p999 = ((latency["p50"], latency["p99"], latency["p99.9"]) if latency else ("-", "-", "-"))
-            print(f"{copies:>6} {case:<16} {row['msgs_per_s']:>10} {row['MB_per_s']:>8} {p50:>8} {p99:>8} "
-                  f"{p999:>9} {row['ratio_to_one_copy_ceiling']:>9} {row.get('ratio_to_copies_ceiling', '-'):>9}")
+            print(f"{copies:>6} {case:<16} {row['msgs_per_s'] or '-':>10} {row['MB_per_s'] or '-':>8} {p50:>8} "
+                  f"{p99:>8} {p999:>9} {row['ratio_to_one_copy_ceiling'] or '-':>9} "
+                  f"{row.get('ratio_to_copies_ceiling') or '-':>9}")
         for result in block["latency"]:
             latency = result["consumer"]["end_to_end_latency_ms"]
             label = f"e2e @{result['rate_target']}/s"
@@ -281,9 +291,9 @@ def print_table(results: dict) -> None:
                   f"{result['producer']['MB_per_s']:>8} {latency['p50']:>8} {latency['p99']:>8} "
                   f"{latency['p99.9']:>9} {'-':>9} {'-':>9}")
         raw = block["raw_write_fdatasync_MB_per_s"]
-        print(f"{'':>6} baseline: raw write+fdatasync {raw['before']}/{raw['after']} MB/s -> one-copy ceiling "
-              f"{block['ceiling']['one_copy_MB_per_s']} MB/s = {block['ceiling']['one_copy_msgs_per_s']} msgs/s "
-              f"of 1 KiB")
+        print(f"{'':>6} baseline: raw write+fdatasync {raw['median']} MB/s (median of {raw['probes_count']} "
+              f"probes, {raw['min']}-{raw['max']}) -> one-copy ceiling {block['ceiling']['one_copy_MB_per_s']} MB/s "
+              f"= {block['ceiling']['one_copy_msgs_per_s']} msgs/s of 1 KiB{unstable_note(raw)}")
     print("(publish latency: send -> broker ack at max rate, worst of the producer processes, mostly time spent "
           "behind the --max-pending window; e2e: send -> receive; ratio 1c: to the one-copy disk ceiling, "
           "kc: to raw / (2 x copies))")
@@ -297,7 +307,8 @@ def main() -> int:
     parser.add_argument("--drain-seconds-max", type=float, default=60.0)
     parser.add_argument("--latency-seconds", type=float, default=10.0)
     parser.add_argument("--rates", type=lambda text: [int(x) for x in text.split(",")], default=[1000, 10000])
-    parser.add_argument("--raw-seconds", type=float, default=3.0)
+    parser.add_argument("--raw-seconds", type=float, default=3.0,
+                        help="disk probing before and after each copies block (several short probes), each time")
     parser.add_argument("--max-pending", type=int, default=1000)
     parser.add_argument("--publish-processes", type=int, default=3,
                         help="producer processes publishing at once (one Python client tops out near 20k msgs/s)")
@@ -312,6 +323,10 @@ def main() -> int:
         json.dump(results, handle, indent=2)
     print_table(results)
     print(f"results written to {args.out} (total {results['total_seconds']} s)")
+    found = problems(results)
+    if found:
+        print("the run was not correct:\n  " + "\n  ".join(found), file=sys.stderr)
+        return 1
     return 0
 
 

@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(BENCH_DIR))
 sys.path.insert(0, BENCH_DIR)
 
 import rawclient  # noqa: E402
+from magnetar.tools.perf_stats import announce_ready  # noqa: E402
 
 EXIT_TIMED_OUT = 3
 
@@ -52,12 +53,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-# The line a runner waits for on stderr before starting the consumers (as perf consume).
-READY_EVENT = "subscribed"
-
-
 async def wait_for_start_line() -> None:
-    print(json.dumps({"event": READY_EVENT}), file=sys.stderr, flush=True)
+    # The line a runner waits for on stderr before starting the consumers (as perf consume).
+    announce_ready()
     await asyncio.to_thread(sys.stdin.readline)
 
 

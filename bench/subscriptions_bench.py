@@ -41,13 +41,17 @@ share its cores, which the accounting makes visible.
 
 Baselines, measured in the same run, before and after the cases (the machine is shared
 and noisy: absolute numbers drift, ratios to a baseline taken in the same run much less):
-- disk: raw sequential write + fdatasync MB/s on the bookies' disk
-  (bookie_bench.raw_disk_bandwidth); ``ratio_to_disk_ceiling`` is msgs/s over the
-  one-copy ceiling raw / 2 / 1 KiB (every byte goes to the journal and the entry log),
-  as in bench/pulsar_perf.py: it puts the cases on one scale with the publish benchmarks.
-- CPU: frames/s one core decodes with the broker's codec (a MESSAGE of one 1 KiB
-  message: framing, CRC32C, protobuf), the kind of work the broker does per entry;
-  ``ratio_to_cpu_baseline`` is msgs/s over that.
+- disk: raw sequential write + fdatasync MB/s on the bookies' disk, the median of short
+  probes (bench/harness.py; ``baseline_unstable`` when they spread too far);
+  ``ratio_to_disk_ceiling`` is msgs/s over the one-copy ceiling raw / 2 / 1 KiB (every
+  byte goes to the journal and the entry log), as in bench/pulsar_perf.py: it puts the
+  cases on one scale with the publish benchmarks.
+- CPU: frames/s one core decodes with the broker's codec (a MESSAGE frame: framing,
+  CRC32C, protobuf), the kind of work the broker does per entry it dispatches;
+  ``entries_ratio_to_cpu_baseline`` is the case's entries/s (msgs/s over the messages
+  per batch entry) over that: one dispatched entry against one decoded frame. (The
+  baseline's frames carry one 1 KiB message, a case's entries a batch of them: the
+  ratio counts per-entry work, not the CRC32C over bigger payloads.)
 
     python bench/subscriptions_bench.py --out bench/results/subscriptions.json
     python bench/subscriptions_bench.py --quick --out /tmp/subscriptions.json   # smoke run
@@ -63,9 +67,7 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 import urllib.parse
 import urllib.request
@@ -77,9 +79,18 @@ sys.path.insert(0, os.path.dirname(BENCH_DIR))
 sys.path.insert(0, BENCH_DIR)
 
 import rawclient  # noqa: E402
-from bookie_bench import raw_disk_bandwidth  # noqa: E402
 from cpu_accounting import CpuSampler, group_report  # noqa: E402
-from tests.cluster import Cluster, EtcdProcess, python_command  # noqa: E402
+from harness import (  # noqa: E402
+    aggregate_runs,
+    bench_cluster,
+    disk_baseline,
+    disk_ceiling_MB_per_s,
+    last_json_line,
+    measure_disk,
+    unstable_note,
+    wait_ready,
+)
+from tests.cluster import Cluster, python_command  # noqa: E402
 
 MESSAGE_BYTES = 1024
 AIMS_MSGS_PER_S = {"shared": 60_000, "fanout": 300_000, "drain": 250_000}
@@ -93,7 +104,6 @@ SHARED_IDLE_S = 2.0
 # The broker applies acknowledgements as they arrive; this bounds the wait for its
 # stats to show the last of them.
 BACKLOG_SETTLE_S = 5.0
-READY_EVENT = b'"event": "subscribed"'
 
 
 # --- pure helpers ---------------------------------------------------------------------------
@@ -149,37 +159,10 @@ def official_consumer_argv(service_url: str, topic: str, subscription: str, sub_
     return argv
 
 
-def last_json_line(text: str) -> dict | None:
-    for line in reversed(text.strip().splitlines()):
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(value, dict):
-            return value
-    return None
-
-
 def aggregate_consumers(runs: list[dict], message_bytes: int = MESSAGE_BYTES) -> dict:
     """Several consumer processes as one: their messages over the span from the earliest
     first message to the latest last message."""
-    firsts = [run["first_message_unix_s"] for run in runs if run.get("first_message_unix_s")]
-    lasts = [run["last_message_unix_s"] for run in runs if run.get("last_message_unix_s")]
-    messages = sum(run["messages"] for run in runs)
-    if firsts and lasts and max(lasts) > min(firsts):
-        start_s, end_s = min(firsts), max(lasts)
-    else:
-        start_s = end_s = None
-    span_s = (end_s - start_s) if start_s is not None else None
-    return {
-        "processes_count": len(runs), "messages": messages,
-        "messages_per_process": [run["messages"] for run in runs],
-        "window_start_unix_s": start_s, "window_end_unix_s": end_s,
-        "seconds": round(span_s, 3) if span_s else None,
-        "msgs_per_s": round(messages / span_s, 1) if span_s else None,
-        "MB_per_s": round(messages * message_bytes / span_s / 1e6, 3) if span_s else None,
-        "errors": sum(run.get("errors", 0) for run in runs),
-    }
+    return aggregate_runs(runs, "first_message_unix_s", "last_message_unix_s", message_bytes)
 
 
 def position_check(per_consumer: list[list[tuple[int, int]]], entries_expected: int) -> dict:
@@ -198,11 +181,16 @@ def acks_confirmed(runs: list[dict]) -> bool:
     return all(run.get("ack_confirmed", True) for run in runs)
 
 
-def ratios(msgs_per_s: float | None, baseline: dict) -> dict:
+def ratios(msgs_per_s: float | None, batch_messages: int, baseline: dict) -> dict:
+    """msgs/s against the disk's one-copy ceiling (in 1 KiB messages); entries/s against
+    the frames/s one core decodes (per-entry work: see the module docstring)."""
+    assert batch_messages >= 1, batch_messages
     if not msgs_per_s:
-        return {"ratio_to_disk_ceiling": None, "ratio_to_cpu_baseline": None}
-    return {"ratio_to_disk_ceiling": round(msgs_per_s / baseline["disk_ceiling_msgs_per_s"], 4),
-            "ratio_to_cpu_baseline": round(msgs_per_s / baseline["cpu_codec_frames_per_s"]["mean"], 4)}
+        return {"entries_per_s": None, "ratio_to_disk_ceiling": None, "entries_ratio_to_cpu_baseline": None}
+    entries_per_s = msgs_per_s / batch_messages
+    return {"entries_per_s": round(entries_per_s, 1),
+            "ratio_to_disk_ceiling": round(msgs_per_s / baseline["disk_ceiling_msgs_per_s"], 4),
+            "entries_ratio_to_cpu_baseline": round(entries_per_s / baseline["cpu_codec_frames_per_s"]["mean"], 4)}
 
 
 def cpu_baseline(seconds: float) -> float:
@@ -237,17 +225,7 @@ class ClientProcess:
 
     async def wait_subscribed(self, timeout_s: float) -> None:
         """Reads stderr up to the subscribed line."""
-        lines = []
-        async with asyncio.timeout(timeout_s):
-            while True:
-                line = await self.process.stderr.readline()
-                if not line:
-                    raise RuntimeError(f"{self.name} exited before subscribing: "
-                                       f"{b''.join(lines).decode(errors='replace')[-2000:]}")
-                if READY_EVENT in line:
-                    break
-                lines.append(line)
-        self.stderr = b"".join(lines)
+        self.stderr = await wait_ready(self.process.stderr, self.name, timeout_s)
 
     async def finish(self, timeout_s: float) -> dict:
         try:
@@ -478,25 +456,26 @@ async def guarded(bench: Bench, case: str, client_kinds: list[str], work) -> lis
 
 
 async def measure_baseline(base_dir: str, args: argparse.Namespace) -> dict:
-    disk = await asyncio.to_thread(raw_disk_bandwidth, base_dir, args.raw_seconds)
+    disk = await measure_disk(base_dir, args.raw_seconds)
     frames = cpu_baseline(args.cpu_baseline_seconds)
     return {"disk_MB_per_s": disk, "cpu_frames_per_s": frames}
 
 
 def combine_baselines(before: dict, after: dict) -> dict:
-    disk = (before["disk_MB_per_s"] + after["disk_MB_per_s"]) / 2
+    """The run's baselines from the measurements before and after the cases: the disk
+    probes' median (what the ceiling is taken from), the codec's mean."""
+    disk = disk_baseline(before["disk_MB_per_s"], after["disk_MB_per_s"])
     frames = (before["cpu_frames_per_s"] + after["cpu_frames_per_s"]) / 2
+    one_copy_MB_per_s = disk_ceiling_MB_per_s(disk["median"], 1)
     return {
-        "raw_write_fdatasync_MB_per_s": {"before": round(before["disk_MB_per_s"], 1),
-                                         "after": round(after["disk_MB_per_s"], 1), "mean": round(disk, 1)},
-        "disk_ceiling_msgs_per_s": round(disk / 2 * 1e6 / MESSAGE_BYTES),
+        "raw_write_fdatasync_MB_per_s": disk,
+        "disk_ceiling_msgs_per_s": round(one_copy_MB_per_s * 1e6 / MESSAGE_BYTES),
         "cpu_codec_frames_per_s": {"before": round(before["cpu_frames_per_s"]),
                                    "after": round(after["cpu_frames_per_s"]), "mean": round(frames)},
     }
 
 
 async def main_async(args: argparse.Namespace) -> dict:
-    base_dir = tempfile.mkdtemp(prefix="magnetar-subscriptions-bench-", dir=args.dir)
     started = time.monotonic()
     copies = str(args.copies)
     results: dict = {
@@ -505,51 +484,48 @@ async def main_async(args: argparse.Namespace) -> dict:
         "cases": [],
     }
     results["settings"].update({"bookies": 2, "brokers": 1, "copies": args.copies})
-    etcd = EtcdProcess(base_dir)
-    etcd.start()
-    cluster = Cluster(etcd, base_dir)
     sampler = CpuSampler()
-    sampler.start()
     bench = None
-    try:
-        sampler.watch("runner", os.getpid())   # this process: it only waits and reads pipes
-        sampler.watch("etcd", etcd.process.pid)
-        await cluster.start_bookies(2)
-        for bookie in cluster.bookies:
-            sampler.watch(bookie.name, bookie.process.pid)
-        [broker] = await cluster.start_brokers(1, extra_args=[
-            "--ensemble-size", copies, "--write-quorum", copies, "--ack-quorum", copies, *args.broker_args.split()])
-        sampler.watch("broker", broker.process.pid)
-        before = await measure_baseline(base_dir, args)
-        bench = Bench(args, cluster, sampler, base_dir)
-        cases = []
-        for kind in args.shared_clients:
-            cases += await guarded(bench, "shared", [kind], bench.shared_case(kind))
-        for kind in args.fanout_clients:
-            cases += await guarded(bench, "fanout", [kind], bench.fanout_case(kind))
-        if args.drain_clients:
-            cases += await guarded(bench, "drain", args.drain_clients, bench.drain_cases(args.drain_clients))
-        after = await measure_baseline(base_dir, args)
-        baseline = combine_baselines(before, after)
-        for case in cases:
-            if "error" not in case:
-                case.update(ratios(case["consume"]["msgs_per_s"], baseline))
-        results["baseline"] = baseline
-        results["cases"] = cases
-    finally:
-        if bench is not None:
-            await bench.kill_clients()
-        await sampler.stop()
-        await cluster.stop()
-        etcd.kill9()
-        if not args.keep_data:
-            shutil.rmtree(base_dir, ignore_errors=True)
+    async with bench_cluster("magnetar-subscriptions-bench-", directory=args.dir,
+                             keep_data=args.keep_data) as cluster:
+        sampler.start()
+        try:
+            base_dir = cluster.base_dir
+            sampler.watch("runner", os.getpid())   # this process: it only waits and reads pipes
+            sampler.watch("etcd", cluster.etcd.process.pid)
+            await cluster.start_bookies(2)
+            for bookie in cluster.bookies:
+                sampler.watch(bookie.name, bookie.process.pid)
+            [broker] = await cluster.start_brokers(1, extra_args=[
+                "--ensemble-size", copies, "--write-quorum", copies, "--ack-quorum", copies,
+                *args.broker_args.split()])
+            sampler.watch("broker", broker.process.pid)
+            before = await measure_baseline(base_dir, args)
+            bench = Bench(args, cluster, sampler, base_dir)
+            cases = []
+            for kind in args.shared_clients:
+                cases += await guarded(bench, "shared", [kind], bench.shared_case(kind))
+            for kind in args.fanout_clients:
+                cases += await guarded(bench, "fanout", [kind], bench.fanout_case(kind))
+            if args.drain_clients:
+                cases += await guarded(bench, "drain", args.drain_clients, bench.drain_cases(args.drain_clients))
+            after = await measure_baseline(base_dir, args)
+            baseline = combine_baselines(before, after)
+            for case in cases:
+                if "error" not in case:
+                    case.update(ratios(case["consume"]["msgs_per_s"], case["batch_messages"], baseline))
+            results["baseline"] = baseline
+            results["cases"] = cases
+        finally:
+            if bench is not None:
+                await bench.kill_clients()
+            await sampler.stop()
     results["total_seconds"] = round(time.monotonic() - started, 1)
     return results
 
 
 def print_table(results: dict) -> None:
-    print(f"\n{'case':<7} {'client':<8} {'msgs/s':>10} {'aim':>8} {'met':>4} {'ratio disk':>10} {'ratio cpu':>9} "
+    print(f"\n{'case':<7} {'client':<8} {'msgs/s':>10} {'aim':>8} {'met':>4} {'ratio disk':>10} {'ent/cpu':>9} "
           f"{'broker%':>8} {'bookies%':>8} {'clients%':>8} {'producer':>9} {'machine%':>8} {'other%':>7} "
           f"{'checks':>6}")
     for case in results["cases"]:
@@ -561,7 +537,7 @@ def print_table(results: dict) -> None:
         roles = cpu.get("by_role", {})
         print(f"{case['case']:<7} {case['client']:<8} {consume['msgs_per_s'] or '-':>10} "
               f"{case['aim_msgs_per_s']:>8} {'yes' if case['meets_aim'] else 'no':>4} "
-              f"{case['ratio_to_disk_ceiling'] or '-':>10} {case['ratio_to_cpu_baseline'] or '-':>9} "
+              f"{case['ratio_to_disk_ceiling'] or '-':>10} {case['entries_ratio_to_cpu_baseline'] or '-':>9} "
               f"{roles.get('broker', '-'):>8} {roles.get('bookies', '-'):>8} {roles.get('consumers', '-'):>8} "
               f"{case['produce']['msgs_per_s']:>9} {cpu.get('machine_busy_pct', '-'):>8} "
               f"{cpu.get('other_load_pct', '-'):>7} {'ok' if case['checks']['ok'] else 'FAIL':>6}")
@@ -574,13 +550,13 @@ def print_table(results: dict) -> None:
     if baseline:
         raw = baseline["raw_write_fdatasync_MB_per_s"]
         cpu = baseline["cpu_codec_frames_per_s"]
-        print(f"baseline: raw write+fdatasync {raw['before']}/{raw['after']} MB/s -> one-copy ceiling "
-              f"{baseline['disk_ceiling_msgs_per_s']} msgs/s of 1 KiB; codec {cpu['before']}/{cpu['after']} "
-              f"frames/s on one core")
+        print(f"baseline: raw write+fdatasync {raw['median']} MB/s (median of {raw['probes_count']} probes, "
+              f"{raw['min']}-{raw['max']}) -> one-copy ceiling {baseline['disk_ceiling_msgs_per_s']} msgs/s of "
+              f"1 KiB; codec {cpu['before']}/{cpu['after']} frames/s on one core{unstable_note(raw)}")
     print("(msgs/s: acknowledged by the consumers, all processes added up over the case's window; CPU in % of "
           "one core over that window, the machine has "
           f"{results['cpus']} cores; producer: msgs/s of the raw producer that wrote the backlog; other%: "
-          "machine load outside the watched processes)")
+          "machine load outside the watched processes; ent/cpu: entries/s over the codec's frames/s on one core)")
 
 
 def parse_clients(text: str) -> list[str]:
@@ -616,7 +592,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--raw-permits", type=int, default=10_000, help="raw consumers: receiver queue (messages)")
     parser.add_argument("--phase-seconds-max", type=float, default=90.0,
                         help="a produce or consume phase is cut off after this long")
-    parser.add_argument("--raw-seconds", type=float, default=3.0, help="disk baseline duration, each time")
+    parser.add_argument("--raw-seconds", type=float, default=3.0,
+                        help="disk baseline duration (several short probes), each time")
     parser.add_argument("--cpu-baseline-seconds", type=float, default=1.0, help="CPU baseline duration, each time")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run: small backlogs and short baselines (numbers not meaningful)")

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ledger.config import ENTRY_BYTES_MAX_DEFAULT
 from ledger.errors import ConfigError
 
 KIB = 1024
 MIB = 1024 * KIB
 GIB = 1024 * MIB
 
-# Pulsar's default maximum message is 5 MiB and a producer batch is one entry; the
-# margin covers the entry header and the broker's metadata.
-ENTRY_BYTES_MAX_DEFAULT = 5 * MIB + 64 * KIB
+# ENTRY_BYTES_MAX_DEFAULT (the largest entry a bookie accepts) is defined once, in
+# ledger/config.py, so that writers and bookies agree on it by default.
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,8 @@ class LedgerStorageConfig:
     # ledger, to the entry log. A flush starts at half this size or on the interval.
     write_cache_bytes_max: int = 256 * MIB
     flush_interval_s: float = 1.0
-    # Recently flushed and recently read entries, for readers just behind the tail.
+    # Entries recently read from the entry logs, for readers that read them again
+    # (flushed entries are not copied in: the OS page cache holds what was just written).
     read_cache_bytes_max: int = 128 * MIB
     entry_log_bytes_max: int = 512 * MIB
     entry_bytes_max: int = ENTRY_BYTES_MAX_DEFAULT

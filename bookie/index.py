@@ -25,10 +25,11 @@ speed from ~570k to ~410k rows/s, about eight times what a bookie needs.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from bookie.entry_log import EntryLocation
 
@@ -75,6 +76,23 @@ def _connect(path: str) -> sqlite3.Connection:
     return connection
 
 
+@contextlib.contextmanager
+def _transaction(db: sqlite3.Connection) -> Iterator[None]:
+    """BEGIN ... COMMIT, rolled back if the body or the COMMIT raises. SQLite rolls
+    some failed transactions back by itself (a full disk, an I/O error), so ROLLBACK
+    runs only if a transaction is still open: otherwise it would raise "no transaction
+    is active" in place of the error that matters."""
+    db.execute("BEGIN")
+    try:
+        yield
+        db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
+    assert not db.in_transaction
+
+
 class IndexWriter:
     """The single writing connection (flush thread only)."""
 
@@ -97,8 +115,7 @@ class IndexWriter:
     ) -> None:
         """One transaction: new index rows, ledger states, entry log sizes."""
         db = self._db
-        db.execute("BEGIN")
-        try:
+        with _transaction(db):
             db.executemany(
                 "INSERT OR REPLACE INTO entries (ledger_id, entry_id, log_id, offset, size) VALUES (?, ?, ?, ?, ?)",
                 [(ledger_id, entry_id, loc.log_id, loc.offset, loc.size) for ledger_id, entry_id, loc in rows],
@@ -111,39 +128,25 @@ class IndexWriter:
                 "INSERT OR REPLACE INTO entry_logs (log_id, size_bytes) VALUES (?, ?)",
                 list(sealed_logs),
             )
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
 
     def delete_ledgers(self, ledger_ids: list[int]) -> None:
         db = self._db
-        db.execute("BEGIN")
-        try:
+        with _transaction(db):
             for ledger_id in ledger_ids:
                 db.execute("DELETE FROM entries WHERE ledger_id = ?", (ledger_id,))
                 db.execute("DELETE FROM ledgers WHERE ledger_id = ?", (ledger_id,))
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
 
     def relocate(self, moves: list[tuple[int, int, int, EntryLocation]], old_log_id: int) -> None:
         """After compaction copied entries out of ``old_log_id``: points their rows at
         the new locations (only rows still pointing at the old place). One transaction."""
         db = self._db
-        db.execute("BEGIN")
-        try:
+        with _transaction(db):
             db.executemany(
                 "UPDATE entries SET log_id = ?, offset = ? WHERE ledger_id = ? AND entry_id = ? "
                 "AND log_id = ? AND offset = ?",
                 [(loc.log_id, loc.offset, ledger_id, entry_id, old_log_id, old_offset)
                  for ledger_id, entry_id, old_offset, loc in moves],
             )
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
 
     def forget_log(self, log_id: int) -> None:
         """Drops an entry log's size row; the caller checked nothing points into it."""

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from bookie.config import JournalConfig
+from bookie.fileio import create_file, write_all
 from bookie.format import (
     FILE_HEADER_SIZE,
     JOURNAL_MAGIC,
@@ -49,9 +50,6 @@ from bookie.format import (
 from ledger.errors import BookieStorageError, MalformedFrame, ShuttingDown
 
 log = logging.getLogger(__name__)
-
-# Linux's IOV_MAX: a single writev takes at most this many buffers.
-_IOV_MAX = 1024
 
 
 @dataclass
@@ -107,14 +105,6 @@ def replay_journal(journal_dir: str, start: JournalPosition | None) -> Iterator[
                          journal_id, last_end, size)
 
 
-def _fsync_directory(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class Journal:
     def __init__(
         self,
@@ -154,13 +144,12 @@ class Journal:
         self.applied_position = JournalPosition(self._journal_id, self._file_offset)
 
     def _open_file(self, journal_id: int) -> None:
+        assert self._fd < 0, "the previous journal file is still open"
         path = os.path.join(self.config.journal_dir, journal_file_name(journal_id))
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         header = encode_file_header(JOURNAL_MAGIC, journal_id)
-        os.write(fd, header)
-        os.fsync(fd)
-        _fsync_directory(self.config.journal_dir)
-        self._fd = fd
+        # Always fsynced, even with fsync_enabled off: a journal file must never vanish
+        # from its directory once records were acknowledged from it.
+        self._fd = create_file(path, header, fsync=True)
         self._journal_id = journal_id
         self._file_offset = len(header)
         log.info("journal file opened: journal_id=%d path=%s", journal_id, path)
@@ -214,15 +203,9 @@ class Journal:
 
     def _write_group(self, buffers: list[bytes]) -> JournalPosition:
         """On the IO thread: write, fdatasync, rotate. Returns the position after."""
-        total = 0
-        for start in range(0, len(buffers), _IOV_MAX):
-            chunk = buffers[start:start + _IOV_MAX]
-            chunk_size = sum(len(b) for b in chunk)
-            written = os.writev(self._fd, chunk)
-            if written != chunk_size:
-                # A short write (rare: signals, a full disk): finish it buffer by buffer.
-                self._finish_short_write(chunk, written)
-            total += chunk_size
+        assert self._fd >= 0, "the journal has no open file"
+        # Appending by tracking the offset ourselves: the file is only ever written here.
+        total = write_all(self._fd, buffers, self._file_offset)
         start_time = time.perf_counter()
         if self.config.fsync_enabled:
             os.fdatasync(self._fd)
@@ -231,17 +214,12 @@ class Journal:
         self._file_offset += total
         position = JournalPosition(self._journal_id, self._file_offset)
         if self._file_offset >= self.config.file_bytes_max:
-            os.close(self._fd)
+            fd, self._fd = self._fd, -1
+            # Forgotten before it is closed: if opening the next file fails, close_file
+            # must not close this number again (by then it may be another file's).
+            os.close(fd)
             self._open_file(self._journal_id + 1)
         return position
-
-    def _finish_short_write(self, chunk: list[bytes], written: int) -> None:
-        remaining = memoryview(b"".join(chunk))[written:]
-        while remaining:
-            count = os.write(self._fd, remaining)
-            if count <= 0:
-                raise OSError("journal write made no progress")
-            remaining = remaining[count:]
 
     def _fail(self, error: BaseException, group: _Group) -> None:
         self._failed = error
@@ -249,6 +227,8 @@ class Journal:
             if not future.done():
                 future.set_exception(error)
         self._pending = _Group()
+        self._queued_bytes = 0
+        # Wakes the waiters of wait_for_room, which then raise the failure.
         self._room_event.set()
 
     async def close(self) -> None:
@@ -269,9 +249,15 @@ class Journal:
         return self._failed
 
     async def wait_for_room(self, size_bytes: int, timeout_s: float) -> None:
-        """Back-pressure: waits while the queue holds more than queue_bytes_max."""
+        """Back-pressure: waits while the queue holds more than queue_bytes_max. Raises
+        the journal's failure at once (now or while waiting): a failed journal never
+        makes room, and waiting out the timeout would report a retriable overload."""
         async with asyncio.timeout(timeout_s):
-            while self._queued_bytes + size_bytes > self.config.queue_bytes_max and self._queued_bytes > 0:
+            while True:
+                if self._failed is not None:
+                    raise self._failed
+                if self._queued_bytes + size_bytes <= self.config.queue_bytes_max or self._queued_bytes == 0:
+                    return
                 self._room_event.clear()
                 await self._room_event.wait()
 

@@ -7,8 +7,11 @@ Theory of operation:
   where readers find it at once. A flush swaps the active cache for an empty one and,
   on the flush thread, appends the swapped entries (sorted by ledger, then entry) to
   the entry log, fdatasyncs, and commits their index rows together with the ledger
-  states in one SQLite transaction. Only then are they dropped from memory (moved to
-  the read cache). Readers look in: active cache, flushing cache, read cache, disk.
+  states in one SQLite transaction. Only then are they dropped from memory (not
+  copied to the read cache, which holds entries read from disk). Readers look in:
+  active cache, flushing cache, read cache, disk. A failed flush (IO or SQLite
+  error) puts its entries and ledger states back as pending; nothing is lost, since
+  the checkpoint moves only after a flush succeeded.
 - Reads from disk run on a shared pool of reader threads. Contiguous entries are read
   with one pread, each entry's header and digest are checked before it is returned:
   a flipped byte on disk is a DigestMismatch, never data.
@@ -25,6 +28,7 @@ import asyncio
 import concurrent.futures
 import logging
 import os
+import sqlite3
 import time
 from dataclasses import dataclass, field
 
@@ -168,6 +172,9 @@ class _Directory:
 
     async def flush(self) -> None:
         async with self._flush_lock:
+            # Only a flush sets it, under this lock, and every flush clears it on the
+            # way out (done or failed): a leftover would be dropped, unindexed.
+            assert self.flushing is None, "a failed flush left its entries behind"
             if not self.active.entry_count and not self._dirty and not self._sealed_logs:
                 return
             self.flushing, self.active = self.active, WriteCache()
@@ -175,41 +182,60 @@ class _Directory:
             rows = [LedgerRow(lid, s.fenced, s.last_add_confirmed, s.last_entry_id)
                     for lid in self._dirty if (s := self.states.get(lid)) is not None]
             self._dirty = set()
-            items = self.flushing.sorted_items()
             loop = asyncio.get_running_loop()
             try:
-                await loop.run_in_executor(self._flush_thread, self._flush_on_thread, items, rows)
-            except OSError as error:
-                # The entries are still in the journal; the next start replays them.
+                # The swapped cache is not changed any more (puts and deletes go to the
+                # active one), so the flush thread may sort and read it as it is.
+                await loop.run_in_executor(self._flush_thread, self._flush_on_thread, self.flushing, rows)
+            except (OSError, sqlite3.Error) as error:
+                # The entries are still in the journal and back in the write cache (still
+                # readable); the checkpoint does not move, so the next flush (or the next
+                # start's replay) writes them again.
                 log.error("ledger storage flush failed: directory=%s error=%s", self.path, error)
                 self._merge_back(rows)
                 raise BookieStorageError(f"flush failed in {self.path}: {error}") from error
-            states = self.states
-            for ledger_id, entry_id, entry in items:
-                if ledger_id in states:  # not deleted while the flush ran
-                    self.read_cache.put(ledger_id, entry_id, entry)
-            self.flushing = None
+            except BaseException:
+                self._merge_back(rows)
+                raise
+            # Their index rows are committed: readers find the entries on disk now. They
+            # are not copied into the read cache: tailing readers are served from the
+            # write cache before a flush, the OS page cache holds the pages just
+            # written, and copying would cost per-entry work on the event loop and
+            # evict the entries that readers really asked for.
             self.stats.flushes += 1
-            self.stats.flushed_bytes += sum(len(e) for _, _, e in items)
+            self.stats.flushed_bytes += self.flushing.size_bytes
+            self.flushing = None
 
     def _merge_back(self, rows: list[LedgerRow]) -> None:
+        """After a failed flush: the flushed entries and ledger states become pending
+        again (those of ledgers deleted meanwhile excepted)."""
         assert self.flushing is not None
+        states = self.states
         for ledger_id, entry_id, entry in self.flushing.sorted_items():
-            if self.active.get(ledger_id, entry_id) is None:
+            if ledger_id in states and self.active.get(ledger_id, entry_id) is None:
                 self.active.put(ledger_id, entry_id, entry)
         self.flushing = None
-        self._dirty.update(row.ledger_id for row in rows)
+        self._dirty.update(row.ledger_id for row in rows if row.ledger_id in states)
 
-    def _flush_on_thread(self, items: list[tuple[int, int, bytes]], rows: list[LedgerRow]) -> None:
+    def _flush_on_thread(self, flushing: WriteCache, rows: list[LedgerRow]) -> None:
         assert self.index_writer is not None
-        index_rows: list[tuple[int, int, EntryLocation]] = []
-        if items:
-            locations = self.entry_logger.append_batch([entry for _, _, entry in items])
-            index_rows = [(lid, eid, loc) for (lid, eid, _), loc in zip(items, locations)]
-        sealed = self._sealed_logs + self.entry_logger.take_sealed()
+        sealed = self._sealed_logs
         self._sealed_logs = []
-        sealed.append((self.entry_logger.active_log_id, self.entry_logger.active_size))
-        self.index_writer.commit_flush(index_rows, rows, sealed)
+        try:
+            index_rows: list[tuple[int, int, EntryLocation]] = []
+            items = flushing.sorted_items()
+            if items:
+                locations = self.entry_logger.append_batch([entry for _, _, entry in items])
+                assert len(locations) == len(items), (len(locations), len(items))
+                index_rows = [(lid, eid, loc) for (lid, eid, _), loc in zip(items, locations)]
+            sealed = sealed + self.entry_logger.take_sealed()
+            active = (self.entry_logger.active_log_id, self.entry_logger.active_size)
+            self.index_writer.commit_flush(index_rows, rows, sealed + [active])
+        except BaseException:
+            # The sizes of sealed logs are recorded by the next flush instead; without
+            # them compaction would never consider those logs.
+            self._sealed_logs = sealed + self.entry_logger.take_sealed()
+            raise
 
     # --- reads -------------------------------------------------------------------------------
 
@@ -334,9 +360,10 @@ class _Directory:
     async def delete_ledgers(self, ledger_ids: list[int]) -> None:
         for ledger_id in ledger_ids:
             self.active.delete_ledger(ledger_id)
-            self.read_cache.delete_ledger(ledger_id)
             self.states.pop(ledger_id, None)
             self._dirty.discard(ledger_id)
+        # One pass over the read cache for all of them, not one per ledger.
+        self.read_cache.delete_ledgers(set(ledger_ids))
         async with self._flush_lock:
             assert self.index_writer is not None
             loop = asyncio.get_running_loop()
@@ -489,7 +516,7 @@ class DiskLedgerStorage(LedgerStorage):
             read_cache_hits=sum(d.read_cache.hits for d in self._dirs),
             read_cache_misses=sum(d.read_cache.misses for d in self._dirs),
             ledger_count=sum(len(d.states) for d in self._dirs),
-            entry_log_count=sum(len(d.entry_logger.log_ids()) for d in self._dirs),
+            entry_log_count=sum(d.entry_logger.log_count for d in self._dirs),
             flushes=sum(d.stats.flushes for d in self._dirs),
             flushed_bytes=sum(d.stats.flushed_bytes for d in self._dirs),
             compacted_logs=sum(d.stats.compacted_logs for d in self._dirs),

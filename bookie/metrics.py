@@ -1,10 +1,17 @@
 """The bookie's Prometheus metrics. Counters move per batch, not per entry; gauges are
-read from the node when /metrics is scraped."""
+read from the node when /metrics is scraped, by one collector that takes the storage
+statistics once per scrape (they sum over every ledger directory)."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from typing import Callable, Iterator
 
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from bookie.journal import JournalStats
+from bookie.ledger_storage import StorageStats
 from bookie.node import BookieNode
 
 
@@ -33,36 +40,7 @@ class BookieMetrics:
         if node.journal is not None:
             node.journal.on_group_written = self.on_group_written
 
-        def journal_stat(name: str):
-            return lambda: getattr(node.journal.stats, name) if node.journal else 0
-
-        def storage_stat(name: str):
-            return lambda: getattr(node.storage.stats(), name)
-
-        gauges = [
-            ("magnetar_bookie_read_only", "1 when the bookie is read-only", lambda: 1 if node.read_only else 0),
-            ("magnetar_bookie_journal_fsyncs", "Journal groups written and fsynced", journal_stat("groups_written")),
-            ("magnetar_bookie_journal_records", "Journal records written", journal_stat("records_written")),
-            ("magnetar_bookie_journal_bytes", "Journal bytes written", journal_stat("bytes_written")),
-            ("magnetar_bookie_journal_fsync_seconds", "Time spent in journal fdatasync",
-             journal_stat("fsync_seconds_total")),
-            ("magnetar_bookie_write_cache_bytes", "Bytes in write caches", storage_stat("write_cache_bytes")),
-            ("magnetar_bookie_read_cache_bytes", "Bytes in read caches", storage_stat("read_cache_bytes")),
-            ("magnetar_bookie_read_cache_hits", "Read cache hits", storage_stat("read_cache_hits")),
-            ("magnetar_bookie_read_cache_misses", "Read cache misses", storage_stat("read_cache_misses")),
-            ("magnetar_bookie_ledgers", "Ledgers stored", storage_stat("ledger_count")),
-            ("magnetar_bookie_entry_logs", "Entry log files", storage_stat("entry_log_count")),
-            ("magnetar_bookie_flushes", "Ledger storage flushes", storage_stat("flushes")),
-            ("magnetar_bookie_flushed_bytes", "Bytes flushed to entry logs", storage_stat("flushed_bytes")),
-            ("magnetar_bookie_compacted_logs", "Entry logs compacted", storage_stat("compacted_logs")),
-            ("magnetar_bookie_compacted_bytes", "Bytes reclaimed by compaction", storage_stat("compacted_bytes")),
-            ("magnetar_bookie_disk_usage_ratio", "Highest used share of a bookie disk",
-             lambda: node.disk_usage.ratio if node.disk_usage else 0.0),
-            ("magnetar_bookie_disk_free_bytes", "Free bytes on the bookie's disks",
-             lambda: node.disk_usage.free_bytes if node.disk_usage else 0),
-        ]
-        for name, help_text, function in gauges:
-            Gauge(name, help_text, registry=registry).set_function(function)
+        registry.register(_NodeCollector(node))
 
     def on_adds(self, accepted: int, refused: int, size_bytes: int) -> None:
         self.adds.inc(accepted)
@@ -77,3 +55,43 @@ class BookieMetrics:
     def on_reads(self, count: int, size_bytes: int) -> None:
         self.reads.inc(count)
         self.read_bytes.inc(size_bytes)
+
+
+# The gauges read at each scrape: (name, help, value from the node, journal and storage
+# statistics). The journal's statistics are zeros before the journal exists.
+_GAUGES: list[tuple[str, str, Callable[[BookieNode, JournalStats, StorageStats], float]]] = [
+    ("magnetar_bookie_read_only", "1 when the bookie is read-only", lambda n, j, s: 1 if n.read_only else 0),
+    ("magnetar_bookie_journal_fsyncs", "Journal groups written and fsynced", lambda n, j, s: j.groups_written),
+    ("magnetar_bookie_journal_records", "Journal records written", lambda n, j, s: j.records_written),
+    ("magnetar_bookie_journal_bytes", "Journal bytes written", lambda n, j, s: j.bytes_written),
+    ("magnetar_bookie_journal_fsync_seconds", "Time spent in journal fdatasync",
+     lambda n, j, s: j.fsync_seconds_total),
+    ("magnetar_bookie_write_cache_bytes", "Bytes in write caches", lambda n, j, s: s.write_cache_bytes),
+    ("magnetar_bookie_read_cache_bytes", "Bytes in read caches", lambda n, j, s: s.read_cache_bytes),
+    ("magnetar_bookie_read_cache_hits", "Read cache hits", lambda n, j, s: s.read_cache_hits),
+    ("magnetar_bookie_read_cache_misses", "Read cache misses", lambda n, j, s: s.read_cache_misses),
+    ("magnetar_bookie_ledgers", "Ledgers stored", lambda n, j, s: s.ledger_count),
+    ("magnetar_bookie_entry_logs", "Entry log files", lambda n, j, s: s.entry_log_count),
+    ("magnetar_bookie_flushes", "Ledger storage flushes", lambda n, j, s: s.flushes),
+    ("magnetar_bookie_flushed_bytes", "Bytes flushed to entry logs", lambda n, j, s: s.flushed_bytes),
+    ("magnetar_bookie_compacted_logs", "Entry logs compacted", lambda n, j, s: s.compacted_logs),
+    ("magnetar_bookie_compacted_bytes", "Bytes reclaimed by compaction", lambda n, j, s: s.compacted_bytes),
+    ("magnetar_bookie_disk_usage_ratio", "Highest used share of a bookie disk",
+     lambda n, j, s: n.disk_usage.ratio if n.disk_usage else 0.0),
+    ("magnetar_bookie_disk_free_bytes", "Free bytes on the bookie's disks",
+     lambda n, j, s: n.disk_usage.free_bytes if n.disk_usage else 0),
+]
+
+
+class _NodeCollector(Collector):
+    """Reads the node's gauges at scrape time, with one ``storage.stats()`` call."""
+
+    def __init__(self, node: BookieNode) -> None:
+        self._node = node
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        node = self._node
+        journal_stats = node.journal.stats if node.journal is not None else JournalStats()
+        storage_stats = node.storage.stats()
+        for name, help_text, value in _GAUGES:
+            yield GaugeMetricFamily(name, help_text, value=value(node, journal_stats, storage_stats))

@@ -28,6 +28,7 @@ from typing import Sequence
 
 from bookie.config import BookieConfig
 from bookie.disk_monitor import DiskUsage
+from bookie.fileio import replace_file
 from bookie.format import (
     JournalPosition,
     RECORD_ADD,
@@ -48,6 +49,7 @@ from ledger.errors import (
     MagnetarError,
     MalformedFrame,
     NoSuchLedger,
+    Overloaded,
 )
 
 log = logging.getLogger(__name__)
@@ -94,18 +96,7 @@ class BookieNode:
             return None
 
     def _write_checkpoint(self, position: JournalPosition) -> None:
-        path = self._checkpoint_path()
-        temporary = path + ".tmp"
-        with open(temporary, "wb") as handle:
-            handle.write(encode_checkpoint(position))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-        fd = os.open(self.config.journal.journal_dir, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        replace_file(self._checkpoint_path(), encode_checkpoint(position))
 
     def open(self) -> None:
         """Blocking start-up: storage, journal replay, a fresh journal file."""
@@ -166,14 +157,15 @@ class BookieNode:
         """Back-pressure before a batch is journaled: waits for journal queue and
         write cache room (bounded waits; Overloaded when they run out)."""
         assert self.journal is not None
+        if self.journal.failed is not None:
+            # Fatal, not an overload: fail fast instead of waiting for room first.
+            raise self.journal.failed
         size = sum(len(item.entry) for item in items)
         if items:
             await self.storage.wait_for_room(items[0].ledger_id, size)
         try:
             await self.journal.wait_for_room(size, self.config.storage.write_cache_wait_s_max)
         except TimeoutError:
-            from ledger.errors import Overloaded
-
             raise Overloaded("journal queue full: the journal disk is not keeping up") from None
 
     def submit_adds(self, items: Sequence[AddItem]) -> tuple[list[MagnetarError | None], asyncio.Future[None] | None]:

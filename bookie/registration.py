@@ -14,6 +14,7 @@ import logging
 import os
 import uuid
 
+from bookie.fileio import replace_file
 from ledger.errors import ConfigError, MagnetarError
 from metadata import keys
 from metadata.bookie_record import BookieRecord, Cookie
@@ -37,13 +38,9 @@ def _read_local_cookie(directory: str) -> Cookie | None:
 
 def _write_local_cookie(directory: str, cookie: Cookie) -> None:
     os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, COOKIE_FILE)
-    temporary = path + ".tmp"
-    with open(temporary, "wb") as handle:
-        handle.write(cookie.encode())
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
+    # Directory fsynced too: a cookie whose name a crash could lose would make the
+    # next start find a cookie in etcd and none on disk, and refuse to start.
+    replace_file(os.path.join(directory, COOKIE_FILE), cookie.encode())
 
 
 async def check_cookie(store: MetadataStore, bookie_id: str, journal_dir: str, ledger_dirs: list[str]) -> Cookie:

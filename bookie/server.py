@@ -19,6 +19,7 @@ import grpc
 
 from bookie.node import AddItem, BookieNode
 from bookie.proto import bookie_pb2, bookie_pb2_grpc
+from ledger.bookie_client import ERROR_CODE_METADATA_KEY
 from ledger.errors import (
     BookieReadOnly,
     EntryTooLarge,
@@ -34,8 +35,6 @@ if TYPE_CHECKING:
     from bookie.metrics import BookieMetrics
 
 log = logging.getLogger(__name__)
-
-ERROR_CODE_METADATA_KEY = "magnetar-error-code"
 
 # Add batches read from one stream but not yet answered; past this the stream stops
 # reading (gRPC flow control then holds the writer back).

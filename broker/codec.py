@@ -524,13 +524,20 @@ def _assert_body_matches(command: BaseCommand) -> None:
 
 
 def stored_metadata(stored: bytes | memoryview) -> MessageMetadata:
-    """The MessageMetadata of a stored payload, without checking its CRC32C: for the
-    dispatch path, which reads entries whose ledger digest was already verified (the
-    producer's checksum was checked on SEND and travels on to the consumer)."""
+    """The MessageMetadata of a stored payload, parsed as trusted: for the dispatch
+    path, which runs this for every entry it sends. Neither the CRC32C nor what
+    parse_proto enforces (required fields, UTF-8 strings) is checked again: the whole
+    stored payload was checked by decode_stored when the SEND arrived, nothing
+    re-encodes it since, and the ledger reader verified the entry's digest on the way
+    back (the producer's checksum also travels on to the consumer, which checks it).
+    Bytes that do not parse at all still raise MalformedFrame, nothing else."""
     view = memoryview(stored)
     if len(view) < STORED_HEAD_SIZE or _MAGIC.unpack_from(view, 0)[0] != MAGIC_CHECKSUM:
         raise MalformedFrame("stored payload lacks its 0x0e01 head")
     (metadata_size,) = _U32.unpack_from(view, _SECTION_HEAD.size)
     if metadata_size > len(view) - STORED_HEAD_SIZE:
         raise MalformedFrame(f"metadata_size {metadata_size} exceeds the stored payload")
-    return parse_proto(MessageMetadata, view[STORED_HEAD_SIZE:STORED_HEAD_SIZE + metadata_size], "MessageMetadata")
+    try:
+        return MessageMetadata.FromString(view[STORED_HEAD_SIZE:STORED_HEAD_SIZE + metadata_size])
+    except (DecodeError, ValueError, TypeError, RecursionError) as error:
+        raise MalformedFrame(f"stored MessageMetadata does not parse: {error}") from None

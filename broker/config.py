@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from broker.codec import FRAME_PADDING_BYTES, MAX_MESSAGE_SIZE_DEFAULT
 from broker.managed_ledger import ManagedLedgerConfig
+from ledger.entry import ENTRY_HEADER_SIZE
 from ledger.errors import ConfigError
 
 MIB = 1024 * 1024
@@ -27,6 +28,12 @@ class BrokerConfig:
     # Sends a connection may have in flight before the broker stops reading from it
     # (Pulsar's maxPendingPublishRequestsPerConnection is 1,000).
     pending_sends_per_connection_max: int = 1000
+    # Requests a connection may have in progress (lookups, producer and consumer
+    # creation, seeks...); past it they are refused with TooManyRequests. Pulsar bounds
+    # pending lookups per broker at 50,000 (maxConcurrentLookupRequest); a well-behaved
+    # client has a few per producer or consumer, so 1,000 per connection leaves room
+    # for large clients while one misbehaving client cannot queue unbounded work.
+    pending_requests_per_connection_max: int = 1000
     # Keep-alive: PING after this long without traffic; close after twice that.
     keepalive_interval_s: float = 30.0
     # Broker-wide entry cache for tailing reads (Pulsar's default is 1/5 of direct memory).
@@ -54,6 +61,8 @@ class BrokerConfig:
             raise ConfigError("max_message_size must be in [1 KiB, 64 MiB]")
         if not 1 <= self.pending_sends_per_connection_max <= 1_000_000:
             raise ConfigError("pending_sends_per_connection_max must be in [1, 1000000]")
+        if not 1 <= self.pending_requests_per_connection_max <= 1_000_000:
+            raise ConfigError("pending_requests_per_connection_max must be in [1, 1000000]")
         if not 1.0 <= self.keepalive_interval_s <= 3600:
             raise ConfigError("keepalive_interval_s must be in [1, 3600]")
         if self.entry_cache_bytes_max < 0:
@@ -70,6 +79,24 @@ class BrokerConfig:
     @property
     def frame_bytes_max(self) -> int:
         return self.max_message_size + FRAME_PADDING_BYTES
+
+    @property
+    def effective_broker_id(self) -> str:
+        """The broker's id: the configured one, or host:port."""
+        return self.broker_id or f"{self.host}:{self.port}"
+
+    def check_entries_fit(self, entry_bytes_max: int) -> None:
+        """ConfigError unless the largest entry a producer can make fits the ledger
+        client's entry limit (``entry_bytes_max``, header included). An entry is one
+        SEND's stored payload, which the frame limit bounds (frame_bytes_max covers
+        max_message_size plus the command and metadata), plus the entry header. A
+        mismatch would make every maximum-size message fail at storage instead of
+        being refused by the client, which checks the max_message_size it is told."""
+        entry_bytes_needed = self.frame_bytes_max + ENTRY_HEADER_SIZE
+        if entry_bytes_needed > entry_bytes_max:
+            raise ConfigError(f"max_message_size {self.max_message_size} needs ledger entries of up to "
+                              f"{entry_bytes_needed} bytes, above the ledger client's entry_bytes_max "
+                              f"{entry_bytes_max}")
 
     @property
     def service_url(self) -> str:

@@ -7,6 +7,15 @@ Theory of operation:
   REDELIVER) are handled inline; commands that wait on metadata or storage (LOOKUP,
   PRODUCER, SUBSCRIBE, SEEK...) run as tasks owned by the connection, and the client
   waits for their answers before depending on them.
+- Requests that run as tasks are bounded per connection
+  (``pending_requests_per_connection_max``); past it a request is refused at once
+  with TooManyRequests (retriable: the client retries after its back-off).
+- CLOSE_PRODUCER / CLOSE_CONSUMER for one still being created cancel the creation:
+  its task registers the producer or consumer with no await after adding it to the
+  topic, so a cancelled creation leaves nothing attached (no zombie that nobody will
+  ever close).
+- Once the connection is closing (``close``, or the peer went away) no further frame
+  of the data already received is handled.
 - Until CONNECT only CONNECT is accepted. A malformed frame closes this connection
   only; a SEND whose payload checksum is wrong gets SEND_ERROR(ChecksumError) and the
   connection goes on (Pulsar's behaviour).
@@ -41,6 +50,7 @@ from ledger.errors import (
     MalformedFrame,
     NotAllowed,
     SubscriptionNotFound,
+    TooManyRequests,
 )
 from magnetar import __version__
 
@@ -84,6 +94,7 @@ class ServerConnection(asyncio.Protocol):
         self.consumers: dict[int, _AttachedConsumer] = {}
         self._pending_consumers: dict[int, asyncio.Task[None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._refusing = False   # an episode of TooManyRequests was logged
         self._pending_sends = 0
         self._reading_paused = False
         self._last_received = time.monotonic()
@@ -96,13 +107,13 @@ class ServerConnection(asyncio.Protocol):
             T.LOOKUP: self._spawn(self._on_lookup),
             T.PRODUCER: self._on_producer,
             T.SEND: self._on_send,
-            T.CLOSE_PRODUCER: self._spawn(self._on_close_producer),
+            T.CLOSE_PRODUCER: self._on_close_producer,
             T.SUBSCRIBE: self._on_subscribe,
             T.FLOW: self._on_flow,
             T.ACK: self._on_ack,
             T.REDELIVER_UNACKNOWLEDGED_MESSAGES: self._on_redeliver,
             T.UNSUBSCRIBE: self._spawn(self._on_unsubscribe),
-            T.CLOSE_CONSUMER: self._spawn(self._on_close_consumer),
+            T.CLOSE_CONSUMER: self._on_close_consumer,
             T.SEEK: self._spawn(self._on_seek),
             T.GET_LAST_MESSAGE_ID: self._spawn(self._on_get_last_message_id),
             T.GET_TOPICS_OF_NAMESPACE: self._spawn(self._on_get_topics_of_namespace),
@@ -128,7 +139,7 @@ class ServerConnection(asyncio.Protocol):
         self._last_received = time.monotonic()
         try:
             self.decoder.feed(data)
-            while not self.closed:
+            while not self.is_closing:
                 try:
                     frame = self.decoder.next_command()
                 except PayloadChecksumMismatch as error:
@@ -148,6 +159,12 @@ class ServerConnection(asyncio.Protocol):
         self.writable = True
         for attached in self.consumers.values():
             attached.subscription.dispatcher.wake()
+
+    @property
+    def is_closing(self) -> bool:
+        """True once close() was called or the peer went away: frames still buffered
+        are not handled (a frame that closed the connection ends the conversation)."""
+        return self.closed or (self.transport is not None and self.transport.is_closing())
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -184,8 +201,33 @@ class ServerConnection(asyncio.Protocol):
 
     def _spawn(self, handler) -> Callable[[Frame], None]:
         def start(frame: Frame) -> None:
+            if self._refuse_if_too_many(frame):
+                return
             self._start_task(handler(frame))
         return start
+
+    def _refuse_if_too_many(self, frame: Frame) -> bool:
+        """Answers a request that would run as a task with TooManyRequests when the
+        connection has ``pending_requests_per_connection_max`` tasks already."""
+        if len(self._tasks) < self.config.pending_requests_per_connection_max:
+            return False
+        command = frame.command
+        error = TooManyRequests(f"more than {self.config.pending_requests_per_connection_max} requests "
+                                "in progress on this connection")
+        code = server_error_for(error)
+        if command.type == T.LOOKUP:
+            self.write_command(commands.lookup_failure(command.lookupTopic.request_id, code, error.message))
+        elif command.type == T.PARTITIONED_METADATA:
+            self.write_command(commands.partitioned_metadata_failure(command.partitionMetadata.request_id, code,
+                                                                     error.message))
+        else:
+            request_id = _request_id_of(command)
+            assert request_id is not None, command_name(command.type)
+            self.write_command(commands.error(request_id, code, error.message))
+        if not self._refusing:
+            self._refusing = True
+            log.warning("too many requests in progress, refusing: peer=%s requests=%d", self.peer, len(self._tasks))
+        return True
 
     def _start_task(self, coroutine) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coroutine)
@@ -195,6 +237,8 @@ class ServerConnection(asyncio.Protocol):
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
+        if len(self._tasks) < self.config.pending_requests_per_connection_max // 2:
+            self._refusing = False   # the episode is over: warn again at the next one
         if not task.cancelled() and task.exception() is not None:
             log.error("connection handler failed: peer=%s error=%r", self.peer, task.exception())
 
@@ -305,9 +349,11 @@ class ServerConnection(asyncio.Protocol):
             return
         if request.producer_id in self._pending_producers:
             return  # still being created; its answer will come
+        if self._refuse_if_too_many(frame):
+            return
         task = self._start_task(self._create_producer(request))
         self._pending_producers[request.producer_id] = task
-        task.add_done_callback(lambda _t, pid=request.producer_id: self._pending_producers.pop(pid, None))
+        task.add_done_callback(lambda t, pid=request.producer_id: _forget_pending(self._pending_producers, pid, t))
 
     async def _create_producer(self, request: pb.CommandProducer) -> None:
         try:
@@ -317,6 +363,9 @@ class ServerConnection(asyncio.Protocol):
                                 user_provided_name=bool(request.producer_name),
                                 access_mode=request.producer_access_mode,
                                 metadata={kv.key: kv.value for kv in request.metadata})
+            # No await from here to the registration below: CLOSE_PRODUCER cancels
+            # this task, and a cancellation must find the producer either not added
+            # or registered (then detached), never added alone.
             topic.add_producer(producer)
         except MagnetarError as error:
             log.info("producer refused: peer=%s topic=%s error=%s", self.peer, request.topic, error)
@@ -386,8 +435,13 @@ class ServerConnection(asyncio.Protocol):
         self.write_command(commands.send_error(send.producer_id, send.sequence_id, server_error_for(
             ChecksumError("")), "payload checksum mismatch"))
 
-    async def _on_close_producer(self, frame: Frame) -> None:
+    def _on_close_producer(self, frame: Frame) -> None:
         request = frame.command.close_producer
+        pending = self._pending_producers.pop(request.producer_id, None)
+        if pending is not None:
+            # Still being created: stop that (as Pulsar fails the producer's future);
+            # the PRODUCER request is not answered, the client gave up on it.
+            pending.cancel()
         self._detach_producer(request.producer_id)
         self.write_command(commands.success(request.request_id))
 
@@ -412,9 +466,11 @@ class ServerConnection(asyncio.Protocol):
             return
         if request.consumer_id in self._pending_consumers:
             return
+        if self._refuse_if_too_many(frame):
+            return
         task = self._start_task(self._subscribe(request))
         self._pending_consumers[request.consumer_id] = task
-        task.add_done_callback(lambda _t, cid=request.consumer_id: self._pending_consumers.pop(cid, None))
+        task.add_done_callback(lambda t, cid=request.consumer_id: _forget_pending(self._pending_consumers, cid, t))
 
     async def _subscribe(self, request: pb.CommandSubscribe) -> None:
         durable = request.durable
@@ -429,6 +485,8 @@ class ServerConnection(asyncio.Protocol):
                                 metadata={kv.key: kv.value for kv in request.metadata})
             start = request.start_message_id if request.HasField("start_message_id") else None
             broadcast = await self.service.is_broadcast(topic.name, request.subscription, consumer.metadata)
+            # No await from the consumer's addition (inside subscribe) to the
+            # registration below: CLOSE_CONSUMER cancels this task (see _create_producer).
             subscription = await topic.subscribe(
                 consumer, durable=durable, initial_position=request.initialPosition,
                 start_message_id=start, rollback_duration_s=request.start_message_rollback_duration_sec,
@@ -494,8 +552,11 @@ class ServerConnection(asyncio.Protocol):
         attached.consumer.closed = True
         self.write_command(commands.success(request.request_id))
 
-    async def _on_close_consumer(self, frame: Frame) -> None:
+    def _on_close_consumer(self, frame: Frame) -> None:
         request = frame.command.close_consumer
+        pending = self._pending_consumers.pop(request.consumer_id, None)
+        if pending is not None:
+            pending.cancel()   # still subscribing: stop that (see _on_close_producer)
         self._detach_consumer(request.consumer_id)
         self.write_command(commands.success(request.request_id))
 
@@ -577,6 +638,13 @@ class ServerConnection(asyncio.Protocol):
             request_id=request.request_id, consumerName=consumer.name, availablePermits=max(consumer.permits, 0),
             unackedMessages=consumer.unacked_messages, address=self.peer,
             type=attached.subscription.type_name)))
+
+
+def _forget_pending(pending: dict[int, asyncio.Task[None]], key: int, task: asyncio.Task[None]) -> None:
+    """Drops a finished creation task, unless a newer one took its id meanwhile (a
+    close cancelled it and the client asked again with the same id)."""
+    if pending.get(key) is task:
+        del pending[key]
 
 
 # A schema version for producers that sent a schema: the broker keeps none, so every

@@ -143,7 +143,7 @@ class BrokerProcess:
             monitor_task.cancel()
             # Hand every bundle to another broker first, so clients move without errors.
             await leader.step_down()
-            await ownership.release_all(lambda _bundle: _destination(service, brokers))
+            await ownership.release_all(lambda _bundle: ownership.handover_target(brokers))
             reporter_task.cancel()
             await leader.close()
             if ownership.lease is not None:
@@ -169,19 +169,6 @@ def _counters(service: BrokerService) -> tuple[dict[str, tuple[int, int]], int]:
         out = sum(s.dispatcher.messages_dispatched for s in topic.subscriptions.values())
         topics[topic.full_name] = (topic.messages_in, out)
     return topics, len(service.connections)
-
-
-def _destination(service: BrokerService, brokers: PrefixCache) -> str | None:
-    """The least loaded other live broker (None if this is the last one)."""
-    from bundles.balancer import least_loaded
-    from bundles.records import LoadReport
-
-    reports = {}
-    for record in brokers.records.values():
-        report = LoadReport.decode(record.value)
-        reports[report.broker_id] = report
-    owners = service.ownership.owners() if service.ownership is not None else {}
-    return least_loaded(reports, owners, exclude={service.broker_id})
 
 
 def main(args: argparse.Namespace) -> int:

@@ -13,9 +13,17 @@ Theory of operation:
   age). Appends that arrive while the next ledger is created wait in order in a queue;
   the old ledger is closed once its own adds completed.
 - A write failure that is not fencing fails the affected appends (the producer
-  retries) and rolls over to a new ledger. Fencing (LedgerFenced, or a lost
-  compare-and-swap of the ledger list) means another broker took the topic: everything
-  pending fails with TopicFenced and ``on_fenced`` tells the topic to close.
+  retries) and rolls over to a new ledger. An entry the ledger client refuses as
+  invalid (too large) fails only its own append, in order: no ledger would take it,
+  and rolling over for it would create ledgers without end. Fencing (LedgerFenced, or
+  a lost compare-and-swap of the ledger list) means another broker took the topic:
+  everything pending fails with TopicFenced and ``on_fenced`` tells the topic to close.
+- ``terminate`` and ``close`` stop taking appends first, then wait for the pending
+  ones: an append accepted during the wait would be acknowledged past the recorded
+  terminated position (and invisible after a reload).
+- A rolled-over ledger whose close fails keeps what its handle confirmed (entry count
+  and size, as Pulsar's ledgerClosed records them) so reads, trimming and stats see a
+  finished ledger rather than one forever closing.
 - Reads serve confirmed entries only, from the broker-wide entry cache when present
   (appends are put there as they are confirmed, so tailing subscriptions never touch
   the bookies) and otherwise from the bookies, a ledger at a time.
@@ -31,7 +39,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from broker.managed_ledger_info import LedgerInfo, ManagedLedgerInfo
-from broker.position import Position, normalize
+from broker.position import Position, entries_between, normalize
 from broker.topic_name import TopicName
 from ledger.client import LedgerClient
 from ledger.entry import ENTRY_HEADER_SIZE
@@ -39,6 +47,8 @@ from ledger.entry_cache import EntryCache
 from subscriptions.ack_set import ENTRIES_PER_LEDGER_MAX
 from ledger.errors import (
     ConfigError,
+    EntryTooLarge,
+    InvalidArgument,
     LedgerError,
     LedgerFenced,
     MagnetarError,
@@ -57,6 +67,13 @@ from metadata import keys
 from metadata.store import MetadataStore
 
 log = logging.getLogger(__name__)
+
+# Errors from WriteHandle.submit_nowait that blame the entry, not the ledger.
+_INVALID_ENTRY_ERRORS = (InvalidArgument, EntryTooLarge)
+# Entries asked of the bookies in one read call when the cache misses a run of them
+# (the ledger client splits it into read_batch_entries_max calls per bookie anyway);
+# within it, a run also stops at the read's byte budget, estimated from entry sizes.
+_MISS_RUN_ENTRIES_MAX = 500
 
 
 @dataclass(frozen=True)
@@ -89,13 +106,15 @@ class ManagedEntry:
 
 
 class _Append:
-    __slots__ = ("payload", "future", "ledger_id", "add_future")
+    __slots__ = ("payload", "future", "ledger_id", "add_future", "refused")
 
     def __init__(self, payload: bytes, future: asyncio.Future[Position]) -> None:
         self.payload = payload
         self.future = future
         self.ledger_id = -1
         self.add_future: asyncio.Future[int] | None = None
+        # The ledger client refused the entry itself (the ledger is fine).
+        self.refused = False
 
 
 class ManagedLedger:
@@ -128,6 +147,11 @@ class ManagedLedger:
         self.last_confirmed = Position(-1, -1)
         self.fenced_error: MagnetarError | None = None
         self.closed = False
+        # Set before termination or closing waits for pending appends: no new ones.
+        self._terminating = False
+        self._closing = False
+        self._termination: asyncio.Task[Position] | None = None
+        self._close_task: asyncio.Task[None] | None = None
         self.on_fenced: Callable[[MagnetarError], None] | None = None
         self.entries_added = 0
         self.bytes_added = 0
@@ -139,12 +163,10 @@ class ManagedLedger:
         if record is None:
             if not create_if_missing:
                 raise TopicNotFound(f"topic {self.name} does not exist")
-            info = ManagedLedgerInfo(created_ms=int(time.time() * 1000))
             try:
-                self._version = await self._store.create(self._key, info.encode())
+                self._info, self._version = await self.create_record(self._store, self.topic)
             except MetadataKeyExists:
                 return await self.open(create_if_missing=False)
-            self._info = info
         else:
             self._info = ManagedLedgerInfo.decode(record.value)
             self._version = record.version
@@ -155,6 +177,14 @@ class ManagedLedger:
             await self._start_new_ledger()
         log.info("managed ledger opened: topic=%s ledgers=%d last_confirmed=%s",
                  self.name, len(self._ledgers), self.last_confirmed)
+
+    @staticmethod
+    async def create_record(store: MetadataStore, topic: TopicName) -> tuple[ManagedLedgerInfo, int]:
+        """Creates a topic's empty managed-ledger record (the topic then exists);
+        MetadataKeyExists if it already does. Returns the record and its version."""
+        info = ManagedLedgerInfo(created_ms=int(time.time() * 1000))
+        version = await store.create(keys.managed_ledger(topic.key_path), info.encode())
+        return info, version
 
     async def _learn_ledgers(self) -> None:
         """Recovers unclosed ledgers, learns entry counts, drops empty ledgers."""
@@ -171,6 +201,7 @@ class ManagedLedger:
                     continue
                 info.entries = reader.metadata.last_entry_id + 1
                 info.size_bytes = reader.metadata.length_bytes
+                info.closed_ms = int(time.time() * 1000)   # recovery closed it just now
                 changed = True
             if info.entries == 0:
                 await self._delete_ledger_quietly(info.ledger_id)
@@ -235,10 +266,10 @@ class ManagedLedger:
         if self.fenced_error is not None:
             future.set_exception(self.fenced_error)
             return future
-        if self.closed:
+        if self.closed or self._closing:
             future.set_exception(TopicFenced(f"topic {self.name} is closed"))
             return future
-        if self.terminated:
+        if self.terminated or self._terminating:
             future.set_exception(TopicTerminated(f"topic {self.name} is terminated"))
             return future
         append = _Append(payload, future)
@@ -254,10 +285,25 @@ class ManagedLedger:
         assert handle is not None
         try:
             add_future = handle.submit_nowait(append.payload)
+        except _INVALID_ENTRY_ERRORS as error:
+            if handle.failure is not None:
+                # The handle failed (a bookie refused an earlier entry) and repeats
+                # that error to every submit: a write failure, not this entry's fault.
+                self._on_submit_failure(handle, append, error)
+                return
+            log.info("entry refused by the ledger client: topic=%s size_bytes=%d error=%s",
+                     self.name, len(append.payload), error)
+            # Fail it in its place among the in-flight appends: futures resolve in order.
+            refused: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+            refused.set_exception(error)
+            append.ledger_id = handle.ledger_id
+            append.add_future = refused
+            append.refused = True
+            self._inflight.append(append)
+            self._on_add_done(refused)
+            return
         except MagnetarError as error:
-            self._on_write_failure(handle, error)
-            self._queued.append(append)
-            self._ensure_rolling()
+            self._on_submit_failure(handle, append, error)
             return
         append.ledger_id = handle.ledger_id
         append.add_future = add_future
@@ -267,6 +313,12 @@ class ManagedLedger:
         self._handle_bytes += len(append.payload)
         if self._ledger_full():
             self._ensure_rolling()
+
+    def _on_submit_failure(self, handle: WriteHandle, append: _Append, error: MagnetarError) -> None:
+        """The handle cannot take entries any more: the append waits for the next ledger."""
+        self._on_write_failure(handle, error)
+        self._queued.append(append)
+        self._ensure_rolling()
 
     def _ledger_full(self) -> bool:
         config = self.config
@@ -298,7 +350,7 @@ class ManagedLedger:
                 failure = self._classify(error)
                 if not head.future.done():
                     head.future.set_exception(failure)
-                if self._handle is not None and self._handle.ledger_id == head.ledger_id:
+                if not head.refused and self._handle is not None and self._handle.ledger_id == head.ledger_id:
                     self._on_write_failure(self._handle, error)
         if confirmed:
             self._wake_waiters()
@@ -322,7 +374,11 @@ class ManagedLedger:
             self._ensure_rolling()
 
     def _ensure_rolling(self) -> None:
-        if self._rolling is None and self.fenced_error is None and not self.closed:
+        # While terminating or closing, a new ledger is only worth creating for appends
+        # accepted before (queued ones); nothing else will be written to it.
+        stopping = self._terminating or self._closing
+        if self._rolling is None and self.fenced_error is None and not self.closed and \
+                (self._queued or not stopping):
             self._rolling = asyncio.get_running_loop().create_task(self._roll())
 
     async def _roll(self) -> None:
@@ -357,14 +413,23 @@ class ManagedLedger:
         """Closes a ledger we wrote and records its final size (if we still own it)."""
         try:
             versioned = await handle.close()
+            entries = versioned.metadata.last_entry_id + 1
+            size_bytes = versioned.metadata.length_bytes
         except MagnetarError as error:
-            log.warning("closing a ledger failed: topic=%s ledger_id=%d error=%s",
-                        self.name, handle.ledger_id, error)
-            return
+            # What the handle confirmed is final (no add completes after a failed close)
+            # and is all a producer was told was stored; record that, as Pulsar's
+            # ledgerClosed does, so the ledger stops counting as open (trimming skips
+            # open ledgers, stats report them as unknown).
+            entries = handle.last_add_confirmed + 1
+            size_bytes = handle.length_bytes
+            log.warning("closing a ledger failed, keeping what it confirmed: topic=%s ledger_id=%d entries=%d "
+                        "error=%s", self.name, handle.ledger_id, entries, error)
+        assert entries >= 0, entries
         info = self._ledgers.get(handle.ledger_id)
         if info is not None:
-            info.entries = versioned.metadata.last_entry_id + 1
-            info.size_bytes = versioned.metadata.length_bytes
+            info.entries = entries
+            info.size_bytes = size_bytes
+            info.closed_ms = int(time.time() * 1000)
         self._open_handles.pop(handle.ledger_id, None)
         if info is not None and self.fenced_error is None:
             try:
@@ -416,7 +481,7 @@ class ManagedLedger:
     def ledger_infos(self) -> list[LedgerInfo]:
         return list(self._ledgers.values())
 
-    def _last_entry_of(self, ledger_id: int) -> int:
+    def last_entry_of(self, ledger_id: int) -> int:
         """Last confirmed entry id of a ledger of this topic (-1: none)."""
         handle = self._open_handles.get(ledger_id)
         if handle is not None:
@@ -441,7 +506,7 @@ class ManagedLedger:
         """The same place in the topic, moved off the end of a finished ledger (or off a
         deleted one) to the first entry of the next ledger holding one. Positions in the
         current ledger are left as they are, written or not."""
-        return normalize(position, self._ledgers, self._last_entry_of, self._may_grow)
+        return normalize(position, self._ledgers, self.last_entry_of, self._may_grow)
 
     def next_position(self, position: Position) -> Position:
         """The position right after ``position`` (possibly not written yet)."""
@@ -452,6 +517,18 @@ class ManagedLedger:
         """The oldest position still stored (or the next to be written, if none is)."""
         return self.normalize(Position(-1, 0))
 
+    @property
+    def end_position(self) -> Position:
+        """The position right after the last confirmed entry: where a reader starting
+        at the end (MessageId.latest) reads next."""
+        if self.last_confirmed.entry_id >= 0:
+            return self.next_position(self.last_confirmed)
+        return self.first_position
+
+    def entries_between(self, after: Position, upto: Position) -> int:
+        """Entries in (after, upto] of this topic."""
+        return entries_between(self._ledgers, self.last_entry_of, after, upto)
+
     async def read(self, start: Position, count_max: int, bytes_max: int) -> list[ManagedEntry]:
         """Confirmed entries from ``start`` on (at most count_max / about bytes_max),
         possibly spanning ledgers. An empty list means nothing is there yet."""
@@ -461,7 +538,7 @@ class ManagedLedger:
         position = self.normalize(start)
         while len(entries) < count_max and size < bytes_max and position <= self.last_confirmed:
             ledger_id = position.ledger_id
-            last = self._last_entry_of(ledger_id)
+            last = self.last_entry_of(ledger_id)
             if position.entry_id > last:
                 break  # the current ledger, nothing confirmed past here yet
             end = min(last, position.entry_id + (count_max - len(entries)) - 1)
@@ -484,10 +561,12 @@ class ManagedLedger:
                 size += len(cached)
                 entry_id += 1
                 continue
-            # A run of misses: read it from the bookies in one call per bookie.
+            # A run of misses: read it from the bookies in one call per bookie, no longer
+            # than the byte budget left is expected to hold.
+            run_max = self._miss_run_entries_max(ledger_id, bytes_max - size, size, len(entries))
             miss_end = entry_id
-            while miss_end < last and self._cache.get(ledger_id, miss_end + 1) is None and \
-                    miss_end - entry_id < 500:
+            while miss_end < last and miss_end - entry_id + 1 < run_max and \
+                    self._cache.get(ledger_id, miss_end + 1) is None:
                 miss_end += 1
             reader = await self._reader(ledger_id)
             for ledger_entry in await reader.read(entry_id, miss_end):
@@ -497,6 +576,22 @@ class ManagedLedger:
                 size += len(data)
             entry_id = miss_end + 1
         return entries
+
+    def _miss_run_entries_max(self, ledger_id: int, bytes_left: int, seen_bytes: int, seen_count: int) -> int:
+        """Entries a run of cache misses may read: the byte budget left over the
+        expected entry size (a closed ledger's mean, from its metadata; otherwise the mean
+        of the entries this read has seen), at least one. With no size known yet, one
+        entry: its size then sizes the next run."""
+        assert bytes_left > 0
+        info = self._ledgers.get(ledger_id)
+        if info is not None and info.known and info.entries > 0:
+            entry_bytes = info.size_bytes / info.entries
+        elif seen_count > 0:
+            entry_bytes = seen_bytes / seen_count
+        else:
+            return 1
+        run_max = int(bytes_left / entry_bytes) if entry_bytes > 0 else _MISS_RUN_ENTRIES_MAX
+        return max(1, min(_MISS_RUN_ENTRIES_MAX, run_max))
 
     async def _reader(self, ledger_id: int) -> LedgerReader:
         handle = self._open_handles.get(ledger_id)
@@ -515,33 +610,73 @@ class ManagedLedger:
     # --- termination, closing, deletion ------------------------------------------------------
 
     async def terminate(self) -> Position:
-        """No appends after this; returns the last position."""
+        """No appends after this; returns the last position. Appends are refused from
+        the call on (TopicTerminated); those accepted before complete first, so every
+        acknowledged entry is at or before the terminated position. Concurrent calls
+        share one termination, which runs as its own task so that a caller going away
+        does not leave it half done."""
         if self.terminated:
             assert self._info.terminated_position is not None
             return self._info.terminated_position
-        await self._drain()
-        self._info.terminated_position = self.last_confirmed
-        await self._write_info()
+        if self._termination is None:
+            self._terminating = True
+            self._termination = asyncio.get_running_loop().create_task(self._terminate())
+            self._termination.add_done_callback(_retrieve)
+        return await asyncio.shield(self._termination)
+
+    async def _terminate(self) -> Position:
+        assert self._terminating
+        try:
+            await self._drain()
+            if self.fenced_error is not None:
+                raise self.fenced_error
+            assert not self._inflight, len(self._inflight)
+            position = self.last_confirmed
+            self._info.terminated_position = position
+            try:
+                await self._write_info()
+            except MagnetarError:
+                self._info.terminated_position = None
+                raise
+        except BaseException:
+            # Not terminated after all: appends may go on.
+            self._terminating = False
+            self._termination = None
+            raise
+        assert self.last_confirmed == position, (self.last_confirmed, position)
         handle, self._handle = self._handle, None
         if handle is not None:
             await self._close_handle(handle)
         self._wake_waiters()
-        log.info("managed ledger terminated: topic=%s last=%s", self.name, self.last_confirmed)
-        return self.last_confirmed
+        log.info("managed ledger terminated: topic=%s last=%s", self.name, position)
+        return position
 
     async def _drain(self) -> None:
         """Waits for every queued and in-flight append to finish (bounded by the
-        ledger client's own add timeouts)."""
-        pending = [a.future for a in list(self._queued) + list(self._inflight)]
+        ledger client's own add timeouts), and for a rollover in progress."""
+        pending: list[asyncio.Future] = [a.future for a in list(self._queued) + list(self._inflight)]
         if self._rolling is not None:
             pending.append(self._rolling)
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
+        if self._rolling is not None:
+            # Started by a completion during the wait (a full or failed ledger).
+            await asyncio.gather(self._rolling, return_exceptions=True)
 
     async def close(self) -> None:
-        """Stops appends, lets pending ones finish, closes the current ledger."""
-        if self.closed:
-            return
+        """Stops appends, lets pending ones finish, closes the current ledger. Every
+        caller returns once that is done (one close, run as its own task, like
+        ``terminate``)."""
+        if self._close_task is None:
+            self._closing = True
+            self._close_task = asyncio.get_running_loop().create_task(self._close())
+            self._close_task.add_done_callback(_retrieve)
+        await asyncio.shield(self._close_task)
+
+    async def _close(self) -> None:
+        assert self._closing
+        if self._termination is not None:
+            await asyncio.gather(self._termination, return_exceptions=True)
         await self._drain()
         self.closed = True
         handle, self._handle = self._handle, None
@@ -585,7 +720,7 @@ class ManagedLedger:
     def number_of_entries(self) -> int:
         total = 0
         for ledger_id in self._ledgers:
-            total += self._last_entry_of(ledger_id) + 1
+            total += self.last_entry_of(ledger_id) + 1
         return total
 
     def total_size(self) -> int:
@@ -596,3 +731,10 @@ class ManagedLedger:
             elif self._handle is not None and self._handle.ledger_id == ledger_id:
                 total += self._handle_bytes
         return total
+
+
+def _retrieve(task: asyncio.Task) -> None:
+    """Marks a shared task's outcome as seen: its callers get it through shield, but
+    every caller may have gone away before it ended."""
+    if not task.cancelled():
+        task.exception()

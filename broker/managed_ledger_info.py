@@ -2,8 +2,16 @@
 
 The list of the topic's ledgers in order, with each closed ledger's entry count and
 size once known (-1 while a ledger is open or its count is not yet recorded; the
-ledger's own metadata is the authority), whether the topic is terminated and at which
-position, and free-form properties. Only the owner writes it, by compare-and-swap.
+ledger's own metadata is the authority) and when it was created and closed, whether
+the topic is terminated and at which position, and free-form properties. Only the
+owner writes it, by compare-and-swap.
+
+Versions:
+    1  first version. ``closed_ms`` (an object from ledger id to close time, for
+       retention) was added later without a version bump: brokers that predate it
+       ignore it, so they can still read records written by newer ones during a
+       rolling upgrade; a record without it reads a closed ledger's creation time as
+       its close time (what retention used before).
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ class LedgerInfo:
     entries: int = -1        # -1: unknown (open, or not yet recorded)
     size_bytes: int = -1
     created_ms: int = 0
+    closed_ms: int = 0       # 0: not closed yet (or closed before this was recorded)
 
     @property
     def known(self) -> bool:
@@ -40,6 +49,7 @@ class ManagedLedgerInfo:
         return json.dumps({
             "format_version": FORMAT_VERSION,
             "ledgers": [[i.ledger_id, i.entries, i.size_bytes, i.created_ms] for i in self.ledgers],
+            "closed_ms": {str(i.ledger_id): i.closed_ms for i in self.ledgers if i.closed_ms > 0},
             "terminated_position": list(self.terminated_position) if self.terminated_position else None,
             "properties": self.properties,
             "created_ms": self.created_ms,
@@ -52,6 +62,12 @@ class ManagedLedgerInfo:
             if not isinstance(doc, dict) or doc.get("format_version", 0) > FORMAT_VERSION:
                 raise ValueError("unknown format")
             ledgers = [LedgerInfo(int(a), int(b), int(c), int(d)) for a, b, c, d in doc["ledgers"]]
+            closed_ms = doc.get("closed_ms") or {}
+            if not isinstance(closed_ms, dict):
+                raise ValueError("closed_ms must be an object")
+            for info in ledgers:
+                if info.known:
+                    info.closed_ms = int(closed_ms.get(str(info.ledger_id), info.created_ms))
             terminated = doc.get("terminated_position")
             properties = doc.get("properties") or {}
             if not isinstance(properties, dict):

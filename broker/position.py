@@ -7,7 +7,7 @@ ids from the cluster-wide counter, so that order is the order of the topic.
 
 from __future__ import annotations
 
-from typing import Callable, Collection, NamedTuple
+from typing import Callable, Collection, Iterable, NamedTuple
 
 
 class Position(NamedTuple):
@@ -43,3 +43,25 @@ def normalize(position: Position, ledger_ids: Collection[int], last_entry_of: Ca
         if following is None:
             return Position(ledger_id, entry_id)
         ledger_id, entry_id = following, 0
+
+
+def entries_between(ledger_ids: Iterable[int], last_entry_of: Callable[[int], int], after: Position,
+                    upto: Position) -> int:
+    """How many entries lie in (after, upto] of a topic whose ledgers are ``ledger_ids``
+    (ascending), ledger ``l`` holding entries 0..``last_entry_of(l)`` (-1: none). Entries
+    of a ledger missing from ``ledger_ids`` (deleted) do not count; neither do
+    positions past a ledger's last entry."""
+    total = 0
+    for ledger_id in ledger_ids:
+        if ledger_id < after.ledger_id:
+            continue
+        if ledger_id > upto.ledger_id:
+            break
+        last = last_entry_of(ledger_id)
+        if last < 0:
+            continue
+        first = max(0, after.entry_id + 1) if ledger_id == after.ledger_id else 0
+        end = min(last, upto.entry_id) if ledger_id == upto.ledger_id else last
+        total += max(0, end - first + 1)
+    assert total >= 0
+    return total

@@ -28,6 +28,9 @@ _TABLE: list[tuple[type[errors.MagnetarError], int]] = [
     (errors.Overloaded, pb.TooManyRequests),
     (errors.ProducerBlockedQuota, pb.ProducerBlockedQuotaExceededError),
     (errors.IncompatibleSchema, pb.IncompatibleSchema),
+    # An entry the ledger refuses as too large: the Java client fails just that message
+    # on NotAllowedError, where an unknown error would make it reconnect and resend it.
+    (errors.EntryTooLarge, pb.NotAllowedError),
     (errors.InvalidArgument, pb.InvalidTopicName),
     (errors.MetadataError, pb.MetadataError),
     (errors.OperationTimeout, pb.ServiceNotReady),

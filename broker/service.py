@@ -2,8 +2,12 @@
 metadata and namespace listings clients ask for.
 
 Topics load on first use (a producer, consumer, lookup or admin call). Concurrent
-first uses share one load. A topic is auto-created when its namespace exists and allows
-it (on by default, as in Pulsar standalone); otherwise the caller gets TopicNotFound.
+first uses share one load: its future is registered before anything is awaited, and
+the load runs as the service's task, so a caller going away (its client disconnected)
+does not cancel it for the others. A topic that is closing is loaded again only once
+its close has finished (two managed ledgers of one topic would fence each other).
+A topic is auto-created when its namespace exists and allows it (on by default, as in
+Pulsar standalone); otherwise the caller gets TopicNotFound.
 Ownership: ``owner_of`` says which broker serves a topic: the owner of the topic's
 bundle, from the bundles layer (bundles/ownership.py); a topic loads here only once
 this broker serves its bundle. Without an ownership manager (tests of the service
@@ -28,16 +32,24 @@ from ledger.entry_cache import EntryCache
 from ledger.errors import (
     AlreadyExists,
     MagnetarError,
+    MetadataKeyExists,
     NamespaceNotFound,
     NotAllowed,
+    PreconditionFailed,
     ServiceNotReady,
     TenantNotFound,
     TopicNotFound,
 )
+from magnetar.tasks import cancel_and_wait
 from metadata.policies import NamespacePolicies, PersistencePolicies, TenantInfo
 from metadata.store import MetadataStore
 
 log = logging.getLogger(__name__)
+
+# Times one get_topic call starts over after finding the topic closing (each time a
+# close and a load complete in between; more means the topic flaps, e.g. its bundle
+# moves back and forth, and the caller is better told to retry).
+_TOPIC_LOAD_ATTEMPTS_MAX = 4
 
 
 @dataclass(frozen=True)
@@ -50,13 +62,15 @@ class OwnerInfo:
 
 class BrokerService:
     def __init__(self, config: BrokerConfig, store: MetadataStore, ledger_client: LedgerClient) -> None:
+        config.check_entries_fit(ledger_client.config.entry_bytes_max)
         self.config = config
         self.store = store
         self.ledger_client = ledger_client
         self.resources = Resources(store)
         self.cache = EntryCache(config.entry_cache_bytes_max)
         self.topics: dict[str, asyncio.Future[PersistentTopic]] = {}
-        self.broker_id = config.broker_id or f"{config.host}:{config.port}"
+        self._loads: set[asyncio.Task[None]] = set()
+        self.broker_id = config.effective_broker_id
         self.started_at = time.time()
         self.shutting_down = False
         # Replaced by the bundles layer (issue 5): who owns a topic.
@@ -66,7 +80,6 @@ class BrokerService:
         self.broker_reports = None
         self.leader = None
         self.connections: set = set()
-        self._rates: dict[str, tuple[float, int, int]] = {}
         self._background: list[asyncio.Task[None]] = []
         # Set by the metrics: told the seconds from each SEND's arrival to its receipt.
         self.on_publish_latency: Callable[[float], None] | None = None
@@ -149,12 +162,15 @@ class BrokerService:
 
     async def get_topic(self, name: TopicName, *, create: bool) -> PersistentTopic:
         """The loaded topic (loading it if needed). Raises TopicNotFound if it does not
-        exist and may not be created here."""
-        if self.shutting_down:
-            raise ServiceNotReady("broker is shutting down")
+        exist and may not be created here. A caller joining a load in progress gets
+        that load's outcome (``create`` is the first caller's)."""
         key = str(name)
-        loading = self.topics.get(key)
-        if loading is not None:
+        for _attempt in range(_TOPIC_LOAD_ATTEMPTS_MAX):
+            if self.shutting_down:
+                raise ServiceNotReady("broker is shutting down")
+            loading = self.topics.get(key)
+            if loading is None:
+                loading = self._start_load(name, create=create, previous=None)
             try:
                 topic = await asyncio.shield(loading)
             except MagnetarError:
@@ -163,24 +179,54 @@ class BrokerService:
                 raise
             if not topic.closing:
                 return topic
-            self.topics.pop(key, None)
-            return await self.get_topic(name, create=create)
-        await self.ensure_serving(name)
+            if self.topics.get(key) is loading:
+                # Replaced at once (no await in between), so concurrent callers share
+                # the new load; it waits for this close to finish.
+                self._start_load(name, create=create, previous=topic)
+        raise ServiceNotReady(f"topic {name} keeps closing while it is loaded: retry")
+
+    def _start_load(self, name: TopicName, *, create: bool,
+                    previous: PersistentTopic | None) -> asyncio.Future[PersistentTopic]:
+        """Registers the topic's load and starts it as a task of the service."""
         future: asyncio.Future[PersistentTopic] = asyncio.get_running_loop().create_future()
-        self.topics[key] = future
+        self.topics[str(name)] = future
+        task = asyncio.get_running_loop().create_task(self._run_load(name, create, previous, future))
+        self._loads.add(task)
+        task.add_done_callback(self._loads.discard)
+        return future
+
+    async def _run_load(self, name: TopicName, create: bool, previous: PersistentTopic | None,
+                        future: asyncio.Future[PersistentTopic]) -> None:
+        topic: PersistentTopic | None = None
         try:
+            if previous is not None:
+                await previous.wait_closed()
+            await self.ensure_serving(name)
             topic = await self._load_topic(name, create=create)
             if self.ownership is not None and not await self.ownership.is_serving(name):
                 # The bundle left this broker while the topic loaded: do not keep it.
-                await topic.close(disconnect_clients=False)
                 raise ServiceNotReady(f"topic {name} moved to another broker while loading")
         except BaseException as error:
-            self.topics.pop(key, None)
+            if isinstance(error, Exception) and not isinstance(error, MagnetarError):
+                log.error("loading a topic failed: topic=%s error=%r", name, error, exc_info=error)
+            if self.topics.get(str(name)) is future:
+                self.topics.pop(str(name), None)
             future.set_exception(error if isinstance(error, MagnetarError) else ServiceNotReady(str(error)))
-            future.exception()  # retrieved: waiters got it through shield
-            raise
+            future.exception()  # retrieved: waiters get it through shield
+            if topic is not None:
+                await self._close_unkept(topic)
+            if not isinstance(error, Exception):
+                raise   # cancelled (the service is closing)
+            return
         future.set_result(topic)
-        return topic
+
+    async def _close_unkept(self, topic: PersistentTopic) -> None:
+        """Closes a topic whose load failed after it was opened (its waiters were
+        already told)."""
+        try:
+            await topic.close(disconnect_clients=False)
+        except Exception as error:
+            log.warning("closing a topic that was not kept failed: topic=%s error=%r", topic.full_name, error)
 
     async def _load_topic(self, name: TopicName, *, create: bool) -> PersistentTopic:
         namespace = name.namespace_name
@@ -231,10 +277,6 @@ class BrokerService:
         """Creates a non-partitioned topic (or a partition) whatever the namespace's
         auto-creation policy: AlreadyExists if it (or a partitioned topic of that name)
         exists. The empty managed-ledger record is created atomically, then loaded."""
-        from broker.managed_ledger_info import ManagedLedgerInfo
-        from ledger.errors import MetadataKeyExists, PreconditionFailed
-        from metadata import keys
-
         await self.resources.policies(name.namespace_name)
         if await self.resources.partitions(name) > 0:
             raise AlreadyExists(f"{name} exists as a partitioned topic")
@@ -243,9 +285,8 @@ class BrokerService:
             if parent_count > 0 and name.partition_index >= parent_count:
                 raise PreconditionFailed(f"{name.partitioned_parent} has {parent_count} partitions, "
                                          f"so {name} cannot be created")
-        record = ManagedLedgerInfo(created_ms=int(time.time() * 1000))
         try:
-            await self.store.create(keys.managed_ledger(name.key_path), record.encode())
+            await ManagedLedger.create_record(self.store, name)
         except MetadataKeyExists:
             raise AlreadyExists(f"topic {name} already exists") from None
         log.info("topic created: topic=%s", name)
@@ -267,8 +308,7 @@ class BrokerService:
 
     async def delete_topic(self, name: TopicName, *, force: bool) -> None:
         topic = await self.get_topic(name, create=False)
-        await topic.delete(force=force)
-        self.topics.pop(str(name), None)
+        await topic.delete(force=force)   # closing it took it off self.topics
 
     async def is_broadcast(self, name: TopicName, subscription: str, consumer_metadata: dict[str, str]) -> bool:
         """A subscription is broadcast when its namespace's policy lists it, or when the
@@ -310,20 +350,7 @@ class BrokerService:
 
     async def close(self) -> None:
         self.shutting_down = True
-        for task in self._background:
-            task.cancel()
+        await cancel_and_wait(*self._background, *self._loads)
         topics = self.loaded_topics()
         await asyncio.gather(*(t.close(disconnect_clients=True) for t in topics), return_exceptions=True)
         self.topics.clear()
-
-    # --- rates ----------------------------------------------------------------------------------
-
-    def rates(self, topic: PersistentTopic) -> tuple[float, float]:
-        """Messages/s and bytes/s published to a topic since the last call for it."""
-        now = time.monotonic()
-        previous = self._rates.get(topic.full_name)
-        self._rates[topic.full_name] = (now, topic.messages_in, topic.bytes_in)
-        if previous is None or now <= previous[0]:
-            return 0.0, 0.0
-        elapsed = now - previous[0]
-        return (topic.messages_in - previous[1]) / elapsed, (topic.bytes_in - previous[2]) / elapsed

@@ -33,6 +33,7 @@ import datetime
 from typing import TYPE_CHECKING, Hashable
 
 from broker.position import Position
+from broker.topic_name import TopicName
 
 if TYPE_CHECKING:
     from broker.consumer import Consumer
@@ -223,7 +224,7 @@ def partitioned_stats(partitions: dict[str, dict], partition_count: int, *, per_
     by_name: dict[str, dict] = {}
     by_position: list[dict] = []
     subscriptions: dict[str, dict] = {}
-    for _partition, stats in sorted(partitions.items(), key=lambda item: _partition_index(item[0])):
+    for _partition, stats in sorted(partitions.items(), key=lambda item: TopicName.parse(item[0]).partition_index):
         for field in _SUMMED_TOPIC_FIELDS:
             total[field] += stats[field]
         total["backlogSize"] += stats["backlogSize"]
@@ -267,11 +268,6 @@ def partitioned_stats(partitions: dict[str, dict], partition_count: int, *, per_
     }
 
 
-def _partition_index(topic: str) -> int:
-    _, _, index = topic.rpartition("-partition-")
-    return int(index) if index.isdigit() else -1
-
-
 # --- internal stats -------------------------------------------------------------------------
 
 def _ledger_state(topic: "PersistentTopic") -> str:
@@ -294,8 +290,9 @@ def cursor_stats(topic: "PersistentTopic", subscription: "Subscription") -> dict
     return {
         "markDeletePosition": str(cursor.mark_delete_position),
         "readPosition": str(cursor.read_position),
-        # Cursor state lives in etcd for now: there is no cursor ledger.
-        "cursorLedger": -1,
+        # The ledger holding the cursor's state (-1 while it is inline in etcd); its
+        # last entry is not tracked by the cursor store, so that stays unknown (-1).
+        "cursorLedger": topic.cursor_ledger_id(subscription.name),
         "cursorLedgerLastEntry": -1,
         # Pulsar lists the acknowledged ranges here; the cursor exposes their count only.
         "individuallyDeletedMessages": "[]" if acked_count == 0

@@ -7,7 +7,11 @@ completes appends in order. Subscriptions are loaded with the topic (every durab
 cursor in etcd) so backlog and retention see them even with no consumer attached.
 Closing the topic (unload, shutdown, ownership lost) sends CLOSE_PRODUCER and
 CLOSE_CONSUMER so clients look the topic up again and reconnect, flushes every cursor
-and closes the current ledger.
+and closes the current ledger. A close runs once, as the topic's own task: every caller
+(and the service, before it loads the topic again) waits for that one to finish, and a
+caller going away does not leave it half done. Subscription creation runs as a topic
+task for the same reason: a subscriber cancelled midway (its connection closed, or
+CLOSE_CONSUMER) must not fail the creation for the others waiting on it.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable
+from typing import Awaitable, Callable
+from urllib.parse import unquote
 
 from broker import commands
 from broker.batch import message_count
@@ -74,23 +79,26 @@ class PersistentTopic:
         self.config = config
         self.producers: dict[int, Producer] = {}        # by identity id()
         self.subscriptions: dict[str, Subscription] = {}
-        self._creating: dict[str, asyncio.Future[Subscription]] = {}
+        self._creating: dict[str, asyncio.Task[Subscription]] = {}
+        # The cursor stores of durable subscriptions, by subscription name (stats
+        # report their cursor ledgers).
+        self._cursor_stores: dict[str, LedgerCursorStore] = {}
         self.closing = False
         self.closed = False
+        self._close_task: asyncio.Task[None] | None = None
         self._producer_names: set[str] = set()
         self.on_closed: Callable[["PersistentTopic"], None] | None = None
         self.created_at = time.time()
         ledger.on_fenced = self._on_ledger_fenced
-        # Counters for rates (the service's stats ticker derives rates from them).
+        # Counters for rates (broker/stats.py measures rates from them).
         self.messages_in = 0
         self.bytes_in = 0
 
     # --- loading ---------------------------------------------------------------------------
 
     async def load_subscriptions(self) -> None:
-        records = await self._store.get_prefix(keys.cursors_of_topic(self.name.key_path))
-        from urllib.parse import unquote
-
+        # Keys only: each cursor store reads its own record when it loads.
+        records = await self._store.get_prefix(keys.cursors_of_topic(self.name.key_path), keys_only=True)
         for record in records:
             name = unquote(record.key.rsplit("/", 1)[1])
             store = self._cursor_store(name)
@@ -103,12 +111,14 @@ class PersistentTopic:
         config = self.ledger.config
         return LedgerCursorStore(self._store, keys.cursor(self.name.key_path, subscription), self._ledger_client,
                                  quorums=(config.ensemble_size, config.write_quorum_size, config.ack_quorum_size),
-                                 owner=self.config.broker_id or f"{self.config.host}:{self.config.port}")
+                                 owner=self.config.effective_broker_id)
 
     def _make_subscription(self, name: str, state: CursorState, store: LedgerCursorStore | None, sub_type: int,
                            ) -> Subscription:
         cursor = ManagedCursor(f"{self.full_name}/{name}", self.ledger, state, store,
                                flush_interval_s=self.config.cursor_flush_interval_s, durable=store is not None)
+        if store is not None:
+            self._cursor_stores[name] = store
         return Subscription(name, self.full_name, self.ledger, cursor, sub_type,
                             partition_index=self.name.partition_index,
                             entries_max=self.config.dispatch_entries_max, bytes_max=self.config.dispatch_bytes_max,
@@ -117,27 +127,20 @@ class PersistentTopic:
     # --- producers ----------------------------------------------------------------------------
 
     def generate_producer_name(self) -> str:
-        return generated_producer_name(self.config.cluster,
-                                       self.config.broker_id or f"{self.config.host}:{self.config.port}")
+        """A name no other producer anywhere has (see broker.producer)."""
+        return generated_producer_name(self.config.cluster, self.config.effective_broker_id)
 
     def add_producer(self, producer: Producer) -> None:
+        """Registers a producer; ProducerBusy if one of that name is attached. A lost
+        connection detaches its producers as it is noticed (connection_lost), so a
+        name held by a dead connection is free again from then on."""
         self._check_open()
         if self.ledger.terminated:
             raise TopicTerminated(f"topic {self.full_name} is terminated")
         if producer.name in self._producer_names:
-            self._drop_producer_of_dead_connection(producer.name)
-        if producer.name in self._producer_names:
             raise ProducerBusy(f"producer {producer.name} is already connected to {self.full_name}")
         self._producer_names.add(producer.name)
         self.producers[id(producer)] = producer
-
-    def _drop_producer_of_dead_connection(self, name: str) -> None:
-        """A client reconnecting after its old connection died (before the broker
-        noticed) presents the same producer name again; the stale registration must
-        not lock it out."""
-        for producer in list(self.producers.values()):
-            if producer.name == name and getattr(producer.connection, "closed", False):
-                self.remove_producer(producer)
 
     def remove_producer(self, producer: Producer) -> None:
         if self.producers.pop(id(producer), None) is not None:
@@ -170,28 +173,31 @@ class PersistentTopic:
             subscription = await self._create_once(
                 name, lambda: self._new_subscription(name, consumer.sub_type, durable, initial_position,
                                                      start_message_id, rollback_duration_s))
+            self._check_open()   # the topic may have begun closing while it was created
         subscription.add_consumer(consumer)
         return subscription
 
-    async def _create_once(self, name: str, create) -> Subscription:
+    async def _create_once(self, name: str, create: Callable[[], Awaitable[Subscription]]) -> Subscription:
         """Creates a subscription exactly once however many ask at the same time (the
         creation awaits storage, so a plain check-then-create would let two concurrent
-        first consumers each make their own and each get every message)."""
+        first consumers each make their own and each get every message). The creation
+        is the topic's task, not the first caller's: cancelling a caller leaves it to
+        finish for the others."""
         pending = self._creating.get(name)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        future: asyncio.Future[Subscription] = asyncio.get_running_loop().create_future()
-        self._creating[name] = future
+        if pending is None:
+            pending = asyncio.get_running_loop().create_task(self._create(name, create))
+            # Retrieved here too, in case every caller went away before it ended.
+            pending.add_done_callback(lambda task: task.cancelled() or task.exception())
+            self._creating[name] = pending
+        return await asyncio.shield(pending)
+
+    async def _create(self, name: str, create: Callable[[], Awaitable[Subscription]]) -> Subscription:
         try:
             subscription = await create()
-        except BaseException as error:
-            future.set_exception(error)
-            future.exception()  # retrieved: waiters get it through shield
-            raise
         finally:
             self._creating.pop(name, None)
+        assert name not in self.subscriptions, name
         self.subscriptions[name] = subscription
-        future.set_result(subscription)
         return subscription
 
     async def _new_subscription(self, name: str, sub_type: int, durable: bool, initial_position: int,
@@ -219,7 +225,7 @@ class PersistentTopic:
         # "nothing" within this one; either way next_position lands on ``position``.
         previous = [l for l in self.ledger.ledger_ids() if l < position.ledger_id]
         if previous:
-            return Position(previous[-1], self.ledger._last_entry_of(previous[-1]))
+            return Position(previous[-1], self.ledger.last_entry_of(previous[-1]))
         return Position(position.ledger_id, -1)
 
     def _start_position(self, initial_position: int, start_message_id: pb.MessageIdData | None,
@@ -229,15 +235,13 @@ class PersistentTopic:
             if start_message_id.ledgerId == _EARLIEST_ID:
                 return ledger.first_position                             # MessageId.earliest
             if start_message_id.ledgerId == _LATEST_ID:
-                return ledger.next_position(ledger.last_confirmed) if ledger.last_confirmed.entry_id >= 0 \
-                    else ledger.first_position                           # MessageId.latest
+                return ledger.end_position                               # MessageId.latest
             # Start at the entry itself: the client drops what it should not see
             # (messages before a batch index, or the start message when not inclusive).
             return ledger.normalize(Position(start_message_id.ledgerId, start_message_id.entryId))
         if initial_position == pb.CommandSubscribe.Earliest:
             return ledger.first_position
-        return ledger.next_position(ledger.last_confirmed) if ledger.last_confirmed.entry_id >= 0 \
-            else ledger.first_position
+        return ledger.end_position
 
     async def unsubscribe(self, name: str, consumer: Consumer | None) -> None:
         subscription = self.subscriptions.get(name)
@@ -251,6 +255,7 @@ class PersistentTopic:
         await subscription.dispatcher.close()
         await subscription.cursor.delete()
         self.subscriptions.pop(name, None)
+        self._cursor_stores.pop(name, None)
         log.info("subscription deleted: topic=%s subscription=%s", self.full_name, name)
 
     async def create_subscription(self, name: str, position: Position | None) -> None:
@@ -259,7 +264,7 @@ class PersistentTopic:
             raise AlreadyExists(f"subscription {name} already exists on {self.full_name}")
 
         async def create() -> Subscription:
-            start = position if position is not None else self.ledger.next_position(self.ledger.last_confirmed)
+            start = position if position is not None else self.ledger.end_position
             state = CursorState(mark_delete=self._before(self.ledger.normalize(start)))
             subscription = self._make_subscription(name, state, self._cursor_store(name),
                                                    pb.CommandSubscribe.Exclusive)
@@ -294,11 +299,10 @@ class PersistentTopic:
         """The first entry published at or after ``timestamp_ms`` (binary search over
         the topic's entries by publish time; the end of the topic if none)."""
         ledger = self.ledger
-        end = ledger.next_position(ledger.last_confirmed) if ledger.last_confirmed.entry_id >= 0 \
-            else ledger.first_position
+        end = ledger.end_position
         positions: list[tuple[int, int]] = []   # (ledger_id, entry count)
         for ledger_id in ledger.ledger_ids():
-            count = ledger._last_entry_of(ledger_id) + 1
+            count = ledger.last_entry_of(ledger_id) + 1
             if count > 0:
                 positions.append((ledger_id, count))
         total = sum(count for _, count in positions)
@@ -333,18 +337,36 @@ class PersistentTopic:
 
     def _on_ledger_fenced(self, error: MagnetarError) -> None:
         log.warning("topic lost its managed ledger, closing: topic=%s error=%s", self.full_name, error)
-        asyncio.get_running_loop().create_task(self.close(disconnect_clients=True))
+        self._start_close(disconnect_clients=True)
 
     async def close(self, *, disconnect_clients: bool = True) -> None:
-        if self.closing:
-            return
-        self.closing = True
+        """Closes the topic; returns once it is closed, also to a caller that came
+        after the close began (``disconnect_clients`` is the first caller's)."""
+        await asyncio.shield(self._start_close(disconnect_clients=disconnect_clients))
+
+    async def wait_closed(self) -> None:
+        """Returns once a close that began has finished (at once if none began)."""
+        if self._close_task is not None:
+            await asyncio.shield(self._close_task)
+
+    def _start_close(self, *, disconnect_clients: bool) -> asyncio.Task[None]:
+        if self._close_task is None:
+            self.closing = True
+            self._close_task = asyncio.get_running_loop().create_task(self._close(disconnect_clients))
+            self._close_task.add_done_callback(lambda task: task.cancelled() or task.exception())
+        return self._close_task
+
+    async def _close(self, disconnect_clients: bool) -> None:
+        assert self.closing
         for producer in list(self.producers.values()):
             if disconnect_clients and not producer.closed:
                 producer.connection.write_command(commands.close_producer(producer.producer_id))
                 producer.connection.forget_producer(producer)
             producer.closed = True
         self.producers.clear()
+        if self._creating:
+            # A subscription still being created would be added after the close.
+            await asyncio.gather(*self._creating.values(), return_exceptions=True)
         for subscription in list(self.subscriptions.values()):
             for consumer in list(subscription.consumers):
                 if disconnect_clients and not consumer.closed:
@@ -398,24 +420,27 @@ class PersistentTopic:
         if self.closing:
             return []
         ledger = self.ledger
-        spans = [LedgerSpan(info.ledger_id, ledger._last_entry_of(info.ledger_id), max(info.size_bytes, 0),
-                            info.created_ms) for info in ledger.ledger_infos()]
+        now_ms = int(time.time() * 1000)
+        # A ledger not closed yet (the current one, or one whose close is in progress)
+        # is as young as can be.
+        spans = [LedgerSpan(info.ledger_id, ledger.last_entry_of(info.ledger_id), max(info.size_bytes, 0),
+                            info.closed_ms if info.closed_ms > 0 else now_ms) for info in ledger.ledger_infos()]
         doomed = ledgers_to_delete(spans, ledger.current_ledger_id, tuple(self.consumed_upto()),
-                                   retention_minutes, retention_mb, int(time.time() * 1000))
+                                   retention_minutes, retention_mb, now_ms)
         if not doomed:
             return []
         await ledger.delete_ledgers_before(doomed[-1] + 1)
         return doomed
 
+    # --- stats ---------------------------------------------------------------------------------
+
     def entries_between(self, after: Position, upto: Position) -> int:
         """Entries in (after, upto] of this topic."""
-        total = 0
-        for ledger_id in self.ledger.ledger_ids():
-            last = self.ledger._last_entry_of(ledger_id)
-            if last < 0 or ledger_id < after.ledger_id or ledger_id > upto.ledger_id:
-                continue
-            first = after.entry_id + 1 if ledger_id == after.ledger_id else 0
-            end = min(last, upto.entry_id) if ledger_id == upto.ledger_id else last
-            total += max(0, end - first + 1)
-        return total
+        return self.ledger.entries_between(after, upto)
+
+    def cursor_ledger_id(self, subscription: str) -> int:
+        """The ledger holding a durable subscription's cursor state (-1: none, the
+        state is inline in etcd or the subscription is not durable)."""
+        store = self._cursor_stores.get(subscription)
+        return store.ledger_id if store is not None else -1
 

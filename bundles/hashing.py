@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import Iterable
 
 import crc32c
 
@@ -99,3 +100,47 @@ class Bundles:
             raise InvalidArgument(f"bundle {bundle.name} is not a bundle of this namespace")
         lower_half, _upper_half = bundle.split()
         return Bundles(tuple(sorted(set(self.boundaries) | {lower_half.upper})))
+
+
+def namespace_of(topic_name: str) -> str:
+    """"tenant/namespace" of a full topic name ("persistent://tenant/namespace/local")."""
+    tenant, namespace, _local = topic_name.partition("://")[2].split("/", 2)
+    return f"{tenant}/{namespace}"
+
+
+class BundleIndex:
+    """Finds which of the given bundles ("tenant/namespace/range" keys) a topic falls
+    in: each bundle name is parsed once, then a lookup is a hash and a bisection. For
+    loops over every loaded topic (load reports, closing a bundle's topics), which
+    parsed every bundle name for every topic before.
+
+    It answers from the ranges the keys name (disjoint within a namespace, as a
+    broker's served bundles are), not from a namespace's cached boundaries: a bundle
+    being stopped must find all of its topics even if the boundaries changed since
+    (another broker split it after taking it over), or it would keep serving some."""
+
+    def __init__(self, bundle_keys: Iterable[str]) -> None:
+        by_namespace: dict[str, list[tuple[int, BundleRange, str]]] = {}
+        for key in bundle_keys:
+            namespace, _, name = key.rpartition("/")
+            bundle = BundleRange.parse(name)
+            by_namespace.setdefault(namespace, []).append((bundle.lower, bundle, key))
+        self._lowers: dict[str, list[int]] = {}
+        self._ranges: dict[str, list[tuple[BundleRange, str]]] = {}
+        for namespace, entries in by_namespace.items():
+            entries.sort(key=lambda entry: entry[0])
+            self._lowers[namespace] = [lower for lower, _, _ in entries]
+            self._ranges[namespace] = [(bundle, key) for _, bundle, key in entries]
+
+    def find(self, topic_name: str) -> str | None:
+        """The key of the bundle holding ``topic_name`` (a full name), or None."""
+        namespace = namespace_of(topic_name)
+        lowers = self._lowers.get(namespace)
+        if lowers is None:
+            return None
+        value = topic_hash(topic_name)
+        index = bisect.bisect_right(lowers, value) - 1
+        if index < 0:
+            return None
+        bundle, key = self._ranges[namespace][index]
+        return key if bundle.contains(value) else None

@@ -10,6 +10,11 @@ the leader:
 - replaces assignments to brokers that went away or did not act in time;
 - when shedding is on, asks the owner of one bundle of the busiest broker to hand it to
   the least busy one (a transfer record), if that evens them out (bundles/balancer.py).
+
+Owners and assignments come from the OwnershipManager's watched mirrors when the
+leader is given one (no etcd read per round); they may lag etcd a little, which costs
+nothing but a lost compare-and-set: every decision is a transaction that compares the
+versions it was based on. Without one, each round reads them from etcd.
 """
 
 from __future__ import annotations
@@ -22,21 +27,23 @@ from typing import Callable
 from bundles import balancer
 from bundles.config import BundlesConfig
 from bundles.hashing import Bundles
-from bundles.ownership import BrokerIdentity, bundle_key
-from bundles.records import AssignmentRecord, BundlesRecord, LeaderRecord, LoadReport, OwnerRecord, TransferRecord
+from bundles.ownership import BrokerIdentity, OwnershipManager, assignments_from, bundle_key, owners_from
+from bundles.records import AssignmentRecord, BundlesRecord, LeaderRecord, LoadReport, TransferRecord, decode_reports
 from ledger.errors import MagnetarError, MalformedFrame, MetadataKeyExists
 from magnetar.tasks import cancel_and_wait
 from metadata import keys
 from metadata.prefix_cache import PrefixCache
-from metadata.store import Compare, Lease, MetadataStore, Put
+from metadata.store import Compare, Lease, MetadataStore, Put, Record
 
 log = logging.getLogger(__name__)
 
 
 class Leader:
     def __init__(self, store: MetadataStore, config: BundlesConfig, identity: BrokerIdentity,
-                 lease: Callable[[], Lease | None], brokers: PrefixCache) -> None:
+                 lease: Callable[[], Lease | None], brokers: PrefixCache, *,
+                 ownership: OwnershipManager | None = None) -> None:
         self._store = store
+        self._ownership = ownership
         self.config = config
         self.identity = identity
         self._lease = lease
@@ -44,8 +51,10 @@ class Leader:
         self._leader = PrefixCache(store, keys.LEADER, self._on_leader_change)
         self.is_leader = False
         self._wake = asyncio.Event()
-        self._assigned_at: dict[str, float] = {}       # bundle key -> when we assigned it
-        self._moved_at: dict[str, float] = {}          # bundle key -> when we moved it
+        # bundle key -> when we assigned it (kept while the assignment is pending) and
+        # when we moved it (kept for the cooldown); both pruned every round.
+        self._assigned_at: dict[str, float] = {}
+        self._moved_at: dict[str, float] = {}
         self._task: asyncio.Task[None] | None = None
         self.moves = 0
 
@@ -124,14 +133,14 @@ class Leader:
     # --- decisions ---------------------------------------------------------------------------
 
     def _reports(self) -> dict[str, LoadReport]:
-        reports = {}
-        for record in self._brokers.records.values():
-            try:
-                report = LoadReport.decode(record.value)
-            except MalformedFrame:
-                continue
-            reports[report.broker_id] = report
-        return reports
+        return decode_reports(self._brokers.records.values())
+
+    async def _owners_and_assignments(self) -> tuple[dict[str, str], dict[str, tuple[AssignmentRecord, Record]]]:
+        if self._ownership is not None:
+            return self._ownership.owners(), self._ownership.pending_assignments()
+        owners = {bkey: record.broker_id
+                  for bkey, record in owners_from(await self._store.get_prefix(keys.BUNDLE_OWNERS)).items()}
+        return owners, assignments_from(await self._store.get_prefix(keys.BUNDLE_ASSIGNMENTS))
 
     async def _all_bundles(self) -> list[str]:
         namespaces = [r.key[len(keys.NAMESPACES):-len("/policies")]
@@ -154,24 +163,12 @@ class Leader:
         reports = self._reports()
         if not reports:
             return
-        owners_records = await self._store.get_prefix(keys.BUNDLE_OWNERS)
-        owners: dict[str, str] = {}
-        for record in owners_records:
-            namespace, bundle = keys.split_bundle_key(record.key, keys.BUNDLE_OWNERS)
-            try:
-                owners[bundle_key(namespace, bundle)] = OwnerRecord.decode(record.value).broker_id
-            except MalformedFrame:
-                continue
-        assignments = {}
-        for record in await self._store.get_prefix(keys.BUNDLE_ASSIGNMENTS):
-            namespace, bundle = keys.split_bundle_key(record.key, keys.BUNDLE_ASSIGNMENTS)
-            try:
-                assignments[bundle_key(namespace, bundle)] = (AssignmentRecord.decode(record.value), record)
-            except MalformedFrame:
-                continue
+        owners, assignments = await self._owners_and_assignments()
         now = time.monotonic()
         planned = dict(owners)
-        for bkey in await self._all_bundles():
+        all_bundles = await self._all_bundles()
+        self._prune(set(all_bundles), owners, now)
+        for bkey in all_bundles:
             if bkey in owners:
                 continue
             pending = assignments.get(bkey)
@@ -198,6 +195,17 @@ class Leader:
         # Shed only when every bundle is owned (nothing was just assigned or pending).
         if self.config.shedding_enabled and len(planned) == len(owners):
             await self._shed(reports, owners, lease)
+
+    def _prune(self, existing: set[str], owners: dict[str, str], now: float) -> None:
+        """Forgets assignment times of bundles that are owned now or gone (split), and
+        move times past the cooldown. A stale assignment time would also be wrong, not
+        just wasted memory: a later assignment of the same bundle would look timed out
+        from the start."""
+        for bkey in [b for b in self._assigned_at if b in owners or b not in existing]:
+            del self._assigned_at[bkey]
+        cooldown_s = self.config.shedding_cooldown_s
+        for bkey in [b for b, at in self._moved_at.items() if now - at >= cooldown_s or b not in existing]:
+            del self._moved_at[bkey]
 
     async def _shed(self, reports: dict[str, LoadReport], owners: dict[str, str], lease: Lease) -> None:
         now = time.monotonic()

@@ -11,7 +11,7 @@ import time
 from typing import Callable
 
 from bundles.config import BundlesConfig
-from bundles.hashing import BundleRange, topic_hash
+from bundles.hashing import BundleIndex
 from bundles.ownership import OwnershipManager
 from bundles.records import LoadReport
 from ledger.errors import MagnetarError
@@ -41,6 +41,7 @@ class LoadReporter:
         cpu_fraction = rate_in = rate_out = 0.0
         bundle_rates: dict[str, float] = {}
         serving = self._ownership.serving()
+        index = BundleIndex(serving)
         if self._last is not None:
             elapsed = max(now - self._last[0], 1e-6)
             cpu_fraction = (cpu_seconds - self._last[1]) / elapsed
@@ -50,7 +51,7 @@ class LoadReporter:
                 topic_out = max(messages_out - before[1], 0) / elapsed
                 rate_in += topic_in
                 rate_out += topic_out
-                bundle = self._bundle_of(name, serving)
+                bundle = index.find(name)
                 if bundle is not None:
                     bundle_rates[bundle] = bundle_rates.get(bundle, 0.0) + topic_in + topic_out
         self._last = (now, cpu_seconds, topics)
@@ -60,16 +61,6 @@ class LoadReporter:
                           msg_rate_out=round(rate_out, 1), connections=connections, topics=len(topics),
                           bundles=serving, bundle_msg_rates={k: round(v, 1) for k, v in bundle_rates.items()},
                           reported_ms=int(time.time() * 1000), started_ms=self._started_ms)
-
-    @staticmethod
-    def _bundle_of(topic: str, serving: list[str]) -> str | None:
-        namespace = topic.split("://", 1)[-1].rsplit("/", 1)[0]
-        value = topic_hash(topic)
-        for bundle in serving:
-            bundle_namespace, _, name = bundle.rpartition("/")
-            if bundle_namespace == namespace and BundleRange.parse(name).contains(value):
-                return bundle
-        return None
 
     async def publish(self) -> None:
         lease = self._ownership.lease

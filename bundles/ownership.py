@@ -14,14 +14,17 @@ Theory of operation:
   holds incoming requests until it owns the bundle), close the bundle's topics one by
   one (clients reconnect straight away), then in one transaction delete the owner key
   and assign the bundle to the destination, which takes it. Clients see a reconnect;
-  other bundles of this broker are not touched.
+  other bundles of this broker are not touched. If etcd keeps failing that last
+  transaction, the owner key is deleted on its own so the leader reassigns the bundle:
+  it must not stay RELEASING under this broker's live lease with nobody serving it.
 - Splitting: one transaction replaces the namespace's boundaries and the owner key of
   the bundle by owner keys of its two halves, still here: nothing is closed. Other
   brokers' cached boundaries go stale; they notice when the bundle they compute has no
-  owner record (the split deleted it) and re-read the boundaries then.
+  owner record (the split deleted it) and re-read the boundaries then (once per
+  lookup, and concurrent lookups share the read).
 - Self-fencing: when the lease has not been confirmed for ``fence_fraction`` of its
-  TTL, the broker closes the topics of all its bundles and refuses to serve until the
-  lease is confirmed again (or, if lost, a new one is granted and bundles are taken
+  TTL, the broker stops serving every bundle at once (before any await), then closes
+  their topics concurrently, and refuses to serve until the lease is confirmed again (or, if lost, a new one is granted and bundles are taken
   anew). etcd can only hand the bundles to another broker after the full TTL, so two
   brokers never serve one bundle at once; ledger fencing backs this up regardless.
 - Every start and end of serving a bundle is logged with wall-clock times
@@ -34,12 +37,21 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Iterable
 
 from broker.topic_name import NamespaceName, TopicName
+from bundles import balancer
 from bundles.config import BundlesConfig
-from bundles.hashing import BundleRange, Bundles, default_boundaries, topic_hash
-from bundles.records import OWNED, RELEASING, AssignmentRecord, BundlesRecord, OwnerRecord, TransferRecord
+from bundles.hashing import BundleIndex, BundleRange, Bundles, default_boundaries
+from bundles.records import (
+    OWNED,
+    RELEASING,
+    AssignmentRecord,
+    BundlesRecord,
+    OwnerRecord,
+    TransferRecord,
+    decode_reports,
+)
 from ledger.errors import (
     MagnetarError,
     MalformedFrame,
@@ -49,11 +61,48 @@ from ledger.errors import (
     PreconditionFailed,
     ServiceNotReady,
 )
+from magnetar.tasks import cancel_and_wait
 from metadata import keys
 from metadata.prefix_cache import PrefixCache
 from metadata.store import Compare, Delete, Lease, MetadataStore, Put, Record
 
 log = logging.getLogger(__name__)
+
+# Bundles whose topics close at once when the broker fences itself. Each close flushes
+# cursors and the managed ledger to etcd, which is likely failing just then (that is
+# why the lease went unconfirmed): running all of them at once would pile thousands of
+# etcd calls onto it; one by one, the last bundle would wait for every other's timeouts.
+FENCE_CLOSES_CONCURRENT_MAX = 16
+# Attempts at the transaction that ends a release (owner key deleted, the bundle
+# assigned to its destination). The bundle is no longer served by then, so giving up
+# must still free the key, or it would stay RELEASING under our lease with nobody
+# serving the bundle: see release().
+RELEASE_ATTEMPTS_MAX = 3
+RELEASE_RETRY_S = 0.2
+
+
+def owners_from(records: Iterable[Record]) -> dict[str, OwnerRecord]:
+    """bundle key -> owner record, from ``/bundle-owners/...`` records (bad ones skipped)."""
+    result = {}
+    for record in records:
+        namespace, bundle = keys.split_bundle_key(record.key, keys.BUNDLE_OWNERS)
+        try:
+            result[bundle_key(namespace, bundle)] = OwnerRecord.decode(record.value)
+        except MalformedFrame:
+            continue
+    return result
+
+
+def assignments_from(records: Iterable[Record]) -> dict[str, tuple[AssignmentRecord, Record]]:
+    """bundle key -> (assignment, its record), from ``/bundle-assignments/...`` records."""
+    result = {}
+    for record in records:
+        namespace, bundle = keys.split_bundle_key(record.key, keys.BUNDLE_ASSIGNMENTS)
+        try:
+            result[bundle_key(namespace, bundle)] = (AssignmentRecord.decode(record.value), record)
+        except MalformedFrame:
+            continue
+    return result
 
 
 @dataclass(frozen=True)
@@ -91,6 +140,11 @@ class OwnershipManager:
         self._assignments = PrefixCache(store, keys.BUNDLE_ASSIGNMENTS, self._on_assignment_change)
         self._transfers = PrefixCache(store, keys.BUNDLE_TRANSFERS, self._on_transfer_change)
         self._bundles: dict[str, tuple[Bundles, int]] = {}   # namespace -> (bundles, version)
+        # Re-reads of a namespace's boundaries are one at a time per namespace, and a
+        # caller waiting for one that started after it noticed the need takes its result.
+        self._bundles_locks: dict[str, asyncio.Lock] = {}
+        self._bundles_reads_started: dict[str, int] = {}
+        self._bundles_reads_done: dict[str, int] = {}
         self._serving: dict[str, float] = {}                 # bundle key -> wall time started
         self._busy: set[str] = set()                         # bundle keys with an operation running
         self.fenced = False
@@ -113,18 +167,35 @@ class OwnershipManager:
 
     async def close(self) -> None:
         self._closing = True
-        for task in self._tasks:
-            task.cancel()
+        await cancel_and_wait(*self._tasks)
         for cache in (self._owners, self._assignments, self._transfers):
             await cache.close()
 
     # --- namespaces' bundles ------------------------------------------------------------------
 
-    async def bundles_of(self, namespace: NamespaceName) -> Bundles:
+    async def bundles_of(self, namespace: NamespaceName, *, refresh: bool = False) -> Bundles:
+        """The namespace's bundles: cached, or read from etcd when not cached yet or
+        with ``refresh``."""
         cached = self._bundles.get(str(namespace))
-        if cached is not None:
+        if cached is not None and not refresh:
             return cached[0]
-        return (await self._load_bundles(namespace))[0]
+        return await self._refresh_bundles(namespace)
+
+    async def _refresh_bundles(self, namespace: NamespaceName) -> Bundles:
+        """Re-reads the boundaries, sharing a read with concurrent callers: a caller that
+        finds another's read in flight waits and then reads itself only if no read
+        started after it asked (an earlier one may predate the split it is after)."""
+        ns = str(namespace)
+        wanted = self._bundles_reads_started.get(ns, 0) + 1
+        lock = self._bundles_locks.setdefault(ns, asyncio.Lock())
+        async with lock:
+            if self._bundles_reads_done.get(ns, 0) >= wanted and ns in self._bundles:
+                return self._bundles[ns][0]
+            started = self._bundles_reads_started.get(ns, 0) + 1
+            self._bundles_reads_started[ns] = started
+            bundles, _version = await self._load_bundles(namespace)
+            self._bundles_reads_done[ns] = started
+            return bundles
 
     async def _load_bundles(self, namespace: NamespaceName) -> tuple[Bundles, int]:
         key = keys.namespace_bundles(namespace.tenant, namespace.namespace)
@@ -143,20 +214,19 @@ class OwnershipManager:
         self._bundles[str(namespace)] = (bundles, record.version)
         return bundles, record.version
 
-    def forget_bundles(self, namespace: str) -> None:
-        self._bundles.pop(namespace, None)
-
     async def bundle_of(self, topic: TopicName, *, refresh: bool = False) -> tuple[str, BundleRange]:
         """The topic's bundle. ``refresh`` re-reads the boundaries from etcd: the cached
         ones go stale when another broker splits a bundle, and the bundle they name then
         has no owner record, which is when callers ask for a refresh."""
         namespace = topic.namespace_name
-        bundles = (await self._load_bundles(namespace))[0] if refresh else await self.bundles_of(namespace)
+        bundles = await self.bundles_of(namespace, refresh=refresh)
         return str(namespace), bundles.for_topic(str(topic))
 
     # --- who serves what -----------------------------------------------------------------------
 
-    def _owner_record(self, namespace: str, bundle: BundleRange | str) -> OwnerRecord | None:
+    def owner_record(self, namespace: str, bundle: BundleRange | str) -> OwnerRecord | None:
+        """The bundle's owner record as this broker's watch last saw it (None: no
+        owner, or a record that does not decode)."""
         name = bundle if isinstance(bundle, str) else bundle.name
         record = self._owners.get(keys.bundle_owner(namespace, name))
         if record is None:
@@ -183,11 +253,15 @@ class OwnershipManager:
         destination of a transfer under way. Waits (bounded) while nobody owns it."""
         namespace, bundle = await self.bundle_of(topic)
         deadline = time.monotonic() + self.config.ownership_wait_s
+        refreshed = False
         while True:
-            record = self._owner_record(namespace, bundle)
-            if record is None:
-                namespace, bundle = await self.bundle_of(topic, refresh=True)   # split elsewhere?
-                record = self._owner_record(namespace, bundle)
+            record = self.owner_record(namespace, bundle)
+            if record is None and not refreshed:
+                # Split elsewhere? Once per call: a bundle that merely waits for its
+                # first owner would otherwise cost an etcd read per wake-up.
+                namespace, bundle = await self.bundle_of(topic, refresh=True)
+                refreshed = True
+                record = self.owner_record(namespace, bundle)
             if record is not None:
                 if record.state == RELEASING and record.to:
                     destination = self._destination(record, broker_urls)
@@ -202,14 +276,16 @@ class OwnershipManager:
         """Returns once this broker serves the topic's bundle; raises NotOwner if another
         broker owns it (or is taking it), ServiceNotReady if fenced or after the wait."""
         deadline = time.monotonic() + self.config.ownership_wait_s
+        refreshed = False
         while True:
             if self.fenced:
                 raise ServiceNotReady("this broker is fenced (its lease is not confirmed)")
             namespace, bundle = await self.bundle_of(topic)
-            record = self._owner_record(namespace, bundle)
-            if record is None:
-                namespace, bundle = await self.bundle_of(topic, refresh=True)   # split elsewhere?
-                record = self._owner_record(namespace, bundle)
+            record = self.owner_record(namespace, bundle)
+            if record is None and not refreshed:
+                namespace, bundle = await self.bundle_of(topic, refresh=True)   # split elsewhere? (once per call)
+                refreshed = True
+                record = self.owner_record(namespace, bundle)
             key = bundle_key(namespace, bundle)
             if record is not None and record.broker_id == self.identity.broker_id and record.state == OWNED \
                     and key in self._serving:
@@ -250,14 +326,23 @@ class OwnershipManager:
 
     def owners(self) -> dict[str, str]:
         """bundle key -> owner broker id, for every owned bundle of the cluster."""
-        result = {}
-        for key, record in self._owners.records.items():
-            namespace, bundle = keys.split_bundle_key(key, keys.BUNDLE_OWNERS)
-            try:
-                result[bundle_key(namespace, bundle)] = OwnerRecord.decode(record.value).broker_id
-            except MalformedFrame:
-                continue
-        return result
+        return {bkey: record.broker_id for bkey, record in self.owner_records().items()}
+
+    def owner_records(self) -> dict[str, OwnerRecord]:
+        """bundle key -> owner record, for every owned bundle of the cluster, from this
+        broker's watch (no etcd read)."""
+        return owners_from(self._owners.records.values())
+
+    def pending_assignments(self) -> dict[str, tuple[AssignmentRecord, Record]]:
+        """bundle key -> (assignment, its record with the version to compare against),
+        from this broker's watch."""
+        return assignments_from(self._assignments.records.values())
+
+    def handover_target(self, broker_reports: PrefixCache) -> str | None:
+        """Where this broker hands a bundle it gives up (unload, shutdown): the least
+        loaded other live broker, by their load reports; None if it is the last one."""
+        return balancer.least_loaded(decode_reports(broker_reports.records.values()), self.owners(),
+                                     exclude={self.identity.broker_id})
 
     # --- watch events ---------------------------------------------------------------------------
 
@@ -293,7 +378,7 @@ class OwnershipManager:
         if new is None or self._closing:
             return
         namespace, bundle = keys.split_bundle_key(key, keys.BUNDLE_TRANSFERS)
-        record = self._owner_record(namespace, bundle)
+        record = self.owner_record(namespace, bundle)
         if record is None or record.broker_id != self.identity.broker_id:
             return
         try:
@@ -345,16 +430,45 @@ class OwnershipManager:
             return
         self._serving.pop(bkey, None)
         self._changed.set()
+        await self._close_bundle_topics(bkey, self._topics_by_bundle([bkey]).get(bkey, []), reason)
+
+    async def _stop_serving_all(self, reason: str) -> None:
+        """Stops serving every bundle: all leave ``_serving`` at once, before any await,
+        so nothing is served from here on; then their topics close concurrently (at
+        most FENCE_CLOSES_CONCURRENT_MAX bundles at a time)."""
+        stopping = list(self._serving)
+        self._serving.clear()
+        self._changed.set()
+        topics = self._topics_by_bundle(stopping)
+        slots = asyncio.Semaphore(FENCE_CLOSES_CONCURRENT_MAX)
+
+        async def close(bkey: str) -> None:
+            async with slots:
+                await self._close_bundle_topics(bkey, topics.get(bkey, []), reason)
+
+        results = await asyncio.gather(*(close(bkey) for bkey in stopping), return_exceptions=True)
+        for bkey, result in zip(stopping, results):
+            if isinstance(result, MagnetarError):
+                log.warning("closing a bundle's topics failed: bundle=%s error=%s", bkey, result)
+            elif isinstance(result, BaseException):
+                raise result
+
+    async def _close_bundle_topics(self, bkey: str, topics: list[TopicName], reason: str) -> None:
         try:
-            await self._close_topics(self._topics_of(namespace, bundle_name), reason)
+            await self._close_topics(topics, reason)
         finally:
             log.info("bundle serving stopped: bundle=%s broker_id=%s reason=%s wall_time=%.6f", bkey,
                      self.identity.broker_id, reason, time.time())
 
-    def _topics_of(self, namespace: str, bundle_name: str) -> list[TopicName]:
-        bundle = BundleRange.parse(bundle_name)
-        return [topic for topic in self._loaded_topics()
-                if str(topic.namespace_name) == namespace and bundle.contains(topic_hash(str(topic)))]
+    def _topics_by_bundle(self, bundle_keys: list[str]) -> dict[str, list[TopicName]]:
+        """The loaded topics of each of the given bundles, in one pass."""
+        index = BundleIndex(bundle_keys)
+        result: dict[str, list[TopicName]] = {}
+        for topic in self._loaded_topics():
+            bkey = index.find(str(topic))
+            if bkey is not None:
+                result.setdefault(bkey, []).append(topic)
+        return result
 
     # --- handing a bundle over ----------------------------------------------------------------------
 
@@ -372,7 +486,14 @@ class OwnershipManager:
                 pass
 
     async def release(self, namespace: str, bundle_name: str, *, to: str | None, reason: str) -> None:
-        """Hands a bundle this broker owns to ``to`` (or frees it for the leader)."""
+        """Hands a bundle this broker owns to ``to`` (or frees it for the leader).
+
+        Once the owner record says RELEASING and the topics are closed, the bundle must
+        leave this broker whatever etcd does: the final transaction is retried
+        (RELEASE_ATTEMPTS_MAX), and if it still fails the owner key is deleted without
+        the hand-over, so the leader assigns the bundle anew. Left in place, the key
+        would stay RELEASING under our lease (kept alive) with nobody serving the
+        bundle and the leader never reassigning it."""
         bkey = bundle_key(namespace, bundle_name)
         owner_key = keys.bundle_owner(namespace, bundle_name)
         current = self._owners.get(owner_key)
@@ -387,8 +508,7 @@ class OwnershipManager:
             owned = OwnerRecord.decode(current.value)
             releasing = OwnerRecord(owned.broker_id, owned.service_url, owned.web_service_url, RELEASING,
                                     to or "", owned.acquired_ms)
-            version = await self._store.transaction([Compare(owner_key, current.version)],
-                                                    [Put(owner_key, releasing.encode(), self.lease.lease_id)])
+            version = await self._mark_releasing(owner_key, current.version, releasing)
             if version is None:
                 raise PreconditionFailed(f"bundle {bkey} changed while being released")
             await self._stop_serving(namespace, bundle_name, f"released: {reason}")
@@ -398,12 +518,51 @@ class OwnershipManager:
                                               decided_by=self.identity.broker_id, decided_ms=int(time.time() * 1000))
                 operations.append(Put(keys.bundle_assignment(namespace, bundle_name), assignment.encode(),
                                       self.lease.lease_id))
-            await self._store.transaction([Compare(owner_key, version)], operations)
+            await self._finish_release(bkey, owner_key, version, operations)
             log.info("bundle released: bundle=%s to=%s reason=%s seconds=%.3f", bkey, to, reason,
                      time.monotonic() - started)
         finally:
             self._busy.discard(bkey)
             self._changed.set()
+
+    async def _mark_releasing(self, owner_key: str, version: int, releasing: OwnerRecord) -> int | None:
+        """Writes the RELEASING record; its new version, or None if the key changed. A
+        write whose reply was lost is recognised by reading the key back."""
+        assert self.lease is not None
+        try:
+            return await self._store.transaction([Compare(owner_key, version)],
+                                                 [Put(owner_key, releasing.encode(), self.lease.lease_id)])
+        except MagnetarError:
+            record = await self._store.get(owner_key)
+            if record is not None and record.value == releasing.encode():
+                return record.version   # it landed; lookups already answer the destination
+            raise
+
+    async def _finish_release(self, bkey: str, owner_key: str, version: int, operations: list[Put | Delete]) -> None:
+        """The last step of a release: the owner key goes (and the destination's
+        assignment comes) in one transaction, retried; then without the assignment."""
+        for attempt in range(RELEASE_ATTEMPTS_MAX):
+            try:
+                done = await self._store.transaction([Compare(owner_key, version)], operations)
+            except MagnetarError as error:
+                log.warning("finishing a bundle release failed: bundle=%s attempt=%d error=%s", bkey, attempt + 1,
+                            error)
+                await asyncio.sleep(RELEASE_RETRY_S * (attempt + 1))
+                continue
+            if done is None:
+                # Only this broker writes the key at ``version`` (the lease holds it), so
+                # it is gone: an earlier attempt landed though its reply was lost, or the
+                # lease expired. Either way it is not ours to delete any more.
+                log.warning("bundle owner key changed before the release finished: bundle=%s", bkey)
+            return
+        log.error("bundle release could not hand the bundle over, deleting its owner key for the leader to "
+                  "reassign: bundle=%s attempts=%d", bkey, RELEASE_ATTEMPTS_MAX)
+        # Guarded by the version all the same: were the key someone else's by now (our
+        # lease expired and the leader gave the bundle away), deleting it would drop a
+        # live owner.
+        done = await self._store.transaction([Compare(owner_key, version)], [Delete(owner_key)])
+        if done is None:
+            log.warning("bundle owner key changed before the release finished: bundle=%s", bkey)
 
     async def release_all(self, choose_destination: Callable[[str], str | None]) -> None:
         """Hands every bundle over (graceful shutdown); each to the broker chosen."""
@@ -469,9 +628,7 @@ class OwnershipManager:
                 self.fenced = True
                 log.error("lease not confirmed for %.1fs, stopping to serve every bundle: broker_id=%s",
                           time.monotonic() - lease.refreshed_at, self.identity.broker_id)
-                for bkey in list(self._serving):
-                    namespace, _, bundle_name = bkey.rpartition("/")
-                    await self._stop_serving(namespace, bundle_name, "lease not confirmed")
+                await self._stop_serving_all("lease not confirmed")
             if self.fenced and lease.is_lost:
                 await self._renew_lease()
             elif self.fenced and not stale:

@@ -12,22 +12,14 @@
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterable
 
 from ledger.errors import MalformedFrame
+from metadata import json_record
 
-
-def _decode(cls, data: bytes, what: str):
-    try:
-        doc = json.loads(data)
-        return cls(**{name: doc[name] for name in cls.__dataclass_fields__ if name in doc})
-    except (ValueError, TypeError, KeyError) as error:
-        raise MalformedFrame(f"bad {what}: {error}") from None
-
-
-def _encode(record) -> bytes:
-    return json.dumps(asdict(record), sort_keys=True).encode()
+if TYPE_CHECKING:
+    from metadata.store import Record
 
 
 @dataclass(frozen=True)
@@ -35,11 +27,11 @@ class BundlesRecord:
     boundaries: list[int]
 
     def encode(self) -> bytes:
-        return _encode(self)
+        return json_record.encode(self)
 
     @classmethod
     def decode(cls, data: bytes) -> "BundlesRecord":
-        return _decode(cls, data, "bundles record")
+        return json_record.decode(cls, data, "bundles record")
 
 
 OWNED = "owned"
@@ -56,11 +48,11 @@ class OwnerRecord:
     acquired_ms: int = 0
 
     def encode(self) -> bytes:
-        return _encode(self)
+        return json_record.encode(self)
 
     @classmethod
     def decode(cls, data: bytes) -> "OwnerRecord":
-        return _decode(cls, data, "bundle owner record")
+        return json_record.decode(cls, data, "bundle owner record")
 
 
 @dataclass(frozen=True)
@@ -71,11 +63,11 @@ class AssignmentRecord:
     decided_ms: int = 0
 
     def encode(self) -> bytes:
-        return _encode(self)
+        return json_record.encode(self)
 
     @classmethod
     def decode(cls, data: bytes) -> "AssignmentRecord":
-        return _decode(cls, data, "bundle assignment")
+        return json_record.decode(cls, data, "bundle assignment")
 
 
 @dataclass(frozen=True)
@@ -85,11 +77,11 @@ class TransferRecord:
     decided_ms: int = 0
 
     def encode(self) -> bytes:
-        return _encode(self)
+        return json_record.encode(self)
 
     @classmethod
     def decode(cls, data: bytes) -> "TransferRecord":
-        return _decode(cls, data, "bundle transfer")
+        return json_record.decode(cls, data, "bundle transfer")
 
 
 @dataclass(frozen=True)
@@ -108,11 +100,11 @@ class LoadReport:
     started_ms: int = 0
 
     def encode(self) -> bytes:
-        return _encode(self)
+        return json_record.encode(self)
 
     @classmethod
     def decode(cls, data: bytes) -> "LoadReport":
-        return _decode(cls, data, "load report")
+        return json_record.decode(cls, data, "load report")
 
 
 @dataclass(frozen=True)
@@ -123,8 +115,21 @@ class LeaderRecord:
     elected_ms: int = 0
 
     def encode(self) -> bytes:
-        return _encode(self)
+        return json_record.encode(self)
 
     @classmethod
     def decode(cls, data: bytes) -> "LeaderRecord":
-        return _decode(cls, data, "leader record")
+        return json_record.decode(cls, data, "leader record")
+
+
+def decode_reports(records: Iterable["Record"]) -> dict[str, LoadReport]:
+    """broker id -> load report, from ``/brokers/...`` records (bad ones skipped: one
+    broker's unreadable report must not stop decisions about the others)."""
+    reports = {}
+    for record in records:
+        try:
+            report = LoadReport.decode(record.value)
+        except MalformedFrame:
+            continue
+        reports[report.broker_id] = report
+    return reports

@@ -35,6 +35,8 @@ from ledger.errors import (
 
 log = logging.getLogger(__name__)
 
+# The trailing metadata key under which a bookie sends the Magnetar error code of a
+# failed call; defined here, on the side that decodes it, and used by bookie/server.py.
 ERROR_CODE_METADATA_KEY = "magnetar-error-code"
 
 

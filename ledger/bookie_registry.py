@@ -1,17 +1,26 @@
-"""The client's view of registered bookies: a listing of ``/bookies/`` kept current by a
-watch started at the listing's revision (so no change is missed or applied twice).
-Placement reads it to choose ensembles; the bookie client pool resolves addresses."""
+"""The client's view of registered bookies: the records under ``/bookies/``, mirrored by
+a ``PrefixCache`` (listing, then a watch from the listing's revision, reloading after a
+broken watch) and decoded once per change. Placement reads it to choose ensembles; the
+bookie client pool resolves addresses.
+
+``refresh`` replaces the mirror with one started from a fresh listing when the listing
+differs from the mirror (used when too few bookies are known, in case the watch lags
+a bookie that registered a moment ago).
+Each mirror writes only its own table, and the registry switches tables only once the
+new mirror has its listing, so a reader sees one consistent table at any moment and a
+late event of the old mirror never lands in the new table.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 
-from ledger.errors import MagnetarError, MalformedFrame
-from magnetar.tasks import cancel_and_wait
+from ledger.errors import MalformedFrame
 from metadata import keys
 from metadata.bookie_record import BookieRecord
-from metadata.store import MetadataStore, Watch
+from metadata.prefix_cache import PrefixCache
+from metadata.store import MetadataStore, Record
 
 log = logging.getLogger(__name__)
 
@@ -19,62 +28,59 @@ log = logging.getLogger(__name__)
 class BookieRegistry:
     def __init__(self, store: MetadataStore) -> None:
         self._store = store
+        # bookie_id (the key under /bookies/) -> its record, as the current mirror has it.
         self._bookies: dict[str, BookieRecord] = {}
-        self._watch: Watch | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._cache: PrefixCache | None = None
+        # Serialises start, refresh and close (each swaps or stops the mirror).
+        self._lock = asyncio.Lock()
+        self._closed = False
         self.changed = asyncio.Event()
 
     async def start(self) -> None:
-        revision = await self._reload()
-        self._task = asyncio.get_running_loop().create_task(self._follow(revision))
-
-    async def _reload(self) -> int:
-        records, revision = await self._store.get_prefix_at(keys.BOOKIES)
-        bookies: dict[str, BookieRecord] = {}
-        for record in records:
-            try:
-                bookie = BookieRecord.decode(record.value)
-            except MalformedFrame as error:
-                log.warning("ignoring bad bookie record: key=%s error=%s", record.key, error)
-                continue
-            bookies[bookie.bookie_id] = bookie
-        self._bookies = bookies
-        self.changed.set()
-        return revision
-
-    async def _follow(self, revision: int) -> None:
-        while True:
-            self._watch = self._store.watch_prefix(keys.BOOKIES, start_version=revision)
-            try:
-                async for event in self._watch:
-                    if event.kind == "reset":
-                        revision = await self._reload()
-                        break
-                    bookie_id = event.key[len(keys.BOOKIES):]
-                    if event.kind == "delete":
-                        self._bookies.pop(bookie_id, None)
-                    else:
-                        try:
-                            self._bookies[bookie_id] = BookieRecord.decode(event.value)
-                        except MalformedFrame:
-                            continue
-                    revision = event.version
-                    self.changed.set()
-                else:
-                    return
-            except MagnetarError as error:
-                log.warning("bookie registry watch failed, reloading: error=%s", error)
-                await asyncio.sleep(1.0)
-                try:
-                    revision = await self._reload()
-                except MagnetarError:
-                    continue
-            finally:
-                await self._watch.close()
+        async with self._lock:
+            assert self._cache is None, "started twice"
+            await self._mirror_again()
 
     async def refresh(self) -> None:
-        """Re-reads the listing now (used before choosing an ensemble at start-up)."""
-        await self._reload()
+        """Re-reads the listing now (used before choosing an ensemble at start-up). If
+        the mirror already agrees with it, the mirror is kept (a client short of
+        bookies may call this for every ledger it tries to create)."""
+        async with self._lock:
+            cache = self._cache
+            if cache is not None:
+                listed = {record.key: record.version for record in await self._store.get_prefix(keys.BOOKIES, keys_only=True)}
+                mirrored = {key: record.version for key, record in cache.records.items()}
+                if listed == mirrored:
+                    return
+            await self._mirror_again()
+
+    async def _mirror_again(self) -> None:
+        """Starts a mirror from a fresh listing, then switches to its table and stops
+        the previous mirror. Raises (keeping the previous mirror) if listing fails."""
+        if self._closed:
+            return
+        bookies: dict[str, BookieRecord] = {}
+        cache = PrefixCache(self._store, keys.BOOKIES,
+                            lambda key, _old, new: self._on_change(bookies, key, new))
+        await cache.start()
+        previous, self._cache, self._bookies = self._cache, cache, bookies
+        self.changed.set()
+        if previous is not None:
+            await previous.close()
+
+    def _on_change(self, bookies: dict[str, BookieRecord], key: str, new: Record | None) -> None:
+        bookie_id = key[len(keys.BOOKIES):]
+        if new is None:
+            bookies.pop(bookie_id, None)
+        else:
+            try:
+                bookies[bookie_id] = BookieRecord.decode(new.value)
+            except MalformedFrame as error:
+                # Not a usable registration: the bookie is treated as unregistered.
+                log.warning("ignoring bad bookie record: key=%s error=%s", key, error)
+                bookies.pop(bookie_id, None)
+        if bookies is self._bookies:
+            self.changed.set()
 
     def all(self) -> list[BookieRecord]:
         return list(self._bookies.values())
@@ -90,6 +96,8 @@ class BookieRegistry:
         return record.address if record is not None else bookie_id
 
     async def close(self) -> None:
-        await cancel_and_wait(self._task)
-        if self._watch is not None:
-            await self._watch.close()
+        async with self._lock:
+            self._closed = True
+            cache, self._cache = self._cache, None
+        if cache is not None:
+            await cache.close()

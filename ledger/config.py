@@ -6,7 +6,14 @@ from dataclasses import dataclass
 
 from ledger.errors import ConfigError
 
-MIB = 1024 * 1024
+KIB = 1024
+MIB = 1024 * KIB
+
+# The largest encoded entry (header included) a bookie accepts, by default. Pulsar's
+# default maximum message is 5 MiB and a producer batch is one entry; the margin covers
+# the entry header and the broker's metadata. Bookies (bookie/config.py) use the same
+# default; a client must not submit what its bookies refuse.
+ENTRY_BYTES_MAX_DEFAULT = 5 * MIB + 64 * KIB
 
 
 @dataclass(frozen=True)
@@ -31,6 +38,9 @@ class LedgerClientConfig:
     # Compare-and-swap retries on ledger metadata before giving up.
     metadata_attempts_max: int = 16
     grpc_message_bytes_max: int = 64 * MIB
+    # The largest encoded entry (payload + header) a write handle submits; set it to
+    # the bookies' entry_bytes_max (a larger entry fails with EntryTooLarge at once).
+    entry_bytes_max: int = ENTRY_BYTES_MAX_DEFAULT
 
     def __post_init__(self) -> None:
         for name in ("add_timeout_s", "read_timeout_s", "control_timeout_s"):
@@ -48,3 +58,5 @@ class LedgerClientConfig:
             raise ConfigError("pending_adds_max must be >= 1 and pending_bytes_max >= 1 MiB")
         if not 1 <= self.metadata_attempts_max <= 1000:
             raise ConfigError("metadata_attempts_max must be in [1, 1000]")
+        if not 4 * KIB <= self.entry_bytes_max <= self.grpc_message_bytes_max // 2:
+            raise ConfigError("entry_bytes_max must be in [4 KiB, grpc_message_bytes_max / 2]")

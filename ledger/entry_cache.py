@@ -1,7 +1,7 @@
 """A byte-bounded LRU of ledger entries keyed by (ledger_id, entry_id). Pure.
 
-Two users: the bookie's read cache (entries recently flushed or read from disk, so
-readers just behind the tail do not hit the disk) and the broker's entry cache
+Two users: the bookie's read cache (entries recently read from disk, so readers that
+read them again do not hit the disk) and the broker's entry cache
 (entries just appended, so tailing consumers and every subscription of a topic are
 served from memory). Ledger ids are unique cluster-wide, so one cache serves all
 ledgers of a process."""
@@ -44,9 +44,17 @@ class EntryCache:
         return entry
 
     def delete_ledger(self, ledger_id: int) -> None:
-        doomed = [key for key in self._entries if key[0] == ledger_id]
+        self.delete_ledgers({ledger_id})
+
+    def delete_ledgers(self, ledger_ids: set[int] | frozenset[int]) -> None:
+        """Drops every entry of the given ledgers in one pass over the cache (a pass
+        per ledger would cost ledgers x cached entries when many go at once)."""
+        if not ledger_ids or not self._entries:
+            return
+        doomed = [key for key in self._entries if key[0] in ledger_ids]
         for key in doomed:
             self.size_bytes -= len(self._entries.pop(key))
+        assert self.size_bytes >= 0, self.size_bytes
 
     def __len__(self) -> int:
         return len(self._entries)

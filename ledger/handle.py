@@ -16,6 +16,11 @@ Theory of operation:
 - LedgerFenced from any bookie, or a metadata compare-and-swap that finds the ledger
   IN_RECOVERY or CLOSED, means another client recovered the ledger: every pending
   and later add fails with LedgerFenced. This writer must stop.
+- An error that says the entry itself is invalid (EntryTooLarge, InvalidArgument,
+  MalformedFrame) would be given by every bookie, so replacing bookies cannot help:
+  the handle fails with that error. ``submit`` refuses entries over the client's
+  ``entry_bytes_max`` before they get an entry id, so this only happens when the
+  client's limit is above its bookies'.
 - ``close`` waits for pending adds, then records state CLOSED and the last entry id.
 """
 
@@ -30,12 +35,14 @@ from ledger.context import LedgerContext
 from ledger.entry import ENTRY_HEADER_SIZE, encode_entry
 from ledger.errors import (
     BookieReadOnly,
+    EntryTooLarge,
     InvalidArgument,
     LedgerClosed,
     LedgerError,
     LedgerFenced,
     LedgerMetadataConflict,
     MagnetarError,
+    MalformedFrame,
     MetadataError,
     NotEnoughBookies,
 )
@@ -51,6 +58,9 @@ log = logging.getLogger(__name__)
 # handle fails; long enough for a stream to reconnect, short enough that a bookie
 # that is really gone fails the writer (which then rolls to a new ledger).
 _SAME_BOOKIE_ATTEMPTS_MAX = 30
+
+# Errors a bookie gives for the entry itself, which every other bookie would give too.
+_ENTRY_REJECTED_ERRORS = (EntryTooLarge, InvalidArgument, MalformedFrame)
 
 
 class _HandleState(enum.Enum):
@@ -139,8 +149,10 @@ class WriteHandle:
             raise self._failure
         if self._state != _HandleState.OPEN:
             raise LedgerClosed(self.ledger_id)
-        if len(payload) + ENTRY_HEADER_SIZE > self._context.config.grpc_message_bytes_max // 2:
-            raise InvalidArgument(f"entry of {len(payload)} bytes is too large")
+        entry_bytes_max = self._context.config.entry_bytes_max
+        if len(payload) + ENTRY_HEADER_SIZE > entry_bytes_max:
+            # Before the entry gets an id: the handle stays usable for smaller entries.
+            raise EntryTooLarge(len(payload), entry_bytes_max - ENTRY_HEADER_SIZE)
         entry_id = self._next_entry_id
         self._next_entry_id += 1
         self._submitted_bytes += len(payload)
@@ -187,6 +199,12 @@ class WriteHandle:
             return
         if isinstance(error, LedgerFenced):
             self._fail(LedgerFenced(self.ledger_id))
+            return
+        if isinstance(error, _ENTRY_REJECTED_ERRORS):
+            # Not the bookie's fault: another bookie would refuse the entry as well.
+            log.info("bookie refused an entry as invalid, failing the handle: ledger_id=%d bookie_id=%s "
+                     "entry_id=%d error=%s", self.ledger_id, bookie_id, entry_id, error)
+            self._fail(error)
             return
         if not isinstance(error, MagnetarError):
             error = LedgerError(f"add to {bookie_id} failed: {error!r}")
@@ -264,10 +282,9 @@ class WriteHandle:
             held, self._held = self._held, []
             for pending in held:
                 self._send(pending, self._tracker.write_set(pending.entry_id))
-        except NotEnoughBookies as error:
+        except (MetadataError, LedgerError) as error:
+            # NotEnoughBookies, LedgerFenced and LedgerMetadataConflict are LedgerErrors.
             self._fail(error)
-        except (LedgerFenced, MetadataError, LedgerError) as error:
-            self._fail(error if isinstance(error, MagnetarError) else LedgerError(str(error)))
         finally:
             self._change_task = None
             self._change_start = None

@@ -55,6 +55,11 @@ def etcd_command(data_dir: str, client_port: int, peer_port: int, name: str = "m
     ]
 
 
+def etcd_is_healthy(body: bytes) -> bool:
+    """Whether a body from etcd's /health says healthy (``{"health":"true",...}``)."""
+    return b'"health":"true"' in body.replace(b" ", b"")
+
+
 def wait_for_etcd(client_port: int, timeout_s: float = 30.0, process: subprocess.Popen | None = None) -> None:
     """Polls /health until etcd reports healthy."""
     deadline = time.monotonic() + timeout_s
@@ -65,7 +70,7 @@ def wait_for_etcd(client_port: int, timeout_s: float = 30.0, process: subprocess
             raise RuntimeError(f"etcd exited with code {process.returncode}")
         try:
             with urllib.request.urlopen(url, timeout=1.0) as response:
-                if b'"health":"true"' in response.read().replace(b" ", b""):
+                if etcd_is_healthy(response.read()):
                     return
         except (urllib.error.URLError, OSError) as error:
             last_error = str(error)

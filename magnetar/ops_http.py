@@ -36,8 +36,8 @@ async def start_ops_server(app: web.Application, host: str, port: int) -> tuple[
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    server = site._server  # aiohttp exposes the bound sockets only here
-    bound_port = port
-    if server is not None and server.sockets:
-        bound_port = server.sockets[0].getsockname()[1]
+    # The runner's one site listens on (host, port), port 0 included: ask what it bound.
+    assert runner.addresses, "the ops site started but listens nowhere"
+    bound_port = runner.addresses[0][1]
+    assert port in (0, bound_port), (port, bound_port)
     return runner, bound_port

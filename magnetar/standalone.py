@@ -23,16 +23,20 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
+import urllib.error
 import urllib.request
 
-from magnetar.etcd_server import etcd_command, wait_for_etcd
+from magnetar.etcd_server import etcd_command, etcd_is_healthy
 from magnetar.tasks import stop_on_signals
 
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 60.0
+# One readiness probe; a child that answers at all answers a local GET well within it.
+PROBE_TIMEOUT_S = 1.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,27 +75,56 @@ class Standalone:
         log.info("started: process=%s pid=%d log=%s", name, process.pid, log_path)
         return process
 
-    async def _wait_http_ok(self, name: str, url: str, process: asyncio.subprocess.Process) -> None:
+    async def _wait_http_ok(self, name: str, url: str, process: asyncio.subprocess.Process,
+                            healthy=lambda body: True) -> None:
+        """Polls ``url`` until it answers 200 (and ``healthy(body)``), watching the child:
+        one that exits fails the start at once, with its exit code, not after the timeout."""
+        def probe() -> bytes | None:
+            try:
+                with urllib.request.urlopen(url, timeout=PROBE_TIMEOUT_S) as response:
+                    return response.read() if response.status == 200 else None
+            except (urllib.error.URLError, OSError):   # not listening yet, or 503 while starting
+                return None
+
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
             if process.returncode is not None:
-                raise RuntimeError(f"{name} exited with code {process.returncode}; see its log")
-            try:
-                status = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=1.0).status)
-                if status == 200:
-                    return
-            except OSError:
-                pass
+                raise RuntimeError(f"{name} exited with code {process.returncode}; see {name}.log")
+            body = await asyncio.to_thread(probe)
+            if body is not None and healthy(body):
+                if process.returncode is not None:   # it answered, but it is gone: not ours
+                    raise RuntimeError(f"{name} exited with code {process.returncode}; see {name}.log")
+                return
             await asyncio.sleep(0.2)
         raise RuntimeError(f"{name} not ready after {READY_TIMEOUT_S}s ({url})")
 
+    def _ports(self) -> list[tuple[str, int]]:
+        args = self.args
+        ports = [("etcd", args.etcd_port), ("etcd peer", args.etcd_peer_port)]
+        for n in range(args.bookies):
+            ports += [(f"bookie-{n}", args.bookie_port_base + n), (f"bookie-{n} http", args.bookie_http_port_base + n)]
+        for n in range(args.brokers):
+            ports += [(f"broker-{n}", args.broker_port + n), (f"broker-{n} http", args.broker_http_port + n)]
+        return ports
+
+    def _check_ports_free(self) -> None:
+        """Something already listening on one of our ports would answer our readiness
+        probes in our child's place (a stray etcd on 2379 would be used silently, and
+        our own etcd would die): refuse to start, naming the port."""
+        for name, port in self._ports():
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.settimeout(PROBE_TIMEOUT_S)
+                if sock.connect_ex(("127.0.0.1", port)) == 0:
+                    raise RuntimeError(f"port {port} ({name}) is already in use on 127.0.0.1: another "
+                                       f"standalone or etcd running? Stop it or choose other ports")
+
     async def start(self) -> None:
         os.makedirs(self.data_dir, exist_ok=True)
+        self._check_ports_free()
         etcd = await self._spawn("etcd", etcd_command(os.path.join(self.data_dir, "etcd"), self.args.etcd_port,
                                                      self.args.etcd_peer_port))
-        await asyncio.to_thread(wait_for_etcd, self.args.etcd_port, READY_TIMEOUT_S)
-        if etcd.returncode is not None:
-            raise RuntimeError("etcd exited during start-up; see etcd.log")
+        await self._wait_http_ok("etcd", f"http://127.0.0.1:{self.args.etcd_port}/health", etcd,
+                                 healthy=etcd_is_healthy)
         bookies = []
         for n in range(self.args.bookies):
             directory = os.path.join(self.data_dir, f"bookie-{n}")

@@ -3,10 +3,9 @@ cookie under ``/cookies/<bookie_id>`` (not leased). JSON, so operators can read 
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
-from ledger.errors import MalformedFrame
+from metadata import json_record
 
 
 @dataclass(frozen=True)
@@ -22,15 +21,11 @@ class BookieRecord:
     started_at_ms: int
 
     def encode(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True).encode()
+        return json_record.encode(self)
 
     @classmethod
     def decode(cls, data: bytes) -> "BookieRecord":
-        try:
-            fields = json.loads(data)
-            return cls(**{name: fields[name] for name in cls.__dataclass_fields__})
-        except (ValueError, KeyError, TypeError) as error:
-            raise MalformedFrame(f"bad bookie record: {error}") from None
+        return json_record.decode(cls, data, "bookie record")
 
 
 @dataclass(frozen=True)
@@ -45,13 +40,8 @@ class Cookie:
     ledger_dirs: list[str]
 
     def encode(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True).encode()
+        return json_record.encode(self)
 
     @classmethod
     def decode(cls, data: bytes) -> "Cookie":
-        try:
-            fields = json.loads(data)
-            return cls(fields["bookie_id"], fields["instance_id"], fields["journal_dir"],
-                       list(fields["ledger_dirs"]))
-        except (ValueError, KeyError, TypeError) as error:
-            raise MalformedFrame(f"bad cookie: {error}") from None
+        return json_record.decode(cls, data, "cookie")

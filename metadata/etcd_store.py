@@ -1,15 +1,26 @@
 """The metadata store on a real etcd, through its v3 gRPC API (the ``aetcd`` client).
 
 Theory of operation:
-- One ``aetcd.Client`` per store. Every call is bounded by ``call_timeout_s``; gRPC
-  errors become ``MetadataUnavailable`` (retriable), so callers never see aetcd's types.
+- One ``aetcd.Client`` per store. Every call is bounded by ``call_timeout_s``; callers
+  never see aetcd's or gRPC's types. Errors that say the endpoint did not answer
+  (unavailable, timeout, a torn stream) become ``MetadataUnavailable`` (retriable);
+  errors that say etcd refused the request itself (too large, bad argument, no
+  permission) become non-retriable errors, and a lease etcd does not know becomes
+  ``MetadataLeaseExpired`` (``_ERRORS_BY_CODE``).
 - With several endpoints the store talks to one; when a call finds it unavailable the
-  next call goes to the next endpoint (etcd forwards writes to the leader itself).
+  next call goes to the next endpoint (etcd forwards writes to the leader itself). Only
+  the client that failed is replaced: calls still in flight on an old client that fail
+  later must not close the fresh one.
 - Transactions go straight to the KV stub so that the response header's revision
   (the new version of every key written) reaches the caller.
-- Each lease has a keep-alive task refreshing it every ttl/3. When refreshes have
-  failed for longer than the TTL, or etcd says the lease is unknown, the lease is
-  lost: its ``lost`` event is set and the task ends. Owners watch that event.
+- Each lease has a keep-alive task refreshing it every ttl/3; after a failed refresh
+  it retries after a short backoff instead of a whole interval, and each refresh is
+  bounded by ttl/5, so one slow or failed call does not use up the margin before the
+  owners fence themselves. ``refreshed_at`` is the time the refresh was *sent*: etcd
+  restarted the TTL at some point after that, so the owners' reckoning errs early,
+  never late. When refreshes have failed for longer than the TTL, or etcd says the
+  lease is unknown, the lease is lost: its ``lost`` event is set and the task ends.
+  Owners watch that event.
 - A watch re-establishes itself after a broken stream from the revision after the
   last event it delivered, so no event is missed across an etcd restart; if that
   history was compacted it yields a ``reset`` event instead. A watch gives up (and
@@ -30,11 +41,58 @@ import aetcd.exceptions
 import aetcd.rpc as etcd_rpc
 import aetcd.utils
 
-from ledger.errors import ConfigError, MetadataUnavailable
+from ledger.errors import ConfigError, InvalidArgument, MagnetarError, MetadataLeaseExpired, MetadataUnavailable
 from magnetar.tasks import cancel_and_wait
 from metadata.store import Compare, Delete, Lease, MetadataStore, Put, Record, Watch, WatchEvent
 
 log = logging.getLogger(__name__)
+
+
+# What a gRPC status from etcd means: (the error callers get, whether the endpoint is
+# to blame and the next call should try another). Transport failures and a server in
+# trouble (restarting, electing a leader, a stream reset) are retriable elsewhere; a
+# refused request (too large, a duplicate key in one transaction, bad auth) fails the
+# same way everywhere, so it is not retriable and keeps the endpoint. Codes not listed
+# count as transport failures: retrying a refused request wastes a call, treating a
+# transport failure as final would fail an operation that could have succeeded.
+_StatusCode = etcd_rpc.StatusCode
+_ERRORS_BY_CODE: dict[object, tuple[type[MagnetarError], bool]] = {
+    _StatusCode.UNAVAILABLE: (MetadataUnavailable, True),
+    _StatusCode.DEADLINE_EXCEEDED: (MetadataUnavailable, True),
+    _StatusCode.CANCELLED: (MetadataUnavailable, True),         # the channel was closed under the call
+    _StatusCode.UNKNOWN: (MetadataUnavailable, True),           # e.g. "Stream removed"
+    _StatusCode.INTERNAL: (MetadataUnavailable, True),          # e.g. a reset HTTP/2 stream
+    _StatusCode.RESOURCE_EXHAUSTED: (MetadataUnavailable, False),   # etcd's "too many requests"
+    _StatusCode.NOT_FOUND: (MetadataLeaseExpired, False),       # etcd's "requested lease not found"
+    _StatusCode.INVALID_ARGUMENT: (InvalidArgument, False),     # too large, duplicate key, ...
+    _StatusCode.OUT_OF_RANGE: (InvalidArgument, False),         # e.g. a lease TTL too large
+    _StatusCode.FAILED_PRECONDITION: (InvalidArgument, False),
+    _StatusCode.ALREADY_EXISTS: (InvalidArgument, False),
+    _StatusCode.UNIMPLEMENTED: (InvalidArgument, False),
+    _StatusCode.PERMISSION_DENIED: (ConfigError, False),        # the operator's credentials
+    _StatusCode.UNAUTHENTICATED: (ConfigError, False),
+}
+
+# The first retry after a failed lease refresh comes this soon, doubling up to the
+# refresh interval: a single lost reply should cost a fraction of a second, not ttl/3.
+_LEASE_RETRY_S_MIN = 0.1
+# A lease refresh is bounded by ttl/5 (one slow call must leave time for retries before
+# the owners fence themselves at ``fence_fraction`` of the TTL), but never below this:
+# etcd answers in milliseconds, and a bound shorter than a scheduling hiccup would fail
+# refreshes that were fine.
+_LEASE_REFRESH_TIMEOUT_S_MIN = 0.2
+
+
+def _translate(error: BaseException) -> tuple[MagnetarError, bool]:
+    """An aetcd / gRPC / timeout error as (our error, whether the endpoint is to blame)."""
+    if isinstance(error, TimeoutError):
+        return MetadataUnavailable(f"etcd call timed out: {error}"), True
+    cause = error if isinstance(error, etcd_rpc.AioRpcError) else error.__cause__
+    if isinstance(cause, etcd_rpc.AioRpcError):
+        error_class, endpoint_failed = _ERRORS_BY_CODE.get(cause.code(), (MetadataUnavailable, True))
+        return error_class(f"etcd call failed: {cause.code().name}: {cause.details()}"), endpoint_failed
+    # aetcd's own connection errors (and any it raises without a gRPC status).
+    return MetadataUnavailable(f"etcd call failed: {type(error).__name__}: {error}"), True
 
 
 @dataclass(frozen=True)
@@ -88,11 +146,16 @@ class _EtcdWatch(Watch):
     async def _open(self):
         client = await self._store._client_now()
         key = self._store._full(self._prefix).encode()
-        return await client.watch(
-            key,
-            range_end=aetcd.utils.prefix_range_end(key),
-            start_revision=self._next_revision or None,
-        )
+        try:
+            return await client.watch(
+                key,
+                range_end=aetcd.utils.prefix_range_end(key),
+                start_revision=self._next_revision or None,
+            )
+        except (aetcd.exceptions.ClientError, asyncio.TimeoutError) as error:
+            if not isinstance(error, aetcd.exceptions.RevisionCompactedError):
+                self._store._rotate_endpoint(client)
+            raise
 
     async def _events(self) -> AsyncIterator[WatchEvent]:
         deadline: float | None = None
@@ -108,7 +171,6 @@ class _EtcdWatch(Watch):
                 deadline = deadline or time.monotonic() + self._store.config.watch_reconnect_s_max
                 if time.monotonic() > deadline:
                     raise MetadataUnavailable(f"watch on {self._prefix} lost etcd: {error}")
-                self._store._rotate_endpoint()
                 await asyncio.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, 2.0)
                 continue
@@ -179,13 +241,17 @@ class EtcdStore(MetadataStore):
             )
         return self._client
 
-    def _rotate_endpoint(self) -> None:
-        if len(self.config.endpoints) <= 1:
+    def _rotate_endpoint(self, failed: aetcd.Client) -> None:
+        """Moves to the next endpoint after ``failed`` did not answer, unless that
+        happened already: calls in flight on an old client fail one after another,
+        and only the first may close a client (its own). The old client is closed in
+        the background; calls still running on it fail and are retried by their
+        callers."""
+        if len(self.config.endpoints) <= 1 or self._client is not failed:
             return
         self._endpoint_index = (self._endpoint_index + 1) % len(self.config.endpoints)
-        client, self._client = self._client, None
-        if client is not None:
-            asyncio.get_running_loop().create_task(client.close())
+        self._client = None
+        asyncio.get_running_loop().create_task(failed.close())
 
     def _full(self, key: str) -> str:
         assert key.startswith("/"), key
@@ -195,14 +261,16 @@ class EtcdStore(MetadataStore):
         assert full_key.startswith(self.config.root), (full_key, self.config.root)
         return full_key[len(self.config.root):]
 
-    async def _call(self, coroutine_factory):
+    async def _call(self, coroutine_factory, *, timeout_s: float | None = None):
         client = await self._client_now()
         try:
-            async with asyncio.timeout(self.config.call_timeout_s):
+            async with asyncio.timeout(timeout_s or self.config.call_timeout_s):
                 return await coroutine_factory(client)
         except (aetcd.exceptions.ClientError, etcd_rpc.AioRpcError, TimeoutError) as error:
-            self._rotate_endpoint()
-            raise MetadataUnavailable(f"etcd call failed: {type(error).__name__}: {error}") from None
+            translated, endpoint_failed = _translate(error)
+            if endpoint_failed:
+                self._rotate_endpoint(client)
+            raise translated from None
 
     # --- key/value ----------------------------------------------------------------------
 
@@ -298,8 +366,9 @@ class EtcdStore(MetadataStore):
     # --- leases --------------------------------------------------------------------------
 
     async def grant_lease(self, ttl_s: int) -> Lease:
+        asked_at = time.monotonic()   # etcd starts the TTL after this, so it is a safe origin
         granted = await self._call(lambda c: c.lease(ttl_s))
-        lease = Lease(lease_id=granted.id, ttl_s=ttl_s)
+        lease = Lease(lease_id=granted.id, ttl_s=ttl_s, refreshed_at=asked_at)
         task = asyncio.get_running_loop().create_task(self._keep_alive(lease))
         self._keepalive_tasks[lease.lease_id] = task
         task.add_done_callback(lambda _t, lease_id=lease.lease_id: self._keepalive_tasks.pop(lease_id, None))
@@ -308,35 +377,48 @@ class EtcdStore(MetadataStore):
     async def _keep_alive(self, lease: Lease) -> None:
         # Refresh at a third of the TTL so that two refreshes may fail before expiry.
         interval_s = max(lease.ttl_s / 3.0, 0.2)
-        last_success = time.monotonic()
+        refresh_timeout_s = min(self.config.call_timeout_s, max(lease.ttl_s / 5.0, _LEASE_REFRESH_TIMEOUT_S_MIN))
+        last_success = lease.refreshed_at
+        delay_s = interval_s
+        failures = 0
         try:
             while not self._closed:
-                await asyncio.sleep(interval_s)
+                await asyncio.sleep(delay_s)
+                asked_at = time.monotonic()
                 try:
-                    reply = await self._call(lambda c: c.refresh_lease(lease.lease_id))
-                except MetadataUnavailable as error:
+                    reply = await self._call(lambda c: c.refresh_lease(lease.lease_id), timeout_s=refresh_timeout_s)
+                except MetadataLeaseExpired:
+                    log.warning("lease lost (unknown to etcd): lease_id=%x", lease.lease_id)
+                    return
+                except MagnetarError as error:
                     if time.monotonic() - last_success > lease.ttl_s:
                         log.warning("lease lost (etcd unreachable past its ttl): lease_id=%x error=%s",
                                     lease.lease_id, error)
                         return
+                    failures += 1
+                    delay_s = min(_LEASE_RETRY_S_MIN * 2 ** (failures - 1), interval_s)
+                    if failures == 1:
+                        log.warning("lease refresh failed, retrying: lease_id=%x error=%s", lease.lease_id, error)
                     continue
                 if reply is None or reply.TTL <= 0:
                     log.warning("lease lost (expired in etcd): lease_id=%x", lease.lease_id)
                     return
-                last_success = time.monotonic()
-                lease.refreshed_at = last_success
+                if failures:
+                    log.info("lease refreshed again: lease_id=%x failures=%d", lease.lease_id, failures)
+                failures = 0
+                delay_s = interval_s
+                last_success = asked_at
+                lease.refreshed_at = asked_at
         finally:
             lease.lost.set()
 
     async def revoke_lease(self, lease: Lease) -> None:
-        task = self._keepalive_tasks.pop(lease.lease_id, None)
-        if task is not None:
-            task.cancel()
+        await cancel_and_wait(self._keepalive_tasks.pop(lease.lease_id, None))
         lease.lost.set()
         try:
             await self._call(lambda c: c.revoke_lease(lease.lease_id))
-        except MetadataUnavailable:
-            # The lease will expire by itself within its TTL.
+        except (MetadataUnavailable, MetadataLeaseExpired):
+            # Unreachable: the lease will expire by itself within its TTL. Unknown: gone already.
             pass
 
     # --- watches ---------------------------------------------------------------------------

@@ -8,21 +8,10 @@ the field names of Pulsar's admin API so the REST layer passes them through.
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 
-from ledger.errors import InvalidArgument, MalformedFrame
-
-
-def _from_doc(cls, doc: object, what: str):
-    if not isinstance(doc, dict):
-        raise InvalidArgument(f"{what} must be a JSON object")
-    known = {f.name for f in fields(cls)}
-    values = {k: v for k, v in doc.items() if k in known}
-    try:
-        return cls(**values)
-    except TypeError as error:
-        raise InvalidArgument(f"bad {what}: {error}") from None
+from ledger.errors import InvalidArgument
+from metadata import json_record
 
 
 @dataclass
@@ -30,22 +19,20 @@ class TenantInfo:
     adminRoles: list[str] = field(default_factory=list)
     allowedClusters: list[str] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.adminRoles, list) or not isinstance(self.allowedClusters, list):
+            raise InvalidArgument("adminRoles and allowedClusters must be lists")
+
     def encode(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True).encode()
+        return json_record.encode(self)
 
     @classmethod
     def from_json(cls, doc: object) -> "TenantInfo":
-        info = _from_doc(cls, doc, "tenant info")
-        if not isinstance(info.adminRoles, list) or not isinstance(info.allowedClusters, list):
-            raise InvalidArgument("adminRoles and allowedClusters must be lists")
-        return info
+        return json_record.from_doc(cls, doc, "tenant info")
 
     @classmethod
     def decode(cls, data: bytes) -> "TenantInfo":
-        try:
-            return cls.from_json(json.loads(data))
-        except (ValueError, InvalidArgument) as error:
-            raise MalformedFrame(f"bad tenant record: {error}") from None
+        return json_record.decode(cls, data, "tenant record")
 
 
 @dataclass
@@ -79,22 +66,19 @@ class NamespacePolicies:
     subscription_expiration_time_minutes: int = 0
 
     def encode(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True).encode()
+        return json_record.encode(self)
 
     @classmethod
     def decode(cls, data: bytes) -> "NamespacePolicies":
-        try:
-            return _from_doc(cls, json.loads(data), "namespace policies")
-        except (ValueError, InvalidArgument) as error:
-            raise MalformedFrame(f"bad namespace policies: {error}") from None
+        return json_record.decode(cls, data, "namespace policies")
 
     def retention(self) -> RetentionPolicies:
-        return _from_doc(RetentionPolicies, self.retention_policies or {}, "retention policies")
+        return json_record.from_doc(RetentionPolicies, self.retention_policies or {}, "retention policies")
 
     def persistence_policies(self, default: PersistencePolicies) -> PersistencePolicies:
         if not self.persistence:
             return default
-        return _from_doc(PersistencePolicies, self.persistence, "persistence policies")
+        return json_record.from_doc(PersistencePolicies, self.persistence, "persistence policies")
 
     def allows_auto_topic_creation(self, broker_default: bool) -> bool:
         override = self.autoTopicCreationOverride

@@ -10,7 +10,16 @@ its acknowledgements.
 Persistence is through a ``CursorStore`` (see cursor_store.py). Changes are flushed on
 an interval (``flush_interval_s``) and on close, so acknowledgements made within one
 interval before a broker crash may be redelivered (documented and bounded); a clean
-unload or shutdown loses none.
+unload or shutdown loses none. To keep that promise:
+- a flush hands the store what changed and takes it back if the save does not finish,
+  whatever stopped it (a store error or a cancellation): the next save carries it.
+  Saving something twice is harmless (replay merges acknowledgements by OR);
+- close() cancels the interval flush only while it sleeps. A save in flight is waited
+  for, never cancelled: its outcome would be unknown.
+When the store says another broker owns the cursor now (``TopicFenced``: a lost
+compare-and-set of the etcd pointer, or the cursor ledger fenced by the new owner's
+recovery), the cursor stops saving for good and tells ``on_fenced``: the new owner's
+state must not be overwritten, and this broker's copy of the topic should close.
 
 Batch acknowledgements follow Pulsar's convention: an ``ack_set`` is the bitset of the
 batch's messages still *unacknowledged*; acknowledging with one ANDs it in, and the
@@ -25,7 +34,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from broker.position import Position
-from ledger.errors import MagnetarError
+from ledger.errors import MagnetarError, TopicFenced
+from magnetar.tasks import cancel_and_wait
 from subscriptions.ack_set import AckSet
 
 log = logging.getLogger(__name__)
@@ -83,7 +93,8 @@ def int_to_ack_set_words(value: int, batch_size: int) -> list[int]:
 
 class ManagedCursor:
     def __init__(self, name: str, ledger: PositionSource, state: CursorState, store: CursorStore | None,
-                 *, flush_interval_s: float = 1.0, durable: bool = True) -> None:
+                 *, flush_interval_s: float = 1.0, durable: bool = True,
+                 on_fenced: Callable[[MagnetarError], None] | None = None) -> None:
         self.name = name
         self._ledger = ledger
         self._state = state
@@ -96,13 +107,19 @@ class ManagedCursor:
         self._delta = AckSet()
         self._snapshot_needed = False
         self._flush_task: asyncio.Task[None] | None = None
+        # True while the flush task waits out its interval (it may be cancelled then);
+        # False once it is saving (it is waited for then, never cancelled mid-save).
+        self._flush_task_sleeping = False
         # Set by close(): no flush may be scheduled after it (the store is closed, and
         # the topic may be owned by another broker by then).
         self._closed = False
         self._flush_lock = asyncio.Lock()
         self.read_position = ledger.next_position(state.mark_delete)
-        self.on_change: Callable[[], None] | None = None
         self.flush_errors = 0
+        # Set when the store reports that another broker took this cursor over (TopicFenced):
+        # nothing is saved any more, and ``on_fenced`` (if given) is told once.
+        self.fenced_error: MagnetarError | None = None
+        self._on_fenced = on_fenced
 
     # --- state -------------------------------------------------------------------------
 
@@ -254,25 +271,29 @@ class ManagedCursor:
 
     def _mark_dirty(self) -> None:
         self._dirty = True
-        if self.on_change is not None:
-            self.on_change()
-        if self.durable and self._flush_task is None and not self._closed:
+        if self._flush_task is None:
+            self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if self.durable and not self._closed and self.fenced_error is None:
+            self._flush_task_sleeping = True
             self._flush_task = asyncio.get_running_loop().create_task(self._flush_later())
 
     async def _flush_later(self) -> None:
         try:
             await asyncio.sleep(self._flush_interval_s)
+            self._flush_task_sleeping = False
             await self.flush()
         finally:
             self._flush_task = None
-            if self._dirty and self.durable and not self._closed:
-                self._flush_task = asyncio.get_running_loop().create_task(self._flush_later())
+            if self._dirty:
+                self._schedule_flush()
 
     async def flush(self) -> None:
-        if not self.durable or self._store is None:
+        if not self.durable or self._store is None or self.fenced_error is not None:
             return
         async with self._flush_lock:
-            if not self._dirty:
+            if not self._dirty or self.fenced_error is not None:
                 return
             self._dirty = False
             delta, self._delta = self._delta, AckSet()
@@ -281,32 +302,66 @@ class ManagedCursor:
                 # The store encodes the state before its first await, so acknowledgements
                 # arriving meanwhile go to the next save (they are in the new delta).
                 await self._store.save(self._state, None if snapshot_needed else delta)
-            except MagnetarError as error:
+            except TopicFenced as error:
+                self._on_store_fenced(error)
+            except BaseException as error:
+                # Whatever stopped the save (a store error, or a cancellation while it
+                # was in flight), its changes go to the next one. The save may have
+                # landed anyway; saving the delta again is harmless, because replay
+                # merges acknowledgements by OR and the mark-delete only moves forward.
                 self._dirty = True
                 self._delta.update(delta)
                 self._snapshot_needed = self._snapshot_needed or snapshot_needed
+                if not isinstance(error, MagnetarError):
+                    raise
                 self.flush_errors += 1
                 log.warning("cursor flush failed: cursor=%s error=%s", self.name, error)
 
+    def _on_store_fenced(self, error: TopicFenced) -> None:
+        """Another broker owns the cursor now: stop saving for good (its state is the
+        new owner's to write), and tell the topic once."""
+        self.fenced_error = error
+        log.warning("cursor taken over by another broker, no longer saved: cursor=%s error=%s", self.name, error)
+        if self._on_fenced is not None:
+            self._on_fenced(error)
+
+    async def _stop_flush_task(self) -> None:
+        """Ends the interval flush task: cancelled while it sleeps, waited for while it
+        saves. A save cancelled half way leaves its outcome unknown (a cursor ledger
+        entry or etcd write may land later), so it is allowed to finish."""
+        task = self._flush_task
+        if task is None:
+            return
+        if self._flush_task_sleeping:
+            await cancel_and_wait(task)
+        else:
+            await asyncio.wait([task])   # not cancelled with the caller: the save finishes
+            if not task.cancelled() and task.exception() is not None:
+                raise task.exception()   # flush() handles store errors itself: this is a bug
+        self._flush_task = None
+
     async def close(self) -> None:
         self._closed = True
-        task, self._flush_task = self._flush_task, None
-        if task is not None:
-            task.cancel()
+        await self._stop_flush_task()
         await self.flush()
         if self._store is not None:
             await self._store.close()
 
     async def save_now(self) -> None:
-        """Persists the current state (a new subscription's starting position)."""
+        """Persists the current state (a new subscription's starting position); raises
+        TopicFenced if another broker owns the cursor."""
         self._dirty = True
         self._snapshot_needed = True
         await self.flush()
+        if self.fenced_error is not None:
+            raise self.fenced_error
 
     async def delete(self) -> None:
-        task, self._flush_task = self._flush_task, None
-        if task is not None:
-            task.cancel()
+        self._closed = True
+        await self._stop_flush_task()
         self.durable = False
         if self._store is not None:
-            await self._store.delete()
+            # After any save in flight: deleting first would let its write bring the
+            # pointer back.
+            async with self._flush_lock:
+                await self._store.delete()

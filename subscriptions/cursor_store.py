@@ -3,20 +3,30 @@ bookies holds the state itself (DESIGN.md, "Subscriptions").
 
 etcd record ``/cursors/<topic>/<subscription>`` (JSON):
     {"mark_delete": [ledger, entry], "cursor_ledger": id or -1, "snapshot_entry": id,
-     "inline": base64 CursorRecord or null}
+     "inline": base64 CursorRecord or null, "owner": broker id, "session": id}
 
-- A subscription that never acknowledged anything keeps its (tiny) state inline in
-  etcd and has no ledger.
-- The first save after that creates a cursor ledger, writes a snapshot as its first
-  entry and points etcd at it. Later saves append a delta (the entries acknowledged
-  since the previous save, plus the mark-delete position), or a fresh snapshot every
-  ``deltas_per_snapshot`` saves or after a reset. Only snapshots move the etcd pointer,
-  so etcd sees a write every ``deltas_per_snapshot`` flushes, not every flush.
-- When the ledger holds ``ledger_entries_max`` records it rolls over: a new ledger
-  starts with a snapshot, etcd points at it, the old ledger is deleted.
+- A new subscription's first save (its starting position: nothing acknowledged yet)
+  is inline in etcd, with no ledger. A subscription that never acknowledged anything
+  stays that way.
+- Every later save goes to the cursor ledger. The first creates it, writes a snapshot
+  as its first entry and points etcd at it. Later saves append a delta (the entries
+  acknowledged since the previous save, plus the mark-delete position), or a fresh
+  snapshot every ``deltas_per_snapshot`` saves or after a reset. Only snapshots move
+  the etcd pointer, so etcd sees a write every ``deltas_per_snapshot`` flushes, not
+  every flush. Deltas go only to the ledger etcd points at: a snapshot whose pointer
+  write failed is written again (to the same new ledger) before any delta follows it.
+- When the ledger holds ``ledger_entries_max`` records, or its handle failed, it rolls
+  over: a new ledger starts with a snapshot, etcd points at it, and the ledger etcd
+  pointed at before is deleted (whenever the pointer moves to another ledger).
 - A new owner (``load``) opens the cursor ledger with recovery — fencing the previous
   owner's writes — replays the last snapshot and the deltas after it, and starts a
   ledger of its own at its first save.
+- Every pointer write is a compare-and-set against the version this store last read
+  or wrote. Losing it means another broker wrote the pointer: the topic moved. The
+  store then raises ``TopicFenced`` (as it does when its cursor ledger was fenced by the
+  new owner's recovery) and the cursor stops saving. One write of ours whose reply was
+  lost (a timeout after etcd applied it) must not look like that: the pointer carries
+  this store's random ``session``, and a pointer found with our own session is ours.
 
 The ack state stays exact however many holes it has: nothing is ever dropped, the
 bitmaps of AckSet cost one bit per entry and compress well.
@@ -27,11 +37,12 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import uuid
 
 from ledger.client import LedgerClient
-from ledger.errors import MagnetarError, MalformedFrame, NoSuchLedger
+from ledger.errors import LedgerFenced, MagnetarError, MalformedFrame, MetadataVersionConflict, NoSuchLedger, TopicFenced
 from ledger.handle import WriteHandle
-from metadata.store import MetadataStore
+from metadata.store import Compare, Delete, MetadataStore
 from subscriptions.ack_set import AckSet
 from subscriptions.cursor import CursorState
 from subscriptions.cursor_record import (
@@ -59,8 +70,11 @@ class LedgerCursorStore:
         self._client = ledger_client
         self._quorums = quorums
         self._owner = owner
+        # Written into every pointer: tells our own writes from another broker's.
+        self._session = uuid.uuid4().hex
         self._handle: WriteHandle | None = None
         self._ledger_id = -1          # the ledger etcd points at (ours or a previous owner's)
+        self._version = 0             # the pointer's version as last read or written (0: absent)
         self._snapshot_entry = -1
         self._deltas_since_snapshot = 0
         self.saves = 0
@@ -80,6 +94,7 @@ class LedgerCursorStore:
         except (ValueError, TypeError, AttributeError) as error:
             raise MalformedFrame(f"bad cursor pointer {self._key}: {error}") from None
         self._ledger_id = ledger_id
+        self._version = record.version
         if ledger_id < 0:
             if inline is None:
                 raise MalformedFrame(f"cursor pointer {self._key} has neither a ledger nor inline state")
@@ -120,56 +135,103 @@ class LedgerCursorStore:
 
     async def save(self, state: CursorState, delta: AckSet | None) -> None:
         """Persists the state. ``delta`` is what was acknowledged since the previous
-        save; None asks for a snapshot (first save, after a reset, or on demand)."""
+        save; None asks for a snapshot (first save, after a reset, or on demand).
+        Raises TopicFenced when another broker owns the cursor now."""
         self.saves += 1
-        if self._handle is None and self._ledger_id < 0 and not len(state.acked) and not state.batches:
-            await self._save_inline(state)
+        handle = self._handle
+        if handle is not None and isinstance(handle.failure, LedgerFenced):
+            raise TopicFenced(f"cursor {self._key}: ledger {handle.ledger_id} fenced by a new owner")
+        if self._version == 0 and self._handle is None and self._ledger_id < 0 \
+                and not len(state.acked) and not state.batches:
+            await self._save_inline(state)   # the starting position: no pointer yet
             return
-        if (self._handle is None or delta is None or self._deltas_since_snapshot >= DELTAS_PER_SNAPSHOT
-                or self._handle.last_add_confirmed + 1 >= LEDGER_ENTRIES_MAX):
+        if (handle is None or delta is None or handle.failure is not None
+                or handle.ledger_id != self._ledger_id      # etcd does not point at it (yet)
+                or self._deltas_since_snapshot >= DELTAS_PER_SNAPSHOT
+                or handle.last_add_confirmed + 1 >= LEDGER_ENTRIES_MAX):
             await self._save_snapshot(state)
             return
         record = CursorRecord(KIND_DELTA, state.mark_delete, delta, state.batches, state.properties)
-        await self._handle.add(encode_record(record))
+        await self._add(handle, encode_record(record))
         self._deltas_since_snapshot += 1
+
+    async def _add(self, handle: WriteHandle, payload: bytes) -> int:
+        try:
+            return await handle.add(payload)
+        except LedgerFenced:
+            # Only a new owner's load() opens our cursor ledger with recovery.
+            raise TopicFenced(f"cursor {self._key}: ledger {handle.ledger_id} fenced by a new owner") from None
 
     async def _save_inline(self, state: CursorState) -> None:
         record = encode_record(CursorRecord(KIND_SNAPSHOT, state.mark_delete, AckSet(), state.batches,
                                             state.properties))
-        await self._store.put(self._key, json.dumps({
+        await self._write_pointer({
             "mark_delete": list(state.mark_delete), "cursor_ledger": -1, "snapshot_entry": -1,
-            "inline": base64.b64encode(record).decode(), "owner": self._owner}).encode())
+            "inline": base64.b64encode(record).decode()})
 
     async def _save_snapshot(self, state: CursorState) -> None:
         record = encode_record(CursorRecord(KIND_SNAPSHOT, state.mark_delete, state.acked, state.batches,
                                             state.properties))
-        previous_ledger = self._ledger_id
-        rolled = False
-        if self._handle is None or self._handle.last_add_confirmed + 1 >= LEDGER_ENTRIES_MAX:
+        if self._handle is None or self._handle.failure is not None \
+                or self._handle.last_add_confirmed + 1 >= LEDGER_ENTRIES_MAX:
             old_handle = self._handle
             self._handle = await self._client.create_ledger(*self._quorums, custom={"cursor": self._key})
-            rolled = True
             if old_handle is not None:
-                try:
-                    await old_handle.close()
-                except MagnetarError as error:
-                    log.warning("closing a cursor ledger failed: cursor=%s error=%s", self._key, error)
-        entry_id = await self._handle.add(record)
-        await self._store.put(self._key, json.dumps({
-            "mark_delete": list(state.mark_delete), "cursor_ledger": self._handle.ledger_id,
-            "snapshot_entry": entry_id, "inline": None, "owner": self._owner}).encode())
-        self._ledger_id = self._handle.ledger_id
+                await self._retire(old_handle)
+        handle = self._handle
+        entry_id = await self._add(handle, record)
+        await self._write_pointer({
+            "mark_delete": list(state.mark_delete), "cursor_ledger": handle.ledger_id,
+            "snapshot_entry": entry_id, "inline": None})
+        previous_ledger, self._ledger_id = self._ledger_id, handle.ledger_id
         self._snapshot_entry = entry_id
         self._deltas_since_snapshot = 0
         self.snapshots += 1
-        if rolled and previous_ledger >= 0 and previous_ledger != self._ledger_id:
+        if previous_ledger >= 0 and previous_ledger != self._ledger_id:
+            # Nothing points at it any more (it was ours before a rollover, or the
+            # previous owner's, which recovery already sealed).
             await self._delete_ledger(previous_ledger)
 
+    async def _retire(self, handle: WriteHandle) -> None:
+        """Closes a handle being replaced; deletes its ledger if etcd never pointed at it
+        (a snapshot whose pointer write failed): nothing else would."""
+        try:
+            await handle.close()
+        except MagnetarError as error:
+            log.warning("closing a cursor ledger failed: cursor=%s ledger_id=%d error=%s", self._key,
+                        handle.ledger_id, error)
+        if handle.ledger_id != self._ledger_id:
+            await self._delete_ledger(handle.ledger_id)
+
+    async def _write_pointer(self, pointer: dict) -> None:
+        """Compare-and-set of the etcd pointer; TopicFenced if another broker wrote it."""
+        value = json.dumps({**pointer, "owner": self._owner, "session": self._session}).encode()
+        try:
+            self._version = await self._store.compare_and_set(self._key, value, expected_version=self._version)
+            return
+        except MetadataVersionConflict:
+            current = await self._store.get(self._key)
+            if current is None or _session_of(current.value) != self._session:
+                raise TopicFenced(f"cursor {self._key} was taken over (its pointer changed)") from None
+        # An earlier write of ours landed though its reply was lost: nobody else wrote
+        # since (they would have replaced the session), so ours is the version to follow.
+        self._version = current.version
+        try:
+            self._version = await self._store.compare_and_set(self._key, value, expected_version=self._version)
+        except MetadataVersionConflict:
+            raise TopicFenced(f"cursor {self._key} was taken over (its pointer changed)") from None
+
     async def _delete_ledger(self, ledger_id: int) -> None:
+        """Deletes a ledger nothing points at. A failure is logged, not raised: the save
+        that replaced it has succeeded (or will be retried without it), and retrying
+        the save would not retry the delete."""
         try:
             await self._client.delete_ledger(ledger_id)
         except NoSuchLedger:
             pass
+        except MagnetarError as error:
+            log.warning("deleting a cursor ledger failed, it is left behind: cursor=%s ledger_id=%d error=%s",
+                        self._key, ledger_id, error)
 
     @property
     def ledger_id(self) -> int:
@@ -184,11 +246,30 @@ class LedgerCursorStore:
                 log.warning("closing a cursor ledger failed: cursor=%s error=%s", self._key, error)
 
     async def delete(self) -> None:
+        """Deletes the pointer (only while it is still ours) and the cursor ledger."""
+        unpointed = self._handle.ledger_id if self._handle is not None else -1
         await self.close()
-        await self._store.delete(self._key)
+        deleted = await self._store.transaction([Compare(self._key, self._version)], [Delete(self._key)])
+        if deleted is None:
+            current = await self._store.get(self._key)
+            if current is not None and _session_of(current.value) != self._session:
+                raise TopicFenced(f"cursor {self._key} was taken over (its pointer changed)")
+            if current is not None:
+                await self._store.compare_and_delete(self._key, expected_version=current.version)
+        self._version = 0
+        if unpointed >= 0 and unpointed != self._ledger_id:
+            await self._delete_ledger(unpointed)   # a snapshot's ledger whose pointer write failed
         if self._ledger_id >= 0:
             await self._delete_ledger(self._ledger_id)
             self._ledger_id = -1
+
+
+def _session_of(pointer: bytes) -> str | None:
+    try:
+        session = json.loads(pointer).get("session")
+    except (ValueError, AttributeError):
+        return None
+    return session if isinstance(session, str) else None
 
 
 def _state_of(record: CursorRecord) -> CursorState:

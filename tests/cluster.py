@@ -1,13 +1,18 @@
-"""Real processes for integration tests: etcd and bookies on free loopback ports.
+"""Real processes for integration tests: etcd, bookies and brokers on free loopback
+ports, and the few helpers the integration tests share (unique names, bounded waits,
+disk usage, a tool's JSON summary).
 
-A process counts as ready when its log shows its listen line (bookies) or its health
-endpoint answers (etcd). Processes are killed with SIGKILL where a test means a crash,
-and every process a test started is stopped when the test ends, whatever happened.
+A process counts as ready when its log shows its listen line (bookies, brokers) or its
+health endpoint answers (etcd). Processes are killed with SIGKILL where a test means a
+crash, and every process a test started is stopped when the test ends, whatever
+happened.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import re
 import signal
@@ -235,3 +240,54 @@ async def run_cli(*args: str, timeout_s: float = 120.0) -> tuple[int, str, str]:
         await process.wait()
         raise
     return process.returncode, stdout.decode(), stderr.decode()
+
+
+# --- helpers the integration tests share ------------------------------------------------------
+
+def unique(prefix: str) -> str:
+    """A name no other test (or earlier run on the same etcd) uses."""
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def unique_topic(prefix: str) -> str:
+    return f"persistent://public/default/{unique(prefix)}"
+
+
+def wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.1):
+    """Polls ``predicate()`` until it returns something truthy, and returns that; fails
+    the test, naming ``what`` was awaited, once ``timeout_s`` has passed."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:g} s waiting for {what}"
+        time.sleep(interval_s)
+
+
+async def wait_until_async(predicate, timeout_s: float, what: str, interval_s: float = 0.1):
+    """``wait_until`` for a coroutine predicate, sleeping without blocking the loop."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = await predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:g} s waiting for {what}"
+        await asyncio.sleep(interval_s)
+
+
+def directory_bytes(path: str) -> int:
+    """Bytes in the files under ``path`` (files deleted while walking count 0)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):
+                total += os.path.getsize(os.path.join(root, name))
+    return total
+
+
+def last_json(stdout: str) -> dict:
+    """A tool's summary: the last line of its stdout that starts a JSON object."""
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    assert lines, stdout
+    return json.loads(lines[-1])

@@ -1,5 +1,6 @@
 """Shared fixtures: one real etcd per test session (each test gets its own key root),
-and a per-test cluster of bookie processes that is always stopped afterwards."""
+a per-test cluster of bookie processes that is always stopped afterwards, a per-module
+cluster with a broker, and the official client on it."""
 
 from __future__ import annotations
 
@@ -37,10 +38,23 @@ def pulsar_cluster(etcd_process, tmp_path_factory):
     pulsar:// URL and ``.web_service_url`` the admin URL. Synchronous, so the tests
     using it may be plain functions driving the (threaded) official client."""
     cluster = Cluster(etcd_process, str(tmp_path_factory.mktemp("pulsar-cluster")))
-    asyncio.run(cluster.start_bookies(3))
-    asyncio.run(cluster.start_brokers(1))
-    yield cluster
-    asyncio.run(cluster.stop())
+    try:
+        # Inside the try: a broker that fails to start must not leave the bookies running.
+        asyncio.run(cluster.start_bookies(3))
+        asyncio.run(cluster.start_brokers(1))
+        yield cluster
+    finally:
+        asyncio.run(cluster.stop())
+
+
+@pytest.fixture(scope="module")
+def client(pulsar_cluster):
+    """The official client, connected to the module's broker, shared by its tests."""
+    import pulsar  # here, so that the unit tests never load the client
+
+    client = pulsar.Client(pulsar_cluster.brokers[0].service_url, operation_timeout_seconds=30)
+    yield client
+    client.close()
 
 
 @pytest.fixture
@@ -51,5 +65,6 @@ def metadata_url(etcd_process) -> str:
 
 
 def pytest_configure(config):
-    # Bookie data directories live under the system temp dir; keep them on the real disk.
+    # Inherited by every process the tests start: what a bookie or broker prints reaches
+    # its log file at once, where the readiness checks and the failure reports read it.
     os.environ.setdefault("PYTHONUNBUFFERED", "1")

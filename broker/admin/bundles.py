@@ -23,7 +23,7 @@ from broker.topic_name import NamespaceName
 from bundles.hashing import BundleRange
 from bundles.ownership import bundle_key
 from bundles.records import OwnerRecord
-from ledger.errors import MalformedFrame, PreconditionFailed
+from ledger.errors import PreconditionFailed
 from metadata import keys
 
 
@@ -44,22 +44,18 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
                                   "numBundles": len(bundles.ranges)})
 
     async def bundle_owners(request: web.Request) -> web.Response:
+        """Fresh boundaries (another broker may have split a bundle), owners from this
+        broker's watched mirror of the owner keys (no etcd read per bundle)."""
         namespace = namespace_of(request)
         await service.resources.policies(namespace)
         manager = ownership()
-        manager.forget_bundles(str(namespace))
-        bundles = await manager.bundles_of(namespace)
+        bundles = await manager.bundles_of(namespace, refresh=True)
+        owners = manager.owner_records()
         result = {}
         for bundle in bundles.ranges:
-            record = await service.store.get(keys.bundle_owner(str(namespace), bundle.name))
-            if record is None:
-                result[bundle.name] = None
-                continue
-            try:
-                owner = OwnerRecord.decode(record.value)
-            except MalformedFrame:
-                continue
-            result[bundle.name] = {"broker": owner.broker_id, "state": owner.state, "to": owner.to or None}
+            owner = owners.get(bundle_key(str(namespace), bundle))
+            result[bundle.name] = None if owner is None else {
+                "broker": owner.broker_id, "state": owner.state, "to": owner.to or None}
         return web.json_response(result)
 
     async def redirect_unless_owner(request: web.Request, namespace: NamespaceName, bundle: str) -> None:
@@ -71,9 +67,9 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
             raise web.HTTPTemporaryRedirect(location=f"{owner.web_service_url}{request.path_qs}")
 
     def destination() -> str | None:
-        from broker.main import _destination
-
-        return _destination(service, service.broker_reports) if service.broker_reports is not None else None
+        if service.broker_reports is None:
+            return None
+        return ownership().handover_target(service.broker_reports)
 
     async def unload_bundle(request: web.Request) -> web.Response:
         namespace = namespace_of(request)
@@ -105,15 +101,10 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
     async def owned_namespaces(request: web.Request) -> web.Response:
         broker = request.match_info["broker"]
         owned = {}
-        for key, record in (service.ownership._owners.records.items() if service.ownership else []):
-            try:
-                owner = OwnerRecord.decode(record.value)
-            except MalformedFrame:
-                continue
+        for bkey, owner in (service.ownership.owner_records().items() if service.ownership else []):
             if owner.broker_id == broker or owner.web_service_url.split("://", 1)[-1] == broker:
-                namespace, bundle = keys.split_bundle_key(key, keys.BUNDLE_OWNERS)
-                owned[bundle_key(namespace, bundle)] = {"broker_assignment": "shared", "is_controlled": False,
-                                                        "is_active": owner.state == "owned"}
+                owned[bkey] = {"broker_assignment": "shared", "is_controlled": False,
+                               "is_active": owner.state == "owned"}
         return web.Response(text=json.dumps(owned), content_type="application/json")
 
     base = "/admin/v2/namespaces/{tenant}/{namespace}"

@@ -171,7 +171,7 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
         if kind == "earliest":
             target = ledger.first_position
         elif kind == "latest":
-            target = ledger.next_position(ledger.last_confirmed)
+            target = ledger.end_position
         else:
             assert position is not None
             target = ledger.next_position(position) if excluded else ledger.normalize(position)

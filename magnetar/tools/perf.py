@@ -13,8 +13,10 @@ prints ``{"event": "subscribed"}`` on stderr once its subscription exists, so a 
 can start producers after it. How each side measures is told in perf_producer.py and
 perf_consumer.py.
 
-Exit code 0 when the run had no errors; 1 on errors or a client failure; 3 when
-``perf consume --messages N`` timed out short of N.
+Exit code 0 when the run had no errors; 1 on errors, a client failure, or (produce)
+sends still unresolved when the run gave up waiting for them (``"drained": false``:
+nobody knows whether they were stored); 3 when ``perf consume --messages N`` timed out
+short of N.
 """
 
 from __future__ import annotations
@@ -102,6 +104,11 @@ def main(args: argparse.Namespace) -> int:
     if summary["errors"]:
         print(f"magnetar perf {args.perf_mode}: {summary['errors']} errors; first: {summary['first_error']}",
               file=sys.stderr)
+        return 1
+    if args.perf_mode == "produce" and not summary["drained"]:
+        unresolved = summary["sent"] - summary["messages"] - summary["errors"]
+        print(f"magnetar perf produce: {unresolved} sends neither acknowledged nor failed when the run gave up "
+              f"waiting for them", file=sys.stderr)
         return 1
     if args.perf_mode == "consume" and args.messages is not None and summary["messages"] < args.messages:
         print(f"magnetar perf consume: {summary['messages']} of {args.messages} messages in {args.seconds:g} s",

@@ -33,7 +33,6 @@ run that ends by timeout dilutes it; ``first_message_after_s`` tells the wait ap
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
@@ -41,12 +40,10 @@ import pulsar
 
 from magnetar.tools import perf_payload
 from magnetar.tools.client import INITIAL_POSITIONS, SUBSCRIPTION_TYPES
-from magnetar.tools.perf_stats import MB, PerfStats, ProgressReporter
+from magnetar.tools.perf_stats import MB, PerfStats, ProgressReporter, announce_ready
 
 # receive() wakes at least this often to check the deadline.
 RECEIVE_SLICE_MS = 100
-# A line on stderr when the subscription is ready: runners wait for it before producing.
-READY_EVENT = "subscribed"
 
 
 class PerfConsumer:
@@ -97,8 +94,8 @@ class PerfConsumer:
             args.topic, args.subscription, consumer_type=SUBSCRIPTION_TYPES[args.subscription_type],
             initial_position=INITIAL_POSITIONS[args.initial_position],
             receiver_queue_size=args.receiver_queue_size)
-        print(json.dumps({"event": READY_EVENT, "topic": args.topic, "subscription": args.subscription}),
-              file=sys.stderr, flush=True)
+        # Runners wait for this line before producing (perf_stats.READY_EVENT).
+        announce_ready(topic=args.topic, subscription=args.subscription)
         if getattr(args, "wait_for_start", False):
             # A runner starting several consumers lets them all subscribe first, then
             # starts them at once (a line or EOF on stdin), so none drains a backlog

@@ -16,6 +16,25 @@ import time
 from magnetar.tools.latency_histogram import LatencyHistogram
 
 MB = 1e6  # MB/s as pulsar-perf and disk tools report it: 10**6 bytes
+# The event a consumer announces on stderr once its subscription exists
+# ({"event": "subscribed", ...}): runners (bench/harness.py) wait for it before they
+# start producers, or let several consumers go at once. Both perf consume and
+# bench/raw_consumer.py announce it; defined here, where neither pulls in the client.
+READY_EVENT = "subscribed"
+
+
+def announce_ready(**details) -> None:
+    print(json.dumps({"event": READY_EVENT, **details}), file=sys.stderr, flush=True)
+
+
+def is_ready_line(line: bytes | str) -> bool:
+    """Whether a line of a consumer's stderr is its announcement (any other line, JSON
+    or not, is not)."""
+    try:
+        document = json.loads(line)
+    except ValueError:   # JSONDecodeError, and UnicodeDecodeError for stray bytes
+        return False
+    return isinstance(document, dict) and document.get("event") == READY_EVENT
 
 
 class PerfStats:

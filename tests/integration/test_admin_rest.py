@@ -15,11 +15,12 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-import uuid
 
 import aiohttp
 import pulsar
 import pytest
+
+from tests.cluster import unique, wait_until
 
 _NO_BODY = object()
 
@@ -69,17 +70,6 @@ def admin(pulsar_cluster) -> Admin:
     return Admin(pulsar_cluster.brokers[0].web_service_url)
 
 
-@pytest.fixture(scope="module")
-def client(pulsar_cluster):
-    client = pulsar.Client(pulsar_cluster.brokers[0].service_url, operation_timeout_seconds=20)
-    yield client
-    client.close()
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
 def new_namespace(admin: Admin) -> str:
     """A fresh tenant/namespace allowed on the broker's cluster."""
     tenant = unique("tenant")
@@ -87,17 +77,6 @@ def new_namespace(admin: Admin) -> str:
     namespace = f"{tenant}/ns"
     admin.ok("PUT", f"/admin/v2/namespaces/{namespace}")
     return namespace
-
-
-def wait_for(predicate, timeout_s: float = 10.0, interval_s: float = 0.05):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(interval_s)
 
 
 # --- clusters, tenants, brokers ----------------------------------------------------------------
@@ -458,8 +437,8 @@ def test_stats_and_internal_stats_after_traffic(admin, client):
     assert stats["publishers"][0]["msgRateIn"] > 0
     assert stats["subscriptions"]["readers"]["consumers"][0]["msgRateOut"] > 0
     # Acknowledgements reach the broker in groups (every 100 ms).
-    stats = wait_for(lambda: (doc := admin.ok("GET", f"{path}/stats"))["subscriptions"]["readers"]["msgBacklog"]
-                     == 10 and doc)
+    stats = wait_until(lambda: (doc := admin.ok("GET", f"{path}/stats"))["subscriptions"]["readers"]["msgBacklog"]
+                       == 10 and doc, 10, "the backlog of readers to be 10", interval_s=0.05)
     assert stats["backlogSize"] > 0
     [publisher] = stats["publishers"]
     assert publisher["producerName"] == "meter-producer"
@@ -536,11 +515,12 @@ def test_subscription_admin_moves_cursor(admin, client):
         message = consumer.receive(timeout_millis=10_000)
         assert message.data() == f"job-{expected}".encode()
         consumer.acknowledge(message)
-    wait_for(lambda: backlog("from-5") == 0)
+    wait_until(lambda: backlog("from-5") == 0, 10, "the acknowledgements of from-5", interval_s=0.05)
     admin.ok("POST", f"{path}/subscription/from-5/resetcursor", {"ledgerId": ids[7].ledger_id(),
                                                                 "entryId": ids[7].entry_id()})
     assert consumer.receive(timeout_millis=10_000).data() == b"job-7"
-    wait_for(lambda: admin.ok("GET", f"{path}/stats")["subscriptions"]["from-5"]["consumers"])
+    wait_until(lambda: admin.ok("GET", f"{path}/stats")["subscriptions"]["from-5"]["consumers"], 10,
+               "from-5's consumer in the stats", interval_s=0.05)
     admin.error(412, "DELETE", f"{path}/subscription/from-5")
     assert admin.call("DELETE", f"{path}/subscription/from-5?force=true") == (204, None)
     assert admin.call("DELETE", f"{path}/subscription/tail") == (204, None)
@@ -635,44 +615,3 @@ def test_client_with_http_service_url(pulsar_cluster, admin):
         assert admin.ok("GET", f"/admin/v2/persistent/{namespace}/web/partitions") == {"partitions": 2}
     finally:
         http_client.close()
-
-
-# --- the pure stats core (no cluster; belongs in tests/unit/test_stats.py) ------------------------
-
-def test_rate_meter_and_partitioned_aggregation_are_exact():
-    """RateMeter answers 0 at the first look, the growth per second over a window of at
-    least window_s_min, the last measured rate for a quicker look, 0 (not a negative
-    rate) when a counter restarted, and keeps at most samples_max samples;
-    partitioned_stats sums partitions, merges publishers by name and subscriptions by
-    name, and drops per-partition detail when asked."""
-    from broker.stats import RateMeter, partitioned_stats
-
-    meter = RateMeter(window_s_min=1.0, samples_max=3)
-    assert meter.rates("a", (0, 0), 100.0) == (0.0, 0.0)
-    assert meter.rates("a", (10, 1000), 102.0) == (5.0, 500.0)
-    assert meter.rates("a", (99, 9999), 102.5) == (5.0, 500.0)     # inside the window
-    assert meter.rates("a", (20, 2000), 104.0) == (5.0, 500.0)
-    assert meter.rates("a", (3, 300), 106.0) == (0.0, 0.0)          # restarted counters
-    for key in ("b", "c", "d"):
-        meter.rates(key, (0,), 107.0)
-    assert len(meter) == 3
-    assert meter.rates("a", (30, 3000), 108.0) == (0.0, 0.0)        # "a" was pruned
-
-    def partition(rate: float, count: int, backlog: int) -> dict:
-        return {"msgRateIn": rate, "msgThroughputIn": rate * 10, "msgRateOut": 0.0, "msgThroughputOut": 0.0,
-                "bytesInCounter": count * 10, "msgInCounter": count, "msgOutCounter": 0, "storageSize": count * 20,
-                "backlogSize": backlog * 20, "averageMsgSize": 10.0,
-                "publishers": [{"producerName": "p", "msgRateIn": rate, "msgThroughputIn": rate * 10}],
-                "subscriptions": {"s": {"msgRateOut": 0.0, "msgThroughputOut": 0.0, "msgOutCounter": 0,
-                                        "msgBacklog": backlog, "backlogSize": backlog * 20, "unackedMessages": 0,
-                                        "type": "Exclusive", "consumers": [{"consumerName": f"c{count}"}]}}}
-
-    total = partitioned_stats({"t-partition-0": partition(2.0, 5, 1), "t-partition-1": partition(4.0, 7, 3)}, 3,
-                              per_partition=False)
-    assert (total["msgRateIn"], total["msgInCounter"], total["storageSize"]) == (6.0, 12, 240)
-    assert total["averageMsgSize"] == 10.0 and total["backlogSize"] == 80
-    assert total["publishers"] == [{"producerName": "p", "msgRateIn": 6.0, "msgThroughputIn": 60.0,
-                                    "averageMsgSize": 10.0}]
-    assert total["subscriptions"]["s"]["msgBacklog"] == 4
-    assert [c["consumerName"] for c in total["subscriptions"]["s"]["consumers"]] == ["c5", "c7"]
-    assert total["metadata"] == {"partitions": 3} and total["partitions"] == {}

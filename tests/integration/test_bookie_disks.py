@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import random
 import sqlite3
@@ -28,13 +27,9 @@ from ledger.errors import NoSuchLedger
 from ledger.quorum import write_set
 from metadata import keys, open_store
 from metadata.bookie_record import BookieRecord
-from tests.cluster import run_cli
+from tests.cluster import directory_bytes, last_json, run_cli, wait_until_async
 
 MIB = 1024 * 1024
-
-
-def last_json(stdout: str) -> dict:
-    return json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
 
 
 @contextlib.asynccontextmanager
@@ -121,9 +116,20 @@ async def test_flipped_byte_is_a_digest_error_never_data(cluster):
 
 @contextlib.contextmanager
 def small_filesystem(path: str, size_mib: int):
-    """A tmpfs of the given size mounted at ``path`` (the test runs as root, as CI does)."""
+    """A tmpfs of the given size mounted at ``path``. Mounting needs privileges: the
+    test runs as root (or with CAP_SYS_ADMIN), as CI does; otherwise it fails saying so."""
     os.makedirs(path, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mib}m", "tmpfs", path], check=True)
+    command = ["mount", "-t", "tmpfs", "-o", f"size={size_mib}m", "tmpfs", path]
+    try:
+        mounted = subprocess.run(command, capture_output=True, text=True)
+    except FileNotFoundError:
+        raise AssertionError("this test mounts a small tmpfs to fill a disk, and needs the `mount` command "
+                             "and mount privileges (root or CAP_SYS_ADMIN)") from None
+    if mounted.returncode != 0:
+        raise AssertionError(
+            f"this test mounts a small tmpfs to fill a disk and needs mount privileges (run as root or with "
+            f"CAP_SYS_ADMIN): `{' '.join(command)}` exited {mounted.returncode}: "
+            f"{(mounted.stderr or mounted.stdout).strip()}")
     try:
         yield path
     finally:
@@ -138,12 +144,6 @@ async def registration(cluster, bookie_id: str) -> BookieRecord:
         return BookieRecord.decode(record.value)
     finally:
         await store.close()
-
-
-async def wait_until(predicate, timeout_s: float = 20.0, interval_s: float = 0.1):
-    async with asyncio.timeout(timeout_s):
-        while not await predicate():
-            await asyncio.sleep(interval_s)
 
 
 async def test_full_disk_turns_bookie_read_only(cluster, tmp_path):
@@ -173,7 +173,7 @@ async def test_full_disk_turns_bookie_read_only(cluster, tmp_path):
 
             async def small_is_read_only():
                 return (await registration(cluster, small.bookie_id)).read_only
-            await wait_until(small_is_read_only)
+            await wait_until_async(small_is_read_only, 20, "the full bookie to turn read-only")
             assert "turned read-only" in small.log_text()
 
             # The writer's next adds are refused by the full bookie; it cannot move (all
@@ -207,18 +207,9 @@ async def test_full_disk_turns_bookie_read_only(cluster, tmp_path):
 
             async def small_is_writable():
                 return not (await registration(cluster, small.bookie_id)).read_only
-            await wait_until(small_is_writable)
+            await wait_until_async(small_is_writable, 20, "the freed bookie to turn writable")
             assert "writable again" in small.log_text()
         assert others  # the three regular bookies served throughout
-
-
-def directory_bytes(path: str) -> int:
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            with contextlib.suppress(FileNotFoundError):
-                total += os.path.getsize(os.path.join(root, name))
-    return total
 
 
 async def test_deleted_ledgers_are_collected_and_space_returns(cluster):
@@ -249,7 +240,7 @@ async def test_deleted_ledgers_are_collected_and_space_returns(cluster):
         async def shrunk():
             after = [directory_bytes(d) for b in bookies for d in b.ledger_dirs]
             return all(a < b / 4 for a, b in zip(after, before))
-        await wait_until(shrunk, timeout_s=60, interval_s=0.5)
+        await wait_until_async(shrunk, 60, "the ledger directories to shrink", interval_s=0.5)
         after = [directory_bytes(d) for b in bookies for d in b.ledger_dirs]
 
         for bookie in bookies:

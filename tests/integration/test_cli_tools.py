@@ -16,12 +16,11 @@ import os
 import selectors
 import subprocess
 import time
-import uuid
 
 import pytest
 
 from magnetar.cli import build_parser
-from tests.cluster import python_command
+from tests.cluster import python_command, unique
 
 TOOL_TIMEOUT_S = 60
 
@@ -47,10 +46,6 @@ def wait_for_line(process: subprocess.Popen, needle: bytes, timeout_s: float) ->
                 chunk = os.read(process.stderr.fileno(), 65536)
                 assert chunk, f"process exited before {needle!r}: {seen.decode()[-2000:]}"
                 seen += chunk
-
-
-def unique(name: str) -> str:
-    return f"{name}-{uuid.uuid4().hex[:8]}"
 
 
 @pytest.fixture(scope="module")

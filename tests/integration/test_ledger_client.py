@@ -10,6 +10,7 @@ writer survives a bookie's kill -9 by an ensemble change; deleted ledgers vanish
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 
 import pytest
@@ -197,14 +198,17 @@ async def test_ledger_ids_come_from_an_etcd_counter(cluster, make_client):
         await store.close()
 
 
-async def test_stalled_bookie_without_spare_is_retried(cluster, make_client):
+async def test_stalled_bookie_without_spare_is_retried(cluster, make_client, caplog):
     """E=Qw=Qa=2 on exactly two bookies: one stalls (SIGSTOP) long enough for adds to
     time out, and there is no spare to replace it. Since it is still registered, the
     writer retries it instead of failing; once it resumes, every add completes in
-    order and the ledger reads back whole."""
+    order and the ledger reads back whole. That the retry happened (and is not just
+    adds that never timed out) is read from the client's log, which runs in this
+    process: the handle logs each retry of the same bookies."""
     import os
     import signal
 
+    caplog.set_level(logging.INFO, logger="ledger.handle")
     bookies = await cluster.start_bookies(2)
     client = await make_client(add_timeout_s=1.0)
     handle = await client.create_ledger(2, 2, 2)
@@ -219,6 +223,11 @@ async def test_stalled_bookie_without_spare_is_retried(cluster, make_client):
         os.kill(stalled.process.pid, signal.SIGCONT)
     assert await asyncio.gather(*futures) == list(range(100, 200))
     assert handle.ensemble_changes == 0
+    retries = [record for record in caplog.records if record.name == "ledger.handle"
+               and record.getMessage().startswith("retrying the same bookies (no replacement available): "
+                                                  f"ledger_id={handle.ledger_id} ")]
+    assert retries, "the stalled bookie was never retried"
+    assert all(stalled.bookie_id in record.getMessage() for record in retries)
     await handle.close()
     reader = await client.open_ledger(handle.ledger_id, recovery=False)
     assert [bytes(e.payload) for e in await reader.read(0, 199)] == [b"x%d" % i for i in range(200)]

@@ -13,23 +13,13 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 
 import pulsar
 import pytest
 
+from tests.cluster import unique, unique_topic
+
 MESSAGES = 100_000
-
-
-@pytest.fixture(scope="module")
-def client(pulsar_cluster):
-    client = pulsar.Client(pulsar_cluster.brokers[0].service_url, operation_timeout_seconds=30)
-    yield client
-    client.close()
-
-
-def unique_topic(prefix: str) -> str:
-    return f"persistent://public/default/{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 def payload_of(i: int) -> bytes:
@@ -214,7 +204,7 @@ def test_partitioned_topic_round_robin_and_key_routing(pulsar_cluster, client):
     import json
     import urllib.request
 
-    local = f"parts-{uuid.uuid4().hex[:8]}"
+    local = unique("parts")
     topic = f"persistent://public/default/{local}"
     admin = pulsar_cluster.brokers[0].web_service_url
     request = urllib.request.Request(f"{admin}/admin/v2/persistent/public/default/{local}/partitions",

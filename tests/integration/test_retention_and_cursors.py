@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
 import time
 import urllib.request
@@ -31,32 +30,18 @@ from ledger.config import LedgerClientConfig
 from metadata import keys, open_store
 from subscriptions.cursor import CursorState, ManagedCursor
 from subscriptions.cursor_store import LedgerCursorStore
-from tests.cluster import Cluster
+from tests.cluster import Cluster, directory_bytes, wait_until, wait_until_async
 
 MIB = 1024 * 1024
-
-
-def directory_bytes(path: str) -> int:
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.path.getsize(os.path.join(root, name))
-            except FileNotFoundError:
-                pass
-    return total
+CURSOR_FLUSH_INTERVAL_S = 0.2
+# The wait for the broker to have applied every acknowledgement the client sent (it
+# groups them for 100 ms): generous for a loaded 2-core machine.
+ACKS_APPLIED_TIMEOUT_S = 20.0
 
 
 def admin_get(cluster: Cluster, path: str) -> dict:
     with urllib.request.urlopen(f"{cluster.brokers[0].web_service_url}{path}", timeout=10) as response:
         return json.loads(response.read())
-
-
-async def wait_for(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await predicate():
-        assert time.monotonic() < deadline, f"timed out: {what}"
-        await asyncio.sleep(0.25)
 
 
 async def test_acknowledged_ledgers_are_deleted_and_disk_space_returns(etcd_process, tmp_path):
@@ -110,7 +95,7 @@ async def test_acknowledged_ledgers_are_deleted_and_disk_space_returns(etcd_proc
             # mark-delete position may go.
             async def first_ledgers_gone() -> bool:
                 return ledger_ids()[0] != all_ledgers[0]
-            await wait_for(first_ledgers_gone, 30, "the first ledgers to be trimmed")
+            await wait_until_async(first_ledgers_gone, 30, "the first ledgers to be trimmed", interval_s=0.25)
             remaining = ledger_ids()
             stats = admin_get(cluster, f"/admin/v2/persistent/public/default/{local}/stats")
             assert stats["subscriptions"]["slow"]["msgBacklog"] == 2000
@@ -135,14 +120,15 @@ async def test_acknowledged_ledgers_are_deleted_and_disk_space_returns(etcd_proc
 
             async def only_current_ledger_left() -> bool:
                 return len(ledger_ids()) == 1
-            await wait_for(only_current_ledger_left, 30, "every acknowledged ledger to be trimmed")
+            await wait_until_async(only_current_ledger_left, 30, "every acknowledged ledger to be trimmed",
+                                   interval_s=0.25)
             for gone in all_ledgers[:-1]:
                 assert await store.get(keys.ledger(gone)) is None
 
             async def disk_usage_fell() -> bool:
                 now = sum(directory_bytes(d) for b in cluster.bookies for d in b.ledger_dirs)
                 return now < bytes_before / 3
-            await wait_for(disk_usage_fell, 60, "the bookies' disk usage to fall")
+            await wait_until_async(disk_usage_fell, 60, "the bookies' disk usage to fall", interval_s=0.25)
             bytes_after = sum(directory_bytes(d) for b in cluster.bookies for d in b.ledger_dirs)
             print(f"bookie ledger dirs: {bytes_before / MIB:.1f} MiB before, {bytes_after / MIB:.1f} MiB after")
         finally:
@@ -154,12 +140,22 @@ async def test_acknowledged_ledgers_are_deleted_and_disk_space_returns(etcd_proc
 async def test_cursor_survives_broker_kill(etcd_process, tmp_path):
     """Individually acknowledged messages (every third one left unacknowledged) are not
     delivered again after the broker is killed with SIGKILL and restarted; exactly the
-    unacknowledged ones are."""
+    unacknowledged ones are. The kill comes only once the broker has applied every
+    acknowledgement (its stats show a backlog of exactly the 1000 unacknowledged) and
+    two cursor flush intervals have passed since, so what is proven is that a flushed
+    cursor survives, holes included, not that the test waited long enough by luck."""
     cluster = Cluster(etcd_process, str(tmp_path))
     try:
         await cluster.start_bookies(2)
-        (broker,) = await cluster.start_brokers(1, extra_args=["--cursor-flush-interval-s", "0.2"])
-        topic = f"persistent://public/default/cursor-kill-{uuid.uuid4().hex[:8]}"
+        (broker,) = await cluster.start_brokers(
+            1, extra_args=["--cursor-flush-interval-s", str(CURSOR_FLUSH_INTERVAL_S)])
+        local = f"cursor-kill-{uuid.uuid4().hex[:8]}"
+        topic = f"persistent://public/default/{local}"
+        unacknowledged = [i for i in range(3000) if i % 3 == 0]
+
+        def backlog() -> int:
+            stats = admin_get(cluster, f"/admin/v2/persistent/public/default/{local}/stats")
+            return stats["subscriptions"]["durable"]["msgBacklog"]
 
         def first_session() -> None:
             client = pulsar.Client(broker.service_url, operation_timeout_seconds=30)
@@ -174,7 +170,12 @@ async def test_cursor_survives_broker_kill(etcd_process, tmp_path):
                     message = consumer.receive(timeout_millis=20_000)
                     if int(message.data()) % 3:
                         consumer.acknowledge(message)
-                time.sleep(1.5)  # past the client's ack grouping and the cursor flush interval
+                # The client groups acknowledgements: wait until the broker applied them
+                # all (batching is off, so one entry per message), then for the cursor to
+                # be flushed, while the consumer is still connected.
+                wait_until(lambda: backlog() == len(unacknowledged), ACKS_APPLIED_TIMEOUT_S,
+                           f"the backlog to be the {len(unacknowledged)} unacknowledged messages", interval_s=0.05)
+                time.sleep(2 * CURSOR_FLUSH_INTERVAL_S)
             finally:
                 client.close()
 
@@ -196,7 +197,7 @@ async def test_cursor_survives_broker_kill(etcd_process, tmp_path):
                 client.close()
 
         redelivered = await asyncio.to_thread(second_session)
-        assert sorted(redelivered) == [i for i in range(3000) if i % 3 == 0]
+        assert sorted(redelivered) == unacknowledged
     finally:
         await cluster.stop()
 

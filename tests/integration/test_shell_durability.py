@@ -22,16 +22,10 @@ from ledger.config import LedgerClientConfig
 from ledger.entry import verify_entry
 from ledger.quorum import write_set
 from ledger.shell import pattern_payload
-from tests.cluster import python_command, run_cli
+from tests.cluster import last_json, python_command, run_cli
 
 ENTRIES = 30_000
 SIZE = 512
-
-
-def last_json(stdout: str) -> dict:
-    lines = [line for line in stdout.splitlines() if line.startswith("{")]
-    assert lines, stdout
-    return json.loads(lines[-1])
 
 
 @pytest.mark.parametrize("flush_interval_s", ["600", "0.2"], ids=["journal-only", "checkpointing"])

@@ -25,18 +25,9 @@ import uuid
 import pulsar
 import pytest
 
+from tests.cluster import unique_topic, wait_until
+
 WORKER = [sys.executable, "-m", "tests.integration.consumer_worker"]
-
-
-@pytest.fixture(scope="module")
-def client(pulsar_cluster):
-    client = pulsar.Client(pulsar_cluster.brokers[0].service_url, operation_timeout_seconds=30)
-    yield client
-    client.close()
-
-
-def unique(prefix: str) -> str:
-    return f"persistent://public/default/{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 def produce(client, topic: str, count: int, *, batching: bool = True, key=None) -> None:
@@ -88,13 +79,6 @@ class Worker:
         self.process.wait(10)
 
 
-def wait_until(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
 @pytest.fixture
 def workers():
     started: list[Worker] = []
@@ -107,7 +91,7 @@ def test_shared_exactly_once_then_a_consumer_killed(pulsar_cluster, client, tmp_
     """50,000 messages over 4 shared consumers: each received once. Then a consumer
     that holds 300 unacknowledged messages is killed: the others get them."""
     url = pulsar_cluster.brokers[0].service_url
-    topic = unique("shared")
+    topic = unique_topic("shared")
     for i in range(4):
         workers.append(Worker(url, topic, "work", "shared", f"c{i}", str(tmp_path), "--receiver-queue", "500"))
     wait_until(lambda: all(w.started() for w in workers), 30, "consumers to subscribe")
@@ -119,7 +103,7 @@ def test_shared_exactly_once_then_a_consumer_killed(pulsar_cluster, client, tmp_
     assert all(len(w.received()) > 1000 for w in workers), [len(w.received()) for w in workers]
 
     # Second round: one consumer stops acknowledging after 50 messages and is killed.
-    topic = unique("shared-kill")
+    topic = unique_topic("shared-kill")
     victim = Worker(url, topic, "work", "shared", "victim", str(tmp_path), "--hold", "50",
                     "--receiver-queue", "300")
     survivors = [Worker(url, topic, "work", "shared", f"s{i}", str(tmp_path), "--delay-ms", "0.2",
@@ -142,7 +126,7 @@ def test_failover_standby_takes_over_in_order(pulsar_cluster, client, tmp_path, 
     """The active failover consumer is killed after acknowledging part of the topic:
     the standby starts at the first unacknowledged message and goes on in order."""
     url = pulsar_cluster.brokers[0].service_url
-    topic = unique("failover")
+    topic = unique_topic("failover")
     active = Worker(url, topic, "fo", "failover", "a-active", str(tmp_path), "--delay-ms", "0.3")
     workers.append(active)
     wait_until(active.started, 30, "the active consumer")
@@ -167,7 +151,7 @@ def test_broadcast_members_each_get_everything(pulsar_cluster, client):
     """A subscription in broadcast mode (asked for with the consumer property): three
     members each receive all 10,000 messages; a member that leaves after 4,000 and
     comes back resumes at its own cursor, unaffected by the others."""
-    topic = unique("broadcast")
+    topic = unique_topic("broadcast")
     properties = {"magnetar.subscription.mode": "broadcast"}
 
     def member(name: str):
@@ -206,7 +190,7 @@ def test_broadcast_members_each_get_everything(pulsar_cluster, client):
 def test_key_shared_keeps_order_per_key(pulsar_cluster, client):
     """3 key-shared consumers, 100 keys: every key's messages arrive at one consumer, in
     order, and all three consumers get some keys."""
-    topic = unique("key-shared")
+    topic = unique_topic("key-shared")
     consumers = [client.subscribe(topic, "keys", consumer_type=pulsar.ConsumerType.KeyShared,
                                   consumer_name=f"k{i}", initial_position=pulsar.InitialPosition.Earliest)
                  for i in range(3)]
@@ -253,8 +237,8 @@ def test_negative_ack_ack_timeout_and_dead_letter(pulsar_cluster, client):
     redeliveries the client's dead-letter policy moves it to the dead-letter topic; a
     message never acknowledged comes back after the client's ack timeout (at least
     10 s in the official client) with redelivery count 1."""
-    topic = unique("nack")
-    dead_letter_topic = unique("nack-dlq")
+    topic = unique_topic("nack")
+    dead_letter_topic = unique_topic("nack-dlq")
     consumer = client.subscribe(
         topic, "nack-sub", consumer_type=pulsar.ConsumerType.Shared,
         negative_ack_redelivery_delay_ms=200, unacked_messages_timeout_ms=10_000,
@@ -297,7 +281,7 @@ def test_unsubscribe_removes_the_cursor(pulsar_cluster, client):
     import json
     import urllib.request
 
-    topic = unique("unsub")
+    topic = unique_topic("unsub")
     local = topic.rsplit("/", 1)[1]
     consumer = client.subscribe(topic, "gone-soon", initial_position=pulsar.InitialPosition.Earliest)
     produce(client, topic, 10)

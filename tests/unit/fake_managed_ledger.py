@@ -3,13 +3,14 @@ unit tests (test_cursor.py, test_dispatcher_selection.py).
 
 It provides only what a cursor (``subscriptions.cursor.PositionSource``), a subscription
 and its dispatchers call on their managed ledger: the last confirmed position,
-``normalize`` / ``next_position`` / ``first_position``, entry counts, ``read`` and
-``wait_for_entries``. It is a double of that edge, not of the code under test.
+``normalize`` / ``next_position`` / ``first_position`` / ``end_position``, entry
+counts, ``read`` and ``wait_for_entries``. It is a double of that edge, not of the
+code under test.
 
-Positions follow ManagedLedger's rules through the same function
-(broker.position.normalize): a position past the end of a closed ledger (or in a deleted
-one) normalizes to entry 0 of the next ledger that exists; positions in the current
-ledger are left as they are, written or not.
+Positions and counts follow ManagedLedger's rules through the same functions
+(broker.position.normalize and entries_between): a position past the end of a closed
+ledger (or in a deleted one) normalizes to entry 0 of the next ledger that exists;
+positions in the current ledger are left as they are, written or not.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import asyncio
 
 from broker.managed_ledger import ManagedEntry
-from broker.position import Position, normalize
+from broker.position import Position, entries_between, normalize
 
 
 class FakeManagedLedger:
@@ -76,20 +77,17 @@ class FakeManagedLedger:
     def first_position(self) -> Position:
         return self.normalize(Position(-1, 0))
 
+    @property
+    def end_position(self) -> Position:
+        return self.next_position(self.last_confirmed) if self.last_confirmed.entry_id >= 0 else self.first_position
+
     def number_of_entries(self) -> int:
         return sum(len(entries) for entries in self._ledgers.values())
 
     def entries_between(self, after: Position, upto: Position) -> int:
-        """Entries in (after, upto]: what broker.topic.Topic.entries_between answers."""
-        total = 0
-        for ledger_id, entries in self._ledgers.items():
-            last = len(entries) - 1
-            if last < 0 or ledger_id < after.ledger_id or ledger_id > upto.ledger_id:
-                continue
-            first = after.entry_id + 1 if ledger_id == after.ledger_id else 0
-            end = min(last, upto.entry_id) if ledger_id == upto.ledger_id else last
-            total += max(0, end - first + 1)
-        return total
+        """Entries in (after, upto]: what broker.topic.PersistentTopic.entries_between
+        answers, through the same function (broker.position.entries_between)."""
+        return entries_between(self._ledgers, self._last_entry_of, after, upto)
 
     async def read(self, start: Position, count_max: int, bytes_max: int) -> list[ManagedEntry]:
         assert count_max > 0

@@ -12,7 +12,9 @@ AND bitsets together and count the entry once no bit is left, also when the firs
 unacknowledged batch is acknowledged cumulatively in part; the backlog is the entries
 after the mark-delete position minus those acknowledged singly; 100,000 holes stay
 fast; persistence sends deltas, snapshots after a reset, keeps a failed delta for the
-next save, flushes on close and never saves after it.
+next save, flushes on close and never saves after it; a save in flight is never
+cancelled by close() or delete() and a cancelled flush keeps its changes for the next
+one; a cursor the store reports taken over (TopicFenced) stops saving and says so once.
 
 How: a real ManagedCursor over FakeManagedLedger (an in-memory stand-in for the managed
 ledger edge: positions, normalization, entry counts) and, for persistence, a recording
@@ -27,7 +29,7 @@ import time
 import pytest
 
 from broker.position import Position
-from ledger.errors import PersistenceError
+from ledger.errors import PersistenceError, TopicFenced
 from subscriptions.ack_set import AckSet
 from subscriptions.cursor import CursorState, ManagedCursor, ack_set_words_to_int, int_to_ack_set_words
 from tests.unit.fake_managed_ledger import FakeManagedLedger
@@ -346,17 +348,24 @@ def test_cumulative_ack_inside_a_batch():
 
 def test_cumulative_ack_inside_the_first_unacked_batch_is_a_change():
     """Mark at (10, 3); a cumulative ack of message 1 of the batch at (10, 4) moves no mark
-    but does acknowledge messages: it must report a change (and so get persisted)."""
-    cursor = cursor_on(ledger_with(10), P(10, 3))
-    changes = []
-    cursor.on_change = lambda: changes.append(1)
-    assert cursor.ack_cumulative(P(10, 4), [0b1100]) is True
-    assert cursor.unacked_batch_bits(P(10, 4)) == (64, 0b1100)
-    assert changes == [1]
-    assert cursor.ack_cumulative(P(10, 4), [0b1100]) is False     # the same again: no change
-    assert cursor.ack_cumulative(P(10, 4), [0b1000]) is True
-    assert cursor.unacked_batch_bits(P(10, 4)) == (64, 0b1000)
-    assert cursor.mark_delete_position == P(10, 3)
+    but does acknowledge messages: it must report a change and get persisted (the next
+    flush saves the batch bits; repeating the same ack saves nothing)."""
+    async def scenario() -> None:
+        store = RecordingStore()
+        cursor = durable_cursor(ledger_with(10), store, P(10, 3))
+        assert cursor.ack_cumulative(P(10, 4), [0b1100]) is True
+        assert cursor.unacked_batch_bits(P(10, 4)) == (64, 0b1100)
+        await cursor.flush()
+        assert [s["batches"] for s in store.saves] == [{P(10, 4): (64, 0b1100)}]
+        assert cursor.ack_cumulative(P(10, 4), [0b1100]) is False     # the same again: no change
+        await cursor.flush()
+        assert len(store.saves) == 1
+        assert cursor.ack_cumulative(P(10, 4), [0b1000]) is True
+        assert cursor.unacked_batch_bits(P(10, 4)) == (64, 0b1000)
+        assert cursor.mark_delete_position == P(10, 3)
+        await cursor.close()
+
+    asyncio.run(scenario())
 
 
 def test_cumulative_batch_ack_below_the_mark_leaves_no_batch_behind():
@@ -621,13 +630,215 @@ def test_cursor_without_a_store_needs_no_event_loop():
     assert store.saves == []
 
 
-def test_on_change_is_called_for_each_change_and_only_then():
-    cursor = cursor_on(ledger_with(5))
-    calls = []
-    cursor.on_change = lambda: calls.append(cursor.mark_delete_position)
-    cursor.ack(P(10, 1))
-    cursor.ack(P(10, 1))                             # no change
-    cursor.ack(P(10, 0))
-    cursor.ack_cumulative(P(10, 0))                  # no change
-    assert calls == [EARLIEST, P(10, 1)]
+def test_each_change_and_only_a_change_is_persisted():
+    """A flush after each call saves exactly when the call changed something, with the
+    mark-delete position as it stands after the change."""
+    async def scenario() -> None:
+        store = RecordingStore()
+        cursor = durable_cursor(ledger_with(5), store)
+        for step in (lambda: cursor.ack(P(10, 1)),
+                     lambda: cursor.ack(P(10, 1)),             # no change
+                     lambda: cursor.ack(P(10, 0)),
+                     lambda: cursor.ack_cumulative(P(10, 0))):  # no change
+            step()
+            await cursor.flush()
+        assert [s["mark_delete"] for s in store.saves] == [EARLIEST, P(10, 1)]
+        await cursor.close()
 
+    asyncio.run(scenario())
+
+
+# --- saves in flight: close, cancellation, delete ---------------------------------------------------
+
+class BlockingStore(RecordingStore):
+    """A RecordingStore whose saves wait for ``release`` once ``block`` is set, recording
+    when each starts and whether it finished, was cancelled or failed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = False
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+        self.events: list[str] = []
+
+    async def save(self, state: CursorState, delta: AckSet | None) -> None:
+        self.events.append("save started")
+        if self.block:
+            self.started.set()
+            try:
+                await self.release.wait()
+            except asyncio.CancelledError:
+                self.events.append("save cancelled")
+                raise
+        await super().save(state, delta)
+        self.events.append("save done")
+
+    async def delete(self) -> None:
+        self.events.append("delete")
+
+
+def _saved(store: RecordingStore) -> set[tuple[int, int]]:
+    """Every acknowledgement some finished save carried (a delta, or a snapshot's set)."""
+    found: set[tuple[int, int]] = set()
+    for save in store.saves:
+        found |= save["acked"] if save["delta"] is None else save["delta"]
+    return found
+
+
+def test_close_during_an_interval_save_waits_for_it_and_loses_no_ack():
+    """The interval flush is saving (blocked in the store) when close() comes: close
+    must let that save finish rather than cancel it, then save what came after. The bug
+    was a cancelled save whose delta was dropped: (10, 2) never reached the store."""
+    async def scenario() -> None:
+        store = BlockingStore()
+        store.block = True
+        cursor = durable_cursor(ledger_with(10), store, flush_interval_s=0.001)
+        cursor.ack(P(10, 2))
+        await asyncio.wait_for(store.started.wait(), 1.0)
+        cursor.ack(P(10, 5))                              # arrives while the save is in flight
+        closing = asyncio.create_task(cursor.close())
+        await asyncio.sleep(0.01)
+        assert not closing.done()                         # waiting for the save, not cancelling it
+        store.release.set()
+        await asyncio.wait_for(closing, 1.0)
+        assert "save cancelled" not in store.events
+        assert _saved(store) == {(10, 2), (10, 5)}
+        assert store.closed
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_flush_gives_its_changes_to_the_next_one():
+    """A flush cancelled while its save is in flight keeps its delta: the next flush
+    carries it (the bug restored it only on MagnetarError)."""
+    async def scenario() -> None:
+        store = BlockingStore()
+        store.block = True
+        cursor = durable_cursor(ledger_with(10), store)
+        cursor.ack(P(10, 3))
+        flushing = asyncio.create_task(cursor.flush())
+        await asyncio.wait_for(store.started.wait(), 1.0)
+        flushing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await flushing
+        assert store.saves == []
+        store.block = False
+        await cursor.flush()
+        assert [s["delta"] for s in store.saves] == [{(10, 3)}]
+        await cursor.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_snapshot_save_is_retried_as_a_snapshot():
+    """After a reset the next save must be a snapshot; a cancelled one keeps that need."""
+    async def scenario() -> None:
+        store = BlockingStore()
+        cursor = durable_cursor(ledger_with(10), store)
+        cursor.reset(P(10, 4))
+        store.block = True
+        flushing = asyncio.create_task(cursor.flush())
+        await asyncio.wait_for(store.started.wait(), 1.0)
+        flushing.cancel()
+        await asyncio.gather(flushing, return_exceptions=True)
+        store.block = False
+        cursor.ack(P(10, 6))
+        await cursor.flush()
+        assert [s["delta"] for s in store.saves] == [None]
+        assert store.saves[0]["mark_delete"] == P(10, 3) and store.saves[0]["acked"] == {(10, 6)}
+        await cursor.close()
+
+    asyncio.run(scenario())
+
+
+def test_close_cancels_an_interval_flush_that_is_still_sleeping():
+    """With a long interval, close() does not wait it out: it cancels the sleeping flush
+    and saves at once, exactly once."""
+    async def scenario() -> None:
+        store = BlockingStore()
+        cursor = durable_cursor(ledger_with(10), store, flush_interval_s=60.0)
+        cursor.ack(P(10, 1))
+        await asyncio.sleep(0)
+        await asyncio.wait_for(cursor.close(), 1.0)
+        assert [s["delta"] for s in store.saves] == [{(10, 1)}]
+
+    asyncio.run(scenario())
+
+
+def test_delete_waits_for_a_save_in_flight_before_deleting():
+    """A save in flight when the subscription is deleted finishes first, so its write
+    cannot bring the deleted pointer back; nothing is saved after the delete."""
+    async def scenario() -> None:
+        store = BlockingStore()
+        store.block = True
+        cursor = durable_cursor(ledger_with(10), store, flush_interval_s=0.001)
+        cursor.ack(P(10, 2))
+        await asyncio.wait_for(store.started.wait(), 1.0)
+        deleting = asyncio.create_task(cursor.delete())
+        await asyncio.sleep(0.01)
+        assert "delete" not in store.events
+        store.release.set()
+        await asyncio.wait_for(deleting, 1.0)
+        cursor.ack(P(10, 3))
+        await asyncio.sleep(0.01)
+        await cursor.flush()
+        assert store.events == ["save started", "save done", "delete"]
+
+    asyncio.run(scenario())
+
+
+# --- another broker took the cursor over --------------------------------------------------------------
+
+class FencedStore(RecordingStore):
+    """Saves succeed until ``fenced`` is set; then every save raises TopicFenced."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fenced = False
+        self.attempts = 0
+
+    async def save(self, state: CursorState, delta: AckSet | None) -> None:
+        self.attempts += 1
+        if self.fenced:
+            raise TopicFenced("cursor taken over")
+        await super().save(state, delta)
+
+
+def test_a_fenced_cursor_stops_saving_and_tells_its_owner_once():
+    """TopicFenced from the store is not retried: no flush is scheduled again, close()
+    saves nothing, and on_fenced hears of it exactly once."""
+    async def scenario() -> None:
+        store = FencedStore()
+        told: list[Exception] = []
+        cursor = ManagedCursor("sub", ledger_with(10), CursorState(EARLIEST), store, flush_interval_s=0.001,
+                               on_fenced=told.append)
+        cursor.ack(P(10, 1))
+        await cursor.flush()
+        store.fenced = True
+        cursor.ack(P(10, 2))
+        await cursor.flush()
+        assert isinstance(cursor.fenced_error, TopicFenced)
+        attempts = store.attempts
+        cursor.ack(P(10, 3))
+        for _ in range(10):
+            await asyncio.sleep(0.002)                # several intervals: no retry
+        await cursor.close()
+        assert store.attempts == attempts
+        assert len(told) == 1 and told[0] is cursor.fenced_error
+        assert cursor.flush_errors == 0               # not counted as a retriable failure
+        assert _saved(store) == {(10, 1)}
+
+    asyncio.run(scenario())
+
+
+def test_save_now_on_a_fenced_cursor_raises():
+    """A new subscription whose first save finds another owner fails its creation."""
+    async def scenario() -> None:
+        store = FencedStore()
+        store.fenced = True
+        cursor = durable_cursor(ledger_with(10), store)
+        with pytest.raises(TopicFenced):
+            await cursor.save_now()
+        await cursor.close()
+
+    asyncio.run(scenario())

@@ -445,11 +445,11 @@ async def test_close_writes_pending_records_then_refuses_appends(tmp_path, harne
 async def test_write_error_fails_pending_and_later_appends(tmp_path, harnesses, monkeypatch):
     """An OSError from the write fails the group's futures with BookieStorageError,
     stops the writer, and every later append raises the same error."""
-    def failing_writev(fd, buffers):
+    def failing_pwritev(fd, buffers, offset, flags=0):
         raise OSError(28, "No space left on device")
 
     harness = harnesses(tmp_path)
-    monkeypatch.setattr(os, "writev", failing_writev)
+    monkeypatch.setattr(os, "pwritev", failing_pwritev)
     future = harness.add(1, 0)
     with pytest.raises(BookieStorageError):
         await asyncio.wait_for(future, 5)

@@ -222,3 +222,29 @@ def test_more_partitions_than_declared_is_a_programming_error():
     """More partition stats than the declared count trips the assertion."""
     with pytest.raises(AssertionError):
         partitioned_stats({_name(0): _partition(0), _name(1): _partition(1)}, 1, per_partition=False)
+
+
+def test_two_partitions_as_the_admin_api_returns_them():
+    """Moved from the admin REST integration suite, where it needed no cluster. Two
+    partitions of one producer and one subscription: the topic's counters, storage and
+    backlog sizes are summed (backlogSize too, which the tests above do not sum), the
+    publisher comes out as exactly its name, summed rates and recomputed average, the
+    subscription's backlog is summed and its consumers listed in partition order."""
+    def partition(rate: float, count: int, backlog: int) -> dict:
+        return {"msgRateIn": rate, "msgThroughputIn": rate * 10, "msgRateOut": 0.0, "msgThroughputOut": 0.0,
+                "bytesInCounter": count * 10, "msgInCounter": count, "msgOutCounter": 0, "storageSize": count * 20,
+                "backlogSize": backlog * 20, "averageMsgSize": 10.0,
+                "publishers": [{"producerName": "p", "msgRateIn": rate, "msgThroughputIn": rate * 10}],
+                "subscriptions": {"s": {"msgRateOut": 0.0, "msgThroughputOut": 0.0, "msgOutCounter": 0,
+                                        "msgBacklog": backlog, "backlogSize": backlog * 20, "unackedMessages": 0,
+                                        "type": "Exclusive", "consumers": [{"consumerName": f"c{count}"}]}}}
+
+    total = partitioned_stats({"t-partition-0": partition(2.0, 5, 1), "t-partition-1": partition(4.0, 7, 3)}, 3,
+                              per_partition=False)
+    assert (total["msgRateIn"], total["msgInCounter"], total["storageSize"]) == (6.0, 12, 240)
+    assert total["averageMsgSize"] == 10.0 and total["backlogSize"] == 80
+    assert total["publishers"] == [{"producerName": "p", "msgRateIn": 6.0, "msgThroughputIn": 60.0,
+                                    "averageMsgSize": 10.0}]
+    assert total["subscriptions"]["s"]["msgBacklog"] == 4
+    assert [c["consumerName"] for c in total["subscriptions"]["s"]["consumers"]] == ["c5", "c7"]
+    assert total["metadata"] == {"partitions": 3} and total["partitions"] == {}

@@ -4,7 +4,8 @@ What it proves: positions order by ledger id first and entry id second (a later
 ledger's first entry is after an earlier ledger's last, whatever the entry ids);
 EARLIEST sorts before every real position; equal positions are equal and hash alike;
 the "ledger:entry" text form round-trips, negative ids included, and garbage never
-parses into a position.
+parses into a position; ``entries_between`` counts exactly the stored entries of an
+interval (checked against counting positions one by one).
 
 How: a shuffled list sorted against its known order, plus tables.
 """
@@ -103,3 +104,42 @@ def test_normalize_moves_past_ends_and_over_deleted_and_empty_ledgers():
     assert _normalize(Position(-1, 0), ledgers, current=None) == Position(3, 0)   # the first position
     assert _normalize(Position(6, 3), ledgers, current=None) == Position(6, 3)    # past the last: as is
     assert _normalize(Position(3, 10), {3: 9, 4: -1}, current=4) == Position(4, 0)
+
+
+# --- entries_between: backlogs, shared by PersistentTopic and the subscription tests' fake ---
+
+def _between(after: Position, upto: Position, ledgers: dict[int, int]) -> int:
+    """``ledgers``: ledger id -> last entry id (-1: empty)."""
+    from broker.position import entries_between
+
+    return entries_between(ledgers, lambda l: ledgers.get(l, -1), after, upto)
+
+
+@pytest.mark.parametrize("after, upto, expected", [
+    (EARLIEST, Position(6, 2), 10 + 3),            # everything: ledger 4 is empty, 5 was deleted
+    (Position(3, 9), Position(6, 2), 3),           # after a ledger's last entry: the next ledger's
+    (Position(3, 4), Position(3, 6), 2),           # within one ledger: (4, 6]
+    (Position(3, 4), Position(3, 4), 0),           # an empty interval
+    (Position(3, 6), Position(3, 4), 0),           # a reversed one counts nothing, never negative
+    (Position(3, -1), Position(3, 9), 10),         # "nothing within ledger 3" is before its entry 0
+    (Position(3, 4), Position(6, 100), 5 + 3),     # past the last entry: only what is stored
+    (Position(5, 0), Position(6, 0), 1),           # from a deleted ledger
+    (Position(6, 2), Position(9, 0), 0),           # past the end
+    (Position(1, 0), Position(2, 5), 0),           # before the first ledger
+])
+def test_entries_between_counts_stored_entries_in_the_interval(after, upto, expected):
+    """(after, upto] counts only entries that are stored: empty and deleted ledgers add
+    nothing, nor do positions past a ledger's last entry."""
+    assert _between(after, upto, {3: 9, 4: -1, 6: 2}) == expected
+
+
+def test_entries_between_agrees_with_counting_positions_one_by_one():
+    """For every pair of positions of a small topic, the count equals the stored
+    positions p with after < p <= upto."""
+    ledgers = {2: 3, 3: -1, 5: 0, 7: 4}
+    stored = [Position(l, e) for l, last in ledgers.items() for e in range(last + 1)]
+    probes = [EARLIEST, Position(2, -1), Position(4, 0), Position(5, 1), Position(8, 0)] + stored
+    for after in probes:
+        for upto in probes:
+            expected = sum(1 for p in stored if after < p <= upto)
+            assert _between(after, upto, ledgers) == expected, (after, upto)

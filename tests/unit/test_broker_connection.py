@@ -1,0 +1,238 @@
+"""One client connection (broker/connection.py): closing a producer or consumer that
+is still being created, frames after a close, and the bound on requests in progress.
+
+What it proves: CLOSE_PRODUCER / CLOSE_CONSUMER for one whose creation is still in
+progress are answered with success, and the creation then attaches nothing (before the
+fix it went on and registered a producer or consumer that nobody would close); a
+PRODUCER sent again with the same id after such a close is created normally; frames
+that arrive in the same chunk after one that closed the connection are not handled;
+past ``pending_requests_per_connection_max`` requests in progress, LOOKUP and
+PARTITIONED_METADATA get their own failure responses and other requests an ERROR,
+each with ServerError TooManyRequests, and requests are served again once some finish.
+
+How: a real ServerConnection and BrokerService over the in-memory metadata store and
+FakeLedgerClient, with a fake transport that records what the broker writes (and, like
+asyncio's, reports connection_lost on a later loop iteration after close()); a gated
+ownership manager holds topic loads and lookups where the test wants them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from broker import commands
+from broker.codec import NEED_DATA, CommandDecoder, encode_command
+from broker.config import BrokerConfig
+from broker.connection import ServerConnection
+from broker.managed_ledger import ManagedLedgerConfig
+from broker.proto import pulsar_api_pb2 as pb
+from broker.service import BrokerService
+from broker.topic_name import TopicName
+from metadata.memory_store import MemoryStore
+from tests.unit.fake_ledger_client import FakeLedgerClient
+
+T = pb.BaseCommand
+TOPIC = "persistent://public/default/connected"
+TIMEOUT_S = 5.0
+
+
+class GatedOwnership:
+    """This broker owns everything; ``ensure_serving`` and ``owner_of`` wait for
+    ``gate``."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def ensure_serving(self, topic: TopicName) -> None:
+        await self.gate.wait()
+
+    async def is_serving(self, topic: TopicName) -> bool:
+        return True
+
+    async def owner_of(self, topic: TopicName, broker_urls):
+        await self.gate.wait()
+        raise AssertionError("not reached in these tests")
+
+
+class FakeTransport(asyncio.Transport):
+    def __init__(self, protocol: ServerConnection) -> None:
+        super().__init__()
+        self._protocol = protocol
+        self._closing = False
+        self.written = bytearray()
+
+    def get_extra_info(self, name, default=None):
+        return ("127.0.0.1", 4000) if name == "peername" else default
+
+    def set_write_buffer_limits(self, high=None, low=None) -> None:
+        pass
+
+    def write(self, data) -> None:
+        self.written += data
+
+    def writelines(self, buffers) -> None:
+        for buffer in buffers:
+            self.written += buffer
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        if not self._closing:
+            self._closing = True
+            asyncio.get_running_loop().call_soon(self._protocol.connection_lost, None)
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+class Client:
+    """Feeds frames to a connection and reads back what it answered."""
+
+    def __init__(self, connection: ServerConnection, transport: FakeTransport) -> None:
+        self.connection = connection
+        self.transport = transport
+        self._decoder = CommandDecoder(frame_bytes_max=connection.config.frame_bytes_max)
+        self._read = 0
+
+    def send(self, *bodies) -> None:
+        """Delivers the commands in one chunk, as one socket read would."""
+        self.connection.data_received(b"".join(encode_command(commands.wrap(body)) for body in bodies))
+
+    def answers(self) -> list[pb.BaseCommand]:
+        self._decoder.feed(bytes(self.transport.written[self._read:]))
+        self._read = len(self.transport.written)
+        out = []
+        while (frame := self._decoder.next_command()) is not NEED_DATA:
+            out.append(frame.command)
+        return out
+
+
+async def connected(*, requests_max: int = 1000) -> tuple[BrokerService, Client]:
+    config = BrokerConfig(metadata_url="memory://", managed_ledger=ManagedLedgerConfig(1, 1, 1),
+                          retention_check_interval_s=3600, pending_requests_per_connection_max=requests_max)
+    service = BrokerService(config, MemoryStore(), FakeLedgerClient())
+    service.ownership = GatedOwnership()
+    await service.start()
+    connection = ServerConnection(service)
+    transport = FakeTransport(connection)
+    connection.connection_made(transport)
+    client = Client(connection, transport)
+    client.send(pb.CommandConnect(client_version="test", protocol_version=pb.v21))
+    (answer,) = client.answers()
+    assert answer.type == T.CONNECTED
+    return service, client
+
+
+async def settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0.001)
+
+
+async def test_close_producer_while_it_is_being_created_attaches_nothing():
+    """CLOSE_PRODUCER while the PRODUCER's topic is still loading is answered with
+    success; when the load completes, no producer is attached to the topic or the
+    connection and PRODUCER is not answered with success."""
+    service, client = await connected()
+    service.ownership.gate.clear()
+    client.send(pb.CommandProducer(topic=TOPIC, producer_id=1, request_id=1, producer_name="p"))
+    await settle()
+    client.send(pb.CommandCloseProducer(producer_id=1, request_id=2))
+    answers = client.answers()
+    assert [(a.type, a.success.request_id) for a in answers] == [(T.SUCCESS, 2)]
+    service.ownership.gate.set()
+    topic = await service.get_topic(TopicName.parse(TOPIC), create=True)
+    await settle()
+    assert [a.type for a in client.answers()] == []
+    assert topic.producers == {}
+    assert client.connection.producers == {}
+    assert client.connection._pending_producers == {}
+
+    client.send(pb.CommandProducer(topic=TOPIC, producer_id=1, request_id=3, producer_name="p"))
+    await settle()
+    (answer,) = client.answers()
+    assert answer.type == T.PRODUCER_SUCCESS and answer.producer_success.request_id == 3
+    assert [p.name for p in topic.producers.values()] == ["p"]
+    client.transport.close()
+    await service.close()
+
+
+async def test_close_consumer_while_it_is_subscribing_attaches_nothing():
+    """CLOSE_CONSUMER while the SUBSCRIBE's topic is still loading is answered with
+    success; when the load completes, the subscription (if any) has no consumer and
+    the connection none either."""
+    service, client = await connected()
+    service.ownership.gate.clear()
+    client.send(pb.CommandSubscribe(topic=TOPIC, subscription="s", subType=pb.CommandSubscribe.Shared,
+                                    consumer_id=7, request_id=1))
+    await settle()
+    client.send(pb.CommandCloseConsumer(consumer_id=7, request_id=2))
+    answers = client.answers()
+    assert [(a.type, a.success.request_id) for a in answers] == [(T.SUCCESS, 2)]
+    service.ownership.gate.set()
+    topic = await service.get_topic(TopicName.parse(TOPIC), create=True)
+    await settle()
+    assert [a.type for a in client.answers()] == []
+    assert all(not s.consumers for s in topic.subscriptions.values())
+    assert client.connection.consumers == {}
+    assert client.connection._pending_consumers == {}
+    client.transport.close()
+    await service.close()
+
+
+async def test_frames_after_a_closing_frame_are_not_handled():
+    """A command before CONNECT closes the connection; a CONNECT that came in the same
+    chunk is not handled (before the fix the loop went on until connection_lost)."""
+    config = BrokerConfig(metadata_url="memory://", managed_ledger=ManagedLedgerConfig(1, 1, 1))
+    service = BrokerService(config, MemoryStore(), FakeLedgerClient())
+    connection = ServerConnection(service)
+    transport = FakeTransport(connection)
+    connection.connection_made(transport)
+    client = Client(connection, transport)
+    client.send(pb.CommandLookupTopic(topic=TOPIC, request_id=1),
+                pb.CommandConnect(client_version="test", protocol_version=pb.v21))
+    assert transport.is_closing()
+    assert not connection.connected
+    assert [a.type for a in client.answers()] == [T.ERROR]
+    await settle()
+    assert connection.closed
+
+
+async def test_requests_past_the_bound_are_refused_with_too_many_requests():
+    """With a bound of 2 and two lookups held, a third LOOKUP, a PARTITIONED_METADATA
+    and a PRODUCER are each refused at once with TooManyRequests in their own response
+    form; once the held lookups finish, a request is served again."""
+    service, client = await connected(requests_max=2)
+    service.ownership.gate.clear()
+    client.send(pb.CommandLookupTopic(topic=TOPIC, request_id=1), pb.CommandLookupTopic(topic=TOPIC, request_id=2))
+    await settle()
+    assert client.answers() == []
+    client.send(pb.CommandLookupTopic(topic=TOPIC, request_id=3),
+                pb.CommandPartitionedTopicMetadata(topic=TOPIC, request_id=4),
+                pb.CommandProducer(topic=TOPIC, producer_id=1, request_id=5))
+    lookup, metadata, producer = client.answers()
+    assert lookup.type == T.LOOKUP_RESPONSE
+    assert lookup.lookupTopicResponse.request_id == 3
+    assert lookup.lookupTopicResponse.response == pb.CommandLookupTopicResponse.Failed
+    assert lookup.lookupTopicResponse.error == pb.TooManyRequests
+    assert metadata.type == T.PARTITIONED_METADATA_RESPONSE
+    assert metadata.partitionMetadataResponse.request_id == 4
+    assert metadata.partitionMetadataResponse.error == pb.TooManyRequests
+    assert producer.type == T.ERROR
+    assert (producer.error.request_id, producer.error.error) == (5, pb.TooManyRequests)
+
+    for task in list(client.connection._tasks):   # the held lookups end (e.g. the client left)
+        task.cancel()
+    await settle()
+    service.ownership.gate.set()
+    client.send(pb.CommandPartitionedTopicMetadata(topic=TOPIC, request_id=6))
+    await settle()
+    (served,) = client.answers()
+    assert served.partitionMetadataResponse.request_id == 6
+    assert served.partitionMetadataResponse.response == pb.CommandPartitionedTopicMetadataResponse.Success
+    client.transport.close()
+    await service.close()

@@ -1,0 +1,270 @@
+"""The etcd store's client handling (metadata/etcd_store.py), at the aetcd edge.
+
+What it proves:
+- endpoint rotation replaces only the client that failed: a call still in flight on an
+  old client that fails after the store moved on leaves the fresh client (and the
+  calls running on it) alone; the bug closed whatever client was current;
+- errors are translated by what they mean: transport failures are MetadataUnavailable
+  and move to the next endpoint; a refused request (INVALID_ARGUMENT) is a
+  non-retriable InvalidArgument and an unknown lease (NOT_FOUND) MetadataLeaseExpired,
+  and neither moves endpoints;
+- lease keep-alive: ``refreshed_at`` is when the refresh was sent, not when its reply
+  came (etcd restarted the TTL somewhere in between, so the later time overstates the
+  lease's life); after a failed refresh the next comes after a short backoff, not a
+  whole ttl/3 interval; a refresh that hangs is given up after ttl/5, not after the
+  general call timeout, and the lease survives both.
+
+How: EtcdStore with ``aetcd.Client`` replaced by a scripted fake (no sockets); gRPC
+errors are real ``grpc.aio.AioRpcError`` instances. The keep-alive tests run on real
+time with a 3 s TTL (1 s interval) and bound only what the fixes changed, with wide
+margins for a loaded machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+
+import aetcd
+import grpc
+import pytest
+from grpc.aio import AioRpcError, Metadata
+
+from ledger.errors import InvalidArgument, MetadataLeaseExpired, MetadataUnavailable
+from metadata.etcd_store import EtcdStore, EtcdStoreConfig
+
+
+def _rpc_error(code: grpc.StatusCode, details: str = "") -> AioRpcError:
+    return AioRpcError(code, Metadata(), Metadata(), details=details)
+
+
+class FakeClient:
+    """Stands in for aetcd.Client. ``script`` is shared by every client: each call takes
+    the next step, an async function (client) -> result."""
+
+    made: list["FakeClient"] = []
+    script: list = []
+
+    def __init__(self, host: str, port: int, **_options) -> None:
+        self.endpoint = (host, port)
+        self.closed = False
+        FakeClient.made.append(self)
+
+    async def _next(self):
+        step = FakeClient.script.pop(0)
+        return await step(self)
+
+    async def get(self, key: bytes):
+        return await self._next()
+
+    async def lease(self, ttl: int):
+        return SimpleNamespace(id=7, TTL=ttl)
+
+    async def refresh_lease(self, lease_id: int):
+        return await self._next()
+
+    async def revoke_lease(self, lease_id: int) -> None:
+        return None
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def fake_clients(monkeypatch):
+    FakeClient.made = []
+    FakeClient.script = []
+    monkeypatch.setattr(aetcd, "Client", FakeClient)
+    return FakeClient
+
+
+def _store(endpoints: int = 2) -> EtcdStore:
+    return EtcdStore(EtcdStoreConfig(endpoints=tuple(("etcd", 2379 + i) for i in range(endpoints)),
+                                     root="/test", call_timeout_s=5.0))
+
+
+# --- endpoints -----------------------------------------------------------------------------------
+
+async def test_a_late_failure_on_an_old_client_does_not_close_the_new_one(fake_clients):
+    """Calls 1 and 2 run on client A. Call 1 fails (A is dropped, B is next); call 3
+    starts on B; then call 2 fails on A. B must stay open and current, and call 3 must
+    complete on it."""
+    store = _store(2)
+    fail_1, fail_2, answer_3 = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    def failing(event: asyncio.Event):
+        async def step(_client):
+            await event.wait()
+            raise _rpc_error(grpc.StatusCode.UNAVAILABLE, "connection refused")
+        return step
+
+    async def answering(_client):
+        await answer_3.wait()
+        return None
+
+    fake_clients.script = [failing(fail_1), failing(fail_2), answering]
+    call_1 = asyncio.create_task(store.get("/k"))
+    call_2 = asyncio.create_task(store.get("/k"))
+    await asyncio.sleep(0)
+    client_a = store._client
+    fail_1.set()
+    with pytest.raises(MetadataUnavailable):
+        await call_1
+    call_3 = asyncio.create_task(store.get("/k"))
+    await asyncio.sleep(0)
+    client_b = store._client
+    assert client_b is not None and client_b is not client_a
+    fail_2.set()
+    with pytest.raises(MetadataUnavailable):
+        await call_2
+    await asyncio.sleep(0)
+    assert store._client is client_b
+    assert not client_b.closed
+    assert client_a.closed
+    answer_3.set()
+    assert await call_3 is None
+    await store.close()
+
+
+@pytest.mark.parametrize("code, expected, moves", [
+    (grpc.StatusCode.UNAVAILABLE, MetadataUnavailable, True),
+    (grpc.StatusCode.DEADLINE_EXCEEDED, MetadataUnavailable, True),
+    (grpc.StatusCode.INVALID_ARGUMENT, InvalidArgument, False),     # e.g. request too large
+    (grpc.StatusCode.NOT_FOUND, MetadataLeaseExpired, False),       # requested lease not found
+])
+async def test_errors_are_translated_by_meaning(fake_clients, code, expected, moves):
+    """Only transport failures are retriable MetadataUnavailable and change endpoints;
+    a refused request keeps its own, non-retriable type and the endpoint."""
+    store = _store(2)
+
+    async def fail(_client):
+        raise _rpc_error(code, "etcdserver: something")
+
+    fake_clients.script = [fail]
+    with pytest.raises(expected) as raised:
+        await store.get("/k")
+    assert type(raised.value) is expected
+    assert raised.value.retriable == (expected is not InvalidArgument)
+    await asyncio.sleep(0)                         # the dropped client closes in the background
+    first = fake_clients.made[0]
+    assert (store._client is None) == moves
+    assert first.closed == moves
+    assert store._endpoint_index == (1 if moves else 0)
+    await store.close()
+
+
+async def test_aetcd_wrapped_errors_are_translated_by_their_grpc_status(fake_clients):
+    """aetcd wraps gRPC errors in its own (InvalidArgumentError from INVALID_ARGUMENT):
+    the status underneath decides."""
+    store = _store(2)
+
+    async def fail(_client):
+        try:
+            raise _rpc_error(grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: request is too large")
+        except AioRpcError as error:
+            raise aetcd.exceptions.InvalidArgumentError(error.details()) from error
+
+    fake_clients.script = [fail]
+    with pytest.raises(InvalidArgument):
+        await store.get("/k")
+    assert store._endpoint_index == 0 and not fake_clients.made[0].closed
+    await store.close()
+
+
+# --- lease keep-alive ----------------------------------------------------------------------------------
+
+async def test_refreshed_at_is_when_the_refresh_was_sent(fake_clients):
+    """A refresh whose reply takes 0.2 s: refreshed_at is the moment it was sent."""
+    store = _store(1)
+    sent: list[float] = []
+    replied = asyncio.Event()
+
+    async def slow_reply(_client):
+        sent.append(time.monotonic())
+        await asyncio.sleep(0.2)
+        replied.set()
+        return SimpleNamespace(TTL=3)
+
+    async def hang(_client):
+        await asyncio.Event().wait()
+
+    fake_clients.script = [slow_reply, hang]
+    lease = await store.grant_lease(3)
+    await asyncio.wait_for(replied.wait(), 3.0)
+    await asyncio.sleep(0.01)
+    assert sent[0] - 0.05 < lease.refreshed_at <= sent[0]       # not sent[0] + 0.2, the reply
+    assert not lease.is_lost
+    await store.revoke_lease(lease)
+    await store.close()
+
+
+async def test_a_failed_refresh_is_retried_after_a_short_backoff(fake_clients):
+    """TTL 3 s (refresh every 1 s). The first refresh fails; the retry comes within half
+    a second, not a whole interval later, and confirms the lease."""
+    store = _store(1)
+    calls: list[float] = []
+    confirmed = asyncio.Event()
+
+    async def fail(_client):
+        calls.append(time.monotonic())
+        raise _rpc_error(grpc.StatusCode.UNAVAILABLE, "connection reset")
+
+    async def succeed(_client):
+        calls.append(time.monotonic())
+        confirmed.set()
+        return SimpleNamespace(TTL=3)
+
+    async def hang(_client):
+        await asyncio.Event().wait()
+
+    fake_clients.script = [fail, succeed, hang]
+    lease = await store.grant_lease(3)
+    await asyncio.wait_for(confirmed.wait(), 4.0)
+    assert calls[1] - calls[0] < 0.5, calls
+    assert calls[1] - 0.05 < lease.refreshed_at <= calls[1]
+    assert not lease.is_lost
+    await store.revoke_lease(lease)
+    await store.close()
+
+
+async def test_a_hung_refresh_is_given_up_after_a_fifth_of_the_ttl(fake_clients):
+    """TTL 3 s: a refresh that never answers is abandoned after 0.6 s (ttl/5) and
+    retried soon after, instead of after the 5 s call timeout."""
+    store = _store(1)
+    calls: list[float] = []
+    confirmed = asyncio.Event()
+
+    async def hang_once(_client):
+        calls.append(time.monotonic())
+        await asyncio.Event().wait()
+
+    async def succeed(_client):
+        calls.append(time.monotonic())
+        confirmed.set()
+        return SimpleNamespace(TTL=3)
+
+    async def hang(_client):
+        await asyncio.Event().wait()
+
+    fake_clients.script = [hang_once, succeed, hang]
+    lease = await store.grant_lease(3)
+    await asyncio.wait_for(confirmed.wait(), 5.0)
+    assert 0.5 < calls[1] - calls[0] < 1.5, calls
+    assert not lease.is_lost
+    await store.revoke_lease(lease)
+    await store.close()
+
+
+async def test_a_lease_unknown_to_etcd_is_lost_at_once(fake_clients):
+    """NOT_FOUND from a refresh means etcd dropped the lease: lost, no retries."""
+    store = _store(1)
+
+    async def unknown(_client):
+        raise _rpc_error(grpc.StatusCode.NOT_FOUND, "etcdserver: requested lease not found")
+
+    fake_clients.script = [unknown]
+    lease = await store.grant_lease(3)
+    await asyncio.wait_for(lease.lost.wait(), 3.0)
+    assert fake_clients.script == []
+    await store.close()

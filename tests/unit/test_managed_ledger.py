@@ -1,0 +1,294 @@
+"""The managed ledger (broker/managed_ledger.py) and its record
+(broker/managed_ledger_info.py): termination, refused entries, failed ledger closes,
+close times, cache-miss reads, and the end position.
+
+What it proves: appends that arrive while a termination waits for pending appends are
+refused with TopicTerminated, so nothing is acknowledged past the terminated position,
+which a reload finds again; an entry the ledger client refuses as too large fails only
+its own append, in append order, without creating ledgers, while a handle that
+failed and repeats that error to every entry is rolled over; a rolled-over ledger whose
+close fails is recorded with what its handle confirmed and no longer counts as open
+(trimming can delete it); a closed ledger's close time is recorded and survives the
+record's encoding, and records written before it existed read a closed ledger's
+creation time instead; a run of cache misses reads about the byte budget from the
+bookies, not a fixed 500 entries (from a closed ledger's known sizes, and from the
+mean of entries seen for an open one); ``end_position`` is where a reader starting at
+the end reads next.
+
+How: a real ManagedLedger over the in-memory metadata store (metadata/memory_store.py,
+the etcd edge) and FakeLedgerClient (the ledger-client edge), driven with
+asyncio under a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from broker.managed_ledger import ManagedLedger, ManagedLedgerConfig
+from broker.managed_ledger_info import LedgerInfo, ManagedLedgerInfo
+from broker.position import Position
+from broker.topic_name import TopicName
+from ledger.entry_cache import EntryCache
+from ledger.errors import EntryTooLarge, LedgerError, TopicTerminated
+from metadata.memory_store import MemoryStore
+from tests.unit.fake_ledger_client import FakeLedgerClient
+
+KIB = 1024
+MIB = 1024 * KIB
+TOPIC = TopicName.parse("persistent://public/default/managed")
+TIMEOUT_S = 5.0
+
+
+def config(**overrides) -> ManagedLedgerConfig:
+    return ManagedLedgerConfig(ensemble_size=1, write_quorum_size=1, ack_quorum_size=1, **overrides)
+
+
+async def opened(store: MemoryStore, client: FakeLedgerClient, *, cache_bytes: int = 64 * MIB,
+                 **overrides) -> ManagedLedger:
+    ledger = ManagedLedger(TOPIC, store, client, EntryCache(cache_bytes), config(**overrides))
+    await ledger.open(create_if_missing=True)
+    return ledger
+
+
+async def until(condition, what: str) -> None:
+    """Lets the loop run until ``condition()`` holds (failing after TIMEOUT_S)."""
+    async with asyncio.timeout(TIMEOUT_S):
+        while not condition():
+            await asyncio.sleep(0.001)
+    assert condition(), what
+
+
+async def test_appends_during_termination_are_refused_and_reload_keeps_the_position():
+    """An append accepted before terminate() completes first and is the terminated
+    position; one arriving while terminate() waits for it is refused with
+    TopicTerminated (before the fix it was accepted and acknowledged past the recorded
+    position). A reload finds the same last position and the topic terminated."""
+    store, client = MemoryStore(), FakeLedgerClient()
+    ledger = await opened(store, client)
+    client.hold_adds = True
+    before = ledger.append(b"before")
+    terminating = asyncio.get_running_loop().create_task(ledger.terminate())
+    await asyncio.sleep(0)   # terminate() is now waiting for "before"
+    assert not terminating.done()
+    during = ledger.append(b"during")
+    client.release_adds()
+    async with asyncio.timeout(TIMEOUT_S):
+        terminated_at = await terminating
+        first = await before
+    with pytest.raises(TopicTerminated):
+        await during
+    assert first == terminated_at
+    assert ledger.last_confirmed == terminated_at
+    with pytest.raises(TopicTerminated):
+        await ledger.append(b"after")
+    assert await ledger.terminate() == terminated_at   # again: same answer
+    await ledger.close()
+
+    reloaded = await opened(store, client)
+    assert reloaded.terminated
+    assert reloaded.last_confirmed == terminated_at
+    entries = await reloaded.read(Position(-1, 0), 10, MIB)
+    assert [bytes(e.data) for e in entries] == [b"before"]
+    await reloaded.close()
+
+
+async def test_concurrent_terminations_share_one():
+    """Two terminate() calls while an append is pending return the same position and
+    write the record once."""
+    store, client = MemoryStore(), FakeLedgerClient()
+    ledger = await opened(store, client)
+    client.hold_adds = True
+    pending = ledger.append(b"x")
+    first = asyncio.get_running_loop().create_task(ledger.terminate())
+    second = asyncio.get_running_loop().create_task(ledger.terminate())
+    await asyncio.sleep(0)
+    client.release_adds()
+    async with asyncio.timeout(TIMEOUT_S):
+        results = await asyncio.gather(first, second)
+    assert results[0] == results[1] == await pending
+    await ledger.close()
+
+
+async def test_oversized_entry_fails_only_its_append_without_rolling_over():
+    """EntryTooLarge from submit_nowait fails that append alone: no new ledger is
+    created (before the fix the managed ledger rolled over and retried forever), the
+    current ledger keeps taking appends, and the failure comes in append order: after
+    the receipt of the append before it."""
+    store, client = MemoryStore(), FakeLedgerClient()
+    client.config.entry_bytes_max = 64 * KIB
+    ledger = await opened(store, client)
+    assert client.created == 1
+    ledger_id = ledger.current_ledger_id
+    client.hold_adds = True
+    small = ledger.append(b"small")
+    big = ledger.append(b"x" * (64 * KIB))
+    await asyncio.sleep(0.01)
+    assert not small.done()
+    assert not big.done(), "the refusal waits for the append before it"
+    order: list[str] = []
+    small.add_done_callback(lambda _f: order.append("small"))
+    big.add_done_callback(lambda _f: order.append("big"))
+    client.release_adds()
+    async with asyncio.timeout(TIMEOUT_S):
+        assert await small == Position(ledger_id, 0)
+        with pytest.raises(EntryTooLarge):
+            await big
+        after = await ledger.append(b"after")
+    assert order == ["small", "big"]
+    assert after == Position(ledger_id, 1)
+    assert client.created == 1
+    assert ledger.current_ledger_id == ledger_id
+    await ledger.close()
+
+
+async def test_a_handle_failed_by_a_refused_entry_still_rolls_over():
+    """A handle that failed because a bookie refused an entry repeats EntryTooLarge to
+    every later submit; that is a failed ledger, not an invalid entry: the next small
+    append is stored in a new ledger rather than refused."""
+    store, client = MemoryStore(), FakeLedgerClient()
+    ledger = await opened(store, client)
+    old_id = ledger.current_ledger_id
+    client.handles[old_id].fail(EntryTooLarge(10 * MIB, 5 * MIB))
+    async with asyncio.timeout(TIMEOUT_S):
+        position = await ledger.append(b"small")
+    assert position.ledger_id != old_id
+    assert position.entry_id == 0
+    assert client.created == 2
+    await ledger.close()
+
+
+async def test_failed_close_records_what_the_handle_confirmed():
+    """A rolled-over ledger whose close fails leaves the set of open handles with the
+    entry count and size its handle confirmed, so trimming can delete it and stats see
+    a finished ledger (before the fix it stayed "closing" forever)."""
+    store, client = MemoryStore(), FakeLedgerClient()
+    ledger = await opened(store, client, ledger_entries_max=2)
+    old_id = ledger.current_ledger_id
+    client.close_error = LedgerError("ledger metadata unavailable")
+    async with asyncio.timeout(TIMEOUT_S):
+        await ledger.append(b"a" * 10)
+        await ledger.append(b"b" * 10)
+    await until(lambda: ledger.current_ledger_id != old_id, "rolled over")
+    await until(lambda: not ledger._closing_handles, "the old ledger's close ran")
+    info = next(i for i in ledger.ledger_infos() if i.ledger_id == old_id)
+    assert info.entries == 2
+    assert info.size_bytes == 20
+    assert info.closed_ms > 0
+    assert old_id not in ledger._open_handles
+    assert ledger.number_of_entries() == 2
+    assert await ledger.delete_ledgers_before(ledger.current_ledger_id) == [old_id]
+    client.close_error = None
+    await ledger.close()
+
+
+async def test_close_time_is_recorded_and_survives_the_record():
+    """A closed ledger gets closed_ms (at or after its creation) and the record keeps
+    it; the current ledger has none."""
+    store, client = MemoryStore(), FakeLedgerClient()
+    ledger = await opened(store, client, ledger_entries_max=1)
+    first_id = ledger.current_ledger_id
+    async with asyncio.timeout(TIMEOUT_S):
+        await ledger.append(b"a")
+    await until(lambda: ledger.current_ledger_id not in (-1, first_id), "rolled over")
+    await until(lambda: not ledger._closing_handles, "closed")
+    infos = {i.ledger_id: i for i in ledger.ledger_infos()}
+    assert infos[first_id].closed_ms >= infos[first_id].created_ms > 0
+    assert infos[ledger.current_ledger_id].closed_ms == 0
+    decoded = {i.ledger_id: i for i in ManagedLedgerInfo.decode(ledger._info.encode()).ledgers}
+    assert decoded[first_id].closed_ms == infos[first_id].closed_ms
+    assert decoded[ledger.current_ledger_id].closed_ms == 0
+    await ledger.close()
+
+
+def test_records_without_close_times_read_creation_times():
+    """A record written before closed_ms existed (four-element ledger rows, no
+    closed_ms object) decodes with each closed ledger's close time taken to be its
+    creation time, and an open ledger's left at 0; records written now still have the
+    four-element rows older brokers read."""
+    old = (b'{"created_ms": 5, "format_version": 1, "ledgers": [[3, 10, 100, 1000], [4, -1, -1, 2000]], '
+           b'"properties": {}, "terminated_position": null}')
+    info = ManagedLedgerInfo.decode(old)
+    assert [(i.ledger_id, i.created_ms, i.closed_ms) for i in info.ledgers] == [(3, 1000, 1000), (4, 2000, 0)]
+    encoded = ManagedLedgerInfo([LedgerInfo(3, 10, 100, 1000, closed_ms=1500)]).encode()
+    assert b"[3, 10, 100, 1000]" in encoded
+    assert ManagedLedgerInfo.decode(encoded).ledgers[0].closed_ms == 1500
+
+
+async def test_cache_miss_run_of_a_closed_ledger_stops_at_the_byte_budget():
+    """Reading a closed ledger of 64 KiB entries with a 200 KiB budget asks the bookies
+    for about 200 KiB (3 entries, then 1 to pass the budget), not the whole ledger
+    (before the fix: one run of up to 500 entries)."""
+    store, client = MemoryStore(), FakeLedgerClient()
+    writer = await opened(store, client, ledger_entries_max=10)
+    first_id = writer.current_ledger_id
+    async with asyncio.timeout(TIMEOUT_S):
+        for index in range(10):
+            await writer.append(bytes([index]) * (64 * KIB))
+        await writer.close()
+    reader = await opened(store, client)   # a fresh entry cache: every read misses
+    client.reads.clear()
+    async with asyncio.timeout(TIMEOUT_S):
+        entries = await reader.read(Position(first_id, 0), 100, 200 * KIB)
+    assert [e.position for e in entries] == [Position(first_id, i) for i in range(4)]
+    assert client.reads == [(first_id, 0, 2), (first_id, 3, 3)]
+    await reader.close()
+
+
+async def test_cache_miss_run_of_an_open_ledger_uses_the_mean_of_entries_seen():
+    """In the current ledger (no size recorded yet) with nothing cached, the first
+    miss reads one entry, and later runs are sized by the mean of those seen."""
+    store, client = MemoryStore(), FakeLedgerClient()
+    ledger = await opened(store, client, cache_bytes=0)
+    ledger_id = ledger.current_ledger_id
+    async with asyncio.timeout(TIMEOUT_S):
+        for index in range(10):
+            await ledger.append(bytes([index]) * (64 * KIB))
+        client.reads.clear()
+        entries = await ledger.read(Position(ledger_id, 0), 100, 200 * KIB)
+    assert len(entries) == 4
+    assert client.reads == [(ledger_id, 0, 0), (ledger_id, 1, 2), (ledger_id, 3, 3)]
+    assert sum(last - first + 1 for _, first, last in client.reads) == 4
+    await ledger.close()
+
+
+async def test_end_position():
+    """An empty topic's end is its first position; after entries, the one after the
+    last; after a rollover, entry 0 of the new ledger."""
+    store, client = MemoryStore(), FakeLedgerClient()
+    ledger = await opened(store, client, ledger_entries_max=2)
+    first_id = ledger.current_ledger_id
+    assert ledger.end_position == ledger.first_position == Position(first_id, 0)
+    async with asyncio.timeout(TIMEOUT_S):
+        await ledger.append(b"a")
+    assert ledger.end_position == Position(first_id, 1)
+    async with asyncio.timeout(TIMEOUT_S):
+        await ledger.append(b"b")
+    await until(lambda: ledger.current_ledger_id not in (-1, first_id), "rolled over")
+    await until(lambda: not ledger._closing_handles, "closed")
+    assert ledger.end_position == Position(ledger.current_ledger_id, 0)
+    assert ledger.entries_between(Position(-1, -1), ledger.last_confirmed) == 2
+    await ledger.close()
+
+
+async def test_appends_during_close_are_refused_and_close_waits_for_every_caller():
+    """close() refuses appends from its call on, and a second close() returns only
+    once the first has finished."""
+    store, client = MemoryStore(), FakeLedgerClient()
+    ledger = await opened(store, client)
+    client.hold_adds = True
+    pending = ledger.append(b"x")
+    first = asyncio.get_running_loop().create_task(ledger.close())
+    await asyncio.sleep(0)
+    refused = ledger.append(b"y")
+    assert refused.done() and refused.exception() is not None
+    second = asyncio.get_running_loop().create_task(ledger.close())
+    await asyncio.sleep(0.01)
+    assert not second.done(), "a second close returned before the first finished"
+    client.release_adds()
+    async with asyncio.timeout(TIMEOUT_S):
+        await asyncio.gather(first, second)
+    assert ledger.closed
+    assert (await pending).entry_id == 0
+

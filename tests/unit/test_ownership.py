@@ -1,0 +1,497 @@
+"""Bundle ownership on one broker (bundles/ownership.py), the leader's bookkeeping
+(bundles/leader.py) and finding a topic's bundle among many (bundles/hashing.py,
+BundleIndex), over the in-memory metadata store.
+
+What it proves:
+- self-fencing takes every bundle out of service before it closes any topic, then
+  closes all bundles' topics concurrently (the bug: one bundle after another, each
+  waiting for topic closes that flush to a failing etcd, the rest still served);
+- release() finishes even when etcd fails its last transaction: retried, then the
+  owner key is deleted without the hand-over so the leader reassigns the bundle (the
+  bug: the error escaped and the key stayed RELEASING under our live lease, with
+  nobody serving the bundle); a reply lost after etcd applied it is not an error;
+- a lookup or ensure_serving that waits for an unowned bundle re-reads the
+  namespace's boundaries at most once per call, and concurrent callers share reads
+  (the bug: one etcd read per wake-up of every waiting caller);
+- BundleIndex finds the same bundle as checking every range, parses each bundle name
+  once per load report rather than once per topic and bundle, and finds a stopped
+  bundle's topics by its own range even when the cached boundaries moved on;
+- the leader, given the ownership mirrors, reads no owners or assignments from etcd
+  and still assigns every unowned bundle; it forgets assignment times of bundles now
+  owned or gone, and move times past the cooldown;
+- owner_records / handover_target answer from the watched mirror and skip
+  unreadable load reports.
+
+How: real OwnershipManager / Leader / LoadReporter objects on MemoryStore (wrapped at
+the store edge to count or fail chosen calls); topics are names only, closed through a
+recording callback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import pytest
+
+from broker.topic_name import NamespaceName, TopicName
+from bundles import hashing, ownership as ownership_module
+from bundles.config import BundlesConfig
+from bundles.hashing import BundleIndex, BundleRange, Bundles, default_boundaries, topic_hash
+from bundles.leader import Leader
+from bundles.load import LoadReporter
+from bundles.ownership import BrokerIdentity, OwnershipManager
+from bundles.records import AssignmentRecord, BundlesRecord, LoadReport, OwnerRecord
+from ledger.errors import MetadataUnavailable
+from metadata import keys
+from metadata.memory_store import MemoryStore
+from metadata.prefix_cache import PrefixCache
+from metadata.store import Delete, Put
+
+NAMESPACE = NamespaceName("public", "default")
+YIELDS_MAX = 2000
+
+
+async def _until(condition, what: str = "condition") -> None:
+    for _ in range(YIELDS_MAX):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"{what} not met")
+
+
+def _identity(name: str) -> BrokerIdentity:
+    return BrokerIdentity(name, f"pulsar://{name}:6650", f"http://{name}:8080")
+
+
+def _topics_one_per_bundle(bundles: Bundles) -> list[TopicName]:
+    """A topic name falling in each of the namespace's bundles."""
+    found: dict[BundleRange, TopicName] = {}
+    index = 0
+    while len(found) < len(bundles.ranges):
+        topic = TopicName.parse(f"persistent://public/default/t-{index}")
+        found.setdefault(bundles.for_topic(str(topic)), topic)
+        index += 1
+    return [found[bundle] for bundle in bundles.ranges]
+
+
+async def _namespace(store: MemoryStore, bundles_count: int = 4) -> Bundles:
+    await store.put(keys.namespace_policies("public", "default"), b"{}")
+    boundaries = default_boundaries(bundles_count)
+    await store.put(keys.namespace_bundles("public", "default"), BundlesRecord(boundaries).encode())
+    return Bundles(tuple(boundaries))
+
+
+async def _assign_all(store: MemoryStore, manager: OwnershipManager, bundles: Bundles) -> None:
+    for bundle in bundles.ranges:
+        await store.put(keys.bundle_assignment(str(NAMESPACE), bundle.name),
+                        AssignmentRecord(manager.identity.broker_id).encode())
+    await _until(lambda: len(manager.serving()) == len(bundles.ranges), "all bundles served")
+
+
+# --- self-fencing ---------------------------------------------------------------------------------
+
+async def test_fencing_stops_serving_every_bundle_first_then_closes_them_concurrently():
+    """Four served bundles, one loaded topic in each; topic closes block (etcd is away).
+    When the lease goes stale, the first close starts with nothing served any more,
+    and all four bundles' closes are under way at once."""
+    store = MemoryStore()
+    bundles = await _namespace(store)
+    topics = _topics_one_per_bundle(bundles)
+    release = asyncio.Event()
+    served_at_first_close: list[list[str]] = []
+    in_flight = [0]
+    in_flight_max = [0]
+    closed: list[list[TopicName]] = []
+
+    async def close_topics(names: list[TopicName], _reason: str) -> None:
+        if not served_at_first_close:
+            served_at_first_close.append(manager.serving())
+        in_flight[0] += 1
+        in_flight_max[0] = max(in_flight_max[0], in_flight[0])
+        try:
+            await release.wait()
+        finally:
+            in_flight[0] -= 1
+        closed.append(names)
+
+    manager = OwnershipManager(store, BundlesConfig(lease_ttl_s=2), _identity("a"),
+                               loaded_topics=lambda: list(topics), close_topics=close_topics)
+    await manager.start()
+    try:
+        await _assign_all(store, manager, bundles)
+        assert manager.lease is not None
+        manager.lease.refreshed_at = time.monotonic() - 60        # no confirmation for a minute
+        await asyncio.wait_for(_wait_for(lambda: in_flight[0] == len(topics)), 2.0)
+        assert served_at_first_close == [[]]
+        assert manager.fenced
+        assert [await manager.is_serving(topic) for topic in topics] == [False] * len(topics)
+        release.set()
+        await _until(lambda: len(closed) == len(topics), "every bundle's topics closed")
+        assert sorted(str(t) for names in closed for t in names) == sorted(str(t) for t in topics)
+        assert in_flight_max[0] == len(topics)
+    finally:
+        release.set()
+        await manager.close()
+
+
+async def _wait_for(condition) -> None:
+    while not condition():
+        await asyncio.sleep(0.01)
+
+
+async def test_fencing_bounds_how_many_bundles_close_at_once(monkeypatch):
+    """With more bundles than the bound, no more than the bound close at a time."""
+    monkeypatch.setattr(ownership_module, "FENCE_CLOSES_CONCURRENT_MAX", 3)
+    store = MemoryStore()
+    bundles = await _namespace(store, 8)
+    topics = _topics_one_per_bundle(bundles)
+    in_flight = [0]
+    in_flight_max = [0]
+    done = [0]
+
+    async def close_topics(_names, _reason) -> None:
+        in_flight[0] += 1
+        in_flight_max[0] = max(in_flight_max[0], in_flight[0])
+        await asyncio.sleep(0.01)
+        in_flight[0] -= 1
+        done[0] += 1
+
+    manager = OwnershipManager(store, BundlesConfig(lease_ttl_s=2), _identity("a"),
+                               loaded_topics=lambda: list(topics), close_topics=close_topics)
+    await manager.start()
+    try:
+        await _assign_all(store, manager, bundles)
+        manager.lease.refreshed_at = time.monotonic() - 60
+        await asyncio.wait_for(_wait_for(lambda: done[0] == len(topics)), 3.0)
+        assert in_flight_max[0] == 3
+        assert manager.serving() == []
+    finally:
+        await manager.close()
+
+
+# --- release when etcd fails the last step -----------------------------------------------------------
+
+class FinalStepFailingStore(MemoryStore):
+    """Fails transactions that delete an owner key (a release's last step) while
+    ``failures`` lasts; ``only_with_put`` spares the delete-only fallback; with
+    ``apply_first`` the transaction is applied before the error (a lost reply)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failures = 0
+        self.only_with_put = False
+        self.apply_first = False
+
+    async def transaction(self, compares, operations):
+        final = any(isinstance(op, Delete) and op.key.startswith(keys.BUNDLE_OWNERS) for op in operations)
+        if final and self.failures and (not self.only_with_put or any(isinstance(op, Put) for op in operations)):
+            self.failures -= 1
+            if self.apply_first:
+                await super().transaction(compares, operations)
+            raise MetadataUnavailable("etcd call failed: UNAVAILABLE")
+        return await super().transaction(compares, operations)
+
+
+async def _served_manager(store: MemoryStore) -> tuple[OwnershipManager, str]:
+    await _namespace(store, 1)
+
+    async def close_topics(_names, _reason) -> None:
+        return None
+
+    manager = OwnershipManager(store, BundlesConfig(), _identity("a"), loaded_topics=list,
+                               close_topics=close_topics)
+    await manager.start()
+    whole = BundleRange.parse("0x00000000_0xffffffff").name
+    await store.put(keys.bundle_assignment(str(NAMESPACE), whole), AssignmentRecord("a").encode())
+    await _until(lambda: manager.serving() == [f"{NAMESPACE}/{whole}"] and manager.owners(), "bundle served")
+    return manager, whole
+
+
+@pytest.fixture
+def quick_release_retries(monkeypatch):
+    monkeypatch.setattr(ownership_module, "RELEASE_RETRY_S", 0.001)
+
+
+async def test_release_retries_its_last_step(quick_release_retries):
+    """Two failures, then success: the bundle is handed to b as asked."""
+    store = FinalStepFailingStore()
+    manager, bundle = await _served_manager(store)
+    try:
+        store.failures = 2
+        await manager.release(str(NAMESPACE), bundle, to="b", reason="test")
+        assert await store.get(keys.bundle_owner(str(NAMESPACE), bundle)) is None
+        assignment = await store.get(keys.bundle_assignment(str(NAMESPACE), bundle))
+        assert assignment is not None and AssignmentRecord.decode(assignment.value).broker_id == "b"
+        assert manager.serving() == []
+    finally:
+        await manager.close()
+
+
+async def test_release_that_cannot_hand_over_frees_the_owner_key(quick_release_retries, caplog):
+    """The hand-over transaction keeps failing: after the bounded attempts the owner key
+    is deleted on its own (logged as an error), so the leader can reassign the bundle
+    instead of it staying RELEASING under our lease."""
+    store = FinalStepFailingStore()
+    manager, bundle = await _served_manager(store)
+    try:
+        store.failures, store.only_with_put = 100, True
+        with caplog.at_level(logging.ERROR, logger="bundles.ownership"):
+            await manager.release(str(NAMESPACE), bundle, to="b", reason="test")
+        assert await store.get(keys.bundle_owner(str(NAMESPACE), bundle)) is None
+        assert any(r.levelno == logging.ERROR and "deleting its owner key" in r.getMessage()
+                   for r in caplog.records)
+        assert manager.serving() == []
+    finally:
+        await manager.close()
+
+
+async def test_release_whose_last_reply_was_lost_is_done(quick_release_retries):
+    """etcd applied the hand-over but the reply was lost: the retry's compare fails
+    because the key is gone, and release() returns normally with the hand-over in place."""
+    store = FinalStepFailingStore()
+    manager, bundle = await _served_manager(store)
+    try:
+        store.failures, store.apply_first = 1, True
+        await manager.release(str(NAMESPACE), bundle, to="b", reason="test")
+        assert await store.get(keys.bundle_owner(str(NAMESPACE), bundle)) is None
+        assert await store.get(keys.bundle_assignment(str(NAMESPACE), bundle)) is not None
+    finally:
+        await manager.close()
+
+
+# --- re-reading boundaries while waiting for an owner --------------------------------------------------
+
+class CountingStore(MemoryStore):
+    """Counts reads of the namespace's boundaries, each taking a little while (as an
+    etcd round trip does), so concurrent callers' reads overlap."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bundle_reads = 0
+
+    async def get(self, key: str):
+        if key == keys.namespace_bundles("public", "default"):
+            self.bundle_reads += 1
+            await asyncio.sleep(0.01)
+        return await super().get(key)
+
+
+async def _nudge(store: MemoryStore, count: int) -> None:
+    """Changes that wake every waiting caller (assignments to a broker that is not us)."""
+    for index in range(count):
+        await store.put(f"{keys.BUNDLE_ASSIGNMENTS}other/ns/0x00000000_0x0000000{index}",
+                        AssignmentRecord("nobody").encode())
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("callers, reads_max", [(1, 2), (10, 4)])
+@pytest.mark.parametrize("call", ["owner_of", "ensure_serving"])
+async def test_waiting_for_an_unowned_bundle_rereads_boundaries_once_per_call(call: str, callers: int,
+                                                                              reads_max: int):
+    """Callers wait for a bundle nobody owns while twenty unrelated changes wake them:
+    one caller reads the boundaries twice (the first load and one refresh); ten
+    concurrent callers a handful of times in all (each read shared by the callers whose
+    need it came after), not once per caller per wake-up."""
+    from ledger.errors import ServiceNotReady
+
+    store = CountingStore()
+    await _namespace(store, 1)
+
+    async def close_topics(_names, _reason) -> None:
+        return None
+
+    manager = OwnershipManager(store, BundlesConfig(ownership_wait_s=0.5), _identity("a"), loaded_topics=list,
+                               close_topics=close_topics)
+    await manager.start()
+    try:
+        topic = TopicName.parse("persistent://public/default/waiting")
+
+        async def wait_once() -> None:
+            with pytest.raises(ServiceNotReady):
+                if call == "owner_of":
+                    await manager.owner_of(topic, lambda _b: None)
+                else:
+                    await manager.ensure_serving(topic)
+
+        waiting = [asyncio.create_task(wait_once()) for _ in range(callers)]
+        await _nudge(store, 20)
+        await asyncio.gather(*waiting)
+        assert store.bundle_reads <= reads_max, store.bundle_reads
+    finally:
+        await manager.close()
+
+
+# --- BundleIndex ------------------------------------------------------------------------------------------
+
+def _split_bundles() -> Bundles:
+    bundles = Bundles(tuple(default_boundaries(8)))
+    for _ in range(3):
+        bundles = bundles.with_split(bundles.ranges[1])
+    return bundles
+
+
+def test_bundle_index_agrees_with_checking_every_range():
+    """Every topic maps to the bundle that contains its hash, among unevenly split
+    ranges; a topic of another namespace or outside the given bundles maps to None."""
+    bundles = _split_bundles()
+    served = [f"public/default/{r.name}" for r in bundles.ranges if r.lower % 3 != 1]
+    index = BundleIndex(served)
+    for i in range(2000):
+        name = f"persistent://public/default/topic-{i}"
+        value = topic_hash(name)
+        expected = next((key for key in served if BundleRange.parse(key.rpartition("/")[2]).contains(value)),
+                        None)
+        assert index.find(name) == expected
+    assert index.find("persistent://public/other/topic-1") is None
+    assert BundleIndex([]).find("persistent://public/default/x") is None
+
+
+def test_bundle_index_finds_a_stopped_bundles_topics_by_its_own_range():
+    """A bundle being stopped that has since been split elsewhere (the cache holds the
+    halves) still finds all of its topics: the index uses the key's own range."""
+    whole = f"public/default/{BundleRange(0, hashing.FULL_UPPER).name}"
+    index = BundleIndex([whole])
+    assert all(index.find(f"persistent://public/default/t-{i}") == whole for i in range(100))
+
+
+def test_load_report_parses_each_bundle_name_once(monkeypatch):
+    """10,000 topics over 128 served bundles: a report parses the 128 names once each
+    (it parsed one name per topic and bundle: over a million parses on the event loop),
+    and attributes each topic's traffic to its bundle."""
+    bundles = Bundles(tuple(default_boundaries(128)))
+    served = [f"public/default/{r.name}" for r in bundles.ranges]
+    names = [f"persistent://public/default/t-{i}" for i in range(10_000)]
+    counts = {"in": 0}
+
+    class FakeOwnership:
+        identity = _identity("a")
+
+        def serving(self) -> list[str]:
+            return served
+
+    def counters():
+        counts["in"] += 10
+        return {name: (counts["in"], 0) for name in names}, 0
+
+    reporter = LoadReporter(MemoryStore(), BundlesConfig(), FakeOwnership(), counters)
+    reporter.build()
+    parses = [0]
+    original = BundleRange.parse.__func__
+
+    def counting_parse(cls, name):
+        parses[0] += 1
+        return original(cls, name)
+
+    monkeypatch.setattr(BundleRange, "parse", classmethod(counting_parse))
+    report = reporter.build()
+    assert parses[0] == len(served)
+    assert set(report.bundle_msg_rates) <= set(served)
+    expected: dict[str, int] = {}
+    for name in names:
+        key = f"public/default/{bundles.for_topic(name).name}"
+        expected[key] = expected.get(key, 0) + 1
+    assert set(report.bundle_msg_rates) == set(expected)
+
+
+# --- the leader ------------------------------------------------------------------------------------------
+
+class PrefixCountingStore(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.prefix_reads: list[str] = []
+
+    async def get_prefix(self, prefix: str, *, limit: int = 0, keys_only: bool = False):
+        self.prefix_reads.append(prefix)
+        return await super().get_prefix(prefix, limit=limit, keys_only=keys_only)
+
+
+async def _leader_setup(store: MemoryStore, with_ownership: bool):
+    bundles = await _namespace(store, 4)
+
+    async def close_topics(_names, _reason) -> None:
+        return None
+
+    manager = OwnershipManager(store, BundlesConfig(), _identity("a"), loaded_topics=list,
+                               close_topics=close_topics)
+    await manager.start()
+    await store.put(keys.broker("a"), LoadReport("a", "pulsar://a:6650", "http://a:8080").encode(),
+                    lease=manager.lease)
+    brokers = PrefixCache(store, keys.BROKERS)
+    await brokers.start()
+    leader = Leader(store, BundlesConfig(), _identity("a"), lambda: manager.lease, brokers,
+                    ownership=manager if with_ownership else None)
+    leader.is_leader = True
+    return bundles, manager, brokers, leader
+
+
+@pytest.mark.parametrize("with_ownership", [True, False])
+async def test_leader_assigns_every_unowned_bundle(with_ownership: bool):
+    """With the ownership mirrors the leader reads no owners or assignments from etcd;
+    either way every bundle ends up owned, and the assignment times are then pruned."""
+    store = PrefixCountingStore()
+    bundles, manager, brokers, leader = await _leader_setup(store, with_ownership)
+    try:
+        store.prefix_reads.clear()
+        await leader._decide()
+        await _until(lambda: len(manager.serving()) == len(bundles.ranges) == len(manager.owners()),
+                     "every bundle taken")
+        await leader._decide()
+        owner_reads = [p for p in store.prefix_reads if p in (keys.BUNDLE_OWNERS, keys.BUNDLE_ASSIGNMENTS)]
+        assert (owner_reads == []) == with_ownership
+        assert leader._assigned_at == {}
+    finally:
+        await brokers.close()
+        await manager.close()
+
+
+async def test_leader_forgets_moves_past_the_cooldown_and_bundles_that_are_gone():
+    store = MemoryStore()
+    bundles, manager, brokers, leader = await _leader_setup(store, True)
+    try:
+        now = time.monotonic()
+        live = f"{NAMESPACE}/{bundles.ranges[0].name}"
+        leader._moved_at = {live: now, f"{NAMESPACE}/{bundles.ranges[1].name}": now - 3600,
+                            f"{NAMESPACE}/0x00000000_0x00000010": now}
+        leader._assigned_at = {f"{NAMESPACE}/0x00000000_0x00000010": now}
+        await leader._decide()
+        assert list(leader._moved_at) == [live]
+        assert f"{NAMESPACE}/0x00000000_0x00000010" not in leader._assigned_at
+    finally:
+        await brokers.close()
+        await manager.close()
+
+
+# --- watched owner records and the hand-over target ------------------------------------------------------
+
+async def test_owner_records_and_handover_target_come_from_the_mirrors():
+    """owner_records mirrors the owner keys (an unreadable one is skipped); the
+    hand-over target is the least loaded other broker, ignoring an unreadable report."""
+    store = MemoryStore()
+    await _namespace(store, 4)
+
+    async def close_topics(_names, _reason) -> None:
+        return None
+
+    manager = OwnershipManager(store, BundlesConfig(), _identity("a"), loaded_topics=list,
+                               close_topics=close_topics)
+    await manager.start()
+    brokers = PrefixCache(store, keys.BROKERS)
+    await brokers.start()
+    try:
+        ranges = Bundles(tuple(default_boundaries(4))).ranges
+        await store.put(keys.bundle_owner(str(NAMESPACE), ranges[0].name),
+                        OwnerRecord("b", "pulsar://b:6650", "http://b:8080").encode())
+        await store.put(keys.bundle_owner(str(NAMESPACE), ranges[1].name), b"not json")
+        for name in ("a", "b", "c"):
+            await store.put(keys.broker(name), LoadReport(name, f"pulsar://{name}", f"http://{name}").encode())
+        await store.put(keys.broker("broken"), b"{")
+        await _until(lambda: len(brokers.records) == 4 and len(manager._owners.records) == 2, "mirrors")
+        records = manager.owner_records()
+        assert list(records) == [f"{NAMESPACE}/{ranges[0].name}"]
+        assert records[f"{NAMESPACE}/{ranges[0].name}"].broker_id == "b"
+        assert manager.handover_target(brokers) == "c"          # b owns a bundle, c none
+    finally:
+        await brokers.close()
+        await manager.close()
