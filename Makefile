@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
-PROTOS := $(wildcard bookie/proto/*.proto broker/proto/*.proto)
+PROTOS := $(wildcard protocol/proto/*.proto)
 PROTO_OUT := $(PROTOS:.proto=_pb2.py)
 DATA_DIR ?= data/standalone
 

@@ -5,7 +5,7 @@ message), which on this machine cap one client process near 15-20k msgs/s.
 
 Theory of operation:
 - Producing: one batch payload (``message_count`` messages of ``message_bytes`` each,
-  laid out by broker.batch.encode_batch) is built once. Each SEND wraps it in fresh
+  laid out by protocol.batch.encode_batch) is built once. Each SEND wraps it in fresh
   MessageMetadata (the sequence id and publish time change per send, so the CRC32C over
   metadata and payload is recomputed per frame by encode_payload_command). At most
   ``window_entries`` SENDs are outstanding; the next goes out when a SEND_RECEIPT comes
@@ -34,9 +34,9 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from broker.batch import encode_batch, message_count
-from broker.codec import NEED_DATA, CommandDecoder, Frame, command_name, encode_command, encode_payload_command, wrap
-from broker.proto import pulsar_api_pb2 as pb
+from protocol.batch import encode_batch, message_count
+from protocol.codec import NEED_DATA, CommandDecoder, Frame, command_name, encode_command, encode_payload_command, wrap
+from protocol.proto import pulsar_api_pb2 as pb
 
 CLIENT_VERSION = "magnetar-bench-rawclient"
 # What the official clients of 2024 announce; the broker answers with the smaller of

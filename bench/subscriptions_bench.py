@@ -195,8 +195,8 @@ def ratios(msgs_per_s: float | None, batch_messages: int, baseline: dict) -> dic
 
 def cpu_baseline(seconds: float) -> float:
     """MESSAGE frames per second one core decodes with the broker's codec."""
-    from broker.codec import CommandDecoder, encode_payload_command, wrap
-    from broker.proto import pulsar_api_pb2 as pb
+    from protocol.codec import CommandDecoder, encode_payload_command, wrap
+    from protocol.proto import pulsar_api_pb2 as pb
 
     metadata = pb.MessageMetadata(producer_name="baseline", sequence_id=0, publish_time=1)
     frame = encode_payload_command(

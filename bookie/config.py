@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ledger.config import ENTRY_BYTES_MAX_DEFAULT
-from ledger.errors import ConfigError
+from common.entry import ENTRY_BYTES_MAX_DEFAULT
+from common.errors import ConfigError
 
 KIB = 1024
 MIB = 1024 * KIB
 GIB = 1024 * MIB
 
 # ENTRY_BYTES_MAX_DEFAULT (the largest entry a bookie accepts) is defined once, in
-# ledger/config.py, so that writers and bookies agree on it by default.
+# common/entry.py, so that writers and bookies agree on it by default.
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ from typing import Iterator
 
 import crc32c
 
-from ledger.errors import MalformedFrame
+from common.errors import MalformedFrame
 
 FORMAT_VERSION = 1
 FORMAT_VERSION_MIN = 1

@@ -14,7 +14,7 @@ import logging
 
 from bookie.config import GcConfig
 from bookie.ledger_storage import LedgerStorage
-from ledger.errors import MagnetarError
+from common.errors import MagnetarError
 from metadata import keys
 from metadata.store import MetadataStore
 

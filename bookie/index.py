@@ -101,7 +101,7 @@ class IndexWriter:
         self._db = _connect(path)
         (version,) = self._db.execute("PRAGMA user_version").fetchone()
         if version not in (0, SCHEMA_VERSION):
-            from ledger.errors import ConfigError
+            from common.errors import ConfigError
 
             raise ConfigError(f"index {path} has schema version {version}, this bookie knows {SCHEMA_VERSION}")
         self._db.executescript(_SCHEMA)

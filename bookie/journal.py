@@ -47,7 +47,7 @@ from bookie.format import (
     journal_file_name,
     parse_file_id,
 )
-from ledger.errors import BookieStorageError, MalformedFrame, ShuttingDown
+from common.errors import BookieStorageError, MalformedFrame, ShuttingDown
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass
 
-from ledger.errors import MagnetarError
+from common.errors import MagnetarError
 
 
 @dataclass(slots=True)

@@ -37,10 +37,10 @@ from bookie.entry_log import EntryLocation, EntryLogger
 from bookie.format import ENTRY_LOG_RECORD_HEAD_SIZE, FILE_HEADER_SIZE
 from bookie.index import IndexReader, IndexWriter, LedgerRow
 from bookie.ledger_storage import LedgerState, LedgerStorage, ReadOutcome, StorageStats
-from ledger.entry_cache import EntryCache
+from common.entry_cache import EntryCache
 from bookie.write_cache import WriteCache
-from ledger.entry import verify_entry
-from ledger.errors import (
+from common.entry import verify_entry
+from common.errors import (
     BookieStorageError,
     DigestMismatch,
     MagnetarError,

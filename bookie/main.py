@@ -25,14 +25,14 @@ from bookie.gc import run_gc
 from bookie.ledger_storage_disk import DiskLedgerStorage
 from bookie.metrics import BookieMetrics
 from bookie.node import BookieNode
-from bookie.proto import bookie_pb2_grpc
+from protocol.proto import bookie_pb2_grpc
 from bookie.registration import Registration, check_cookie
 from bookie.server import BookieServicer
-from ledger.errors import ConfigError, MagnetarError
-from magnetar import __version__
-from magnetar.loop_monitor import LoopMonitor
-from magnetar.ops_http import build_ops_app, start_ops_server
-from magnetar.tasks import stop_on_signals
+from common.errors import ConfigError, MagnetarError
+from common.version import __version__
+from common.loop_monitor import LoopMonitor
+from common.ops_http import build_ops_app, start_ops_server
+from common.tasks import stop_on_signals
 from metadata import open_store
 from metadata.bookie_record import BookieRecord
 

@@ -40,8 +40,8 @@ from bookie.format import (
 )
 from bookie.journal import Journal, list_journal_ids, replay_journal
 from bookie.ledger_storage import LedgerState, LedgerStorage, ReadOutcome
-from ledger.entry import verify_entry
-from ledger.errors import (
+from common.entry import verify_entry
+from common.errors import (
     BookieReadOnly,
     EntryTooLarge,
     InvalidArgument,

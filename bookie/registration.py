@@ -15,7 +15,7 @@ import os
 import uuid
 
 from bookie.fileio import replace_file
-from ledger.errors import ConfigError, MagnetarError
+from common.errors import ConfigError, MagnetarError
 from metadata import keys
 from metadata.bookie_record import BookieRecord, Cookie
 from metadata.store import Lease, MetadataStore

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, AsyncIterator
 import grpc
 
 from bookie.node import AddItem, BookieNode
-from bookie.proto import bookie_pb2, bookie_pb2_grpc
-from ledger.bookie_client import ERROR_CODE_METADATA_KEY
-from ledger.errors import (
+from protocol.bookie_rpc import error_code_metadata
+from protocol.proto import bookie_pb2, bookie_pb2_grpc
+from common.errors import (
     BookieReadOnly,
     EntryTooLarge,
     InvalidArgument,
@@ -59,7 +59,7 @@ def status_for_error(error: MagnetarError) -> grpc.StatusCode:
 
 
 async def _abort(context: grpc.aio.ServicerContext, error: MagnetarError) -> None:
-    context.set_trailing_metadata(((ERROR_CODE_METADATA_KEY, str(error.code)),))
+    context.set_trailing_metadata(error_code_metadata(error.code))
     await context.abort(status_for_error(error), error.message)
 
 
@@ -177,7 +177,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
         return bookie_pb2.InfoResponse(**info)
 
     def _node_info(self) -> dict:
-        from magnetar import __version__
+        from common.version import __version__
 
         node = self._node
         usage = node.disk_usage

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from broker.codec import FRAME_PADDING_BYTES, MAX_MESSAGE_SIZE_DEFAULT
+from protocol.codec import FRAME_PADDING_BYTES, MAX_MESSAGE_SIZE_DEFAULT
 from broker.managed_ledger import ManagedLedgerConfig
-from ledger.entry import ENTRY_HEADER_SIZE
-from ledger.errors import ConfigError
+from common.entry import ENTRY_HEADER_SIZE
+from common.errors import ConfigError
 
 MIB = 1024 * 1024
 

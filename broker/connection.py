@@ -35,15 +35,15 @@ import logging
 import time
 from typing import TYPE_CHECKING, Callable
 
-from broker import commands
-from broker.codec import NEED_DATA, CommandDecoder, Frame, PayloadChecksumMismatch, command_name, encode_command
+from protocol import commands
+from protocol.codec import NEED_DATA, CommandDecoder, Frame, PayloadChecksumMismatch, command_name, encode_command
 from broker.consumer import Consumer
-from broker.position import Position
+from common.position import Position
 from broker.producer import Producer
-from broker.proto import pulsar_api_pb2 as pb
-from broker.server_errors import server_error_for
-from broker.topic_name import NamespaceName, TopicName
-from ledger.errors import (
+from protocol.proto import pulsar_api_pb2 as pb
+from protocol.server_errors import server_error_for
+from common.topic_name import NamespaceName, TopicName
+from common.errors import (
     ChecksumError,
     InvalidArgument,
     MagnetarError,
@@ -52,7 +52,7 @@ from ledger.errors import (
     SubscriptionNotFound,
     TooManyRequests,
 )
-from magnetar import __version__
+from common.version import __version__
 
 if TYPE_CHECKING:
     from broker.service import BrokerService

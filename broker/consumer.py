@@ -11,8 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from broker import commands
-from broker.codec import message_frame_buffers
+from protocol import commands
+from protocol.codec import message_frame_buffers
 
 if TYPE_CHECKING:
     from broker.managed_ledger import ManagedEntry

@@ -24,9 +24,9 @@ from bundles.load import LoadReporter
 from bundles.ownership import BrokerIdentity, OwnershipManager
 from ledger.client import LedgerClient
 from ledger.config import LedgerClientConfig
-from magnetar.loop_monitor import LoopMonitor
-from magnetar.ops_http import start_ops_server
-from magnetar.tasks import stop_on_signals
+from common.loop_monitor import LoopMonitor
+from common.ops_http import start_ops_server
+from common.tasks import stop_on_signals
 from metadata import keys, open_store
 from metadata.prefix_cache import PrefixCache
 

@@ -39,13 +39,13 @@ from dataclasses import dataclass
 from typing import Callable
 
 from broker.managed_ledger_info import LedgerInfo, ManagedLedgerInfo
-from broker.position import Position, entries_between, normalize
-from broker.topic_name import TopicName
+from common.position import Position, entries_between, normalize
+from common.topic_name import TopicName
 from ledger.client import LedgerClient
-from ledger.entry import ENTRY_HEADER_SIZE
-from ledger.entry_cache import EntryCache
+from common.entry import ENTRY_HEADER_SIZE
+from common.entry_cache import EntryCache
 from subscriptions.ack_set import ENTRIES_PER_LEDGER_MAX
-from ledger.errors import (
+from common.errors import (
     ConfigError,
     EntryTooLarge,
     InvalidArgument,

@@ -19,8 +19,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from broker.position import Position
-from ledger.errors import MalformedFrame
+from common.position import Position
+from common.errors import MalformedFrame
 
 FORMAT_VERSION = 1
 

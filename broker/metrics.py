@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 
-from bookie.metrics import LATENCY_BUCKETS_S
+from common.histograms import LATENCY_BUCKETS_S
 
 from broker.service import BrokerService
 

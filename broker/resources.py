@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import time
 
-from broker.topic_name import NamespaceName, TopicName, validate_name_part
-from ledger.errors import (
+from common.topic_name import NamespaceName, TopicName, validate_name_part
+from common.errors import (
     AlreadyExists,
     MetadataKeyExists,
     NamespaceNotFound,
@@ -141,7 +141,7 @@ class Resources:
                 raise NamespaceNotFound(f"namespace {namespace} does not exist")
             policies = NamespacePolicies.decode(record.value)
             change(policies)
-            from ledger.errors import MetadataVersionConflict
+            from common.errors import MetadataVersionConflict
 
             try:
                 await self.store.compare_and_set(key, policies.encode(), expected_version=record.version)

@@ -26,10 +26,10 @@ from broker.config import BrokerConfig
 from broker.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from broker.resources import Resources
 from broker.topic import PersistentTopic
-from broker.topic_name import DEFAULT_NAMESPACE, DEFAULT_TENANT, NamespaceName, TopicName
+from common.topic_name import DEFAULT_NAMESPACE, DEFAULT_TENANT, NamespaceName, TopicName
 from ledger.client import LedgerClient
-from ledger.entry_cache import EntryCache
-from ledger.errors import (
+from common.entry_cache import EntryCache
+from common.errors import (
     AlreadyExists,
     MagnetarError,
     MetadataKeyExists,
@@ -40,7 +40,7 @@ from ledger.errors import (
     TenantNotFound,
     TopicNotFound,
 )
-from magnetar.tasks import cancel_and_wait
+from common.tasks import cancel_and_wait
 from metadata.policies import NamespacePolicies, PersistencePolicies, TenantInfo
 from metadata.store import MetadataStore
 

@@ -32,8 +32,8 @@ import collections
 import datetime
 from typing import TYPE_CHECKING, Hashable
 
-from broker.position import Position
-from broker.topic_name import TopicName
+from common.position import Position
+from common.topic_name import TopicName
 
 if TYPE_CHECKING:
     from broker.consumer import Consumer

@@ -22,18 +22,18 @@ import time
 from typing import Awaitable, Callable
 from urllib.parse import unquote
 
-from broker import commands
-from broker.batch import message_count
-from broker.codec import stored_metadata
+from protocol import commands
+from protocol.batch import message_count
+from protocol.codec import stored_metadata
 from broker.config import BrokerConfig
 from broker.consumer import Consumer
 from broker.managed_ledger import ManagedLedger
-from broker.position import Position
+from common.position import Position
 from broker.producer import Producer, generated_producer_name
-from broker.proto import pulsar_api_pb2 as pb
-from broker.topic_name import TopicName
+from protocol.proto import pulsar_api_pb2 as pb
+from common.topic_name import TopicName
 from ledger.client import LedgerClient
-from ledger.errors import (
+from common.errors import (
     AlreadyExists,
     MagnetarError,
     PreconditionFailed,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ledger.errors import ConfigError
+from common.errors import ConfigError
 
 
 @dataclass(frozen=True)

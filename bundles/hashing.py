@@ -15,7 +15,7 @@ from typing import Iterable
 
 import crc32c
 
-from ledger.errors import InvalidArgument
+from common.errors import InvalidArgument
 
 HASH_MAX = 0xFFFFFFFF
 FULL_UPPER = 0x100000000   # exclusive end of the hash space

@@ -14,7 +14,7 @@ from bundles.config import BundlesConfig
 from bundles.hashing import BundleIndex
 from bundles.ownership import OwnershipManager
 from bundles.records import LoadReport
-from ledger.errors import MagnetarError
+from common.errors import MagnetarError
 from metadata import keys
 from metadata.store import MetadataStore
 

@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Iterable
 
-from broker.topic_name import NamespaceName, TopicName
+from common.topic_name import NamespaceName, TopicName
 from bundles import balancer
 from bundles.config import BundlesConfig
 from bundles.hashing import BundleIndex, BundleRange, Bundles, default_boundaries
@@ -52,7 +52,7 @@ from bundles.records import (
     TransferRecord,
     decode_reports,
 )
-from ledger.errors import (
+from common.errors import (
     MagnetarError,
     MalformedFrame,
     MetadataKeyExists,
@@ -61,7 +61,7 @@ from ledger.errors import (
     PreconditionFailed,
     ServiceNotReady,
 )
-from magnetar.tasks import cancel_and_wait
+from common.tasks import cancel_and_wait
 from metadata import keys
 from metadata.prefix_cache import PrefixCache
 from metadata.store import Compare, Delete, Lease, MetadataStore, Put, Record

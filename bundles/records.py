@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable
 
-from ledger.errors import MalformedFrame
+from common.errors import MalformedFrame
 from metadata import json_record
 
 if TYPE_CHECKING:

@@ -24,9 +24,10 @@ from dataclasses import dataclass
 
 import grpc
 
-from bookie.proto import bookie_pb2, bookie_pb2_grpc
+from protocol.bookie_rpc import error_code_from_metadata
+from protocol.proto import bookie_pb2, bookie_pb2_grpc
 from ledger.config import LedgerClientConfig
-from ledger.errors import (
+from common.errors import (
     AddTimeout,
     BookieUnavailable,
     MagnetarError,
@@ -34,11 +35,6 @@ from ledger.errors import (
 )
 
 log = logging.getLogger(__name__)
-
-# The trailing metadata key under which a bookie sends the Magnetar error code of a
-# failed call; defined here, on the side that decodes it, and used by bookie/server.py.
-ERROR_CODE_METADATA_KEY = "magnetar-error-code"
-
 
 @dataclass(frozen=True, slots=True)
 class BookieLedgerState:
@@ -55,12 +51,9 @@ class BookieReadResult:
 
 
 def _error_from_rpc(bookie_id: str, error: grpc.aio.AioRpcError) -> MagnetarError:
-    for key, value in error.trailing_metadata() or ():
-        if key == ERROR_CODE_METADATA_KEY:
-            try:
-                return error_for_code(int(value), error.details() or "")
-            except ValueError:
-                break
+    code = error_code_from_metadata(error.trailing_metadata())
+    if code is not None:
+        return error_for_code(code, error.details() or "")
     if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
         return AddTimeout(f"bookie {bookie_id} did not answer in time")
     return BookieUnavailable(bookie_id, f"{error.code().name}: {error.details()}")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from ledger.errors import MalformedFrame
+from common.errors import MalformedFrame
 from metadata import keys
 from metadata.bookie_record import BookieRecord
 from metadata.prefix_cache import PrefixCache

@@ -20,7 +20,7 @@ from ledger.bookie_client import BookieClientPool
 from ledger.bookie_registry import BookieRegistry
 from ledger.config import LedgerClientConfig
 from ledger.context import LedgerContext
-from ledger.errors import NoSuchLedger, NotEnoughBookies
+from common.errors import NoSuchLedger, NotEnoughBookies
 from ledger.handle import WriteHandle
 from ledger.metadata import Fragment, LedgerMetadata, LedgerState, VersionedMetadata, validate_quorums
 from ledger.placement import choose_ensemble

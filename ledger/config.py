@@ -4,16 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ledger.errors import ConfigError
+from common.entry import ENTRY_BYTES_MAX_DEFAULT
+from common.errors import ConfigError
 
 KIB = 1024
 MIB = 1024 * KIB
-
-# The largest encoded entry (header included) a bookie accepts, by default. Pulsar's
-# default maximum message is 5 MiB and a producer batch is one entry; the margin covers
-# the entry header and the broker's metadata. Bookies (bookie/config.py) use the same
-# default; a client must not submit what its bookies refuse.
-ENTRY_BYTES_MAX_DEFAULT = 5 * MIB + 64 * KIB
 
 
 @dataclass(frozen=True)

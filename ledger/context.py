@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ledger.bookie_client import BookieClientPool
 from ledger.bookie_registry import BookieRegistry
 from ledger.config import LedgerClientConfig
-from ledger.errors import LedgerMetadataConflict, NoSuchLedger
+from common.errors import LedgerMetadataConflict, NoSuchLedger
 from ledger.metadata import LedgerMetadata, VersionedMetadata
 from metadata import keys
 from metadata.store import MetadataStore
@@ -31,7 +31,7 @@ class LedgerContext:
 
     async def write_metadata(self, metadata: LedgerMetadata, expected_version: int) -> VersionedMetadata:
         """Compare-and-swap; raises LedgerMetadataConflict if someone changed it first."""
-        from ledger.errors import MetadataVersionConflict
+        from common.errors import MetadataVersionConflict
 
         try:
             version = await self.store.compare_and_set(keys.ledger(metadata.ledger_id), metadata.encode(),

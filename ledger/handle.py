@@ -32,8 +32,8 @@ import logging
 from dataclasses import dataclass
 
 from ledger.context import LedgerContext
-from ledger.entry import ENTRY_HEADER_SIZE, encode_entry
-from ledger.errors import (
+from common.entry import ENTRY_HEADER_SIZE, encode_entry
+from common.errors import (
     BookieReadOnly,
     EntryTooLarge,
     InvalidArgument,
@@ -347,7 +347,7 @@ class WriteHandle:
 
     async def read(self, first_entry_id: int, last_entry_id: int) -> list[LedgerEntry]:
         if last_entry_id > self._tracker.last_add_confirmed:
-            from ledger.errors import EntryIdOutOfRange
+            from common.errors import EntryIdOutOfRange
 
             raise EntryIdOutOfRange(self.ledger_id, last_entry_id, self._tracker.last_add_confirmed)
         return await self.reader().read(first_entry_id, last_entry_id)

@@ -17,7 +17,7 @@ import enum
 import json
 from dataclasses import dataclass, field, replace
 
-from ledger.errors import ConfigError, MalformedFrame
+from common.errors import ConfigError, MalformedFrame
 
 METADATA_FORMAT_VERSION = 1
 

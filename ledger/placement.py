@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from typing import Sequence
 
-from ledger.errors import NotEnoughBookies
+from common.errors import NotEnoughBookies
 from metadata.bookie_record import BookieRecord
 
 

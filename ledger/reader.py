@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 from ledger.bookie_client import BookieClientPool
 from ledger.config import LedgerClientConfig
-from ledger.entry import entry_payload, verify_entry
-from ledger.errors import (
+from common.entry import entry_payload, verify_entry
+from common.errors import (
     DigestMismatch,
     EntryIdOutOfRange,
     InvalidArgument,

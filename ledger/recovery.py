@@ -22,8 +22,8 @@ import logging
 from dataclasses import replace
 
 from ledger.context import LedgerContext
-from ledger.entry import verify_entry
-from ledger.errors import (
+from common.entry import verify_entry
+from common.errors import (
     DigestMismatch,
     LedgerMetadataConflict,
     LedgerRecoveryFailed,

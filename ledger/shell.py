@@ -22,7 +22,7 @@ import time
 
 from ledger.client import LedgerClient
 from ledger.config import LedgerClientConfig
-from ledger.errors import MagnetarError
+from common.errors import MagnetarError
 from ledger.reader import LedgerReader
 from metadata import open_store
 

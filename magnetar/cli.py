@@ -17,7 +17,8 @@ import argparse
 import importlib
 import sys
 
-from magnetar import __version__, logs
+from common.version import __version__
+from magnetar import logs
 
 
 # name -> (module with add_arguments/main, one-line help). A module is imported only
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     logs.configure(args.log_level, args.log_format, process=args.process)
-    from ledger.errors import ConfigError
+    from common.errors import ConfigError
 
     try:
         return int(args.handler(args) or 0)

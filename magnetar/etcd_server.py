@@ -14,7 +14,7 @@ import time
 import urllib.error
 import urllib.request
 
-from ledger.errors import ConfigError
+from common.errors import ConfigError
 
 
 def etcd_binary() -> str:

@@ -30,7 +30,7 @@ import urllib.error
 import urllib.request
 
 from magnetar.etcd_server import etcd_command, etcd_is_healthy
-from magnetar.tasks import stop_on_signals
+from common.tasks import stop_on_signals
 
 log = logging.getLogger(__name__)
 

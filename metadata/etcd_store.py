@@ -41,8 +41,8 @@ import aetcd.exceptions
 import aetcd.rpc as etcd_rpc
 import aetcd.utils
 
-from ledger.errors import ConfigError, InvalidArgument, MagnetarError, MetadataLeaseExpired, MetadataUnavailable
-from magnetar.tasks import cancel_and_wait
+from common.errors import ConfigError, InvalidArgument, MagnetarError, MetadataLeaseExpired, MetadataUnavailable
+from common.tasks import cancel_and_wait
 from metadata.store import Compare, Delete, Lease, MetadataStore, Put, Record, Watch, WatchEvent
 
 log = logging.getLogger(__name__)

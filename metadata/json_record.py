@@ -20,7 +20,7 @@ import json
 from dataclasses import asdict, fields
 from typing import Any, TypeVar
 
-from ledger.errors import InvalidArgument, MalformedFrame
+from common.errors import InvalidArgument, MalformedFrame
 
 T = TypeVar("T")
 

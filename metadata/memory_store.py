@@ -97,7 +97,7 @@ class MemoryStore(MetadataStore):
             if isinstance(operation, Put) and operation.lease_id:
                 lease = self._leases.get(operation.lease_id)
                 if lease is None or lease.is_lost:
-                    from ledger.errors import MetadataLeaseExpired
+                    from common.errors import MetadataLeaseExpired
 
                     raise MetadataLeaseExpired(f"lease {operation.lease_id} is not alive")
         self._revision += 1

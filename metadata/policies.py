@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ledger.errors import InvalidArgument
+from common.errors import InvalidArgument
 from metadata import json_record
 
 

@@ -9,8 +9,8 @@ import asyncio
 import logging
 from typing import Callable
 
-from ledger.errors import MagnetarError
-from magnetar.tasks import cancel_and_wait
+from common.errors import MagnetarError
+from common.tasks import cancel_and_wait
 from metadata.store import MetadataStore, Record
 
 log = logging.getLogger(__name__)

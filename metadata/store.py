@@ -154,7 +154,7 @@ class MetadataStore(abc.ABC):
 
     async def create(self, key: str, value: bytes, *, lease: Lease | None = None) -> int:
         """Writes ``key`` only if it does not exist; raises MetadataKeyExists."""
-        from ledger.errors import MetadataKeyExists
+        from common.errors import MetadataKeyExists
 
         lease_id = lease.lease_id if lease is not None else 0
         revision = await self.transaction([Compare(key, 0)], [Put(key, value, lease_id)])
@@ -167,7 +167,7 @@ class MetadataStore(abc.ABC):
     ) -> int:
         """Writes ``key`` only if its version is ``expected_version`` (0: absent);
         raises MetadataVersionConflict otherwise. Returns the new version."""
-        from ledger.errors import MetadataVersionConflict
+        from common.errors import MetadataVersionConflict
 
         lease_id = lease.lease_id if lease is not None else 0
         revision = await self.transaction(
@@ -178,7 +178,7 @@ class MetadataStore(abc.ABC):
         return revision
 
     async def compare_and_delete(self, key: str, *, expected_version: int) -> None:
-        from ledger.errors import MetadataVersionConflict
+        from common.errors import MetadataVersionConflict
 
         revision = await self.transaction([Compare(key, expected_version)], [Delete(key)])
         if revision is None:
@@ -190,7 +190,7 @@ class MetadataStore(abc.ABC):
         Compare-and-swap in a loop; ``attempts_max`` bounds it under contention (64
         concurrent creators on one counter is far past anything a cluster does).
         """
-        from ledger.errors import MetadataVersionConflict
+        from common.errors import MetadataVersionConflict
 
         for _ in range(attempts_max):
             record = await self.get(key)

@@ -19,7 +19,7 @@ import struct
 import zlib
 from typing import Iterator
 
-from ledger.errors import MalformedFrame
+from common.errors import MalformedFrame
 
 # A bitmap grows to cover at most this many entries per ledger (managed ledgers roll
 # over at 50,000 entries by default; this allows generous overrides): 16 Mi entries = 2 MiB.

@@ -33,9 +33,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-from broker.position import Position
-from ledger.errors import MagnetarError, TopicFenced
-from magnetar.tasks import cancel_and_wait
+from common.position import Position
+from common.errors import MagnetarError, TopicFenced
+from common.tasks import cancel_and_wait
 from subscriptions.ack_set import AckSet
 
 log = logging.getLogger(__name__)

@@ -31,8 +31,8 @@ import json
 import struct
 from dataclasses import dataclass
 
-from broker.position import Position
-from ledger.errors import MalformedFrame
+from common.position import Position
+from common.errors import MalformedFrame
 from subscriptions.ack_set import AckSet
 
 MAGIC = 0x4D43

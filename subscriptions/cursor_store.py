@@ -40,7 +40,7 @@ import logging
 import uuid
 
 from ledger.client import LedgerClient
-from ledger.errors import LedgerFenced, MagnetarError, MalformedFrame, MetadataVersionConflict, NoSuchLedger, TopicFenced
+from common.errors import LedgerFenced, MagnetarError, MalformedFrame, MetadataVersionConflict, NoSuchLedger, TopicFenced
 from ledger.handle import WriteHandle
 from metadata.store import Compare, Delete, MetadataStore
 from subscriptions.ack_set import AckSet

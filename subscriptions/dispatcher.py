@@ -22,12 +22,12 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from broker import commands
-from broker.batch import message_count
-from broker.codec import stored_metadata
-from broker.position import Position
-from ledger.errors import MagnetarError
-from magnetar.tasks import cancel_and_wait
+from protocol import commands
+from protocol.batch import message_count
+from protocol.codec import stored_metadata
+from common.position import Position
+from common.errors import MagnetarError
+from common.tasks import cancel_and_wait
 from subscriptions.cursor import int_to_ack_set_words
 
 if TYPE_CHECKING:

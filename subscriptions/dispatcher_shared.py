@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING
 
 import crc32c
 
-from broker.codec import stored_metadata
-from broker.position import Position
+from protocol.codec import stored_metadata
+from common.position import Position
 from subscriptions.dispatcher import Dispatcher
 
 if TYPE_CHECKING:

@@ -12,9 +12,9 @@ import collections
 import logging
 from typing import TYPE_CHECKING
 
-from broker.position import Position
-from broker.proto import pulsar_api_pb2 as pb
-from ledger.errors import ConsumerBusy, MagnetarError, NotAllowed
+from common.position import Position
+from protocol.proto import pulsar_api_pb2 as pb
+from common.errors import ConsumerBusy, MagnetarError, NotAllowed
 from subscriptions.cursor import ManagedCursor
 from subscriptions.dispatcher import Dispatcher, SingleActiveDispatcher
 from subscriptions.dispatcher_shared import KeySharedDispatcher, SharedDispatcher
@@ -87,7 +87,7 @@ class Subscription:
     def disconnect_consumers(self) -> int:
         """Sends CLOSE_CONSUMER to every consumer (clients subscribe again, dropping what
         they had queued): for seeks, cursor resets and forced deletes."""
-        from broker import commands
+        from protocol import commands
 
         consumers = list(self.consumers)
         for consumer in consumers:

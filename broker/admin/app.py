@@ -12,8 +12,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from broker.service import BrokerService
-from ledger.errors import BrokerError, InvalidArgument, MagnetarError, NotFound
-from magnetar.ops_http import build_ops_app
+from common.errors import BrokerError, InvalidArgument, MagnetarError, NotFound
+from common.ops_http import build_ops_app
 
 log = logging.getLogger(__name__)
 

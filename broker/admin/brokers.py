@@ -15,7 +15,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from broker.service import BrokerService
-from ledger.errors import ServiceNotReady
+from common.errors import ServiceNotReady
 
 
 def _web_address(web_service_url: str) -> str:

@@ -19,11 +19,11 @@ import json
 from aiohttp import web
 
 from broker.service import BrokerService
-from broker.topic_name import NamespaceName
+from common.topic_name import NamespaceName
 from bundles.hashing import BundleRange
 from bundles.ownership import bundle_key
 from bundles.records import OwnerRecord
-from ledger.errors import PreconditionFailed
+from common.errors import PreconditionFailed
 from metadata import keys
 
 

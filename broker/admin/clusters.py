@@ -18,8 +18,8 @@ from aiohttp import web
 
 from broker.admin.common import json_body, no_content
 from broker.service import BrokerService
-from broker.topic_name import validate_name_part
-from ledger.errors import AlreadyExists, InvalidArgument, MetadataKeyExists, PreconditionFailed
+from common.topic_name import validate_name_part
+from common.errors import AlreadyExists, InvalidArgument, MetadataKeyExists, PreconditionFailed
 from metadata import keys
 
 log = logging.getLogger(__name__)

@@ -12,9 +12,9 @@ import json
 
 from aiohttp import web
 
-from broker.position import Position
-from broker.topic_name import NamespaceName, TopicName
-from ledger.errors import InvalidArgument
+from common.position import Position
+from common.topic_name import NamespaceName, TopicName
+from common.errors import InvalidArgument
 
 # The clients' MessageId.earliest is (-1, -1) and MessageId.latest (INT64_MAX, INT64_MAX).
 EARLIEST_LEDGER_ID = -1

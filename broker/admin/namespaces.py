@@ -45,8 +45,8 @@ from aiohttp import web
 from broker.admin import policy_codec, topic_access
 from broker.admin.common import flag, json_body, namespace_of, no_content
 from broker.service import BrokerService
-from broker.topic_name import TopicName
-from ledger.errors import AlreadyExists, NotFound, PreconditionFailed, TopicNotFound
+from common.topic_name import TopicName
+from common.errors import AlreadyExists, NotFound, PreconditionFailed, TopicNotFound
 from metadata.policies import NamespacePolicies
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from broker.admin.common import integer
-from ledger.errors import InvalidArgument, NotSupported
+from common.errors import InvalidArgument, NotSupported
 from metadata.policies import NamespacePolicies, PersistencePolicies
 
 INT32_MAX = 2**31 - 1

@@ -33,11 +33,11 @@ from aiohttp import web
 from broker.admin import topic_access
 from broker.admin.common import flag, json_body, message_id_of, path_integer, no_content, topic_of
 from broker.admin.policy_codec import subscription_name_of
-from broker.position import Position
+from common.position import Position
 from broker.service import BrokerService
 from broker.topic import PersistentTopic
-from broker.topic_name import TopicName
-from ledger.errors import AlreadyExists, InvalidArgument, NotAllowed, PreconditionFailed, SubscriptionNotFound
+from common.topic_name import TopicName
+from common.errors import AlreadyExists, InvalidArgument, NotAllowed, PreconditionFailed, SubscriptionNotFound
 from subscriptions.subscription import Subscription
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from broker.admin.common import json_body, no_content
 from broker.service import BrokerService
-from ledger.errors import InvalidArgument, PreconditionFailed
+from common.errors import InvalidArgument, PreconditionFailed
 from metadata.policies import TenantInfo
 
 log = logging.getLogger(__name__)

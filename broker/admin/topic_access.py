@@ -17,8 +17,8 @@ from aiohttp import web
 
 from broker.service import BrokerService
 from broker.topic import PersistentTopic
-from broker.topic_name import NamespaceName, TopicName
-from ledger.errors import (
+from common.topic_name import NamespaceName, TopicName
+from common.errors import (
     PreconditionFailed,
     SubscriptionNotFound,
     TopicNotFound,

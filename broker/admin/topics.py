@@ -38,7 +38,7 @@ from broker import stats
 from broker.admin import topic_access
 from broker.admin.common import flag, integer, json_body, namespace_of, no_content, topic_of
 from broker.service import BrokerService
-from ledger.errors import NotSupported, AlreadyExists, NotAllowed, PreconditionFailed, TopicNotFound
+from common.errors import NotSupported, AlreadyExists, NotAllowed, PreconditionFailed, TopicNotFound
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ import pytest
 
 from ledger.client import LedgerClient
 from ledger.config import LedgerClientConfig
-from ledger.errors import NoSuchLedger
+from common.errors import NoSuchLedger
 from ledger.quorum import write_set
 from metadata import keys, open_store
 from metadata.bookie_record import BookieRecord

@@ -18,11 +18,11 @@ import urllib.request
 import grpc
 import pytest
 
-from bookie.proto import bookie_pb2, bookie_pb2_grpc
+from protocol.proto import bookie_pb2, bookie_pb2_grpc
 from ledger.bookie_client import BookieClient
 from ledger.config import LedgerClientConfig
-from ledger.entry import encode_entry, verify_entry
-from ledger.errors import (
+from common.entry import encode_entry, verify_entry
+from common.errors import (
     BookieUnavailable,
     DigestMismatch,
     EntryTooLarge,

@@ -20,9 +20,9 @@ import uuid
 import pulsar
 import pytest
 
-from broker import commands
-from broker.codec import CommandDecoder, NEED_DATA, encode_command, encode_payload_command, wrap
-from broker.proto import pulsar_api_pb2 as pb
+from protocol import commands
+from protocol.codec import CommandDecoder, NEED_DATA, encode_command, encode_payload_command, wrap
+from protocol.proto import pulsar_api_pb2 as pb
 from tests.cluster import Cluster
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from ledger.client import LedgerClient
 from ledger.config import LedgerClientConfig
-from ledger.errors import LedgerClosed, LedgerFenced, NoSuchLedger, NotEnoughBookies
+from common.errors import LedgerClosed, LedgerFenced, NoSuchLedger, NotEnoughBookies
 from ledger.metadata import LedgerState
 from ledger.quorum import write_set
 from metadata import keys, open_store

@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from ledger.errors import MetadataKeyExists, MetadataUnavailable, MetadataVersionConflict
+from common.errors import MetadataKeyExists, MetadataUnavailable, MetadataVersionConflict
 from metadata import open_store
 from metadata.memory_store import MemoryStore
 from metadata.store import Compare, Delete, Put

@@ -24,7 +24,7 @@ import uuid
 
 import pulsar
 
-from broker.position import Position
+from common.position import Position
 from ledger.client import LedgerClient
 from ledger.config import LedgerClientConfig
 from metadata import keys, open_store

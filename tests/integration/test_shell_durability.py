@@ -19,7 +19,7 @@ import pytest
 
 from ledger.bookie_client import BookieClient
 from ledger.config import LedgerClientConfig
-from ledger.entry import verify_entry
+from common.entry import verify_entry
 from ledger.quorum import write_set
 from ledger.shell import pattern_payload
 from tests.cluster import last_json, python_command, run_cli

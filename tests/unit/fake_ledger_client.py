@@ -21,9 +21,9 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from ledger.config import ENTRY_BYTES_MAX_DEFAULT
-from ledger.entry import ENTRY_HEADER_SIZE, encode_entry
-from ledger.errors import EntryTooLarge, LedgerClosed, LedgerFenced, MagnetarError, NoSuchEntry, NoSuchLedger
+from common.entry import ENTRY_BYTES_MAX_DEFAULT
+from common.entry import ENTRY_HEADER_SIZE, encode_entry
+from common.errors import EntryTooLarge, LedgerClosed, LedgerFenced, MagnetarError, NoSuchEntry, NoSuchLedger
 from ledger.reader import LedgerEntry
 
 

@@ -8,7 +8,7 @@ counts, ``read`` and ``wait_for_entries``. It is a double of that edge, not of t
 code under test.
 
 Positions and counts follow ManagedLedger's rules through the same functions
-(broker.position.normalize and entries_between): a position past the end of a closed
+(common.position.normalize and entries_between): a position past the end of a closed
 ledger (or in a deleted one) normalizes to entry 0 of the next ledger that exists;
 positions in the current ledger are left as they are, written or not.
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 
 from broker.managed_ledger import ManagedEntry
-from broker.position import Position, entries_between, normalize
+from common.position import Position, entries_between, normalize
 
 
 class FakeManagedLedger:
@@ -86,7 +86,7 @@ class FakeManagedLedger:
 
     def entries_between(self, after: Position, upto: Position) -> int:
         """Entries in (after, upto]: what broker.topic.PersistentTopic.entries_between
-        answers, through the same function (broker.position.entries_between)."""
+        answers, through the same function (common.position.entries_between)."""
         return entries_between(self._ledgers, self._last_entry_of, after, upto)
 
     async def read(self, start: Position, count_max: int, bytes_max: int) -> list[ManagedEntry]:

@@ -25,7 +25,7 @@ import zlib
 
 import pytest
 
-from ledger.errors import MalformedFrame
+from common.errors import MalformedFrame
 from subscriptions.ack_set import ENTRIES_PER_LEDGER_MAX, AckSet
 from tests.unit.ack_sets import ack_set_of, marked
 

@@ -1,7 +1,7 @@
 """The benchmark's raw Pulsar client (bench/rawclient.py), with no sockets.
 
 Proves that: every command it builds carries its required fields and encodes; a batch
-template splits back (broker.batch.parse_batch) into the messages it was built from;
+template splits back (protocol.batch.parse_batch) into the messages it was built from;
 a SEND frame decodes, fed whole, in halves at every split point and byte by byte, to
 the sequence ids and count it was built with, with a checksum that verifies and differs
 per sequence id (metadata changes per send); the send window admits at most its size
@@ -23,9 +23,9 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
 
 import rawclient  # noqa: E402
-from broker.batch import message_count, parse_batch  # noqa: E402
-from broker.codec import NEED_DATA, CommandDecoder, encode_command, encode_payload_command, wrap  # noqa: E402
-from broker.proto import pulsar_api_pb2 as pb  # noqa: E402
+from protocol.batch import message_count, parse_batch  # noqa: E402
+from protocol.codec import NEED_DATA, CommandDecoder, encode_command, encode_payload_command, wrap  # noqa: E402
+from protocol.proto import pulsar_api_pb2 as pb  # noqa: E402
 
 BC = pb.BaseCommand
 

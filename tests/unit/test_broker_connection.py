@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import asyncio
 
-from broker import commands
-from broker.codec import NEED_DATA, CommandDecoder, encode_command
+from protocol import commands
+from protocol.codec import NEED_DATA, CommandDecoder, encode_command
 from broker.config import BrokerConfig
 from broker.connection import ServerConnection
 from broker.managed_ledger import ManagedLedgerConfig
-from broker.proto import pulsar_api_pb2 as pb
+from protocol.proto import pulsar_api_pb2 as pb
 from broker.service import BrokerService
-from broker.topic_name import TopicName
+from common.topic_name import TopicName
 from metadata.memory_store import MemoryStore
 from tests.unit.fake_ledger_client import FakeLedgerClient
 

@@ -23,13 +23,13 @@ import time
 
 import pytest
 
-from ledger.config import ENTRY_BYTES_MAX_DEFAULT
+from common.entry import ENTRY_BYTES_MAX_DEFAULT
 from broker.config import BrokerConfig
 from broker.managed_ledger import ManagedLedgerConfig
 from broker.service import BrokerService
 from broker.stats import internal_stats
-from broker.topic_name import TopicName
-from ledger.errors import AlreadyExists, ConfigError, ServiceNotReady
+from common.topic_name import TopicName
+from common.errors import AlreadyExists, ConfigError, ServiceNotReady
 from metadata import keys
 from metadata.memory_store import MemoryStore
 from tests.unit.fake_ledger_client import FakeLedgerClient

@@ -43,7 +43,7 @@ from bundles.records import (
     OwnerRecord,
     TransferRecord,
 )
-from ledger.errors import InvalidArgument, MalformedFrame
+from common.errors import InvalidArgument, MalformedFrame
 
 # --- hashing ----------------------------------------------------------------------------------
 

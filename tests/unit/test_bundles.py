@@ -7,7 +7,7 @@ import pytest
 from bundles.balancer import least_loaded, plan_shedding, scores
 from bundles.hashing import FULL_UPPER, BundleRange, Bundles, default_boundaries, topic_hash
 from bundles.records import LoadReport, OwnerRecord
-from ledger.errors import InvalidArgument, MalformedFrame
+from common.errors import InvalidArgument, MalformedFrame
 
 
 def test_default_bundles_cover_the_space_and_find_every_hash():

@@ -23,7 +23,7 @@ from bookie.config import (
     LedgerStorageConfig,
 )
 from ledger.config import LedgerClientConfig
-from ledger.errors import ConfigError
+from common.errors import ConfigError
 
 
 def _journal(**overrides) -> JournalConfig:

@@ -28,8 +28,8 @@ import time
 
 import pytest
 
-from broker.position import Position
-from ledger.errors import PersistenceError, TopicFenced
+from common.position import Position
+from common.errors import PersistenceError, TopicFenced
 from subscriptions.ack_set import AckSet
 from subscriptions.cursor import CursorState, ManagedCursor, ack_set_words_to_int, int_to_ack_set_words
 from tests.unit.fake_managed_ledger import FakeManagedLedger

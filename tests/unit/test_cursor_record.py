@@ -20,8 +20,8 @@ import struct
 
 import pytest
 
-from broker.position import Position
-from ledger.errors import MalformedFrame
+from common.position import Position
+from common.errors import MalformedFrame
 from subscriptions.ack_set import AckSet
 from subscriptions.cursor_record import (
     FORMAT_VERSION,

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from broker.position import Position
-from ledger.errors import LedgerFenced, MetadataUnavailable, NoSuchLedger, TopicFenced
+from common.position import Position
+from common.errors import LedgerFenced, MetadataUnavailable, NoSuchLedger, TopicFenced
 from metadata.memory_store import MemoryStore
 from subscriptions import cursor_store
 from subscriptions.ack_set import AckSet

@@ -33,11 +33,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from broker.codec import decode_frame, encode_stored
+from protocol.codec import decode_frame, encode_stored
 from broker.consumer import Consumer
-from broker.position import Position
-from broker.proto import pulsar_api_pb2 as pb
-from ledger.errors import ConsumerBusy
+from common.position import Position
+from protocol.proto import pulsar_api_pb2 as pb
+from common.errors import ConsumerBusy
 from subscriptions.cursor import CursorState, ManagedCursor
 from subscriptions.dispatcher import SingleActiveDispatcher
 from subscriptions.dispatcher_shared import KeySharedDispatcher, SharedDispatcher

@@ -16,7 +16,7 @@ import random
 import crc32c
 import pytest
 
-from ledger.entry import (
+from common.entry import (
     ENTRY_HEADER_SIZE,
     ENTRY_MAGIC,
     FORMAT_VERSION,
@@ -28,7 +28,7 @@ from ledger.entry import (
     entry_payload,
     verify_entry,
 )
-from ledger.errors import DigestMismatch, MalformedFrame
+from common.errors import DigestMismatch, MalformedFrame
 
 U64_MAX = 2**64 - 1
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 from collections import OrderedDict
 
-from ledger.entry_cache import EntryCache
+from common.entry_cache import EntryCache
 
 
 def test_evicts_least_recently_put_by_bytes():

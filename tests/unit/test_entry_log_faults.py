@@ -32,8 +32,8 @@ from bookie.config import LedgerStorageConfig
 from bookie.entry_log import EntryLocation, EntryLogger
 from bookie.format import ENTRY_LOG_RECORD_HEAD_SIZE, FILE_HEADER_SIZE, entry_log_file_name
 from bookie.ledger_storage_disk import DiskLedgerStorage
-from ledger.entry import ENTRY_HEADER_SIZE, encode_entry
-from ledger.errors import BookieStorageError
+from common.entry import ENTRY_HEADER_SIZE, encode_entry
+from common.errors import BookieStorageError
 
 KIB = 1024
 MIB = 1024 * KIB

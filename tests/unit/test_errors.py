@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from ledger import errors
-from ledger.errors import (
+from common import errors
+from common.errors import (
     DigestMismatch,
     EntryTooLarge,
     LedgerError,

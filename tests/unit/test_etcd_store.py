@@ -31,7 +31,7 @@ import grpc
 import pytest
 from grpc.aio import AioRpcError, Metadata
 
-from ledger.errors import InvalidArgument, MetadataLeaseExpired, MetadataUnavailable
+from common.errors import InvalidArgument, MetadataLeaseExpired, MetadataUnavailable
 from metadata.etcd_store import EtcdStore, EtcdStoreConfig
 
 

@@ -34,9 +34,9 @@ from bookie.index import IndexWriter
 from bookie.ledger_storage import LedgerState
 from bookie.ledger_storage_disk import DiskLedgerStorage
 from bookie.write_cache import WriteCache
-from ledger.entry import ENTRY_HEADER_SIZE, encode_entry
-from ledger.entry_cache import EntryCache
-from ledger.errors import BookieStorageError
+from common.entry import ENTRY_HEADER_SIZE, encode_entry
+from common.entry_cache import EntryCache
+from common.errors import BookieStorageError
 
 KIB = 1024
 MIB = 1024 * KIB

@@ -43,8 +43,8 @@ from bookie.format import (
     journal_file_name,
     parse_file_id,
 )
-from ledger.entry import encode_entry
-from ledger.errors import MalformedFrame
+from common.entry import encode_entry
+from common.errors import MalformedFrame
 
 U64_MAX = 2**64 - 1
 

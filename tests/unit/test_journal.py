@@ -41,8 +41,8 @@ from bookie.format import (
     journal_file_name,
 )
 from bookie.journal import Journal, list_journal_ids, replay_journal
-from ledger.entry import encode_entry, entry_ids
-from ledger.errors import BookieStorageError, MalformedFrame, ShuttingDown
+from common.entry import encode_entry, entry_ids
+from common.errors import BookieStorageError, MalformedFrame, ShuttingDown
 
 KIB = 1024
 MIB = 1024 * KIB

@@ -31,8 +31,8 @@ from bookie.format import journal_add_record, journal_file_name
 from bookie.journal import Journal
 from bookie.ledger_storage_disk import DiskLedgerStorage
 from bookie.node import AddItem, BookieNode
-from ledger.entry import encode_entry
-from ledger.errors import BookieStorageError
+from common.entry import encode_entry
+from common.errors import BookieStorageError
 
 KIB = 1024
 MIB = 1024 * KIB

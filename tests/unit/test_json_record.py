@@ -19,7 +19,7 @@ import json
 import pytest
 
 from bundles.records import AssignmentRecord, BundlesRecord, LeaderRecord, LoadReport, OwnerRecord, TransferRecord
-from ledger.errors import InvalidArgument, MalformedFrame
+from common.errors import InvalidArgument, MalformedFrame
 from metadata import json_record
 from metadata.bookie_record import BookieRecord, Cookie
 from metadata.policies import NamespacePolicies, TenantInfo

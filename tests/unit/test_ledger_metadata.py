@@ -18,7 +18,7 @@ from dataclasses import FrozenInstanceError
 
 import pytest
 
-from ledger.errors import ConfigError, MalformedFrame
+from common.errors import ConfigError, MalformedFrame
 from ledger.metadata import (
     METADATA_FORMAT_VERSION,
     Fragment,

@@ -15,7 +15,7 @@ What it proves:
 
 How: small sizes (64 KiB entry logs, 8 KiB entries) so a few hundred entries exercise
 rotation and compaction; fsync disabled for speed (crash durability is the business of
-the integration and simulation tests). Entries are built with ledger.entry.encode_entry
+the integration and simulation tests). Entries are built with common.entry.encode_entry
 and inspected on disk with bookie.format's entry log reader.
 """
 
@@ -33,8 +33,8 @@ from bookie.entry_log import EntryLogger
 from bookie.format import ENTRY_LOG_MAGIC, FILE_HEADER_SIZE, decode_file_header, iter_entry_log_records
 from bookie.ledger_storage import LedgerState
 from bookie.ledger_storage_disk import DiskLedgerStorage
-from ledger.entry import ENTRY_HEADER_SIZE, encode_entry, entry_ids, verify_entry
-from ledger.errors import DigestMismatch, NoSuchEntry, Overloaded
+from common.entry import ENTRY_HEADER_SIZE, encode_entry, entry_ids, verify_entry
+from common.errors import DigestMismatch, NoSuchEntry, Overloaded
 
 KIB = 1024
 MIB = 1024 * KIB

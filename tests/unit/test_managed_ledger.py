@@ -28,10 +28,10 @@ import pytest
 
 from broker.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from broker.managed_ledger_info import LedgerInfo, ManagedLedgerInfo
-from broker.position import Position
-from broker.topic_name import TopicName
-from ledger.entry_cache import EntryCache
-from ledger.errors import EntryTooLarge, LedgerError, TopicTerminated
+from common.position import Position
+from common.topic_name import TopicName
+from common.entry_cache import EntryCache
+from common.errors import EntryTooLarge, LedgerError, TopicTerminated
 from metadata.memory_store import MemoryStore
 from tests.unit.fake_ledger_client import FakeLedgerClient
 

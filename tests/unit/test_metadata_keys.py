@@ -19,7 +19,7 @@ from urllib.parse import unquote
 
 import pytest
 
-from broker.topic_name import TopicName
+from common.topic_name import TopicName
 from bundles.hashing import Bundles, default_boundaries
 from metadata import keys
 

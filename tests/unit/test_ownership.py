@@ -35,7 +35,7 @@ import time
 
 import pytest
 
-from broker.topic_name import NamespaceName, TopicName
+from common.topic_name import NamespaceName, TopicName
 from bundles import hashing, ownership as ownership_module
 from bundles.config import BundlesConfig
 from bundles.hashing import BundleIndex, BundleRange, Bundles, default_boundaries, topic_hash
@@ -43,7 +43,7 @@ from bundles.leader import Leader
 from bundles.load import LoadReporter
 from bundles.ownership import BrokerIdentity, OwnershipManager
 from bundles.records import AssignmentRecord, BundlesRecord, LoadReport, OwnerRecord
-from ledger.errors import MetadataUnavailable
+from common.errors import MetadataUnavailable
 from metadata import keys
 from metadata.memory_store import MemoryStore
 from metadata.prefix_cache import PrefixCache
@@ -294,7 +294,7 @@ async def test_waiting_for_an_unowned_bundle_rereads_boundaries_once_per_call(ca
     one caller reads the boundaries twice (the first load and one refresh); ten
     concurrent callers a handful of times in all (each read shared by the callers whose
     need it came after), not once per caller per wake-up."""
-    from ledger.errors import ServiceNotReady
+    from common.errors import ServiceNotReady
 
     store = CountingStore()
     await _namespace(store, 1)

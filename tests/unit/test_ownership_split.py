@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 
-from broker.topic_name import NamespaceName, TopicName
+from common.topic_name import NamespaceName, TopicName
 from bundles.config import BundlesConfig
 from bundles.hashing import BundleRange, default_boundaries, topic_hash
 from bundles.ownership import BrokerIdentity, OwnershipManager

@@ -17,7 +17,7 @@ import random
 
 import pytest
 
-from ledger.errors import MalformedFrame, NotEnoughBookies
+from common.errors import MalformedFrame, NotEnoughBookies
 from ledger.placement import choose_ensemble, choose_replacement
 from metadata.bookie_record import BookieRecord, Cookie
 

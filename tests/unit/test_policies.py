@@ -27,7 +27,7 @@ from broker.admin.policy_codec import (
     QUORUM_SIZE_MAX,
     SUBSCRIPTION_NAME_BYTES_MAX,
 )
-from ledger.errors import InvalidArgument, MalformedFrame, NotSupported
+from common.errors import InvalidArgument, MalformedFrame, NotSupported
 from metadata.policies import NamespacePolicies, PersistencePolicies, RetentionPolicies, TenantInfo
 
 # --- stored records ---------------------------------------------------------------------------

@@ -16,8 +16,8 @@ import random
 
 import pytest
 
-from broker.position import EARLIEST, Position
-from ledger.errors import InvalidArgument
+from common.position import EARLIEST, Position
+from common.errors import InvalidArgument
 
 
 def test_order_is_ledger_then_entry():
@@ -86,7 +86,7 @@ def test_garbage_is_refused(text: str):
 
 def _normalize(position, ledgers: dict[int, int], current: int | None):
     """``ledgers``: ledger id -> last entry id (-1: empty)."""
-    from broker.position import normalize
+    from common.position import normalize
 
     return normalize(position, ledgers, lambda l: ledgers.get(l, -1), lambda l: l == current)
 
@@ -110,7 +110,7 @@ def test_normalize_moves_past_ends_and_over_deleted_and_empty_ledgers():
 
 def _between(after: Position, upto: Position, ledgers: dict[int, int]) -> int:
     """``ledgers``: ledger id -> last entry id (-1: empty)."""
-    from broker.position import entries_between
+    from common.position import entries_between
 
     return entries_between(ledgers, lambda l: ledgers.get(l, -1), after, upto)
 

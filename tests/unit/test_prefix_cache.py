@@ -25,7 +25,7 @@ from typing import AsyncIterator, Callable
 
 import pytest
 
-from ledger.errors import MetadataUnavailable
+from common.errors import MetadataUnavailable
 from metadata import prefix_cache
 from metadata.memory_store import MemoryStore
 from metadata.prefix_cache import PrefixCache

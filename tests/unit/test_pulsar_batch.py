@@ -16,7 +16,7 @@ import struct
 
 import pytest
 
-from broker.batch import (
+from protocol.batch import (
     EncryptedPayload,
     SingleMessage,
     UnsupportedCompression,
@@ -25,9 +25,9 @@ from broker.batch import (
     message_count,
     parse_batch,
 )
-from broker.codec import NEED_DATA, CommandDecoder, encode_payload_command, wrap
-from broker.proto import pulsar_api_pb2 as pb
-from ledger.errors import MalformedFrame
+from protocol.codec import NEED_DATA, CommandDecoder, encode_payload_command, wrap
+from protocol.proto import pulsar_api_pb2 as pb
+from common.errors import MalformedFrame
 
 
 def h(text: str) -> bytes:

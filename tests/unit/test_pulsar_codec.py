@@ -18,8 +18,8 @@ import struct
 import crc32c
 import pytest
 
-from broker import codec
-from broker.codec import (
+from protocol import codec
+from protocol.codec import (
     NEED_DATA,
     CommandDecoder,
     Frame,
@@ -34,8 +34,8 @@ from broker.codec import (
     message_frame_buffers,
     wrap,
 )
-from broker.proto import pulsar_api_pb2 as pb
-from ledger.errors import MalformedFrame
+from protocol.proto import pulsar_api_pb2 as pb
+from common.errors import MalformedFrame
 
 BC = pb.BaseCommand
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from broker import commands
-from broker.codec import decode_frame, encode_command, encode_message_frame, encode_stored
-from broker.proto import pulsar_api_pb2 as pb
+from protocol import commands
+from protocol.codec import decode_frame, encode_command, encode_message_frame, encode_stored
+from protocol.proto import pulsar_api_pb2 as pb
 
 BUILT = [
     commands.connected("magnetar-0.1", 20, feature_flags=pb.FeatureFlags(supports_broker_entry_metadata=True)),

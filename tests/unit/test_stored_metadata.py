@@ -17,9 +17,9 @@ import struct
 import crc32c
 import pytest
 
-from broker.codec import decode_stored, encode_stored, stored_metadata
-from broker.proto import pulsar_api_pb2 as pb
-from ledger.errors import MalformedFrame
+from protocol.codec import decode_stored, encode_stored, stored_metadata
+from protocol.proto import pulsar_api_pb2 as pb
+from common.errors import MalformedFrame
 
 
 def _stored(metadata_bytes: bytes, payload: bytes = b"payload") -> bytes:

@@ -18,8 +18,8 @@ import logging
 
 import pytest
 
-from ledger.errors import MetadataUnavailable
-from magnetar.tasks import cancel_and_wait
+from common.errors import MetadataUnavailable
+from common.tasks import cancel_and_wait
 
 
 async def _forever() -> None:
@@ -44,7 +44,7 @@ async def test_a_task_that_crashed_with_an_operating_error_is_logged_with_its_tr
     task = asyncio.create_task(crash(), name="crasher")
     await asyncio.sleep(0)
     assert task.done()
-    with caplog.at_level(logging.DEBUG, logger="magnetar.tasks"):
+    with caplog.at_level(logging.DEBUG, logger="common.tasks"):
         await cancel_and_wait(task)
     records = [r for r in caplog.records if "crasher" in r.getMessage()]
     assert len(records) == 1

@@ -18,8 +18,8 @@ from urllib.parse import unquote
 
 import pytest
 
-from broker.topic_name import NAME_BYTES_MAX, NamespaceName, TopicName, validate_name_part
-from ledger.errors import InvalidArgument, MagnetarError
+from common.topic_name import NAME_BYTES_MAX, NamespaceName, TopicName, validate_name_part
+from common.errors import InvalidArgument, MagnetarError
 
 
 @pytest.mark.parametrize("text, expected", [

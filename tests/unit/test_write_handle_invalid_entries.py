@@ -30,8 +30,8 @@ from bookie.config import LedgerStorageConfig
 from ledger.bookie_registry import BookieRegistry
 from ledger.config import LedgerClientConfig
 from ledger.context import LedgerContext
-from ledger.entry import ENTRY_HEADER_SIZE
-from ledger.errors import (
+from common.entry import ENTRY_HEADER_SIZE
+from common.errors import (
     BookieUnavailable,
     ConfigError,
     EntryTooLarge,

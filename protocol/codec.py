@@ -68,8 +68,8 @@ import crc32c
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
-from broker.proto.pulsar_api_pb2 import BaseCommand, BrokerEntryMetadata, MessageMetadata
-from ledger.errors import MalformedFrame
+from protocol.proto.pulsar_api_pb2 import BaseCommand, BrokerEntryMetadata, MessageMetadata
+from common.errors import MalformedFrame
 
 # --- layout constants ---------------------------------------------------------------------
 

@@ -29,9 +29,9 @@ from typing import Iterable
 
 from google.protobuf.unknown_fields import UnknownFieldSet
 
-from broker.codec import parse_proto
-from broker.proto.pulsar_api_pb2 import CompressionType, MessageMetadata, SingleMessageMetadata
-from ledger.errors import MalformedFrame
+from protocol.codec import parse_proto
+from protocol.proto.pulsar_api_pb2 import CompressionType, MessageMetadata, SingleMessageMetadata
+from common.errors import MalformedFrame
 
 _U32 = struct.Struct(">I")
 # The smallest record: a 4-byte size, then SingleMessageMetadata holding only

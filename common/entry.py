@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import crc32c
 
-from ledger.errors import DigestMismatch, MalformedFrame
+from common.errors import DigestMismatch, MalformedFrame
 
 ENTRY_MAGIC = 0x4D45
 FORMAT_VERSION = 1
@@ -43,6 +43,14 @@ ENTRY_HEADER_SIZE = _HEADER.size + _DIGEST.size
 assert ENTRY_HEADER_SIZE == 44
 
 NO_ENTRY = -1
+
+_KIB = 1024
+_MIB = 1024 * _KIB
+# The largest encoded entry (header included) a bookie accepts, by default. Pulsar's
+# default maximum message is 5 MiB and a producer batch is one entry; the margin covers
+# the entry header and the broker's metadata. Bookies and the ledger client use the same
+# default: a client must not submit what its bookies refuse.
+ENTRY_BYTES_MAX_DEFAULT = 5 * _MIB + 64 * _KIB
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from ledger.errors import InvalidArgument
+from common.errors import InvalidArgument
 
 PERSISTENT = "persistent"
 PARTITION_SUFFIX = "-partition-"

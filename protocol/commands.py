@@ -1,5 +1,5 @@
 """Builders for the commands a broker sends, each returning a complete BaseCommand ready
-for :func:`broker.codec.encode_command` (or, for MESSAGE, ``message_frame_buffers``).
+for :func:`protocol.codec.encode_command` (or, for MESSAGE, ``message_frame_buffers``).
 Pure. They exist so every required field is set in one place and the Pulsar conventions
 that are easy to get wrong are written down once:
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from broker.codec import MAX_MESSAGE_SIZE_DEFAULT, wrap
-from broker.proto import pulsar_api_pb2 as pb
+from protocol.codec import MAX_MESSAGE_SIZE_DEFAULT, wrap
+from protocol.proto import pulsar_api_pb2 as pb
 
 # The newest protocol version this .proto models (see pulsar_api.proto).
 PROTOCOL_VERSION_MAX = pb.v21

@@ -4,8 +4,8 @@ retry, TopicNotFound and the like fail the operation)."""
 
 from __future__ import annotations
 
-from broker.proto import pulsar_api_pb2 as pb
-from ledger import errors
+from protocol.proto import pulsar_api_pb2 as pb
+from common import errors
 
 _TABLE: list[tuple[type[errors.MagnetarError], int]] = [
     (errors.TopicNotFound, pb.TopicNotFound),

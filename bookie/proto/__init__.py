@@ -1,1 +1,0 @@
-"""Generated gRPC code for the bookie service (``make proto`` builds it from bookie.proto)."""

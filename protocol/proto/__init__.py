@@ -1,0 +1,1 @@
+"""Generated protobuf and gRPC code (``make proto`` builds it from the ``.proto`` files here)."""
