@@ -33,10 +33,13 @@ proto: $(STAMP) $(PROTO_OUT)
 run: setup
 	$(VENV)/bin/magnetar standalone --data-dir $(DATA_DIR)
 
+# The package layers first (.importlinter; a second of work), then every test.
 test: setup
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q tests
 
 test-unit: setup
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q tests/unit
 
 test-integration: setup

@@ -54,6 +54,9 @@ from common.errors import (
 )
 from common.version import __version__
 
+from subscriptions.mode import SubscriptionMode
+from subscriptions.ports import AckedMessage
+
 if TYPE_CHECKING:
     from broker.service import BrokerService
     from broker.topic import PersistentTopic
@@ -479,7 +482,8 @@ class ServerConnection(asyncio.Protocol):
                 raise InvalidArgument("subscription name must not be empty")
             topic = await self.service.get_topic(TopicName.parse(request.topic), create=request.force_topic_creation)
             consumer = Consumer(request.consumer_id, request.consumer_name or f"consumer-{request.consumer_id}",
-                                request.subscription, topic.full_name, request.subType, self,
+                                request.subscription, topic.full_name, SubscriptionMode.from_wire(request.subType),
+                                self,
                                 priority_level=request.priority_level,
                                 partition_index=topic.name.partition_index,
                                 metadata={kv.key: kv.value for kv in request.metadata})
@@ -523,7 +527,8 @@ class ServerConnection(asyncio.Protocol):
                 self.write_command(commands.error(ack.request_id, pb.ConsumerNotFound, "no such consumer"))
             return
         try:
-            attached.subscription.acknowledge(attached.consumer, ack.ack_type, list(ack.message_id))
+            attached.subscription.acknowledge(attached.consumer, [_acked_message(m) for m in ack.message_id],
+                                              cumulative=ack.ack_type == pb.CommandAck.Cumulative)
         except MagnetarError as error:
             if ack.HasField("request_id"):
                 self._write_error(ack.request_id, error)
@@ -535,7 +540,8 @@ class ServerConnection(asyncio.Protocol):
         request = frame.command.redeliverUnacknowledgedMessages
         attached = self._attached(request.consumer_id)
         if attached is not None:
-            attached.subscription.redeliver(attached.consumer, list(request.message_ids))
+            attached.subscription.redeliver(attached.consumer,
+                                            [Position(m.ledgerId, m.entryId) for m in request.message_ids])
 
     async def _on_unsubscribe(self, frame: Frame) -> None:
         request = frame.command.unsubscribe
@@ -636,8 +642,14 @@ class ServerConnection(asyncio.Protocol):
         consumer = attached.consumer
         self.write_command(commands.wrap(pb.CommandConsumerStatsResponse(
             request_id=request.request_id, consumerName=consumer.name, availablePermits=max(consumer.permits, 0),
-            unackedMessages=consumer.unacked_messages, address=self.peer,
+            unackedMessages=attached.subscription.dispatcher.unacked_messages(consumer), address=self.peer,
             type=attached.subscription.type_name)))
+
+
+def _acked_message(message_id: pb.MessageIdData) -> AckedMessage:
+    return AckedMessage(Position(message_id.ledgerId, message_id.entryId),
+                        tuple(message_id.ack_set) or None,
+                        message_id.batch_size if message_id.HasField("batch_size") else 0)
 
 
 def _forget_pending(pending: dict[int, asyncio.Task[None]], key: int, task: asyncio.Task[None]) -> None:

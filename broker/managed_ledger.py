@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from broker.managed_ledger_info import LedgerInfo, ManagedLedgerInfo
-from common.position import Position, entries_between, normalize
+from common.position import ManagedEntry, Position, entries_between, normalize
 from common.topic_name import TopicName
 from ledger.client import LedgerClient
 from common.entry import ENTRY_HEADER_SIZE
@@ -97,12 +97,6 @@ class ManagedLedgerConfig:
         if self.ledger_entries_max > ENTRIES_PER_LEDGER_MAX:
             raise ConfigError(f"ledger_entries_max must be at most {ENTRIES_PER_LEDGER_MAX} (a cursor's ack "
                               "bitmap covers that many entries of one ledger)")
-
-
-@dataclass(frozen=True, slots=True)
-class ManagedEntry:
-    position: Position
-    data: bytes | memoryview   # the stored payload (what the producer sent, from 0x0e01)
 
 
 class _Append:

@@ -152,7 +152,7 @@ def publisher_stats(topic: "PersistentTopic", producer: "Producer", meter: RateM
     }
 
 
-def consumer_stats(consumer: "Consumer", meter: RateMeter, now_s: float) -> dict:
+def consumer_stats(consumer: "Consumer", unacked_messages: int, meter: RateMeter, now_s: float) -> dict:
     rate, throughput = meter.rates(("consumer", id(consumer)), (consumer.messages_out, consumer.bytes_out), now_s)
     return {
         "consumerName": consumer.name,
@@ -161,7 +161,7 @@ def consumer_stats(consumer: "Consumer", meter: RateMeter, now_s: float) -> dict
         "msgOutCounter": consumer.messages_out,
         "bytesOutCounter": consumer.bytes_out,
         "availablePermits": consumer.permits,
-        "unackedMessages": consumer.unacked_messages,
+        "unackedMessages": unacked_messages,
         "address": consumer.address,
         "connectedSince": iso_time(consumer.connected_at_ms),
         "metadata": dict(consumer.metadata),
@@ -170,7 +170,8 @@ def consumer_stats(consumer: "Consumer", meter: RateMeter, now_s: float) -> dict
 
 def subscription_stats(topic: "PersistentTopic", subscription: "Subscription", meter: RateMeter, now_s: float,
                        mean_entry_size: float) -> dict:
-    consumers = [consumer_stats(c, meter, now_s) for c in subscription.consumers]
+    consumers = [consumer_stats(c, subscription.dispatcher.unacked_messages(c), meter, now_s)
+                 for c in subscription.consumers]
     backlog = subscription.cursor.backlog_entries(topic.entries_between)
     active = getattr(subscription.dispatcher, "active", None)
     return {

@@ -46,6 +46,7 @@ from metadata import keys
 from metadata.store import MetadataStore
 from subscriptions.cursor import CursorState, ManagedCursor
 from subscriptions.cursor_store import LedgerCursorStore
+from subscriptions.mode import SubscriptionMode
 from subscriptions.subscription import Subscription
 
 log = logging.getLogger(__name__)
@@ -105,7 +106,7 @@ class PersistentTopic:
             state = await store.load()
             if state is None:
                 continue
-            self.subscriptions[name] = self._make_subscription(name, state, store, pb.CommandSubscribe.Exclusive)
+            self.subscriptions[name] = self._make_subscription(name, state, store, SubscriptionMode.EXCLUSIVE)
 
     def _cursor_store(self, subscription: str) -> LedgerCursorStore:
         config = self.ledger.config
@@ -113,13 +114,13 @@ class PersistentTopic:
                                  quorums=(config.ensemble_size, config.write_quorum_size, config.ack_quorum_size),
                                  owner=self.config.effective_broker_id)
 
-    def _make_subscription(self, name: str, state: CursorState, store: LedgerCursorStore | None, sub_type: int,
-                           ) -> Subscription:
+    def _make_subscription(self, name: str, state: CursorState, store: LedgerCursorStore | None,
+                           mode: SubscriptionMode) -> Subscription:
         cursor = ManagedCursor(f"{self.full_name}/{name}", self.ledger, state, store,
                                flush_interval_s=self.config.cursor_flush_interval_s, durable=store is not None)
         if store is not None:
             self._cursor_stores[name] = store
-        return Subscription(name, self.full_name, self.ledger, cursor, sub_type,
+        return Subscription(name, self.full_name, self.ledger, cursor, mode,
                             partition_index=self.name.partition_index,
                             entries_max=self.config.dispatch_entries_max, bytes_max=self.config.dispatch_bytes_max,
                             redelivery_counts_max=self.config.redelivery_counts_max)
@@ -171,10 +172,10 @@ class PersistentTopic:
         subscription = self.subscriptions.get(name)
         if subscription is None:
             subscription = await self._create_once(
-                name, lambda: self._new_subscription(name, consumer.sub_type, durable, initial_position,
+                name, lambda: self._new_subscription(name, consumer.mode, durable, initial_position,
                                                      start_message_id, rollback_duration_s))
             self._check_open()   # the topic may have begun closing while it was created
-        subscription.add_consumer(consumer)
+        subscription.add_consumer(consumer, consumer.mode)
         return subscription
 
     async def _create_once(self, name: str, create: Callable[[], Awaitable[Subscription]]) -> Subscription:
@@ -200,7 +201,7 @@ class PersistentTopic:
         self.subscriptions[name] = subscription
         return subscription
 
-    async def _new_subscription(self, name: str, sub_type: int, durable: bool, initial_position: int,
+    async def _new_subscription(self, name: str, mode: SubscriptionMode, durable: bool, initial_position: int,
                                 start_message_id: pb.MessageIdData | None, rollback_duration_s: int
                                 ) -> Subscription:
         start = self._start_position(initial_position, start_message_id, durable)
@@ -208,7 +209,7 @@ class PersistentTopic:
             start = await self.find_position_by_time(int((time.time() - rollback_duration_s) * 1000))
         state = CursorState(mark_delete=self._before(start))
         store = self._cursor_store(name) if durable else None
-        subscription = self._make_subscription(name, state, store, sub_type)
+        subscription = self._make_subscription(name, state, store, mode)
         if durable:
             await subscription.cursor.save_now()
         else:
@@ -267,7 +268,7 @@ class PersistentTopic:
             start = position if position is not None else self.ledger.end_position
             state = CursorState(mark_delete=self._before(self.ledger.normalize(start)))
             subscription = self._make_subscription(name, state, self._cursor_store(name),
-                                                   pb.CommandSubscribe.Exclusive)
+                                                   SubscriptionMode.EXCLUSIVE)
             await subscription.cursor.save_now()
             return subscription
 
@@ -369,9 +370,9 @@ class PersistentTopic:
             await asyncio.gather(*self._creating.values(), return_exceptions=True)
         for subscription in list(self.subscriptions.values()):
             for consumer in list(subscription.consumers):
-                if disconnect_clients and not consumer.closed:
-                    consumer.connection.write_command(commands.close_consumer(consumer.consumer_id))
-                    consumer.connection.forget_consumer(consumer)
+                assert isinstance(consumer, Consumer), consumer
+                if disconnect_clients:
+                    consumer.disconnect()
                 consumer.closed = True
                 subscription.remove_consumer(consumer)
             await subscription.close()

@@ -1,4 +1,4 @@
-"""A position in a managed ledger: (ledger_id, entry_id). Pure.
+"""A position in a managed ledger: (ledger_id, entry_id), and the entry found there. Pure.
 
 Positions order by ledger id, then entry id; a managed ledger's ledgers get increasing
 ids from the cluster-wide counter, so that order is the order of the topic.
@@ -7,6 +7,7 @@ ids from the cluster-wide counter, so that order is the order of the topic.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Collection, Iterable, NamedTuple
 
 
@@ -24,6 +25,16 @@ class Position(NamedTuple):
 
 
 EARLIEST = Position(-1, -1)
+
+
+@dataclass(frozen=True, slots=True)
+class ManagedEntry:
+    """An entry of a topic at its position: what a managed ledger reads and a
+    dispatcher sends. ``data`` is the stored payload (what the producer sent, from the
+    0x0e01 magic on), never re-encoded on its way to consumers."""
+
+    position: Position
+    data: bytes | memoryview
 
 
 def normalize(position: Position, ledger_ids: Collection[int], last_entry_of: Callable[[int], int],

@@ -37,23 +37,9 @@ from common.position import Position
 from common.errors import MagnetarError, TopicFenced
 from common.tasks import cancel_and_wait
 from subscriptions.ack_set import AckSet
+from subscriptions.ports import PositionSource
 
 log = logging.getLogger(__name__)
-
-
-class PositionSource(Protocol):
-    """What a cursor needs of its managed ledger."""
-
-    last_confirmed: Position
-
-    def next_position(self, position: Position) -> Position: ...
-
-    def normalize(self, position: Position) -> Position: ...
-
-    @property
-    def first_position(self) -> Position: ...
-
-    def number_of_entries(self) -> int: ...
 
 
 @dataclass

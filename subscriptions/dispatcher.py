@@ -3,8 +3,8 @@
 Theory of operation (shared by every mode): one task per subscription waits until a
 consumer can take messages (permits left, connection writable) and reads entries from
 the cursor's read position (the entry cache, else the bookies), skipping those already
-acknowledged, and sends them as MESSAGE frames. When caught up it waits for the managed
-ledger to confirm new entries. Entries to send again (redeliveries) are served before
+acknowledged, and sends them through each consumer's port (subscriptions/ports.py).
+When caught up it waits for the managed ledger to confirm new entries. Entries to send again (redeliveries) are served before
 new ones. Flow control is Pulsar's: a consumer's permits count messages, a batch entry
 takes as many as it holds, and nothing is sent to a consumer without permits.
 
@@ -20,28 +20,51 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import Iterator, Protocol
 
-from protocol import commands
+from common.errors import MagnetarError
+from common.position import ManagedEntry, Position
+from common.tasks import cancel_and_wait
 from protocol.batch import message_count
 from protocol.codec import stored_metadata
-from common.position import Position
-from common.errors import MagnetarError
-from common.tasks import cancel_and_wait
-from subscriptions.cursor import int_to_ack_set_words
-
-if TYPE_CHECKING:
-    from broker.consumer import Consumer
-    from broker.managed_ledger import ManagedEntry
-    from subscriptions.subscription import Subscription
+from subscriptions.cursor import ManagedCursor, int_to_ack_set_words
+from subscriptions.ports import ConsumerPort, EntrySource
 
 log = logging.getLogger(__name__)
 
 
+class DispatchedSubscription(Protocol):
+    """What a dispatcher needs of the subscription it serves (subscription.py)."""
+
+    full_name: str
+    cursor: ManagedCursor
+    ledger: EntrySource
+    partition_index: int
+
+    def redelivery_count(self, position: Position) -> int: ...
+
+    def count_redelivery(self, position: Position) -> None: ...
+
+    def count_redelivery_range(self, start: Position, end_exclusive: Position) -> None: ...
+
+
+@dataclass(eq=False)
+class ConsumerState:
+    """What a dispatcher keeps about one of its consumers."""
+
+    # Shared and key-shared: entries sent to this consumer and not acknowledged yet
+    # (position -> message count), redelivered to others if it goes away.
+    pending: dict[Position, int] = field(default_factory=dict)
+    unacked_messages: int = 0
+    told_end_of_topic: bool = False
+
+
 class Dispatcher(abc.ABC):
-    def __init__(self, subscription: "Subscription", entries_max: int, bytes_max: int) -> None:
+    def __init__(self, subscription: DispatchedSubscription, entries_max: int, bytes_max: int) -> None:
         self.subscription = subscription
-        self.consumers: list["Consumer"] = []
+        self.consumers: list[ConsumerPort] = []
+        self._states: dict[ConsumerPort, ConsumerState] = {}
         self._entries_max = entries_max
         self._bytes_max = bytes_max
         self._wakeup = asyncio.Event()
@@ -57,20 +80,42 @@ class Dispatcher(abc.ABC):
         if self._task is None and not self._closed:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
-    def add_consumer(self, consumer: "Consumer") -> None:
-        self.consumers.append(consumer)
+    def add_consumer(self, consumer: ConsumerPort) -> None:
+        self._attach(consumer)
         self.wake()
 
-    def remove_consumer(self, consumer: "Consumer") -> None:
+    def remove_consumer(self, consumer: ConsumerPort) -> None:
+        self._detach(consumer)
+        self.wake()
+
+    def _attach(self, consumer: ConsumerPort) -> None:
+        assert consumer not in self._states, consumer.name
+        self.consumers.append(consumer)
+        self._states[consumer] = ConsumerState()
+
+    def _detach(self, consumer: ConsumerPort) -> ConsumerState | None:
+        """Forgets a consumer; returns what was kept about it (None: not attached)."""
+        state = self._states.pop(consumer, None)
         if consumer in self.consumers:
             self.consumers.remove(consumer)
+        assert len(self._states) == len(self.consumers), (len(self._states), len(self.consumers))
+        return state
+
+    def on_flow(self, consumer: ConsumerPort) -> None:
+        """The consumer's client granted permits."""
         self.wake()
 
-    def on_flow(self, consumer: "Consumer") -> None:
-        self.wake()
+    def unacked_messages(self, consumer: ConsumerPort) -> int:
+        """Messages sent to ``consumer`` and not acknowledged yet (shared modes; 0 for
+        exclusive and failover, whose acks are cumulative)."""
+        state = self._states.get(consumer)
+        return state.unacked_messages if state is not None else 0
+
+    def consumer_states(self) -> Iterator[tuple[ConsumerPort, ConsumerState]]:
+        return iter(self._states.items())
 
     @abc.abstractmethod
-    def redeliver(self, consumer: "Consumer", positions: list[Position] | None) -> None:
+    def redeliver(self, consumer: ConsumerPort, positions: list[Position] | None) -> None:
         """Sends the given unacknowledged entries again (None: all of the consumer's)."""
 
     async def close(self) -> None:
@@ -116,7 +161,7 @@ class Dispatcher(abc.ABC):
 
         waiter.add_done_callback(on_entries)
 
-    def _prepare(self, entry: "ManagedEntry") -> tuple[int, list[int] | None] | None:
+    def _prepare(self, entry: ManagedEntry) -> tuple[int, list[int] | None] | None:
         """(message count, ack_set to send) for an entry still to deliver; None if it
         is acknowledged already."""
         cursor = self.subscription.cursor
@@ -138,19 +183,19 @@ class Dispatcher(abc.ABC):
         subscription = self.subscription
         ledger = subscription.ledger
         if ledger.terminated and subscription.cursor.read_position > ledger.last_confirmed:
-            for consumer in self.consumers:
-                if not consumer.reached_end_sent:
-                    consumer.reached_end_sent = True
-                    consumer.connection.write_command(commands.reached_end_of_topic(consumer.consumer_id))
+            for consumer, state in self._states.items():
+                if not state.told_end_of_topic:
+                    state.told_end_of_topic = True
+                    consumer.notify_end_of_topic()
 
 
 class SingleActiveDispatcher(Dispatcher):
-    def __init__(self, subscription: "Subscription", entries_max: int, bytes_max: int, *, failover: bool) -> None:
+    def __init__(self, subscription: DispatchedSubscription, entries_max: int, bytes_max: int, *, failover: bool) -> None:
         super().__init__(subscription, entries_max, bytes_max)
         self.failover = failover
-        self.active: "Consumer | None" = None
+        self.active: ConsumerPort | None = None
 
-    def _choose_active(self) -> "Consumer | None":
+    def _choose_active(self) -> ConsumerPort | None:
         if not self.consumers:
             return None
         ordered = sorted(self.consumers, key=lambda c: (c.priority_level, c.name, c.consumer_id))
@@ -169,28 +214,25 @@ class SingleActiveDispatcher(Dispatcher):
         self.subscription.cursor.rewind()
         if self.failover:
             for consumer in self.consumers:
-                consumer.connection.write_command(
-                    commands.active_consumer_change(consumer.consumer_id, is_active=consumer is chosen))
+                consumer.notify_active(consumer is chosen)
         log.info("active consumer changed: subscription=%s from=%s to=%s", self.subscription.full_name,
                  previous.name if previous else None, chosen.name if chosen else None)
 
-    def add_consumer(self, consumer: "Consumer") -> None:
-        self.consumers.append(consumer)
+    def add_consumer(self, consumer: ConsumerPort) -> None:
+        self._attach(consumer)
         if self.failover and self.active is not None:
-            consumer.connection.write_command(
-                commands.active_consumer_change(consumer.consumer_id, is_active=False))
+            consumer.notify_active(False)
         self._update_active()
         self.wake()
 
-    def remove_consumer(self, consumer: "Consumer") -> None:
-        if consumer in self.consumers:
-            self.consumers.remove(consumer)
+    def remove_consumer(self, consumer: ConsumerPort) -> None:
+        self._detach(consumer)
         if consumer is self.active:
             self.active = None
         self._update_active()
         self.wake()
 
-    def redeliver(self, consumer: "Consumer", positions: list[Position] | None) -> None:
+    def redeliver(self, consumer: ConsumerPort, positions: list[Position] | None) -> None:
         """Exclusive and failover redeliver by rewinding to the first unacknowledged
         entry (what Pulsar does); the counts of what was in flight go up."""
         if consumer is not self.active:
@@ -222,7 +264,7 @@ class SingleActiveDispatcher(Dispatcher):
                 if prepared is None:
                     continue
                 count, ack_set = prepared
-                consumer.send(entry, count, redelivery_count=subscription.redelivery_count(entry.position),
-                              ack_set=ack_set)
+                consumer.send_entry(entry, count, redelivery_count=subscription.redelivery_count(entry.position),
+                                    ack_set=ack_set)
                 self.messages_dispatched += count
             cursor.skip_next_read(ledger.next_position(entries[-1].position))

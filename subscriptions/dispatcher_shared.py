@@ -23,18 +23,13 @@ from __future__ import annotations
 import bisect
 import collections
 import logging
-from typing import TYPE_CHECKING
 
 import crc32c
 
+from common.position import ManagedEntry, Position
 from protocol.codec import stored_metadata
-from common.position import Position
-from subscriptions.dispatcher import Dispatcher
-
-if TYPE_CHECKING:
-    from broker.consumer import Consumer
-    from broker.managed_ledger import ManagedEntry
-    from subscriptions.subscription import Subscription
+from subscriptions.dispatcher import DispatchedSubscription, Dispatcher
+from subscriptions.ports import ConsumerPort
 
 log = logging.getLogger(__name__)
 
@@ -48,26 +43,23 @@ _HASH_RANGE = 1 << 32
 
 
 class SharedDispatcher(Dispatcher):
-    def __init__(self, subscription: "Subscription", entries_max: int, bytes_max: int,
+    def __init__(self, subscription: DispatchedSubscription, entries_max: int, bytes_max: int,
                  unacked_per_consumer_max: int = 50_000) -> None:
         super().__init__(subscription, entries_max, bytes_max)
         self._unacked_per_consumer_max = unacked_per_consumer_max
-        self.pending: dict[Position, "Consumer"] = {}
+        self.pending: dict[Position, ConsumerPort] = {}
         self._replay: list[Position] = []          # sorted
         self._replay_set: set[Position] = set()
         self._next_consumer = 0
 
     # --- membership ---------------------------------------------------------------------
 
-    def remove_consumer(self, consumer: "Consumer") -> None:
-        if consumer in self.consumers:
-            self.consumers.remove(consumer)
+    def remove_consumer(self, consumer: ConsumerPort) -> None:
+        self._detach(consumer)
         held = [p for p, owner in self.pending.items() if owner is consumer]
         for position in held:
             del self.pending[position]
             self._add_replay(position, count=True)
-        consumer.pending.clear()
-        consumer.unacked_messages = 0
         if held:
             log.info("consumer left with unacknowledged entries, replaying: subscription=%s consumer=%s entries=%d",
                      self.subscription.full_name, consumer.name, len(held))
@@ -80,22 +72,24 @@ class SharedDispatcher(Dispatcher):
         for position in positions:
             consumer = self.pending.pop(position, None)
             if consumer is not None:
-                count = consumer.pending.pop(position, 0)
-                consumer.unacked_messages -= count
+                state = self._states[consumer]
+                state.unacked_messages -= state.pending.pop(position, 0)
                 woke = True
             if position in self._replay_set:
                 self._drop_replay(position)
         if woke:
             self.wake()
 
-    def redeliver(self, consumer: "Consumer", positions: list[Position] | None) -> None:
+    def redeliver(self, consumer: ConsumerPort, positions: list[Position] | None) -> None:
         if positions is None:
             chosen = [p for p, owner in self.pending.items() if owner is consumer]
         else:
             chosen = [p for p in positions if self.pending.get(p) is consumer]
+        state = self._states.get(consumer)
         for position in chosen:
             del self.pending[position]
-            consumer.unacked_messages -= consumer.pending.pop(position, 0)
+            assert state is not None, "an entry is pending at a consumer that is not attached"
+            state.unacked_messages -= state.pending.pop(position, 0)
             self._add_replay(position, count=True)
         if chosen:
             self.wake()
@@ -116,26 +110,29 @@ class SharedDispatcher(Dispatcher):
 
     # --- choosing consumers -----------------------------------------------------------------
 
-    def _can_take(self, consumer: "Consumer") -> bool:
+    def _can_take(self, consumer: ConsumerPort) -> bool:
         return (consumer.permits > 0 and consumer.writable
-                and consumer.unacked_messages < self._unacked_per_consumer_max)
+                and self._states[consumer].unacked_messages < self._unacked_per_consumer_max)
 
-    def _available(self) -> list["Consumer"]:
+    def _available(self) -> list[ConsumerPort]:
         return [c for c in self.consumers if self._can_take(c)]
 
-    def _choose(self, entry: "ManagedEntry", available: list["Consumer"], *, replaying: bool = False,
-                ) -> "Consumer | None":
+    def _choose(self, entry: ManagedEntry, available: list[ConsumerPort], *, replaying: bool = False,
+                ) -> ConsumerPort | None:
         """Round robin over consumers that can take messages."""
         if not available:
             return None
         self._next_consumer = (self._next_consumer + 1) % len(available)
         return available[self._next_consumer]
 
-    def _send(self, consumer: "Consumer", entry: "ManagedEntry", count: int, ack_set: list[int] | None) -> None:
+    def _send(self, consumer: ConsumerPort, entry: ManagedEntry, count: int, ack_set: list[int] | None) -> None:
         position = entry.position
-        consumer.send(entry, count, redelivery_count=self.subscription.redelivery_count(position), ack_set=ack_set)
-        consumer.pending[position] = count
-        consumer.unacked_messages += count
+        assert position not in self.pending, position
+        consumer.send_entry(entry, count, redelivery_count=self.subscription.redelivery_count(position),
+                            ack_set=ack_set)
+        state = self._states[consumer]
+        state.pending[position] = count
+        state.unacked_messages += count
         self.pending[position] = consumer
         self.messages_dispatched += count
 
@@ -190,7 +187,7 @@ class SharedDispatcher(Dispatcher):
     def _on_replay_dropped(self, position: Position) -> None:
         """Hook: a position left the replay set."""
 
-    def _on_held(self, entry: "ManagedEntry") -> None:
+    def _on_held(self, entry: ManagedEntry) -> None:
         """Hook: a replayed entry could not be sent in this pass."""
 
     async def _dispatch_replay(self) -> int:
@@ -234,11 +231,11 @@ class KeySharedDispatcher(SharedDispatcher):
     replayed entry that cannot go blocks the later replayed entries of its key in that
     pass. Key hashes of pending and replayed entries are remembered for that."""
 
-    def __init__(self, subscription: "Subscription", entries_max: int, bytes_max: int,
+    def __init__(self, subscription: DispatchedSubscription, entries_max: int, bytes_max: int,
                  unacked_per_consumer_max: int = 50_000) -> None:
         super().__init__(subscription, entries_max, bytes_max, unacked_per_consumer_max)
         self._ring_points: list[int] = []
-        self._ring_owners: list["Consumer"] = []
+        self._ring_owners: list[ConsumerPort] = []
         self._joined_at: dict[int, Position] = {}         # id(consumer) -> read position at join
         self._hash_of: dict[Position, int] = {}           # pending and replayed entries
         self._replay_hashes: collections.Counter[int] = collections.Counter()
@@ -252,26 +249,26 @@ class KeySharedDispatcher(SharedDispatcher):
         self._ring_points = [point for point, _, _ in ring]
         self._ring_owners = [consumer for _, _, consumer in ring]
 
-    def add_consumer(self, consumer: "Consumer") -> None:
+    def add_consumer(self, consumer: ConsumerPort) -> None:
         # Entries before the current read position may be in flight at other consumers.
         self._joined_at[id(consumer)] = self.subscription.cursor.read_position
-        self.consumers.append(consumer)
+        self._attach(consumer)
         self._rebuild_ring()
         self.wake()
 
-    def remove_consumer(self, consumer: "Consumer") -> None:
+    def remove_consumer(self, consumer: ConsumerPort) -> None:
         self._joined_at.pop(id(consumer), None)
         super().remove_consumer(consumer)   # replays what it held
         self._rebuild_ring()
 
-    def owner_of(self, key: bytes) -> "Consumer | None":
+    def owner_of(self, key: bytes) -> ConsumerPort | None:
         if not self._ring_points:
             return None
         index = bisect.bisect_left(self._ring_points, crc32c.crc32c(key))
         return self._ring_owners[index % len(self._ring_owners)]
 
     @staticmethod
-    def key_of(entry: "ManagedEntry") -> bytes:
+    def key_of(entry: ManagedEntry) -> bytes:
         metadata = stored_metadata(entry.data)
         if metadata.HasField("ordering_key") and metadata.ordering_key:
             return bytes(metadata.ordering_key)
@@ -305,13 +302,13 @@ class KeySharedDispatcher(SharedDispatcher):
     def _begin_replay_pass(self) -> None:
         self._blocked = set()
 
-    def _on_held(self, entry: "ManagedEntry") -> None:
+    def _on_held(self, entry: ManagedEntry) -> None:
         self._blocked.add(self._hash_of.get(entry.position, crc32c.crc32c(self.key_of(entry))))
 
     # --- choosing -------------------------------------------------------------------------------
 
-    def _choose(self, entry: "ManagedEntry", available: list["Consumer"], *, replaying: bool = False,
-                ) -> "Consumer | None":
+    def _choose(self, entry: ManagedEntry, available: list[ConsumerPort], *, replaying: bool = False,
+                ) -> ConsumerPort | None:
         key = self.key_of(entry)
         key_hash = crc32c.crc32c(key)
         self._hash_of[entry.position] = key_hash

@@ -10,28 +10,22 @@ from __future__ import annotations
 
 import collections
 import logging
-from typing import TYPE_CHECKING
+from typing import Sequence
 
-from common.position import Position
-from protocol.proto import pulsar_api_pb2 as pb
 from common.errors import ConsumerBusy, MagnetarError, NotAllowed
+from common.position import Position
 from subscriptions.cursor import ManagedCursor
 from subscriptions.dispatcher import Dispatcher, SingleActiveDispatcher
 from subscriptions.dispatcher_shared import KeySharedDispatcher, SharedDispatcher
-
-if TYPE_CHECKING:
-    from broker.consumer import Consumer
-    from broker.managed_ledger import ManagedLedger
+from subscriptions.mode import SubscriptionMode
+from subscriptions.ports import AckedMessage, ConsumerPort, EntrySource
 
 log = logging.getLogger(__name__)
 
-SUB_TYPE_NAMES = {pb.CommandSubscribe.Exclusive: "Exclusive", pb.CommandSubscribe.Shared: "Shared",
-                  pb.CommandSubscribe.Failover: "Failover", pb.CommandSubscribe.Key_Shared: "Key_Shared"}
-
 
 class Subscription:
-    def __init__(self, name: str, topic_name: str, ledger: "ManagedLedger", cursor: ManagedCursor,
-                 sub_type: int, *, partition_index: int = -1, entries_max: int = 100,
+    def __init__(self, name: str, topic_name: str, ledger: EntrySource, cursor: ManagedCursor,
+                 mode: SubscriptionMode, *, partition_index: int = -1, entries_max: int = 100,
                  bytes_max: int = 4 * 1024 * 1024, redelivery_counts_max: int = 100_000,
                  unacked_per_consumer_max: int = 50_000) -> None:
         self.name = name
@@ -39,83 +33,79 @@ class Subscription:
         self.full_name = f"{topic_name}/{name}"
         self.ledger = ledger
         self.cursor = cursor
-        self.sub_type = sub_type
+        self.mode = mode
         self.partition_index = partition_index
         self._entries_max = entries_max
         self._bytes_max = bytes_max
         self._redelivery_counts: collections.OrderedDict[Position, int] = collections.OrderedDict()
         self._redelivery_counts_max = redelivery_counts_max
         self._unacked_per_consumer_max = unacked_per_consumer_max
-        self.dispatcher: Dispatcher = self._make_dispatcher(sub_type)
+        self.dispatcher: Dispatcher = self._make_dispatcher(mode)
         self.messages_acked = 0
 
-    def _make_dispatcher(self, sub_type: int) -> Dispatcher:
-        if sub_type in (pb.CommandSubscribe.Exclusive, pb.CommandSubscribe.Failover):
+    def _make_dispatcher(self, mode: SubscriptionMode) -> Dispatcher:
+        if mode in (SubscriptionMode.EXCLUSIVE, SubscriptionMode.FAILOVER):
             return SingleActiveDispatcher(self, self._entries_max, self._bytes_max,
-                                          failover=sub_type == pb.CommandSubscribe.Failover)
-        if sub_type == pb.CommandSubscribe.Shared:
+                                          failover=mode == SubscriptionMode.FAILOVER)
+        if mode == SubscriptionMode.SHARED:
             return SharedDispatcher(self, self._entries_max, self._bytes_max, self._unacked_per_consumer_max)
-        if sub_type == pb.CommandSubscribe.Key_Shared:
-            return KeySharedDispatcher(self, self._entries_max, self._bytes_max, self._unacked_per_consumer_max)
-        raise NotAllowed(f"unknown subscription mode {sub_type}")
+        assert mode == SubscriptionMode.KEY_SHARED, mode
+        return KeySharedDispatcher(self, self._entries_max, self._bytes_max, self._unacked_per_consumer_max)
 
     @property
-    def consumers(self) -> list["Consumer"]:
+    def consumers(self) -> list[ConsumerPort]:
         return self.dispatcher.consumers
 
     @property
     def type_name(self) -> str:
-        return SUB_TYPE_NAMES.get(self.sub_type, str(self.sub_type))
+        return self.mode.pulsar_name
 
     # --- consumers ---------------------------------------------------------------------------
 
-    def add_consumer(self, consumer: "Consumer") -> None:
-        if self.consumers and consumer.sub_type != self.sub_type:
-            raise NotAllowed(f"subscription {self.name} is {self.type_name}, "
-                             f"not {SUB_TYPE_NAMES.get(consumer.sub_type, consumer.sub_type)}")
-        if not self.consumers and consumer.sub_type != self.sub_type:
+    def add_consumer(self, consumer: ConsumerPort, mode: SubscriptionMode) -> None:
+        """Attaches a consumer that asked for ``mode``; NotAllowed if the subscription
+        has consumers in another mode, ConsumerBusy if it is exclusive and taken."""
+        if self.consumers and mode != self.mode:
+            raise NotAllowed(f"subscription {self.name} is {self.type_name}, not {mode.pulsar_name}")
+        if not self.consumers and mode != self.mode:
             # The first consumer after all left may change the mode (as Pulsar allows).
-            self.sub_type = consumer.sub_type
-            self.dispatcher = self._make_dispatcher(consumer.sub_type)
-        if self.sub_type == pb.CommandSubscribe.Exclusive and self.consumers:
+            self.mode = mode
+            self.dispatcher = self._make_dispatcher(mode)
+        if self.mode == SubscriptionMode.EXCLUSIVE and self.consumers:
             raise ConsumerBusy(f"exclusive subscription {self.name} already has a consumer")
         self.dispatcher.add_consumer(consumer)
 
-    def remove_consumer(self, consumer: "Consumer") -> None:
+    def remove_consumer(self, consumer: ConsumerPort) -> None:
         self.dispatcher.remove_consumer(consumer)
 
     def disconnect_consumers(self) -> int:
-        """Sends CLOSE_CONSUMER to every consumer (clients subscribe again, dropping what
-        they had queued): for seeks, cursor resets and forced deletes."""
-        from protocol import commands
-
+        """Disconnects every consumer (clients subscribe again, dropping what they had
+        queued): for seeks, cursor resets and forced deletes."""
         consumers = list(self.consumers)
         for consumer in consumers:
-            if not consumer.closed:
-                consumer.connection.write_command(commands.close_consumer(consumer.consumer_id))
-                consumer.connection.forget_consumer(consumer)
-            consumer.closed = True
+            consumer.disconnect()
             self.remove_consumer(consumer)
         return len(consumers)
 
     # --- acknowledgements --------------------------------------------------------------------
 
-    def acknowledge(self, consumer: "Consumer", ack_type: int, message_ids: list[pb.MessageIdData]) -> None:
+    def acknowledge(self, consumer: ConsumerPort, acks: Sequence[AckedMessage], *, cumulative: bool) -> None:
+        """Applies one ACK of ``consumer``. Cumulative: everything up to the last id (not
+        allowed on shared modes: NotAllowed)."""
         cursor = self.cursor
-        if ack_type == pb.CommandAck.Cumulative:
-            if self.sub_type in (pb.CommandSubscribe.Shared, pb.CommandSubscribe.Key_Shared):
+        if cumulative:
+            if self.mode.shares_messages:
                 raise NotAllowed("cumulative acknowledgement is not allowed on shared subscriptions")
-            for message_id in message_ids[-1:]:
-                position = Position(message_id.ledgerId, message_id.entryId)
-                ack_set = list(message_id.ack_set) or None
-                if cursor.ack_cumulative(position, ack_set):
+            for acked in acks[-1:]:
+                ack_set = list(acked.ack_set) if acked.ack_set else None
+                if cursor.ack_cumulative(acked.position, ack_set):
                     self.messages_acked += 1
             return
         done: list[Position] = []
-        for message_id in message_ids:
-            position = Position(message_id.ledgerId, message_id.entryId)
-            ack_set = list(message_id.ack_set) or None
-            if cursor.ack(position, ack_set, message_id.batch_size if message_id.HasField("batch_size") else 0):
+        for acked in acks:
+            position = acked.position
+            ack_set = list(acked.ack_set) if acked.ack_set else None
+            if cursor.ack(position, ack_set, acked.batch_size):
                 self.messages_acked += 1
             if cursor.is_acked(position):
                 done.append(position)
@@ -124,9 +114,10 @@ class Subscription:
         if on_acked is not None and done:
             on_acked(done)
 
-    def redeliver(self, consumer: "Consumer", message_ids: list[pb.MessageIdData]) -> None:
-        positions = [Position(m.ledgerId, m.entryId) for m in message_ids] or None
-        self.dispatcher.redeliver(consumer, positions)
+    def redeliver(self, consumer: ConsumerPort, positions: Sequence[Position]) -> None:
+        """The client asks for ``positions`` again (negative ack, ack timeout); none:
+        everything it holds unacknowledged."""
+        self.dispatcher.redeliver(consumer, list(positions) or None)
 
     # --- redelivery counts --------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """An in-memory stand-in for broker.managed_ledger.ManagedLedger, for the subscription
 unit tests (test_cursor.py, test_dispatcher_selection.py).
 
-It provides only what a cursor (``subscriptions.cursor.PositionSource``), a subscription
+It provides only what a cursor (``subscriptions.ports.PositionSource``), a subscription
 and its dispatchers call on their managed ledger: the last confirmed position,
 ``normalize`` / ``next_position`` / ``first_position`` / ``end_position``, entry
 counts, ``read`` and ``wait_for_entries``. It is a double of that edge, not of the
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 
-from broker.managed_ledger import ManagedEntry
+from common.position import ManagedEntry
 from common.position import Position, entries_between, normalize
 
 

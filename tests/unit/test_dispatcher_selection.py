@@ -20,8 +20,8 @@ What it proves:
   unacknowledged entry.
 
 How: a real Subscription, ManagedCursor and dispatcher over FakeManagedLedger (the
-managed-ledger edge, in memory) and real Consumers whose connection is a fake that
-decodes each MESSAGE frame it is given. Each scenario runs under asyncio.run; the
+managed-ledger edge, in memory) and FakeConsumers at the subscriptions package's
+consumer port, which record each call the dispatcher makes. Each scenario runs under asyncio.run; the
 dispatcher's task is let run by yielding to the loop a bounded number of times.
 """
 
@@ -33,8 +33,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from protocol.codec import decode_frame, encode_stored
-from broker.consumer import Consumer
+from protocol.codec import encode_stored
 from common.position import Position
 from protocol.proto import pulsar_api_pb2 as pb
 from common.errors import ConsumerBusy
@@ -42,51 +41,19 @@ from subscriptions.cursor import CursorState, ManagedCursor
 from subscriptions.dispatcher import SingleActiveDispatcher
 from subscriptions.dispatcher_shared import KeySharedDispatcher, SharedDispatcher
 from subscriptions.subscription import Subscription
+from subscriptions.mode import SubscriptionMode
+from subscriptions.ports import AckedMessage
+from tests.unit.fake_consumer import FakeConsumer, Sent
 from tests.unit.fake_managed_ledger import FakeManagedLedger
 
-SHARED = pb.CommandSubscribe.Shared
-KEY_SHARED = pb.CommandSubscribe.Key_Shared
-FAILOVER = pb.CommandSubscribe.Failover
-EXCLUSIVE = pb.CommandSubscribe.Exclusive
-
-
-@dataclass(frozen=True)
-class Sent:
-    position: Position
-    redelivery_count: int
-    key: str
-
-
-class FakeConnection:
-    """The client connection edge of a Consumer: decodes the MESSAGE frames written to it
-    and keeps the other commands."""
-
-    def __init__(self) -> None:
-        self.sent: list[Sent] = []
-        self.commands: list[pb.BaseCommand] = []
-        self.writable = True
-
-    def write_buffers(self, buffers: list[bytes | memoryview]) -> None:
-        frame = decode_frame(b"".join(bytes(buffer) for buffer in buffers))
-        assert frame.command.type == pb.BaseCommand.MESSAGE
-        message = frame.command.message
-        self.sent.append(Sent(Position(message.message_id.ledgerId, message.message_id.entryId),
-                              message.redelivery_count, frame.payload.metadata.partition_key))
-
-    def write_command(self, command: pb.BaseCommand) -> None:
-        self.commands.append(command)
-
-    def forget_consumer(self, consumer: Consumer) -> None:
-        pass
-
-    def last_active_flag(self) -> bool | None:
-        changes = [c.active_consumer_change for c in self.commands
-                   if c.type == pb.BaseCommand.ACTIVE_CONSUMER_CHANGE]
-        return changes[-1].is_active if changes else None
+SHARED = SubscriptionMode.SHARED
+KEY_SHARED = SubscriptionMode.KEY_SHARED
+FAILOVER = SubscriptionMode.FAILOVER
+EXCLUSIVE = SubscriptionMode.EXCLUSIVE
 
 
 class Harness:
-    def __init__(self, sub_type: int, *, partition_index: int = -1, unacked_per_consumer_max: int = 50_000) -> None:
+    def __init__(self, sub_type: SubscriptionMode, *, partition_index: int = -1, unacked_per_consumer_max: int = 50_000) -> None:
         self.sub_type = sub_type
         self.ledger = FakeManagedLedger()
         self.cursor = ManagedCursor("sub", self.ledger, CursorState(Position(-1, -1)), None)
@@ -104,22 +71,19 @@ class Harness:
             positions.append(self.ledger.append(encode_stored(metadata, f"m{self._sequence_id}".encode())))
         return positions
 
-    def consumer(self, name: str, consumer_id: int, *, permits: int = 1_000, priority_level: int = 0) -> Consumer:
-        return Consumer(consumer_id, name, "sub", "topic", self.sub_type, FakeConnection(),
-                        priority_level=priority_level, permits=permits)
+    def consumer(self, name: str, consumer_id: int, *, permits: int = 1_000, priority_level: int = 0
+                 ) -> FakeConsumer:
+        return FakeConsumer(consumer_id, name, priority_level=priority_level, permits=permits)
 
-    def add(self, *consumers: Consumer) -> None:
+    def add(self, *consumers: FakeConsumer) -> None:
         for consumer in consumers:
-            self.subscription.add_consumer(consumer)
+            self.subscription.add_consumer(consumer, self.sub_type)
 
-    def ack(self, consumer: Consumer, positions: list[Position], *, cumulative: bool = False) -> None:
-        ack_type = pb.CommandAck.Cumulative if cumulative else pb.CommandAck.Individual
-        self.subscription.acknowledge(consumer, ack_type, [pb.MessageIdData(ledgerId=p.ledger_id, entryId=p.entry_id)
-                                                           for p in positions])
+    def ack(self, consumer: FakeConsumer, positions: list[Position], *, cumulative: bool = False) -> None:
+        self.subscription.acknowledge(consumer, [AckedMessage(p) for p in positions], cumulative=cumulative)
 
-    def nack(self, consumer: Consumer, positions: list[Position]) -> None:
-        self.subscription.redeliver(consumer, [pb.MessageIdData(ledgerId=p.ledger_id, entryId=p.entry_id)
-                                               for p in positions])
+    def nack(self, consumer: FakeConsumer, positions: list[Position]) -> None:
+        self.subscription.redeliver(consumer, positions)
 
     @staticmethod
     async def settle() -> None:
@@ -132,8 +96,8 @@ class Harness:
         await self.subscription.close()
 
 
-def positions_of(consumer: Consumer) -> list[Position]:
-    return [sent.position for sent in consumer.connection.sent]
+def positions_of(consumer: FakeConsumer) -> list[Position]:
+    return consumer.positions
 
 
 def run(scenario) -> None:
@@ -197,8 +161,8 @@ def test_shared_stops_at_the_unacked_limit_until_acks_arrive():
         harness.ack(a, published[:2])
         await harness.settle()
         assert positions_of(a) == published[:5]
-        assert [s.redelivery_count for s in a.connection.sent] == [0] * 5
-        assert a.unacked_messages == 3
+        assert [s.redelivery_count for s in a.sent] == [0] * 5
+        assert harness.subscription.dispatcher.unacked_messages(a) == 3
         await harness.close()
 
     run(scenario)
@@ -216,10 +180,10 @@ def test_shared_departing_consumer_entries_go_to_the_others_oldest_first():
         held_by_a = positions_of(a)
         assert len(held_by_a) == 3 and not set(held_by_a) & set(positions_of(b))
         harness.ack(a, held_by_a[:1])
-        before = len(b.connection.sent)
+        before = len(b.sent)
         harness.subscription.remove_consumer(a)
         await harness.settle()
-        replayed = b.connection.sent[before:]
+        replayed = b.sent[before:]
         assert [s.position for s in replayed] == held_by_a[1:]
         assert [s.redelivery_count for s in replayed] == [1, 1]
         assert sorted(positions_of(b)) == sorted(set(published) - {held_by_a[0]})
@@ -238,11 +202,11 @@ def test_shared_negative_ack_redelivers_with_a_rising_count():
         for expected_count in (1, 2):
             harness.nack(a, [published[1]])
             await harness.settle()
-            assert a.connection.sent[-1] == Sent(published[1], expected_count, "k")
+            assert a.sent[-1] == Sent(published[1], expected_count, "k")
         harness.nack(a, [published[0]])              # acked meanwhile: nothing to redeliver
         harness.ack(a, [published[0]])
         await harness.settle()
-        assert len(a.connection.sent) == 6 - 1       # 3 first deliveries, 2 redeliveries
+        assert len(a.sent) == 6 - 1       # 3 first deliveries, 2 redeliveries
         await harness.close()
 
     run(scenario)
@@ -253,7 +217,7 @@ def test_shared_negative_ack_redelivers_with_a_rising_count():
 KEYS = [f"key-{index}".encode() for index in range(20_000)]
 
 
-def ring_with(harness: Harness, names: list[str]) -> tuple[KeySharedDispatcher, list[Consumer]]:
+def ring_with(harness: Harness, names: list[str]) -> tuple[KeySharedDispatcher, list[FakeConsumer]]:
     consumers = [harness.consumer(name, index + 1) for index, name in enumerate(names)]
     harness.add(*consumers)
     dispatcher = harness.subscription.dispatcher
@@ -408,7 +372,7 @@ def test_key_shared_departing_consumer_entries_reach_new_owners_before_newer_one
         newer = harness.publish(keys[:16])
         await harness.settle()
         key_of.update(zip(newer, keys[:16]))
-        after_leave = a.connection.sent[len(first) - len(held_by_b):]
+        after_leave = a.sent[len(first) - len(held_by_b):]
         replayed = [s for s in after_leave if s.position in set(held_by_b)]
         assert [s.position for s in replayed] == held_by_b
         assert all(s.redelivery_count == 1 for s in replayed)
@@ -437,7 +401,7 @@ def test_key_shared_replay_longer_than_one_pass_still_precedes_newer_entries():
         newer = harness.publish([key] * 5)
         await harness.settle()
         assert positions_of(a) == old + newer
-        assert [s.redelivery_count for s in a.connection.sent] == [1] * 150 + [0] * 5
+        assert [s.redelivery_count for s in a.sent] == [1] * 150 + [0] * 5
         await harness.close()
 
     run(scenario)
@@ -468,7 +432,7 @@ def test_failover_active_consumer_is_first_by_priority_name_id(members, expected
             assert active is not None
             assert (active.consumer_id if isinstance(expected, int) else active.name) == expected
             for consumer in consumers:
-                assert consumer.connection.last_active_flag() == (consumer is active)
+                assert consumer.last_active_flag() == (consumer is active)
             await harness.close()
 
     run(scenario)
@@ -488,7 +452,7 @@ def test_failover_only_the_active_consumer_receives_and_a_successor_resumes_unac
         harness.ack(a, [published[1]], cumulative=True)
         harness.subscription.remove_consumer(a)
         await harness.settle()
-        assert b.connection.last_active_flag() is True
+        assert b.last_active_flag() is True
         assert positions_of(b) == published[2:]
         more = harness.publish(["k"] * 2)
         await harness.settle()
@@ -524,7 +488,7 @@ def test_exclusive_takes_one_consumer_and_sends_no_active_changes():
         published = harness.publish(["k"] * 3)
         await harness.settle()
         assert positions_of(only) == published
-        assert only.connection.commands == []
+        assert only.notifications == []
         await harness.close()
 
     run(scenario)

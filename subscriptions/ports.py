@@ -1,0 +1,98 @@
+"""The ports of the subscriptions package: what a subscription needs of the world
+around it, as ``typing.Protocol``s that the broker implements. This package never
+imports ``broker/``; it is driven through plain values and talks back through these.
+
+- ``ConsumerPort``: one consumer attached through a client connection. It owns the
+  flow-control permits its client granted (in messages, as Pulsar counts them) and
+  turns what the dispatcher decides into frames. Dispatch state (what a consumer holds
+  unacknowledged, whether it was told of the end of the topic) lives in the
+  dispatcher, not here. Ports are dictionary keys of the dispatcher's per-consumer
+  state, so an implementation must hash and compare by identity (the default for a
+  class, or a dataclass with ``eq=False``).
+- ``PositionSource`` / ``EntrySource``: the managed ledger a cursor moves over and a
+  dispatcher reads from.
+- ``AckedMessage``: one message id of an acknowledgement, decoded by the broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from common.position import ManagedEntry, Position
+
+
+class ConsumerPort(Protocol):
+    consumer_id: int
+    name: str
+    priority_level: int
+
+    @property
+    def permits(self) -> int:
+        """Messages the client may still receive (negative after a batch overshot)."""
+        ...
+
+    @property
+    def writable(self) -> bool:
+        """False while the client's connection cannot take more bytes, or once closed."""
+        ...
+
+    def send_entry(self, entry: ManagedEntry, message_count: int, *, redelivery_count: int,
+                   ack_set: Sequence[int] | None) -> None:
+        """Sends one entry (``message_count`` messages) and takes that many permits.
+        ``ack_set``: the batch messages still to deliver, as Pulsar's ack-set words
+        (None: all of them)."""
+        ...
+
+    def notify_active(self, is_active: bool) -> None:
+        """Failover: tells the client whether this consumer is the active one now."""
+        ...
+
+    def notify_end_of_topic(self) -> None:
+        """The topic is terminated and this consumer has received all of it."""
+        ...
+
+    def disconnect(self) -> None:
+        """Tells the client to close this consumer (it subscribes again and drops what it
+        had queued) and stops sending to it. Safe to call more than once."""
+        ...
+
+
+class PositionSource(Protocol):
+    """What a cursor needs of its managed ledger."""
+
+    last_confirmed: Position
+
+    def next_position(self, position: Position) -> Position: ...
+
+    def normalize(self, position: Position) -> Position: ...
+
+    @property
+    def first_position(self) -> Position: ...
+
+    def number_of_entries(self) -> int: ...
+
+
+class EntrySource(PositionSource, Protocol):
+    """What a subscription and its dispatcher need of their managed ledger."""
+
+    terminated: bool
+
+    async def read(self, start: Position, count_max: int, bytes_max: int) -> list[ManagedEntry]:
+        """Confirmed entries from ``start`` on (at most ``count_max``, about ``bytes_max``)."""
+        ...
+
+    def wait_for_entries(self) -> asyncio.Future[None]:
+        """Resolves when entries past the current ``last_confirmed`` are confirmed."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class AckedMessage:
+    """One message id of an ACK: the entry, and for a batch entry the messages it
+    leaves unacknowledged (``ack_set`` words, None: the whole entry) and its size."""
+
+    position: Position
+    ack_set: tuple[int, ...] | None = None
+    batch_size: int = 0
