@@ -10,25 +10,22 @@ import asyncio
 import logging
 from dataclasses import replace
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Histogram
 
 from broker.admin.app import build_admin_app
 from broker.config import BrokerConfig
 from broker.connection import ServerConnection
 from broker.managed_ledger import ManagedLedgerConfig
-from broker.metrics import BrokerMetrics
+from broker.metrics import register_broker_metrics
 from broker.service import BrokerService
 from bundles.config import BundlesConfig
-from bundles.leader import Leader
-from bundles.load import LoadReporter
-from bundles.ownership import BrokerIdentity, OwnershipManager
 from ledger.client import LedgerClient
 from ledger.config import LedgerClientConfig
 from common.loop_monitor import LoopMonitor
-from common.ops_http import start_ops_server
-from common.tasks import stop_on_signals
-from metadata import keys, open_store
-from metadata.prefix_cache import PrefixCache
+from common.histograms import LATENCY_BUCKETS_S
+from common.ops_http import bind_listener, start_ops_server_on
+from common.tasks import cancel_and_wait, stop_on_signals
+from metadata import open_store
 
 log = logging.getLogger(__name__)
 
@@ -99,39 +96,27 @@ class BrokerProcess:
 
     async def run(self) -> int:
         config = self.config
+        loop = asyncio.get_running_loop()
+        # Bind both ports first: the URLs the broker advertises need the real port
+        # numbers, and the service is built once with them.
+        server = await loop.create_server(lambda: ServerConnection(service), config.host, config.port,
+                                          reuse_address=True, start_serving=False)
+        http_listener = bind_listener(config.host, config.http_port)
+        config = replace(config, port=server.sockets[0].getsockname()[1],
+                         http_port=http_listener.getsockname()[1])
         store = open_store(config.metadata_url)
         ledger_client = LedgerClient(store, LedgerClientConfig())
         await ledger_client.start()
-        loop = asyncio.get_running_loop()
-        # Bind both ports first: the advertised addresses need the real port numbers.
-        server = await loop.create_server(lambda: ServerConnection(service), config.host, config.port,
-                                          reuse_address=True, start_serving=False)
-        port = server.sockets[0].getsockname()[1]
-        config = replace(config, port=port)
-        service = BrokerService(config, store, ledger_client)
-        service.resources.default_bundles = self.bundles_config.default_bundles
         registry = CollectorRegistry()
-        metrics = BrokerMetrics(service, registry)
+        publish_latency = Histogram("magnetar_broker_publish_latency_seconds",
+                                    "From a SEND's arrival to its receipt (storage included)",
+                                    buckets=LATENCY_BUCKETS_S, registry=registry)
+        service = BrokerService(config, store, ledger_client, bundles_config=self.bundles_config,
+                                on_publish_latency=publish_latency.observe)
+        register_broker_metrics(service, registry)
         loop_monitor = LoopMonitor(registry, "magnetar_broker")
-        monitor_task = asyncio.get_running_loop().create_task(loop_monitor.run())
-        app = build_admin_app(service, registry)
-        runner, http_port = await start_ops_server(app, config.host, config.http_port)
-        config = replace(config, http_port=http_port)
-        service.config = config
-        identity = BrokerIdentity(service.broker_id, config.service_url, config.web_service_url)
-        brokers = PrefixCache(store, keys.BROKERS)
-        await brokers.start()
-        ownership = OwnershipManager(store, self.bundles_config, identity,
-                                     loaded_topics=service.loaded_topic_names, close_topics=service.close_topics)
-        await ownership.start()
-        service.ownership = ownership
-        service.broker_reports = brokers
-        reporter = LoadReporter(store, self.bundles_config, ownership, lambda: _counters(service))
-        await reporter.publish()   # the leader must know this broker before assigning to it
-        leader = Leader(store, self.bundles_config, identity, lambda: ownership.lease, brokers)
-        service.leader = leader
-        await leader.start()
-        reporter_task = loop.create_task(reporter.run())
+        monitor_task = loop.create_task(loop_monitor.run())
+        runner = await start_ops_server_on(build_admin_app(service, registry), http_listener)
         await service.start()
         await server.start_serving()
         log.info("broker listening: broker_id=%s service_url=%s web_service_url=%s",
@@ -140,35 +125,19 @@ class BrokerProcess:
             await self.stopping.wait()
         finally:
             log.info("broker stopping: broker_id=%s", service.broker_id)
-            monitor_task.cancel()
+            await cancel_and_wait(monitor_task)
             # Hand every bundle to another broker first, so clients move without errors.
-            await leader.step_down()
-            await ownership.release_all(lambda _bundle: ownership.handover_target(brokers))
-            reporter_task.cancel()
-            await leader.close()
-            if ownership.lease is not None:
-                await store.revoke_lease(ownership.lease)
-            await ownership.close()
-            await brokers.close()
+            await service.hand_over()
             server.close()
             await service.close()
             for connection in list(service.connections):
                 connection.close()
             await server.wait_closed()
             await runner.cleanup()
-            del metrics
             await ledger_client.close()
             await store.close()
             log.info("broker stopped: broker_id=%s", service.broker_id)
         return 0
-
-
-def _counters(service: BrokerService) -> tuple[dict[str, tuple[int, int]], int]:
-    topics = {}
-    for topic in service.loaded_topics():
-        out = sum(s.dispatcher.messages_dispatched for s in topic.subscriptions.values())
-        topics[topic.full_name] = (topic.messages_in, out)
-    return topics, len(service.connections)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -10,8 +10,15 @@ A topic is auto-created when its namespace exists and allows it (on by default, 
 Pulsar standalone); otherwise the caller gets TopicNotFound.
 Ownership: ``owner_of`` says which broker serves a topic: the owner of the topic's
 bundle, from the bundles layer (bundles/ownership.py); a topic loads here only once
-this broker serves its bundle. Without an ownership manager (tests of the service
+this broker serves its bundle. The service builds its bundles parts itself from a
+``BundlesConfig`` (ownership under the broker's lease, the leader candidate, the load
+reporter and the watch of other brokers' reports); without one (tests of the service
 alone) the broker owns everything.
+
+Lifecycle: ``start`` joins the cluster (ownership lease, first load report, leader
+candidacy) and creates the default tenant and namespace; ``hand_over`` gives every
+bundle to other brokers (SIGTERM: clients move without errors); ``close`` stops
+everything the service started.
 """
 
 from __future__ import annotations
@@ -20,12 +27,19 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 from broker.config import BrokerConfig
 from broker.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from broker.resources import Resources
 from broker.topic import PersistentTopic
+from bundles.config import BundlesConfig
+from bundles.leader import Leader
+from bundles.load import LoadReporter
+from bundles.ownership import BrokerIdentity, BundleOwner, OwnershipManager
+from bundles.records import LoadReport
+from metadata import keys
+from metadata.prefix_cache import PrefixCache
 from common.topic_name import DEFAULT_NAMESPACE, DEFAULT_TENANT, NamespaceName, TopicName
 from ledger.client import LedgerClient
 from common.entry_cache import EntryCache
@@ -60,29 +74,56 @@ class OwnerInfo:
     is_self: bool
 
 
+class TopicOwnership(Protocol):
+    """What the service asks of the bundles layer about one topic (OwnershipManager)."""
+
+    async def owner_of(self, topic: TopicName, broker_urls: Callable[[str], tuple[str, str] | None]) -> BundleOwner: ...
+
+    async def ensure_serving(self, topic: TopicName) -> None: ...
+
+    async def is_serving(self, topic: TopicName) -> bool: ...
+
+
 class BrokerService:
-    def __init__(self, config: BrokerConfig, store: MetadataStore, ledger_client: LedgerClient) -> None:
+    def __init__(self, config: BrokerConfig, store: MetadataStore, ledger_client: LedgerClient, *,
+                 bundles_config: BundlesConfig | None = None, topic_ownership: TopicOwnership | None = None,
+                 on_publish_latency: Callable[[float], None] | None = None) -> None:
+        """``config`` carries the ports the broker listens on (bound before, so that the
+        URLs it advertises are final). With ``bundles_config`` the service builds and
+        runs its bundles parts; without, it owns every topic, or asks
+        ``topic_ownership`` (tests). ``on_publish_latency`` is told the seconds from each
+        SEND's arrival to its receipt (the metrics' histogram)."""
+        assert bundles_config is None or topic_ownership is None, "one source of ownership"
         config.check_entries_fit(ledger_client.config.entry_bytes_max)
         self.config = config
         self.store = store
         self.ledger_client = ledger_client
-        self.resources = Resources(store)
+        self.bundles_config = bundles_config
+        self.resources = Resources(store, default_bundles=(bundles_config or BundlesConfig()).default_bundles)
         self.cache = EntryCache(config.entry_cache_bytes_max)
         self.topics: dict[str, asyncio.Future[PersistentTopic]] = {}
         self._loads: set[asyncio.Task[None]] = set()
         self.broker_id = config.effective_broker_id
         self.started_at = time.time()
         self.shutting_down = False
-        # Replaced by the bundles layer (issue 5): who owns a topic.
-        # Set by the wiring: the bundles layer's ownership manager and the brokers' load
-        # reports (for the addresses of other brokers).
-        self.ownership = None
-        self.broker_reports = None
-        self.leader = None
         self.connections: set = set()
         self._background: list[asyncio.Task[None]] = []
-        # Set by the metrics: told the seconds from each SEND's arrival to its receipt.
-        self.on_publish_latency: Callable[[float], None] | None = None
+        self.on_publish_latency = on_publish_latency
+        # The bundles layer: who owns a topic, the leader candidacy, this broker's load
+        # reports and the watch of every broker's (for the addresses of other brokers).
+        self.ownership: OwnershipManager | None = None
+        self.broker_reports: PrefixCache | None = None
+        self.leader: Leader | None = None
+        self._reporter: LoadReporter | None = None
+        if bundles_config is not None:
+            identity = BrokerIdentity(self.broker_id, config.service_url, config.web_service_url)
+            self.broker_reports = PrefixCache(store, keys.BROKERS)
+            self.ownership = OwnershipManager(store, bundles_config, identity,
+                                              loaded_topics=self.loaded_topic_names, close_topics=self.close_topics)
+            topic_ownership = ownership = self.ownership
+            self.leader = Leader(store, bundles_config, identity, lambda: ownership.lease, self.broker_reports)
+            self._reporter = LoadReporter(store, bundles_config, ownership, self.load_counters)
+        self.topic_ownership = topic_ownership
 
     def broker_urls(self, broker_id: str) -> tuple[str, str] | None:
         """(service URL, web service URL) of a live broker, from its load report."""
@@ -90,9 +131,6 @@ class BrokerService:
             return self.config.service_url, self.config.web_service_url
         if self.broker_reports is None:
             return None
-        from bundles.records import LoadReport
-        from metadata import keys
-
         record = self.broker_reports.get(keys.broker(broker_id))
         if record is None:
             return None
@@ -100,16 +138,16 @@ class BrokerService:
         return report.service_url, report.web_service_url
 
     async def owner_of(self, topic: TopicName) -> OwnerInfo:
-        if self.ownership is None:
+        if self.topic_ownership is None:
             return OwnerInfo(self.broker_id, self.config.service_url, self.config.web_service_url, True)
-        owner = await self.ownership.owner_of(topic, self.broker_urls)
+        owner = await self.topic_ownership.owner_of(topic, self.broker_urls)
         return OwnerInfo(owner.broker_id, owner.service_url, owner.web_service_url, owner.is_self)
 
     async def ensure_serving(self, topic: TopicName) -> None:
         """Returns once this broker serves the topic's bundle (may wait for a transfer
         or assignment to complete); NotOwner or ServiceNotReady otherwise."""
-        if self.ownership is not None:
-            await self.ownership.ensure_serving(topic)
+        if self.topic_ownership is not None:
+            await self.topic_ownership.ensure_serving(topic)
 
     async def close_topics(self, names: list[TopicName], reason: str) -> None:
         """Closes loaded topics (their clients reconnect and look them up again)."""
@@ -121,9 +159,25 @@ class BrokerService:
     def loaded_topic_names(self) -> list[TopicName]:
         return [t.name for t in self.loaded_topics()]
 
+    def load_counters(self) -> tuple[dict[str, tuple[int, int]], int]:
+        """({topic: (messages in, messages dispatched)}, connections): the load report's input."""
+        topics = {}
+        for topic in self.loaded_topics():
+            out = sum(s.dispatcher.messages_dispatched for s in topic.subscriptions.values())
+            topics[topic.full_name] = (topic.messages_in, out)
+        return topics, len(self.connections)
+
     async def start(self) -> None:
-        """Creates the cluster, the ``public`` tenant and ``public/default`` namespace if
-        missing (what Pulsar standalone starts with)."""
+        """Joins the cluster (bundles layer), then creates the cluster record, the
+        ``public`` tenant and ``public/default`` namespace if missing (what Pulsar
+        standalone starts with)."""
+        if self.ownership is not None:
+            assert self.broker_reports is not None and self.leader is not None and self._reporter is not None
+            await self.broker_reports.start()
+            await self.ownership.start()
+            await self._reporter.publish()   # the leader must know this broker before assigning to it
+            await self.leader.start()
+            self._background.append(asyncio.get_running_loop().create_task(self._reporter.run()))
         await self.resources.ensure_cluster(self.config.cluster, self.config.service_url,
                                             self.config.web_service_url)
         try:
@@ -203,7 +257,7 @@ class BrokerService:
                 await previous.wait_closed()
             await self.ensure_serving(name)
             topic = await self._load_topic(name, create=create)
-            if self.ownership is not None and not await self.ownership.is_serving(name):
+            if self.topic_ownership is not None and not await self.topic_ownership.is_serving(name):
                 # The bundle left this broker while the topic loaded: do not keep it.
                 raise ServiceNotReady(f"topic {name} moved to another broker while loading")
         except BaseException as error:
@@ -348,9 +402,31 @@ class BrokerService:
 
     # --- shutdown -----------------------------------------------------------------------------
 
+    async def hand_over(self) -> None:
+        """Gives every bundle this broker owns to another broker (the least loaded), so
+        its clients move without errors; then leaves the leader election and revokes
+        the ownership lease. For an orderly shutdown, before ``close``."""
+        if self.ownership is None:
+            return
+        assert self.leader is not None and self.broker_reports is not None
+        ownership, reports = self.ownership, self.broker_reports
+        await self.leader.step_down()
+        await ownership.release_all(lambda _bundle: ownership.handover_target(reports))
+        await cancel_and_wait(*self._background)
+        self._background.clear()
+        await self.leader.close()
+        if ownership.lease is not None:
+            await self.store.revoke_lease(ownership.lease)
+
     async def close(self) -> None:
         self.shutting_down = True
         await cancel_and_wait(*self._background, *self._loads)
+        if self.leader is not None:
+            await self.leader.close()
+        if self.ownership is not None:
+            await self.ownership.close()
+        if self.broker_reports is not None:
+            await self.broker_reports.close()
         topics = self.loaded_topics()
         await asyncio.gather(*(t.close(disconnect_clients=True) for t in topics), return_exceptions=True)
         self.topics.clear()

@@ -5,6 +5,7 @@ format from the process's own registry). Servers may add routes of their own."""
 from __future__ import annotations
 
 import logging
+import socket
 from typing import Awaitable, Callable
 
 from aiohttp import web
@@ -41,3 +42,18 @@ async def start_ops_server(app: web.Application, host: str, port: int) -> tuple[
     bound_port = runner.addresses[0][1]
     assert port in (0, bound_port), (port, bound_port)
     return runner, bound_port
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on (host, port), port 0 meaning any free port. Bound before
+    the server that will use it is built, so its real port is known up front (a broker
+    advertises its HTTP URL in what it builds). OSError if the port is taken."""
+    return socket.create_server((host, port), reuse_port=False)
+
+
+async def start_ops_server_on(app: web.Application, listener: socket.socket) -> web.AppRunner:
+    """Starts the app on an already bound socket; returns the runner (to clean up)."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.SockSite(runner, listener).start()
+    return runner

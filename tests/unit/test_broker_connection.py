@@ -115,8 +115,7 @@ class Client:
 async def connected(*, requests_max: int = 1000) -> tuple[BrokerService, Client]:
     config = BrokerConfig(metadata_url="memory://", managed_ledger=ManagedLedgerConfig(1, 1, 1),
                           retention_check_interval_s=3600, pending_requests_per_connection_max=requests_max)
-    service = BrokerService(config, MemoryStore(), FakeLedgerClient())
-    service.ownership = GatedOwnership()
+    service = BrokerService(config, MemoryStore(), FakeLedgerClient(), topic_ownership=GatedOwnership())
     await service.start()
     connection = ServerConnection(service)
     transport = FakeTransport(connection)
@@ -138,13 +137,13 @@ async def test_close_producer_while_it_is_being_created_attaches_nothing():
     success; when the load completes, no producer is attached to the topic or the
     connection and PRODUCER is not answered with success."""
     service, client = await connected()
-    service.ownership.gate.clear()
+    service.topic_ownership.gate.clear()
     client.send(pb.CommandProducer(topic=TOPIC, producer_id=1, request_id=1, producer_name="p"))
     await settle()
     client.send(pb.CommandCloseProducer(producer_id=1, request_id=2))
     answers = client.answers()
     assert [(a.type, a.success.request_id) for a in answers] == [(T.SUCCESS, 2)]
-    service.ownership.gate.set()
+    service.topic_ownership.gate.set()
     topic = await service.get_topic(TopicName.parse(TOPIC), create=True)
     await settle()
     assert [a.type for a in client.answers()] == []
@@ -166,14 +165,14 @@ async def test_close_consumer_while_it_is_subscribing_attaches_nothing():
     success; when the load completes, the subscription (if any) has no consumer and
     the connection none either."""
     service, client = await connected()
-    service.ownership.gate.clear()
+    service.topic_ownership.gate.clear()
     client.send(pb.CommandSubscribe(topic=TOPIC, subscription="s", subType=pb.CommandSubscribe.Shared,
                                     consumer_id=7, request_id=1))
     await settle()
     client.send(pb.CommandCloseConsumer(consumer_id=7, request_id=2))
     answers = client.answers()
     assert [(a.type, a.success.request_id) for a in answers] == [(T.SUCCESS, 2)]
-    service.ownership.gate.set()
+    service.topic_ownership.gate.set()
     topic = await service.get_topic(TopicName.parse(TOPIC), create=True)
     await settle()
     assert [a.type for a in client.answers()] == []
@@ -207,7 +206,7 @@ async def test_requests_past_the_bound_are_refused_with_too_many_requests():
     and a PRODUCER are each refused at once with TooManyRequests in their own response
     form; once the held lookups finish, a request is served again."""
     service, client = await connected(requests_max=2)
-    service.ownership.gate.clear()
+    service.topic_ownership.gate.clear()
     client.send(pb.CommandLookupTopic(topic=TOPIC, request_id=1), pb.CommandLookupTopic(topic=TOPIC, request_id=2))
     await settle()
     assert client.answers() == []
@@ -228,7 +227,7 @@ async def test_requests_past_the_bound_are_refused_with_too_many_requests():
     for task in list(client.connection._tasks):   # the held lookups end (e.g. the client left)
         task.cancel()
     await settle()
-    service.ownership.gate.set()
+    service.topic_ownership.gate.set()
     client.send(pb.CommandPartitionedTopicMetadata(topic=TOPIC, request_id=6))
     await settle()
     (served,) = client.answers()

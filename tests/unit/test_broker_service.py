@@ -65,8 +65,8 @@ def broker_config(**overrides) -> BrokerConfig:
 
 
 async def started(client: FakeLedgerClient | None = None) -> BrokerService:
-    service = BrokerService(broker_config(), MemoryStore(), client or FakeLedgerClient())
-    service.ownership = GatedOwnership()
+    service = BrokerService(broker_config(), MemoryStore(), client or FakeLedgerClient(),
+                            topic_ownership=GatedOwnership())
     await service.start()
     return service
 
@@ -88,12 +88,12 @@ async def test_concurrent_first_uses_share_one_load():
     check before awaiting ensure_serving, and each loaded the topic)."""
     client = FakeLedgerClient()
     service = await started(client)
-    service.ownership.gate.clear()
+    service.topic_ownership.gate.clear()
     first = spawn(service.get_topic(TOPIC, create=True))
     second = spawn(service.get_topic(TOPIC, create=True))
-    await until(lambda: service.ownership.waiting >= 1, "a load waits for ownership")
+    await until(lambda: service.topic_ownership.waiting >= 1, "a load waits for ownership")
     await asyncio.sleep(0.01)
-    service.ownership.gate.set()
+    service.topic_ownership.gate.set()
     async with asyncio.timeout(TIMEOUT_S):
         topics = await asyncio.gather(first, second)
     assert topics[0] is topics[1]
@@ -176,9 +176,9 @@ async def test_service_close_stops_a_load_in_progress():
     """Closing the service cancels and awaits a load waiting for ownership; its caller
     is told ServiceNotReady."""
     service = await started()
-    service.ownership.gate.clear()
+    service.topic_ownership.gate.clear()
     caller = spawn(service.get_topic(TOPIC, create=True))
-    await until(lambda: service.ownership.waiting == 1, "the load waits for ownership")
+    await until(lambda: service.topic_ownership.waiting == 1, "the load waits for ownership")
     async with asyncio.timeout(TIMEOUT_S):
         await service.close()
         with pytest.raises(ServiceNotReady):
