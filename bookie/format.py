@@ -15,7 +15,7 @@ Journal record (after the file header, back to back):
     0       4     body_size     u32, bytes of type + body; 0 marks the end of written data
     4       4     crc32c        over the type byte and the body
     8       1     record_type   RECORD_ADD, RECORD_FENCE
-    9       n-1   body          ADD: an encoded entry (ledger/entry.py); FENCE: u64 ledger_id
+    9       n-1   body          ADD: an encoded entry (common/entry.py); FENCE: u64 ledger_id
 
 Entry log record (after the file header, back to back):
 
