@@ -13,6 +13,7 @@ Code ranges:
     3000-3999  metadata store (etcd)
     4000-4999  broker and topics
     5000-5999  capacity, time and availability (mostly retriable)
+    6000-6999  the archive (Arrow files of archived ledgers, their manifest)
 """
 
 from __future__ import annotations
@@ -333,6 +334,54 @@ class ServiceNotReady(MagnetarError):
 
 class ShuttingDown(MagnetarError):
     code, retriable, http_status = 5004, True, 503
+
+
+# --- 6000: the archive ------------------------------------------------------------------
+
+class ArchiveError(MagnetarError):
+    """Archiving a ledger, or reading an archived one, failed."""
+
+    code, http_status = 6000, 500
+
+
+class ArchiveCorrupt(ArchiveError):
+    """An archive file does not hold what its metadata and checksums say: a flipped
+    byte, a truncation, a foreign file. Never returned as data. ``batch_index`` is the
+    record batch at fault (None: the file as a whole, e.g. its footer)."""
+
+    code, http_status = 6001, 422
+
+    def __init__(self, url: str, detail: str, batch_index: int | None = None) -> None:
+        self.url = url
+        self.detail = detail
+        self.batch_index = batch_index
+        where = f" record batch {batch_index}" if batch_index is not None else ""
+        super().__init__(f"archive file {url}{where} is corrupt: {detail}")
+
+
+class ArchiveFormatUnsupported(ArchiveError):
+    """The file's format version is outside what this reader understands."""
+
+    code, http_status = 6002, 422
+
+    def __init__(self, url: str, format_version: int, supported: tuple[int, int]) -> None:
+        self.url = url
+        self.format_version = format_version
+        super().__init__(f"archive file {url} has format version {format_version}; this reader reads "
+                         f"{supported[0]}..{supported[1]}")
+
+
+class ArchiveNotFound(ArchiveError):
+    """No archive holds what was asked (a ledger, an entry, a file)."""
+
+    code, http_status = 6003, 404
+
+
+class ArchiveUnavailable(ArchiveError):
+    """The archive's storage did not answer or failed an operation (IO error, object
+    store down); trying again may succeed."""
+
+    code, retriable, http_status = 6004, True, 503
 
 
 class UnknownError(MagnetarError):
