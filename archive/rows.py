@@ -1,0 +1,292 @@
+"""Stored entries unpacked into rows, one per message, and rows built into record
+batches of the archive schema (archive/format.py). Pure: bytes in, Arrow out.
+
+An entry is the stored payload of one SEND (protocol/codec.py): the producer's
+MessageMetadata and a payload that is one message or a batch of them
+(protocol/batch.py). Each message becomes a row. What the row columns do not hold
+exactly as stored is kept beside them so archive/entries.py can rebuild the entry
+byte for byte: the MessageMetadata bytes and the producer's CRC32C (first row of the
+entry), each batched message's SingleMessageMetadata bytes, and, for a compressed
+payload, the original compressed bytes (the rows hold the messages decompressed, for
+analytics; compressing them again need not give the same bytes).
+
+An entry that cannot be unpacked (encrypted end to end, or compressed with a codec
+this module cannot undo) is archived as a single row with ``batch_index`` -1 and the
+entry's payload as it was stored: nothing is lost, and it is rebuilt from that row.
+
+Invariants: an entry's rows are contiguous and in batch-index order, and a record
+batch holds whole entries only (``BatchBuilder`` never splits one), so any record
+batch rebuilds into whole entries.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+import crc32c
+import pyarrow as pa
+from google.protobuf.message import DecodeError
+
+from archive.format import COLUMN_INDEX, SCHEMA, BatchMetadata, KeyFilter, batch_checksum
+from common.errors import MalformedFrame
+from protocol.batch import RECORD_BYTES_MIN, SingleMessage, is_batch, message_count
+from protocol.codec import MAGIC_CHECKSUM, STORED_HEAD_SIZE, PayloadChecksumMismatch, stored_metadata
+from protocol.proto.pulsar_api_pb2 import CompressionType, MessageMetadata, SingleMessageMetadata
+
+_U32 = struct.Struct(">I")
+_HEAD = struct.Struct(">HI")    # magic, checksum
+
+_INT64_SIGN = 1 << 63
+_UINT64 = 1 << 64
+# A decompressed payload may be at most this large: the producer's uncompressed_size
+# is peer input, and a broker's max_message_size (at most 64 MiB, broker/config.py)
+# bounds what a producer could have sent uncompressed.
+UNCOMPRESSED_BYTES_MAX = 64 * 1024 * 1024
+
+
+def _signed(value: int) -> int:
+    """A protobuf uint64 as the int64 column holds it (two's complement)."""
+    return value - _UINT64 if value >= _INT64_SIGN else value
+
+
+def _decompress(metadata: MessageMetadata, payload: memoryview) -> bytes | None:
+    """The payload decompressed, or None when this module cannot (unknown codec, a
+    size out of bounds, bytes that do not decompress)."""
+    size = metadata.uncompressed_size
+    if not 0 <= size <= UNCOMPRESSED_BYTES_MAX:
+        return None
+    codec_names = {CompressionType.LZ4: "lz4_raw", CompressionType.ZSTD: "zstd",
+                   CompressionType.SNAPPY: "snappy"}
+    try:
+        if metadata.compression == CompressionType.ZLIB:
+            data = zlib.decompress(payload)
+        elif metadata.compression in codec_names:
+            data = pa.Codec(codec_names[metadata.compression]).decompress(
+                payload, decompressed_size=size, asbytes=True)
+        else:
+            return None
+    except (zlib.error, pa.ArrowException, ValueError, OSError):
+        return None
+    return data if len(data) == size else None
+
+
+def _split_batch(payload: bytes | memoryview, count: int) -> list[SingleMessage] | None:
+    """The messages of an uncompressed batch payload, or None when it does not split
+    exactly into ``count`` records with string fields that are valid UTF-8. The broker
+    never looked inside the batch when it stored it, so this is peer input; an entry
+    that does not split is archived opaque rather than refused. (protocol/batch.py's
+    parse_batch does the same with stricter, slower checks.)"""
+    view = memoryview(payload)
+    if count < 1 or count > len(view) // RECORD_BYTES_MIN:
+        return None
+    messages = []
+    offset = 0
+    parse = SingleMessageMetadata.FromString
+    for batch_index in range(count):
+        if len(view) - offset < 4:
+            return None
+        (metadata_size,) = _U32.unpack_from(view, offset)
+        metadata_start = offset + 4
+        payload_start = metadata_start + metadata_size
+        if payload_start > len(view):
+            return None
+        metadata_bytes = view[metadata_start:payload_start]
+        try:
+            single = parse(metadata_bytes)
+        except (DecodeError, ValueError, TypeError, RecursionError):
+            return None
+        if not single.HasField("payload_size"):
+            return None
+        offset = payload_start + single.payload_size
+        if single.payload_size < 0 or offset > len(view):
+            return None
+        if not _strings_valid(single):
+            return None
+        messages.append(SingleMessage(batch_index, single, view[payload_start:offset], metadata_bytes))
+    return messages if offset == len(view) else None
+
+
+def _strings_valid(metadata: SingleMessageMetadata | MessageMetadata) -> bool:
+    """The string fields a row keeps decoded as UTF-8 (the runtime hands back bytes
+    for a proto2 string that is not)."""
+    if type(metadata.partition_key) is not str:
+        return False
+    for pair in metadata.properties:
+        if type(pair.key) is not str or type(pair.value) is not str:
+            return False
+    return True
+
+
+class BatchBuilder:
+    """Accumulates the rows of whole entries of one ledger, then builds a record batch
+    and its BatchMetadata (``finish``)."""
+
+    def __init__(self, topic: str, partition: int, ledger_id: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.ledger_id = ledger_id
+        self.entry_ids: list[int] = []
+        self.batch_indexes: list[int] = []
+        self.batch_sizes: list[int] = []
+        self.publish_times: list[int] = []
+        self.event_times: list[int | None] = []
+        self.keys: list[str | None] = []
+        self.ordering_keys: list[bytes | None] = []
+        self.property_offsets: list[int] = [0]
+        self.property_keys: list[str] = []
+        self.property_values: list[str] = []
+        self.producer_names: list[str] = []
+        self.sequence_ids: list[int] = []
+        self.payloads: list[bytes | memoryview] = []
+        self.entry_metadatas: list[bytes | memoryview | None] = []
+        self.single_metadatas: list[bytes | memoryview | None] = []
+        self.entry_payloads: list[bytes | memoryview | None] = []
+        self.entry_checksums: list[int | None] = []
+        self.first_entry_id = -1
+        self.last_entry_id = -1
+        self.size_bytes = 0           # payload and metadata bytes added (the batch's rough size)
+        self.payload_bytes = 0
+
+    @property
+    def row_count(self) -> int:
+        return len(self.entry_ids)
+
+    def add_entry(self, entry_id: int, stored: bytes | memoryview) -> int:
+        """Adds one entry's rows; returns how many. The entry's CRC32C is verified first:
+        corrupt bytes are never archived. Raises MalformedFrame (PayloadChecksumMismatch
+        for a checksum) for an entry that is not a stored payload. The MessageMetadata is
+        parsed as trusted (protocol.codec.stored_metadata): the broker checked it whole
+        when the SEND arrived."""
+        assert entry_id >= 0, entry_id
+        assert self.last_entry_id < 0 or entry_id == self.last_entry_id + 1, (entry_id, self.last_entry_id)
+        view = memoryview(stored)
+        if len(view) < STORED_HEAD_SIZE:
+            raise MalformedFrame(f"entry {entry_id} of {len(view)} bytes is shorter than a stored payload head")
+        magic, checksum = _HEAD.unpack_from(view, 0)
+        if magic != MAGIC_CHECKSUM:
+            raise MalformedFrame(f"entry {entry_id} lacks the 0x0e01 magic")
+        computed = crc32c.crc32c(view[_HEAD.size:])
+        if computed != checksum:
+            raise PayloadChecksumMismatch(checksum, computed)
+        metadata = stored_metadata(view)
+        (metadata_size,) = _U32.unpack_from(view, _HEAD.size)
+        metadata_bytes = view[STORED_HEAD_SIZE:STORED_HEAD_SIZE + metadata_size]
+        payload = view[STORED_HEAD_SIZE + metadata_size:]
+        if is_batch(metadata) and metadata.num_messages_in_batch < 1:
+            raise MalformedFrame(f"entry {entry_id} declares {metadata.num_messages_in_batch} messages")
+        count = message_count(metadata)
+        encrypted = len(metadata.encryption_keys) > 0
+        compressed = metadata.compression != CompressionType.NONE
+        plain: bytes | memoryview | None = payload
+        if compressed and not encrypted:
+            plain = _decompress(metadata, payload)
+        rows_before = self.row_count
+        messages = None
+        if not encrypted and plain is not None and is_batch(metadata):
+            messages = _split_batch(plain, count)
+        if encrypted or plain is None or (is_batch(metadata) and messages is None) or not _strings_valid(metadata):
+            # Opaque: one row holding the payload as stored.
+            self._add_row(entry_id, -1, count if is_batch(metadata) else 0, metadata, None, payload, opaque=True)
+            plain = None
+        elif messages is not None:
+            for message in messages:
+                self._add_row(entry_id, message.batch_index, count, metadata, message, message.payload)
+        else:
+            self._add_row(entry_id, -1, 0, metadata, None, plain)
+        # What rebuilds the entry, on its first row.
+        first = rows_before
+        self.entry_metadatas[first] = metadata_bytes
+        self.entry_checksums[first] = checksum
+        if compressed and not encrypted and plain is not None:
+            self.entry_payloads[first] = payload
+        if self.first_entry_id < 0:
+            self.first_entry_id = entry_id
+        self.last_entry_id = entry_id
+        self.size_bytes += len(view)
+        added = self.row_count - rows_before
+        assert added >= 1
+        return added
+
+    def _add_row(self, entry_id: int, batch_index: int, batch_size: int, metadata: MessageMetadata,
+                 message: SingleMessage | None, payload: bytes | memoryview, *, opaque: bool = False) -> None:
+        self.entry_ids.append(entry_id)
+        self.batch_indexes.append(batch_index)
+        self.batch_sizes.append(batch_size)
+        self.publish_times.append(_signed(metadata.publish_time))
+        self.producer_names.append(metadata.producer_name)
+        # Per-message fields come from the message's own metadata in a batch.
+        source = message.metadata if message is not None else metadata
+        event_time = source.event_time
+        self.event_times.append(_signed(event_time) if event_time else None)
+        if opaque:
+            self.keys.append(None)
+            self.ordering_keys.append(None)
+        else:
+            has_key = source.HasField("partition_key") and not source.null_partition_key
+            self.keys.append(source.partition_key if has_key else None)
+            self.ordering_keys.append(source.ordering_key if source.HasField("ordering_key") else None)
+            for pair in source.properties:
+                self.property_keys.append(pair.key)
+                self.property_values.append(pair.value)
+        self.property_offsets.append(len(self.property_keys))
+        if message is not None and message.metadata.HasField("sequence_id"):
+            sequence_id = message.metadata.sequence_id
+        else:
+            sequence_id = metadata.sequence_id + max(batch_index, 0)
+        self.sequence_ids.append(_signed(sequence_id % _UINT64))
+        self.payloads.append(payload)
+        self.payload_bytes += len(payload)
+        self.entry_metadatas.append(None)
+        self.single_metadatas.append(message.metadata_bytes if message is not None else None)
+        self.entry_payloads.append(None)
+        self.entry_checksums.append(None)
+
+    def finish(self) -> tuple[pa.RecordBatch, BatchMetadata]:
+        """The record batch of the rows added, and its metadata (checksum included)."""
+        rows = self.row_count
+        assert rows > 0, "an empty record batch is never written"
+        columns: list[pa.Array] = [None] * len(SCHEMA)  # type: ignore[list-item]
+
+        def put(name: str, values: object) -> None:
+            columns[COLUMN_INDEX[name]] = pa.array(values, SCHEMA.field(name).type)
+
+        columns[COLUMN_INDEX["topic"]] = pa.repeat(pa.scalar(self.topic, pa.string()), rows)
+        columns[COLUMN_INDEX["partition"]] = pa.repeat(pa.scalar(self.partition, pa.int32()), rows)
+        columns[COLUMN_INDEX["ledger_id"]] = pa.repeat(pa.scalar(self.ledger_id, pa.int64()), rows)
+        put("entry_id", self.entry_ids)
+        put("batch_index", self.batch_indexes)
+        put("batch_size", self.batch_sizes)
+        put("publish_time", self.publish_times)
+        put("event_time", self.event_times)
+        put("key", self.keys)
+        put("ordering_key", self.ordering_keys)
+        columns[COLUMN_INDEX["properties"]] = pa.MapArray.from_arrays(
+            pa.array(self.property_offsets, pa.int32()), pa.array(self.property_keys, pa.string()),
+            pa.array(self.property_values, pa.string()), type=SCHEMA.field("properties").type)
+        put("producer_name", self.producer_names)
+        put("sequence_id", self.sequence_ids)
+        put("payload", self.payloads)
+        put("entry_metadata", self.entry_metadatas)
+        put("single_metadata", self.single_metadatas)
+        put("entry_payload", self.entry_payloads)
+        put("entry_checksum", self.entry_checksums)
+        batch = pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
+        keys = [key for key in self.keys if key is not None]
+        key_filter = KeyFilter.of(keys).encode() if keys else None
+        metadata = BatchMetadata(
+            row_count=rows, first_entry_id=self.first_entry_id, last_entry_id=self.last_entry_id,
+            publish_time_ms_min=min(self.publish_times), publish_time_ms_max=max(self.publish_times),
+            key_min=min(keys) if keys else None, key_max=max(keys) if keys else None, key_filter=key_filter,
+            crc32c=batch_checksum(batch))
+        assert batch.num_rows == rows
+        return batch, metadata
+
+
+def rows_of_entry(topic: str, partition: int, ledger_id: int, entry_id: int,
+                  stored: bytes | memoryview) -> pa.RecordBatch:
+    """The rows of a single entry (a convenience for tools and tests)."""
+    builder = BatchBuilder(topic, partition, ledger_id)
+    builder.add_entry(entry_id, stored)
+    return builder.finish()[0]
+
