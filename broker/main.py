@@ -13,6 +13,8 @@ from dataclasses import replace
 from prometheus_client import CollectorRegistry, Histogram
 
 from broker.admin.app import build_admin_app
+from broker.archiver import STEPS as ARCHIVE_STEPS
+from broker.archiver import ArchiverConfig
 from broker.config import BrokerConfig
 from broker.connection import ServerConnection
 from broker.managed_ledger import ManagedLedgerConfig
@@ -60,6 +62,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-shedding", action="store_true")
     parser.add_argument("--shedding-cooldown-s", type=float, default=30.0)
     parser.add_argument("--default-bundles", type=int, default=4)
+    # The archive (docs/archive.md): where closed ledgers go when a namespace's offload
+    # policy names no location, and how the archiver works.
+    parser.add_argument("--archive-url", default="",
+                        help="archive location (a directory or fsspec URL) for namespaces whose offload policy "
+                             "names none")
+    parser.add_argument("--archive-check-interval-s", type=float, default=5.0)
+    parser.add_argument("--archive-file-mib", type=int, default=128, help="bytes of a ledger per archive file")
+    parser.add_argument("--archive-threads", type=int, default=2,
+                        help="worker threads for Arrow encoding and archive file IO")
+    parser.add_argument("--archive-read-cache-mib", type=int, default=128)
+    parser.add_argument("--archive-read-ahead-batches", type=int, default=2)
+    parser.add_argument("--archive-orphan-grace-s", type=float, default=3600.0,
+                        help="files no manifest names are deleted once older than this")
+    parser.add_argument("--archive-pause-at", default="", choices=["", *ARCHIVE_STEPS],
+                        help=argparse.SUPPRESS)   # tests only: stop at an archive step for a kill -9
 
 
 def bundles_config_from_args(args: argparse.Namespace) -> BundlesConfig:
@@ -88,10 +105,20 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
     )
 
 
+def archiver_config_from_args(args: argparse.Namespace) -> ArchiverConfig:
+    return ArchiverConfig(location_url=args.archive_url, check_interval_s=args.archive_check_interval_s,
+                          file_bytes_max=args.archive_file_mib * 1024 * 1024, threads=args.archive_threads,
+                          read_cache_bytes_max=args.archive_read_cache_mib * 1024 * 1024,
+                          read_ahead_batches=args.archive_read_ahead_batches,
+                          orphan_grace_s=args.archive_orphan_grace_s, pause_at_step=args.archive_pause_at)
+
+
 class BrokerProcess:
-    def __init__(self, config: BrokerConfig, bundles_config: BundlesConfig) -> None:
+    def __init__(self, config: BrokerConfig, bundles_config: BundlesConfig,
+                 archiver_config: ArchiverConfig | None = None) -> None:
         self.config = config
         self.bundles_config = bundles_config
+        self.archiver_config = archiver_config or ArchiverConfig()
         self.stopping = asyncio.Event()
 
     async def run(self) -> int:
@@ -112,7 +139,7 @@ class BrokerProcess:
                                     "From a SEND's arrival to its receipt (storage included)",
                                     buckets=LATENCY_BUCKETS_S, registry=registry)
         service = BrokerService(config, store, ledger_client, bundles_config=self.bundles_config,
-                                on_publish_latency=publish_latency.observe)
+                                on_publish_latency=publish_latency.observe, archiver_config=self.archiver_config)
         register_broker_metrics(service, registry)
         loop_monitor = LoopMonitor(registry, "magnetar_broker")
         monitor_task = loop.create_task(loop_monitor.run())
@@ -141,7 +168,7 @@ class BrokerProcess:
 
 
 def main(args: argparse.Namespace) -> int:
-    process = BrokerProcess(config_from_args(args), bundles_config_from_args(args))
+    process = BrokerProcess(config_from_args(args), bundles_config_from_args(args), archiver_config_from_args(args))
 
     async def run() -> int:
         stop_on_signals(process.stopping)

@@ -26,7 +26,9 @@ Theory of operation:
   finished ledger rather than one forever closing.
 - Reads serve confirmed entries only, from the broker-wide entry cache when present
   (appends are put there as they are confirmed, so tailing subscriptions never touch
-  the bookies) and otherwise from the bookies, a ledger at a time.
+  the bookies) and otherwise from the bookies, a ledger at a time; a ledger the
+  archive serves (its bookie copy was deleted after archiving, broker/archiver.py)
+  is read from the archive instead, the same entry bytes at the same positions.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import collections
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 from broker.managed_ledger_info import LedgerInfo, ManagedLedgerInfo
 from common.position import ManagedEntry, Position, entries_between, normalize
@@ -99,6 +101,16 @@ class ManagedLedgerConfig:
                               "bitmap covers that many entries of one ledger)")
 
 
+class ArchivedLedgers(Protocol):
+    """The topic's archive, as reads need it (broker/archiver.py's TopicArchive)."""
+
+    def serves(self, ledger_id: int) -> bool:
+        """True when the ledger is read from the archive (the bookies dropped it)."""
+
+    async def read(self, ledger_id: int, first: int, last: int, bytes_max: int) -> list[ManagedEntry]:
+        """Entries first..last (at most about bytes_max, at least one)."""
+
+
 class _Append:
     __slots__ = ("payload", "future", "ledger_id", "add_future", "refused")
 
@@ -113,7 +125,8 @@ class _Append:
 
 class ManagedLedger:
     def __init__(self, topic: TopicName, store: MetadataStore, ledger_client: LedgerClient, cache: EntryCache,
-                 config: ManagedLedgerConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
+                 config: ManagedLedgerConfig, *, clock: Callable[[], float] = time.monotonic,
+                 archive: ArchivedLedgers | None = None) -> None:
         self.topic = topic
         self.name = str(topic)
         self._store = store
@@ -121,6 +134,7 @@ class ManagedLedger:
         self._cache = cache
         self.config = config
         self._clock = clock
+        self.archive = archive
         self._key = keys.managed_ledger(topic.key_path)
         self._info = ManagedLedgerInfo()
         self._version = 0
@@ -545,6 +559,8 @@ class ManagedLedger:
         return entries
 
     async def _read_ledger(self, ledger_id: int, first: int, last: int, bytes_max: int) -> list[ManagedEntry]:
+        if self.archive is not None and self.archive.serves(ledger_id):
+            return await self.archive.read(ledger_id, first, last, bytes_max)
         entries: list[ManagedEntry] = []
         size = 0
         entry_id = first

@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
+from broker.archiver import Archiver, ArchiverConfig
 from broker.config import BrokerConfig
 from broker.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from broker.resources import Resources
@@ -87,7 +88,8 @@ class TopicOwnership(Protocol):
 class BrokerService:
     def __init__(self, config: BrokerConfig, store: MetadataStore, ledger_client: LedgerClient, *,
                  bundles_config: BundlesConfig | None = None, topic_ownership: TopicOwnership | None = None,
-                 on_publish_latency: Callable[[float], None] | None = None) -> None:
+                 on_publish_latency: Callable[[float], None] | None = None,
+                 archiver_config: ArchiverConfig | None = None) -> None:
         """``config`` carries the ports the broker listens on (bound before, so that the
         URLs it advertises are final). With ``bundles_config`` the service builds and
         runs its bundles parts; without, it owns every topic, or asks
@@ -124,6 +126,9 @@ class BrokerService:
             self.leader = Leader(store, bundles_config, identity, lambda: ownership.lease, self.broker_reports)
             self._reporter = LoadReporter(store, bundles_config, ownership, self.load_counters)
         self.topic_ownership = topic_ownership
+        # The archive (broker/archiver.py): archives closed ledgers per the namespaces'
+        # offload policies and serves ledgers whose bookie copy is gone.
+        self.archiver = Archiver(archiver_config or ArchiverConfig(), store, ledger_client, self.resources.policies)
 
     def broker_urls(self, broker_id: str) -> tuple[str, str] | None:
         """(service URL, web service URL) of a live broker, from its load report."""
@@ -189,6 +194,7 @@ class BrokerService:
         except AlreadyExists:
             pass
         self._background.append(asyncio.get_running_loop().create_task(self._run_retention()))
+        self._background.append(asyncio.get_running_loop().create_task(self.archiver.run(self.loaded_topics)))
 
     async def _run_retention(self) -> None:
         """Trims consumed ledgers of every loaded topic, per its namespace's policy."""
@@ -198,7 +204,8 @@ class BrokerService:
                 try:
                     policies = await self.resources.policies(topic.name.namespace_name)
                     retention = policies.retention()
-                    await topic.trim_ledgers(retention.retentionTimeInMinutes, retention.retentionSizeInMB)
+                    await topic.trim_ledgers(retention.retentionTimeInMinutes, retention.retentionSizeInMB,
+                                             await self.archiver.retention_gate(topic))
                 except MagnetarError as error:
                     log.warning("retention check failed: topic=%s error=%s", topic.full_name, error)
 
@@ -300,9 +307,14 @@ class BrokerService:
             parent_partitions = await self.resources.partitions(name.partitioned_parent)
             if name.partition_index < parent_partitions:
                 may_create = True
+        archive = await self.archiver.open_topic(name)
         ledger = ManagedLedger(name, self.store, self.ledger_client, self.cache,
-                               await self._ledger_config(namespace, policies))
-        await ledger.open(create_if_missing=may_create)
+                               await self._ledger_config(namespace, policies), archive=archive)
+        try:
+            await ledger.open(create_if_missing=may_create)
+        except BaseException:
+            self.archiver.close_topic(name, archive)
+            raise
         topic = PersistentTopic(name, ledger, self.store, self.config, self.ledger_client)
         topic.on_closed = self._on_topic_closed
         try:
@@ -314,6 +326,7 @@ class BrokerService:
         return topic
 
     def _on_topic_closed(self, topic: PersistentTopic) -> None:
+        self.archiver.close_topic(topic.name, topic.ledger.archive)
         loading = self.topics.get(topic.full_name)
         if loading is not None and loading.done() and not loading.exception() and loading.result() is topic:
             self.topics.pop(topic.full_name, None)
@@ -430,3 +443,4 @@ class BrokerService:
         topics = self.loaded_topics()
         await asyncio.gather(*(t.close(disconnect_clients=True) for t in topics), return_exceptions=True)
         self.topics.clear()
+        await self.archiver.close()

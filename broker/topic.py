@@ -17,6 +17,7 @@ CLOSE_CONSUMER) must not fail the creation for the others waiting on it.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from typing import Awaitable, Callable
@@ -413,9 +414,12 @@ class PersistentTopic:
         marks = [s.cursor.mark_delete_position for s in self.subscriptions.values() if s.cursor.durable]
         return min(marks) if marks else self.ledger.last_confirmed
 
-    async def trim_ledgers(self, retention_minutes: int, retention_mb: int) -> list[int]:
+    async def trim_ledgers(self, retention_minutes: int, retention_mb: int,
+                           may_delete: Callable[[int], bool] | None = None) -> list[int]:
         """Deletes the ledgers every durable cursor has passed that retention no longer
-        protects (see broker/retention.py). Returns their ids."""
+        protects (see broker/retention.py), oldest first and, given ``may_delete`` (the
+        archive's gate: archived ledgers only), no further than the first it refuses.
+        Returns their ids."""
         from broker.retention import LedgerSpan, ledgers_to_delete
 
         if self.closing:
@@ -428,6 +432,8 @@ class PersistentTopic:
                             info.closed_ms if info.closed_ms > 0 else now_ms) for info in ledger.ledger_infos()]
         doomed = ledgers_to_delete(spans, ledger.current_ledger_id, tuple(self.consumed_upto()),
                                    retention_minutes, retention_mb, now_ms)
+        if may_delete is not None:
+            doomed = list(itertools.takewhile(may_delete, doomed))
         if not doomed:
             return []
         await ledger.delete_ledgers_before(doomed[-1] + 1)
