@@ -12,7 +12,7 @@ PROTOS := $(wildcard protocol/proto/*.proto)
 PROTO_OUT := $(PROTOS:.proto=_pb2.py)
 DATA_DIR ?= data/standalone
 
-.PHONY: setup proto run test test-unit test-integration bench bench-bookie bench-pulsar bench-subscriptions clean
+.PHONY: setup proto run test test-unit test-integration test-archive-full bench bench-bookie bench-pulsar bench-subscriptions bench-archive clean
 
 setup: $(STAMP) proto
 
@@ -44,6 +44,11 @@ test-unit: setup
 
 test-integration: setup
 	$(PY) -m pytest -q tests/integration
+
+# The archive's end-to-end test at the issue's full size: 100,000 messages produced,
+# archived, bookie copies deleted, consumed from the archive (`make test` runs 10,000).
+test-archive-full: setup
+	ARCHIVE_TEST_MESSAGES=100000 $(PY) -m pytest -q tests/integration/test_archive.py
 
 bench: bench-bookie bench-pulsar bench-subscriptions
 

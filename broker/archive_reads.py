@@ -93,6 +93,18 @@ class ArchiveReads:
             batch = opened.file.read_batch(batch_index)
         return entries_of_batch(batch, record.url, batch_index)
 
+    def forget(self, urls: set[str]) -> None:
+        """Drops the cached entries and open files of these files (a topic that closed
+        here: its next owner reads them again, from the files)."""
+        for key in [key for key in self._cache if key[0] in urls]:
+            evicted = self._cache.pop(key)
+            self._cache_bytes -= sum(len(data) for _entry_id, data in evicted)
+        with self._files_lock:
+            closing = [self._files.pop(url) for url in list(self._files) if url in urls]
+        for opened in closing:
+            with opened.lock:
+                opened.file.close()
+
     def close(self) -> None:
         with self._files_lock:
             for opened in self._files.values():

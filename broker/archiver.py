@@ -198,6 +198,7 @@ class Archiver:
         current = self._topics.get(str(name))
         if current is not None and (archive is None or current is archive):
             self._topics.pop(str(name), None)
+            self.reads.forget({f.url for record in current.records.values() for f in record.files})
 
     def topic_archive(self, name: TopicName) -> TopicArchive | None:
         return self._topics.get(str(name))

@@ -7,6 +7,7 @@
     magnetar consume …       receive and acknowledge messages
     magnetar admin …         the admin REST API (clusters, tenants, namespaces, topics, brokers)
     magnetar perf …          pulsar-perf-like throughput and latency runs
+    magnetar archive …       a topic's Arrow archive: run, status, ls, verify
 
 Each subcommand's module owns its options (``add_arguments``) and wiring (``main``).
 """
@@ -33,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "consume": ("magnetar.tools.consume", "receive and acknowledge messages"),
     "admin": ("magnetar.tools.admin", "admin REST client"),
     "perf": ("magnetar.tools.perf", "throughput and latency runs"),
+    "archive": ("magnetar.tools.archive", "a topic's Arrow archive: run, status, ls, verify"),
 }
 
 

@@ -145,7 +145,9 @@ class Standalone:
                 sys.executable, "-m", "magnetar", "broker", "--metadata", self.metadata_url,
                 "--port", str(self.args.broker_port + n), "--http-port", str(self.args.broker_http_port + n),
                 "--broker-id", f"broker-{n}",
-                "--ensemble-size", str(copies), "--write-quorum", str(copies), "--ack-quorum", str(copies)])
+                "--ensemble-size", str(copies), "--write-quorum", str(copies), "--ack-quorum", str(copies),
+                # Where namespaces with an offload policy archive closed ledgers (docs/archive.md).
+                "--archive-url", os.path.join(self.data_dir, "archive")])
             brokers.append((name, f"http://127.0.0.1:{self.args.broker_http_port + n}/health", process))
         for name, url, process in brokers:
             await self._wait_http_ok(name, url, process)
@@ -158,6 +160,7 @@ class Standalone:
             "bookies": [f"127.0.0.1:{self.args.bookie_port_base + n}" for n in range(self.args.bookies)],
             "service_url": service_url,
             "admin_url": admin_url,
+            "archive_url": os.path.join(self.data_dir, "archive"),
             "data_dir": self.data_dir,
         }), flush=True)
         print(f"Magnetar standalone is up: {service_url} (Pulsar clients), {admin_url} (admin REST). Try:\n"
