@@ -50,7 +50,7 @@ test-integration: setup
 test-archive-full: setup
 	ARCHIVE_TEST_MESSAGES=100000 $(PY) -m pytest -q tests/integration/test_archive.py
 
-bench: bench-bookie bench-pulsar bench-subscriptions
+bench: bench-bookie bench-pulsar bench-subscriptions bench-archive
 
 bench-bookie: setup
 	$(PY) bench/bookie_bench.py --out bench/results/bookie.json
@@ -65,6 +65,11 @@ bench-pulsar: setup
 # consumers, CPU per process, against disk and CPU baselines of the same run.
 bench-subscriptions: setup
 	$(PY) bench/subscriptions_bench.py --out bench/results/subscriptions.json
+
+# The archive (about 2-3 minutes): archive write MB/s against the disk's write+fsync
+# bandwidth of the same run, and a backlog drained from the archive vs from the bookies.
+bench-archive: setup
+	$(PY) bench/archive_bench.py --out bench/results/archive.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info
