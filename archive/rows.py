@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from dataclasses import dataclass, field
 
 import crc32c
 import pyarrow as pa
@@ -30,7 +31,7 @@ from google.protobuf.message import DecodeError
 
 from archive.format import COLUMN_INDEX, SCHEMA, BatchMetadata, KeyFilter, batch_checksum
 from common.errors import MalformedFrame
-from protocol.batch import RECORD_BYTES_MIN, SingleMessage, is_batch, message_count
+from protocol.batch import RECORD_BYTES_MIN, is_batch, message_count
 from protocol.codec import MAGIC_CHECKSUM, STORED_HEAD_SIZE, PayloadChecksumMismatch, stored_metadata
 from protocol.proto.pulsar_api_pb2 import CompressionType, MessageMetadata, SingleMessageMetadata
 
@@ -71,43 +72,85 @@ def _decompress(metadata: MessageMetadata, payload: memoryview) -> bytes | None:
     return data if len(data) == size else None
 
 
-def _split_batch(payload: bytes | memoryview, count: int) -> list[SingleMessage] | None:
-    """The messages of an uncompressed batch payload, or None when it does not split
-    exactly into ``count`` records with string fields that are valid UTF-8. The broker
-    never looked inside the batch when it stored it, so this is peer input; an entry
-    that does not split is archived opaque rather than refused. (protocol/batch.py's
-    parse_batch does the same with stricter, slower checks.)"""
+@dataclass
+class _Messages:
+    """The per-message columns of one batch, split (``_split_batch``)."""
+
+    keys: list[str | None] = field(default_factory=list)
+    ordering_keys: list[bytes | None] = field(default_factory=list)
+    event_times: list[int | None] = field(default_factory=list)
+    sequence_ids: list[int] = field(default_factory=list)
+    property_counts: list[int] = field(default_factory=list)
+    property_keys: list[str] = field(default_factory=list)
+    property_values: list[str] = field(default_factory=list)
+    payloads: list[memoryview] = field(default_factory=list)
+    singles: list[memoryview] = field(default_factory=list)
+
+
+def _split_batch(payload: bytes | memoryview, count: int, first_sequence_id: int) -> _Messages | None:
+    """The messages of an uncompressed batch payload as columns, or None when it does
+    not split exactly into ``count`` records whose string fields are valid UTF-8. The
+    broker never looked inside the batch when it stored it, so this is peer input; an
+    entry that does not split is archived opaque rather than refused. (protocol/batch.py's
+    parse_batch does the same with stricter, slower checks; this loop runs once per
+    archived message, so it binds everything it calls to locals.)"""
     view = memoryview(payload)
-    if count < 1 or count > len(view) // RECORD_BYTES_MIN:
+    end = len(view)
+    if count < 1 or count > end // RECORD_BYTES_MIN:
         return None
-    messages = []
-    offset = 0
+    out = _Messages()
+    keys, ordering_keys, event_times = out.keys.append, out.ordering_keys.append, out.event_times.append
+    sequence_ids, property_counts = out.sequence_ids.append, out.property_counts.append
+    property_keys, property_values = out.property_keys.append, out.property_values.append
+    payloads, singles = out.payloads.append, out.singles.append
     parse = SingleMessageMetadata.FromString
+    unpack = _U32.unpack_from
+    offset = 0
     for batch_index in range(count):
-        if len(view) - offset < 4:
+        if end - offset < 4:
             return None
-        (metadata_size,) = _U32.unpack_from(view, offset)
         metadata_start = offset + 4
-        payload_start = metadata_start + metadata_size
-        if payload_start > len(view):
+        payload_start = metadata_start + unpack(view, offset)[0]
+        if payload_start > end:
             return None
         metadata_bytes = view[metadata_start:payload_start]
         try:
             single = parse(metadata_bytes)
         except (DecodeError, ValueError, TypeError, RecursionError):
             return None
-        if not single.HasField("payload_size"):
+        has = single.HasField
+        if not has("payload_size"):
             return None
-        offset = payload_start + single.payload_size
-        if single.payload_size < 0 or offset > len(view):
+        payload_size = single.payload_size
+        offset = payload_start + payload_size
+        if payload_size < 0 or offset > end:
             return None
-        if not _strings_valid(single):
-            return None
-        messages.append(SingleMessage(batch_index, single, view[payload_start:offset], metadata_bytes))
-    return messages if offset == len(view) else None
+        if has("partition_key") and not single.null_partition_key:
+            key = single.partition_key
+            if type(key) is not str:
+                return None
+            keys(key)
+        else:
+            keys(None)
+        ordering_keys(single.ordering_key if has("ordering_key") else None)
+        event_time = single.event_time
+        event_times((event_time - _UINT64 if event_time >= _INT64_SIGN else event_time) if event_time else None)
+        sequence_id = single.sequence_id if has("sequence_id") else (first_sequence_id + batch_index) % _UINT64
+        sequence_ids(sequence_id - _UINT64 if sequence_id >= _INT64_SIGN else sequence_id)
+        pairs = single.properties
+        property_counts(len(pairs))
+        for pair in pairs:
+            name, value = pair.key, pair.value
+            if type(name) is not str or type(value) is not str:
+                return None
+            property_keys(name)
+            property_values(value)
+        payloads(view[payload_start:offset])
+        singles(metadata_bytes)
+    return out if offset == end else None
 
 
-def _strings_valid(metadata: SingleMessageMetadata | MessageMetadata) -> bool:
+def _strings_valid(metadata: MessageMetadata) -> bool:
     """The string fields a row keeps decoded as UTF-8 (the runtime hands back bytes
     for a proto2 string that is not)."""
     if type(metadata.partition_key) is not str:
@@ -178,69 +221,76 @@ class BatchBuilder:
         count = message_count(metadata)
         encrypted = len(metadata.encryption_keys) > 0
         compressed = metadata.compression != CompressionType.NONE
+        batched = is_batch(metadata)
         plain: bytes | memoryview | None = payload
         if compressed and not encrypted:
             plain = _decompress(metadata, payload)
-        rows_before = self.row_count
         messages = None
-        if not encrypted and plain is not None and is_batch(metadata):
-            messages = _split_batch(plain, count)
-        if encrypted or plain is None or (is_batch(metadata) and messages is None) or not _strings_valid(metadata):
-            # Opaque: one row holding the payload as stored.
-            self._add_row(entry_id, -1, count if is_batch(metadata) else 0, metadata, None, payload, opaque=True)
-            plain = None
-        elif messages is not None:
-            for message in messages:
-                self._add_row(entry_id, message.batch_index, count, metadata, message, message.payload)
+        if not encrypted and plain is not None and batched:
+            messages = _split_batch(plain, count, metadata.sequence_id)
+        opaque = encrypted or plain is None or (batched and messages is None) or not _strings_valid(metadata)
+        rows = 1 if opaque or messages is None else count
+        # The entry's own columns: the same on each of its rows, or on its first row only.
+        self.entry_metadatas.append(metadata_bytes)
+        self.entry_checksums.append(checksum)
+        self.entry_payloads.append(payload if compressed and not opaque else None)
+        if rows == 1:
+            self.entry_ids.append(entry_id)
+            self.batch_sizes.append(count if batched else 0)
+            self.publish_times.append(_signed(metadata.publish_time))
+            self.producer_names.append(metadata.producer_name)
         else:
-            self._add_row(entry_id, -1, 0, metadata, None, plain)
-        # What rebuilds the entry, on its first row.
-        first = rows_before
-        self.entry_metadatas[first] = metadata_bytes
-        self.entry_checksums[first] = checksum
-        if compressed and not encrypted and plain is not None:
-            self.entry_payloads[first] = payload
+            self.entry_ids.extend([entry_id] * rows)
+            self.batch_sizes.extend([count] * rows)
+            self.publish_times.extend([_signed(metadata.publish_time)] * rows)
+            self.producer_names.extend([metadata.producer_name] * rows)
+            self.entry_metadatas.extend([None] * (rows - 1))
+            self.entry_checksums.extend([None] * (rows - 1))
+            self.entry_payloads.extend([None] * (rows - 1))
+        if messages is not None and not opaque:
+            self.batch_indexes.extend(range(count))
+            self.keys.extend(messages.keys)
+            self.ordering_keys.extend(messages.ordering_keys)
+            self.event_times.extend(messages.event_times)
+            self.sequence_ids.extend(messages.sequence_ids)
+            self.property_keys.extend(messages.property_keys)
+            self.property_values.extend(messages.property_values)
+            offsets = self.property_offsets
+            total = offsets[-1]
+            for property_count in messages.property_counts:
+                total += property_count
+                offsets.append(total)
+            self.payloads.extend(messages.payloads)
+            self.single_metadatas.extend(messages.singles)
+            self.payload_bytes += sum(len(p) for p in messages.payloads)
+        else:
+            # One row: a message not in a batch, or an entry kept opaque (its payload as stored).
+            row_payload = payload if opaque else plain
+            assert row_payload is not None
+            self.batch_indexes.append(-1)
+            event_time = metadata.event_time
+            self.event_times.append(_signed(event_time) if event_time else None)
+            self.sequence_ids.append(_signed(metadata.sequence_id))
+            if opaque:
+                self.keys.append(None)
+                self.ordering_keys.append(None)
+            else:
+                has_key = metadata.HasField("partition_key") and not metadata.null_partition_key
+                self.keys.append(metadata.partition_key if has_key else None)
+                self.ordering_keys.append(metadata.ordering_key if metadata.HasField("ordering_key") else None)
+                for pair in metadata.properties:
+                    self.property_keys.append(pair.key)
+                    self.property_values.append(pair.value)
+            self.property_offsets.append(len(self.property_keys))
+            self.payloads.append(row_payload)
+            self.single_metadatas.append(None)
+            self.payload_bytes += len(row_payload)
         if self.first_entry_id < 0:
             self.first_entry_id = entry_id
         self.last_entry_id = entry_id
         self.size_bytes += len(view)
-        added = self.row_count - rows_before
-        assert added >= 1
-        return added
-
-    def _add_row(self, entry_id: int, batch_index: int, batch_size: int, metadata: MessageMetadata,
-                 message: SingleMessage | None, payload: bytes | memoryview, *, opaque: bool = False) -> None:
-        self.entry_ids.append(entry_id)
-        self.batch_indexes.append(batch_index)
-        self.batch_sizes.append(batch_size)
-        self.publish_times.append(_signed(metadata.publish_time))
-        self.producer_names.append(metadata.producer_name)
-        # Per-message fields come from the message's own metadata in a batch.
-        source = message.metadata if message is not None else metadata
-        event_time = source.event_time
-        self.event_times.append(_signed(event_time) if event_time else None)
-        if opaque:
-            self.keys.append(None)
-            self.ordering_keys.append(None)
-        else:
-            has_key = source.HasField("partition_key") and not source.null_partition_key
-            self.keys.append(source.partition_key if has_key else None)
-            self.ordering_keys.append(source.ordering_key if source.HasField("ordering_key") else None)
-            for pair in source.properties:
-                self.property_keys.append(pair.key)
-                self.property_values.append(pair.value)
-        self.property_offsets.append(len(self.property_keys))
-        if message is not None and message.metadata.HasField("sequence_id"):
-            sequence_id = message.metadata.sequence_id
-        else:
-            sequence_id = metadata.sequence_id + max(batch_index, 0)
-        self.sequence_ids.append(_signed(sequence_id % _UINT64))
-        self.payloads.append(payload)
-        self.payload_bytes += len(payload)
-        self.entry_metadatas.append(None)
-        self.single_metadatas.append(message.metadata_bytes if message is not None else None)
-        self.entry_payloads.append(None)
-        self.entry_checksums.append(None)
+        assert len(self.entry_ids) == len(self.payloads) == len(self.entry_metadatas), entry_id
+        return rows
 
     def finish(self) -> tuple[pa.RecordBatch, BatchMetadata]:
         """The record batch of the rows added, and its metadata (checksum included)."""
