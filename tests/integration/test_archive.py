@@ -354,3 +354,31 @@ async def test_kill_9_at_each_archive_step_leaves_a_consistent_archive(cluster):
         for key, value in received.items():
             assert value[:3] == sent[key], (step, key)
         await restarted.terminate()
+
+
+def test_archive_run_archives_on_request_without_a_policy(archive_cluster):
+    """A namespace without an offload policy: ``magnetar archive run`` (PUT …/offload)
+    archives the closed ledgers and waits for SUCCESS; the default deletion lag (4 h)
+    keeps the bookie copies; the status and manifest say so."""
+    broker = archive_cluster.brokers[0]
+    admin = f"{broker.web_service_url}/admin/v2"
+    namespace = f"public/manual-{uuid.uuid4().hex[:6]}"
+    http("PUT", f"{admin}/namespaces/{namespace}")
+    topic = f"persistent://{namespace}/on-request"
+    client = pulsar.Client(broker.service_url, operation_timeout_seconds=30)
+    try:
+        client.subscribe(topic, "holder", initial_position=pulsar.InitialPosition.Earliest).close()
+        sent = produce(client, topic, 2000, batching=True, base=0)
+    finally:
+        client.close()
+    http("PUT", f"{admin}/persistent/{namespace}/on-request/unload")
+    code, out, err = asyncio.run(run_cli("archive", "--admin-url", broker.web_service_url, "run", topic,
+                                         "--wait-s", "60"))
+    assert code == 0, out + err
+    assert json.loads(out)["status"] == "SUCCESS"
+    manifest = http("GET", f"{admin}/persistent/{namespace}/on-request/archive")
+    archived = {ledger["ledger_id"] for ledger in manifest["ledgers"]}
+    assert {key[0] for key in sent} <= archived
+    assert all(ledger["bookie_deleted_ms"] == 0 for ledger in manifest["ledgers"])
+    assert archived <= asyncio.run(ledgers_on_bookies(archive_cluster.metadata_url))
+    assert sum(f["row_count"] for l in manifest["ledgers"] for f in l["files"]) == len(sent)
