@@ -90,6 +90,9 @@ class ArchiverConfig:
     # archive write takes (a slice is written in seconds), so another broker's write in
     # progress is never taken for an orphan.
     orphan_grace_s: float = 3600.0
+    # How often a topic's archive directory is listed for orphans (a LIST request on an
+    # object store: not on every pass).
+    gc_interval_s: float = 300.0
     # Tests only: stop at this step (one of STEPS) for a kill -9.
     pause_at_step: str = ""
 
@@ -106,6 +109,8 @@ class ArchiverConfig:
             raise ConfigError("archive read_ahead_batches must be in [0, 64]")
         if not 0 <= self.orphan_grace_s <= 30 * 86400:
             raise ConfigError("archive orphan_grace_s must be in [0, 30 days]")
+        if not 0.05 <= self.gc_interval_s <= 86400:
+            raise ConfigError("archive gc_interval_s must be in [0.05, 86400]")
         if self.pause_at_step and self.pause_at_step not in STEPS:
             raise ConfigError(f"archive pause_at_step must be one of {', '.join(STEPS)}")
         WriterConfig(batch_bytes_max=self.batch_bytes_max, file_bytes_max=self.file_bytes_max)
@@ -141,6 +146,8 @@ class TopicArchive:
     requested_upto: Position | None = None
     # Records marked bookie_deleted whose bookie copy is known gone.
     released: set[int] = field(default_factory=set)
+    # When the archive's directory was last listed for orphans (monotonic seconds).
+    listed_at: float = float("-inf")
 
     def archived(self, ledger_id: int) -> bool:
         return ledger_id in self.records
@@ -177,9 +184,9 @@ class Archiver:
         # Names of files this broker is writing (never orphans while listed).
         self._writing: set[str] = set()
         log.info("archiver configured: location_url=%s check_interval_s=%g file_bytes_max=%d threads=%d "
-                 "read_cache_bytes_max=%d read_ahead_batches=%d orphan_grace_s=%g pause_at_step=%s",
+                 "read_cache_bytes_max=%d read_ahead_batches=%d orphan_grace_s=%g gc_interval_s=%g pause_at_step=%s",
                  config.location_url or "-", config.check_interval_s, config.file_bytes_max, config.threads,
-                 config.read_cache_bytes_max, config.read_ahead_batches, config.orphan_grace_s,
+                 config.read_cache_bytes_max, config.read_ahead_batches, config.orphan_grace_s, config.gc_interval_s,
                  config.pause_at_step or "-")
 
     def _now_ms(self) -> int:
@@ -255,6 +262,12 @@ class Archiver:
             archive.status.state = "ERROR"
             archive.status.last_error = str(error)
             log.warning("archive pass failed: topic=%s error=%s", topic.full_name, error)
+        except AssertionError:
+            raise                   # a broken invariant crashes the broker (STYLE.md)
+        except Exception as error:  # the archive's storage or a library failed: keep serving
+            archive.status.state = "ERROR"
+            archive.status.last_error = repr(error)
+            log.error("archive pass failed unexpectedly: topic=%s error=%r", topic.full_name, error, exc_info=error)
 
     def _location(self, policy: OffloadPolicies) -> ArchiveLocation:
         url = policy.managedLedgerOffloadLocation or self.config.location_url
@@ -475,6 +488,9 @@ class Archiver:
             await self._delete_files([f.url for f in record.files])
             log.info("archived ledger collected by archive retention: topic=%s ledger_id=%d files=%d",
                      topic.full_name, ledger_id, len(record.files))
+        if time.monotonic() - archive.listed_at < self.config.gc_interval_s:
+            return
+        archive.listed_at = time.monotonic()
         try:
             location = self._location(policy)
         except ConfigError:

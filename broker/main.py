@@ -75,6 +75,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--archive-read-ahead-batches", type=int, default=2)
     parser.add_argument("--archive-orphan-grace-s", type=float, default=3600.0,
                         help="files no manifest names are deleted once older than this")
+    parser.add_argument("--archive-gc-interval-s", type=float, default=300.0,
+                        help="how often each topic's archive directory is checked for orphans")
     parser.add_argument("--archive-pause-at", default="", choices=["", *ARCHIVE_STEPS],
                         help=argparse.SUPPRESS)   # tests only: stop at an archive step for a kill -9
 
@@ -110,7 +112,8 @@ def archiver_config_from_args(args: argparse.Namespace) -> ArchiverConfig:
                           file_bytes_max=args.archive_file_mib * 1024 * 1024, threads=args.archive_threads,
                           read_cache_bytes_max=args.archive_read_cache_mib * 1024 * 1024,
                           read_ahead_batches=args.archive_read_ahead_batches,
-                          orphan_grace_s=args.archive_orphan_grace_s, pause_at_step=args.archive_pause_at)
+                          orphan_grace_s=args.archive_orphan_grace_s, gc_interval_s=args.archive_gc_interval_s,
+                          pause_at_step=args.archive_pause_at)
 
 
 class BrokerProcess:

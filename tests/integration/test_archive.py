@@ -282,7 +282,8 @@ async def test_kill_9_at_each_archive_step_leaves_a_consistent_archive(cluster):
     archive_dir = os.path.join(cluster.base_dir, "archive")
     await cluster.start_bookies(3)
     # A short lease: the killed broker's bundles move to the restarted one quickly.
-    common_args = [*BROKER_ARGS, "--archive-url", archive_dir, "--archive-orphan-grace-s", "1", "--lease-ttl-s", "2"]
+    common_args = [*BROKER_ARGS, "--archive-url", archive_dir, "--archive-orphan-grace-s", "1",
+                   "--archive-gc-interval-s", "0.5", "--lease-ttl-s", "2"]
     for step, (temp_left, final_left, recorded) in STEP_EXPECTATIONS.items():
         broker = cluster.broker(f"broker-{step}", extra_args=[*common_args, "--archive-pause-at", step])
         await broker.start()
