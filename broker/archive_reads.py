@@ -59,6 +59,8 @@ class ArchiveReads:
         self._inflight: dict[_BatchKey, asyncio.Future[list[tuple[int, bytes]]]] = {}
         self._files: collections.OrderedDict[str, _OpenFile] = collections.OrderedDict()
         self._files_lock = threading.Lock()
+        # Batches already reported unreadable: an operator is told once, not per retry.
+        self._reported: set[_BatchKey] = set()
         self.batches_decoded = 0
         self.entries_served = 0
         self.read_ahead_hits = 0
@@ -138,8 +140,10 @@ class ArchiveReads:
             return
         error = done.exception()
         if error is not None:
-            if isinstance(error, ArchiveError):
-                log.error("archive batch unreadable: url=%s batch_index=%d error=%s", key[0], key[1], error)
+            if isinstance(error, ArchiveError) and key not in self._reported and len(self._reported) < 10_000:
+                self._reported.add(key)
+                log.error("archive batch unreadable, not served: url=%s batch_index=%d error=%s", key[0], key[1],
+                          error)
             return
         entries = done.result()
         self.batches_decoded += 1
