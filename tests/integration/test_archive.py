@@ -157,7 +157,7 @@ def archive_cluster(etcd_process, tmp_path_factory):
 def test_archived_messages_are_consumed_from_the_archive_with_the_same_ids(archive_cluster, tmp_path):
     """Produce batched and single messages, archive every closed ledger and delete its
     bookie copy; an official consumer reads everything from the archive, ids and
-    contents equal to what was sent; a seek by time lands right; the files are plain
+    contents equal to what was sent; seeks by time and by message id land right; the files are plain
     Arrow with the documented schema; a flipped byte is caught, never served."""
     cluster = archive_cluster
     broker = cluster.brokers[0]
@@ -206,6 +206,12 @@ def test_archived_messages_are_consumed_from_the_archive_with_the_same_ids(archi
         message = reader.read_next(timeout_millis=30_000)
         assert message.publish_timestamp() >= target_time
         assert message_key(message.message_id()) == first_at_or_after
+        # Seek by message id (exclusive, as Pulsar's): to a non-batched message in the archive.
+        singles = sorted(key for key in received if key[2] == -1)
+        target = singles[len(singles) // 3]
+        reader.seek(pulsar.MessageId(-1, target[0], target[1], -1))
+        message = reader.read_next(timeout_millis=30_000)
+        assert message_key(message.message_id()) == min(key for key in received if key > target)
         reader.close()
 
         # Plain pyarrow reads the files: the documented schema, one row per message.
