@@ -31,12 +31,17 @@ from google.protobuf.message import DecodeError
 
 from archive.format import COLUMN_INDEX, SCHEMA, BatchMetadata, KeyFilter, batch_checksum
 from common.errors import MalformedFrame
-from protocol.batch import RECORD_BYTES_MIN, is_batch, message_count
-from protocol.codec import MAGIC_CHECKSUM, STORED_HEAD_SIZE, PayloadChecksumMismatch, stored_metadata
+from protocol.batch import RECORD_BYTES_MIN
+from protocol.codec import MAGIC_CHECKSUM, STORED_HEAD_SIZE, PayloadChecksumMismatch
 from protocol.proto.pulsar_api_pb2 import CompressionType, MessageMetadata, SingleMessageMetadata
 
 _U32 = struct.Struct(">I")
 _HEAD = struct.Struct(">HI")    # magic, checksum
+_STORED_HEAD = struct.Struct(">HII")   # magic, checksum, metadata_size
+assert _STORED_HEAD.size == STORED_HEAD_SIZE
+# Looked up once: attribute access on a protobuf enum wrapper runs Python code.
+_COMPRESSION_NONE = CompressionType.NONE
+_parse_metadata = MessageMetadata.FromString
 
 _INT64_SIGN = 1 << 63
 _UINT64 = 1 << 64
@@ -199,29 +204,34 @@ class BatchBuilder:
         """Adds one entry's rows; returns how many. The entry's CRC32C is verified first:
         corrupt bytes are never archived. Raises MalformedFrame (PayloadChecksumMismatch
         for a checksum) for an entry that is not a stored payload. The MessageMetadata is
-        parsed as trusted (protocol.codec.stored_metadata): the broker checked it whole
-        when the SEND arrived."""
+        parsed as trusted (as protocol.codec.stored_metadata does): the broker checked it
+        whole when the SEND arrived."""
         assert entry_id >= 0, entry_id
         assert self.last_entry_id < 0 or entry_id == self.last_entry_id + 1, (entry_id, self.last_entry_id)
         view = memoryview(stored)
         if len(view) < STORED_HEAD_SIZE:
             raise MalformedFrame(f"entry {entry_id} of {len(view)} bytes is shorter than a stored payload head")
-        magic, checksum = _HEAD.unpack_from(view, 0)
+        magic, checksum, metadata_size = _STORED_HEAD.unpack_from(view, 0)
         if magic != MAGIC_CHECKSUM:
             raise MalformedFrame(f"entry {entry_id} lacks the 0x0e01 magic")
         computed = crc32c.crc32c(view[_HEAD.size:])
         if computed != checksum:
             raise PayloadChecksumMismatch(checksum, computed)
-        metadata = stored_metadata(view)
-        (metadata_size,) = _U32.unpack_from(view, _HEAD.size)
-        metadata_bytes = view[STORED_HEAD_SIZE:STORED_HEAD_SIZE + metadata_size]
-        payload = view[STORED_HEAD_SIZE + metadata_size:]
-        if is_batch(metadata) and metadata.num_messages_in_batch < 1:
-            raise MalformedFrame(f"entry {entry_id} declares {metadata.num_messages_in_batch} messages")
-        count = message_count(metadata)
+        payload_start = STORED_HEAD_SIZE + metadata_size
+        if payload_start > len(view):
+            raise MalformedFrame(f"entry {entry_id} metadata_size {metadata_size} exceeds the entry")
+        metadata_bytes = view[STORED_HEAD_SIZE:payload_start]
+        try:
+            metadata = _parse_metadata(metadata_bytes)
+        except (DecodeError, ValueError, TypeError, RecursionError) as error:
+            raise MalformedFrame(f"entry {entry_id} MessageMetadata does not parse: {error}") from None
+        payload = view[payload_start:]
+        batched = metadata.HasField("num_messages_in_batch")
+        count = metadata.num_messages_in_batch if batched else 1
+        if count < 1:
+            raise MalformedFrame(f"entry {entry_id} declares {count} messages")
         encrypted = len(metadata.encryption_keys) > 0
-        compressed = metadata.compression != CompressionType.NONE
-        batched = is_batch(metadata)
+        compressed = metadata.compression != _COMPRESSION_NONE
         plain: bytes | memoryview | None = payload
         if compressed and not encrypted:
             plain = _decompress(metadata, payload)
