@@ -79,12 +79,13 @@ def entries_of_batch(batch: pa.RecordBatch, url: str, batch_index: int) -> list[
             if end != row + 1:
                 raise ArchiveCorrupt(url, f"entry {entry_id} has {end - row} rows but is not a batch", batch_index)
             parts.append(payloads[row])
-        computed = 0
-        for part in parts:
-            computed = crc32c.crc32c(part, computed)
+        # One join and one CRC32C over it: cheaper than a CRC32C call per part for a
+        # batch of many small messages.
+        body = b"".join(parts)
+        computed = crc32c.crc32c(body)
         if computed != checksum:
             raise ArchiveCorrupt(url, f"entry {entry_id} rebuilds with CRC32C {computed:#010x}, "
                                       f"not the producer's {checksum:#010x}", batch_index)
-        entries.append((entry_id, b"".join([_HEAD.pack(MAGIC_CHECKSUM, checksum), *parts])))
+        entries.append((entry_id, _HEAD.pack(MAGIC_CHECKSUM, checksum) + body))
         row = end
     return entries
