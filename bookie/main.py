@@ -59,7 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--read-cache-mib", type=int, default=128)
     parser.add_argument("--journal-file-mib", type=int, default=256)
     parser.add_argument("--entry-log-mib", type=int, default=256)
-    parser.add_argument("--group-wait-ms", type=float, default=2.0)
+    parser.add_argument("--group-wait-ms", type=float, default=JournalConfig.group_wait_ms_max,
+                        help="how long an idle journal writer waits for more adds to share one write + fdatasync "
+                             "(0: write as soon as the queue is drained)")
     parser.add_argument("--registration-ttl-s", type=int, default=10)
 
 
