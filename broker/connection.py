@@ -31,6 +31,7 @@ Theory of operation:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from typing import TYPE_CHECKING, Callable
@@ -52,6 +53,7 @@ from common.errors import (
     SubscriptionNotFound,
     TooManyRequests,
 )
+from common.tasks import log_failure
 from common.version import __version__
 
 if TYPE_CHECKING:
@@ -132,7 +134,9 @@ class ServerConnection(asyncio.Protocol):
         transport.set_write_buffer_limits(high=self.config.write_buffer_high_bytes,
                                           low=self.config.write_buffer_low_bytes)
         self.service.connections.add(self)
+        # Owned by the connection: cancelled in connection_lost, its failure logged.
         self._keepalive = asyncio.get_running_loop().create_task(self._keep_alive())
+        self._keepalive.add_done_callback(functools.partial(log_failure, owner=f"connection {self.peer}"))
         log.debug("connection opened: peer=%s", self.peer)
 
     def data_received(self, data: bytes) -> None:

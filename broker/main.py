@@ -26,7 +26,7 @@ from ledger.client import LedgerClient
 from ledger.config import LedgerClientConfig
 from common.loop_monitor import LoopMonitor
 from common.ops_http import start_ops_server
-from common.tasks import stop_on_signals
+from common.tasks import TaskSet, cancel_and_wait, stop_on_signals
 from metadata import keys, open_store
 from metadata.prefix_cache import PrefixCache
 
@@ -113,7 +113,9 @@ class BrokerProcess:
         registry = CollectorRegistry()
         metrics = BrokerMetrics(service, registry)
         loop_monitor = LoopMonitor(registry, "magnetar_broker")
-        monitor_task = asyncio.get_running_loop().create_task(loop_monitor.run())
+        # The loop monitor and the load reporter: cancelled and awaited at shutdown.
+        background = TaskSet("broker process")
+        background.spawn(loop_monitor.run(), name="loop-monitor")
         app = build_admin_app(service, registry)
         runner, http_port = await start_ops_server(app, config.host, config.http_port)
         config = replace(config, http_port=http_port)
@@ -131,7 +133,7 @@ class BrokerProcess:
         leader = Leader(store, self.bundles_config, identity, lambda: ownership.lease, brokers)
         service.leader = leader
         await leader.start()
-        reporter_task = loop.create_task(reporter.run())
+        reporter_task = background.spawn(reporter.run(), name="load-reporter")
         await service.start()
         await server.start_serving()
         log.info("broker listening: broker_id=%s service_url=%s web_service_url=%s",
@@ -140,11 +142,10 @@ class BrokerProcess:
             await self.stopping.wait()
         finally:
             log.info("broker stopping: broker_id=%s", service.broker_id)
-            monitor_task.cancel()
             # Hand every bundle to another broker first, so clients move without errors.
             await leader.step_down()
             await ownership.release_all(lambda _bundle: ownership.handover_target(brokers))
-            reporter_task.cancel()
+            await cancel_and_wait(reporter_task)
             await leader.close()
             if ownership.lease is not None:
                 await store.revoke_lease(ownership.lease)
@@ -156,6 +157,7 @@ class BrokerProcess:
                 connection.close()
             await server.wait_closed()
             await runner.cleanup()
+            await background.close()
             del metrics
             await ledger_client.close()
             await store.close()

@@ -61,6 +61,7 @@ from common.errors import (
     TopicNotFound,
     TopicTerminated,
 )
+from common.tasks import log_failure
 from ledger.handle import WriteHandle
 from ledger.reader import LedgerReader
 from metadata import keys
@@ -155,6 +156,12 @@ class ManagedLedger:
         self.on_fenced: Callable[[MagnetarError], None] | None = None
         self.entries_added = 0
         self.bytes_added = 0
+
+    def _log_failure(self, task: asyncio.Task) -> None:
+        """Done-callback of the managed ledger's own tasks: a shared task's callers get
+        its outcome through shield, but every caller may have gone away before it
+        ended, so its failure is logged (and retrieved) here."""
+        log_failure(task, owner=f"managed ledger {self.name}")
 
     # --- opening ----------------------------------------------------------------------
 
@@ -380,6 +387,9 @@ class ManagedLedger:
         if self._rolling is None and self.fenced_error is None and not self.closed and \
                 (self._queued or not stopping):
             self._rolling = asyncio.get_running_loop().create_task(self._roll())
+            # Owned here (close and terminate wait for it through _drain); a failure
+            # other than the ones _roll hands to the appends is logged.
+            self._rolling.add_done_callback(self._log_failure)
 
     async def _roll(self) -> None:
         old = self._handle
@@ -442,8 +452,9 @@ class ManagedLedger:
             await self._close_handle(handle)
 
         task = asyncio.get_running_loop().create_task(close())
-        self._closing_handles.add(task)
+        self._closing_handles.add(task)   # awaited by _close
         task.add_done_callback(self._closing_handles.discard)
+        task.add_done_callback(self._log_failure)
 
     def _fence(self, error: MagnetarError) -> None:
         if self.fenced_error is not None:
@@ -621,7 +632,7 @@ class ManagedLedger:
         if self._termination is None:
             self._terminating = True
             self._termination = asyncio.get_running_loop().create_task(self._terminate())
-            self._termination.add_done_callback(_retrieve)
+            self._termination.add_done_callback(self._log_failure)
         return await asyncio.shield(self._termination)
 
     async def _terminate(self) -> Position:
@@ -670,7 +681,7 @@ class ManagedLedger:
         if self._close_task is None:
             self._closing = True
             self._close_task = asyncio.get_running_loop().create_task(self._close())
-            self._close_task.add_done_callback(_retrieve)
+            self._close_task.add_done_callback(self._log_failure)
         await asyncio.shield(self._close_task)
 
     async def _close(self) -> None:
@@ -732,9 +743,3 @@ class ManagedLedger:
                 total += self._handle_bytes
         return total
 
-
-def _retrieve(task: asyncio.Task) -> None:
-    """Marks a shared task's outcome as seen: its callers get it through shield, but
-    every caller may have gone away before it ended."""
-    if not task.cancelled():
-        task.exception()

@@ -17,6 +17,7 @@ CLOSE_CONSUMER) must not fail the creation for the others waiting on it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from typing import Awaitable, Callable
@@ -42,6 +43,7 @@ from common.errors import (
     TopicFenced,
     TopicTerminated,
 )
+from common.tasks import log_failure
 from metadata import keys
 from metadata.store import MetadataStore
 from subscriptions.cursor import CursorState, ManagedCursor
@@ -186,8 +188,9 @@ class PersistentTopic:
         pending = self._creating.get(name)
         if pending is None:
             pending = asyncio.get_running_loop().create_task(self._create(name, create))
-            # Retrieved here too, in case every caller went away before it ended.
-            pending.add_done_callback(lambda task: task.cancelled() or task.exception())
+            # Owned by the topic (its close waits for it); a failure is logged here too,
+            # in case every caller went away before it ended.
+            pending.add_done_callback(functools.partial(log_failure, owner=f"topic {self.full_name}"))
             self._creating[name] = pending
         return await asyncio.shield(pending)
 
@@ -353,7 +356,7 @@ class PersistentTopic:
         if self._close_task is None:
             self.closing = True
             self._close_task = asyncio.get_running_loop().create_task(self._close(disconnect_clients))
-            self._close_task.add_done_callback(lambda task: task.cancelled() or task.exception())
+            self._close_task.add_done_callback(functools.partial(log_failure, owner=f"topic {self.full_name}"))
         return self._close_task
 
     async def _close(self, disconnect_clients: bool) -> None:
