@@ -25,9 +25,25 @@ class BrokerConfig:
     managed_ledger: ManagedLedgerConfig = field(default_factory=ManagedLedgerConfig)
     # Largest message (payload frame) a client may send; announced in CONNECTED.
     max_message_size: int = MAX_MESSAGE_SIZE_DEFAULT
-    # Sends a connection may have in flight before the broker stops reading from it
-    # (Pulsar's maxPendingPublishRequestsPerConnection is 1,000).
+    # Back-pressure on publishers (broker/publish_limits.py): sends accepted and not yet
+    # answered are bounded per connection, per topic and per broker; a connection whose
+    # send reaches a bound is not read again until each bound it hit drained to
+    # pending_sends_resume_ratio of itself. No send is ever refused for a bound.
+    # Per connection, in sends (Pulsar's maxPendingPublishRequestsPerConnection, 1,000).
     pending_sends_per_connection_max: int = 1000
+    # Per topic: what one write handle of the ledger client lets be in flight
+    # (LedgerClientConfig.pending_adds_max / pending_bytes_max), which the managed
+    # ledger's submit_nowait does not wait for.
+    pending_sends_per_topic_max: int = 10_000
+    pending_send_bytes_per_topic_max: int = 64 * MIB
+    # Per broker (Pulsar's maxMessagePublishBufferSizeInMB, by default half the broker's
+    # direct memory): payloads are held about twice until stored (the payload, and the
+    # encoded entry being sent to the bookies), so 256 MiB bounds ~512 MiB of memory.
+    pending_sends_per_broker_max: int = 100_000
+    pending_send_bytes_per_broker_max: int = 256 * MIB
+    # A paused connection is read again once every bound it hit is down to this share of
+    # itself (Pulsar resumes at half), so reading does not flap at the bound.
+    pending_sends_resume_ratio: float = 0.5
     # Requests a connection may have in progress (lookups, producer and consumer
     # creation, seeks...); past it they are refused with TooManyRequests. Pulsar bounds
     # pending lookups per broker at 50,000 (maxConcurrentLookupRequest); a well-behaved
@@ -61,6 +77,16 @@ class BrokerConfig:
             raise ConfigError("max_message_size must be in [1 KiB, 64 MiB]")
         if not 1 <= self.pending_sends_per_connection_max <= 1_000_000:
             raise ConfigError("pending_sends_per_connection_max must be in [1, 1000000]")
+        if not 1 <= self.pending_sends_per_topic_max <= self.pending_sends_per_broker_max:
+            raise ConfigError("pending_sends_per_topic_max must be in [1, pending_sends_per_broker_max]")
+        if not 1 <= self.pending_sends_per_broker_max <= 10_000_000:
+            raise ConfigError("pending_sends_per_broker_max must be in [1, 10000000]")
+        if not MIB <= self.pending_send_bytes_per_topic_max <= self.pending_send_bytes_per_broker_max:
+            raise ConfigError("pending_send_bytes_per_topic_max must be in [1 MiB, pending_send_bytes_per_broker_max]")
+        if self.pending_send_bytes_per_broker_max > 64 * 1024 * MIB:
+            raise ConfigError("pending_send_bytes_per_broker_max must be at most 64 GiB")
+        if not 0.0 <= self.pending_sends_resume_ratio < 1.0:
+            raise ConfigError("pending_sends_resume_ratio must be in [0, 1)")
         if not 1 <= self.pending_requests_per_connection_max <= 1_000_000:
             raise ConfigError("pending_requests_per_connection_max must be in [1, 1000000]")
         if not 1.0 <= self.keepalive_interval_s <= 3600:

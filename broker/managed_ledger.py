@@ -9,6 +9,12 @@ Theory of operation:
   not). It returns a future of the entry's Position, and these futures resolve strictly
   in append order, also across a rollover (the new ledger's first entry may be
   confirmed before the old ledger's last): producers receive receipts in order.
+- Appends go to the write handle with ``submit_nowait`` (an awaiting submit could not
+  keep append order without a task per append), so the handle's own pending limits do
+  not hold them back. They are bounded upstream instead: the broker stops reading
+  producers' connections when a topic's pending sends reach
+  ``pending_sends_per_topic_max`` / ``pending_send_bytes_per_topic_max`` (set to the
+  handle's limits) or the broker's bounds are reached (broker/publish_limits.py).
 - Rollover happens after an append that fills the current ledger (entries, bytes or
   age). Appends that arrive while the next ledger is created wait in order in a queue;
   the old ledger is closed once its own adds completed.

@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+from typing import Iterator
+
 from prometheus_client import CollectorRegistry, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from common.histograms import LATENCY_BUCKETS_S
 
@@ -33,10 +37,40 @@ class BrokerMetrics:
             ("magnetar_broker_entry_cache_bytes", "Bytes in the entry cache", lambda: service.cache.size_bytes),
             ("magnetar_broker_entry_cache_hits", "Entry cache hits", lambda: service.cache.hits),
             ("magnetar_broker_entry_cache_misses", "Entry cache misses", lambda: service.cache.misses),
+            # Publish back-pressure (broker/publish_limits.py).
+            ("magnetar_broker_pending_sends", "Sends accepted and not yet answered (whole broker)",
+             lambda: service.publish_limits.broker.sends),
+            ("magnetar_broker_pending_send_bytes", "Payload bytes of sends accepted and not yet answered",
+             lambda: service.publish_limits.broker.size_bytes),
+            ("magnetar_broker_publish_paused_connections", "Connections not read now because of pending sends",
+             lambda: sum(1 for c in list(service.connections) if c.reading_paused)),
         ]
         for name, help_text, function in gauges:
             Gauge(name, help_text, registry=registry).set_function(function)
+        registry.register(_PublishLimitsCollector(service))
         self.publish_latency = Histogram("magnetar_broker_publish_latency_seconds",
                                          "From a SEND's arrival to its receipt (storage included)",
                                          buckets=LATENCY_BUCKETS_S, registry=registry)
         service.on_publish_latency = self.publish_latency.observe
+
+
+class _PublishLimitsCollector(Collector):
+    """How often publish back-pressure stopped reading connections, in all and by the
+    kind of bound that did it (a pause may be for several bounds at once)."""
+
+    def __init__(self, service: BrokerService) -> None:
+        self._service = service
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        stats = self._service.publish_limits.stats
+        yield CounterMetricFamily("magnetar_broker_publish_reading_pauses",
+                                  "Times a connection stopped being read because of pending sends",
+                                  value=stats.reading_pauses)
+        yield CounterMetricFamily("magnetar_broker_publish_reading_resumes",
+                                  "Times a paused connection was read again", value=stats.reading_resumes)
+        blocks = CounterMetricFamily("magnetar_broker_publish_blocks",
+                                     "Times a connection was blocked by a full bound, by the bound's kind",
+                                     labels=["kind"])
+        for kind, count in (stats.blocks_by_kind or {}).items():
+            blocks.add_metric([kind], count)
+        yield blocks

@@ -24,6 +24,7 @@ from typing import Callable
 
 from broker.config import BrokerConfig
 from broker.managed_ledger import ManagedLedger, ManagedLedgerConfig
+from broker.publish_limits import Limit, PendingSends, PublishLimits, ReadGate
 from broker.resources import Resources
 from broker.topic import PersistentTopic
 from common.topic_name import DEFAULT_NAMESPACE, DEFAULT_TENANT, NamespaceName, TopicName
@@ -50,6 +51,13 @@ log = logging.getLogger(__name__)
 # close and a load complete in between; more means the topic flaps, e.g. its bundle
 # moves back and forth, and the caller is better told to retry).
 _TOPIC_LOAD_ATTEMPTS_MAX = 4
+
+
+def _log_publish_blocked(gate: ReadGate, scope: PendingSends) -> None:
+    """Once per episode: the first connection a full scope stops reading."""
+    log.warning("publishes paused, not reading from publishers until pending sends drain: scope=%s name=%s "
+                "pending_sends=%d pending_bytes=%d connection=%s", scope.kind, scope.name, scope.sends,
+                scope.size_bytes, gate.scope.name)
 
 
 @dataclass(frozen=True)
@@ -83,6 +91,13 @@ class BrokerService:
         self._background: list[asyncio.Task[None]] = []
         # Set by the metrics: told the seconds from each SEND's arrival to its receipt.
         self.on_publish_latency: Callable[[float], None] | None = None
+        # Bounds on sends accepted and not yet answered (connection, topic, broker).
+        ratio = config.pending_sends_resume_ratio
+        self.publish_limits = PublishLimits(
+            connection=Limit(config.pending_sends_per_connection_max, config.pending_send_bytes_per_broker_max, ratio),
+            topic=Limit(config.pending_sends_per_topic_max, config.pending_send_bytes_per_topic_max, ratio),
+            broker=Limit(config.pending_sends_per_broker_max, config.pending_send_bytes_per_broker_max, ratio),
+            on_blocked=_log_publish_blocked)
 
     def broker_urls(self, broker_id: str) -> tuple[str, str] | None:
         """(service URL, web service URL) of a live broker, from its load report."""
