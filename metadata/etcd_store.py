@@ -175,6 +175,14 @@ class _EtcdWatch(Watch):
                 await asyncio.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, 2.0)
                 continue
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # Python 3.11's asyncio.wait_for (inside aetcd's add_callback) returns
+                # its result and drops a cancellation that arrives as the watch is
+                # created. Honour it here: otherwise the owner's cancel_and_wait waits
+                # forever for a watch that goes on.
+                await self._cancel_quietly(watch)
+                raise asyncio.CancelledError()
             self._current = watch
             deadline = None
             backoff_s = 0.1
@@ -207,10 +215,16 @@ class _EtcdWatch(Watch):
         self._closed = True
         current = self._current
         if current is not None:
-            try:
-                await current.cancel()
-            except Exception:  # cancelling a watch on a dead stream may fail; ignore it
-                pass
+            await self._cancel_quietly(current)
+
+    async def _cancel_quietly(self, watch) -> None:
+        """Cancels an aetcd watch, bounded by call_timeout_s: cancelling a watch on a
+        dead stream may fail or never be answered, and the watch is abandoned anyway."""
+        try:
+            async with asyncio.timeout(self._store.config.call_timeout_s):
+                await watch.cancel()
+        except (Exception, TimeoutError):
+            pass
 
 
 class EtcdStore(MetadataStore):
