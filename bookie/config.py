@@ -127,6 +127,15 @@ class DiskConfig:
             raise ConfigError("disk check_interval_s must be in [0.05, 3600]")
 
 
+# A bookie's default ops HTTP port is its gRPC port plus this: 3181 -> 8001.
+HTTP_PORT_OFFSET = 8001 - 3181
+
+
+def derived_http_port(port: int) -> int:
+    """The default ops HTTP port of a bookie on gRPC ``port`` (0, any, stays 0)."""
+    return port + HTTP_PORT_OFFSET if port else 0
+
+
 @dataclass(frozen=True)
 class BookieConfig:
     metadata_url: str
@@ -136,7 +145,11 @@ class BookieConfig:
     disk: DiskConfig = field(default_factory=DiskConfig)
     host: str = "127.0.0.1"
     port: int = 3181
-    http_port: int = 8000
+    # The ops HTTP port (/health, /metrics). None: derived from the gRPC port, port +
+    # HTTP_PORT_OFFSET (3181 -> 8001, 3182 -> 8002: the standalone's layout), so
+    # bookies started on one host with distinct --port values never collide on it;
+    # with port 0 (any free port) it is 0 too. Set after construction.
+    http_port: int | None = None
     # The id under which the bookie registers; default "host:port" (its address).
     bookie_id: str = ""
     # Lease on the registration: a dead bookie disappears from writers' view this long
@@ -151,8 +164,12 @@ class BookieConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError("port must be in [0, 65535]")
+        if self.http_port is None:
+            object.__setattr__(self, "http_port", derived_http_port(self.port))
+        assert self.http_port is not None
         if not 0 <= self.http_port <= 65535:
-            raise ConfigError("http_port must be in [0, 65535]")
+            raise ConfigError(f"http_port must be in [0, 65535] (it defaults to port + {HTTP_PORT_OFFSET}: "
+                              f"give --http-port with --port {self.port})")
         if not 2 <= self.registration_ttl_s <= 600:
             raise ConfigError("registration_ttl_s must be in [2, 600]")
         if not 1 <= self.read_threads <= 64:

@@ -12,13 +12,26 @@ from common.errors import ConfigError
 MIB = 1024 * 1024
 
 
+# A broker's default HTTP port is its binary-protocol port plus this: 6650 -> 8080.
+HTTP_PORT_OFFSET = 8080 - 6650
+
+
+def derived_http_port(port: int) -> int:
+    """The default HTTP port of a broker on binary ``port`` (0, any, stays 0)."""
+    return port + HTTP_PORT_OFFSET if port else 0
+
+
 @dataclass(frozen=True)
 class BrokerConfig:
     metadata_url: str
     cluster: str = "standalone"
     host: str = "127.0.0.1"
     port: int = 6650
-    http_port: int = 8080
+    # Admin REST, lookups, /health and /metrics. None: derived from the binary port,
+    # port + HTTP_PORT_OFFSET (6650 -> 8080, 6651 -> 8081: the standalone's layout), so
+    # brokers started on one host with distinct --port values never collide on it; with
+    # port 0 (any free port) it is 0 too. Set after construction.
+    http_port: int | None = None
     # The address clients are told to connect to (lookups); default host:port.
     advertised_address: str = ""
     broker_id: str = ""
@@ -66,13 +79,22 @@ class BrokerConfig:
     write_buffer_low_bytes: int = 2 * MIB
     # Redelivery counters kept per subscription (for dead-letter policies).
     redelivery_counts_max: int = 100_000
+    # A shared or key-shared consumer holding this many unacknowledged messages gets no
+    # more until it acknowledges some (Pulsar's maxUnackedMessagesPerConsumer, 50,000).
+    unacked_per_consumer_max: int = 50_000
     lookup_timeout_s: float = 30.0
     # How often loaded topics are checked for ledgers retention lets go.
     retention_check_interval_s: float = 5.0
 
     def __post_init__(self) -> None:
-        if not 0 <= self.port <= 65535 or not 0 <= self.http_port <= 65535:
-            raise ConfigError("port and http_port must be in [0, 65535]")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError("port must be in [0, 65535]")
+        if self.http_port is None:
+            object.__setattr__(self, "http_port", derived_http_port(self.port))
+        assert self.http_port is not None
+        if not 0 <= self.http_port <= 65535:
+            raise ConfigError(f"http_port must be in [0, 65535] (it defaults to port + {HTTP_PORT_OFFSET}: "
+                              f"give --http-port with --port {self.port})")
         if not 1024 <= self.max_message_size <= 64 * MIB:
             raise ConfigError("max_message_size must be in [1 KiB, 64 MiB]")
         if not 1 <= self.pending_sends_per_connection_max <= 1_000_000:
@@ -99,6 +121,8 @@ class BrokerConfig:
             raise ConfigError("cursor_flush_interval_s must be in [0.01, 60]")
         if not 0.05 <= self.retention_check_interval_s <= 3600:
             raise ConfigError("retention_check_interval_s must be in [0.05, 3600]")
+        if not 1 <= self.unacked_per_consumer_max <= 10_000_000:
+            raise ConfigError("unacked_per_consumer_max must be in [1, 10000000]")
         if not 0 < self.write_buffer_low_bytes < self.write_buffer_high_bytes:
             raise ConfigError("write_buffer_low_bytes must be in (0, write_buffer_high_bytes)")
 

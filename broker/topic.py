@@ -124,7 +124,8 @@ class PersistentTopic:
         return Subscription(name, self.full_name, self.ledger, cursor, sub_type,
                             partition_index=self.name.partition_index,
                             entries_max=self.config.dispatch_entries_max, bytes_max=self.config.dispatch_bytes_max,
-                            redelivery_counts_max=self.config.redelivery_counts_max)
+                            redelivery_counts_max=self.config.redelivery_counts_max,
+                            unacked_per_consumer_max=self.config.unacked_per_consumer_max)
 
     # --- producers ----------------------------------------------------------------------------
 
