@@ -32,6 +32,7 @@ from bookie.server import BookieServicer
 from common.config_options import ConfigOption, add_config_options, config_overrides
 from common.errors import ConfigError, MagnetarError
 from common.version import __version__
+from common.listen import bind_failure, probe_bind
 from common.loop_monitor import LoopMonitor
 from common.ops_http import build_ops_app, start_ops_server
 from common.tasks import stop_on_signals
@@ -134,39 +135,74 @@ class BookieProcess:
             ],
             maximum_concurrent_rpcs=config.concurrent_rpcs_max,
         )
-        port = server.add_insecure_port(f"{config.host}:{config.port}")
+        # Both ports are bound before anything else starts, so that a port in use is
+        # reported (PortInUse, one line naming the flag) before storage is opened.
+        # Probed first: grpc's own failure is a native log line and a RuntimeError that
+        # does not say why; the probe finds the reason (a race after it still fails
+        # cleanly below).
+        refused = probe_bind(config.host, config.port) if config.port else None
+        if refused is not None:
+            raise bind_failure("--port", config.host, config.port, refused)
+        try:
+            port = server.add_insecure_port(f"{config.host}:{config.port}")
+        except RuntimeError:   # grpc says only that binding failed
+            port = 0
         if port == 0:
-            raise ConfigError(f"cannot bind {config.host}:{config.port}")
+            raise bind_failure("--port", config.host, config.port, probe_bind(config.host, config.port))
         address = f"{config.host}:{port}"
         bookie_id = config.bookie_id or address
-        await check_cookie(store, bookie_id, config.journal.journal_dir, list(config.storage.ledger_dirs))
-
-        storage = DiskLedgerStorage(config.storage, read_threads=config.read_threads,
-                                    fsync_enabled=config.journal.fsync_enabled)
-        node = BookieNode(config, storage, bookie_id)
-        await asyncio.to_thread(node.open)
-        assert node.journal is not None
-        directories = [config.journal.journal_dir, *config.storage.ledger_dirs]
-        node.disk_usage = await asyncio.to_thread(disk_monitor.measure, directories)
-        node.read_only = disk_monitor.decide_read_only(False, node.disk_usage.ratio, config.disk.usage_threshold,
-                                                       config.disk.usage_lwm_threshold)
-
         registry = CollectorRegistry()
-        metrics = BookieMetrics(node, registry)
-        loop_monitor = LoopMonitor(registry, "magnetar_bookie")
-        bookie_pb2_grpc.add_BookieServicer_to_server(BookieServicer(node, metrics), server)
-        registration = Registration(store, config.registration_ttl_s)
+        # Filled in once storage is open and the bookie registered; until then /health
+        # answers 503 "starting" (journal replay may take a while).
+        serving: dict[str, object] = {}
 
         async def health() -> tuple[bool, dict]:
-            ok = registration.registered and node.journal is not None and node.journal.failed is None
-            return ok, {"bookie_id": bookie_id, "read_only": node.read_only,
-                        "registered": registration.registered}
+            node_now, registration_now = serving.get("node"), serving.get("registration")
+            if not isinstance(node_now, BookieNode) or not isinstance(registration_now, Registration):
+                return False, {"bookie_id": bookie_id, "starting": True}
+            ok = registration_now.registered and node_now.journal is not None and node_now.journal.failed is None
+            return ok, {"bookie_id": bookie_id, "read_only": node_now.read_only,
+                        "registered": registration_now.registered}
 
-        runner, http_port = await start_ops_server(build_ops_app(registry, health), config.host, config.http_port)
+        runner, http_port = await start_ops_server(build_ops_app(registry, health), config.host, config.http_port,
+                                                   flag="--http-port")
         http_address = f"{config.host}:{http_port}"
-        started_at_ms = int(time.time() * 1000)
-        await server.start()
-        await registration.register(self._record(node, address, http_address, started_at_ms))
+        try:
+            await check_cookie(store, bookie_id, config.journal.journal_dir, list(config.storage.ledger_dirs))
+            storage = DiskLedgerStorage(config.storage, read_threads=config.read_threads,
+                                        fsync_enabled=config.journal.fsync_enabled)
+            node = BookieNode(config, storage, bookie_id)
+        except BaseException:
+            await runner.cleanup()
+            await store.close()
+            raise
+        try:
+            await asyncio.to_thread(node.open)
+            assert node.journal is not None
+            directories = [config.journal.journal_dir, *config.storage.ledger_dirs]
+            node.disk_usage = await asyncio.to_thread(disk_monitor.measure, directories)
+            node.read_only = disk_monitor.decide_read_only(False, node.disk_usage.ratio,
+                                                           config.disk.usage_threshold,
+                                                           config.disk.usage_lwm_threshold)
+            metrics = BookieMetrics(node, registry)
+            loop_monitor = LoopMonitor(registry, "magnetar_bookie")
+            bookie_pb2_grpc.add_BookieServicer_to_server(BookieServicer(node, metrics), server)
+            registration = Registration(store, config.registration_ttl_s)
+            serving.update(node=node, registration=registration)
+            started_at_ms = int(time.time() * 1000)
+            await server.start()
+            await registration.register(self._record(node, address, http_address, started_at_ms))
+        except BaseException:
+            # A failed start (a bad disk, etcd away) leaves nothing running; the first
+            # error is the one reported, a cleanup failure only logged.
+            for cleanup in (lambda: server.stop(grace=None), storage.close, runner.cleanup, store.close):
+                try:
+                    await cleanup()
+                except Exception as error:
+                    log.info("cleanup after a failed start failed: error=%r", error)
+            if node.journal is not None:
+                node.journal.close_file()
+            raise
         log.info("bookie listening: bookie_id=%s address=%s http_address=%s read_only=%s replayed=%d",
                  bookie_id, address, http_address, node.read_only, node.replayed_records)
 

@@ -25,6 +25,7 @@ from bundles.ownership import BrokerIdentity, OwnershipManager
 from ledger.client import LedgerClient
 from ledger.config import LedgerClientConfig
 from common.config_options import ConfigOption, add_config_options, config_overrides
+from common.listen import bind_failure, probe_bind
 from common.loop_monitor import LoopMonitor
 from common.ops_http import start_ops_server
 from common.tasks import TaskSet, cancel_and_wait, stop_on_signals
@@ -115,13 +116,22 @@ class BrokerProcess:
 
     async def run(self) -> int:
         config = self.config
+        loop = asyncio.get_running_loop()
+        # Both ports first, before anything else starts: a port in use is reported as
+        # one line naming its flag (PortInUse), and the advertised addresses need the
+        # real port numbers. The HTTP port is probed here and bound below.
+        try:
+            server = await loop.create_server(lambda: ServerConnection(service), config.host, config.port,
+                                              reuse_address=True, start_serving=False)
+        except OSError as error:
+            raise bind_failure("--port", config.host, config.port, error) from None
+        refused = probe_bind(config.host, config.http_port) if config.http_port else None
+        if refused is not None:
+            server.close()
+            raise bind_failure("--http-port", config.host, config.http_port, refused)
         store = open_store(config.metadata_url)
         ledger_client = LedgerClient(store, LedgerClientConfig())
         await ledger_client.start()
-        loop = asyncio.get_running_loop()
-        # Bind both ports first: the advertised addresses need the real port numbers.
-        server = await loop.create_server(lambda: ServerConnection(service), config.host, config.port,
-                                          reuse_address=True, start_serving=False)
         port = server.sockets[0].getsockname()[1]
         config = replace(config, port=port)
         service = BrokerService(config, store, ledger_client)
@@ -133,7 +143,15 @@ class BrokerProcess:
         background = TaskSet("broker process")
         background.spawn(loop_monitor.run(), name="loop-monitor")
         app = build_admin_app(service, registry)
-        runner, http_port = await start_ops_server(app, config.host, config.http_port)
+        try:
+            runner, http_port = await start_ops_server(app, config.host, config.http_port, flag="--http-port")
+        except BaseException:
+            # Taken since the probe above: nothing of this broker serves yet.
+            server.close()
+            await background.close()
+            await ledger_client.close()
+            await store.close()
+            raise
         config = replace(config, http_port=http_port)
         service.config = config
         identity = BrokerIdentity(service.broker_id, config.service_url, config.web_service_url)
@@ -152,6 +170,7 @@ class BrokerProcess:
         reporter_task = background.spawn(reporter.run(), name="load-reporter")
         await service.start()
         await server.start_serving()
+        service.serving = True
         log.info("broker listening: broker_id=%s service_url=%s web_service_url=%s",
                  service.broker_id, config.service_url, config.web_service_url)
         try:

@@ -81,6 +81,9 @@ class BrokerService:
         self.broker_id = config.effective_broker_id
         self.started_at = time.time()
         self.shutting_down = False
+        # Set by the wiring once the binary protocol accepts connections; /health is
+        # 503 until then.
+        self.serving = False
         # Replaced by the bundles layer (issue 5): who owns a topic.
         # Set by the wiring: the bundles layer's ownership manager and the brokers' load
         # reports (for the addresses of other brokers).

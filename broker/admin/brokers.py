@@ -57,6 +57,8 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
     async def health(request: web.Request) -> web.Response:
         if service.shutting_down:
             raise ServiceNotReady("broker is shutting down")
+        if not service.serving:
+            raise ServiceNotReady("broker is starting")
         return web.Response(text="ok")
 
     async def leader_broker(request: web.Request) -> web.Response:
