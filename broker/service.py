@@ -41,7 +41,7 @@ from common.errors import (
     TenantNotFound,
     TopicNotFound,
 )
-from common.tasks import cancel_and_wait
+from common.tasks import TaskSet, cancel_and_wait
 from metadata.policies import NamespacePolicies, PersistencePolicies, TenantInfo
 from metadata.store import MetadataStore
 
@@ -77,7 +77,11 @@ class BrokerService:
         self.resources = Resources(store)
         self.cache = EntryCache(config.entry_cache_bytes_max)
         self.topics: dict[str, asyncio.Future[PersistentTopic]] = {}
+        # One task per topic being loaded (each catches and hands on its own failure):
+        # cancelled and awaited by close, after the background tasks.
         self._loads: set[asyncio.Task[None]] = set()
+        # The retention loop: cancelled and awaited by close.
+        self._background = TaskSet("broker service")
         self.broker_id = config.effective_broker_id
         self.started_at = time.time()
         self.shutting_down = False
@@ -91,7 +95,6 @@ class BrokerService:
         self.broker_reports = None
         self.leader = None
         self.connections: set = set()
-        self._background: list[asyncio.Task[None]] = []
         # Set by the metrics: told the seconds from each SEND's arrival to its receipt.
         self.on_publish_latency: Callable[[float], None] | None = None
         # Bounds on sends accepted and not yet answered (connection, topic, broker).
@@ -152,7 +155,7 @@ class BrokerService:
             await self.resources.create_namespace(NamespaceName(DEFAULT_TENANT, DEFAULT_NAMESPACE))
         except AlreadyExists:
             pass
-        self._background.append(asyncio.get_running_loop().create_task(self._run_retention()))
+        self._background.spawn(self._run_retention(), name="retention")
 
     async def _run_retention(self) -> None:
         """Trims consumed ledgers of every loaded topic, per its namespace's policy."""
@@ -368,7 +371,8 @@ class BrokerService:
 
     async def close(self) -> None:
         self.shutting_down = True
-        await cancel_and_wait(*self._background, *self._loads)
+        await self._background.close()
+        await cancel_and_wait(*self._loads)
         topics = self.loaded_topics()
         await asyncio.gather(*(t.close(disconnect_clients=True) for t in topics), return_exceptions=True)
         self.topics.clear()
