@@ -96,6 +96,11 @@ def decode_file_header(data: bytes, magic: bytes) -> int:
 
 # --- journal records -------------------------------------------------------------------
 
+def journal_add_record_bytes(entry_size: int) -> int:
+    """The size of the ADD record of an entry of ``entry_size`` bytes (head, type, entry)."""
+    return JOURNAL_RECORD_HEAD_SIZE + 1 + entry_size
+
+
 def journal_add_record(entry: bytes) -> list[bytes]:
     """The buffers of one ADD record, for a vectored write (no copy of the entry)."""
     type_byte = b"\x01"

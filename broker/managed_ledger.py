@@ -9,6 +9,12 @@ Theory of operation:
   not). It returns a future of the entry's Position, and these futures resolve strictly
   in append order, also across a rollover (the new ledger's first entry may be
   confirmed before the old ledger's last): producers receive receipts in order.
+- Appends go to the write handle with ``submit_nowait`` (an awaiting submit could not
+  keep append order without a task per append), so the handle's own pending limits do
+  not hold them back. They are bounded upstream instead: the broker stops reading
+  producers' connections when a topic's pending sends reach
+  ``pending_sends_per_topic_max`` / ``pending_send_bytes_per_topic_max`` (set to the
+  handle's limits) or the broker's bounds are reached (broker/publish_limits.py).
 - Rollover happens after an append that fills the current ledger (entries, bytes or
   age). Appends that arrive while the next ledger is created wait in order in a queue;
   the old ledger is closed once its own adds completed.
@@ -63,6 +69,7 @@ from common.errors import (
     TopicNotFound,
     TopicTerminated,
 )
+from common.tasks import log_failure
 from ledger.handle import WriteHandle
 from ledger.reader import LedgerReader
 from metadata import keys
@@ -163,6 +170,12 @@ class ManagedLedger:
         self.on_fenced: Callable[[MagnetarError], None] | None = None
         self.entries_added = 0
         self.bytes_added = 0
+
+    def _log_failure(self, task: asyncio.Task) -> None:
+        """Done-callback of the managed ledger's own tasks: a shared task's callers get
+        its outcome through shield, but every caller may have gone away before it
+        ended, so its failure is logged (and retrieved) here."""
+        log_failure(task, owner=f"managed ledger {self.name}")
 
     # --- opening ----------------------------------------------------------------------
 
@@ -388,6 +401,9 @@ class ManagedLedger:
         if self._rolling is None and self.fenced_error is None and not self.closed and \
                 (self._queued or not stopping):
             self._rolling = asyncio.get_running_loop().create_task(self._roll())
+            # Owned here (close and terminate wait for it through _drain); a failure
+            # other than the ones _roll hands to the appends is logged.
+            self._rolling.add_done_callback(self._log_failure)
 
     async def _roll(self) -> None:
         old = self._handle
@@ -450,8 +466,9 @@ class ManagedLedger:
             await self._close_handle(handle)
 
         task = asyncio.get_running_loop().create_task(close())
-        self._closing_handles.add(task)
+        self._closing_handles.add(task)   # awaited by _close
         task.add_done_callback(self._closing_handles.discard)
+        task.add_done_callback(self._log_failure)
 
     def _fence(self, error: MagnetarError) -> None:
         if self.fenced_error is not None:
@@ -631,7 +648,7 @@ class ManagedLedger:
         if self._termination is None:
             self._terminating = True
             self._termination = asyncio.get_running_loop().create_task(self._terminate())
-            self._termination.add_done_callback(_retrieve)
+            self._termination.add_done_callback(self._log_failure)
         return await asyncio.shield(self._termination)
 
     async def _terminate(self) -> Position:
@@ -680,7 +697,7 @@ class ManagedLedger:
         if self._close_task is None:
             self._closing = True
             self._close_task = asyncio.get_running_loop().create_task(self._close())
-            self._close_task.add_done_callback(_retrieve)
+            self._close_task.add_done_callback(self._log_failure)
         await asyncio.shield(self._close_task)
 
     async def _close(self) -> None:
@@ -742,9 +759,3 @@ class ManagedLedger:
                 total += self._handle_bytes
         return total
 
-
-def _retrieve(task: asyncio.Task) -> None:
-    """Marks a shared task's outcome as seen: its callers get it through shield, but
-    every caller may have gone away before it ended."""
-    if not task.cancelled():
-        task.exception()

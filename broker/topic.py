@@ -17,6 +17,7 @@ CLOSE_CONSUMER) must not fail the creation for the others waiting on it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import time
@@ -43,6 +44,7 @@ from common.errors import (
     TopicFenced,
     TopicTerminated,
 )
+from common.tasks import log_failure
 from metadata import keys
 from metadata.store import MetadataStore
 from subscriptions.cursor import CursorState, ManagedCursor
@@ -124,7 +126,8 @@ class PersistentTopic:
         return Subscription(name, self.full_name, self.ledger, cursor, mode,
                             partition_index=self.name.partition_index,
                             entries_max=self.config.dispatch_entries_max, bytes_max=self.config.dispatch_bytes_max,
-                            redelivery_counts_max=self.config.redelivery_counts_max)
+                            redelivery_counts_max=self.config.redelivery_counts_max,
+                            unacked_per_consumer_max=self.config.unacked_per_consumer_max)
 
     # --- producers ----------------------------------------------------------------------------
 
@@ -188,8 +191,9 @@ class PersistentTopic:
         pending = self._creating.get(name)
         if pending is None:
             pending = asyncio.get_running_loop().create_task(self._create(name, create))
-            # Retrieved here too, in case every caller went away before it ended.
-            pending.add_done_callback(lambda task: task.cancelled() or task.exception())
+            # Owned by the topic (its close waits for it); a failure is logged here too,
+            # in case every caller went away before it ended.
+            pending.add_done_callback(functools.partial(log_failure, owner=f"topic {self.full_name}"))
             self._creating[name] = pending
         return await asyncio.shield(pending)
 
@@ -355,7 +359,7 @@ class PersistentTopic:
         if self._close_task is None:
             self.closing = True
             self._close_task = asyncio.get_running_loop().create_task(self._close(disconnect_clients))
-            self._close_task.add_done_callback(lambda task: task.cancelled() or task.exception())
+            self._close_task.add_done_callback(functools.partial(log_failure, owner=f"topic {self.full_name}"))
         return self._close_task
 
     async def _close(self, disconnect_clients: bool) -> None:

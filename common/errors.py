@@ -95,6 +95,21 @@ class Unauthorized(MagnetarError):
     code, http_status = 1008, 401
 
 
+class PortInUse(ConfigError):
+    """A server could not listen on a port the operator chose (or left at its
+    default): another process has it, or the address is not this host's. The message
+    names the flag to change."""
+
+    code, http_status = 1009, 400
+
+    def __init__(self, flag: str, host: str, port: int, reason: str = "already in use") -> None:
+        self.flag = flag
+        self.host = host
+        self.port = port
+        super().__init__(f"cannot listen on {host}:{port} ({flag} {port}): {reason}; "
+                         f"stop the process holding it or give another {flag}")
+
+
 # --- 2000: ledgers and entries ------------------------------------------------------
 
 class LedgerFenced(LedgerError):

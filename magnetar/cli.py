@@ -68,10 +68,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     logs.configure(args.log_level, args.log_format, process=args.process)
-    from common.errors import ConfigError
+    from common.errors import ConfigError, PortInUse
 
     try:
         return int(args.handler(args) or 0)
+    except PortInUse as error:
+        # One line naming the port and the flag that sets it; no traceback.
+        print(f"magnetar {args.process}: {error}", file=sys.stderr)
+        return 2
     except ConfigError as error:
         print(f"magnetar: configuration error: {error}", file=sys.stderr)
         return 2
