@@ -12,7 +12,7 @@ PROTOS := $(wildcard protocol/proto/*.proto)
 PROTO_OUT := $(PROTOS:.proto=_pb2.py)
 DATA_DIR ?= data/standalone
 
-.PHONY: setup proto run test test-unit test-integration test-archive-full bench bench-bookie bench-pulsar bench-subscriptions bench-archive clean
+.PHONY: bench-ack-state setup proto run test test-unit test-integration test-archive-full bench bench-bookie bench-pulsar bench-subscriptions bench-archive clean
 
 setup: $(STAMP) proto
 
@@ -51,6 +51,11 @@ test-archive-full: setup
 	ARCHIVE_TEST_MESSAGES=100000 $(PY) -m pytest -q tests/integration/test_archive.py
 
 bench: bench-bookie bench-pulsar bench-subscriptions bench-archive
+
+# Acknowledgement state at scale (seconds): a cursor filling 100,000 holes, as a ratio
+# to a plain set in the same run (speed is measured here, not in the unit tests).
+bench-ack-state: setup
+	$(PY) bench/ack_state_bench.py --out bench/results/ack_state.json
 
 bench-bookie: setup
 	$(PY) bench/bookie_bench.py --out bench/results/bookie.json
