@@ -240,24 +240,24 @@ async def test_group_wait_ms_max_lingers_for_more_adds(tmp_path, writers):
 
 
 async def test_the_linger_ends_once_a_full_group_is_queued(tmp_path, writers):
-    """With a 10 s linger and groups of exactly four 4 KiB adds, four adds are written
-    as soon as the fourth arrives: the linger never holds a full group (the bound is
-    half the linger, so a loaded machine cannot fail it, and a linger that held the
-    group would)."""
+    """With a 1 s linger (the longest allowed) and groups of exactly four 4 KiB adds,
+    four adds are written as soon as the fourth arrives: the linger never holds a full group. The first add
+    alone would wait out the linger; it completes together with the fourth, so the
+    group was written at the fourth's arrival, not at the timer."""
     record_bytes = journal_add_record_bytes(len(_entry(7, 0, 4 * KIB)))
-    writer = writers(tmp_path, group_wait_ms_max=10_000, group_bytes_max=4 * record_bytes, queue_bytes_max=MIB)
-    started = time.monotonic()
+    writer = writers(tmp_path, group_wait_ms_max=1000, group_bytes_max=4 * record_bytes, queue_bytes_max=MIB)
     first = writer.add(7, 0, payload_size=4 * KIB)
     await asyncio.sleep(0.01)
     rest = [writer.add(7, entry_id, payload_size=4 * KIB) for entry_id in range(1, 4)]
+    full_at = time.monotonic()
     await asyncio.wait_for(asyncio.gather(first, *rest), 20)
-    assert time.monotonic() - started < 5.0
+    assert time.monotonic() - full_at < 0.9   # the linger would have held it about 1 s
     assert writer.group_bytes == [4 * record_bytes]
 
 
 async def test_without_a_linger_an_idle_writer_writes_at_once(tmp_path, writers):
     """The default group_wait_ms_max is 0: a lone add is acknowledged without waiting
-    for company (well within the 10 s the linger test sets), so an add made after it
+    for company (well within the 1 s linger of the test above), so an add made after it
     is another group."""
     writer = writers(tmp_path)
     assert writer.journal.config.group_wait_ms_max == 0
