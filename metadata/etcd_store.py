@@ -26,6 +26,14 @@ Theory of operation:
   history was compacted it yields a ``reset`` event instead. A watch gives up (and
   raises MetadataUnavailable from its iterator) after ``watch_reconnect_s_max`` of
   failing to reconnect.
+- Stopping a watch must not depend on the cancellation reaching it. aetcd waits for
+  etcd's "created" reply with ``asyncio.wait_for``, which on Python 3.11 returns the
+  result instead of raising when the reply and the cancellation land in the same loop
+  iteration (CPython gh-86296): the cancellation is swallowed, and the iterating task
+  would then wait on a quiet prefix for ever (a prefix cache's close hung so). So a
+  freshly opened watch is dropped at once when its task has a cancellation pending or
+  the watch was closed meanwhile, and every etcd watch is cancelled (bounded by
+  ``call_timeout_s``) when its iteration ends, whatever ended it.
 """
 
 from __future__ import annotations
@@ -132,6 +140,13 @@ def parse_metadata_url(url: str, *, root: str = "/magnetar/standalone") -> EtcdS
     return EtcdStoreConfig(endpoints=tuple(endpoints), root=root)
 
 
+def _cancellation_pending() -> bool:
+    """True if the running task was asked to cancel and that request is still pending
+    (not raised yet, or swallowed by a wait_for on the way: see the module docstring)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 class _EtcdWatch(Watch):
     def __init__(self, store: "EtcdStore", prefix: str, start_version: int) -> None:
         self._store = store
@@ -178,6 +193,12 @@ class _EtcdWatch(Watch):
             deadline = None
             backoff_s = 0.1
             try:
+                if self._closed:
+                    return
+                if _cancellation_pending():
+                    # aetcd's wait for the "created" reply swallowed our cancellation
+                    # (module docstring): honour it here, or we would wait for ever.
+                    raise asyncio.CancelledError()
                 async for event in watch:
                     kv = event.kv
                     revision = kv.mod_revision
@@ -200,16 +221,25 @@ class _EtcdWatch(Watch):
                 await asyncio.sleep(backoff_s)
             finally:
                 self._current = None
+                # Also when the iteration was cancelled: otherwise etcd (and aetcd's
+                # stream, shared by every watch of the client) keep sending its events.
+                await self._cancel_watch(watch)
         return
+
+    async def _cancel_watch(self, watch) -> None:
+        """Cancels one etcd watch, bounded: aetcd queues the cancel request on a bounded
+        queue of its shared watch stream, which a stalled stream stops draining."""
+        try:
+            async with asyncio.timeout(self._store.config.call_timeout_s):
+                await watch.cancel()
+        except Exception:  # a dead stream, or no answer in time: the watch dies with it
+            pass
 
     async def close(self) -> None:
         self._closed = True
         current = self._current
         if current is not None:
-            try:
-                await current.cancel()
-            except Exception:  # cancelling a watch on a dead stream may fail; ignore it
-                pass
+            await self._cancel_watch(current)
 
 
 class EtcdStore(MetadataStore):

@@ -12,7 +12,12 @@ What it proves:
   came (etcd restarted the TTL somewhere in between, so the later time overstates the
   lease's life); after a failed refresh the next comes after a short backoff, not a
   whole ttl/3 interval; a refresh that hangs is given up after ttl/5, not after the
-  general call timeout, and the lease survives both.
+  general call timeout, and the lease survives both;
+- watches stop when their task is cancelled, also when the cancellation lands in the
+  same loop iteration as etcd's "created" reply (aetcd waits for it with
+  ``asyncio.wait_for``, which swallows such a cancellation on Python 3.11; the iterating
+  task then waited on a quiet prefix for ever, and a prefix cache's close with it); and
+  an iteration that ends by cancellation cancels its etcd watch too.
 
 How: EtcdStore with ``aetcd.Client`` replaced by a scripted fake (no sockets); gRPC
 errors are real ``grpc.aio.AioRpcError`` instances. The keep-alive tests run on real
@@ -67,14 +72,42 @@ class FakeClient:
     async def revoke_lease(self, lease_id: int) -> None:
         return None
 
+    async def watch(self, key: bytes, range_end=None, start_revision=None):
+        # As aetcd's Watcher.add_callback: wait for etcd's "created" reply with
+        # asyncio.wait_for (the tests set ``created`` when they want it to arrive).
+        await asyncio.wait_for(FakeClient.created.wait(), 5.0)
+        watch = FakeWatch()
+        FakeClient.watches.append(watch)
+        return watch
+
     async def close(self) -> None:
         self.closed = True
+
+
+class FakeWatch:
+    """An etcd watch on a prefix nobody writes: no events until cancelled."""
+
+    def __init__(self) -> None:
+        self.cancelled = asyncio.Event()
+
+    def __aiter__(self):
+        return self._events()
+
+    async def _events(self):
+        await self.cancelled.wait()
+        return
+        yield
+
+    async def cancel(self) -> None:
+        self.cancelled.set()
 
 
 @pytest.fixture
 def fake_clients(monkeypatch):
     FakeClient.made = []
     FakeClient.script = []
+    FakeClient.created = asyncio.Event()
+    FakeClient.watches = []
     monkeypatch.setattr(aetcd, "Client", FakeClient)
     return FakeClient
 
@@ -267,4 +300,57 @@ async def test_a_lease_unknown_to_etcd_is_lost_at_once(fake_clients):
     lease = await store.grant_lease(3)
     await asyncio.wait_for(lease.lost.wait(), 3.0)
     assert fake_clients.script == []
+    await store.close()
+
+
+# --- watches -------------------------------------------------------------------------------------------
+
+async def test_a_cancellation_arriving_with_the_watch_reply_still_stops_the_watch(fake_clients):
+    """The task iterating a watch is cancelled in the very loop iteration in which
+    etcd's "created" reply arrives. aetcd's wait_for then returns the new watch instead
+    of raising (Python 3.11), so the cancellation never reaches our code as an
+    exception. The iteration must end all the same (cancelled), within a bound, and
+    cancel the etcd watch it was given. It hung for ever before: the teardown hang of
+    test_not_enough_bookies (a prefix cache closing right after it started)."""
+    store = _store(1)
+    watch = store.watch_prefix("/bookies/")
+
+    async def follow() -> None:
+        async for _event in watch:
+            pass
+
+    task = asyncio.create_task(follow())
+    for _ in range(5):
+        await asyncio.sleep(0)            # the task now waits for the "created" reply
+    assert not task.done()
+    fake_clients.created.set()            # the reply and the cancellation, in one iteration
+    task.cancel()
+    done, _pending = await asyncio.wait([task], timeout=2.0)
+    assert task in done, "the watch's task went on waiting after it was cancelled"
+    assert task.cancelled()
+    assert [w.cancelled.is_set() for w in fake_clients.watches] == [True]
+    await watch.close()
+    await store.close()
+
+
+async def test_a_cancelled_iteration_cancels_its_etcd_watch(fake_clients):
+    """A watch iterated until its task is cancelled (the usual way a prefix cache
+    stops) leaves no etcd watch behind on the client's shared stream."""
+    store = _store(1)
+    fake_clients.created.set()
+    watch = store.watch_prefix("/bookies/")
+
+    async def follow() -> None:
+        async for _event in watch:
+            pass
+
+    task = asyncio.create_task(follow())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert len(fake_clients.watches) == 1 and not task.done()
+    task.cancel()
+    done, _pending = await asyncio.wait([task], timeout=2.0)
+    assert task in done and task.cancelled()
+    assert fake_clients.watches[0].cancelled.is_set()
+    await watch.close()
     await store.close()
