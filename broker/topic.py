@@ -12,6 +12,13 @@ and closes the current ledger. A close runs once, as the topic's own task: every
 caller going away does not leave it half done. Subscription creation runs as a topic
 task for the same reason: a subscriber cancelled midway (its connection closed, or
 CLOSE_CONSUMER) must not fail the creation for the others waiting on it.
+
+Nothing attaches to what is going away: a consumer, a producer or a subscription
+creation is refused (retriably) once the topic's close began, and a consumer is
+refused while its subscription is being deleted, each checked with no await between
+the check and the attachment. A consumer added to a closed dispatcher would be
+attached to nothing: it would never receive another message, and nobody would tell
+its client to reconnect.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from common.errors import (
     MagnetarError,
     PreconditionFailed,
     ProducerBusy,
+    ServiceNotReady,
     SubscriptionNotFound,
     TopicFenced,
     TopicTerminated,
@@ -84,6 +92,9 @@ class PersistentTopic:
         self.producers: dict[int, Producer] = {}        # by identity id()
         self.subscriptions: dict[str, Subscription] = {}
         self._creating: dict[str, asyncio.Task[Subscription]] = {}
+        # Subscriptions being deleted (unsubscribe): closed, but still listed until
+        # their cursor is gone.
+        self._deleting: set[str] = set()
         # The cursor stores of durable subscriptions, by subscription name (stats
         # report their cursor ledgers).
         self._cursor_stores: dict[str, LedgerCursorStore] = {}
@@ -179,6 +190,7 @@ class PersistentTopic:
                 name, lambda: self._new_subscription(name, consumer.mode, durable, initial_position,
                                                      start_message_id, rollback_duration_s))
             self._check_open()   # the topic may have begun closing while it was created
+        self._check_not_deleting(name)
         subscription.add_consumer(consumer, consumer.mode)
         return subscription
 
@@ -190,6 +202,10 @@ class PersistentTopic:
         finish for the others."""
         pending = self._creating.get(name)
         if pending is None:
+            # Not once the close began: the close waits only for the creations under
+            # way when it started, and one started later would be added after it.
+            self._check_open()
+            self._check_not_deleting(name)
             pending = asyncio.get_running_loop().create_task(self._create(name, create))
             # Owned by the topic (its close waits for it); a failure is logged here too,
             # in case every caller went away before it ended.
@@ -256,10 +272,17 @@ class PersistentTopic:
         others = [c for c in subscription.consumers if c is not consumer]
         if others:
             raise PreconditionFailed(f"subscription {name} has {len(others)} other consumers attached")
+        if name in self._deleting:
+            raise PreconditionFailed(f"subscription {name} of {self.full_name} is being deleted")
         if consumer is not None:
             subscription.remove_consumer(consumer)
-        await subscription.dispatcher.close()
-        await subscription.cursor.delete()
+        # From here until it leaves self.subscriptions, nothing may attach to it.
+        self._deleting.add(name)
+        try:
+            await subscription.dispatcher.close()
+            await subscription.cursor.delete()
+        finally:
+            self._deleting.discard(name)
         self.subscriptions.pop(name, None)
         self._cursor_stores.pop(name, None)
         log.info("subscription deleted: topic=%s subscription=%s", self.full_name, name)
@@ -340,6 +363,11 @@ class PersistentTopic:
             raise TopicFenced(f"topic {self.full_name} is being closed")
         if self.ledger.fenced_error is not None:
             raise self.ledger.fenced_error
+
+    def _check_not_deleting(self, subscription: str) -> None:
+        if subscription in self._deleting:
+            # Retriable: once the deletion is done, the client's retry creates it anew.
+            raise ServiceNotReady(f"subscription {subscription} of {self.full_name} is being deleted: retry")
 
     def _on_ledger_fenced(self, error: MagnetarError) -> None:
         log.warning("topic lost its managed ledger, closing: topic=%s error=%s", self.full_name, error)

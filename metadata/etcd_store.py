@@ -26,6 +26,25 @@ Theory of operation:
   history was compacted it yields a ``reset`` event instead. A watch gives up (and
   raises MetadataUnavailable from its iterator) after ``watch_reconnect_s_max`` of
   failing to reconnect.
+- Each watch has its own connection to etcd, so its own watch stream. aetcd credits a
+  "created" reply to whichever creation is pending on the stream, and gives up on a
+  creation after ``call_timeout_s`` while its request is still on the way: on a
+  shared stream, a late reply (etcd restarting, or this process stalled) made the
+  watch of one prefix receive another prefix's events and lose its own, for good
+  (seen after etcd outages: a broker's assignment mirror heard the owner records'
+  events and its bookie registry the leader key's; bundles were left unowned, and a
+  broker's view of who owns what went stale). On a stream of its own, a
+  late reply can only be for the same prefix and revision, and is credited to the
+  watch's next try (so a creation that timed out keeps its stream). The connection is
+  closed (bounded by ``call_timeout_s``) when the stream fails or the iteration ends,
+  and after a failure the next one goes to the next endpoint.
+- Stopping a watch must not depend on the cancellation reaching it. aetcd waits for
+  etcd's "created" reply with ``asyncio.wait_for``, which on Python 3.11 returns the
+  result instead of raising when the reply and the cancellation land in the same loop
+  iteration (CPython gh-86296): the cancellation is swallowed, and the iterating task
+  would then wait on a quiet prefix for ever (a prefix cache's close hung so). So a
+  freshly opened watch is dropped at once when its task has a cancellation pending or
+  the watch was closed meanwhile.
 """
 
 from __future__ import annotations
@@ -133,98 +152,119 @@ def parse_metadata_url(url: str, *, root: str = "/magnetar/standalone") -> EtcdS
     return EtcdStoreConfig(endpoints=tuple(endpoints), root=root)
 
 
+def _cancellation_pending() -> bool:
+    """True if the running task was asked to cancel and that request is still pending
+    (not raised yet, or swallowed by a wait_for on the way: see the module docstring)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 class _EtcdWatch(Watch):
     def __init__(self, store: "EtcdStore", prefix: str, start_version: int) -> None:
         self._store = store
         self._prefix = prefix
         self._next_revision = start_version + 1 if start_version > 0 else 0
         self._closed = False
-        self._current: object | None = None
+        # This watch's own connection, and so its own watch stream (module docstring);
+        # replaced after every failure, on the next endpoint.
+        self._client: aetcd.Client | None = None
+        self._endpoint_index = store._endpoint_index
 
     def __aiter__(self) -> AsyncIterator[WatchEvent]:
         return self._events()
 
     async def _open(self):
-        client = await self._store._client_now()
+        if self._store._closed:
+            raise MetadataUnavailable("metadata store is closed")
+        if self._client is None:
+            self._client = self._store._new_client(self._endpoint_index)
+        client = self._client
         key = self._store._full(self._prefix).encode()
+        return await client.watch(
+            key,
+            range_end=aetcd.utils.prefix_range_end(key),
+            start_revision=self._next_revision or None,
+        )
+
+    async def _drop_client(self, *, failed: bool) -> None:
+        """Closes this watch's connection (its stream, and etcd's watches on it with
+        it), bounded: aetcd's shutdown queues on the stream's bounded request queue.
+        After a failure the next connection goes to the next endpoint."""
+        client, self._client = self._client, None
+        if failed:
+            self._endpoint_index += 1
+        if client is None:
+            return
         try:
-            return await client.watch(
-                key,
-                range_end=aetcd.utils.prefix_range_end(key),
-                start_revision=self._next_revision or None,
-            )
-        except (aetcd.exceptions.ClientError, asyncio.TimeoutError) as error:
-            if not isinstance(error, aetcd.exceptions.RevisionCompactedError):
-                self._store._rotate_endpoint(client)
-            raise
+            async with asyncio.timeout(self._store.config.call_timeout_s):
+                await client.close()
+        except Exception as error:  # a dead stream, or no answer in time: the connection is gone either way
+            log.debug("closing a watch connection failed: prefix=%s error=%r", self._prefix, error)
 
     async def _events(self) -> AsyncIterator[WatchEvent]:
         deadline: float | None = None
         backoff_s = 0.1
-        while not self._closed:
-            try:
-                watch = await self._open()
-            except aetcd.exceptions.RevisionCompactedError as error:
-                self._next_revision = error.compacted_revision
-                yield WatchEvent(kind="reset", key=self._prefix)
-                continue
-            except (aetcd.exceptions.ClientError, asyncio.TimeoutError) as error:
-                deadline = deadline or time.monotonic() + self._store.config.watch_reconnect_s_max
-                if time.monotonic() > deadline:
-                    raise MetadataUnavailable(f"watch on {self._prefix} lost etcd: {error}")
-                await asyncio.sleep(backoff_s)
-                backoff_s = min(backoff_s * 2, 2.0)
-                continue
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                # Python 3.11's asyncio.wait_for (inside aetcd's add_callback) returns
-                # its result and drops a cancellation that arrives as the watch is
-                # created. Honour it here: otherwise the owner's cancel_and_wait waits
-                # forever for a watch that goes on.
-                await self._cancel_quietly(watch)
-                raise asyncio.CancelledError()
-            self._current = watch
-            deadline = None
-            backoff_s = 0.1
-            try:
-                async for event in watch:
-                    kv = event.kv
-                    revision = kv.mod_revision
-                    self._next_revision = revision + 1
-                    kind = "put" if event.kind == aetcd.rtypes.EventKind.PUT else "delete"
-                    yield WatchEvent(
-                        kind=kind,
-                        key=self._store._relative(kv.key.decode()),
-                        value=bytes(kv.value),
-                        version=revision,
-                    )
-            except aetcd.exceptions.RevisionCompactedError as error:
-                self._next_revision = error.compacted_revision
-                yield WatchEvent(kind="reset", key=self._prefix)
-            except (aetcd.exceptions.ClientError, etcd_rpc.AioRpcError) as error:
+        try:
+            while not self._closed:
+                try:
+                    watch = await self._open()
+                except aetcd.exceptions.RevisionCompactedError as error:
+                    await self._drop_client(failed=False)
+                    self._next_revision = error.compacted_revision
+                    yield WatchEvent(kind="reset", key=self._prefix)
+                    continue
+                except (aetcd.exceptions.ClientError, asyncio.TimeoutError) as error:
+                    if not isinstance(error, aetcd.exceptions.WatchTimeoutError):
+                        await self._drop_client(failed=True)
+                    # else: etcd is slow to answer, and its late reply to this creation
+                    # will be credited to the next one on the same stream: keep it.
+                    deadline = deadline or time.monotonic() + self._store.config.watch_reconnect_s_max
+                    if time.monotonic() > deadline:
+                        raise MetadataUnavailable(f"watch on {self._prefix} lost etcd: {error}")
+                    await asyncio.sleep(backoff_s)
+                    backoff_s = min(backoff_s * 2, 2.0)
+                    continue
+                deadline = None
+                backoff_s = 0.1
                 if self._closed:
                     return
-                log.warning("metadata watch broken, reconnecting: prefix=%s error=%s",
-                            self._prefix, error)
-                await asyncio.sleep(backoff_s)
-            finally:
-                self._current = None
-        return
+                if _cancellation_pending():
+                    # aetcd's wait for the "created" reply swallowed our cancellation
+                    # (module docstring): honour it here, or we would wait for ever.
+                    raise asyncio.CancelledError()
+                try:
+                    async for event in watch:
+                        kv = event.kv
+                        revision = kv.mod_revision
+                        self._next_revision = revision + 1
+                        kind = "put" if event.kind == aetcd.rtypes.EventKind.PUT else "delete"
+                        yield WatchEvent(
+                            kind=kind,
+                            key=self._store._relative(kv.key.decode()),
+                            value=bytes(kv.value),
+                            version=revision,
+                        )
+                except aetcd.exceptions.RevisionCompactedError as error:
+                    await self._drop_client(failed=False)
+                    self._next_revision = error.compacted_revision
+                    yield WatchEvent(kind="reset", key=self._prefix)
+                except (aetcd.exceptions.ClientError, etcd_rpc.AioRpcError) as error:
+                    if self._closed:
+                        return
+                    log.warning("metadata watch broken, reconnecting: prefix=%s error=%s",
+                                self._prefix, error)
+                    await self._drop_client(failed=True)
+                    await asyncio.sleep(backoff_s)
+                else:
+                    await self._drop_client(failed=False)   # the stream ended: open a fresh one
+        finally:
+            # However the iteration ends (closed, cancelled, failed for good), its
+            # connection goes, and with it etcd's watch.
+            await self._drop_client(failed=False)
 
     async def close(self) -> None:
         self._closed = True
-        current = self._current
-        if current is not None:
-            await self._cancel_quietly(current)
-
-    async def _cancel_quietly(self, watch) -> None:
-        """Cancels an aetcd watch, bounded by call_timeout_s: cancelling a watch on a
-        dead stream may fail or never be answered, and the watch is abandoned anyway."""
-        try:
-            async with asyncio.timeout(self._store.config.call_timeout_s):
-                await watch.cancel()
-        except (Exception, TimeoutError):
-            pass
+        await self._drop_client(failed=False)
 
 
 class EtcdStore(MetadataStore):
@@ -244,20 +284,23 @@ class EtcdStore(MetadataStore):
         if self._closed:
             raise MetadataUnavailable("metadata store is closed")
         if self._client is None:
-            host, port = self.config.endpoints[self._endpoint_index]
-            self._client = aetcd.Client(
-                host=host,
-                port=port,
-                timeout=self.config.call_timeout_s,
-                connect_wait_timeout=int(self.config.call_timeout_s),
-                options={
-                    # etcd caps values at 1.5 MiB; leave headroom for range replies.
-                    "grpc.max_receive_message_length": 64 * 1024 * 1024,
-                    "grpc.keepalive_time_ms": 10_000,
-                    "grpc.keepalive_timeout_ms": 5_000,
-                },
-            )
+            self._client = self._new_client(self._endpoint_index)
         return self._client
+
+    def _new_client(self, endpoint_index: int) -> aetcd.Client:
+        host, port = self.config.endpoints[endpoint_index % len(self.config.endpoints)]
+        return aetcd.Client(
+            host=host,
+            port=port,
+            timeout=self.config.call_timeout_s,
+            connect_wait_timeout=int(self.config.call_timeout_s),
+            options={
+                # etcd caps values at 1.5 MiB; leave headroom for range replies.
+                "grpc.max_receive_message_length": 64 * 1024 * 1024,
+                "grpc.keepalive_time_ms": 10_000,
+                "grpc.keepalive_timeout_ms": 5_000,
+            },
+        )
 
     def _rotate_endpoint(self, failed: aetcd.Client) -> None:
         """Moves to the next endpoint after ``failed`` did not answer, unless that

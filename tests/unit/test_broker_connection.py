@@ -8,7 +8,11 @@ PRODUCER sent again with the same id after such a close is created normally; fra
 that arrive in the same chunk after one that closed the connection are not handled;
 past ``pending_requests_per_connection_max`` requests in progress, LOOKUP and
 PARTITIONED_METADATA get their own failure responses and other requests an ERROR,
-each with ServerError TooManyRequests, and requests are served again once some finish.
+each with ServerError TooManyRequests, and requests are served again once some finish;
+a SUBSCRIBE to a subscription that another client is unsubscribing (its dispatcher
+closed, its cursor being deleted) is refused with ServiceNotReady and succeeds once the
+deletion is done (before the fix the consumer was added to the closed dispatcher of a
+subscription about to leave the topic, and never received a message).
 
 How: a real ServerConnection and BrokerService over the in-memory metadata store and
 FakeLedgerClient, with a fake transport that records what the broker writes (and, like
@@ -28,7 +32,9 @@ from broker.managed_ledger import ManagedLedgerConfig
 from protocol.proto import pulsar_api_pb2 as pb
 from broker.service import BrokerService
 from common.topic_name import TopicName
+from metadata import keys
 from metadata.memory_store import MemoryStore
+from metadata.store import Delete
 from tests.unit.fake_ledger_client import FakeLedgerClient
 
 T = pb.BaseCommand
@@ -112,11 +118,34 @@ class Client:
         return out
 
 
-async def connected(*, requests_max: int = 1000) -> tuple[BrokerService, Client]:
+class GatedStore(MemoryStore):
+    """The in-memory etcd, except that deleting a cursor record waits for ``gate``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.waiting = 0
+
+    async def transaction(self, compares, operations):
+        if any(isinstance(op, Delete) and op.key.startswith(keys.CURSORS) for op in operations):
+            self.waiting += 1
+            try:
+                await self.gate.wait()
+            finally:
+                self.waiting -= 1
+        return await super().transaction(compares, operations)
+
+
+async def connected(*, requests_max: int = 1000, store: MemoryStore | None = None) -> tuple[BrokerService, Client]:
     config = BrokerConfig(metadata_url="memory://", managed_ledger=ManagedLedgerConfig(1, 1, 1),
                           retention_check_interval_s=3600, pending_requests_per_connection_max=requests_max)
-    service = BrokerService(config, MemoryStore(), FakeLedgerClient(), topic_ownership=GatedOwnership())
+    service = BrokerService(config, store or MemoryStore(), FakeLedgerClient(), topic_ownership=GatedOwnership())
     await service.start()
+    return service, connect(service)
+
+
+def connect(service: BrokerService) -> Client:
     connection = ServerConnection(service)
     transport = FakeTransport(connection)
     connection.connection_made(transport)
@@ -124,7 +153,7 @@ async def connected(*, requests_max: int = 1000) -> tuple[BrokerService, Client]
     client.send(pb.CommandConnect(client_version="test", protocol_version=pb.v21))
     (answer,) = client.answers()
     assert answer.type == T.CONNECTED
-    return service, client
+    return client
 
 
 async def settle() -> None:
@@ -234,4 +263,44 @@ async def test_requests_past_the_bound_are_refused_with_too_many_requests():
     assert served.partitionMetadataResponse.request_id == 6
     assert served.partitionMetadataResponse.response == pb.CommandPartitionedTopicMetadataResponse.Success
     client.transport.close()
+    await service.close()
+
+
+async def test_subscribe_while_the_subscription_is_being_deleted_is_refused_then_served():
+    """Client A unsubscribes the only consumer of shared subscription "s"; the deletion
+    is held while it deletes the cursor record. Client B's SUBSCRIBE to "s" meanwhile is
+    refused with ServiceNotReady (a client retries that); once the deletion is done, B's
+    next SUBSCRIBE creates "s" anew and B's consumer is attached to the subscription the
+    topic lists."""
+    store = GatedStore()
+    service, first = await connected(store=store)
+    second = connect(service)
+    shared = pb.CommandSubscribe.Shared
+    first.send(pb.CommandSubscribe(topic=TOPIC, subscription="s", subType=shared, consumer_id=1, request_id=1))
+    await settle()
+    assert [a.type for a in first.answers()] == [T.SUCCESS]
+    topic = service.loaded_topic(TopicName.parse(TOPIC))
+
+    store.gate.clear()
+    first.send(pb.CommandUnsubscribe(consumer_id=1, request_id=2))
+    async with asyncio.timeout(TIMEOUT_S):
+        while store.waiting == 0:
+            await asyncio.sleep(0.001)
+    second.send(pb.CommandSubscribe(topic=TOPIC, subscription="s", subType=shared, consumer_id=7, request_id=3))
+    await settle()
+    (refused,) = second.answers()
+    assert refused.type == T.ERROR, "a consumer was attached to a subscription being deleted"
+    assert (refused.error.request_id, refused.error.error) == (3, pb.ServiceNotReady)
+
+    store.gate.set()
+    await settle()
+    assert [(a.type, a.success.request_id) for a in first.answers()] == [(T.SUCCESS, 2)]
+    second.send(pb.CommandSubscribe(topic=TOPIC, subscription="s", subType=shared, consumer_id=7, request_id=4))
+    await settle()
+    assert [(a.type, a.success.request_id) for a in second.answers()] == [(T.SUCCESS, 4)]
+    attached = second.connection.consumers[7]
+    assert topic.subscriptions["s"] is attached.subscription
+    assert attached.consumer in attached.subscription.consumers
+    first.transport.close()
+    second.transport.close()
     await service.close()

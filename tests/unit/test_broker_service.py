@@ -6,7 +6,9 @@ away (cancelled, as when its client disconnects) does not fail the load for the 
 a second close() returns only when the topic is closed; a topic that is closing is
 loaded again only after its close finished (never two managed ledgers of one topic at
 once); shutting the service down stops a load in progress and tells its callers;
-create_topic creates the record once; a ledger's retention age counts from its close,
+create_topic creates the record once; no subscription is created on a topic whose
+close has begun (the close waits only for creations already under way, so a later one
+would write its cursor after the close); a ledger's retention age counts from its close,
 not its creation; subscriptions are loaded from a keys-only listing; stats report the
 cursor ledger; the broker refuses a max_message_size whose entries the ledger client
 could not store.
@@ -29,7 +31,7 @@ from broker.managed_ledger import ManagedLedgerConfig
 from broker.service import BrokerService
 from broker.stats import internal_stats
 from common.topic_name import TopicName
-from common.errors import AlreadyExists, ConfigError, ServiceNotReady
+from common.errors import AlreadyExists, ConfigError, ServiceNotReady, TopicFenced
 from metadata import keys
 from metadata.memory_store import MemoryStore
 from tests.unit.fake_ledger_client import FakeLedgerClient
@@ -169,6 +171,30 @@ async def test_a_closing_topic_is_loaded_again_only_after_its_close():
     assert old.closed
     assert new is not old and not new.closing
     assert client.created == created + 1
+    await service.close()
+
+
+async def test_no_subscription_is_created_once_the_topic_began_closing():
+    """An admin subscription creation arriving while the topic's close is in progress
+    (held in the managed ledger's close) is refused with TopicFenced, and leaves no
+    subscription and no cursor record behind (before the fix it was created after the
+    close had dealt with the subscriptions, its cursor written by a topic that was
+    going away, possibly over the next owner's)."""
+    client = FakeLedgerClient()
+    service = await started(client)
+    topic = await service.get_topic(TOPIC, create=True)
+    client.close_gate = asyncio.Event()
+    closing = spawn(topic.close())
+    await until(lambda: topic.closing, "the close began")
+    await asyncio.sleep(0.01)                     # the close now waits in the ledger's close
+    with pytest.raises(TopicFenced):
+        await topic.create_subscription("late", None)
+    assert "late" not in topic.subscriptions
+    assert await service.store.get(keys.cursor(TOPIC.key_path, "late")) is None
+    client.close_gate.set()
+    async with asyncio.timeout(TIMEOUT_S):
+        await closing
+    assert topic.closed
     await service.close()
 
 

@@ -12,7 +12,15 @@ What it proves:
   came (etcd restarted the TTL somewhere in between, so the later time overstates the
   lease's life); after a failed refresh the next comes after a short backoff, not a
   whole ttl/3 interval; a refresh that hangs is given up after ttl/5, not after the
-  general call timeout, and the lease survives both.
+  general call timeout, and the lease survives both;
+- watches stop when their task is cancelled, also when the cancellation lands in the
+  same loop iteration as etcd's "created" reply (aetcd waits for it with
+  ``asyncio.wait_for``, which swallows such a cancellation on Python 3.11; the iterating
+  task then waited on a quiet prefix for ever, and a prefix cache's close with it); an
+  iteration that ends by cancellation closes its etcd connection (and so its watch);
+  and two watches never see each other's keys when etcd answers a watch creation
+  later than the client waits (each watch has its own stream: on a shared one aetcd
+  credited the late reply to the other watch's creation).
 
 How: EtcdStore with ``aetcd.Client`` replaced by a scripted fake (no sockets); gRPC
 errors are real ``grpc.aio.AioRpcError`` instances. The keep-alive tests run on real
@@ -27,6 +35,8 @@ import time
 from types import SimpleNamespace
 
 import aetcd
+import aetcd.rpc as etcd_rpc
+import aetcd.watcher
 import grpc
 import pytest
 from grpc.aio import AioRpcError, Metadata
@@ -67,14 +77,42 @@ class FakeClient:
     async def revoke_lease(self, lease_id: int) -> None:
         return None
 
+    async def watch(self, key: bytes, range_end=None, start_revision=None):
+        # As aetcd's Watcher.add_callback: wait for etcd's "created" reply with
+        # asyncio.wait_for (the tests set ``created`` when they want it to arrive).
+        await asyncio.wait_for(FakeClient.created.wait(), 5.0)
+        watch = FakeWatch()
+        FakeClient.watches.append(watch)
+        return watch
+
     async def close(self) -> None:
         self.closed = True
+
+
+class FakeWatch:
+    """An etcd watch on a prefix nobody writes: no events until cancelled."""
+
+    def __init__(self) -> None:
+        self.cancelled = asyncio.Event()
+
+    def __aiter__(self):
+        return self._events()
+
+    async def _events(self):
+        await self.cancelled.wait()
+        return
+        yield
+
+    async def cancel(self) -> None:
+        self.cancelled.set()
 
 
 @pytest.fixture
 def fake_clients(monkeypatch):
     FakeClient.made = []
     FakeClient.script = []
+    FakeClient.created = asyncio.Event()
+    FakeClient.watches = []
     monkeypatch.setattr(aetcd, "Client", FakeClient)
     return FakeClient
 
@@ -267,4 +305,202 @@ async def test_a_lease_unknown_to_etcd_is_lost_at_once(fake_clients):
     lease = await store.grant_lease(3)
     await asyncio.wait_for(lease.lost.wait(), 3.0)
     assert fake_clients.script == []
+    await store.close()
+
+
+# --- watches -------------------------------------------------------------------------------------------
+
+async def test_a_cancellation_arriving_with_the_watch_reply_still_stops_the_watch(fake_clients):
+    """The task iterating a watch is cancelled in the very loop iteration in which
+    etcd's "created" reply arrives. aetcd's wait_for then returns the new watch instead
+    of raising (Python 3.11), so the cancellation never reaches our code as an
+    exception. The iteration must end all the same (cancelled), within a bound, and
+    cancel the etcd watch it was given. It hung for ever before: the teardown hang of
+    test_not_enough_bookies (a prefix cache closing right after it started)."""
+    store = _store(1)
+    watch = store.watch_prefix("/bookies/")
+
+    async def follow() -> None:
+        async for _event in watch:
+            pass
+
+    task = asyncio.create_task(follow())
+    for _ in range(5):
+        await asyncio.sleep(0)            # the task now waits for the "created" reply
+    assert not task.done()
+    fake_clients.created.set()            # the reply and the cancellation, in one iteration
+    task.cancel()
+    done, _pending = await asyncio.wait([task], timeout=2.0)
+    assert task in done, "the watch's task went on waiting after it was cancelled"
+    assert task.cancelled()
+    assert [client.closed for client in fake_clients.made] == [True]   # and etcd's watch with it
+    await watch.close()
+    await store.close()
+
+
+async def test_a_cancelled_iteration_closes_its_etcd_watch(fake_clients):
+    """A watch iterated until its task is cancelled (the usual way a prefix cache
+    stops) leaves no etcd watch behind: its connection is closed."""
+    store = _store(1)
+    fake_clients.created.set()
+    watch = store.watch_prefix("/bookies/")
+
+    async def follow() -> None:
+        async for _event in watch:
+            pass
+
+    task = asyncio.create_task(follow())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert len(fake_clients.watches) == 1 and not task.done()
+    task.cancel()
+    done, _pending = await asyncio.wait([task], timeout=2.0)
+    assert task in done and task.cancelled()
+    assert [client.closed for client in fake_clients.made] == [True]
+    await watch.close()
+    await store.close()
+
+
+class FakeWatchService:
+    """etcd's Watch service at the gRPC edge. Each stream is one Watch call; a create
+    request gets the next watch id, and its "created" reply comes at once, except for
+    the first ``slow_replies`` ones, which come ``reply_delay_s`` later (etcd just
+    restarted, or this process stalled); ``put`` sends an event to every live watch
+    whose range holds the key, on its own stream, as etcd does."""
+
+    def __init__(self, reply_delay_s: float, slow_replies: int) -> None:
+        self.reply_delay_s = reply_delay_s
+        self.slow_replies = slow_replies
+        self.streams: list["_FakeWatchStream"] = []
+        self.replies_pending = 0
+        self._next_watch_id = 1
+        self._revision = 100
+
+    def new_watch_id(self) -> int:
+        watch_id = self._next_watch_id
+        self._next_watch_id += 1
+        return watch_id
+
+    def put(self, key: bytes, value: bytes = b"v") -> None:
+        self._revision += 1
+        for stream in self.streams:
+            stream.deliver(key, value, self._revision)
+
+    def close(self) -> None:
+        for stream in self.streams:
+            stream.reader.cancel()
+
+
+class _FakeWatchStream:
+    def __init__(self, service: FakeWatchService, requests) -> None:
+        self.service = service
+        self.responses: asyncio.Queue = asyncio.Queue()
+        self.watches: dict[int, tuple[bytes, bytes]] = {}   # watch id -> [key, range_end)
+        self.reader = asyncio.get_running_loop().create_task(self._read(requests))
+
+    async def _read(self, requests) -> None:
+        async for request in requests:
+            if request.HasField("create_request"):
+                create = request.create_request
+                self.service.replies_pending += 1
+                delay_s = self.service.reply_delay_s if self.service.slow_replies > 0 else 0.0
+                self.service.slow_replies -= 1
+                asyncio.get_running_loop().call_later(delay_s, self._created, self.service.new_watch_id(),
+                                                      create.key, create.range_end)
+            elif request.HasField("cancel_request"):
+                self.watches.pop(request.cancel_request.watch_id, None)
+        self.responses.put_nowait(None)
+
+    def _created(self, watch_id: int, key: bytes, range_end: bytes) -> None:
+        self.service.replies_pending -= 1
+        self.watches[watch_id] = (key, range_end)
+        self.responses.put_nowait(etcd_rpc.WatchResponse(watch_id=watch_id, created=True))
+
+    def deliver(self, key: bytes, value: bytes, revision: int) -> None:
+        for watch_id, (start, end) in list(self.watches.items()):
+            if start <= key < end:
+                kv = etcd_rpc.KeyValue(key=key, value=value, mod_revision=revision, create_revision=revision)
+                self.responses.put_nowait(etcd_rpc.WatchResponse(
+                    watch_id=watch_id, events=[etcd_rpc.Event(type=etcd_rpc.Event.PUT, kv=kv)]))
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        response = await self.responses.get()
+        if response is None:
+            raise StopAsyncIteration
+        return response
+
+
+class _FakeWatchStub:
+    def __init__(self, service: FakeWatchService) -> None:
+        self._service = service
+
+    def Watch(self, requests, metadata=None):   # noqa: N802 (gRPC's name)
+        stream = _FakeWatchStream(self._service, requests)
+        self._service.streams.append(stream)
+        return stream
+
+
+class _FakeChannel:
+    async def close(self) -> None:
+        pass
+
+
+class WatchingClient(aetcd.Client):
+    """The real aetcd client and watch machinery (aetcd.watcher.Watcher), connected to
+    FakeWatchService instead of a gRPC channel."""
+
+    service: FakeWatchService
+
+    async def connect(self) -> None:
+        if self._connected.is_set():
+            return
+        self.channel = _FakeChannel()
+        self._watcher = aetcd.watcher.Watcher(_FakeWatchStub(self.service), timeout=self._timeout)
+        self._connected.set()
+
+
+@pytest.fixture
+def slow_watch_service(monkeypatch):
+    service = FakeWatchService(reply_delay_s=0.3, slow_replies=2)
+    WatchingClient.service = service
+    monkeypatch.setattr(aetcd, "Client", WatchingClient)
+    yield service
+    service.close()
+
+
+async def test_a_late_reply_to_a_timed_out_watch_never_reaches_another_watch(slow_watch_service):
+    """Two prefixes are watched while etcd answers the first two watch creations after
+    0.3 s, past the 0.2 s the client waits (and before it gave up on the next creation),
+    and later ones at once. aetcd credits any "created" reply to whichever creation is
+    pending on its stream, and gives up on one that timed out while its request is
+    still on the way: when all watches share one stream, the late reply for /a/ lands on
+    the watch of /b/ (and /b/'s on /a/'s). Each watch must see exactly its own keys: a
+    broker whose owner mirror hears the assignments' events (seen in the etcd-outage
+    runs) serves bundles it no longer owns and never takes the ones given to it."""
+    service = slow_watch_service
+    store = EtcdStore(EtcdStoreConfig(endpoints=(("etcd", 2379),), root="/test", call_timeout_s=0.2))
+    seen: dict[str, list[str]] = {"/a/": [], "/b/": []}
+
+    async def follow(prefix: str) -> None:
+        async for event in store.watch_prefix(prefix):
+            seen[prefix].append(event.key)
+
+    followers = [asyncio.create_task(follow("/a/")), asyncio.create_task(follow("/b/"))]
+    async with asyncio.timeout(5.0):
+        while service.replies_pending or sum(len(s.watches) for s in service.streams) < 2:
+            await asyncio.sleep(0.05)
+    await asyncio.sleep(0.1)
+    service.put(b"/test/a/1")
+    service.put(b"/test/b/1")
+    deadline = time.monotonic() + 2.0
+    while len(seen["/a/"]) + len(seen["/b/"]) < 2 and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.1)                      # nothing else may arrive
+    assert seen == {"/a/": ["/a/1"], "/b/": ["/b/1"]}, "a watch saw another prefix's keys, or missed its own"
+    for task in followers:
+        task.cancel()
+    await asyncio.gather(*followers, return_exceptions=True)
     await store.close()

@@ -1,4 +1,4 @@
-"""Stopping background tasks (magnetar/tasks.py: cancel_and_wait).
+"""Stopping background tasks (common/tasks.py: cancel_and_wait).
 
 What it proves: every task given is cancelled and has finished when the call returns
 (None entries are skipped); a task that had already crashed with an operating error is
@@ -6,7 +6,11 @@ logged at WARNING with its traceback and not raised; a task that died of an
 AssertionError (a broken invariant) makes the call raise it, but only after the other
 tasks finished; and the caller's own cancellation is never swallowed: a task cancelled
 while it waits in cancel_and_wait stays cancelled (the bug was a plain return, so a
-shutdown that cancelled the waiter carried on as if nothing happened).
+shutdown that cancelled the waiter carried on as if nothing happened). The wait is
+bounded: a task whose cancellation was swallowed (Python 3.11's asyncio.wait_for does
+that when its result and the cancellation arrive together; a prefix cache's watch hung
+a test teardown for 300 s so) is cancelled again and stops; a task that ignores every
+cancellation makes the call raise AssertionError naming it instead of hanging.
 
 How: real tasks on the test's event loop; nothing sleeps longer than it takes to yield.
 """
@@ -19,7 +23,7 @@ import logging
 import pytest
 
 from common.errors import MetadataUnavailable
-from common.tasks import cancel_and_wait
+from common.tasks import STOP_ATTEMPTS_MAX, cancel_and_wait
 
 
 async def _forever() -> None:
@@ -105,3 +109,49 @@ async def test_a_task_cancelled_before_the_call_is_not_the_callers_cancellation(
     await asyncio.sleep(0)
     await cancel_and_wait(task)
     assert task.cancelled()
+
+
+async def test_a_task_whose_cancellation_was_swallowed_is_cancelled_again():
+    """The task waits with asyncio.wait_for; its result and the cancellation arrive in
+    one loop iteration, so wait_for returns and the task goes on waiting. The second
+    request, a bounded while later, stops it."""
+    reply = asyncio.Event()
+
+    async def swallows_once() -> None:
+        await asyncio.wait_for(reply.wait(), 5.0)
+        await asyncio.Event().wait()      # e.g. a watch on a quiet prefix
+
+    task = asyncio.create_task(swallows_once())
+    for _ in range(3):
+        await asyncio.sleep(0)            # the task now waits in wait_for
+    assert not task.done()
+    reply.set()                           # the reply, then (no await between) the cancel
+    async with asyncio.timeout(5.0):
+        await cancel_and_wait(task, stop_wait_s=0.05)
+    assert task.cancelled()
+
+
+async def test_a_task_that_ignores_every_cancellation_raises_instead_of_hanging(caplog):
+    """A task that catches every cancellation: after STOP_ATTEMPTS_MAX requests the
+    call raises AssertionError naming it (and says so at CRITICAL)."""
+    release = asyncio.Event()
+    requests = []
+
+    async def stubborn() -> None:
+        while not release.is_set():
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                requests.append(True)
+
+    task = asyncio.create_task(stubborn(), name="stubborn")
+    await asyncio.sleep(0)
+    with caplog.at_level(logging.WARNING, logger="common.tasks"):
+        with pytest.raises(AssertionError, match="stubborn"):
+            async with asyncio.timeout(5.0):
+                await cancel_and_wait(task, stop_wait_s=0.05)
+    assert len(requests) == STOP_ATTEMPTS_MAX
+    assert any(r.levelno == logging.CRITICAL and "stubborn" in r.getMessage() for r in caplog.records)
+    release.set()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
