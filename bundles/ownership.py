@@ -500,7 +500,10 @@ class OwnershipManager:
         bundle and the leader never reassigning it."""
         bkey = bundle_key(namespace, bundle_name)
         owner_key = keys.bundle_owner(namespace, bundle_name)
-        current = self._owners.get(owner_key)
+        # Read from etcd, not the watched mirror: a bundle this broker has just made (the
+        # halves of a split) may not have reached the mirror yet, and the version is
+        # compared below anyway. A release is rare; one read is cheap.
+        current = await self._store.get(owner_key)
         if current is None or OwnerRecord.decode(current.value).broker_id != self.identity.broker_id:
             raise PreconditionFailed(f"bundle {bkey} is not owned by this broker")
         if bkey in self._busy:

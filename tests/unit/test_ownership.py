@@ -229,6 +229,24 @@ async def test_release_retries_its_last_step(quick_release_retries):
         await manager.close()
 
 
+async def test_the_upper_half_of_a_split_is_released_at_once():
+    """split then release of the upper half, with nothing in between (what
+    ``…/split?unload=true`` does): the release must not depend on the watched mirror
+    having seen the halves' owner keys yet. It failed with "not owned by this broker"
+    when the watch lagged, as it does on a loaded machine."""
+    store = MemoryStore()
+    manager, whole = await _served_manager(store)
+    try:
+        low, high = await manager.split(NAMESPACE, whole)
+        await manager.release(str(NAMESPACE), high, to="b", reason="split")
+        assert await store.get(keys.bundle_owner(str(NAMESPACE), high)) is None
+        assignment = await store.get(keys.bundle_assignment(str(NAMESPACE), high))
+        assert assignment is not None and AssignmentRecord.decode(assignment.value).broker_id == "b"
+        assert manager.serving() == [f"{NAMESPACE}/{low}"]
+    finally:
+        await manager.close()
+
+
 async def test_release_that_cannot_hand_over_frees_the_owner_key(quick_release_retries, caplog):
     """The hand-over transaction keeps failing: after the bounded attempts the owner key
     is deleted on its own (logged as an error), so the leader can reassign the bundle
