@@ -1,134 +1,48 @@
-"""The client: connections to brokers (one per broker, shared), topic lookups with
-redirects, partitioned-topic metadata, and the producers and consumers it made.
-
-Lookup (Pulsar's binary lookup): ask any broker of the service URL; a Redirect answer
-names another broker to ask (with ``authoritative`` passed on), a Connect answer names
-the broker serving the topic. At most ``lookup_redirects_max`` redirects. A topic's
-partitions come from PARTITIONED_METADATA (0: not partitioned).
-
-Ownership: the client owns its connections (closed by ``close``) and keeps the
-producers and consumers it made, so ``close`` closes them first; each of those owns its
-own reconnection task.
-"""
+"""The client facade: a broker pool (connections and lookups, client/pool.py) and the
+producers and consumers made through it. ``close`` closes those first (each owns its
+own reconnection task), then the connections."""
 
 from __future__ import annotations
 
-import asyncio
-import itertools
-import logging
-
-from common.errors import ServiceNotReady
-from protocol.codec import wrap
-from protocol.proto import pulsar_api_pb2 as pb
-
 from client.config import ClientConfig
-from client.connection import ClientConnection, parse_address
-
-log = logging.getLogger(__name__)
-
-
-def service_addresses(service_url: str) -> list[str]:
-    """``pulsar://host:port[,host:port...]`` → ["host:port", ...]; ValueError if not."""
-    if not service_url.startswith("pulsar://"):
-        raise ValueError(f"service URL {service_url!r} does not start with pulsar://")
-    addresses = []
-    for part in service_url.removeprefix("pulsar://").rstrip("/").split(","):
-        host, port = parse_address(part)
-        addresses.append(f"{host}:{port}")
-    return addresses
+from client.consumer import Consumer
+from client.pool import BrokerPool
+from client.producer import Producer
 
 
 class PulsarClient:
     def __init__(self, service_url: str, config: ClientConfig | None = None) -> None:
-        self.service_url = service_url
         self.config = config or ClientConfig()
-        self._service_addresses = service_addresses(service_url)
-        self._next_service = itertools.cycle(self._service_addresses)
-        self._connections: dict[str, ClientConnection] = {}
-        self._opening: dict[str, asyncio.Lock] = {}
-        self.producers: set = set()
-        self.consumers: set = set()
-        self.closed = False
+        self.pool = BrokerPool(service_url, self.config)
+        self.producers: set[Producer] = set()
+        self.consumers: set[Consumer] = set()
 
-    # --- connections ---------------------------------------------------------------------------
-
-    async def connection(self, address: str) -> ClientConnection:
-        """The shared connection to ``address`` (host:port), opened if needed."""
-        if self.closed:
-            raise ServiceNotReady("the client is closed")
-        connection = self._connections.get(address)
-        if connection is not None and not connection.closed:
-            return connection
-        lock = self._opening.setdefault(address, asyncio.Lock())
-        async with lock:
-            connection = self._connections.get(address)
-            if connection is None or connection.closed:
-                connection = await ClientConnection.open(address, self.config)
-                self._connections[address] = connection
-                log.debug("connected: address=%s server=%s", address, connection.server_version)
-        return connection
-
-    # --- discovery -------------------------------------------------------------------------------
-
-    async def lookup(self, topic: str) -> str:
-        """The address (host:port) of the broker serving ``topic``."""
-        address = next(self._next_service)
-        authoritative = False
-        for _ in range(self.config.lookup_redirects_max + 1):
-            connection = await self.connection(address)
-            request_id = connection.new_request_id()
-            frame = await connection.request(wrap(pb.CommandLookupTopic(
-                topic=topic, request_id=request_id, authoritative=authoritative)), request_id)
-            answer = frame.command.lookupTopicResponse
-            if answer.response == pb.CommandLookupTopicResponse.Connect:
-                if answer.proxy_through_service_url:
-                    return address
-                host, port = parse_address(answer.brokerServiceUrl)
-                return f"{host}:{port}"
-            host, port = parse_address(answer.brokerServiceUrl)
-            address = f"{host}:{port}"
-            authoritative = answer.authoritative
-        raise ServiceNotReady(f"lookup of {topic} took more than {self.config.lookup_redirects_max} redirects")
+    @property
+    def service_url(self) -> str:
+        return self.pool.service_url
 
     async def partitions(self, topic: str) -> int:
-        """How many partitions ``topic`` has (0: not partitioned)."""
-        connection = await self.connection(next(self._next_service))
-        request_id = connection.new_request_id()
-        frame = await connection.request(wrap(pb.CommandPartitionedTopicMetadata(
-            topic=topic, request_id=request_id)), request_id)
-        return frame.command.partitionMetadataResponse.partitions
+        return await self.pool.partitions(topic)
 
-    async def connection_for(self, topic: str) -> ClientConnection:
-        return await self.connection(await self.lookup(topic))
-
-    # --- producers and consumers ---------------------------------------------------------------
-
-    async def create_producer(self, topic: str, *, producer_name: str = ""):
+    async def create_producer(self, topic: str, *, producer_name: str = "") -> Producer:
         """A producer on one (non-partitioned) topic or partition, connected."""
-        from client.producer import Producer
-
-        producer = Producer(self, topic, producer_name=producer_name)
+        producer = Producer(self.pool, topic, producer_name=producer_name, on_closed=self.producers.discard)
         await producer.start()
+        self.producers.add(producer)
         return producer
 
-    async def subscribe(self, topic: str, subscription: str, **options):
+    async def subscribe(self, topic: str, subscription: str, **options) -> Consumer:
         """A consumer on one (non-partitioned) topic or partition, subscribed; see
         client.consumer.Consumer for the options."""
-        from client.consumer import Consumer
-
-        consumer = Consumer(self, topic, subscription, **options)
+        consumer = Consumer(self.pool, topic, subscription, on_closed=self.consumers.discard, **options)
         await consumer.start()
+        self.consumers.add(consumer)
         return consumer
 
     async def close(self) -> None:
         """Closes producers and consumers, then every connection."""
-        if self.closed:
-            return
         for producer in list(self.producers):
             await producer.close()
         for consumer in list(self.consumers):
             await consumer.close()
-        self.closed = True
-        for connection in self._connections.values():
-            connection.close()
-        self._connections.clear()
+        self.pool.close()

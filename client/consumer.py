@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Mapping, Protocol, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 from common.errors import InvalidArgument, MagnetarError, ServiceNotReady
 from common.tasks import cancel_and_wait
@@ -33,10 +33,9 @@ from protocol.codec import Frame, wrap
 from protocol.proto import pulsar_api_pb2 as pb
 
 from client.connection import ClientConnection
+from client.pool import BrokerPool
 from client.messages import MessageId, ReceivedEntry, ack_set_without, decode_entry
 
-if TYPE_CHECKING:
-    from client.client import PulsarClient
 
 log = logging.getLogger(__name__)
 
@@ -81,18 +80,19 @@ class _NoListener:
 
 
 class Consumer:
-    def __init__(self, client: "PulsarClient", topic: str, subscription: str, *, sub_type: str = "shared",
+    def __init__(self, pool: BrokerPool, topic: str, subscription: str, *, sub_type: str = "shared",
                  consumer_name: str = "", initial_position: str = "latest",
                  properties: Mapping[str, str] | None = None, durable: bool = True,
-                 listener: ConsumerListener | None = None) -> None:
+                 listener: ConsumerListener | None = None,
+                 on_closed: Callable[["Consumer"], None] | None = None) -> None:
         if sub_type not in SUB_TYPES:
             raise InvalidArgument(f"unknown subscription type {sub_type!r}")
         if initial_position not in INITIAL_POSITIONS:
             raise InvalidArgument(f"unknown initial position {initial_position!r}")
         if not subscription:
             raise InvalidArgument("subscription name must not be empty")
-        self.client = client
-        self.config = client.config
+        self.pool = pool
+        self.config = pool.config
         self.topic = topic
         self.partition = TopicName.parse(topic).partition_index
         self.subscription = subscription
@@ -102,6 +102,7 @@ class Consumer:
         self.properties = dict(properties or {})
         self.durable = durable
         self.listener: ConsumerListener = listener or _NoListener()
+        self._on_closed = on_closed
         self._connection: ClientConnection | None = None
         self._consumer_id = 0
         self.permits_outstanding = 0
@@ -116,10 +117,9 @@ class Consumer:
 
     async def start(self) -> None:
         await self._subscribe()
-        self.client.consumers.add(self)
 
     async def _subscribe(self) -> None:
-        connection = await self.client.connection_for(self.topic)
+        connection = await self.pool.connection_for(self.topic)
         consumer_id = connection.register_consumer(self)
         request_id = connection.new_request_id()
         body = pb.CommandSubscribe(
@@ -286,7 +286,8 @@ class Consumer:
         if self.closed:
             return
         self.closed = True
-        self.client.consumers.discard(self)
+        if self._on_closed is not None:
+            self._on_closed(self)
         await cancel_and_wait(self._reconnect_task)
         connection, self._connection = self._connection, None
         if connection is not None and not connection.closed:

@@ -27,7 +27,7 @@ import collections
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import Callable, Sequence
 
 from common.errors import InvalidArgument, MagnetarError, ServiceNotReady, ShuttingDown, TooManyRequests
 from common.tasks import cancel_and_wait
@@ -37,10 +37,9 @@ from protocol.proto import pulsar_api_pb2 as pb
 from protocol.server_errors import error_for_server_error
 
 from client.connection import ClientConnection
+from client.pool import BrokerPool
 from client.messages import MessageId, OutgoingMessage, batch_payload, single_metadata
 
-if TYPE_CHECKING:
-    from client.client import PulsarClient
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +57,14 @@ class _PendingSend:
 
 
 class Producer:
-    def __init__(self, client: "PulsarClient", topic: str, *, producer_name: str = "") -> None:
-        self.client = client
-        self.config = client.config
+    def __init__(self, pool: BrokerPool, topic: str, *, producer_name: str = "",
+                 on_closed: Callable[["Producer"], None] | None = None) -> None:
+        self.pool = pool
+        self.config = pool.config
         self.topic = topic
         self.partition = TopicName.parse(topic).partition_index
         self.producer_name = producer_name
+        self._on_closed = on_closed
         self._connection: ClientConnection | None = None
         self._producer_id = 0
         self._next_sequence_id = 0
@@ -78,10 +79,9 @@ class Producer:
 
     async def start(self) -> None:
         await self._register()
-        self.client.producers.add(self)
 
     async def _register(self) -> None:
-        connection = await self.client.connection_for(self.topic)
+        connection = await self.pool.connection_for(self.topic)
         producer_id = connection.register_producer(self)
         request_id = connection.new_request_id()
         body = pb.CommandProducer(topic=self.topic, producer_id=producer_id, request_id=request_id)
@@ -269,7 +269,8 @@ class Producer:
         if self.closed:
             return
         self.closed = True
-        self.client.producers.discard(self)
+        if self._on_closed is not None:
+            self._on_closed(self)
         await cancel_and_wait(self._reconnect_task)
         connection, self._connection = self._connection, None
         if connection is not None and not connection.closed:
