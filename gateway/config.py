@@ -99,8 +99,6 @@ class GatewayConfig:
             raise ConfigError("lease_ms_default must be in [lease_ms_min, lease_ms_max]")
         if self.wait_ms_max < 20_000:
             raise ConfigError("wait_ms_max must be >= 20000 (long polls of 20 s are promised)")
-        if self.message_bytes_max >= self.body_bytes_max:
-            raise ConfigError("message_bytes_max must be < body_bytes_max")
         if self.pull_messages_max > self.leases_per_subscription_max:
             raise ConfigError("pull_messages_max must be <= leases_per_subscription_max")
         if self.lease_tick_ms >= self.lease_ms_min:

@@ -1,6 +1,10 @@
 """The gateway's broker producers: one per topic partition, made on first use, closed
 when idle, and the routing of messages to partitions.
 
+Batches: a produce request's messages become one batch entry per partition and per
+dispatch key (ordering key, else key; keyless messages share one), since a key-shared
+subscription routes whole entries by their key.
+
 Routing (partitioned topics): a message with a key goes to the partition its key hashes
 to (CRC32C of the key, modulo the partitions: the same key always lands on the same
 partition, so its order holds); messages without a key go round-robin, one produce
@@ -35,6 +39,11 @@ IDLE_CHECK_S = 5.0
 def partition_for_key(key: str, partitions: int) -> int:
     assert partitions >= 1, partitions
     return crc32c.crc32c(key.encode()) % partitions
+
+
+def dispatch_key(message: OutgoingMessage) -> bytes | str | None:
+    """What a key-shared subscription routes the message by: its ordering key, else its key."""
+    return message.ordering_key if message.ordering_key is not None else message.key
 
 
 def partition_topic(topic: str, index: int, partitions: int) -> str:
@@ -114,10 +123,22 @@ class ProducerPool:
     async def _send_to(self, topic: str, indexes: list[int], messages: Sequence[OutgoingMessage],
                        batch: bool) -> list[asyncio.Future[MessageId]]:
         producer = await self.producer(topic)
-        if batch and len(messages) > 1:
-            futures = producer.send_batch(messages)
-        else:
+        if not batch or len(messages) == 1:
             futures = [producer.send(message) for message in messages]
+        else:
+            # Key-based batching (Pulsar's KEY_BASED batcher): one entry per dispatch
+            # key, since key-shared subscriptions route whole entries by the entry's
+            # key. Keyless messages share one entry.
+            by_key: dict[bytes | str | None, list[int]] = {}
+            for index, message in enumerate(messages):
+                by_key.setdefault(dispatch_key(message), []).append(index)
+            futures_by_index: dict[int, asyncio.Future[MessageId]] = {}
+            for group in by_key.values():
+                group_messages = [messages[i] for i in group]
+                sent = (producer.send_batch(group_messages) if len(group) > 1
+                        else [producer.send(group_messages[0])])
+                futures_by_index.update(zip(group, sent))
+            futures = [futures_by_index[i] for i in range(len(messages))]
         await producer.drain()
         return futures
 
