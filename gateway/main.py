@@ -80,10 +80,14 @@ def receipt_keys_from(args: argparse.Namespace) -> ReceiptKeys:
 
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
+    leases = args.leases_per_subscription_max
     return GatewayConfig(
         service_url=args.service_url, admin_url=args.admin_url.rstrip("/"), receipt_keys=receipt_keys_from(args),
         host=args.host, port=args.port, advertised_url=args.advertised_url.rstrip("/"),
-        lease_ms_default=args.lease_ms_default, leases_per_subscription_max=args.leases_per_subscription_max,
+        lease_ms_default=args.lease_ms_default, leases_per_subscription_max=leases,
+        # A pull or a stream never asks for more than the leases allow.
+        pull_messages_max=min(GatewayConfig.pull_messages_max, max(leases, 1)),
+        sse_credits_max=min(GatewayConfig.sse_credits_max, max(leases, 1)),
         ready_hold_ms=args.ready_hold_ms, body_bytes_max=args.body_mib_max * 1024 * 1024,
         requests_in_flight_max=args.requests_in_flight_max)
 

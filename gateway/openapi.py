@@ -256,6 +256,7 @@ OPERATIONS: dict[tuple[str, str], dict] = {
                                  ("consumer", {"type": "string", "minLength": 1, "pattern": "^[^:]+$"}),
                                  ("credits", {"type": "integer", "minimum": 1}),
                                  ("lease_ms", {"type": "integer"}),
+                                 ("duration_ms", {"type": "integer", "minimum": 1, "maximum": 3_600_000}),
                                  ("encoding", {"type": "string", "enum": ["text", "base64"]}),
                                  ("initial_position", {"type": "string", "enum": ["earliest", "latest"]}))],
         {"200": {"description": "an event stream", "content": {"text/event-stream": {"schema": {"type": "string"}}}}}),

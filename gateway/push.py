@@ -6,7 +6,8 @@ pull), and a message's lease starts once its event has been written (``await wri
 which also waits while the client reads slowly: back-pressure reaches the broker as
 permits not granted).
 
-Events: ``event: messages`` with ``data: {"messages": [...]}`` and ``id:`` the first
+A stream ends after ``duration_ms`` (default and most: an hour); clients reconnect, as
+SSE clients do. Events: ``event: messages`` with ``data: {"messages": [...]}`` and ``id:`` the first
 message's id (digits, colons and '-' only, so it never needs escaping); a comment line
 ``: keep-alive`` every ``sse_keepalive_ms`` when nothing else was sent. Acks made
 through another gateway instance give credits back only when the lease would have ended
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 
 from aiohttp import web
 
@@ -30,13 +32,15 @@ from gateway.leases import State
 
 log = logging.getLogger(__name__)
 
-_INTEGER_PARAMETERS = ("credits", "lease_ms", "max_deliveries")
+_INTEGER_PARAMETERS = ("credits", "lease_ms", "max_deliveries", "duration_ms")
+# A stream ends after at most this long (clients reconnect, as SSE clients do).
+DURATION_MS_MAX = 3_600_000
 _LIVE = (State.WRITING, State.LEASED)
 # While a stream has no credit left, it looks again this often.
 _NO_CREDIT_SLEEP_S = 0.05
 
 
-def _query_spec(request: web.Request, credits_max: int, config) -> json_codec.PullSpec:
+def _query_spec(request: web.Request, credits_max: int, config) -> tuple[json_codec.PullSpec, int]:
     raw: dict = {}
     for name, value in request.query.items():
         if name in raw:
@@ -49,10 +53,14 @@ def _query_spec(request: web.Request, credits_max: int, config) -> json_codec.Pu
         else:
             raw[name] = value
     credits = raw.pop("credits", 10)
+    duration_ms = raw.pop("duration_ms", DURATION_MS_MAX)
+    if not 1 <= duration_ms <= DURATION_MS_MAX:
+        raise InvalidArgument(f"duration_ms must be in [1, {DURATION_MS_MAX}]")
     raw["max_messages"] = credits
-    return json_codec.parse_pull(raw, messages_max=credits_max, wait_ms_max=config.wait_ms_max,
+    spec = json_codec.parse_pull(raw, messages_max=credits_max, wait_ms_max=config.wait_ms_max,
                                  lease_ms_min=config.lease_ms_min, lease_ms_max=config.lease_ms_max,
                                  lease_ms_default=config.lease_ms_default)
+    return spec, duration_ms
 
 
 async def events(request: web.Request) -> web.StreamResponse:
@@ -61,7 +69,7 @@ async def events(request: web.Request) -> web.StreamResponse:
     topic = topic_of(request)
     subscription = subscription_of(request)
     try:
-        spec = _query_spec(request, config.sse_credits_max, config)
+        spec, duration_ms = _query_spec(request, config.sse_credits_max, config)
     except InvalidArgument as error:
         raise InvalidArgument(error.message.replace("body.", "").replace("max_messages", "credits")) from None
     consumers = await service.pull_consumers(topic, subscription, spec)
@@ -69,15 +77,17 @@ async def events(request: web.Request) -> web.StreamResponse:
                                            "X-Accel-Buffering": "no"})
     await response.prepare(request)
     keepalive_s = config.sse_keepalive_ms / 1000
+    ends_at = time.monotonic() + duration_ms / 1000
     issued: list = []
-    while not service.stopping:
+    while not service.stopping and time.monotonic() < ends_at:
         issued = [slot for slot in issued if slot.state in _LIVE]
         credit = spec.max_messages - len(issued)
         if credit <= 0:
             await asyncio.sleep(_NO_CREDIT_SLEEP_S)
             continue
         try:
-            taken = await wait_for_messages(consumers, credit, keepalive_s)
+            taken = await wait_for_messages(consumers, credit,
+                                            max(0.0, min(keepalive_s, ends_at - time.monotonic())))
         except TooManyRequests:
             await asyncio.sleep(_NO_CREDIT_SLEEP_S)
             continue
@@ -94,4 +104,5 @@ async def events(request: web.Request) -> web.StreamResponse:
         _start_leases(taken, spec.lease_ms / 1000)
         service.messages_pulled += len(taken)
         issued.extend(slot for _, slot in taken)
+    await response.write_eof()
     return response

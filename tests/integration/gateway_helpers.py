@@ -76,11 +76,13 @@ async def start_gateway_cluster(cluster: Cluster, gateways: int = 2) -> None:
     await cluster.start_gateways(gateways, extra_args=["--body-mib-max", "1", "--ready-hold-ms", "1000"])
 
 
-async def drain(gateway: Gateway, path: str, subscription: str, *, idle_s: float = 1.5, **spec) -> list[dict]:
+async def drain(gateway: Gateway, path: str, subscription: str, *, idle_s: float = 1.5, max_messages: int = 100,
+                **spec) -> list[dict]:
     """Pulls and acks until a pull of ``idle_s`` brings nothing; returns what came."""
     seen: list[dict] = []
     while True:
-        messages = await gateway.pull(path, subscription, max_messages=100, wait_ms=int(idle_s * 1000), **spec)
+        messages = await gateway.pull(path, subscription, max_messages=max_messages, wait_ms=int(idle_s * 1000),
+                                      **spec)
         if not messages:
             return seen
         seen.extend(messages)
