@@ -3,8 +3,8 @@
 Theory of operation:
 - ``send`` stores one message as one entry; ``send_batch`` stores many messages as one
   batch entry (one SEND, one bookie write, one receipt: the way to throughput). Each
-  returns futures resolved with the message ids once the broker's receipt says the entry
-  is durable, or failed with a catalogue error.
+  returns one future, resolved with the message id (a batch: the list of ids) once the
+  broker's receipt says the entry is durable, or failed with a catalogue error.
 - Sequence ids increase by one per message; a batch carries its first and highest.
   Sends wait for their receipts in ``_pending`` (by first sequence id, in send order),
   at most ``producer_pending_messages_max`` messages: past it a send fails at once with
@@ -53,7 +53,9 @@ class _PendingSend:
     batched: bool
     metadata: pb.MessageMetadata
     payload: bytes
-    futures: list[asyncio.Future[MessageId]]
+    # One future per entry: a MessageId, or for a batch the list of its messages' ids
+    # (one future per message costs a callback each; a batch of 100 is one entry).
+    future: asyncio.Future
 
 
 class Producer:
@@ -109,15 +111,15 @@ class Producer:
     # --- sending ---------------------------------------------------------------------------------
 
     def send(self, message: OutgoingMessage) -> asyncio.Future[MessageId]:
-        """Stores ``message`` alone in one entry."""
+        """Stores ``message`` alone in one entry; the future gives its id."""
         self._check_can_send(1)
         sequence_id = self._next_sequence_id
         metadata = single_metadata(self.producer_name, sequence_id, _now_ms(), message)
-        return self._enqueue(sequence_id, 1, False, metadata, message.payload)[0]
+        return self._enqueue(sequence_id, 1, False, metadata, message.payload)
 
-    def send_batch(self, messages: Sequence[OutgoingMessage]) -> list[asyncio.Future[MessageId]]:
-        """Stores ``messages`` as one batch entry; their ids share the entry and differ
-        by batch index."""
+    def send_batch(self, messages: Sequence[OutgoingMessage]) -> asyncio.Future[list[MessageId]]:
+        """Stores ``messages`` as one batch entry; the future gives their ids, which
+        share the entry and differ by batch index."""
         if not messages:
             raise InvalidArgument("a batch holds at least one message")
         if len(messages) > self.config.batch_messages_max:
@@ -139,10 +141,9 @@ class Producer:
                                   f"receipts (limit {self.config.producer_pending_messages_max})")
 
     def _enqueue(self, sequence_id: int, count: int, batched: bool, metadata: pb.MessageMetadata,
-                 payload: bytes) -> list[asyncio.Future[MessageId]]:
-        loop = asyncio.get_running_loop()
-        futures = [loop.create_future() for _ in range(count)]
-        pending = _PendingSend(sequence_id, count, batched, metadata, payload, futures)
+                 payload: bytes) -> asyncio.Future:
+        future = asyncio.get_running_loop().create_future()
+        pending = _PendingSend(sequence_id, count, batched, metadata, payload, future)
         self._pending[sequence_id] = pending
         self._pending_messages += count
         self._next_sequence_id += count
@@ -150,7 +151,7 @@ class Producer:
         if self.ready:
             assert self._connection is not None
             self._connection.write_frame(self._frame(pending))
-        return futures
+        return future
 
     def _frame(self, pending: _PendingSend) -> bytes:
         # The producer name in stored metadata must be the broker's, which a producer
@@ -187,13 +188,13 @@ class Producer:
             return   # a receipt for a send resent after a reconnection: already answered
         self._pending_messages -= pending.count
         ledger_id, entry_id = receipt.message_id.ledgerId, receipt.message_id.entryId
-        for index, future in enumerate(pending.futures):
-            if future.done():
-                continue
-            if pending.batched:
-                future.set_result(MessageId(ledger_id, entry_id, self.partition, index, pending.count))
-            else:
-                future.set_result(MessageId(ledger_id, entry_id, self.partition))
+        if pending.future.done():
+            return
+        if pending.batched:
+            pending.future.set_result([MessageId(ledger_id, entry_id, self.partition, index, pending.count)
+                                       for index in range(pending.count)])
+        else:
+            pending.future.set_result(MessageId(ledger_id, entry_id, self.partition))
 
     def _on_send_error(self, send_error: pb.CommandSendError) -> None:
         error = error_for_server_error(send_error.error, send_error.message)
@@ -215,7 +216,7 @@ class Producer:
         if pending is None:
             return
         self._pending_messages -= pending.count
-        _fail(pending.futures, error)
+        _fail(pending.future, error)
 
     def on_connection_lost(self) -> None:
         self._detach()
@@ -259,7 +260,7 @@ class Producer:
         pending, self._pending = self._pending, collections.OrderedDict()
         self._pending_messages = 0
         for send in pending.values():
-            _fail(send.futures, error)
+            _fail(send.future, error)
 
     # --- closing -----------------------------------------------------------------------------------
 
@@ -284,11 +285,10 @@ class Producer:
         self._fail_pending(ShuttingDown(f"producer of {self.topic} closed"))
 
 
-def _fail(futures: list[asyncio.Future[MessageId]], error: MagnetarError) -> None:
-    for future in futures:
-        if not future.done():
-            future.set_exception(error)
-            future.exception()   # marked retrieved: a caller that gave up must not cause a warning
+def _fail(future: asyncio.Future, error: MagnetarError) -> None:
+    if not future.done():
+        future.set_exception(error)
+        future.exception()   # marked retrieved: a caller that gave up must not cause a warning
 
 
 def _now_ms() -> int:

@@ -80,7 +80,7 @@ class DeadLetterPolicy:
 DeadLetterSink = Callable[[str, str, ReceivedEntry], Awaitable[None]]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class Waiter:
     """One pull waiting for messages, possibly on several consumers (partitions)."""
 
@@ -144,10 +144,9 @@ class GatewayConsumer:
         self._grant()
 
     def unregister(self, waiter: Waiter) -> None:
-        try:
+        # Checked first: a failed deque.remove formats the repr of what it looked for.
+        if waiter in self.waiters:
             self.waiters.remove(waiter)
-        except ValueError:
-            pass
 
     def _grant(self) -> None:
         """Asks the broker for what waiters still want beyond the permits outstanding."""

@@ -61,7 +61,7 @@ class State(enum.IntEnum):
 _ACTIVE = (State.WRITING, State.LEASED, State.DEFERRED)
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, slots=True, repr=False)
 class Slot:
     message: ReceivedMessage
     held: "Held"
@@ -74,11 +74,13 @@ class Slot:
         return self.message.message_id.batch_index
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class Held:
     entry: ReceivedEntry
     ready_since_s: float
     slots: list[Slot] = field(default_factory=list)
+    by_batch_index: dict[int, Slot] = field(default_factory=dict)
+    unsettled: int = 0
 
     @property
     def position(self) -> Position:
@@ -144,6 +146,8 @@ class LeaseTable:
             slot = Slot(message, held, State.READY, attempt)
             self._counts[State.READY] += 1
             held.slots.append(slot)
+            held.by_batch_index[message.message_id.batch_index] = slot
+            held.unsettled += 1
             if message.deliver_at_ms is not None and message.deliver_at_ms > now_unix_ms:
                 wait_s = min((message.deliver_at_ms - now_unix_ms) / 1000, self.deferral_s_max)
                 self._set(slot, State.DEFERRED)
@@ -196,12 +200,7 @@ class LeaseTable:
 
     def find(self, position: Position, batch_index: int) -> Slot | None:
         held = self._held.get(position)
-        if held is None:
-            return None
-        for slot in held.slots:
-            if slot.batch_index == batch_index:
-                return slot
-        return None
+        return None if held is None else held.by_batch_index.get(batch_index)
 
     def ack(self, position: Position, batch_index: int) -> bool:
         """The message was acknowledged through this gateway; True if it was held."""
@@ -210,7 +209,9 @@ class LeaseTable:
             return False
         self._set(slot, State.SETTLED)
         held = slot.held
-        if all(s.state == State.SETTLED for s in held.slots):
+        held.unsettled -= 1
+        assert held.unsettled >= 0, held.unsettled
+        if held.unsettled == 0:
             self._forget(held)
         return True
 

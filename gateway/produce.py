@@ -26,29 +26,38 @@ from gateway import json_codec
 from gateway.errors import error_document
 from gateway.http_common import json_body, ok, topic_of
 from gateway.keys import SERVICE
+from gateway.producers import SentEntry
 from gateway.service import GatewayService, now_unix_ms
 
 log = logging.getLogger(__name__)
 
 
-async def _stored(service: GatewayService, futures: Sequence[asyncio.Future[MessageId]]) -> list[MessageId | MagnetarError]:
-    """Waits for the receipts (at most ``produce_timeout_ms``): an id or an error each."""
+async def _stored(service: GatewayService, entries: Sequence[SentEntry], count: int
+                  ) -> list[MessageId | MagnetarError]:
+    """Waits for the entries' receipts (at most ``produce_timeout_ms``): per message of
+    the request, its id or an error."""
+    futures = [entry.future for entry in entries]
     try:
         async with asyncio.timeout(service.config.produce_timeout_ms / 1000):
             await asyncio.wait(futures)
     except TimeoutError:
         pass
-    results: list[MessageId | MagnetarError] = []
-    for future in futures:
+    results: list[MessageId | MagnetarError | None] = [None] * count
+    for entry in entries:
+        future = entry.future
+        outcome: MessageId | list[MessageId] | MagnetarError
         if not future.done():
-            results.append(OperationTimeout(f"no receipt from the broker within {service.config.produce_timeout_ms} "
-                                            "ms; the message may or may not be stored"))
+            outcome = OperationTimeout(f"no receipt from the broker within {service.config.produce_timeout_ms} ms; "
+                                       "the message may or may not be stored")
         elif future.exception() is not None:
             error = future.exception()
-            results.append(error if isinstance(error, MagnetarError) else OperationTimeout(str(error)))
+            outcome = error if isinstance(error, MagnetarError) else OperationTimeout(str(error))
         else:
-            results.append(future.result())
-    return results
+            outcome = future.result()
+        for position, index in enumerate(entry.indexes):
+            results[index] = outcome[position] if isinstance(outcome, list) else outcome
+    assert all(result is not None for result in results)
+    return results  # type: ignore[return-value]
 
 
 def _result(outcome: MessageId | MagnetarError) -> dict:
@@ -63,8 +72,8 @@ async def produce_one(request: web.Request) -> web.Response:
     topic = topic_of(request)
     message = json_codec.parse_message(await json_body(request), "body", bytes_max=config.message_bytes_max,
                                        now_unix_ms=now_unix_ms())
-    futures = await service.producers.send(topic, [message], batch=False)
-    (outcome,) = await _stored(service, futures)
+    entries = await service.producers.send(topic, [message], batch=False)
+    (outcome,) = await _stored(service, entries, 1)
     if isinstance(outcome, MagnetarError):
         raise outcome
     service.messages_produced += 1
@@ -78,8 +87,8 @@ async def produce_batch(request: web.Request) -> web.Response:
     messages = json_codec.parse_batch(await json_body(request), messages_max=config.batch_messages_max,
                                       bytes_max=config.message_bytes_max, now_unix_ms=now_unix_ms())
     _check_batch_bytes(messages, config.message_bytes_max)
-    futures = await service.producers.send(topic, messages, batch=True)
-    outcomes = await _stored(service, futures)
+    entries = await service.producers.send(topic, messages, batch=True)
+    outcomes = await _stored(service, entries, len(messages))
     stored = sum(1 for outcome in outcomes if not isinstance(outcome, MagnetarError))
     service.messages_produced += stored
     if stored == 0:
@@ -115,8 +124,8 @@ async def produce_stream(request: web.Request) -> web.StreamResponse:
         if pending:
             batch, pending, pending_bytes = pending, [], 0
             try:
-                futures = await service.producers.send(topic, [message for _, message in batch], batch=True)
-                outcomes = await _stored(service, futures)
+                entries = await service.producers.send(topic, [message for _, message in batch], batch=True)
+                outcomes = await _stored(service, entries, len(batch))
             except MagnetarError as error:
                 outcomes = [error] * len(batch)
             lines = []

@@ -18,11 +18,12 @@ import asyncio
 import itertools
 import logging
 import time
+from dataclasses import dataclass
 from typing import Sequence
 
 import crc32c
 
-from client.messages import MessageId, OutgoingMessage
+from client.messages import OutgoingMessage
 from client.pool import BrokerPool
 from client.producer import Producer
 from common.errors import ShuttingDown, TooManyRequests
@@ -39,6 +40,15 @@ IDLE_CHECK_S = 5.0
 def partition_for_key(key: str, partitions: int) -> int:
     assert partitions >= 1, partitions
     return crc32c.crc32c(key.encode()) % partitions
+
+
+@dataclass(frozen=True, slots=True)
+class SentEntry:
+    """One entry sent for a produce request: the request's message indexes it holds,
+    and the future of its id (one MessageId, or a list for a batch)."""
+
+    indexes: list[int]
+    future: asyncio.Future
 
 
 def dispatch_key(message: OutgoingMessage) -> bytes | str | None:
@@ -100,9 +110,9 @@ class ProducerPool:
         finally:
             self._starting.pop(topic, None)
 
-    async def send(self, topic: str, messages: Sequence[OutgoingMessage], *, batch: bool) -> list[asyncio.Future[MessageId]]:
-        """Sends ``messages`` (as one batch entry per partition when ``batch``, else one
-        entry each); returns a future per message, in order."""
+    async def send(self, topic: str, messages: Sequence[OutgoingMessage], *, batch: bool) -> list[SentEntry]:
+        """Sends ``messages`` (in batch entries when ``batch``, else one entry each);
+        returns the entries sent: which messages (by index) each holds, and its future."""
         partitions = await self.partitions(topic)
         if partitions == 0:
             return await self._send_to(topic, list(range(len(messages))), messages, batch)
@@ -111,36 +121,33 @@ class ProducerPool:
         for index, message in enumerate(messages):
             target = partition_for_key(message.key, partitions) if message.key else keyless_partition
             groups.setdefault(target, []).append(index)
-        futures: list[asyncio.Future[MessageId] | None] = [None] * len(messages)
+        sent: list[SentEntry] = []
         for partition, indexes in groups.items():
-            sent = await self._send_to(partition_topic(topic, partition, partitions), indexes,
-                                       [messages[i] for i in indexes], batch)
-            for index, future in zip(indexes, sent):
-                futures[index] = future
-        assert all(future is not None for future in futures)
-        return futures  # type: ignore[return-value]
+            sent += await self._send_to(partition_topic(topic, partition, partitions), indexes,
+                                        [messages[i] for i in indexes], batch)
+        return sent
 
     async def _send_to(self, topic: str, indexes: list[int], messages: Sequence[OutgoingMessage],
-                       batch: bool) -> list[asyncio.Future[MessageId]]:
+                       batch: bool) -> list[SentEntry]:
         producer = await self.producer(topic)
+        sent: list[SentEntry] = []
         if not batch or len(messages) == 1:
-            futures = [producer.send(message) for message in messages]
+            sent = [SentEntry([index], producer.send(message)) for index, message in zip(indexes, messages)]
         else:
             # Key-based batching (Pulsar's KEY_BASED batcher): one entry per dispatch
             # key, since key-shared subscriptions route whole entries by the entry's
             # key. Keyless messages share one entry.
             by_key: dict[bytes | str | None, list[int]] = {}
-            for index, message in enumerate(messages):
-                by_key.setdefault(dispatch_key(message), []).append(index)
-            futures_by_index: dict[int, asyncio.Future[MessageId]] = {}
+            for position, message in enumerate(messages):
+                by_key.setdefault(dispatch_key(message), []).append(position)
             for group in by_key.values():
-                group_messages = [messages[i] for i in group]
-                sent = (producer.send_batch(group_messages) if len(group) > 1
-                        else [producer.send(group_messages[0])])
-                futures_by_index.update(zip(group, sent))
-            futures = [futures_by_index[i] for i in range(len(messages))]
+                if len(group) == 1:
+                    sent.append(SentEntry([indexes[group[0]]], producer.send(messages[group[0]])))
+                else:
+                    sent.append(SentEntry([indexes[i] for i in group],
+                                          producer.send_batch([messages[i] for i in group])))
         await producer.drain()
-        return futures
+        return sent
 
     async def run(self) -> None:
         """Closes producers unused for ``producer_idle_ms`` with nothing pending."""

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import hmac
 import struct
 from dataclasses import dataclass
@@ -153,7 +152,7 @@ def encode(receipt: Receipt, keys: ReceiptKeys) -> str:
     parts.append(_TAIL.pack(MODES.index(receipt.mode), receipt.ledger_id, receipt.entry_id, receipt.partition,
                             receipt.batch_index, receipt.batch_size, receipt.attempt, receipt.deadline_ms))
     body = b"".join(parts)
-    signature = hmac.new(keys.keys[keys.signing_key_id], body, hashlib.sha256).digest()[:SIGNATURE_BYTES]
+    signature = hmac.digest(keys.keys[keys.signing_key_id], body, "sha256")[:SIGNATURE_BYTES]
     return base64.urlsafe_b64encode(body + signature).rstrip(b"=").decode("ascii")
 
 
@@ -211,7 +210,7 @@ def decode(handle: object, keys: ReceiptKeys) -> Receipt:
     key = keys.keys.get(key_id)
     if key is None:
         raise ReceiptForged(f"receipt is signed with key id {key_id!r}, which this cluster does not have")
-    expected = hmac.new(key, body, hashlib.sha256).digest()[:SIGNATURE_BYTES]
+    expected = hmac.digest(key, body, "sha256")[:SIGNATURE_BYTES]
     if not hmac.compare_digest(expected, signature):
         raise ReceiptForged("receipt signature does not verify")
     # Signed by us, so the fields were valid when written; check anyway, cheaply.

@@ -117,9 +117,9 @@ class GatewayService:
                                                 "ORIGIN_MESSAGE_ID": str(m.message_id)},
                                     event_time_ms=m.event_time_ms)
                     for m in entry.messages]
-        futures = await self.producers.send(topic, messages, batch=True)
+        entries = await self.producers.send(topic, messages, batch=True)
         async with asyncio.timeout(self.config.produce_timeout_ms / 1000):
-            await asyncio.gather(*futures)
+            await asyncio.gather(*(entry.future for entry in entries))
 
     # --- receipts ------------------------------------------------------------------------------
 
