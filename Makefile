@@ -12,7 +12,8 @@ PROTOS := $(wildcard protocol/proto/*.proto)
 PROTO_OUT := $(PROTOS:.proto=_pb2.py)
 DATA_DIR ?= data/standalone
 
-.PHONY: setup proto run test test-unit test-integration bench bench-bookie bench-pulsar bench-subscriptions clean
+.PHONY: setup proto run test test-unit test-integration bench bench-bookie bench-pulsar bench-subscriptions \
+	bench-gateway fuzz-gateway clean
 
 setup: $(STAMP) proto
 
@@ -45,7 +46,7 @@ test-unit: setup
 test-integration: setup
 	$(PY) -m pytest -q tests/integration
 
-bench: bench-bookie bench-pulsar bench-subscriptions
+bench: bench-bookie bench-pulsar bench-subscriptions bench-gateway
 
 bench-bookie: setup
 	$(PY) bench/bookie_bench.py --out bench/results/bookie.json
@@ -60,6 +61,19 @@ bench-pulsar: setup
 # consumers, CPU per process, against disk and CPU baselines of the same run.
 bench-subscriptions: setup
 	$(PY) bench/subscriptions_bench.py --out bench/results/subscriptions.json
+
+# The HTTP gateway (about 6 minutes): batched produce, pull + ack and single-produce
+# latency against the official client in the same run (bench/results/gateway.json), then
+# locust headless, 50 users for 60 s, produce + pull + ack (bench/results/gateway_locust.json).
+bench-gateway: setup
+	$(PY) bench/gateway_bench.py --out bench/results/gateway.json
+	$(PY) bench/gateway_load.py --out bench/results/gateway_locust.json
+
+# Property-based requests from the gateway's OpenAPI document, over 1,000 cases (a few
+# minutes; make test runs the same with fewer): bench/results/gateway_fuzz.json.
+fuzz-gateway: setup
+	GATEWAY_FUZZ_EXAMPLES=40 GATEWAY_FUZZ_REPORT=bench/results/gateway_fuzz.json \
+		$(PY) -m pytest -q tests/integration/test_gateway_bad_input.py -k generated
 
 clean:
 	rm -rf $(VENV) build *.egg-info
