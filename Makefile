@@ -72,7 +72,7 @@ bench-gateway: setup
 # Property-based requests from the gateway's OpenAPI document, over 1,000 cases (a few
 # minutes; make test runs the same with fewer): bench/results/gateway_fuzz.json.
 fuzz-gateway: setup
-	GATEWAY_FUZZ_EXAMPLES=40 GATEWAY_FUZZ_REPORT=bench/results/gateway_fuzz.json \
+	GATEWAY_FUZZ_EXAMPLES=45 GATEWAY_FUZZ_REPORT=bench/results/gateway_fuzz.json \
 		$(PY) -m pytest -q tests/integration/test_gateway_bad_input.py -k generated
 
 clean:
