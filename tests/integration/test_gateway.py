@@ -337,3 +337,48 @@ async def test_server_sent_events_push_with_credits(gateways):
             more += await next_batch(10)
         await gateway.ack(path, "push", more)
     assert sorted(m["payload"] for m in received + more) == [f"p{i}" for i in range(5)]
+
+
+async def test_partitioned_topic_over_http(gw_cluster, gateways):
+    """A topic of 3 partitions: keyed messages land on the partition of their key
+    (message ids name it), keyless ones on one partition per request; a pull drains all
+    partitions, and receipts of partitions settle through the topic's path."""
+    gateway = gateways[0]
+    topic, path = new_topic_path("partitioned")
+    admin = gw_cluster.brokers[0].web_service_url
+    async with gateway.session.put(f"{admin}/admin/v2/{path}/partitions", data=b"3",
+                                   headers={"Content-Type": "application/json"}) as response:
+        assert response.status in (200, 204), await response.text()
+    await gateway.subscribe(path, "s")
+    ids = await gateway.produce(path, [{"payload": f"k{i % 6}:{i}", "key": f"k{i % 6}"} for i in range(60)])
+    partition_of_key = {}
+    for i, message_id in enumerate(ids):
+        partition = int(message_id.split(":")[2])
+        assert partition_of_key.setdefault(f"k{i % 6}", partition) == partition
+    assert len(set(partition_of_key.values())) > 1
+    got = await drain(gateway, path, "s")
+    assert sorted(m["payload"] for m in got) == sorted(f"k{i % 6}:{i}" for i in range(60))
+
+
+async def test_topic_unload_moves_producers_and_consumers_without_loss(gw_cluster, gateways):
+    """The broker unloads the topic (CLOSE_PRODUCER, CLOSE_CONSUMER) while the gateway
+    holds leases: its producer and consumer reconnect; the leased messages come back
+    (the broker redelivers what a closed consumer held) and produce goes on."""
+    gateway = gateways[0]
+    _, path = new_topic_path("unload")
+    admin = gw_cluster.brokers[0].web_service_url
+    await gateway.subscribe(path, "s")
+    for i in range(10):
+        await gateway.call("POST", f"{gateway.topic_url(path)}/message", {"payload": f"m{i}"})
+    held = []
+    while len(held) < 5:
+        held += await gateway.pull(path, "s", max_messages=5 - len(held), wait_ms=3000, lease_ms=600_000)
+    async with gateway.session.put(f"{admin}/admin/v2/{path}/unload") as response:
+        assert response.status in (200, 204), await response.text()
+    await gateway.call("POST", f"{gateway.topic_url(path)}/message", {"payload": "after"})
+    got = await drain(gateway, path, "s", idle_s=3)
+    assert sorted(m["payload"] for m in got) == sorted([f"m{i}" for i in range(10)] + ["after"])
+    redelivered = {m["payload"]: m["delivery_attempt"] for m in got if m["payload"] in {h["payload"] for h in held}}
+    assert set(redelivered) == {m["payload"] for m in held}
+    results = await gateway.settle(path, "s", "extend", [held[0]["receipt"]], lease_ms=1000)
+    assert results[0]["error"]["code"] == 1012, results
