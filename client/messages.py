@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 from common.errors import InvalidArgument, MalformedFrame
 from protocol.batch import EncryptedPayload, UnsupportedCompression, encode_batch, is_batch, parse_batch
@@ -36,11 +36,11 @@ NO_BATCH_INDEX = -1
 UNCOMPRESSED_BYTES_MAX = 10 * 1024 * 1024
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class MessageId:
+class MessageId(NamedTuple):
     """Where a message is: its entry (ledger_id, entry_id), the topic partition (-1: not
     partitioned) and, in a batch entry, its index and the batch's size (-1 and 0 for a
-    message stored alone)."""
+    message stored alone). A NamedTuple: made once per message received, so it must be
+    cheap to make (a frozen dataclass sets each field through object.__setattr__)."""
 
     ledger_id: int
     entry_id: int
@@ -184,8 +184,11 @@ def batch_payload(producer_name: str, sequence_id: int, publish_time_ms: int,
 
 # --- consuming ---------------------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ReceivedMessage:
+    """One message received; read-only by convention (not frozen: one is made per
+    message, and frozen dataclasses are slow to make)."""
+
     message_id: MessageId
     payload: bytes
     key: str | None
@@ -199,7 +202,7 @@ class ReceivedMessage:
     compression: str | None = None      # set only for an entry handed over undecoded
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ReceivedEntry:
     """One MESSAGE: an entry and the messages of it still to deliver."""
 

@@ -13,31 +13,22 @@ import asyncio
 import json
 import logging
 import time
+from urllib.parse import quote
 
 from aiohttp import web
 
 from client.consumer import Consumer
-from common.errors import (
-    ConsumerBusy,
-    InvalidArgument,
-    MagnetarError,
-    NotAllowed,
-    SubscriptionNotFound,
-    TooManyRequests,
-)
+from common.errors import ConsumerBusy, InvalidArgument, NotAllowed, SubscriptionNotFound, TooManyRequests
 from gateway import json_codec, settle
-from gateway.consumers import GATHER_S, SHORT_POLL_S, BROADCAST_PROPERTY, GatewayConsumer, Waiter
+from gateway.consumers import BROADCAST_PROPERTY, GATHER_S, SHORT_POLL_S, SUB_TYPES, GatewayConsumer, Waiter
 from gateway.http_common import json_body, ok, subscription_of, topic_of
 from gateway.keys import SERVICE
 from gateway.leases import Slot
 from gateway.service import GatewayService, now_unix_ms
-from gateway.stats import admin_request
+from gateway.stats import MEMBER_SEPARATOR, admin_request
 
 log = logging.getLogger(__name__)
 
-_SUB_TYPE = {"shared": "shared", "key_shared": "key_shared", "exclusive": "exclusive", "failover": "failover",
-             "broadcast": "shared"}
-MEMBER_SEPARATOR = "::member::"
 
 
 # --- subscriptions -----------------------------------------------------------------------------
@@ -53,7 +44,7 @@ async def create_subscription(request: web.Request) -> web.Response:
     name = service.consumer_name(spec.mode, spec.member, spec.consumer)
     properties = {BROADCAST_PROPERTY: "broadcast"} if spec.mode == "broadcast" else {}
     for partition in await service.partition_topics(topic):
-        consumer = Consumer(service.broker_pool, partition, subscription, sub_type=_SUB_TYPE[spec.mode],
+        consumer = Consumer(service.broker_pool, partition, subscription, sub_type=SUB_TYPES[spec.mode],
                             consumer_name=name or f"{service.instance_name}-create",
                             initial_position=spec.initial_position, properties=properties)
         try:
@@ -81,9 +72,7 @@ async def delete_subscription(request: web.Request) -> web.Response:
     if member is not None and (not member or "::" in member or len(member) > json_codec.NAME_CHARS_MAX):
         raise InvalidArgument("member must be a non-empty name without '::'")
     cursor = f"{subscription}{MEMBER_SEPARATOR}{member}" if member else subscription
-    for key in [key for key in service.consumers.consumers if key.subscription == subscription
-                and (member is None or key.name == member)]:
-        await service.consumers._close(key)  # noqa: SLF001 - the pool's own close of one key
+    await service.consumers.close_subscription(subscription, member)
     status, document = await admin_request(service, "DELETE", topic, f"/subscription/{_quote(cursor)}")
     if status == 404:
         raise SubscriptionNotFound(f"subscription {cursor} does not exist on {topic}")
@@ -91,8 +80,6 @@ async def delete_subscription(request: web.Request) -> web.Response:
 
 
 def _quote(text: str) -> str:
-    from urllib.parse import quote
-
     return quote(text, safe="")
 
 

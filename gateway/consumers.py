@@ -58,7 +58,9 @@ GATHER_S = 0.005
 # Dead-letter publications in flight per consumer; past it, arrivals wait in the table.
 DEAD_LETTERS_IN_FLIGHT_MAX = 64
 
-_SUB_TYPE = {"shared": "shared", "key_shared": "key_shared", "exclusive": "exclusive", "failover": "failover",
+# The broker subscription type behind each gateway mode (broadcast members share their
+# member cursor like a shared subscription).
+SUB_TYPES = {"shared": "shared", "key_shared": "key_shared", "exclusive": "exclusive", "failover": "failover",
              "broadcast": "shared"}
 
 
@@ -106,7 +108,7 @@ class GatewayConsumer:
         self.config = config
         self.table = LeaseTable(config.leases_per_subscription_max, config.ready_hold_ms / 1000,
                                 config.deferral_ms_max / 1000)
-        sub_type = _SUB_TYPE[key.mode]
+        sub_type = SUB_TYPES[key.mode]
         properties = {BROADCAST_PROPERTY: "broadcast"} if key.mode == "broadcast" else {}
         consumer_name = key.name or instance_name
         self._pool = pool
@@ -302,6 +304,13 @@ class ConsumerPool:
 
     def find(self, key: ConsumerKey) -> GatewayConsumer | None:
         return self.consumers.get(key)
+
+    async def close_subscription(self, subscription: str, member: str | None = None) -> None:
+        """Closes this gateway's consumers of ``subscription`` (of one member's cursor
+        when ``member`` is given), before the subscription is deleted."""
+        for key in [key for key in self.consumers if key.subscription == subscription
+                    and (member is None or key.name == member)]:
+            await self._close(key)
 
     async def _close(self, key: ConsumerKey) -> None:
         consumer = self.consumers.pop(key, None)

@@ -75,8 +75,10 @@ def errors_middleware(retry_after_s: int):
             if exception.status == 405 and "Allow" in exception.headers:
                 response.headers["Allow"] = exception.headers["Allow"]
             return response
-        except (ConnectionResetError, TimeoutError) as error:
-            raise error   # the client went away; nothing to answer
+        except ConnectionResetError:
+            raise   # the client went away; nothing to answer
+        except TimeoutError:
+            return error_response(errors.OperationTimeout("the operation timed out"), retry_after_s)
         except Exception:
             log.exception("gateway handler failed: method=%s path=%s", request.method, request.path)
             return web.json_response({"code": errors.UnknownError.code, "error": "InternalError",

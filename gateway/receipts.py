@@ -6,25 +6,30 @@ A handle is self-describing and signed: the fields below, then an HMAC-SHA256 (c
 16 bytes) over everything before it, under a key of the cluster secret named by its key
 id (``key_id``: keys rotate by adding a new signing key and keeping the old one for
 verification until the longest lease has passed). Encoded as URL-safe base64 without
-padding, so it travels in JSON and URLs unchanged.
+padding, so it travels in JSON and URLs unchanged. The fixed-size fields come first, in
+one struct, with the lengths of the text fields that follow (one unpack per handle: the
+gateway decodes one per message acknowledged).
 
     offset  size  field            meaning
     0       1     version          FORMAT_VERSION
-    1       1+n   key_id           u8 length, UTF-8
-    .       1+n   cluster          u8 length, UTF-8: the cluster the issuing gateway serves
-    .       8     instance_id      the issuing gateway process (random at its start)
-    .       2+n   issuer_url       u16 length, UTF-8: where that gateway answers HTTP
-    .       2+n   topic            u16 length, UTF-8: persistent://tenant/ns/name[-partition-i]
-    .       2+n   subscription     u16 length, UTF-8
-    .       2+n   consumer         u16 length, UTF-8: the consumer or broadcast member name ("" if none)
-    .       1     mode             index in MODES
-    .       8     ledger_id        u64
-    .       8     entry_id         u64
-    .       4     partition        i32 (-1: not partitioned)
-    .       4     batch_index      i32 (-1: not in a batch)
-    .       4     batch_size       i32 (0: not in a batch)
-    .       4     attempt          u32, the delivery attempt (1 = first delivery)
-    .       8     deadline_ms      u64, the lease deadline, Unix ms
+    1       1     mode             index in MODES
+    2       8     instance_id      the issuing gateway process (random at its start)
+    10      8     ledger_id        u64
+    18      8     entry_id         u64
+    26      4     partition        i32 (-1: not partitioned)
+    30      4     batch_index      i32 (-1: not in a batch)
+    34      4     batch_size       i32 (0: not in a batch)
+    38      4     attempt          u32, the delivery attempt (1 = first delivery)
+    42      8     deadline_ms      u64, the lease deadline, Unix ms
+    50      1     key_id size      u8
+    51      1     cluster size     u8
+    52      2     issuer_url size  u16
+    54      2     topic size       u16
+    56      2     subscription size u16
+    58      2     consumer size    u16
+    60      ...   key_id, cluster, issuer_url (where that gateway answers HTTP), topic
+                  (persistent://tenant/ns/name[-partition-i]), subscription, consumer (the
+                  consumer or broadcast member name, "" if none): UTF-8, in that order
     end-16  16    signature        HMAC-SHA256(key, every byte before it)[:16]
 
 FORMAT_VERSION 1: the layout above.
@@ -57,9 +62,9 @@ MODES = ("shared", "key_shared", "exclusive", "failover", "broadcast")
 # A key must carry real entropy: 128 bits at least.
 KEY_BYTES_MIN = 16
 
-_U8 = struct.Struct(">B")
-_U16 = struct.Struct(">H")
-_TAIL = struct.Struct(">BQQiiiIQ")   # mode, ledger, entry, partition, batch_index, batch_size, attempt, deadline
+_HEAD = struct.Struct(">BB8sQQiiiIQBBHHHH")
+assert _HEAD.size == 60
+_TEXT_SIZE_MAX = (255, 255, 65535, 65535, 65535, 65535)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,46 +139,17 @@ class ReceiptKeys:
         return cls(cluster, keys, first)
 
 
-def _put_text(parts: list[bytes], text: str, size: struct.Struct) -> None:
-    data = text.encode()
-    assert len(data) < 1 << (8 * size.size), (text, size.size)
-    parts.append(size.pack(len(data)))
-    parts.append(data)
-
-
 def encode(receipt: Receipt, keys: ReceiptKeys) -> str:
     assert receipt.cluster == keys.cluster, (receipt.cluster, keys.cluster)
-    parts: list[bytes] = [_U8.pack(FORMAT_VERSION)]
-    _put_text(parts, keys.signing_key_id, _U8)
-    _put_text(parts, receipt.cluster, _U8)
-    parts.append(receipt.instance_id)
-    for text in (receipt.issuer_url, receipt.topic, receipt.subscription, receipt.consumer):
-        _put_text(parts, text, _U16)
-    parts.append(_TAIL.pack(MODES.index(receipt.mode), receipt.ledger_id, receipt.entry_id, receipt.partition,
-                            receipt.batch_index, receipt.batch_size, receipt.attempt, receipt.deadline_ms))
-    body = b"".join(parts)
+    texts = [keys.signing_key_id.encode(), receipt.cluster.encode(), receipt.issuer_url.encode(),
+             receipt.topic.encode(), receipt.subscription.encode(), receipt.consumer.encode()]
+    for text, size_max in zip(texts, _TEXT_SIZE_MAX):
+        assert len(text) <= size_max, (text[:64], size_max)
+    body = _HEAD.pack(FORMAT_VERSION, MODES.index(receipt.mode), receipt.instance_id, receipt.ledger_id,
+                      receipt.entry_id, receipt.partition, receipt.batch_index, receipt.batch_size, receipt.attempt,
+                      receipt.deadline_ms, *(len(text) for text in texts)) + b"".join(texts)
     signature = hmac.digest(keys.keys[keys.signing_key_id], body, "sha256")[:SIGNATURE_BYTES]
     return base64.urlsafe_b64encode(body + signature).rstrip(b"=").decode("ascii")
-
-
-class _Reader:
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.offset = 0
-
-    def take(self, size: int) -> bytes:
-        if self.offset + size > len(self.data):
-            raise InvalidReceipt("receipt is truncated")
-        chunk = self.data[self.offset:self.offset + size]
-        self.offset += size
-        return chunk
-
-    def text(self, size: struct.Struct) -> str:
-        (length,) = size.unpack(self.take(size.size))
-        try:
-            return self.take(length).decode()
-        except UnicodeDecodeError:
-            raise InvalidReceipt("receipt has a text field that is not UTF-8") from None
 
 
 def decode(handle: object, keys: ReceiptKeys) -> Receipt:
@@ -187,24 +163,24 @@ def decode(handle: object, keys: ReceiptKeys) -> Receipt:
         raw = base64.urlsafe_b64decode(handle + "=" * (-len(handle) % 4))
     except (binascii.Error, ValueError):
         raise InvalidReceipt("receipt handle is not URL-safe base64") from None
-    if len(raw) <= SIGNATURE_BYTES + 1:
+    if len(raw) < _HEAD.size + SIGNATURE_BYTES:
         raise InvalidReceipt("receipt handle is too short")
     body, signature = raw[:-SIGNATURE_BYTES], raw[-SIGNATURE_BYTES:]
-    reader = _Reader(body)
-    (version,) = _U8.unpack(reader.take(1))
-    if not FORMAT_VERSION_MIN <= version <= FORMAT_VERSION:
-        raise InvalidReceipt(f"receipt format version {version} is not one this gateway reads")
-    key_id = reader.text(_U8)
-    cluster = reader.text(_U8)
-    instance_id = reader.take(8)
-    issuer_url = reader.text(_U16)
-    topic = reader.text(_U16)
-    subscription = reader.text(_U16)
-    consumer = reader.text(_U16)
-    (mode_index, ledger_id, entry_id, partition, batch_index, batch_size, attempt,
-     deadline_ms) = _TAIL.unpack(reader.take(_TAIL.size))
-    if reader.offset != len(body):
-        raise InvalidReceipt("receipt handle has trailing bytes")
+    if not FORMAT_VERSION_MIN <= body[0] <= FORMAT_VERSION:
+        raise InvalidReceipt(f"receipt format version {body[0]} is not one this gateway reads")
+    (_version, mode_index, instance_id, ledger_id, entry_id, partition, batch_index, batch_size, attempt,
+     deadline_ms, *sizes) = _HEAD.unpack_from(body)
+    if _HEAD.size + sum(sizes) != len(body):
+        raise InvalidReceipt("receipt handle is truncated or has trailing bytes")
+    texts = []
+    offset = _HEAD.size
+    try:
+        for size in sizes:
+            texts.append(body[offset:offset + size].decode())
+            offset += size
+    except UnicodeDecodeError:
+        raise InvalidReceipt("receipt has a text field that is not UTF-8") from None
+    key_id, cluster, issuer_url, topic, subscription, consumer = texts
     if cluster != keys.cluster:
         raise ReceiptForeign(f"receipt was issued by cluster {cluster!r}, this is {keys.cluster!r}")
     key = keys.keys.get(key_id)
