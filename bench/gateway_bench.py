@@ -127,18 +127,24 @@ def native_drain(service_url: str, topic: str, subscription: str, count: int) ->
 async def http_drain(url: str, path: str, subscription: str, count: int, workers: int) -> dict:
     received = 0
     done = asyncio.Event()
+    pull_ms: list[float] = []
+    ack_ms: list[float] = []
 
     async def worker(session: aiohttp.ClientSession) -> None:
         nonlocal received
         base = f"{url}/v1/topics/{path}/subscriptions/{subscription}"
         while not done.is_set():
+            started = time.perf_counter()
             async with session.post(f"{base}/pull", json={"max_messages": 100, "wait_ms": 1000}) as response:
                 messages = (await response.json())["messages"]
+            pull_ms.append((time.perf_counter() - started) * 1000)
             if not messages:
                 continue
+            started = time.perf_counter()
             async with session.post(f"{base}/ack", json={"receipts": [m["receipt"] for m in messages]}) as response:
                 results = (await response.json())["results"]
                 assert all(r["status"] == "acked" for r in results), results[:3]
+            ack_ms.append((time.perf_counter() - started) * 1000)
             received += len(messages)
             if received >= count:
                 done.set()
@@ -147,7 +153,8 @@ async def http_drain(url: str, path: str, subscription: str, count: int, workers
     async with aiohttp.ClientSession() as session:
         await asyncio.wait_for(asyncio.gather(*(worker(session) for _ in range(workers))), timeout=600)
     elapsed = time.monotonic() - started
-    return {"messages": received, "seconds": round(elapsed, 2), "msgs_per_s": round(received / elapsed, 1)}
+    return {"messages": received, "seconds": round(elapsed, 2), "msgs_per_s": round(received / elapsed, 1),
+            "pull_p50_ms": round(statistics.median(pull_ms), 1), "ack_p50_ms": round(statistics.median(ack_ms), 1)}
 
 
 async def http_single_latency(url: str, path: str, count: int) -> dict:
