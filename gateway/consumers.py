@@ -318,18 +318,27 @@ class ConsumerPool:
             await consumer.close()
 
     async def run(self) -> None:
-        """Ends leases every ``lease_tick_ms`` and closes idle or failed consumers."""
+        """Ends leases every ``lease_tick_ms`` and closes idle or failed consumers. The
+        closes run beside the ticks (a close waits on the broker, up to the operation
+        timeout, and leases must not wait for it)."""
         tick_s = self.config.lease_tick_ms / 1000
         idle_s = self.config.consumer_idle_ms / 1000
-        while True:
-            await asyncio.sleep(tick_s)
-            now_s = time.monotonic()
-            for key, consumer in list(self.consumers.items()):
-                consumer.tick(now_s)
-                if consumer.failure is not None or (consumer.idle and now_s - consumer.last_used_s > idle_s):
-                    log.info("gateway consumer closed: topic=%s subscription=%s reason=%s", key.topic,
-                             key.subscription, "failed" if consumer.failure else "idle")
-                    await self._close(key)
+        closing: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                await asyncio.sleep(tick_s)
+                now_s = time.monotonic()
+                for key, consumer in list(self.consumers.items()):
+                    consumer.tick(now_s)
+                    if consumer.failure is not None or (consumer.idle and now_s - consumer.last_used_s > idle_s):
+                        log.info("gateway consumer closed: topic=%s subscription=%s reason=%s", key.topic,
+                                 key.subscription, "failed" if consumer.failure else "idle")
+                        del self.consumers[key]
+                        task = asyncio.get_running_loop().create_task(consumer.close())
+                        closing.add(task)
+                        task.add_done_callback(closing.discard)
+        finally:
+            await cancel_and_wait(*closing)
 
     async def close(self) -> None:
         self.closed = True

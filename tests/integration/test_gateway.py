@@ -72,16 +72,18 @@ async def test_http_produce_is_consumed_by_the_official_client(gateways, pulsar_
     ]
     _, document = await gateway.call("POST", f"{gateway.topic_url(path)}/message", sent[0])
     assert document["message_id"].count(":") == 3
-    batch = [{"payload": base64.b64encode(bytes([i, 0, 255])).decode(), "encoding": "base64", "key": f"k{i}",
+    batch = [{"payload": base64.b64encode(bytes([i, 0, 255])).decode(), "encoding": "base64", "key": "k-batch",
               "properties": {"i": str(i)}, "event_time_ms": 1_700_000_000_100 + i} for i in range(5)]
     ids = await gateway.produce(path, batch)
-    assert len({i.rsplit(":", 2)[0] for i in ids}) == 1, "a batch request is one entry"
+    assert len({i.rsplit(":", 2)[0] for i in ids}) == 1, "a batch request of one key is one entry"
+    keyed = await gateway.produce(path, [{"payload": f"key-{i}", "key": f"k{i}"} for i in range(3)])
+    assert len({i.rsplit(":", 2)[0] for i in keyed}) == 3, "one entry per key (key-shared routes entries)"
     lines = b"".join(json.dumps({"payload": f"line-{i}", "key": "stream"}).encode() + b"\n" for i in range(3))
     async with gateway.session.post(f"{gateway.topic_url(path)}/messages/stream", data=lines) as response:
         results = [json.loads(line) for line in (await response.text()).splitlines()]
     assert [r["status"] for r in results] == ["stored"] * 3, results
     received = []
-    for _ in range(9):
+    for _ in range(12):
         message = await asyncio.to_thread(consumer.receive, 10_000)
         received.append(message)
         consumer.acknowledge(message)
@@ -93,10 +95,11 @@ async def test_http_produce_is_consumed_by_the_official_client(gateways, pulsar_
     assert single.event_timestamp() == 1_700_000_000_001
     for i in range(5):
         message = by_payload[bytes([i, 0, 255])]
-        assert message.partition_key() == f"k{i}"
+        assert message.partition_key() == "k-batch"
         assert message.properties() == {"i": str(i)}
         assert message.event_timestamp() == 1_700_000_000_100 + i
     assert {f"line-{i}".encode() for i in range(3)} <= set(by_payload)
+    assert [by_payload[f"key-{i}".encode()].partition_key() for i in range(3)] == ["k0", "k1", "k2"]
 
 
 @pytest.mark.parametrize("batching", [False, True], ids=["single", "batched"])
