@@ -21,14 +21,16 @@ dropped, and the receiver decides.
 
 from __future__ import annotations
 
+import struct
 import zlib
 from dataclasses import dataclass, field
 from typing import Mapping, NamedTuple, Sequence
 
 from common.errors import InvalidArgument, MalformedFrame
-from protocol.batch import EncryptedPayload, UnsupportedCompression, encode_batch, is_batch, parse_batch
+from protocol.batch import EncryptedPayload, UnsupportedCompression, is_batch, parse_batch
 from protocol.proto import pulsar_api_pb2 as pb
 
+_U32 = struct.Struct(">I")
 NO_PARTITION = -1
 NO_BATCH_INDEX = -1
 # An inflated payload may not be larger than this (Pulsar's own 5 MiB message limit,
@@ -154,17 +156,24 @@ def batch_payload(producer_name: str, sequence_id: int, publish_time_ms: int,
     ``partition_key`` is its first message's key (key-shared dispatch reads it from the
     entry); each message keeps its own in its SingleMessageMetadata."""
     assert messages, "a batch holds at least one message"
-    singles = []
+    # The records are laid out here rather than by protocol.batch.encode_batch: its
+    # checks per message (payload_size set or not, required fields) cost a sixth of the
+    # gateway's batched produce in a profile, and this builds each field exactly once.
+    parts: list[bytes] = []
     for index, message in enumerate(messages):
-        single = pb.SingleMessageMetadata(properties=_properties(message.properties),
-                                          payload_size=len(message.payload), sequence_id=sequence_id + index)
+        single = pb.SingleMessageMetadata(payload_size=len(message.payload), sequence_id=sequence_id + index)
+        if message.properties:
+            single.properties.extend(_properties(message.properties))
         if message.key is not None:
             single.partition_key = message.key
         if message.ordering_key is not None:
             single.ordering_key = message.ordering_key
         if message.event_time_ms:
             single.event_time = message.event_time_ms
-        singles.append((single, message.payload))
+        record = single.SerializeToString()
+        parts.append(_U32.pack(len(record)))
+        parts.append(record)
+        parts.append(message.payload)
     highest = sequence_id + len(messages) - 1
     metadata = pb.MessageMetadata(producer_name=producer_name, sequence_id=sequence_id,
                                   publish_time=publish_time_ms, num_messages_in_batch=len(messages),
@@ -179,7 +188,7 @@ def batch_payload(producer_name: str, sequence_id: int, publish_time_ms: int,
         # Pulsar keeps one deliver-at time per entry; a batch is due when its last
         # message is.
         metadata.deliver_at_time = max(deliver_at)
-    return metadata, encode_batch(singles)
+    return metadata, b"".join(parts)
 
 
 # --- consuming ---------------------------------------------------------------------------------
