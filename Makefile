@@ -12,8 +12,8 @@ PROTOS := $(wildcard protocol/proto/*.proto)
 PROTO_OUT := $(PROTOS:.proto=_pb2.py)
 DATA_DIR ?= data/standalone
 
-.PHONY: setup proto run test test-unit test-integration bench bench-bookie bench-pulsar bench-subscriptions \
-	bench-gateway fuzz-gateway clean
+.PHONY: bench-ack-state setup proto run test test-unit test-integration test-archive-full bench bench-bookie \
+	bench-pulsar bench-subscriptions bench-archive bench-gateway fuzz-gateway clean
 
 setup: $(STAMP) proto
 
@@ -46,7 +46,17 @@ test-unit: setup
 test-integration: setup
 	$(PY) -m pytest -q tests/integration
 
-bench: bench-bookie bench-pulsar bench-subscriptions bench-gateway
+# The archive's end-to-end test at the issue's full size: 100,000 messages produced,
+# archived, bookie copies deleted, consumed from the archive (`make test` runs 10,000).
+test-archive-full: setup
+	ARCHIVE_TEST_MESSAGES=100000 $(PY) -m pytest -q tests/integration/test_archive.py
+
+bench: bench-bookie bench-pulsar bench-subscriptions bench-archive bench-gateway
+
+# Acknowledgement state at scale (seconds): a cursor filling 100,000 holes, as a ratio
+# to a plain set in the same run (speed is measured here, not in the unit tests).
+bench-ack-state: setup
+	$(PY) bench/ack_state_bench.py --out bench/results/ack_state.json
 
 bench-bookie: setup
 	$(PY) bench/bookie_bench.py --out bench/results/bookie.json
@@ -61,6 +71,11 @@ bench-pulsar: setup
 # consumers, CPU per process, against disk and CPU baselines of the same run.
 bench-subscriptions: setup
 	$(PY) bench/subscriptions_bench.py --out bench/results/subscriptions.json
+
+# The archive (about 2-3 minutes): archive write MB/s against the disk's write+fsync
+# bandwidth of the same run, and a backlog drained from the archive vs from the bookies.
+bench-archive: setup
+	$(PY) bench/archive_bench.py --out bench/results/archive.json
 
 # The HTTP gateway (about 6 minutes): batched produce, pull + ack and single-produce
 # latency against the official client in the same run (bench/results/gateway.json), then

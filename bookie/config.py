@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from bookie.format import journal_add_record_bytes
 from common.entry import ENTRY_BYTES_MAX_DEFAULT
 from common.errors import ConfigError
 
@@ -19,12 +20,17 @@ GIB = 1024 * MIB
 @dataclass(frozen=True)
 class JournalConfig:
     journal_dir: str
-    # A group is written with one write + fdatasync. It closes when it holds this many
-    # bytes (a large sequential write is near the disk's full bandwidth by 4 MiB) ...
-    group_bytes_max: int = 4 * MIB
-    # ... or when its oldest add has waited this long (BookKeeper's default is 2 ms; an
-    # idle journal flushes at once since nothing else is coming).
-    group_wait_ms_max: float = 2.0
+    # A group is written with one write + fdatasync and holds at most this many bytes
+    # of records (adds that queue during an fsync form the next groups under the same
+    # bound). A large sequential write is near the disk's full bandwidth by 4 MiB; 8 MiB
+    # also holds the largest entry (ENTRY_BYTES_MAX_DEFAULT, 5 MiB + 64 KiB) in one
+    # group, which BookieConfig requires.
+    group_bytes_max: int = 8 * MIB
+    # How long an idle writer lingers after an add for more to join its group (unless
+    # a full group is queued first). 0: write as soon as the queue is drained, which is
+    # best for latency; under load groups grow with the fsync time anyway. BookKeeper
+    # (journalMaxGroupWaitMSec) waits 2 ms to save fsyncs on disks with few IOPS.
+    group_wait_ms_max: float = 0.0
     # Adds queued for the journal but not yet written; past this, adds wait (back-
     # pressure to the gRPC stream). 64 MiB absorbs a few fsyncs' worth at full speed.
     queue_bytes_max: int = 64 * MIB
@@ -121,6 +127,15 @@ class DiskConfig:
             raise ConfigError("disk check_interval_s must be in [0.05, 3600]")
 
 
+# A bookie's default ops HTTP port is its gRPC port plus this: 3181 -> 8001.
+HTTP_PORT_OFFSET = 8001 - 3181
+
+
+def derived_http_port(port: int) -> int:
+    """The default ops HTTP port of a bookie on gRPC ``port`` (0, any, stays 0)."""
+    return port + HTTP_PORT_OFFSET if port else 0
+
+
 @dataclass(frozen=True)
 class BookieConfig:
     metadata_url: str
@@ -130,7 +145,11 @@ class BookieConfig:
     disk: DiskConfig = field(default_factory=DiskConfig)
     host: str = "127.0.0.1"
     port: int = 3181
-    http_port: int = 8000
+    # The ops HTTP port (/health, /metrics). None: derived from the gRPC port, port +
+    # HTTP_PORT_OFFSET (3181 -> 8001, 3182 -> 8002: the standalone's layout), so
+    # bookies started on one host with distinct --port values never collide on it;
+    # with port 0 (any free port) it is 0 too. Set after construction.
+    http_port: int | None = None
     # The id under which the bookie registers; default "host:port" (its address).
     bookie_id: str = ""
     # Lease on the registration: a dead bookie disappears from writers' view this long
@@ -145,8 +164,12 @@ class BookieConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError("port must be in [0, 65535]")
+        if self.http_port is None:
+            object.__setattr__(self, "http_port", derived_http_port(self.port))
+        assert self.http_port is not None
         if not 0 <= self.http_port <= 65535:
-            raise ConfigError("http_port must be in [0, 65535]")
+            raise ConfigError(f"http_port must be in [0, 65535] (it defaults to port + {HTTP_PORT_OFFSET}: "
+                              f"give --http-port with --port {self.port})")
         if not 2 <= self.registration_ttl_s <= 600:
             raise ConfigError("registration_ttl_s must be in [2, 600]")
         if not 1 <= self.read_threads <= 64:
@@ -157,3 +180,7 @@ class BookieConfig:
             raise ConfigError("grpc_message_bytes_max must hold at least two maximal entries")
         if self.grpc_message_bytes_max < self.storage.read_response_bytes_max + self.storage.entry_bytes_max:
             raise ConfigError("grpc_message_bytes_max must exceed read_response_bytes_max by an entry")
+        if self.journal.group_bytes_max < journal_add_record_bytes(self.storage.entry_bytes_max):
+            # Else the largest add would be a group of its own, past the bound.
+            raise ConfigError("journal group_bytes_max must hold the journal record of an entry of "
+                              "entry_bytes_max")

@@ -15,7 +15,7 @@ Journal record (after the file header, back to back):
     0       4     body_size     u32, bytes of type + body; 0 marks the end of written data
     4       4     crc32c        over the type byte and the body
     8       1     record_type   RECORD_ADD, RECORD_FENCE
-    9       n-1   body          ADD: an encoded entry (ledger/entry.py); FENCE: u64 ledger_id
+    9       n-1   body          ADD: an encoded entry (common/entry.py); FENCE: u64 ledger_id
 
 Entry log record (after the file header, back to back):
 
@@ -95,6 +95,11 @@ def decode_file_header(data: bytes, magic: bytes) -> int:
 
 
 # --- journal records -------------------------------------------------------------------
+
+def journal_add_record_bytes(entry_size: int) -> int:
+    """The size of the ADD record of an entry of ``entry_size`` bytes (head, type, entry)."""
+    return JOURNAL_RECORD_HEAD_SIZE + 1 + entry_size
+
 
 def journal_add_record(entry: bytes) -> list[bytes]:
     """The buffers of one ADD record, for a vectored write (no copy of the entry)."""

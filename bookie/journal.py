@@ -1,15 +1,26 @@
 """The journal: the bookie's write-ahead log, with group commit.
 
 Theory of operation:
-- Adds (and fences) are appended to an in-memory pending group. One writer task takes
-  the group, writes it with one vectored ``write`` and one ``fdatasync`` on a dedicated
-  IO thread, and only then (back on the event loop) hands the group's tokens to
-  ``on_durable`` and resolves the callers' futures. So nothing is acknowledged, and
-  nothing is made visible to readers, before its fsync.
-- A group closes when it holds ``group_bytes_max`` or when the queue is empty (after
-  one turn of the event loop, so adds that arrived together go together), never later
-  than ``group_wait_ms_max`` after its first add. While one group is being fsynced the
-  next one fills, so under load many adds share one fsync and the disk is kept busy.
+- Appends (a batch of adds, or a fence) queue in order. One writer task takes a group
+  from the head of the queue, writes it with one vectored ``write`` and one
+  ``fdatasync`` on a dedicated IO thread, and only then (back on the event loop) hands
+  the group's tokens to ``on_durable`` and resolves the callers' futures. So nothing is
+  acknowledged, and nothing is made visible to readers, before its fsync.
+- A group is at most ``group_bytes_max`` bytes of records: the writer takes appends
+  from the head while the next one still fits. An append is never split (its records
+  share one future), so an append larger than the limit on its own is written alone;
+  the bookie never makes one (``BookieNode`` cuts add batches to fit, and
+  ``BookieConfig`` requires the largest record to fit a group). Appends that arrive
+  while a group is in its fsync wait in the queue and form the next groups, under the
+  same bound.
+- When the writer is idle it starts a group as soon as the queue is drained (after one
+  turn of the event loop, so adds that arrived together go together), or, with
+  ``group_wait_ms_max`` > 0, once the oldest queued append has waited that long or
+  the queue holds a full group, whichever comes first (BookKeeper's
+  journalMaxGroupWaitMSec: fewer fsyncs for a little latency). Under load no time is
+  spent waiting: while one group is in its fsync the next fills by itself.
+- How long each record waited in the queue (from ``append`` until its group's write
+  began) is recorded in ``stats.queue_wait`` (a histogram weighted by records).
 - ``applied_position`` is the journal position up to which every record has been
   handed to ``on_durable``; a checkpoint takes it, flushes ledger storage, and may then
   delete journal files wholly before it (``trim``).
@@ -20,7 +31,8 @@ Theory of operation:
   risk acknowledging what is not on disk. The bookie treats that as fatal.
 
 Invariants: tokens reach ``on_durable`` in append order; a future resolves only after
-the fsync covering its record returned; ``applied_position`` only moves forward.
+the fsync covering its record returned; ``applied_position`` only moves forward; a
+group holds at most ``group_bytes_max`` record bytes unless it is one append alone.
 """
 
 from __future__ import annotations
@@ -31,6 +43,7 @@ import logging
 import mmap
 import os
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -48,17 +61,21 @@ from bookie.format import (
     parse_file_id,
 )
 from common.errors import BookieStorageError, MalformedFrame, ShuttingDown
+from common.histograms import WeightedHistogram
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class _Group:
-    buffers: list[bytes] = field(default_factory=list)
-    tokens: list[object] = field(default_factory=list)
-    futures: list[asyncio.Future[None]] = field(default_factory=list)
-    size_bytes: int = 0
-    first_append_time: float = 0.0
+@dataclass(slots=True)
+class _Append:
+    """One ``append`` call waiting in the queue."""
+
+    buffers: list[bytes]
+    tokens: list[object]
+    future: asyncio.Future[None]
+    record_bytes: int    # what the write carries: the sum of the buffers' lengths
+    queued_bytes: int    # the caller's size, counted against queue_bytes_max
+    enqueued_at: float   # clock() when appended
 
 
 @dataclass
@@ -67,6 +84,11 @@ class JournalStats:
     records_written: int = 0
     bytes_written: int = 0
     fsync_seconds_total: float = 0.0
+    # The largest group written, in bytes (at most group_bytes_max unless one append
+    # alone was larger).
+    group_bytes_largest: int = 0
+    # Per record (add or fence): seconds from append until its group's write began.
+    queue_wait: WeightedHistogram = field(default_factory=WeightedHistogram)
 
 
 def list_journal_ids(journal_dir: str) -> list[int]:
@@ -113,19 +135,23 @@ class Journal:
         on_durable: Callable[[list[object]], None],
         first_journal_id: int,
         clock: Callable[[], float] = time.monotonic,
-        on_group_written: Callable[[float, int], None] | None = None,
+        on_group_written: Callable[[float, int, int], None] | None = None,
     ) -> None:
         self.config = config
-        # Told (write + fdatasync seconds, records) after each group; for metrics.
+        # Told (write + fdatasync seconds, records, bytes) after each group; for metrics.
         self.on_group_written = on_group_written
         self._on_durable = on_durable
         self._clock = clock
         self._journal_id = first_journal_id
         self._fd = -1
         self._file_offset = 0
-        self._pending = _Group()
+        # Appends not yet taken by the writer, oldest first; their record bytes summed.
+        self._queue: deque[_Append] = deque()
+        self._queue_record_bytes = 0
         self._pending_event = asyncio.Event()
         self._room_event = asyncio.Event()
+        # Bytes (callers' sizes) appended and not yet written, the group in its write
+        # included: what wait_for_room holds below queue_bytes_max.
         self._queued_bytes = 0
         self._failed: BaseException | None = None
         self._closing = False
@@ -158,48 +184,86 @@ class Journal:
         """The single writer loop; runs until ``close``."""
         loop = asyncio.get_running_loop()
         while True:
-            if not self._pending.tokens:
+            if not self._queue:
                 if self._closing:
                     return
                 self._pending_event.clear()
                 await self._pending_event.wait()
                 continue
             await self._gather()
-            group, self._pending = self._pending, _Group()
+            group = self._take_group()
+            buffers = [buffer for item in group for buffer in item.buffers]
+            group_bytes = sum(item.record_bytes for item in group)
+            group_records = sum(len(item.tokens) for item in group)
+            write_started = self._clock()
+            for item in group:
+                self.stats.queue_wait.observe(max(0.0, write_started - item.enqueued_at), len(item.tokens))
             try:
-                position = await loop.run_in_executor(self._io, self._write_group, group.buffers)
+                position = await loop.run_in_executor(self._io, self._write_group, buffers)
             except OSError as error:
                 self._fail(BookieStorageError(f"journal write failed: {error}"), group)
                 log.error("journal write failed, journal stopped: error=%s", error)
                 return
-            self.stats.groups_written += 1
-            self.stats.records_written += len(group.tokens)
+            stats = self.stats
+            stats.groups_written += 1
+            stats.records_written += group_records
+            stats.bytes_written += group_bytes
+            stats.group_bytes_largest = max(stats.group_bytes_largest, group_bytes)
             if self.on_group_written is not None:
-                self.on_group_written(self._last_fsync_s, len(group.tokens))
-            self.stats.bytes_written += group.size_bytes
-            self._queued_bytes -= group.size_bytes
+                self.on_group_written(self._last_fsync_s, group_records, group_bytes)
+            self._queued_bytes -= sum(item.queued_bytes for item in group)
+            assert self._queued_bytes >= 0, self._queued_bytes
             self._room_event.set()
             # Hand the durable records on before acknowledging: a reader may only see an
             # entry once a crash can no longer erase it, and the ack follows visibility.
-            self._on_durable(group.tokens)
+            self._on_durable([token for item in group for token in item.tokens])
             assert position >= self.applied_position, (position, self.applied_position)
             self.applied_position = position
-            for future in group.futures:
-                if not future.done():
-                    future.set_result(None)
+            for item in group:
+                if not item.future.done():
+                    item.future.set_result(None)
 
     async def _gather(self) -> None:
         """Lets adds that are already runnable (the rest of a burst that arrived on the
-        sockets together) join the group, then returns: the queue is empty. No time is
-        spent waiting for more: while this group's write + fsync runs on the IO thread,
-        the next group fills by itself, so under load groups grow with the fsync time
-        and an idle journal flushes at once. ``group_wait_ms_max`` bounds the one extra
-        loop turn (a spinning wait here cost the bookie half a core and milliseconds of
-        latency at a few hundred adds per second)."""
-        if self._pending.size_bytes >= self.config.group_bytes_max:
+        sockets together) join the queue, then, with ``group_wait_ms_max`` > 0, waits
+        for more until the oldest queued append has waited that long or a full group is
+        queued. Waiting is on an event with a deadline, never a spin (a spinning wait
+        here cost the bookie half a core at a few hundred adds per second). Under load
+        the head has already waited through the previous fsync, so no time is added."""
+        group_bytes_max = self.config.group_bytes_max
+        if self._queue_record_bytes >= group_bytes_max:
             return
-        if self._clock() - self._pending.first_append_time < self.config.group_wait_ms_max / 1000.0:
-            await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        wait_s = self.config.group_wait_ms_max / 1000.0
+        if wait_s <= 0 or not self._queue:
+            return
+        deadline = self._queue[0].enqueued_at + wait_s
+        while self._queue_record_bytes < group_bytes_max and not self._closing:
+            remaining_s = deadline - self._clock()
+            if remaining_s <= 0:
+                return
+            self._pending_event.clear()
+            try:
+                async with asyncio.timeout(remaining_s):
+                    await self._pending_event.wait()
+            except TimeoutError:
+                return
+
+    def _take_group(self) -> list[_Append]:
+        """Takes appends from the head of the queue while the next one fits in
+        ``group_bytes_max`` (always at least one)."""
+        assert self._queue, "a group is taken only from a non-empty queue"
+        group_bytes_max = self.config.group_bytes_max
+        group = [self._queue.popleft()]
+        group_bytes = group[0].record_bytes
+        while self._queue and group_bytes + self._queue[0].record_bytes <= group_bytes_max:
+            item = self._queue.popleft()
+            group.append(item)
+            group_bytes += item.record_bytes
+        self._queue_record_bytes -= group_bytes
+        assert self._queue_record_bytes >= 0, self._queue_record_bytes
+        assert group_bytes <= group_bytes_max or len(group) == 1, (group_bytes, len(group))
+        return group
 
     def _write_group(self, buffers: list[bytes]) -> JournalPosition:
         """On the IO thread: write, fdatasync, rotate. Returns the position after."""
@@ -221,12 +285,13 @@ class Journal:
             self._open_file(self._journal_id + 1)
         return position
 
-    def _fail(self, error: BaseException, group: _Group) -> None:
+    def _fail(self, error: BaseException, group: list[_Append]) -> None:
         self._failed = error
-        for future in group.futures + self._pending.futures:
-            if not future.done():
-                future.set_exception(error)
-        self._pending = _Group()
+        for item in [*group, *self._queue]:
+            if not item.future.done():
+                item.future.set_exception(error)
+        self._queue.clear()
+        self._queue_record_bytes = 0
         self._queued_bytes = 0
         # Wakes the waiters of wait_for_room, which then raise the failure.
         self._room_event.set()
@@ -264,20 +329,19 @@ class Journal:
     def append(self, buffers: list[bytes], size_bytes: int, tokens: list[object]) -> asyncio.Future[None]:
         """Queues records (given as buffers for a vectored write) and returns one future
         that resolves once all of them are fsynced. ``tokens`` (one per record) reach
-        ``on_durable`` just before that. A batch from one stream message shares a future."""
+        ``on_durable`` just before that. A batch from one stream message shares a future.
+        ``size_bytes`` is what the caller counted in ``wait_for_room``; groups are bounded
+        by the bytes actually written."""
         if self._failed is not None:
             raise self._failed
         if self._closing:
             raise ShuttingDown("journal is closing")
         assert tokens
+        assert size_bytes >= 0, size_bytes
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        group = self._pending
-        if not group.tokens:
-            group.first_append_time = self._clock()
-        group.buffers.extend(buffers)
-        group.tokens.extend(tokens)
-        group.futures.append(future)
-        group.size_bytes += size_bytes
+        record_bytes = sum(len(buffer) for buffer in buffers)
+        self._queue.append(_Append(buffers, tokens, future, record_bytes, size_bytes, self._clock()))
+        self._queue_record_bytes += record_bytes
         self._queued_bytes += size_bytes
         self._pending_event.set()
         return future

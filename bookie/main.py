@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from bookie import disk_monitor
 from bookie.config import (
+    HTTP_PORT_OFFSET,
     MIB,
     BookieConfig,
     DiskConfig,
@@ -28,8 +29,10 @@ from bookie.node import BookieNode
 from protocol.proto import bookie_pb2_grpc
 from bookie.registration import Registration, check_cookie
 from bookie.server import BookieServicer
+from common.config_options import ConfigOption, add_config_options, config_overrides
 from common.errors import ConfigError, MagnetarError
 from common.version import __version__
+from common.listen import bind_failure, probe_bind
 from common.loop_monitor import LoopMonitor
 from common.ops_http import build_ops_app, start_ops_server
 from common.tasks import stop_on_signals
@@ -39,51 +42,65 @@ from metadata.bookie_record import BookieRecord
 log = logging.getLogger(__name__)
 
 
+# Every flag that sets a config field; the defaults are the dataclasses' own.
+OPTIONS: list[ConfigOption] = [
+    ConfigOption("--host", BookieConfig, "host", "address to listen on"),
+    ConfigOption("--port", BookieConfig, "port", "gRPC port (0: any free port)"),
+    ConfigOption("--http-port", BookieConfig, "http_port",
+                 "/health and /metrics (0: any free port)", type=int,
+                 default_text=f"--port + {HTTP_PORT_OFFSET}, so 8001 for 3181; 0 with --port 0"),
+    ConfigOption("--bookie-id", BookieConfig, "bookie_id", "the id registered in etcd", default_text="host:port"),
+    ConfigOption("--registration-ttl-s", BookieConfig, "registration_ttl_s",
+                 "a dead bookie disappears from writers' view this long after its last keep-alive"),
+    ConfigOption("--disk-usage-threshold", DiskConfig, "usage_threshold",
+                 "share of a disk in use past which the bookie turns read-only"),
+    ConfigOption("--disk-usage-lwm-threshold", DiskConfig, "usage_lwm_threshold",
+                 "writable again below this share", default_text="--disk-usage-threshold - 0.05, so 0.9"),
+    ConfigOption("--disk-check-interval-s", DiskConfig, "check_interval_s"),
+    ConfigOption("--gc-interval-s", GcConfig, "interval_s", "how often deleted ledgers are looked for"),
+    ConfigOption("--compaction-live-ratio", GcConfig, "compaction_live_ratio_min",
+                 "entry logs with less live data than this share are compacted"),
+    ConfigOption("--flush-interval-s", LedgerStorageConfig, "flush_interval_s",
+                 "the write cache is flushed to entry logs at least this often"),
+    ConfigOption("--write-cache-mib", LedgerStorageConfig, "write_cache_bytes_max", unit=MIB),
+    ConfigOption("--read-cache-mib", LedgerStorageConfig, "read_cache_bytes_max", unit=MIB),
+    ConfigOption("--entry-log-mib", LedgerStorageConfig, "entry_log_bytes_max",
+                 "entry logs rotate at this size", unit=MIB),
+    ConfigOption("--journal-file-mib", JournalConfig, "file_bytes_max", "journal files rotate at this size",
+                 unit=MIB),
+    ConfigOption("--journal-group-mib", JournalConfig, "group_bytes_max",
+                 "the most one journal write + fdatasync carries (must hold the largest entry)", unit=MIB),
+    ConfigOption("--journal-queue-mib", JournalConfig, "queue_bytes_max",
+                 "adds queued for the journal beyond this wait (back-pressure to writers)", unit=MIB),
+    ConfigOption("--group-wait-ms", JournalConfig, "group_wait_ms_max",
+                 "how long an idle journal writer waits for more adds to share one write + fdatasync "
+                 "(0: write as soon as the queue is drained)"),
+]
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metadata", required=True, help="etcd://host:port[,host:port...]")
     parser.add_argument("--journal-dir", required=True)
     parser.add_argument("--ledger-dir", action="append", required=True, dest="ledger_dirs",
                         help="a ledger (data) directory; repeat for several disks")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=3181, help="gRPC port (0: any free port)")
-    parser.add_argument("--http-port", type=int, default=8000, help="/health and /metrics (0: any)")
-    parser.add_argument("--bookie-id", default="", help="default: host:port")
-    parser.add_argument("--disk-usage-threshold", type=float, default=0.95)
-    parser.add_argument("--disk-usage-lwm-threshold", type=float, default=None,
-                        help="writable again below this (default: threshold - 0.05)")
-    parser.add_argument("--disk-check-interval-s", type=float, default=5.0)
-    parser.add_argument("--gc-interval-s", type=float, default=60.0)
-    parser.add_argument("--compaction-live-ratio", type=float, default=0.5)
-    parser.add_argument("--flush-interval-s", type=float, default=1.0)
-    parser.add_argument("--write-cache-mib", type=int, default=256)
-    parser.add_argument("--read-cache-mib", type=int, default=128)
-    parser.add_argument("--journal-file-mib", type=int, default=256)
-    parser.add_argument("--entry-log-mib", type=int, default=256)
-    parser.add_argument("--group-wait-ms", type=float, default=2.0)
-    parser.add_argument("--registration-ttl-s", type=int, default=10)
+    add_config_options(parser, OPTIONS)
 
 
 def config_from_args(args: argparse.Namespace) -> BookieConfig:
-    lwm = args.disk_usage_lwm_threshold
-    if lwm is None:
-        lwm = max(args.disk_usage_threshold - 0.05, args.disk_usage_threshold / 2)
+    """BookieConfig from the flags given; every other field keeps its dataclass default."""
+    disk = config_overrides(args, OPTIONS, DiskConfig)
+    if "usage_threshold" in disk and "usage_lwm_threshold" not in disk:
+        threshold = disk["usage_threshold"]
+        # Rounded: 0.95 - 0.05 is 0.8999999999999999 in binary, not DiskConfig's 0.9.
+        disk["usage_lwm_threshold"] = round(max(threshold - 0.05, threshold / 2), 6)
     return BookieConfig(
         metadata_url=args.metadata,
-        journal=JournalConfig(journal_dir=args.journal_dir, file_bytes_max=args.journal_file_mib * MIB,
-                              group_wait_ms_max=args.group_wait_ms),
+        journal=JournalConfig(journal_dir=args.journal_dir, **config_overrides(args, OPTIONS, JournalConfig)),
         storage=LedgerStorageConfig(ledger_dirs=tuple(args.ledger_dirs),
-                                    write_cache_bytes_max=args.write_cache_mib * MIB,
-                                    read_cache_bytes_max=args.read_cache_mib * MIB,
-                                    flush_interval_s=args.flush_interval_s,
-                                    entry_log_bytes_max=args.entry_log_mib * MIB),
-        gc=GcConfig(interval_s=args.gc_interval_s, compaction_live_ratio_min=args.compaction_live_ratio),
-        disk=DiskConfig(usage_threshold=args.disk_usage_threshold, usage_lwm_threshold=lwm,
-                        check_interval_s=args.disk_check_interval_s),
-        host=args.host,
-        port=args.port,
-        http_port=args.http_port,
-        bookie_id=args.bookie_id,
-        registration_ttl_s=args.registration_ttl_s,
+                                    **config_overrides(args, OPTIONS, LedgerStorageConfig)),
+        gc=GcConfig(**config_overrides(args, OPTIONS, GcConfig)),
+        disk=DiskConfig(**disk),
+        **config_overrides(args, OPTIONS, BookieConfig),
     )
 
 
@@ -118,39 +135,74 @@ class BookieProcess:
             ],
             maximum_concurrent_rpcs=config.concurrent_rpcs_max,
         )
-        port = server.add_insecure_port(f"{config.host}:{config.port}")
+        # Both ports are bound before anything else starts, so that a port in use is
+        # reported (PortInUse, one line naming the flag) before storage is opened.
+        # Probed first: grpc's own failure is a native log line and a RuntimeError that
+        # does not say why; the probe finds the reason (a race after it still fails
+        # cleanly below).
+        refused = probe_bind(config.host, config.port) if config.port else None
+        if refused is not None:
+            raise bind_failure("--port", config.host, config.port, refused)
+        try:
+            port = server.add_insecure_port(f"{config.host}:{config.port}")
+        except RuntimeError:   # grpc says only that binding failed
+            port = 0
         if port == 0:
-            raise ConfigError(f"cannot bind {config.host}:{config.port}")
+            raise bind_failure("--port", config.host, config.port, probe_bind(config.host, config.port))
         address = f"{config.host}:{port}"
         bookie_id = config.bookie_id or address
-        await check_cookie(store, bookie_id, config.journal.journal_dir, list(config.storage.ledger_dirs))
-
-        storage = DiskLedgerStorage(config.storage, read_threads=config.read_threads,
-                                    fsync_enabled=config.journal.fsync_enabled)
-        node = BookieNode(config, storage, bookie_id)
-        await asyncio.to_thread(node.open)
-        assert node.journal is not None
-        directories = [config.journal.journal_dir, *config.storage.ledger_dirs]
-        node.disk_usage = await asyncio.to_thread(disk_monitor.measure, directories)
-        node.read_only = disk_monitor.decide_read_only(False, node.disk_usage.ratio, config.disk.usage_threshold,
-                                                       config.disk.usage_lwm_threshold)
-
         registry = CollectorRegistry()
-        metrics = BookieMetrics(node, registry)
-        loop_monitor = LoopMonitor(registry, "magnetar_bookie")
-        bookie_pb2_grpc.add_BookieServicer_to_server(BookieServicer(node, metrics), server)
-        registration = Registration(store, config.registration_ttl_s)
+        # Filled in once storage is open and the bookie registered; until then /health
+        # answers 503 "starting" (journal replay may take a while).
+        serving: dict[str, object] = {}
 
         async def health() -> tuple[bool, dict]:
-            ok = registration.registered and node.journal is not None and node.journal.failed is None
-            return ok, {"bookie_id": bookie_id, "read_only": node.read_only,
-                        "registered": registration.registered}
+            node_now, registration_now = serving.get("node"), serving.get("registration")
+            if not isinstance(node_now, BookieNode) or not isinstance(registration_now, Registration):
+                return False, {"bookie_id": bookie_id, "starting": True}
+            ok = registration_now.registered and node_now.journal is not None and node_now.journal.failed is None
+            return ok, {"bookie_id": bookie_id, "read_only": node_now.read_only,
+                        "registered": registration_now.registered}
 
-        runner, http_port = await start_ops_server(build_ops_app(registry, health), config.host, config.http_port)
+        runner, http_port = await start_ops_server(build_ops_app(registry, health), config.host, config.http_port,
+                                                   flag="--http-port")
         http_address = f"{config.host}:{http_port}"
-        started_at_ms = int(time.time() * 1000)
-        await server.start()
-        await registration.register(self._record(node, address, http_address, started_at_ms))
+        try:
+            await check_cookie(store, bookie_id, config.journal.journal_dir, list(config.storage.ledger_dirs))
+            storage = DiskLedgerStorage(config.storage, read_threads=config.read_threads,
+                                        fsync_enabled=config.journal.fsync_enabled)
+            node = BookieNode(config, storage, bookie_id)
+        except BaseException:
+            await runner.cleanup()
+            await store.close()
+            raise
+        try:
+            await asyncio.to_thread(node.open)
+            assert node.journal is not None
+            directories = [config.journal.journal_dir, *config.storage.ledger_dirs]
+            node.disk_usage = await asyncio.to_thread(disk_monitor.measure, directories)
+            node.read_only = disk_monitor.decide_read_only(False, node.disk_usage.ratio,
+                                                           config.disk.usage_threshold,
+                                                           config.disk.usage_lwm_threshold)
+            metrics = BookieMetrics(node, registry)
+            loop_monitor = LoopMonitor(registry, "magnetar_bookie")
+            bookie_pb2_grpc.add_BookieServicer_to_server(BookieServicer(node, metrics), server)
+            registration = Registration(store, config.registration_ttl_s)
+            serving.update(node=node, registration=registration)
+            started_at_ms = int(time.time() * 1000)
+            await server.start()
+            await registration.register(self._record(node, address, http_address, started_at_ms))
+        except BaseException:
+            # A failed start (a bad disk, etcd away) leaves nothing running; the first
+            # error is the one reported, a cleanup failure only logged.
+            for cleanup in (lambda: server.stop(grace=None), storage.close, runner.cleanup, store.close):
+                try:
+                    await cleanup()
+                except Exception as error:
+                    log.info("cleanup after a failed start failed: error=%r", error)
+            if node.journal is not None:
+                node.journal.close_file()
+            raise
         log.info("bookie listening: bookie_id=%s address=%s http_address=%s read_only=%s replayed=%d",
                  bookie_id, address, http_address, node.read_only, node.replayed_records)
 

@@ -7,16 +7,14 @@ from __future__ import annotations
 from typing import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from bookie.config import KIB, MIB
 from bookie.journal import JournalStats
 from common.histograms import LATENCY_BUCKETS_S
 from bookie.ledger_storage import StorageStats
 from bookie.node import BookieNode
-
-
-
 
 class BookieMetrics:
     def __init__(self, node: BookieNode, registry: CollectorRegistry) -> None:
@@ -35,6 +33,11 @@ class BookieMetrics:
         self.group_records = Histogram("magnetar_bookie_journal_group_records", "Records per journal group",
                                        buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096),
                                        registry=registry)
+        self.group_bytes = Histogram("magnetar_bookie_journal_group_bytes",
+                                     "Bytes per journal group (one write + fdatasync; at most group_bytes_max)",
+                                     buckets=(4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, 1 * MIB, 2 * MIB, 4 * MIB,
+                                              8 * MIB, 16 * MIB, 64 * MIB),
+                                     registry=registry)
         if node.journal is not None:
             node.journal.on_group_written = self.on_group_written
 
@@ -46,9 +49,10 @@ class BookieMetrics:
             self.add_errors.inc(refused)
         self.add_bytes.inc(size_bytes)
 
-    def on_group_written(self, fsync_seconds: float, records: int) -> None:
+    def on_group_written(self, fsync_seconds: float, records: int, group_bytes: int) -> None:
         self.fsync_latency.observe(fsync_seconds)
         self.group_records.observe(records)
+        self.group_bytes.observe(group_bytes)
 
     def on_reads(self, count: int, size_bytes: int) -> None:
         self.reads.inc(count)
@@ -64,6 +68,10 @@ _GAUGES: list[tuple[str, str, Callable[[BookieNode, JournalStats, StorageStats],
     ("magnetar_bookie_journal_bytes", "Journal bytes written", lambda n, j, s: j.bytes_written),
     ("magnetar_bookie_journal_fsync_seconds", "Time spent in journal fdatasync",
      lambda n, j, s: j.fsync_seconds_total),
+    ("magnetar_bookie_journal_group_bytes_largest", "The largest journal group written since start",
+     lambda n, j, s: j.group_bytes_largest),
+    ("magnetar_bookie_journal_queue_wait_seconds_max", "The longest an add waited in the journal queue",
+     lambda n, j, s: j.queue_wait.max),
     ("magnetar_bookie_write_cache_bytes", "Bytes in write caches", lambda n, j, s: s.write_cache_bytes),
     ("magnetar_bookie_read_cache_bytes", "Bytes in read caches", lambda n, j, s: s.read_cache_bytes),
     ("magnetar_bookie_read_cache_hits", "Read cache hits", lambda n, j, s: s.read_cache_hits),
@@ -87,9 +95,16 @@ class _NodeCollector(Collector):
     def __init__(self, node: BookieNode) -> None:
         self._node = node
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | HistogramMetricFamily]:
         node = self._node
         journal_stats = node.journal.stats if node.journal is not None else JournalStats()
         storage_stats = node.storage.stats()
         for name, help_text, value in _GAUGES:
             yield GaugeMetricFamily(name, help_text, value=value(node, journal_stats, storage_stats))
+        # Kept by the journal per record (one bisect per append, not one observe per
+        # add) and exposed here as a histogram.
+        queue_wait = journal_stats.queue_wait
+        yield HistogramMetricFamily(
+            "magnetar_bookie_journal_queue_wait_seconds",
+            "Per add (or fence): from its append to the journal until its group's write began",
+            buckets=queue_wait.cumulative(), sum_value=queue_wait.sum)

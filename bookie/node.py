@@ -36,6 +36,7 @@ from bookie.format import (
     decode_checkpoint,
     encode_checkpoint,
     journal_add_record,
+    journal_add_record_bytes,
     journal_fence_record,
 )
 from bookie.journal import Journal, list_journal_ids, replay_journal
@@ -57,6 +58,11 @@ log = logging.getLogger(__name__)
 CHECKPOINT_FILE = "checkpoint"
 # A read request names at most this many entries (a reply is bounded by bytes anyway).
 READ_ENTRY_IDS_MAX = 100_000
+
+
+def _retrieve_exception(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,12 +176,21 @@ class BookieNode:
 
     def submit_adds(self, items: Sequence[AddItem]) -> tuple[list[MagnetarError | None], asyncio.Future[None] | None]:
         """Journals the valid adds of a batch. Returns one outcome per item (None for
-        accepted ones) and the future of their fsync (None if none was accepted)."""
+        accepted ones) and the future of their fsync (None if none was accepted).
+
+        A batch is cut into journal appends of at most ``group_bytes_max`` record bytes
+        each, so that no journal group exceeds the bound (a stream message may carry
+        up to grpc_message_bytes_max). The future returned is the last append's: the
+        journal writes appends in order and fails every later one when one fails, so
+        the last one's fsync covers the batch."""
         assert self.journal is not None
+        group_bytes_max = self.config.journal.group_bytes_max
         outcomes: list[MagnetarError | None] = []
+        futures: list[asyncio.Future[None]] = []
         buffers: list[bytes] = []
         tokens: list[object] = []
         size = 0
+        record_bytes = 0
         for item in items:
             try:
                 last_add_confirmed = self._check_add(item)
@@ -183,11 +198,23 @@ class BookieNode:
                 outcomes.append(error)
                 continue
             outcomes.append(None)
-            buffers.extend(journal_add_record(item.entry))
+            record = journal_add_record(item.entry)
+            item_record_bytes = journal_add_record_bytes(len(item.entry))
+            assert item_record_bytes <= group_bytes_max, "BookieConfig makes every entry fit a group"
+            if tokens and record_bytes + item_record_bytes > group_bytes_max:
+                futures.append(self.journal.append(buffers, size, tokens))
+                buffers, tokens, size, record_bytes = [], [], 0, 0
+            buffers.extend(record)
             tokens.append((item.ledger_id, item.entry_id, last_add_confirmed, item.entry))
             size += len(item.entry)
-        future = self.journal.append(buffers, size, tokens) if tokens else None
-        return outcomes, future
+            record_bytes += item_record_bytes
+        if tokens:
+            futures.append(self.journal.append(buffers, size, tokens))
+        for earlier in futures[:-1]:
+            # Their outcome is the last one's; retrieve a failure so it is not reported
+            # as never retrieved.
+            earlier.add_done_callback(_retrieve_exception)
+        return outcomes, (futures[-1] if futures else None)
 
     # --- fencing, state, reads ---------------------------------------------------------------
 

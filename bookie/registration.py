@@ -16,6 +16,7 @@ import uuid
 
 from bookie.fileio import replace_file
 from common.errors import ConfigError, MagnetarError
+from common.tasks import cancel_and_wait
 from metadata import keys
 from metadata.bookie_record import BookieRecord, Cookie
 from metadata.store import Lease, MetadataStore
@@ -113,8 +114,7 @@ class Registration:
             try:
                 await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
             finally:
-                for waiter in waiters:
-                    waiter.cancel()
+                await cancel_and_wait(*waiters)
             self._changed.clear()
             try:
                 if self._lease is None or self._lease.is_lost:

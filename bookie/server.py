@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, AsyncIterator
 import grpc
 
 from bookie.node import AddItem, BookieNode
+from common.tasks import cancel_and_wait
 from protocol.bookie_rpc import error_code_metadata
 from protocol.proto import bookie_pb2, bookie_pb2_grpc
 from common.errors import (
@@ -95,7 +96,8 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
                 except asyncio.QueueFull:
                     pass
 
-        reader = asyncio.get_running_loop().create_task(read_requests())
+        # Owned by this call: cancelled and awaited when the stream ends, however it ends.
+        reader = asyncio.get_running_loop().create_task(read_requests(), name="add-stream-reader")
         try:
             while True:
                 batch = await pending.get()
@@ -126,7 +128,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
                 if reader.done() and pending.empty():
                     break
         finally:
-            reader.cancel()
+            await cancel_and_wait(reader)
 
     async def ReadEntries(self, request: bookie_pb2.ReadRequest,
                           context: grpc.aio.ServicerContext) -> bookie_pb2.ReadResponse:

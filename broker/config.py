@@ -12,22 +12,51 @@ from common.errors import ConfigError
 MIB = 1024 * 1024
 
 
+# A broker's default HTTP port is its binary-protocol port plus this: 6650 -> 8080.
+HTTP_PORT_OFFSET = 8080 - 6650
+
+
+def derived_http_port(port: int) -> int:
+    """The default HTTP port of a broker on binary ``port`` (0, any, stays 0)."""
+    return port + HTTP_PORT_OFFSET if port else 0
+
+
 @dataclass(frozen=True)
 class BrokerConfig:
     metadata_url: str
     cluster: str = "standalone"
     host: str = "127.0.0.1"
     port: int = 6650
-    http_port: int = 8080
+    # Admin REST, lookups, /health and /metrics. None: derived from the binary port,
+    # port + HTTP_PORT_OFFSET (6650 -> 8080, 6651 -> 8081: the standalone's layout), so
+    # brokers started on one host with distinct --port values never collide on it; with
+    # port 0 (any free port) it is 0 too. Set after construction.
+    http_port: int | None = None
     # The address clients are told to connect to (lookups); default host:port.
     advertised_address: str = ""
     broker_id: str = ""
     managed_ledger: ManagedLedgerConfig = field(default_factory=ManagedLedgerConfig)
     # Largest message (payload frame) a client may send; announced in CONNECTED.
     max_message_size: int = MAX_MESSAGE_SIZE_DEFAULT
-    # Sends a connection may have in flight before the broker stops reading from it
-    # (Pulsar's maxPendingPublishRequestsPerConnection is 1,000).
+    # Back-pressure on publishers (broker/publish_limits.py): sends accepted and not yet
+    # answered are bounded per connection, per topic and per broker; a connection whose
+    # send reaches a bound is not read again until each bound it hit drained to
+    # pending_sends_resume_ratio of itself. No send is ever refused for a bound.
+    # Per connection, in sends (Pulsar's maxPendingPublishRequestsPerConnection, 1,000).
     pending_sends_per_connection_max: int = 1000
+    # Per topic: what one write handle of the ledger client lets be in flight
+    # (LedgerClientConfig.pending_adds_max / pending_bytes_max), which the managed
+    # ledger's submit_nowait does not wait for.
+    pending_sends_per_topic_max: int = 10_000
+    pending_send_bytes_per_topic_max: int = 64 * MIB
+    # Per broker (Pulsar's maxMessagePublishBufferSizeInMB, by default half the broker's
+    # direct memory): payloads are held about twice until stored (the payload, and the
+    # encoded entry being sent to the bookies), so 256 MiB bounds ~512 MiB of memory.
+    pending_sends_per_broker_max: int = 100_000
+    pending_send_bytes_per_broker_max: int = 256 * MIB
+    # A paused connection is read again once every bound it hit is down to this share of
+    # itself (Pulsar resumes at half), so reading does not flap at the bound.
+    pending_sends_resume_ratio: float = 0.5
     # Requests a connection may have in progress (lookups, producer and consumer
     # creation, seeks...); past it they are refused with TooManyRequests. Pulsar bounds
     # pending lookups per broker at 50,000 (maxConcurrentLookupRequest); a well-behaved
@@ -50,17 +79,36 @@ class BrokerConfig:
     write_buffer_low_bytes: int = 2 * MIB
     # Redelivery counters kept per subscription (for dead-letter policies).
     redelivery_counts_max: int = 100_000
+    # A shared or key-shared consumer holding this many unacknowledged messages gets no
+    # more until it acknowledges some (Pulsar's maxUnackedMessagesPerConsumer, 50,000).
+    unacked_per_consumer_max: int = 50_000
     lookup_timeout_s: float = 30.0
     # How often loaded topics are checked for ledgers retention lets go.
     retention_check_interval_s: float = 5.0
 
     def __post_init__(self) -> None:
-        if not 0 <= self.port <= 65535 or not 0 <= self.http_port <= 65535:
-            raise ConfigError("port and http_port must be in [0, 65535]")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError("port must be in [0, 65535]")
+        if self.http_port is None:
+            object.__setattr__(self, "http_port", derived_http_port(self.port))
+        assert self.http_port is not None
+        if not 0 <= self.http_port <= 65535:
+            raise ConfigError(f"http_port must be in [0, 65535] (it defaults to port + {HTTP_PORT_OFFSET}: "
+                              f"give --http-port with --port {self.port})")
         if not 1024 <= self.max_message_size <= 64 * MIB:
             raise ConfigError("max_message_size must be in [1 KiB, 64 MiB]")
         if not 1 <= self.pending_sends_per_connection_max <= 1_000_000:
             raise ConfigError("pending_sends_per_connection_max must be in [1, 1000000]")
+        if not 1 <= self.pending_sends_per_topic_max <= self.pending_sends_per_broker_max:
+            raise ConfigError("pending_sends_per_topic_max must be in [1, pending_sends_per_broker_max]")
+        if not 1 <= self.pending_sends_per_broker_max <= 10_000_000:
+            raise ConfigError("pending_sends_per_broker_max must be in [1, 10000000]")
+        if not MIB <= self.pending_send_bytes_per_topic_max <= self.pending_send_bytes_per_broker_max:
+            raise ConfigError("pending_send_bytes_per_topic_max must be in [1 MiB, pending_send_bytes_per_broker_max]")
+        if self.pending_send_bytes_per_broker_max > 64 * 1024 * MIB:
+            raise ConfigError("pending_send_bytes_per_broker_max must be at most 64 GiB")
+        if not 0.0 <= self.pending_sends_resume_ratio < 1.0:
+            raise ConfigError("pending_sends_resume_ratio must be in [0, 1)")
         if not 1 <= self.pending_requests_per_connection_max <= 1_000_000:
             raise ConfigError("pending_requests_per_connection_max must be in [1, 1000000]")
         if not 1.0 <= self.keepalive_interval_s <= 3600:
@@ -73,6 +121,8 @@ class BrokerConfig:
             raise ConfigError("cursor_flush_interval_s must be in [0.01, 60]")
         if not 0.05 <= self.retention_check_interval_s <= 3600:
             raise ConfigError("retention_check_interval_s must be in [0.05, 3600]")
+        if not 1 <= self.unacked_per_consumer_max <= 10_000_000:
+            raise ConfigError("unacked_per_consumer_max must be in [1, 10000000]")
         if not 0 < self.write_buffer_low_bytes < self.write_buffer_high_bytes:
             raise ConfigError("write_buffer_low_bytes must be in (0, write_buffer_high_bytes)")
 

@@ -19,10 +19,14 @@ Theory of operation:
 - Until CONNECT only CONNECT is accepted. A malformed frame closes this connection
   only; a SEND whose payload checksum is wrong gets SEND_ERROR(ChecksumError) and the
   connection goes on (Pulsar's behaviour).
-- Back-pressure: past ``pending_sends_per_connection_max`` unanswered SENDs the broker
-  stops reading the socket until half of them are answered. Toward consumers, when the
-  socket's write buffer passes its high-water mark the connection is not writable and
-  dispatchers hold off until it drains.
+- Back-pressure: each SEND is counted, until it is answered, against this connection,
+  its topic and the broker (``broker/publish_limits.py``); when it fills one of them
+  (``pending_sends_per_connection_max``, ``pending_sends_per_topic_max`` and bytes,
+  ``pending_sends_per_broker_max`` and bytes) the broker stops reading this socket
+  until every bound it hit has drained to ``pending_sends_resume_ratio`` of itself. A
+  send is never refused for a bound. Toward consumers, when the socket's write buffer
+  passes its high-water mark the connection is not writable and dispatchers hold off
+  until it drains.
 - Keep-alive: a PING after ``keepalive_interval_s`` of silence; no traffic for twice
   that closes the connection. When the connection goes, its producers and consumers
   are removed from their topics.
@@ -31,6 +35,7 @@ Theory of operation:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from typing import TYPE_CHECKING, Callable
@@ -40,6 +45,7 @@ from protocol.codec import NEED_DATA, CommandDecoder, Frame, PayloadChecksumMism
 from broker.consumer import Consumer
 from common.position import Position
 from broker.producer import Producer
+from broker.publish_limits import PendingSends, ReadGate
 from protocol.proto import pulsar_api_pb2 as pb
 from protocol.server_errors import server_error_for
 from common.topic_name import NamespaceName, TopicName
@@ -52,6 +58,7 @@ from common.errors import (
     SubscriptionNotFound,
     TooManyRequests,
 )
+from common.tasks import log_failure
 from common.version import __version__
 
 from subscriptions.mode import SubscriptionMode
@@ -98,8 +105,9 @@ class ServerConnection(asyncio.Protocol):
         self._pending_consumers: dict[int, asyncio.Task[None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._refusing = False   # an episode of TooManyRequests was logged
-        self._pending_sends = 0
-        self._reading_paused = False
+        # Created with the transport (connection_made): this connection's pending sends
+        # and its reading switch.
+        self._read_gate: ReadGate | None = None
         self._last_received = time.monotonic()
         self._keepalive: asyncio.Task[None] | None = None
         self._handlers: dict[int, Callable[[Frame], None]] = {
@@ -135,7 +143,10 @@ class ServerConnection(asyncio.Protocol):
         transport.set_write_buffer_limits(high=self.config.write_buffer_high_bytes,
                                           low=self.config.write_buffer_low_bytes)
         self.service.connections.add(self)
+        self._read_gate = self.service.publish_limits.gate(self.peer, self._pause_reading, self._resume_reading)
+        # Owned by the connection: cancelled in connection_lost, its failure logged.
         self._keepalive = asyncio.get_running_loop().create_task(self._keep_alive())
+        self._keepalive.add_done_callback(functools.partial(log_failure, owner=f"connection {self.peer}"))
         log.debug("connection opened: peer=%s", self.peer)
 
     def data_received(self, data: bytes) -> None:
@@ -172,6 +183,8 @@ class ServerConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.service.connections.discard(self)
+        if self._read_gate is not None:
+            self.service.publish_limits.forget(self._read_gate)
         if self._keepalive is not None:
             self._keepalive.cancel()
         for task in list(self._tasks):
@@ -396,27 +409,36 @@ class ServerConnection(asyncio.Protocol):
         # cached and dispatched from then on.
         payload = bytes(frame.payload.stored)
         future = topic.publish(producer, payload, send.num_messages)
-        self._pending_sends += 1
-        if self._pending_sends >= self.config.pending_sends_per_connection_max and not self._reading_paused:
-            self._reading_paused = True
-            if self.transport is not None:
-                self.transport.pause_reading()
+        assert self._read_gate is not None, "a SEND before connection_made"
+        size_bytes = len(payload)
+        # Counted until answered; may stop reading this connection (never refuses it).
+        scopes = self.service.publish_limits.on_send(self._read_gate, topic.full_name, size_bytes)
         sequence_id = send.sequence_id
         highest = send.highest_sequence_id
         producer_id = send.producer_id
         arrived = time.perf_counter()
-        future.add_done_callback(lambda f: self._on_send_done(producer_id, sequence_id, highest, f, arrived))
+        future.add_done_callback(
+            lambda f: self._on_send_done(producer_id, sequence_id, highest, f, arrived, scopes, size_bytes))
+
+    def _pause_reading(self) -> None:
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        if self.transport is not None and not self.closed and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    @property
+    def reading_paused(self) -> bool:
+        """True while publish back-pressure keeps this connection from being read."""
+        return self._read_gate is not None and self._read_gate.paused
 
     def _on_send_done(self, producer_id: int, sequence_id: int, highest: int, future: asyncio.Future[Position],
-                      arrived: float) -> None:
+                      arrived: float, scopes: tuple[PendingSends, ...], size_bytes: int) -> None:
         observe = self.service.on_publish_latency
         if observe is not None:
             observe(time.perf_counter() - arrived)
-        self._pending_sends -= 1
-        if self._reading_paused and self._pending_sends <= self.config.pending_sends_per_connection_max // 2:
-            self._reading_paused = False
-            if self.transport is not None and not self.closed:
-                self.transport.resume_reading()
+        self.service.publish_limits.on_send_done(scopes, size_bytes)
         if producer_id not in self.producers:
             return  # closed meanwhile (the client resends what it did not get receipts for)
         error = future.exception()

@@ -13,97 +13,146 @@ from dataclasses import replace
 from prometheus_client import CollectorRegistry, Histogram
 
 from broker.admin.app import build_admin_app
-from broker.config import BrokerConfig
+from broker.archiver import STEPS as ARCHIVE_STEPS
+from broker.archiver import ArchiverConfig
+from broker.config import HTTP_PORT_OFFSET, BrokerConfig
 from broker.connection import ServerConnection
 from broker.managed_ledger import ManagedLedgerConfig
 from broker.metrics import register_broker_metrics
 from broker.service import BrokerService
 from bundles.config import BundlesConfig
+from common.config_options import ConfigOption, add_config_options, config_overrides
+from common.histograms import LATENCY_BUCKETS_S
+from common.listen import bind_failure
+from common.loop_monitor import LoopMonitor
+from common.ops_http import bind_listener, start_ops_server_on
+from common.tasks import TaskSet, stop_on_signals
 from ledger.client import LedgerClient
 from ledger.config import LedgerClientConfig
-from common.loop_monitor import LoopMonitor
-from common.histograms import LATENCY_BUCKETS_S
-from common.ops_http import bind_listener, start_ops_server_on
-from common.tasks import cancel_and_wait, stop_on_signals
 from metadata import open_store
 
 log = logging.getLogger(__name__)
 
+MIB = 1024 * 1024
+
+# Every flag that sets a config field; the defaults are the dataclasses' own.
+OPTIONS: list[ConfigOption] = [
+    ConfigOption("--cluster", BrokerConfig, "cluster"),
+    ConfigOption("--host", BrokerConfig, "host", "address to listen on"),
+    ConfigOption("--port", BrokerConfig, "port", "Pulsar binary protocol port (0: any free port)"),
+    ConfigOption("--http-port", BrokerConfig, "http_port", "admin REST, lookups, /health and /metrics "
+                 "(0: any free port)", type=int,
+                 default_text=f"--port + {HTTP_PORT_OFFSET}, so 8080 for 6650; 0 with --port 0"),
+    ConfigOption("--broker-id", BrokerConfig, "broker_id", default_text="host:port"),
+    ConfigOption("--ensemble-size", ManagedLedgerConfig, "ensemble_size", "bookies per ledger (E)"),
+    ConfigOption("--write-quorum", ManagedLedgerConfig, "write_quorum_size", "copies of each entry (Qw)"),
+    ConfigOption("--ack-quorum", ManagedLedgerConfig, "ack_quorum_size", "copies acknowledged before a receipt (Qa)"),
+    ConfigOption("--ledger-max-entries", ManagedLedgerConfig, "ledger_entries_max", "roll over past this"),
+    ConfigOption("--ledger-max-mib", ManagedLedgerConfig, "ledger_bytes_max", "roll over past this", unit=MIB),
+    ConfigOption("--ledger-max-age-s", ManagedLedgerConfig, "ledger_age_s_max", "roll over past this"),
+    ConfigOption("--entry-cache-mib", BrokerConfig, "entry_cache_bytes_max", "tailing reads' cache", unit=MIB),
+    ConfigOption("--cursor-flush-interval-s", BrokerConfig, "cursor_flush_interval_s",
+                 "acknowledgements are persisted this often"),
+    ConfigOption("--dispatch-entries-max", BrokerConfig, "dispatch_entries_max",
+                 "entries read from storage per dispatch round of a subscription"),
+    ConfigOption("--dispatch-mib-max", BrokerConfig, "dispatch_bytes_max",
+                 "bytes (MiB) read per dispatch round of a subscription", unit=MIB),
+    ConfigOption("--unacked-per-consumer-max", BrokerConfig, "unacked_per_consumer_max",
+                 "messages a shared or key-shared consumer may hold unacknowledged before it gets no more "
+                 "(Pulsar's maxUnackedMessagesPerConsumer)"),
+    ConfigOption("--pending-sends-per-connection-max", BrokerConfig, "pending_sends_per_connection_max",
+                 "unanswered sends past which a connection is not read (Pulsar's "
+                 "maxPendingPublishRequestsPerConnection)"),
+    ConfigOption("--pending-sends-per-topic-max", BrokerConfig, "pending_sends_per_topic_max",
+                 "unanswered sends of one topic past which its publishers are not read"),
+    ConfigOption("--pending-send-mib-per-topic-max", BrokerConfig, "pending_send_bytes_per_topic_max",
+                 "unanswered send bytes (MiB) of one topic past which its publishers are not read", unit=MIB),
+    ConfigOption("--pending-sends-per-broker-max", BrokerConfig, "pending_sends_per_broker_max",
+                 "unanswered sends of the whole broker past which publishers are not read"),
+    ConfigOption("--pending-send-mib-per-broker-max", BrokerConfig, "pending_send_bytes_per_broker_max",
+                 "unanswered send bytes (MiB) of the whole broker past which publishers are not read "
+                 "(Pulsar's maxMessagePublishBufferSizeInMB)", unit=MIB),
+    ConfigOption("--pending-sends-resume-ratio", BrokerConfig, "pending_sends_resume_ratio",
+                 "a paused publisher is read again once each bound it hit is down to this share"),
+    ConfigOption("--keepalive-interval-s", BrokerConfig, "keepalive_interval_s"),
+    ConfigOption("--max-message-size", BrokerConfig, "max_message_size", "bytes, announced to clients"),
+    ConfigOption("--no-auto-topic-creation", BrokerConfig, "allow_auto_topic_creation",
+                 "refuse producers and consumers of topics that do not exist", switch_to=False),
+    ConfigOption("--retention-check-interval-s", BrokerConfig, "retention_check_interval_s"),
+    ConfigOption("--lease-ttl-s", BundlesConfig, "lease_ttl_s", "a dead broker's bundles move after this"),
+    ConfigOption("--load-report-interval-s", BundlesConfig, "report_interval_s"),
+    ConfigOption("--leader-interval-s", BundlesConfig, "leader_interval_s"),
+    ConfigOption("--shedding-threshold", BundlesConfig, "shedding_threshold"),
+    ConfigOption("--no-shedding", BundlesConfig, "shedding_enabled", "never move bundles off loaded brokers",
+                 switch_to=False),
+    ConfigOption("--shedding-cooldown-s", BundlesConfig, "shedding_cooldown_s"),
+    ConfigOption("--default-bundles", BundlesConfig, "default_bundles", "bundles of a new namespace"),
+    # The archive (docs/archive.md): where closed ledgers go when a namespace's offload
+    # policy names no location, and how the archiver works.
+    ConfigOption("--archive-url", ArchiverConfig, "location_url",
+                 "archive location (a directory or fsspec URL) for namespaces whose offload policy names none"),
+    ConfigOption("--archive-check-interval-s", ArchiverConfig, "check_interval_s"),
+    ConfigOption("--archive-file-mib", ArchiverConfig, "file_bytes_max", "bytes of a ledger per archive file",
+                 unit=MIB),
+    ConfigOption("--archive-threads", ArchiverConfig, "threads", "worker threads for Arrow encoding and archive file IO"),
+    ConfigOption("--archive-read-cache-mib", ArchiverConfig, "read_cache_bytes_max", unit=MIB),
+    ConfigOption("--archive-read-ahead-batches", ArchiverConfig, "read_ahead_batches"),
+    ConfigOption("--archive-orphan-grace-s", ArchiverConfig, "orphan_grace_s",
+                 "files no manifest names are deleted once older than this"),
+    ConfigOption("--archive-gc-interval-s", ArchiverConfig, "gc_interval_s",
+                 "how often each topic's archive directory is checked for orphans"),
+]
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metadata", required=True, help="etcd://host:port[,host:port...]")
-    parser.add_argument("--cluster", default="standalone")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=6650, help="binary protocol port (0: any)")
-    parser.add_argument("--http-port", type=int, default=8080, help="admin REST and /metrics (0: any)")
-    parser.add_argument("--broker-id", default="")
-    parser.add_argument("--ensemble-size", type=int, default=2)
-    parser.add_argument("--write-quorum", type=int, default=2)
-    parser.add_argument("--ack-quorum", type=int, default=2)
-    parser.add_argument("--ledger-max-entries", type=int, default=50_000)
-    parser.add_argument("--ledger-max-mib", type=int, default=2048)
-    parser.add_argument("--ledger-max-age-s", type=float, default=4 * 3600.0)
-    parser.add_argument("--entry-cache-mib", type=int, default=512)
-    parser.add_argument("--cursor-flush-interval-s", type=float, default=1.0)
-    parser.add_argument("--dispatch-entries-max", type=int, default=100,
-                        help="entries read from storage per dispatch round of a subscription")
-    parser.add_argument("--dispatch-mib-max", type=int, default=4,
-                        help="bytes (MiB) read per dispatch round of a subscription")
-    parser.add_argument("--keepalive-interval-s", type=float, default=30.0)
-    parser.add_argument("--max-message-size", type=int, default=5 * 1024 * 1024)
-    parser.add_argument("--no-auto-topic-creation", action="store_true")
-    parser.add_argument("--retention-check-interval-s", type=float, default=5.0)
-    parser.add_argument("--lease-ttl-s", type=int, default=10, help="a dead broker's bundles move after this")
-    parser.add_argument("--load-report-interval-s", type=float, default=5.0)
-    parser.add_argument("--leader-interval-s", type=float, default=1.0)
-    parser.add_argument("--shedding-threshold", type=float, default=0.25)
-    parser.add_argument("--no-shedding", action="store_true")
-    parser.add_argument("--shedding-cooldown-s", type=float, default=30.0)
-    parser.add_argument("--default-bundles", type=int, default=4)
+    add_config_options(parser, OPTIONS)
+    parser.add_argument("--archive-pause-at", default="", choices=["", *ARCHIVE_STEPS],
+                        help=argparse.SUPPRESS)   # tests only: stop at an archive step for a kill -9
 
 
 def bundles_config_from_args(args: argparse.Namespace) -> BundlesConfig:
-    return BundlesConfig(lease_ttl_s=args.lease_ttl_s, report_interval_s=args.load_report_interval_s,
-                         leader_interval_s=args.leader_interval_s, shedding_enabled=not args.no_shedding,
-                         shedding_threshold=args.shedding_threshold, shedding_cooldown_s=args.shedding_cooldown_s,
-                         default_bundles=args.default_bundles)
+    return BundlesConfig(**config_overrides(args, OPTIONS, BundlesConfig))
 
 
 def config_from_args(args: argparse.Namespace) -> BrokerConfig:
-    return BrokerConfig(
-        metadata_url=args.metadata, cluster=args.cluster, host=args.host, port=args.port,
-        http_port=args.http_port, broker_id=args.broker_id,
-        managed_ledger=ManagedLedgerConfig(
-            ensemble_size=args.ensemble_size, write_quorum_size=args.write_quorum, ack_quorum_size=args.ack_quorum,
-            ledger_entries_max=args.ledger_max_entries, ledger_bytes_max=args.ledger_max_mib * 1024 * 1024,
-            ledger_age_s_max=args.ledger_max_age_s),
-        entry_cache_bytes_max=args.entry_cache_mib * 1024 * 1024,
-        cursor_flush_interval_s=args.cursor_flush_interval_s,
-        dispatch_entries_max=args.dispatch_entries_max,
-        dispatch_bytes_max=args.dispatch_mib_max * 1024 * 1024,
-        keepalive_interval_s=args.keepalive_interval_s,
-        max_message_size=args.max_message_size,
-        allow_auto_topic_creation=not args.no_auto_topic_creation,
-        retention_check_interval_s=args.retention_check_interval_s,
-    )
+    """BrokerConfig from the flags given; every other field keeps its dataclass default."""
+    return BrokerConfig(metadata_url=args.metadata,
+                        managed_ledger=ManagedLedgerConfig(**config_overrides(args, OPTIONS, ManagedLedgerConfig)),
+                        **config_overrides(args, OPTIONS, BrokerConfig))
+
+
+def archiver_config_from_args(args: argparse.Namespace) -> ArchiverConfig:
+    return ArchiverConfig(**config_overrides(args, OPTIONS, ArchiverConfig), pause_at_step=args.archive_pause_at)
 
 
 class BrokerProcess:
-    def __init__(self, config: BrokerConfig, bundles_config: BundlesConfig) -> None:
+    def __init__(self, config: BrokerConfig, bundles_config: BundlesConfig,
+                 archiver_config: ArchiverConfig | None = None) -> None:
         self.config = config
         self.bundles_config = bundles_config
+        self.archiver_config = archiver_config or ArchiverConfig()
         self.stopping = asyncio.Event()
 
     async def run(self) -> int:
         config = self.config
         loop = asyncio.get_running_loop()
-        # Bind both ports first: the URLs the broker advertises need the real port
-        # numbers, and the service is built once with them.
-        server = await loop.create_server(lambda: ServerConnection(service), config.host, config.port,
-                                          reuse_address=True, start_serving=False)
-        http_listener = bind_listener(config.host, config.http_port)
+        # Both ports first, before anything else starts: a port in use is reported as
+        # one line naming its flag (PortInUse), and the URLs the broker advertises need
+        # the real port numbers (the service is built once with them).
+        try:
+            server = await loop.create_server(lambda: ServerConnection(service), config.host, config.port,
+                                              reuse_address=True, start_serving=False)
+        except OSError as error:
+            raise bind_failure("--port", config.host, config.port, error) from None
+        try:
+            http_listener = bind_listener(config.host, config.http_port)
+        except OSError as error:
+            server.close()
+            raise bind_failure("--http-port", config.host, config.http_port, error) from None
         config = replace(config, port=server.sockets[0].getsockname()[1],
                          http_port=http_listener.getsockname()[1])
+        log.info("broker config: %s", config)
         store = open_store(config.metadata_url)
         ledger_client = LedgerClient(store, LedgerClientConfig())
         await ledger_client.start()
@@ -112,20 +161,21 @@ class BrokerProcess:
                                     "From a SEND's arrival to its receipt (storage included)",
                                     buckets=LATENCY_BUCKETS_S, registry=registry)
         service = BrokerService(config, store, ledger_client, bundles_config=self.bundles_config,
-                                on_publish_latency=publish_latency.observe)
+                                on_publish_latency=publish_latency.observe, archiver_config=self.archiver_config)
         register_broker_metrics(service, registry)
-        loop_monitor = LoopMonitor(registry, "magnetar_broker")
-        monitor_task = loop.create_task(loop_monitor.run())
+        # The loop monitor: cancelled and awaited at shutdown.
+        background = TaskSet("broker process")
+        background.spawn(LoopMonitor(registry, "magnetar_broker").run(), name="loop-monitor")
         runner = await start_ops_server_on(build_admin_app(service, registry), http_listener)
         await service.start()
         await server.start_serving()
+        service.serving = True
         log.info("broker listening: broker_id=%s service_url=%s web_service_url=%s",
                  service.broker_id, config.service_url, config.web_service_url)
         try:
             await self.stopping.wait()
         finally:
             log.info("broker stopping: broker_id=%s", service.broker_id)
-            await cancel_and_wait(monitor_task)
             # Hand every bundle to another broker first, so clients move without errors.
             await service.hand_over()
             server.close()
@@ -134,6 +184,7 @@ class BrokerProcess:
                 connection.close()
             await server.wait_closed()
             await runner.cleanup()
+            await background.close()
             await ledger_client.close()
             await store.close()
             log.info("broker stopped: broker_id=%s", service.broker_id)
@@ -141,7 +192,7 @@ class BrokerProcess:
 
 
 def main(args: argparse.Namespace) -> int:
-    process = BrokerProcess(config_from_args(args), bundles_config_from_args(args))
+    process = BrokerProcess(config_from_args(args), bundles_config_from_args(args), archiver_config_from_args(args))
 
     async def run() -> int:
         stop_on_signals(process.stopping)

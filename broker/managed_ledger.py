@@ -9,6 +9,12 @@ Theory of operation:
   not). It returns a future of the entry's Position, and these futures resolve strictly
   in append order, also across a rollover (the new ledger's first entry may be
   confirmed before the old ledger's last): producers receive receipts in order.
+- Appends go to the write handle with ``submit_nowait`` (an awaiting submit could not
+  keep append order without a task per append), so the handle's own pending limits do
+  not hold them back. They are bounded upstream instead: the broker stops reading
+  producers' connections when a topic's pending sends reach
+  ``pending_sends_per_topic_max`` / ``pending_send_bytes_per_topic_max`` (set to the
+  handle's limits) or the broker's bounds are reached (broker/publish_limits.py).
 - Rollover happens after an append that fills the current ledger (entries, bytes or
   age). Appends that arrive while the next ledger is created wait in order in a queue;
   the old ledger is closed once its own adds completed.
@@ -26,7 +32,9 @@ Theory of operation:
   finished ledger rather than one forever closing.
 - Reads serve confirmed entries only, from the broker-wide entry cache when present
   (appends are put there as they are confirmed, so tailing subscriptions never touch
-  the bookies) and otherwise from the bookies, a ledger at a time.
+  the bookies) and otherwise from the bookies, a ledger at a time; a ledger the
+  archive serves (its bookie copy was deleted after archiving, broker/archiver.py)
+  is read from the archive instead, the same entry bytes at the same positions.
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ import collections
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 from broker.managed_ledger_info import LedgerInfo, ManagedLedgerInfo
 from common.position import ManagedEntry, Position, entries_between, normalize
@@ -61,6 +69,7 @@ from common.errors import (
     TopicNotFound,
     TopicTerminated,
 )
+from common.tasks import log_failure
 from ledger.handle import WriteHandle
 from ledger.reader import LedgerReader
 from metadata import keys
@@ -99,6 +108,16 @@ class ManagedLedgerConfig:
                               "bitmap covers that many entries of one ledger)")
 
 
+class ArchivedLedgers(Protocol):
+    """The topic's archive, as reads need it (broker/archiver.py's TopicArchive)."""
+
+    def serves(self, ledger_id: int) -> bool:
+        """True when the ledger is read from the archive (the bookies dropped it)."""
+
+    async def read(self, ledger_id: int, first: int, last: int, bytes_max: int) -> list[ManagedEntry]:
+        """Entries first..last (at most about bytes_max, at least one)."""
+
+
 class _Append:
     __slots__ = ("payload", "future", "ledger_id", "add_future", "refused")
 
@@ -113,7 +132,8 @@ class _Append:
 
 class ManagedLedger:
     def __init__(self, topic: TopicName, store: MetadataStore, ledger_client: LedgerClient, cache: EntryCache,
-                 config: ManagedLedgerConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
+                 config: ManagedLedgerConfig, *, clock: Callable[[], float] = time.monotonic,
+                 archive: ArchivedLedgers | None = None) -> None:
         self.topic = topic
         self.name = str(topic)
         self._store = store
@@ -121,6 +141,7 @@ class ManagedLedger:
         self._cache = cache
         self.config = config
         self._clock = clock
+        self.archive = archive
         self._key = keys.managed_ledger(topic.key_path)
         self._info = ManagedLedgerInfo()
         self._version = 0
@@ -149,6 +170,12 @@ class ManagedLedger:
         self.on_fenced: Callable[[MagnetarError], None] | None = None
         self.entries_added = 0
         self.bytes_added = 0
+
+    def _log_failure(self, task: asyncio.Task) -> None:
+        """Done-callback of the managed ledger's own tasks: a shared task's callers get
+        its outcome through shield, but every caller may have gone away before it
+        ended, so its failure is logged (and retrieved) here."""
+        log_failure(task, owner=f"managed ledger {self.name}")
 
     # --- opening ----------------------------------------------------------------------
 
@@ -374,6 +401,9 @@ class ManagedLedger:
         if self._rolling is None and self.fenced_error is None and not self.closed and \
                 (self._queued or not stopping):
             self._rolling = asyncio.get_running_loop().create_task(self._roll())
+            # Owned here (close and terminate wait for it through _drain); a failure
+            # other than the ones _roll hands to the appends is logged.
+            self._rolling.add_done_callback(self._log_failure)
 
     async def _roll(self) -> None:
         old = self._handle
@@ -436,8 +466,9 @@ class ManagedLedger:
             await self._close_handle(handle)
 
         task = asyncio.get_running_loop().create_task(close())
-        self._closing_handles.add(task)
+        self._closing_handles.add(task)   # awaited by _close
         task.add_done_callback(self._closing_handles.discard)
+        task.add_done_callback(self._log_failure)
 
     def _fence(self, error: MagnetarError) -> None:
         if self.fenced_error is not None:
@@ -545,6 +576,8 @@ class ManagedLedger:
         return entries
 
     async def _read_ledger(self, ledger_id: int, first: int, last: int, bytes_max: int) -> list[ManagedEntry]:
+        if self.archive is not None and self.archive.serves(ledger_id):
+            return await self.archive.read(ledger_id, first, last, bytes_max)
         entries: list[ManagedEntry] = []
         size = 0
         entry_id = first
@@ -615,7 +648,7 @@ class ManagedLedger:
         if self._termination is None:
             self._terminating = True
             self._termination = asyncio.get_running_loop().create_task(self._terminate())
-            self._termination.add_done_callback(_retrieve)
+            self._termination.add_done_callback(self._log_failure)
         return await asyncio.shield(self._termination)
 
     async def _terminate(self) -> Position:
@@ -664,7 +697,7 @@ class ManagedLedger:
         if self._close_task is None:
             self._closing = True
             self._close_task = asyncio.get_running_loop().create_task(self._close())
-            self._close_task.add_done_callback(_retrieve)
+            self._close_task.add_done_callback(self._log_failure)
         await asyncio.shield(self._close_task)
 
     async def _close(self) -> None:
@@ -726,9 +759,3 @@ class ManagedLedger:
                 total += self._handle_bytes
         return total
 
-
-def _retrieve(task: asyncio.Task) -> None:
-    """Marks a shared task's outcome as seen: its callers get it through shield, but
-    every caller may have gone away before it ended."""
-    if not task.cancelled():
-        task.exception()

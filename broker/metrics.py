@@ -1,15 +1,20 @@
 """The broker's Prometheus metrics, read from the service when /metrics is scraped
-(so the hot paths only bump plain integer counters)."""
+(so the hot paths only bump plain integer counters). The publish-latency histogram is
+made by the wiring and handed to the service (broker/main.py)."""
 
 from __future__ import annotations
 
+from typing import Iterator
+
 from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from broker.service import BrokerService
 
 
 def register_broker_metrics(service: BrokerService, registry: CollectorRegistry) -> None:
-    """Registers the service's gauges (read when scraped) in ``registry``."""
+    """Registers the service's gauges and counters (read when scraped) in ``registry``."""
     def topics():
         return service.loaded_topics()
 
@@ -31,6 +36,36 @@ def register_broker_metrics(service: BrokerService, registry: CollectorRegistry)
         ("magnetar_broker_entry_cache_bytes", "Bytes in the entry cache", lambda: service.cache.size_bytes),
         ("magnetar_broker_entry_cache_hits", "Entry cache hits", lambda: service.cache.hits),
         ("magnetar_broker_entry_cache_misses", "Entry cache misses", lambda: service.cache.misses),
+        # Publish back-pressure (broker/publish_limits.py).
+        ("magnetar_broker_pending_sends", "Sends accepted and not yet answered (whole broker)",
+         lambda: service.publish_limits.broker.sends),
+        ("magnetar_broker_pending_send_bytes", "Payload bytes of sends accepted and not yet answered",
+         lambda: service.publish_limits.broker.size_bytes),
+        ("magnetar_broker_publish_paused_connections", "Connections not read now because of pending sends",
+         lambda: sum(1 for c in list(service.connections) if c.reading_paused)),
     ]
     for name, help_text, function in gauges:
         Gauge(name, help_text, registry=registry).set_function(function)
+    registry.register(_PublishLimitsCollector(service))
+
+
+class _PublishLimitsCollector(Collector):
+    """How often publish back-pressure stopped reading connections, in all and by the
+    kind of bound that did it (a pause may be for several bounds at once)."""
+
+    def __init__(self, service: BrokerService) -> None:
+        self._service = service
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        stats = self._service.publish_limits.stats
+        yield CounterMetricFamily("magnetar_broker_publish_reading_pauses",
+                                  "Times a connection stopped being read because of pending sends",
+                                  value=stats.reading_pauses)
+        yield CounterMetricFamily("magnetar_broker_publish_reading_resumes",
+                                  "Times a paused connection was read again", value=stats.reading_resumes)
+        blocks = CounterMetricFamily("magnetar_broker_publish_blocks",
+                                     "Times a connection was blocked by a full bound, by the bound's kind",
+                                     labels=["kind"])
+        for kind, count in (stats.blocks_by_kind or {}).items():
+            blocks.add_metric([kind], count)
+        yield blocks

@@ -29,8 +29,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
+from broker.archiver import Archiver, ArchiverConfig
 from broker.config import BrokerConfig
 from broker.managed_ledger import ManagedLedger, ManagedLedgerConfig
+from broker.publish_limits import Limit, PendingSends, PublishLimits, ReadGate
 from broker.resources import Resources
 from broker.topic import PersistentTopic
 from bundles.config import BundlesConfig
@@ -54,7 +56,7 @@ from common.errors import (
     TenantNotFound,
     TopicNotFound,
 )
-from common.tasks import cancel_and_wait
+from common.tasks import TaskSet, cancel_and_wait
 from metadata.policies import NamespacePolicies, PersistencePolicies, TenantInfo
 from metadata.store import MetadataStore
 
@@ -64,6 +66,13 @@ log = logging.getLogger(__name__)
 # close and a load complete in between; more means the topic flaps, e.g. its bundle
 # moves back and forth, and the caller is better told to retry).
 _TOPIC_LOAD_ATTEMPTS_MAX = 4
+
+
+def _log_publish_blocked(gate: ReadGate, scope: PendingSends) -> None:
+    """Once per episode: the first connection a full scope stops reading."""
+    log.warning("publishes paused, not reading from publishers until pending sends drain: scope=%s name=%s "
+                "pending_sends=%d pending_bytes=%d connection=%s", scope.kind, scope.name, scope.sends,
+                scope.size_bytes, gate.scope.name)
 
 
 @dataclass(frozen=True)
@@ -87,7 +96,8 @@ class TopicOwnership(Protocol):
 class BrokerService:
     def __init__(self, config: BrokerConfig, store: MetadataStore, ledger_client: LedgerClient, *,
                  bundles_config: BundlesConfig | None = None, topic_ownership: TopicOwnership | None = None,
-                 on_publish_latency: Callable[[float], None] | None = None) -> None:
+                 on_publish_latency: Callable[[float], None] | None = None,
+                 archiver_config: ArchiverConfig | None = None) -> None:
         """``config`` carries the ports the broker listens on (bound before, so that the
         URLs it advertises are final). With ``bundles_config`` the service builds and
         runs its bundles parts; without, it owns every topic, or asks
@@ -102,13 +112,27 @@ class BrokerService:
         self.resources = Resources(store, default_bundles=(bundles_config or BundlesConfig()).default_bundles)
         self.cache = EntryCache(config.entry_cache_bytes_max)
         self.topics: dict[str, asyncio.Future[PersistentTopic]] = {}
+        # One task per topic being loaded (each catches and hands on its own failure):
+        # cancelled and awaited by close, after the background tasks.
         self._loads: set[asyncio.Task[None]] = set()
+        # The retention loop, the archiver and the load reporter: cancelled and awaited
+        # by hand_over or close.
+        self._background = TaskSet("broker service")
         self.broker_id = config.effective_broker_id
         self.started_at = time.time()
         self.shutting_down = False
         self.connections: set = set()
-        self._background: list[asyncio.Task[None]] = []
         self.on_publish_latency = on_publish_latency
+        # Set by the wiring once the binary protocol accepts connections; /health is
+        # 503 until then.
+        self.serving = False
+        # Bounds on sends accepted and not yet answered (connection, topic, broker).
+        ratio = config.pending_sends_resume_ratio
+        self.publish_limits = PublishLimits(
+            connection=Limit(config.pending_sends_per_connection_max, config.pending_send_bytes_per_broker_max, ratio),
+            topic=Limit(config.pending_sends_per_topic_max, config.pending_send_bytes_per_topic_max, ratio),
+            broker=Limit(config.pending_sends_per_broker_max, config.pending_send_bytes_per_broker_max, ratio),
+            on_blocked=_log_publish_blocked)
         # The bundles layer: who owns a topic, the leader candidacy, this broker's load
         # reports and the watch of every broker's (for the addresses of other brokers).
         self.ownership: OwnershipManager | None = None
@@ -124,6 +148,9 @@ class BrokerService:
             self.leader = Leader(store, bundles_config, identity, lambda: ownership.lease, self.broker_reports)
             self._reporter = LoadReporter(store, bundles_config, ownership, self.load_counters)
         self.topic_ownership = topic_ownership
+        # The archive (broker/archiver.py): archives closed ledgers per the namespaces'
+        # offload policies and serves ledgers whose bookie copy is gone.
+        self.archiver = Archiver(archiver_config or ArchiverConfig(), store, ledger_client, self.resources.policies)
 
     def broker_urls(self, broker_id: str) -> tuple[str, str] | None:
         """(service URL, web service URL) of a live broker, from its load report."""
@@ -177,7 +204,7 @@ class BrokerService:
             await self.ownership.start()
             await self._reporter.publish()   # the leader must know this broker before assigning to it
             await self.leader.start()
-            self._background.append(asyncio.get_running_loop().create_task(self._reporter.run()))
+            self._background.spawn(self._reporter.run(), name="load reporter")
         await self.resources.ensure_cluster(self.config.cluster, self.config.service_url,
                                             self.config.web_service_url)
         try:
@@ -188,7 +215,8 @@ class BrokerService:
             await self.resources.create_namespace(NamespaceName(DEFAULT_TENANT, DEFAULT_NAMESPACE))
         except AlreadyExists:
             pass
-        self._background.append(asyncio.get_running_loop().create_task(self._run_retention()))
+        self._background.spawn(self._run_retention(), name="retention")
+        self._background.spawn(self.archiver.run(self.loaded_topics), name="archiver")
 
     async def _run_retention(self) -> None:
         """Trims consumed ledgers of every loaded topic, per its namespace's policy."""
@@ -198,7 +226,8 @@ class BrokerService:
                 try:
                     policies = await self.resources.policies(topic.name.namespace_name)
                     retention = policies.retention()
-                    await topic.trim_ledgers(retention.retentionTimeInMinutes, retention.retentionSizeInMB)
+                    await topic.trim_ledgers(retention.retentionTimeInMinutes, retention.retentionSizeInMB,
+                                             await self.archiver.retention_gate(topic))
                 except MagnetarError as error:
                     log.warning("retention check failed: topic=%s error=%s", topic.full_name, error)
 
@@ -300,9 +329,14 @@ class BrokerService:
             parent_partitions = await self.resources.partitions(name.partitioned_parent)
             if name.partition_index < parent_partitions:
                 may_create = True
+        archive = await self.archiver.open_topic(name)
         ledger = ManagedLedger(name, self.store, self.ledger_client, self.cache,
-                               await self._ledger_config(namespace, policies))
-        await ledger.open(create_if_missing=may_create)
+                               await self._ledger_config(namespace, policies), archive=archive)
+        try:
+            await ledger.open(create_if_missing=may_create)
+        except BaseException:
+            self.archiver.close_topic(name, archive)
+            raise
         topic = PersistentTopic(name, ledger, self.store, self.config, self.ledger_client)
         topic.on_closed = self._on_topic_closed
         try:
@@ -314,6 +348,7 @@ class BrokerService:
         return topic
 
     def _on_topic_closed(self, topic: PersistentTopic) -> None:
+        self.archiver.close_topic(topic.name, topic.ledger.archive)
         loading = self.topics.get(topic.full_name)
         if loading is not None and loading.done() and not loading.exception() and loading.result() is topic:
             self.topics.pop(topic.full_name, None)
@@ -412,15 +447,15 @@ class BrokerService:
         ownership, reports = self.ownership, self.broker_reports
         await self.leader.step_down()
         await ownership.release_all(lambda _bundle: ownership.handover_target(reports))
-        await cancel_and_wait(*self._background)
-        self._background.clear()
+        await self._background.close()   # the load reporter too: this broker takes no more bundles
         await self.leader.close()
         if ownership.lease is not None:
             await self.store.revoke_lease(ownership.lease)
 
     async def close(self) -> None:
         self.shutting_down = True
-        await cancel_and_wait(*self._background, *self._loads)
+        await self._background.close()
+        await cancel_and_wait(*self._loads)
         if self.leader is not None:
             await self.leader.close()
         if self.ownership is not None:
@@ -430,3 +465,4 @@ class BrokerService:
         topics = self.loaded_topics()
         await asyncio.gather(*(t.close(disconnect_clients=True) for t in topics), return_exceptions=True)
         self.topics.clear()
+        await self.archiver.close()

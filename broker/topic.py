@@ -17,6 +17,8 @@ CLOSE_CONSUMER) must not fail the creation for the others waiting on it.
 from __future__ import annotations
 
 import asyncio
+import functools
+import itertools
 import logging
 import time
 from typing import Awaitable, Callable
@@ -42,6 +44,7 @@ from common.errors import (
     TopicFenced,
     TopicTerminated,
 )
+from common.tasks import log_failure
 from metadata import keys
 from metadata.store import MetadataStore
 from subscriptions.cursor import CursorState, ManagedCursor
@@ -123,7 +126,8 @@ class PersistentTopic:
         return Subscription(name, self.full_name, self.ledger, cursor, mode,
                             partition_index=self.name.partition_index,
                             entries_max=self.config.dispatch_entries_max, bytes_max=self.config.dispatch_bytes_max,
-                            redelivery_counts_max=self.config.redelivery_counts_max)
+                            redelivery_counts_max=self.config.redelivery_counts_max,
+                            unacked_per_consumer_max=self.config.unacked_per_consumer_max)
 
     # --- producers ----------------------------------------------------------------------------
 
@@ -187,8 +191,9 @@ class PersistentTopic:
         pending = self._creating.get(name)
         if pending is None:
             pending = asyncio.get_running_loop().create_task(self._create(name, create))
-            # Retrieved here too, in case every caller went away before it ended.
-            pending.add_done_callback(lambda task: task.cancelled() or task.exception())
+            # Owned by the topic (its close waits for it); a failure is logged here too,
+            # in case every caller went away before it ended.
+            pending.add_done_callback(functools.partial(log_failure, owner=f"topic {self.full_name}"))
             self._creating[name] = pending
         return await asyncio.shield(pending)
 
@@ -354,7 +359,7 @@ class PersistentTopic:
         if self._close_task is None:
             self.closing = True
             self._close_task = asyncio.get_running_loop().create_task(self._close(disconnect_clients))
-            self._close_task.add_done_callback(lambda task: task.cancelled() or task.exception())
+            self._close_task.add_done_callback(functools.partial(log_failure, owner=f"topic {self.full_name}"))
         return self._close_task
 
     async def _close(self, disconnect_clients: bool) -> None:
@@ -413,9 +418,12 @@ class PersistentTopic:
         marks = [s.cursor.mark_delete_position for s in self.subscriptions.values() if s.cursor.durable]
         return min(marks) if marks else self.ledger.last_confirmed
 
-    async def trim_ledgers(self, retention_minutes: int, retention_mb: int) -> list[int]:
+    async def trim_ledgers(self, retention_minutes: int, retention_mb: int,
+                           may_delete: Callable[[int], bool] | None = None) -> list[int]:
         """Deletes the ledgers every durable cursor has passed that retention no longer
-        protects (see broker/retention.py). Returns their ids."""
+        protects (see broker/retention.py), oldest first and, given ``may_delete`` (the
+        archive's gate: archived ledgers only), no further than the first it refuses.
+        Returns their ids."""
         from broker.retention import LedgerSpan, ledgers_to_delete
 
         if self.closing:
@@ -428,6 +436,8 @@ class PersistentTopic:
                             info.closed_ms if info.closed_ms > 0 else now_ms) for info in ledger.ledger_infos()]
         doomed = ledgers_to_delete(spans, ledger.current_ledger_id, tuple(self.consumed_upto()),
                                    retention_minutes, retention_mb, now_ms)
+        if may_delete is not None:
+            doomed = list(itertools.takewhile(may_delete, doomed))
         if not doomed:
             return []
         await ledger.delete_ledgers_before(doomed[-1] + 1)

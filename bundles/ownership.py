@@ -61,7 +61,7 @@ from common.errors import (
     PreconditionFailed,
     ServiceNotReady,
 )
-from common.tasks import cancel_and_wait
+from common.tasks import TaskSet
 from metadata import keys
 from metadata.prefix_cache import PrefixCache
 from metadata.store import Compare, Delete, Lease, MetadataStore, Put, Record
@@ -149,7 +149,10 @@ class OwnershipManager:
         self._busy: set[str] = set()                         # bundle keys with an operation running
         self.fenced = False
         self._changed = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
+        # The lease guard, and one task per watch event acted on (taking, transferring or
+        # dropping a bundle; at most one runs per bundle, ``_busy``): cancelled and
+        # awaited by close.
+        self._tasks = TaskSet("bundle ownership")
         self._closing = False
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -159,15 +162,14 @@ class OwnershipManager:
         await self._owners.start()
         await self._assignments.start()
         await self._transfers.start()
-        loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self._guard_lease()))
+        self._tasks.spawn(self._guard_lease(), name="guard-lease")
         # Assignments that were waiting for us before we watched.
         for record in list(self._assignments.records.values()):
             self._on_assignment_change(record.key, None, record)
 
     async def close(self) -> None:
         self._closing = True
-        await cancel_and_wait(*self._tasks)
+        await self._tasks.close()
         for cache in (self._owners, self._assignments, self._transfers):
             await cache.close()
 
@@ -356,10 +358,11 @@ class OwnershipManager:
                 mine = OwnerRecord.decode(new.value).broker_id == self.identity.broker_id
             except MalformedFrame:
                 pass
-        if bkey in self._serving and not mine and bkey not in self._busy:
+        if bkey in self._serving and not mine and bkey not in self._busy and not self._closing:
             # Our key vanished or changed hands without us releasing it (lease expired,
             # an operator deleted it): stop serving at once.
-            asyncio.get_running_loop().create_task(self._stop_serving(namespace, bundle, "owner key lost"))
+            self._tasks.spawn(self._stop_serving(namespace, bundle, "owner key lost"),
+                              name=f"stop-serving {bkey}")
 
     def _on_assignment_change(self, key: str, old: Record | None, new: Record | None) -> None:
         self._changed.set()
@@ -372,7 +375,7 @@ class OwnershipManager:
         if assignment.broker_id != self.identity.broker_id:
             return
         namespace, bundle = keys.split_bundle_key(key, keys.BUNDLE_ASSIGNMENTS)
-        asyncio.get_running_loop().create_task(self._take(namespace, bundle, new))
+        self._tasks.spawn(self._take(namespace, bundle, new), name=f"take {namespace}/{bundle}")
 
     def _on_transfer_change(self, key: str, old: Record | None, new: Record | None) -> None:
         if new is None or self._closing:
@@ -385,7 +388,8 @@ class OwnershipManager:
             transfer = TransferRecord.decode(new.value)
         except MalformedFrame:
             return
-        asyncio.get_running_loop().create_task(self._transfer_requested(namespace, bundle, transfer, new))
+        self._tasks.spawn(self._transfer_requested(namespace, bundle, transfer, new),
+                          name=f"transfer {namespace}/{bundle}")
 
     # --- taking a bundle ---------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ Code ranges:
     3000-3999  metadata store (etcd)
     4000-4999  broker and topics
     5000-5999  capacity, time and availability (mostly retriable)
+    6000-6999  the archive (Arrow files of archived ledgers, their manifest)
 """
 
 from __future__ import annotations
@@ -94,38 +95,53 @@ class Unauthorized(MagnetarError):
     code, http_status = 1008, 401
 
 
+class PortInUse(ConfigError):
+    """A server could not listen on a port the operator chose (or left at its
+    default): another process has it, or the address is not this host's. The message
+    names the flag to change."""
+
+    code, http_status = 1009, 400
+
+    def __init__(self, flag: str, host: str, port: int, reason: str = "already in use") -> None:
+        self.flag = flag
+        self.host = host
+        self.port = port
+        super().__init__(f"cannot listen on {host}:{port} ({flag} {port}): {reason}; "
+                         f"stop the process holding it or give another {flag}")
+
+
 class InvalidReceipt(MagnetarError):
     """A gateway receipt handle that does not decode: garbage, truncated, or a format
     version this gateway does not read."""
 
-    code, http_status = 1009, 400
+    code, http_status = 1010, 400
 
 
 class ReceiptForged(MagnetarError):
     """A receipt handle whose signature does not verify with any key of this cluster."""
 
-    code, http_status = 1010, 403
+    code, http_status = 1011, 403
 
 
 class ReceiptForeign(MagnetarError):
     """A genuine receipt handle used where it does not belong: issued by another
     cluster, or for another topic or subscription than the request names."""
 
-    code, http_status = 1011, 400
+    code, http_status = 1012, 400
 
 
 class LeaseExpired(MagnetarError):
     """The lease of a received message is over (its deadline passed, it was nacked, or
     the gateway holding it is gone): the message is back in its subscription."""
 
-    code, http_status = 1012, 410
+    code, http_status = 1013, 410
 
 
 class LimitExceeded(MagnetarError):
     """A request is larger than a limit allows (body bytes, messages per batch, wait or
     lease length); the message names the limit. Repeating it unchanged cannot succeed."""
 
-    code, http_status = 1013, 413
+    code, http_status = 1014, 413
 
     def __init__(self, limit: str, value: int, value_max: int) -> None:
         self.limit = limit
@@ -373,6 +389,54 @@ class ServiceNotReady(MagnetarError):
 
 class ShuttingDown(MagnetarError):
     code, retriable, http_status = 5004, True, 503
+
+
+# --- 6000: the archive ------------------------------------------------------------------
+
+class ArchiveError(MagnetarError):
+    """Archiving a ledger, or reading an archived one, failed."""
+
+    code, http_status = 6000, 500
+
+
+class ArchiveCorrupt(ArchiveError):
+    """An archive file does not hold what its metadata and checksums say: a flipped
+    byte, a truncation, a foreign file. Never returned as data. ``batch_index`` is the
+    record batch at fault (None: the file as a whole, e.g. its footer)."""
+
+    code, http_status = 6001, 422
+
+    def __init__(self, url: str, detail: str, batch_index: int | None = None) -> None:
+        self.url = url
+        self.detail = detail
+        self.batch_index = batch_index
+        where = f" record batch {batch_index}" if batch_index is not None else ""
+        super().__init__(f"archive file {url}{where} is corrupt: {detail}")
+
+
+class ArchiveFormatUnsupported(ArchiveError):
+    """The file's format version is outside what this reader understands."""
+
+    code, http_status = 6002, 422
+
+    def __init__(self, url: str, format_version: int, supported: tuple[int, int]) -> None:
+        self.url = url
+        self.format_version = format_version
+        super().__init__(f"archive file {url} has format version {format_version}; this reader reads "
+                         f"{supported[0]}..{supported[1]}")
+
+
+class ArchiveNotFound(ArchiveError):
+    """No archive holds what was asked (a ledger, an entry, a file)."""
+
+    code, http_status = 6003, 404
+
+
+class ArchiveUnavailable(ArchiveError):
+    """The archive's storage did not answer or failed an operation (IO error, object
+    store down); trying again may succeed."""
+
+    code, retriable, http_status = 6004, True, 503
 
 
 class UnknownError(MagnetarError):

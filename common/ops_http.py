@@ -11,6 +11,8 @@ from typing import Awaitable, Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from common.listen import bind_failure
+
 log = logging.getLogger(__name__)
 
 HealthCheck = Callable[[], Awaitable[tuple[bool, dict]]]
@@ -36,12 +38,18 @@ def add_ops_routes(app: web.Application, registry: CollectorRegistry, health: He
     app.router.add_get("/metrics", metrics_handler)
 
 
-async def start_ops_server(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
-    """Starts the app; returns the runner (to clean up) and the bound port."""
+async def start_ops_server(app: web.Application, host: str, port: int,
+                           flag: str = "--http-port") -> tuple[web.AppRunner, int]:
+    """Starts the app; returns the runner (to clean up) and the bound port. A port that
+    cannot be bound raises PortInUse naming ``flag`` (the runner is cleaned up)."""
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as error:
+        await runner.cleanup()
+        raise bind_failure(flag, host, port, error) from None
     # The runner's one site listens on (host, port), port 0 included: ask what it bound.
     assert runner.addresses, "the ops site started but listens nowhere"
     bound_port = runner.addresses[0][1]

@@ -1,12 +1,117 @@
-"""Stopping background tasks and servers."""
+"""Owning, stopping and watching background tasks, and stopping servers.
+
+Every task has an owner (STYLE.md, "Async patterns"): a component that starts a task
+in the background keeps it in a ``TaskSet``, which holds a strong reference until the
+task ends (asyncio keeps only a weak one: an unreferenced task may be collected while
+it runs), logs its failure when it ends (nobody else may ever look at it), and on the
+component's ``close`` cancels and awaits whatever still runs. A task shared through
+``asyncio.shield`` by several callers gets ``log_failure`` as a done-callback instead.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import signal
+from typing import Any, Coroutine, TypeVar
+
+from common.errors import MagnetarError, ShuttingDown
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def log_failure(task: asyncio.Task[Any], *, owner: str = "") -> AssertionError | None:
+    """Logs how a finished task failed, if it did (and so marks its exception as
+    retrieved): an operating error (``MagnetarError``) at WARNING, anything else at
+    ERROR with its traceback, a broken invariant (``AssertionError``) at CRITICAL.
+    Returns that AssertionError, for an owner that re-raises it. Usable as a
+    done-callback: ``task.add_done_callback(log_failure)``."""
+    if task.cancelled():
+        return None
+    error = task.exception()
+    if error is None:
+        return None
+    name = task.get_name()
+    if isinstance(error, AssertionError):
+        log.critical("background task broke an invariant: owner=%s task=%s", owner, name, exc_info=error)
+        return error
+    if isinstance(error, MagnetarError):
+        log.warning("background task failed: owner=%s task=%s error=%s", owner, name, error)
+    else:
+        log.error("background task failed: owner=%s task=%s error=%r", owner, name, error, exc_info=error)
+    return None
+
+
+class TaskSet:
+    """The background tasks of one component (``owner`` names it in logs).
+
+    ``spawn`` starts a task and keeps it until it ends; a task that fails is logged
+    when it ends (``log_failure``). ``close`` refuses new tasks, cancels those still
+    running and waits for them (``cancel_and_wait``); an AssertionError any task died
+    of, earlier or while stopping, is raised from ``close`` once all have finished, so
+    a broken invariant still crashes the process. Bounded by what the owner starts:
+    each owner documents why its tasks are few (one per event it reacts to, at most
+    one per bundle, stream or client...).
+    """
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closed = False
+        self._broken: AssertionError | None = None
+
+    def spawn(self, coroutine: Coroutine[Any, Any, T], *, name: str | None = None) -> asyncio.Task[T]:
+        """Starts ``coroutine`` as a task owned by this set. Raises ShuttingDown (and
+        closes the coroutine, so it is not reported as never awaited) once the set is
+        closed: nothing may start behind an owner's shutdown."""
+        if self._closed:
+            coroutine.close()
+            raise ShuttingDown(f"{self.owner} is closed: no new background task")
+        task = asyncio.get_running_loop().create_task(coroutine, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._on_done)
+        return task
+
+    def _on_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        broken = log_failure(task, owner=self.owner)
+        if broken is not None and self._broken is None:
+            self._broken = broken
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def __iter__(self):
+        return iter(list(self._tasks))
+
+    async def join(self, timeout_s: float) -> bool:
+        """Waits up to ``timeout_s`` for the tasks running now to end by themselves (an
+        owner whose tasks finish work, such as closing a channel, lets them before
+        ``close`` cancels the rest). True if all ended in time."""
+        running = [task for task in self._tasks if not task.done()]
+        if not running:
+            return True
+        _done, pending = await asyncio.wait(running, timeout=timeout_s)
+        return not pending
+
+    async def close(self) -> None:
+        """Cancels every task still running and waits until each has finished."""
+        self._closed = True
+        # Tasks already done are left to their done-callback (logged once, there).
+        running = [task for task in self._tasks if not task.done()]
+        try:
+            await cancel_and_wait(*running)
+        finally:
+            for task in running:
+                self._tasks.discard(task)
+        if self._broken is not None:
+            raise self._broken
 
 
 async def cancel_and_wait(*tasks: asyncio.Task | None) -> None:

@@ -25,6 +25,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from common.errors import ConfigError
+from common.listen import bind_failure
 from common.loop_monitor import LoopMonitor
 from common.ops_http import bind_listener
 from common.tasks import cancel_and_wait, stop_on_signals
@@ -99,7 +100,12 @@ class GatewayProcess:
 
     async def run(self) -> int:
         config = self.config
-        listener = bind_listener(config.host, config.port)
+        # Bound first: a port in use is one line naming its flag (PortInUse), and the
+        # receipts this instance issues carry its URL, which needs the real port.
+        try:
+            listener = bind_listener(config.host, config.port)
+        except OSError as error:
+            raise bind_failure("--port", config.host, config.port, error) from None
         port = listener.getsockname()[1]
         issuer_url = config.advertised_url or f"http://{config.host}:{port}"
         registry = CollectorRegistry()

@@ -33,6 +33,7 @@ from common.errors import (
     MagnetarError,
     error_for_code,
 )
+from common.tasks import TaskSet
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,9 @@ class BookieClient:
         self._queue: list[tuple[bookie_pb2.AddEntry, asyncio.Future[None], int]] = []
         self._queued_event = asyncio.Event()
         self._stream: _AddStream | None = None
+        # The sender (one at a time) and the receiver of each stream (a broken stream's
+        # receiver ends by itself): cancelled and awaited by close.
+        self._tasks = TaskSet(f"bookie client {bookie_id}")
         self._sender: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -105,7 +109,7 @@ class BookieClient:
         self._queue.append((message, future, len(entry)))
         self._queued_event.set()
         if self._sender is None or self._sender.done():
-            self._sender = asyncio.get_running_loop().create_task(self._send_loop())
+            self._sender = self._tasks.spawn(self._send_loop(), name=f"add-sender {self.bookie_id}")
         return future
 
     async def _send_loop(self) -> None:
@@ -151,8 +155,8 @@ class BookieClient:
         stream = self._stream
         if stream is None or stream.broken is not None:
             stream = self._stream = _AddStream(self)
-            # Owned by the stream; cancelled by close() or ends when the stream breaks.
-            stream.receiver = asyncio.get_running_loop().create_task(self._receive_loop(stream))
+            # Ends when the stream breaks; cancelled by close() otherwise.
+            stream.receiver = self._tasks.spawn(self._receive_loop(stream), name=f"add-receiver {self.bookie_id}")
         return stream
 
     async def _receive_loop(self, stream: _AddStream) -> None:
@@ -256,11 +260,10 @@ class BookieClient:
         stream = self._stream
         if stream is not None:
             self._break(stream, error)
-            if stream.receiver is not None:
-                stream.receiver.cancel()
-        if self._sender is not None:
-            self._sender.cancel()
-        await self._channel.close()
+        try:
+            await self._tasks.close()
+        finally:
+            await self._channel.close()
 
 
 class BookieClientPool:
@@ -271,13 +274,16 @@ class BookieClientPool:
         self._config = config
         self._address_of = address_of
         self._clients: dict[str, BookieClient] = {}
+        # Closes of stale clients (a bookie that re-registered at another address): at
+        # most one per re-registration; awaited by close.
+        self._tasks = TaskSet("bookie client pool")
 
     def get(self, bookie_id: str) -> BookieClient:
         client = self._clients.get(bookie_id)
         address = self._address_of(bookie_id)
         if client is not None and client.address != address:
             # The bookie re-registered elsewhere; drop the stale channel.
-            asyncio.get_running_loop().create_task(client.close())
+            self._tasks.spawn(client.close(), name=f"close-stale {bookie_id}")
             client = None
         if client is None:
             client = self._clients[bookie_id] = BookieClient(bookie_id, address, self._config)
@@ -287,3 +293,7 @@ class BookieClientPool:
         clients, self._clients = list(self._clients.values()), {}
         for client in clients:
             await client.close()
+        # Stale clients finish closing (each bounded by its channel's close), then any
+        # still closing is cancelled.
+        await self._tasks.join(timeout_s=self._config.control_timeout_s)
+        await self._tasks.close()

@@ -21,7 +21,7 @@ class LedgerClientConfig:
     control_timeout_s: float = 5.0
     # Adds pending for one bookie are coalesced into one stream message of at most
     # this many entries / bytes (measured: 16-128 entries per message lift a gRPC
-    # stream from ~7k to 100-200k adds/s; see DESIGN.md "Batch on the wire").
+    # stream from ~7k to 100-200k adds/s; see docs/architecture.md, "Batch on the wire").
     batch_entries_max: int = 512
     batch_bytes_max: int = 4 * MIB
     # Adds a write handle lets be in flight before add() waits (back-pressure).

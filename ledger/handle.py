@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import logging
 from dataclasses import dataclass
 
+from common.tasks import cancel_and_wait, log_failure
 from ledger.context import LedgerContext
 from common.entry import ENTRY_HEADER_SIZE, encode_entry
 from common.errors import (
@@ -217,6 +219,9 @@ class WriteHandle:
         if self._change_task is None:
             self._change_start = self._tracker.last_add_confirmed + 1
             self._change_task = asyncio.get_running_loop().create_task(self._change_ensemble())
+            # Owned by the handle: close stops it; a failure _change_ensemble does not
+            # turn into the handle's own is logged.
+            self._change_task.add_done_callback(functools.partial(log_failure, owner=f"ledger {self.ledger_id}"))
 
     def _complete(self) -> None:
         done = self._tracker.complete(self._change_start)
@@ -359,6 +364,10 @@ class WriteHandle:
         if self._state == _HandleState.OPEN:
             self._state = _HandleState.CLOSING
             await self._idle.wait()
+        if self._change_task is not None:
+            # Nothing is pending (idle, or failed), so an ensemble change has nothing
+            # left to move; stop it rather than leave it retrying behind the close.
+            await cancel_and_wait(self._change_task)
         if self._state == _HandleState.FAILED and isinstance(self._failure, LedgerFenced):
             raise LedgerFenced(self.ledger_id)
         last_entry_id = self._tracker.last_add_confirmed

@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import struct
+import sys
 import time
 
 from ledger.client import LedgerClient
@@ -42,14 +43,25 @@ def _emit(document: dict) -> None:
     print(json.dumps(document), flush=True)
 
 
+_METADATA_HELP = "etcd://host:port[,host:port...] (before or after the command)"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--metadata", required=True, help="etcd://host:port[,host:port...]")
+    # --metadata is accepted before the command (magnetar shell --metadata URL listbookies)
+    # and after it (magnetar shell listbookies --metadata URL); main checks it was given.
+    parser.add_argument("--metadata", default=None, help=_METADATA_HELP)
     commands = parser.add_subparsers(dest="shell_command", required=True)
 
-    commands.add_parser("listbookies", help="registered bookies").add_argument(
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text)
+        # SUPPRESS: a command's parser must not reset a --metadata given before it.
+        sub.add_argument("--metadata", default=argparse.SUPPRESS, help=_METADATA_HELP)
+        return sub
+
+    command("listbookies", "registered bookies").add_argument(
         "--readonly", action="store_true", help="only read-only bookies")
 
-    simple = commands.add_parser("simpletest", help="write N entries to a new ledger")
+    simple = command("simpletest", "write N entries to a new ledger")
     simple.add_argument("--ensemble", type=int, default=3)
     simple.add_argument("--write-quorum", type=int, default=2)
     simple.add_argument("--ack-quorum", type=int, default=2)
@@ -58,18 +70,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     simple.add_argument("--window", type=int, default=1000, help="adds in flight at once")
     simple.add_argument("--progress-interval-s", type=float, default=0.5)
 
-    read = commands.add_parser("readledger", help="read a whole ledger, verifying digests")
+    read = command("readledger", "read a whole ledger, verifying digests")
     read.add_argument("--ledger", type=int, required=True)
     read.add_argument("--recover", action="store_true", help="fence and close the ledger first")
     read.add_argument("--check-pattern", action="store_true", help="payloads must be simpletest's")
     read.add_argument("--batch", type=int, default=1000)
 
-    meta = commands.add_parser("ledgermetadata", help="print a ledger's metadata")
+    meta = command("ledgermetadata", "print a ledger's metadata")
     meta.add_argument("--ledger", type=int, required=True)
-    commands.add_parser("listledgers", help="list ledger ids")
-    delete = commands.add_parser("deleteledger", help="delete a ledger")
+    command("listledgers", "list ledger ids")
+    delete = command("deleteledger", "delete a ledger")
     delete.add_argument("--ledger", type=int, required=True)
-    recover = commands.add_parser("recoverledger", help="fence and close a ledger")
+    recover = command("recoverledger", "fence and close a ledger")
     recover.add_argument("--ledger", type=int, required=True)
 
 
@@ -210,5 +222,9 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
+    if not args.metadata:
+        print("magnetar shell: error: the following argument is required: --metadata "
+              "(before or after the command)", file=sys.stderr)
+        return 2
     return asyncio.run(_run(args))
 

@@ -8,6 +8,7 @@
     magnetar consume …       receive and acknowledge messages
     magnetar admin …         the admin REST API (clusters, tenants, namespaces, topics, brokers)
     magnetar perf …          pulsar-perf-like throughput and latency runs
+    magnetar archive …       a topic's Arrow archive: run, status, ls, verify
 
 Each subcommand's module owns its options (``add_arguments``) and wiring (``main``).
 """
@@ -35,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "consume": ("magnetar.tools.consume", "receive and acknowledge messages"),
     "admin": ("magnetar.tools.admin", "admin REST client"),
     "perf": ("magnetar.tools.perf", "throughput and latency runs"),
+    "archive": ("magnetar.tools.archive", "a topic's Arrow archive: run, status, ls, verify"),
 }
 
 
@@ -68,10 +70,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     logs.configure(args.log_level, args.log_format, process=args.process)
-    from common.errors import ConfigError
+    from common.errors import ConfigError, PortInUse
 
     try:
         return int(args.handler(args) or 0)
+    except PortInUse as error:
+        # One line naming the port and the flag that sets it; no traceback.
+        print(f"magnetar {args.process}: {error}", file=sys.stderr)
+        return 2
     except ConfigError as error:
         print(f"magnetar: configuration error: {error}", file=sys.stderr)
         return 2

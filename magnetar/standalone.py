@@ -14,12 +14,19 @@ Layout of the data directory:
     *.log                      each process's log
 
 The broker keeps no data of its own (everything is in etcd and the bookies).
+
+Children die with the standalone, however it dies: each is started with
+PR_SET_PDEATHSIG = SIGKILL (Linux), so a ``kill -9`` of the standalone does not leave a
+broker holding 6650 and 8080 (or bookies, or etcd, a Go binary: the setting survives
+exec) for the next ``make run`` to trip over. A clean stop (SIGTERM, Ctrl-C) still stops
+them in order first.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import json
 import logging
 import os
@@ -30,11 +37,37 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from typing import Callable
 
 from magnetar.etcd_server import etcd_command, etcd_is_healthy
+from common.errors import PortInUse
 from common.tasks import stop_on_signals
 
 log = logging.getLogger(__name__)
+
+# prctl(2): the signal a process gets when the thread that forked it exits.
+_PR_SET_PDEATHSIG = 1
+# Loaded before any fork: the child may only make the prctl call, not load a library.
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def die_with_this_process() -> Callable[[], None]:
+    """A preexec_fn making the child get SIGKILL when this process dies (Linux). The
+    forking thread is the event loop's (asyncio starts children from it), which lives
+    as long as the process. If this process died between fork and prctl, the child
+    kills itself at once rather than run without a parent."""
+    parent_pid = os.getpid()
+
+    def preexec() -> None:
+        if _LIBC is None:
+            return
+        if _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+        if os.getppid() != parent_pid:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
 
 READY_TIMEOUT_S = 60.0
 # One readiness probe; a child that answers at all answers a local GET well within it.
@@ -56,6 +89,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="bookies each message is stored on (E=Qw=Qa), default 2")
     parser.add_argument("--gateway-port", type=int, default=8081,
                         help="the HTTP gateway (broker HTTP ports skip it)")
+
+
+class StartFailed(Exception):
+    """A child exited or did not become ready while the standalone started."""
 
 
 class Standalone:
@@ -95,7 +132,8 @@ class Standalone:
         log_path = os.path.join(self.data_dir, f"{name}.log")
         log_file = open(log_path, "ab")
         process = await asyncio.create_subprocess_exec(*command, stdout=log_file, stderr=log_file,
-                                                       start_new_session=True, env=env)
+                                                       start_new_session=True, env=env,
+                                                       preexec_fn=die_with_this_process())
         log_file.close()
         self.children.append((name, process))
         log.info("started: process=%s pid=%d log=%s", name, process.pid, log_path)
@@ -115,35 +153,39 @@ class Standalone:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
             if process.returncode is not None:
-                raise RuntimeError(f"{name} exited with code {process.returncode}; see {name}.log")
+                raise StartFailed(f"{name} exited with code {process.returncode}; see {self.data_dir}/{name}.log")
             body = await asyncio.to_thread(probe)
             if body is not None and healthy(body):
                 if process.returncode is not None:   # it answered, but it is gone: not ours
-                    raise RuntimeError(f"{name} exited with code {process.returncode}; see {name}.log")
+                    raise StartFailed(f"{name} exited with code {process.returncode}; "
+                                      f"see {self.data_dir}/{name}.log")
                 return
             await asyncio.sleep(0.2)
-        raise RuntimeError(f"{name} not ready after {READY_TIMEOUT_S}s ({url})")
+        raise StartFailed(f"{name} not ready after {READY_TIMEOUT_S}s ({url}); see {self.data_dir}/{name}.log")
 
-    def _ports(self) -> list[tuple[str, int]]:
+    def _ports(self) -> list[tuple[str, int, str]]:
+        """(what, port, the flag that sets it) of every port the standalone uses."""
         args = self.args
-        ports = [("etcd", args.etcd_port), ("etcd peer", args.etcd_peer_port)]
+        ports = [("etcd", args.etcd_port, "--etcd-port"), ("etcd peer", args.etcd_peer_port, "--etcd-peer-port")]
         for n in range(args.bookies):
-            ports += [(f"bookie-{n}", args.bookie_port_base + n), (f"bookie-{n} http", args.bookie_http_port_base + n)]
+            ports += [(f"bookie-{n}", args.bookie_port_base + n, "--bookie-port-base"),
+                      (f"bookie-{n} http", args.bookie_http_port_base + n, "--bookie-http-port-base")]
         for n in range(args.brokers):
-            ports += [(f"broker-{n}", args.broker_port + n), (f"broker-{n} http", self.broker_http_port(n))]
-        ports.append(("gateway", args.gateway_port))
+            ports += [(f"broker-{n}", args.broker_port + n, "--broker-port"),
+                      (f"broker-{n} http", self.broker_http_port(n), "--broker-http-port")]
+        ports.append(("gateway", args.gateway_port, "--gateway-port"))
         return ports
 
     def _check_ports_free(self) -> None:
         """Something already listening on one of our ports would answer our readiness
         probes in our child's place (a stray etcd on 2379 would be used silently, and
-        our own etcd would die): refuse to start, naming the port."""
-        for name, port in self._ports():
+        our own etcd would die): refuse to start, naming the port and its flag."""
+        for name, port, flag in self._ports():
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
                 sock.settimeout(PROBE_TIMEOUT_S)
                 if sock.connect_ex(("127.0.0.1", port)) == 0:
-                    raise RuntimeError(f"port {port} ({name}) is already in use on 127.0.0.1: another "
-                                       f"standalone or etcd running? Stop it or choose other ports")
+                    raise PortInUse(flag, "127.0.0.1", port, f"already in use ({name}): another standalone or "
+                                                             "etcd running?")
 
     async def start(self) -> None:
         os.makedirs(self.data_dir, exist_ok=True)
@@ -172,7 +214,9 @@ class Standalone:
                 sys.executable, "-m", "magnetar", "broker", "--metadata", self.metadata_url,
                 "--port", str(self.args.broker_port + n), "--http-port", str(self.broker_http_port(n)),
                 "--broker-id", f"broker-{n}",
-                "--ensemble-size", str(copies), "--write-quorum", str(copies), "--ack-quorum", str(copies)])
+                "--ensemble-size", str(copies), "--write-quorum", str(copies), "--ack-quorum", str(copies),
+                # Where namespaces with an offload policy archive closed ledgers (docs/archive.md).
+                "--archive-url", os.path.join(self.data_dir, "archive")])
             brokers.append((name, f"http://127.0.0.1:{self.broker_http_port(n)}/health", process))
         for name, url, process in brokers:
             await self._wait_http_ok(name, url, process)
@@ -193,6 +237,7 @@ class Standalone:
             "service_url": service_url,
             "admin_url": admin_url,
             "gateway_url": gateway_url,
+            "archive_url": os.path.join(self.data_dir, "archive"),
             "data_dir": self.data_dir,
         }), flush=True)
         print(f"Magnetar standalone is up: {service_url} (Pulsar clients), {admin_url} (admin REST), "
@@ -244,4 +289,9 @@ def main(args: argparse.Namespace) -> int:
         finally:
             await standalone.stop()
 
-    return asyncio.run(run())
+    try:
+        return asyncio.run(run())
+    except StartFailed as error:
+        # A child that would not start: one line saying which and where its log is.
+        print(f"magnetar standalone: {error}", file=sys.stderr)
+        return 1

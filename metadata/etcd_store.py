@@ -31,6 +31,7 @@ Theory of operation:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -42,7 +43,7 @@ import aetcd.rpc as etcd_rpc
 import aetcd.utils
 
 from common.errors import ConfigError, InvalidArgument, MagnetarError, MetadataLeaseExpired, MetadataUnavailable
-from common.tasks import cancel_and_wait
+from common.tasks import TaskSet, cancel_and_wait, log_failure
 from metadata.store import Compare, Delete, Lease, MetadataStore, Put, Record, Watch, WatchEvent
 
 log = logging.getLogger(__name__)
@@ -174,6 +175,14 @@ class _EtcdWatch(Watch):
                 await asyncio.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, 2.0)
                 continue
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # Python 3.11's asyncio.wait_for (inside aetcd's add_callback) returns
+                # its result and drops a cancellation that arrives as the watch is
+                # created. Honour it here: otherwise the owner's cancel_and_wait waits
+                # forever for a watch that goes on.
+                await self._cancel_quietly(watch)
+                raise asyncio.CancelledError()
             self._current = watch
             deadline = None
             backoff_s = 0.1
@@ -206,10 +215,16 @@ class _EtcdWatch(Watch):
         self._closed = True
         current = self._current
         if current is not None:
-            try:
-                await current.cancel()
-            except Exception:  # cancelling a watch on a dead stream may fail; ignore it
-                pass
+            await self._cancel_quietly(current)
+
+    async def _cancel_quietly(self, watch) -> None:
+        """Cancels an aetcd watch, bounded by call_timeout_s: cancelling a watch on a
+        dead stream may fail or never be answered, and the watch is abandoned anyway."""
+        try:
+            async with asyncio.timeout(self._store.config.call_timeout_s):
+                await watch.cancel()
+        except (Exception, TimeoutError):
+            pass
 
 
 class EtcdStore(MetadataStore):
@@ -218,6 +233,9 @@ class EtcdStore(MetadataStore):
         self._endpoint_index = 0
         self._client: aetcd.Client | None = None
         self._keepalive_tasks: dict[int, asyncio.Task[None]] = {}
+        # Closes of clients whose endpoint failed (at most one per rotation): awaited
+        # by close.
+        self._tasks = TaskSet("etcd store")
         self._closed = False
 
     # --- connection -------------------------------------------------------------------
@@ -251,7 +269,8 @@ class EtcdStore(MetadataStore):
             return
         self._endpoint_index = (self._endpoint_index + 1) % len(self.config.endpoints)
         self._client = None
-        asyncio.get_running_loop().create_task(failed.close())
+        if not self._tasks.closed:
+            self._tasks.spawn(failed.close(), name="close-failed-etcd-client")
 
     def _full(self, key: str) -> str:
         assert key.startswith("/"), key
@@ -372,6 +391,7 @@ class EtcdStore(MetadataStore):
         task = asyncio.get_running_loop().create_task(self._keep_alive(lease))
         self._keepalive_tasks[lease.lease_id] = task
         task.add_done_callback(lambda _t, lease_id=lease.lease_id: self._keepalive_tasks.pop(lease_id, None))
+        task.add_done_callback(functools.partial(log_failure, owner="etcd store lease keep-alive"))
         return lease
 
     async def _keep_alive(self, lease: Lease) -> None:
@@ -430,6 +450,8 @@ class EtcdStore(MetadataStore):
         self._closed = True
         tasks = list(self._keepalive_tasks.values())
         await cancel_and_wait(*tasks)
+        await self._tasks.join(timeout_s=self.config.call_timeout_s)
+        await self._tasks.close()
         client, self._client = self._client, None
         if client is not None:
             await client.close()

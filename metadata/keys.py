@@ -108,3 +108,16 @@ def split_bundle_key(key: str, prefix: str) -> tuple[str, str]:
     rest = key[len(prefix):]
     namespace, _, bundle = rest.rpartition("/")
     return namespace, bundle
+
+
+ARCHIVE = "/archive/"
+
+
+def archive_of_topic(topic_key_path: str) -> str:
+    """The prefix of a topic's archive manifest: one record per archived ledger."""
+    return f"{ARCHIVE}{topic_key_path}/"
+
+
+def archive_ledger(topic_key_path: str, ledger_id: int) -> str:
+    assert ledger_id >= 0, ledger_id
+    return f"{ARCHIVE}{topic_key_path}/{ledger_id:020d}"

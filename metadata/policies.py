@@ -51,6 +51,65 @@ class PersistencePolicies:
     managedLedgerMaxMarkDeleteRate: float = 0.0
 
 
+ARCHIVE_COMPRESSIONS = ("none", "lz4", "zstd")
+# Rows per record batch of an archive file: bounded so a reader (a broker serving a
+# backlog, a Spark task) holds one batch of a few MiB at a time; 1..1,048,576.
+ARCHIVE_BATCH_ROWS_MAX = 1 << 20
+
+
+@dataclass
+class OffloadPolicies:
+    """When a namespace's closed ledgers are archived as Arrow files (docs/archive.md),
+    in the shape of Pulsar's OffloadPolicies (same field names where Pulsar has them):
+
+    - a closed ledger is archived once the topic's bookie-held size passes
+      ``managedLedgerOffloadThresholdInBytes`` (oldest ledgers first, until it is back
+      under) or once it was closed ``managedLedgerOffloadThresholdInSeconds`` ago; -1
+      turns a trigger off, 0 archives every closed ledger at once;
+    - its bookie copy is deleted ``managedLedgerOffloadDeletionLagInMillis`` after the
+      archive file was verified and recorded (Pulsar's default: 4 hours);
+    - Magnetar's own fields: where (``managedLedgerOffloadLocation``, an fsspec URL; ""
+      means the broker's ``--archive-url``), the Arrow buffer compression
+      (``archiveCompression``), the rows per record batch (``archiveBatchRows``), and
+      the archive's own retention of files whose ledgers left the topic
+      (``archiveRetentionTimeInMinutes`` / ``archiveRetentionSizeInMB``; -1: no limit).
+    """
+
+    managedLedgerOffloadDriver: str = "arrow"
+    managedLedgerOffloadLocation: str = ""
+    managedLedgerOffloadThresholdInBytes: int = -1
+    managedLedgerOffloadThresholdInSeconds: int = -1
+    managedLedgerOffloadDeletionLagInMillis: int = 4 * 3600 * 1000
+    archiveCompression: str = "none"
+    archiveBatchRows: int = 8192
+    archiveRetentionTimeInMinutes: int = -1
+    archiveRetentionSizeInMB: int = -1
+
+    def __post_init__(self) -> None:
+        if self.managedLedgerOffloadDriver != "arrow":
+            raise InvalidArgument("managedLedgerOffloadDriver must be \"arrow\" (Magnetar archives as Arrow IPC)")
+        if not isinstance(self.managedLedgerOffloadLocation, str):
+            raise InvalidArgument("managedLedgerOffloadLocation must be a URL string")
+        for name in ("managedLedgerOffloadThresholdInBytes", "managedLedgerOffloadThresholdInSeconds",
+                     "archiveRetentionTimeInMinutes", "archiveRetentionSizeInMB"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+                raise InvalidArgument(f"{name} must be an integer >= -1")
+        lag = self.managedLedgerOffloadDeletionLagInMillis
+        if isinstance(lag, bool) or not isinstance(lag, int) or lag < 0:
+            raise InvalidArgument("managedLedgerOffloadDeletionLagInMillis must be an integer >= 0")
+        if self.archiveCompression not in ARCHIVE_COMPRESSIONS:
+            raise InvalidArgument(f"archiveCompression must be one of {', '.join(ARCHIVE_COMPRESSIONS)}")
+        rows = self.archiveBatchRows
+        if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= ARCHIVE_BATCH_ROWS_MAX:
+            raise InvalidArgument(f"archiveBatchRows must be an integer in [1, {ARCHIVE_BATCH_ROWS_MAX}]")
+
+    @property
+    def enabled(self) -> bool:
+        """True when some trigger archives ledgers without an operator asking."""
+        return self.managedLedgerOffloadThresholdInBytes >= 0 or self.managedLedgerOffloadThresholdInSeconds >= 0
+
+
 @dataclass
 class NamespacePolicies:
     retention_policies: dict | None = None
@@ -64,6 +123,8 @@ class NamespacePolicies:
     # consumer gets every message, each keeps its own cursor); see subscriptions/.
     broadcast_subscriptions: list[str] = field(default_factory=list)
     subscription_expiration_time_minutes: int = 0
+    # The archive policy (OffloadPolicies' fields); None: ledgers are not archived.
+    offload_policies: dict | None = None
 
     def encode(self) -> bytes:
         return json_record.encode(self)
@@ -79,6 +140,11 @@ class NamespacePolicies:
         if not self.persistence:
             return default
         return json_record.from_doc(PersistencePolicies, self.persistence, "persistence policies")
+
+    def offload(self) -> OffloadPolicies | None:
+        if self.offload_policies is None:
+            return None
+        return json_record.from_doc(OffloadPolicies, self.offload_policies, "offload policies")
 
     def allows_auto_topic_creation(self, broker_default: bool) -> bool:
         override = self.autoTopicCreationOverride

@@ -66,6 +66,9 @@ class SingleMessage:
     batch_index: int
     metadata: SingleMessageMetadata
     payload: memoryview
+    # The SingleMessageMetadata as it was stored (the archive keeps it to rebuild the
+    # batch byte for byte; re-serializing ``metadata`` need not give the same bytes).
+    metadata_bytes: memoryview | None = None
 
 
 def is_batch(metadata: MessageMetadata) -> bool:
@@ -120,7 +123,8 @@ def parse_batch(metadata: MessageMetadata, payload: bytes | memoryview) -> list[
             raise MalformedFrame(f"batch message {batch_index} payload_size {payload_size} does not fit "
                                  f"the {len(view) - payload_start} bytes left")
         offset = payload_start + payload_size
-        messages.append(SingleMessage(batch_index, single, view[payload_start:offset]))
+        messages.append(SingleMessage(batch_index, single, view[payload_start:offset],
+                                      view[metadata_start:payload_start]))
     if offset != len(view):
         raise MalformedFrame(f"batch has {len(view) - offset} bytes after its {count} messages")
     assert len(messages) == count

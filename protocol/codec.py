@@ -30,7 +30,7 @@ not). To dispatch an entry it writes a MESSAGE command in front of those bytes
 travels to the consumer, so corruption anywhere on the way (including at rest) is caught
 by the client too. This is also the layout Pulsar keeps in BookKeeper. It has no
 version field because it is Pulsar's wire format, not ours to version; the ledger entry
-around it (ledger/entry.py) carries Magnetar's magic, version and digest.
+around it (common/entry.py) carries Magnetar's magic, version and digest.
 
 Invariants of the decoder:
 - ``next_command`` returns a :class:`Frame` only when every size matched, every protobuf

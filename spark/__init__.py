@@ -1,1 +1,1 @@
-"""The Arrow archive of closed ledgers and the PySpark data source that reads it."""
+"""The PySpark data source ``magnetar``: batch and streaming reads of topics (their Arrow archive and live tail) and writes to topics."""

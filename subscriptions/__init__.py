@@ -1,1 +1,1 @@
-"""Subscriptions: durable cursors and the exclusive, shared, failover and broadcast modes."""
+"""Subscriptions: durable cursors and the exclusive, failover, shared, key-shared and broadcast modes."""

@@ -1,5 +1,5 @@
 """Durable cursor state: etcd holds a small pointer record, the cursor ledger on the
-bookies holds the state itself (DESIGN.md, "Subscriptions").
+bookies holds the state itself (docs/architecture.md, "The data path of a dispatch").
 
 etcd record ``/cursors/<topic>/<subscription>`` (JSON):
     {"mark_delete": [ledger, entry], "cursor_ledger": id or -1, "snapshot_entry": id,

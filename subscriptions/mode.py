@@ -3,7 +3,8 @@
 The values are Pulsar's ``CommandSubscribe.SubType`` numbers, so the broker turns the
 wire value into a mode with ``SubscriptionMode(value)`` and back with ``int(mode)``;
 nothing in this package reads protobuf. Broadcast is not a mode of its own: it is a
-set of exclusive member subscriptions (see broker/topic.py), so it does not appear here.
+set of member subscriptions, one per consumer name, each in the mode its consumers
+ask for (see broker/topic.py), so it does not appear here.
 """
 
 from __future__ import annotations

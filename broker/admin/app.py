@@ -50,7 +50,10 @@ async def errors_middleware(request: web.Request, handler):
 
 def build_admin_app(service: BrokerService, registry: CollectorRegistry) -> web.Application:
     async def health() -> tuple[bool, dict]:
-        return not service.shutting_down, {"broker_id": service.broker_id}
+        # Ready once the binary protocol accepts connections (the HTTP server starts
+        # first), until shutdown begins: what the standalone and probes wait for.
+        return service.serving and not service.shutting_down, {"broker_id": service.broker_id,
+                                                                "serving": service.serving}
 
     app = build_ops_app(registry, health)
     app.middlewares.append(errors_middleware)

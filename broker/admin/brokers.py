@@ -43,6 +43,7 @@ def runtime_configuration(service: BrokerService) -> dict[str, str]:
         "managedLedgerCursorFlushIntervalSeconds": config.cursor_flush_interval_s,
         "maxMessageSize": config.max_message_size,
         "maxPendingPublishRequestsPerConnection": config.pending_sends_per_connection_max,
+        "maxMessagePublishBufferSizeInMB": config.pending_send_bytes_per_broker_max // (1024 * 1024),
         "keepAliveIntervalSeconds": config.keepalive_interval_s,
         "dispatcherMaxReadBatchSize": config.dispatch_entries_max,
         "dispatcherMaxReadSizeBytes": config.dispatch_bytes_max,
@@ -56,6 +57,8 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
     async def health(request: web.Request) -> web.Response:
         if service.shutting_down:
             raise ServiceNotReady("broker is shutting down")
+        if not service.serving:
+            raise ServiceNotReady("broker is starting")
         return web.Response(text="ok")
 
     async def leader_broker(request: web.Request) -> web.Response:

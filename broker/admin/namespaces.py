@@ -18,6 +18,8 @@ A GET answers the namespace's own setting, ``null`` when it has none:
     /admin/v2/namespaces/{ns}/persistence         {"bookkeeperEnsemble", "bookkeeperWriteQuorum",
                                                    "bookkeeperAckQuorum", "managedLedgerMaxMarkDeleteRate"}
     /admin/v2/namespaces/{ns}/autoTopicCreation   {"allowAutoTopicCreation", "topicType"}
+    /admin/v2/namespaces/{ns}/offloadPolicies     OffloadPolicies: when closed ledgers are archived
+                                                  as Arrow files (docs/archive.md)
     GET    /admin/v2/namespaces/{ns}/backlogQuotaMap               {type: BacklogQuota}
     POST   /admin/v2/namespaces/{ns}/backlogQuota[?backlogQuotaType=destination_storage|message_age]
     DELETE /admin/v2/namespaces/{ns}/backlogQuota[?backlogQuotaType=...]
@@ -58,6 +60,7 @@ _SIMPLE_POLICIES: dict[str, tuple[str, Callable[[object], object]]] = {
     "messageTTL": ("message_ttl_in_seconds", policy_codec.message_ttl_of),
     "persistence": ("persistence", policy_codec.persistence_of),
     "autoTopicCreation": ("autoTopicCreationOverride", policy_codec.auto_topic_creation_of),
+    "offloadPolicies": ("offload_policies", policy_codec.offload_policies_of),
 }
 
 

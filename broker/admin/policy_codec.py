@@ -7,10 +7,12 @@ naming the field at fault.
 from __future__ import annotations
 
 import re
+from dataclasses import asdict
 
 from broker.admin.common import integer
 from common.errors import InvalidArgument, NotSupported
-from metadata.policies import NamespacePolicies, PersistencePolicies
+from metadata import json_record
+from metadata.policies import NamespacePolicies, OffloadPolicies, PersistencePolicies
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
@@ -48,6 +50,14 @@ def retention_of(doc: object) -> dict:
         "retentionSizeInMB": integer(doc.get("retentionSizeInMB", 0), "retentionSizeInMB",
                                      minimum=-1, maximum=INT64_MAX),
     }
+
+
+def offload_policies_of(doc: object) -> dict:
+    """OffloadPolicies (metadata/policies.py): Pulsar's field names plus Magnetar's
+    archive fields; unknown fields (Pulsar's bucket, region...) are dropped, bad values
+    are refused naming the field."""
+    policies = json_record.from_doc(OffloadPolicies, _object(doc, "offload policies"), "offload policies")
+    return asdict(policies)
 
 
 def deduplication_of(doc: object) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from broker.admin import brokers, bundles, clusters, lookup, namespaces, subscriptions, tenants, topics
+from broker.admin import archive, brokers, bundles, clusters, lookup, namespaces, subscriptions, tenants, topics
 from broker.service import BrokerService
 
 
@@ -19,3 +19,4 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
     namespaces.add_routes(app, service)
     topics.add_routes(app, service)
     subscriptions.add_routes(app, service)
+    archive.add_routes(app, service)

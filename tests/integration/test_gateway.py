@@ -27,6 +27,7 @@ import time
 import aiohttp
 import pytest
 
+from common.errors import LeaseExpired
 from tests.cluster import Cluster
 from tests.integration.gateway_helpers import Gateway, drain, new_topic_path, payload_bytes, start_gateway_cluster
 
@@ -240,7 +241,7 @@ async def test_kill9_of_a_gateway_holding_leases_loses_nothing(gw_cluster, gatew
     assert all(m["delivery_attempt"] == 2 for m in again)
     # Its receipts: acks still apply (nothing to do now), nack and extend say the lease is gone.
     results = await gateways[1].settle(path, "s", "extend", [held[0]["receipt"]], lease_ms=1000)
-    assert results[0]["status"] == "error" and results[0]["error"]["code"] == 1012, results
+    assert results[0]["status"] == "error" and results[0]["error"]["code"] == LeaseExpired.code, results
 
 
 async def test_broadcast_members_each_get_every_message(gateways):
@@ -384,4 +385,4 @@ async def test_topic_unload_moves_producers_and_consumers_without_loss(gw_cluste
     redelivered = {m["payload"]: m["delivery_attempt"] for m in got if m["payload"] in {h["payload"] for h in held}}
     assert set(redelivered) == {m["payload"] for m in held}
     results = await gateway.settle(path, "s", "extend", [held[0]["receipt"]], lease_ms=1000)
-    assert results[0]["error"]["code"] == 1012, results
+    assert results[0]["error"]["code"] == LeaseExpired.code, results

@@ -35,6 +35,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
+from common.errors import (
+    InvalidArgument,
+    InvalidReceipt,
+    LeaseExpired,
+    LimitExceeded,
+    ReceiptForeign,
+    ReceiptForged,
+    TooManyRequests,
+)
 from gateway.receipts import ReceiptKeys, decode, encode
 from tests.cluster import Cluster
 from tests.integration.gateway_helpers import Gateway, drain, new_topic_path, start_gateway_cluster
@@ -43,6 +52,7 @@ pytestmark = pytest.mark.timeout(600)
 
 FUZZ_EXAMPLES = int(os.environ.get("GATEWAY_FUZZ_EXAMPLES", "8"))
 FUZZ_REPORT = os.environ.get("GATEWAY_FUZZ_REPORT", "")
+INVALID, LIMIT = InvalidArgument.code, LimitExceeded.code
 # Generated long polls and streams are cut short: the fuzzing is about answers, not waits.
 FUZZ_WAIT_MS_MAX = 50
 
@@ -84,27 +94,27 @@ async def test_bad_requests_get_clear_4xx_and_change_nothing(gateway, gw_cluster
     topic_url = gateway.topic_url(path)
     cases = [
         # (method, suffix, body, status, code, words)
-        ("POST", "/message", b"{bad json", 400, 1002, "not valid JSON"),
-        ("POST", "/message", b"", 400, 1002, "needs a JSON body"),
-        ("POST", "/message", b'{"payload": 5}', 400, 1002, "payload must be a string"),
-        ("POST", "/message", b'{"payload": "x", "properties": {"a": 1}}', 400, 1002, "must be a string"),
-        ("POST", "/message", b'{"payload": "x", "event_time_ms": "soon"}', 400, 1002, "must be an integer"),
-        ("POST", "/message", b'{"payload": "!!!", "encoding": "base64"}', 400, 1002, "not valid base64"),
-        ("POST", "/message", b'{"payload": "x", "encoding": "rot13"}', 400, 1002, "must be one of"),
-        ("POST", "/message", b'{"payload": "x", "colour": "red"}', 400, 1002, "unknown field 'colour'"),
-        ("POST", "/message", b"[1, 2]", 400, 1002, "must be a JSON object"),
-        ("POST", "/messages", b'{"messages": []}', 400, 1002, "at least one message"),
-        ("POST", "/messages", json.dumps({"messages": [{"payload": "x"}] * 1001}).encode(), 413, 1013,
+        ("POST", "/message", b"{bad json", 400, INVALID, "not valid JSON"),
+        ("POST", "/message", b"", 400, INVALID, "needs a JSON body"),
+        ("POST", "/message", b'{"payload": 5}', 400, INVALID, "payload must be a string"),
+        ("POST", "/message", b'{"payload": "x", "properties": {"a": 1}}', 400, INVALID, "must be a string"),
+        ("POST", "/message", b'{"payload": "x", "event_time_ms": "soon"}', 400, INVALID, "must be an integer"),
+        ("POST", "/message", b'{"payload": "!!!", "encoding": "base64"}', 400, INVALID, "not valid base64"),
+        ("POST", "/message", b'{"payload": "x", "encoding": "rot13"}', 400, INVALID, "must be one of"),
+        ("POST", "/message", b'{"payload": "x", "colour": "red"}', 400, INVALID, "unknown field 'colour'"),
+        ("POST", "/message", b"[1, 2]", 400, INVALID, "must be a JSON object"),
+        ("POST", "/messages", b'{"messages": []}', 400, INVALID, "at least one message"),
+        ("POST", "/messages", json.dumps({"messages": [{"payload": "x"}] * 1001}).encode(), 413, LIMIT,
          "messages per request"),
-        ("POST", "/message", json.dumps({"payload": "x" * (1024 * 1024 + 10)}).encode(), 413, 1013, "limit"),
-        ("POST", "/subscriptions/s/pull", b'{"mode": "round-robin"}', 400, 1002, "mode must be one of"),
-        ("POST", "/subscriptions/s/pull", b'{"mode": "broadcast"}', 400, 1002, "member is required"),
-        ("POST", "/subscriptions/s/pull", b'{"mode": "key_shared"}', 400, 1002, "consumer is required"),
-        ("POST", "/subscriptions/s/pull", b'{"wait_ms": 600000}', 413, 1013, "wait_ms"),
-        ("POST", "/subscriptions/s/pull", b'{"max_messages": true}', 400, 1002, "must be an integer"),
-        ("PUT", "/subscriptions/s2", b'{"mode": "fanout"}', 400, 1002, "mode must be one of"),
-        ("POST", "/subscriptions/s/ack", b'{"receipts": "abc"}', 400, 1002, "non-empty array"),
-        ("POST", "/subscriptions/s/ack", b'{"receipts": [1]}', 400, 1002, "must be a string"),
+        ("POST", "/message", json.dumps({"payload": "x" * (1024 * 1024 + 10)}).encode(), 413, LIMIT, "limit"),
+        ("POST", "/subscriptions/s/pull", b'{"mode": "round-robin"}', 400, INVALID, "mode must be one of"),
+        ("POST", "/subscriptions/s/pull", b'{"mode": "broadcast"}', 400, INVALID, "member is required"),
+        ("POST", "/subscriptions/s/pull", b'{"mode": "key_shared"}', 400, INVALID, "consumer is required"),
+        ("POST", "/subscriptions/s/pull", b'{"wait_ms": 600000}', 413, LIMIT, "wait_ms"),
+        ("POST", "/subscriptions/s/pull", b'{"max_messages": true}', 400, INVALID, "must be an integer"),
+        ("PUT", "/subscriptions/s2", b'{"mode": "fanout"}', 400, INVALID, "mode must be one of"),
+        ("POST", "/subscriptions/s/ack", b'{"receipts": "abc"}', 400, INVALID, "non-empty array"),
+        ("POST", "/subscriptions/s/ack", b'{"receipts": [1]}', 400, INVALID, "must be a string"),
     ]
     for method, suffix, body, status, code, words in cases:
         got_status, document, _ = await raw(gateway, method, f"{topic_url}{suffix}", body)
@@ -133,10 +143,10 @@ async def test_forged_expired_and_foreign_receipts_are_refused(gateway, gw_clust
     other_cluster = ReceiptKeys("elsewhere", {"test": b"x" * 32}, "test")
     foreign_cluster = encode(dataclasses.replace(genuine, cluster="elsewhere"), other_cluster)
     checks = [
-        ("s", forged, 1010, "signature"),
-        ("s", "not-a-receipt", 1009, "receipt"),
-        ("s", foreign_cluster, 1011, "cluster"),
-        ("other", handle, 1011, "subscription"),
+        ("s", forged, ReceiptForged.code, "signature"),
+        ("s", "not-a-receipt", InvalidReceipt.code, "receipt"),
+        ("s", foreign_cluster, ReceiptForeign.code, "cluster"),
+        ("other", handle, ReceiptForeign.code, "subscription"),
     ]
     for subscription, receipt, code, words in checks:
         for operation in ("ack", "nack", "extend"):
@@ -146,7 +156,7 @@ async def test_forged_expired_and_foreign_receipts_are_refused(gateway, gw_clust
             assert words in results[0]["error"]["message"], (operation, results)
     await asyncio.sleep(1.2)
     results = await gateway.settle(path, "s", "extend", [handle], lease_ms=5000)
-    assert results[0]["error"]["code"] == 1012 and "expired" in results[0]["error"]["message"], results
+    assert results[0]["error"]["code"] == LeaseExpired.code and "expired" in results[0]["error"]["message"], results
     again = await drain(gateway, path, "s")
     assert [(m["payload"], m["delivery_attempt"]) for m in again] == [("precious", 2)]
 
@@ -168,7 +178,7 @@ async def test_leases_in_flight_limit_answers_429_with_retry_after(gw_cluster, t
                 held += await gateway.pull(path, "s", max_messages=5, wait_ms=3000)
             status, document, headers = await raw(gateway, "POST", f"{gateway.topic_url(path)}/subscriptions/s/pull",
                                                   b'{"max_messages": 1, "wait_ms": 100}')
-            assert_error(status, document, 429, 4010, "leased")
+            assert_error(status, document, 429, TooManyRequests.code, "leased")
             assert document["retriable"] is True
             assert headers["Retry-After"] == "1"
             await gateway.ack(path, "s", held)

@@ -5,7 +5,7 @@ It provides what the managed ledger and the cursor store call on the ledger-clie
 edge: ``create_ledger`` (a write handle: ``submit_nowait`` / ``add``,
 ``last_add_confirmed``, ``length_bytes``, ``close``, ``reader``), ``open_ledger`` (with
 recovery: fences the writer and closes the ledger) and ``delete_ledger``. Entries are
-encoded with the real entry format (ledger/entry.py) so readers slice the same header.
+encoded with the real entry format (common/entry.py) so readers slice the same header.
 
 Tests steer it: ``hold_adds`` keeps add futures pending until ``release_adds``;
 ``entry_bytes_max`` makes ``submit_nowait`` refuse larger entries with EntryTooLarge

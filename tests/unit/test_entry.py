@@ -1,4 +1,4 @@
-"""The entry format (ledger/entry.py): what the writer encodes is what every reader gets
+"""The entry format (common/entry.py): what the writer encodes is what every reader gets
 back, and any damage is reported as MalformedFrame or DigestMismatch, never as data and
 never as another exception.
 
