@@ -12,7 +12,8 @@ PROTOS := $(wildcard protocol/proto/*.proto)
 PROTO_OUT := $(PROTOS:.proto=_pb2.py)
 DATA_DIR ?= data/standalone
 
-.PHONY: bench-ack-state setup proto run test test-unit test-integration test-archive-full bench bench-bookie bench-pulsar bench-subscriptions bench-archive clean
+.PHONY: bench-ack-state setup proto run test test-unit test-integration test-archive-full bench bench-bookie \
+	bench-pulsar bench-subscriptions bench-archive bench-gateway fuzz-gateway clean
 
 setup: $(STAMP) proto
 
@@ -50,7 +51,7 @@ test-integration: setup
 test-archive-full: setup
 	ARCHIVE_TEST_MESSAGES=100000 $(PY) -m pytest -q tests/integration/test_archive.py
 
-bench: bench-bookie bench-pulsar bench-subscriptions bench-archive
+bench: bench-bookie bench-pulsar bench-subscriptions bench-archive bench-gateway
 
 # Acknowledgement state at scale (seconds): a cursor filling 100,000 holes, as a ratio
 # to a plain set in the same run (speed is measured here, not in the unit tests).
@@ -75,6 +76,19 @@ bench-subscriptions: setup
 # bandwidth of the same run, and a backlog drained from the archive vs from the bookies.
 bench-archive: setup
 	$(PY) bench/archive_bench.py --out bench/results/archive.json
+
+# The HTTP gateway (about 6 minutes): batched produce, pull + ack and single-produce
+# latency against the official client in the same run (bench/results/gateway.json), then
+# locust headless, 50 users for 60 s, produce + pull + ack (bench/results/gateway_locust.json).
+bench-gateway: setup
+	$(PY) bench/gateway_bench.py --out bench/results/gateway.json
+	$(PY) bench/gateway_load.py --out bench/results/gateway_locust.json
+
+# Property-based requests from the gateway's OpenAPI document, over 1,000 cases (a few
+# minutes; make test runs the same with fewer): bench/results/gateway_fuzz.json.
+fuzz-gateway: setup
+	GATEWAY_FUZZ_EXAMPLES=45 GATEWAY_FUZZ_REPORT=bench/results/gateway_fuzz.json \
+		$(PY) -m pytest -q tests/integration/test_gateway_bad_input.py -k generated
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -110,6 +110,46 @@ class PortInUse(ConfigError):
                          f"stop the process holding it or give another {flag}")
 
 
+class InvalidReceipt(MagnetarError):
+    """A gateway receipt handle that does not decode: garbage, truncated, or a format
+    version this gateway does not read."""
+
+    code, http_status = 1010, 400
+
+
+class ReceiptForged(MagnetarError):
+    """A receipt handle whose signature does not verify with any key of this cluster."""
+
+    code, http_status = 1011, 403
+
+
+class ReceiptForeign(MagnetarError):
+    """A genuine receipt handle used where it does not belong: issued by another
+    cluster, or for another topic or subscription than the request names."""
+
+    code, http_status = 1012, 400
+
+
+class LeaseExpired(MagnetarError):
+    """The lease of a received message is over (its deadline passed, it was nacked, or
+    the gateway holding it is gone): the message is back in its subscription."""
+
+    code, http_status = 1013, 410
+
+
+class LimitExceeded(MagnetarError):
+    """A request is larger than a limit allows (body bytes, messages per batch, wait or
+    lease length); the message names the limit. Repeating it unchanged cannot succeed."""
+
+    code, http_status = 1014, 413
+
+    def __init__(self, limit: str, value: int, value_max: int) -> None:
+        self.limit = limit
+        self.value = value
+        self.value_max = value_max
+        super().__init__(f"{limit} {value} exceeds the limit of {value_max}")
+
+
 # --- 2000: ledgers and entries ------------------------------------------------------
 
 class LedgerFenced(LedgerError):

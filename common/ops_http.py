@@ -19,6 +19,13 @@ HealthCheck = Callable[[], Awaitable[tuple[bool, dict]]]
 
 
 def build_ops_app(registry: CollectorRegistry, health: HealthCheck) -> web.Application:
+    app = web.Application()
+    add_ops_routes(app, registry, health)
+    return app
+
+
+def add_ops_routes(app: web.Application, registry: CollectorRegistry, health: HealthCheck) -> None:
+    """Adds ``/health`` and ``/metrics`` to an application that serves more (the gateway)."""
     async def health_handler(_request: web.Request) -> web.Response:
         ok, details = await health()
         return web.json_response({"status": "ok" if ok else "unavailable", **details}, status=200 if ok else 503)
@@ -27,10 +34,8 @@ def build_ops_app(registry: CollectorRegistry, health: HealthCheck) -> web.Appli
         body = generate_latest(registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    app = web.Application()
     app.router.add_get("/health", health_handler)
     app.router.add_get("/metrics", metrics_handler)
-    return app
 
 
 async def start_ops_server(app: web.Application, host: str, port: int,

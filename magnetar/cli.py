@@ -2,7 +2,8 @@
 
     magnetar bookie …        a bookie (storage node)
     magnetar shell …         BookKeeper-style tools: listbookies, simpletest, readledger …
-    magnetar standalone …    etcd + bookies (+ brokers) on this machine
+    magnetar gateway …       an HTTP gateway (produce and consume over HTTP)
+    magnetar standalone …    etcd + bookies + brokers + a gateway on this machine
     magnetar produce …       send messages with the official Pulsar client
     magnetar consume …       receive and acknowledge messages
     magnetar admin …         the admin REST API (clusters, tenants, namespaces, topics, brokers)
@@ -28,6 +29,7 @@ from magnetar import logs
 COMMANDS: dict[str, tuple[str, str]] = {
     "bookie": ("bookie.main", "run a bookie"),
     "broker": ("broker.main", "run a broker"),
+    "gateway": ("gateway.main", "run an HTTP gateway"),
     "shell": ("ledger.shell", "ledger and bookie tools"),
     "standalone": ("magnetar.standalone", "a whole cluster on this machine"),
     "produce": ("magnetar.tools.produce", "send messages to a topic"),

@@ -1,6 +1,6 @@
 """``magnetar standalone``: a whole cluster on this machine, data under one directory.
 
-It runs etcd, the bookies and the broker as child processes (real processes, as in production),
+It runs etcd, the bookies, the brokers and an HTTP gateway as child processes (real processes, as in production),
 waits for each to be ready, prints how to reach them, and stops them all on SIGTERM or
 Ctrl-C. If any child dies on its own the standalone stops the others and exits non-zero
 (loud failure rather than a half-working cluster). Data survives restarts: the same
@@ -10,6 +10,7 @@ Layout of the data directory:
     etcd/                      etcd's data
     bookie-<n>/journal/        bookie n's journal
     bookie-<n>/ledgers/        bookie n's ledger directory
+    gateway.secret             the secret that signs the gateway's receipts (made once, 0600)
     *.log                      each process's log
 
 The broker keeps no data of its own (everything is in etcd and the bookies).
@@ -29,6 +30,7 @@ import ctypes
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -85,6 +87,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="brokers sharing the bookies (broker n on broker-port + n, broker-http-port + n)")
     parser.add_argument("--copies", type=int, default=2, choices=[1, 2, 3],
                         help="bookies each message is stored on (E=Qw=Qa), default 2")
+    parser.add_argument("--gateway-port", type=int, default=8081,
+                        help="the HTTP gateway (broker HTTP ports skip it)")
 
 
 class StartFailed(Exception):
@@ -102,11 +106,33 @@ class Standalone:
     def metadata_url(self) -> str:
         return f"etcd://127.0.0.1:{self.args.etcd_port}"
 
-    async def _spawn(self, name: str, command: list[str]) -> asyncio.subprocess.Process:
+    def broker_http_port(self, n: int) -> int:
+        """Broker n's HTTP port: broker-http-port + n, stepping over the gateway's."""
+        ports = []
+        port = self.args.broker_http_port
+        while len(ports) <= n:
+            if port != self.args.gateway_port:
+                ports.append(port)
+            port += 1
+        return ports[n]
+
+    def gateway_secret(self) -> str:
+        """The receipt secret, made once per data directory so receipts survive a
+        restart of the standalone (readable by this user only)."""
+        path = os.path.join(self.data_dir, "gateway.secret")
+        if not os.path.exists(path):
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "w") as handle:
+                handle.write(f"standalone:{secrets.token_hex(32)}\n")
+        with open(path, encoding="utf-8") as handle:
+            return handle.read().strip()
+
+    async def _spawn(self, name: str, command: list[str], env: dict[str, str] | None = None
+                     ) -> asyncio.subprocess.Process:
         log_path = os.path.join(self.data_dir, f"{name}.log")
         log_file = open(log_path, "ab")
         process = await asyncio.create_subprocess_exec(*command, stdout=log_file, stderr=log_file,
-                                                       start_new_session=True,
+                                                       start_new_session=True, env=env,
                                                        preexec_fn=die_with_this_process())
         log_file.close()
         self.children.append((name, process))
@@ -146,7 +172,8 @@ class Standalone:
                       (f"bookie-{n} http", args.bookie_http_port_base + n, "--bookie-http-port-base")]
         for n in range(args.brokers):
             ports += [(f"broker-{n}", args.broker_port + n, "--broker-port"),
-                      (f"broker-{n} http", args.broker_http_port + n, "--broker-http-port")]
+                      (f"broker-{n} http", self.broker_http_port(n), "--broker-http-port")]
+        ports.append(("gateway", args.gateway_port, "--gateway-port"))
         return ports
 
     def _check_ports_free(self) -> None:
@@ -185,31 +212,42 @@ class Standalone:
             name = "broker" if n == 0 else f"broker-{n}"
             process = await self._spawn(name, [
                 sys.executable, "-m", "magnetar", "broker", "--metadata", self.metadata_url,
-                "--port", str(self.args.broker_port + n), "--http-port", str(self.args.broker_http_port + n),
+                "--port", str(self.args.broker_port + n), "--http-port", str(self.broker_http_port(n)),
                 "--broker-id", f"broker-{n}",
                 "--ensemble-size", str(copies), "--write-quorum", str(copies), "--ack-quorum", str(copies),
                 # Where namespaces with an offload policy archive closed ledgers (docs/archive.md).
                 "--archive-url", os.path.join(self.data_dir, "archive")])
-            brokers.append((name, f"http://127.0.0.1:{self.args.broker_http_port + n}/health", process))
+            brokers.append((name, f"http://127.0.0.1:{self.broker_http_port(n)}/health", process))
         for name, url, process in brokers:
             await self._wait_http_ok(name, url, process)
         service_url = "pulsar://" + ",".join(f"127.0.0.1:{self.args.broker_port + n}"
                                              for n in range(self.args.brokers))
         admin_url = f"http://127.0.0.1:{self.args.broker_http_port}"
+        gateway_url = f"http://127.0.0.1:{self.args.gateway_port}"
+        # The secret goes in the environment, never on the command line (ps shows that).
+        gateway = await self._spawn("gateway", [
+            sys.executable, "-m", "magnetar", "gateway", "--service-url", service_url, "--admin-url", admin_url,
+            "--port", str(self.args.gateway_port)],
+            env={**os.environ, "MAGNETAR_GATEWAY_SECRET": self.gateway_secret()})
+        await self._wait_http_ok("gateway", f"{gateway_url}/health", gateway)
         print(json.dumps({
             "event": "standalone ready",
             "metadata": self.metadata_url,
             "bookies": [f"127.0.0.1:{self.args.bookie_port_base + n}" for n in range(self.args.bookies)],
             "service_url": service_url,
             "admin_url": admin_url,
+            "gateway_url": gateway_url,
             "archive_url": os.path.join(self.data_dir, "archive"),
             "data_dir": self.data_dir,
         }), flush=True)
-        print(f"Magnetar standalone is up: {service_url} (Pulsar clients), {admin_url} (admin REST). Try:\n"
+        print(f"Magnetar standalone is up: {service_url} (Pulsar clients), {admin_url} (admin REST), "
+              f"{gateway_url} (HTTP gateway). Try:\n"
               f"  magnetar produce --service-url {service_url} my-topic -m hello\n"
               f"  magnetar consume --service-url {service_url} my-topic -s my-sub --initial-position earliest -n 1\n"
               f"  magnetar admin --admin-url {admin_url} topics list public/default\n"
               f"  magnetar shell --metadata {self.metadata_url} listbookies\n"
+              f"  curl -X POST {gateway_url}/v1/topics/persistent/public/default/my-topic/message "
+              f"-d '{{\"payload\": \"hello\"}}'\n"
               f"Logs are in {self.data_dir}/*.log. Ctrl-C stops everything.", flush=True)
 
     async def watch_children(self) -> int:
@@ -226,8 +264,9 @@ class Standalone:
         return 0
 
     async def stop(self) -> None:
-        # Broker first (it closes topics and flushes cursors), then bookies (they flush
-        # and checkpoint), etcd last: children were started in the opposite order.
+        # Gateway first (its consumers close), then the brokers (they close topics and
+        # flush cursors), then bookies (they flush and checkpoint), etcd last: children
+        # were started in the opposite order.
         for name, process in reversed(self.children):
             if process.returncode is None:
                 process.send_signal(signal.SIGTERM)

@@ -42,3 +42,37 @@ def server_error_for(error: BaseException) -> int:
         if isinstance(error, cls):
             return code
     return pb.UnknownError
+
+
+# The other direction, for clients: a ServerError code a broker answered with, as the
+# catalogue class the caller catches. Several catalogue classes share one Pulsar code
+# above; this picks the one a client should see.
+_BY_SERVER_ERROR: dict[int, type[errors.MagnetarError]] = {
+    pb.TopicNotFound: errors.TopicNotFound,
+    pb.SubscriptionNotFound: errors.SubscriptionNotFound,
+    pb.ConsumerNotFound: errors.NotFound,
+    pb.ConsumerBusy: errors.ConsumerBusy,
+    pb.ProducerBusy: errors.ProducerBusy,
+    pb.TopicTerminatedError: errors.TopicTerminated,
+    pb.ServiceNotReady: errors.ServiceNotReady,
+    pb.NotAllowedError: errors.NotAllowed,
+    pb.PersistenceError: errors.PersistenceError,
+    pb.ChecksumError: errors.ChecksumError,
+    pb.TooManyRequests: errors.TooManyRequests,
+    pb.ProducerBlockedQuotaExceededError: errors.ProducerBlockedQuota,
+    pb.ProducerBlockedQuotaExceededException: errors.ProducerBlockedQuota,
+    pb.IncompatibleSchema: errors.IncompatibleSchema,
+    pb.InvalidTopicName: errors.InvalidArgument,
+    pb.MetadataError: errors.MetadataError,
+    pb.AuthenticationError: errors.Unauthorized,
+    pb.AuthorizationError: errors.NotAllowed,
+}
+
+
+def error_for_server_error(server_error: int, message: str) -> errors.MagnetarError:
+    """The typed error for a broker's ServerError answer (BrokerError when unknown)."""
+    cls = _BY_SERVER_ERROR.get(server_error, errors.BrokerError)
+    name = pb.ServerError.Name(server_error) if server_error in pb.ServerError.values() else str(server_error)
+    error = cls.__new__(cls)
+    errors.MagnetarError.__init__(error, message or name)
+    return error

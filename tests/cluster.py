@@ -28,6 +28,7 @@ from magnetar.etcd_server import etcd_command, wait_for_etcd
 READY_TIMEOUT_S = 60.0
 _BOOKIE_READY = re.compile(r"bookie listening: bookie_id=(\S+) address=(\S+) http_address=(\S+)")
 _BROKER_READY = re.compile(r"broker listening: broker_id=(\S+) service_url=(\S+) web_service_url=(\S+)")
+_GATEWAY_READY = re.compile(r"gateway listening: url=(\S+) instance=(\S+)")
 
 
 def free_port() -> int:
@@ -47,6 +48,7 @@ class ManagedProcess:
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
         self._log_offset = 0
+        self.env: dict[str, str] | None = None      # None: this process's environment
 
     def spawn(self) -> None:
         assert self.process is None or self.process.poll() is not None, f"{self.name} already running"
@@ -54,7 +56,7 @@ class ManagedProcess:
         with open(self.log_path, "ab") as log_file:
             self._log_offset = log_file.tell()
             self.process = subprocess.Popen(self.argv, stdout=log_file, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
+                                            start_new_session=True, env=self.env)
 
     def log_text(self, since_spawn: bool = True) -> str:
         with open(self.log_path, "rb") as handle:
@@ -180,6 +182,31 @@ class BrokerProcess(ManagedProcess):
         return self
 
 
+class GatewayProcess(ManagedProcess):
+    """``magnetar gateway`` on a free port; every gateway of one test cluster shares the
+    receipt secret (passed in the environment, as in production)."""
+
+    def __init__(self, name: str, base_dir: str, service_url: str, admin_url: str, secret: str, *,
+                 extra_args: list[str] | None = None, cluster_name: str = "standalone") -> None:
+        self.service_url = service_url
+        self.admin_url = admin_url
+        self.secret = secret
+        self.cluster_name = cluster_name
+        self.extra_args = list(extra_args or [])
+        self.url = ""
+        self.instance = ""
+        super().__init__(name, [], os.path.join(base_dir, name, "gateway.log"))
+
+    async def start(self) -> "GatewayProcess":
+        self.argv = python_command("gateway", "--service-url", self.service_url, "--admin-url", self.admin_url,
+                                   "--port", "0", "--cluster", self.cluster_name, *self.extra_args)
+        self.env = {**os.environ, "MAGNETAR_GATEWAY_SECRET": self.secret}
+        self.spawn()
+        match = await self.wait_for_log(_GATEWAY_READY)
+        self.url, self.instance = match.group(1), match.group(2)
+        return self
+
+
 class Cluster:
     """etcd (shared per session) plus bookies of one test, under a unique root."""
 
@@ -190,6 +217,8 @@ class Cluster:
         self.metadata_url = etcd.url(self.root)
         self.bookies: list[BookieProcess] = []
         self.brokers: list[BrokerProcess] = []
+        self.gateways: list[GatewayProcess] = []
+        self.gateway_secret = f"test:{uuid.uuid4().hex}{uuid.uuid4().hex}"
 
     def bookie(self, name: str | None = None, **kwargs) -> BookieProcess:
         name = name or f"bookie-{len(self.bookies)}"
@@ -213,7 +242,27 @@ class Cluster:
         await asyncio.gather(*(b.start() for b in started))
         return started
 
+    def gateway(self, name: str | None = None, **kwargs) -> GatewayProcess:
+        assert self.brokers, "start a broker before a gateway"
+        name = name or f"gateway-{len(self.gateways)}"
+        broker = self.brokers[0]
+        process = GatewayProcess(name, self.base_dir, broker.service_url, broker.web_service_url,
+                                 self.gateway_secret, **kwargs)
+        self.gateways.append(process)
+        return process
+
+    async def start_gateways(self, count: int, **kwargs) -> list[GatewayProcess]:
+        started = [self.gateway(**kwargs) for _ in range(count)]
+        await asyncio.gather(*(g.start() for g in started))
+        return started
+
     async def stop(self) -> None:
+        for gateway in self.gateways:
+            if gateway.running:
+                try:
+                    await gateway.terminate(timeout_s=20)
+                except TimeoutError:
+                    pass
         for broker in self.brokers:
             if broker.running:
                 try:

@@ -19,7 +19,7 @@ async def start_standalone(data_dir: str, ports: dict[str, int]) -> asyncio.subp
         *python_command("standalone", "--data-dir", data_dir, "--etcd-port", str(ports["etcd"]),
                         "--etcd-peer-port", str(ports["peer"]), "--bookie-port-base", str(ports["bookie"]),
                         "--bookie-http-port-base", str(ports["http"]), "--broker-port", str(ports["broker"]),
-                        "--broker-http-port", str(ports["broker_http"])),
+                        "--broker-http-port", str(ports["broker_http"]), "--gateway-port", str(ports["gateway"])),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True)
     assert process.stdout is not None
     async with asyncio.timeout(90):
@@ -60,7 +60,8 @@ def contiguous_free_ports(count: int) -> int:
 
 async def test_standalone_survives_restart_with_its_data(tmp_path):
     ports = {"etcd": free_port(), "peer": free_port(), "bookie": contiguous_free_ports(3),
-             "http": contiguous_free_ports(3), "broker": free_port(), "broker_http": free_port()}
+             "http": contiguous_free_ports(3), "broker": free_port(), "broker_http": free_port(),
+             "gateway": free_port()}
     data_dir = str(tmp_path / "standalone")
     metadata = f"etcd://127.0.0.1:{ports['etcd']}"
     process = await start_standalone(data_dir, ports)
@@ -92,11 +93,15 @@ async def test_message_ids_and_acks_survive_a_standalone_restart(tmp_path):
     """Through ``magnetar standalone`` with the official client: message ids read after
     a restart of the whole standalone (etcd, bookies, broker) are the ones the send
     receipts gave, and a durable subscription resumes after its last acknowledgement
-    (acknowledgements were flushed by the clean shutdown)."""
+    (acknowledgements were flushed by the clean shutdown). The standalone's HTTP gateway
+    serves too, and receipts it issued before the restart are still accepted after it
+    (the receipt secret is kept in the data directory)."""
+    import aiohttp
     import pulsar
 
     ports = {"etcd": free_port(), "peer": free_port(), "bookie": contiguous_free_ports(3),
-             "http": contiguous_free_ports(3), "broker": free_port(), "broker_http": free_port()}
+             "http": contiguous_free_ports(3), "broker": free_port(), "broker_http": free_port(),
+             "gateway": free_port()}
     data_dir = str(tmp_path / "standalone")
     service_url = f"pulsar://127.0.0.1:{ports['broker']}"
     topic = "persistent://public/default/restart-ids"
@@ -118,6 +123,16 @@ async def test_message_ids_and_acks_survive_a_standalone_restart(tmp_path):
                 client.close()
 
         sent = await asyncio.to_thread(first_half)
+        async with aiohttp.ClientSession() as session:
+            base = f"http://127.0.0.1:{ports['gateway']}/v1/topics/persistent/public/default/restart-http"
+            async with session.put(f"{base}/subscriptions/w", json={"initial_position": "earliest"}) as response:
+                assert response.status == 200, await response.text()
+            async with session.post(f"{base}/messages", json={"messages": [{"payload": "a"}, {"payload": "b"}]}) as response:
+                assert response.status == 200, await response.text()
+            async with session.post(f"{base}/subscriptions/w/pull",
+                                    json={"max_messages": 2, "wait_ms": 5000, "lease_ms": 600_000}) as response:
+                pulled = (await response.json())["messages"]
+        assert sorted(m["payload"] for m in pulled) == ["a", "b"]
     finally:
         assert await stop_standalone(process) == 0
 
@@ -141,5 +156,11 @@ async def test_message_ids_and_acks_survive_a_standalone_restart(tmp_path):
         seen, resumed = await asyncio.to_thread(second_half)
         assert seen == sent
         assert resumed == [f"m{i}".encode() for i in range(1200, 2000)]
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"{base}/subscriptions/w/ack",
+                                    json={"receipts": [m["receipt"] for m in pulled]}) as response:
+                assert (await response.json())["results"] == [{"status": "acked"}] * 2
+            async with session.post(f"{base}/subscriptions/w/pull", json={"max_messages": 2, "wait_ms": 2000}) as response:
+                assert (await response.json())["messages"] == []
     finally:
         assert await stop_standalone(process) == 0

@@ -1,7 +1,7 @@
 """``magnetar standalone`` killed with ``kill -9`` takes its children with it.
 
 Proves: after SIGKILL of the standalone process, its children (etcd, the bookie, the
-broker) are gone within a few seconds and every port they held can be bound again, so
+broker, the gateway) are gone within a few seconds and every port they held can be bound again, so
 the next ``make run`` starts (the bug: the broker kept 6650 and 8080). Also: the
 standalone refuses a port already taken with one line naming the port and its flag,
 exit code non-zero, no traceback.
@@ -59,18 +59,20 @@ def _port_free(port: int) -> bool:
 
 def _ports() -> dict[str, int]:
     return {"etcd": free_port(), "peer": free_port(), "bookie": contiguous_free_ports(1),
-            "http": contiguous_free_ports(1), "broker": free_port(), "broker_http": free_port()}
+            "http": contiguous_free_ports(1), "broker": free_port(), "broker_http": free_port(),
+            "gateway": free_port()}
 
 
 def _command(data_dir: str, ports: dict[str, int]) -> list[str]:
     return python_command("standalone", "--data-dir", data_dir, "--bookies", "1", "--copies", "1",
                           "--etcd-port", str(ports["etcd"]), "--etcd-peer-port", str(ports["peer"]),
                           "--bookie-port-base", str(ports["bookie"]), "--bookie-http-port-base", str(ports["http"]),
-                          "--broker-port", str(ports["broker"]), "--broker-http-port", str(ports["broker_http"]))
+                          "--broker-port", str(ports["broker"]), "--broker-http-port", str(ports["broker_http"]),
+                          "--gateway-port", str(ports["gateway"]))
 
 
 async def test_kill_9_of_the_standalone_takes_its_children_and_frees_the_ports(tmp_path):
-    """SIGKILL the standalone once ready: within 5 s no child lives and all six ports
+    """SIGKILL the standalone once ready: within 5 s no child lives and all seven ports
     bind again."""
     ports = _ports()
     process = await asyncio.create_subprocess_exec(*_command(str(tmp_path / "standalone"), ports),
@@ -86,7 +88,7 @@ async def test_kill_9_of_the_standalone_takes_its_children_and_frees_the_ports(t
                 if b"standalone ready" in line:
                     break
         children = _children_of(process.pid)
-        assert len(children) == 3, children            # etcd, one bookie, one broker
+        assert len(children) == 4, children            # etcd, one bookie, one broker, the gateway
         assert [name for name, port in ports.items() if _port_free(port)] == []
         process.send_signal(signal.SIGKILL)
         await process.wait()

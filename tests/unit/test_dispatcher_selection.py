@@ -212,6 +212,35 @@ def test_shared_negative_ack_redelivers_with_a_rising_count():
     run(scenario)
 
 
+def test_shared_ack_through_another_consumer_settles_the_entry_where_it_is_pending():
+    """What the HTTP gateway relies on (an ack through another gateway instance): B, a
+    consumer of the same subscription with no permits, acknowledges entries A holds.
+    They stop counting against A, A's later redelivery of them changes nothing, and A
+    leaving does not replay them; an entry A still holds is replayed, and one B nacks
+    (not B's) is not taken from A."""
+    async def scenario() -> None:
+        harness = Harness(SHARED)
+        a, b = harness.consumer("a", 1, permits=10), harness.consumer("b", 2, permits=0)
+        harness.add(a, b)
+        published = harness.publish(["k"] * 3)
+        await harness.settle()
+        assert positions_of(a) == published and positions_of(b) == []
+        harness.ack(b, published[:2])
+        assert harness.subscription.dispatcher.unacked_messages(a) == 1
+        harness.nack(a, published[:2])
+        harness.nack(b, published[2:])
+        await harness.settle()
+        assert len(a.sent) == 3 and b.sent == []
+        b.permits = 10
+        harness.subscription.remove_consumer(a)
+        harness.subscription.dispatcher.on_flow(b)
+        await harness.settle()
+        assert [(s.position, s.redelivery_count) for s in b.sent] == [(published[2], 1)]
+        await harness.close()
+
+    run(scenario)
+
+
 # --- key-shared: the hash ring ----------------------------------------------------------------------
 
 KEYS = [f"key-{index}".encode() for index in range(20_000)]

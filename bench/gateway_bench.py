@@ -1,0 +1,265 @@
+"""The HTTP gateway against the official client, same cluster, same run.
+
+Workloads (each on its own topic, one after the other, 1 KiB text payloads):
+- batched produce: HTTP requests of 100 messages (``--concurrency`` in flight) vs the
+  official producer with batching on (100 messages / 10 ms) sending asynchronously;
+- pull + ack: a backlog drained by HTTP workers (pull 100, ack them) vs the official
+  consumer receiving and acknowledging each message (shared subscription both);
+- single produce latency: one message per request, one request at a time, vs the
+  official producer without batching sending synchronously; p50 / p99.
+
+The cluster (etcd, 3 bookies, a broker, a gateway) runs as processes (bench/harness.py);
+the load comes from this process, the HTTP side with aiohttp. Results go to ``--out``
+with each gateway number as a ratio to the official client's in the same run, and the
+aims of the issue checked: batched produce >= 50% of the client's msgs/s, single
+produce p99 <= 2x the client's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+
+import aiohttp
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from harness import bench_cluster  # noqa: E402
+from tests.cluster import unique  # noqa: E402
+
+PAYLOAD = "x" * 1024
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+async def http_batched_produce(url: str, path: str, seconds: float, concurrency: int) -> dict:
+    body = json.dumps({"messages": [{"payload": PAYLOAD}] * 100}).encode()
+    stored = 0
+    deadline = time.monotonic() + seconds
+
+    async def sender(session: aiohttp.ClientSession) -> None:
+        nonlocal stored
+        while time.monotonic() < deadline:
+            async with session.post(f"{url}/v1/topics/{path}/messages", data=body,
+                                    headers={"Content-Type": "application/json"}) as response:
+                document = await response.json()
+                assert response.status == 200, document
+                stored += sum(1 for r in document["results"] if r["status"] == "stored")
+
+    started = time.monotonic()
+    async with aiohttp.ClientSession() as session:
+        await asyncio.gather(*(sender(session) for _ in range(concurrency)))
+    elapsed = time.monotonic() - started
+    return {"messages": stored, "seconds": round(elapsed, 2), "msgs_per_s": round(stored / elapsed, 1)}
+
+
+def native_batched_produce(service_url: str, topic: str, seconds: float) -> dict:
+    import pulsar
+
+    client = pulsar.Client(service_url, operation_timeout_seconds=60)
+    producer = client.create_producer(topic, batching_enabled=True, batching_max_messages=100,
+                                      batching_max_publish_delay_ms=10, max_pending_messages=10_000,
+                                      block_if_queue_full=True)
+    payload = PAYLOAD.encode()
+    sent = 0
+    started = time.monotonic()
+    deadline = started + seconds
+    while time.monotonic() < deadline:
+        for _ in range(100):
+            producer.send_async(payload, None)
+        sent += 100
+    producer.flush()
+    elapsed = time.monotonic() - started
+    producer.close()
+    client.close()
+    return {"messages": sent, "seconds": round(elapsed, 2), "msgs_per_s": round(sent / elapsed, 1)}
+
+
+def native_fill(service_url: str, topic: str, count: int) -> None:
+    import pulsar
+
+    client = pulsar.Client(service_url, operation_timeout_seconds=60)
+    producer = client.create_producer(topic, batching_enabled=True, batching_max_messages=100,
+                                      batching_max_publish_delay_ms=10, block_if_queue_full=True)
+    payload = PAYLOAD.encode()
+    for _ in range(count):
+        producer.send_async(payload, None)
+    producer.flush()
+    producer.close()
+    client.close()
+
+
+def native_subscribe(service_url: str, topic: str, subscription: str) -> None:
+    import pulsar
+
+    client = pulsar.Client(service_url)
+    client.subscribe(topic, subscription, consumer_type=pulsar.ConsumerType.Shared,
+                     initial_position=pulsar.InitialPosition.Earliest).close()
+    client.close()
+
+
+def native_drain(service_url: str, topic: str, subscription: str, count: int) -> dict:
+    import pulsar
+
+    client = pulsar.Client(service_url, operation_timeout_seconds=60)
+    consumer = client.subscribe(topic, subscription, consumer_type=pulsar.ConsumerType.Shared,
+                                initial_position=pulsar.InitialPosition.Earliest)
+    received = 0
+    started = time.monotonic()
+    while received < count:
+        message = consumer.receive(timeout_millis=30_000)
+        consumer.acknowledge(message)
+        received += 1
+    elapsed = time.monotonic() - started
+    consumer.close()
+    client.close()
+    return {"messages": received, "seconds": round(elapsed, 2), "msgs_per_s": round(received / elapsed, 1)}
+
+
+async def http_drain(url: str, path: str, subscription: str, count: int, workers: int) -> dict:
+    received = 0
+    done = asyncio.Event()
+    pull_ms: list[float] = []
+    ack_ms: list[float] = []
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        nonlocal received
+        base = f"{url}/v1/topics/{path}/subscriptions/{subscription}"
+        while not done.is_set():
+            started = time.perf_counter()
+            async with session.post(f"{base}/pull", json={"max_messages": 100, "wait_ms": 1000}) as response:
+                messages = (await response.json())["messages"]
+            pull_ms.append((time.perf_counter() - started) * 1000)
+            if not messages:
+                continue
+            started = time.perf_counter()
+            async with session.post(f"{base}/ack", json={"receipts": [m["receipt"] for m in messages]}) as response:
+                results = (await response.json())["results"]
+                assert all(r["status"] == "acked" for r in results), results[:3]
+            ack_ms.append((time.perf_counter() - started) * 1000)
+            received += len(messages)
+            if received >= count:
+                done.set()
+
+    started = time.monotonic()
+    async with aiohttp.ClientSession() as session:
+        await asyncio.wait_for(asyncio.gather(*(worker(session) for _ in range(workers))), timeout=600)
+    elapsed = time.monotonic() - started
+    return {"messages": received, "seconds": round(elapsed, 2), "msgs_per_s": round(received / elapsed, 1),
+            "pull_p50_ms": round(statistics.median(pull_ms), 1), "ack_p50_ms": round(statistics.median(ack_ms), 1)}
+
+
+async def http_single_latency(url: str, path: str, count: int) -> dict:
+    body = json.dumps({"payload": PAYLOAD}).encode()
+    latencies = []
+    async with aiohttp.ClientSession() as session:
+        for _ in range(count):
+            started = time.perf_counter()
+            async with session.post(f"{url}/v1/topics/{path}/message", data=body,
+                                    headers={"Content-Type": "application/json"}) as response:
+                await response.read()
+                assert response.status == 200
+            latencies.append((time.perf_counter() - started) * 1000)
+    return _latency(latencies)
+
+
+def native_single_latency(service_url: str, topic: str, count: int) -> dict:
+    import pulsar
+
+    client = pulsar.Client(service_url, operation_timeout_seconds=60)
+    producer = client.create_producer(topic, batching_enabled=False)
+    payload = PAYLOAD.encode()
+    latencies = []
+    for _ in range(count):
+        started = time.perf_counter()
+        producer.send(payload)
+        latencies.append((time.perf_counter() - started) * 1000)
+    producer.close()
+    client.close()
+    return _latency(latencies)
+
+
+def _latency(latencies: list[float]) -> dict:
+    return {"requests": len(latencies), "p50_ms": round(statistics.median(latencies), 2),
+            "p99_ms": round(percentile(latencies, 0.99), 2), "mean_ms": round(statistics.fmean(latencies), 2)}
+
+
+async def main_async(args: argparse.Namespace) -> dict:
+    async with bench_cluster("magnetar-bench-gateway-", directory=args.dir, keep_data=args.keep_data) as cluster:
+        await cluster.start_bookies(3)
+        (broker,) = await cluster.start_brokers(1)
+        (gateway,) = await cluster.start_gateways(1)
+        service_url, url = broker.service_url, gateway.url
+        print(f"cluster up: broker={service_url} gateway={url} gateway_pid={gateway.process.pid}",
+              file=sys.stderr, flush=True)
+        results: dict = {"payload_bytes": len(PAYLOAD), "seconds_per_case": args.seconds,
+                         "concurrency": args.concurrency, "gateway_pid": gateway.process.pid}
+
+        # Batched produce.
+        topic = unique("bench-native-produce")
+        native = await asyncio.to_thread(native_batched_produce, service_url, topic, args.seconds)
+        topic = unique("bench-http-produce")
+        http = await http_batched_produce(url, f"persistent/public/default/{topic}", args.seconds, args.concurrency)
+        results["batched_produce"] = {"native": native, "gateway": http,
+                                      "ratio": round(http["msgs_per_s"] / native["msgs_per_s"], 3)}
+        print(f"batched produce: {results['batched_produce']}", file=sys.stderr, flush=True)
+
+        # Pull + ack.
+        count = args.drain_messages
+        native_topic, http_topic = unique("bench-native-drain"), unique("bench-http-drain")
+        for topic in (native_topic, http_topic):
+            await asyncio.to_thread(native_subscribe, service_url, topic, "drain")
+            await asyncio.to_thread(native_fill, service_url, topic, count)
+        native = await asyncio.to_thread(native_drain, service_url, native_topic, "drain", count)
+        http = await http_drain(url, f"persistent/public/default/{http_topic}", "drain", count, args.concurrency)
+        results["pull_ack"] = {"native": native, "gateway": http,
+                               "ratio": round(http["msgs_per_s"] / native["msgs_per_s"], 3)}
+        print(f"pull + ack: {results['pull_ack']}", file=sys.stderr, flush=True)
+
+        # Single-message produce latency.
+        native = await asyncio.to_thread(native_single_latency, service_url, unique("bench-native-single"),
+                                         args.single_requests)
+        http = await http_single_latency(url, f"persistent/public/default/{unique('bench-http-single')}",
+                                         args.single_requests)
+        results["single_produce_latency"] = {"native": native, "gateway": http,
+                                             "p50_ratio": round(http["p50_ms"] / native["p50_ms"], 3),
+                                             "p99_ratio": round(http["p99_ms"] / native["p99_ms"], 3)}
+        print(f"single produce: {results['single_produce_latency']}", file=sys.stderr, flush=True)
+    results["aims"] = {
+        "batched_produce_ratio_min": 0.5,
+        "batched_produce_met": results["batched_produce"]["ratio"] >= 0.5,
+        "single_p99_ratio_max": 2.0,
+        "single_p99_met": results["single_produce_latency"]["p99_ratio"] <= 2.0,
+    }
+    results["unix_s"] = int(time.time())
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="bench/results/gateway.json")
+    parser.add_argument("--seconds", type=float, default=20.0, help="length of each throughput case")
+    parser.add_argument("--concurrency", type=int, default=4, help="HTTP requests in flight / pull workers")
+    parser.add_argument("--drain-messages", type=int, default=50_000)
+    parser.add_argument("--single-requests", type=int, default=2_000)
+    parser.add_argument("--dir", default=None)
+    parser.add_argument("--keep-data", action="store_true")
+    args = parser.parse_args()
+    results = asyncio.run(main_async(args))
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as handle:
+        json.dump(results, handle, indent=1)
+    print(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""The client's one config object. Every limit the client keeps is a field here, with
+its unit in its name and where its default comes from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.errors import ConfigError
+from protocol.codec import FRAME_BYTES_MAX_DEFAULT
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    # A TCP connect plus CONNECT/CONNECTED on loopback takes a millisecond; across a
+    # datacenter tens. Ten seconds is the official clients' connection timeout.
+    connect_timeout_ms: int = 10_000
+    # One request/response round trip (LOOKUP, PRODUCER, SUBSCRIBE, SEEK...): the
+    # official clients' operation timeout is 30 s; a topic load may wait on etcd and on
+    # a ledger recovery.
+    operation_timeout_ms: int = 30_000
+    # PING after this long without traffic; no traffic for twice as long closes the
+    # connection (the official clients ping every 30 s).
+    keepalive_interval_s: float = 30.0
+    # Pulsar's 5 MiB message limit plus 10 KiB of command and metadata.
+    frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT
+    # Redirects one lookup may follow (the official clients allow 20).
+    lookup_redirects_max: int = 20
+    # Requests awaiting an answer on one connection; past it a request fails at once
+    # with TooManyRequests instead of queueing without bound.
+    pending_requests_max: int = 1_000
+    # Reconnection of a producer or consumer after CLOSE_PRODUCER / CLOSE_CONSUMER (topic
+    # unloaded, broker stopping) or a lost connection: attempts, with an exponential
+    # back-off between them. Ten attempts from 100 ms doubling to 5 s cover about 25 s,
+    # more than a broker's bundle handover (its lease TTL is 10 s).
+    reconnect_attempts_max: int = 10
+    reconnect_backoff_ms_min: int = 100
+    reconnect_backoff_ms_max: int = 5_000
+    # Messages one producer may have sent and not yet had receipts for. Past it a send
+    # fails at once with TooManyRequests (the caller backs off): the official clients'
+    # maxPendingMessages is 1,000 per producer; batches count by their messages, so
+    # this allows 100 batches of 100.
+    producer_pending_messages_max: int = 10_000
+    # The batches the gateway builds: Pulsar's batchingMaxMessages (1,000) and a 5 MiB
+    # message limit (one entry), less room for metadata.
+    batch_messages_max: int = 1_000
+    batch_bytes_max: int = 5 * 1024 * 1024 - 64 * 1024
+
+    def __post_init__(self) -> None:
+        for name in ("connect_timeout_ms", "operation_timeout_ms", "lookup_redirects_max", "pending_requests_max",
+                     "reconnect_attempts_max", "reconnect_backoff_ms_min", "producer_pending_messages_max",
+                     "batch_messages_max", "batch_bytes_max"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0")
+        if self.keepalive_interval_s <= 0:
+            raise ConfigError("keepalive_interval_s must be > 0")
+        if not self.reconnect_backoff_ms_min <= self.reconnect_backoff_ms_max:
+            raise ConfigError("reconnect_backoff_ms_min must be <= reconnect_backoff_ms_max")
+        if self.frame_bytes_max < 64 * 1024:
+            raise ConfigError("frame_bytes_max must be >= 64 KiB")
+        if self.batch_bytes_max >= self.frame_bytes_max:
+            raise ConfigError("batch_bytes_max must be < frame_bytes_max")
+
+    @property
+    def operation_timeout_s(self) -> float:
+        return self.operation_timeout_ms / 1000
+
+    @property
+    def connect_timeout_s(self) -> float:
+        return self.connect_timeout_ms / 1000
+
+    def backoff_s(self, attempt: int) -> float:
+        """The wait before reconnection attempt ``attempt`` (0-based)."""
+        assert attempt >= 0, attempt
+        return min(self.reconnect_backoff_ms_min * (2 ** min(attempt, 30)), self.reconnect_backoff_ms_max) / 1000

@@ -1,0 +1,318 @@
+"""One client connection to a broker: the asyncio shell around the sans-IO codec.
+
+Theory of operation:
+- ``open`` connects within ``connect_timeout_ms`` and completes the CONNECT/CONNECTED
+  handshake within the same bound. The CONNECTED answer may lower the frame limit
+  (``max_message_size``); frames in are bounded by ``frame_bytes_max`` from the first
+  byte (the decoder refuses an oversized length before buffering the body).
+- Requests (LOOKUP, PRODUCER, SUBSCRIBE, SEEK, CLOSE_*, ACK with a receipt...) carry a
+  request id; ``request`` registers a future under it, writes the command and waits at
+  most ``operation_timeout_ms``. At most ``pending_requests_max`` wait at once; past it
+  a request fails at once with TooManyRequests. ERROR answers, and the Failed variants
+  of LOOKUP and PARTITIONED_METADATA answers, raise the catalogue error for the
+  broker's ServerError (protocol/server_errors.py).
+- Frames for one producer or consumer (SEND_RECEIPT, SEND_ERROR, MESSAGE,
+  CLOSE_PRODUCER, CLOSE_CONSUMER, ...) go to the handler registered under its id, in
+  arrival order, synchronously: a handler must not block.
+- Keep-alive: the broker's PINGs are answered; after ``keepalive_interval_s`` without
+  traffic this side pings, and after twice that it closes the connection. The task doing
+  it belongs to the connection and ends with it.
+- When the connection goes (either side), every waiting request fails with
+  ServiceNotReady (retriable) and every handler is told, so producers and consumers can
+  reconnect. A malformed frame from the broker closes the connection the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Protocol
+
+from common.errors import MagnetarError, MalformedFrame, OperationTimeout, ServiceNotReady, TooManyRequests
+from common.version import __version__
+from protocol.codec import NEED_DATA, CommandDecoder, Frame, command_name, encode_command, wrap
+from protocol.proto import pulsar_api_pb2 as pb
+from protocol.server_errors import error_for_server_error
+
+from client.config import ClientConfig
+
+log = logging.getLogger(__name__)
+
+T = pb.BaseCommand
+CLIENT_VERSION = f"magnetar-client {__version__}"
+# What the official clients of 2024 announce; the broker answers with the smaller of
+# this and its own.
+PROTOCOL_VERSION = pb.v20
+
+
+class FrameHandler(Protocol):
+    """A producer or consumer on a connection."""
+
+    def on_frame(self, frame: Frame) -> None: ...
+
+    def on_connection_lost(self) -> None: ...
+
+
+# Answers that carry the request id of what they answer, by command type: the body
+# field name holding it.
+_RESPONSES: dict[int, str] = {
+    T.SUCCESS: "success",
+    T.ERROR: "error",
+    T.PRODUCER_SUCCESS: "producer_success",
+    T.LOOKUP_RESPONSE: "lookupTopicResponse",
+    T.PARTITIONED_METADATA_RESPONSE: "partitionMetadataResponse",
+    T.GET_LAST_MESSAGE_ID_RESPONSE: "getLastMessageIdResponse",
+    T.ACK_RESPONSE: "ackResponse",
+    T.CONSUMER_STATS_RESPONSE: "consumerStatsResponse",
+    T.GET_TOPICS_OF_NAMESPACE_RESPONSE: "getTopicsOfNamespaceResponse",
+}
+_PRODUCER_FRAMES: dict[int, str] = {
+    T.SEND_RECEIPT: "send_receipt",
+    T.SEND_ERROR: "send_error",
+    T.CLOSE_PRODUCER: "close_producer",
+}
+_CONSUMER_FRAMES: dict[int, str] = {
+    T.MESSAGE: "message",
+    T.CLOSE_CONSUMER: "close_consumer",
+    T.ACTIVE_CONSUMER_CHANGE: "active_consumer_change",
+    T.REACHED_END_OF_TOPIC: "reachedEndOfTopic",
+}
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``host:port`` (or a ``pulsar://host:port`` URL) → (host, port)."""
+    text = address.removeprefix("pulsar://").rstrip("/")
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"address {address!r} is not host:port")
+    return host, int(port)
+
+
+class ClientConnection(asyncio.Protocol):
+    def __init__(self, address: str, config: ClientConfig) -> None:
+        self.address = address
+        self.config = config
+        self.decoder = CommandDecoder(frame_bytes_max=config.frame_bytes_max)
+        self.transport: asyncio.Transport | None = None
+        self.max_message_size = 0
+        self.server_version = ""
+        self._connected: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._requests: dict[int, asyncio.Future[Frame]] = {}
+        self._producers: dict[int, FrameHandler] = {}
+        self._consumers: dict[int, FrameHandler] = {}
+        self._next_request_id = 1
+        self._next_handler_id = 1
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._last_received = time.monotonic()
+        self._keepalive: asyncio.Task[None] | None = None
+        self.closed = False
+
+    # --- opening ---------------------------------------------------------------------------
+
+    @classmethod
+    async def open(cls, address: str, config: ClientConfig) -> "ClientConnection":
+        """Connects and completes the handshake, both within ``connect_timeout_ms``.
+        Raises ServiceNotReady (retriable) when the broker cannot be reached."""
+        host, port = parse_address(address)
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(config.connect_timeout_s):
+                _, connection = await loop.create_connection(lambda: cls(address, config), host, port)
+                connection._write(encode_command(wrap(pb.CommandConnect(
+                    client_version=CLIENT_VERSION, protocol_version=PROTOCOL_VERSION))))
+                await connection._connected
+        except TimeoutError:
+            raise ServiceNotReady(f"no connection to {address} within {config.connect_timeout_ms} ms") from None
+        except OSError as error:
+            raise ServiceNotReady(f"cannot connect to {address}: {error}") from None
+        return connection
+
+    # --- asyncio.Protocol --------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self._keepalive = asyncio.get_running_loop().create_task(self._keep_alive(),
+                                                                 name=f"keepalive {self.address}")
+
+    def data_received(self, data: bytes) -> None:
+        self._last_received = time.monotonic()
+        try:
+            self.decoder.feed(data)
+            while not self.closed:
+                frame = self.decoder.next_command()
+                if frame is NEED_DATA:
+                    break
+                self._on_frame(frame)
+        except MalformedFrame as error:
+            log.warning("malformed frame from broker, closing: address=%s error=%s", self.address, error)
+            self.close()
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._writable.set()
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+        error = ServiceNotReady(f"connection to {self.address} lost")
+        if not self._connected.done():
+            self._connected.set_exception(error)
+            self._connected.exception()   # retrieved: open() may have given up already
+        requests, self._requests = self._requests, {}
+        for future in requests.values():
+            if not future.done():
+                future.set_exception(error)
+        handlers = [*self._producers.values(), *self._consumers.values()]
+        self._producers.clear()
+        self._consumers.clear()
+        for handler in handlers:
+            handler.on_connection_lost()
+        log.debug("connection closed: address=%s error=%s", self.address, exc)
+
+    # --- frames in -----------------------------------------------------------------------------
+
+    def _on_frame(self, frame: Frame) -> None:
+        command = frame.command
+        kind = command.type
+        if kind in _RESPONSES:
+            request_id = getattr(command, _RESPONSES[kind]).request_id
+            future = self._requests.pop(request_id, None)
+            if future is not None and not future.done():
+                future.set_result(frame)
+            return
+        if kind in _PRODUCER_FRAMES:
+            handler = self._producers.get(getattr(command, _PRODUCER_FRAMES[kind]).producer_id)
+            if handler is not None:
+                handler.on_frame(frame)
+            return
+        if kind in _CONSUMER_FRAMES:
+            handler = self._consumers.get(getattr(command, _CONSUMER_FRAMES[kind]).consumer_id)
+            if handler is not None:
+                handler.on_frame(frame)
+            return
+        if kind == T.CONNECTED:
+            if not self._connected.done():
+                self.server_version = command.connected.server_version
+                self.max_message_size = command.connected.max_message_size
+                self._connected.set_result(None)
+            return
+        if kind == T.PING:
+            self._write(encode_command(wrap(pb.CommandPong())))
+            return
+        if kind == T.PONG:
+            return
+        log.debug("unexpected command from broker ignored: address=%s command=%s", self.address,
+                  command_name(kind))
+
+    # --- keep-alive ------------------------------------------------------------------------------
+
+    async def _keep_alive(self) -> None:
+        interval = self.config.keepalive_interval_s
+        while not self.closed:
+            await asyncio.sleep(interval / 2)
+            silent = time.monotonic() - self._last_received
+            if silent > 2 * interval:
+                log.warning("broker silent past keep-alive, closing: address=%s silent_s=%.1f", self.address, silent)
+                self.close()
+                return
+            if silent > interval:
+                self._write(encode_command(wrap(pb.CommandPing())))
+
+    # --- frames out ------------------------------------------------------------------------------
+
+    def _write(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def write_command(self, command: pb.BaseCommand) -> None:
+        self._write(encode_command(command))
+
+    def write_frame(self, frame: bytes) -> None:
+        self._write(frame)
+
+    async def drain(self) -> None:
+        """Waits while the socket's write buffer is above its high-water mark."""
+        await self._writable.wait()
+
+    def close(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    # --- ids and handlers ---------------------------------------------------------------------------
+
+    def new_request_id(self) -> int:
+        request_id = self._next_request_id
+        self._next_request_id += 1
+        return request_id
+
+    def register_producer(self, handler: FrameHandler) -> int:
+        producer_id = self._next_handler_id
+        self._next_handler_id += 1
+        self._producers[producer_id] = handler
+        return producer_id
+
+    def register_consumer(self, handler: FrameHandler) -> int:
+        consumer_id = self._next_handler_id
+        self._next_handler_id += 1
+        self._consumers[consumer_id] = handler
+        return consumer_id
+
+    def unregister_producer(self, producer_id: int) -> None:
+        self._producers.pop(producer_id, None)
+
+    def unregister_consumer(self, consumer_id: int) -> None:
+        self._consumers.pop(consumer_id, None)
+
+    # --- requests ----------------------------------------------------------------------------------
+
+    async def request(self, command: pb.BaseCommand, request_id: int) -> Frame:
+        """Writes ``command`` (which carries ``request_id``) and returns its answer.
+        Raises the catalogue error of an ERROR or Failed answer, OperationTimeout, or
+        ServiceNotReady when the connection is gone."""
+        if self.closed:
+            raise ServiceNotReady(f"connection to {self.address} is closed")
+        if len(self._requests) >= self.config.pending_requests_max:
+            raise TooManyRequests(f"more than {self.config.pending_requests_max} requests waiting on "
+                                  f"{self.address}")
+        assert request_id not in self._requests, request_id
+        future: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        self._requests[request_id] = future
+        self.write_command(command)
+        try:
+            async with asyncio.timeout(self.config.operation_timeout_s):
+                frame = await future
+        except TimeoutError:
+            raise OperationTimeout(f"{command_name(command.type)} got no answer from {self.address} within "
+                                   f"{self.config.operation_timeout_ms} ms") from None
+        finally:
+            if self._requests.get(request_id) is future:
+                del self._requests[request_id]
+        _raise_if_failed(frame)
+        return frame
+
+
+def _raise_if_failed(frame: Frame) -> None:
+    command = frame.command
+    kind = command.type
+    if kind == T.ERROR:
+        raise error_for_server_error(command.error.error, command.error.message)
+    if kind == T.LOOKUP_RESPONSE and command.lookupTopicResponse.response == pb.CommandLookupTopicResponse.Failed:
+        answer = command.lookupTopicResponse
+        raise error_for_server_error(answer.error, answer.message)
+    if kind == T.PARTITIONED_METADATA_RESPONSE and \
+            command.partitionMetadataResponse.response == pb.CommandPartitionedTopicMetadataResponse.Failed:
+        answer = command.partitionMetadataResponse
+        raise error_for_server_error(answer.error, answer.message)
+    if kind == T.ACK_RESPONSE and command.ackResponse.HasField("error"):
+        raise error_for_server_error(command.ackResponse.error, command.ackResponse.message)
+
+
+def is_retriable(error: BaseException) -> bool:
+    return isinstance(error, MagnetarError) and error.retriable

@@ -1,0 +1,295 @@
+"""A producer on one topic (or one partition of a partitioned topic).
+
+Theory of operation:
+- ``send`` stores one message as one entry; ``send_batch`` stores many messages as one
+  batch entry (one SEND, one bookie write, one receipt: the way to throughput). Each
+  returns one future, resolved with the message id (a batch: the list of ids) once the
+  broker's receipt says the entry is durable, or failed with a catalogue error.
+- Sequence ids increase by one per message; a batch carries its first and highest.
+  Sends wait for their receipts in ``_pending`` (by first sequence id, in send order),
+  at most ``producer_pending_messages_max`` messages: past it a send fails at once with
+  TooManyRequests, so a caller that outpaces the broker is told to back off instead of
+  growing memory.
+- Reconnection: CLOSE_PRODUCER (topic unloaded, broker stopping), a lost connection or
+  a retriable SEND_ERROR make the producer look the topic up again and register anew
+  under the same name, then send every pending entry again, in order. Attempts are
+  bounded (``reconnect_attempts_max``, exponential back-off); when they run out, every
+  pending send fails with ServiceNotReady and the producer is failed for good (its
+  owner makes another). The task doing it belongs to the producer; ``close`` stops it.
+- At-least-once: an entry stored whose receipt was lost with the connection is sent
+  again and stored twice (the broker keeps no de-duplication state).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from common.errors import InvalidArgument, MagnetarError, ServiceNotReady, ShuttingDown, TooManyRequests
+from common.tasks import cancel_and_wait
+from common.topic_name import TopicName
+from protocol.codec import Frame, encode_payload_command, wrap
+from protocol.proto import pulsar_api_pb2 as pb
+from protocol.server_errors import error_for_server_error
+
+from client.connection import ClientConnection
+from client.pool import BrokerPool
+from client.messages import MessageId, OutgoingMessage, batch_payload, single_metadata
+
+
+log = logging.getLogger(__name__)
+
+T = pb.BaseCommand
+
+
+@dataclass(slots=True)
+class _PendingSend:
+    sequence_id: int
+    count: int
+    batched: bool
+    metadata: pb.MessageMetadata
+    payload: bytes
+    # One future per entry: a MessageId, or for a batch the list of its messages' ids
+    # (one future per message costs a callback each; a batch of 100 is one entry).
+    future: asyncio.Future
+
+
+class Producer:
+    def __init__(self, pool: BrokerPool, topic: str, *, producer_name: str = "",
+                 on_closed: Callable[["Producer"], None] | None = None) -> None:
+        self.pool = pool
+        self.config = pool.config
+        self.topic = topic
+        self.partition = TopicName.parse(topic).partition_index
+        self.producer_name = producer_name
+        self._on_closed = on_closed
+        self._connection: ClientConnection | None = None
+        self._producer_id = 0
+        self._next_sequence_id = 0
+        self._pending: collections.OrderedDict[int, _PendingSend] = collections.OrderedDict()
+        self._pending_messages = 0
+        self._reconnect_task: asyncio.Task[None] | None = None
+        self.failure: MagnetarError | None = None
+        self.closed = False
+        self.last_used_s = time.monotonic()
+
+    # --- connecting ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self._register()
+
+    async def _register(self) -> None:
+        connection = await self.pool.connection_for(self.topic)
+        producer_id = connection.register_producer(self)
+        request_id = connection.new_request_id()
+        body = pb.CommandProducer(topic=self.topic, producer_id=producer_id, request_id=request_id)
+        if self.producer_name:
+            body.producer_name = self.producer_name
+        try:
+            frame = await connection.request(wrap(body), request_id)
+        except BaseException:
+            connection.unregister_producer(producer_id)
+            raise
+        self.producer_name = frame.command.producer_success.producer_name
+        self._connection, self._producer_id = connection, producer_id
+        for pending in self._pending.values():
+            connection.write_frame(self._frame(pending))
+        log.debug("producer ready: topic=%s producer=%s resent=%d", self.topic, self.producer_name, len(self._pending))
+
+    @property
+    def ready(self) -> bool:
+        return self._connection is not None and not self._connection.closed
+
+    @property
+    def pending_messages(self) -> int:
+        return self._pending_messages
+
+    # --- sending ---------------------------------------------------------------------------------
+
+    def send(self, message: OutgoingMessage) -> asyncio.Future[MessageId]:
+        """Stores ``message`` alone in one entry; the future gives its id."""
+        self._check_can_send(1)
+        sequence_id = self._next_sequence_id
+        metadata = single_metadata(self.producer_name, sequence_id, _now_ms(), message)
+        return self._enqueue(sequence_id, 1, False, metadata, message.payload)
+
+    def send_batch(self, messages: Sequence[OutgoingMessage]) -> asyncio.Future[list[MessageId]]:
+        """Stores ``messages`` as one batch entry; the future gives their ids, which
+        share the entry and differ by batch index."""
+        if not messages:
+            raise InvalidArgument("a batch holds at least one message")
+        if len(messages) > self.config.batch_messages_max:
+            raise InvalidArgument(f"a batch holds at most {self.config.batch_messages_max} messages")
+        self._check_can_send(len(messages))
+        sequence_id = self._next_sequence_id
+        metadata, payload = batch_payload(self.producer_name, sequence_id, _now_ms(), messages)
+        if len(payload) > self.config.batch_bytes_max:
+            raise InvalidArgument(f"a batch of {len(payload)} bytes exceeds {self.config.batch_bytes_max}")
+        return self._enqueue(sequence_id, len(messages), True, metadata, payload)
+
+    def _check_can_send(self, count: int) -> None:
+        if self.closed:
+            raise ShuttingDown(f"producer of {self.topic} is closed")
+        if self.failure is not None:
+            raise self.failure
+        if self._pending_messages + count > self.config.producer_pending_messages_max:
+            raise TooManyRequests(f"producer of {self.topic} has {self._pending_messages} messages awaiting "
+                                  f"receipts (limit {self.config.producer_pending_messages_max})")
+
+    def _enqueue(self, sequence_id: int, count: int, batched: bool, metadata: pb.MessageMetadata,
+                 payload: bytes) -> asyncio.Future:
+        future = asyncio.get_running_loop().create_future()
+        pending = _PendingSend(sequence_id, count, batched, metadata, payload, future)
+        self._pending[sequence_id] = pending
+        self._pending_messages += count
+        self._next_sequence_id += count
+        self.last_used_s = time.monotonic()
+        if self.ready:
+            assert self._connection is not None
+            self._connection.write_frame(self._frame(pending))
+        return future
+
+    def _frame(self, pending: _PendingSend) -> bytes:
+        # The producer name in stored metadata must be the broker's, which a producer
+        # created without one learns only from PRODUCER_SUCCESS.
+        if pending.metadata.producer_name != self.producer_name:
+            pending.metadata.producer_name = self.producer_name
+        send = pb.CommandSend(producer_id=self._producer_id, sequence_id=pending.sequence_id,
+                              num_messages=pending.count)
+        if pending.batched:
+            send.highest_sequence_id = pending.sequence_id + pending.count - 1
+        return encode_payload_command(wrap(send), pending.metadata, pending.payload)
+
+    async def drain(self) -> None:
+        """Waits while the connection's write buffer is full (backpressure)."""
+        if self._connection is not None:
+            await self._connection.drain()
+
+    # --- frames in -----------------------------------------------------------------------------
+
+    def on_frame(self, frame: Frame) -> None:
+        command = frame.command
+        if command.type == T.SEND_RECEIPT:
+            self._on_receipt(command.send_receipt)
+        elif command.type == T.SEND_ERROR:
+            self._on_send_error(command.send_error)
+        elif command.type == T.CLOSE_PRODUCER:
+            log.info("broker closed producer, reconnecting: topic=%s producer=%s", self.topic, self.producer_name)
+            self._detach()
+            self._start_reconnect()
+
+    def _on_receipt(self, receipt: pb.CommandSendReceipt) -> None:
+        pending = self._pending.pop(receipt.sequence_id, None)
+        if pending is None:
+            return   # a receipt for a send resent after a reconnection: already answered
+        self._pending_messages -= pending.count
+        ledger_id, entry_id = receipt.message_id.ledgerId, receipt.message_id.entryId
+        if pending.future.done():
+            return
+        if pending.batched:
+            pending.future.set_result([MessageId(ledger_id, entry_id, self.partition, index, pending.count)
+                                       for index in range(pending.count)])
+        else:
+            pending.future.set_result(MessageId(ledger_id, entry_id, self.partition))
+
+    def _on_send_error(self, send_error: pb.CommandSendError) -> None:
+        error = error_for_server_error(send_error.error, send_error.message)
+        if error.retriable:
+            log.info("send failed, reconnecting to send again: topic=%s sequence_id=%d error=%s", self.topic,
+                     send_error.sequence_id, error)
+            connection = self._connection
+            if connection is not None:
+                # The broker still has this producer (and its name) on the connection:
+                # close it first. Commands on one connection are handled in order, so
+                # the new PRODUCER comes after this close.
+                connection.unregister_producer(self._producer_id)
+                connection.write_command(wrap(pb.CommandCloseProducer(producer_id=self._producer_id,
+                                                                      request_id=connection.new_request_id())))
+            self._detach()
+            self._start_reconnect()
+            return
+        pending = self._pending.pop(send_error.sequence_id, None)
+        if pending is None:
+            return
+        self._pending_messages -= pending.count
+        _fail(pending.future, error)
+
+    def on_connection_lost(self) -> None:
+        self._detach()
+        self._start_reconnect()
+
+    # --- reconnecting --------------------------------------------------------------------------
+
+    def _detach(self) -> None:
+        self._connection = None
+
+    def _start_reconnect(self) -> None:
+        if self.closed or self.failure is not None or self._reconnect_task is not None:
+            return
+        self._reconnect_task = asyncio.get_running_loop().create_task(self._reconnect(),
+                                                                      name=f"reconnect producer {self.topic}")
+
+    async def _reconnect(self) -> None:
+        error: MagnetarError = ServiceNotReady(f"producer of {self.topic} could not reconnect")
+        try:
+            for attempt in range(self.config.reconnect_attempts_max):
+                await asyncio.sleep(self.config.backoff_s(attempt))
+                try:
+                    await self._register()
+                    return
+                except MagnetarError as failure:
+                    error = failure
+                    log.info("producer reconnection failed: topic=%s attempt=%d error=%s", self.topic, attempt, failure)
+                    if not failure.retriable:
+                        break
+            self._give_up(error)
+        finally:
+            self._reconnect_task = None
+
+    def _give_up(self, error: MagnetarError) -> None:
+        log.warning("producer failed for good: topic=%s producer=%s pending=%d error=%s", self.topic,
+                    self.producer_name, self._pending_messages, error)
+        self.failure = error if error.retriable else ServiceNotReady(str(error))
+        self._fail_pending(self.failure)
+
+    def _fail_pending(self, error: MagnetarError) -> None:
+        pending, self._pending = self._pending, collections.OrderedDict()
+        self._pending_messages = 0
+        for send in pending.values():
+            _fail(send.future, error)
+
+    # --- closing -----------------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Unregisters from the broker; sends still awaiting receipts fail with
+        ShuttingDown (call after their futures are done for a clean close)."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._on_closed is not None:
+            self._on_closed(self)
+        await cancel_and_wait(self._reconnect_task)
+        connection, self._connection = self._connection, None
+        if connection is not None and not connection.closed:
+            request_id = connection.new_request_id()
+            try:
+                await connection.request(wrap(pb.CommandCloseProducer(producer_id=self._producer_id,
+                                                                      request_id=request_id)), request_id)
+            except MagnetarError as error:
+                log.debug("close producer failed: topic=%s error=%s", self.topic, error)
+            connection.unregister_producer(self._producer_id)
+        self._fail_pending(ShuttingDown(f"producer of {self.topic} closed"))
+
+
+def _fail(future: asyncio.Future, error: MagnetarError) -> None:
+    if not future.done():
+        future.set_exception(error)
+        future.exception()   # marked retrieved: a caller that gave up must not cause a warning
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)

@@ -1,0 +1,58 @@
+"""The gateway's Prometheus metrics (``magnetar_gateway_*``): counts read from the
+service when scraped, and request latency by route, observed by a middleware."""
+
+from __future__ import annotations
+
+import time
+from typing import Awaitable, Callable
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from common.histograms import LATENCY_BUCKETS_S
+from gateway.service import GatewayService
+
+
+class _ServiceCollector:
+    def __init__(self, service: GatewayService) -> None:
+        self.service = service
+
+    def collect(self):
+        service = self.service
+        for name, help_text, value in (
+                ("messages_produced", "Messages stored through the gateway", service.messages_produced),
+                ("messages_pulled", "Messages handed out by pulls and pushes", service.messages_pulled),
+                ("messages_acked", "Messages acknowledged through the gateway", service.messages_acked),
+                ("messages_nacked", "Messages given back by nack", service.messages_nacked),
+                ("leases_extended", "Lease extensions", service.leases_extended)):
+            yield CounterMetricFamily(f"magnetar_gateway_{name}", help_text, value=value)
+        for name, help_text, value in (
+                ("leases_active", "Messages leased, deferred or being written", service.consumers.leases),
+                ("consumers", "Broker consumers held", len(service.consumers.consumers)),
+                ("producers", "Broker producers held", len(service.producers.producers)),
+                ("requests_in_flight", "HTTP requests being handled", service.requests_in_flight[0])):
+            yield GaugeMetricFamily(f"magnetar_gateway_{name}", help_text, value=value)
+
+
+def register_gateway_metrics(service: GatewayService, registry: CollectorRegistry):
+    """Registers the service's counts; returns the latency middleware."""
+    registry.register(_ServiceCollector(service))
+    latency = Histogram("magnetar_gateway_request_latency_seconds", "From request to response, by route",
+                        ["method", "route", "status"], buckets=LATENCY_BUCKETS_S, registry=registry)
+
+    @web.middleware
+    async def middleware(request: web.Request,
+                         handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        started = time.perf_counter()
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        finally:
+            resource = request.match_info.route.resource
+            route = resource.canonical if resource is not None else "unmatched"
+            latency.labels(request.method, route, str(status)).observe(time.perf_counter() - started)
+    return middleware
+

@@ -1,0 +1,293 @@
+"""The OpenAPI 3.1 document of the gateway, built from the application's own routes so it
+cannot drift from them: every route must have an operation here (``build`` fails
+otherwise), and every operation here must have a route. Limits in the schemas come from
+the config the gateway runs with. ``gateway/openapi.json`` is this document for the
+default config, checked in; tests/unit/test_gateway_openapi.py keeps the three (routes,
+served document, file) in agreement: regenerate the file with
+``magnetar gateway --print-openapi > gateway/openapi.json``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from common.version import __version__
+from gateway.config import GatewayConfig
+from gateway.json_codec import (
+    NACK_DELAY_MS_MAX,
+    NAME_CHARS_MAX,
+    PROPERTIES_MAX,
+    PROPERTY_CHARS_MAX,
+    RECEIPTS_PER_REQUEST_MAX,
+    TIME_MS_MAX,
+)
+from gateway.receipts import MODES
+
+TOPIC_BASE = "/v1/topics/persistent/{tenant}/{namespace}/{topic}"
+SUBSCRIPTION_BASE = f"{TOPIC_BASE}/subscriptions/{{subscription}}"
+
+_REF = "#/components/schemas/"
+
+
+def _ref(name: str) -> dict:
+    return {"$ref": f"{_REF}{name}"}
+
+
+def _json(schema: dict) -> dict:
+    return {"application/json": {"schema": schema}}
+
+
+def _error(description: str) -> dict:
+    return {"description": description, "content": _json(_ref("Error"))}
+
+
+def _path_parameter(name: str, schema: dict, description: str) -> dict:
+    return {"name": name, "in": "path", "required": True, "schema": schema, "description": description}
+
+
+_NAME_PART = {"type": "string", "pattern": r"^[-=:.\w]+$", "maxLength": 128}
+TOPIC_PARAMETERS = [
+    _path_parameter("tenant", _NAME_PART, "Pulsar tenant, e.g. public"),
+    _path_parameter("namespace", _NAME_PART, "Pulsar namespace, e.g. default"),
+    _path_parameter("topic", {"type": "string", "pattern": r"^[^/\x00-\x1f]+$", "maxLength": 200},
+                    "the topic's local name"),
+]
+SUBSCRIPTION_PARAMETERS = TOPIC_PARAMETERS + [
+    _path_parameter("subscription", {"type": "string", "pattern": r"^[^/:\x00-\x1f\x7f]{1,256}$"},
+                    "the subscription's name"),
+]
+MEMBER_QUERY = {"name": "member", "in": "query", "required": False,
+                "schema": {"type": "string", "minLength": 1, "maxLength": NAME_CHARS_MAX, "pattern": "^[^:]+$"},
+                "description": "a broadcast subscription's member"}
+
+# Answers every operation may give besides its own.
+COMMON_ERRORS = {
+    "400": _error("malformed request: bad JSON, a field of the wrong type or out of range, a bad name"),
+    "404": _error("no such topic, subscription or route"),
+    "413": _error("a limit was exceeded: body bytes, messages per request, max_messages, wait_ms, lease_ms"),
+    "429": _error("too many requests or leases in flight: retry after Retry-After seconds"),
+    "503": _error("the brokers cannot serve this now (retriable; Retry-After)"),
+    "default": _error("any other failure, as a catalogue error"),
+}
+
+
+def schemas(config: GatewayConfig) -> dict:
+    name = {"type": "string", "minLength": 1, "maxLength": NAME_CHARS_MAX}
+    return {
+        "Error": {
+            "type": "object", "required": ["code", "error", "message", "retriable"],
+            "properties": {"code": {"type": "integer", "description": "catalogue code (common/errors.py)"},
+                           "error": {"type": "string"}, "message": {"type": "string"},
+                           "retriable": {"type": "boolean"}}},
+        "OutgoingMessage": {
+            "type": "object", "required": ["payload"], "additionalProperties": False,
+            "properties": {
+                "payload": {"type": "string", "description": "the message: UTF-8 text, or base64 with "
+                                                             "encoding=base64"},
+                "encoding": {"type": "string", "enum": ["text", "base64"], "default": "text"},
+                "key": {"type": "string", "maxLength": PROPERTY_CHARS_MAX,
+                        "description": "partition key (routing, key-shared dispatch)"},
+                "ordering_key": {"type": "string", "minLength": 1, "maxLength": PROPERTY_CHARS_MAX,
+                                 "description": "key-shared dispatch key, when not the key"},
+                "properties": {"type": "object", "maxProperties": PROPERTIES_MAX,
+                               "additionalProperties": {"type": "string", "maxLength": PROPERTY_CHARS_MAX}},
+                "event_time_ms": {"type": "integer", "minimum": 0, "maximum": TIME_MS_MAX},
+                "deliver_at_ms": {"type": "integer", "minimum": 0, "maximum": TIME_MS_MAX,
+                                  "description": "not handed out by gateway pulls before this Unix time"},
+                "deliver_after_ms": {"type": "integer", "minimum": 0, "maximum": TIME_MS_MAX,
+                                     "description": "deliver_at_ms as a delay from now"}}},
+        "ProduceBatchRequest": {
+            "type": "object", "required": ["messages"], "additionalProperties": False,
+            "properties": {"messages": {"type": "array", "minItems": 1, "maxItems": config.batch_messages_max,
+                                        "items": _ref("OutgoingMessage")}}},
+        "Stored": {"type": "object", "required": ["message_id"],
+                   "properties": {"message_id": {"type": "string", "description": "ledger:entry:partition:batch"}}},
+        "ProduceResult": {
+            "type": "object", "required": ["status"],
+            "properties": {"status": {"type": "string", "enum": ["stored", "error"]},
+                           "message_id": {"type": "string"}, "error": _ref("Error")}},
+        "ProduceBatchResponse": {
+            "type": "object", "required": ["results"],
+            "properties": {"results": {"type": "array", "items": _ref("ProduceResult")}}},
+        "SubscriptionRequest": {
+            "type": "object", "additionalProperties": False,
+            "properties": {"mode": {"type": "string", "enum": list(MODES), "default": "shared"},
+                           "initial_position": {"type": "string", "enum": ["earliest", "latest"],
+                                                "default": "latest"},
+                           "member": {**name, "pattern": "^[^:]+$",
+                                      "description": "broadcast: the member whose cursor to create"},
+                           "consumer": {**name, "pattern": "^[^:]+$",
+                                        "description": "key_shared, exclusive, failover: the consumer's name"}}},
+        "Subscription": {
+            "type": "object", "required": ["topic", "subscription"],
+            "properties": {"topic": {"type": "string"}, "subscription": {"type": "string"},
+                           "mode": {"type": "string"}, "initial_position": {"type": "string"},
+                           "member": {"type": "string"}, "deleted": {"type": "boolean"}}},
+        "PullRequest": {
+            "type": "object", "additionalProperties": False,
+            "properties": {
+                "mode": {"type": "string", "enum": list(MODES), "default": "shared"},
+                "member": {**name, "pattern": "^[^:]+$"},
+                "consumer": {**name, "pattern": "^[^:]+$"},
+                "max_messages": {"type": "integer", "minimum": 1, "maximum": config.pull_messages_max, "default": 1},
+                "wait_ms": {"type": "integer", "minimum": 0, "maximum": config.wait_ms_max, "default": 0,
+                            "description": "long poll: wait up to this long for the first message"},
+                "lease_ms": {"type": "integer", "minimum": config.lease_ms_min, "maximum": config.lease_ms_max,
+                             "default": config.lease_ms_default,
+                             "description": "the lease, from when the response is written"},
+                "encoding": {"type": "string", "enum": ["text", "base64"], "default": "text"},
+                "initial_position": {"type": "string", "enum": ["earliest", "latest"], "default": "latest"},
+                "max_deliveries": {"type": "integer", "minimum": 1, "maximum": 1_000_000,
+                                   "description": "dead-letter a message instead of delivering it again"},
+                "dead_letter_topic": {"type": "string", "minLength": 1, "maxLength": 1024,
+                                      "description": "default: {topic}-{subscription}-DLQ"}}},
+        "ReceivedMessage": {
+            "type": "object",
+            "required": ["message_id", "payload", "encoding", "properties", "publish_time_ms", "delivery_attempt",
+                         "receipt", "lease_deadline_ms"],
+            "properties": {
+                "message_id": {"type": "string"}, "payload": {"type": "string"},
+                "encoding": {"type": "string", "enum": ["text", "base64"]},
+                "key": {"type": "string"}, "ordering_key": {"type": "string"},
+                "properties": {"type": "object", "additionalProperties": {"type": "string"}},
+                "event_time_ms": {"type": "integer"}, "publish_time_ms": {"type": "integer"},
+                "deliver_at_ms": {"type": "integer"},
+                "delivery_attempt": {"type": "integer", "minimum": 1},
+                "receipt": {"type": "string", "description": "ack, nack or extend with it, through any gateway"},
+                "lease_deadline_ms": {"type": "integer", "description": "the lease runs at least until this"},
+                "compression": {"type": "string", "description": "set when the payload is handed over as stored "
+                                                                 "(a codec this gateway does not decode)"}}},
+        "PullResponse": {
+            "type": "object", "required": ["messages"],
+            "properties": {"messages": {"type": "array", "items": _ref("ReceivedMessage")}}},
+        "ReceiptsRequest": {
+            "type": "object", "required": ["receipts"], "additionalProperties": False,
+            "properties": {"receipts": {"type": "array", "minItems": 1, "maxItems": RECEIPTS_PER_REQUEST_MAX,
+                                        "items": {"type": "string"}}}},
+        "NackRequest": {
+            "type": "object", "required": ["receipts"], "additionalProperties": False,
+            "properties": {"receipts": {"type": "array", "minItems": 1, "maxItems": RECEIPTS_PER_REQUEST_MAX,
+                                        "items": {"type": "string"}},
+                           "delay_ms": {"type": "integer", "minimum": 0, "maximum": NACK_DELAY_MS_MAX,
+                                        "default": 0}}},
+        "ExtendRequest": {
+            "type": "object", "required": ["receipts"], "additionalProperties": False,
+            "properties": {"receipts": {"type": "array", "minItems": 1, "maxItems": RECEIPTS_PER_REQUEST_MAX,
+                                        "items": {"type": "string"}},
+                           "lease_ms": {"type": "integer", "minimum": config.lease_ms_min,
+                                        "maximum": config.lease_ms_max, "default": config.lease_ms_default}}},
+        "SettleResult": {
+            "type": "object", "required": ["status"],
+            "properties": {"status": {"type": "string", "enum": ["acked", "nacked", "extended", "error"]},
+                           "late": {"type": "boolean"}, "receipt": {"type": "string"},
+                           "lease_deadline_ms": {"type": "integer"}, "error": _ref("Error")}},
+        "SettleResponse": {
+            "type": "object", "required": ["results"],
+            "properties": {"results": {"type": "array", "items": _ref("SettleResult")}}},
+        "Backlog": {
+            "type": "object", "required": ["topic", "subscription", "backlog", "unacked", "consumers"],
+            "properties": {"topic": {"type": "string"}, "subscription": {"type": "string"},
+                           "member": {"type": "string"}, "backlog": {"type": "integer"},
+                           "unacked": {"type": "integer"}, "consumers": {"type": "integer"}}},
+        "TopicStats": {"type": "object", "description": "the broker's topic stats (Pulsar's field names)"},
+        "Health": {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}},
+    }
+
+
+def _operation(summary: str, parameters: list, responses: dict, request: str | None = None,
+               request_content: dict | None = None, description: str = "", request_required: bool = True) -> dict:
+    operation: dict[str, Any] = {"summary": summary, "parameters": parameters,
+                                 "responses": {**responses, **COMMON_ERRORS}}
+    if description:
+        operation["description"] = description
+    if request is not None:
+        operation["requestBody"] = {"required": request_required, "content": _json(_ref(request))}
+    if request_content is not None:
+        operation["requestBody"] = {"required": request_required, "content": request_content}
+    return operation
+
+
+def _ok(schema: str, description: str = "OK") -> dict:
+    return {"200": {"description": description, "content": _json(_ref(schema))}}
+
+
+OPERATIONS: dict[tuple[str, str], dict] = {
+    ("GET", "/v1/openapi.json"): _operation(
+        "This document", [], {"200": {"description": "OpenAPI 3.1", "content": _json({"type": "object"})}}),
+    ("POST", f"{TOPIC_BASE}/message"): _operation(
+        "Produce one message", TOPIC_PARAMETERS, _ok("Stored", "stored on the bookies"), "OutgoingMessage",
+        description="Answers once the broker's receipt says the message is durable."),
+    ("POST", f"{TOPIC_BASE}/messages"): _operation(
+        "Produce a batch", TOPIC_PARAMETERS, _ok("ProduceBatchResponse", "a result per message, in order"),
+        "ProduceBatchRequest", description="Stored as one batch entry per partition touched."),
+    ("POST", f"{TOPIC_BASE}/messages/stream"): _operation(
+        "Produce a stream of NDJSON lines", TOPIC_PARAMETERS,
+        {"200": {"description": "one NDJSON result line per input line, as each is stored",
+                 "content": {"application/x-ndjson": {"schema": {"type": "string"}}}}},
+        request_content={"application/x-ndjson": {"schema": {"type": "string"}}}),
+    ("GET", f"{TOPIC_BASE}/stats"): _operation("Topic stats (the broker's)", TOPIC_PARAMETERS, _ok("TopicStats")),
+    ("PUT", SUBSCRIPTION_BASE): _operation(
+        "Create a subscription (or a broadcast member's cursor)", SUBSCRIPTION_PARAMETERS, _ok("Subscription"),
+        "SubscriptionRequest", request_required=False),
+    ("DELETE", SUBSCRIPTION_BASE): _operation(
+        "Delete a subscription (or, with member, a member's cursor)", SUBSCRIPTION_PARAMETERS + [MEMBER_QUERY],
+        _ok("Subscription")),
+    ("GET", f"{SUBSCRIPTION_BASE}/backlog"): _operation(
+        "Messages not acknowledged yet", SUBSCRIPTION_PARAMETERS + [MEMBER_QUERY], _ok("Backlog")),
+    ("POST", f"{SUBSCRIPTION_BASE}/pull"): _operation(
+        "Receive messages, each with a leased receipt (long polling)", SUBSCRIPTION_PARAMETERS,
+        _ok("PullResponse"), "PullRequest", request_required=False,
+        description="The lease of each message starts when the response is written."),
+    ("POST", f"{SUBSCRIPTION_BASE}/ack"): _operation(
+        "Acknowledge by receipt (through any gateway)", SUBSCRIPTION_PARAMETERS, _ok("SettleResponse"),
+        "ReceiptsRequest"),
+    ("POST", f"{SUBSCRIPTION_BASE}/nack"): _operation(
+        "Give messages back, now or after delay_ms", SUBSCRIPTION_PARAMETERS, _ok("SettleResponse"), "NackRequest"),
+    ("POST", f"{SUBSCRIPTION_BASE}/extend"): _operation(
+        "Extend leases; each result carries a new receipt", SUBSCRIPTION_PARAMETERS, _ok("SettleResponse"),
+        "ExtendRequest"),
+    ("GET", f"{SUBSCRIPTION_BASE}/events"): _operation(
+        "Push: Server-Sent Events with receipts, credit-based", SUBSCRIPTION_PARAMETERS + [
+            {"name": name, "in": "query", "required": False, "schema": schema}
+            for name, schema in (("mode", {"type": "string", "enum": list(MODES)}),
+                                 ("member", {"type": "string", "minLength": 1, "pattern": "^[^:]+$"}),
+                                 ("consumer", {"type": "string", "minLength": 1, "pattern": "^[^:]+$"}),
+                                 ("credits", {"type": "integer", "minimum": 1}),
+                                 ("lease_ms", {"type": "integer"}),
+                                 ("duration_ms", {"type": "integer", "minimum": 1, "maximum": 3_600_000}),
+                                 ("encoding", {"type": "string", "enum": ["text", "base64"]}),
+                                 ("initial_position", {"type": "string", "enum": ["earliest", "latest"]}))],
+        {"200": {"description": "an event stream", "content": {"text/event-stream": {"schema": {"type": "string"}}}}}),
+    ("GET", "/health"): _operation("200 while serving, 503 when stopping", [], _ok("Health")),
+    ("GET", "/metrics"): _operation(
+        "Prometheus metrics", [], {"200": {"description": "Prometheus text format",
+                                           "content": {"text/plain": {"schema": {"type": "string"}}}}}),
+}
+
+
+def build(app: web.Application, config: GatewayConfig) -> dict:
+    """The document for the routes of ``app``; AssertionError if a route has no
+    operation here or an operation has no route."""
+    paths: dict[str, dict] = {}
+    seen = set()
+    for route in app.router.routes():
+        if route.method in ("HEAD", "OPTIONS") or route.resource is None:
+            continue
+        path = route.resource.canonical
+        key = (route.method, path)
+        assert key in OPERATIONS, f"route {route.method} {path} has no OpenAPI operation"
+        seen.add(key)
+        paths.setdefault(path, {})[route.method.lower()] = OPERATIONS[key]
+    missing = set(OPERATIONS) - seen
+    assert not missing, f"OpenAPI operations without a route: {sorted(missing)}"
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Magnetar HTTP gateway", "version": __version__,
+                 "description": "Produce and consume over HTTP; shared subscriptions as work queues; receipts "
+                                "any gateway instance can settle. Errors are {code, error, message, retriable} "
+                                "with catalogue codes."},
+        "paths": dict(sorted(paths.items())),
+        "components": {"schemas": schemas(config)},
+    }

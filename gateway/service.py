@@ -1,0 +1,165 @@
+"""What one gateway process holds: its identity (cluster, instance id, advertised URL),
+the broker pool, its producers and consumers, the HTTP client it uses to reach other
+gateway instances and the broker's admin API, and the background tasks of all of
+those, which ``run`` owns (one TaskGroup) and ``close`` stops.
+
+The gateway keeps no state that outlives it: producers and consumers are remade on
+demand, leases die with the process (the broker redelivers what a dead gateway held),
+and receipts carry everything another instance needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+
+import aiohttp
+
+from client.config import ClientConfig
+from client.messages import OutgoingMessage, ReceivedEntry
+from client.pool import BrokerPool
+from common.errors import InvalidArgument
+from common.topic_name import TopicName
+from gateway.config import GatewayConfig
+from gateway.consumers import ConsumerKey, ConsumerPool, DeadLetterPolicy, GatewayConsumer
+from gateway.json_codec import PullSpec
+from gateway.producers import ProducerPool, partition_topic
+from gateway.receipts import Receipt, encode
+
+log = logging.getLogger(__name__)
+
+
+class GatewayService:
+    def __init__(self, config: GatewayConfig, issuer_url: str) -> None:
+        self.config = config
+        self.issuer_url = issuer_url
+        self.instance_id = os.urandom(8)
+        self.instance_name = f"gateway-{self.instance_id.hex()}"
+        self.broker_pool = BrokerPool(config.service_url, ClientConfig())
+        self.producers = ProducerPool(self.broker_pool, config)
+        self.consumers = ConsumerPool(self.broker_pool, config, self.instance_name, self._dead_letter)
+        self.http: aiohttp.ClientSession | None = None
+        self.requests_in_flight = [0]
+        self.forward_tasks: set[asyncio.Task[None]] = set()
+        self.stopping = False
+        # Counters for /metrics (gateway/metrics.py reads them).
+        self.messages_produced = 0
+        self.messages_pulled = 0
+        self.messages_acked = 0
+        self.messages_nacked = 0
+        self.leases_extended = 0
+
+    async def start(self) -> None:
+        self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.config.forward_timeout_ms / 1000))
+
+    async def run(self) -> None:
+        """The background tasks: lease ticks and idle sweeps. Runs until cancelled."""
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self.consumers.run(), name="gateway consumers")
+            group.create_task(self.producers.run(), name="gateway producers")
+
+    async def close(self) -> None:
+        self.stopping = True
+        for task in list(self.forward_tasks):
+            task.cancel()
+        await self.consumers.close()
+        await self.producers.close()
+        self.broker_pool.close()
+        if self.http is not None:
+            await self.http.close()
+
+    # --- topics --------------------------------------------------------------------------------
+
+    @staticmethod
+    def topic_name(tenant: str, namespace: str, topic: str) -> str:
+        name = TopicName.from_parts(tenant, namespace, topic)
+        return str(name)
+
+    async def partition_topics(self, topic: str) -> list[str]:
+        partitions = await self.producers.partitions(topic)
+        if partitions == 0:
+            return [topic]
+        return [partition_topic(topic, index, partitions) for index in range(partitions)]
+
+    # --- consumers -----------------------------------------------------------------------------
+
+    @staticmethod
+    def consumer_name(mode: str, member: str | None, consumer: str | None) -> str:
+        if mode == "broadcast":
+            assert member is not None
+            return member
+        if mode == "shared":
+            return ""
+        assert consumer is not None
+        return consumer
+
+    async def pull_consumers(self, topic: str, subscription: str, spec: PullSpec) -> list[GatewayConsumer]:
+        name = self.consumer_name(spec.mode, spec.member, spec.consumer)
+        policy = None
+        if spec.max_deliveries is not None:
+            dead_letter_topic = spec.dead_letter_topic or f"{topic}-{subscription}-DLQ"
+            policy = DeadLetterPolicy(spec.max_deliveries, str(_parse_topic(dead_letter_topic)))
+        consumers = []
+        for partition in await self.partition_topics(topic):
+            consumer = await self.consumers.get(ConsumerKey(partition, subscription, spec.mode, name),
+                                                spec.initial_position)
+            consumer.dead_letter_policy = policy
+            consumers.append(consumer)
+        return consumers
+
+    async def _dead_letter(self, topic: str, origin_topic: str, entry: ReceivedEntry) -> None:
+        """Publishes an entry's messages to the dead-letter topic, with the properties
+        Pulsar's clients add (REAL_TOPIC, ORIGIN_MESSAGE_ID)."""
+        messages = [OutgoingMessage(m.payload, key=m.key, ordering_key=m.ordering_key,
+                                    properties={**m.properties, "REAL_TOPIC": origin_topic,
+                                                "ORIGIN_MESSAGE_ID": str(m.message_id)},
+                                    event_time_ms=m.event_time_ms)
+                    for m in entry.messages]
+        entries = await self.producers.send(topic, messages, batch=True)
+        async with asyncio.timeout(self.config.produce_timeout_ms / 1000):
+            await asyncio.gather(*(entry.future for entry in entries))
+
+    # --- receipts ------------------------------------------------------------------------------
+
+    def receipt(self, consumer: GatewayConsumer, slot_message_id, attempt: int, deadline_ms: int) -> str:
+        key = consumer.key
+        return encode(Receipt(
+            self.config.receipt_keys.cluster, self.instance_id, self.issuer_url, key.topic, key.subscription,
+            key.name, key.mode, slot_message_id.ledger_id, slot_message_id.entry_id, slot_message_id.partition,
+            slot_message_id.batch_index, slot_message_id.batch_size, attempt, deadline_ms),
+            self.config.receipt_keys)
+
+    def is_ours(self, receipt: Receipt) -> bool:
+        return receipt.instance_id == self.instance_id
+
+    @staticmethod
+    def key_of(receipt: Receipt) -> ConsumerKey:
+        return ConsumerKey(receipt.topic, receipt.subscription, receipt.mode, receipt.consumer)
+
+    def spawn_forward(self, coroutine) -> bool:
+        """Runs a best-effort forward in the background (bounded; False if full)."""
+        if self.stopping or len(self.forward_tasks) >= self.config.forwards_in_flight_max:
+            coroutine.close()
+            return False
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self.forward_tasks.add(task)
+        task.add_done_callback(self._forward_done)
+        return True
+
+    def _forward_done(self, task: asyncio.Task[None]) -> None:
+        self.forward_tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.debug("background forward failed: error=%r", task.exception())
+
+
+def _parse_topic(text: str) -> TopicName:
+    try:
+        return TopicName.parse(text)
+    except InvalidArgument as error:
+        raise InvalidArgument(f"dead_letter_topic: {error.message}") from None
+
+
+def now_unix_ms() -> int:
+    return int(time.time() * 1000)

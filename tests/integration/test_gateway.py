@@ -1,0 +1,388 @@
+"""The HTTP gateway on real processes: etcd, 3 bookies, a broker and two gateways
+(``magnetar gateway``), with the official ``pulsar-client`` on the other side.
+
+What it proves (the issue's "Must show"):
+- produce over HTTP → consume with pulsar-client, and the reverse, with payloads, keys,
+  properties and event times intact (batched and not);
+- 3 HTTP workers on one shared subscription take 10,000 messages, each processed exactly
+  once when they ack and no lease expires; a worker that pulls and never acks sees its
+  messages go to another worker after the lease, with the delivery attempt raised;
+  extending the lease prevents that;
+- two gateway instances: pull from one, ack (and nack, and extend) through the other;
+  kill -9 of a gateway holding leases: its messages are redelivered through another,
+  none lost;
+- broadcast: 2 members each get every message; key-shared keeps each key's order;
+- dead letters after max_deliveries; push over Server-Sent Events with the same receipts.
+How: each test its own topic on the module's cluster; HTTP through aiohttp.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import collections
+import json
+import time
+
+import aiohttp
+import pytest
+
+from common.errors import LeaseExpired
+from tests.cluster import Cluster
+from tests.integration.gateway_helpers import Gateway, drain, new_topic_path, payload_bytes, start_gateway_cluster
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def gw_cluster(etcd_process, tmp_path_factory):
+    cluster = Cluster(etcd_process, str(tmp_path_factory.mktemp("gateway-cluster")))
+    try:
+        asyncio.run(start_gateway_cluster(cluster, gateways=2))
+        yield cluster
+    finally:
+        asyncio.run(cluster.stop())
+
+
+@pytest.fixture(scope="module")
+def pulsar_client(gw_cluster):
+    import pulsar
+
+    client = pulsar.Client(gw_cluster.brokers[0].service_url, operation_timeout_seconds=30)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+async def gateways(gw_cluster):
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        yield [Gateway(g.url, session) for g in gw_cluster.gateways[:2]]
+
+
+async def test_http_produce_is_consumed_by_the_official_client(gateways, pulsar_client):
+    """One message, a batch and a stream produced over HTTP arrive at a pulsar-client
+    consumer with payload, key, properties and event time as sent."""
+    import pulsar
+
+    gateway = gateways[0]
+    topic, path = new_topic_path("http-to-native")
+    consumer = pulsar_client.subscribe(topic, "native", consumer_type=pulsar.ConsumerType.Shared,
+                                       initial_position=pulsar.InitialPosition.Earliest)
+    sent = [
+        {"payload": "single", "key": "k-single", "properties": {"p": "1"}, "event_time_ms": 1_700_000_000_001},
+    ]
+    _, document = await gateway.call("POST", f"{gateway.topic_url(path)}/message", sent[0])
+    assert document["message_id"].count(":") == 3
+    batch = [{"payload": base64.b64encode(bytes([i, 0, 255])).decode(), "encoding": "base64", "key": "k-batch",
+              "properties": {"i": str(i)}, "event_time_ms": 1_700_000_000_100 + i} for i in range(5)]
+    ids = await gateway.produce(path, batch)
+    assert len({i.rsplit(":", 2)[0] for i in ids}) == 1, "a batch request of one key is one entry"
+    keyed = await gateway.produce(path, [{"payload": f"key-{i}", "key": f"k{i}"} for i in range(3)])
+    assert len({i.rsplit(":", 2)[0] for i in keyed}) == 3, "one entry per key (key-shared routes entries)"
+    lines = b"".join(json.dumps({"payload": f"line-{i}", "key": "stream"}).encode() + b"\n" for i in range(3))
+    async with gateway.session.post(f"{gateway.topic_url(path)}/messages/stream", data=lines) as response:
+        results = [json.loads(line) for line in (await response.text()).splitlines()]
+    assert [r["status"] for r in results] == ["stored"] * 3, results
+    received = []
+    for _ in range(12):
+        message = await asyncio.to_thread(consumer.receive, 10_000)
+        received.append(message)
+        consumer.acknowledge(message)
+    consumer.close()
+    by_payload = {m.data(): m for m in received}
+    single = by_payload[b"single"]
+    assert single.partition_key() == "k-single"
+    assert single.properties() == {"p": "1"}
+    assert single.event_timestamp() == 1_700_000_000_001
+    for i in range(5):
+        message = by_payload[bytes([i, 0, 255])]
+        assert message.partition_key() == "k-batch"
+        assert message.properties() == {"i": str(i)}
+        assert message.event_timestamp() == 1_700_000_000_100 + i
+    assert {f"line-{i}".encode() for i in range(3)} <= set(by_payload)
+    assert [by_payload[f"key-{i}".encode()].partition_key() for i in range(3)] == ["k0", "k1", "k2"]
+
+
+@pytest.mark.parametrize("batching", [False, True], ids=["single", "batched"])
+async def test_official_producer_is_pulled_over_http(gateways, pulsar_client, batching):
+    """Messages from a pulsar-client producer (batched or not) come out of an HTTP pull
+    with payload (text or base64), key, properties and event time intact."""
+    gateway = gateways[0]
+    topic, path = new_topic_path("native-to-http")
+    await gateway.subscribe(path, "http")
+    producer = pulsar_client.create_producer(topic, batching_enabled=batching, batching_max_publish_delay_ms=50)
+    expected = {}
+    for i in range(20):
+        payload = f"text-{i}".encode() if i % 2 else bytes([0xFF, i])
+        expected[payload] = i
+        producer.send_async(payload, None, partition_key=f"key-{i}", properties={"n": str(i)},
+                            event_timestamp=1_600_000_000_000 + i)
+    producer.flush()
+    producer.close()
+    got = await drain(gateway, path, "http")
+    assert len(got) == 20
+    for message in got:
+        i = expected[payload_bytes(message)]
+        assert message["encoding"] == ("text" if i % 2 else "base64")
+        assert message["key"] == f"key-{i}"
+        assert message["properties"] == {"n": str(i)}
+        assert message["event_time_ms"] == 1_600_000_000_000 + i
+        assert message["delivery_attempt"] == 1
+
+
+async def test_three_workers_process_10000_messages_exactly_once(gateways):
+    """3 workers pulling from one shared subscription (through both gateways) and acking
+    each pull: all 10,000 messages arrive, each exactly once, all on first delivery."""
+    topic, path = new_topic_path("work-queue")
+    await gateways[0].subscribe(path, "jobs")
+    await asyncio.gather(*(gateways[i % 2].produce(path, [{"payload": f"job-{i * 100 + j}"} for j in range(100)])
+                           for i in range(100)))
+    seen: collections.Counter[str] = collections.Counter()
+    attempts: collections.Counter[int] = collections.Counter()
+
+    async def worker(gateway: Gateway) -> int:
+        taken = 0
+        idle_polls = 0
+        while idle_polls < 2:
+            messages = await gateway.pull(path, "jobs", max_messages=100, wait_ms=1000, lease_ms=60_000)
+            if not messages:
+                idle_polls += 1 if sum(seen.values()) >= 10_000 else 0
+                continue
+            for message in messages:
+                seen[message["payload"]] += 1
+                attempts[message["delivery_attempt"]] += 1
+            await gateway.ack(path, "jobs", messages)
+            taken += len(messages)
+        return taken
+
+    started = time.monotonic()
+    counts = await asyncio.wait_for(asyncio.gather(worker(gateways[0]), worker(gateways[1]), worker(gateways[0])),
+                                    timeout=180)
+    assert len(seen) == 10_000
+    assert set(seen.values()) == {1}, [p for p, n in seen.items() if n > 1][:10]
+    assert attempts == {1: 10_000}
+    assert sum(counts) == 10_000
+    assert all(count > 0 for count in counts), counts
+    print(f"10,000 messages through 3 HTTP workers in {time.monotonic() - started:.1f} s: {counts}")
+
+
+async def test_unacked_lease_goes_to_another_worker_and_extension_prevents_it(gateways):
+    """Worker A pulls and never acks: after its 1 s lease, worker B gets the same
+    messages with delivery_attempt 2. Extending a lease instead keeps them from B until
+    the new deadline; A then acks, and nothing comes again."""
+    gateway = gateways[0]
+    _, path = new_topic_path("leases")
+    await gateway.subscribe(path, "s")
+    await gateway.produce(path, [{"payload": f"m{i}"} for i in range(10)])
+    taken_by_a = await gateway.pull(path, "s", max_messages=10, wait_ms=5000, lease_ms=1000)
+    assert len(taken_by_a) == 10 and all(m["delivery_attempt"] == 1 for m in taken_by_a)
+    started = time.monotonic()
+    taken_by_b = []
+    while len(taken_by_b) < 10 and time.monotonic() - started < 15:
+        taken_by_b += await gateway.pull(path, "s", max_messages=10, wait_ms=2000, lease_ms=2000)
+    assert time.monotonic() - started >= 0.9, "redelivered before the lease ended"
+    assert sorted(m["payload"] for m in taken_by_b) == sorted(m["payload"] for m in taken_by_a)
+    assert all(m["delivery_attempt"] == 2 for m in taken_by_b)
+    # B extends (its lease was 2 s): nothing reaches a third pull for 3 s.
+    results = await gateway.settle(path, "s", "extend", [m["receipt"] for m in taken_by_b], lease_ms=6000)
+    assert all(r["status"] == "extended" for r in results), results
+    assert await gateway.pull(path, "s", max_messages=10, wait_ms=3000) == []
+    # The old receipts still ack (the broker is the authority), the new ones too.
+    await gateway.ack(path, "s", [{"receipt": r["receipt"]} for r in results])
+    assert await gateway.pull(path, "s", max_messages=10, wait_ms=2500) == []
+
+
+async def test_pull_from_one_gateway_settle_through_the_other(gateways):
+    """Receipts from gateway 0 are acked, nacked and extended through gateway 1: acked
+    messages never come back, a nack returns the message at once (with attempt 2), an
+    extension is forwarded to the lease holder."""
+    first, second = gateways
+    _, path = new_topic_path("two-gateways")
+    await first.subscribe(path, "s")
+    # One entry each: a nacked message of a batch entry would wait for its siblings'
+    # leases (the broker redelivers whole entries; tests/unit/test_gateway_leases.py).
+    for i in range(6):
+        await first.call("POST", f"{first.topic_url(path)}/message", {"payload": f"m{i}"})
+    messages = []
+    while len(messages) < 6:
+        messages += await first.pull(path, "s", max_messages=6, wait_ms=5000, lease_ms=1500)
+    assert len(messages) == 6
+    by_payload = {m["payload"]: m for m in messages}
+    acked = [by_payload[f"m{i}"] for i in range(4)]
+    await second.ack(path, "s", acked)
+    extended = await second.settle(path, "s", "extend", [by_payload["m4"]["receipt"]], lease_ms=8000)
+    assert extended[0]["status"] == "extended", extended
+    nacked = await second.settle(path, "s", "nack", [by_payload["m5"]["receipt"]])
+    assert nacked == [{"status": "nacked"}]
+    again = await second.pull(path, "s", max_messages=6, wait_ms=3000)
+    assert [(m["payload"], m["delivery_attempt"]) for m in again] == [("m5", 2)]
+    await second.ack(path, "s", again)
+    # Past the first lease: the acked ones and the extended one stay away.
+    assert await second.pull(path, "s", max_messages=6, wait_ms=2500) == []
+    results = await second.settle(path, "s", "ack", [extended[0]["receipt"]])
+    assert results == [{"status": "acked"}]
+
+
+async def test_kill9_of_a_gateway_holding_leases_loses_nothing(gw_cluster, gateways):
+    """A third gateway pulls 50 messages with a long lease and is killed with SIGKILL:
+    every one of them is pulled again through another gateway (attempt 2), none lost."""
+    third = gw_cluster.gateway("gateway-doomed", extra_args=["--body-mib-max", "1"])
+    await third.start()
+    doomed = Gateway(third.url, gateways[0].session)
+    _, path = new_topic_path("kill9")
+    await doomed.subscribe(path, "s")
+    await doomed.produce(path, [{"payload": f"m{i}"} for i in range(50)])
+    held = []
+    while len(held) < 50:
+        held += await doomed.pull(path, "s", max_messages=50, wait_ms=3000, lease_ms=600_000)
+    third.kill9()
+    again = await drain(gateways[0], path, "s", idle_s=3)
+    assert sorted(m["payload"] for m in again) == sorted(m["payload"] for m in held)
+    assert all(m["delivery_attempt"] == 2 for m in again)
+    # Its receipts: acks still apply (nothing to do now), nack and extend say the lease is gone.
+    results = await gateways[1].settle(path, "s", "extend", [held[0]["receipt"]], lease_ms=1000)
+    assert results[0]["status"] == "error" and results[0]["error"]["code"] == LeaseExpired.code, results
+
+
+async def test_broadcast_members_each_get_every_message(gateways):
+    """Two members of a broadcast subscription each receive all 200 messages once."""
+    _, path = new_topic_path("broadcast")
+    for member in ("m1", "m2"):
+        await gateways[0].subscribe(path, "fanout", mode="broadcast", member=member)
+    await gateways[0].produce(path, [{"payload": f"e{i}"} for i in range(200)])
+    got = await asyncio.gather(*(drain(gateways[i], path, "fanout", mode="broadcast", member=member)
+                                 for i, member in enumerate(("m1", "m2"))))
+    for messages in got:
+        assert sorted(m["payload"] for m in messages) == sorted(f"e{i}" for i in range(200))
+    _, backlog = await gateways[0].call("GET", f"{gateways[0].topic_url(path)}/subscriptions/fanout/backlog?member=m1")
+    assert backlog["backlog"] == 0, backlog
+
+
+async def test_key_shared_keeps_each_keys_order(gateways):
+    """Two key-shared consumers (one per gateway) pulling while messages of 16 keys are
+    produced: each key goes to one consumer, in the order produced, and both get keys."""
+    _, path = new_topic_path("key-shared")
+    await gateways[0].subscribe(path, "ks", mode="key_shared", consumer="c1")
+    keys = [f"key-{k}" for k in range(16)]
+    received: dict[str, list[tuple[str, int]]] = collections.defaultdict(list)
+
+    async def consumer(name: str, gateway: Gateway) -> None:
+        for message in await drain(gateway, path, "ks", mode="key_shared", consumer=name, idle_s=3):
+            key, sequence = message["payload"].split(":")
+            assert message["key"] == key
+            received[key].append((name, int(sequence)))
+
+    async def producer() -> None:
+        await asyncio.sleep(0.5)    # both consumers attached first
+        for start in range(0, 480, 48):
+            await gateways[0].produce(path, [{"payload": f"{keys[i % 16]}:{i}", "key": keys[i % 16]}
+                                             for i in range(start, start + 48)])
+
+    await asyncio.gather(consumer("c1", gateways[0]), consumer("c2", gateways[1]), producer())
+    assert sum(len(v) for v in received.values()) == 480
+    for key, deliveries in received.items():
+        sequences = [sequence for _, sequence in deliveries]
+        assert sequences == sorted(sequences), (key, sequences)
+        assert len({name for name, _ in deliveries}) == 1, (key, deliveries)
+    assert len({name for deliveries in received.values() for name, _ in deliveries}) == 2
+
+
+async def test_dead_letter_after_max_deliveries(gateways, pulsar_client):
+    """With max_deliveries=2, a message nacked twice is not delivered a third time: it
+    goes to {topic}-{subscription}-DLQ, where the official client reads it."""
+    topic, path = new_topic_path("dlq")
+    gateway = gateways[0]
+    await gateway.subscribe(path, "s")
+    dead_letter = pulsar_client.subscribe(f"{topic}-s-DLQ", "dlq-reader",
+                                          initial_position=__import__("pulsar").InitialPosition.Earliest)
+    await gateway.produce(path, [{"payload": "poison", "properties": {"a": "1"}}])
+    for attempt in (1, 2):
+        messages = await gateway.pull(path, "s", max_messages=1, wait_ms=5000, max_deliveries=2)
+        assert [m["delivery_attempt"] for m in messages] == [attempt]
+        await gateway.settle(path, "s", "nack", [messages[0]["receipt"]])
+    assert await gateway.pull(path, "s", max_messages=1, wait_ms=2000, max_deliveries=2) == []
+    message = await asyncio.to_thread(dead_letter.receive, 10_000)
+    assert message.data() == b"poison"
+    assert message.properties()["a"] == "1"
+    assert message.properties()["REAL_TOPIC"] == topic
+    dead_letter.close()
+
+
+async def test_server_sent_events_push_with_credits(gateways):
+    """An SSE stream with 3 credits delivers 3 messages, then nothing until they are
+    acked; acks free credits and the rest arrives; each event carries receipts."""
+    gateway = gateways[0]
+    _, path = new_topic_path("sse")
+    await gateway.subscribe(path, "push")
+    await gateway.produce(path, [{"payload": f"p{i}"} for i in range(5)])
+    url = f"{gateway.topic_url(path)}/subscriptions/push/events?credits=3&lease_ms=30000"
+    received = []
+    async with gateway.session.get(url) as response:
+        assert response.headers["Content-Type"].startswith("text/event-stream")
+
+        async def next_batch(timeout_s: float) -> list[dict]:
+            data = None
+            async with asyncio.timeout(timeout_s):
+                while True:
+                    line = (await response.content.readline()).decode().rstrip("\n")
+                    if line.startswith("data: "):
+                        data = json.loads(line[6:])
+                    elif line == "" and data is not None:
+                        return data["messages"]
+
+        while len(received) < 3:
+            received += await next_batch(10)
+        assert len(received) == 3
+        with pytest.raises(TimeoutError):
+            await next_batch(1.5)
+        await gateway.ack(path, "push", received)
+        more = []
+        while len(more) < 2:
+            more += await next_batch(10)
+        await gateway.ack(path, "push", more)
+    assert sorted(m["payload"] for m in received + more) == [f"p{i}" for i in range(5)]
+
+
+async def test_partitioned_topic_over_http(gw_cluster, gateways):
+    """A topic of 3 partitions: keyed messages land on the partition of their key
+    (message ids name it), keyless ones on one partition per request; a pull drains all
+    partitions, and receipts of partitions settle through the topic's path."""
+    gateway = gateways[0]
+    topic, path = new_topic_path("partitioned")
+    admin = gw_cluster.brokers[0].web_service_url
+    async with gateway.session.put(f"{admin}/admin/v2/{path}/partitions", data=b"3",
+                                   headers={"Content-Type": "application/json"}) as response:
+        assert response.status in (200, 204), await response.text()
+    await gateway.subscribe(path, "s")
+    ids = await gateway.produce(path, [{"payload": f"k{i % 6}:{i}", "key": f"k{i % 6}"} for i in range(60)])
+    partition_of_key = {}
+    for i, message_id in enumerate(ids):
+        partition = int(message_id.split(":")[2])
+        assert partition_of_key.setdefault(f"k{i % 6}", partition) == partition
+    assert len(set(partition_of_key.values())) > 1
+    got = await drain(gateway, path, "s")
+    assert sorted(m["payload"] for m in got) == sorted(f"k{i % 6}:{i}" for i in range(60))
+
+
+async def test_topic_unload_moves_producers_and_consumers_without_loss(gw_cluster, gateways):
+    """The broker unloads the topic (CLOSE_PRODUCER, CLOSE_CONSUMER) while the gateway
+    holds leases: its producer and consumer reconnect; the leased messages come back
+    (the broker redelivers what a closed consumer held) and produce goes on."""
+    gateway = gateways[0]
+    _, path = new_topic_path("unload")
+    admin = gw_cluster.brokers[0].web_service_url
+    await gateway.subscribe(path, "s")
+    for i in range(10):
+        await gateway.call("POST", f"{gateway.topic_url(path)}/message", {"payload": f"m{i}"})
+    held = []
+    while len(held) < 5:
+        held += await gateway.pull(path, "s", max_messages=5 - len(held), wait_ms=3000, lease_ms=600_000)
+    async with gateway.session.put(f"{admin}/admin/v2/{path}/unload") as response:
+        assert response.status in (200, 204), await response.text()
+    await gateway.call("POST", f"{gateway.topic_url(path)}/message", {"payload": "after"})
+    got = await drain(gateway, path, "s", idle_s=3)
+    assert sorted(m["payload"] for m in got) == sorted([f"m{i}" for i in range(10)] + ["after"])
+    redelivered = {m["payload"]: m["delivery_attempt"] for m in got if m["payload"] in {h["payload"] for h in held}}
+    assert set(redelivered) == {m["payload"] for m in held}
+    results = await gateway.settle(path, "s", "extend", [held[0]["receipt"]], lease_ms=1000)
+    assert results[0]["error"]["code"] == LeaseExpired.code, results

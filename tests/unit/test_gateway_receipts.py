@@ -1,0 +1,123 @@
+"""Receipt handles (gateway/receipts.py).
+
+What it proves: a handle round-trips every field; any change to its bytes (one flipped
+bit anywhere) is refused as forged or invalid, never accepted; a handle of another
+cluster is foreign, of another subscription or topic out of scope; garbage of any kind
+raises InvalidReceipt (and nothing else); keys rotate (old handles verify while their
+key is kept, then are forged); the key set's config is validated.
+How: tables of cases, and hypothesis for arbitrary input.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from common.errors import ConfigError, InvalidReceipt, MagnetarError, ReceiptForeign, ReceiptForged
+from gateway.receipts import MODES, Receipt, ReceiptKeys, decode, encode
+
+KEYS = ReceiptKeys("standalone", {"k1": b"a" * 32}, "k1")
+
+
+def receipt(**changes) -> Receipt:
+    base = Receipt("standalone", b"\x01" * 8, "http://127.0.0.1:8081", "persistent://public/default/orders",
+                   "billing", "", "shared", 12, 345, -1, 3, 10, 2, 1_800_000_000_000)
+    return dataclasses.replace(base, **changes)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_round_trip_keeps_every_field(mode):
+    """decode(encode(r)) == r, for every mode and for long and unicode fields."""
+    original = receipt(mode=mode, consumer="wörker-1" * 20, topic="persistent://t/n/" + "x" * 500,
+                       partition=7, batch_index=-1, batch_size=0, ledger_id=2**63, entry_id=0)
+    handle = encode(original, KEYS)
+    assert set(handle) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+    assert decode(handle, KEYS) == original
+
+
+def test_every_single_bit_flip_is_refused():
+    """No bit of a handle can change without the change being caught."""
+    raw = bytearray(base64.urlsafe_b64decode(encode(receipt(), KEYS) + "=="))
+    for bit in range(len(raw) * 8):
+        changed = bytearray(raw)
+        changed[bit // 8] ^= 1 << (bit % 8)
+        handle = base64.urlsafe_b64encode(bytes(changed)).rstrip(b"=").decode()
+        with pytest.raises((ReceiptForged, InvalidReceipt, ReceiptForeign)):
+            decode(handle, KEYS)
+
+
+def test_foreign_cluster_and_scope():
+    """Another cluster's handle is ReceiptForeign; so is one used for another
+    subscription or topic; a partition's handle is in scope of its topic."""
+    other = ReceiptKeys("elsewhere", {"k1": b"a" * 32}, "k1")
+    with pytest.raises(ReceiptForeign, match="cluster"):
+        decode(encode(receipt(cluster="elsewhere"), other), KEYS)
+    decoded = decode(encode(receipt(topic="persistent://public/default/orders-partition-3"), KEYS), KEYS)
+    decoded.check_scope("persistent://public/default/orders", "billing")
+    with pytest.raises(ReceiptForeign, match="subscription"):
+        decoded.check_scope("persistent://public/default/orders", "shipping")
+    with pytest.raises(ReceiptForeign, match="topic"):
+        decoded.check_scope("persistent://public/default/orders-eu", "billing")
+
+
+def test_another_secret_means_forged():
+    """A handle signed with another secret under the same key id does not verify."""
+    impostor = ReceiptKeys("standalone", {"k1": b"b" * 32}, "k1")
+    with pytest.raises(ReceiptForged, match="signature"):
+        decode(encode(receipt(), impostor), KEYS)
+    with pytest.raises(ReceiptForged, match="key id"):
+        decode(encode(receipt(), ReceiptKeys("standalone", {"k9": b"a" * 32}, "k9")), KEYS)
+
+
+def test_key_rotation():
+    """New handles are signed with the first key; old ones verify while their key is
+    listed, and are forged once it is dropped."""
+    old_handle = encode(receipt(), KEYS)
+    rotated = ReceiptKeys.parse("standalone", "k2:" + "c" * 32 + ",k1:" + "a" * 32)
+    assert rotated.signing_key_id == "k2"
+    assert decode(old_handle, rotated) == receipt()
+    new_handle = encode(receipt(), rotated)
+    assert decode(new_handle, ReceiptKeys.parse("standalone", "k2:" + "c" * 32)) == receipt()
+    with pytest.raises(ReceiptForged):
+        decode(new_handle, KEYS)
+
+
+@pytest.mark.parametrize("handle", ["", "!!!", "a", "AAAA", "A" * 5000, 12, None, ["x"],
+                                    base64.urlsafe_b64encode(b"\x02" + b"x" * 40).decode(),
+                                    base64.urlsafe_b64encode(b"\x01\xff" + b"x" * 40).decode()])
+def test_garbage_is_invalid(handle):
+    """Not a handle at all: InvalidReceipt (never another exception)."""
+    with pytest.raises((InvalidReceipt, ReceiptForged)):
+        decode(handle, KEYS)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(max_size=400), st.binary(max_size=300).map(
+    lambda b: base64.urlsafe_b64encode(b).rstrip(b"=").decode())))
+def test_arbitrary_input_raises_only_catalogue_errors(handle):
+    """Whatever the text, decode raises one of the three receipt errors."""
+    try:
+        decode(handle, KEYS)
+    except (InvalidReceipt, ReceiptForged, ReceiptForeign):
+        pass
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("nocolon", "kid:secret"),
+    ("k1:short", "shorter than"),
+    ("k1:" + "a" * 32 + ",k1:" + "b" * 32, "given twice"),
+    (":" + "a" * 32, "1-255 bytes"),
+])
+def test_bad_key_config_names_the_problem(text, problem):
+    with pytest.raises(ConfigError, match=problem):
+        ReceiptKeys.parse("standalone", text)
+
+
+def test_errors_are_4xx_and_not_retriable():
+    for cls in (InvalidReceipt, ReceiptForged, ReceiptForeign):
+        assert issubclass(cls, MagnetarError)
+        assert 400 <= cls.http_status < 500 and not cls.retriable
