@@ -616,8 +616,7 @@ class ServerConnection(asyncio.Protocol):
             return
         try:
             if request.HasField("message_id"):
-                target = attached.topic.ledger.normalize(
-                    Position(request.message_id.ledgerId, request.message_id.entryId))
+                target = attached.topic.seek_position(request.message_id)
             elif request.HasField("message_publish_time"):
                 target = await attached.topic.find_position_by_time(request.message_publish_time)
             else:

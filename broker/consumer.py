@@ -64,7 +64,8 @@ class Consumer:
         """Writes one MESSAGE frame and takes its messages from the permits."""
         assert not self.closed, "an entry was dispatched to a closed consumer"
         command = commands.message(self.consumer_id, entry.position.ledger_id, entry.position.entry_id,
-                                   redelivery_count=redelivery_count, ack_set=ack_set or ())
+                                   redelivery_count=redelivery_count, ack_set=ack_set or (),
+                                   partition=self.partition_index)
         self.connection.write_buffers(message_frame_buffers(command, entry.data))
         self.permits -= message_count
         self.messages_out += message_count

@@ -265,6 +265,17 @@ class PersistentTopic:
             return ledger.first_position
         return ledger.end_position
 
+    def seek_position(self, message_id: pb.MessageIdData) -> Position:
+        """Where a SEEK to ``message_id`` puts the cursor (the next entry to deliver):
+        MessageId.earliest is the oldest stored entry, MessageId.latest the end of the
+        topic, any other id its own entry (the client drops what it should not see
+        again: the sought message itself unless it asked for an inclusive start)."""
+        if message_id.ledgerId == _EARLIEST_ID:
+            return self.ledger.first_position
+        if message_id.ledgerId == _LATEST_ID:
+            return self.ledger.end_position
+        return self.ledger.normalize(Position(message_id.ledgerId, message_id.entryId))
+
     async def unsubscribe(self, name: str, consumer: Consumer | None) -> None:
         subscription = self.subscriptions.get(name)
         if subscription is None:
