@@ -82,6 +82,10 @@ class BrokerConfig:
     # A shared or key-shared consumer holding this many unacknowledged messages gets no
     # more until it acknowledges some (Pulsar's maxUnackedMessagesPerConsumer, 50,000).
     unacked_per_consumer_max: int = 50_000
+    # Delayed messages (deliver_after / deliver_at) a shared or key-shared subscription
+    # holds back at once; past it the subscription reads no further until some are
+    # due. 24 bytes an entry: 1,000,000 take about 25 MiB (bench/delayed_delivery_bench.py).
+    delayed_delivery_entries_max: int = 1_000_000
     lookup_timeout_s: float = 30.0
     # How often loaded topics are checked for ledgers retention lets go.
     retention_check_interval_s: float = 5.0
@@ -123,6 +127,8 @@ class BrokerConfig:
             raise ConfigError("retention_check_interval_s must be in [0.05, 3600]")
         if not 1 <= self.unacked_per_consumer_max <= 10_000_000:
             raise ConfigError("unacked_per_consumer_max must be in [1, 10000000]")
+        if not 1 <= self.delayed_delivery_entries_max <= 10_000_000:
+            raise ConfigError("delayed_delivery_entries_max must be in [1, 10000000]")
         if not 0 < self.write_buffer_low_bytes < self.write_buffer_high_bytes:
             raise ConfigError("write_buffer_low_bytes must be in (0, write_buffer_high_bytes)")
 

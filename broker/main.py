@@ -60,6 +60,8 @@ OPTIONS: list[ConfigOption] = [
     ConfigOption("--unacked-per-consumer-max", BrokerConfig, "unacked_per_consumer_max",
                  "messages a shared or key-shared consumer may hold unacknowledged before it gets no more "
                  "(Pulsar's maxUnackedMessagesPerConsumer)"),
+    ConfigOption("--delayed-delivery-entries-max", BrokerConfig, "delayed_delivery_entries_max",
+                 "delayed messages a shared subscription holds back before it stops reading further"),
     ConfigOption("--pending-sends-per-connection-max", BrokerConfig, "pending_sends_per_connection_max",
                  "unanswered sends past which a connection is not read (Pulsar's "
                  "maxPendingPublishRequestsPerConnection)"),

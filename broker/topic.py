@@ -138,7 +138,8 @@ class PersistentTopic:
                             partition_index=self.name.partition_index,
                             entries_max=self.config.dispatch_entries_max, bytes_max=self.config.dispatch_bytes_max,
                             redelivery_counts_max=self.config.redelivery_counts_max,
-                            unacked_per_consumer_max=self.config.unacked_per_consumer_max)
+                            unacked_per_consumer_max=self.config.unacked_per_consumer_max,
+                            delayed_entries_max=self.config.delayed_delivery_entries_max)
 
     # --- producers ----------------------------------------------------------------------------
 

@@ -105,6 +105,9 @@ class Dispatcher(abc.ABC):
         """The consumer's client granted permits."""
         self.wake()
 
+    def on_cursor_reset(self) -> None:
+        """The cursor was moved (seek, reset): what follows it is read again."""
+
     def unacked_messages(self, consumer: ConsumerPort) -> int:
         """Messages sent to ``consumer`` and not acknowledged yet (shared modes; 0 for
         exclusive and failover, whose acks are cumulative)."""

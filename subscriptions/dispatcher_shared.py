@@ -16,18 +16,30 @@ that joined when the read position was R receives no entry at or after R until e
 entry before R is acknowledged (the mark-delete position reached R); until then such
 entries wait in the replay set. Entries a departing consumer held are replayed, oldest
 first, to the keys' new owners.
+
+Delayed delivery (both modes, as in Pulsar; exclusive and failover deliver such
+messages at once): an entry whose ``deliver_at_time`` is still ahead is not sent when
+read but kept in the subscription's ``DelayedDeliveryTracker`` (delayed_delivery.py);
+a timer wakes the dispatcher at the next due time and due entries join the replay set.
+They stay unacknowledged, so a new owner after a restart reads them again from the
+mark-delete position and tracks them anew. When the tracker is full the dispatcher
+reads nothing further until entries come due.
 """
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import collections
 import logging
+import time
+from typing import Callable
 
 import crc32c
 
 from common.position import ManagedEntry, Position
 from protocol.codec import stored_metadata
+from subscriptions.delayed_delivery import DelayedDeliveryTracker
 from subscriptions.dispatcher import DispatchedSubscription, Dispatcher
 from subscriptions.ports import ConsumerPort
 
@@ -39,18 +51,75 @@ _REPLAY_BATCH = 100
 # memory when key-shared consumers fall behind).
 REPLAY_ENTRIES_MAX = 100_000
 POINTS_PER_CONSUMER = 100
+# Due delayed entries moved into the replay set per dispatch round.
+_DELAYED_RELEASE_MAX = 1000
+
+
+def _wall_clock_ms() -> int:
+    return int(time.time() * 1000)
 _HASH_RANGE = 1 << 32
 
 
 class SharedDispatcher(Dispatcher):
     def __init__(self, subscription: DispatchedSubscription, entries_max: int, bytes_max: int,
-                 unacked_per_consumer_max: int = 50_000) -> None:
+                 unacked_per_consumer_max: int = 50_000, *, delayed_entries_max: int = 1_000_000,
+                 clock_ms: Callable[[], int] = _wall_clock_ms) -> None:
         super().__init__(subscription, entries_max, bytes_max)
         self._unacked_per_consumer_max = unacked_per_consumer_max
         self.pending: dict[Position, ConsumerPort] = {}
         self._replay: list[Position] = []          # sorted
         self._replay_set: set[Position] = set()
         self._next_consumer = 0
+        # deliver_at_time is the producer's wall-clock time (epoch ms).
+        self._clock_ms = clock_ms
+        self.delayed = DelayedDeliveryTracker(delayed_entries_max)
+        self._delay_timer: asyncio.TimerHandle | None = None
+        self._delay_timer_ms = 0
+
+    # --- delayed delivery ---------------------------------------------------------------------
+
+    def _deliver_at(self, entry: ManagedEntry, now_ms: int) -> int | None:
+        """The entry's due time if it is still ahead (None: deliver it now)."""
+        metadata = stored_metadata(entry.data)
+        if metadata.HasField("deliver_at_time") and metadata.deliver_at_time > now_ms:
+            return int(metadata.deliver_at_time)
+        return None
+
+    def _release_due(self) -> None:
+        """Moves due delayed entries into the replay set (bounded by it) and arms the
+        timer for the next one."""
+        if len(self.delayed):
+            room = min(REPLAY_ENTRIES_MAX - len(self._replay), _DELAYED_RELEASE_MAX)
+            if room > 0:
+                for ledger_id, entry_id in self.delayed.pop_due(self._clock_ms(), room):
+                    self._add_replay(Position(ledger_id, entry_id), count=False)
+        self._arm_delay_timer()
+
+    def _arm_delay_timer(self) -> None:
+        due_ms = self.delayed.next_due_ms()
+        timer = self._delay_timer
+        if timer is not None and (due_ms is None or self._delay_timer_ms > due_ms):
+            timer.cancel()
+            self._delay_timer = timer = None
+        if due_ms is None or timer is not None or self._closed:
+            return
+        self._delay_timer_ms = due_ms
+        delay_s = max(0.0, (due_ms - self._clock_ms()) / 1000)
+        self._delay_timer = asyncio.get_running_loop().call_later(delay_s, self._on_delay_timer)
+
+    def _on_delay_timer(self) -> None:
+        self._delay_timer = None
+        self.wake()
+
+    def on_cursor_reset(self) -> None:
+        self.delayed.clear()
+        self._arm_delay_timer()
+
+    async def close(self) -> None:
+        if self._delay_timer is not None:
+            self._delay_timer.cancel()
+            self._delay_timer = None
+        await super().close()
 
     # --- membership ---------------------------------------------------------------------
 
@@ -145,12 +214,15 @@ class SharedDispatcher(Dispatcher):
         while not self._closed:
             if not self._available():
                 return
+            self._release_due()
             sent = await self._dispatch_replay() if self._replay else 0
             available = self._available()
             if not available:
                 return
             if len(self._replay) >= REPLAY_ENTRIES_MAX:
                 return  # too much held back: wait for acknowledgements
+            if self.delayed.full:
+                return  # wait for delayed entries to come due (the timer wakes us)
             start = cursor.read_position
             total_permits = sum(c.permits for c in available)
             entries = await ledger.read(start, max(1, min(total_permits, self._entries_max)), self._bytes_max)
@@ -160,9 +232,18 @@ class SharedDispatcher(Dispatcher):
                 self._check_end_of_topic()
                 self._wait_for_entries()
                 return
+            next_read = ledger.next_position(entries[-1].position)
+            now_ms = self._clock_ms()
             for entry in entries:
                 prepared = self._prepare(entry)
                 if prepared is None or entry.position in self.pending:
+                    continue
+                deliver_at = self._deliver_at(entry, now_ms)
+                if deliver_at is not None:
+                    if self.delayed.full:
+                        next_read = entry.position   # read it again once there is room
+                        break
+                    self.delayed.add(deliver_at, entry.position.ledger_id, entry.position.entry_id, now_ms)
                     continue
                 consumer = self._choose(entry, self._available(), replaying=False)
                 if consumer is None:
@@ -173,7 +254,8 @@ class SharedDispatcher(Dispatcher):
                 count, ack_set = prepared
                 self._send(consumer, entry, count, ack_set)
                 sent += 1
-            cursor.skip_next_read(ledger.next_position(entries[-1].position))
+            cursor.skip_next_read(next_read)
+            self._arm_delay_timer()
             if not sent and not self._available():
                 return
 
@@ -232,8 +314,8 @@ class KeySharedDispatcher(SharedDispatcher):
     pass. Key hashes of pending and replayed entries are remembered for that."""
 
     def __init__(self, subscription: DispatchedSubscription, entries_max: int, bytes_max: int,
-                 unacked_per_consumer_max: int = 50_000) -> None:
-        super().__init__(subscription, entries_max, bytes_max, unacked_per_consumer_max)
+                 unacked_per_consumer_max: int = 50_000, **kwargs) -> None:
+        super().__init__(subscription, entries_max, bytes_max, unacked_per_consumer_max, **kwargs)
         self._ring_points: list[int] = []
         self._ring_owners: list[ConsumerPort] = []
         self._joined_at: dict[int, Position] = {}         # id(consumer) -> read position at join

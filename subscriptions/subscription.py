@@ -27,7 +27,7 @@ class Subscription:
     def __init__(self, name: str, topic_name: str, ledger: EntrySource, cursor: ManagedCursor,
                  mode: SubscriptionMode, *, partition_index: int = -1, entries_max: int = 100,
                  bytes_max: int = 4 * 1024 * 1024, redelivery_counts_max: int = 100_000,
-                 unacked_per_consumer_max: int = 50_000) -> None:
+                 unacked_per_consumer_max: int = 50_000, delayed_entries_max: int = 1_000_000) -> None:
         self.name = name
         self.topic_name = topic_name
         self.full_name = f"{topic_name}/{name}"
@@ -40,6 +40,7 @@ class Subscription:
         self._redelivery_counts: collections.OrderedDict[Position, int] = collections.OrderedDict()
         self._redelivery_counts_max = redelivery_counts_max
         self._unacked_per_consumer_max = unacked_per_consumer_max
+        self._delayed_entries_max = delayed_entries_max
         self.dispatcher: Dispatcher = self._make_dispatcher(mode)
         self.messages_acked = 0
 
@@ -48,9 +49,11 @@ class Subscription:
             return SingleActiveDispatcher(self, self._entries_max, self._bytes_max,
                                           failover=mode == SubscriptionMode.FAILOVER)
         if mode == SubscriptionMode.SHARED:
-            return SharedDispatcher(self, self._entries_max, self._bytes_max, self._unacked_per_consumer_max)
+            return SharedDispatcher(self, self._entries_max, self._bytes_max, self._unacked_per_consumer_max,
+                                    delayed_entries_max=self._delayed_entries_max)
         assert mode == SubscriptionMode.KEY_SHARED, mode
-        return KeySharedDispatcher(self, self._entries_max, self._bytes_max, self._unacked_per_consumer_max)
+        return KeySharedDispatcher(self, self._entries_max, self._bytes_max, self._unacked_per_consumer_max,
+                                   delayed_entries_max=self._delayed_entries_max)
 
     @property
     def consumers(self) -> list[ConsumerPort]:
@@ -71,6 +74,9 @@ class Subscription:
             # The first consumer after all left may change the mode (as Pulsar allows).
             self.mode = mode
             self.dispatcher = self._make_dispatcher(mode)
+            # What the old dispatcher held back (replays, delayed entries) is not
+            # carried over: the new one reads again after the mark-delete position.
+            self.cursor.rewind()
         if self.mode == SubscriptionMode.EXCLUSIVE and self.consumers:
             raise ConsumerBusy(f"exclusive subscription {self.name} already has a consumer")
         self.dispatcher.add_consumer(consumer)
@@ -147,6 +153,7 @@ class Subscription:
     def reset_cursor(self, position: Position) -> None:
         self.cursor.reset(position)
         self._redelivery_counts.clear()
+        self.dispatcher.on_cursor_reset()
         self.dispatcher.wake()
 
     async def close(self) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import timedelta
 import urllib.request
 
 import pulsar
@@ -120,4 +121,35 @@ def test_custom_router_partition_is_in_the_message_id(pulsar_cluster, client):
         consumer.acknowledge(message)
     assert seen == sent
     consumer.close()
+    producer.close()
+
+
+def test_delayed_delivery_on_shared_and_key_shared(client):
+    """On a shared and a key-shared subscription, a message sent with deliver_after (3 s)
+    and one with deliver_at (3 s ahead) arrive only once due, after a message sent
+    later without delay; an exclusive subscription of the same topic gets them at once
+    (Pulsar delays only shared and key-shared subscriptions)."""
+    topic = unique_topic("delayed")
+    shared = client.subscribe(topic, "shared", consumer_type=pulsar.ConsumerType.Shared)
+    key_shared = client.subscribe(topic, "key-shared", consumer_type=pulsar.ConsumerType.KeyShared)
+    exclusive = client.subscribe(topic, "exclusive", consumer_type=pulsar.ConsumerType.Exclusive)
+    producer = client.create_producer(topic, batching_enabled=False)
+    due_ms = int(time.time() * 1000) + 3000
+    producer.send(b"after", deliver_after=timedelta(seconds=3), partition_key="a")
+    producer.send(b"at", deliver_at=due_ms, partition_key="b")
+    producer.send(b"now", partition_key="c")
+    assert sorted(exclusive.receive(timeout_millis=RECEIVE_TIMEOUT_MS).data() for _ in range(3)) == \
+        [b"after", b"at", b"now"]
+    for consumer in (shared, key_shared):
+        first = consumer.receive(timeout_millis=RECEIVE_TIMEOUT_MS)
+        assert first.data() == b"now"
+        consumer.acknowledge(first)
+        delayed = [consumer.receive(timeout_millis=RECEIVE_TIMEOUT_MS) for _ in range(2)]
+        # Never before its time: the broker holds a message until deliver_at_time.
+        assert int(time.time() * 1000) >= due_ms
+        assert sorted(m.data() for m in delayed) == [b"after", b"at"]
+        for message in delayed:
+            consumer.acknowledge(message)
+    for consumer in (shared, key_shared, exclusive):
+        consumer.close()
     producer.close()
