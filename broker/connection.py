@@ -372,6 +372,7 @@ class ServerConnection(asyncio.Protocol):
         task.add_done_callback(lambda t, pid=request.producer_id: _forget_pending(self._pending_producers, pid, t))
 
     async def _create_producer(self, request: pb.CommandProducer) -> None:
+        schema_version = _SCHEMA_VERSION_ZERO if request.HasField("schema") else None
         try:
             topic = await self.service.get_topic(TopicName.parse(request.topic), create=True)
             name = request.producer_name or topic.generate_producer_name()
@@ -379,10 +380,22 @@ class ServerConnection(asyncio.Protocol):
                                 user_provided_name=bool(request.producer_name),
                                 access_mode=request.producer_access_mode,
                                 metadata={kv.key: kv.value for kv in request.metadata})
+
+            def on_queued() -> None:
+                # WaitForExclusive: the client learns it is queued, and waits.
+                self.write_command(commands.producer_success(request.request_id, name, producer_ready=False,
+                                                             schema_version=schema_version))
+
+            epoch = await topic.acquire_access(
+                producer, request.topic_epoch if request.HasField("topic_epoch") else None, on_queued)
             # No await from here to the registration below: CLOSE_PRODUCER cancels
             # this task, and a cancellation must find the producer either not added
             # or registered (then detached), never added alone.
-            topic.add_producer(producer)
+            try:
+                topic.add_producer(producer)
+            except MagnetarError:
+                topic.release_access(producer)
+                raise
         except MagnetarError as error:
             log.info("producer refused: peer=%s topic=%s error=%s", self.peer, request.topic, error)
             self._write_error(request.request_id, error)
@@ -392,8 +405,8 @@ class ServerConnection(asyncio.Protocol):
             return
         self.producers[request.producer_id] = producer
         self._producer_topics[request.producer_id] = topic
-        schema_version = _SCHEMA_VERSION_ZERO if request.HasField("schema") else None
-        self.write_command(commands.producer_success(request.request_id, name, schema_version=schema_version))
+        self.write_command(commands.producer_success(request.request_id, name, schema_version=schema_version,
+                                                     topic_epoch=epoch))
         log.info("producer created: peer=%s topic=%s producer=%s", self.peer, topic.full_name, name)
 
     def _on_send(self, frame: Frame) -> None:

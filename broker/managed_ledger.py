@@ -254,6 +254,27 @@ class ManagedLedger:
                 self._fence(error)
                 raise error from None
 
+    @property
+    def properties(self) -> dict[str, str]:
+        """The topic's free-form properties (a copy): topic epoch, deduplication
+        snapshot and the like, kept in the managed-ledger record."""
+        return dict(self._info.properties)
+
+    async def set_properties(self, updates: dict[str, str | None]) -> None:
+        """Sets (None: removes) properties, by compare-and-swap of the record; a lost
+        race fences this owner (TopicFenced), as for any change of the record."""
+        previous = dict(self._info.properties)
+        for key, value in updates.items():
+            if value is None:
+                self._info.properties.pop(key, None)
+            else:
+                self._info.properties[key] = value
+        try:
+            await self._write_info()
+        except BaseException:
+            self._info.properties = previous
+            raise
+
     async def _start_new_ledger(self) -> None:
         config = self.config
         handle = await self._client.create_ledger(

@@ -367,6 +367,13 @@ class NotOwner(BrokerError):
     code, retriable, http_status = 4016, True, 503
 
 
+class ProducerFenced(BrokerError):
+    """An exclusive producer lost the topic to another (ExclusiveWithFencing, or the
+    topic epoch moved past the one it held)."""
+
+    code, http_status = 4031, 409
+
+
 class NotSupported(BrokerError):
     """A feature Magnetar does not offer (e.g. topic compaction): said plainly."""
 

@@ -93,11 +93,18 @@ def lookup_failure(request_id: int, server_error: int, message: str) -> pb.BaseC
 
 
 def producer_success(request_id: int, producer_name: str, *, last_sequence_id: int = -1,
-                     schema_version: bytes | None = None) -> pb.BaseCommand:
+                     schema_version: bytes | None = None, topic_epoch: int | None = None,
+                     producer_ready: bool = True) -> pb.BaseCommand:
+    """``producer_ready=False`` tells a WaitForExclusive producer it is queued; a second
+    PRODUCER_SUCCESS with the default True follows when it gets the topic."""
     body = pb.CommandProducerSuccess(request_id=request_id, producer_name=producer_name,
                                      last_sequence_id=last_sequence_id)
     if schema_version is not None:
         body.schema_version = schema_version
+    if topic_epoch is not None:
+        body.topic_epoch = topic_epoch
+    if not producer_ready:
+        body.producer_ready = False
     return wrap(body)
 
 

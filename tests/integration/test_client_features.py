@@ -6,12 +6,15 @@ Proves: a consumer that seeks to MessageId.earliest after receiving messages get
 first message again, and one created with start_message_id_inclusive gets the very
 message it sought; a reader that seeks to MessageId.latest sees has_message_available
 turn True once a new message is produced; messages a custom message router puts on a
-partition carry that partition in their message ids.
+partition carry that partition in their message ids; delayed messages reach shared
+and key-shared subscriptions only once due; producer access modes (Exclusive,
+WaitForExclusive, ExclusiveWithFencing, Shared) behave as Pulsar's.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from datetime import timedelta
 import urllib.request
@@ -153,3 +156,53 @@ def test_delayed_delivery_on_shared_and_key_shared(client):
     for consumer in (shared, key_shared, exclusive):
         consumer.close()
     producer.close()
+
+
+def test_producer_access_modes(client):
+    """Exclusive: a second exclusive producer, and a shared one, are refused while the
+    first is connected. WaitForExclusive: created only once the exclusive one closes,
+    and then it sends. ExclusiveWithFencing: takes the topic from the waiting one's
+    successor, whose sends then fail with ProducerFenced."""
+    topic = unique_topic("access")
+    modes = pulsar.ProducerAccessMode
+    first = client.create_producer(topic, batching_enabled=False, access_mode=modes.Exclusive)
+    first.send(b"first")
+    with pytest.raises((pulsar.ProducerFenced, pulsar.ProducerBusy)):
+        client.create_producer(topic, access_mode=modes.Exclusive)
+    with pytest.raises(pulsar.ProducerBusy):
+        client.create_producer(topic, access_mode=modes.Shared)
+
+    waiting_result: list = []
+    waiter_created = threading.Event()
+
+    def create_waiting() -> None:
+        try:
+            waiting_result.append(client.create_producer(topic, batching_enabled=False,
+                                                         access_mode=modes.WaitForExclusive))
+        except Exception as error:   # reported by the assertion below
+            waiting_result.append(error)
+        waiter_created.set()
+
+    thread = threading.Thread(target=create_waiting, daemon=True)
+    thread.start()
+    # It waits as long as the exclusive producer is there.
+    assert not waiter_created.wait(2.0), waiting_result
+    first.close()
+    assert waiter_created.wait(20.0), "the waiting producer was not created after the exclusive one closed"
+    thread.join(5)
+    waiting = waiting_result[0]
+    assert isinstance(waiting, pulsar.Producer), waiting
+    waiting.send(b"second")
+
+    fencing = client.create_producer(topic, batching_enabled=False, access_mode=modes.ExclusiveWithFencing)
+    fencing.send(b"third")
+    with pytest.raises(pulsar.ProducerFenced):
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            waiting.send(b"fenced?")
+            time.sleep(0.2)
+    consumer = client.subscribe(topic, "check", initial_position=pulsar.InitialPosition.Earliest)
+    got = [consumer.receive(timeout_millis=RECEIVE_TIMEOUT_MS).data() for _ in range(3)]
+    assert got == [b"first", b"second", b"third"]
+    fencing.close()
+    consumer.close()
