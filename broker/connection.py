@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Callable
 from protocol import commands
 from protocol.codec import NEED_DATA, CommandDecoder, Frame, PayloadChecksumMismatch, command_name, encode_command
 from broker.consumer import Consumer
+from broker.deduplication import Verdict
 from common.position import Position
 from broker.producer import Producer
 from broker.publish_limits import PendingSends, ReadGate
@@ -386,6 +387,7 @@ class ServerConnection(asyncio.Protocol):
                 self.write_command(commands.producer_success(request.request_id, name, producer_ready=False,
                                                              schema_version=schema_version))
 
+            await topic.set_deduplication(await self.service.deduplication_enabled(topic.name))
             epoch = await topic.acquire_access(
                 producer, request.topic_epoch if request.HasField("topic_epoch") else None, on_queued)
             # No await from here to the registration below: CLOSE_PRODUCER cancels
@@ -405,8 +407,11 @@ class ServerConnection(asyncio.Protocol):
             return
         self.producers[request.producer_id] = producer
         self._producer_topics[request.producer_id] = topic
+        last_sequence_id = -1
+        if topic.dedup is not None:
+            last_sequence_id = topic.dedup.last_sequence_id(name)
         self.write_command(commands.producer_success(request.request_id, name, schema_version=schema_version,
-                                                     topic_epoch=epoch))
+                                                     topic_epoch=epoch, last_sequence_id=last_sequence_id))
         log.info("producer created: peer=%s topic=%s producer=%s", self.peer, topic.full_name, name)
 
     def _on_send(self, frame: Frame) -> None:
@@ -418,10 +423,16 @@ class ServerConnection(asyncio.Protocol):
                                                    "no such producer on this connection"))
             return
         assert frame.payload is not None
+        if topic.dedup is not None:
+            verdict = topic.dedup.check(producer.name, send.sequence_id, send.highest_sequence_id)
+            if verdict is not Verdict.NEW:
+                self._answer_duplicate(producer, topic, send.sequence_id, send.highest_sequence_id)
+                return
         # Copy out of the socket buffer once: this bytes object is the entry stored,
         # cached and dispatched from then on.
         payload = bytes(frame.payload.stored)
         future = topic.publish(producer, payload, send.num_messages)
+        producer.last_send = future
         assert self._read_gate is not None, "a SEND before connection_made"
         size_bytes = len(payload)
         # Counted until answered; may stop reading this connection (never refuses it).
@@ -430,8 +441,36 @@ class ServerConnection(asyncio.Protocol):
         highest = send.highest_sequence_id
         producer_id = send.producer_id
         arrived = time.perf_counter()
+        name = producer.name
         future.add_done_callback(
-            lambda f: self._on_send_done(producer_id, sequence_id, highest, f, arrived, scopes, size_bytes))
+            lambda f: self._on_send_done(producer_id, sequence_id, highest, f, arrived, scopes, size_bytes,
+                                         topic=topic, producer_name=name))
+
+    def _answer_duplicate(self, producer: Producer, topic: "PersistentTopic", sequence_id: int,
+                          highest: int) -> None:
+        """Deduplication: a SEND already stored gets a receipt with message id (-1, -1)
+        and is not stored again. The answer waits for the producer's earlier sends, so
+        receipts keep their order; a duplicate of a send whose outcome was unknown
+        (still being written when it came) is answered by that outcome."""
+        producer_id = producer.producer_id
+
+        def answer(_previous: object = None) -> None:
+            if producer_id not in self.producers:
+                return
+            dedup = topic.dedup
+            if dedup is not None and sequence_id <= dedup.last_sequence_id(producer.name):
+                self.write_command(commands.send_receipt(producer_id, sequence_id, 2**64 - 1, 2**64 - 1,
+                                                         highest_sequence_id=highest))
+            else:
+                # The original failed: the client reconnects and sends it again.
+                self.write_command(commands.send_error(producer_id, sequence_id, pb.PersistenceError,
+                                                       "the earlier copy of this message was not stored"))
+
+        previous = producer.last_send
+        if isinstance(previous, asyncio.Future) and not previous.done():
+            previous.add_done_callback(answer)
+        else:
+            answer()
 
     def _pause_reading(self) -> None:
         if self.transport is not None:
@@ -447,11 +486,17 @@ class ServerConnection(asyncio.Protocol):
         return self._read_gate is not None and self._read_gate.paused
 
     def _on_send_done(self, producer_id: int, sequence_id: int, highest: int, future: asyncio.Future[Position],
-                      arrived: float, scopes: tuple[PendingSends, ...], size_bytes: int) -> None:
+                      arrived: float, scopes: tuple[PendingSends, ...], size_bytes: int, *,
+                      topic: "PersistentTopic | None" = None, producer_name: str = "") -> None:
         observe = self.service.on_publish_latency
         if observe is not None:
             observe(time.perf_counter() - arrived)
         self.service.publish_limits.on_send_done(scopes, size_bytes)
+        if topic is not None and topic.dedup is not None:
+            if not future.cancelled() and future.exception() is None:
+                topic.on_stored(producer_name, sequence_id, highest, future.result())
+            else:
+                topic.dedup.on_store_failed(producer_name)
         if producer_id not in self.producers:
             return  # closed meanwhile (the client resends what it did not get receipts for)
         error = future.exception()

@@ -399,6 +399,11 @@ class BrokerService:
         topic = await self.get_topic(name, create=False)
         await topic.delete(force=force)   # closing it took it off self.topics
 
+    async def deduplication_enabled(self, name: TopicName) -> bool:
+        """The namespace policy ``deduplication`` (off when unset)."""
+        policies = await self.resources.policies(name.namespace_name)
+        return bool(policies.deduplicationEnabled)
+
     async def is_broadcast(self, name: TopicName, subscription: str, consumer_metadata: dict[str, str]) -> bool:
         """A subscription is broadcast when its namespace's policy lists it, or when the
         consumer asks for it with the ``magnetar.subscription.mode=broadcast`` property."""

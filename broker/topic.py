@@ -45,6 +45,7 @@ from protocol.batch import message_count
 from protocol.codec import stored_metadata
 from broker.config import BrokerConfig
 from broker.consumer import Consumer
+from broker.deduplication import SNAPSHOT_PROPERTY, Deduplication
 from broker.managed_ledger import ManagedLedger
 from common.position import Position
 from broker.producer import Producer, generated_producer_name
@@ -128,6 +129,10 @@ class PersistentTopic:
         epoch = ledger.properties.get(TOPIC_EPOCH_PROPERTY)
         self.topic_epoch: int | None = int(epoch) if epoch is not None else None
         self._promotions: set[asyncio.Task[None]] = set()
+        # Deduplication (broker/deduplication.py): None while the policy is off.
+        self.dedup: Deduplication | None = None
+        self._dedup_lock = asyncio.Lock()
+        self._dedup_snapshot_task: asyncio.Task[None] | None = None
         self.on_closed: Callable[["PersistentTopic"], None] | None = None
         self.created_at = time.time()
         ledger.on_fenced = self._on_ledger_fenced
@@ -189,6 +194,96 @@ class PersistentTopic:
         if self.producers.pop(id(producer), None) is not None:
             self._producer_names.discard(producer.name)
         self.release_access(producer)
+
+    # --- deduplication -----------------------------------------------------------------------
+
+    async def set_deduplication(self, enabled: bool) -> None:
+        """Follows the namespace policy. Turning it on restores the last snapshot and
+        replays the entries stored after it (or, with no snapshot, starts from the
+        end of the topic and records that)."""
+        if enabled == (self.dedup is not None):
+            return
+        async with self._dedup_lock:
+            if not enabled:
+                if self.dedup is not None:
+                    self.dedup = None
+                    await self.ledger.set_properties({SNAPSHOT_PROPERTY: None})
+                    log.info("deduplication disabled: topic=%s", self.full_name)
+                return
+            if self.dedup is not None:
+                return
+            dedup = Deduplication()
+            snapshot = self.ledger.properties.get(SNAPSHOT_PROPERTY)
+            if snapshot is None:
+                await self.ledger.set_properties({SNAPSHOT_PROPERTY: dedup.take_snapshot(self.ledger.last_confirmed)})
+                replayed = 0
+            else:
+                dedup.restore(snapshot)
+                replayed = await self._replay_for_deduplication(dedup)
+            self._check_open()
+            self.dedup = dedup
+            log.info("deduplication enabled: topic=%s producers=%d replayed_entries=%d", self.full_name,
+                     len(dedup.persisted), replayed)
+
+    async def _replay_for_deduplication(self, dedup: Deduplication) -> int:
+        """Reads the entries after the snapshot's position: each names its producer and
+        sequence ids. At most about SNAPSHOT_INTERVAL_ENTRIES after a crash."""
+        ledger = self.ledger
+        position = ledger.next_position(dedup.snapshot_position) if dedup.snapshot_position.entry_id >= 0 \
+            else ledger.normalize(Position(dedup.snapshot_position.ledger_id, 0))
+        if position < ledger.first_position:
+            position = ledger.first_position
+        end = ledger.last_confirmed
+        count = 0
+        while position <= end:
+            entries = await ledger.read(position, 500, self.config.dispatch_bytes_max)
+            if not entries:
+                break
+            for entry in entries:
+                if entry.position > end:
+                    break
+                metadata = stored_metadata(entry.data)
+                dedup.replay(metadata.producer_name, metadata.sequence_id, metadata.highest_sequence_id,
+                             entry.position)
+                count += 1
+            position = ledger.next_position(entries[-1].position)
+        return count
+
+    def on_stored(self, producer_name: str, sequence_id: int, highest_sequence_id: int, position: Position) -> None:
+        """A SEND's entry is stored (called in entry order): deduplication counts it
+        and writes a snapshot now and then."""
+        dedup = self.dedup
+        if dedup is None:
+            return
+        dedup.on_stored(producer_name, sequence_id, highest_sequence_id, position)
+        if dedup.snapshot_due() and self._dedup_snapshot_task is None and not self.closing:
+            snapshot = dedup.take_snapshot(position)
+            task = asyncio.get_running_loop().create_task(self._write_dedup_snapshot(snapshot))
+            self._dedup_snapshot_task = task
+            task.add_done_callback(functools.partial(log_failure, owner=f"topic {self.full_name}"))
+
+    async def _write_dedup_snapshot(self, snapshot: str) -> None:
+        try:
+            await self.ledger.set_properties({SNAPSHOT_PROPERTY: snapshot})
+        except MagnetarError as error:
+            # The next snapshot (or the replay of a longer tail) covers it.
+            log.warning("deduplication snapshot not written: topic=%s error=%s", self.full_name, error)
+        finally:
+            self._dedup_snapshot_task = None
+
+    async def _final_dedup_snapshot(self) -> None:
+        """On close, after the last append: a new owner then has nothing to replay."""
+        dedup = self.dedup
+        if dedup is None or self.ledger.fenced_error is not None:
+            return
+        if self._dedup_snapshot_task is not None:
+            await asyncio.gather(self._dedup_snapshot_task, return_exceptions=True)
+        if dedup.snapshot_position == self.ledger.last_confirmed:
+            return
+        try:
+            await self.ledger.set_properties({SNAPSHOT_PROPERTY: dedup.take_snapshot(self.ledger.last_confirmed)})
+        except MagnetarError as error:
+            log.warning("deduplication snapshot not written at close: topic=%s error=%s", self.full_name, error)
 
     # --- producer access modes ------------------------------------------------------------------
 
@@ -573,6 +668,7 @@ class PersistentTopic:
             await self.ledger.close()
         except MagnetarError as error:
             log.warning("closing managed ledger failed: topic=%s error=%s", self.full_name, error)
+        await self._final_dedup_snapshot()
         self.closed = True
         if self.on_closed is not None:
             self.on_closed(self)

@@ -206,3 +206,41 @@ def test_producer_access_modes(client):
     assert got == [b"first", b"second", b"third"]
     fencing.close()
     consumer.close()
+
+
+def _namespace_with(cluster, **policies) -> str:
+    """A new namespace of tenant public with the given policies set through the admin
+    REST API (each POST /admin/v2/namespaces/public/{ns}/{policy})."""
+    namespace = unique("ns")
+    _admin(cluster, "PUT", f"/admin/v2/namespaces/public/{namespace}")
+    for policy, value in policies.items():
+        _admin(cluster, "POST", f"/admin/v2/namespaces/public/{namespace}/{policy}", value)
+    return namespace
+
+
+def test_deduplication_drops_resends_and_restores_last_sequence_id(pulsar_cluster, client):
+    """In a namespace with the deduplication policy on, a named producer sends sequence
+    ids 0..4, then sends 2 again: it is acknowledged but not stored. The producer is
+    closed and created again with the same name: last_sequence_id() is 4, resending 3
+    and 4 stores nothing, and 5 is stored. The consumer sees 0..5, each once."""
+    namespace = _namespace_with(pulsar_cluster, deduplication=True)
+    topic = f"persistent://public/{namespace}/{unique('dedup')}"
+    consumer = client.subscribe(topic, "sub", initial_position=pulsar.InitialPosition.Earliest)
+    producer = client.create_producer(topic, producer_name="writer", batching_enabled=False)
+    assert producer.last_sequence_id() == -1
+    for i in range(5):
+        producer.send(f"m{i}".encode(), sequence_id=i)
+    producer.send(b"m2-again", sequence_id=2)
+    producer.close()
+    producer = client.create_producer(topic, producer_name="writer", batching_enabled=False)
+    assert producer.last_sequence_id() == 4
+    producer.send(b"m3-again", sequence_id=3)
+    producer.send(b"m4-again", sequence_id=4)
+    producer.send(b"m5", sequence_id=5)
+    assert producer.last_sequence_id() == 5
+    got = [consumer.receive(timeout_millis=RECEIVE_TIMEOUT_MS).data() for _ in range(6)]
+    assert got == [f"m{i}".encode() for i in range(6)]
+    with pytest.raises(pulsar.Timeout):
+        consumer.receive(timeout_millis=1000)
+    consumer.close()
+    producer.close()

@@ -2,33 +2,54 @@
 cluster of its own (etcd, two bookies, one broker restarted on the same ports).
 
 Proves: delayed messages on a shared subscription that were not due when the broker
-was killed arrive after the restart, once due, and none is lost.
+was killed arrive after the restart, once due, and none is lost; with deduplication on,
+a producer that comes back after the kill gets its last sequence id, and what it sends
+again is not stored twice.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+import urllib.request
 from datetime import timedelta
 
 import pulsar
 
-from tests.cluster import Cluster, unique_topic
+from tests.cluster import Cluster, unique, unique_topic
 
 RECEIVE_TIMEOUT_MS = 30_000
 
 
-async def test_delayed_delivery_survives_broker_kill(etcd_process, tmp_path):
+def _admin(broker, method: str, path: str, body: object | None = None) -> None:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(f"{broker.web_service_url}{path}", data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(request, timeout=15).close()
+
+
+async def test_delayed_delivery_and_deduplication_survive_broker_kill(etcd_process, tmp_path):
     """Five messages delayed by 4 s and one not delayed go to a shared subscription; the
-    consumer gets the undelayed one, then the broker is killed with SIGKILL and started
-    again: the five delayed ones all arrive, none before its due time."""
+    consumer gets the undelayed one. In a namespace with deduplication on, a producer
+    named "writer" stores sequence ids 0..9. Then the broker is killed with SIGKILL and
+    started again: the five delayed ones all arrive, none before its due time; a new
+    "writer" has last_sequence_id() 9, and its resends of 7..9 are not stored again."""
     cluster = Cluster(etcd_process, str(tmp_path))
     try:
         await cluster.start_bookies(2)
         (broker,) = await cluster.start_brokers(1)
         topic = unique_topic("delayed-kill")
+        namespace = unique("dedup-ns")
+        _admin(broker, "PUT", f"/admin/v2/namespaces/public/{namespace}")
+        _admin(broker, "POST", f"/admin/v2/namespaces/public/{namespace}/deduplication", True)
+        dedup_topic = f"persistent://public/{namespace}/{unique('dedup-kill')}"
         client = pulsar.Client(broker.service_url, operation_timeout_seconds=30)
         try:
+            writer = client.create_producer(dedup_topic, producer_name="writer", batching_enabled=False)
+            for i in range(10):
+                writer.send(f"d{i}".encode())
+            assert writer.last_sequence_id() == 9
             consumer = client.subscribe(topic, "work", consumer_type=pulsar.ConsumerType.Shared)
             producer = client.create_producer(topic, batching_enabled=False)
             due_ms = int(time.time() * 1000) + 4000
@@ -44,6 +65,19 @@ async def test_delayed_delivery_survives_broker_kill(etcd_process, tmp_path):
                 lambda: [consumer.receive(timeout_millis=RECEIVE_TIMEOUT_MS) for _ in range(5)])
             assert int(time.time() * 1000) >= due_ms
             assert sorted(m.data() for m in late) == [f"late-{i}".encode() for i in range(5)]
+        finally:
+            client.close()
+        client = pulsar.Client(broker.service_url, operation_timeout_seconds=30)
+        try:
+            writer = client.create_producer(dedup_topic, producer_name="writer", batching_enabled=False)
+            assert writer.last_sequence_id() == 9
+            for i in (7, 8, 9):
+                writer.send(f"d{i}-again".encode(), sequence_id=i)
+            writer.send(b"d10")
+            reader = client.create_reader(dedup_topic, pulsar.MessageId.earliest)
+            got = [reader.read_next(RECEIVE_TIMEOUT_MS).data() for _ in range(11)]
+            assert got == [f"d{i}".encode() for i in range(11)]
+            assert not reader.has_message_available()
         finally:
             client.close()
     finally:
