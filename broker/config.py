@@ -89,6 +89,9 @@ class BrokerConfig:
     lookup_timeout_s: float = 30.0
     # How often loaded topics are checked for ledgers retention lets go.
     retention_check_interval_s: float = 5.0
+    # How often message TTL and backlog quotas are applied to loaded topics (Pulsar
+    # checks every 5 min and 60 s; a check costs a few reads per topic with a policy).
+    policy_check_interval_s: float = 5.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -123,6 +126,8 @@ class BrokerConfig:
             raise ConfigError("dispatch_entries_max must be in [1, 10000]")
         if not 0.01 <= self.cursor_flush_interval_s <= 60:
             raise ConfigError("cursor_flush_interval_s must be in [0.01, 60]")
+        if not 0.05 <= self.policy_check_interval_s <= 3600:
+            raise ConfigError("policy_check_interval_s must be in [0.05, 3600]")
         if not 0.05 <= self.retention_check_interval_s <= 3600:
             raise ConfigError("retention_check_interval_s must be in [0.05, 3600]")
         if not 1 <= self.unacked_per_consumer_max <= 10_000_000:

@@ -388,6 +388,7 @@ class ServerConnection(asyncio.Protocol):
                                                              schema_version=schema_version))
 
             await topic.set_deduplication(await self.service.deduplication_enabled(topic.name))
+            await self.service.check_producer_quota(topic)
             epoch = await topic.acquire_access(
                 producer, request.topic_epoch if request.HasField("topic_epoch") else None, on_queued)
             # No await from here to the registration below: CLOSE_PRODUCER cancels

@@ -47,6 +47,29 @@ def register_broker_metrics(service: BrokerService, registry: CollectorRegistry)
     for name, help_text, function in gauges:
         Gauge(name, help_text, registry=registry).set_function(function)
     registry.register(_PublishLimitsCollector(service))
+    registry.register(_PolicyCollector(service))
+
+
+class _PolicyCollector(Collector):
+    """What message TTL and backlog quotas did (broker/policy_enforcement.py)."""
+
+    def __init__(self, service: BrokerService) -> None:
+        self._service = service
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        counters = self._service.policy_counters
+        yield CounterMetricFamily("magnetar_broker_messages_expired",
+                                  "Entries acknowledged for subscriptions by message TTL",
+                                  value=counters.messages_expired)
+        yield CounterMetricFamily("magnetar_broker_backlog_quota_evicted_entries",
+                                  "Entries skipped by consumer_backlog_eviction quotas",
+                                  value=counters.entries_evicted)
+        yield CounterMetricFamily("magnetar_broker_backlog_quota_producers_refused",
+                                  "Producer creations refused by a backlog quota",
+                                  value=counters.producers_refused)
+        yield CounterMetricFamily("magnetar_broker_backlog_quota_producers_disconnected",
+                                  "Attached producers closed by a backlog quota",
+                                  value=counters.producers_disconnected)
 
 
 class _PublishLimitsCollector(Collector):

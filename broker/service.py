@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
+from broker import policy_enforcement
 from broker.archiver import Archiver, ArchiverConfig
 from broker.config import BrokerConfig
 from broker.managed_ledger import ManagedLedger, ManagedLedgerConfig
@@ -150,6 +151,8 @@ class BrokerService:
         self.topic_ownership = topic_ownership
         # The archive (broker/archiver.py): archives closed ledgers per the namespaces'
         # offload policies and serves ledgers whose bookie copy is gone.
+        # What message TTL and backlog quotas did (shown in /metrics).
+        self.policy_counters = policy_enforcement.PolicyCounters()
         self.archiver = Archiver(archiver_config or ArchiverConfig(), store, ledger_client, self.resources.policies)
 
     def broker_urls(self, broker_id: str) -> tuple[str, str] | None:
@@ -216,6 +219,7 @@ class BrokerService:
         except AlreadyExists:
             pass
         self._background.spawn(self._run_retention(), name="retention")
+        self._background.spawn(self._run_policies(), name="policies")
         self._background.spawn(self.archiver.run(self.loaded_topics), name="archiver")
 
     async def _run_retention(self) -> None:
@@ -230,6 +234,27 @@ class BrokerService:
                                              await self.archiver.retention_gate(topic))
                 except MagnetarError as error:
                     log.warning("retention check failed: topic=%s error=%s", topic.full_name, error)
+
+    async def _run_policies(self) -> None:
+        """Applies message TTL and backlog quotas to the loaded topics whose namespace
+        sets them (broker/policy_enforcement.py)."""
+        while not self.shutting_down:
+            await asyncio.sleep(self.config.policy_check_interval_s)
+            for topic in self.loaded_topics():
+                if topic.closing:
+                    continue
+                try:
+                    policies = await self.resources.policies(topic.name.namespace_name)
+                    if policy_enforcement.has_time_policies(policies):
+                        await policy_enforcement.enforce(topic, policies, self.policy_counters)
+                except MagnetarError as error:
+                    log.warning("policy check failed: topic=%s error=%s", topic.full_name, error)
+
+    async def check_producer_quota(self, topic: PersistentTopic) -> None:
+        """Refuses a new producer while a producer-blocking backlog quota is exceeded."""
+        policies = await self.resources.policies(topic.name.namespace_name)
+        if policies.backlog_quota_map:
+            await policy_enforcement.check_producer_allowed(topic, policies, self.policy_counters)
 
     # --- topics ---------------------------------------------------------------------------
 

@@ -605,6 +605,48 @@ class PersistentTopic:
                 low = middle + 1
         return at(low) if low < total else end
 
+    # --- backlog (policies: broker/policy_enforcement.py) ----------------------------------------
+
+    def mean_entry_bytes(self) -> float:
+        entries = self.ledger.number_of_entries()
+        return self.ledger.total_size() / entries if entries > 0 else 0.0
+
+    def backlog_bytes(self) -> int:
+        """The slowest durable subscription's unconsumed entries times the mean entry
+        size (Pulsar's estimate); 0 with no durable subscription."""
+        if not any(s.cursor.durable for s in self.subscriptions.values()):
+            return 0
+        backlog = self.entries_between(self.consumed_upto(), self.ledger.last_confirmed)
+        return int(backlog * self.mean_entry_bytes())
+
+    async def oldest_unconsumed_publish_ms(self) -> int | None:
+        """The publish time of the slowest durable subscription's next entry (None: no
+        backlog)."""
+        if not any(s.cursor.durable for s in self.subscriptions.values()):
+            return None
+        upto = self.consumed_upto()
+        if upto >= self.ledger.last_confirmed:
+            return None
+        published = await self._publish_time(self.ledger.next_position(upto))
+        return published if published >= 0 else None
+
+    def position_after(self, position: Position, count: int) -> Position:
+        """The entry ``count`` entries after ``position`` (position + count), or the end
+        of the topic if there are fewer."""
+        assert count > 0
+        ledger = self.ledger
+        for ledger_id in ledger.ledger_ids():
+            if ledger_id < position.ledger_id:
+                continue
+            last = ledger.last_entry_of(ledger_id)
+            first = position.entry_id + 1 if ledger_id == position.ledger_id else 0
+            available = last - first + 1
+            if available >= count:
+                return Position(ledger_id, first + count - 1)
+            if available > 0:
+                count -= available
+        return ledger.end_position
+
     # --- closing ---------------------------------------------------------------------------------
 
     def _check_open(self) -> None:

@@ -345,6 +345,13 @@ class ProducerBlockedQuota(BrokerError):
     code, http_status = 4011, 409
 
 
+class ProducerBlockedQuotaException(ProducerBlockedQuota):
+    """A backlog quota with policy producer_exception is exceeded: the client fails
+    its sends (ProducerBlockedQuota itself is the hold policy: the client retries)."""
+
+    code, http_status = 4032, 409
+
+
 class IncompatibleSchema(BrokerError):
     code, http_status = 4012, 409
 

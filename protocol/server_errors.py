@@ -27,6 +27,7 @@ _TABLE: list[tuple[type[errors.MagnetarError], int]] = [
     (errors.ChecksumError, pb.ChecksumError),
     (errors.TooManyRequests, pb.TooManyRequests),
     (errors.Overloaded, pb.TooManyRequests),
+    (errors.ProducerBlockedQuotaException, pb.ProducerBlockedQuotaExceededException),
     (errors.ProducerBlockedQuota, pb.ProducerBlockedQuotaExceededError),
     (errors.IncompatibleSchema, pb.IncompatibleSchema),
     # An entry the ledger refuses as too large: the Java client fails just that message
@@ -62,7 +63,7 @@ _BY_SERVER_ERROR: dict[int, type[errors.MagnetarError]] = {
     pb.ChecksumError: errors.ChecksumError,
     pb.TooManyRequests: errors.TooManyRequests,
     pb.ProducerBlockedQuotaExceededError: errors.ProducerBlockedQuota,
-    pb.ProducerBlockedQuotaExceededException: errors.ProducerBlockedQuota,
+    pb.ProducerBlockedQuotaExceededException: errors.ProducerBlockedQuotaException,
     pb.IncompatibleSchema: errors.IncompatibleSchema,
     pb.InvalidTopicName: errors.InvalidArgument,
     pb.MetadataError: errors.MetadataError,

@@ -150,6 +150,28 @@ class Subscription:
 
     # --- cursor moves -------------------------------------------------------------------------
 
+    def skip_before(self, first_kept: Position, entries_between) -> int:
+        """Acknowledges every entry before ``first_kept`` (message expiry, backlog
+        eviction); returns how many entries that moved the mark-delete position over."""
+        cursor = self.cursor
+        before = cursor.mark_delete_position
+        if first_kept.entry_id > 0:
+            target = Position(first_kept.ledger_id, first_kept.entry_id - 1)
+        else:
+            target = Position(first_kept.ledger_id, -1)
+        if target <= before or not cursor.ack_cumulative(target):
+            return 0
+        after = cursor.mark_delete_position
+        on_acked = getattr(self.dispatcher, "on_acked", None)
+        pending = getattr(self.dispatcher, "pending", None)
+        if on_acked is not None and pending:
+            done = [position for position in pending if position <= after]
+            if done:
+                on_acked(done)
+        for position in [p for p in self._redelivery_counts if p <= after]:
+            del self._redelivery_counts[position]
+        return entries_between(before, after)
+
     def reset_cursor(self, position: Position) -> None:
         self.cursor.reset(position)
         self._redelivery_counts.clear()
