@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Callable
 
 from protocol import commands
 from protocol.codec import NEED_DATA, CommandDecoder, Frame, PayloadChecksumMismatch, command_name, encode_command
+from broker import topic_list
 from broker.consumer import Consumer
 from broker.deduplication import Verdict
 from common.position import Position
@@ -342,7 +343,11 @@ class ServerConnection(asyncio.Protocol):
         except MagnetarError as error:
             self._write_error(request.request_id, error)
             return
-        self.write_command(commands.topics_of_namespace_response(request.request_id, topics))
+        result = topic_list.answer(topics, request.topics_pattern if request.HasField("topics_pattern") else None,
+                                   request.topics_hash if request.HasField("topics_hash") else None)
+        self.write_command(commands.topics_of_namespace_response(
+            request.request_id, result.topics, filtered=result.filtered, topics_hash=result.topics_hash,
+            changed=result.changed))
 
     def _on_get_schema(self, frame: Frame) -> None:
         request = frame.command.getSchema

@@ -165,5 +165,10 @@ def get_last_message_id_response(request_id: int, ledger_id: int, entry_id: int,
     return wrap(body)
 
 
-def topics_of_namespace_response(request_id: int, topics: Iterable[str]) -> pb.BaseCommand:
-    return wrap(pb.CommandGetTopicsOfNamespaceResponse(request_id=request_id, topics=topics))
+def topics_of_namespace_response(request_id: int, topics: Iterable[str], *, filtered: bool = False,
+                                 topics_hash: str | None = None, changed: bool = True) -> pb.BaseCommand:
+    body = pb.CommandGetTopicsOfNamespaceResponse(request_id=request_id, topics=topics, filtered=filtered,
+                                                  changed=changed)
+    if topics_hash is not None:
+        body.topics_hash = topics_hash
+    return wrap(body)
