@@ -21,6 +21,25 @@ def derived_http_port(port: int) -> int:
     return port + HTTP_PORT_OFFSET if port else 0
 
 
+# Listeners named per broker: at most this many (Pulsar deployments name a handful).
+LISTENERS_MAX = 16
+
+
+def parse_listeners(text: str) -> dict[str, str]:
+    """``name:pulsar://host:port,...`` -> {name: URL}; ConfigError when malformed."""
+    listeners: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, url = item.partition(":")
+        if not name or not (url.startswith("pulsar://") or url.startswith("pulsar+ssl://")):
+            raise ConfigError(f"advertised_listeners: {item!r} is not name:pulsar://host:port")
+        if name in listeners:
+            raise ConfigError(f"advertised_listeners: listener {name!r} is named twice")
+        listeners[name] = url
+    if len(listeners) > LISTENERS_MAX:
+        raise ConfigError(f"advertised_listeners: at most {LISTENERS_MAX} listeners")
+    return listeners
+
+
 @dataclass(frozen=True)
 class BrokerConfig:
     metadata_url: str
@@ -34,6 +53,10 @@ class BrokerConfig:
     http_port: int | None = None
     # The address clients are told to connect to (lookups); default host:port.
     advertised_address: str = ""
+    # Named listeners, Pulsar's advertisedListeners: "name:pulsar://host:port,..." A
+    # client that names a listener (listener_name) is told that listener's URL; one
+    # naming a listener this broker lacks is refused.
+    advertised_listeners: str = ""
     broker_id: str = ""
     managed_ledger: ManagedLedgerConfig = field(default_factory=ManagedLedgerConfig)
     # Largest message (payload frame) a client may send; announced in CONNECTED.
@@ -126,6 +149,7 @@ class BrokerConfig:
             raise ConfigError("dispatch_entries_max must be in [1, 10000]")
         if not 0.01 <= self.cursor_flush_interval_s <= 60:
             raise ConfigError("cursor_flush_interval_s must be in [0.01, 60]")
+        parse_listeners(self.advertised_listeners)   # raises ConfigError when malformed
         if not 0.05 <= self.policy_check_interval_s <= 3600:
             raise ConfigError("policy_check_interval_s must be in [0.05, 3600]")
         if not 0.05 <= self.retention_check_interval_s <= 3600:
@@ -136,6 +160,10 @@ class BrokerConfig:
             raise ConfigError("delayed_delivery_entries_max must be in [1, 10000000]")
         if not 0 < self.write_buffer_low_bytes < self.write_buffer_high_bytes:
             raise ConfigError("write_buffer_low_bytes must be in (0, write_buffer_high_bytes)")
+
+    @property
+    def listeners(self) -> dict[str, str]:
+        return parse_listeners(self.advertised_listeners)
 
     @property
     def frame_bytes_max(self) -> int:

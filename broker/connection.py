@@ -327,7 +327,7 @@ class ServerConnection(asyncio.Protocol):
     async def _on_lookup(self, frame: Frame) -> None:
         request = frame.command.lookupTopic
         try:
-            owner = await self.service.lookup(TopicName.parse(request.topic))
+            owner = await self.service.lookup(TopicName.parse(request.topic), request.advertised_listener_name)
         except MagnetarError as error:
             self.write_command(commands.lookup_failure(request.request_id, server_error_for(error), error.message))
             return

@@ -81,6 +81,8 @@ OPTIONS: list[ConfigOption] = [
     ConfigOption("--no-auto-topic-creation", BrokerConfig, "allow_auto_topic_creation",
                  "refuse producers and consumers of topics that do not exist", switch_to=False),
     ConfigOption("--retention-check-interval-s", BrokerConfig, "retention_check_interval_s"),
+    ConfigOption("--advertised-listeners", BrokerConfig, "advertised_listeners",
+                 "named listeners, name:pulsar://host:port[,...] (Pulsar's advertisedListeners)"),
     ConfigOption("--policy-check-interval-s", BrokerConfig, "policy_check_interval_s",
                  "how often message TTL and backlog quotas are applied"),
     ConfigOption("--lease-ttl-s", BundlesConfig, "lease_ttl_s", "a dead broker's bundles move after this"),

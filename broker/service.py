@@ -141,7 +141,8 @@ class BrokerService:
         self.leader: Leader | None = None
         self._reporter: LoadReporter | None = None
         if bundles_config is not None:
-            identity = BrokerIdentity(self.broker_id, config.service_url, config.web_service_url)
+            identity = BrokerIdentity(self.broker_id, config.service_url, config.web_service_url,
+                                      listeners=tuple(sorted(config.listeners.items())))
             self.broker_reports = PrefixCache(store, keys.BROKERS)
             self.ownership = OwnershipManager(store, bundles_config, identity,
                                               loaded_topics=self.loaded_topic_names, close_topics=self.close_topics)
@@ -166,6 +167,16 @@ class BrokerService:
             return None
         report = LoadReport.decode(record.value)
         return report.service_url, report.web_service_url
+
+    def broker_listeners(self, broker_id: str) -> dict[str, str] | None:
+        """A live broker's advertised listeners (name -> pulsar:// URL), from its load
+        report; None if it is not known."""
+        if broker_id == self.broker_id:
+            return self.config.listeners
+        if self.broker_reports is None:
+            return None
+        record = self.broker_reports.get(keys.broker(broker_id))
+        return LoadReport.decode(record.value).listeners if record is not None else None
 
     async def owner_of(self, topic: TopicName) -> OwnerInfo:
         if self.topic_ownership is None:
@@ -453,9 +464,19 @@ class BrokerService:
         except NamespaceNotFound:
             raise TopicNotFound(f"topic {name}: namespace {name.namespace_name} does not exist") from None
 
-    async def lookup(self, name: TopicName) -> OwnerInfo:
+    async def lookup(self, name: TopicName, listener_name: str = "") -> OwnerInfo:
+        """The topic's owner; with ``listener_name``, its URL is that advertised
+        listener's (ServiceNotReady if the owner advertises no such listener, as
+        Pulsar answers)."""
         await self._check_namespace(name)
-        return await self.owner_of(name)
+        owner = await self.owner_of(name)
+        if not listener_name:
+            return owner
+        listeners = self.broker_listeners(owner.broker_id) or {}
+        url = listeners.get(listener_name)
+        if url is None:
+            raise ServiceNotReady(f"broker {owner.broker_id} has no advertised listener named {listener_name!r}")
+        return OwnerInfo(owner.broker_id, url, owner.web_service_url, owner.is_self)
 
     async def topics_of_namespace(self, namespace: NamespaceName) -> list[str]:
         await self.resources.policies(namespace)

@@ -110,6 +110,8 @@ class BrokerIdentity:
     broker_id: str
     service_url: str
     web_service_url: str
+    # Named listeners: listener name -> pulsar:// URL (advertised listeners).
+    listeners: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -98,6 +98,8 @@ class LoadReport:
     bundle_msg_rates: dict[str, float] = field(default_factory=dict)
     reported_ms: int = 0
     started_ms: int = 0
+    # Advertised listeners: name -> pulsar:// URL (empty when the broker names none).
+    listeners: dict[str, str] = field(default_factory=dict)
 
     def encode(self) -> bytes:
         return json_record.encode(self)

@@ -9,7 +9,8 @@ refuses new producers with ProducerBlockedQuotaExceededException until the backl
 consumed, producer_request_hold refuses new producers with
 ProducerBlockedQuotaExceededError until then, consumer_backlog_eviction drops the
 oldest backlog so the subscription keeps only the newest messages; /metrics counts
-what each did.
+what each did. (The broker also names an advertised listener: a client asking for it
+works, one asking for a listener the broker lacks is refused.)
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import urllib.request
 import pulsar
 import pytest
 
-from tests.cluster import Cluster, unique, wait_until
+from tests.cluster import Cluster, free_port, unique, wait_until
 
 RECEIVE_TIMEOUT_MS = 10_000
 POLICY_CHECK_INTERVAL_S = 0.5
@@ -34,8 +35,10 @@ def policy_cluster(etcd_process, tmp_path_factory):
     cluster = Cluster(etcd_process, str(tmp_path_factory.mktemp("policy-cluster")))
     try:
         asyncio.run(cluster.start_bookies(3))
+        port = free_port()
         asyncio.run(cluster.start_brokers(
-            1, extra_args=["--policy-check-interval-s", str(POLICY_CHECK_INTERVAL_S)]))
+            1, port=port, extra_args=["--policy-check-interval-s", str(POLICY_CHECK_INTERVAL_S),
+                                      "--advertised-listeners", f"internal:pulsar://127.0.0.1:{port}"]))
         yield cluster
     finally:
         asyncio.run(cluster.stop())
@@ -185,3 +188,24 @@ def test_backlog_quota_consumer_backlog_eviction(policy_cluster, policy_client):
     assert _metric(policy_cluster, "magnetar_broker_backlog_quota_evicted_entries") >= 40
     consumer.close()
     producer.close()
+
+
+def test_advertised_listeners(policy_cluster):
+    """The broker advertises one listener, "internal". A client created with
+    listener_name="internal" looks topics up through it and produces and consumes; a
+    client naming a listener the broker lacks cannot create a producer."""
+    url = policy_cluster.brokers[0].service_url
+    topic = f"persistent://public/default/{unique('listener')}"
+    client = pulsar.Client(url, listener_name="internal", operation_timeout_seconds=10)
+    try:
+        consumer = client.subscribe(topic, "sub")
+        client.create_producer(topic).send(b"via internal")
+        assert consumer.receive(timeout_millis=RECEIVE_TIMEOUT_MS).data() == b"via internal"
+    finally:
+        client.close()
+    stranger = pulsar.Client(url, listener_name="nope", operation_timeout_seconds=3)
+    try:
+        with pytest.raises(pulsar.PulsarException):
+            stranger.create_producer(topic)
+    finally:
+        stranger.close()
