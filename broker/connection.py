@@ -580,7 +580,7 @@ class ServerConnection(asyncio.Protocol):
             subscription = await topic.subscribe(
                 consumer, durable=durable, initial_position=request.initialPosition,
                 start_message_id=start, rollback_duration_s=request.start_message_rollback_duration_sec,
-                broadcast=broadcast)
+                broadcast=broadcast, read_compacted=request.read_compacted)
         except MagnetarError as error:
             log.info("subscribe refused: peer=%s topic=%s subscription=%s error=%s", self.peer, request.topic,
                      request.subscription, error)

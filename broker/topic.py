@@ -44,6 +44,7 @@ from protocol import commands
 from protocol.batch import message_count
 from protocol.codec import stored_metadata
 from broker.config import BrokerConfig
+from broker.compaction import TopicCompaction
 from broker.consumer import Consumer
 from broker.deduplication import SNAPSHOT_PROPERTY, Deduplication
 from broker.managed_ledger import ManagedLedger
@@ -129,6 +130,9 @@ class PersistentTopic:
         epoch = ledger.properties.get(TOPIC_EPOCH_PROPERTY)
         self.topic_epoch: int | None = int(epoch) if epoch is not None else None
         self._promotions: set[asyncio.Task[None]] = set()
+        # Compaction (broker/compaction.py): the compacted view and the last run's status.
+        self.compaction = TopicCompaction(ledger)
+        self._compaction_task: asyncio.Task[None] | None = None
         # Deduplication (broker/deduplication.py): None while the policy is off.
         self.dedup: Deduplication | None = None
         self._dedup_lock = asyncio.Lock()
@@ -165,12 +169,14 @@ class PersistentTopic:
                                flush_interval_s=self.config.cursor_flush_interval_s, durable=store is not None)
         if store is not None:
             self._cursor_stores[name] = store
-        return Subscription(name, self.full_name, self.ledger, cursor, mode,
+        subscription = Subscription(name, self.full_name, self.ledger, cursor, mode,
                             partition_index=self.name.partition_index,
                             entries_max=self.config.dispatch_entries_max, bytes_max=self.config.dispatch_bytes_max,
                             redelivery_counts_max=self.config.redelivery_counts_max,
                             unacked_per_consumer_max=self.config.unacked_per_consumer_max,
                             delayed_entries_max=self.config.delayed_delivery_entries_max)
+        subscription.compacted_view_source = lambda: self.compaction.view
+        return subscription
 
     # --- producers ----------------------------------------------------------------------------
 
@@ -194,6 +200,19 @@ class PersistentTopic:
         if self.producers.pop(id(producer), None) is not None:
             self._producer_names.discard(producer.name)
         self.release_access(producer)
+
+    # --- compaction ---------------------------------------------------------------------------
+
+    def trigger_compaction(self) -> None:
+        """Starts a compaction (PreconditionFailed if one is running); its outcome is
+        ``compaction.status``."""
+        self._check_open()
+        if self._compaction_task is not None and not self._compaction_task.done():
+            raise PreconditionFailed(f"compaction of {self.full_name} is already in progress")
+        self.compaction.status = "RUNNING"
+        task = asyncio.get_running_loop().create_task(self.compaction.run())
+        task.add_done_callback(functools.partial(log_failure, owner=f"topic {self.full_name}"))
+        self._compaction_task = task
 
     # --- deduplication -----------------------------------------------------------------------
 
@@ -411,7 +430,7 @@ class PersistentTopic:
 
     async def subscribe(self, consumer: Consumer, *, durable: bool, initial_position: int,
                         start_message_id: pb.MessageIdData | None, rollback_duration_s: int = 0,
-                        broadcast: bool = False) -> Subscription:
+                        broadcast: bool = False, read_compacted: bool = False) -> Subscription:
         """Attaches a consumer (creating the subscription if needed). In a broadcast
         subscription each member — consumers with one name — gets its own durable
         subscription ``<subscription>::member::<name>`` and so its own cursor and every
@@ -429,7 +448,10 @@ class PersistentTopic:
                                                      start_message_id, rollback_duration_s))
             self._check_open()   # the topic may have begun closing while it was created
         self._check_not_deleting(name)
+        if read_compacted and consumer.mode.shares_messages:
+            raise NotAllowed("read_compacted is only for exclusive and failover subscriptions and readers")
         subscription.add_consumer(consumer, consumer.mode)
+        subscription.read_compacted = read_compacted
         return subscription
 
     async def _create_once(self, name: str, create: Callable[[], Awaitable[Subscription]]) -> Subscription:
@@ -689,6 +711,9 @@ class PersistentTopic:
                 granted.set_exception(TopicFenced(f"topic {self.full_name} is being closed"))
         for task in list(self._promotions):
             task.cancel()
+        if self._compaction_task is not None:
+            self._compaction_task.cancel()
+            await asyncio.gather(self._compaction_task, return_exceptions=True)
         for producer in list(self.producers.values()):
             if disconnect_clients and not producer.closed:
                 producer.connection.write_command(commands.close_producer(producer.producer_id))
@@ -742,6 +767,10 @@ class PersistentTopic:
         """The lowest mark-delete position of the durable subscriptions (with none, the
         last stored entry: retention alone then decides)."""
         marks = [s.cursor.mark_delete_position for s in self.subscriptions.values() if s.cursor.durable]
+        first_compacted = self.compaction.view.first_position if self.compaction.view is not None else None
+        if first_compacted is not None:
+            # The compacted view reads these entries: keep them stored.
+            marks.append(Position(first_compacted.ledger_id, first_compacted.entry_id - 1))
         return min(marks) if marks else self.ledger.last_confirmed
 
     async def trim_ledgers(self, retention_minutes: int, retention_mb: int,

@@ -28,6 +28,7 @@ from common.position import ManagedEntry, Position
 from common.tasks import cancel_and_wait
 from protocol.batch import message_count
 from protocol.codec import stored_metadata
+from subscriptions.compacted_view import CompactedView
 from subscriptions.cursor import ManagedCursor, int_to_ack_set_words
 from subscriptions.ports import ConsumerPort, EntrySource
 
@@ -255,6 +256,13 @@ class SingleActiveDispatcher(Dispatcher):
             if consumer is None or consumer.permits <= 0 or not consumer.writable:
                 return
             start = cursor.read_position
+            # The compacted view, for read_compacted subscriptions (optional in the
+            # protocol: a subscription without one reads the topic).
+            compacted_view = getattr(subscription, "compacted_view", None)
+            view = compacted_view() if compacted_view is not None else None
+            if view is not None and start <= view.horizon:
+                await self._dispatch_compacted(consumer, view, start)
+                continue
             entries = await ledger.read(start, min(consumer.permits, self._entries_max), self._bytes_max)
             if consumer is not self.active or cursor.read_position != start:
                 continue  # the consumer changed or the cursor moved while reading
@@ -271,3 +279,31 @@ class SingleActiveDispatcher(Dispatcher):
                                     ack_set=ack_set)
                 self.messages_dispatched += count
             cursor.skip_next_read(ledger.next_position(entries[-1].position))
+
+    async def _dispatch_compacted(self, consumer: ConsumerPort, view: CompactedView, start: Position) -> None:
+        """read_compacted, before the horizon: the view's entries from ``start`` on
+        (a batch with only its surviving messages), then on to after the horizon."""
+        subscription = self.subscription
+        cursor = subscription.cursor
+        ledger = subscription.ledger
+        chosen = view.entries_from(start, min(consumer.permits, self._entries_max))
+        if not chosen:
+            cursor.skip_next_read(ledger.next_position(view.horizon))
+            return
+        for compacted in chosen:
+            entries = await ledger.read(compacted.position, 1, self._bytes_max)
+            if consumer is not self.active or cursor.read_position != start or self._closed:
+                return  # the consumer changed or the cursor moved while reading
+            if not entries or entries[0].position != compacted.position:
+                continue   # no longer stored (trimmed): nothing to send
+            entry = entries[0]
+            prepared = self._prepare(entry)
+            if prepared is not None:
+                count, ack_set = prepared
+                if compacted.batch_size:
+                    ack_set = int_to_ack_set_words(compacted.keep_bits, compacted.batch_size)
+                consumer.send_entry(entry, count, redelivery_count=subscription.redelivery_count(entry.position),
+                                    ack_set=ack_set)
+                self.messages_dispatched += count
+            start = ledger.next_position(compacted.position)
+            cursor.skip_next_read(start)

@@ -21,7 +21,8 @@ or without a ``-partition-N`` suffix):
     GET    .../{topic}/lastMessageId                     {"ledgerId", "entryId", "partitionIndex"[, "batchIndex"]}
     PUT    .../{topic}/unload                            close it here; clients reconnect
     POST   .../{topic}/terminate                         no more messages; answers the last message id
-    PUT    .../{topic}/compaction, GET .../compaction    refused: Magnetar does not compact topics
+    PUT    .../{topic}/compaction                        start compacting (412 while one runs)
+    GET    .../{topic}/compaction                        {"status": NOT_RUN|RUNNING|SUCCESS|ERROR, "lastError"}
 
 A request for a topic another broker serves is redirected there (307). Operations on a
 partitioned topic's name apply to its partitions where Pulsar does so.
@@ -38,7 +39,7 @@ from broker import stats
 from broker.admin import topic_access
 from broker.admin.common import flag, integer, json_body, namespace_of, no_content, topic_of
 from broker.service import BrokerService
-from common.errors import NotSupported, AlreadyExists, NotAllowed, PreconditionFailed, TopicNotFound
+from common.errors import AlreadyExists, NotAllowed, PreconditionFailed, TopicNotFound
 
 log = logging.getLogger(__name__)
 
@@ -173,11 +174,21 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
         log.info("topic terminated by admin: topic=%s last=%s", name, last)
         return web.json_response(stats.message_id_json(last, name.partition_index))
 
-    async def compaction(request: web.Request) -> web.Response:
+    async def trigger_compaction(request: web.Request) -> web.Response:
         name = topic_of(request)
-        if await topic_access.partition_count(service, name) == 0 and not await topic_access.exists(service, name):
-            raise TopicNotFound(f"topic {name} does not exist")
-        raise NotSupported("topic compaction is not supported by Magnetar: no compacted view of a topic is kept")
+        if await topic_access.partition_count(service, name) > 0:
+            raise NotAllowed(f"{name} is a partitioned topic: compact its partitions one by one")
+        topic = await topic_access.load(service, name, request)
+        topic.trigger_compaction()
+        log.info("compaction triggered by admin: topic=%s", name)
+        return no_content()
+
+    async def compaction_status(request: web.Request) -> web.Response:
+        name = topic_of(request)
+        if await topic_access.partition_count(service, name) > 0:
+            raise NotAllowed(f"{name} is a partitioned topic: ask one of its partitions")
+        topic = await topic_access.load(service, name, request)
+        return web.json_response({"status": topic.compaction.status, "lastError": topic.compaction.last_error})
 
     base = "/admin/v2/persistent/{tenant}/{namespace}"
     topic_path = f"{base}/{{topic}}"
@@ -196,5 +207,5 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
     app.router.add_get(f"{topic_path}/lastMessageId", last_message_id)
     app.router.add_put(f"{topic_path}/unload", unload)
     app.router.add_post(f"{topic_path}/terminate", terminate)
-    app.router.add_put(f"{topic_path}/compaction", compaction)
-    app.router.add_get(f"{topic_path}/compaction", compaction)
+    app.router.add_put(f"{topic_path}/compaction", trigger_compaction)
+    app.router.add_get(f"{topic_path}/compaction", compaction_status)

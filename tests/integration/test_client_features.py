@@ -274,3 +274,48 @@ def test_pattern_subscription(pulsar_cluster, client):
     consumer.close()
     for producer in (plain, parted, other):
         producer.close()
+
+
+def test_compaction_and_read_compacted(pulsar_cluster, client):
+    """Keys a, b, c are written (a twice, b deleted by a null-value tombstone), plus a
+    batch holding an old and a latest value of key d and one message without a key.
+    PUT .../compaction runs it (GET reports SUCCESS); a reader with
+    is_read_compacted=True from earliest then gets only each key's latest value and
+    the keyless message — from the batch only its surviving messages — followed by
+    what was produced after compaction; a reader without it still gets everything."""
+    local = unique("compacted")
+    topic = f"persistent://public/default/{local}"
+    path = f"/admin/v2/persistent/public/default/{local}/compaction"
+    producer = client.create_producer(topic, batching_enabled=False)
+    producer.send(b"a1", partition_key="a")
+    producer.send(b"b1", partition_key="b")
+    producer.send(b"a2", partition_key="a")
+    producer.send(b"c1", partition_key="c")
+    producer.send(None, partition_key="b")
+    batched = client.create_producer(topic, batching_enabled=True, batching_max_messages=3,
+                                     batching_max_publish_delay_ms=1000)
+    for value, key in ((b"d1", "d"), (b"d2", "d"), (b"nokey", None)):
+        if key is None:
+            batched.send_async(value, None)
+        else:
+            batched.send_async(value, None, partition_key=key)
+    batched.flush()
+    assert _admin(pulsar_cluster, "GET", path)["status"] == "NOT_RUN"
+    _admin(pulsar_cluster, "PUT", path)
+    deadline = time.monotonic() + 20
+    while (status := _admin(pulsar_cluster, "GET", path))["status"] != "SUCCESS":
+        assert status["status"] in ("RUNNING", "SUCCESS"), status
+        assert time.monotonic() < deadline, status
+        time.sleep(0.1)
+    producer.send(b"a3", partition_key="a")
+
+    reader = client.create_reader(topic, pulsar.MessageId.earliest, is_read_compacted=True)
+    got = [reader.read_next(RECEIVE_TIMEOUT_MS).data() for _ in range(5)]
+    assert got == [b"a2", b"c1", b"d2", b"nokey", b"a3"]
+    assert not reader.has_message_available()
+    reader.close()
+    full = client.create_reader(topic, pulsar.MessageId.earliest)
+    assert len([full.read_next(RECEIVE_TIMEOUT_MS) for _ in range(9)]) == 9
+    full.close()
+    producer.close()
+    batched.close()
