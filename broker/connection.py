@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Callable
 
 from protocol import commands
 from protocol.codec import NEED_DATA, CommandDecoder, Frame, PayloadChecksumMismatch, command_name, encode_command
-from broker import topic_list
+from broker import schemas, topic_list
 from broker.consumer import Consumer
 from broker.deduplication import Verdict
 from common.position import Position
@@ -130,8 +130,8 @@ class ServerConnection(asyncio.Protocol):
             T.SEEK: self._spawn(self._on_seek),
             T.GET_LAST_MESSAGE_ID: self._spawn(self._on_get_last_message_id),
             T.GET_TOPICS_OF_NAMESPACE: self._spawn(self._on_get_topics_of_namespace),
-            T.GET_SCHEMA: self._on_get_schema,
-            T.GET_OR_CREATE_SCHEMA: self._on_get_or_create_schema,
+            T.GET_SCHEMA: self._spawn(self._on_get_schema),
+            T.GET_OR_CREATE_SCHEMA: self._spawn(self._on_get_or_create_schema),
             T.CONSUMER_STATS: self._on_consumer_stats,
         }
 
@@ -349,16 +349,46 @@ class ServerConnection(asyncio.Protocol):
             request.request_id, result.topics, filtered=result.filtered, topics_hash=result.topics_hash,
             changed=result.changed))
 
-    def _on_get_schema(self, frame: Frame) -> None:
+    async def _on_get_schema(self, frame: Frame) -> None:
         request = frame.command.getSchema
+        try:
+            name = TopicName.parse(request.topic)
+            version = schemas.decode_version(request.schema_version) if request.HasField("schema_version") \
+                and request.schema_version else None
+            found = await self.service.schemas.get(name, version)
+        except MagnetarError as error:
+            self.write_command(commands.wrap(pb.CommandGetSchemaResponse(
+                request_id=request.request_id, error_code=server_error_for(error), error_message=error.message)))
+            return
+        if found is None:
+            self.write_command(commands.wrap(pb.CommandGetSchemaResponse(
+                request_id=request.request_id, error_code=pb.TopicNotFound,
+                error_message=f"no schema for {request.topic}")))
+            return
         self.write_command(commands.wrap(pb.CommandGetSchemaResponse(
-            request_id=request.request_id, error_code=pb.TopicNotFound,
-            error_message="this broker keeps no schemas")))
+            request_id=request.request_id, schema=found.to_wire(request.topic),
+            schema_version=schemas.encode_version(found.version))))
 
-    def _on_get_or_create_schema(self, frame: Frame) -> None:
+    async def _on_get_or_create_schema(self, frame: Frame) -> None:
         request = frame.command.getOrCreateSchema
+        try:
+            version = await self._register_schema(TopicName.parse(request.topic), request.schema, consumer=False)
+        except MagnetarError as error:
+            self.write_command(commands.wrap(pb.CommandGetOrCreateSchemaResponse(
+                request_id=request.request_id, error_code=server_error_for(error), error_message=error.message)))
+            return
         self.write_command(commands.wrap(pb.CommandGetOrCreateSchemaResponse(
-            request_id=request.request_id, schema_version=_SCHEMA_VERSION_ZERO)))
+            request_id=request.request_id, schema_version=schemas.encode_version(version))))
+
+    async def _register_schema(self, name: TopicName, schema: pb.Schema, *, consumer: bool) -> int:
+        """The version of ``schema`` for the topic (registered if new and compatible;
+        a consumer's only when the topic has none). IncompatibleSchema otherwise."""
+        schema_type = schemas.TYPE_NAMES.get(schema.type)
+        if schema_type is None:
+            raise InvalidArgument(f"unknown schema type {schema.type}")
+        return await self.service.schemas.put(
+            name, schema_type, bytes(schema.schema_data), {kv.key: kv.value for kv in schema.properties},
+            await self.service.schema_strategy(name), only_if_empty_or_compatible=consumer)
 
     # --- producers ----------------------------------------------------------------------------------
 
@@ -378,9 +408,12 @@ class ServerConnection(asyncio.Protocol):
         task.add_done_callback(lambda t, pid=request.producer_id: _forget_pending(self._pending_producers, pid, t))
 
     async def _create_producer(self, request: pb.CommandProducer) -> None:
-        schema_version = _SCHEMA_VERSION_ZERO if request.HasField("schema") else None
+        schema_version = None
         try:
             topic = await self.service.get_topic(TopicName.parse(request.topic), create=True)
+            if request.HasField("schema"):
+                schema_version = schemas.encode_version(
+                    await self._register_schema(topic.name, request.schema, consumer=False))
             name = request.producer_name or topic.generate_producer_name()
             producer = Producer(request.producer_id, name, topic.full_name, self,
                                 user_provided_name=bool(request.producer_name),
@@ -567,6 +600,8 @@ class ServerConnection(asyncio.Protocol):
             if not request.subscription:
                 raise InvalidArgument("subscription name must not be empty")
             topic = await self.service.get_topic(TopicName.parse(request.topic), create=request.force_topic_creation)
+            if request.HasField("schema"):
+                await self._register_schema(topic.name, request.schema, consumer=True)
             consumer = Consumer(request.consumer_id, request.consumer_name or f"consumer-{request.consumer_id}",
                                 request.subscription, topic.full_name, SubscriptionMode.from_wire(request.subType),
                                 self,
@@ -742,11 +777,6 @@ def _forget_pending(pending: dict[int, asyncio.Task[None]], key: int, task: asyn
     close cancelled it and the client asked again with the same id)."""
     if pending.get(key) is task:
         del pending[key]
-
-
-# A schema version for producers that sent a schema: the broker keeps none, so every
-# schema is version 0 (8-byte big-endian, as Pulsar encodes versions).
-_SCHEMA_VERSION_ZERO = bytes(8)
 
 
 def _request_id_of(command: pb.BaseCommand) -> int | None:

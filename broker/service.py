@@ -35,6 +35,8 @@ from broker.config import BrokerConfig
 from broker.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from broker.publish_limits import Limit, PendingSends, PublishLimits, ReadGate
 from broker.resources import Resources
+from broker.schema_compatibility import DEFAULT_STRATEGY
+from broker.schemas import SchemaRegistry
 from broker.topic import PersistentTopic
 from bundles.config import BundlesConfig
 from bundles.leader import Leader
@@ -152,6 +154,7 @@ class BrokerService:
         self.topic_ownership = topic_ownership
         # The archive (broker/archiver.py): archives closed ledgers per the namespaces'
         # offload policies and serves ledgers whose bookie copy is gone.
+        self.schemas = SchemaRegistry(store)
         # What message TTL and backlog quotas did (shown in /metrics).
         self.policy_counters = policy_enforcement.PolicyCounters()
         self.archiver = Archiver(archiver_config or ArchiverConfig(), store, ledger_client, self.resources.policies)
@@ -434,6 +437,11 @@ class BrokerService:
     async def delete_topic(self, name: TopicName, *, force: bool) -> None:
         topic = await self.get_topic(name, create=False)
         await topic.delete(force=force)   # closing it took it off self.topics
+
+    async def schema_strategy(self, name: TopicName) -> str:
+        """The namespace's schema compatibility strategy (FULL when unset)."""
+        policies = await self.resources.policies(name.namespace_name)
+        return policies.schema_compatibility_strategy or DEFAULT_STRATEGY
 
     async def deduplication_enabled(self, name: TopicName) -> bool:
         """The namespace policy ``deduplication`` (off when unset)."""

@@ -110,6 +110,14 @@ def split_bundle_key(key: str, prefix: str) -> tuple[str, str]:
     return namespace, bundle
 
 
+SCHEMAS = "/schemas/"
+
+
+def schema(topic_key_path: str) -> str:
+    """A topic's schema versions (broker/schemas.py); a partition uses its parent's."""
+    return f"{SCHEMAS}{topic_key_path}"
+
+
 ARCHIVE = "/archive/"
 
 

@@ -116,6 +116,8 @@ class NamespacePolicies:
     persistence: dict | None = None
     deduplicationEnabled: bool | None = None
     message_ttl_in_seconds: int | None = None
+    # Schema compatibility strategy (broker/schema_compatibility.py); None: FULL.
+    schema_compatibility_strategy: str | None = None
     backlog_quota_map: dict = field(default_factory=dict)
     autoTopicCreationOverride: dict | None = None
     bundles: dict | None = None

@@ -18,6 +18,7 @@ A GET answers the namespace's own setting, ``null`` when it has none:
     /admin/v2/namespaces/{ns}/persistence         {"bookkeeperEnsemble", "bookkeeperWriteQuorum",
                                                    "bookkeeperAckQuorum", "managedLedgerMaxMarkDeleteRate"}
     /admin/v2/namespaces/{ns}/autoTopicCreation   {"allowAutoTopicCreation", "topicType"}
+    /admin/v2/namespaces/{ns}/schemaCompatibilityStrategy  "FULL" | "BACKWARD" | ... (PUT too)
     /admin/v2/namespaces/{ns}/offloadPolicies     OffloadPolicies: when closed ledgers are archived
                                                   as Arrow files (docs/archive.md)
     GET    /admin/v2/namespaces/{ns}/backlogQuotaMap               {type: BacklogQuota}
@@ -61,6 +62,7 @@ _SIMPLE_POLICIES: dict[str, tuple[str, Callable[[object], object]]] = {
     "persistence": ("persistence", policy_codec.persistence_of),
     "autoTopicCreation": ("autoTopicCreationOverride", policy_codec.auto_topic_creation_of),
     "offloadPolicies": ("offload_policies", policy_codec.offload_policies_of),
+    "schemaCompatibilityStrategy": ("schema_compatibility_strategy", policy_codec.schema_compatibility_strategy_of),
 }
 
 
@@ -130,6 +132,8 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
         route = f"/admin/v2/namespaces/{{tenant}}/{{namespace}}/{path}"
         app.router.add_get(route, get_policy)
         app.router.add_post(route, set_policy)
+        if path == "schemaCompatibilityStrategy":
+            app.router.add_put(route, set_policy)      # Pulsar's verb for this one
         app.router.add_delete(route, remove_policy)
 
     async def get_backlog_quotas(request: web.Request) -> web.Response:

@@ -66,6 +66,14 @@ def deduplication_of(doc: object) -> bool:
     return doc
 
 
+def schema_compatibility_strategy_of(doc: object) -> str:
+    from broker.schema_compatibility import STRATEGIES
+
+    if not isinstance(doc, str) or doc.upper() not in STRATEGIES:
+        raise InvalidArgument(f"schema compatibility strategy must be one of {', '.join(STRATEGIES)}")
+    return doc.upper()
+
+
 def message_ttl_of(doc: object) -> int:
     return integer(doc, "message TTL in seconds", minimum=0, maximum=INT32_MAX)
 

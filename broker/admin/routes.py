@@ -6,7 +6,18 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from broker.admin import archive, brokers, bundles, clusters, lookup, namespaces, subscriptions, tenants, topics
+from broker.admin import (
+    archive,
+    brokers,
+    bundles,
+    clusters,
+    lookup,
+    namespaces,
+    schemas,
+    subscriptions,
+    tenants,
+    topics,
+)
 from broker.service import BrokerService
 
 
@@ -20,3 +31,4 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
     topics.add_routes(app, service)
     subscriptions.add_routes(app, service)
     archive.add_routes(app, service)
+    schemas.add_routes(app, service)
