@@ -193,6 +193,9 @@ class PersistentTopic:
             raise TopicTerminated(f"topic {self.full_name} is terminated")
         if producer.name in self._producer_names:
             raise ProducerBusy(f"producer {producer.name} is already connected to {self.full_name}")
+        if producer.access_mode != ACCESS_SHARED and self._exclusive_producer is not producer:
+            # Granted exclusive access, then fenced out before it was attached.
+            raise ProducerFenced(f"producer {producer.name} lost exclusive access to {self.full_name}")
         self._producer_names.add(producer.name)
         self.producers[id(producer)] = producer
 
