@@ -8,24 +8,52 @@ message it sought; a reader that seeks to MessageId.latest sees has_message_avai
 turn True once a new message is produced; messages a custom message router puts on a
 partition carry that partition in their message ids; delayed messages reach shared
 and key-shared subscriptions only once due; producer access modes (Exclusive,
-WaitForExclusive, ExclusiveWithFencing, Shared) behave as Pulsar's.
+WaitForExclusive, ExclusiveWithFencing, Shared) behave as Pulsar's; deduplication drops
+resends and restores last_sequence_id; pattern subscriptions, compaction with
+read_compacted readers; message TTL and the three backlog-quota policies act (the
+module's broker applies policies every 0.5 s); JSON schemas evolve under the
+namespace's compatibility strategy, and the admin schema endpoints work; a client
+naming an advertised listener is served through it, one naming an unknown one refused.
+The tests share one cluster (etcd, three bookies, one broker) and one client.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import threading
 import time
-from datetime import timedelta
+import urllib.error
 import urllib.request
+from datetime import timedelta
 
 import pulsar
 import pytest
 
-from tests.cluster import unique, unique_topic
+from pulsar.schema import Integer, JsonSchema, Record, String
+
+from tests.cluster import Cluster, free_port, unique, unique_topic, wait_until
 
 RECEIVE_TIMEOUT_MS = 10_000
+POLICY_CHECK_INTERVAL_S = 0.5
+PAYLOAD = b"x" * 200
+
+
+@pytest.fixture(scope="module")
+def pulsar_cluster(etcd_process, tmp_path_factory):
+    """The conftest's module cluster, with a broker that applies TTL and backlog quotas
+    every 0.5 s and advertises a listener named "internal"."""
+    cluster = Cluster(etcd_process, str(tmp_path_factory.mktemp("features-cluster")))
+    try:
+        asyncio.run(cluster.start_bookies(3))
+        port = free_port()
+        asyncio.run(cluster.start_brokers(
+            1, port=port, extra_args=["--policy-check-interval-s", str(POLICY_CHECK_INTERVAL_S),
+                                      "--advertised-listeners", f"internal:pulsar://127.0.0.1:{port}"]))
+        yield cluster
+    finally:
+        asyncio.run(cluster.stop())
 
 
 def _admin(cluster, method: str, path: str, body: object | None = None) -> object:
@@ -319,3 +347,247 @@ def test_compaction_and_read_compacted(pulsar_cluster, client):
     full.close()
     producer.close()
     batched.close()
+
+
+def _namespace_with_policy(cluster, policy: str, value: object) -> str:
+    namespace = unique("ns")
+    _admin(cluster, "PUT", f"/admin/v2/namespaces/public/{namespace}")
+    _admin(cluster, "POST", f"/admin/v2/namespaces/public/{namespace}/{policy}", value)
+    return namespace
+
+
+def _backlog(cluster, namespace: str, local: str) -> int:
+    stats = _admin(cluster, "GET", f"/admin/v2/persistent/public/{namespace}/{local}/stats")
+    return stats["subscriptions"]["sub"]["msgBacklog"]
+
+
+def _metric(cluster, name: str) -> float:
+    with urllib.request.urlopen(f"{cluster.brokers[0].web_service_url}/metrics", timeout=15) as response:
+        text = response.read().decode()
+    match = re.search(rf"^{name}(?:_total)? (\S+)$", text, re.MULTILINE)
+    assert match, name
+    return float(match.group(1))
+
+
+def test_message_ttl_expires_unconsumed_messages(pulsar_cluster, client):
+    """TTL 1 s: five messages left unconsumed are acknowledged for the subscription by
+    the broker (backlog 0); the consumer then receives only a message sent later."""
+    namespace = _namespace_with_policy(pulsar_cluster, "messageTTL", 1)
+    local = unique("ttl")
+    topic = f"persistent://public/{namespace}/{local}"
+    client.subscribe(topic, "sub").close()
+    producer = client.create_producer(topic, batching_enabled=False)
+    for i in range(5):
+        producer.send(f"old{i}".encode())
+    wait_until(lambda: _backlog(pulsar_cluster, namespace, local) == 0, 20, "the TTL to expire the backlog")
+    assert _metric(pulsar_cluster, "magnetar_broker_messages_expired") >= 5
+    consumer = client.subscribe(topic, "sub")
+    producer.send(b"fresh")
+    assert consumer.receive(timeout_millis=RECEIVE_TIMEOUT_MS).data() == b"fresh"
+    consumer.close()
+    producer.close()
+
+
+def _backlog_then_quota(cluster, client, policy: str):
+    """A topic with 20 unconsumed 200-byte messages on subscription "sub", then a 2 KiB
+    destination_storage quota with ``policy`` on its namespace. Returns the namespace,
+    the topic's local name and full name, and the producer (still open)."""
+    namespace = unique("ns")
+    _admin(cluster, "PUT", f"/admin/v2/namespaces/public/{namespace}")
+    local = unique(f"quota-{policy}")
+    topic = f"persistent://public/{namespace}/{local}"
+    client.subscribe(topic, "sub").close()
+    producer = client.create_producer(topic, batching_enabled=False)
+    for _ in range(20):
+        producer.send(PAYLOAD)
+    _admin(cluster, "POST", f"/admin/v2/namespaces/public/{namespace}/backlogQuota",
+           {"limitSize": 2048, "policy": policy})
+    return namespace, local, topic, producer
+
+
+def test_backlog_quota_producer_exception(pulsar_cluster, client):
+    """Quota 2 KiB, producer_exception: once the backlog is past it, the producer's
+    sends fail and a new producer is refused, both with
+    ProducerBlockedQuotaExceededException; once the subscription consumed everything,
+    a producer is created and sends again. (The backlog is produced before the quota
+    is set, so no send of it races the periodic check.)"""
+    namespace, local, topic, producer = _backlog_then_quota(pulsar_cluster, client, "producer_exception")
+
+    def send_refused() -> bool:
+        try:
+            producer.send(PAYLOAD)
+        except pulsar.ProducerBlockedQuotaExceededException:
+            return True
+        return False
+
+    wait_until(send_refused, 20, "a send to fail with ProducerBlockedQuotaExceededException")
+    with pytest.raises(pulsar.ProducerBlockedQuotaExceededException):
+        client.create_producer(topic)
+    consumer = client.subscribe(topic, "sub")
+    while True:
+        try:
+            consumer.acknowledge(consumer.receive(timeout_millis=2000))
+        except pulsar.Timeout:
+            break
+    wait_until(lambda: _backlog(pulsar_cluster, namespace, local) == 0, 20, "the acknowledgements to land")
+    again = client.create_producer(topic, batching_enabled=False)
+    again.send(b"after")
+    assert consumer.receive(timeout_millis=RECEIVE_TIMEOUT_MS).data() == b"after"
+    assert _metric(pulsar_cluster, "magnetar_broker_backlog_quota_producers_refused") >= 1
+    for closable in (again, consumer, producer):
+        closable.close()
+
+
+def test_backlog_quota_producer_request_hold(pulsar_cluster, client):
+    """Quota 2 KiB, producer_request_hold: past it, a new producer is refused with
+    ProducerBlockedQuotaExceededError; after the backlog is consumed one is created."""
+    namespace, local, topic, producer = _backlog_then_quota(pulsar_cluster, client, "producer_request_hold")
+    producer.close()
+    with pytest.raises(pulsar.ProducerBlockedQuotaExceededError):
+        client.create_producer(topic)
+    consumer = client.subscribe(topic, "sub")
+    for _ in range(20):
+        consumer.acknowledge(consumer.receive(timeout_millis=RECEIVE_TIMEOUT_MS))
+    wait_until(lambda: _backlog(pulsar_cluster, namespace, local) == 0, 20, "the acknowledgements to land")
+    client.create_producer(topic).close()
+    consumer.close()
+
+
+def test_backlog_quota_consumer_backlog_eviction(pulsar_cluster, client):
+    """Quota 2 KiB, consumer_backlog_eviction: fifty 200-byte messages left unconsumed;
+    the broker skips the oldest until the backlog fits the quota, and the producer is
+    never refused. The consumer then gets only the newest messages, ending with the
+    last one."""
+    namespace = _namespace_with_policy(pulsar_cluster, "backlogQuota",
+                           {"limitSize": 2048, "policy": "consumer_backlog_eviction"})
+    local = unique("quota-evict")
+    topic = f"persistent://public/{namespace}/{local}"
+    client.subscribe(topic, "sub").close()
+    producer = client.create_producer(topic, batching_enabled=False)
+    for i in range(50):
+        producer.send(f"{i:03d}".encode() + PAYLOAD)
+    wait_until(lambda: _backlog(pulsar_cluster, namespace, local) <= 10, 20, "the backlog to be evicted")
+    assert _backlog(pulsar_cluster, namespace, local) > 0
+    consumer = client.subscribe(topic, "sub")
+    got = []
+    while True:
+        try:
+            message = consumer.receive(timeout_millis=2000)
+        except pulsar.Timeout:
+            break
+        got.append(int(message.data()[:3]))
+        consumer.acknowledge(message)
+    assert got and got[-1] == 49 and len(got) <= 10, got
+    assert got == list(range(got[0], 50))
+    assert _metric(pulsar_cluster, "magnetar_broker_backlog_quota_evicted_entries") >= 40
+    consumer.close()
+    producer.close()
+
+
+def test_advertised_listeners(pulsar_cluster):
+    """The broker advertises one listener, "internal". A client created with
+    listener_name="internal" looks topics up through it and produces and consumes; a
+    client naming a listener the broker lacks cannot create a producer."""
+    url = pulsar_cluster.brokers[0].service_url
+    topic = f"persistent://public/default/{unique('listener')}"
+    client = pulsar.Client(url, listener_name="internal", operation_timeout_seconds=10)
+    try:
+        consumer = client.subscribe(topic, "sub")
+        client.create_producer(topic).send(b"via internal")
+        assert consumer.receive(timeout_millis=RECEIVE_TIMEOUT_MS).data() == b"via internal"
+    finally:
+        client.close()
+    stranger = pulsar.Client(url, listener_name="nope", operation_timeout_seconds=3)
+    try:
+        with pytest.raises(pulsar.PulsarException):
+            stranger.create_producer(topic)
+    finally:
+        stranger.close()
+
+
+def _versions():
+    class Order(Record):
+        name = String()
+        qty = Integer()
+        note = String()
+
+    class OrderWithoutNote(Record):
+        name = String()
+        qty = Integer()
+
+    class OrderQtyText(Record):
+        name = String()
+        qty = String()
+
+    # One record name, as one class evolving would have.
+    OrderWithoutNote.__name__ = OrderQtyText.__name__ = "Order"
+    return Order, OrderWithoutNote, OrderQtyText
+
+
+def _schema_namespace(cluster, strategy: str | None) -> str:
+    namespace = unique("schemas")
+    _admin(cluster, "PUT", f"/admin/v2/namespaces/public/{namespace}")
+    if strategy is not None:
+        _admin(cluster, "PUT", f"/admin/v2/namespaces/public/{namespace}/schemaCompatibilityStrategy", strategy)
+    return namespace
+
+
+def test_json_schema_evolution_under_backward(pulsar_cluster, client):
+    """Under BACKWARD: a JSON-schema producer registers version 0 and a JSON-schema
+    consumer reads the typed value; a schema dropping a field becomes version 1; one
+    changing a field's type is refused (IncompatibleSchema) for a producer and for a
+    consumer, and the admin compatibility check says so too."""
+    order, without_note, qty_text = _versions()
+    namespace = _schema_namespace(pulsar_cluster, "BACKWARD")
+    local = unique("orders")
+    topic = f"persistent://public/{namespace}/{local}"
+    path = f"/admin/v2/schemas/public/{namespace}/{local}"
+    consumer = client.subscribe(topic, "sub", schema=JsonSchema(order))
+    producer = client.create_producer(topic, schema=JsonSchema(order))
+    producer.send(order(name="apple", qty=3, note="fresh"))
+    message = consumer.receive(timeout_millis=RECEIVE_TIMEOUT_MS)
+    assert (message.value().name, message.value().qty) == ("apple", 3)
+    latest = _admin(pulsar_cluster, "GET", f"{path}/schema")
+    assert (latest["version"], latest["type"]) == (0, "JSON")
+    assert json.loads(latest["data"])["fields"][2]["name"] == "note"
+
+    evolved = client.create_producer(topic, schema=JsonSchema(without_note))
+    evolved.send(without_note(name="pear", qty=1))
+    assert [v["version"] for v in _admin(pulsar_cluster, "GET", f"{path}/schemas")["getSchemaResponses"]] == [0, 1]
+    assert _admin(pulsar_cluster, "GET", f"{path}/schema/1")["version"] == 1
+
+    with pytest.raises(pulsar.IncompatibleSchema):
+        client.create_producer(topic, schema=JsonSchema(qty_text))
+    with pytest.raises(pulsar.IncompatibleSchema):
+        client.subscribe(topic, "typed-wrong", schema=JsonSchema(qty_text))
+    check = _admin(pulsar_cluster, "POST", f"{path}/compatibility",
+                   {"type": "JSON", "schema": JsonSchema(qty_text).schema_info().schema(), "properties": {}})
+    assert check == {"isCompatible": False, "schemaCompatibilityStrategy": "BACKWARD"}
+    for closable in (consumer, producer, evolved):
+        closable.close()
+
+
+def test_strategies_full_and_always_compatible_and_admin_register_delete(pulsar_cluster, client):
+    """Under the default FULL a schema dropping a field is refused; under
+    ALWAYS_COMPATIBLE anything goes; the admin API registers a schema with properties,
+    lists and reads versions, and deletes them (then 404)."""
+    order, without_note, qty_text = _versions()
+    full = f"persistent://public/{_schema_namespace(pulsar_cluster, None)}/{unique('orders')}"
+    client.create_producer(full, schema=JsonSchema(order)).close()
+    with pytest.raises(pulsar.IncompatibleSchema):
+        client.create_producer(full, schema=JsonSchema(without_note))   # FULL: old readers need "note"
+
+    namespace = _schema_namespace(pulsar_cluster, "ALWAYS_COMPATIBLE")
+    local = unique("anything")
+    path = f"/admin/v2/schemas/public/{namespace}/{local}"
+    registered = _admin(pulsar_cluster, "POST", f"{path}/schema",
+                        {"type": "JSON", "schema": JsonSchema(order).schema_info().schema(), "properties": {"a": "b"}})
+    assert registered == {"version": 0}
+    producer = client.create_producer(f"persistent://public/{namespace}/{local}", schema=JsonSchema(qty_text))
+    producer.close()
+    assert len(_admin(pulsar_cluster, "GET", f"{path}/schemas")["getSchemaResponses"]) == 2
+    assert _admin(pulsar_cluster, "GET", f"{path}/schema/0")["properties"] == {"a": "b"}
+    _admin(pulsar_cluster, "DELETE", f"{path}/schema")
+    with pytest.raises(urllib.error.HTTPError) as raised:
+        _admin(pulsar_cluster, "GET", f"{path}/schema")
+    assert raised.value.code == 404
