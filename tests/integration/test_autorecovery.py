@@ -54,7 +54,11 @@ async def _start_autorecovery(cluster) -> tuple[ManagedProcess, str]:
         "--audit-interval-s", "0.5", "--worker-interval-s", "0.3", "--lease-ttl-s", "3"),
         f"{cluster.base_dir}/autorecovery.log")
     process.spawn()
-    match = await process.wait_for_log(_AUTORECOVERY_READY)
+    try:
+        match = await process.wait_for_log(_AUTORECOVERY_READY)
+    except BaseException:
+        process.kill9()
+        raise
     return process, match.group(2)
 
 

@@ -126,7 +126,7 @@ async def _scenario(seed: int, result: SimResult) -> None:
         elif kind == "partition":
             loop.call_later(at, lambda t=target: (net.partitioned.add(("writer", t)), event(f"partition {t}")))
             loop.call_later(at + duration, lambda t=target: net.partitioned.discard(("writer", t)))
-        else:   # a slow bookie: every message to it delayed for a while
+        else:   # a paused bookie (SIGSTOP-like): a short partition, nothing answered for a while
             loop.call_later(at, lambda t=target: net.partitioned.add(("writer", t)))
             loop.call_later(at + min(duration, 1.5), lambda t=target: net.partitioned.discard(("writer", t)))
         result.faults += 1
