@@ -17,6 +17,7 @@ Proves:
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import re
 import time
@@ -166,6 +167,9 @@ async def test_killed_bookie_is_rereplicated(cluster, ledger_client):
               f"(bound: 4 s TTL + 2 s grace + copy); {checked} replica reads checked")
         assert copied and copied > 0
         assert checked > 0
+        health = json.loads(await asyncio.to_thread(
+            lambda: urllib.request.urlopen(f"http://{http_address}/health", timeout=5).read()))
+        assert health["status"] == "ok" and health["auditor"] is True
         code, stdout, _ = await run_cli("shell", "listunderreplicated", "--metadata", cluster.metadata_url)
         assert code == 0 and last_json(stdout)["count"] == 0
     finally:
