@@ -66,7 +66,7 @@ async def _start_autorecovery(cluster) -> tuple[ManagedProcess, str]:
 class _Traffic:
     """Writes ledgers of ``entries`` entries one after another, closing each."""
 
-    def __init__(self, client: LedgerClient, entries: int = 150) -> None:
+    def __init__(self, client: LedgerClient, entries: int = 100) -> None:
         self.client = client
         self.entries = entries
         self.ledgers: list[int] = []
@@ -220,9 +220,9 @@ async def test_decommission_under_traffic_then_stop_loses_nothing(cluster, ledge
 
 async def test_shell_recover_rereplicates_a_dead_bookie(cluster, ledger_client):
     bookies = await cluster.start_bookies(4)
-    traffic = _Traffic(ledger_client, entries=100)
+    traffic = _Traffic(ledger_client, entries=60)
     traffic.start()
-    await wait_until_async(lambda: _at_least(traffic, 3), 60, "three ledgers written")
+    await wait_until_async(lambda: _at_least(traffic, 2), 60, "two ledgers written")
     await traffic.stop()
     victim = bookies[0]
     victim.kill9()
