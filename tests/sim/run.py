@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=200)
     parser.add_argument("--first", type=int, default=0)
     parser.add_argument("--seed", type=int, default=None, help="replay this one seed")
-    parser.add_argument("--bug", default=None, help="inject a deliberate bug (recovery-skips-last)")
+    parser.add_argument("--bug", default=None, help="inject a deliberate bug (recovery-skips-last, ack-one-short)")
     args = parser.parse_args(argv)
     if args.seed is not None:
         result = run_seed(args.seed, args.bug)

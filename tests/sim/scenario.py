@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from common.entry import verify_entry
 from common.errors import MagnetarError
-from ledger import recovery
+from ledger import quorum, recovery
 from ledger.client import LedgerClient
 from ledger.config import LedgerClientConfig
 from ledger.quorum import write_set
@@ -248,9 +248,27 @@ async def _scenario(seed: int, result: SimResult) -> None:
 def injected_bug(name: str | None):
     """Deliberate bugs the checkers must catch (tests/sim/test_simulation.py):
     ``recovery-skips-last``: ledger recovery forgets the last entry it found, so it
-    closes the ledger one entry early."""
+    closes the ledger one entry early. ``ack-one-short``: the writer's ack tracker
+    completes an entry one acknowledgement short of Qa."""
     if name is None:
         yield
+        return
+    if name == "ack-one-short":
+        original_complete = quorum.AckTracker.complete
+
+        def complete_one_short(self, limit_entry_id=None):
+            saved = self.ack_quorum_size
+            self.ack_quorum_size = max(1, saved - 1)
+            try:
+                return original_complete(self, limit_entry_id)
+            finally:
+                self.ack_quorum_size = saved
+
+        quorum.AckTracker.complete = complete_one_short
+        try:
+            yield
+        finally:
+            quorum.AckTracker.complete = original_complete
         return
     assert name == "recovery-skips-last", name
     original = recovery._read_window

@@ -44,3 +44,15 @@ def test_the_injected_recovery_bug_is_found_and_reported_by_seed():
     again = run_seed(found.seed, bug="recovery-skips-last")
     assert again.violations == found.violations and again.trace == found.trace
     assert run_seed(found.seed).ok
+
+
+def test_an_ack_quorum_bug_is_found_by_the_replica_checker():
+    """The writer completing entries one acknowledgement short of Qa leaves acknowledged
+    entries on fewer than Qa bookies: the replica checker names them."""
+    for seed in range(50):
+        result = run_seed(seed, bug="ack-one-short")
+        if not result.ok:
+            assert any("fewer than Qa" in v for v in result.violations), result.violations
+            assert run_seed(seed).ok
+            return
+    raise AssertionError("50 seeds did not find an ack tracker that completes one short of Qa")
