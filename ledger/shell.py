@@ -93,12 +93,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     command("listunderreplicated", "ledgers recorded as under-replicated")
     decommission = command("decommissionbookie", "mark a bookie for decommissioning and wait until "
                                                  "no ledger names it (auto-recovery must be running)")
-    decommission.add_argument("--bookie-id", required=True)
-    decommission.add_argument("--timeout-s", type=float, default=3600.0)
+    decommission.add_argument("--bookie-id", required=True, help="the bookie to empty (its registered id)")
+    decommission.add_argument("--timeout-s", type=float, default=3600.0,
+                              help="give up (exit 1) after this long; the mark stays")
     decommission.add_argument("--progress-interval-s", type=float, default=2.0)
     recover_bookie = command("recover", "re-replicate now every closed ledger naming the bookie "
                                         "(no grace period; run by this command, not the workers)")
-    recover_bookie.add_argument("--bookie-id", required=True)
+    recover_bookie.add_argument("--bookie-id", required=True, help="the dead bookie whose copies to make again")
 
 
 async def _list_bookies(client: LedgerClient, args: argparse.Namespace) -> int:
