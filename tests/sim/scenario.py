@@ -13,8 +13,10 @@ Checkers, after the run:
 - replicas agree: every copy of an entry on any bookie is the same bytes, and each
   entry up to the end is on at least Qa bookies of its write set.
 
-``run_seed(seed)`` returns a ``SimResult`` whose ``trace`` is a digest of every event
-(the same seed gives the same trace) and whose ``violations`` name what broke.
+``run_seed(seed)`` returns a ``SimResult`` whose ``trace`` is a digest of the run's
+events with their virtual times (faults, crashes, restarts, the writer's and the
+recovery's outcomes; the same seed gives the same trace, in any process and under any
+PYTHONHASHSEED) and whose ``violations`` name what broke.
 """
 
 from __future__ import annotations
