@@ -241,7 +241,7 @@ class BookieProcess:
                 background = [
                     tasks.create_task(node.run_checkpointer()),
                     tasks.create_task(registration.run()),
-                    tasks.create_task(run_gc(store, storage, config.gc, gc_trigger)),
+                    tasks.create_task(run_gc(store, storage, config.gc, gc_trigger, bookie_id)),
                     tasks.create_task(watch_disks()),
                     tasks.create_task(loop_monitor.run()),
                 ]
