@@ -152,6 +152,10 @@ class BookieConfig:
     http_port: int | None = None
     # The id under which the bookie registers; default "host:port" (its address).
     bookie_id: str = ""
+    # The host:port writers and readers connect to, registered in etcd; default
+    # "host:port". Needed when the bookie listens on 0.0.0.0 (a container) and is
+    # reached by a stable name (a StatefulSet pod's DNS name).
+    advertised_address: str = ""
     # Lease on the registration: a dead bookie disappears from writers' view this long
     # after its last keep-alive.
     registration_ttl_s: int = 10

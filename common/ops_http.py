@@ -38,6 +38,16 @@ def add_ops_routes(app: web.Application, registry: CollectorRegistry, health: He
     app.router.add_get("/metrics", metrics_handler)
 
 
+def add_ready_route(app: web.Application, ready: HealthCheck) -> None:
+    """Adds ``/ready``: 200 when the process should get work (a Kubernetes readiness probe),
+    503 with the reason when not; ``/health`` stays the liveness answer (alive, serving)."""
+    async def ready_handler(_request: web.Request) -> web.Response:
+        ok, details = await ready()
+        return web.json_response({"status": "ready" if ok else "unavailable", **details}, status=200 if ok else 503)
+
+    app.router.add_get("/ready", ready_handler)
+
+
 async def start_ops_server(app: web.Application, host: str, port: int,
                            flag: str = "--http-port") -> tuple[web.AppRunner, int]:
     """Starts the app; returns the runner (to clean up) and the bound port. A port that
