@@ -124,6 +124,7 @@ class BrokerService:
         # Set when the hand-over of bundles starts (SIGTERM): from then on the broker
         # takes no bundles, and /ready says so.
         self.handing_over = False
+        self._hand_over_task: asyncio.Future[None] | None = None   # owned: close awaits it
         self.connections: set = set()
         self.on_publish_latency = on_publish_latency
         # Set by the wiring once the binary protocol accepts connections; /health is
@@ -443,8 +444,15 @@ class BrokerService:
     async def hand_over(self) -> None:
         """Gives every bundle this broker owns to another broker (the least loaded), so
         its clients move without errors; then leaves the leader election and revokes
-        the ownership lease. For an orderly shutdown, before ``close``."""
+        the ownership lease. For an orderly shutdown, before ``close``. Done once: a
+        second call (a preStop drain, then SIGTERM) waits for the first; the work goes
+        on if a caller is cancelled (a drain request cut off), and ``close`` awaits it."""
         self.handing_over = True
+        if self._hand_over_task is None:
+            self._hand_over_task = asyncio.ensure_future(self._hand_over())
+        await asyncio.shield(self._hand_over_task)
+
+    async def _hand_over(self) -> None:
         if self.ownership is None:
             return
         assert self.leader is not None and self.broker_reports is not None
@@ -478,6 +486,8 @@ class BrokerService:
 
     async def close(self) -> None:
         self.shutting_down = True
+        if self._hand_over_task is not None:
+            await asyncio.gather(self._hand_over_task, return_exceptions=True)
         await self._background.close()
         await cancel_and_wait(*self._loads)
         if self.leader is not None:
