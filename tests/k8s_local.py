@@ -104,6 +104,7 @@ class LocalCluster:
         self.workloads = {w["metadata"]["name"]: w for w in k8s.workloads(objects)}
         self.replicas = {name: w["spec"]["replicas"] for name, w in self.workloads.items()}
         self._pvcs_deleted: set[str] = set()
+        self.stops: list[dict] = []          # every pod termination's outcome, in order
 
     # --- addresses ---------------------------------------------------------------------------
 
@@ -258,7 +259,9 @@ class LocalCluster:
             except TimeoutError:
                 outcome["exit_code"] = -signal.SIGKILL
         outcome["seconds"] = time.monotonic() - started
+        outcome["grace_s"] = grace_s
         pod.exit_codes.append(outcome.get("exit_code", 0))
+        self.stops.append(outcome)
         return outcome
 
     def kill9(self, name: str) -> None:
