@@ -124,9 +124,8 @@ async def test_add_then_remove_brokers_under_traffic(cluster):
         assert len(cluster.running_pods("magnetar-broker")) == 4
         new = {"magnetar-broker-00002", "magnetar-broker-00003"}
         owners = bundle_owners(outputs[-1])
-        for _ in range(120):       # the leader sheds one bundle at a time to the new brokers
-            if new <= set(owners.values()):
-                break
+        deadline = time.monotonic() + 120    # the leader sheds one bundle at a time to them
+        while not new <= set(owners.values()) and time.monotonic() < deadline:
             await asyncio.sleep(0.5)
             owners = await current_owners(cluster)
         assert new <= set(owners.values()), owners
