@@ -143,9 +143,13 @@ class LocalCluster:
             return f"127.0.0.1:{self.port(target, target_port)}"
         return None
 
+    # Pods a DNS name may name: beyond the current replicas too (a name is rewritten
+    # before a scale-up starts the pod it names).
+    _ORDINALS_MAX = 16
+
     def _pod_names(self) -> set[str]:
-        return {k8s.pod_name(w, i) for w in self.workloads.values() for i in range(max(self.replicas[
-            w["metadata"]["name"]], 8))}
+        return {k8s.pod_name(w, i) for w in self.workloads.values()
+                for i in range(max(self.replicas[w["metadata"]["name"]], self._ORDINALS_MAX))}
 
     def rewrite(self, pod: LocalPod, value: str) -> str:
         if pod.mounts:   # one pass: a replaced path is never rewritten again

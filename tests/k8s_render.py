@@ -8,6 +8,7 @@ to variables defined earlier in the list).
 from __future__ import annotations
 
 import base64
+import functools
 import os
 import re
 import shutil
@@ -40,6 +41,7 @@ def tool(name: str) -> str:
     return found
 
 
+@functools.lru_cache(maxsize=None)   # the files do not change during a test run
 def render_text(overlay: str) -> str:
     result = subprocess.run([tool("kubectl"), "kustomize", str(K8S / "overlays" / overlay)],
                             capture_output=True, text=True, timeout=120)
