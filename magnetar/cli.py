@@ -45,6 +45,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+_ENVIRONMENT_HELP = ("Every option may also be set in the environment as MAGNETAR_<FLAG> (--http-port as "
+                     "MAGNETAR_HTTP_PORT; commas for a repeatable flag; true/false for a switch); a flag on "
+                     "the command line wins.")
+
+
 def _chosen_command(argv: list[str]) -> str | None:
     for token in argv:
         if token in COMMANDS:
@@ -53,7 +58,7 @@ def _chosen_command(argv: list[str]) -> str | None:
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="magnetar", description="Magnetar messaging")
+    parser = argparse.ArgumentParser(prog="magnetar", description="Magnetar messaging", epilog=_ENVIRONMENT_HELP)
     parser.add_argument("--version", action="version", version=f"magnetar {__version__}")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", default="text", choices=["text", "json"])
@@ -65,7 +70,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
             continue
         module = importlib.import_module(module_path)
         command_parser = commands.add_parser(name, help=summary, description=module.__doc__,
-                                             formatter_class=argparse.RawDescriptionHelpFormatter)
+                                             formatter_class=argparse.RawDescriptionHelpFormatter,
+                                             epilog=_ENVIRONMENT_HELP)
         module.add_arguments(command_parser)
         command_parser.set_defaults(handler=module.main, process=name)
     return parser
