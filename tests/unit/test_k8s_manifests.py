@@ -328,6 +328,36 @@ def test_network_policies_say_who_talks_to_whom(rendered):
         assert set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"}
 
 
+# Procedures whose commands are not on this branch yet: decommissionbookie comes with
+# auto-recovery; its procedure and test are the lead's to finish when it lands.
+PROCEDURES_PENDING = {"Decommission a bookie"}
+
+
+def test_procedure_commands_are_the_clis():
+    """Every `magnetar` command a README procedure runs in a pod parses there, with that
+    pod's environment, and every procedure of the README is one the tests know."""
+    from tests.k8s_local import procedure
+
+    text = (k8s.K8S / "README.md").read_text()
+    titles = re.findall(r"^### (.+?)\s*$", text.split("## Procedures", 1)[1].split("\n## ", 1)[0], re.M)
+    assert set(titles) == {"Add brokers", "Remove brokers", "Add bookies", "Decommission a bookie",
+                           "Recover a bookie whose volume was lost"}
+    objects = k8s.render("dev")
+    checked = 0
+    for title in set(titles) - PROCEDURES_PENDING:
+        for line in procedure(title):
+            argv = line.split()
+            if argv[3] != "exec" or argv[argv.index("--") + 1] != "magnetar":
+                continue
+            target = argv[4].split("/")[-1]
+            workload = next(w for w in k8s.workloads(objects) if target.startswith(w["metadata"]["name"]))
+            pod = k8s.pods(workload)[0]
+            env = k8s.resolve_env(pod.container, objects, pod_name=pod.name, pod_ip="10.0.0.1")
+            cli.parse_command_line(argv[argv.index("--") + 2:], env)
+            checked += 1
+    assert checked >= 4
+
+
 def test_dockerfile_runs_the_cli():
     text = (k8s.ROOT / "Dockerfile").read_text()
     entrypoint = json.loads(re.search(r"^ENTRYPOINT (\[.*\])$", text, re.M).group(1))
