@@ -6,9 +6,11 @@ rewrites and nothing else:
 
 - **ports**: every ``host:port`` naming the pod itself (``0.0.0.0``, ``127.0.0.1``, its
   ``$(POD_IP)``), another pod by its DNS name (``magnetar-bookie-1.magnetar-bookie:3181``)
-  or a Service (``magnetar-broker:6650``, sent to the Service's first running pod) becomes
-  ``127.0.0.1:<a free port>`` fixed for that (pod, container port) for the whole run; a
-  value that is exactly one of the container's ports (``MAGNETAR_PORT=3181``) too;
+  becomes ``127.0.0.1:<a free port>`` fixed for that (pod, container port) for the whole
+  run, and so does a value that is exactly one of the container's ports
+  (``MAGNETAR_PORT=3181``); a Service with a cluster IP (``magnetar-broker:6650``)
+  becomes a loopback proxy that sends each connection to one of its ready pods, as the
+  Service's virtual IP does;
 - **volumes**: each mount path becomes a directory under the run's base directory: claims
   (volumeClaimTemplates) under ``pvc/<claim>-<pod>`` (they outlive the pod, as a PVC
   does), Secrets written out as files, emptyDirs fresh at each start;
@@ -32,6 +34,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -49,6 +52,66 @@ POD_IP = "127.0.0.1"
 
 def _selector_matches(selector: dict, labels: dict) -> bool:
     return selector.items() <= labels.items()
+
+
+class ServiceProxy:
+    """A Service's cluster IP and port on loopback: each connection goes to one of the
+    Service's ready pods at that moment (round robin), bytes copied both ways, on an
+    event loop of its own thread (the official client blocks the test's own)."""
+
+    def __init__(self, targets) -> None:
+        self._targets = targets          # () -> local ports of the ready pods
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="service-proxy", daemon=True)
+        self._started = threading.Event()
+        self._server: asyncio.AbstractServer | None = None
+        self._connections = 0
+        self.port = 0
+
+    def start(self) -> None:
+        self._thread.start()
+        assert self._started.wait(10), "service proxy did not start"
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._started.set()
+        self._loop.run_forever()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        ports = await asyncio.to_thread(self._targets)
+        if not ports:                    # no ready endpoint: the connection is refused
+            writer.close()
+            return
+        port = ports[self._connections % len(ports)]
+        self._connections += 1
+        try:
+            upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            writer.close()
+            return
+
+        async def pipe(source: asyncio.StreamReader, target: asyncio.StreamWriter) -> None:
+            try:
+                while data := await source.read(1 << 16):
+                    target.write(data)
+                    await target.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                target.close()
+
+        await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer))
+
+    def stop(self) -> None:
+        def close() -> None:
+            if self._server is not None:
+                self._server.close()
+            self._loop.stop()
+
+        self._loop.call_soon_threadsafe(close)
+        self._thread.join(10)
 
 
 @dataclass
@@ -105,6 +168,7 @@ class LocalCluster:
         self.replicas = {name: w["spec"]["replicas"] for name, w in self.workloads.items()}
         self._pvcs_deleted: set[str] = set()
         self.stops: list[dict] = []          # every pod termination's outcome, in order
+        self._proxies: dict[tuple[str, int], ServiceProxy] = {}
 
     # --- addresses ---------------------------------------------------------------------------
 
@@ -139,9 +203,28 @@ class LocalCluster:
         if len(labels) >= 2 and labels[0] in self._pod_names() and self._service(labels[1]) is not None:
             return f"127.0.0.1:{self.port(labels[0], port)}"      # a pod's DNS name (headless Service)
         if self._service(labels[0]) is not None and (len(labels) == 1 or labels[1] == k8s.NAMESPACE):
-            target, target_port = self._service_target(self._service(labels[0]), port)
+            service = self._service(labels[0])
+            if service["spec"].get("clusterIP") != "None":
+                return f"127.0.0.1:{self._proxy(service, port).port}"
+            target, target_port = self._service_target(service, port)
             return f"127.0.0.1:{self.port(target, target_port)}"
         return None
+
+    def _proxy(self, service: dict, port: int) -> "ServiceProxy":
+        """The Service's virtual IP and port: a proxy to one of its ready pods per connection."""
+        key = (service["metadata"]["name"], port)
+        if key not in self._proxies:
+            spec_port = next(p for p in service["spec"]["ports"] if p["port"] == port)
+
+            def targets() -> list[int]:
+                pods = [p for p in list(self.pods.values()) if p.running and _selector_matches(
+                    service["spec"]["selector"], p.pod.workload["spec"]["template"]["metadata"]["labels"])]
+                return [p.local_port(spec_port.get("targetPort", port)) for p in pods
+                        if p.probe("readinessProbe") == 200]
+
+            self._proxies[key] = ServiceProxy(targets)
+            self._proxies[key].start()
+        return self._proxies[key]
 
     # Pods a DNS name may name: beyond the current replicas too (a name is rewritten
     # before a scale-up starts the pod it names).
@@ -289,6 +372,8 @@ class LocalCluster:
                     await self.start_workload(name)
 
     async def stop_all(self) -> None:
+        for proxy in self._proxies.values():
+            proxy.stop()
         for component in ("gateway", "broker", "bookie", "etcd"):
             for pod in list(self.pods.values()):
                 if pod.pod.component == component and pod.running:
@@ -304,19 +389,44 @@ class LocalCluster:
         return sorted((p for p in self.pods.values() if p.pod.workload is workload and p.running),
                       key=lambda p: p.pod.ordinal)
 
+    def _next_pod_name(self, workload_name: str) -> str:
+        """A Deployment's new pod: a name never used before (ordinals stand in for the
+        random suffixes)."""
+        workload = self.workloads[workload_name]
+        used = [p.pod.ordinal for p in self.pods.values() if p.pod.workload is workload]
+        return k8s.pod_name(workload, max(used, default=-1) + 1)
+
     async def scale(self, workload_name: str, replicas: int) -> list[dict]:
-        """The controller's part: a StatefulSet adds and removes the highest ordinals; a
-        Deployment's ReplicaSet here too (it removes the newest pods first)."""
+        """The controller's part. A StatefulSet adds and removes the highest ordinals; a
+        Deployment's ReplicaSet adds new pods and removes the newest first."""
         self.replicas[workload_name] = replicas
         workload = self.workloads[workload_name]
-        wanted = {k8s.pod_name(workload, i) for i in range(replicas)}
-        running = {p.name for p in self.running_pods(workload_name)}
+        running = [p.name for p in self.running_pods(workload_name)]     # by ordinal
         outcomes = []
-        for name in sorted(running - wanted, key=lambda n: self.pods[n].pod.ordinal, reverse=True):
+        if workload["kind"] == "StatefulSet":
+            wanted = [k8s.pod_name(workload, i) for i in range(replicas)]
+            removed = [n for n in running if n not in wanted]
+            added = [n for n in wanted if n not in running]
+        else:
+            removed = running[replicas:]
+            added = []
+        for name in reversed(removed):
             outcomes.append(await self.stop(name))
-        for name in sorted(wanted - running):
+        for name in added:
             await self.start(name, wait_ready=False)
+        if workload["kind"] != "StatefulSet":
+            for _ in range(replicas - len(running)):    # nothing when scaling down
+                await self.start(self._next_pod_name(workload_name), wait_ready=False)
         return outcomes
+
+    async def rollout_restart(self, workload_name: str) -> None:
+        """A Deployment's rolling update with maxSurge 1, maxUnavailable 0: a new pod,
+        ready, then one old pod terminated (preStop, SIGTERM), and so on."""
+        strategy = self.workloads[workload_name]["spec"]["strategy"]["rollingUpdate"]
+        assert (strategy["maxSurge"], strategy["maxUnavailable"]) == (1, 0), strategy
+        for old in self.running_pods(workload_name):
+            await self.start(self._next_pod_name(workload_name), wait_ready=True)
+            await self.stop(old.name)
 
     async def run_kubectl(self, command: str) -> str:
         """Carries out one kubectl command line of a README procedure; returns its output."""
@@ -333,9 +443,14 @@ class LocalCluster:
             return ""
         if verb == "rollout" and argv[1] == "status":
             kind, name = argv[2].split("/")
-            workload = self.workloads[name]
-            for i in range(self.replicas[name]):
-                await self.wait_ready(k8s.pod_name(workload, i))
+            running = self.running_pods(name)
+            assert len(running) == self.replicas[name], (name, [p.name for p in running])
+            for pod in running:
+                await self.wait_ready(pod.name)
+            return ""
+        if verb == "rollout" and argv[1] == "restart":
+            kind, name = argv[2].split("/")
+            await self.rollout_restart(name)
             return ""
         if verb == "wait":
             target = next(a for a in argv[1:] if a.startswith("pod/")).split("/", 1)[1]

@@ -13,6 +13,8 @@ Then the scaling procedures of k8s/README.md, run as written on the same pods:
   (hook exit 0, owning nothing after it, within the grace period; the process then exits
   0), no send fails at the client (the client's own retries aside), and every
   acknowledged message is received;
+- restart the brokers (a rolling update, one new broker ready before an old one drains)
+  under traffic: every bundle ends on the new brokers, no client error, nothing lost;
 - add a bookie: it registers under its pod name and takes part in new ledgers;
 - recover a bookie whose volumes were lost: it refuses to start on its cookie, and after
   the procedure it is ready again under the same identity, with every message that was
@@ -58,7 +60,7 @@ def cluster():
 
 
 def service_address(cluster: LocalCluster, service: str, port: int) -> str:
-    """Where the rendered Service's port leads (its first running pod), on loopback."""
+    """The rendered Service's address on loopback (a proxy to its ready pods)."""
     target = cluster.pod(sorted(cluster.pods)[0])
     return cluster.rewrite(target, f"{service}:{port}")
 
@@ -233,6 +235,30 @@ async def test_add_then_remove_brokers_under_traffic(cluster):
     assert not missing, f"{len(missing)} acknowledged messages not received (of {len(traffic.acknowledged)})"
     print(f"brokers 2->4->2: {len(traffic.acknowledged)} messages acknowledged and received; bundles at 4 "
           f"brokers {spread}; drains {[(s['pod'], round(s['seconds'], 1)) for s in removed]}")
+
+
+async def test_rolling_restart_of_the_brokers_under_traffic(cluster):
+    traffic = Traffic(broker_service_url(cluster))
+    traffic.start()
+    try:
+        await until(lambda: len(traffic.acknowledged) >= 100, 60, "traffic flowing")
+        old = {p.name for p in cluster.running_pods("magnetar-broker")}
+        stops_before = len(cluster.stops)
+        outputs = [await cluster.run_kubectl(line) for line in procedure("Restart brokers")]
+        new = {p.name for p in cluster.running_pods("magnetar-broker")}
+        assert len(new) == 2 and not new & old
+        stops = cluster.stops[stops_before:]
+        assert sorted(s["pod"] for s in stops) == sorted(old)
+        for stop in stops:
+            assert stop["pre_stop_exit"] == 0 and stop["exit_code"] == 0, stop
+        # Every bundle on the new brokers; each old one handed over once (its drain).
+        assert set(bundle_owners(outputs[-1]).values()) <= new
+        acknowledged = len(traffic.acknowledged)
+        await until(lambda: len(traffic.acknowledged) >= acknowledged + 100, 60, "traffic after the restart")
+    finally:
+        traffic.finish()
+    assert traffic.errors == []
+    assert not traffic.acknowledged - traffic.received
 
 
 async def test_add_a_bookie(cluster):
