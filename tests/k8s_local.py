@@ -336,9 +336,12 @@ class LocalCluster:
             pod.pod.container, self.objects, pod_name=name, pod_ip=POD_IP))
         if hook is not None and pod.running:
             argv = self._local_argv([self.rewrite(pod, token) for token in hook])
-            result = await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True,
-                                             env=self._process_env(pod), timeout=grace_s)
-            outcome.update(pre_stop_exit=result.returncode, pre_stop_output=result.stdout + result.stderr)
+            try:
+                result = await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True,
+                                                 env=self._process_env(pod), timeout=grace_s)
+                outcome.update(pre_stop_exit=result.returncode, pre_stop_output=result.stdout + result.stderr)
+            except subprocess.TimeoutExpired:   # the kubelet cuts the hook off at the grace period
+                outcome.update(pre_stop_exit=None, pre_stop_output="timed out")
         if pod.running:
             remaining = max(1.0, grace_s - (time.monotonic() - started))
             try:
