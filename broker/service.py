@@ -121,6 +121,10 @@ class BrokerService:
         self.broker_id = config.effective_broker_id
         self.started_at = time.time()
         self.shutting_down = False
+        # Set when the hand-over of bundles starts (SIGTERM): from then on the broker
+        # takes no bundles, and /ready says so.
+        self.handing_over = False
+        self._hand_over_task: asyncio.Future[None] | None = None   # owned: close awaits it
         self.connections: set = set()
         self.on_publish_latency = on_publish_latency
         # Set by the wiring once the binary protocol accepts connections; /health is
@@ -440,7 +444,15 @@ class BrokerService:
     async def hand_over(self) -> None:
         """Gives every bundle this broker owns to another broker (the least loaded), so
         its clients move without errors; then leaves the leader election and revokes
-        the ownership lease. For an orderly shutdown, before ``close``."""
+        the ownership lease. For an orderly shutdown, before ``close``. Done once: a
+        second call (a preStop drain, then SIGTERM) waits for the first; the work goes
+        on if a caller is cancelled (a drain request cut off), and ``close`` awaits it."""
+        self.handing_over = True
+        if self._hand_over_task is None:
+            self._hand_over_task = asyncio.ensure_future(self._hand_over())
+        await asyncio.shield(self._hand_over_task)
+
+    async def _hand_over(self) -> None:
         if self.ownership is None:
             return
         assert self.leader is not None and self.broker_reports is not None
@@ -452,8 +464,30 @@ class BrokerService:
         if ownership.lease is not None:
             await self.store.revoke_lease(ownership.lease)
 
+    def readiness(self) -> tuple[bool, dict]:
+        """Whether this broker owns bundles or can be given some (a Kubernetes readiness
+        probe, /ready): serving the binary protocol, not stopping or handing over, its
+        ownership lease held and confirmed (not fenced), and its load report in etcd,
+        so the leader may assign bundles to it."""
+        details: dict = {"broker_id": self.broker_id, "serving": self.serving,
+                         "handing_over": self.handing_over}
+        if not self.serving or self.shutting_down or self.handing_over:
+            return False, details
+        if self.ownership is None:   # no bundles layer: it serves every topic itself
+            return True, details
+        assert self.broker_reports is not None
+        lease = self.ownership.lease
+        details["fenced"] = self.ownership.fenced
+        details["bundles_owned"] = len(self.ownership.serving())
+        reported = self.broker_reports.get(keys.broker(self.broker_id)) is not None
+        details["load_reported"] = reported
+        ok = lease is not None and not lease.is_lost and not self.ownership.fenced and reported
+        return ok, details
+
     async def close(self) -> None:
         self.shutting_down = True
+        if self._hand_over_task is not None:
+            await asyncio.gather(self._hand_over_task, return_exceptions=True)
         await self._background.close()
         await cancel_and_wait(*self._loads)
         if self.leader is not None:
