@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import json
 import os
@@ -110,7 +111,9 @@ async def running_standalone(data_dir: str, **kwargs):
                     raise RuntimeError(f"standalone exited before it was ready (code {await process.wait()})")
                 if line.startswith(b"{") and b"standalone ready" in line:
                     ready = json.loads(line)
-        drain = asyncio.ensure_future(_drain(process.stdout))
+        # What the standalone prints after it is ready (its own log lines), the latest kept.
+        process.output_lines = collections.deque(maxlen=5000)
+        drain = asyncio.ensure_future(_drain(process.stdout, process.output_lines))
         try:
             yield process, ready
         finally:
@@ -126,9 +129,9 @@ async def running_standalone(data_dir: str, **kwargs):
                 await process.wait()
 
 
-async def _drain(stream: asyncio.StreamReader) -> None:
-    while await stream.readline():
-        pass
+async def _drain(stream: asyncio.StreamReader, lines: collections.deque) -> None:
+    while line := await stream.readline():
+        lines.append(line)
 
 
 def scrape(url: str) -> str:
