@@ -38,6 +38,12 @@ def register_broker_metrics(service: BrokerService, registry: CollectorRegistry)
         ("magnetar_dispatcher_wait_seconds_max",
          "Longest a dispatcher waited with backlog and a consumer with permits, without a read",
          lambda: service.dispatch_wait_s_max),
+        # Metadata outages (bundles/ownership.py): 1 while etcd has not confirmed this
+        # broker's lease for a while and only loaded topics are served.
+        ("magnetar_broker_metadata_degraded", "1 while etcd is away and only loaded topics are served",
+         lambda: int(service.ownership is not None and service.ownership.metadata_degraded)),
+        ("magnetar_broker_metadata_outages", "Metadata outages this broker rode through or fenced in (since start)",
+         lambda: service.ownership.outages if service.ownership is not None else 0),
         ("magnetar_broker_entry_cache_bytes", "Bytes in the entry cache", lambda: service.cache.size_bytes),
         ("magnetar_broker_entry_cache_hits", "Entry cache hits", lambda: service.cache.hits),
         ("magnetar_broker_entry_cache_misses", "Entry cache misses", lambda: service.cache.misses),

@@ -14,8 +14,13 @@ class BundlesConfig:
     lease_ttl_s: int = 10
     # A broker that has not heard etcd confirm its lease for this share of the TTL
     # stops serving its bundles: etcd could expire the lease (and give the bundles to
-    # another broker) after the full TTL, so the two never serve at once.
-    fence_fraction: float = 0.6
+    # another broker) after the full TTL, so the two never serve at once. Until then it
+    # goes on serving the topics it has loaded through an etcd outage (docs/
+    # architecture.md, "Metadata outages"): 0.9 of 10 s leaves a second (less the
+    # guard's 0.25 s polling) before etcd could expire the lease; with refreshes every
+    # 0.5 s and reconnects within 0.3 s, an outage of 8 s is ridden through whenever
+    # it starts (9 - 0.5 - 0.3, less a refresh's round trip).
+    fence_fraction: float = 0.9
     # Load reports are written this often; the leader decides this often.
     report_interval_s: float = 5.0
     leader_interval_s: float = 1.0
@@ -33,8 +38,8 @@ class BundlesConfig:
     def __post_init__(self) -> None:
         if not 2 <= self.lease_ttl_s <= 300:
             raise ConfigError("lease_ttl_s must be in [2, 300]")
-        if not 0.2 <= self.fence_fraction <= 0.9:
-            raise ConfigError("fence_fraction must be in [0.2, 0.9]")
+        if not 0.2 <= self.fence_fraction <= 0.95:
+            raise ConfigError("fence_fraction must be in [0.2, 0.95]")
         if not 0.1 <= self.report_interval_s <= 600 or not 0.05 <= self.leader_interval_s <= 600:
             raise ConfigError("report_interval_s and leader_interval_s must be positive and sane")
         if not 0.5 <= self.ownership_wait_s <= 120:
