@@ -104,6 +104,8 @@ class Dispatcher(abc.ABC):
         self.reading = False
         self.round_failures = 0
         self.watch = DispatchWatch()
+        # The ledger's last confirmed position when the latest read started.
+        self._confirmed_at_read: Position | None = None
         # Running mean of the messages an entry holds (batches), sizing reads to permits.
         self.messages_per_entry = 1.0
 
@@ -192,6 +194,7 @@ class Dispatcher(abc.ABC):
         """Reads for a round, counted for the watch."""
         self.reads_started += 1
         self.reading = True
+        self._confirmed_at_read = self.subscription.ledger.last_confirmed
         try:
             return await self.subscription.ledger.read(start, count_max, self._bytes_max)
         finally:
@@ -245,10 +248,12 @@ class Dispatcher(abc.ABC):
             self.wake()
 
         waiter.add_done_callback(on_entries)
-        if self._backlog_to_read():
-            # Entries were confirmed between the read that came back empty and this
-            # waiter (a read that awaited the bookies): the waiter would only fire on
-            # the next append, which a prefilled topic never gets. Go round again.
+        if self.subscription.ledger.last_confirmed != self._confirmed_at_read:
+            # Entries were confirmed while the read that came back empty was in flight,
+            # before this waiter existed: it would only fire on the next append, which
+            # a prefilled topic never gets. Go round again. (Only then: were an empty
+            # read to meet unread entries for another reason, waking here every time
+            # would spin; the watch reports such a case as a stall instead.)
             self.wake()
 
     def _prepare(self, entry: ManagedEntry) -> tuple[int, list[int] | None] | None:

@@ -195,3 +195,34 @@ def test_watch_counts_one_stall_per_episode_and_none_while_reading_or_progressin
     assert not watch.observe(36.0, has_work=True, reading=False, reads_started=11)
     assert watch.observe(38.0, has_work=True, reading=False, reads_started=11)
     assert watch.stalls == 2
+
+
+def test_an_empty_read_with_nothing_newly_confirmed_waits_and_the_watch_reports_it():
+    """A read that comes back empty although entries are there (a ledger the broker
+    cannot read now, say) and nothing was confirmed meanwhile: the dispatcher waits for
+    new entries rather than reading again in a loop, and the watch reports the stall
+    (and wakes it, which reads once more)."""
+    async def scenario() -> None:
+        ledger = FakeManagedLedger()
+        append_messages(ledger, 3)
+        reads = []
+
+        async def empty_read(start, count_max, bytes_max):
+            reads.append(start)
+            return []
+
+        ledger.read = empty_read
+        subscription = make_subscription(ledger)
+        consumer = FakeConsumer(1, "c", permits=1_000)
+        subscription.add_consumer(consumer, SubscriptionMode.EXCLUSIVE)
+        await settle(200)
+        assert len(reads) == 1, len(reads)                 # no spin
+        dispatcher = subscription.dispatcher
+        assert not dispatcher.check_progress(10.0)
+        assert dispatcher.check_progress(11.5)
+        await settle()
+        assert len(reads) == 2
+        assert dispatcher.watch.stalls == 1
+        await dispatcher.close()
+
+    asyncio.run(scenario())
