@@ -7,8 +7,8 @@ Ctrl-C. Data survives restarts: the same ``--data-dir`` brings back the same clu
 Supervision (as a process supervisor would): when a child dies on its own after the
 standalone is up, the standalone logs it (name, pid, exit code) and starts it again
 with the same command, ports and directories, after a back-off that doubles from
-``RESTART_DELAY_S`` to ``RESTART_DELAY_S_MAX`` while it keeps failing and is forgotten once
-it has stayed up ``STABLE_S``. So a ``kill -9`` of one broker of ``--brokers 3`` is a
+``RESTART_DELAY_S`` to ``RESTART_DELAY_S_MAX`` while it keeps failing (at start, or again
+within ``STABLE_S`` of a start) and is forgotten once it has stayed up ``STABLE_S``. So a ``kill -9`` of one broker of ``--brokers 3`` is a
 failover one can watch: its bundles go to the others once its etcd lease expires, and
 it comes back. The standalone itself stops only on SIGTERM / Ctrl-C, or when a child
 fails ``START_ATTEMPTS_MAX`` starts in a row (exits before it is ready, or is not ready
@@ -128,6 +128,10 @@ class Child:
         self.started_at = 0.0
         self.restarts = 0
         self.failed_starts = 0     # in a row
+        # Exits within STABLE_S of a start, in a row: they lengthen the back-off (a
+        # child that crashes soon after it is ready is restarted ever more slowly, up
+        # to RESTART_DELAY_S_MAX) but do not end the standalone: it did start.
+        self.quick_exits = 0
 
 
 class Standalone:
@@ -327,10 +331,14 @@ class Standalone:
             up_s = time.monotonic() - child.started_at
             if up_s >= STABLE_S:
                 child.failed_starts = 0
+                child.quick_exits = 0
+            else:
+                child.quick_exits += 1
             log.error("child exited on its own, restarting it: process=%s pid=%d code=%s up_s=%.1f restarts=%d",
                       child.name, process.pid, code, up_s, child.restarts)
             while not self.stopping.is_set():
-                delay_s = min(RESTART_DELAY_S * 2 ** child.failed_starts, RESTART_DELAY_S_MAX)
+                level = min(child.failed_starts + max(child.quick_exits - 1, 0), 16)
+                delay_s = min(RESTART_DELAY_S * 2 ** level, RESTART_DELAY_S_MAX)
                 await asyncio.sleep(delay_s)
                 child.restarts += 1
                 try:
