@@ -15,9 +15,9 @@ by and are told so with ACTIVE_CONSUMER_CHANGE. When the active consumer changes
 cursor rewinds to the first unacknowledged entry, so the new one starts there.
 
 How many entries a round reads: a consumer's permits count messages and a batch entry
-holds many, so a read of ``permits`` entries would send up to ``permits`` times the batch
-size (1,000 permits and 128-message batches: 4 MiB, 32,000 messages, stopped only by the
-byte cap). A round reads the permits over the mean messages per entry seen so far
+holds many, so a read of ``permits`` entries sends up to ``permits`` times the batch size
+(1,000 permits and batches of 128 1 KiB messages: the read stops only at the 4 MiB byte
+cap, 32 entries, about 4,100 messages against 1,000 permits). A round reads the permits over the mean messages per entry seen so far
 (Pulsar's avgMessagesPerEntry), and stops sending once the permits are used up (the
 entries read and not sent are read again later, from the cache), so a consumer gets
 what it asked for and at most one batch more, and a connection shared by several
