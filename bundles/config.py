@@ -7,6 +7,12 @@ from dataclasses import dataclass
 from common.errors import ConfigError
 
 
+# The least time a broker fences itself before its lease could expire in etcd (see
+# BundlesConfig.fence_after_s): covers the guard's polling (0.25 s) and a loaded event
+# loop's lag, so that two brokers never serve one bundle at once.
+FENCE_MARGIN_S_MIN = 1.0
+
+
 @dataclass(frozen=True)
 class BundlesConfig:
     # The broker's lease: a dead broker's bundles are free this long after its last
@@ -34,6 +40,15 @@ class BundlesConfig:
     # A bundle that moved does not move again for this long.
     shedding_cooldown_s: float = 30.0
     default_bundles: int = 4
+
+    @property
+    def fence_after_s(self) -> float:
+        """Seconds without a lease confirmation after which the broker fences itself:
+        ``fence_fraction`` of the TTL, but never less than ``FENCE_MARGIN_S_MIN`` before
+        the TTL (a short TTL's fraction would leave a margin shorter than an event-loop
+        hiccup), and never less than a fifth of the TTL."""
+        ttl_s = float(self.lease_ttl_s)
+        return max(min(ttl_s * self.fence_fraction, ttl_s - FENCE_MARGIN_S_MIN), ttl_s / 5)
 
     def __post_init__(self) -> None:
         if not 2 <= self.lease_ttl_s <= 300:

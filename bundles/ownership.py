@@ -23,7 +23,8 @@ Theory of operation:
   owner record (the split deleted it) and re-read the boundaries then (once per
   lookup, and concurrent lookups share the read).
 - Metadata outages: etcd going away stops nothing by itself. While the lease is not
-  confirmed but cannot have expired yet (less than ``fence_fraction`` of the TTL since
+  confirmed but cannot have expired yet (less than ``fence_after_s``, 0.9 of the TTL
+  and at least a second before its end, since
   the last refresh etcd confirmed, counted from when that refresh was sent), nobody
   can be given this broker's bundles, so it goes on serving the topics it has loaded:
   appends to their open ledgers, dispatch, acknowledgements (kept in memory until
@@ -31,7 +32,7 @@ Theory of operation:
   confirmation it is "metadata-degraded" (logged once per episode): it refuses to
   load a topic it has not loaded (ServiceNotReady, retriable: a load needs etcd
   anyway), as well as every ownership change, which fail on etcd by themselves.
-- Self-fencing: when the lease has not been confirmed for ``fence_fraction`` of its
+- Self-fencing: when the lease has not been confirmed for ``fence_after_s`` (see bundles/config.py) of its
   TTL, the broker stops serving every bundle at once (before any await), then closes
   their topics concurrently, and refuses to serve until the lease is confirmed again (or, if lost, a new one is granted and bundles are taken
   anew). etcd can only hand the bundles to another broker after the full TTL, so two
@@ -651,13 +652,13 @@ class OwnershipManager:
         ttl = self.config.lease_ttl_s
         while not self._closing:
             # Often enough that the fence comes at most GUARD_INTERVAL_S_MAX after
-            # fence_fraction of the TTL, well before etcd could expire the lease.
+            # fence_after_s, well before etcd could expire the lease.
             await asyncio.sleep(min(ttl / 20, GUARD_INTERVAL_S_MAX))
             lease = self.lease
             if lease is None:
                 continue
             unconfirmed_s = time.monotonic() - lease.refreshed_at
-            stale = unconfirmed_s > ttl * self.config.fence_fraction
+            stale = unconfirmed_s > self.config.fence_after_s
             self._note_outage(unconfirmed_s > ttl * OUTAGE_NOTICE_FRACTION and not lease.is_lost, unconfirmed_s)
             if (stale or lease.is_lost) and not self.fenced:
                 self.fenced = True
@@ -687,7 +688,7 @@ class OwnershipManager:
             self.outages += 1
             log.warning("etcd has not confirmed the lease for %.1fs: serving loaded topics only, no new topics or "
                         "ownership changes until it answers (fence at %.1fs): broker_id=%s bundles=%d",
-                        unconfirmed_s, self.config.lease_ttl_s * self.config.fence_fraction,
+                        unconfirmed_s, self.config.fence_after_s,
                         self.identity.broker_id, len(self._serving))
         elif not unconfirmed and self.metadata_degraded:
             self.metadata_degraded = False

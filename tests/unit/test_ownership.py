@@ -557,3 +557,13 @@ async def test_an_unconfirmed_lease_that_cannot_have_expired_keeps_every_bundle_
         assert manager.outages == 1
     finally:
         await manager.close()
+
+
+def test_the_fence_comes_at_least_a_second_before_the_lease_could_expire():
+    """fence_after_s: 0.9 of a 10 s TTL (9 s); with a 4 s TTL not 3.6 s but 3 s (a
+    second before the end); never below a fifth of the TTL."""
+    assert BundlesConfig(lease_ttl_s=10).fence_after_s == 9.0
+    assert BundlesConfig(lease_ttl_s=4).fence_after_s == 3.0
+    assert BundlesConfig(lease_ttl_s=2).fence_after_s == 1.0
+    assert BundlesConfig(lease_ttl_s=30).fence_after_s == 27.0
+    assert BundlesConfig(lease_ttl_s=10, fence_fraction=0.5).fence_after_s == 5.0
