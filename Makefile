@@ -11,6 +11,8 @@ STAMP := $(VENV)/.installed
 PROTOS := $(wildcard protocol/proto/*.proto)
 PROTO_OUT := $(PROTOS:.proto=_pb2.py)
 DATA_DIR ?= data/standalone
+# make test: pytest-xdist workers (files are spread over them; TEST_WORKERS=0 runs in one process).
+TEST_WORKERS ?= 2
 
 .PHONY: bench-ack-state setup proto run test test-unit test-integration test-archive-full bench bench-bookie \
 	bench-pulsar bench-subscriptions bench-archive bench-gateway fuzz-gateway clean sim chaos fanout-check
@@ -37,7 +39,7 @@ run: setup
 # The package layers first (.importlinter; a second of work), then every test.
 test: setup
 	$(VENV)/bin/lint-imports --no-cache
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 test-unit: setup
 	$(VENV)/bin/lint-imports --no-cache
