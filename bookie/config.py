@@ -150,8 +150,13 @@ class BookieConfig:
     # bookies started on one host with distinct --port values never collide on it;
     # with port 0 (any free port) it is 0 too. Set after construction.
     http_port: int | None = None
-    # The id under which the bookie registers; default "host:port" (its address).
+    # The id under which the bookie registers; default its address (advertised_address,
+    # else "host:port").
     bookie_id: str = ""
+    # The host:port writers and readers connect to, registered in etcd; default
+    # "host:port". Needed when the bookie listens on 0.0.0.0 (a container) and is
+    # reached by a stable name (a StatefulSet pod's DNS name).
+    advertised_address: str = ""
     # Lease on the registration: a dead bookie disappears from writers' view this long
     # after its last keep-alive.
     registration_ttl_s: int = 10

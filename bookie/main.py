@@ -34,7 +34,7 @@ from common.errors import ConfigError, MagnetarError
 from common.version import __version__
 from common.listen import bind_failure, probe_bind
 from common.loop_monitor import LoopMonitor
-from common.ops_http import build_ops_app, start_ops_server
+from common.ops_http import add_ready_route, build_ops_app, start_ops_server
 from common.tasks import stop_on_signals
 from metadata import open_store
 from metadata.bookie_record import BookieRecord
@@ -49,7 +49,10 @@ OPTIONS: list[ConfigOption] = [
     ConfigOption("--http-port", BookieConfig, "http_port",
                  "/health and /metrics (0: any free port)", type=int,
                  default_text=f"--port + {HTTP_PORT_OFFSET}, so 8001 for 3181; 0 with --port 0"),
-    ConfigOption("--bookie-id", BookieConfig, "bookie_id", "the id registered in etcd", default_text="host:port"),
+    ConfigOption("--bookie-id", BookieConfig, "bookie_id", "the id registered in etcd",
+                 default_text="the advertised address"),
+    ConfigOption("--advertised-address", BookieConfig, "advertised_address",
+                 "host:port writers and readers connect to (registered in etcd)", default_text="host:port"),
     ConfigOption("--registration-ttl-s", BookieConfig, "registration_ttl_s",
                  "a dead bookie disappears from writers' view this long after its last keep-alive"),
     ConfigOption("--disk-usage-threshold", DiskConfig, "usage_threshold",
@@ -149,7 +152,8 @@ class BookieProcess:
             port = 0
         if port == 0:
             raise bind_failure("--port", config.host, config.port, probe_bind(config.host, config.port))
-        address = f"{config.host}:{port}"
+        listen_address = f"{config.host}:{port}"
+        address = config.advertised_address or listen_address
         bookie_id = config.bookie_id or address
         registry = CollectorRegistry()
         # Filled in once storage is open and the bookie registered; until then /health
@@ -164,9 +168,18 @@ class BookieProcess:
             return ok, {"bookie_id": bookie_id, "read_only": node_now.read_only,
                         "registered": registration_now.registered}
 
-        runner, http_port = await start_ops_server(build_ops_app(registry, health), config.host, config.http_port,
-                                                   flag="--http-port")
-        http_address = f"{config.host}:{http_port}"
+        async def ready() -> tuple[bool, dict]:
+            # Readiness: registered (writers see it) and writable. A read-only bookie
+            # still serves reads (it stays resolvable: the headless Service publishes
+            # addresses that are not ready) but counts as unavailable for disruption
+            # budgets, so no other bookie is drained while its disks are full.
+            ok, details = await health()
+            return ok and not details.get("read_only", True), details
+
+        ops_app = build_ops_app(registry, health)
+        add_ready_route(ops_app, ready)
+        runner, http_port = await start_ops_server(ops_app, config.host, config.http_port, flag="--http-port")
+        http_address = f"{address.rsplit(':', 1)[0]}:{http_port}"
         try:
             await check_cookie(store, bookie_id, config.journal.journal_dir, list(config.storage.ledger_dirs))
             storage = DiskLedgerStorage(config.storage, read_threads=config.read_threads,
@@ -241,7 +254,7 @@ class BookieProcess:
                 background = [
                     tasks.create_task(node.run_checkpointer()),
                     tasks.create_task(registration.run()),
-                    tasks.create_task(run_gc(store, storage, config.gc, gc_trigger)),
+                    tasks.create_task(run_gc(store, storage, config.gc, gc_trigger, bookie_id)),
                     tasks.create_task(watch_disks()),
                     tasks.create_task(loop_monitor.run()),
                 ]

@@ -31,6 +31,7 @@ from bookie.disk_monitor import DiskUsage
 from bookie.fileio import replace_file
 from bookie.format import (
     JournalPosition,
+    JournalRecord,
     RECORD_ADD,
     RECORD_FENCE,
     decode_checkpoint,
@@ -113,12 +114,7 @@ class BookieNode:
         started = time.perf_counter()
         count = 0
         for _journal_id, record in replay_journal(journal_dir, checkpoint):
-            if record.record_type == RECORD_ADD:
-                header = verify_entry(record.entry)
-                self.storage.put_entry(header.ledger_id, header.entry_id, header.last_add_confirmed,
-                                       record.entry)
-            elif record.record_type == RECORD_FENCE:
-                self.storage.fence(record.ledger_id)
+            self.apply_replayed(record)
             count += 1
         self.replayed_records = count
         existing = list_journal_ids(journal_dir)
@@ -128,6 +124,15 @@ class BookieNode:
         self.last_checkpoint = checkpoint
         log.info("journal replayed: records=%d checkpoint=%s seconds=%.3f next_journal_id=%d",
                  count, checkpoint, time.perf_counter() - started, first_id)
+
+    def apply_replayed(self, record: JournalRecord) -> None:
+        """Applies one journal record found at start-up to ledger storage (also the
+        seam the simulator in tests/sim/ replays its simulated journal through)."""
+        if record.record_type == RECORD_ADD:
+            header = verify_entry(record.entry)
+            self.storage.put_entry(header.ledger_id, header.entry_id, header.last_add_confirmed, record.entry)
+        elif record.record_type == RECORD_FENCE:
+            self.storage.fence(record.ledger_id)
 
     # --- adds ----------------------------------------------------------------------------------
 

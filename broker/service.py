@@ -124,7 +124,15 @@ class BrokerService:
         self.broker_id = config.effective_broker_id
         self.started_at = time.time()
         self.shutting_down = False
+        # Set when the hand-over of bundles starts (SIGTERM): from then on the broker
+        # takes no bundles, and /ready says so.
+        self.handing_over = False
+        self._hand_over_task: asyncio.Future[None] | None = None   # owned: close awaits it
         self.connections: set = set()
+        # The dispatcher invariant since start (check_dispatchers): stalls found, and the
+        # longest wait with backlog and permits seen, in seconds.
+        self.dispatch_stalls = 0
+        self.dispatch_wait_s_max = 0.0
         self.on_publish_latency = on_publish_latency
         # Set by the wiring once the binary protocol accepts connections; /health is
         # 503 until then.
@@ -234,7 +242,28 @@ class BrokerService:
             pass
         self._background.spawn(self._run_retention(), name="retention")
         self._background.spawn(self._run_policies(), name="policies")
+        self._background.spawn(self._run_dispatch_watch(), name="dispatch watch")
         self._background.spawn(self.archiver.run(self.loaded_topics), name="archiver")
+
+    async def _run_dispatch_watch(self) -> None:
+        """Checks the dispatcher invariant of every loaded subscription on an interval
+        (subscriptions/dispatch_watch.py): a stall is counted, logged and woken."""
+        while not self.shutting_down:
+            await asyncio.sleep(self.config.dispatch_watch_interval_s)
+            self.check_dispatchers(time.monotonic())
+
+    def check_dispatchers(self, now_s: float) -> int:
+        """One pass of the dispatcher invariant; returns the stalls it found."""
+        stalls = 0
+        for topic in self.loaded_topics():
+            for subscription in list(topic.subscriptions.values()):
+                dispatcher = subscription.dispatcher
+                dispatcher.watch.bound_s = self.config.dispatch_stall_bound_s
+                if dispatcher.check_progress(now_s):
+                    stalls += 1
+                self.dispatch_wait_s_max = max(self.dispatch_wait_s_max, dispatcher.watch.wait_s_max)
+        self.dispatch_stalls += stalls
+        return stalls
 
     async def _run_retention(self) -> None:
         """Trims consumed ledgers of every loaded topic, per its namespace's policy."""
@@ -499,7 +528,15 @@ class BrokerService:
     async def hand_over(self) -> None:
         """Gives every bundle this broker owns to another broker (the least loaded), so
         its clients move without errors; then leaves the leader election and revokes
-        the ownership lease. For an orderly shutdown, before ``close``."""
+        the ownership lease. For an orderly shutdown, before ``close``. Done once: a
+        second call (a preStop drain, then SIGTERM) waits for the first; the work goes
+        on if a caller is cancelled (a drain request cut off), and ``close`` awaits it."""
+        self.handing_over = True
+        if self._hand_over_task is None:
+            self._hand_over_task = asyncio.ensure_future(self._hand_over())
+        await asyncio.shield(self._hand_over_task)
+
+    async def _hand_over(self) -> None:
         if self.ownership is None:
             return
         assert self.leader is not None and self.broker_reports is not None
@@ -511,8 +548,30 @@ class BrokerService:
         if ownership.lease is not None:
             await self.store.revoke_lease(ownership.lease)
 
+    def readiness(self) -> tuple[bool, dict]:
+        """Whether this broker owns bundles or can be given some (a Kubernetes readiness
+        probe, /ready): serving the binary protocol, not stopping or handing over, its
+        ownership lease held and confirmed (not fenced), and its load report in etcd,
+        so the leader may assign bundles to it."""
+        details: dict = {"broker_id": self.broker_id, "serving": self.serving,
+                         "handing_over": self.handing_over}
+        if not self.serving or self.shutting_down or self.handing_over:
+            return False, details
+        if self.ownership is None:   # no bundles layer: it serves every topic itself
+            return True, details
+        assert self.broker_reports is not None
+        lease = self.ownership.lease
+        details["fenced"] = self.ownership.fenced
+        details["bundles_owned"] = len(self.ownership.serving())
+        reported = self.broker_reports.get(keys.broker(self.broker_id)) is not None
+        details["load_reported"] = reported
+        ok = lease is not None and not lease.is_lost and not self.ownership.fenced and reported
+        return ok, details
+
     async def close(self) -> None:
         self.shutting_down = True
+        if self._hand_over_task is not None:
+            await asyncio.gather(self._hand_over_task, return_exceptions=True)
         await self._background.close()
         await cancel_and_wait(*self._loads)
         if self.leader is not None:

@@ -250,6 +250,13 @@ class AddTimeout(LedgerError):
     code, retriable, http_status = 2012, True, 504
 
 
+class ReplicationFailed(LedgerError):
+    """Auto-recovery could not re-replicate a fragment this time (no surviving replica
+    answered, no bookie to copy to, or the target refused); another attempt follows."""
+
+    code, retriable, http_status = 2014, True, 503
+
+
 # --- 3000: metadata store ------------------------------------------------------------
 
 class MetadataError(MagnetarError):

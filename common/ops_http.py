@@ -1,6 +1,8 @@
 """The operations HTTP endpoint every server exposes: ``/health`` (200 when the
-process is serving, 503 with the reason when not) and ``/metrics`` (Prometheus text
-format from the process's own registry). Servers may add routes of their own."""
+process is serving, 503 with the reason when not), ``/live`` (200 while the process
+answers at all: a liveness probe) and ``/metrics`` (Prometheus text format from the
+process's own registry). Brokers and bookies add ``/ready`` (add_ready_route). Servers
+may add routes of their own."""
 
 from __future__ import annotations
 
@@ -34,8 +36,24 @@ def add_ops_routes(app: web.Application, registry: CollectorRegistry, health: He
         body = generate_latest(registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
+    async def live_handler(_request: web.Request) -> web.Response:
+        # Liveness: the event loop answers. Not /health, which is 503 while a bookie
+        # replays its journal or is cut off from etcd: restarting it would not help.
+        return web.json_response({"status": "alive"})
+
     app.router.add_get("/health", health_handler)
+    app.router.add_get("/live", live_handler)
     app.router.add_get("/metrics", metrics_handler)
+
+
+def add_ready_route(app: web.Application, ready: HealthCheck) -> None:
+    """Adds ``/ready``: 200 when the process should get work (a Kubernetes readiness probe),
+    503 with the reason when not; ``/health`` stays the liveness answer (alive, serving)."""
+    async def ready_handler(_request: web.Request) -> web.Response:
+        ok, details = await ready()
+        return web.json_response({"status": "ready" if ok else "unavailable", **details}, status=200 if ok else 503)
+
+    app.router.add_get("/ready", ready_handler)
 
 
 async def start_ops_server(app: web.Application, host: str, port: int,

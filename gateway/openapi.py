@@ -261,6 +261,7 @@ OPERATIONS: dict[tuple[str, str], dict] = {
                                  ("initial_position", {"type": "string", "enum": ["earliest", "latest"]}))],
         {"200": {"description": "an event stream", "content": {"text/event-stream": {"schema": {"type": "string"}}}}}),
     ("GET", "/health"): _operation("200 while serving, 503 when stopping", [], _ok("Health")),
+    ("GET", "/live"): _operation("200 while the process answers (a liveness probe)", [], _ok("Health")),
     ("GET", "/metrics"): _operation(
         "Prometheus metrics", [], {"200": {"description": "Prometheus text format",
                                            "content": {"text/plain": {"schema": {"type": "string"}}}}}),

@@ -9,6 +9,10 @@ a bookie that registered a moment ago).
 Each mirror writes only its own table, and the registry switches tables only once the
 new mirror has its listing, so a reader sees one consistent table at any moment and a
 late event of the old mirror never lands in the new table.
+
+Bookies an operator marked for decommissioning (``/autorecovery/decommissioned/``,
+mirrored too) stay readable but are never writable: no new ledger, ensemble change or
+re-replication chooses them.
 """
 
 from __future__ import annotations
@@ -35,11 +39,14 @@ class BookieRegistry:
         self._lock = asyncio.Lock()
         self._closed = False
         self.changed = asyncio.Event()
+        self._decommissioned: PrefixCache | None = None
 
     async def start(self) -> None:
         async with self._lock:
             assert self._cache is None, "started twice"
             await self._mirror_again()
+            self._decommissioned = PrefixCache(self._store, keys.DECOMMISSIONED)
+            await self._decommissioned.start()
 
     async def refresh(self) -> None:
         """Re-reads the listing now (used before choosing an ensemble at start-up). If
@@ -85,8 +92,15 @@ class BookieRegistry:
     def all(self) -> list[BookieRecord]:
         return list(self._bookies.values())
 
+    def decommissioned(self) -> set[str]:
+        cache = self._decommissioned
+        if cache is None:
+            return set()
+        return {key[len(keys.DECOMMISSIONED):] for key in cache.records}
+
     def writable(self) -> list[BookieRecord]:
-        return [b for b in self._bookies.values() if not b.read_only]
+        leaving = self.decommissioned()
+        return [b for b in self._bookies.values() if not b.read_only and b.bookie_id not in leaving]
 
     def get(self, bookie_id: str) -> BookieRecord | None:
         return self._bookies.get(bookie_id)
@@ -99,5 +113,8 @@ class BookieRegistry:
         async with self._lock:
             self._closed = True
             cache, self._cache = self._cache, None
+            decommissioned, self._decommissioned = self._decommissioned, None
         if cache is not None:
             await cache.close()
+        if decommissioned is not None:
+            await decommissioned.close()

@@ -55,3 +55,44 @@ class LedgerClientConfig:
             raise ConfigError("metadata_attempts_max must be in [1, 1000]")
         if not 4 * KIB <= self.entry_bytes_max <= self.grpc_message_bytes_max // 2:
             raise ConfigError("entry_bytes_max must be in [4 KiB, grpc_message_bytes_max / 2]")
+
+
+@dataclass(frozen=True)
+class AutoRecoveryConfig:
+    """The auditor and replication workers (``magnetar autorecovery``)."""
+
+    # A bookie unregistered for this long is gone for good and its fragments are
+    # re-replicated. Long enough to ride out a restart or a short etcd partition
+    # (a restart re-registers within seconds); BookKeeper's default delay is 0 s with a
+    # 30 s lostBookieRecoveryDelay commonly configured.
+    grace_period_s: float = 30.0
+    # The auditor looks at every ledger this often.
+    audit_interval_s: float = 5.0
+    # An idle worker looks for under-replicated ledgers this often.
+    worker_interval_s: float = 1.0
+    # The auditor's election key and each worker's ledger locks live under a lease of
+    # this TTL: a dead auditor or worker is replaced this long after it died.
+    lease_ttl_s: int = 10
+    # Re-replication copies at most this many bytes per second per worker, so that it
+    # cannot starve client traffic on the bookies (BookKeeper's
+    # replicationRateByBytes plays the same part).
+    rate_bytes_per_s: int = 32 * MIB
+    # Entries read from a source and written to the target per step.
+    copy_batch_entries: int = 256
+    # Compare-and-swap attempts for one ensemble swap.
+    swap_attempts_max: int = 16
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.grace_period_s <= 86_400:
+            raise ConfigError("grace_period_s must be in [0, 86400]")
+        for name in ("audit_interval_s", "worker_interval_s"):
+            if not 0 < getattr(self, name) <= 3_600:
+                raise ConfigError(f"{name} must be in (0, 3600]")
+        if not 2 <= self.lease_ttl_s <= 600:
+            raise ConfigError("lease_ttl_s must be in [2, 600]")
+        if not 64 * KIB <= self.rate_bytes_per_s <= 10 * 1024 * MIB:
+            raise ConfigError("rate_bytes_per_s must be in [64 KiB, 10 GiB]")
+        if not 1 <= self.copy_batch_entries <= 10_000:
+            raise ConfigError("copy_batch_entries must be in [1, 10000]")
+        if not 1 <= self.swap_attempts_max <= 1000:
+            raise ConfigError("swap_attempts_max must be in [1, 1000]")

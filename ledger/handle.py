@@ -271,6 +271,14 @@ class WriteHandle:
                     continue
                 await self._record_ensemble(start, tuple(new_ensemble))
                 replaced = {index: (self._ensemble[index], new_ensemble[index]) for index in indices}
+                for index in indices:
+                    if new_ensemble[index] == self._ensemble[index]:
+                        # Kept in place (no replacement was left for it) while others
+                        # were replaced: it is a member again, and its next failure must
+                        # start another change. Left in _failed_bookies, that failure was
+                        # ignored and the entries it held back never completed (found by
+                        # the seeded simulation, tests/sim, seed 108).
+                        self._failed_bookies.discard(new_ensemble[index])
                 self._ensemble = new_ensemble
                 self.ensemble_changes += 1
                 log.info("ensemble changed: ledger_id=%d first_entry_id=%d replaced=%s",

@@ -7,6 +7,9 @@
     listledgers     list ledger ids
     deleteledger    delete a ledger
     recoverledger   fence and close a ledger
+    listunderreplicated   ledgers the auditor recorded as under-replicated
+    decommissionbookie    mark a bookie for decommissioning; return once no ledger names it
+    recover               re-replicate now every closed ledger naming a (dead) bookie
 
 Every command prints, as its last line, one JSON object with its result, so scripts and
 tests can parse it; progress goes to stdout as JSON lines before that.
@@ -24,8 +27,12 @@ import time
 from ledger.client import LedgerClient
 from ledger.config import LedgerClientConfig
 from common.errors import MagnetarError
+from ledger.config import AutoRecoveryConfig
+from ledger.metadata import LedgerMetadata
 from ledger.reader import LedgerReader
-from metadata import open_store
+from ledger.replication import ReplicationWorker
+from ledger.under_replication import UnderReplicatedRecord, under_replicated_fragments
+from metadata import keys, open_store
 
 _PATTERN_HEAD = struct.Struct(">QQ")
 
@@ -83,6 +90,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     delete.add_argument("--ledger", type=int, required=True)
     recover = command("recoverledger", "fence and close a ledger")
     recover.add_argument("--ledger", type=int, required=True)
+    command("listunderreplicated", "ledgers recorded as under-replicated")
+    decommission = command("decommissionbookie", "mark a bookie for decommissioning and wait until "
+                                                 "no ledger names it (auto-recovery must be running)")
+    decommission.add_argument("--bookie-id", required=True, help="the bookie to empty (its registered id)")
+    decommission.add_argument("--timeout-s", type=float, default=3600.0,
+                              help="give up (exit 1) after this long; the mark stays")
+    decommission.add_argument("--progress-interval-s", type=float, default=2.0)
+    recover_bookie = command("recover", "re-replicate now every closed ledger naming the bookie "
+                                        "(no grace period; run by this command, not the workers)")
+    recover_bookie.add_argument("--bookie-id", required=True, help="the dead bookie whose copies to make again")
 
 
 async def _list_bookies(client: LedgerClient, args: argparse.Namespace) -> int:
@@ -184,6 +201,85 @@ async def _read_ledger(client: LedgerClient, args: argparse.Namespace) -> int:
     return 0 if not unreadable and not pattern_errors and reader.stats.digest_errors == 0 else 1
 
 
+def _ledgers_naming(ledgers: list[LedgerMetadata], bookie_id: str) -> tuple[list[int], list[int]]:
+    """(closed, not closed) ids of ledgers whose fragments name the bookie."""
+    closed = [m.ledger_id for m in ledgers if bookie_id in m.all_bookies() and m.is_closed]
+    other = [m.ledger_id for m in ledgers if bookie_id in m.all_bookies() and not m.is_closed]
+    return closed, other
+
+
+async def _all_ledgers(client: LedgerClient) -> list[LedgerMetadata]:
+    out: list[LedgerMetadata] = []
+    for record in await client.store.get_prefix(keys.LEDGERS):
+        try:
+            out.append(LedgerMetadata.decode(record.value))
+        except MagnetarError:
+            continue
+    return out
+
+
+async def _list_under_replicated(client: LedgerClient) -> int:
+    found = []
+    for record in await client.store.get_prefix(keys.UNDER_REPLICATED):
+        try:
+            decoded = UnderReplicatedRecord.decode(record.value)
+        except MagnetarError:
+            continue
+        found.append({"ledger_id": decoded.ledger_id, "fragments": decoded.fragment_indices,
+                      "missing_bookies": decoded.missing_bookies, "marked_at_ms": decoded.marked_at_ms})
+    _emit({"under_replicated": found, "count": len(found)})
+    return 0
+
+
+async def _decommission(client: LedgerClient, args: argparse.Namespace) -> int:
+    """Marks the bookie (no new ledger or replacement chooses it; the auditor records
+    its closed ledgers) and waits until no ledger names it. Open ledgers on it are
+    their writers' until they close (a broker rolls its ledgers over)."""
+    await client.store.put(keys.decommissioned(args.bookie_id), b"{}")
+    started = time.monotonic()
+    deadline = started + args.timeout_s
+    while True:
+        closed, other = _ledgers_naming(await _all_ledgers(client), args.bookie_id)
+        if not closed and not other:
+            _emit({"bookie_id": args.bookie_id, "decommissioned": True,
+                   "seconds": round(time.monotonic() - started, 3)})
+            return 0
+        if time.monotonic() >= deadline:
+            _emit({"bookie_id": args.bookie_id, "decommissioned": False, "closed_ledgers_left": len(closed),
+                   "open_ledgers_left": len(other), "error": "timed out"})
+            return 1
+        _emit({"event": "progress", "closed_ledgers_left": len(closed), "open_ledgers_left": len(other)})
+        await asyncio.sleep(args.progress_interval_s)
+
+
+async def _recover_bookie(client: LedgerClient, args: argparse.Namespace) -> int:
+    """Records each closed ledger naming the bookie as under-replicated (so that bookie
+    GC leaves the copies in progress alone), then replicates it here, under the same
+    per-ledger lock the workers take."""
+    config = AutoRecoveryConfig()
+    worker = ReplicationWorker(client.context, config, f"shell-recover-{args.bookie_id}")
+    missing = {args.bookie_id}
+    done = failed = 0
+    try:
+        for metadata in await _all_ledgers(client):
+            indices, named = under_replicated_fragments(metadata, missing)
+            if not indices:
+                continue
+            record = UnderReplicatedRecord(metadata.ledger_id, indices, named, int(time.time() * 1000), "shell")
+            await client.store.put(keys.under_replicated(metadata.ledger_id), record.encode())
+            if await worker.replicate_locked(metadata.ledger_id):
+                done += 1
+            else:
+                failed += 1
+    finally:
+        await worker.close()
+    closed, other = _ledgers_naming(await _all_ledgers(client), args.bookie_id)
+    _emit({"bookie_id": args.bookie_id, "ledgers_replicated": done, "ledgers_failed": failed,
+           "closed_ledgers_left": len(closed), "open_ledgers_left": len(other),
+           "bytes_replicated": worker.stats.bytes_replicated, "entries_replicated": worker.stats.entries_replicated})
+    return 0 if not closed else 1
+
+
 async def _run(args: argparse.Namespace) -> int:
     store = open_store(args.metadata)
     client = LedgerClient(store, LedgerClientConfig())
@@ -207,6 +303,12 @@ async def _run(args: argparse.Namespace) -> int:
             await client.delete_ledger(args.ledger)
             _emit({"deleted": args.ledger})
             return 0
+        if command == "listunderreplicated":
+            return await _list_under_replicated(client)
+        if command == "decommissionbookie":
+            return await _decommission(client, args)
+        if command == "recover":
+            return await _recover_bookie(client, args)
         if command == "recoverledger":
             reader: LedgerReader = await client.open_ledger(args.ledger, recovery=True)
             _emit({"ledger_id": args.ledger, "last_entry_id": reader.metadata.last_entry_id,

@@ -129,3 +129,31 @@ def archive_of_topic(topic_key_path: str) -> str:
 def archive_ledger(topic_key_path: str, ledger_id: int) -> str:
     assert ledger_id >= 0, ledger_id
     return f"{ARCHIVE}{topic_key_path}/{ledger_id:020d}"
+
+
+# Auto-recovery (ledger/auditor.py, ledger/replication.py): the elected auditor's leased
+# key, one record per under-replicated ledger, a leased lock per ledger being
+# re-replicated, and the bookies an operator marked for decommissioning.
+AUDITOR = "/autorecovery/auditor"
+UNDER_REPLICATED = "/autorecovery/under-replicated/"
+REPLICATION_LOCKS = "/autorecovery/locks/"
+DECOMMISSIONED = "/autorecovery/decommissioned/"
+
+
+def under_replicated(ledger_id: int) -> str:
+    assert ledger_id >= 0, ledger_id
+    return f"{UNDER_REPLICATED}{ledger_id:020d}"
+
+
+def under_replicated_ledger_id(key: str) -> int:
+    assert key.startswith(UNDER_REPLICATED), key
+    return int(key[len(UNDER_REPLICATED):])
+
+
+def replication_lock(ledger_id: int) -> str:
+    assert ledger_id >= 0, ledger_id
+    return f"{REPLICATION_LOCKS}{ledger_id:020d}"
+
+
+def decommissioned(bookie_id: str) -> str:
+    return f"{DECOMMISSIONED}{bookie_id}"

@@ -207,6 +207,13 @@ class SharedDispatcher(Dispatcher):
 
     # --- the round ------------------------------------------------------------------------------
 
+    def has_work(self) -> bool:
+        # Entries held back (key-shared order, full consumers) wait for acknowledgements,
+        # not for a read: only new entries with a consumer free to take them count. A
+        # full delayed-delivery tracker waits for its timer, not for a read, too.
+        return (bool(self._available()) and len(self._replay) < REPLAY_ENTRIES_MAX
+                and not self.delayed.full and self._backlog_to_read())
+
     async def _dispatch_round(self) -> None:
         subscription = self.subscription
         cursor = subscription.cursor
@@ -225,7 +232,7 @@ class SharedDispatcher(Dispatcher):
                 return  # wait for delayed entries to come due (the timer wakes us)
             start = cursor.read_position
             total_permits = sum(c.permits for c in available)
-            entries = await ledger.read(start, max(1, min(total_permits, self._entries_max)), self._bytes_max)
+            entries = await self._read(start, self._entries_for(total_permits))
             if cursor.read_position != start:
                 continue  # the cursor moved (reset) while reading
             if not entries:
@@ -252,6 +259,7 @@ class SharedDispatcher(Dispatcher):
                     self._add_replay(entry.position, count=False)
                     continue
                 count, ack_set = prepared
+                self._count_entry(count)
                 self._send(consumer, entry, count, ack_set)
                 sent += 1
             cursor.skip_next_read(next_read)

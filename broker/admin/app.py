@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from broker.service import BrokerService
 from common.errors import BrokerError, InvalidArgument, MagnetarError, NotFound
-from common.ops_http import build_ops_app
+from common.ops_http import add_ready_route, build_ops_app
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,12 @@ def build_admin_app(service: BrokerService, registry: CollectorRegistry) -> web.
                                                                 "serving": service.serving}
 
     app = build_ops_app(registry, health)
+
+    async def ready() -> tuple[bool, dict]:
+        # Readiness (Kubernetes): owns bundles or can be given some; /health is liveness.
+        return service.readiness()
+
+    add_ready_route(app, ready)
     app.middlewares.append(errors_middleware)
     app["service"] = service
     from broker.admin import routes

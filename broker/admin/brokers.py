@@ -4,6 +4,10 @@
     GET /admin/v2/brokers/leaderBroker           {"brokerId", "serviceUrl"} of the leader
     GET /admin/v2/brokers/configuration/runtime  {name: value} of the broker's settings, as strings
     GET /admin/v2/brokers/{cluster}              the cluster's brokers' web addresses ("host:port")
+    POST /admin/v2/brokers/drain                 (Magnetar) hand every bundle of this broker to
+                                                 others and take no more; answers when done.
+                                                 From the broker's own host only (a Kubernetes
+                                                 preStop hook: `magnetar admin brokers drain`)
 
 Brokers register in etcd with their load reports and elect a leader (the bundles
 layer); the list and the leader come from there. Another cluster's broker list is
@@ -12,10 +16,19 @@ answered empty rather than guessed.
 
 from __future__ import annotations
 
+import ipaddress
+
 from aiohttp import web
 
 from broker.service import BrokerService
-from common.errors import ServiceNotReady
+from common.errors import NotAllowed, ServiceNotReady
+
+
+def _is_loopback(remote: str | None) -> bool:
+    try:
+        return remote is not None and ipaddress.ip_address(remote).is_loopback
+    except ValueError:
+        return False
 
 
 def _web_address(web_service_url: str) -> str:
@@ -86,7 +99,17 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
                            for r in service.broker_reports.records.values())
         return web.json_response(addresses)
 
+    async def drain(request: web.Request) -> web.Response:
+        # Only from the broker's own host: anyone who can reach the HTTP port (clients
+        # do, for lookups) could otherwise empty a broker.
+        if not _is_loopback(request.remote):
+            raise NotAllowed("drain is accepted from the broker's own host only")
+        await service.hand_over()
+        owned = service.ownership.serving() if service.ownership is not None else []
+        return web.json_response({"brokerId": service.broker_id, "bundlesOwned": len(owned)})
+
     # The fixed paths first: {cluster} would match them too.
+    app.router.add_post("/admin/v2/brokers/drain", drain)
     app.router.add_get("/admin/v2/brokers/health", health)
     app.router.add_get("/admin/v2/brokers/leaderBroker", leader_broker)
     app.router.add_get("/admin/v2/brokers/configuration/runtime", runtime)

@@ -11,6 +11,7 @@ on stderr and exits 1.
     magnetar admin topics stats persistent://my-tenant/my-ns/orders-partition-0
     magnetar admin topics reset-cursor my-topic -s my-sub --time 10m
     magnetar admin brokers health
+    magnetar admin --request-timeout-s 60 brokers drain     (on the broker's host: its preStop)
 
 Topic names are full (``persistent://t/ns/x``), ``t/ns/x``, or short (``x``, which is
 ``persistent://public/default/x``, as in Pulsar).
@@ -302,6 +303,10 @@ def brokers_health(client, args):
     return client.get(path(*API, "brokers", "health"))
 
 
+def brokers_drain(client, args):
+    return client.request("POST", path(*API, "brokers", "drain"))
+
+
 def brokers_leader(client, args):
     return client.get(path(*API, "brokers", "leaderBroker"))
 
@@ -450,6 +455,8 @@ def _add_brokers(resources) -> None:
         "cluster", nargs="?", default=None, help="default: the only cluster")
     _action(actions, "health", brokers_health, "the broker's health check")
     _action(actions, "leader", brokers_leader, "the leader broker")
+    _action(actions, "drain", brokers_drain,
+            "hand every bundle of the broker at --admin-url to others (from its own host; a preStop hook)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -17,6 +17,8 @@ import os
 import random
 import sqlite3
 import subprocess
+import urllib.error
+import urllib.request
 import uuid
 
 import pytest
@@ -146,6 +148,16 @@ async def registration(cluster, bookie_id: str) -> BookieRecord:
         await store.close()
 
 
+async def http_status(address: str, path: str) -> int:
+    def get() -> int:
+        try:
+            with urllib.request.urlopen(f"http://{address}{path}", timeout=5) as response:
+                return response.status
+        except urllib.error.HTTPError as error:
+            return error.code
+    return await asyncio.to_thread(get)
+
+
 async def test_full_disk_turns_bookie_read_only(cluster, tmp_path):
     """The disk of one bookie fills past its threshold: it turns read-only, writers
     move off it, new ledgers avoid it, its entries stay readable; freeing the disk
@@ -175,6 +187,10 @@ async def test_full_disk_turns_bookie_read_only(cluster, tmp_path):
                 return (await registration(cluster, small.bookie_id)).read_only
             await wait_until_async(small_is_read_only, 20, "the full bookie to turn read-only")
             assert "turned read-only" in small.log_text()
+            # Readiness (the Kubernetes probe) says so; health and liveness do not.
+            assert await http_status(small.http_address, "/ready") == 503
+            assert await http_status(small.http_address, "/health") == 200
+            assert await http_status(small.http_address, "/live") == 200
 
             # The writer's next adds are refused by the full bookie; it cannot move (all
             # four bookies are in a 4-bookie ensemble), so add a fifth and go on.
@@ -209,6 +225,7 @@ async def test_full_disk_turns_bookie_read_only(cluster, tmp_path):
                 return not (await registration(cluster, small.bookie_id)).read_only
             await wait_until_async(small_is_writable, 20, "the freed bookie to turn writable")
             assert "writable again" in small.log_text()
+            assert await http_status(small.http_address, "/ready") == 200
         assert others  # the three regular bookies served throughout
 
 
@@ -239,7 +256,10 @@ async def test_deleted_ledgers_are_collected_and_space_returns(cluster):
 
         async def shrunk():
             after = [directory_bytes(d) for b in bookies for d in b.ledger_dirs]
-            return all(a < b / 4 for a, b in zip(after, before))
+            # The compaction logs its line after it has deleted the old log: a directory
+            # can be seen shrunk a moment before the line is written.
+            return (all(a < b / 4 for a, b in zip(after, before))
+                    and all("entry log compacted" in b.log_text() for b in bookies))
         await wait_until_async(shrunk, 60, "the ledger directories to shrink", interval_s=0.5)
         after = [directory_bytes(d) for b in bookies for d in b.ledger_dirs]
 

@@ -83,6 +83,8 @@ class _CountingStore(MemoryStore):
 
     def watch_prefix(self, prefix: str, *, start_version: int = 0) -> Watch:
         watch = super().watch_prefix(prefix, start_version=start_version)
+        if prefix != keys.BOOKIES:
+            return watch   # the decommissioning marks' mirror: not what these tests count
         if self._blind_first and not self.watches:
             watch = _BlindWatch(watch)
         self.watches.append(watch)
@@ -195,3 +197,21 @@ async def test_close_stops_following():
     assert len(store.watches) == watches
     assert _ids(registry.all()) == ["b1"]
     await registry.close()
+
+
+async def test_decommissioning_bookies_are_never_writable():
+    """A bookie marked for decommissioning stays known (readable) but leaves
+    writable(); removing the mark makes it writable again."""
+    store = MemoryStore()
+    for bookie_id in ("b1", "b2"):
+        await store.put(keys.bookie(bookie_id), _record(bookie_id).encode())
+    registry = BookieRegistry(store)
+    await registry.start()
+    try:
+        await store.put(keys.decommissioned("b1"), b"{}")
+        await _until(lambda: _ids(registry.writable()) == ["b2"])
+        assert registry.get("b1") is not None and registry.decommissioned() == {"b1"}
+        await store.delete(keys.decommissioned("b1"))
+        await _until(lambda: _ids(registry.writable()) == ["b1", "b2"])
+    finally:
+        await registry.close()

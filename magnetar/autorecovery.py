@@ -1,0 +1,125 @@
+"""``magnetar autorecovery``: an auditor candidate plus a replication worker, with
+/health and /metrics.
+
+    magnetar autorecovery --metadata etcd://127.0.0.1:2379 --http-port 8010
+
+Run one or more anywhere (their own processes rather than threads inside the bookies,
+so that re-replication scales and fails apart from the storage nodes, restarts without
+touching a bookie, and is one Kubernetes Deployment with probes of its own). Exactly
+one of them is the auditor at a time (elected through etcd); all of them replicate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import socket
+import uuid
+
+from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from common.config_options import ConfigOption, add_config_options, config_overrides
+from common.ops_http import build_ops_app, start_ops_server
+from common.tasks import stop_on_signals
+from ledger.auditor import Auditor
+from ledger.client import LedgerClient
+from ledger.config import AutoRecoveryConfig, LedgerClientConfig
+from ledger.replication import ReplicationWorker
+from metadata import open_store
+
+log = logging.getLogger(__name__)
+
+OPTIONS: list[ConfigOption] = [
+    ConfigOption("--grace-period-s", AutoRecoveryConfig, "grace_period_s",
+                 "a bookie unregistered this long is gone and its fragments are re-replicated"),
+    ConfigOption("--audit-interval-s", AutoRecoveryConfig, "audit_interval_s"),
+    ConfigOption("--worker-interval-s", AutoRecoveryConfig, "worker_interval_s"),
+    ConfigOption("--lease-ttl-s", AutoRecoveryConfig, "lease_ttl_s",
+                 "a dead auditor or worker is replaced this long after it died"),
+    ConfigOption("--rate-bytes-per-s", AutoRecoveryConfig, "rate_bytes_per_s",
+                 "re-replication bytes per second per worker"),
+]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--metadata", required=True, help="etcd://host:port[,host:port...]")
+    parser.add_argument("--host", default="127.0.0.1", help="address of /health and /metrics")
+    parser.add_argument("--http-port", type=int, default=8010, help="/health and /metrics (0: any free port)")
+    parser.add_argument("--id", default="", help="this process's id (default: host-pid-random)")
+    add_config_options(parser, OPTIONS)
+
+
+class _Collector:
+    """Exposes the auditor's last round and the worker's counters at scrape time."""
+
+    def __init__(self, auditor: Auditor, worker: ReplicationWorker) -> None:
+        self._auditor = auditor
+        self._worker = worker
+
+    def collect(self):
+        result = self._auditor.last_result if self._auditor.elected else None
+        ledgers = GaugeMetricFamily("magnetar_autorecovery_under_replicated_ledgers",
+                                    "closed ledgers with a fragment on a gone or decommissioning bookie "
+                                    "(reported by the auditor)")
+        fragments = GaugeMetricFamily("magnetar_autorecovery_under_replicated_fragments",
+                                      "fragments on a gone or decommissioning bookie (reported by the auditor)")
+        if result is not None:
+            ledgers.add_metric([], result.under_replicated_ledgers)
+            fragments.add_metric([], result.under_replicated_fragments)
+        yield ledgers
+        yield fragments
+        auditor = GaugeMetricFamily("magnetar_autorecovery_auditor", "1 while this process is the auditor")
+        auditor.add_metric([], 1 if self._auditor.elected else 0)
+        yield auditor
+        stats = self._worker.stats
+        for name, value, text in (
+            ("bytes_rereplicated", stats.bytes_replicated, "bytes copied to replacement bookies"),
+            ("entries_rereplicated", stats.entries_replicated, "entries copied to replacement bookies"),
+            ("fragments_rereplicated", stats.fragments_replicated, "ensemble swaps made"),
+            ("replication_failures", stats.failures, "ledgers whose re-replication failed (retried)"),
+        ):
+            counter = CounterMetricFamily(f"magnetar_autorecovery_{name}", text)
+            counter.add_metric([], value)
+            yield counter
+
+
+async def _run(args: argparse.Namespace) -> int:
+    config = AutoRecoveryConfig(**config_overrides(args, OPTIONS, AutoRecoveryConfig))
+    process_id = args.id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    stopping = asyncio.Event()
+    stop_on_signals(stopping)
+    store = open_store(args.metadata)
+    client = LedgerClient(store, LedgerClientConfig())
+    auditor = Auditor(store, config, process_id)
+    worker = ReplicationWorker(client.context, config, process_id)
+    registry = CollectorRegistry()
+    registry.register(_Collector(auditor, worker))
+    up = Gauge("magnetar_autorecovery_up", "1 while serving", registry=registry)
+
+    async def health() -> tuple[bool, dict]:
+        return True, {"id": process_id, "auditor": auditor.elected, "audit_rounds": auditor.rounds}
+
+    runner, http_port = await start_ops_server(build_ops_app(registry, health), args.host, args.http_port)
+    try:
+        await client.start()
+        up.set(1)
+        log.info("autorecovery listening: id=%s http_address=%s:%d grace_period_s=%s",
+                 process_id, args.host, http_port, config.grace_period_s)
+        async with asyncio.TaskGroup() as tasks:
+            running = [tasks.create_task(auditor.run()), tasks.create_task(worker.run())]
+            await stopping.wait()
+            log.info("autorecovery stopping: id=%s", process_id)
+            for task in running:
+                task.cancel()
+    finally:
+        await client.close()
+        await runner.cleanup()
+        await store.close()
+    return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    return asyncio.run(_run(args))

@@ -1,0 +1,314 @@
+"""The dev overlay, run: every pod of ``kubectl kustomize k8s/overlays/dev`` as a local process.
+
+What it proves: the exact commands, arguments and environment of the rendered pods (1 etcd,
+3 bookies, 2 brokers, 1 gateway) make a working cluster; every probe of every pod (startup,
+liveness, readiness) and every scrape target answers 200 on the path it names; messages
+produced through the rendered broker Service with the official client, and through the
+rendered gateway over HTTP, are consumed back whole; the brokers advertise the addresses
+and ids the manifests give them, and the bookies register under their pod DNS names.
+
+Then the scaling procedures of k8s/README.md, run as written on the same pods:
+- add then remove brokers (2 -> 4 -> 2) under producer and consumer traffic: the new
+  brokers are given bundles, the removed ones hand theirs back in their preStop drain
+  (hook exit 0, owning nothing after it, within the grace period; the process then exits
+  0), no send fails at the client (the client's own retries aside), and every
+  acknowledged message is received;
+- restart the brokers (a rolling update, one new broker ready before an old one drains)
+  under traffic: every bundle ends on the new brokers, no client error, nothing lost;
+- add a bookie: it registers under its pod name and takes part in new ledgers;
+- recover a bookie whose volumes were lost: it refuses to start on its cookie, and after
+  the procedure it is ready again under the same identity, with every message that was
+  acknowledged before the loss still consumed.
+How: tests/k8s_local.py runs each pod's rendered command as a process (ports remapped to
+loopback, volumes to a temporary directory) and carries out the procedures' kubectl lines
+(scale, rollout status, wait, exec, delete pod/pvc, logs) on them; the official client
+drives traffic through the rendered broker Service. One cluster for the module: the tests
+run in file order, the procedures last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import tempfile
+import threading
+import time
+import urllib.request
+
+import aiohttp
+import pulsar
+import pytest
+
+from tests import k8s_render as k8s
+from tests.cluster import unique_topic
+from tests.integration.gateway_helpers import Gateway, drain, new_topic_path, payload_bytes
+from tests.k8s_local import LocalCluster, procedure
+
+pytestmark = pytest.mark.timeout(420)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with tempfile.TemporaryDirectory(prefix="k8s-dev-") as base_dir:
+        local = LocalCluster(k8s.render("dev"), base_dir)
+        try:
+            asyncio.run(local.start_all())
+            yield local
+        finally:
+            asyncio.run(local.stop_all())
+
+
+def service_address(cluster: LocalCluster, service: str, port: int) -> str:
+    """The rendered Service's address on loopback (a proxy to its ready pods)."""
+    target = cluster.pod(sorted(cluster.pods)[0])
+    return cluster.rewrite(target, f"{service}:{port}")
+
+
+def test_every_probe_and_scrape_target_answers(cluster):
+    assert sorted(cluster.pods) == ["magnetar-bookie-0", "magnetar-bookie-1", "magnetar-bookie-2",
+                                    "magnetar-broker-00000", "magnetar-broker-00001", "magnetar-etcd-0",
+                                    "magnetar-gateway-00000"]
+    for pod in cluster.pods.values():
+        for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
+            assert pod.probe(kind) == 200, (pod.name, kind, pod.probe_url(kind))
+        annotations = pod.pod.workload["spec"]["template"]["metadata"]["annotations"]
+        url = f"http://127.0.0.1:{pod.local_port(int(annotations['prometheus.io/port']))}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            assert response.status == 200 and response.read()
+
+
+def test_pods_register_under_their_manifest_identities(cluster):
+    broker = cluster.pods["magnetar-broker-00000"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{broker.local_port('http')}/ready", timeout=5) as response:
+        ready = json.loads(response.read())
+    assert ready["broker_id"] == "magnetar-broker-00000" and ready["load_reported"] is True
+    bookies = [cluster.pods[f"magnetar-bookie-{i}"] for i in range(3)]
+    for bookie in bookies:
+        with urllib.request.urlopen(f"http://127.0.0.1:{bookie.local_port('http')}/ready", timeout=5) as response:
+            document = json.loads(response.read())
+        # The pod's DNS name, as the kubelet resolved it, mapped to its loopback port.
+        assert document["bookie_id"] == f"127.0.0.1:{bookie.local_port(3181)}"
+        assert document["registered"] is True and document["read_only"] is False
+
+
+async def test_produce_and_consume_through_the_rendered_brokers_and_gateway(cluster):
+    client = pulsar.Client(f"pulsar://{service_address(cluster, 'magnetar-broker', 6650)}", operation_timeout_seconds=30)
+    try:
+        topics = [unique_topic("k8s-dev") for _ in range(6)]
+        consumers = [client.subscribe(t, "k8s", initial_position=pulsar.InitialPosition.Earliest) for t in topics]
+        sent = {}
+        for index, topic in enumerate(topics):
+            producer = client.create_producer(topic)
+            sent[topic] = [f"{topic}-{i}".encode() for i in range(50)]
+            for payload in sent[topic]:
+                producer.send(payload)
+            producer.close()
+        for topic, consumer in zip(topics, consumers):
+            got = []
+            for _ in range(len(sent[topic])):
+                message = await asyncio.to_thread(consumer.receive, 10_000)
+                got.append(message.data())
+                consumer.acknowledge(message)
+            assert got == sent[topic]
+    finally:
+        client.close()
+
+    gateway_url = f"http://{service_address(cluster, 'magnetar-gateway', 8081)}"
+    async with aiohttp.ClientSession() as session:
+        gateway = Gateway(gateway_url, session)
+        _, path = new_topic_path("k8s-gw")
+        await gateway.subscribe(path, "work", mode="shared")
+        payloads = [f"job-{i}" for i in range(40)]
+        await gateway.produce(path, [{"payload": p} for p in payloads])
+        got = await drain(gateway, path, "work", mode="shared")
+        assert sorted(payload_bytes(m).decode() for m in got) == sorted(payloads)
+
+
+# --- the procedures of k8s/README.md -------------------------------------------------------
+
+
+async def until(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s}s"
+        await asyncio.sleep(0.1)
+
+
+def broker_service_url(cluster: LocalCluster) -> str:
+    return "pulsar://" + cluster.rewrite(cluster.pods["magnetar-etcd-0"], "magnetar-broker:6650")
+
+
+class Traffic:
+    """A producer thread sending to several topics (each send waited for) and a consumer
+    acknowledging all it gets; what was acknowledged, received and failed, per payload."""
+
+    def __init__(self, service_url: str, topic_count: int = 8) -> None:
+        self.client = pulsar.Client(service_url, operation_timeout_seconds=60)
+        self.topics = [unique_topic("k8s-scale") for _ in range(topic_count)]
+        self.consumer = self.client.subscribe(self.topics, "scale", consumer_type=pulsar.ConsumerType.Shared,
+                                              initial_position=pulsar.InitialPosition.Earliest)
+        self.producers = [self.client.create_producer(t, send_timeout_millis=60_000) for t in self.topics]
+        self.acknowledged: set[bytes] = set()
+        self.received: set[bytes] = set()
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._produce, daemon=True),
+                         threading.Thread(target=self._consume, daemon=True)]
+
+    def _produce(self) -> None:
+        index = 0
+        while not self._stop.is_set():
+            payload = f"m-{index}".encode()
+            try:
+                self.producers[index % len(self.producers)].send(payload)
+                self.acknowledged.add(payload)
+            except Exception as error:     # the client's own retries failed: a client error
+                self.errors.append(repr(error))
+            index += 1
+            time.sleep(0.005)
+
+    def _consume(self) -> None:
+        while not (self._stop.is_set() and self.acknowledged <= self.received):
+            try:
+                message = self.consumer.receive(timeout_millis=500)
+            except pulsar.Timeout:
+                continue
+            self.received.add(message.data())
+            self.consumer.acknowledge(message)
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def finish(self, timeout_s: float = 60) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout_s)
+        self.client.close()
+
+
+def bundle_owners(output: str) -> dict[str, str]:
+    return {bundle: owner["broker"] for bundle, owner in json.loads(output).items()}
+
+
+async def current_owners(cluster: LocalCluster) -> dict[str, str]:
+    """The procedure's last command's answer, asked directly (a poll, without a process per ask)."""
+    broker = cluster.running_pods("magnetar-broker")[0]
+    url = f"http://127.0.0.1:{broker.local_port('http')}/admin/v2/namespaces/public/default/bundleOwners"
+
+    def get() -> str:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.read().decode()
+    return bundle_owners(await asyncio.to_thread(get))
+
+
+async def test_add_then_remove_brokers_under_traffic(cluster):
+    traffic = Traffic(broker_service_url(cluster))
+    traffic.start()
+    try:
+        await until(lambda: len(traffic.acknowledged) >= 100, 60, "traffic flowing")
+        outputs = [await cluster.run_kubectl(line) for line in procedure("Add brokers")]
+        assert len(cluster.running_pods("magnetar-broker")) == 4
+        new = {"magnetar-broker-00002", "magnetar-broker-00003"}
+        owners = bundle_owners(outputs[-1])
+        spread_started = time.monotonic()
+        deadline = spread_started + 120      # the leader sheds one bundle at a time to them
+        while not new <= set(owners.values()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+            owners = await current_owners(cluster)
+        assert new <= set(owners.values()), owners
+        spread, spread_s = owners, time.monotonic() - spread_started
+        sent_before_removal = len(traffic.acknowledged)
+
+        stops_before = len(cluster.stops)
+        outputs = [await cluster.run_kubectl(line) for line in procedure("Remove brokers")]
+        removed = cluster.stops[stops_before:]
+        assert sorted(s["pod"] for s in removed) == sorted(new)
+        for stop in removed:
+            assert stop["pre_stop_exit"] == 0, stop
+            assert json.loads(stop["pre_stop_output"])["bundlesOwned"] == 0, stop
+            assert stop["exit_code"] == 0, stop
+            assert stop["seconds"] < stop["grace_s"], stop
+        owners = bundle_owners(outputs[-1])
+        assert set(owners.values()) <= {"magnetar-broker-00000", "magnetar-broker-00001"}, owners
+        await until(lambda: len(traffic.acknowledged) >= sent_before_removal + 100, 60,
+                               "traffic flowing after the scale-down")
+    finally:
+        traffic.finish()
+    assert traffic.errors == []
+    missing = traffic.acknowledged - traffic.received
+    assert not missing, f"{len(missing)} acknowledged messages not received (of {len(traffic.acknowledged)})"
+    print(f"brokers 2->4->2: {len(traffic.acknowledged)} messages acknowledged and received; bundles at 4 "
+          f"brokers {spread} ({spread_s:.1f} s after they were ready); drains {[(s['pod'], round(s['seconds'], 1)) for s in removed]}")
+
+
+async def test_rolling_restart_of_the_brokers_under_traffic(cluster):
+    traffic = Traffic(broker_service_url(cluster))
+    traffic.start()
+    try:
+        await until(lambda: len(traffic.acknowledged) >= 100, 60, "traffic flowing")
+        old = {p.name for p in cluster.running_pods("magnetar-broker")}
+        stops_before = len(cluster.stops)
+        outputs = [await cluster.run_kubectl(line) for line in procedure("Restart brokers")]
+        new = {p.name for p in cluster.running_pods("magnetar-broker")}
+        assert len(new) == 2 and not new & old
+        stops = cluster.stops[stops_before:]
+        assert sorted(s["pod"] for s in stops) == sorted(old)
+        for stop in stops:
+            assert stop["pre_stop_exit"] == 0 and stop["exit_code"] == 0, stop
+        # Every bundle on the new brokers; each old one handed over once (its drain).
+        assert set(bundle_owners(outputs[-1]).values()) <= new
+        acknowledged = len(traffic.acknowledged)
+        await until(lambda: len(traffic.acknowledged) >= acknowledged + 100, 60, "traffic after the restart")
+    finally:
+        traffic.finish()
+    assert traffic.errors == []
+    assert not traffic.acknowledged - traffic.received
+
+
+async def test_add_a_bookie(cluster):
+    outputs = [await cluster.run_kubectl(line) for line in procedure("Add bookies")]
+    listed = json.loads(outputs[2].strip().splitlines()[-1])["bookies"]
+    new_bookie = cluster.pods["magnetar-bookie-3"]
+    assert f"127.0.0.1:{new_bookie.local_port(3181)}" in {b["bookie_id"] for b in listed}
+    assert len(listed) == 4
+    assert new_bookie.probe("readinessProbe") == 200
+
+
+async def test_recover_a_bookie_whose_volumes_were_lost(cluster):
+    client = pulsar.Client(broker_service_url(cluster), operation_timeout_seconds=60)
+    try:
+        topic = unique_topic("k8s-lost-volume")
+        consumer = client.subscribe(topic, "keep", initial_position=pulsar.InitialPosition.Earliest)
+        producer = client.create_producer(topic)
+        sent = [f"before-{i}".encode() for i in range(200)]
+        for payload in sent:
+            producer.send(payload)
+
+        # The volumes are lost: the pod dies and its claims come back empty.
+        lost = cluster.pods["magnetar-bookie-1"]
+        cluster.kill9(lost.name)
+        for mount_path, directory in lost.mounts.items():
+            if "/var/lib/magnetar/" in mount_path:
+                shutil.rmtree(directory)
+        await cluster.start(lost.name, wait_ready=False)        # the kubelet restarts it...
+        await until(lambda: not lost.running, 60, "the bookie refusing to start")
+        assert lost.process.process.returncode == 2              # ...and it refuses, on its cookie
+
+        outputs = [await cluster.run_kubectl(line) for line in procedure("Recover a bookie whose volume was lost")]
+        assert "its data is gone" in outputs[0]
+        assert lost.running and lost.probe("readinessProbe") == 200
+        assert lost.probe("livenessProbe") == 200
+
+        after = [f"after-{i}".encode() for i in range(50)]
+        for payload in after:
+            producer.send(payload)
+        got = []
+        for _ in range(len(sent) + len(after)):
+            message = await asyncio.to_thread(consumer.receive, 20_000)
+            got.append(message.data())
+            consumer.acknowledge(message)
+        assert got == sent + after
+    finally:
+        client.close()
