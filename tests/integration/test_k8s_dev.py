@@ -18,7 +18,8 @@ Then the scaling procedures of k8s/README.md, run as written on the same pods:
 - add a bookie: it registers under its pod name and takes part in new ledgers (the check's
   ledger deleted after);
 - recover a bookie whose volumes were lost: it refuses to start on its cookie; the
-  procedure re-replicates the closed ledgers it held (none names it after), and it is
+  procedure restarts the brokers (closing the ledgers open on it) and re-replicates every
+  ledger it held (none names it after), and it is
   ready again under the same identity, with every message that was acknowledged before
   the loss still consumed;
 - decommission the added bookie under traffic: marked, brokers restarted (their open
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import tempfile
 import threading
@@ -303,6 +305,14 @@ async def test_add_a_bookie(cluster):
     assert check["deleted"] is True      # it would be on every bookie: none could take its copy
 
 
+def autorecovery_metric(cluster: LocalCluster, name: str) -> float:
+    """A counter of the auto-recovery pod, scraped where its annotations say."""
+    pod = cluster.running_pods("magnetar-autorecovery")[0]
+    with urllib.request.urlopen(f"http://127.0.0.1:{pod.local_port('http')}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return float(re.search(rf"^{name} (\S+)$", text, re.M).group(1))
+
+
 def last_json(output: str) -> dict:
     """A magnetar shell command's result: the last line it prints."""
     return json.loads(output.strip().splitlines()[-1])
@@ -330,11 +340,13 @@ async def test_recover_a_bookie_whose_volumes_were_lost(cluster):
 
         outputs = [await cluster.run_kubectl(line) for line in procedure("Recover a bookie whose volume was lost")]
         assert "its data is gone" in outputs[0]
-        recovered = last_json(outputs[1])
+        recovered = last_json(outputs[3])
         # The earlier tests' brokers closed ledgers on every bookie: some named it. (A
         # "failed" one is one the auto-recovery pod's worker had locked: it copies the
-        # records recover writes too; none is left either way.)
-        assert recovered["ledgers_replicated"] >= 1 and recovered["closed_ledgers_left"] == 0, recovered
+        # records recover writes too; none is left either way.) The brokers' restart
+        # closed the open ones, so no ledger names it when its cookie goes.
+        assert recovered["ledgers_replicated"] >= 1, recovered
+        assert recovered["closed_ledgers_left"] == 0 and recovered["open_ledgers_left"] == 0, recovered
         assert lost.running and lost.probe("readinessProbe") == 200
         assert lost.probe("livenessProbe") == 200
 
@@ -363,6 +375,7 @@ async def test_decommission_a_bookie_under_traffic(cluster):
     try:
         await until(lambda: len(traffic.acknowledged) >= 200, 60, "traffic flowing")
         stops_before = len(cluster.stops)
+        copied_before = autorecovery_metric(cluster, "magnetar_autorecovery_fragments_rereplicated_total")
         started = time.monotonic()
         outputs = [await cluster.run_kubectl(line) for line in procedure("Decommission a bookie")]
         seconds = time.monotonic() - started
@@ -372,6 +385,9 @@ async def test_decommission_a_bookie_under_traffic(cluster):
         assert marked["closed_ledgers_left"] + marked["open_ledgers_left"] >= 1, marked
         done = last_json(outputs[3])
         assert done["decommissioned"] is True, done
+        # The closed ledgers were copied off it by the auto-recovery pod (the shell only waits).
+        copied = autorecovery_metric(cluster, "magnetar_autorecovery_fragments_rereplicated_total") - copied_before
+        assert copied >= 1
         assert not bookie.running
         stops = cluster.stops[stops_before:]
         assert stops[-1]["pod"] == "magnetar-bookie-3" and stops[-1]["exit_code"] == 0, stops[-1]
@@ -397,5 +413,5 @@ async def test_decommission_a_bookie_under_traffic(cluster):
         traffic.client.close()
     print(f"decommission of magnetar-bookie-3 under traffic: {seconds:.1f} s for the procedure "
           f"(wait {done['seconds']} s; {marked['closed_ledgers_left']} closed and {marked['open_ledgers_left']} open "
-          f"ledgers named it when marked); {len(traffic.acknowledged)} messages acknowledged, received, and read "
+          f"ledgers named it when marked; {copied:.0f} fragments copied by auto-recovery); {len(traffic.acknowledged)} messages acknowledged, received, and read "
           "again after it was gone")
