@@ -18,6 +18,7 @@ import os
 import socket
 import uuid
 
+from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -87,7 +88,7 @@ class _Collector:
             yield counter
 
 
-def build_app(registry: CollectorRegistry, health: HealthCheck, ready: HealthCheck):
+def build_app(registry: CollectorRegistry, health: HealthCheck, ready: HealthCheck) -> web.Application:
     """The HTTP endpoint: /health and /live (the process answers), /ready (its ledger
     client started: it reads the bookies' registry from etcd and can audit and copy;
     503 before and while stopping), /metrics."""
