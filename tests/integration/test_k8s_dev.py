@@ -337,6 +337,15 @@ async def test_recover_a_bookie_whose_volumes_were_lost(cluster):
         await cluster.start(lost.name, wait_ready=False)        # the kubelet restarts it...
         await until(lambda: not lost.running, 60, "the bookie refusing to start")
         assert lost.process.process.returncode == 2              # ...and it refuses, on its cookie
+        # The operator comes once its registration has lapsed (10 s after it died; a pod in
+        # CrashLoopBackOff is past that): no new ledger is placed on it from then on.
+        registered = "kubectl -n magnetar exec magnetar-etcd-0 -- etcdctl --endpoints=http://127.0.0.1:2379 " \
+                     "get --prefix --keys-only /magnetar/magnetar/bookies/"
+        lost_id = f"127.0.0.1:{lost.local_port(3181)}"
+        deadline = time.monotonic() + 60
+        while lost_id in await cluster.run_kubectl(registered):
+            assert time.monotonic() < deadline, "the lost bookie's registration did not lapse"
+            await asyncio.sleep(0.5)
 
         outputs = [await cluster.run_kubectl(line) for line in procedure("Recover a bookie whose volume was lost")]
         assert "its data is gone" in outputs[0]
