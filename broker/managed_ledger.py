@@ -17,7 +17,14 @@ Theory of operation:
   handle's limits) or the broker's bounds are reached (broker/publish_limits.py).
 - Rollover happens after an append that fills the current ledger (entries, bytes or
   age). Appends that arrive while the next ledger is created wait in order in a queue;
-  the old ledger is closed once its own adds completed.
+  the old ledger is closed once its own adds completed. Creating a ledger needs etcd:
+  when a rollover the full ledger asked for fails (etcd away, docs/architecture.md
+  "Metadata outages"), it is deferred rather than failing the appends: the queued ones
+  go to the current ledger, which is healthy and keeps taking appends past its size
+  thresholds, and the rollover is tried again after ``ROLL_RETRY_S`` doubling to
+  ``ROLL_RETRY_S_MAX``. That overrun is bounded by the outage: past the lease's fence
+  the broker closes its topics. A rollover after a write failure (no healthy ledger to
+  go on with) is retried a few times and then fails the appends, as before.
 - A write failure that is not fencing fails the affected appends (the producer
   retries) and rolls over to a new ledger. An entry the ledger client refuses as
   invalid (too large) fails only its own append, in order: no ledger would take it,
@@ -83,6 +90,13 @@ _INVALID_ENTRY_ERRORS = (InvalidArgument, EntryTooLarge)
 # (the ledger client splits it into read_batch_entries_max calls per bookie anyway);
 # within it, a run also stops at the read's byte budget, estimated from entry sizes.
 _MISS_RUN_ENTRIES_MAX = 500
+# A deferred rollover (see the module docstring) is tried again after this, doubling up
+# to the maximum: a second lets a short etcd restart pass with one or two tries, and
+# each try holds new appends back only as long as creating a ledger takes to fail.
+ROLL_RETRY_S = 1.0
+ROLL_RETRY_S_MAX = 8.0
+# Attempts at creating a ledger when the current one failed (no ledger to go on with).
+_ROLL_ATTEMPTS_MAX = 5
 
 
 @dataclass(frozen=True)
@@ -153,6 +167,10 @@ class ManagedLedger:
         self._queued: collections.deque[_Append] = collections.deque()    # waiting for a ledger
         self._inflight: collections.deque[_Append] = collections.deque()  # submitted, in order
         self._rolling: asyncio.Task[None] | None = None
+        # A rollover that failed while the current ledger was healthy waits until then.
+        self._roll_deferred_until = 0.0
+        self._roll_failures = 0
+        self.rollovers_deferred = 0
         self._closing_handles: set[asyncio.Task[None]] = set()
         # The current handle and those of rolled-over ledgers still closing.
         self._open_handles: dict[int, WriteHandle] = {}
@@ -332,7 +350,7 @@ class ManagedLedger:
         add_future.add_done_callback(self._on_add_done)
         self._handle_entries += 1
         self._handle_bytes += len(append.payload)
-        if self._ledger_full():
+        if self._ledger_full() and self._clock() >= self._roll_deferred_until:
             self._ensure_rolling()
 
     def _on_submit_failure(self, handle: WriteHandle, append: _Append, error: MagnetarError) -> None:
@@ -407,8 +425,11 @@ class ManagedLedger:
 
     async def _roll(self) -> None:
         old = self._handle
+        # A healthy current ledger (a rollover because it is full, not because it
+        # failed) can take the appends if no new ledger can be made now: one try.
+        attempts = 1 if old is not None else _ROLL_ATTEMPTS_MAX
         try:
-            for attempt in range(5):
+            for attempt in range(attempts):
                 try:
                     await self._start_new_ledger()
                     break
@@ -416,22 +437,43 @@ class ManagedLedger:
                     raise
                 except (LedgerError, MetadataError) as error:
                     log.warning("creating a ledger failed: topic=%s attempt=%d error=%s", self.name, attempt, error)
-                    if attempt == 4:
+                    if attempt == attempts - 1:
                         raise
                     await asyncio.sleep(0.2 * (attempt + 1))
         except MagnetarError as error:
-            failure = self._classify(error)
-            while self._queued:
-                append = self._queued.popleft()
-                if not append.future.done():
-                    append.future.set_exception(failure)
-            return
+            if self._defer_roll(old, error):
+                pass   # the queued appends go to the current ledger, below
+            else:
+                failure = self._classify(error)
+                while self._queued:
+                    append = self._queued.popleft()
+                    if not append.future.done():
+                        append.future.set_exception(failure)
+                return
+        else:
+            self._roll_failures = 0
+            self._roll_deferred_until = 0.0
         finally:
             self._rolling = None
         if old is not None and old is not self._handle:
             self._close_handle_later(old)
         while self._queued and self._rolling is None and self._handle is not None:
             self._submit(self._queued.popleft())
+
+    def _defer_roll(self, old: WriteHandle | None, error: MagnetarError) -> bool:
+        """After a failed rollover: True if the current ledger goes on taking appends
+        (it is the one the rollover started from, and healthy) and the rollover is
+        tried again later; False if the appends must fail."""
+        if old is None or self._handle is not old or old.failure is not None or self.fenced_error is not None \
+                or isinstance(error, TopicFenced) or self.closed:
+            return False
+        self._roll_failures += 1
+        self.rollovers_deferred += 1
+        delay_s = min(ROLL_RETRY_S * 2 ** (self._roll_failures - 1), ROLL_RETRY_S_MAX)
+        self._roll_deferred_until = self._clock() + delay_s
+        log.warning("rollover deferred, the current ledger takes the appends meanwhile: topic=%s ledger_id=%d "
+                    "entries=%d retry_s=%.1f error=%s", self.name, old.ledger_id, self._handle_entries, delay_s, error)
+        return True
 
     async def _close_handle(self, handle: WriteHandle) -> None:
         """Closes a ledger we wrote and records its final size (if we still own it)."""

@@ -33,6 +33,17 @@ def register_broker_metrics(service: BrokerService, registry: CollectorRegistry)
          lambda: sum(t.bytes_in for t in topics())),
         ("magnetar_broker_messages_out", "Messages dispatched by loaded topics (since load)",
          lambda: sum(s.dispatcher.messages_dispatched for t in topics() for s in t.subscriptions.values())),
+        # The dispatcher invariant (subscriptions/dispatch_watch.py): a consumer with
+        # permits and a subscription with backlog get a read within the bound.
+        ("magnetar_dispatcher_wait_seconds_max",
+         "Longest a dispatcher waited with backlog and a consumer with permits, without a read",
+         lambda: service.dispatch_wait_s_max),
+        # Metadata outages (bundles/ownership.py): 1 while etcd has not confirmed this
+        # broker's lease for a while and only loaded topics are served.
+        ("magnetar_broker_metadata_degraded", "1 while etcd is away and only loaded topics are served",
+         lambda: int(service.ownership is not None and service.ownership.metadata_degraded)),
+        ("magnetar_broker_metadata_outages", "Metadata outages this broker rode through or fenced in (since start)",
+         lambda: service.ownership.outages if service.ownership is not None else 0),
         ("magnetar_broker_entry_cache_bytes", "Bytes in the entry cache", lambda: service.cache.size_bytes),
         ("magnetar_broker_entry_cache_hits", "Entry cache hits", lambda: service.cache.hits),
         ("magnetar_broker_entry_cache_misses", "Entry cache misses", lambda: service.cache.misses),
@@ -58,6 +69,9 @@ class _PublishLimitsCollector(Collector):
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         stats = self._service.publish_limits.stats
+        yield CounterMetricFamily("magnetar_dispatcher_stalls",
+                                  "Dispatchers found waiting past the bound with backlog and permits (then woken)",
+                                  value=self._service.dispatch_stalls)
         yield CounterMetricFamily("magnetar_broker_publish_reading_pauses",
                                   "Times a connection stopped being read because of pending sends",
                                   value=stats.reading_pauses)

@@ -126,6 +126,10 @@ class BrokerService:
         self.handing_over = False
         self._hand_over_task: asyncio.Future[None] | None = None   # owned: close awaits it
         self.connections: set = set()
+        # The dispatcher invariant since start (check_dispatchers): stalls found, and the
+        # longest wait with backlog and permits seen, in seconds.
+        self.dispatch_stalls = 0
+        self.dispatch_wait_s_max = 0.0
         self.on_publish_latency = on_publish_latency
         # Set by the wiring once the binary protocol accepts connections; /health is
         # 503 until then.
@@ -220,7 +224,28 @@ class BrokerService:
         except AlreadyExists:
             pass
         self._background.spawn(self._run_retention(), name="retention")
+        self._background.spawn(self._run_dispatch_watch(), name="dispatch watch")
         self._background.spawn(self.archiver.run(self.loaded_topics), name="archiver")
+
+    async def _run_dispatch_watch(self) -> None:
+        """Checks the dispatcher invariant of every loaded subscription on an interval
+        (subscriptions/dispatch_watch.py): a stall is counted, logged and woken."""
+        while not self.shutting_down:
+            await asyncio.sleep(self.config.dispatch_watch_interval_s)
+            self.check_dispatchers(time.monotonic())
+
+    def check_dispatchers(self, now_s: float) -> int:
+        """One pass of the dispatcher invariant; returns the stalls it found."""
+        stalls = 0
+        for topic in self.loaded_topics():
+            for subscription in list(topic.subscriptions.values()):
+                dispatcher = subscription.dispatcher
+                dispatcher.watch.bound_s = self.config.dispatch_stall_bound_s
+                if dispatcher.check_progress(now_s):
+                    stalls += 1
+                self.dispatch_wait_s_max = max(self.dispatch_wait_s_max, dispatcher.watch.wait_s_max)
+        self.dispatch_stalls += stalls
+        return stalls
 
     async def _run_retention(self) -> None:
         """Trims consumed ledgers of every loaded topic, per its namespace's policy."""

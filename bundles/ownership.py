@@ -22,7 +22,17 @@ Theory of operation:
   brokers' cached boundaries go stale; they notice when the bundle they compute has no
   owner record (the split deleted it) and re-read the boundaries then (once per
   lookup, and concurrent lookups share the read).
-- Self-fencing: when the lease has not been confirmed for ``fence_fraction`` of its
+- Metadata outages: etcd going away stops nothing by itself. While the lease is not
+  confirmed but cannot have expired yet (less than ``fence_after_s``, 0.9 of the TTL
+  and at least a second before its end, since
+  the last refresh etcd confirmed, counted from when that refresh was sent), nobody
+  can be given this broker's bundles, so it goes on serving the topics it has loaded:
+  appends to their open ledgers, dispatch, acknowledgements (kept in memory until
+  the cursor can be saved). From ``OUTAGE_NOTICE_FRACTION`` of the TTL without a
+  confirmation it is "metadata-degraded" (logged once per episode): it refuses to
+  load a topic it has not loaded (ServiceNotReady, retriable: a load needs etcd
+  anyway), as well as every ownership change, which fail on etcd by themselves.
+- Self-fencing: when the lease has not been confirmed for ``fence_after_s`` (see bundles/config.py) of its
   TTL, the broker stops serving every bundle at once (before any await), then closes
   their topics concurrently, and refuses to serve until the lease is confirmed again (or, if lost, a new one is granted and bundles are taken
   anew). etcd can only hand the bundles to another broker after the full TTL, so two
@@ -79,6 +89,12 @@ FENCE_CLOSES_CONCURRENT_MAX = 16
 # serving the bundle: see release().
 RELEASE_ATTEMPTS_MAX = 3
 RELEASE_RETRY_S = 0.2
+# The share of the lease's TTL without a confirmation after which the broker counts
+# etcd as away (metadata-degraded): three refreshes missed with the brokers' 10 s TTL,
+# well past one slow reply, well before the fence.
+OUTAGE_NOTICE_FRACTION = 0.3
+# The lease guard looks at the lease at least this often (see _guard_lease).
+GUARD_INTERVAL_S_MAX = 0.25
 
 
 def owners_from(records: Iterable[Record]) -> dict[str, OwnerRecord]:
@@ -148,6 +164,10 @@ class OwnershipManager:
         self._serving: dict[str, float] = {}                 # bundle key -> wall time started
         self._busy: set[str] = set()                         # bundle keys with an operation running
         self.fenced = False
+        # True while etcd has not confirmed the lease for OUTAGE_NOTICE_FRACTION of the
+        # TTL (and the broker is not fenced): loaded topics are served, nothing new.
+        self.metadata_degraded = False
+        self.outages = 0
         self._changed = asyncio.Event()
         # The lease guard, and one task per watch event acted on (taking, transferring or
         # dropping a bundle; at most one runs per bundle, ``_busy``): cancelled and
@@ -282,6 +302,11 @@ class OwnershipManager:
         while True:
             if self.fenced:
                 raise ServiceNotReady("this broker is fenced (its lease is not confirmed)")
+            if self.metadata_degraded:
+                # Only topics already loaded are served while etcd is away: loading one
+                # needs etcd (its ledgers, cursors), so refuse at once, retriably.
+                raise ServiceNotReady("the metadata store is unavailable: only loaded topics are served until "
+                                      "it answers")
             namespace, bundle = await self.bundle_of(topic)
             record = self.owner_record(namespace, bundle)
             if record is None and not refreshed:
@@ -626,11 +651,15 @@ class OwnershipManager:
     async def _guard_lease(self) -> None:
         ttl = self.config.lease_ttl_s
         while not self._closing:
-            await asyncio.sleep(ttl / 20)
+            # Often enough that the fence comes at most GUARD_INTERVAL_S_MAX after
+            # fence_after_s, well before etcd could expire the lease.
+            await asyncio.sleep(min(ttl / 20, GUARD_INTERVAL_S_MAX))
             lease = self.lease
             if lease is None:
                 continue
-            stale = time.monotonic() - lease.refreshed_at > ttl * self.config.fence_fraction
+            unconfirmed_s = time.monotonic() - lease.refreshed_at
+            stale = unconfirmed_s > self.config.fence_after_s
+            self._note_outage(unconfirmed_s > ttl * OUTAGE_NOTICE_FRACTION and not lease.is_lost, unconfirmed_s)
             if (stale or lease.is_lost) and not self.fenced:
                 self.fenced = True
                 log.error("lease not confirmed for %.1fs, stopping to serve every bundle: broker_id=%s",
@@ -651,6 +680,21 @@ class OwnershipManager:
                     if owner.broker_id == self.identity.broker_id and owner.state == OWNED:
                         self._start_serving(namespace, bundle_name)
                 self._changed.set()
+
+    def _note_outage(self, unconfirmed: bool, unconfirmed_s: float) -> None:
+        """Enters or leaves the metadata-degraded state (logged once each way)."""
+        if unconfirmed and not self.metadata_degraded:
+            self.metadata_degraded = True
+            self.outages += 1
+            log.warning("etcd has not confirmed the lease for %.1fs: serving loaded topics only, no new topics or "
+                        "ownership changes until it answers (fence at %.1fs): broker_id=%s bundles=%d",
+                        unconfirmed_s, self.config.fence_after_s,
+                        self.identity.broker_id, len(self._serving))
+        elif not unconfirmed and self.metadata_degraded:
+            self.metadata_degraded = False
+            log.warning("etcd confirms the lease again, metadata outage over: broker_id=%s bundles=%d",
+                        self.identity.broker_id, len(self._serving))
+            self._changed.set()
 
     async def _renew_lease(self) -> None:
         try:

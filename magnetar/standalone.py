@@ -2,9 +2,19 @@
 
 It runs etcd, the bookies, the brokers and an HTTP gateway as child processes (real processes, as in production),
 waits for each to be ready, prints how to reach them, and stops them all on SIGTERM or
-Ctrl-C. If any child dies on its own the standalone stops the others and exits non-zero
-(loud failure rather than a half-working cluster). Data survives restarts: the same
-``--data-dir`` brings back the same cluster.
+Ctrl-C. Data survives restarts: the same ``--data-dir`` brings back the same cluster.
+
+Supervision (as a process supervisor would): when a child dies on its own after the
+standalone is up, the standalone logs it (name, pid, exit code) and starts it again
+with the same command, ports and directories, after a back-off that doubles from
+``RESTART_DELAY_S`` to ``RESTART_DELAY_S_MAX`` while it keeps failing (at start, or again
+within ``STABLE_S`` of a start) and is forgotten once it has stayed up ``STABLE_S``. So a ``kill -9`` of one broker of ``--brokers 3`` is a
+failover one can watch: its bundles go to the others once its etcd lease expires, and
+it comes back. The standalone itself stops only on SIGTERM / Ctrl-C, or when a child
+fails ``START_ATTEMPTS_MAX`` starts in a row (exits before it is ready, or is not ready
+in time): then it logs why, stops the others and exits 1 (loud, rather than restart
+forever what cannot start). At first start any child that fails stops everything, as
+before: a cluster that never came up is the operator's to look at.
 
 Layout of the data directory:
     etcd/                      etcd's data
@@ -72,6 +82,14 @@ def die_with_this_process() -> Callable[[], None]:
 READY_TIMEOUT_S = 60.0
 # One readiness probe; a child that answers at all answers a local GET well within it.
 PROBE_TIMEOUT_S = 1.0
+# Restarts: the first after half a second (a crashed broker's port is free at once), then
+# doubling to 10 s, so a child that dies in a loop costs little; after STABLE_S up the
+# count starts again. START_ATTEMPTS_MAX failed starts in a row (each up to
+# READY_TIMEOUT_S, with the back-offs: about 5 minutes at worst) end the standalone.
+RESTART_DELAY_S = 0.5
+RESTART_DELAY_S_MAX = 10.0
+STABLE_S = 30.0
+START_ATTEMPTS_MAX = 5
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,12 +113,35 @@ class StartFailed(Exception):
     """A child exited or did not become ready while the standalone started."""
 
 
+class Child:
+    """One supervised child: how to start it and tell it is ready, its current
+    process, and its restart history."""
+
+    def __init__(self, name: str, command: list[str], ready_url: str, env: dict[str, str] | None = None,
+                 healthy: Callable[[bytes], bool] = lambda body: True) -> None:
+        self.name = name
+        self.command = command
+        self.ready_url = ready_url
+        self.env = env
+        self.healthy = healthy
+        self.process: asyncio.subprocess.Process | None = None
+        self.started_at = 0.0
+        self.restarts = 0
+        self.failed_starts = 0     # in a row
+        # Exits within STABLE_S of a start, in a row: they lengthen the back-off (a
+        # child that crashes soon after it is ready is restarted ever more slowly, up
+        # to RESTART_DELAY_S_MAX) but do not end the standalone: it did start.
+        self.quick_exits = 0
+
+
 class Standalone:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.data_dir = os.path.abspath(args.data_dir)
-        self.children: list[tuple[str, asyncio.subprocess.Process]] = []
+        self.children: list[Child] = []
         self.stopping = asyncio.Event()
+        # Set when a child kept failing at start: the reason the standalone exits 1.
+        self.gave_up: str | None = None
 
     @property
     def metadata_url(self) -> str:
@@ -127,17 +168,26 @@ class Standalone:
         with open(path, encoding="utf-8") as handle:
             return handle.read().strip()
 
-    async def _spawn(self, name: str, command: list[str], env: dict[str, str] | None = None
-                     ) -> asyncio.subprocess.Process:
-        log_path = os.path.join(self.data_dir, f"{name}.log")
+    async def _spawn(self, child: Child) -> asyncio.subprocess.Process:
+        log_path = os.path.join(self.data_dir, f"{child.name}.log")
         log_file = open(log_path, "ab")
-        process = await asyncio.create_subprocess_exec(*command, stdout=log_file, stderr=log_file,
-                                                       start_new_session=True, env=env,
-                                                       preexec_fn=die_with_this_process())
-        log_file.close()
-        self.children.append((name, process))
-        log.info("started: process=%s pid=%d log=%s", name, process.pid, log_path)
+        try:
+            process = await asyncio.create_subprocess_exec(*child.command, stdout=log_file, stderr=log_file,
+                                                           start_new_session=True, env=child.env,
+                                                           preexec_fn=die_with_this_process())
+        finally:
+            log_file.close()
+        child.process = process
+        child.started_at = time.monotonic()
+        if child not in self.children:
+            self.children.append(child)
+        log.info("started: process=%s pid=%d log=%s", child.name, process.pid, log_path)
         return process
+
+    async def _start_child(self, child: Child) -> None:
+        """Starts ``child`` and waits until it is ready (StartFailed if it is not)."""
+        process = await self._spawn(child)
+        await self._wait_http_ok(child.name, child.ready_url, process, healthy=child.healthy)
 
     async def _wait_http_ok(self, name: str, url: str, process: asyncio.subprocess.Process,
                             healthy=lambda body: True) -> None:
@@ -190,10 +240,9 @@ class Standalone:
     async def start(self) -> None:
         os.makedirs(self.data_dir, exist_ok=True)
         self._check_ports_free()
-        etcd = await self._spawn("etcd", etcd_command(os.path.join(self.data_dir, "etcd"), self.args.etcd_port,
-                                                     self.args.etcd_peer_port))
-        await self._wait_http_ok("etcd", f"http://127.0.0.1:{self.args.etcd_port}/health", etcd,
-                                 healthy=etcd_is_healthy)
+        await self._start_child(Child(
+            "etcd", etcd_command(os.path.join(self.data_dir, "etcd"), self.args.etcd_port, self.args.etcd_peer_port),
+            f"http://127.0.0.1:{self.args.etcd_port}/health", healthy=etcd_is_healthy))
         bookies = []
         for n in range(self.args.bookies):
             directory = os.path.join(self.data_dir, f"bookie-{n}")
@@ -202,34 +251,38 @@ class Standalone:
                        "--journal-dir", os.path.join(directory, "journal"),
                        "--ledger-dir", os.path.join(directory, "ledgers"),
                        "--port", str(self.args.bookie_port_base + n), "--http-port", str(http_port)]
-            process = await self._spawn(f"bookie-{n}", command)
-            bookies.append((f"bookie-{n}", f"http://127.0.0.1:{http_port}/health", process))
-        for name, url, process in bookies:
-            await self._wait_http_ok(name, url, process)
+            child = Child(f"bookie-{n}", command, f"http://127.0.0.1:{http_port}/health")
+            await self._spawn(child)
+            bookies.append(child)
+        for child in bookies:
+            assert child.process is not None
+            await self._wait_http_ok(child.name, child.ready_url, child.process)
         copies = min(self.args.copies, self.args.bookies)
         brokers = []
         for n in range(self.args.brokers):
             name = "broker" if n == 0 else f"broker-{n}"
-            process = await self._spawn(name, [
+            child = Child(name, [
                 sys.executable, "-m", "magnetar", "broker", "--metadata", self.metadata_url,
                 "--port", str(self.args.broker_port + n), "--http-port", str(self.broker_http_port(n)),
                 "--broker-id", f"broker-{n}",
                 "--ensemble-size", str(copies), "--write-quorum", str(copies), "--ack-quorum", str(copies),
                 # Where namespaces with an offload policy archive closed ledgers (docs/archive.md).
-                "--archive-url", os.path.join(self.data_dir, "archive")])
-            brokers.append((name, f"http://127.0.0.1:{self.broker_http_port(n)}/health", process))
-        for name, url, process in brokers:
-            await self._wait_http_ok(name, url, process)
+                "--archive-url", os.path.join(self.data_dir, "archive")],
+                f"http://127.0.0.1:{self.broker_http_port(n)}/health")
+            await self._spawn(child)
+            brokers.append(child)
+        for child in brokers:
+            assert child.process is not None
+            await self._wait_http_ok(child.name, child.ready_url, child.process)
         service_url = "pulsar://" + ",".join(f"127.0.0.1:{self.args.broker_port + n}"
                                              for n in range(self.args.brokers))
         admin_url = f"http://127.0.0.1:{self.args.broker_http_port}"
         gateway_url = f"http://127.0.0.1:{self.args.gateway_port}"
         # The secret goes in the environment, never on the command line (ps shows that).
-        gateway = await self._spawn("gateway", [
+        await self._start_child(Child("gateway", [
             sys.executable, "-m", "magnetar", "gateway", "--service-url", service_url, "--admin-url", admin_url,
-            "--port", str(self.args.gateway_port)],
-            env={**os.environ, "MAGNETAR_GATEWAY_SECRET": self.gateway_secret()})
-        await self._wait_http_ok("gateway", f"{gateway_url}/health", gateway)
+            "--port", str(self.args.gateway_port)], f"{gateway_url}/health",
+            env={**os.environ, "MAGNETAR_GATEWAY_SECRET": self.gateway_secret()}))
         print(json.dumps({
             "event": "standalone ready",
             "metadata": self.metadata_url,
@@ -251,30 +304,75 @@ class Standalone:
               f"Logs are in {self.data_dir}/*.log. Ctrl-C stops everything.", flush=True)
 
     async def watch_children(self) -> int:
-        waits = {asyncio.ensure_future(process.wait()): name for name, process in self.children}
-        stop = asyncio.ensure_future(self.stopping.wait())
-        done, _ = await asyncio.wait([stop, *waits], return_when=asyncio.FIRST_COMPLETED)
-        stop.cancel()
-        for future in waits:
-            future.cancel()
-        for future in done:
-            if future in waits:
-                log.error("child exited on its own, stopping the standalone: process=%s", waits[future])
-                return 1
+        """Supervises every child until SIGTERM / Ctrl-C (0) or until one keeps failing
+        at start (1). One task per child, owned here: cancelled and awaited on the way out."""
+        supervisors = [asyncio.ensure_future(self._supervise(child)) for child in self.children]
+        try:
+            await self.stopping.wait()
+        finally:
+            for task in supervisors:
+                task.cancel()
+            await asyncio.gather(*supervisors, return_exceptions=True)
+        if self.gave_up is not None:
+            log.error("standalone stopping: %s", self.gave_up)
+            print(f"magnetar standalone: {self.gave_up}", file=sys.stderr, flush=True)
+            return 1
         return 0
+
+    async def _supervise(self, child: Child) -> None:
+        """Restarts ``child`` whenever it exits, with back-off; gives the standalone up
+        (``gave_up``, ``stopping``) after START_ATTEMPTS_MAX failed starts in a row."""
+        while not self.stopping.is_set():
+            process = child.process
+            assert process is not None
+            code = await process.wait()
+            if self.stopping.is_set():
+                return
+            up_s = time.monotonic() - child.started_at
+            if up_s >= STABLE_S:
+                child.failed_starts = 0
+                child.quick_exits = 0
+            else:
+                child.quick_exits += 1
+            log.error("child exited on its own, restarting it: process=%s pid=%d code=%s up_s=%.1f restarts=%d",
+                      child.name, process.pid, code, up_s, child.restarts)
+            while not self.stopping.is_set():
+                level = min(child.failed_starts + max(child.quick_exits - 1, 0), 16)
+                delay_s = min(RESTART_DELAY_S * 2 ** level, RESTART_DELAY_S_MAX)
+                await asyncio.sleep(delay_s)
+                child.restarts += 1
+                try:
+                    await self._start_child(child)
+                except StartFailed as error:
+                    child.failed_starts += 1
+                    log.error("restart failed: process=%s attempt=%d of %d error=%s", child.name,
+                              child.failed_starts, START_ATTEMPTS_MAX, error)
+                    if child.process is not None and child.process.returncode is None:
+                        child.process.kill()
+                        await child.process.wait()
+                    if child.failed_starts >= START_ATTEMPTS_MAX:
+                        self.gave_up = (f"{child.name} failed {child.failed_starts} starts in a row; "
+                                        f"see {self.data_dir}/{child.name}.log")
+                        self.stopping.set()
+                        return
+                    continue
+                log.warning("child restarted: process=%s pid=%d restarts=%d", child.name,
+                            child.process.pid if child.process else -1, child.restarts)
+                break
 
     async def stop(self) -> None:
         # Gateway first (its consumers close), then the brokers (they close topics and
         # flush cursors), then bookies (they flush and checkpoint), etcd last: children
         # were started in the opposite order.
-        for name, process in reversed(self.children):
-            if process.returncode is None:
+        for child in reversed(self.children):
+            process = child.process
+            if process is not None and process.returncode is None:
                 process.send_signal(signal.SIGTERM)
                 try:
                     async with asyncio.timeout(20):
                         await process.wait()
                 except TimeoutError:
-                    log.warning("child did not stop in time, killing: process=%s", name)
+                    log.warning("child did not stop in time, killing: process=%s", child.name)
                     process.kill()
                     await process.wait()
 

@@ -13,6 +13,24 @@ to one active consumer (failover: the first by priority level, then name; for a
 partition, the one its index picks, so partitions spread over consumers), others stand
 by and are told so with ACTIVE_CONSUMER_CHANGE. When the active consumer changes, the
 cursor rewinds to the first unacknowledged entry, so the new one starts there.
+
+How many entries a round reads: a consumer's permits count messages and a batch entry
+holds many, so a read of ``permits`` entries sends up to ``permits`` times the batch size
+(1,000 permits and batches of 128 1 KiB messages: the read stops only at the 4 MiB byte
+cap, 32 entries, about 4,100 messages against 1,000 permits). A round reads the permits over the mean messages per entry seen so far
+(Pulsar's avgMessagesPerEntry), and stops sending once the permits are used up (the
+entries read and not sent are read again later, from the cache), so a consumer gets
+what it asked for and at most one batch more, and a connection shared by several
+consumers is not flooded past its write buffer by one.
+
+The loop never dies quietly (the fan-out stall of issue 14): whatever a round raises,
+other than a cancellation, is logged and the round retried after a bounded back-off.
+Before, an error other than a MagnetarError (a timeout, an assertion) ended the task,
+and only the next event (a FLOW, new entries) started it again; a consumer that had
+received everything it was sent sends no FLOW, and a prefilled topic gets no new
+entries, so such a subscription stayed stalled with backlog and permits for good.
+Independently, ``DispatchWatch`` (dispatch_watch.py) checks from outside that a
+dispatcher with work gets a read within a bounded time, and wakes it if not.
 """
 
 from __future__ import annotations
@@ -29,9 +47,18 @@ from common.tasks import cancel_and_wait
 from protocol.batch import message_count
 from protocol.codec import stored_metadata
 from subscriptions.cursor import ManagedCursor, int_to_ack_set_words
+from subscriptions.dispatch_watch import DispatchWatch
 from subscriptions.ports import ConsumerPort, EntrySource
 
 log = logging.getLogger(__name__)
+
+# Back-off after a failed round: the first retry after RETRY_DELAY_S, doubling up to
+# RETRY_DELAY_S_MAX (a failing bookie read is retried twice a second at first, then every
+# 5 s, so a long outage does not spin; any event still wakes the loop at once).
+RETRY_DELAY_S = 0.5
+RETRY_DELAY_S_MAX = 5.0
+# Weight of the newest entry in the running mean of messages per entry.
+_MEAN_WEIGHT = 0.2
 
 
 class DispatchedSubscription(Protocol):
@@ -72,6 +99,15 @@ class Dispatcher(abc.ABC):
         self._closed = False
         self._waiting_for_entries = False
         self.messages_dispatched = 0
+        # Reads started, whether one is in progress, and failed rounds (for the watch).
+        self.reads_started = 0
+        self.reading = False
+        self.round_failures = 0
+        self.watch = DispatchWatch()
+        # The ledger's last confirmed position when the latest read started.
+        self._confirmed_at_read: Position | None = None
+        # Running mean of the messages an entry holds (batches), sizing reads to permits.
+        self.messages_per_entry = 1.0
 
     # --- events ---------------------------------------------------------------------------
 
@@ -126,24 +162,76 @@ class Dispatcher(abc.ABC):
     # --- the loop ----------------------------------------------------------------------------
 
     async def _run(self) -> None:
+        delay_s = RETRY_DELAY_S
         try:
             while not self._closed:
                 await self._wakeup.wait()
                 self._wakeup.clear()
                 try:
                     await self._dispatch_round()
-                except MagnetarError as error:
-                    log.warning("dispatch failed, retrying: subscription=%s error=%s",
-                                self.subscription.full_name, error)
-                    await asyncio.sleep(0.5)
+                    delay_s = RETRY_DELAY_S
+                except asyncio.CancelledError:
+                    raise
+                except Exception as error:
+                    # Not only MagnetarError: a round that dies here would leave the
+                    # subscription with backlog and permits and nobody to wake it (see the
+                    # module docstring). A broken invariant is logged with its traceback.
+                    self.round_failures += 1
+                    if isinstance(error, MagnetarError):
+                        log.warning("dispatch failed, retrying: subscription=%s error=%s delay_s=%.1f",
+                                    self.subscription.full_name, error, delay_s)
+                    else:
+                        log.exception("dispatch round raised, retrying: subscription=%s delay_s=%.1f",
+                                      self.subscription.full_name, delay_s)
+                    await asyncio.sleep(delay_s)
+                    delay_s = min(delay_s * 2, RETRY_DELAY_S_MAX)
                     self._wakeup.set()
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("dispatcher crashed: subscription=%s", self.subscription.full_name)
-            raise
         finally:
+            self.reading = False
             self._task = None
+
+    async def _read(self, start: Position, count_max: int) -> list[ManagedEntry]:
+        """Reads for a round, counted for the watch."""
+        self.reads_started += 1
+        self.reading = True
+        self._confirmed_at_read = self.subscription.ledger.last_confirmed
+        try:
+            return await self.subscription.ledger.read(start, count_max, self._bytes_max)
+        finally:
+            self.reading = False
+
+    def _entries_for(self, permits: int) -> int:
+        """Entries to read for ``permits`` messages: the permits over the mean batch
+        size, rounded up, within [1, entries_max]."""
+        wanted = -(-permits // max(1, int(self.messages_per_entry)))
+        return max(1, min(wanted, self._entries_max))
+
+    def _count_entry(self, message_count: int) -> None:
+        self.messages_per_entry += _MEAN_WEIGHT * (max(1, message_count) - self.messages_per_entry)
+
+    # --- the invariant ------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def has_work(self) -> bool:
+        """True when a consumer can take messages now and there is something to read."""
+
+    def check_progress(self, now_s: float) -> bool:
+        """One sample of the invariant (a consumer with permits and a subscription with
+        backlog get a read within ``watch.bound_s``); on a stall, wakes the loop and
+        returns True (the caller logs and counts it)."""
+        if self._closed:
+            return False
+        stalled = self.watch.observe(now_s, has_work=self.has_work(), reading=self.reading,
+                                     reads_started=self.reads_started)
+        if stalled:
+            log.warning("dispatcher stalled with backlog and permits, waking it: subscription=%s waited_s=%.1f "
+                        "task_alive=%s", self.subscription.full_name, self.watch.wait_s_max, self._task is not None)
+            self.wake()
+        return stalled
+
+    def _backlog_to_read(self) -> bool:
+        subscription = self.subscription
+        return subscription.cursor.read_position <= subscription.ledger.last_confirmed
 
     @abc.abstractmethod
     async def _dispatch_round(self) -> None:
@@ -160,6 +248,13 @@ class Dispatcher(abc.ABC):
             self.wake()
 
         waiter.add_done_callback(on_entries)
+        if self.subscription.ledger.last_confirmed != self._confirmed_at_read:
+            # Entries were confirmed while the read that came back empty was in flight,
+            # before this waiter existed: it would only fire on the next append, which
+            # a prefilled topic never gets. Go round again. (Only then: were an empty
+            # read to meet unread entries for another reason, waking here every time
+            # would spin; the watch reports such a case as a stall instead.)
+            self.wake()
 
     def _prepare(self, entry: ManagedEntry) -> tuple[int, list[int] | None] | None:
         """(message count, ack_set to send) for an entry still to deliver; None if it
@@ -243,6 +338,11 @@ class SingleActiveDispatcher(Dispatcher):
         cursor.rewind()
         self.wake()
 
+    def has_work(self) -> bool:
+        consumer = self.active
+        return (consumer is not None and consumer.permits > 0 and consumer.writable
+                and self._backlog_to_read())
+
     async def _dispatch_round(self) -> None:
         subscription = self.subscription
         cursor = subscription.cursor
@@ -252,19 +352,25 @@ class SingleActiveDispatcher(Dispatcher):
             if consumer is None or consumer.permits <= 0 or not consumer.writable:
                 return
             start = cursor.read_position
-            entries = await ledger.read(start, min(consumer.permits, self._entries_max), self._bytes_max)
+            entries = await self._read(start, self._entries_for(consumer.permits))
             if consumer is not self.active or cursor.read_position != start:
                 continue  # the consumer changed or the cursor moved while reading
             if not entries:
                 self._check_end_of_topic()
                 self._wait_for_entries()
                 return
+            done = None
             for entry in entries:
+                if consumer.permits <= 0:
+                    break   # the rest is read again when permits come (from the cache)
+                done = entry
                 prepared = self._prepare(entry)
                 if prepared is None:
                     continue
                 count, ack_set = prepared
+                self._count_entry(count)
                 consumer.send_entry(entry, count, redelivery_count=subscription.redelivery_count(entry.position),
                                     ack_set=ack_set)
                 self.messages_dispatched += count
-            cursor.skip_next_read(ledger.next_position(entries[-1].position))
+            assert done is not None, "a round with permits sent nothing of what it read"
+            cursor.skip_next_read(ledger.next_position(done.position))

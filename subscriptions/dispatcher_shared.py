@@ -138,6 +138,12 @@ class SharedDispatcher(Dispatcher):
 
     # --- the round ------------------------------------------------------------------------------
 
+    def has_work(self) -> bool:
+        # Entries held back (key-shared order, full consumers) wait for acknowledgements,
+        # not for a read: only new entries with a consumer free to take them count.
+        return (bool(self._available()) and len(self._replay) < REPLAY_ENTRIES_MAX
+                and self._backlog_to_read())
+
     async def _dispatch_round(self) -> None:
         subscription = self.subscription
         cursor = subscription.cursor
@@ -153,7 +159,7 @@ class SharedDispatcher(Dispatcher):
                 return  # too much held back: wait for acknowledgements
             start = cursor.read_position
             total_permits = sum(c.permits for c in available)
-            entries = await ledger.read(start, max(1, min(total_permits, self._entries_max)), self._bytes_max)
+            entries = await self._read(start, self._entries_for(total_permits))
             if cursor.read_position != start:
                 continue  # the cursor moved (reset) while reading
             if not entries:
@@ -171,6 +177,7 @@ class SharedDispatcher(Dispatcher):
                     self._add_replay(entry.position, count=False)
                     continue
                 count, ack_set = prepared
+                self._count_entry(count)
                 self._send(consumer, entry, count, ack_set)
                 sent += 1
             cursor.skip_next_read(ledger.next_position(entries[-1].position))

@@ -292,3 +292,49 @@ async def test_appends_during_close_are_refused_and_close_waits_for_every_caller
     assert ledger.closed
     assert (await pending).entry_id == 0
 
+
+
+async def test_a_rollover_that_cannot_create_a_ledger_is_deferred_and_appends_go_on():
+    """etcd away: a full ledger's rollover cannot create the next ledger. The appends
+    waiting for it, and later ones, go to the current ledger (it is healthy) instead of
+    failing; the rollover is tried again after ROLL_RETRY_S (not on every append), and
+    once a ledger can be created again the topic rolls over. Receipts stay in order."""
+    from broker import managed_ledger as managed_ledger_module
+    from common.errors import MetadataUnavailable
+
+    now = [0.0]
+    store, client = MemoryStore(), FakeLedgerClient()
+    ledger = ManagedLedger(TOPIC, store, client, EntryCache(64 * MIB), config(ledger_entries_max=3),
+                           clock=lambda: now[0])
+    await ledger.open(create_if_missing=True)
+    first_ledger = ledger.current_ledger_id
+    real_create = client.create_ledger
+    tries = []
+
+    async def unavailable(*args, **kwargs):
+        tries.append(now[0])
+        raise MetadataUnavailable("etcd call failed: UNAVAILABLE")
+
+    client.create_ledger = unavailable
+    async with asyncio.timeout(TIMEOUT_S):
+        positions = [await ledger.append(f"m{index}".encode()) for index in range(8)]
+    assert [p.ledger_id for p in positions] == [first_ledger] * 8
+    assert [p.entry_id for p in positions] == list(range(8))
+    assert len(tries) == 1, tries                      # not one try per append
+    assert ledger.rollovers_deferred == 1
+    now[0] += managed_ledger_module.ROLL_RETRY_S + 0.1
+    async with asyncio.timeout(TIMEOUT_S):
+        more = await ledger.append(b"m8")             # the retry is due: it fails again
+        assert more == Position(first_ledger, 8)
+    assert len(tries) == 2
+    client.create_ledger = real_create                 # etcd is back
+    now[0] += managed_ledger_module.ROLL_RETRY_S_MAX + 0.1
+    async with asyncio.timeout(TIMEOUT_S):
+        await ledger.append(b"m9")
+        later = await ledger.append(b"m10")
+    await until(lambda: ledger.current_ledger_id != first_ledger, "a rollover once etcd answers")
+    async with asyncio.timeout(TIMEOUT_S):
+        last = await ledger.append(b"m11")
+    assert later.ledger_id in (first_ledger, ledger.current_ledger_id)
+    assert last.ledger_id == ledger.current_ledger_id != first_ledger
+    await ledger.close()

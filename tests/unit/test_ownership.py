@@ -513,3 +513,57 @@ async def test_owner_records_and_handover_target_come_from_the_mirrors():
     finally:
         await brokers.close()
         await manager.close()
+
+
+async def test_an_unconfirmed_lease_that_cannot_have_expired_keeps_every_bundle_served():
+    """Metadata outages (issue 14): with a 10 s TTL, a lease unconfirmed for 5 s makes
+    the broker metadata-degraded (it refuses to load topics, retriably) but it keeps
+    serving every bundle and closes nothing; at 9.5 s (past fence_fraction, 0.9) it
+    fences; confirmed again, it serves again and is no longer degraded."""
+    from common.errors import ServiceNotReady
+
+    store = MemoryStore()
+    bundles = await _namespace(store)
+    topics = _topics_one_per_bundle(bundles)
+    closed: list[TopicName] = []
+
+    async def close_topics(names: list[TopicName], _reason: str) -> None:
+        closed.extend(names)
+
+    manager = OwnershipManager(store, BundlesConfig(lease_ttl_s=10), _identity("a"),
+                               loaded_topics=lambda: list(topics), close_topics=close_topics)
+    await manager.start()
+    try:
+        await _assign_all(store, manager, bundles)
+        assert manager.lease is not None
+        manager.lease.refreshed_at = time.monotonic() - 5.0
+        await asyncio.wait_for(_wait_for(lambda: manager.metadata_degraded), 2.0)
+        await asyncio.sleep(0.6)                                  # two more looks of the guard
+        assert not manager.fenced
+        assert len(manager.serving()) == len(bundles.ranges)
+        assert [await manager.is_serving(topic) for topic in topics] == [True] * len(topics)
+        assert closed == []
+        with pytest.raises(ServiceNotReady, match="metadata store is unavailable"):
+            await manager.ensure_serving(topics[0])
+        assert manager.outages == 1
+        manager.lease.refreshed_at = time.monotonic() - 9.5
+        await asyncio.wait_for(_wait_for(lambda: manager.fenced), 2.0)
+        await _until(lambda: len(closed) == len(topics), "every bundle's topics closed")
+        assert manager.serving() == []
+        manager.lease.refreshed_at = time.monotonic()
+        await asyncio.wait_for(_wait_for(lambda: not manager.fenced and not manager.metadata_degraded), 2.0)
+        assert len(manager.serving()) == len(bundles.ranges)
+        await manager.ensure_serving(topics[0])
+        assert manager.outages == 1
+    finally:
+        await manager.close()
+
+
+def test_the_fence_comes_at_least_a_second_before_the_lease_could_expire():
+    """fence_after_s: 0.9 of a 10 s TTL (9 s); with a 4 s TTL not 3.6 s but 3 s (a
+    second before the end); never below a fifth of the TTL."""
+    assert BundlesConfig(lease_ttl_s=10).fence_after_s == 9.0
+    assert BundlesConfig(lease_ttl_s=4).fence_after_s == 3.0
+    assert BundlesConfig(lease_ttl_s=2).fence_after_s == 1.0
+    assert BundlesConfig(lease_ttl_s=30).fence_after_s == 27.0
+    assert BundlesConfig(lease_ttl_s=10, fence_fraction=0.5).fence_after_s == 5.0
