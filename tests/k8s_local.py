@@ -105,13 +105,23 @@ class ServiceProxy:
         await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer))
 
     def stop(self) -> None:
-        def close() -> None:
+        """Closes the listener and every open connection (their tasks ended on the proxy's
+        own loop, not left to the garbage collector), then the loop."""
+        async def close() -> None:
             if self._server is not None:
                 self._server.close()
-            self._loop.stop()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
-        self._loop.call_soon_threadsafe(close)
-        self._thread.join(10)
+        try:
+            asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            if not self._thread.is_alive():
+                self._loop.close()
 
 
 @dataclass
