@@ -76,6 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     simple.add_argument("--size", type=int, default=1024, help="payload bytes per entry")
     simple.add_argument("--window", type=int, default=1000, help="adds in flight at once")
     simple.add_argument("--progress-interval-s", type=float, default=0.5)
+    simple.add_argument("--delete", action="store_true",
+                        help="delete the ledger once written and closed (a check that leaves nothing behind: "
+                             "a ledger kept on every bookie could never be re-replicated off one)")
 
     read = command("readledger", "read a whole ledger, verifying digests")
     read.add_argument("--ledger", type=int, required=True)
@@ -97,6 +100,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     decommission.add_argument("--timeout-s", type=float, default=3600.0,
                               help="give up (exit 1) after this long; the mark stays")
     decommission.add_argument("--progress-interval-s", type=float, default=2.0)
+    decommission.add_argument("--no-wait", action="store_true",
+                              help="mark it and return at once, printing what still names it (then close "
+                                   "the open ledgers on it, e.g. by restarting the brokers, and run it again "
+                                   "without this to wait)")
     recover_bookie = command("recover", "re-replicate now every closed ledger naming the bookie "
                                         "(no grace period; run by this command, not the workers)")
     recover_bookie.add_argument("--bookie-id", required=True, help="the dead bookie whose copies to make again")
@@ -156,10 +163,15 @@ async def _simple_test(client: LedgerClient, args: argparse.Namespace) -> int:
     except MagnetarError as close_error:
         error = error or close_error
     seconds = time.monotonic() - started
+    deleted = False
+    if closed and args.delete:
+        await client.delete_ledger(ledger_id)
+        deleted = True
     fragments = [{"first_entry_id": f.first_entry_id, "bookies": list(f.bookies)} for f in handle.metadata.fragments]
     _emit({"ledger_id": ledger_id, "acked": acked, "last_entry_id": handle.last_add_confirmed,
            "requested": args.entries, "ensemble_changes": handle.ensemble_changes, "fragments": fragments,
-           "closed": closed, "error": str(error) if error else None, "error_code": error.code if error else 0,
+           "closed": closed, "deleted": deleted, "error": str(error) if error else None,
+           "error_code": error.code if error else 0,
            "seconds": round(seconds, 3), "adds_per_s": round(acked / seconds, 1) if seconds > 0 else 0.0})
     return 0 if acked == args.entries and closed else 1
 
@@ -240,6 +252,10 @@ async def _decommission(client: LedgerClient, args: argparse.Namespace) -> int:
     deadline = started + args.timeout_s
     while True:
         closed, other = _ledgers_naming(await _all_ledgers(client), args.bookie_id)
+        if args.no_wait:
+            _emit({"bookie_id": args.bookie_id, "marked": True, "decommissioned": not closed and not other,
+                   "closed_ledgers_left": len(closed), "open_ledgers_left": len(other)})
+            return 0
         if not closed and not other:
             _emit({"bookie_id": args.bookie_id, "decommissioned": True,
                    "seconds": round(time.monotonic() - started, 3)})

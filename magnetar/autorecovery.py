@@ -1,5 +1,5 @@
 """``magnetar autorecovery``: an auditor candidate plus a replication worker, with
-/health and /metrics.
+/health, /live, /ready and /metrics.
 
     magnetar autorecovery --metadata etcd://127.0.0.1:2379 --http-port 8010
 
@@ -18,11 +18,12 @@ import os
 import socket
 import uuid
 
+from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from common.config_options import ConfigOption, add_config_options, config_overrides
-from common.ops_http import build_ops_app, start_ops_server
+from common.ops_http import HealthCheck, add_ready_route, build_ops_app, start_ops_server
 from common.tasks import stop_on_signals
 from ledger.auditor import Auditor
 from ledger.client import LedgerClient
@@ -46,8 +47,9 @@ OPTIONS: list[ConfigOption] = [
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metadata", required=True, help="etcd://host:port[,host:port...]")
-    parser.add_argument("--host", default="127.0.0.1", help="address of /health and /metrics")
-    parser.add_argument("--http-port", type=int, default=8010, help="/health and /metrics (0: any free port)")
+    parser.add_argument("--host", default="127.0.0.1", help="address of /health, /live, /ready and /metrics")
+    parser.add_argument("--http-port", type=int, default=8010,
+                        help="/health, /live, /ready and /metrics (0: any free port)")
     parser.add_argument("--id", default="", help="this process's id (default: host-pid-random)")
     add_config_options(parser, OPTIONS)
 
@@ -86,6 +88,15 @@ class _Collector:
             yield counter
 
 
+def build_app(registry: CollectorRegistry, health: HealthCheck, ready: HealthCheck) -> web.Application:
+    """The HTTP endpoint: /health and /live (the process answers), /ready (its ledger
+    client started: it reads the bookies' registry from etcd and can audit and copy;
+    503 before and while stopping), /metrics."""
+    app = build_ops_app(registry, health)
+    add_ready_route(app, ready)
+    return app
+
+
 async def _run(args: argparse.Namespace) -> int:
     config = AutoRecoveryConfig(**config_overrides(args, OPTIONS, AutoRecoveryConfig))
     process_id = args.id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -102,9 +113,17 @@ async def _run(args: argparse.Namespace) -> int:
     async def health() -> tuple[bool, dict]:
         return True, {"id": process_id, "auditor": auditor.elected, "audit_rounds": auditor.rounds}
 
-    runner, http_port = await start_ops_server(build_ops_app(registry, health), args.host, args.http_port)
+    started = False
+
+    async def ready() -> tuple[bool, dict]:
+        if not started or stopping.is_set():
+            return False, {"id": process_id, "reason": "stopping" if stopping.is_set() else "starting"}
+        return True, {"id": process_id, "auditor": auditor.elected}
+
+    runner, http_port = await start_ops_server(build_app(registry, health, ready), args.host, args.http_port)
     try:
         await client.start()
+        started = True
         up.set(1)
         log.info("autorecovery listening: id=%s http_address=%s:%d grace_period_s=%s",
                  process_id, args.host, http_port, config.grace_period_s)

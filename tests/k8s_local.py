@@ -105,13 +105,23 @@ class ServiceProxy:
         await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer))
 
     def stop(self) -> None:
-        def close() -> None:
+        """Closes the listener and every open connection (their tasks ended on the proxy's
+        own loop, not left to the garbage collector), then the loop."""
+        async def close() -> None:
             if self._server is not None:
                 self._server.close()
-            self._loop.stop()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
-        self._loop.call_soon_threadsafe(close)
-        self._thread.join(10)
+        try:
+            asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            if not self._thread.is_alive():
+                self._loop.close()
 
 
 @dataclass
@@ -369,7 +379,7 @@ class LocalCluster:
 
     async def start_all(self) -> None:
         """In dependency order (Kubernetes would restart the early ones until etcd answers)."""
-        for component in ("etcd", "bookie", "broker", "gateway"):
+        for component in ("etcd", "bookie", "autorecovery", "broker", "gateway"):
             for name, workload in self.workloads.items():
                 if k8s.component(workload) == component:
                     await self.start_workload(name)
@@ -377,7 +387,7 @@ class LocalCluster:
     async def stop_all(self) -> None:
         for proxy in self._proxies.values():
             proxy.stop()
-        for component in ("gateway", "broker", "bookie", "etcd"):
+        for component in ("gateway", "broker", "autorecovery", "bookie", "etcd"):
             for pod in list(self.pods.values()):
                 if pod.pod.component == component and pod.running:
                     try:
@@ -431,6 +441,20 @@ class LocalCluster:
             await self.start(self._next_pod_name(workload_name), wait_ready=True)
             await self.stop(old.name)
 
+    def _claim_in_use(self, claim: str) -> bool:
+        """A claim <template>-<pod> is in use while its pod is one the StatefulSet keeps
+        (running or restarting); a scaled-down ordinal's claim is free."""
+        for name, workload in self.workloads.items():
+            if workload["kind"] != "StatefulSet":
+                continue
+            for template in workload["spec"].get("volumeClaimTemplates", []):
+                prefix = template["metadata"]["name"] + "-"
+                if claim.startswith(prefix):
+                    wanted = {k8s.pod_name(workload, i) for i in range(self.replicas[name])}
+                    if claim[len(prefix):] in wanted:
+                        return True
+        return False
+
     async def run_kubectl(self, command: str) -> str:
         """Carries out one kubectl command line of a README procedure; returns its output."""
         argv = shlex.split(command)
@@ -475,7 +499,10 @@ class LocalCluster:
             return result.stdout
         if verb == "delete" and argv[1] == "pvc":
             for claim in [a for a in argv[2:] if not a.startswith("--")]:
-                self._pvcs_deleted.add(claim)
+                if self._claim_in_use(claim):
+                    self._pvcs_deleted.add(claim)     # deleted once its pod is
+                else:                                 # no pod of the StatefulSet uses it: deleted now
+                    shutil.rmtree(self.base_dir / "pvc" / claim)
             return ""
         if verb == "delete" and argv[1] == "pod":
             name = argv[2]

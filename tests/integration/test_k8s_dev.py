@@ -1,7 +1,7 @@
 """The dev overlay, run: every pod of ``kubectl kustomize k8s/overlays/dev`` as a local process.
 
 What it proves: the exact commands, arguments and environment of the rendered pods (1 etcd,
-3 bookies, 2 brokers, 1 gateway) make a working cluster; every probe of every pod (startup,
+3 bookies, 2 brokers, 1 gateway, 1 auto-recovery) make a working cluster; every probe of every pod (startup,
 liveness, readiness) and every scrape target answers 200 on the path it names; messages
 produced through the rendered broker Service with the official client, and through the
 rendered gateway over HTTP, are consumed back whole; the brokers advertise the addresses
@@ -15,10 +15,18 @@ Then the scaling procedures of k8s/README.md, run as written on the same pods:
   acknowledged message is received;
 - restart the brokers (a rolling update, one new broker ready before an old one drains)
   under traffic: every bundle ends on the new brokers, no client error, nothing lost;
-- add a bookie: it registers under its pod name and takes part in new ledgers;
-- recover a bookie whose volumes were lost: it refuses to start on its cookie, and after
-  the procedure it is ready again under the same identity, with every message that was
-  acknowledged before the loss still consumed.
+- add a bookie: it registers under its pod name and takes part in new ledgers (the check's
+  ledger deleted after);
+- recover a bookie whose volumes were lost: it refuses to start on its cookie; the
+  procedure restarts the brokers (closing the ledgers open on it) and re-replicates every
+  ledger it held (none names it after), and it is
+  ready again under the same identity, with every message that was acknowledged before
+  the loss still consumed;
+- decommission the added bookie under traffic: marked, brokers restarted (their open
+  ledgers on it closed), waited for until no ledger names it (auto-recovery copied its
+  closed ledgers), then the StatefulSet shrinks and its claims, cookie and mark go; no
+  client error, and every acknowledged message is received, and read again from the start
+  by a second subscription after the bookie is gone.
 How: tests/k8s_local.py runs each pod's rendered command as a process (ports remapped to
 loopback, volumes to a temporary directory) and carries out the procedures' kubectl lines
 (scale, rollout status, wait, exec, delete pod/pvc, logs) on them; the official client
@@ -30,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import tempfile
 import threading
@@ -66,9 +75,9 @@ def service_address(cluster: LocalCluster, service: str, port: int) -> str:
 
 
 def test_every_probe_and_scrape_target_answers(cluster):
-    assert sorted(cluster.pods) == ["magnetar-bookie-0", "magnetar-bookie-1", "magnetar-bookie-2",
-                                    "magnetar-broker-00000", "magnetar-broker-00001", "magnetar-etcd-0",
-                                    "magnetar-gateway-00000"]
+    assert sorted(cluster.pods) == ["magnetar-autorecovery-00000", "magnetar-bookie-0", "magnetar-bookie-1",
+                                    "magnetar-bookie-2", "magnetar-broker-00000", "magnetar-broker-00001",
+                                    "magnetar-etcd-0", "magnetar-gateway-00000"]
     for pod in cluster.pods.values():
         for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
             assert pod.probe(kind) == 200, (pod.name, kind, pod.probe_url(kind))
@@ -181,15 +190,32 @@ class Traffic:
         for thread in self._threads:
             thread.start()
 
-    def finish(self, timeout_s: float = 60) -> None:
+    def stop(self, timeout_s: float = 60) -> None:
+        """Stops sending; returns once everything acknowledged was received (or timeout_s)."""
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout_s)
+
+    def finish(self, timeout_s: float = 60) -> None:
+        self.stop(timeout_s)
         self.client.close()
 
 
-def bundle_owners(output: str) -> dict[str, str]:
-    return {bundle: owner["broker"] for bundle, owner in json.loads(output).items()}
+def bundle_owners(output: str) -> dict[str, str | None]:
+    """Bundle -> owning broker; None for a bundle between owners (handed over, not yet taken)."""
+    return {bundle: owner["broker"] if owner else None for bundle, owner in json.loads(output).items()}
+
+
+async def settled_owners(cluster: LocalCluster, output: str, timeout_s: float = 60) -> dict[str, str]:
+    """The procedure's bundle owners once every bundle has one: a bundle the last drain
+    released may be taken a moment after the drain returned."""
+    owners = bundle_owners(output)
+    deadline = time.monotonic() + timeout_s
+    while None in owners.values():
+        assert time.monotonic() < deadline, f"bundles without an owner: {owners}"
+        await asyncio.sleep(0.2)
+        owners = await current_owners(cluster)
+    return owners
 
 
 async def current_owners(cluster: LocalCluster) -> dict[str, str]:
@@ -230,7 +256,7 @@ async def test_add_then_remove_brokers_under_traffic(cluster):
             assert json.loads(stop["pre_stop_output"])["bundlesOwned"] == 0, stop
             assert stop["exit_code"] == 0, stop
             assert stop["seconds"] < stop["grace_s"], stop
-        owners = bundle_owners(outputs[-1])
+        owners = await settled_owners(cluster, outputs[-1])
         assert set(owners.values()) <= {"magnetar-broker-00000", "magnetar-broker-00001"}, owners
         await until(lambda: len(traffic.acknowledged) >= sent_before_removal + 100, 60,
                                "traffic flowing after the scale-down")
@@ -258,7 +284,7 @@ async def test_rolling_restart_of_the_brokers_under_traffic(cluster):
         for stop in stops:
             assert stop["pre_stop_exit"] == 0 and stop["exit_code"] == 0, stop
         # Every bundle on the new brokers; each old one handed over once (its drain).
-        assert set(bundle_owners(outputs[-1]).values()) <= new
+        assert set((await settled_owners(cluster, outputs[-1])).values()) <= new
         acknowledged = len(traffic.acknowledged)
         await until(lambda: len(traffic.acknowledged) >= acknowledged + 100, 60, "traffic after the restart")
     finally:
@@ -274,6 +300,22 @@ async def test_add_a_bookie(cluster):
     assert f"127.0.0.1:{new_bookie.local_port(3181)}" in {b["bookie_id"] for b in listed}
     assert len(listed) == 4
     assert new_bookie.probe("readinessProbe") == 200
+    check = json.loads(outputs[3].strip().splitlines()[-1])
+    assert check["acked"] == 100 and len(check["fragments"][0]["bookies"]) == 4
+    assert check["deleted"] is True      # it would be on every bookie: none could take its copy
+
+
+def autorecovery_metric(cluster: LocalCluster, name: str) -> float:
+    """A counter of the auto-recovery pod, scraped where its annotations say."""
+    pod = cluster.running_pods("magnetar-autorecovery")[0]
+    with urllib.request.urlopen(f"http://127.0.0.1:{pod.local_port('http')}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return float(re.search(rf"^{name} (\S+)$", text, re.M).group(1))
+
+
+def last_json(output: str) -> dict:
+    """A magnetar shell command's result: the last line it prints."""
+    return json.loads(output.strip().splitlines()[-1])
 
 
 async def test_recover_a_bookie_whose_volumes_were_lost(cluster):
@@ -295,9 +337,25 @@ async def test_recover_a_bookie_whose_volumes_were_lost(cluster):
         await cluster.start(lost.name, wait_ready=False)        # the kubelet restarts it...
         await until(lambda: not lost.running, 60, "the bookie refusing to start")
         assert lost.process.process.returncode == 2              # ...and it refuses, on its cookie
+        # The operator comes once its registration has lapsed (10 s after it died; a pod in
+        # CrashLoopBackOff is past that): no new ledger is placed on it from then on.
+        registered = "kubectl -n magnetar exec magnetar-etcd-0 -- etcdctl --endpoints=http://127.0.0.1:2379 " \
+                     "get --prefix --keys-only /magnetar/magnetar/bookies/"
+        lost_id = f"127.0.0.1:{lost.local_port(3181)}"
+        deadline = time.monotonic() + 60
+        while lost_id in await cluster.run_kubectl(registered):
+            assert time.monotonic() < deadline, "the lost bookie's registration did not lapse"
+            await asyncio.sleep(0.5)
 
         outputs = [await cluster.run_kubectl(line) for line in procedure("Recover a bookie whose volume was lost")]
         assert "its data is gone" in outputs[0]
+        recovered = last_json(outputs[3])
+        # The earlier tests' brokers closed ledgers on every bookie: some named it. (A
+        # "failed" one is one the auto-recovery pod's worker had locked: it copies the
+        # records recover writes too; none is left either way.) The brokers' restart
+        # closed the open ones, so no ledger names it when its cookie goes.
+        assert recovered["ledgers_replicated"] >= 1, recovered
+        assert recovered["closed_ledgers_left"] == 0 and recovered["open_ledgers_left"] == 0, recovered
         assert lost.running and lost.probe("readinessProbe") == 200
         assert lost.probe("livenessProbe") == 200
 
@@ -312,3 +370,57 @@ async def test_recover_a_bookie_whose_volumes_were_lost(cluster):
         assert got == sent + after
     finally:
         client.close()
+
+
+async def test_decommission_a_bookie_under_traffic(cluster):
+    bookie = cluster.pods["magnetar-bookie-3"]
+    claims = [cluster.base_dir / "pvc" / f"{t}-magnetar-bookie-3" for t in ("journal", "ledgers")]
+    assert all(c.is_dir() for c in claims)
+    traffic = Traffic(broker_service_url(cluster))
+    # A second subscription, read only once the bookie is gone: what it held, copied elsewhere.
+    replay = traffic.client.subscribe(traffic.topics, "after-decommission", consumer_type=pulsar.ConsumerType.Shared,
+                                      initial_position=pulsar.InitialPosition.Earliest)
+    traffic.start()
+    try:
+        await until(lambda: len(traffic.acknowledged) >= 200, 60, "traffic flowing")
+        stops_before = len(cluster.stops)
+        copied_before = autorecovery_metric(cluster, "magnetar_autorecovery_fragments_rereplicated_total")
+        started = time.monotonic()
+        outputs = [await cluster.run_kubectl(line) for line in procedure("Decommission a bookie")]
+        seconds = time.monotonic() - started
+        marked = last_json(outputs[0])
+        assert marked["marked"] is True
+        # It held copies (the traffic's ledgers, the re-replicated ones): the wait had work.
+        assert marked["closed_ledgers_left"] + marked["open_ledgers_left"] >= 1, marked
+        done = last_json(outputs[3])
+        assert done["decommissioned"] is True, done
+        # The closed ledgers were copied off it by the auto-recovery pod (the shell only waits).
+        copied = autorecovery_metric(cluster, "magnetar_autorecovery_fragments_rereplicated_total") - copied_before
+        assert copied >= 1
+        assert not bookie.running
+        stops = cluster.stops[stops_before:]
+        assert stops[-1]["pod"] == "magnetar-bookie-3" and stops[-1]["exit_code"] == 0, stops[-1]
+        assert not any(c.exists() for c in claims)
+        assert outputs[6].strip() == "1" and outputs[7].strip() == "1"     # cookie and mark deleted
+        listed = last_json(await cluster.run_kubectl(
+            "kubectl -n magnetar exec deploy/magnetar-broker -- magnetar shell listbookies"))["bookies"]
+        assert len(listed) == 3
+        acknowledged = len(traffic.acknowledged)
+        await until(lambda: len(traffic.acknowledged) >= acknowledged + 100, 60, "traffic after the decommission")
+    finally:
+        traffic.stop()
+    try:
+        assert traffic.errors == []
+        missing = traffic.acknowledged - traffic.received
+        assert not missing, f"{len(missing)} acknowledged messages not received (of {len(traffic.acknowledged)})"
+        replayed: set[bytes] = set()
+        while not traffic.acknowledged <= replayed:
+            message = await asyncio.to_thread(replay.receive, 20_000)
+            replayed.add(message.data())
+            replay.acknowledge(message)
+    finally:
+        traffic.client.close()
+    print(f"decommission of magnetar-bookie-3 under traffic: {seconds:.1f} s for the procedure "
+          f"(wait {done['seconds']} s; {marked['closed_ledgers_left']} closed and {marked['open_ledgers_left']} open "
+          f"ledgers named it when marked; {copied:.0f} fragments copied by auto-recovery); {len(traffic.acknowledged)} messages acknowledged, received, and read "
+          "again after it was gone")
