@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from protocol.codec import FRAME_PADDING_BYTES, MAX_MESSAGE_SIZE_DEFAULT
+from broker.authentication import AuthConfig
 from broker.managed_ledger import ManagedLedgerConfig
 from common.entry import ENTRY_HEADER_SIZE
 from common.errors import ConfigError
@@ -36,6 +37,8 @@ class BrokerConfig:
     advertised_address: str = ""
     broker_id: str = ""
     managed_ledger: ManagedLedgerConfig = field(default_factory=ManagedLedgerConfig)
+    # Authentication and authorization (broker/authentication.py); off by default.
+    auth: AuthConfig = field(default_factory=AuthConfig)
     # Largest message (payload frame) a client may send; announced in CONNECTED.
     max_message_size: int = MAX_MESSAGE_SIZE_DEFAULT
     # Back-pressure on publishers (broker/publish_limits.py): sends accepted and not yet

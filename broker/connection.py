@@ -27,6 +27,17 @@ Theory of operation:
   send is never refused for a bound. Toward consumers, when the socket's write buffer
   passes its high-water mark the connection is not writable and dispatchers hold off
   until it drains.
+- Authentication (broker/authentication.py), when on: CONNECT must carry a role's
+  credentials (auth method ``token``). A CONNECT whose credentials fail is still
+  answered CONNECTED, and the first request after it is answered with
+  AuthenticationError and the connection closed: the official C++-based clients treat
+  an ERROR in place of CONNECTED as a connect error and retry until their timeout
+  (pulsar-client-cpp issue 227), while an AuthenticationError answer to a request fails
+  the operation at once. Nothing but PING/PONG is served to such a connection. Authorization: lookups and
+  partition metadata need produce or consume on the topic, PRODUCER produce, SUBSCRIBE
+  consume. ``recheck_permissions`` (the service calls it periodically and after a
+  revoke) closes producers and consumers whose role lost its permission, and the whole
+  connection once its token has expired.
 - Keep-alive: a PING after ``keepalive_interval_s`` of silence; no traffic for twice
   that closes the connection. When the connection goes, its producers and consumers
   are removed from their topics.
@@ -42,6 +53,8 @@ from typing import TYPE_CHECKING, Callable
 
 from protocol import commands
 from protocol.codec import NEED_DATA, CommandDecoder, Frame, PayloadChecksumMismatch, command_name, encode_command
+from broker.authentication import Identity
+from broker.authorization import CONSUME, PRODUCE
 from broker.consumer import Consumer
 from common.position import Position
 from broker.producer import Producer
@@ -50,6 +63,7 @@ from protocol.proto import pulsar_api_pb2 as pb
 from protocol.server_errors import server_error_for
 from common.topic_name import NamespaceName, TopicName
 from common.errors import (
+    AuthenticationFailed,
     ChecksumError,
     InvalidArgument,
     MagnetarError,
@@ -97,6 +111,10 @@ class ServerConnection(asyncio.Protocol):
         self.closed = False
         self.protocol_version = 0
         self.client_version = ""
+        # The authenticated role (None while authentication is off, or before CONNECT).
+        self.identity: Identity | None = None
+        # Set when CONNECT's credentials failed: every request is refused with it.
+        self._authentication_failure: AuthenticationFailed | None = None
         self.writable = True
         self.producers: dict[int, Producer] = {}
         self._producer_topics: dict[int, "PersistentTopic"] = {}
@@ -227,23 +245,30 @@ class ServerConnection(asyncio.Protocol):
         connection has ``pending_requests_per_connection_max`` tasks already."""
         if len(self._tasks) < self.config.pending_requests_per_connection_max:
             return False
-        command = frame.command
         error = TooManyRequests(f"more than {self.config.pending_requests_per_connection_max} requests "
                                 "in progress on this connection")
+        self._refuse(frame, error)
+        if not self._refusing:
+            self._refusing = True
+            log.warning("too many requests in progress, refusing: peer=%s requests=%d", self.peer, len(self._tasks))
+        return True
+
+    def _refuse(self, frame: Frame, error: MagnetarError) -> None:
+        """Answers a request with ``error`` in the answer its command expects."""
+        command = frame.command
         code = server_error_for(error)
         if command.type == T.LOOKUP:
             self.write_command(commands.lookup_failure(command.lookupTopic.request_id, code, error.message))
         elif command.type == T.PARTITIONED_METADATA:
             self.write_command(commands.partitioned_metadata_failure(command.partitionMetadata.request_id, code,
                                                                      error.message))
+        elif command.type == T.SEND:
+            self.write_command(commands.send_error(command.send.producer_id, command.send.sequence_id, code,
+                                                   error.message))
         else:
             request_id = _request_id_of(command)
-            assert request_id is not None, command_name(command.type)
-            self.write_command(commands.error(request_id, code, error.message))
-        if not self._refusing:
-            self._refusing = True
-            log.warning("too many requests in progress, refusing: peer=%s requests=%d", self.peer, len(self._tasks))
-        return True
+            if request_id is not None:
+                self.write_command(commands.error(request_id, code, error.message))
 
     def _start_task(self, coroutine) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coroutine)
@@ -265,6 +290,10 @@ class ServerConnection(asyncio.Protocol):
             self.write_command(commands.error(0, pb.NotAllowedError, "the first command must be CONNECT"))
             self.close()
             return
+        if self._authentication_failure is not None and command_type not in (T.CONNECT, T.PING, T.PONG):
+            self._refuse(frame, self._authentication_failure)
+            self.close()
+            return
         handler = self._handlers.get(command_type)
         if handler is None:
             request_id = _request_id_of(frame.command)
@@ -284,13 +313,57 @@ class ServerConnection(asyncio.Protocol):
             self.write_command(commands.error(0, pb.NotAllowedError, "already connected"))
             return
         connect = frame.command.connect
+        authenticator = self.service.authenticator
+        if authenticator.enabled:
+            method = connect.auth_method_name if connect.HasField("auth_method_name") else ""
+            data = connect.auth_data if connect.HasField("auth_data") else None
+            try:
+                self.identity = authenticator.authenticate(method, data)
+            except AuthenticationFailed as error:
+                # The reason, never the credential. The first request gets the error and
+                # the connection ends (see the module's docstring).
+                log.info("authentication failed: peer=%s method=%s error=%s", self.peer, method[:32], error.message)
+                self._authentication_failure = error
         self.client_version = connect.client_version
         self.protocol_version = commands.negotiated_protocol_version(connect.protocol_version)
         self.supports_partial_producer = connect.feature_flags.supports_partial_producer
         self.connected = True
         self.write_command(commands.connected(SERVER_VERSION, self.protocol_version, self.config.max_message_size))
-        log.debug("client connected: peer=%s client=%s protocol=%d", self.peer, self.client_version,
-                  self.protocol_version)
+        log.debug("client connected: peer=%s client=%s protocol=%d role=%s", self.peer, self.client_version,
+                  self.protocol_version, self.role)
+
+    @property
+    def role(self) -> str | None:
+        return self.identity.role if self.identity is not None else None
+
+    async def recheck_permissions(self) -> None:
+        """Closes the connection if its credential expired, and each producer or
+        consumer whose role may no longer produce or consume on its topic (CLOSE_*: the
+        client looks the topic up again and is refused)."""
+        if self.closed or self.identity is None:
+            return
+        if not self.service.authenticator.still_valid(self.identity):
+            log.info("credential expired, closing connection: peer=%s role=%s", self.peer, self.role)
+            self.close()
+            return
+        authorizer = self.service.authorizer
+        if not authorizer.enabled:
+            return
+        for producer_id, topic in list(self._producer_topics.items()):
+            if not await authorizer.allowed(self.role, topic.name, PRODUCE):
+                producer = self.producers.get(producer_id)
+                if producer is not None and self._producer_topics.get(producer_id) is topic:
+                    log.info("producer closed, permission revoked: peer=%s role=%s topic=%s", self.peer,
+                             self.role, topic.full_name)
+                    self._detach_producer(producer_id)
+                    self.write_command(commands.close_producer(producer_id))
+        for consumer_id, attached in list(self.consumers.items()):
+            if not await authorizer.allowed(self.role, attached.topic.name, CONSUME):
+                if self.consumers.get(consumer_id) is attached:
+                    log.info("consumer closed, permission revoked: peer=%s role=%s topic=%s", self.peer,
+                             self.role, attached.topic.full_name)
+                    self._detach_consumer(consumer_id)
+                    self.write_command(commands.close_consumer(consumer_id))
 
     def _on_ping(self, frame: Frame) -> None:
         self.write_command(commands.pong())
@@ -315,7 +388,9 @@ class ServerConnection(asyncio.Protocol):
     async def _on_partitioned_metadata(self, frame: Frame) -> None:
         request = frame.command.partitionMetadata
         try:
-            partitions = await self.service.partitioned_metadata(TopicName.parse(request.topic))
+            name = TopicName.parse(request.topic)
+            await self.service.authorizer.check_lookup(self.role, name)
+            partitions = await self.service.partitioned_metadata(name)
         except MagnetarError as error:
             self.write_command(commands.partitioned_metadata_failure(request.request_id, server_error_for(error),
                                                                      error.message))
@@ -325,7 +400,9 @@ class ServerConnection(asyncio.Protocol):
     async def _on_lookup(self, frame: Frame) -> None:
         request = frame.command.lookupTopic
         try:
-            owner = await self.service.lookup(TopicName.parse(request.topic))
+            name = TopicName.parse(request.topic)
+            await self.service.authorizer.check_lookup(self.role, name)
+            owner = await self.service.lookup(name)
         except MagnetarError as error:
             self.write_command(commands.lookup_failure(request.request_id, server_error_for(error), error.message))
             return
@@ -337,7 +414,9 @@ class ServerConnection(asyncio.Protocol):
     async def _on_get_topics_of_namespace(self, frame: Frame) -> None:
         request = frame.command.getTopicsOfNamespace
         try:
-            topics = await self.service.topics_of_namespace(NamespaceName.parse(request.namespace))
+            namespace = NamespaceName.parse(request.namespace)
+            await self.service.authorizer.check_namespace_access(self.role, namespace)
+            topics = await self.service.topics_of_namespace(namespace)
         except MagnetarError as error:
             self._write_error(request.request_id, error)
             return
@@ -373,7 +452,9 @@ class ServerConnection(asyncio.Protocol):
 
     async def _create_producer(self, request: pb.CommandProducer) -> None:
         try:
-            topic = await self.service.get_topic(TopicName.parse(request.topic), create=True)
+            topic_name = TopicName.parse(request.topic)
+            await self.service.authorizer.check(self.role, topic_name, PRODUCE)
+            topic = await self.service.get_topic(topic_name, create=True)
             name = request.producer_name or topic.generate_producer_name()
             producer = Producer(request.producer_id, name, topic.full_name, self,
                                 user_provided_name=bool(request.producer_name),
@@ -502,7 +583,9 @@ class ServerConnection(asyncio.Protocol):
         try:
             if not request.subscription:
                 raise InvalidArgument("subscription name must not be empty")
-            topic = await self.service.get_topic(TopicName.parse(request.topic), create=request.force_topic_creation)
+            topic_name = TopicName.parse(request.topic)
+            await self.service.authorizer.check(self.role, topic_name, CONSUME)
+            topic = await self.service.get_topic(topic_name, create=request.force_topic_creation)
             consumer = Consumer(request.consumer_id, request.consumer_name or f"consumer-{request.consumer_id}",
                                 request.subscription, topic.full_name, SubscriptionMode.from_wire(request.subType),
                                 self,

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from broker.admin.app import build_admin_app
 from broker.archiver import STEPS as ARCHIVE_STEPS
 from broker.archiver import ArchiverConfig
+from broker.authentication import AuthConfig
 from broker.config import HTTP_PORT_OFFSET, BrokerConfig
 from broker.connection import ServerConnection
 from broker.managed_ledger import ManagedLedgerConfig
@@ -79,6 +80,20 @@ OPTIONS: list[ConfigOption] = [
     ConfigOption("--no-auto-topic-creation", BrokerConfig, "allow_auto_topic_creation",
                  "refuse producers and consumers of topics that do not exist", switch_to=False),
     ConfigOption("--retention-check-interval-s", BrokerConfig, "retention_check_interval_s"),
+    # Security (broker/authentication.py, broker/authorization.py): off by default.
+    ConfigOption("--authentication-enabled", AuthConfig, "authentication_enabled",
+                 "clients must present a token (CONNECT auth method token; HTTP Authorization: Bearer)",
+                 switch_to=True),
+    ConfigOption("--authorization-enabled", AuthConfig, "authorization_enabled",
+                 "check roles against superusers, tenant admins and namespace permissions", switch_to=True),
+    ConfigOption("--superuser-roles", AuthConfig, "superuser_roles", "comma-separated roles that may do everything"),
+    ConfigOption("--token-secret-key", AuthConfig, "token_secret_key",
+                 "HS256 secret key: file:///path (prefer a file: a command line is visible to ps)"),
+    ConfigOption("--token-public-key", AuthConfig, "token_public_key", "RS256 public key: file:///path"),
+    ConfigOption("--anonymous-role", AuthConfig, "anonymous_role",
+                 "role of clients presenting no credentials (empty: refuse them)"),
+    ConfigOption("--permission-check-interval-s", AuthConfig, "permission_check_interval_s",
+                 "how often connected producers and consumers are checked against current permissions"),
     ConfigOption("--lease-ttl-s", BundlesConfig, "lease_ttl_s", "a dead broker's bundles move after this"),
     ConfigOption("--load-report-interval-s", BundlesConfig, "report_interval_s"),
     ConfigOption("--leader-interval-s", BundlesConfig, "leader_interval_s"),
@@ -119,6 +134,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
     """BrokerConfig from the flags given; every other field keeps its dataclass default."""
     return BrokerConfig(metadata_url=args.metadata,
                         managed_ledger=ManagedLedgerConfig(**config_overrides(args, OPTIONS, ManagedLedgerConfig)),
+                        auth=AuthConfig(**config_overrides(args, OPTIONS, AuthConfig)),
                         **config_overrides(args, OPTIONS, BrokerConfig))
 
 

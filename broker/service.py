@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from broker.archiver import Archiver, ArchiverConfig
+from broker.authentication import Authenticator
+from broker.authorization import Authorizer
 from broker.config import BrokerConfig
 from broker.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from broker.publish_limits import Limit, PendingSends, PublishLimits, ReadGate
@@ -110,6 +112,12 @@ class BrokerService:
         self.ledger_client = ledger_client
         self.bundles_config = bundles_config
         self.resources = Resources(store, default_bundles=(bundles_config or BundlesConfig()).default_bundles)
+        # Who a client is and what its role may do (both pass everything when off).
+        self.authenticator = Authenticator(config.auth)
+        self.authorizer = Authorizer(config.auth, self.resources)
+        # Set by a grant or revoke through this broker: the permission loop checks every
+        # connection at once instead of at its next interval.
+        self._recheck_permissions = asyncio.Event()
         self.cache = EntryCache(config.entry_cache_bytes_max)
         self.topics: dict[str, asyncio.Future[PersistentTopic]] = {}
         # One task per topic being loaded (each catches and hands on its own failure):
@@ -216,6 +224,8 @@ class BrokerService:
         except AlreadyExists:
             pass
         self._background.spawn(self._run_retention(), name="retention")
+        if self.authenticator.enabled:
+            self._background.spawn(self._run_permission_checks(), name="permission checks")
         self._background.spawn(self.archiver.run(self.loaded_topics), name="archiver")
 
     async def _run_retention(self) -> None:
@@ -230,6 +240,28 @@ class BrokerService:
                                              await self.archiver.retention_gate(topic))
                 except MagnetarError as error:
                     log.warning("retention check failed: topic=%s error=%s", topic.full_name, error)
+
+    def recheck_permissions_now(self) -> None:
+        """A permission changed here: check every connection's producers and consumers now."""
+        self._recheck_permissions.set()
+
+    async def _run_permission_checks(self) -> None:
+        """Every ``permission_check_interval_s`` (or at once after a change through this
+        broker), each connection drops what its role may no longer do and closes once
+        its token has expired. One task for the broker, whatever the connections."""
+        interval = self.config.auth.permission_check_interval_s
+        while not self.shutting_down:
+            try:
+                async with asyncio.timeout(interval):
+                    await self._recheck_permissions.wait()
+            except TimeoutError:
+                pass
+            self._recheck_permissions.clear()
+            for connection in list(self.connections):
+                try:
+                    await connection.recheck_permissions()
+                except MagnetarError as error:
+                    log.warning("permission check failed: peer=%s error=%s", connection.peer, error)
 
     # --- topics ---------------------------------------------------------------------------
 

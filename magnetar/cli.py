@@ -9,6 +9,7 @@
     magnetar admin …         the admin REST API (clusters, tenants, namespaces, topics, brokers)
     magnetar perf …          pulsar-perf-like throughput and latency runs
     magnetar archive …       a topic's Arrow archive: run, status, ls, verify
+    magnetar tokens …        authentication tokens and keys, like pulsar tokens
 
 Each subcommand's module owns its options (``add_arguments``) and wiring (``main``).
 """
@@ -37,6 +38,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "admin": ("magnetar.tools.admin", "admin REST client"),
     "perf": ("magnetar.tools.perf", "throughput and latency runs"),
     "archive": ("magnetar.tools.archive", "a topic's Arrow archive: run, status, ls, verify"),
+    "tokens": ("magnetar.tools.tokens", "authentication tokens and keys: create-secret-key, create-key-pair, "
+                                        "create, show, validate"),
 }
 
 

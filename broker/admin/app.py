@@ -57,6 +57,10 @@ def build_admin_app(service: BrokerService, registry: CollectorRegistry) -> web.
 
     app = build_ops_app(registry, health)
     app.middlewares.append(errors_middleware)
+    # Inside the errors middleware: a refused request answers JSON 401 / 403 like any error.
+    from broker.admin.permissions import auth_middleware
+
+    app.middlewares.append(auth_middleware(service))
     app["service"] = service
     from broker.admin import routes
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from broker.admin import archive, brokers, bundles, clusters, lookup, namespaces, subscriptions, tenants, topics
+from broker.admin import (archive, brokers, bundles, clusters, lookup, namespaces, permissions, subscriptions, tenants,
+                          topics)
 from broker.service import BrokerService
 
 
 def add_routes(app: web.Application, service: BrokerService) -> None:
     lookup.add_routes(app, service)
+    permissions.add_routes(app, service)
     brokers.add_routes(app, service)
     bundles.add_routes(app, service)
     clusters.add_routes(app, service)
