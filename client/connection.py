@@ -120,8 +120,11 @@ class ClientConnection(asyncio.Protocol):
         try:
             async with asyncio.timeout(config.connect_timeout_s):
                 _, connection = await loop.create_connection(lambda: cls(address, config), host, port)
-                connection._write(encode_command(wrap(pb.CommandConnect(
-                    client_version=CLIENT_VERSION, protocol_version=PROTOCOL_VERSION))))
+                connect = pb.CommandConnect(client_version=CLIENT_VERSION, protocol_version=PROTOCOL_VERSION)
+                if config.auth_token:
+                    connect.auth_method_name = "token"
+                    connect.auth_data = config.auth_token.encode()
+                connection._write(encode_command(wrap(connect)))
                 await connection._connected
         except TimeoutError:
             raise ServiceNotReady(f"no connection to {address} within {config.connect_timeout_ms} ms") from None

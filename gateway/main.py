@@ -38,6 +38,8 @@ from gateway.receipts import ReceiptKeys
 log = logging.getLogger(__name__)
 
 SECRET_ENV = "MAGNETAR_GATEWAY_SECRET"
+# The gateway's own token for brokers with authentication on.
+TOKEN_ENV = "MAGNETAR_GATEWAY_TOKEN"
 # Requests in progress get this long to finish at shutdown (long polls end sooner:
 # they see the service stopping).
 SHUTDOWN_TIMEOUT_S = 10.0
@@ -59,6 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ready-hold-ms", type=int, default=2_000)
     parser.add_argument("--body-mib-max", type=int, default=8)
     parser.add_argument("--requests-in-flight-max", type=int, default=4_096)
+    parser.add_argument("--authentication-enabled", action="store_true",
+                        help="callers must send Authorization: Bearer <token>; brokers check its permissions")
+    parser.add_argument("--service-token-file", default="",
+                        help=f"the gateway's own token for brokers with authentication on (or ${TOKEN_ENV})")
     parser.add_argument("--print-openapi", action="store_true",
                         help="print the OpenAPI document (default settings) and exit")
 
@@ -80,6 +86,18 @@ def receipt_keys_from(args: argparse.Namespace) -> ReceiptKeys:
     return ReceiptKeys.parse(args.cluster, text)
 
 
+def service_token_from(args: argparse.Namespace) -> str:
+    """The gateway's own token: from --service-token-file, else $MAGNETAR_GATEWAY_TOKEN
+    (never a command-line value: ps shows those)."""
+    if args.service_token_file:
+        try:
+            with open(args.service_token_file, encoding="ascii") as handle:
+                return handle.read().strip()
+        except OSError as error:
+            raise ConfigError(f"service_token_file: {error.strerror}") from None
+    return os.environ.get(TOKEN_ENV, "").strip()
+
+
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     leases = args.leases_per_subscription_max
     return GatewayConfig(
@@ -90,7 +108,8 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         pull_messages_max=min(GatewayConfig.pull_messages_max, max(leases, 1)),
         sse_credits_max=min(GatewayConfig.sse_credits_max, max(leases, 1)),
         ready_hold_ms=args.ready_hold_ms, body_bytes_max=args.body_mib_max * 1024 * 1024,
-        requests_in_flight_max=args.requests_in_flight_max)
+        requests_in_flight_max=args.requests_in_flight_max,
+        authentication_enabled=args.authentication_enabled, service_token=service_token_from(args))
 
 
 class GatewayProcess:
@@ -121,7 +140,7 @@ class GatewayProcess:
         log.info("gateway listening: url=%s instance=%s service_url=%s cluster=%s", issuer_url,
                  service.instance_name, config.service_url, config.receipt_keys.cluster)
         log.info("gateway config: %s", {name: value for name, value in vars(config).items()
-                                        if name != "receipt_keys"})
+                                        if name not in ("receipt_keys", "service_token")})
         try:
             await self.stopping.wait()
         finally:

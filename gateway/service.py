@@ -37,7 +37,7 @@ class GatewayService:
         self.issuer_url = issuer_url
         self.instance_id = os.urandom(8)
         self.instance_name = f"gateway-{self.instance_id.hex()}"
-        self.broker_pool = BrokerPool(config.service_url, ClientConfig())
+        self.broker_pool = BrokerPool(config.service_url, ClientConfig(auth_token=config.service_token))
         self.producers = ProducerPool(self.broker_pool, config)
         self.consumers = ConsumerPool(self.broker_pool, config, self.instance_name, self._dead_letter)
         self.http: aiohttp.ClientSession | None = None
@@ -52,7 +52,11 @@ class GatewayService:
         self.leases_extended = 0
 
     async def start(self) -> None:
-        self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.config.forward_timeout_ms / 1000))
+        # The service token on every admin request (stats, backlog); a permission check
+        # overrides it with the caller's token.
+        headers = {"Authorization": f"Bearer {self.config.service_token}"} if self.config.service_token else None
+        self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.config.forward_timeout_ms / 1000),
+                                          headers=headers)
 
     async def run(self) -> None:
         """The background tasks: lease ticks and idle sweeps. Runs until cancelled."""

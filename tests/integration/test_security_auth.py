@@ -46,7 +46,15 @@ def secured(etcd_process, tmp_path_factory):
             "--ensemble-size", "1", "--write-quorum", "1", "--ack-quorum", "1",
             "--authentication-enabled", "--authorization-enabled", "--superuser-roles", SUPERUSER,
             "--token-secret-key", f"file://{key_path}", "--permission-check-interval-s", "1"]))
-        yield cluster, TokenSigner.with_secret_key(key), key
+        signer = TokenSigner.with_secret_key(key)
+        # The gateway: callers' tokens checked by the broker; its own (superuser) token
+        # from a file, as in production.
+        token_path = os.path.join(str(base), "gateway.token")
+        with open(token_path, "w") as handle:
+            handle.write(signer.create(SUPERUSER))
+        asyncio.run(cluster.start_gateways(1, extra_args=["--authentication-enabled",
+                                                          "--service-token-file", token_path]))
+        yield cluster, signer, key
     finally:
         asyncio.run(cluster.stop())
 
@@ -192,6 +200,48 @@ async def test_admin_cli_grants_lists_and_revokes(secured):
     assert json.loads(out) == {}
     code, out, err = await run_cli("admin", "--admin-url", admin_url, "namespaces", "permissions", namespace)
     assert code != 0 and "401" in err + out
+
+
+async def test_gateway_forwards_the_callers_token_for_authorization(secured):
+    """The gateway answers 401 without a bearer token or with a bad one, 403 for a role
+    without the permission the request needs (produce to produce, consume for a
+    subscription), and serves the request once the broker says the role may."""
+    import aiohttp
+
+    cluster, signer, _ = secured
+    admin_url = cluster.brokers[0].web_service_url
+    superuser = signer.create(SUPERUSER)
+    namespace = new_namespace(admin_url, superuser)
+    topic_url = f"{cluster.gateways[0].url}/v1/topics/persistent/{namespace}/{unique('g')}"
+    role = unique("http")
+    token = signer.create(role)
+    message = {"payload": "hello"}
+    async with aiohttp.ClientSession() as session:
+        async def call(method, url, bearer, body):
+            headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
+            async with session.request(method, url, json=body, headers=headers) as response:
+                return response.status, await response.json(content_type=None)
+
+        assert (await call("POST", f"{topic_url}/message", None, message))[0] == 401
+        status, doc = await call("POST", f"{topic_url}/message", "bad.token.here", message)
+        assert status == 401 and doc["error"] == "AuthenticationFailed", doc
+        status, doc = await call("POST", f"{topic_url}/message", token, message)
+        assert status == 403 and doc["error"] == "AuthorizationDenied", doc
+        assert http("POST", f"{admin_url}/admin/v2/namespaces/{namespace}/permissions/{role}", superuser,
+                    ["produce"])[0] == 204
+        # The refusal may be cached for the permission cache's time (2 s).
+        deadline = time.monotonic() + 20
+        while True:
+            status, doc = await call("POST", f"{topic_url}/message", token, message)
+            if status == 200 or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.3)
+        assert status == 200, doc
+        sub_url = f"{topic_url}/subscriptions/s"
+        assert (await call("PUT", sub_url, token, {"initial_position": "earliest"}))[0] == 403
+        assert (await call("PUT", sub_url, superuser, {"initial_position": "earliest"}))[0] in (200, 201)
+        status, doc = await call("POST", f"{sub_url}/pull", superuser, {"max_messages": 1, "wait_ms": 5000})
+        assert status == 200 and [m["payload"] for m in doc["messages"]] == ["hello"], doc
 
 
 def test_no_token_or_key_in_any_log(secured):
