@@ -38,6 +38,14 @@ Theory of operation:
   consume. ``recheck_permissions`` (the service calls it periodically and after a
   revoke) closes producers and consumers whose role lost its permission, and the whole
   connection once its token has expired.
+- Limits against abuse (BrokerConfig): past ``connections_max`` in total or
+  ``connections_per_address_max`` from one IP address a new connection is closed at
+  once (a warning per episode); CONNECT must arrive within ``connect_timeout_s``; a
+  frame once begun must be whole within ``frame_timeout_s`` (a slow-loris sender is
+  closed; a connection whose frames keep completing never is); a topic takes at most
+  ``producers_per_topic_max`` producers and ``consumers_per_topic_max`` consumers
+  (ProducerBusy / ConsumerBusy, which the official clients do not retry). Requests in
+  progress and unanswered sends per connection are bounded as said above.
 - Keep-alive: a PING after ``keepalive_interval_s`` of silence; no traffic for twice
   that closes the connection. When the connection goes, its producers and consumers
   are removed from their topics.
@@ -65,6 +73,8 @@ from common.topic_name import NamespaceName, TopicName
 from common.errors import (
     AuthenticationFailed,
     ChecksumError,
+    ConsumerBusy,
+    ProducerBusy,
     InvalidArgument,
     MagnetarError,
     MalformedFrame,
@@ -128,6 +138,13 @@ class ServerConnection(asyncio.Protocol):
         self._read_gate: ReadGate | None = None
         self._last_received = time.monotonic()
         self._keepalive: asyncio.Task[None] | None = None
+        # The CONNECT deadline, and the deadline of a frame begun and not yet whole
+        # (with the count of frames handled when it was armed: progress re-arms it).
+        self._connect_deadline: asyncio.TimerHandle | None = None
+        self._frame_deadline: asyncio.TimerHandle | None = None
+        self._frames_handled = 0
+        self._frames_at_arming = 0
+        self._address = ""
         self._handlers: dict[int, Callable[[Frame], None]] = {
             T.CONNECT: self._on_connect,
             T.PING: self._on_ping,
@@ -158,9 +175,16 @@ class ServerConnection(asyncio.Protocol):
         self.transport = transport
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self._address = str(peer[0]) if peer else "?"
         transport.set_write_buffer_limits(high=self.config.write_buffer_high_bytes,
                                           low=self.config.write_buffer_low_bytes)
+        if self.service.admit_connection(self._address) is not None:
+            self.closed = True   # not counted, not registered: connection_lost has nothing to undo
+            transport.abort()
+            return
         self.service.connections.add(self)
+        self._connect_deadline = asyncio.get_running_loop().call_later(self.config.connect_timeout_s,
+                                                                       self._on_connect_deadline)
         self._read_gate = self.service.publish_limits.gate(self.peer, self._pause_reading, self._resume_reading)
         # Owned by the connection: cancelled in connection_lost, its failure logged.
         self._keepalive = asyncio.get_running_loop().create_task(self._keep_alive())
@@ -175,13 +199,45 @@ class ServerConnection(asyncio.Protocol):
                 try:
                     frame = self.decoder.next_command()
                 except PayloadChecksumMismatch as error:
+                    self._frames_handled += 1
                     self._on_checksum_mismatch(error)
                     continue
                 if frame is NEED_DATA:
                     break
+                self._frames_handled += 1
                 self._handle(frame)
         except MalformedFrame as error:
             log.info("malformed frame, closing connection: peer=%s error=%s", self.peer, error)
+            self.close()
+            return
+        if self.decoder.buffered_bytes == 0:
+            if self._frame_deadline is not None:
+                self._frame_deadline.cancel()
+                self._frame_deadline = None
+        elif self._frame_deadline is None and not self.is_closing:
+            self._arm_frame_deadline()
+
+    def _arm_frame_deadline(self) -> None:
+        self._frames_at_arming = self._frames_handled
+        self._frame_deadline = asyncio.get_running_loop().call_later(self.config.frame_timeout_s,
+                                                                     self._on_frame_deadline)
+
+    def _on_frame_deadline(self) -> None:
+        self._frame_deadline = None
+        if self.is_closing or self.decoder.buffered_bytes == 0:
+            return
+        if self._frames_handled != self._frames_at_arming:
+            self._arm_frame_deadline()   # frames keep completing: a busy peer, not a slow one
+            return
+        log.info("frame not completed in time, closing: peer=%s frame_timeout_s=%s buffered_bytes=%d", self.peer,
+                 self.config.frame_timeout_s, self.decoder.buffered_bytes)
+        self.close()
+
+    def _on_connect_deadline(self) -> None:
+        self._connect_deadline = None
+        if not self.connected and not self.is_closing:
+            log.info("no CONNECT in time, closing: peer=%s connect_timeout_s=%s", self.peer,
+                     self.config.connect_timeout_s)
             self.close()
 
     def pause_writing(self) -> None:
@@ -200,7 +256,12 @@ class ServerConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self.service.connections.discard(self)
+        if self in self.service.connections:
+            self.service.connections.discard(self)
+            self.service.release_connection(self._address)
+        for timer in (self._connect_deadline, self._frame_deadline):
+            if timer is not None:
+                timer.cancel()
         if self._read_gate is not None:
             self.service.publish_limits.forget(self._read_gate)
         if self._keepalive is not None:
@@ -409,7 +470,8 @@ class ServerConnection(asyncio.Protocol):
         # authoritative: the answer comes from the owner's record, so a client that is
         # redirected connects straight to the owner.
         self.write_command(commands.lookup_response(request.request_id, owner.service_url, authoritative=True,
-                                                    redirect=not owner.is_self))
+                                                    redirect=not owner.is_self,
+                                                    broker_service_url_tls=owner.service_url_tls))
 
     async def _on_get_topics_of_namespace(self, frame: Frame) -> None:
         request = frame.command.getTopicsOfNamespace
@@ -455,6 +517,9 @@ class ServerConnection(asyncio.Protocol):
             topic_name = TopicName.parse(request.topic)
             await self.service.authorizer.check(self.role, topic_name, PRODUCE)
             topic = await self.service.get_topic(topic_name, create=True)
+            if len(topic.producers) >= self.config.producers_per_topic_max:
+                raise ProducerBusy(f"topic {topic.full_name} has {len(topic.producers)} producers, the most allowed "
+                                   "(producers_per_topic_max)")
             name = request.producer_name or topic.generate_producer_name()
             producer = Producer(request.producer_id, name, topic.full_name, self,
                                 user_provided_name=bool(request.producer_name),
@@ -586,6 +651,10 @@ class ServerConnection(asyncio.Protocol):
             topic_name = TopicName.parse(request.topic)
             await self.service.authorizer.check(self.role, topic_name, CONSUME)
             topic = await self.service.get_topic(topic_name, create=request.force_topic_creation)
+            consumers = sum(len(s.consumers) for s in topic.subscriptions.values())
+            if consumers >= self.config.consumers_per_topic_max:
+                raise ConsumerBusy(f"topic {topic.full_name} has {consumers} consumers, the most allowed "
+                                   "(consumers_per_topic_max)")
             consumer = Consumer(request.consumer_id, request.consumer_name or f"consumer-{request.consumer_id}",
                                 request.subscription, topic.full_name, SubscriptionMode.from_wire(request.subType),
                                 self,

@@ -83,6 +83,8 @@ class OwnerInfo:
     service_url: str          # pulsar://host:port
     web_service_url: str      # http://host:port
     is_self: bool
+    service_url_tls: str = ""       # pulsar+ssl://host:port ("" without TLS)
+    web_service_url_tls: str = ""   # https://host:port
 
 
 class TopicOwnership(Protocol):
@@ -130,6 +132,9 @@ class BrokerService:
         self.started_at = time.time()
         self.shutting_down = False
         self.connections: set = set()
+        # Open connections per client IP address (connections_per_address_max).
+        self._connections_by_address: dict[str, int] = {}
+        self._refusing_connections = False   # an episode of refusals was logged
         self.on_publish_latency = on_publish_latency
         # Set by the wiring once the binary protocol accepts connections; /health is
         # 503 until then.
@@ -148,7 +153,8 @@ class BrokerService:
         self.leader: Leader | None = None
         self._reporter: LoadReporter | None = None
         if bundles_config is not None:
-            identity = BrokerIdentity(self.broker_id, config.service_url, config.web_service_url)
+            identity = BrokerIdentity(self.broker_id, config.service_url, config.web_service_url,
+                                      config.service_url_tls, config.web_service_url_tls)
             self.broker_reports = PrefixCache(store, keys.BROKERS)
             self.ownership = OwnershipManager(store, bundles_config, identity,
                                               loaded_topics=self.loaded_topic_names, close_topics=self.close_topics)
@@ -172,11 +178,23 @@ class BrokerService:
         report = LoadReport.decode(record.value)
         return report.service_url, report.web_service_url
 
+    def broker_tls_urls(self, broker_id: str) -> tuple[str, str]:
+        """(pulsar+ssl:// URL, https:// URL) of a live broker, ("", "") without TLS."""
+        if broker_id == self.broker_id:
+            return self.config.service_url_tls, self.config.web_service_url_tls
+        record = self.broker_reports.get(keys.broker(broker_id)) if self.broker_reports is not None else None
+        if record is None:
+            return "", ""
+        report = LoadReport.decode(record.value)
+        return report.service_url_tls, report.web_service_url_tls
+
     async def owner_of(self, topic: TopicName) -> OwnerInfo:
         if self.topic_ownership is None:
-            return OwnerInfo(self.broker_id, self.config.service_url, self.config.web_service_url, True)
+            return OwnerInfo(self.broker_id, self.config.service_url, self.config.web_service_url, True,
+                             self.config.service_url_tls, self.config.web_service_url_tls)
         owner = await self.topic_ownership.owner_of(topic, self.broker_urls)
-        return OwnerInfo(owner.broker_id, owner.service_url, owner.web_service_url, owner.is_self)
+        return OwnerInfo(owner.broker_id, owner.service_url, owner.web_service_url, owner.is_self,
+                         *self.broker_tls_urls(owner.broker_id))
 
     async def ensure_serving(self, topic: TopicName) -> None:
         """Returns once this broker serves the topic's bundle (may wait for a transfer
@@ -240,6 +258,33 @@ class BrokerService:
                                              await self.archiver.retention_gate(topic))
                 except MagnetarError as error:
                     log.warning("retention check failed: topic=%s error=%s", topic.full_name, error)
+
+    def admit_connection(self, address: str) -> str | None:
+        """Counts a new connection from ``address``; the reason it must be refused (then
+        it is not counted), or None."""
+        config = self.config
+        reason = None
+        if len(self.connections) >= config.connections_max:
+            reason = f"{len(self.connections)} connections open, the most allowed (connections_max)"
+        elif self._connections_by_address.get(address, 0) >= config.connections_per_address_max:
+            reason = (f"{self._connections_by_address[address]} connections from {address}, the most allowed "
+                      "(connections_per_address_max)")
+        if reason is not None:
+            if not self._refusing_connections:
+                self._refusing_connections = True
+                log.warning("refusing connections: address=%s reason=%s", address, reason)
+            return reason
+        self._refusing_connections = False
+        self._connections_by_address[address] = self._connections_by_address.get(address, 0) + 1
+        return None
+
+    def release_connection(self, address: str) -> None:
+        count = self._connections_by_address.get(address, 0)
+        assert count > 0, address
+        if count == 1:
+            del self._connections_by_address[address]
+        else:
+            self._connections_by_address[address] = count - 1
 
     def recheck_permissions_now(self) -> None:
         """A permission changed here: check every connection's producers and consumers now."""

@@ -110,6 +110,9 @@ class BrokerIdentity:
     broker_id: str
     service_url: str
     web_service_url: str
+    # The TLS URLs ("" without TLS), published in load reports for TLS lookups.
+    service_url_tls: str = ""
+    web_service_url_tls: str = ""
 
 
 @dataclass(frozen=True)

@@ -98,6 +98,9 @@ class LoadReport:
     bundle_msg_rates: dict[str, float] = field(default_factory=dict)
     reported_ms: int = 0
     started_ms: int = 0
+    # pulsar+ssl:// and https:// URLs of a broker with TLS ("" without).
+    service_url_tls: str = ""
+    web_service_url_tls: str = ""
 
     def encode(self) -> bytes:
         return json_record.encode(self)

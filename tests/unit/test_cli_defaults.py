@@ -98,7 +98,7 @@ def test_each_broker_flag_given_its_shown_default_changes_nothing(option):
     value = flag_default(option)
     if value is None or value == "":
         # Configs nested in BrokerConfig (auth) are searched too.
-        configs = (*BROKER_DEFAULT, BROKER_DEFAULT[0].auth)
+        configs = (*BROKER_DEFAULT, BROKER_DEFAULT[0].auth, BROKER_DEFAULT[0].tls)
         value = getattr(next(c for c in configs if isinstance(c, option.config)), option.field)
     assert _broker(option.flag, str(value)) == BROKER_DEFAULT
 

@@ -1,0 +1,161 @@
+"""TLS on a real broker (etcd, 1 bookie, 1 broker with a test CA's certificate, the
+plain ports turned off, token authentication on), driven by the official client, raw
+sockets and HTTPS.
+
+Proves: the official client connects with ``pulsar+ssl://`` and a trust file and
+produces and consumes; a client trusting another CA, and plain text sent to the TLS
+port (raw bytes, and the official client with ``pulsar://``), fail cleanly (an error,
+the connection closed, the broker still serving); the plain port is not listening;
+the admin API over HTTPS answers 200 with a superuser token, 401 without, 403 for
+another role; and a new certificate written over the files is served to new
+handshakes without a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import socket
+import ssl
+import struct
+import time
+import urllib.error
+import urllib.request
+
+import pulsar
+import pytest
+
+from common.tokens import TokenSigner, create_secret_key
+from tests.cluster import Cluster, free_port, unique
+from tests.tls_certs import make_pki, reissue_server
+
+SUPERUSER = "tls-admin"
+_TLS_URLS = re.compile(r"service_url_tls=(\S+) web_service_url_tls=(\S+)")
+
+
+@pytest.fixture(scope="module")
+def tls_broker(etcd_process, tmp_path_factory):
+    base = str(tmp_path_factory.mktemp("tls"))
+    pki = make_pki(os.path.join(base, "pki"), "good")
+    key = create_secret_key()
+    key_path = os.path.join(base, "secret.key")
+    with open(key_path, "wb") as handle:
+        handle.write(key)
+    plain_port, plain_http_port = free_port(), free_port()
+    cluster = Cluster(etcd_process, base)
+    try:
+        asyncio.run(cluster.start_bookies(1))
+        asyncio.run(cluster.start_brokers(1, port=plain_port, http_port=plain_http_port, extra_args=[
+            "--ensemble-size", "1", "--write-quorum", "1", "--ack-quorum", "1",
+            "--tls-cert-file", pki.cert_file, "--tls-key-file", pki.key_file, "--tls-port", "0",
+            "--http-tls-port", "0", "--no-plain-ports", "--tls-reload-check-s", "0.2",
+            "--authentication-enabled", "--authorization-enabled", "--superuser-roles", SUPERUSER,
+            "--token-secret-key", f"file://{key_path}"]))
+        broker = cluster.brokers[0]
+        service_url_tls, web_url_tls = _TLS_URLS.search(broker.log_text()).groups()
+        yield {"cluster": cluster, "pki": pki, "signer": TokenSigner.with_secret_key(key), "base": base,
+               "service_url": service_url_tls, "web_url": web_url_tls, "plain_ports": (plain_port, plain_http_port)}
+    finally:
+        asyncio.run(cluster.stop())
+
+
+def _client(url: str, trust_file: str, token: str) -> pulsar.Client:
+    return pulsar.Client(url, tls_trust_certs_file_path=trust_file, tls_validate_hostname=True,
+                         authentication=pulsar.AuthenticationToken(token), operation_timeout_seconds=8,
+                         connection_timeout_ms=4000)
+
+
+def test_official_client_over_tls_produces_and_consumes(tls_broker):
+    assert tls_broker["service_url"].startswith("pulsar+ssl://")
+    client = _client(tls_broker["service_url"], tls_broker["pki"].ca_file, tls_broker["signer"].create(SUPERUSER))
+    try:
+        topic = f"persistent://public/default/{unique('tls')}"
+        consumer = client.subscribe(topic, "s")
+        client.create_producer(topic).send(b"over tls")
+        assert consumer.receive(timeout_millis=10_000).data() == b"over tls"
+    finally:
+        client.close()
+
+
+def test_wrong_ca_and_plain_text_fail_cleanly(tls_broker):
+    other = make_pki(os.path.join(tls_broker["base"], "other"), "other")
+    token = tls_broker["signer"].create(SUPERUSER)
+    topic = f"persistent://public/default/{unique('tls-bad')}"
+    client = _client(tls_broker["service_url"], other.ca_file, token)
+    try:
+        with pytest.raises(pulsar.PulsarException):
+            client.create_producer(topic)
+    finally:
+        client.close()
+    host, port = tls_broker["service_url"].removeprefix("pulsar+ssl://").rsplit(":", 1)
+    plain = pulsar.Client(f"pulsar://{host}:{port}", operation_timeout_seconds=5, connection_timeout_ms=3000)
+    try:
+        with pytest.raises(pulsar.PulsarException):
+            plain.create_producer(topic)
+    finally:
+        plain.close()
+    # Raw Pulsar bytes (a CONNECT frame) to the TLS port: no Pulsar answer, closed.
+    body = b"\x08\x02\x12\x04\x0a\x02hi"
+    frame = struct.pack(">II", len(body) + 4, len(body)) + body
+    with socket.create_connection((host, int(port)), timeout=15) as sock:
+        sock.sendall(frame)
+        received = b""
+        while True:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            received += chunk
+    assert not received or received[0] == 0x15, received[:16]   # nothing, or a TLS alert record
+    # The plain ports are not listening.
+    for plain_port in tls_broker["plain_ports"]:
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", plain_port), timeout=2).close()
+    test_official_client_over_tls_produces_and_consumes(tls_broker)   # still serving
+
+
+def _https(url: str, trust_file: str, token: str | None) -> int:
+    context = ssl.create_default_context(cafile=trust_file)
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=15, context=context) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def test_admin_over_https_with_tokens(tls_broker):
+    url = f"{tls_broker['web_url']}/admin/v2/tenants"
+    assert url.startswith("https://")
+    ca = tls_broker["pki"].ca_file
+    assert _https(url, ca, tls_broker["signer"].create(SUPERUSER)) == 200
+    assert _https(url, ca, None) == 401
+    assert _https(url, ca, tls_broker["signer"].create("somebody-else")) == 403
+
+
+def test_certificate_files_reload_without_restart(tls_broker):
+    """Run last: replaces the broker's certificate with one from a new CA."""
+    pki = tls_broker["pki"]
+    host, port = tls_broker["service_url"].removeprefix("pulsar+ssl://").rsplit(":", 1)
+    reissue_server(pki, os.path.join(tls_broker["base"], "next"), "next", server_cn="localhost")
+    next_ca = os.path.join(tls_broker["base"], "next", "next-ca.pem")
+
+    def handshake(ca_file: str) -> bool:
+        context = ssl.create_default_context(cafile=ca_file)
+        try:
+            with socket.create_connection((host, int(port)), timeout=5) as raw:
+                with context.wrap_socket(raw, server_hostname="localhost"):
+                    return True
+        except ssl.SSLError:
+            return False
+
+    deadline = time.monotonic() + 30
+    while not handshake(next_ca) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert handshake(next_ca)
+    assert not handshake(pki.ca_file)
+    client = _client(tls_broker["service_url"], next_ca, tls_broker["signer"].create(SUPERUSER))
+    try:
+        client.create_producer(f"persistent://public/default/{unique('reloaded')}").send(b"x")
+    finally:
+        client.close()
