@@ -82,6 +82,9 @@ class BrokerConfig:
     # needs (the official clients open one connection per broker) and stop one peer
     # from taking every descriptor.
     connect_timeout_s: float = 10.0
+    # Request bodies of the admin API (413 past it): policies and tenant records are a
+    # few KiB; etcd refuses values over 1.5 MiB anyway. aiohttp's default.
+    http_body_bytes_max: int = 1 * MIB
     frame_timeout_s: float = 30.0
     connections_max: int = 20_000
     connections_per_address_max: int = 1_000
@@ -141,6 +144,8 @@ class BrokerConfig:
             raise ConfigError("pending_sends_resume_ratio must be in [0, 1)")
         if not 1 <= self.pending_requests_per_connection_max <= 1_000_000:
             raise ConfigError("pending_requests_per_connection_max must be in [1, 1000000]")
+        if not 1024 <= self.http_body_bytes_max <= 64 * MIB:
+            raise ConfigError("http_body_bytes_max must be in [1 KiB, 64 MiB]")
         if not 0.1 <= self.connect_timeout_s <= 600:
             raise ConfigError("connect_timeout_s must be in [0.1, 600]")
         if not 0.1 <= self.frame_timeout_s <= 3600:

@@ -85,6 +85,8 @@ OPTIONS: list[ConfigOption] = [
                  "a connection must finish its TLS handshake and CONNECT within this"),
     ConfigOption("--frame-timeout-s", BrokerConfig, "frame_timeout_s",
                  "a frame once begun must arrive whole within this (slow senders are closed)"),
+    ConfigOption("--http-body-bytes-max", BrokerConfig, "http_body_bytes_max",
+                 "largest admin API request body (413 past it)"),
     ConfigOption("--connections-max", BrokerConfig, "connections_max", "client connections in total"),
     ConfigOption("--connections-per-address-max", BrokerConfig, "connections_per_address_max",
                  "client connections from one IP address"),
