@@ -34,7 +34,7 @@ from common.ops_http import bind_listener
 from common.tls import CertificateReloader, TlsConfig, server_context
 from common.tasks import TaskSet, stop_on_signals
 from ledger.client import LedgerClient
-from ledger.config import LedgerClientConfig
+from ledger.config import BookieTlsConfig, LedgerClientConfig
 from metadata import open_store
 
 log = logging.getLogger(__name__)
@@ -121,6 +121,14 @@ OPTIONS: list[ConfigOption] = [
     ConfigOption("--http-tls-port", BrokerConfig, "http_tls_port", "HTTPS port, with a certificate (0: any free port)"),
     ConfigOption("--no-plain-ports", BrokerConfig, "plain_ports_enabled",
                  "listen only on the TLS ports", switch_to=False),
+    # Toward the bookies (bookie/security.py): TLS and a service token.
+    ConfigOption("--bookie-tls", LedgerClientConfig, "bookie_tls_enabled", "TLS on the channels to bookies",
+                 switch_to=True),
+    ConfigOption("--bookie-tls-trust-certs-file", BookieTlsConfig, "trust_certs_file", "the bookies' CA"),
+    ConfigOption("--bookie-tls-cert-file", BookieTlsConfig, "cert_file", "this broker's certificate (mutual TLS)"),
+    ConfigOption("--bookie-tls-key-file", BookieTlsConfig, "key_file"),
+    ConfigOption("--bookie-auth-token-file", LedgerClientConfig, "bookie_auth_token_file",
+                 "a file holding the service token sent to bookies"),
     ConfigOption("--lease-ttl-s", BundlesConfig, "lease_ttl_s", "a dead broker's bundles move after this"),
     ConfigOption("--load-report-interval-s", BundlesConfig, "report_interval_s"),
     ConfigOption("--leader-interval-s", BundlesConfig, "leader_interval_s"),
@@ -166,13 +174,19 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
                         **config_overrides(args, OPTIONS, BrokerConfig))
 
 
+def ledger_config_from_args(args: argparse.Namespace) -> LedgerClientConfig:
+    return LedgerClientConfig(**config_overrides(args, OPTIONS, LedgerClientConfig),
+                              bookie_tls=BookieTlsConfig(**config_overrides(args, OPTIONS, BookieTlsConfig)))
+
+
 def archiver_config_from_args(args: argparse.Namespace) -> ArchiverConfig:
     return ArchiverConfig(**config_overrides(args, OPTIONS, ArchiverConfig), pause_at_step=args.archive_pause_at)
 
 
 class BrokerProcess:
     def __init__(self, config: BrokerConfig, bundles_config: BundlesConfig,
-                 archiver_config: ArchiverConfig | None = None) -> None:
+                 archiver_config: ArchiverConfig | None = None, ledger_config: LedgerClientConfig | None = None) -> None:
+        self.ledger_config = ledger_config or LedgerClientConfig()
         self.config = config
         self.bundles_config = bundles_config
         self.archiver_config = archiver_config or ArchiverConfig()
@@ -226,7 +240,7 @@ class BrokerProcess:
         config = replace(config, **ports)
         log.info("broker config: %s", config)
         store = open_store(config.metadata_url)
-        ledger_client = LedgerClient(store, LedgerClientConfig())
+        ledger_client = LedgerClient(store, self.ledger_config)
         await ledger_client.start()
         registry = CollectorRegistry()
         publish_latency = Histogram("magnetar_broker_publish_latency_seconds",
@@ -274,7 +288,8 @@ class BrokerProcess:
 
 
 def main(args: argparse.Namespace) -> int:
-    process = BrokerProcess(config_from_args(args), bundles_config_from_args(args), archiver_config_from_args(args))
+    process = BrokerProcess(config_from_args(args), bundles_config_from_args(args), archiver_config_from_args(args),
+                            ledger_config_from_args(args))
 
     async def run() -> int:
         stop_on_signals(process.stopping)
