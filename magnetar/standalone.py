@@ -13,6 +13,7 @@ Layout of the data directory:
     gateway.secret             the secret that signs the gateway's receipts (made once, 0600)
     auth/secret.key            with --auth and no key given: the token secret key (made once, 0600)
     auth/superuser.token       with --auth: a token of the superuser role (0600), also printed
+    auth/broker.token          with --auth: the brokers' service token toward the bookies (0600)
     *.log                      each process's log
 
 The broker keeps no data of its own (everything is in etcd and the bookies).
@@ -72,6 +73,8 @@ def die_with_this_process() -> Callable[[], None]:
 
 
 READY_TIMEOUT_S = 60.0
+# With --auth: the role brokers present to bookies (only it may add and read).
+STANDALONE_BROKER_ROLE = "standalone-broker"
 # One readiness probe; a child that answers at all answers a local GET well within it.
 PROBE_TIMEOUT_S = 1.0
 
@@ -152,9 +155,10 @@ class Standalone:
                 handle.write(data)
         return path
 
-    def auth_setup(self) -> tuple[list[str], str]:
-        """(the brokers' auth flags, the superuser token file) for --auth. The key is
-        passed as a file (file://), never on a command line or in a log."""
+    def auth_setup(self) -> tuple[list[str], list[str], str]:
+        """(the bookies' auth flags, the brokers' auth flags, the superuser token file)
+        for --auth. Brokers reach the bookies with a service token of their own role.
+        Keys and tokens are passed as files, never on a command line or in a log."""
         from common.tokens import TokenSigner, create_secret_key, read_key_value
 
         args = self.args
@@ -170,8 +174,12 @@ class Standalone:
             signer = TokenSigner.with_secret_key(read_key_value(key_path))
             key_flags = ["--token-secret-key", "file://" + key_path]
         token_path = self._private_file("superuser.token", signer.create(role).encode(), replace=True)
-        return (["--authentication-enabled", "--authorization-enabled", "--superuser-roles", role, *key_flags],
-                token_path)
+        broker_token_path = self._private_file("broker.token", signer.create(STANDALONE_BROKER_ROLE).encode(),
+                                               replace=True)
+        bookie_flags = ["--authentication-enabled", *key_flags, "--allowed-roles", STANDALONE_BROKER_ROLE]
+        broker_flags = ["--authentication-enabled", "--authorization-enabled", "--superuser-roles", role,
+                        *key_flags, "--bookie-auth-token-file", broker_token_path]
+        return bookie_flags, broker_flags, token_path
 
     async def _spawn(self, name: str, command: list[str], env: dict[str, str] | None = None
                      ) -> asyncio.subprocess.Process:
@@ -240,6 +248,7 @@ class Standalone:
                                                      self.args.etcd_peer_port))
         await self._wait_http_ok("etcd", f"http://127.0.0.1:{self.args.etcd_port}/health", etcd,
                                  healthy=etcd_is_healthy)
+        bookie_auth_flags, auth_flags, token_path = self.auth_setup() if self.args.auth else ([], [], "")
         bookies = []
         for n in range(self.args.bookies):
             directory = os.path.join(self.data_dir, f"bookie-{n}")
@@ -247,13 +256,13 @@ class Standalone:
             command = [sys.executable, "-m", "magnetar", "bookie", "--metadata", self.metadata_url,
                        "--journal-dir", os.path.join(directory, "journal"),
                        "--ledger-dir", os.path.join(directory, "ledgers"),
-                       "--port", str(self.args.bookie_port_base + n), "--http-port", str(http_port)]
+                       "--port", str(self.args.bookie_port_base + n), "--http-port", str(http_port),
+                       *bookie_auth_flags]
             process = await self._spawn(f"bookie-{n}", command)
             bookies.append((f"bookie-{n}", f"http://127.0.0.1:{http_port}/health", process))
         for name, url, process in bookies:
             await self._wait_http_ok(name, url, process)
         copies = min(self.args.copies, self.args.bookies)
-        auth_flags, token_path = self.auth_setup() if self.args.auth else ([], "")
         brokers = []
         for n in range(self.args.brokers):
             name = "broker" if n == 0 else f"broker-{n}"

@@ -3,7 +3,8 @@
 Proves: it starts with authentication and authorization on and prints a superuser
 token (also written, mode 0600, beside a secret key it made, mode 0600); the official
 client with that token produces and consumes, without it gets AuthenticationError;
-the admin CLI with the token file works and without it is refused; and after the run
+the admin CLI with the token file works and without it is refused; the bookies
+accept only the brokers' service token (the run stores through them); and after the run
 no log file of the data directory (etcd, bookie, broker, gateway) holds the token or
 the key, raw or in base64.
 """
@@ -78,10 +79,12 @@ async def test_standalone_auth_prints_a_superuser_token_and_logs_no_secret(tmp_p
             await process.wait()
     with open(key_file, "rb") as handle:
         key = handle.read()
+    with open(os.path.join(data_dir, "auth", "broker.token"), "rb") as handle:
+        broker_token = handle.read().strip()
     logs = glob.glob(os.path.join(data_dir, "**", "*.log"), recursive=True)
     assert len(logs) >= 4, logs   # etcd, bookie, broker, gateway
     for path in logs:
         with open(path, "rb") as handle:
             content = handle.read()
-        for secret in (token.encode(), key, base64.b64encode(key), base64.urlsafe_b64encode(key)):
+        for secret in (token.encode(), broker_token, key, base64.b64encode(key), base64.urlsafe_b64encode(key)):
             assert secret not in content, path
