@@ -47,6 +47,10 @@ class ClientConfig:
     # A token sent in CONNECT (auth method "token") to brokers with authentication on;
     # empty: no credentials. Kept out of repr, so it is never logged.
     auth_token: str = field(default="", repr=False)
+    # TLS toward brokers (a pulsar+ssl:// service URL turns it on): the CA file that
+    # signs the brokers' certificates ("" : the system's trust store).
+    tls_enabled: bool = False
+    tls_trust_certs_file: str = ""
 
     def __post_init__(self) -> None:
         for name in ("connect_timeout_ms", "operation_timeout_ms", "lookup_redirects_max", "pending_requests_max",

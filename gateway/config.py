@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from common.errors import ConfigError
+from common.tls import TlsConfig
 from gateway.receipts import ReceiptKeys
 
 MIB = 1024 * 1024
@@ -89,10 +90,16 @@ class GatewayConfig:
     # gateway's callers within it. Bounded to this many (token, topic, action) entries.
     permission_cache_ms: int = 2_000
     permission_cache_entries_max: int = 10_000
+    # HTTPS (common/tls.py): with a certificate the gateway serves only HTTPS, the
+    # certificate read again when its files change.
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    # The CA of the brokers' certificates, for a pulsar+ssl:// service URL and an
+    # https:// admin URL ("": the system's trust store).
+    broker_tls_trust_certs_file: str = ""
 
     def __post_init__(self) -> None:
-        if not self.service_url.startswith("pulsar://"):
-            raise ConfigError("service_url must be pulsar://host:port[,host:port...]")
+        if not self.service_url.startswith(("pulsar://", "pulsar+ssl://")):
+            raise ConfigError("service_url must be pulsar://host:port[,host:port...] or pulsar+ssl://...")
         if not self.admin_url.startswith(("http://", "https://")):
             raise ConfigError("admin_url must be an http(s):// URL")
         if not 0 <= self.port < 65536:

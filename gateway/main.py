@@ -29,6 +29,7 @@ from common.listen import bind_failure
 from common.loop_monitor import LoopMonitor
 from common.ops_http import bind_listener
 from common.tasks import cancel_and_wait, stop_on_signals
+from common.tls import CertificateReloader, TlsConfig, server_context
 from gateway import openapi
 from gateway.app import default_config, init_app
 from gateway.config import GatewayConfig
@@ -65,6 +66,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="callers must send Authorization: Bearer <token>; brokers check its permissions")
     parser.add_argument("--service-token-file", default="",
                         help=f"the gateway's own token for brokers with authentication on (or ${TOKEN_ENV})")
+    parser.add_argument("--tls-cert-file", default="", help="PEM certificate: serve HTTPS (reloaded on change)")
+    parser.add_argument("--tls-key-file", default="", help="PEM private key of --tls-cert-file")
+    parser.add_argument("--broker-tls-trust-certs-file", default="",
+                        help="the brokers' CA, for a pulsar+ssl:// service URL and an https:// admin URL")
     parser.add_argument("--print-openapi", action="store_true",
                         help="print the OpenAPI document (default settings) and exit")
 
@@ -109,7 +114,9 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         sse_credits_max=min(GatewayConfig.sse_credits_max, max(leases, 1)),
         ready_hold_ms=args.ready_hold_ms, body_bytes_max=args.body_mib_max * 1024 * 1024,
         requests_in_flight_max=args.requests_in_flight_max,
-        authentication_enabled=args.authentication_enabled, service_token=service_token_from(args))
+        authentication_enabled=args.authentication_enabled, service_token=service_token_from(args),
+        tls=TlsConfig(cert_file=args.tls_cert_file, key_file=args.tls_key_file),
+        broker_tls_trust_certs_file=args.broker_tls_trust_certs_file)
 
 
 class GatewayProcess:
@@ -126,7 +133,9 @@ class GatewayProcess:
         except OSError as error:
             raise bind_failure("--port", config.host, config.port, error) from None
         port = listener.getsockname()[1]
-        issuer_url = config.advertised_url or f"http://{config.host}:{port}"
+        scheme = "https" if config.tls.enabled else "http"
+        issuer_url = config.advertised_url or f"{scheme}://{config.host}:{port}"
+        tls_context = server_context(config.tls) if config.tls.enabled else None
         registry = CollectorRegistry()
         app = init_app(config, issuer_url=issuer_url, registry=registry)
         service = app[SERVICE]
@@ -136,7 +145,9 @@ class GatewayProcess:
         # what it had collected goes to the next pull at once.
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
         await runner.setup()
-        await web.SockSite(runner, listener).start()
+        await web.SockSite(runner, listener, ssl_context=tls_context).start()
+        reloader = asyncio.get_running_loop().create_task(CertificateReloader(config.tls, tls_context).run(),
+                                                          name="tls reload") if tls_context else None
         log.info("gateway listening: url=%s instance=%s service_url=%s cluster=%s", issuer_url,
                  service.instance_name, config.service_url, config.receipt_keys.cluster)
         log.info("gateway config: %s", {name: value for name, value in vars(config).items()
@@ -147,6 +158,8 @@ class GatewayProcess:
             log.info("gateway stopping: instance=%s", service.instance_name)
             service.stopping = True
             await cancel_and_wait(monitor)
+            if reloader is not None:
+                await cancel_and_wait(reloader)
             await runner.cleanup()
             log.info("gateway stopped: instance=%s", service.instance_name)
         return 0

@@ -54,7 +54,17 @@ def tls_broker(etcd_process, tmp_path_factory):
             "--token-secret-key", f"file://{key_path}"]))
         broker = cluster.brokers[0]
         service_url_tls, web_url_tls = _TLS_URLS.search(broker.log_text()).groups()
-        yield {"cluster": cluster, "pki": pki, "signer": TokenSigner.with_secret_key(key), "base": base,
+        signer = TokenSigner.with_secret_key(key)
+        token_path = os.path.join(base, "gateway.token")
+        with open(token_path, "w") as handle:
+            handle.write(signer.create(SUPERUSER))
+        # The gateway: HTTPS with the same certificate, to the broker over pulsar+ssl://
+        # and https:// (the broker's web_service_url is https without plain ports).
+        asyncio.run(cluster.start_gateways(1, extra_args=[
+            "--tls-cert-file", pki.cert_file, "--tls-key-file", pki.key_file,
+            "--broker-tls-trust-certs-file", pki.ca_file, "--authentication-enabled",
+            "--service-token-file", token_path]))
+        yield {"cluster": cluster, "pki": pki, "signer": signer, "base": base,
                "service_url": service_url_tls, "web_url": web_url_tls, "plain_ports": (plain_port, plain_http_port)}
     finally:
         asyncio.run(cluster.stop())
@@ -131,6 +141,30 @@ def test_admin_over_https_with_tokens(tls_broker):
     assert _https(url, ca, tls_broker["signer"].create(SUPERUSER)) == 200
     assert _https(url, ca, None) == 401
     assert _https(url, ca, tls_broker["signer"].create("somebody-else")) == 403
+
+
+async def test_gateway_over_https_to_a_tls_broker(tls_broker):
+    """HTTPS produce and pull through a gateway whose brokers speak only TLS."""
+    import aiohttp
+
+    gateway = tls_broker["cluster"].gateways[0]
+    assert gateway.url.startswith("https://"), gateway.url
+    token = tls_broker["signer"].create(SUPERUSER)
+    context = ssl.create_default_context(cafile=tls_broker["pki"].ca_file)
+    topic_url = f"{gateway.url}/v1/topics/persistent/public/default/{unique('gw-tls')}"
+    headers = {"Authorization": f"Bearer {token}"}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context), headers=headers) as session:
+        async with session.put(f"{topic_url}/subscriptions/s", json={"initial_position": "earliest"}) as response:
+            assert response.status in (200, 201), await response.text()
+        async with session.post(f"{topic_url}/message", json={"payload": "via https"}) as response:
+            assert response.status == 200, await response.text()
+        async with session.post(f"{topic_url}/subscriptions/s/pull", json={"max_messages": 1, "wait_ms": 5000}) \
+                as response:
+            document = await response.json()
+            assert [m["payload"] for m in document["messages"]] == ["via https"], document
+        async with session.post(f"{topic_url}/message", json={"payload": "x"}, headers={"Authorization": ""}) \
+                as response:
+            assert response.status == 401
 
 
 def test_certificate_files_reload_without_restart(tls_broker):
