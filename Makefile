@@ -13,7 +13,7 @@ PROTO_OUT := $(PROTOS:.proto=_pb2.py)
 DATA_DIR ?= data/standalone
 
 .PHONY: bench-ack-state setup proto run test test-unit test-integration test-archive-full bench bench-bookie \
-	bench-pulsar bench-subscriptions bench-archive bench-gateway fuzz-gateway clean
+	bench-pulsar bench-subscriptions bench-archive bench-gateway fuzz-gateway fuzz fuzz-broker clean
 
 setup: $(STAMP) proto
 
@@ -89,6 +89,19 @@ bench-gateway: setup
 fuzz-gateway: setup
 	GATEWAY_FUZZ_EXAMPLES=45 GATEWAY_FUZZ_REPORT=bench/results/gateway_fuzz.json \
 		$(PY) -m pytest -q tests/integration/test_gateway_bad_input.py -k generated
+
+# The wire codecs' long fuzz (about 2-3 minutes): a million inputs (mutated and random
+# frames in random splits, mutated bookie entries), only our own error type allowed
+# (make test runs a bounded hypothesis version): bench/results/fuzz_codec.json.
+fuzz: setup
+	$(PY) bench/fuzz_codec.py --inputs 1000000 --out bench/results/fuzz_codec.json
+
+# A live fuzz of a running broker (a few minutes): a million random and mutated frames
+# (mutated from a real client's capture) over 32 connections while the official client
+# produces and consumes beside them; fails on a crash, an RSS growth over 256 MiB, or a
+# lost or failed official message: bench/results/fuzz_broker.json.
+fuzz-broker: setup
+	$(PY) bench/fuzz_broker.py --frames 1000000 --out bench/results/fuzz_broker.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info
