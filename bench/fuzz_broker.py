@@ -9,12 +9,16 @@ random and mutated frames while the official client produces and consumes beside
    topic through a recording proxy; the client-to-broker bytes, cut into frames, join
    our encoders' seed frames (tests/fuzz_inputs.py) as the corpus.
 3. The fuzz: ``--connections`` asyncio connections, each sending CONNECT (from the
-   capture) and then frames from the corpus, most mutated, some pure random bytes, in
+   capture) and then frames from the corpus: 80% with fuzzed field values and valid
+   framing (tests/fuzz_inputs.mutate_fields), 0.5% byte-mutated or random (each such
+   frame ends its connection, as it must), the rest as captured, in
    writes of up to 64 frames, reading and discarding whatever comes back; when the
    broker closes a connection (as it must for a malformed frame) it reconnects.
    Meanwhile the official client sends ``--messages`` messages to its own topic and a
    consumer receives and acknowledges them; every one must arrive, in order, with no
-   error on either side.
+   error on either side. ``frames_sent`` counts frames written; ``frames_decoded_whole``
+   those a copy of the broker's decoder decodes before each connection's first
+   malformed frame (where the broker stops reading): the frames its handlers saw.
 4. The broker's RSS is sampled every second: the run fails if it ever exceeds the
    RSS after warm-up (the capture) by more than ``--rss-growth-mib-max`` (default
    256 MiB), or if the broker dies.
@@ -40,12 +44,22 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import psutil  # noqa: E402
 
 from bench.harness import bench_cluster  # noqa: E402
-from protocol.codec import decode_frame, encode_command  # noqa: E402
+from common.errors import MalformedFrame  # noqa: E402
+from protocol.codec import (  # noqa: E402
+    FRAME_BYTES_MAX_DEFAULT,
+    NEED_DATA,
+    CommandDecoder,
+    PayloadChecksumMismatch,
+    decode_frame,
+    encode_command,
+)
 from protocol.proto import pulsar_api_pb2 as pb  # noqa: E402
-from tests.fuzz_inputs import mutate, seed_frames  # noqa: E402
+from tests.fuzz_inputs import mutate, mutate_fields, seed_frames  # noqa: E402
 
 MIB = 1024 * 1024
 FRAMES_PER_WRITE_MAX = 64
+# The broker's frame limit with its default max_message_size.
+BROKER_FRAME_BYTES_MAX = FRAME_BYTES_MAX_DEFAULT
 
 
 def _admin_put(web_url: str, path: str) -> None:
@@ -141,17 +155,29 @@ class Fuzzers:
         self.connect = connect
         self.seed = seed
         self.frames_sent = 0
+        # Frames a copy of the broker's decoder decodes whole before the first
+        # malformed one of each connection: what reached the broker's handlers at
+        # most (after a malformed frame the broker closes and reads no further).
+        self.frames_decoded = 0
         self.bytes_sent = 0
         self.connections = 0
         self.closed_by_broker = 0
         self.stop = asyncio.Event()
 
     def _frame(self, rng: random.Random) -> bytes:
+        """Mostly structure-aware mutations (valid framing, fuzzed field values: they
+        reach the handlers); rarely raw byte mutations or random bytes, which the
+        decoder refuses and which end the connection, so they are kept rare enough
+        for each connection to carry hundreds of frames first."""
         choice = rng.random()
-        if choice < 0.05:
-            return rng.randbytes(rng.randint(1, 64))
         frame = rng.choice(self.corpus)
-        return mutate(rng, frame, self.corpus) if choice < 0.75 else frame
+        if choice < 0.002:
+            return rng.randbytes(rng.randint(1, 64))
+        if choice < 0.005:
+            return mutate(rng, frame, self.corpus)
+        if choice < 0.80:
+            return mutate_fields(rng, frame)
+        return frame
 
     async def _one(self, index: int, target: int) -> None:
         rng = random.Random(self.seed * 1000 + index)
@@ -171,6 +197,7 @@ class Fuzzers:
                     pass
 
             reading = asyncio.create_task(drain_replies())
+            mirror: CommandDecoder | None = CommandDecoder(frame_bytes_max=BROKER_FRAME_BYTES_MAX)
             try:
                 writer.write(self.connect)
                 while not self.stop.is_set() and self.frames_sent < target and not reading.done():
@@ -179,6 +206,8 @@ class Fuzzers:
                     writer.write(data)
                     await writer.drain()
                     self.frames_sent += len(frames)
+                    if mirror is not None:
+                        mirror = self._mirror(mirror, data)
                     self.bytes_sent += len(data)
                     await asyncio.sleep(0)
                 if reading.done():
@@ -192,6 +221,25 @@ class Fuzzers:
                     await reading
                 except asyncio.CancelledError:
                     pass
+
+    def _mirror(self, decoder: CommandDecoder, data: bytes) -> CommandDecoder | None:
+        """Feeds ``data`` to the connection's copy of the broker's decoder; None once a
+        frame is malformed (the broker closes the connection there)."""
+        try:
+            decoder.feed(data)
+        except MalformedFrame:
+            return None
+        while True:
+            try:
+                frame = decoder.next_command()
+            except PayloadChecksumMismatch:
+                self.frames_decoded += 1
+                continue
+            except MalformedFrame:
+                return None
+            if frame is NEED_DATA:
+                return decoder
+            self.frames_decoded += 1
 
     async def run(self, connections: int, target: int) -> None:
         await asyncio.gather(*(self._one(index, target) for index in range(connections)))
@@ -253,7 +301,8 @@ async def main_async(args: argparse.Namespace) -> dict:
                         "captured_frames": len(captured), "corpus_frames": len(corpus)}
         official_done, fuzz_over = threading.Event(), threading.Event()
         official = threading.Thread(target=official_traffic, args=(broker.service_url, official_topic,
-                                                                   args.messages, result, official_done, fuzz_over))
+                                                                   args.messages, result, official_done, fuzz_over),
+                                    daemon=True)
         samples: list[int] = []
         started = time.monotonic()
 
@@ -266,16 +315,19 @@ async def main_async(args: argparse.Namespace) -> dict:
 
         sampler = asyncio.create_task(sample())
         official.start()
-        await fuzzers.run(args.connections, args.frames)
+        try:
+            await fuzzers.run(args.connections, args.frames)
+        finally:
+            fuzz_over.set()   # the official client stops too, whatever happened
         elapsed = time.monotonic() - started
-        fuzz_over.set()
         await asyncio.to_thread(official_done.wait, 600)
         fuzzers.stop.set()
         await sampler
         rss_peak = max(samples) if samples else rss_start
         rss_end = process.memory_info().rss if broker.running else 0
         result.update(
-            frames_sent=fuzzers.frames_sent, bytes_sent=fuzzers.bytes_sent, fuzz_connections=fuzzers.connections,
+            frames_sent=fuzzers.frames_sent, frames_decoded_whole=fuzzers.frames_decoded,
+            bytes_sent=fuzzers.bytes_sent, fuzz_connections=fuzzers.connections,
             connections_closed_by_broker=fuzzers.closed_by_broker, elapsed_s=round(elapsed, 1),
             frames_per_s=round(fuzzers.frames_sent / elapsed), broker_alive=broker.running,
             rss_start_mib=round(rss_start / MIB, 1), rss_peak_mib=round(rss_peak / MIB, 1),

@@ -7,6 +7,9 @@ the live fuzz of a broker (bench/fuzz_broker.py, ``make fuzz-broker``).
 - ``mutate(rng, data)``: one to four of bit flips, byte writes, truncations, inserted
   or deleted runs, splices of two frames, and rewrites of the length fields (the most
   interesting bytes: total size, command size, metadata size).
+- ``mutate_fields(rng, frame)``: structure-aware: random or edge values in one to three
+  fields of a decoded frame's command (or its message metadata), encoded again with
+  correct sizes and checksum, so that it reaches the broker's handlers.
 - ``decode_all(data, splits)``: feeds the bytes to a ``CommandDecoder`` in the given
   chunks and decodes everything a broker decodes from a frame (command, payload
   section, message metadata, batch); returns how many frames came out. It lets only
@@ -26,6 +29,8 @@ from protocol.codec import (
     NEED_DATA,
     CommandDecoder,
     PayloadChecksumMismatch,
+    command_body,
+    decode_frame,
     encode_command,
     encode_payload_command,
     wrap,
@@ -124,6 +129,98 @@ def mutate(rng: random.Random, data: bytes, corpus: list[bytes] | None = None) -
             index = rng.randrange(len(out))
             out[index:index] = out[index:index + rng.randint(1, 32)]   # duplicate a run
     return bytes(out)
+
+
+# Values string fields take in field-level mutations: a small pool, so that fuzzed
+# names cannot create an unbounded number of subscriptions or producers.
+INTERESTING_STRINGS = ["", "x", "persistent://public/default/fuzz-capture", "persistent://public/default/other",
+                       "persistent://no-such-tenant/ns/t", "public/default", "public", "capture-sub", "s",
+                       "non-persistent://public/default/t", "persistent://public/default/t-partition-7",
+                       "a" * 1000, "é\u2603\U0001f600", "../../etc", "%2F%00", "persistent://public/default/",
+                       "token", "a.b.c"]
+_INT_EDGES = [0, 1, -1, 2, 7, 100, 1000, 2**31 - 1, -2**31, 2**32 - 1, 2**63 - 1, -2**63, 2**64 - 1]
+
+
+def _random_value(rng: random.Random, field):
+    kind = field.type
+    if kind == field.TYPE_STRING:
+        return rng.choice(INTERESTING_STRINGS)
+    if kind == field.TYPE_BYTES:
+        return rng.randbytes(rng.randint(0, 64))
+    if kind == field.TYPE_BOOL:
+        return rng.random() < 0.5
+    if kind == field.TYPE_ENUM:
+        return rng.choice(field.enum_type.values).number
+    if kind in (field.TYPE_DOUBLE, field.TYPE_FLOAT):
+        return rng.choice([0.0, -1.0, 1e300, float(rng.randint(-1000, 1000))])
+    signed = kind in (field.TYPE_INT32, field.TYPE_INT64, field.TYPE_SINT32, field.TYPE_SINT64,
+                      field.TYPE_SFIXED32, field.TYPE_SFIXED64)
+    bits = 32 if kind in (field.TYPE_INT32, field.TYPE_UINT32, field.TYPE_SINT32, field.TYPE_FIXED32,
+                          field.TYPE_SFIXED32) else 64
+    low, high = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if signed else (0, 2 ** bits - 1)
+    value = rng.choice(_INT_EDGES) if rng.random() < 0.6 else rng.randint(low, high)
+    return min(max(value, low), high)
+
+
+def _mutate_message(rng: random.Random, message, depth: int = 0) -> None:
+    """Sets, clears or appends to one random field of ``message`` (or of a sub-message)."""
+    fields = message.DESCRIPTOR.fields
+    if not fields:
+        return
+    field = rng.choice(fields)
+    if field.type == field.TYPE_MESSAGE:
+        if field.is_repeated:
+            container = getattr(message, field.name)
+            if container and rng.random() < 0.5:
+                _mutate_message(rng, container[rng.randrange(len(container))], depth + 1)
+            elif len(container) < 64:
+                element = container.add()
+                if depth < 3:
+                    _mutate_message(rng, element, depth + 1)
+        elif rng.random() < 0.15:
+            message.ClearField(field.name)
+        elif depth < 3:
+            _mutate_message(rng, getattr(message, field.name), depth + 1)
+        return
+    if field.is_repeated:
+        container = getattr(message, field.name)
+        if len(container) < 64:
+            container.append(_random_value(rng, field))
+        return
+    if rng.random() < 0.15 and field.name != "type":
+        message.ClearField(field.name)
+        return
+    try:
+        setattr(message, field.name, _random_value(rng, field))
+    except (ValueError, TypeError):
+        pass   # a value this field cannot hold (protobuf checks ranges): leave it
+
+
+def mutate_fields(rng: random.Random, frame: bytes) -> bytes:
+    """A structure-aware mutation: ``frame`` decoded, one to three fields of its command
+    (or of a SEND's message metadata) set to random or edge values, and encoded again
+    with correct sizes and checksum, so the broker's handlers (not only its decoder)
+    see it. ``frame`` must decode."""
+    decoded = decode_frame(frame)
+    command = decoded.command
+    body = command_body(command)
+    metadata = None
+    if decoded.payload is not None:
+        metadata = pb.MessageMetadata()
+        metadata.CopyFrom(decoded.payload.metadata)
+    for _ in range(rng.randint(1, 3)):
+        if metadata is not None and rng.random() < 0.3:
+            _mutate_message(rng, metadata)
+        elif body is not None:
+            _mutate_message(rng, body)
+    if not command.IsInitialized() or (metadata is not None and not metadata.IsInitialized()):
+        return frame   # a required field left unset: our encoders refuse to write that
+    if decoded.payload is None:
+        return encode_command(command)
+    payload = bytes(decoded.payload.payload)
+    if rng.random() < 0.2:
+        payload = mutate(rng, payload) if payload else rng.randbytes(8)
+    return encode_payload_command(command, metadata, payload)
 
 
 def _decode_frame_contents(frame) -> None:

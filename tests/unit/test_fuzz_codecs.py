@@ -2,7 +2,8 @@
 ``make test``; ``make fuzz`` runs the long version, bench/fuzz_codec.py).
 
 Proves: any byte string, any mutation of a valid frame (bit flips, truncations,
-splices, rewritten length fields), fed to the Pulsar frame decoder in any split,
+splices, rewritten length fields) and any field-level mutation (random and edge
+values in the command's fields, re-encoded), fed to the Pulsar frame decoder in any split,
 decodes or raises MalformedFrame (our error type) and nothing else, and the valid
 seeds decode whole in any split; the bookie's entry check raises only MalformedFrame
 or DigestMismatch for any bytes or mutated entry, and passes the seeds.
@@ -16,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from common.errors import DigestMismatch, MalformedFrame
-from tests.fuzz_inputs import check_entry, decode_all, mutate, seed_entries, seed_frames
+from tests.fuzz_inputs import check_entry, decode_all, mutate, mutate_fields, seed_entries, seed_frames
 
 SEEDS = seed_frames()
 ENTRIES = seed_entries()
@@ -45,6 +46,13 @@ def test_mutated_frames_raise_only_our_error(seed, picks, cuts):
     rng = random.Random(seed)
     stream = b"".join(mutate(rng, SEEDS[i], SEEDS) if rng.random() < 0.7 else SEEDS[i] for i in picks)
     _decode_ours_only(stream, cuts)
+
+
+@FUZZ
+@given(st.integers(min_value=0, max_value=2**32 - 1), st.sampled_from(range(len(SEEDS))), splits)
+def test_field_mutated_frames_raise_only_our_error(seed, pick, cuts):
+    """Valid framing with fuzzed field values (what the live fuzz sends most)."""
+    _decode_ours_only(mutate_fields(random.Random(seed), SEEDS[pick]), cuts)
 
 
 @settings(max_examples=50, deadline=None, derandomize=True)
