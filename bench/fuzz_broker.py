@@ -18,7 +18,8 @@ random and mutated frames while the official client produces and consumes beside
    consumer receives and acknowledges them; every one must arrive, in order, with no
    error on either side. ``frames_sent`` counts frames written; ``frames_decoded_whole``
    those a copy of the broker's decoder decodes before each connection's first
-   malformed frame (where the broker stops reading): the frames its handlers saw.
+   malformed frame (where the broker stops reading): the frames its handlers saw. The
+   run goes on until ``--frames`` of those.
 4. The broker's RSS is sampled every second: the run fails if it ever exceeds the
    RSS after warm-up (the capture) by more than ``--rss-growth-mib-max`` (default
    256 MiB), or if the broker dies.
@@ -52,6 +53,7 @@ from protocol.codec import (  # noqa: E402
     PayloadChecksumMismatch,
     decode_frame,
     encode_command,
+    encode_payload_command,
 )
 from protocol.proto import pulsar_api_pb2 as pb  # noqa: E402
 from tests.fuzz_inputs import mutate, mutate_fields, seed_frames  # noqa: E402
@@ -148,6 +150,21 @@ async def capture(broker_host: str, broker_port: int, topic: str) -> list[bytes]
     return split_frames(bytes(recorded))
 
 
+# SEND frames of the corpus name this producer id, which no PRODUCER frame of the
+# corpus creates: unmutated they are refused (no such producer), so the fuzzers do not
+# turn into a flood of valid publishes that fills the one bookie's bandwidth and the
+# broker's pending-send bounds (capacity, not hostile input, which is what this tests).
+UNPAIRED_PRODUCER_ID = 2**40
+
+
+def _unpaired_send(frame: bytes) -> bytes:
+    decoded = decode_frame(frame)
+    if decoded.command.type != pb.BaseCommand.SEND:
+        return frame
+    decoded.command.send.producer_id = UNPAIRED_PRODUCER_ID
+    return encode_payload_command(decoded.command, decoded.payload.metadata, bytes(decoded.payload.payload))
+
+
 class Fuzzers:
     def __init__(self, host: str, port: int, corpus: list[bytes], connect: bytes, seed: int) -> None:
         self.host, self.port = host, port
@@ -181,7 +198,7 @@ class Fuzzers:
 
     async def _one(self, index: int, target: int) -> None:
         rng = random.Random(self.seed * 1000 + index)
-        while not self.stop.is_set() and self.frames_sent < target:
+        while not self.stop.is_set() and self.frames_decoded < target:
             try:
                 reader, writer = await asyncio.open_connection(self.host, self.port)
             except OSError:
@@ -200,7 +217,7 @@ class Fuzzers:
             mirror: CommandDecoder | None = CommandDecoder(frame_bytes_max=BROKER_FRAME_BYTES_MAX)
             try:
                 writer.write(self.connect)
-                while not self.stop.is_set() and self.frames_sent < target and not reading.done():
+                while not self.stop.is_set() and self.frames_decoded < target and not reading.done():
                     frames = [self._frame(rng) for _ in range(rng.randint(1, FRAMES_PER_WRITE_MAX))]
                     data = b"".join(frames)
                     writer.write(data)
@@ -284,7 +301,10 @@ async def main_async(args: argparse.Namespace) -> dict:
     async with bench_cluster("magnetar-fuzz-broker-", directory=args.dir, keep_data=args.keep_data) as cluster:
         await cluster.start_bookies(1)
         (broker,) = await cluster.start_brokers(1, extra_args=[
-            "--ensemble-size", "1", "--write-quorum", "1", "--ack-quorum", "1", "--no-auto-topic-creation"])
+            "--ensemble-size", "1", "--write-quorum", "1", "--ack-quorum", "1", "--no-auto-topic-creation",
+            # A small entry cache, so that RSS measures leaks, not a cache filling up to
+            # its (512 MiB) default with whatever the fuzzers manage to publish.
+            "--entry-cache-mib", "32"])
         capture_topic = "persistent://public/default/fuzz-capture"
         official_topic = f"persistent://public/default/official-{os.urandom(8).hex()}"
         for topic in (capture_topic, official_topic):
@@ -293,7 +313,10 @@ async def main_async(args: argparse.Namespace) -> dict:
         host, port = broker.service_url.removeprefix("pulsar://").rsplit(":", 1)
         captured = await capture(host, int(port), capture_topic)
         connect = next(f for f in captured if f[8:10] == b"\x08\x02")   # BaseCommand.type = CONNECT (2)
-        corpus = captured + seed_frames()
+        # MESSAGE is what a broker sends: to a broker it is an unknown command without a
+        # request id, which ends the connection at once (the codec fuzz keeps it).
+        corpus = [_unpaired_send(f) for f in
+                  captured + [f for f in seed_frames() if decode_frame(f).command.type != pb.BaseCommand.MESSAGE]]
         process = psutil.Process(broker.process.pid)
         rss_start = process.memory_info().rss
         fuzzers = Fuzzers(host, int(port), corpus, connect, args.seed)
@@ -333,7 +356,7 @@ async def main_async(args: argparse.Namespace) -> dict:
             rss_start_mib=round(rss_start / MIB, 1), rss_peak_mib=round(rss_peak / MIB, 1),
             rss_end_mib=round(rss_end / MIB, 1), rss_growth_bound_mib=args.rss_growth_mib_max)
         result["ok"] = bool(
-            broker.running and fuzzers.frames_sent >= args.frames
+            broker.running and fuzzers.frames_decoded >= args.frames
             and rss_peak - rss_start <= args.rss_growth_mib_max * MIB
             and result.get("official_in_order_and_complete") and not result.get("official_errors"))
         return result

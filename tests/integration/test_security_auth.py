@@ -8,7 +8,11 @@ key and an expired token are AuthenticationError (never a hang); a role without
 permission endpoint lets it in without a restart; revoking closes its producer; the
 admin REST answers 401 without a token, 403 for a role that is not a superuser or
 tenant admin; `magnetar admin namespaces grant-permission|permissions|revoke-permission`
-drive the same endpoints; and no log of the run holds a token or the key.
+drive the same endpoints; the limits against abuse hold (a connection without CONNECT,
+and one stalling inside a frame, are closed after their deadlines while one that keeps
+completing frames is not; connections from one address past the limit are closed at
+once and the room comes back; producers per topic past the limit get ProducerBusy; an
+admin body over the limit gets 413); and no log of the run holds a token or the key.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import base64
 import glob
 import json
 import os
+import struct
 import time
 import urllib.error
 import urllib.request
@@ -26,9 +31,15 @@ import pulsar
 import pytest
 
 from common.tokens import TokenSigner, create_secret_key
+from protocol import commands
+from protocol.codec import encode_command
+from protocol.proto import pulsar_api_pb2 as pb
 from tests.cluster import Cluster, run_cli, unique
 
 SUPERUSER = "admin-role"
+# The broker's limit in this module: above what the tests' clients and the gateway
+# hold (a few connections), small enough to reach.
+CONNECTIONS_PER_ADDRESS_MAX = 16
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +56,10 @@ def secured(etcd_process, tmp_path_factory):
         asyncio.run(cluster.start_brokers(1, extra_args=[
             "--ensemble-size", "1", "--write-quorum", "1", "--ack-quorum", "1",
             "--authentication-enabled", "--authorization-enabled", "--superuser-roles", SUPERUSER,
-            "--token-secret-key", f"file://{key_path}", "--permission-check-interval-s", "1"]))
+            "--token-secret-key", f"file://{key_path}", "--permission-check-interval-s", "1",
+            # Small limits, for the limit tests at the end of this module.
+            "--connect-timeout-s", "2", "--frame-timeout-s", "2", "--connections-per-address-max",
+            str(CONNECTIONS_PER_ADDRESS_MAX), "--producers-per-topic-max", "2"]))
         signer = TokenSigner.with_secret_key(key)
         # The gateway: callers' tokens checked by the broker; its own (superuser) token
         # from a file, as in production.
@@ -133,11 +147,18 @@ def test_produce_permission_granted_and_revoked_live(secured):
         assert http("POST", path, superuser, ["produce"])[0] == 204
         assert http("GET", f"{admin_url}/admin/v2/namespaces/{namespace}/permissions", superuser) == \
             (200, {role: ["produce"]})
-        producer = client.create_producer(topic)
+        # A short send timeout: after the revoke the client cannot attach the producer
+        # again, and its sends fail when this runs out.
+        producer = client.create_producer(topic, send_timeout_millis=2000)
         producer.send(b"allowed")
         with pytest.raises(pulsar.AuthorizationError):
             client.subscribe(topic, "no-consume")
         assert http("DELETE", path, superuser)[0] == 204
+        stats_path = f"{admin_url}/admin/v2/persistent/{topic.removeprefix('persistent://')}/stats"
+        deadline = time.monotonic() + 30
+        while http("GET", stats_path, superuser)[1]["publishers"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert http("GET", stats_path, superuser)[1]["publishers"] == []   # the broker closed it
         deadline = time.monotonic() + 30
         failed = False
         while time.monotonic() < deadline and not failed:
@@ -181,7 +202,8 @@ def test_admin_rest_needs_a_token_and_the_right_role(secured):
 
 
 async def test_admin_cli_grants_lists_and_revokes(secured):
-    """`magnetar admin --token ... namespaces grant-permission|permissions|revoke-permission`."""
+    """`magnetar admin --token ... namespaces grant-permission|permissions|revoke-permission`
+    (401 without a token is shown by the REST test)."""
     cluster, signer, _ = secured
     admin_url = cluster.brokers[0].web_service_url
     superuser = signer.create(SUPERUSER)
@@ -196,10 +218,7 @@ async def test_admin_cli_grants_lists_and_revokes(secured):
     assert json.loads(out) == {role: ["consume", "produce"]}
     code, out, err = await run_cli(*env_args, "revoke-permission", namespace, "--role", role)
     assert code == 0, err
-    code, out, err = await run_cli(*env_args, "permissions", namespace)
-    assert json.loads(out) == {}
-    code, out, err = await run_cli("admin", "--admin-url", admin_url, "namespaces", "permissions", namespace)
-    assert code != 0 and "401" in err + out
+    assert http("GET", f"{admin_url}/admin/v2/namespaces/{namespace}/permissions", superuser) == (200, {})
 
 
 async def test_gateway_forwards_the_callers_token_for_authorization(secured):
@@ -242,6 +261,107 @@ async def test_gateway_forwards_the_callers_token_for_authorization(secured):
         assert (await call("PUT", sub_url, superuser, {"initial_position": "earliest"}))[0] in (200, 201)
         status, doc = await call("POST", f"{sub_url}/pull", superuser, {"max_messages": 1, "wait_ms": 5000})
         assert status == 200 and [m["payload"] for m in doc["messages"]] == ["hello"], doc
+
+
+def _address(secured) -> tuple[str, int]:
+    host, port = secured[0].brokers[0].service_url.removeprefix("pulsar://").rsplit(":", 1)
+    return host, int(port)
+
+
+def _connect_frame() -> bytes:
+    return encode_command(commands.wrap(pb.CommandConnect(client_version="limits-test", protocol_version=20)))
+
+
+async def _closed_within(reader: asyncio.StreamReader, timeout_s: float) -> bool:
+    """True if the peer closes before ``timeout_s`` (whatever it sent before)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            while await reader.read(65536):
+                pass
+        return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True   # refused with a reset (the broker aborts connections past a limit)
+    except TimeoutError:
+        return False
+
+
+async def test_connect_and_frame_deadlines(secured):
+    host, port = _address(secured)
+    # No CONNECT at all.
+    reader, writer = await asyncio.open_connection(host, port)
+    assert await _closed_within(reader, 20)
+    writer.close()
+    # CONNECT, then half a frame (its size prefix and a few bytes) and nothing more.
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(_connect_frame())
+    writer.write(struct.pack(">II", 100, 96) + b"\x08")
+    await writer.drain()
+    assert await _closed_within(reader, 20)
+    writer.close()
+    # A connection that keeps completing PINGs, each sent in two halves, lives on.
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(_connect_frame())
+    ping = encode_command(commands.ping())
+    started = time.monotonic()
+    while time.monotonic() - started < 3:
+        writer.write(ping[:3])
+        await writer.drain()
+        await asyncio.sleep(0.2)
+        writer.write(ping[3:])
+        await writer.drain()
+        await asyncio.sleep(0.05)
+    assert not await _closed_within(reader, 0.5)
+    writer.close()
+
+
+async def test_connections_per_address(secured):
+    """Two more connections than the limit are opened: the broker closes those past it
+    at once (the module's gateway holds some too), never keeps more than the limit
+    open, and once the held ones are closed there is room again."""
+    host, port = _address(secured)
+    opened = []
+    for _ in range(CONNECTIONS_PER_ADDRESS_MAX + 2):
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            writer.write(_connect_frame())
+            await writer.drain()
+        except (ConnectionResetError, BrokenPipeError):
+            pass   # refused already
+        opened.append((reader, writer))
+        await asyncio.sleep(0.02)
+    closed = await asyncio.gather(*(_closed_within(reader, 1.5) for reader, _ in opened))
+    assert sum(closed) >= 2, closed
+    assert len(closed) - sum(closed) <= CONNECTIONS_PER_ADDRESS_MAX, closed
+    for _, writer in opened:
+        writer.close()
+    await asyncio.sleep(1.0)
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(_connect_frame())
+    await writer.drain()
+    assert not await _closed_within(reader, 1.0)   # room again
+    writer.close()
+
+
+def test_producers_per_topic_and_http_body_limit(secured):
+    cluster, signer, _ = secured
+    token = signer.create(SUPERUSER)
+    client = client_with(cluster.brokers[0].service_url, token)
+    try:
+        topic = f"persistent://public/default/{unique('limit')}"
+        producers = [client.create_producer(topic) for _ in range(2)]
+        with pytest.raises(pulsar.ProducerBusy):
+            client.create_producer(topic)
+        producers[0].close()
+        client.create_producer(topic).send(b"room again")
+    finally:
+        client.close()
+    body = json.dumps({"adminRoles": ["x" * 2_000_000], "allowedClusters": ["standalone"]}).encode()
+    request = urllib.request.Request(f"{cluster.brokers[0].web_service_url}/admin/v2/tenants/{unique('big')}",
+                                     data=body, method="PUT", headers={"Content-Type": "application/json",
+                                                                       "Authorization": f"Bearer {token}"})
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request, timeout=30)
+    assert caught.value.code == 413
 
 
 def test_no_token_or_key_in_any_log(secured):
