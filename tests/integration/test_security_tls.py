@@ -7,13 +7,16 @@ produces and consumes; a client trusting another CA, and plain text sent to the 
 port (raw bytes, and the official client with ``pulsar://``), fail cleanly (an error,
 the connection closed, the broker still serving); the plain port is not listening;
 the admin API over HTTPS answers 200 with a superuser token, 401 without, 403 for
-another role; and a new certificate written over the files is served to new
-handshakes without a restart.
+another role; the bookie (mutual TLS, service tokens) stores what the broker sends
+with its client certificate and token, and refuses a ledger client without a token,
+with another role's, or without a certificate; and a new certificate written over the
+files is served to new handshakes without a restart.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import re
 import socket
@@ -26,11 +29,16 @@ import urllib.request
 import pulsar
 import pytest
 
+from common.entry import encode_entry
+from common.errors import MagnetarError
 from common.tokens import TokenSigner, create_secret_key
+from ledger.bookie_client import BookieClient
+from ledger.config import BookieTlsConfig, LedgerClientConfig
 from tests.cluster import Cluster, free_port, unique
 from tests.tls_certs import make_pki, reissue_server
 
 SUPERUSER = "tls-admin"
+BROKER_ROLE = "broker-service"
 _TLS_URLS = re.compile(r"service_url_tls=(\S+) web_service_url_tls=(\S+)")
 
 
@@ -43,11 +51,22 @@ def tls_broker(etcd_process, tmp_path_factory):
     with open(key_path, "wb") as handle:
         handle.write(key)
     plain_port, plain_http_port = free_port(), free_port()
+    # The bookie: mutual TLS with a CA of its own, and service tokens of BROKER_ROLE.
+    storage_pki = make_pki(os.path.join(base, "storage-pki"), "storage")
+    broker_token_path = os.path.join(base, "broker.token")
+    with open(broker_token_path, "w") as handle:
+        handle.write(TokenSigner.with_secret_key(key).create(BROKER_ROLE))
     cluster = Cluster(etcd_process, base)
     try:
-        asyncio.run(cluster.start_bookies(1))
+        asyncio.run(cluster.start_bookies(1, extra_args=[
+            "--tls-cert-file", storage_pki.cert_file, "--tls-key-file", storage_pki.key_file,
+            "--tls-trust-certs-file", storage_pki.ca_file, "--tls-require-client-cert",
+            "--authentication-enabled", "--token-secret-key", f"file://{key_path}", "--allowed-roles", BROKER_ROLE]))
         asyncio.run(cluster.start_brokers(1, port=plain_port, http_port=plain_http_port, extra_args=[
             "--ensemble-size", "1", "--write-quorum", "1", "--ack-quorum", "1",
+            "--bookie-tls", "--bookie-tls-trust-certs-file", storage_pki.ca_file,
+            "--bookie-tls-cert-file", storage_pki.client_cert_file, "--bookie-tls-key-file",
+            storage_pki.client_key_file, "--bookie-auth-token-file", broker_token_path,
             "--tls-cert-file", pki.cert_file, "--tls-key-file", pki.key_file, "--tls-port", "0",
             "--http-tls-port", "0", "--no-plain-ports", "--tls-reload-check-s", "0.2",
             "--authentication-enabled", "--authorization-enabled", "--superuser-roles", SUPERUSER,
@@ -64,7 +83,7 @@ def tls_broker(etcd_process, tmp_path_factory):
             "--tls-cert-file", pki.cert_file, "--tls-key-file", pki.key_file,
             "--broker-tls-trust-certs-file", pki.ca_file, "--authentication-enabled",
             "--service-token-file", token_path]))
-        yield {"cluster": cluster, "pki": pki, "signer": signer, "base": base,
+        yield {"cluster": cluster, "pki": pki, "storage_pki": storage_pki, "signer": signer, "base": base,
                "service_url": service_url_tls, "web_url": web_url_tls, "plain_ports": (plain_port, plain_http_port)}
     finally:
         asyncio.run(cluster.stop())
@@ -165,6 +184,57 @@ async def test_gateway_over_https_to_a_tls_broker(tls_broker):
         async with session.post(f"{topic_url}/message", json={"payload": "x"}, headers={"Authorization": ""}) \
                 as response:
             assert response.status == 401
+
+
+async def _try_add_and_read(config: LedgerClientConfig, bookie) -> tuple[str, str]:
+    """(the outcome of a read, of an add then a read back): 'ok' or the error."""
+    client = BookieClient(bookie.bookie_id, bookie.address, dataclasses.replace(
+        config, add_timeout_s=5.0, read_timeout_s=5.0))
+    ledger_id = 900_000 + int.from_bytes(os.urandom(3), "big")
+    outcomes = []
+    try:
+        for step in ("read", "add"):
+            try:
+                async with asyncio.timeout(20):
+                    if step == "add":
+                        await client.add(ledger_id, 0, encode_entry(ledger_id, 0, -1, 5, b"probe"))
+                    results = await client.read(ledger_id, [0], 1 << 20)
+                    if step == "add":
+                        assert results[0].entry is not None
+                outcomes.append("ok")
+            except MagnetarError as error:
+                outcomes.append(f"{type(error).__name__}: {error.message}")
+    finally:
+        await client.close()
+    return outcomes[0], outcomes[1]
+
+
+async def test_bookie_refuses_unauthenticated_adds_and_reads(tls_broker):
+    """The broker above stored through this bookie with its certificate and token (the
+    other tests produce and consume); a ledger client without a token, with another
+    role's token, or without a client certificate is refused; with both it works."""
+    cluster, pki, signer, base = (tls_broker["cluster"], tls_broker["storage_pki"], tls_broker["signer"],
+                                  tls_broker["base"])
+    bookie = cluster.bookies[0]
+    tls = BookieTlsConfig(trust_certs_file=pki.ca_file, cert_file=pki.client_cert_file,
+                          key_file=pki.client_key_file)
+    with_tls = LedgerClientConfig(bookie_tls_enabled=True, bookie_tls=tls)
+    read, add = await _try_add_and_read(with_tls, bookie)            # no token
+    assert "UNAUTHENTICATED" in read and add != "ok", (read, add)
+    other_token = os.path.join(base, "other.token")
+    with open(other_token, "w") as handle:
+        handle.write(signer.create("someone-else"))
+    read, add = await _try_add_and_read(dataclasses.replace(with_tls, bookie_auth_token_file=other_token), bookie)
+    assert "PERMISSION_DENIED" in read and add != "ok", (read, add)
+    right_token = os.path.join(base, "right.token")
+    with open(right_token, "w") as handle:
+        handle.write(signer.create(BROKER_ROLE))
+    no_client_cert = LedgerClientConfig(bookie_tls_enabled=True, bookie_tls=BookieTlsConfig(
+        trust_certs_file=pki.ca_file), bookie_auth_token_file=right_token)
+    read, add = await _try_add_and_read(no_client_cert, bookie)
+    assert "UNAVAILABLE" in read and add != "ok", (read, add)
+    read, add = await _try_add_and_read(dataclasses.replace(with_tls, bookie_auth_token_file=right_token), bookie)
+    assert "UNAUTHENTICATED" not in read and add == "ok", (read, add)
 
 
 def test_certificate_files_reload_without_restart(tls_broker):
