@@ -70,6 +70,22 @@ def _admin_put(web_url: str, path: str) -> None:
         pass
 
 
+def _topic_summary(web_url: str, topic: str) -> dict:
+    """What the fuzzers left on the topic they may name (state the broker keeps)."""
+    try:
+        path = "/admin/v2/persistent/" + topic.removeprefix("persistent://") + "/stats"
+        with urllib.request.urlopen(f"{web_url}{path}", timeout=30) as response:
+            stats = json.loads(response.read())
+    except OSError as error:
+        return {"error": str(error)}
+    subscriptions = stats.get("subscriptions", {})
+    return {"subscriptions": len(subscriptions), "publishers": len(stats.get("publishers", [])),
+            "consumers": sum(len(s.get("consumers", [])) for s in subscriptions.values()),
+            "backlog": sum(s.get("msgBacklog", 0) for s in subscriptions.values()),
+            "unacked": sum(s.get("unackedMessages", 0) for s in subscriptions.values()),
+            "msg_in_counter": stats.get("msgInCounter")}
+
+
 def split_frames(stream: bytes) -> list[bytes]:
     frames, offset = [], 0
     while offset + 4 <= len(stream):
@@ -347,6 +363,8 @@ async def main_async(args: argparse.Namespace) -> dict:
         fuzzers.stop.set()
         await sampler
         rss_peak = max(samples) if samples else rss_start
+        result["capture_topic"] = await asyncio.to_thread(_topic_summary, broker.web_service_url, capture_topic)
+        result["rss_samples_mib"] = [round(sample / MIB) for sample in samples[::max(1, len(samples) // 20)]]
         rss_end = process.memory_info().rss if broker.running else 0
         result.update(
             frames_sent=fuzzers.frames_sent, frames_decoded_whole=fuzzers.frames_decoded,

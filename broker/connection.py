@@ -700,6 +700,12 @@ class ServerConnection(asyncio.Protocol):
             if ack.HasField("request_id"):
                 self.write_command(commands.error(ack.request_id, pb.ConsumerNotFound, "no such consumer"))
             return
+        if any(_out_of_range(m) for m in ack.message_id):
+            # No entry has such an id (positions are Java longs): an ack of one is a
+            # client's bug or hostile, and the cursor could not persist it.
+            if ack.HasField("request_id"):
+                self._write_error(ack.request_id, InvalidArgument("acknowledged message id out of range"))
+            return
         try:
             attached.subscription.acknowledge(attached.consumer, [_acked_message(m) for m in ack.message_id],
                                               cumulative=ack.ack_type == pb.CommandAck.Cumulative)
@@ -766,6 +772,10 @@ class ServerConnection(asyncio.Protocol):
         if attached is None:
             self.write_command(commands.error(request.request_id, pb.ConsumerNotFound, "no such consumer"))
             return
+        if request.HasField("message_id") and _out_of_range(request.message_id) and not _is_earliest(
+                request.message_id):
+            self._write_error(request.request_id, InvalidArgument("seek message id out of range"))
+            return
         try:
             if request.HasField("message_id"):
                 target = attached.topic.ledger.normalize(
@@ -818,6 +828,20 @@ class ServerConnection(asyncio.Protocol):
             request_id=request.request_id, consumerName=consumer.name, availablePermits=max(consumer.permits, 0),
             unackedMessages=attached.subscription.dispatcher.unacked_messages(consumer), address=self.peer,
             type=attached.subscription.type_name)))
+
+
+# The largest ledger or entry id a position can have: ids are Java longs on the wire
+# (sent as uint64), and the cursor's records store them as signed 64-bit integers.
+_POSITION_ID_MAX = 2**63 - 1
+
+
+def _out_of_range(message_id: pb.MessageIdData) -> bool:
+    return message_id.ledgerId > _POSITION_ID_MAX or message_id.entryId > _POSITION_ID_MAX
+
+
+def _is_earliest(message_id: pb.MessageIdData) -> bool:
+    """The clients' MessageId.earliest: (-1, -1) as uint64s."""
+    return message_id.ledgerId == 2**64 - 1 and message_id.entryId == 2**64 - 1
 
 
 def _acked_message(message_id: pb.MessageIdData) -> AckedMessage:
