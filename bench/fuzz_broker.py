@@ -59,7 +59,10 @@ from protocol.proto import pulsar_api_pb2 as pb  # noqa: E402
 from tests.fuzz_inputs import mutate, mutate_fields, seed_frames  # noqa: E402
 
 MIB = 1024 * 1024
-FRAMES_PER_WRITE_MAX = 64
+FRAMES_PER_WRITE_MAX = 32
+# A pause between one connection's writes: many connections at a steady pace rather
+# than a flood that only measures how long the broker's request queues grow.
+WRITE_PAUSE_S = 0.005
 # The broker's frame limit with its default max_message_size.
 BROKER_FRAME_BYTES_MAX = FRAME_BYTES_MAX_DEFAULT
 
@@ -242,7 +245,7 @@ class Fuzzers:
                     if mirror is not None:
                         mirror = self._mirror(mirror, data)
                     self.bytes_sent += len(data)
-                    await asyncio.sleep(0)
+                    await asyncio.sleep(WRITE_PAUSE_S)
                 if reading.done():
                     self.closed_by_broker += 1
             except (ConnectionError, OSError):
@@ -279,7 +282,7 @@ class Fuzzers:
 
 
 def official_traffic(service_url: str, topic: str, messages: int, result: dict, done: threading.Event,
-                     fuzz_over: threading.Event) -> None:
+                     fuzz_over: threading.Event, ready: threading.Event) -> None:
     """Produces to ``topic`` (at least ``messages``, and on until the fuzz is over) and
     receives every message, in order; records errors."""
     import pulsar
@@ -287,11 +290,12 @@ def official_traffic(service_url: str, topic: str, messages: int, result: dict, 
     client = pulsar.Client(service_url, operation_timeout_seconds=30)
     errors: list[str] = []
     received: list[bytes] = []
+    index = 0
     try:
         consumer = client.subscribe(topic, "official", initial_position=pulsar.InitialPosition.Earliest)
         producer = client.create_producer(topic)
+        ready.set()   # the fuzzers start now
         started = time.monotonic()
-        index = 0
         while index < messages or not fuzz_over.is_set():
             try:
                 producer.send(f"official-{index}".encode())
@@ -338,10 +342,10 @@ async def main_async(args: argparse.Namespace) -> dict:
         fuzzers = Fuzzers(host, int(port), corpus, connect, args.seed)
         result: dict = {"frames_target": args.frames, "connections": args.connections,
                         "captured_frames": len(captured), "corpus_frames": len(corpus)}
-        official_done, fuzz_over = threading.Event(), threading.Event()
+        official_done, fuzz_over, official_ready = threading.Event(), threading.Event(), threading.Event()
         official = threading.Thread(target=official_traffic, args=(broker.service_url, official_topic,
-                                                                   args.messages, result, official_done, fuzz_over),
-                                    daemon=True)
+                                                                   args.messages, result, official_done, fuzz_over,
+                                                                   official_ready), daemon=True)
         samples: list[int] = []
         started = time.monotonic()
 
@@ -354,6 +358,8 @@ async def main_async(args: argparse.Namespace) -> dict:
 
         sampler = asyncio.create_task(sample())
         official.start()
+        # The official client subscribes and attaches its producer first; then the fuzz.
+        await asyncio.to_thread(official_ready.wait, 60)
         try:
             await fuzzers.run(args.connections, args.frames)
         finally:
