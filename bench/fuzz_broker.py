@@ -335,8 +335,10 @@ async def main_async(args: argparse.Namespace) -> dict:
         connect = next(f for f in captured if f[8:10] == b"\x08\x02")   # BaseCommand.type = CONNECT (2)
         # MESSAGE is what a broker sends: to a broker it is an unknown command without a
         # request id, which ends the connection at once (the codec fuzz keeps it).
+        excluded = {pb.BaseCommand.Type.Value(name) for name in args.exclude}
         corpus = [_unpaired_send(f) for f in
-                  captured + [f for f in seed_frames() if decode_frame(f).command.type != pb.BaseCommand.MESSAGE]]
+                  captured + [f for f in seed_frames() if decode_frame(f).command.type != pb.BaseCommand.MESSAGE]
+                  if decode_frame(f).command.type not in excluded]
         process = psutil.Process(broker.process.pid)
         rss_start = process.memory_info().rss
         fuzzers = Fuzzers(host, int(port), corpus, connect, args.seed)
@@ -393,6 +395,8 @@ def main() -> int:
     parser.add_argument("--messages", type=int, default=2_000, help="the official client's messages")
     parser.add_argument("--rss-growth-mib-max", type=int, default=256)
     parser.add_argument("--seed", type=int, default=13)
+    parser.add_argument("--exclude", nargs="*", default=[], metavar="COMMAND",
+                        help="leave these commands (e.g. LOOKUP) out of the corpus, to find what grows")
     parser.add_argument("--dir", default=None)
     parser.add_argument("--keep-data", action="store_true")
     parser.add_argument("--out", default="")
