@@ -15,7 +15,7 @@ DATA_DIR ?= data/standalone
 TEST_WORKERS ?= 2
 
 .PHONY: bench-ack-state setup proto run test test-unit test-integration test-archive-full bench bench-bookie \
-	bench-pulsar bench-subscriptions bench-archive bench-gateway fuzz-gateway clean sim chaos fanout-check
+	bench-pulsar bench-subscriptions bench-archive bench-gateway fuzz-gateway fuzz fuzz-broker clean sim chaos fanout-check
 
 setup: $(STAMP) proto
 
@@ -132,6 +132,19 @@ k8s-validate: setup
 		done; \
 	done
 	@echo "k8s overlays dev and prod: rendered, valid for Kubernetes 1.35-1.37 (build/k8s-*.yaml)"
+
+# The wire codecs' long fuzz (about 2-3 minutes): a million inputs (mutated and random
+# frames in random splits, mutated bookie entries), only our own error type allowed
+# (make test runs a bounded hypothesis version): bench/results/fuzz_codec.json.
+fuzz: setup
+	$(PY) bench/fuzz_codec.py --inputs 1000000 --out bench/results/fuzz_codec.json
+
+# A live fuzz of a running broker (a few minutes): a million random and mutated frames
+# (mutated from a real client's capture) over 32 connections while the official client
+# produces and consumes beside them; fails on a crash, an RSS growth over 256 MiB, or a
+# lost or failed official message: bench/results/fuzz_broker.json.
+fuzz-broker: setup
+	$(PY) bench/fuzz_broker.py --frames 1000000 --out bench/results/fuzz_broker.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from bookie.format import journal_add_record_bytes
 from common.entry import ENTRY_BYTES_MAX_DEFAULT
 from common.errors import ConfigError
+from bookie.security import BookieSecurityConfig
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -165,6 +166,8 @@ class BookieConfig:
     # Concurrent gRPC streams and calls a bookie serves before refusing new ones.
     concurrent_rpcs_max: int = 1024
     grpc_message_bytes_max: int = 64 * MIB
+    # Service tokens on every RPC and TLS on the gRPC port (bookie/security.py); off.
+    security: BookieSecurityConfig = field(default_factory=BookieSecurityConfig)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -38,6 +38,8 @@ from common.ops_http import add_ready_route, build_ops_app, start_ops_server
 from common.tasks import stop_on_signals
 from metadata import open_store
 from metadata.bookie_record import BookieRecord
+from bookie.security import BookieSecurityConfig, TokenInterceptor, server_credentials
+from common.tls import TlsConfig
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +77,18 @@ OPTIONS: list[ConfigOption] = [
                  "the most one journal write + fdatasync carries (must hold the largest entry)", unit=MIB),
     ConfigOption("--journal-queue-mib", JournalConfig, "queue_bytes_max",
                  "adds queued for the journal beyond this wait (back-pressure to writers)", unit=MIB),
+    # Security (bookie/security.py): service tokens on every RPC, TLS on the gRPC port.
+    ConfigOption("--authentication-enabled", BookieSecurityConfig, "authentication_enabled",
+                 "every RPC must carry a service token of an allowed role", switch_to=True),
+    ConfigOption("--token-secret-key", BookieSecurityConfig, "token_secret_key", "HS256 secret key: file:///path"),
+    ConfigOption("--token-public-key", BookieSecurityConfig, "token_public_key", "RS256 public key: file:///path"),
+    ConfigOption("--allowed-roles", BookieSecurityConfig, "allowed_roles",
+                 "comma-separated roles that may add and read (the brokers' service role)"),
+    ConfigOption("--tls-cert-file", TlsConfig, "cert_file", "PEM certificate chain; turns TLS on"),
+    ConfigOption("--tls-key-file", TlsConfig, "key_file"),
+    ConfigOption("--tls-trust-certs-file", TlsConfig, "trust_certs_file", "CA certificates for client certificates"),
+    ConfigOption("--tls-require-client-cert", TlsConfig, "require_client_cert",
+                 "mutual TLS: refuse clients without a certificate from --tls-trust-certs-file", switch_to=True),
     ConfigOption("--group-wait-ms", JournalConfig, "group_wait_ms_max",
                  "how long an idle journal writer waits for more adds to share one write + fdatasync "
                  "(0: write as soon as the queue is drained)"),
@@ -103,6 +117,8 @@ def config_from_args(args: argparse.Namespace) -> BookieConfig:
                                     **config_overrides(args, OPTIONS, LedgerStorageConfig)),
         gc=GcConfig(**config_overrides(args, OPTIONS, GcConfig)),
         disk=DiskConfig(**disk),
+        security=BookieSecurityConfig(**config_overrides(args, OPTIONS, BookieSecurityConfig),
+                                      tls=TlsConfig(**config_overrides(args, OPTIONS, TlsConfig))),
         **config_overrides(args, OPTIONS, BookieConfig),
     )
 
@@ -137,6 +153,8 @@ class BookieProcess:
                 ("grpc.http2.max_ping_strikes", 0),
             ],
             maximum_concurrent_rpcs=config.concurrent_rpcs_max,
+            # Service tokens, checked before any servicer runs (bookie/security.py).
+            interceptors=[TokenInterceptor(config.security)] if config.security.authentication_enabled else None,
         )
         # Both ports are bound before anything else starts, so that a port in use is
         # reported (PortInUse, one line naming the flag) before storage is opened.
@@ -147,7 +165,11 @@ class BookieProcess:
         if refused is not None:
             raise bind_failure("--port", config.host, config.port, refused)
         try:
-            port = server.add_insecure_port(f"{config.host}:{config.port}")
+            if config.security.tls.enabled:
+                port = server.add_secure_port(f"{config.host}:{config.port}",
+                                              server_credentials(config.security.tls))
+            else:
+                port = server.add_insecure_port(f"{config.host}:{config.port}")
         except RuntimeError:   # grpc says only that binding failed
             port = 0
         if port == 0:

@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from protocol.codec import FRAME_PADDING_BYTES, MAX_MESSAGE_SIZE_DEFAULT
+from broker.authentication import AuthConfig
 from broker.managed_ledger import ManagedLedgerConfig
 from common.entry import ENTRY_HEADER_SIZE
 from common.errors import ConfigError
+from common.tls import TlsConfig
 
 MIB = 1024 * 1024
 
@@ -59,6 +61,15 @@ class BrokerConfig:
     advertised_listeners: str = ""
     broker_id: str = ""
     managed_ledger: ManagedLedgerConfig = field(default_factory=ManagedLedgerConfig)
+    # Authentication and authorization (broker/authentication.py); off by default.
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    # TLS (common/tls.py): with a certificate the broker also listens on tls_port
+    # (pulsar+ssl://, Pulsar's 6651) and http_tls_port (HTTPS, Pulsar's 8443); with
+    # plain_ports_enabled off it listens only there, and advertises only TLS URLs.
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    tls_port: int = 6651
+    http_tls_port: int = 8443
+    plain_ports_enabled: bool = True
     # Largest message (payload frame) a client may send; announced in CONNECTED.
     max_message_size: int = MAX_MESSAGE_SIZE_DEFAULT
     # Back-pressure on publishers (broker/publish_limits.py): sends accepted and not yet
@@ -86,6 +97,24 @@ class BrokerConfig:
     # client has a few per producer or consumer, so 1,000 per connection leaves room
     # for large clients while one misbehaving client cannot queue unbounded work.
     pending_requests_per_connection_max: int = 1000
+    # Limits against abuse (errors: ConnectionLimit, retriable). A connection must send
+    # a CONNECT (and finish a TLS handshake) within connect_timeout_s, and a frame once
+    # begun must arrive whole within frame_timeout_s (slow-loris); otherwise it is
+    # closed. Pulsar leaves these unbounded by default (brokerMaxConnections and
+    # brokerMaxConnectionsPerIp 0); these bounds are far above what one client host
+    # needs (the official clients open one connection per broker) and stop one peer
+    # from taking every descriptor.
+    connect_timeout_s: float = 10.0
+    # Request bodies of the admin API (413 past it): policies and tenant records are a
+    # few KiB; etcd refuses values over 1.5 MiB anyway. aiohttp's default.
+    http_body_bytes_max: int = 1 * MIB
+    frame_timeout_s: float = 30.0
+    connections_max: int = 20_000
+    connections_per_address_max: int = 1_000
+    # Producers and consumers attached to one topic (Pulsar's maxProducersPerTopic and
+    # maxConsumersPerTopic, unbounded there by default).
+    producers_per_topic_max: int = 10_000
+    consumers_per_topic_max: int = 10_000
     # Keep-alive: PING after this long without traffic; close after twice that.
     keepalive_interval_s: float = 30.0
     # Broker-wide entry cache for tailing reads (Pulsar's default is 1/5 of direct memory).
@@ -133,6 +162,10 @@ class BrokerConfig:
         if not 0 <= self.http_port <= 65535:
             raise ConfigError(f"http_port must be in [0, 65535] (it defaults to port + {HTTP_PORT_OFFSET}: "
                               f"give --http-port with --port {self.port})")
+        if not (0 <= self.tls_port <= 65535 and 0 <= self.http_tls_port <= 65535):
+            raise ConfigError("tls_port and http_tls_port must be in [0, 65535]")
+        if not self.plain_ports_enabled and not self.tls.enabled:
+            raise ConfigError("plain_ports_enabled off needs TLS (a tls cert_file and key_file)")
         if not 1024 <= self.max_message_size <= 64 * MIB:
             raise ConfigError("max_message_size must be in [1 KiB, 64 MiB]")
         if not 1 <= self.pending_sends_per_connection_max <= 1_000_000:
@@ -149,6 +182,18 @@ class BrokerConfig:
             raise ConfigError("pending_sends_resume_ratio must be in [0, 1)")
         if not 1 <= self.pending_requests_per_connection_max <= 1_000_000:
             raise ConfigError("pending_requests_per_connection_max must be in [1, 1000000]")
+        if not 1024 <= self.http_body_bytes_max <= 64 * MIB:
+            raise ConfigError("http_body_bytes_max must be in [1 KiB, 64 MiB]")
+        if not 0.1 <= self.connect_timeout_s <= 600:
+            raise ConfigError("connect_timeout_s must be in [0.1, 600]")
+        if not 0.1 <= self.frame_timeout_s <= 3600:
+            raise ConfigError("frame_timeout_s must be in [0.1, 3600]")
+        if not 1 <= self.connections_per_address_max <= self.connections_max <= 1_000_000:
+            raise ConfigError("need 1 <= connections_per_address_max <= connections_max <= 1000000")
+        if not 1 <= self.producers_per_topic_max <= 1_000_000:
+            raise ConfigError("producers_per_topic_max must be in [1, 1000000]")
+        if not 1 <= self.consumers_per_topic_max <= 1_000_000:
+            raise ConfigError("consumers_per_topic_max must be in [1, 1000000]")
         if not 1.0 <= self.keepalive_interval_s <= 3600:
             raise ConfigError("keepalive_interval_s must be in [1, 3600]")
         if self.entry_cache_bytes_max < 0:
@@ -200,9 +245,26 @@ class BrokerConfig:
 
     @property
     def service_url(self) -> str:
+        """The binary-protocol URL clients are sent to: the plain one, or the TLS one
+        when the plain ports are off."""
+        if not self.plain_ports_enabled:
+            return self.service_url_tls
         return f"pulsar://{self.advertised_address or f'{self.host}:{self.port}'}"
 
     @property
     def web_service_url(self) -> str:
-        host = (self.advertised_address or self.host).rsplit(":", 1)[0] if self.advertised_address else self.host
-        return f"http://{host}:{self.http_port}"
+        if not self.plain_ports_enabled:
+            return self.web_service_url_tls
+        return f"http://{self._advertised_host}:{self.http_port}"
+
+    @property
+    def _advertised_host(self) -> str:
+        return (self.advertised_address or self.host).rsplit(":", 1)[0] if self.advertised_address else self.host
+
+    @property
+    def service_url_tls(self) -> str:
+        return f"pulsar+ssl://{self._advertised_host}:{self.tls_port}" if self.tls.enabled else ""
+
+    @property
+    def web_service_url_tls(self) -> str:
+        return f"https://{self._advertised_host}:{self.http_tls_port}" if self.tls.enabled else ""

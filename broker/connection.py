@@ -27,6 +27,25 @@ Theory of operation:
   send is never refused for a bound. Toward consumers, when the socket's write buffer
   passes its high-water mark the connection is not writable and dispatchers hold off
   until it drains.
+- Authentication (broker/authentication.py), when on: CONNECT must carry a role's
+  credentials (auth method ``token``). A CONNECT whose credentials fail is still
+  answered CONNECTED, and the first request after it is answered with
+  AuthenticationError and the connection closed: the official C++-based clients treat
+  an ERROR in place of CONNECTED as a connect error and retry until their timeout
+  (pulsar-client-cpp issue 227), while an AuthenticationError answer to a request fails
+  the operation at once. Nothing but PING/PONG is served to such a connection. Authorization: lookups and
+  partition metadata need produce or consume on the topic, PRODUCER produce, SUBSCRIBE
+  consume. ``recheck_permissions`` (the service calls it periodically and after a
+  revoke) closes producers and consumers whose role lost its permission, and the whole
+  connection once its token has expired.
+- Limits against abuse (BrokerConfig): past ``connections_max`` in total or
+  ``connections_per_address_max`` from one IP address a new connection is closed at
+  once (a warning per episode); CONNECT must arrive within ``connect_timeout_s``; a
+  frame once begun must be whole within ``frame_timeout_s`` (a slow-loris sender is
+  closed; a connection whose frames keep completing never is); a topic takes at most
+  ``producers_per_topic_max`` producers and ``consumers_per_topic_max`` consumers
+  (ProducerBusy / ConsumerBusy, which the official clients do not retry). Requests in
+  progress and unanswered sends per connection are bounded as said above.
 - Keep-alive: a PING after ``keepalive_interval_s`` of silence; no traffic for twice
   that closes the connection. When the connection goes, its producers and consumers
   are removed from their topics.
@@ -43,6 +62,8 @@ from typing import TYPE_CHECKING, Callable
 from protocol import commands
 from protocol.codec import NEED_DATA, CommandDecoder, Frame, PayloadChecksumMismatch, command_name, encode_command
 from broker import schemas, topic_list
+from broker.authentication import Identity
+from broker.authorization import CONSUME, PRODUCE
 from broker.consumer import Consumer
 from broker.deduplication import Verdict
 from common.position import Position
@@ -52,7 +73,10 @@ from protocol.proto import pulsar_api_pb2 as pb
 from protocol.server_errors import server_error_for
 from common.topic_name import NamespaceName, TopicName
 from common.errors import (
+    AuthenticationFailed,
     ChecksumError,
+    ConsumerBusy,
+    ProducerBusy,
     InvalidArgument,
     MagnetarError,
     MalformedFrame,
@@ -99,6 +123,10 @@ class ServerConnection(asyncio.Protocol):
         self.closed = False
         self.protocol_version = 0
         self.client_version = ""
+        # The authenticated role (None while authentication is off, or before CONNECT).
+        self.identity: Identity | None = None
+        # Set when CONNECT's credentials failed: every request is refused with it.
+        self._authentication_failure: AuthenticationFailed | None = None
         self.writable = True
         self.producers: dict[int, Producer] = {}
         self._producer_topics: dict[int, "PersistentTopic"] = {}
@@ -112,6 +140,13 @@ class ServerConnection(asyncio.Protocol):
         self._read_gate: ReadGate | None = None
         self._last_received = time.monotonic()
         self._keepalive: asyncio.Task[None] | None = None
+        # The CONNECT deadline, and the deadline of a frame begun and not yet whole
+        # (with the count of frames handled when it was armed: progress re-arms it).
+        self._connect_deadline: asyncio.TimerHandle | None = None
+        self._frame_deadline: asyncio.TimerHandle | None = None
+        self._frames_handled = 0
+        self._frames_at_arming = 0
+        self._address = ""
         self._handlers: dict[int, Callable[[Frame], None]] = {
             T.CONNECT: self._on_connect,
             T.PING: self._on_ping,
@@ -142,9 +177,16 @@ class ServerConnection(asyncio.Protocol):
         self.transport = transport
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self._address = str(peer[0]) if peer else "?"
         transport.set_write_buffer_limits(high=self.config.write_buffer_high_bytes,
                                           low=self.config.write_buffer_low_bytes)
+        if self.service.admit_connection(self._address) is not None:
+            self.closed = True   # not counted, not registered: connection_lost has nothing to undo
+            transport.abort()
+            return
         self.service.connections.add(self)
+        self._connect_deadline = asyncio.get_running_loop().call_later(self.config.connect_timeout_s,
+                                                                       self._on_connect_deadline)
         self._read_gate = self.service.publish_limits.gate(self.peer, self._pause_reading, self._resume_reading)
         # Owned by the connection: cancelled in connection_lost, its failure logged.
         self._keepalive = asyncio.get_running_loop().create_task(self._keep_alive())
@@ -159,13 +201,45 @@ class ServerConnection(asyncio.Protocol):
                 try:
                     frame = self.decoder.next_command()
                 except PayloadChecksumMismatch as error:
+                    self._frames_handled += 1
                     self._on_checksum_mismatch(error)
                     continue
                 if frame is NEED_DATA:
                     break
+                self._frames_handled += 1
                 self._handle(frame)
         except MalformedFrame as error:
             log.info("malformed frame, closing connection: peer=%s error=%s", self.peer, error)
+            self.close()
+            return
+        if self.decoder.buffered_bytes == 0:
+            if self._frame_deadline is not None:
+                self._frame_deadline.cancel()
+                self._frame_deadline = None
+        elif self._frame_deadline is None and not self.is_closing:
+            self._arm_frame_deadline()
+
+    def _arm_frame_deadline(self) -> None:
+        self._frames_at_arming = self._frames_handled
+        self._frame_deadline = asyncio.get_running_loop().call_later(self.config.frame_timeout_s,
+                                                                     self._on_frame_deadline)
+
+    def _on_frame_deadline(self) -> None:
+        self._frame_deadline = None
+        if self.is_closing or self.decoder.buffered_bytes == 0:
+            return
+        if self._frames_handled != self._frames_at_arming:
+            self._arm_frame_deadline()   # frames keep completing: a busy peer, not a slow one
+            return
+        log.info("frame not completed in time, closing: peer=%s frame_timeout_s=%s buffered_bytes=%d", self.peer,
+                 self.config.frame_timeout_s, self.decoder.buffered_bytes)
+        self.close()
+
+    def _on_connect_deadline(self) -> None:
+        self._connect_deadline = None
+        if not self.connected and not self.is_closing:
+            log.info("no CONNECT in time, closing: peer=%s connect_timeout_s=%s", self.peer,
+                     self.config.connect_timeout_s)
             self.close()
 
     def pause_writing(self) -> None:
@@ -184,7 +258,12 @@ class ServerConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self.service.connections.discard(self)
+        if self in self.service.connections:
+            self.service.connections.discard(self)
+            self.service.release_connection(self._address)
+        for timer in (self._connect_deadline, self._frame_deadline):
+            if timer is not None:
+                timer.cancel()
         if self._read_gate is not None:
             self.service.publish_limits.forget(self._read_gate)
         if self._keepalive is not None:
@@ -229,23 +308,30 @@ class ServerConnection(asyncio.Protocol):
         connection has ``pending_requests_per_connection_max`` tasks already."""
         if len(self._tasks) < self.config.pending_requests_per_connection_max:
             return False
-        command = frame.command
         error = TooManyRequests(f"more than {self.config.pending_requests_per_connection_max} requests "
                                 "in progress on this connection")
+        self._refuse(frame, error)
+        if not self._refusing:
+            self._refusing = True
+            log.warning("too many requests in progress, refusing: peer=%s requests=%d", self.peer, len(self._tasks))
+        return True
+
+    def _refuse(self, frame: Frame, error: MagnetarError) -> None:
+        """Answers a request with ``error`` in the answer its command expects."""
+        command = frame.command
         code = server_error_for(error)
         if command.type == T.LOOKUP:
             self.write_command(commands.lookup_failure(command.lookupTopic.request_id, code, error.message))
         elif command.type == T.PARTITIONED_METADATA:
             self.write_command(commands.partitioned_metadata_failure(command.partitionMetadata.request_id, code,
                                                                      error.message))
+        elif command.type == T.SEND:
+            self.write_command(commands.send_error(command.send.producer_id, command.send.sequence_id, code,
+                                                   error.message))
         else:
             request_id = _request_id_of(command)
-            assert request_id is not None, command_name(command.type)
-            self.write_command(commands.error(request_id, code, error.message))
-        if not self._refusing:
-            self._refusing = True
-            log.warning("too many requests in progress, refusing: peer=%s requests=%d", self.peer, len(self._tasks))
-        return True
+            if request_id is not None:
+                self.write_command(commands.error(request_id, code, error.message))
 
     def _start_task(self, coroutine) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coroutine)
@@ -267,6 +353,10 @@ class ServerConnection(asyncio.Protocol):
             self.write_command(commands.error(0, pb.NotAllowedError, "the first command must be CONNECT"))
             self.close()
             return
+        if self._authentication_failure is not None and command_type not in (T.CONNECT, T.PING, T.PONG):
+            self._refuse(frame, self._authentication_failure)
+            self.close()
+            return
         handler = self._handlers.get(command_type)
         if handler is None:
             request_id = _request_id_of(frame.command)
@@ -286,13 +376,57 @@ class ServerConnection(asyncio.Protocol):
             self.write_command(commands.error(0, pb.NotAllowedError, "already connected"))
             return
         connect = frame.command.connect
+        authenticator = self.service.authenticator
+        if authenticator.enabled:
+            method = connect.auth_method_name if connect.HasField("auth_method_name") else ""
+            data = connect.auth_data if connect.HasField("auth_data") else None
+            try:
+                self.identity = authenticator.authenticate(method, data)
+            except AuthenticationFailed as error:
+                # The reason, never the credential. The first request gets the error and
+                # the connection ends (see the module's docstring).
+                log.info("authentication failed: peer=%s method=%s error=%s", self.peer, method[:32], error.message)
+                self._authentication_failure = error
         self.client_version = connect.client_version
         self.protocol_version = commands.negotiated_protocol_version(connect.protocol_version)
         self.supports_partial_producer = connect.feature_flags.supports_partial_producer
         self.connected = True
         self.write_command(commands.connected(SERVER_VERSION, self.protocol_version, self.config.max_message_size))
-        log.debug("client connected: peer=%s client=%s protocol=%d", self.peer, self.client_version,
-                  self.protocol_version)
+        log.debug("client connected: peer=%s client=%s protocol=%d role=%s", self.peer, self.client_version,
+                  self.protocol_version, self.role)
+
+    @property
+    def role(self) -> str | None:
+        return self.identity.role if self.identity is not None else None
+
+    async def recheck_permissions(self) -> None:
+        """Closes the connection if its credential expired, and each producer or
+        consumer whose role may no longer produce or consume on its topic (CLOSE_*: the
+        client looks the topic up again and is refused)."""
+        if self.closed or self.identity is None:
+            return
+        if not self.service.authenticator.still_valid(self.identity):
+            log.info("credential expired, closing connection: peer=%s role=%s", self.peer, self.role)
+            self.close()
+            return
+        authorizer = self.service.authorizer
+        if not authorizer.enabled:
+            return
+        for producer_id, topic in list(self._producer_topics.items()):
+            if not await authorizer.allowed(self.role, topic.name, PRODUCE):
+                producer = self.producers.get(producer_id)
+                if producer is not None and self._producer_topics.get(producer_id) is topic:
+                    log.info("producer closed, permission revoked: peer=%s role=%s topic=%s", self.peer,
+                             self.role, topic.full_name)
+                    self._detach_producer(producer_id)
+                    self.write_command(commands.close_producer(producer_id))
+        for consumer_id, attached in list(self.consumers.items()):
+            if not await authorizer.allowed(self.role, attached.topic.name, CONSUME):
+                if self.consumers.get(consumer_id) is attached:
+                    log.info("consumer closed, permission revoked: peer=%s role=%s topic=%s", self.peer,
+                             self.role, attached.topic.full_name)
+                    self._detach_consumer(consumer_id)
+                    self.write_command(commands.close_consumer(consumer_id))
 
     def _on_ping(self, frame: Frame) -> None:
         self.write_command(commands.pong())
@@ -317,7 +451,9 @@ class ServerConnection(asyncio.Protocol):
     async def _on_partitioned_metadata(self, frame: Frame) -> None:
         request = frame.command.partitionMetadata
         try:
-            partitions = await self.service.partitioned_metadata(TopicName.parse(request.topic))
+            name = TopicName.parse(request.topic)
+            await self.service.authorizer.check_lookup(self.role, name)
+            partitions = await self.service.partitioned_metadata(name)
         except MagnetarError as error:
             self.write_command(commands.partitioned_metadata_failure(request.request_id, server_error_for(error),
                                                                      error.message))
@@ -327,19 +463,24 @@ class ServerConnection(asyncio.Protocol):
     async def _on_lookup(self, frame: Frame) -> None:
         request = frame.command.lookupTopic
         try:
-            owner = await self.service.lookup(TopicName.parse(request.topic), request.advertised_listener_name)
+            name = TopicName.parse(request.topic)
+            await self.service.authorizer.check_lookup(self.role, name)
+            owner = await self.service.lookup(name, request.advertised_listener_name)
         except MagnetarError as error:
             self.write_command(commands.lookup_failure(request.request_id, server_error_for(error), error.message))
             return
         # authoritative: the answer comes from the owner's record, so a client that is
         # redirected connects straight to the owner.
         self.write_command(commands.lookup_response(request.request_id, owner.service_url, authoritative=True,
-                                                    redirect=not owner.is_self))
+                                                    redirect=not owner.is_self,
+                                                    broker_service_url_tls=owner.service_url_tls))
 
     async def _on_get_topics_of_namespace(self, frame: Frame) -> None:
         request = frame.command.getTopicsOfNamespace
         try:
-            topics = await self.service.topics_of_namespace(NamespaceName.parse(request.namespace))
+            namespace = NamespaceName.parse(request.namespace)
+            await self.service.authorizer.check_namespace_access(self.role, namespace)
+            topics = await self.service.topics_of_namespace(namespace)
         except MagnetarError as error:
             self._write_error(request.request_id, error)
             return
@@ -410,7 +551,12 @@ class ServerConnection(asyncio.Protocol):
     async def _create_producer(self, request: pb.CommandProducer) -> None:
         schema_version = None
         try:
-            topic = await self.service.get_topic(TopicName.parse(request.topic), create=True)
+            topic_name = TopicName.parse(request.topic)
+            await self.service.authorizer.check(self.role, topic_name, PRODUCE)
+            topic = await self.service.get_topic(topic_name, create=True)
+            if len(topic.producers) >= self.config.producers_per_topic_max:
+                raise ProducerBusy(f"topic {topic.full_name} has {len(topic.producers)} producers, the most allowed "
+                                   "(producers_per_topic_max)")
             if request.HasField("schema"):
                 schema_version = schemas.encode_version(
                     await self._register_schema(topic.name, request.schema, consumer=False))
@@ -599,7 +745,13 @@ class ServerConnection(asyncio.Protocol):
         try:
             if not request.subscription:
                 raise InvalidArgument("subscription name must not be empty")
-            topic = await self.service.get_topic(TopicName.parse(request.topic), create=request.force_topic_creation)
+            topic_name = TopicName.parse(request.topic)
+            await self.service.authorizer.check(self.role, topic_name, CONSUME)
+            topic = await self.service.get_topic(topic_name, create=request.force_topic_creation)
+            consumers = sum(len(s.consumers) for s in topic.subscriptions.values())
+            if consumers >= self.config.consumers_per_topic_max:
+                raise ConsumerBusy(f"topic {topic.full_name} has {consumers} consumers, the most allowed "
+                                   "(consumers_per_topic_max)")
             if request.HasField("schema"):
                 await self._register_schema(topic.name, request.schema, consumer=True)
             consumer = Consumer(request.consumer_id, request.consumer_name or f"consumer-{request.consumer_id}",
@@ -646,6 +798,12 @@ class ServerConnection(asyncio.Protocol):
         if attached is None:
             if ack.HasField("request_id"):
                 self.write_command(commands.error(ack.request_id, pb.ConsumerNotFound, "no such consumer"))
+            return
+        if any(_out_of_range(m) for m in ack.message_id):
+            # No entry has such an id (positions are Java longs): an ack of one is a
+            # client's bug or hostile, and the cursor could not persist it.
+            if ack.HasField("request_id"):
+                self._write_error(ack.request_id, InvalidArgument("acknowledged message id out of range"))
             return
         try:
             attached.subscription.acknowledge(attached.consumer, [_acked_message(m) for m in ack.message_id],
@@ -713,6 +871,10 @@ class ServerConnection(asyncio.Protocol):
         if attached is None:
             self.write_command(commands.error(request.request_id, pb.ConsumerNotFound, "no such consumer"))
             return
+        if request.HasField("message_id") and _out_of_range(request.message_id) and not _is_earliest(
+                request.message_id):
+            self._write_error(request.request_id, InvalidArgument("seek message id out of range"))
+            return
         try:
             if request.HasField("message_id"):
                 target = attached.topic.seek_position(request.message_id)
@@ -764,6 +926,20 @@ class ServerConnection(asyncio.Protocol):
             request_id=request.request_id, consumerName=consumer.name, availablePermits=max(consumer.permits, 0),
             unackedMessages=attached.subscription.dispatcher.unacked_messages(consumer), address=self.peer,
             type=attached.subscription.type_name)))
+
+
+# The largest ledger or entry id a position can have: ids are Java longs on the wire
+# (sent as uint64), and the cursor's records store them as signed 64-bit integers.
+_POSITION_ID_MAX = 2**63 - 1
+
+
+def _out_of_range(message_id: pb.MessageIdData) -> bool:
+    return message_id.ledgerId > _POSITION_ID_MAX or message_id.entryId > _POSITION_ID_MAX
+
+
+def _is_earliest(message_id: pb.MessageIdData) -> bool:
+    """The clients' MessageId.earliest: (-1, -1) as uint64s."""
+    return message_id.ledgerId == 2**64 - 1 and message_id.entryId == 2**64 - 1
 
 
 def _acked_message(message_id: pb.MessageIdData) -> AckedMessage:

@@ -8,13 +8,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import socket
+import ssl
 from dataclasses import replace
 
+from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram
 
 from broker.admin.app import build_admin_app
 from broker.archiver import STEPS as ARCHIVE_STEPS
 from broker.archiver import ArchiverConfig
+from broker.authentication import AuthConfig
 from broker.config import HTTP_PORT_OFFSET, BrokerConfig
 from broker.connection import ServerConnection
 from broker.managed_ledger import ManagedLedgerConfig
@@ -25,10 +29,12 @@ from common.config_options import ConfigOption, add_config_options, config_overr
 from common.histograms import LATENCY_BUCKETS_S
 from common.listen import bind_failure
 from common.loop_monitor import LoopMonitor
-from common.ops_http import bind_listener, start_ops_server_on
+from common.errors import PortInUse
+from common.ops_http import bind_listener
+from common.tls import CertificateReloader, TlsConfig, server_context
 from common.tasks import TaskSet, stop_on_signals
 from ledger.client import LedgerClient
-from ledger.config import LedgerClientConfig
+from ledger.config import BookieTlsConfig, LedgerClientConfig
 from metadata import open_store
 
 log = logging.getLogger(__name__)
@@ -80,6 +86,17 @@ OPTIONS: list[ConfigOption] = [
     ConfigOption("--pending-sends-resume-ratio", BrokerConfig, "pending_sends_resume_ratio",
                  "a paused publisher is read again once each bound it hit is down to this share"),
     ConfigOption("--keepalive-interval-s", BrokerConfig, "keepalive_interval_s"),
+    ConfigOption("--connect-timeout-s", BrokerConfig, "connect_timeout_s",
+                 "a connection must finish its TLS handshake and CONNECT within this"),
+    ConfigOption("--frame-timeout-s", BrokerConfig, "frame_timeout_s",
+                 "a frame once begun must arrive whole within this (slow senders are closed)"),
+    ConfigOption("--http-body-bytes-max", BrokerConfig, "http_body_bytes_max",
+                 "largest admin API request body (413 past it)"),
+    ConfigOption("--connections-max", BrokerConfig, "connections_max", "client connections in total"),
+    ConfigOption("--connections-per-address-max", BrokerConfig, "connections_per_address_max",
+                 "client connections from one IP address"),
+    ConfigOption("--producers-per-topic-max", BrokerConfig, "producers_per_topic_max"),
+    ConfigOption("--consumers-per-topic-max", BrokerConfig, "consumers_per_topic_max"),
     ConfigOption("--max-message-size", BrokerConfig, "max_message_size", "bytes, announced to clients"),
     ConfigOption("--no-auto-topic-creation", BrokerConfig, "allow_auto_topic_creation",
                  "refuse producers and consumers of topics that do not exist", switch_to=False),
@@ -88,6 +105,39 @@ OPTIONS: list[ConfigOption] = [
                  "named listeners, name:pulsar://host:port[,...] (Pulsar's advertisedListeners)"),
     ConfigOption("--policy-check-interval-s", BrokerConfig, "policy_check_interval_s",
                  "how often message TTL and backlog quotas are applied"),
+    # Security (broker/authentication.py, broker/authorization.py): off by default.
+    ConfigOption("--authentication-enabled", AuthConfig, "authentication_enabled",
+                 "clients must present a token (CONNECT auth method token; HTTP Authorization: Bearer)",
+                 switch_to=True),
+    ConfigOption("--authorization-enabled", AuthConfig, "authorization_enabled",
+                 "check roles against superusers, tenant admins and namespace permissions", switch_to=True),
+    ConfigOption("--superuser-roles", AuthConfig, "superuser_roles", "comma-separated roles that may do everything"),
+    ConfigOption("--token-secret-key", AuthConfig, "token_secret_key",
+                 "HS256 secret key: file:///path (prefer a file: a command line is visible to ps)"),
+    ConfigOption("--token-public-key", AuthConfig, "token_public_key", "RS256 public key: file:///path"),
+    ConfigOption("--anonymous-role", AuthConfig, "anonymous_role",
+                 "role of clients presenting no credentials (empty: refuse them)"),
+    ConfigOption("--permission-check-interval-s", AuthConfig, "permission_check_interval_s",
+                 "how often connected producers and consumers are checked against current permissions"),
+    # TLS (common/tls.py): pulsar+ssl:// and HTTPS beside (or instead of) the plain ports.
+    ConfigOption("--tls-cert-file", TlsConfig, "cert_file", "PEM certificate chain; turns TLS on"),
+    ConfigOption("--tls-key-file", TlsConfig, "key_file", "PEM private key of the certificate"),
+    ConfigOption("--tls-trust-certs-file", TlsConfig, "trust_certs_file", "CA certificates for client certificates"),
+    ConfigOption("--tls-require-client-cert", TlsConfig, "require_client_cert",
+                 "refuse TLS clients without a certificate from --tls-trust-certs-file", switch_to=True),
+    ConfigOption("--tls-reload-check-s", TlsConfig, "reload_check_s", "how often certificate files are checked"),
+    ConfigOption("--tls-port", BrokerConfig, "tls_port", "pulsar+ssl:// port, with a certificate (0: any free port)"),
+    ConfigOption("--http-tls-port", BrokerConfig, "http_tls_port", "HTTPS port, with a certificate (0: any free port)"),
+    ConfigOption("--no-plain-ports", BrokerConfig, "plain_ports_enabled",
+                 "listen only on the TLS ports", switch_to=False),
+    # Toward the bookies (bookie/security.py): TLS and a service token.
+    ConfigOption("--bookie-tls", LedgerClientConfig, "bookie_tls_enabled", "TLS on the channels to bookies",
+                 switch_to=True),
+    ConfigOption("--bookie-tls-trust-certs-file", BookieTlsConfig, "trust_certs_file", "the bookies' CA"),
+    ConfigOption("--bookie-tls-cert-file", BookieTlsConfig, "cert_file", "this broker's certificate (mutual TLS)"),
+    ConfigOption("--bookie-tls-key-file", BookieTlsConfig, "key_file"),
+    ConfigOption("--bookie-auth-token-file", LedgerClientConfig, "bookie_auth_token_file",
+                 "a file holding the service token sent to bookies"),
     ConfigOption("--lease-ttl-s", BundlesConfig, "lease_ttl_s", "a dead broker's bundles move after this"),
     ConfigOption("--load-report-interval-s", BundlesConfig, "report_interval_s"),
     ConfigOption("--leader-interval-s", BundlesConfig, "leader_interval_s"),
@@ -128,7 +178,14 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
     """BrokerConfig from the flags given; every other field keeps its dataclass default."""
     return BrokerConfig(metadata_url=args.metadata,
                         managed_ledger=ManagedLedgerConfig(**config_overrides(args, OPTIONS, ManagedLedgerConfig)),
+                        auth=AuthConfig(**config_overrides(args, OPTIONS, AuthConfig)),
+                        tls=TlsConfig(**config_overrides(args, OPTIONS, TlsConfig)),
                         **config_overrides(args, OPTIONS, BrokerConfig))
+
+
+def ledger_config_from_args(args: argparse.Namespace) -> LedgerClientConfig:
+    return LedgerClientConfig(**config_overrides(args, OPTIONS, LedgerClientConfig),
+                              bookie_tls=BookieTlsConfig(**config_overrides(args, OPTIONS, BookieTlsConfig)))
 
 
 def archiver_config_from_args(args: argparse.Namespace) -> ArchiverConfig:
@@ -137,7 +194,8 @@ def archiver_config_from_args(args: argparse.Namespace) -> ArchiverConfig:
 
 class BrokerProcess:
     def __init__(self, config: BrokerConfig, bundles_config: BundlesConfig,
-                 archiver_config: ArchiverConfig | None = None) -> None:
+                 archiver_config: ArchiverConfig | None = None, ledger_config: LedgerClientConfig | None = None) -> None:
+        self.ledger_config = ledger_config or LedgerClientConfig()
         self.config = config
         self.bundles_config = bundles_config
         self.archiver_config = archiver_config or ArchiverConfig()
@@ -146,24 +204,52 @@ class BrokerProcess:
     async def run(self) -> int:
         config = self.config
         loop = asyncio.get_running_loop()
-        # Both ports first, before anything else starts: a port in use is reported as
+        # Every port first, before anything else starts: a port in use is reported as
         # one line naming its flag (PortInUse), and the URLs the broker advertises need
         # the real port numbers (the service is built once with them).
+        tls_context = server_context(config.tls) if config.tls.enabled else None
+        servers: list[asyncio.Server] = []
+        http_listeners: list[tuple[socket.socket, ssl.SSLContext | None]] = []
+        ports: dict[str, int] = {}
+
+        async def bind_binary(field: str, flag: str, context: ssl.SSLContext | None) -> None:
+            port = getattr(config, field)
+            try:
+                # A TLS handshake must finish within the CONNECT deadline (slow-loris).
+                server = await loop.create_server(
+                    lambda: ServerConnection(service), config.host, port, reuse_address=True, start_serving=False,
+                    ssl=context, ssl_handshake_timeout=config.connect_timeout_s if context else None)
+            except OSError as error:
+                raise bind_failure(flag, config.host, port, error) from None
+            servers.append(server)
+            ports[field] = server.sockets[0].getsockname()[1]
+
+        def bind_http(field: str, flag: str, context: ssl.SSLContext | None) -> None:
+            port = getattr(config, field)
+            try:
+                listener = bind_listener(config.host, port)
+            except OSError as error:
+                raise bind_failure(flag, config.host, port, error) from None
+            http_listeners.append((listener, context))
+            ports[field] = listener.getsockname()[1]
+
         try:
-            server = await loop.create_server(lambda: ServerConnection(service), config.host, config.port,
-                                              reuse_address=True, start_serving=False)
-        except OSError as error:
-            raise bind_failure("--port", config.host, config.port, error) from None
-        try:
-            http_listener = bind_listener(config.host, config.http_port)
-        except OSError as error:
-            server.close()
-            raise bind_failure("--http-port", config.host, config.http_port, error) from None
-        config = replace(config, port=server.sockets[0].getsockname()[1],
-                         http_port=http_listener.getsockname()[1])
+            if config.plain_ports_enabled:
+                await bind_binary("port", "--port", None)
+                bind_http("http_port", "--http-port", None)
+            if tls_context is not None:
+                await bind_binary("tls_port", "--tls-port", tls_context)
+                bind_http("http_tls_port", "--http-tls-port", tls_context)
+        except PortInUse:
+            for server in servers:
+                server.close()
+            for listener, _ in http_listeners:
+                listener.close()
+            raise
+        config = replace(config, **ports)
         log.info("broker config: %s", config)
         store = open_store(config.metadata_url)
-        ledger_client = LedgerClient(store, LedgerClientConfig())
+        ledger_client = LedgerClient(store, self.ledger_config)
         await ledger_client.start()
         registry = CollectorRegistry()
         publish_latency = Histogram("magnetar_broker_publish_latency_seconds",
@@ -175,23 +261,33 @@ class BrokerProcess:
         # The loop monitor: cancelled and awaited at shutdown.
         background = TaskSet("broker process")
         background.spawn(LoopMonitor(registry, "magnetar_broker").run(), name="loop-monitor")
-        runner = await start_ops_server_on(build_admin_app(service, registry), http_listener)
+        runner = web.AppRunner(build_admin_app(service, registry), access_log=None)
+        await runner.setup()
+        for listener, context in http_listeners:
+            await web.SockSite(runner, listener, ssl_context=context).start()
+        if tls_context is not None:
+            # New certificates are picked up by new handshakes, without a restart.
+            background.spawn(CertificateReloader(config.tls, tls_context).run(), name="tls-reload")
         await service.start()
-        await server.start_serving()
+        for server in servers:
+            await server.start_serving()
         service.serving = True
-        log.info("broker listening: broker_id=%s service_url=%s web_service_url=%s",
-                 service.broker_id, config.service_url, config.web_service_url)
+        log.info("broker listening: broker_id=%s service_url=%s web_service_url=%s service_url_tls=%s "
+                 "web_service_url_tls=%s", service.broker_id, config.service_url, config.web_service_url,
+                 config.service_url_tls or "-", config.web_service_url_tls or "-")
         try:
             await self.stopping.wait()
         finally:
             log.info("broker stopping: broker_id=%s", service.broker_id)
             # Hand every bundle to another broker first, so clients move without errors.
             await service.hand_over()
-            server.close()
+            for server in servers:
+                server.close()
             await service.close()
             for connection in list(service.connections):
                 connection.close()
-            await server.wait_closed()
+            for server in servers:
+                await server.wait_closed()
             await runner.cleanup()
             await background.close()
             await ledger_client.close()
@@ -201,7 +297,8 @@ class BrokerProcess:
 
 
 def main(args: argparse.Namespace) -> int:
-    process = BrokerProcess(config_from_args(args), bundles_config_from_args(args), archiver_config_from_args(args))
+    process = BrokerProcess(config_from_args(args), bundles_config_from_args(args), archiver_config_from_args(args),
+                            ledger_config_from_args(args))
 
     async def run() -> int:
         stop_on_signals(process.stopping)

@@ -31,6 +31,8 @@ from typing import Callable, Protocol
 
 from broker import policy_enforcement
 from broker.archiver import Archiver, ArchiverConfig
+from broker.authentication import Authenticator
+from broker.authorization import Authorizer
 from broker.config import BrokerConfig
 from broker.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from broker.publish_limits import Limit, PendingSends, PublishLimits, ReadGate
@@ -84,6 +86,8 @@ class OwnerInfo:
     service_url: str          # pulsar://host:port
     web_service_url: str      # http://host:port
     is_self: bool
+    service_url_tls: str = ""       # pulsar+ssl://host:port ("" without TLS)
+    web_service_url_tls: str = ""   # https://host:port
 
 
 class TopicOwnership(Protocol):
@@ -113,6 +117,12 @@ class BrokerService:
         self.ledger_client = ledger_client
         self.bundles_config = bundles_config
         self.resources = Resources(store, default_bundles=(bundles_config or BundlesConfig()).default_bundles)
+        # Who a client is and what its role may do (both pass everything when off).
+        self.authenticator = Authenticator(config.auth)
+        self.authorizer = Authorizer(config.auth, self.resources)
+        # Set by a grant or revoke through this broker: the permission loop checks every
+        # connection at once instead of at its next interval.
+        self._recheck_permissions = asyncio.Event()
         self.cache = EntryCache(config.entry_cache_bytes_max)
         self.topics: dict[str, asyncio.Future[PersistentTopic]] = {}
         # One task per topic being loaded (each catches and hands on its own failure):
@@ -133,6 +143,9 @@ class BrokerService:
         # longest wait with backlog and permits seen, in seconds.
         self.dispatch_stalls = 0
         self.dispatch_wait_s_max = 0.0
+        # Open connections per client IP address (connections_per_address_max).
+        self._connections_by_address: dict[str, int] = {}
+        self._refusing_connections = False   # an episode of refusals was logged
         self.on_publish_latency = on_publish_latency
         # Set by the wiring once the binary protocol accepts connections; /health is
         # 503 until then.
@@ -152,7 +165,9 @@ class BrokerService:
         self._reporter: LoadReporter | None = None
         if bundles_config is not None:
             identity = BrokerIdentity(self.broker_id, config.service_url, config.web_service_url,
-                                      listeners=tuple(sorted(config.listeners.items())))
+                                      listeners=tuple(sorted(config.listeners.items())),
+                                      service_url_tls=config.service_url_tls,
+                                      web_service_url_tls=config.web_service_url_tls)
             self.broker_reports = PrefixCache(store, keys.BROKERS)
             self.ownership = OwnershipManager(store, bundles_config, identity,
                                               loaded_topics=self.loaded_topic_names, close_topics=self.close_topics)
@@ -188,12 +203,23 @@ class BrokerService:
             return None
         record = self.broker_reports.get(keys.broker(broker_id))
         return LoadReport.decode(record.value).listeners if record is not None else None
+    def broker_tls_urls(self, broker_id: str) -> tuple[str, str]:
+        """(pulsar+ssl:// URL, https:// URL) of a live broker, ("", "") without TLS."""
+        if broker_id == self.broker_id:
+            return self.config.service_url_tls, self.config.web_service_url_tls
+        record = self.broker_reports.get(keys.broker(broker_id)) if self.broker_reports is not None else None
+        if record is None:
+            return "", ""
+        report = LoadReport.decode(record.value)
+        return report.service_url_tls, report.web_service_url_tls
 
     async def owner_of(self, topic: TopicName) -> OwnerInfo:
         if self.topic_ownership is None:
-            return OwnerInfo(self.broker_id, self.config.service_url, self.config.web_service_url, True)
+            return OwnerInfo(self.broker_id, self.config.service_url, self.config.web_service_url, True,
+                             self.config.service_url_tls, self.config.web_service_url_tls)
         owner = await self.topic_ownership.owner_of(topic, self.broker_urls)
-        return OwnerInfo(owner.broker_id, owner.service_url, owner.web_service_url, owner.is_self)
+        return OwnerInfo(owner.broker_id, owner.service_url, owner.web_service_url, owner.is_self,
+                         *self.broker_tls_urls(owner.broker_id))
 
     async def ensure_serving(self, topic: TopicName) -> None:
         """Returns once this broker serves the topic's bundle (may wait for a transfer
@@ -243,6 +269,8 @@ class BrokerService:
         self._background.spawn(self._run_retention(), name="retention")
         self._background.spawn(self._run_policies(), name="policies")
         self._background.spawn(self._run_dispatch_watch(), name="dispatch watch")
+        if self.authenticator.enabled:
+            self._background.spawn(self._run_permission_checks(), name="permission checks")
         self._background.spawn(self.archiver.run(self.loaded_topics), name="archiver")
 
     async def _run_dispatch_watch(self) -> None:
@@ -298,6 +326,54 @@ class BrokerService:
         policies = await self.resources.policies(topic.name.namespace_name)
         if policies.backlog_quota_map:
             await policy_enforcement.check_producer_allowed(topic, policies, self.policy_counters)
+    def admit_connection(self, address: str) -> str | None:
+        """Counts a new connection from ``address``; the reason it must be refused (then
+        it is not counted), or None."""
+        config = self.config
+        reason = None
+        if len(self.connections) >= config.connections_max:
+            reason = f"{len(self.connections)} connections open, the most allowed (connections_max)"
+        elif self._connections_by_address.get(address, 0) >= config.connections_per_address_max:
+            reason = (f"{self._connections_by_address[address]} connections from {address}, the most allowed "
+                      "(connections_per_address_max)")
+        if reason is not None:
+            if not self._refusing_connections:
+                self._refusing_connections = True
+                log.warning("refusing connections: address=%s reason=%s", address, reason)
+            return reason
+        self._refusing_connections = False
+        self._connections_by_address[address] = self._connections_by_address.get(address, 0) + 1
+        return None
+
+    def release_connection(self, address: str) -> None:
+        count = self._connections_by_address.get(address, 0)
+        assert count > 0, address
+        if count == 1:
+            del self._connections_by_address[address]
+        else:
+            self._connections_by_address[address] = count - 1
+
+    def recheck_permissions_now(self) -> None:
+        """A permission changed here: check every connection's producers and consumers now."""
+        self._recheck_permissions.set()
+
+    async def _run_permission_checks(self) -> None:
+        """Every ``permission_check_interval_s`` (or at once after a change through this
+        broker), each connection drops what its role may no longer do and closes once
+        its token has expired. One task for the broker, whatever the connections."""
+        interval = self.config.auth.permission_check_interval_s
+        while not self.shutting_down:
+            try:
+                async with asyncio.timeout(interval):
+                    await self._recheck_permissions.wait()
+            except TimeoutError:
+                pass
+            self._recheck_permissions.clear()
+            for connection in list(self.connections):
+                try:
+                    await connection.recheck_permissions()
+                except MagnetarError as error:
+                    log.warning("permission check failed: peer=%s error=%s", connection.peer, error)
 
     # --- topics ---------------------------------------------------------------------------
 

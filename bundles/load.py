@@ -61,7 +61,8 @@ class LoadReporter:
                           msg_rate_out=round(rate_out, 1), connections=connections, topics=len(topics),
                           bundles=serving, bundle_msg_rates={k: round(v, 1) for k, v in bundle_rates.items()},
                           reported_ms=int(time.time() * 1000), started_ms=self._started_ms,
-                          listeners=dict(identity.listeners))
+                          listeners=dict(identity.listeners),
+                          service_url_tls=identity.service_url_tls, web_service_url_tls=identity.web_service_url_tls)
 
     async def publish(self) -> None:
         lease = self._ownership.lease

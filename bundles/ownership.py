@@ -128,6 +128,9 @@ class BrokerIdentity:
     web_service_url: str
     # Named listeners: listener name -> pulsar:// URL (advertised listeners).
     listeners: tuple[tuple[str, str], ...] = ()
+    # The TLS URLs ("" without TLS), published in load reports for TLS lookups.
+    service_url_tls: str = ""
+    web_service_url_tls: str = ""
 
 
 @dataclass(frozen=True)

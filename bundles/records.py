@@ -100,6 +100,9 @@ class LoadReport:
     started_ms: int = 0
     # Advertised listeners: name -> pulsar:// URL (empty when the broker names none).
     listeners: dict[str, str] = field(default_factory=dict)
+    # pulsar+ssl:// and https:// URLs of a broker with TLS ("" without).
+    service_url_tls: str = ""
+    web_service_url_tls: str = ""
 
     def encode(self) -> bytes:
         return json_record.encode(self)

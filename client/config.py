@@ -3,7 +3,7 @@ its unit in its name and where its default comes from."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from common.errors import ConfigError
 from protocol.codec import FRAME_BYTES_MAX_DEFAULT
@@ -44,6 +44,13 @@ class ClientConfig:
     # message limit (one entry), less room for metadata.
     batch_messages_max: int = 1_000
     batch_bytes_max: int = 5 * 1024 * 1024 - 64 * 1024
+    # A token sent in CONNECT (auth method "token") to brokers with authentication on;
+    # empty: no credentials. Kept out of repr, so it is never logged.
+    auth_token: str = field(default="", repr=False)
+    # TLS toward brokers (a pulsar+ssl:// service URL turns it on): the CA file that
+    # signs the brokers' certificates ("" : the system's trust store).
+    tls_enabled: bool = False
+    tls_trust_certs_file: str = ""
 
     def __post_init__(self) -> None:
         for name in ("connect_timeout_ms", "operation_timeout_ms", "lookup_redirects_max", "pending_requests_max",

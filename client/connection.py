@@ -31,6 +31,7 @@ from typing import Protocol
 
 from common.errors import MagnetarError, MalformedFrame, OperationTimeout, ServiceNotReady, TooManyRequests
 from common.version import __version__
+from common.tls import TlsConfig, client_context
 from protocol.codec import NEED_DATA, CommandDecoder, Frame, command_name, encode_command, wrap
 from protocol.proto import pulsar_api_pb2 as pb
 from protocol.server_errors import error_for_server_error
@@ -82,7 +83,7 @@ _CONSUMER_FRAMES: dict[int, str] = {
 
 def parse_address(address: str) -> tuple[str, int]:
     """``host:port`` (or a ``pulsar://host:port`` URL) → (host, port)."""
-    text = address.removeprefix("pulsar://").rstrip("/")
+    text = address.removeprefix("pulsar+ssl://").removeprefix("pulsar://").rstrip("/")
     host, _, port = text.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"address {address!r} is not host:port")
@@ -119,13 +120,19 @@ class ClientConnection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(config.connect_timeout_s):
-                _, connection = await loop.create_connection(lambda: cls(address, config), host, port)
-                connection._write(encode_command(wrap(pb.CommandConnect(
-                    client_version=CLIENT_VERSION, protocol_version=PROTOCOL_VERSION))))
+                context = client_context(TlsConfig(trust_certs_file=config.tls_trust_certs_file)) \
+                    if config.tls_enabled else None
+                _, connection = await loop.create_connection(lambda: cls(address, config), host, port, ssl=context,
+                                                             server_hostname=host if context else None)
+                connect = pb.CommandConnect(client_version=CLIENT_VERSION, protocol_version=PROTOCOL_VERSION)
+                if config.auth_token:
+                    connect.auth_method_name = "token"
+                    connect.auth_data = config.auth_token.encode()
+                connection._write(encode_command(wrap(connect)))
                 await connection._connected
         except TimeoutError:
             raise ServiceNotReady(f"no connection to {address} within {config.connect_timeout_ms} ms") from None
-        except OSError as error:
+        except OSError as error:   # ssl.SSLError included: a certificate that does not verify
             raise ServiceNotReady(f"cannot connect to {address}: {error}") from None
         return connection
 

@@ -10,6 +10,7 @@ connections; ``close`` closes them.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 
@@ -24,11 +25,11 @@ log = logging.getLogger(__name__)
 
 
 def service_addresses(service_url: str) -> list[str]:
-    """``pulsar://host:port[,host:port...]`` → ["host:port", ...]; ValueError if not."""
-    if not service_url.startswith("pulsar://"):
-        raise ValueError(f"service URL {service_url!r} does not start with pulsar://")
+    """``pulsar[+ssl]://host:port[,host:port...]`` → ["host:port", ...]; ValueError if not."""
+    if not service_url.startswith(("pulsar://", "pulsar+ssl://")):
+        raise ValueError(f"service URL {service_url!r} does not start with pulsar:// or pulsar+ssl://")
     addresses = []
-    for part in service_url.removeprefix("pulsar://").rstrip("/").split(","):
+    for part in service_url.removeprefix("pulsar+ssl://").removeprefix("pulsar://").rstrip("/").split(","):
         host, port = parse_address(part)
         addresses.append(f"{host}:{port}")
     return addresses
@@ -37,6 +38,9 @@ def service_addresses(service_url: str) -> list[str]:
 class BrokerPool:
     def __init__(self, service_url: str, config: ClientConfig) -> None:
         self.service_url = service_url
+        # pulsar+ssl:// means TLS to every broker, lookups answered with TLS URLs.
+        if service_url.startswith("pulsar+ssl://") and not config.tls_enabled:
+            config = dataclasses.replace(config, tls_enabled=True)
         self.config = config
         self._service_addresses = service_addresses(service_url)
         self._next_service = itertools.cycle(self._service_addresses)
@@ -74,12 +78,13 @@ class BrokerPool:
             frame = await connection.request(wrap(pb.CommandLookupTopic(
                 topic=topic, request_id=request_id, authoritative=authoritative)), request_id)
             answer = frame.command.lookupTopicResponse
+            url = answer.brokerServiceUrlTls if self.config.tls_enabled else answer.brokerServiceUrl
             if answer.response == pb.CommandLookupTopicResponse.Connect:
                 if answer.proxy_through_service_url:
                     return address
-                host, port = parse_address(answer.brokerServiceUrl)
+                host, port = parse_address(url)
                 return f"{host}:{port}"
-            host, port = parse_address(answer.brokerServiceUrl)
+            host, port = parse_address(url)
             address = f"{host}:{port}"
             authoritative = answer.authoritative
         raise ServiceNotReady(f"lookup of {topic} took more than {self.config.lookup_redirects_max} redirects")

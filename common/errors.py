@@ -14,6 +14,7 @@ Code ranges:
     4000-4999  broker and topics
     5000-5999  capacity, time and availability (mostly retriable)
     6000-6999  the archive (Arrow files of archived ledgers, their manifest)
+    7000-7999  security: authentication, authorization, abuse limits
 """
 
 from __future__ import annotations
@@ -458,6 +459,35 @@ class ArchiveUnavailable(ArchiveError):
     store down); trying again may succeed."""
 
     code, retriable, http_status = 6004, True, 503
+
+
+# --- security (7000-7999) -------------------------------------------------------------
+
+
+class SecurityError(MagnetarError):
+    code, http_status = 7000, 403
+
+
+class AuthenticationFailed(SecurityError):
+    """No credentials where some are required, or credentials that do not verify (a
+    wrong signature, an expired token, an unknown method). The message never carries
+    the credential itself."""
+
+    code, http_status = 7001, 401
+
+
+class AuthorizationDenied(SecurityError):
+    """An authenticated role that may not do what it asked (no produce or consume
+    permission on the namespace, not a tenant admin or superuser)."""
+
+    code, http_status = 7002, 403
+
+
+class ConnectionLimit(SecurityError):
+    """A limit against abuse was hit: connections per address or in total, producers
+    or consumers per topic. Retriable: the same request may succeed once others leave."""
+
+    code, retriable, http_status = 7003, True, 429
 
 
 class UnknownError(MagnetarError):

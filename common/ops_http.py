@@ -20,8 +20,15 @@ log = logging.getLogger(__name__)
 HealthCheck = Callable[[], Awaitable[tuple[bool, dict]]]
 
 
-def build_ops_app(registry: CollectorRegistry, health: HealthCheck) -> web.Application:
-    app = web.Application()
+# aiohttp's own default request body limit; servers with a config field pass theirs.
+BODY_BYTES_MAX_DEFAULT = 1024 * 1024
+
+
+def build_ops_app(registry: CollectorRegistry, health: HealthCheck, *,
+                  body_bytes_max: int = BODY_BYTES_MAX_DEFAULT) -> web.Application:
+    """The app with /health and /metrics; request bodies over ``body_bytes_max`` are
+    refused with 413 before a handler runs."""
+    app = web.Application(client_max_size=body_bytes_max)
     add_ops_routes(app, registry, health)
     return app
 

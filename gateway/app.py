@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from common.ops_http import add_ops_routes
 from common.tasks import cancel_and_wait
 from gateway import openapi
+from gateway.auth import PermissionCache, auth_middleware
 from gateway.config import GatewayConfig
 from gateway.errors import errors_middleware, limits_middleware
 from gateway.keys import OPENAPI, SERVICE
@@ -39,6 +40,9 @@ def init_app(config: GatewayConfig, *, issuer_url: str = "", registry: Collector
         register_gateway_metrics(service, registry),
         limits_middleware(config.requests_in_flight_max, config.retry_after_s, service.requests_in_flight),
         errors_middleware(config.retry_after_s),
+        # Inside the errors middleware: a refused caller gets the usual error document.
+        auth_middleware(config.authentication_enabled,
+                        PermissionCache(config.permission_cache_ms, config.permission_cache_entries_max)),
     ])
     app[SERVICE] = service
     add_routes(app)

@@ -4,9 +4,10 @@ gateway enforces is a field, with its unit in its name and the reason for its de
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from common.errors import ConfigError
+from common.tls import TlsConfig
 from gateway.receipts import ReceiptKeys
 
 MIB = 1024 * 1024
@@ -79,10 +80,26 @@ class GatewayConfig:
     sse_keepalive_ms: int = 15_000
     # The Retry-After of a 429 or 503.
     retry_after_s: int = 1
+    # Security (gateway/auth.py). Callers must send Authorization: Bearer <token>, which
+    # a broker checks for the permission each request needs.
+    authentication_enabled: bool = False
+    # The gateway's own token, for its connections to brokers and its admin requests
+    # (empty: none, for brokers without authentication). Never logged or shown.
+    service_token: str = field(default="", repr=False)
+    # A broker's answer to a permission check is reused this long: a revoke reaches the
+    # gateway's callers within it. Bounded to this many (token, topic, action) entries.
+    permission_cache_ms: int = 2_000
+    permission_cache_entries_max: int = 10_000
+    # HTTPS (common/tls.py): with a certificate the gateway serves only HTTPS, the
+    # certificate read again when its files change.
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    # The CA of the brokers' certificates, for a pulsar+ssl:// service URL and an
+    # https:// admin URL ("": the system's trust store).
+    broker_tls_trust_certs_file: str = ""
 
     def __post_init__(self) -> None:
-        if not self.service_url.startswith("pulsar://"):
-            raise ConfigError("service_url must be pulsar://host:port[,host:port...]")
+        if not self.service_url.startswith(("pulsar://", "pulsar+ssl://")):
+            raise ConfigError("service_url must be pulsar://host:port[,host:port...] or pulsar+ssl://...")
         if not self.admin_url.startswith(("http://", "https://")):
             raise ConfigError("admin_url must be an http(s):// URL")
         if not 0 <= self.port < 65536:
@@ -92,7 +109,8 @@ class GatewayConfig:
                      "leases_per_subscription_max", "ready_hold_ms", "deferral_ms_max", "lease_tick_ms",
                      "consumer_idle_ms", "producer_idle_ms", "producers_max", "consumers_max",
                      "requests_in_flight_max", "produce_timeout_ms", "forward_timeout_ms", "forwards_in_flight_max",
-                     "sse_credits_max", "sse_keepalive_ms", "retry_after_s"):
+                     "sse_credits_max", "sse_keepalive_ms", "retry_after_s", "permission_cache_ms",
+                     "permission_cache_entries_max"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0")
         if not self.lease_ms_min <= self.lease_ms_default <= self.lease_ms_max:

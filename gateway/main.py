@@ -29,6 +29,7 @@ from common.listen import bind_failure
 from common.loop_monitor import LoopMonitor
 from common.ops_http import bind_listener
 from common.tasks import cancel_and_wait, stop_on_signals
+from common.tls import CertificateReloader, TlsConfig, server_context
 from gateway import openapi
 from gateway.app import default_config, init_app
 from gateway.config import GatewayConfig
@@ -38,6 +39,8 @@ from gateway.receipts import ReceiptKeys
 log = logging.getLogger(__name__)
 
 SECRET_ENV = "MAGNETAR_GATEWAY_SECRET"
+# The gateway's own token for brokers with authentication on.
+TOKEN_ENV = "MAGNETAR_GATEWAY_TOKEN"
 # Requests in progress get this long to finish at shutdown (long polls end sooner:
 # they see the service stopping).
 SHUTDOWN_TIMEOUT_S = 10.0
@@ -59,6 +62,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ready-hold-ms", type=int, default=2_000)
     parser.add_argument("--body-mib-max", type=int, default=8)
     parser.add_argument("--requests-in-flight-max", type=int, default=4_096)
+    parser.add_argument("--authentication-enabled", action="store_true",
+                        help="callers must send Authorization: Bearer <token>; brokers check its permissions")
+    parser.add_argument("--service-token-file", default="",
+                        help=f"the gateway's own token for brokers with authentication on (or ${TOKEN_ENV})")
+    parser.add_argument("--tls-cert-file", default="", help="PEM certificate: serve HTTPS (reloaded on change)")
+    parser.add_argument("--tls-key-file", default="", help="PEM private key of --tls-cert-file")
+    parser.add_argument("--broker-tls-trust-certs-file", default="",
+                        help="the brokers' CA, for a pulsar+ssl:// service URL and an https:// admin URL")
     parser.add_argument("--print-openapi", action="store_true",
                         help="print the OpenAPI document (default settings) and exit")
 
@@ -80,6 +91,18 @@ def receipt_keys_from(args: argparse.Namespace) -> ReceiptKeys:
     return ReceiptKeys.parse(args.cluster, text)
 
 
+def service_token_from(args: argparse.Namespace) -> str:
+    """The gateway's own token: from --service-token-file, else $MAGNETAR_GATEWAY_TOKEN
+    (never a command-line value: ps shows those)."""
+    if args.service_token_file:
+        try:
+            with open(args.service_token_file, encoding="ascii") as handle:
+                return handle.read().strip()
+        except OSError as error:
+            raise ConfigError(f"service_token_file: {error.strerror}") from None
+    return os.environ.get(TOKEN_ENV, "").strip()
+
+
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     leases = args.leases_per_subscription_max
     return GatewayConfig(
@@ -90,7 +113,10 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         pull_messages_max=min(GatewayConfig.pull_messages_max, max(leases, 1)),
         sse_credits_max=min(GatewayConfig.sse_credits_max, max(leases, 1)),
         ready_hold_ms=args.ready_hold_ms, body_bytes_max=args.body_mib_max * 1024 * 1024,
-        requests_in_flight_max=args.requests_in_flight_max)
+        requests_in_flight_max=args.requests_in_flight_max,
+        authentication_enabled=args.authentication_enabled, service_token=service_token_from(args),
+        tls=TlsConfig(cert_file=args.tls_cert_file, key_file=args.tls_key_file),
+        broker_tls_trust_certs_file=args.broker_tls_trust_certs_file)
 
 
 class GatewayProcess:
@@ -107,7 +133,9 @@ class GatewayProcess:
         except OSError as error:
             raise bind_failure("--port", config.host, config.port, error) from None
         port = listener.getsockname()[1]
-        issuer_url = config.advertised_url or f"http://{config.host}:{port}"
+        scheme = "https" if config.tls.enabled else "http"
+        issuer_url = config.advertised_url or f"{scheme}://{config.host}:{port}"
+        tls_context = server_context(config.tls) if config.tls.enabled else None
         registry = CollectorRegistry()
         app = init_app(config, issuer_url=issuer_url, registry=registry)
         service = app[SERVICE]
@@ -117,17 +145,21 @@ class GatewayProcess:
         # what it had collected goes to the next pull at once.
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
         await runner.setup()
-        await web.SockSite(runner, listener).start()
+        await web.SockSite(runner, listener, ssl_context=tls_context).start()
+        reloader = asyncio.get_running_loop().create_task(CertificateReloader(config.tls, tls_context).run(),
+                                                          name="tls reload") if tls_context else None
         log.info("gateway listening: url=%s instance=%s service_url=%s cluster=%s", issuer_url,
                  service.instance_name, config.service_url, config.receipt_keys.cluster)
         log.info("gateway config: %s", {name: value for name, value in vars(config).items()
-                                        if name != "receipt_keys"})
+                                        if name not in ("receipt_keys", "service_token")})
         try:
             await self.stopping.wait()
         finally:
             log.info("gateway stopping: instance=%s", service.instance_name)
             service.stopping = True
             await cancel_and_wait(monitor)
+            if reloader is not None:
+                await cancel_and_wait(reloader)
             await runner.cleanup()
             log.info("gateway stopped: instance=%s", service.instance_name)
         return 0

@@ -22,6 +22,7 @@ from client.messages import OutgoingMessage, ReceivedEntry
 from client.pool import BrokerPool
 from common.errors import InvalidArgument
 from common.topic_name import TopicName
+from common.tls import TlsConfig, client_context
 from gateway.config import GatewayConfig
 from gateway.consumers import ConsumerKey, ConsumerPool, DeadLetterPolicy, GatewayConsumer
 from gateway.json_codec import PullSpec
@@ -37,7 +38,8 @@ class GatewayService:
         self.issuer_url = issuer_url
         self.instance_id = os.urandom(8)
         self.instance_name = f"gateway-{self.instance_id.hex()}"
-        self.broker_pool = BrokerPool(config.service_url, ClientConfig())
+        self.broker_pool = BrokerPool(config.service_url, ClientConfig(
+            auth_token=config.service_token, tls_trust_certs_file=config.broker_tls_trust_certs_file))
         self.producers = ProducerPool(self.broker_pool, config)
         self.consumers = ConsumerPool(self.broker_pool, config, self.instance_name, self._dead_letter)
         self.http: aiohttp.ClientSession | None = None
@@ -52,7 +54,15 @@ class GatewayService:
         self.leases_extended = 0
 
     async def start(self) -> None:
-        self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.config.forward_timeout_ms / 1000))
+        # The service token on every admin request (stats, backlog); a permission check
+        # overrides it with the caller's token.
+        headers = {"Authorization": f"Bearer {self.config.service_token}"} if self.config.service_token else None
+        # An https:// admin URL is verified against the brokers' CA when one is given.
+        context = client_context(TlsConfig(trust_certs_file=self.config.broker_tls_trust_certs_file)) \
+            if self.config.admin_url.startswith("https://") else None
+        self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.config.forward_timeout_ms / 1000),
+                                          headers=headers, connector=aiohttp.TCPConnector(ssl=context)
+                                          if context is not None else None)
 
     async def run(self) -> None:
         """The background tasks: lease ticks and idle sweeps. Runs until cancelled."""

@@ -30,10 +30,12 @@ from ledger.config import LedgerClientConfig
 from common.errors import (
     AddTimeout,
     BookieUnavailable,
+    ConfigError,
     MagnetarError,
     error_for_code,
 )
 from common.tasks import TaskSet
+from common.tls import TlsConfig
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,23 @@ class BookieReadResult:
     error: MagnetarError | None
 
 
+def _read_file(path: str) -> bytes:
+    with open(path, "rb") as handle:
+        return handle.read()
+
+
+def _channel_credentials(tls: TlsConfig) -> grpc.ChannelCredentials:
+    """TLS toward bookies: their CA (trust file; the system's when empty) and, for
+    mutual TLS, this client's certificate."""
+    try:
+        return grpc.ssl_channel_credentials(
+            root_certificates=_read_file(tls.trust_certs_file) if tls.trust_certs_file else None,
+            private_key=_read_file(tls.key_file) if tls.key_file else None,
+            certificate_chain=_read_file(tls.cert_file) if tls.cert_file else None)
+    except OSError as error:
+        raise ConfigError(f"cannot read the bookie TLS files: {error}") from None
+
+
 def _error_from_rpc(bookie_id: str, error: grpc.aio.AioRpcError) -> MagnetarError:
     code = error_code_from_metadata(error.trailing_metadata())
     if code is not None:
@@ -65,7 +84,7 @@ class _AddStream:
 
     def __init__(self, client: "BookieClient") -> None:
         self._client = client
-        self.call = client._stub.AddEntries()
+        self.call = client._stub.AddEntries(metadata=client._metadata)
         # Batches sent and not yet answered: (send time, futures in request order).
         self.inflight: collections.deque[tuple[float, list[asyncio.Future[None]]]] = collections.deque()
         self.broken: MagnetarError | None = None
@@ -77,7 +96,7 @@ class BookieClient:
         self.bookie_id = bookie_id
         self.address = address
         self.config = config
-        self._channel = grpc.aio.insecure_channel(address, options=[
+        options = [
             ("grpc.max_receive_message_length", config.grpc_message_bytes_max),
             ("grpc.max_send_message_length", config.grpc_message_bytes_max),
             ("grpc.keepalive_time_ms", 10_000),
@@ -85,7 +104,15 @@ class BookieClient:
             # Reconnect quickly after a bookie restarts (default backoff grows to 120 s).
             ("grpc.initial_reconnect_backoff_ms", 200),
             ("grpc.max_reconnect_backoff_ms", 2_000),
-        ])
+        ]
+        if config.bookie_tls_enabled:
+            self._channel = grpc.aio.secure_channel(address, _channel_credentials(config.bookie_tls), options=options)
+        else:
+            self._channel = grpc.aio.insecure_channel(address, options=options)
+        # The service token, on every call (bookie/security.py); None without one.
+        token = _read_file(config.bookie_auth_token_file).decode("ascii").strip() \
+            if config.bookie_auth_token_file else ""
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self._stub = bookie_pb2_grpc.BookieStub(self._channel)
         self._queue: list[tuple[bookie_pb2.AddEntry, asyncio.Future[None], int]] = []
         self._queued_event = asyncio.Event()
@@ -219,7 +246,8 @@ class BookieClient:
         request = bookie_pb2.ReadRequest(ledger_id=ledger_id, entry_ids=entry_ids,
                                          response_bytes_max=response_bytes_max)
         try:
-            response = await self._stub.ReadEntries(request, timeout=self.config.read_timeout_s)
+            response = await self._stub.ReadEntries(request, timeout=self.config.read_timeout_s,
+                                                     metadata=self._metadata)
         except grpc.aio.AioRpcError as error:
             raise _error_from_rpc(self.bookie_id, error) from None
         return [
@@ -231,7 +259,7 @@ class BookieClient:
     async def _ledger_call(self, method, ledger_id: int) -> BookieLedgerState:
         try:
             response = await method(bookie_pb2.LedgerRequest(ledger_id=ledger_id),
-                                    timeout=self.config.control_timeout_s)
+                                    timeout=self.config.control_timeout_s, metadata=self._metadata)
         except grpc.aio.AioRpcError as error:
             raise _error_from_rpc(self.bookie_id, error) from None
         if response.error_code:
@@ -246,7 +274,8 @@ class BookieClient:
 
     async def info(self) -> bookie_pb2.InfoResponse:
         try:
-            return await self._stub.Info(bookie_pb2.InfoRequest(), timeout=self.config.control_timeout_s)
+            return await self._stub.Info(bookie_pb2.InfoRequest(), timeout=self.config.control_timeout_s,
+                                        metadata=self._metadata)
         except grpc.aio.AioRpcError as error:
             raise _error_from_rpc(self.bookie_id, error) from None
 

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from common.entry import ENTRY_BYTES_MAX_DEFAULT
 from common.errors import ConfigError
+from common.tls import TlsConfig
 
 KIB = 1024
 MIB = 1024 * KIB
+
+
+@dataclass(frozen=True)
+class BookieTlsConfig(TlsConfig):
+    """TLS toward bookies, as a client: trust_certs_file is the bookies' CA; cert_file
+    and key_file this client's certificate for mutual TLS. (Its own class, so that
+    command-line options can tell it from a server's TlsConfig.)"""
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,13 @@ class LedgerClientConfig:
     # The largest encoded entry (payload + header) a write handle submits; set it to
     # the bookies' entry_bytes_max (a larger entry fails with EntryTooLarge at once).
     entry_bytes_max: int = ENTRY_BYTES_MAX_DEFAULT
+    # Security toward bookies (bookie/security.py): TLS on the channels (the bookies'
+    # CA in bookie_tls.trust_certs_file; a client certificate for mutual TLS) and a
+    # service token sent on every RPC. Never logged.
+    bookie_tls_enabled: bool = False
+    bookie_tls: "BookieTlsConfig" = field(default_factory=lambda: BookieTlsConfig())
+    # A file holding the service token (read when a bookie's channel is made).
+    bookie_auth_token_file: str = ""
 
     def __post_init__(self) -> None:
         for name in ("add_timeout_s", "read_timeout_s", "control_timeout_s"):

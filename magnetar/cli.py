@@ -10,6 +10,7 @@
     magnetar perf …          pulsar-perf-like throughput and latency runs
     magnetar archive …       a topic's Arrow archive: run, status, ls, verify
     magnetar autorecovery …  auditor + replication worker: lost bookies' copies made again
+    magnetar tokens …        authentication tokens and keys, like pulsar tokens
 
 Each subcommand's module owns its options (``add_arguments``) and wiring (``main``).
 Every option of the command that runs (and the global ones) can also come from the
@@ -44,6 +45,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "perf": ("magnetar.tools.perf", "throughput and latency runs"),
     "archive": ("magnetar.tools.archive", "a topic's Arrow archive: run, status, ls, verify"),
     "autorecovery": ("magnetar.autorecovery", "auditor and replication worker (re-replicates lost copies)"),
+    "tokens": ("magnetar.tools.tokens", "authentication tokens and keys: create-secret-key, create-key-pair, "
+                                        "create, show, validate"),
 }
 
 

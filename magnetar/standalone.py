@@ -21,6 +21,9 @@ Layout of the data directory:
     bookie-<n>/journal/        bookie n's journal
     bookie-<n>/ledgers/        bookie n's ledger directory
     gateway.secret             the secret that signs the gateway's receipts (made once, 0600)
+    auth/secret.key            with --auth and no key given: the token secret key (made once, 0600)
+    auth/superuser.token       with --auth: a token of the superuser role (0600), also printed
+    auth/broker.token          with --auth: the brokers' service token toward the bookies (0600)
     *.log                      each process's log
 
 The broker keeps no data of its own (everything is in etcd and the bookies).
@@ -80,6 +83,8 @@ def die_with_this_process() -> Callable[[], None]:
 
 
 READY_TIMEOUT_S = 60.0
+# With --auth: the role brokers present to bookies (only it may add and read).
+STANDALONE_BROKER_ROLE = "standalone-broker"
 # One readiness probe; a child that answers at all answers a local GET well within it.
 PROBE_TIMEOUT_S = 1.0
 # Restarts: the first after half a second (a crashed broker's port is free at once), then
@@ -107,6 +112,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="bookies each message is stored on (E=Qw=Qa), default 2")
     parser.add_argument("--gateway-port", type=int, default=8081,
                         help="the HTTP gateway (broker HTTP ports skip it)")
+    # Security (off by default, like Pulsar standalone).
+    parser.add_argument("--auth", action="store_true",
+                        help="token authentication and authorization on the brokers and the gateway; prints a "
+                             "superuser token")
+    parser.add_argument("--superuser-role", default="admin", help="with --auth: the superuser role")
+    keys = parser.add_mutually_exclusive_group()
+    keys.add_argument("--token-secret-key", default=None,
+                      help="with --auth: an HS256 secret key file (default: one made in the data directory)")
+    keys.add_argument("--token-private-key", default=None,
+                      help="with --auth: an RS256 private key file (with --token-public-key): the standalone "
+                           "signs the superuser token with it; brokers get only the public key")
+    parser.add_argument("--token-public-key", default=None, help="with --auth and --token-private-key")
 
 
 class StartFailed(Exception):
@@ -167,6 +184,43 @@ class Standalone:
                 handle.write(f"standalone:{secrets.token_hex(32)}\n")
         with open(path, encoding="utf-8") as handle:
             return handle.read().strip()
+
+    def _private_file(self, name: str, data: bytes, *, replace: bool) -> str:
+        """``data`` in data_dir/auth/``name``, readable by this user only."""
+        directory = os.path.join(self.data_dir, "auth")
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        path = os.path.join(directory, name)
+        if replace or not os.path.exists(path):
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(descriptor, "wb") as handle:
+                handle.write(data)
+        return path
+
+    def auth_setup(self) -> tuple[list[str], list[str], str]:
+        """(the bookies' auth flags, the brokers' auth flags, the superuser token file)
+        for --auth. Brokers reach the bookies with a service token of their own role.
+        Keys and tokens are passed as files, never on a command line or in a log."""
+        from common.tokens import TokenSigner, create_secret_key, read_key_value
+
+        args = self.args
+        role = args.superuser_role
+        if args.token_private_key:
+            if not args.token_public_key:
+                raise StartFailed("--token-private-key needs --token-public-key")
+            signer = TokenSigner.with_private_key(read_key_value(args.token_private_key))
+            key_flags = ["--token-public-key", "file://" + os.path.abspath(args.token_public_key)]
+        else:
+            key_path = (os.path.abspath(args.token_secret_key) if args.token_secret_key
+                        else self._private_file("secret.key", create_secret_key(), replace=False))
+            signer = TokenSigner.with_secret_key(read_key_value(key_path))
+            key_flags = ["--token-secret-key", "file://" + key_path]
+        token_path = self._private_file("superuser.token", signer.create(role).encode(), replace=True)
+        broker_token_path = self._private_file("broker.token", signer.create(STANDALONE_BROKER_ROLE).encode(),
+                                               replace=True)
+        bookie_flags = ["--authentication-enabled", *key_flags, "--allowed-roles", STANDALONE_BROKER_ROLE]
+        broker_flags = ["--authentication-enabled", "--authorization-enabled", "--superuser-roles", role,
+                        *key_flags, "--bookie-auth-token-file", broker_token_path]
+        return bookie_flags, broker_flags, token_path
 
     async def _spawn(self, child: Child) -> asyncio.subprocess.Process:
         log_path = os.path.join(self.data_dir, f"{child.name}.log")
@@ -243,6 +297,7 @@ class Standalone:
         await self._start_child(Child(
             "etcd", etcd_command(os.path.join(self.data_dir, "etcd"), self.args.etcd_port, self.args.etcd_peer_port),
             f"http://127.0.0.1:{self.args.etcd_port}/health", healthy=etcd_is_healthy))
+        bookie_auth_flags, auth_flags, token_path = self.auth_setup() if self.args.auth else ([], [], "")
         bookies = []
         for n in range(self.args.bookies):
             directory = os.path.join(self.data_dir, f"bookie-{n}")
@@ -250,7 +305,8 @@ class Standalone:
             command = [sys.executable, "-m", "magnetar", "bookie", "--metadata", self.metadata_url,
                        "--journal-dir", os.path.join(directory, "journal"),
                        "--ledger-dir", os.path.join(directory, "ledgers"),
-                       "--port", str(self.args.bookie_port_base + n), "--http-port", str(http_port)]
+                       "--port", str(self.args.bookie_port_base + n), "--http-port", str(http_port),
+                       *bookie_auth_flags]
             child = Child(f"bookie-{n}", command, f"http://127.0.0.1:{http_port}/health")
             await self._spawn(child)
             bookies.append(child)
@@ -267,7 +323,7 @@ class Standalone:
                 "--broker-id", f"broker-{n}",
                 "--ensemble-size", str(copies), "--write-quorum", str(copies), "--ack-quorum", str(copies),
                 # Where namespaces with an offload policy archive closed ledgers (docs/archive.md).
-                "--archive-url", os.path.join(self.data_dir, "archive")],
+                "--archive-url", os.path.join(self.data_dir, "archive"), *auth_flags],
                 f"http://127.0.0.1:{self.broker_http_port(n)}/health")
             await self._spawn(child)
             brokers.append(child)
@@ -281,7 +337,9 @@ class Standalone:
         # The secret goes in the environment, never on the command line (ps shows that).
         await self._start_child(Child("gateway", [
             sys.executable, "-m", "magnetar", "gateway", "--service-url", service_url, "--admin-url", admin_url,
-            "--port", str(self.args.gateway_port)], f"{gateway_url}/health",
+            "--port", str(self.args.gateway_port),
+            *(["--authentication-enabled", "--service-token-file", token_path] if token_path else [])],
+            f"{gateway_url}/health",
             env={**os.environ, "MAGNETAR_GATEWAY_SECRET": self.gateway_secret()}))
         print(json.dumps({
             "event": "standalone ready",
@@ -292,7 +350,15 @@ class Standalone:
             "gateway_url": gateway_url,
             "archive_url": os.path.join(self.data_dir, "archive"),
             "data_dir": self.data_dir,
+            "auth": bool(token_path),
+            "superuser_token_file": token_path,
         }), flush=True)
+        if token_path:
+            with open(token_path, encoding="ascii") as handle:
+                token = handle.read().strip()
+            print(f"Authentication is on. Superuser role {self.args.superuser_role!r}, token (also in "
+                  f"{token_path}):\n  {token}\nClients: pulsar.AuthenticationToken(token); tools: "
+                  f"--token-file {token_path}; HTTP: Authorization: Bearer <token>.", flush=True)
         print(f"Magnetar standalone is up: {service_url} (Pulsar clients), {admin_url} (admin REST), "
               f"{gateway_url} (HTTP gateway). Try:\n"
               f"  magnetar produce --service-url {service_url} my-topic -m hello\n"

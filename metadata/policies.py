@@ -127,6 +127,11 @@ class NamespacePolicies:
     subscription_expiration_time_minutes: int = 0
     # The archive policy (OffloadPolicies' fields); None: ledgers are not archived.
     offload_policies: dict | None = None
+    # Who may produce and consume (Pulsar's AuthPolicies): namespace_auth is
+    # {role: ["produce", "consume"]} for the whole namespace, destination_auth
+    # {topic: {role: [...]}} for one topic; read by broker/authorization.py.
+    auth_policies: dict = field(default_factory=lambda: {"namespace_auth": {}, "destination_auth": {},
+                                                         "subscription_auth_roles": {}})
 
     def encode(self) -> bytes:
         return json_record.encode(self)
@@ -147,6 +152,21 @@ class NamespacePolicies:
         if self.offload_policies is None:
             return None
         return json_record.from_doc(OffloadPolicies, self.offload_policies, "offload policies")
+
+    def granted_actions(self, role: str, topic: str | None = None) -> frozenset[str]:
+        """The actions ("produce", "consume") granted to ``role`` on the namespace, plus
+        those granted on ``topic`` (a full topic name) when given."""
+        auth = self.auth_policies if isinstance(self.auth_policies, dict) else {}
+        actions: set[str] = set()
+        namespace_auth = auth.get("namespace_auth")
+        if isinstance(namespace_auth, dict) and isinstance(namespace_auth.get(role), list):
+            actions.update(a for a in namespace_auth[role] if isinstance(a, str))
+        destination_auth = auth.get("destination_auth")
+        if topic is not None and isinstance(destination_auth, dict):
+            grants = destination_auth.get(topic)
+            if isinstance(grants, dict) and isinstance(grants.get(role), list):
+                actions.update(a for a in grants[role] if isinstance(a, str))
+        return frozenset(actions)
 
     def allows_auto_topic_creation(self, broker_default: bool) -> bool:
         override = self.autoTopicCreationOverride

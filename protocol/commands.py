@@ -77,13 +77,18 @@ def partitioned_metadata_failure(request_id: int, server_error: int, message: st
 
 
 def lookup_response(request_id: int, broker_service_url: str, *, authoritative: bool,
-                    redirect: bool = False, proxy_through_service_url: bool = False) -> pb.BaseCommand:
-    """Connect (this broker owns the topic) or Redirect (ask ``broker_service_url``)."""
+                    redirect: bool = False, proxy_through_service_url: bool = False,
+                    broker_service_url_tls: str = "") -> pb.BaseCommand:
+    """Connect (this broker owns the topic) or Redirect (ask ``broker_service_url``, or
+    ``broker_service_url_tls`` for a client on TLS)."""
     lookup_type = (pb.CommandLookupTopicResponse.Redirect if redirect
                    else pb.CommandLookupTopicResponse.Connect)
-    return wrap(pb.CommandLookupTopicResponse(
+    body = pb.CommandLookupTopicResponse(
         request_id=request_id, brokerServiceUrl=broker_service_url, response=lookup_type,
-        authoritative=authoritative, proxy_through_service_url=proxy_through_service_url))
+        authoritative=authoritative, proxy_through_service_url=proxy_through_service_url)
+    if broker_service_url_tls:
+        body.brokerServiceUrlTls = broker_service_url_tls
+    return wrap(body)
 
 
 def lookup_failure(request_id: int, server_error: int, message: str) -> pb.BaseCommand:

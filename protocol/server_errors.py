@@ -8,6 +8,11 @@ from protocol.proto import pulsar_api_pb2 as pb
 from common import errors
 
 _TABLE: list[tuple[type[errors.MagnetarError], int]] = [
+    # The official clients raise AuthenticationError / AuthorizationError for these.
+    (errors.AuthenticationFailed, pb.AuthenticationError),
+    (errors.Unauthorized, pb.AuthenticationError),
+    (errors.AuthorizationDenied, pb.AuthorizationError),
+    (errors.ConnectionLimit, pb.TooManyRequests),
     (errors.TopicNotFound, pb.TopicNotFound),
     (errors.NamespaceNotFound, pb.TopicNotFound),
     (errors.TenantNotFound, pb.TopicNotFound),
@@ -67,8 +72,8 @@ _BY_SERVER_ERROR: dict[int, type[errors.MagnetarError]] = {
     pb.IncompatibleSchema: errors.IncompatibleSchema,
     pb.InvalidTopicName: errors.InvalidArgument,
     pb.MetadataError: errors.MetadataError,
-    pb.AuthenticationError: errors.Unauthorized,
-    pb.AuthorizationError: errors.NotAllowed,
+    pb.AuthenticationError: errors.AuthenticationFailed,
+    pb.AuthorizationError: errors.AuthorizationDenied,
 }
 
 

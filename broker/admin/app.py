@@ -55,7 +55,7 @@ def build_admin_app(service: BrokerService, registry: CollectorRegistry) -> web.
         return service.serving and not service.shutting_down, {"broker_id": service.broker_id,
                                                                 "serving": service.serving}
 
-    app = build_ops_app(registry, health)
+    app = build_ops_app(registry, health, body_bytes_max=service.config.http_body_bytes_max)
 
     async def ready() -> tuple[bool, dict]:
         # Readiness (Kubernetes): owns bundles or can be given some; /health is liveness.
@@ -63,6 +63,10 @@ def build_admin_app(service: BrokerService, registry: CollectorRegistry) -> web.
 
     add_ready_route(app, ready)
     app.middlewares.append(errors_middleware)
+    # Inside the errors middleware: a refused request answers JSON 401 / 403 like any error.
+    from broker.admin.permissions import auth_middleware
+
+    app.middlewares.append(auth_middleware(service))
     app["service"] = service
     from broker.admin import routes
 

@@ -3,7 +3,7 @@ path, flags from the query string, JSON bodies, message ids, and the empty 204 t
 Pulsar's admin API answers to a successful change.
 
 Bad input raises InvalidArgument (400) here, so handlers only see valid values.
-Request bodies are bounded by aiohttp's ``client_max_size`` (1 MiB by default).
+Request bodies are bounded by ``BrokerConfig.http_body_bytes_max`` (1 MiB by default; 413 past it).
 """
 
 from __future__ import annotations

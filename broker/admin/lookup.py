@@ -19,6 +19,7 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
     async def lookup(request: web.Request) -> web.Response:
         owner = await service.lookup(topic_of(request))
         return web.json_response({"brokerUrl": owner.service_url, "httpUrl": owner.web_service_url,
-                                  "nativeUrl": owner.service_url, "brokerUrlTls": "", "httpUrlTls": ""})
+                                  "nativeUrl": owner.service_url, "brokerUrlTls": owner.service_url_tls,
+                                  "httpUrlTls": owner.web_service_url_tls})
 
     app.router.add_get("/lookup/v2/topic/persistent/{tenant}/{namespace}/{topic}", lookup)

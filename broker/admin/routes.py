@@ -13,6 +13,7 @@ from broker.admin import (
     clusters,
     lookup,
     namespaces,
+    permissions,
     schemas,
     subscriptions,
     tenants,
@@ -23,6 +24,7 @@ from broker.service import BrokerService
 
 def add_routes(app: web.Application, service: BrokerService) -> None:
     lookup.add_routes(app, service)
+    permissions.add_routes(app, service)
     brokers.add_routes(app, service)
     bundles.add_routes(app, service)
     clusters.add_routes(app, service)

@@ -196,6 +196,18 @@ def namespaces_split_bundle(client, args):
                           query={"unload": "true" if args.unload else None})
 
 
+def namespaces_permissions(client, args):
+    return client.get(_namespace(args.namespace, "permissions"))
+
+
+def namespaces_grant_permission(client, args):
+    return client.request("POST", _namespace(args.namespace, "permissions", args.role), body=args.actions)
+
+
+def namespaces_revoke_permission(client, args):
+    return client.request("DELETE", _namespace(args.namespace, "permissions", args.role))
+
+
 def topics_list(client, args):
     return client.get(path(*API, "persistent", *namespace_parts(args.namespace)))
 
@@ -398,6 +410,15 @@ def _add_namespaces(resources) -> None:
     split.add_argument("namespace", metavar="TENANT/NAMESPACE")
     split.add_argument("-b", "--bundle", required=True, help="e.g. 0x00000000_0x40000000")
     split.add_argument("--unload", action="store_true", help="then hand the halves to other brokers")
+    _action(actions, "permissions", namespaces_permissions, "roles and what each may do").add_argument(
+        "namespace", metavar="TENANT/NAMESPACE")
+    grant = _action(actions, "grant-permission", namespaces_grant_permission, "let a role produce and/or consume")
+    grant.add_argument("namespace", metavar="TENANT/NAMESPACE")
+    grant.add_argument("--role", required=True)
+    grant.add_argument("--actions", type=_csv, required=True, help="comma-separated: produce,consume")
+    revoke = _action(actions, "revoke-permission", namespaces_revoke_permission, "take a role's permissions away")
+    revoke.add_argument("namespace", metavar="TENANT/NAMESPACE")
+    revoke.add_argument("--role", required=True)
 
 
 def _add_topics(resources) -> None:
@@ -462,6 +483,9 @@ def _add_brokers(resources) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--admin-url", default="http://127.0.0.1:8080", help="a broker's HTTP URL")
     parser.add_argument("--request-timeout-s", type=float, default=30.0)
+    token = parser.add_mutually_exclusive_group()
+    token.add_argument("--token", default=None, help="authentication token (prefer --token-file: ps shows arguments)")
+    token.add_argument("--token-file", default=None, help="file holding the authentication token")
     resources = parser.add_subparsers(dest="resource", required=True)
     _add_clusters(resources)
     _add_tenants(resources)
@@ -480,7 +504,11 @@ def render(response: Response) -> str | None:
 
 
 def main(args: argparse.Namespace) -> int:
-    client = AdminClient(args.admin_url, timeout_s=args.request_timeout_s)
+    token = args.token
+    if args.token_file:
+        with open(args.token_file, encoding="ascii") as handle:
+            token = handle.read().strip()
+    client = AdminClient(args.admin_url, timeout_s=args.request_timeout_s, token=token)
     try:
         response = args.admin_action(client, args)
     except UsageError as error:

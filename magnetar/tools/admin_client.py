@@ -75,8 +75,10 @@ def _reason(status: int, phrase: str, body: bytes) -> str:
 
 
 class AdminClient:
-    def __init__(self, base_url: str, *, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+    def __init__(self, base_url: str, *, timeout_s: float = REQUEST_TIMEOUT_S, token: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
+        # Sent as Authorization: Bearer (brokers with authentication on); never printed.
+        self._token = token
         self.timeout_s = timeout_s
         self._opener = urllib.request.build_opener(_NoRedirects)
 
@@ -88,6 +90,8 @@ class AdminClient:
         for _ in range(REDIRECTS_MAX + 1):
             request = urllib.request.Request(url, data=data, method=method)
             request.add_header("Accept", "application/json")
+            if self._token:
+                request.add_header("Authorization", f"Bearer {self._token}")
             if data is not None:
                 request.add_header("Content-Type", "application/json")
             try:

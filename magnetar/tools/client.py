@@ -44,6 +44,8 @@ def add_service_url_argument(parser: argparse.ArgumentParser) -> None:
                         help="the broker's binary-protocol URL (pulsar://host:port) or http:// lookup URL")
     parser.add_argument("--operation-timeout-s", type=int, default=30,
                         help="the client's timeout for lookups, producer and consumer creation")
+    parser.add_argument("--token-file", default=None,
+                        help="a file holding an authentication token (brokers with authentication on)")
 
 
 # Payload bytes a tool may have sent and not yet acknowledged, over all its producers.
@@ -74,8 +76,12 @@ def open_client(args: argparse.Namespace) -> pulsar.Client:
     # unless the operator asked for debug logs.
     debug = logging.getLogger().getEffectiveLevel() <= logging.DEBUG
     level = _pulsar.LoggerLevel.Debug if debug else _pulsar.LoggerLevel.Warn
+    authentication = None
+    if getattr(args, "token_file", None):
+        with open(args.token_file, encoding="ascii") as handle:
+            authentication = pulsar.AuthenticationToken(handle.read().strip())
     return pulsar.Client(args.service_url, operation_timeout_seconds=args.operation_timeout_s,
-                         logger=pulsar.ConsoleLogger(level))
+                         logger=pulsar.ConsoleLogger(level), authentication=authentication)
 
 
 def message_id_json(message_id: pulsar.MessageId) -> dict:

@@ -304,3 +304,28 @@ async def test_subscribe_while_the_subscription_is_being_deleted_is_refused_then
     first.transport.close()
     second.transport.close()
     await service.close()
+
+
+async def test_ack_and_seek_ids_past_a_java_long_are_refused():
+    """Found by the live fuzz: a cumulative ACK or a SEEK naming a ledger id above
+    2**63 - 1 reached the cursor, whose records store signed 64-bit ids, and every
+    later flush failed. Such ids are refused at the connection (InvalidArgument);
+    MessageId.earliest ((-1, -1) as uint64s) still seeks."""
+    service, client = await connected()
+    client.send(pb.CommandSubscribe(topic=TOPIC, subscription="s", subType=pb.CommandSubscribe.Exclusive,
+                                    consumer_id=7, request_id=1))
+    await settle()
+    assert [a.type for a in client.answers()] == [T.SUCCESS]
+    huge = pb.MessageIdData(ledgerId=2**64 - 2, entryId=0)
+    client.send(pb.CommandAck(consumer_id=7, ack_type=pb.CommandAck.Cumulative, message_id=[huge], request_id=2),
+                pb.CommandSeek(consumer_id=7, request_id=3, message_id=huge))
+    await settle()
+    answers = client.answers()
+    assert [(a.type, a.error.request_id if a.type == T.ERROR else a.ackResponse.request_id) for a in answers] == \
+        [(T.ERROR, 2), (T.ERROR, 3)], answers
+    client.send(pb.CommandSeek(consumer_id=7, request_id=4, message_id=pb.MessageIdData(ledgerId=2**64 - 1,
+                                                                                       entryId=2**64 - 1)))
+    await settle()
+    assert T.ERROR not in [a.type for a in client.answers()]
+    client.transport.close()
+    await service.close()

@@ -88,7 +88,8 @@ def test_each_bookie_flag_given_its_shown_default_changes_nothing(option):
     a derived default are given the value derived for the default port)."""
     value = flag_default(option)
     if value is None or value == "":
-        value = getattr(BOOKIE_DEFAULT, option.field)
+        configs = (BOOKIE_DEFAULT, BOOKIE_DEFAULT.security, BOOKIE_DEFAULT.security.tls)
+        value = getattr(next(c for c in configs if isinstance(c, option.config)), option.field)
     assert _bookie(option.flag, str(value)) == BOOKIE_DEFAULT
 
 
@@ -97,7 +98,12 @@ def test_each_bookie_flag_given_its_shown_default_changes_nothing(option):
 def test_each_broker_flag_given_its_shown_default_changes_nothing(option):
     value = flag_default(option)
     if value is None or value == "":
-        value = getattr(next(c for c in BROKER_DEFAULT if isinstance(c, option.config)), option.field)
+        # Configs nested in BrokerConfig (auth) are searched too.
+        from ledger.config import BookieTlsConfig, LedgerClientConfig
+
+        configs = (*BROKER_DEFAULT, BROKER_DEFAULT[0].auth, BROKER_DEFAULT[0].tls, LedgerClientConfig(),
+                   BookieTlsConfig())
+        value = getattr(next(c for c in configs if isinstance(c, option.config)), option.field)
     assert _broker(option.flag, str(value)) == BROKER_DEFAULT
 
 

@@ -113,9 +113,11 @@ def test_empty_message_falls_back_to_the_class_name():
 @pytest.mark.parametrize("cls", ALL_CLASSES, ids=lambda cls: cls.__name__)
 def test_codes_sit_in_their_documented_range(cls):
     """1000-1999 input/config, 2000-2999 ledgers, 3000-3999 metadata, 5000-5999
-    capacity, 6000-6999 the archive; ledger, metadata and archive families stay in
+    capacity, 6000-6999 the archive, 7000-7999 security; ledger, metadata and archive families stay in
     their ranges."""
-    assert 1000 <= cls.code <= 6999
+    assert 1000 <= cls.code <= 7999
+    if issubclass(cls, errors.SecurityError):
+        assert 7000 <= cls.code <= 7999, cls.__name__
     if issubclass(cls, errors.ArchiveError):
         assert 6000 <= cls.code <= 6999, cls.__name__
     if issubclass(cls, LedgerError):

@@ -1,0 +1,226 @@
+"""Authentication and authorization of the broker's HTTP API, and Pulsar's permission
+endpoints.
+
+Every request under ``/admin/`` and ``/lookup/`` is authenticated (``Authorization:
+Bearer <token>``, when authentication is on: 401 without a valid token) and then
+authorized by what its path names (403 for a role that may not):
+
+    /lookup/v2/topic/...                          produce or consume on the topic
+    GET  .../{topic}/partitions                   produce or consume on the topic (the
+                                                  clients' HTTP lookup asks it first)
+    GET  .../{topic}/permission-check?action=A    the caller's own permission A (Magnetar:
+                                                  the gateway asks it with its caller's token)
+    GET  /admin/v2/tenants/{tenant}               tenant admin
+    other /admin/v2/tenants paths                 superuser (create, change, delete, list)
+    any other path naming a tenant                tenant admin (namespaces, policies,
+                                                  permissions, topics, subscriptions, bundles)
+    everything else under /admin/                 superuser (clusters, brokers, bookies)
+
+``/health`` and ``/metrics`` stay open (probes; no secrets are in the metrics).
+
+Permissions (Pulsar's paths; the body of a grant is the list of actions):
+
+    GET    /admin/v2/namespaces/{tenant}/{ns}/permissions           {role: [actions]}
+    POST   /admin/v2/namespaces/{tenant}/{ns}/permissions/{role}    body ["produce", "consume"]
+    DELETE /admin/v2/namespaces/{tenant}/{ns}/permissions/{role}
+    GET    /admin/v2/persistent/{tenant}/{ns}/{topic}/permissions   {role: [actions]} (topic grants)
+    POST   /admin/v2/persistent/{tenant}/{ns}/{topic}/permissions/{role}
+    DELETE /admin/v2/persistent/{tenant}/{ns}/{topic}/permissions/{role}
+
+A grant or revoke acts at once on this broker (its producers and consumers are checked
+again; those whose role lost the permission are closed) and within
+``permission_check_interval_s`` plus the policies' cache time on other brokers.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+from broker.admin.common import json_body, namespace_of, no_content, topic_of
+from broker.authorization import ACTIONS, CONSUME, PRODUCE
+from broker.service import BrokerService
+from common.errors import InvalidArgument, NotFound
+from metadata.policies import NamespacePolicies
+
+log = logging.getLogger(__name__)
+
+# Grants per namespace or topic: the policies record lives in etcd (values <= 1.5 MiB);
+# ten thousand roles of ~100 bytes each stay far below that.
+GRANTS_PER_RESOURCE_MAX = 10_000
+ROLE_NAME_BYTES_MAX = 256
+
+_OPEN_PATHS = frozenset({"/health", "/metrics"})
+
+
+def _role_of(request: web.Request) -> str | None:
+    return request.get("magnetar.role")
+
+
+async def _authorize(service: BrokerService, request: web.Request, role: str | None) -> None:
+    authorizer = service.authorizer
+    if not authorizer.enabled:
+        return
+    path = request.path
+    info = request.match_info
+    tenant = info.get("tenant")
+    if path.startswith("/lookup/"):
+        await authorizer.check_lookup(role, topic_of(request))
+        return
+    if "topic" in info and request.method == "GET" and path.endswith("/partitions"):
+        await authorizer.check_lookup(role, topic_of(request))
+        return
+    if "topic" in info and path.endswith("/permission-check"):
+        return   # answers about the caller's own role (the handler checks)
+    if path.startswith("/admin/v2/tenants"):
+        if tenant is not None and request.method == "GET":
+            await authorizer.check_tenant_admin(role, tenant)
+        else:
+            authorizer.check_superuser(role)
+        return
+    if tenant is not None:
+        await authorizer.check_tenant_admin(role, tenant)
+        return
+    authorizer.check_superuser(role)
+
+
+def auth_middleware(service: BrokerService):
+    @web.middleware
+    async def middleware(request: web.Request, handler):
+        if request.path in _OPEN_PATHS or not (request.path.startswith("/admin/")
+                                               or request.path.startswith("/lookup/")):
+            return await handler(request)
+        role = None
+        if service.authenticator.enabled:
+            identity = service.authenticator.authenticate_http(request.headers.get("Authorization"))
+            role = identity.role
+        request["magnetar.role"] = role
+        await _authorize(service, request, role)
+        return await handler(request)
+
+    return middleware
+
+
+def _actions_of(doc: object) -> list[str]:
+    if not isinstance(doc, list) or not all(isinstance(a, str) for a in doc):
+        raise InvalidArgument("a grant's body must be a JSON list of actions, e.g. [\"produce\", \"consume\"]")
+    unknown = sorted(set(doc) - ACTIONS)
+    if unknown:
+        raise InvalidArgument(f"unknown actions {unknown}; known: {sorted(ACTIONS)}")
+    return sorted(set(doc))
+
+
+def _role_from_path(request: web.Request) -> str:
+    role = request.match_info["role"]
+    if not role or len(role.encode()) > ROLE_NAME_BYTES_MAX:
+        raise InvalidArgument(f"a role name must have 1 to {ROLE_NAME_BYTES_MAX} bytes")
+    return role
+
+
+def _auth_of(policies: NamespacePolicies) -> dict:
+    auth = policies.auth_policies if isinstance(policies.auth_policies, dict) else {}
+    for name in ("namespace_auth", "destination_auth", "subscription_auth_roles"):
+        if not isinstance(auth.get(name), dict):
+            auth[name] = {}
+    policies.auth_policies = auth
+    return auth
+
+
+def add_routes(app: web.Application, service: BrokerService) -> None:
+    resources = service.resources
+
+    async def namespace_permissions(request: web.Request) -> web.Response:
+        policies = await resources.policies(namespace_of(request), fresh=True)
+        return web.json_response(_auth_of(policies)["namespace_auth"])
+
+    async def grant_namespace(request: web.Request) -> web.Response:
+        namespace = namespace_of(request)
+        role = _role_from_path(request)
+        actions = _actions_of(await json_body(request, required=True))
+
+        def grant(policies: NamespacePolicies) -> None:
+            grants = _auth_of(policies)["namespace_auth"]
+            if role not in grants and len(grants) >= GRANTS_PER_RESOURCE_MAX:
+                raise InvalidArgument(f"namespace {namespace} has {GRANTS_PER_RESOURCE_MAX} roles granted already")
+            grants[role] = actions
+
+        await resources.update_policies(namespace, grant)
+        log.info("permission granted: namespace=%s role=%s actions=%s", namespace, role, ",".join(actions))
+        service.recheck_permissions_now()
+        return no_content()
+
+    async def revoke_namespace(request: web.Request) -> web.Response:
+        namespace = namespace_of(request)
+        role = _role_from_path(request)
+
+        def revoke(policies: NamespacePolicies) -> None:
+            grants = _auth_of(policies)["namespace_auth"]
+            if role not in grants:
+                raise NotFound(f"role {role} has no permissions on namespace {namespace}")
+            del grants[role]
+
+        await resources.update_policies(namespace, revoke)
+        log.info("permission revoked: namespace=%s role=%s", namespace, role)
+        service.recheck_permissions_now()
+        return no_content()
+
+    async def topic_permissions(request: web.Request) -> web.Response:
+        topic = topic_of(request)
+        policies = await resources.policies(topic.namespace_name, fresh=True)
+        return web.json_response(_auth_of(policies)["destination_auth"].get(str(topic), {}))
+
+    async def grant_topic(request: web.Request) -> web.Response:
+        topic = topic_of(request)
+        role = _role_from_path(request)
+        actions = _actions_of(await json_body(request, required=True))
+
+        def grant(policies: NamespacePolicies) -> None:
+            by_topic = _auth_of(policies)["destination_auth"]
+            if str(topic) not in by_topic and len(by_topic) >= GRANTS_PER_RESOURCE_MAX:
+                raise InvalidArgument(f"namespace {topic.namespace_name} has {GRANTS_PER_RESOURCE_MAX} topics "
+                                      "with grants already")
+            grants = by_topic.setdefault(str(topic), {})
+            if role not in grants and len(grants) >= GRANTS_PER_RESOURCE_MAX:
+                raise InvalidArgument(f"topic {topic} has {GRANTS_PER_RESOURCE_MAX} roles granted already")
+            grants[role] = actions
+
+        await resources.update_policies(topic.namespace_name, grant)
+        log.info("permission granted: topic=%s role=%s actions=%s", topic, role, ",".join(actions))
+        service.recheck_permissions_now()
+        return no_content()
+
+    async def revoke_topic(request: web.Request) -> web.Response:
+        topic = topic_of(request)
+        role = _role_from_path(request)
+
+        def revoke(policies: NamespacePolicies) -> None:
+            grants = _auth_of(policies)["destination_auth"].get(str(topic), {})
+            if role not in grants:
+                raise NotFound(f"role {role} has no permissions on topic {topic}")
+            del grants[role]
+            if not grants:
+                policies.auth_policies["destination_auth"].pop(str(topic), None)
+
+        await resources.update_policies(topic.namespace_name, revoke)
+        log.info("permission revoked: topic=%s role=%s", topic, role)
+        service.recheck_permissions_now()
+        return no_content()
+
+    async def permission_check(request: web.Request) -> web.Response:
+        """204 when the caller's role may do ``action`` on the topic, 403 otherwise."""
+        action = request.query.get("action", "")
+        if action not in (PRODUCE, CONSUME):
+            raise InvalidArgument("action must be produce or consume")
+        await service.authorizer.check(_role_of(request), topic_of(request), action)
+        return no_content()
+
+    namespace_path = "/admin/v2/namespaces/{tenant}/{namespace}/permissions"
+    app.router.add_get(namespace_path, namespace_permissions)
+    app.router.add_post(f"{namespace_path}/{{role}}", grant_namespace)
+    app.router.add_delete(f"{namespace_path}/{{role}}", revoke_namespace)
+    topic_path = "/admin/v2/persistent/{tenant}/{namespace}/{topic}"
+    app.router.add_get(f"{topic_path}/permissions", topic_permissions)
+    app.router.add_post(f"{topic_path}/permissions/{{role}}", grant_topic)
+    app.router.add_delete(f"{topic_path}/permissions/{{role}}", revoke_topic)
+    app.router.add_get(f"{topic_path}/permission-check", permission_check)

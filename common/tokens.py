@@ -1,0 +1,187 @@
+"""JSON Web Tokens as Pulsar's token authentication provider reads them.
+
+A token is a JWT whose ``sub`` claim is the role; it is signed either with a secret key
+(HS256, the same key verifies) or with the private half of an RSA key pair (RS256, the
+public half verifies, so brokers never hold a key that can mint tokens). ``exp``, when
+present, is honoured. This is what ``pulsar tokens create`` makes, so tokens and keys
+move between a Pulsar cluster and Magnetar unchanged.
+
+Keys are named as Pulsar names them: ``file:///path`` (or a bare path) for a key file,
+``data:;base64,<base64>`` for the key inline. A secret key file holds the raw key bytes
+(``create-secret-key --output``); key-pair files are DER (what Pulsar writes) or PEM.
+
+Nothing here logs, and no error message carries a token or a key: callers may log the
+messages of the errors raised here as they are.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import jwt
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from common.errors import AuthenticationFailed, ConfigError
+
+HS256 = "HS256"
+RS256 = "RS256"
+ALGORITHMS = (HS256, RS256)
+# Pulsar's secret keys are 256 bits (Keys.secretKeyFor(HS256)).
+SECRET_KEY_BYTES = 32
+# RSA keys of 2048 bits: Pulsar's default for create-key-pair.
+RSA_KEY_BITS = 2048
+# Tokens longer than this are refused before any decoding (a role and an expiry make
+# a few hundred bytes; 16 KiB leaves room for large claim sets).
+TOKEN_BYTES_MAX = 16 * 1024
+# Clock skew allowed on ``exp`` between the issuer and this process.
+LEEWAY_S = 0
+
+
+def read_key_value(value: str) -> bytes:
+    """The bytes of a key named ``file:///path``, a bare path, or ``data:;base64,...``."""
+    if value.startswith("data:"):
+        _, _, encoded = value.partition(",")
+        try:
+            return base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError):
+            raise ConfigError("an inline key (data:...) is not valid base64") from None
+    path = value[len("file://"):] if value.startswith("file://") else value
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError as error:
+        raise ConfigError(f"cannot read key file {path}: {error.strerror}") from None
+
+
+def create_secret_key() -> bytes:
+    return secrets.token_bytes(SECRET_KEY_BYTES)
+
+
+def create_key_pair() -> tuple[bytes, bytes]:
+    """(private key, public key) of a new RSA pair, DER encoded like Pulsar's
+    (PKCS#8 private key, X.509 SubjectPublicKeyInfo public key)."""
+    private = rsa.generate_private_key(public_exponent=65537, key_size=RSA_KEY_BITS)
+    private_der = private.private_bytes(serialization.Encoding.DER, serialization.PrivateFormat.PKCS8,
+                                        serialization.NoEncryption())
+    public_der = private.public_key().public_bytes(serialization.Encoding.DER,
+                                                   serialization.PublicFormat.SubjectPublicKeyInfo)
+    return private_der, public_der
+
+
+def _private_key(data: bytes) -> Any:
+    try:
+        if data.lstrip().startswith(b"-----"):
+            return serialization.load_pem_private_key(data, password=None)
+        return serialization.load_der_private_key(data, password=None)
+    except (ValueError, TypeError):
+        raise ConfigError("the private key is neither a PEM nor a DER RSA private key") from None
+
+
+def _public_key(data: bytes) -> Any:
+    try:
+        if data.lstrip().startswith(b"-----"):
+            return serialization.load_pem_public_key(data)
+        return serialization.load_der_public_key(data)
+    except (ValueError, TypeError):
+        raise ConfigError("the public key is neither a PEM nor a DER RSA public key") from None
+
+
+@dataclass(frozen=True)
+class TokenSigner:
+    """Makes tokens: with a secret key (HS256) or a private key (RS256)."""
+
+    algorithm: str
+    key: Any
+
+    @classmethod
+    def with_secret_key(cls, secret: bytes) -> "TokenSigner":
+        if len(secret) < SECRET_KEY_BYTES:
+            raise ConfigError(f"a secret key must have at least {SECRET_KEY_BYTES} bytes")
+        return cls(HS256, secret)
+
+    @classmethod
+    def with_private_key(cls, private_key: bytes) -> "TokenSigner":
+        return cls(RS256, _private_key(private_key))
+
+    def create(self, subject: str, *, expiry_s: float | None = None, now_s: float | None = None) -> str:
+        if not subject:
+            raise ConfigError("a token needs a subject (the role)")
+        claims: dict[str, Any] = {"sub": subject}
+        if expiry_s is not None:
+            claims["exp"] = int((time.time() if now_s is None else now_s) + expiry_s)
+        return jwt.encode(claims, self.key, algorithm=self.algorithm)
+
+
+@dataclass(frozen=True)
+class TokenVerifier:
+    """Checks tokens: the signature with the secret key or the public key, then the
+    expiry; returns the role (``sub``)."""
+
+    algorithm: str
+    key: Any
+
+    @classmethod
+    def with_secret_key(cls, secret: bytes) -> "TokenVerifier":
+        if len(secret) < SECRET_KEY_BYTES:
+            raise ConfigError(f"a secret key must have at least {SECRET_KEY_BYTES} bytes")
+        return cls(HS256, secret)
+
+    @classmethod
+    def with_public_key(cls, public_key: bytes) -> "TokenVerifier":
+        return cls(RS256, _public_key(public_key))
+
+    def claims(self, token: str | bytes, *, now_s: float | None = None) -> dict[str, Any]:
+        """The verified claims. AuthenticationFailed for anything else; the message
+        says why, never what the token was."""
+        if isinstance(token, bytes):
+            try:
+                token = token.decode("ascii")
+            except UnicodeDecodeError:
+                raise AuthenticationFailed("the token is not ASCII") from None
+        if not token:
+            raise AuthenticationFailed("no token")
+        if len(token) > TOKEN_BYTES_MAX:
+            raise AuthenticationFailed(f"the token is longer than {TOKEN_BYTES_MAX} bytes")
+        try:
+            claims = jwt.decode(token, self.key, algorithms=[self.algorithm], leeway=LEEWAY_S,
+                                options={"require": ["sub"], "verify_exp": now_s is None})
+        except jwt.ExpiredSignatureError:
+            raise AuthenticationFailed("the token has expired") from None
+        except jwt.InvalidSignatureError:
+            raise AuthenticationFailed("the token's signature does not verify") from None
+        except jwt.InvalidAlgorithmError:
+            raise AuthenticationFailed(f"the token is not signed with {self.algorithm}") from None
+        except jwt.MissingRequiredClaimError:
+            raise AuthenticationFailed("the token has no subject (sub)") from None
+        except jwt.PyJWTError as error:
+            raise AuthenticationFailed(f"the token is not valid: {type(error).__name__}") from None
+        except (ValueError, TypeError):
+            raise AuthenticationFailed("the token is not valid") from None
+        if now_s is not None and "exp" in claims and float(claims["exp"]) <= now_s:
+            raise AuthenticationFailed("the token has expired")
+        subject = claims.get("sub")
+        if not isinstance(subject, str) or not subject:
+            raise AuthenticationFailed("the token's subject (sub) is not a role name")
+        return claims
+
+    def role(self, token: str | bytes) -> str:
+        return self.claims(token)["sub"]
+
+
+def unverified_parts(token: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(header, claims) of a token without checking it (``magnetar tokens show``)."""
+    try:
+        return jwt.get_unverified_header(token), jwt.decode(token, options={"verify_signature": False})
+    except jwt.PyJWTError as error:
+        raise AuthenticationFailed(f"not a token: {type(error).__name__}") from None
+
+
+def expires_at_s(claims: dict[str, Any]) -> float | None:
+    value = claims.get("exp")
+    return float(value) if isinstance(value, (int, float)) else None
