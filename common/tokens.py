@@ -92,6 +92,12 @@ def _public_key(data: bytes) -> Any:
         raise ConfigError("the public key is neither a PEM nor a DER RSA public key") from None
 
 
+def _checked_secret(secret: bytes) -> bytes:
+    if len(secret) < SECRET_KEY_BYTES:
+        raise ConfigError(f"a secret key must have at least {SECRET_KEY_BYTES} bytes")
+    return secret
+
+
 @dataclass(frozen=True)
 class TokenSigner:
     """Makes tokens: with a secret key (HS256) or a private key (RS256)."""
@@ -101,9 +107,7 @@ class TokenSigner:
 
     @classmethod
     def with_secret_key(cls, secret: bytes) -> "TokenSigner":
-        if len(secret) < SECRET_KEY_BYTES:
-            raise ConfigError(f"a secret key must have at least {SECRET_KEY_BYTES} bytes")
-        return cls(HS256, secret)
+        return cls(HS256, _checked_secret(secret))
 
     @classmethod
     def with_private_key(cls, private_key: bytes) -> "TokenSigner":
@@ -128,9 +132,7 @@ class TokenVerifier:
 
     @classmethod
     def with_secret_key(cls, secret: bytes) -> "TokenVerifier":
-        if len(secret) < SECRET_KEY_BYTES:
-            raise ConfigError(f"a secret key must have at least {SECRET_KEY_BYTES} bytes")
-        return cls(HS256, secret)
+        return cls(HS256, _checked_secret(secret))
 
     @classmethod
     def with_public_key(cls, public_key: bytes) -> "TokenVerifier":
