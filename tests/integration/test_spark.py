@@ -34,7 +34,7 @@ from spark import metrics
 from tests.cluster import Cluster, wait_until
 
 MESSAGES = int(os.environ.get("SPARK_TEST_MESSAGES", "10000"))
-LEDGER_ENTRIES_MAX = 200
+LEDGER_ENTRIES_MAX = 20
 BROKER_ARGS = ["--ledger-max-entries", str(LEDGER_ENTRIES_MAX), "--archive-check-interval-s", "0.3",
                "--retention-check-interval-s", "0.5"]
 POLICY = {"managedLedgerOffloadThresholdInBytes": 0, "managedLedgerOffloadDeletionLagInMillis": 0,
@@ -51,7 +51,7 @@ def http(method: str, url: str, body: object | None = None) -> object:
 
 def produce(client, topic: str, count: int, *, base: int = 0) -> dict:
     """Sends ``count`` batched messages; returns {(ledger, entry, batch index): (payload, key, properties, event ms)}."""
-    producer = client.create_producer(topic, batching_enabled=True, batching_max_messages=50,
+    producer = client.create_producer(topic, batching_enabled=True, batching_max_messages=25,
                                       batching_max_publish_delay_ms=5, block_if_queue_full=True,
                                       max_pending_messages=5000)
     sent: dict = {}
