@@ -44,6 +44,38 @@ class ArchivePartition(InputPartition):
         InputPartition.__init__(self, self.url)
 
 
+@dataclass
+class TailPartition(InputPartition):
+    """The entries of one topic partition after its last archived one, up to its last
+    message at planning time (inclusive): read through a broker (spark/tail.py)."""
+
+    topic: str
+    start_after: tuple[int, int] | None
+    end: tuple[int, int]
+    token: str | None
+
+    def __post_init__(self) -> None:
+        InputPartition.__init__(self, self.topic)
+
+
+def plan_tail(options: ReadOptions, base: Bounds, token: str | None, topic: str, partitions: int,
+              ledgers: list[dict], last_position) -> list[TailPartition]:
+    """The tail partitions of a topic: for each of its partitions (or itself), from
+    after the last archived entry to ``last_position(name)``."""
+    names = [f"{topic}-partition-{index}" for index in range(partitions)] if partitions > 0 else [topic]
+    planned = []
+    for name in names:
+        archived = [(ledger["ledger_id"], ledger["entry_count"] - 1) for ledger in ledgers if ledger["topic"] == name]
+        start_after = max(archived) if archived else None
+        end = last_position(name)
+        if end is None or (start_after is not None and end <= start_after):
+            continue
+        if base.position_end is not None and start_after is not None and start_after >= base.position_end:
+            continue
+        planned.append(TailPartition(name, start_after, end, token))
+    return planned
+
+
 def plan_archive(options: ReadOptions, base: Bounds, pushed: Bounds | None, token: str | None,
                  ledgers_by_topic: dict[str, list[dict]], footer_batch_count) -> tuple[list[ArchivePartition], dict]:
     """Partitions of the archive files (pure but for ``footer_batch_count(url, size)``,
@@ -120,20 +152,36 @@ class MagnetarBatchReader(DataSourceReader):
         ledgers_by_topic = {topic: manifest.ledgers(self.options.admin_url, topic) for topic in topics}
         partitions, counters = plan_archive(self.options, self.base, self.pushed, self.token, ledgers_by_topic,
                                             _footer_batch_count)
+        if self.options.include_unarchived:
+            admin_url = self.options.admin_url
+            for topic in topics:
+                tails = plan_tail(self.options, self.base, self.token, topic, manifest.partition_count(admin_url, topic),
+                                  ledgers_by_topic[topic],
+                                  lambda name: manifest.last_message_position(admin_url, name))
+                partitions.extend(tails)
+                counters["tail_partitions"] = counters.get("tail_partitions", 0) + len(tails)
         metrics.record(self.options.metrics_dir, "plan", token=self.token, topics=topics, **counters)
         if not partitions:
             # Spark needs at least one partition; an empty one reads nothing.
             partitions = [ArchivePartition("", -1, "", 0, 0, 0, True, None)]
         return partitions
 
+    def _planned_execution(self, token: str | None) -> bool:
+        """Whether this task may apply the pushed filters (spark/plan_guard.py)."""
+        if token is None or self.pushed is None:
+            return False
+        return plan_guard.is_planned_execution(self.plan_state_dir, token, plan_guard.current_execution_id())
+
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if isinstance(partition, TailPartition):
+            yield from self._read_tail(partition)
+            return
         assert isinstance(partition, ArchivePartition), type(partition)
         if not partition.url:
             return
         bounds = self.base
         if partition.token is not None and self.pushed is not None:
-            planned = plan_guard.is_planned_execution(self.plan_state_dir, partition.token,
-                                                      plan_guard.current_execution_id())
+            planned = self._planned_execution(partition.token)
             if planned:
                 if partition.filter_prunes:
                     metrics.record(self.options.metrics_dir, "task", token=partition.token, url=partition.url,
@@ -141,6 +189,27 @@ class MagnetarBatchReader(DataSourceReader):
                     return
                 bounds = bounds.intersect(self.pushed)
         yield from self._read_file(partition, bounds, filtered=bounds is not self.base)
+
+    def _read_tail(self, partition: TailPartition) -> Iterator[pa.RecordBatch]:
+        from spark.tail import TailReader
+
+        assert self.options.service_url is not None
+        bounds = self.base
+        if self._planned_execution(partition.token):
+            assert self.pushed is not None
+            bounds = bounds.intersect(self.pushed)
+        reader = TailReader(self.options.service_url, partition.topic, partition.start_after, partition.end,
+                            self.options.tail_timeout_ms)
+        rows = 0
+        for batch in reader.batches():
+            mask = bounds.row_mask(batch)
+            if mask is not None:
+                batch = batch.filter(mask)
+            if batch.num_rows:
+                rows += batch.num_rows
+                yield batch
+        metrics.record(self.options.metrics_dir, "tail", token=partition.token, topic=partition.topic,
+                       start_after=partition.start_after, end=partition.end, entries=reader.entries_read, rows=rows)
 
     def _read_file(self, partition: ArchivePartition, bounds: Bounds, *, filtered: bool) -> Iterator[pa.RecordBatch]:
         read = skipped = rows = 0

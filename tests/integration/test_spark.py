@@ -49,9 +49,9 @@ def http(method: str, url: str, body: object | None = None) -> object:
     return json.loads(text) if text else None
 
 
-def produce(client, topic: str, count: int, *, base: int = 0) -> dict:
+def produce(client, topic: str, count: int, *, base: int = 0, batching: bool = True) -> dict:
     """Sends ``count`` batched messages; returns {(ledger, entry, batch index): (payload, key, properties, event ms)}."""
-    producer = client.create_producer(topic, batching_enabled=True, batching_max_messages=25,
+    producer = client.create_producer(topic, batching_enabled=batching, batching_max_messages=25,
                                       batching_max_publish_delay_ms=5, block_if_queue_full=True,
                                       max_pending_messages=5000)
     sent: dict = {}
@@ -117,6 +117,7 @@ def archived(etcd_process, tmp_path_factory):
 
         wait_until(all_archived, 120, "every produced ledger archived")
         cluster.admin_url = broker.web_service_url
+        cluster.client = client
         yield cluster, topic, sent
     finally:
         if client is not None:
@@ -254,3 +255,39 @@ def test_a_corrupt_or_truncated_file_fails_the_job_naming_the_file(spark_session
     finally:
         shutil.copyfile(original, path)
     assert read(spark_session, cluster, topic).count() == len(sent)
+
+
+def test_include_unarchived_adds_the_tail_without_duplicates(spark_session, archived, tmp_path):
+    """A topic with archived ledgers and a tail the archiver has not reached (the open
+    ledger): with includeUnarchived every produced message is one row, some from
+    archive files and some through the broker (the reader's counters), none twice;
+    without it, only archived rows."""
+    cluster, _topic, _sent = archived
+    topic = f"persistent://public/default/spark-tail-{uuid.uuid4().hex[:8]}"
+    holder = cluster.client.subscribe(topic, "holder", initial_position=pulsar.InitialPosition.Earliest)
+    try:
+        sent = produce(cluster.client, topic, 2000)
+        admin = f"{cluster.admin_url}/admin/v2/{topic.replace('://', '/')}"
+        wait_until(lambda: len(http("GET", f"{admin}/archive")["ledgers"]) >= 2, 120, "two ledgers archived")
+        # Three messages stored alone land in the open ledger: the tail is never empty.
+        sent.update(produce(cluster.client, topic, 3, base=2000, batching=False))
+        metrics_dir = str(tmp_path / "metrics")
+        df = read(spark_session, cluster, topic, includeUnarchived="true",
+                  serviceUrl=cluster.brokers[0].service_url, metricsDir=metrics_dir)
+        rows = df.collect()
+        ids = [(r.ledger_id, r.entry_id, r.batch_index) for r in rows]
+        assert len(ids) == len(set(ids)), "a message was read twice"
+        assert set(ids) == set(sent)
+        by_id = rows_by_id(rows)
+        for message_id, (payload, key, properties, event_ms) in sent.items():
+            row = by_id[message_id]
+            assert (bytes(row.payload), row.key, row.properties) == (payload, key, properties)
+            assert int(row.event_time.replace(tzinfo=dt.timezone.utc).timestamp() * 1000) == event_ms
+        tail_rows = sum(t["rows"] for t in metrics.collect(metrics_dir, "tail"))
+        archive_rows = sum(t["rows"] for t in metrics.collect(metrics_dir, "task"))
+        assert tail_rows >= 3 and archive_rows > 0
+        assert tail_rows + archive_rows == len(sent)
+        archived_only = read(spark_session, cluster, topic).count()
+        assert 0 < archived_only < len(sent)
+    finally:
+        holder.close()
