@@ -10,7 +10,7 @@ Options: spark/options.py. Rows: spark/schema.py (README: "Spark").
 
 from __future__ import annotations
 
-from pyspark.sql.datasource import DataSource, DataSourceReader
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceWriter
 from pyspark.sql.types import StructType
 
 from spark.options import parse_read_options
@@ -31,6 +31,11 @@ class MagnetarDataSource(DataSource):
         from spark.reader import MagnetarBatchReader
 
         return MagnetarBatchReader(parse_read_options(self.options))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        from spark.writer import MagnetarWriter, parse_write_options
+
+        return MagnetarWriter(parse_write_options(self.options))
 
 
 def register(session) -> None:
