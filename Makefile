@@ -12,7 +12,7 @@ PROTOS := $(wildcard protocol/proto/*.proto)
 PROTO_OUT := $(PROTOS:.proto=_pb2.py)
 DATA_DIR ?= data/standalone
 
-.PHONY: bench-ack-state setup proto run test test-unit test-integration test-archive-full bench bench-bookie \
+.PHONY: test-spark-full bench-ack-state setup proto run test test-unit test-integration test-archive-full bench bench-bookie \
 	bench-pulsar bench-subscriptions bench-archive bench-gateway fuzz-gateway clean
 
 setup: $(STAMP) proto
@@ -50,6 +50,11 @@ test-integration: setup
 # archived, bookie copies deleted, consumed from the archive (`make test` runs 10,000).
 test-archive-full: setup
 	ARCHIVE_TEST_MESSAGES=100000 $(PY) -m pytest -q tests/integration/test_archive.py
+
+# The Spark data source's tests at the issue's full size: 100,000 messages produced,
+# archived and read back through Spark (`make test` runs 10,000).
+test-spark-full: setup
+	SPARK_TEST_MESSAGES=100000 $(PY) -m pytest -q tests/integration/test_spark.py
 
 bench: bench-bookie bench-pulsar bench-subscriptions bench-archive bench-gateway
 
