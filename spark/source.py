@@ -32,6 +32,11 @@ class MagnetarDataSource(DataSource):
 
         return MagnetarBatchReader(parse_read_options(self.options))
 
+    def streamReader(self, schema: StructType):
+        from spark.stream import MagnetarStreamReader
+
+        return MagnetarStreamReader(self.options)
+
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from spark.writer import MagnetarWriter, parse_write_options
 

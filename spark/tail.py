@@ -106,6 +106,13 @@ class TailReader:
             finally:
                 loop.run_until_complete(client.close())
         finally:
+            # The pool's close cancels its connections' keep-alive tasks without
+            # awaiting them: let them finish before the loop goes.
+            pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.close()
 
     async def _open(self):
