@@ -12,7 +12,7 @@ PROTOS := $(wildcard protocol/proto/*.proto)
 PROTO_OUT := $(PROTOS:.proto=_pb2.py)
 DATA_DIR ?= data/standalone
 
-.PHONY: bench-spark test-spark-full bench-ack-state setup proto run test test-unit test-integration test-archive-full bench bench-bookie \
+.PHONY: pipeline bench-spark test-spark-full bench-ack-state setup proto run test test-unit test-integration test-archive-full bench bench-bookie \
 	bench-pulsar bench-subscriptions bench-archive bench-gateway fuzz-gateway clean
 
 setup: $(STAMP) proto
@@ -55,6 +55,11 @@ test-archive-full: setup
 # archived and read back through Spark (`make test` runs 10,000).
 test-spark-full: setup
 	SPARK_TEST_MESSAGES=100000 $(PY) -m pytest -q tests/integration/test_spark.py
+
+# A pipeline you can run (about 3-5 minutes, README "Spark"): a cluster, click events
+# produced and archived, a Spark batch aggregation and a streaming query writing to a topic.
+pipeline: setup
+	$(PY) examples/spark_pipeline.py --events 20000
 
 # The Spark data source (about 3-5 minutes): the archive scanned through Spark in rows/s
 # against a plain Parquet file of the same rows written in the same run.
