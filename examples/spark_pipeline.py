@@ -31,6 +31,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import pulsar  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
 
 from archive_bench import http  # noqa: E402
 from harness import bench_cluster  # noqa: E402
@@ -87,7 +88,7 @@ async def run(args: argparse.Namespace) -> None:
                 clicks = (spark.read.format("magnetar").option("adminUrl", broker.web_service_url)
                           .option("serviceUrl", broker.service_url).option("includeUnarchived", "true")
                           .option("topic", topic).load())
-                per_minute = (clicks.groupBy("key", clicks.event_time.cast("long").__floordiv__(60).alias("minute"))
+                per_minute = (clicks.groupBy("key", F.date_trunc("minute", "event_time").alias("minute"))
                               .count().orderBy("minute", "key"))
                 print("batch: clicks per user per minute of event time (first 20 rows)", flush=True)
                 per_minute.show(20, truncate=False)
@@ -113,6 +114,8 @@ async def run(args: argparse.Namespace) -> None:
                 totals: dict[str, int] = {}
                 deadline = time.monotonic() + 300
                 while sum(totals.values()) < args.live_events and time.monotonic() < deadline:
+                    if query.exception() is not None:
+                        raise RuntimeError(f"the streaming query failed: {query.exception()}")
                     try:
                         message = counts_consumer.receive(timeout_millis=2000)
                     except pulsar.Timeout:

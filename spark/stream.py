@@ -49,7 +49,9 @@ def _text(position: tuple[int, int] | None) -> str:
 
 class MagnetarStreamReader(DataSourceStreamReader):
     def __init__(self, options: Mapping[str, str]) -> None:
-        self.options = parse_read_options(options)
+        # startingOffsets means earliest/latest here, not a batch read's position.
+        batch_options = {name: value for name, value in options.items() if name.lower() != "startingoffsets"}
+        self.options = parse_read_options(batch_options)
         if self.options.service_url is None:
             raise ConfigError("option serviceUrl is required for streaming reads")
         starting = _get(options, "startingOffsets") or "earliest"
