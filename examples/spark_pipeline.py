@@ -7,10 +7,11 @@ machine.
    minutes, a JSON payload) with the official client, and waits until they are archived;
 3. batch: Spark reads the topic (archive files and tail) and counts clicks per user per
    minute of event time;
-4. streaming: a streaming query over the live topic (starting at its end) counts each
-   micro-batch's clicks per user and writes the counts to the topic ``click-counts``
-   (foreachBatch + the batch writer: at-least-once), while ``--live-events`` more
-   clicks are produced; the counts are read back with the official client;
+4. streaming: a streaming query over the topic (from its first message: history, then
+   the live tail) counts each micro-batch's clicks per user and writes the counts to the
+   topic ``click-counts`` (foreachBatch + the batch writer: at-least-once), while
+   ``--live-events`` more clicks are produced; the counts are read back with the
+   official client until they add up to every click;
 5. prints both results.
 
     python examples/spark_pipeline.py --events 20000
@@ -104,16 +105,16 @@ async def run(args: argparse.Namespace) -> None:
 
                 stream = (spark.readStream.format("magnetar").option("adminUrl", broker.web_service_url)
                           .option("serviceUrl", broker.service_url).option("topic", topic)
-                          .option("startingOffsets", "latest").option("maxMessagesPerTrigger", "2000").load())
+                          .option("maxMessagesPerTrigger", "10000").load())
                 query = (stream.writeStream.foreachBatch(write_counts)
                          .option("checkpointLocation", os.path.join(cluster.base_dir, "pipeline-checkpoint"))
                          .trigger(processingTime="1 second").start())
-                time.sleep(5)                    # the query has its starting offsets
                 produce_clicks(client, topic, args.live_events, int(time.time() * 1000), first=args.events)
                 print(f"produced {args.live_events} live click events", flush=True)
                 totals: dict[str, int] = {}
                 deadline = time.monotonic() + 300
-                while sum(totals.values()) < args.live_events and time.monotonic() < deadline:
+                expected = args.events + args.live_events
+                while sum(totals.values()) < expected and time.monotonic() < deadline:
                     if query.exception() is not None:
                         raise RuntimeError(f"the streaming query failed: {query.exception()}")
                     try:
@@ -123,11 +124,16 @@ async def run(args: argparse.Namespace) -> None:
                     record = json.loads(message.data())
                     totals[record["user"]] = totals.get(record["user"], 0) + record["clicks"]
                     counts_consumer.acknowledge(message)
+                # Let the micro-batch under way finish before stopping: a stop interrupts
+                # it (its write aborts; Spark logs the interrupted stream thread).
+                query.processAllAvailable()
                 query.stop()
                 print("streaming: clicks per user written to click-counts and read back:", flush=True)
                 for user in sorted(totals):
                     print(f"  {user}: {totals[user]}")
-                print(f"streaming: {sum(totals.values())} of {args.live_events} live clicks counted", flush=True)
+                print(f"streaming: {sum(totals.values())} of {expected} clicks counted", flush=True)
+                if sum(totals.values()) != expected:
+                    raise RuntimeError(f"the streaming counts add up to {sum(totals.values())}, not {expected}")
             finally:
                 spark.stop()
             holder.close()
