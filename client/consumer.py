@@ -83,6 +83,7 @@ class Consumer:
     def __init__(self, pool: BrokerPool, topic: str, subscription: str, *, sub_type: str = "shared",
                  consumer_name: str = "", initial_position: str = "latest",
                  properties: Mapping[str, str] | None = None, durable: bool = True,
+                 start_message_id: MessageId | None = None,
                  listener: ConsumerListener | None = None,
                  on_closed: Callable[["Consumer"], None] | None = None) -> None:
         if sub_type not in SUB_TYPES:
@@ -101,6 +102,11 @@ class Consumer:
         self.initial_position = initial_position
         self.properties = dict(properties or {})
         self.durable = durable
+        # A non-durable subscription (a reader) starts at this entry, inclusive: the
+        # broker positions it there and the caller drops what it should not see.
+        if start_message_id is not None and durable:
+            raise InvalidArgument("start_message_id is for non-durable subscriptions (readers)")
+        self.start_message_id = start_message_id
         self.listener: ConsumerListener = listener or _NoListener()
         self._on_closed = on_closed
         self._connection: ClientConnection | None = None
@@ -129,6 +135,9 @@ class Consumer:
             metadata=[pb.KeyValue(key=k, value=v) for k, v in self.properties.items()])
         if self.consumer_name:
             body.consumer_name = self.consumer_name
+        if self.start_message_id is not None:
+            body.start_message_id.CopyFrom(pb.MessageIdData(ledgerId=self.start_message_id.ledger_id,
+                                                            entryId=self.start_message_id.entry_id))
         try:
             await connection.request(wrap(body), request_id)
         except BaseException:

@@ -103,3 +103,15 @@ def _official_clients_are_closed(request):
                 client.close()
             except Exception:   # already closed by the test: nothing to do
                 pass
+
+
+@pytest.fixture(scope="session")
+def spark_session():
+    """One local SparkSession for the whole run (its JVM starts in ~15-30 s; the
+    settings are spark/session.py's, shared with `make pipeline` and the benchmark),
+    with the ``magnetar`` source registered."""
+    from spark.session import local_session
+
+    session = local_session("magnetar-tests")
+    yield session
+    session.stop()

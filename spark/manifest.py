@@ -1,0 +1,85 @@
+"""Which archive files a read covers: the topics an option names (a list, or a pattern
+over a namespace's topics) and their archive manifests, from any broker's admin REST
+(docs/archive.md, "REST and tools"). Shell: blocking HTTP on the planning worker.
+
+The manifest is the truth about the archive: a file counts only once its ledger's
+record names it (archive/manifest.py), so files no record names (a crashed write, an
+attempt that lost the race) are never read, and each named file's size is checked
+before it is opened.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.error
+import urllib.parse
+import urllib.request
+
+from common.errors import ConfigError, MagnetarError, TopicNotFound
+from common.topic_name import TopicName
+
+# Planning asks one broker a few small questions; a broker answers in milliseconds,
+# thirty seconds covers a topic load waiting on etcd.
+HTTP_TIMEOUT_S = 30.0
+
+
+def _get_json(url: str) -> object:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="GET"), timeout=HTTP_TIMEOUT_S) as response:
+            return json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as error:
+        if error.code == 404:
+            raise TopicNotFound(f"not found: {url}") from None
+        raise MagnetarError(f"admin request failed: url={url} status={error.code}") from None
+    except (urllib.error.URLError, OSError) as error:
+        raise MagnetarError(f"admin request failed: url={url} error={error}") from None
+
+
+def resolve_topics(admin_url: str, topics: tuple[str, ...], pattern: str | None, namespace: str | None) -> list[str]:
+    """The full topic names a read covers, sorted."""
+    if pattern is None:
+        return sorted(topics)
+    assert namespace is not None
+    listed = _get_json(f"{admin_url}/admin/v2/persistent/{namespace}")
+    if not isinstance(listed, list):
+        raise ConfigError(f"namespace {namespace} topic list is not a list")
+    regex = re.compile(pattern)
+    names = set()
+    for name in listed:
+        topic = TopicName.parse(name)
+        # A partition is read through its partitioned topic's manifest.
+        parent = str(topic.partitioned_parent)
+        if regex.fullmatch(parent) or regex.fullmatch(str(topic)):
+            names.add(parent)
+    return sorted(names)
+
+
+def ledgers(admin_url: str, topic: str) -> list[dict]:
+    """The archived ledgers of a topic (every partition's, for a partitioned topic),
+    as the manifest's LedgerRecord JSON, ordered by (topic, ledger_id)."""
+    name = TopicName.parse(topic)
+    manifest = _get_json(f"{admin_url}/admin/v2/{name.rest_path}/archive")
+    assert isinstance(manifest, dict), manifest
+    return sorted(manifest["ledgers"], key=lambda ledger: (ledger["topic"], ledger["ledger_id"]))
+
+
+def last_message_position(admin_url: str, topic: str) -> tuple[int, int] | None:
+    """The (ledger_id, entry_id) of a topic's last message, None when it has none."""
+    name = TopicName.parse(topic)
+    answer = _get_json(f"{admin_url}/admin/v2/{name.rest_path}/lastMessageId")
+    assert isinstance(answer, dict), answer
+    ledger_id, entry_id = int(answer.get("ledgerId", -1)), int(answer.get("entryId", -1))
+    if ledger_id < 0 or entry_id < 0:
+        return None
+    return ledger_id, entry_id
+
+
+def partition_count(admin_url: str, topic: str) -> int:
+    name = TopicName.parse(topic)
+    answer = _get_json(f"{admin_url}/admin/v2/{name.rest_path}/partitions")
+    assert isinstance(answer, dict), answer
+    return int(answer.get("partitions", 0))
+
+
+__all__ = ["ledgers", "resolve_topics", "last_message_position", "partition_count", "urllib"]

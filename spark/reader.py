@@ -1,0 +1,233 @@
+"""Batch reads: one Spark partition per archive file (a file of more than
+``rowsPerPartition`` rows is split by record batches), each task reading verified
+record batches (archive/reader.py) and yielding them as ``pyarrow.RecordBatch`` of the
+schema in spark/schema.py.
+
+Planning (``partitions``, on Spark's planning worker) reads the manifests through a
+broker's admin REST and drops the files the options exclude; the files pushed filters
+exclude are kept but marked (spark/plan_guard.py says why). A task opens its file with
+the manifest's size (a truncated file fails before any read), skips the record batches
+the bounds exclude by their footer metadata, and trims rows at the edges. A corrupt
+file fails the task with ArchiveCorrupt naming the file: Spark retries the task, then
+fails the job with that message; no row of a batch that fails its checksum is ever
+returned.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
+
+from archive.reader import ArchiveFile
+from spark import manifest, metrics, plan_guard
+from spark.bounds import Bounds, option_bounds, translate
+from spark.options import ReadOptions
+from spark.schema import to_spark_batch
+
+
+@dataclass
+class ArchivePartition(InputPartition):
+    topic: str
+    ledger_id: int
+    url: str
+    size_bytes: int
+    batch_start: int | None          # None: every batch of the file
+    batch_stop: int | None
+    filter_prunes: bool              # the pushed filters exclude the whole file
+    token: str | None                # the plan's token when filters were pushed
+
+    def __post_init__(self) -> None:
+        InputPartition.__init__(self, self.url)
+
+
+@dataclass
+class TailPartition(InputPartition):
+    """The entries of one topic partition after its last archived one, up to its last
+    message at planning time (inclusive): read through a broker (spark/tail.py)."""
+
+    topic: str
+    start_after: tuple[int, int] | None
+    end: tuple[int, int]
+    token: str | None
+
+    def __post_init__(self) -> None:
+        InputPartition.__init__(self, self.topic)
+
+
+def plan_tail(options: ReadOptions, base: Bounds, token: str | None, topic: str, partitions: int,
+              ledgers: list[dict], last_position) -> list[TailPartition]:
+    """The tail partitions of a topic: for each of its partitions (or itself), from
+    after the last archived entry to ``last_position(name)``."""
+    names = [f"{topic}-partition-{index}" for index in range(partitions)] if partitions > 0 else [topic]
+    planned = []
+    for name in names:
+        archived = [(ledger["ledger_id"], ledger["entry_count"] - 1) for ledger in ledgers if ledger["topic"] == name]
+        start_after = max(archived) if archived else None
+        end = last_position(name)
+        if end is None or (start_after is not None and end <= start_after):
+            continue
+        if base.position_end is not None and start_after is not None and start_after >= base.position_end:
+            continue
+        planned.append(TailPartition(name, start_after, end, token))
+    return planned
+
+
+def plan_archive(options: ReadOptions, base: Bounds, pushed: Bounds | None, token: str | None,
+                 ledgers_by_topic: dict[str, list[dict]], footer_batch_count) -> tuple[list[ArchivePartition], dict]:
+    """Partitions of the archive files (pure but for ``footer_batch_count(url, size)``,
+    asked only for files to split). Returns (partitions, counters)."""
+    partitions: list[ArchivePartition] = []
+    counters = {"files_listed": 0, "files_planned": 0, "files_pruned_by_options": 0, "files_pruned_by_filters": 0}
+    for topic, ledgers in ledgers_by_topic.items():
+        for ledger in ledgers:
+            ledger_id = ledger["ledger_id"]
+            for record in ledger["files"]:
+                counters["files_listed"] += 1
+                if not base.file_may_match(ledger_id, record):
+                    counters["files_pruned_by_options"] += 1
+                    continue
+                filter_prunes = pushed is not None and not pushed.file_may_match(ledger_id, record)
+                counters["files_pruned_by_filters"] += filter_prunes
+                counters["files_planned"] += 1
+                ranges: list[tuple[int | None, int | None]] = [(None, None)]
+                if record["row_count"] > options.rows_per_partition:
+                    batch_count = footer_batch_count(record["url"], record["size_bytes"])
+                    pieces = -(-record["row_count"] // options.rows_per_partition)
+                    step = max(1, -(-batch_count // pieces))
+                    ranges = [(start, min(start + step, batch_count)) for start in range(0, batch_count, step)]
+                for start, stop in ranges:
+                    partitions.append(ArchivePartition(ledger["topic"], ledger_id, record["url"],
+                                                       record["size_bytes"], start, stop, filter_prunes, token))
+    return partitions, counters
+
+
+def _footer_batch_count(url: str, size_bytes: int) -> int:
+    with ArchiveFile.open(url, size_bytes=size_bytes) as archive_file:
+        return archive_file.batch_count
+
+
+class _PushFilters:
+    """The reader's ``pushFilters``, as a callable the planner does not count as an
+    override. pyspark (4.1-4.3) refuses to plan a reader whose class overrides
+    ``pushFilters`` while ``spark.sql.python.filterPushdown.enabled`` is off ("do not
+    silently ignore pushFilters"); it tells an override by the method's ``__func__``.
+    This reader is right with the flag off too (Spark then evaluates every filter on
+    the rows it returns, and nothing is pruned), so with the flag off it should just
+    read: this callable reports the base method as its ``__func__`` and is called like
+    a method when the flag is on."""
+
+    def __init__(self, reader: "MagnetarBatchReader") -> None:
+        self.reader = reader
+        self.__func__ = DataSourceReader.pushFilters
+
+    def __call__(self, filters: list[Filter]):
+        return self.reader.push_filters(filters)
+
+
+class MagnetarBatchReader(DataSourceReader):
+    def __init__(self, options: ReadOptions) -> None:
+        self.options = options
+        self.base = option_bounds(options.starting_position, options.ending_position,
+                                  options.starting_timestamp_ms, options.ending_timestamp_ms)
+        self.pushed: Bounds | None = None
+        self.token: str | None = None
+        self.plan_state_dir = plan_guard.default_directory()
+        self.pushFilters = _PushFilters(self)
+
+    def push_filters(self, filters: list[Filter]) -> list[Filter]:
+        """Bounds from the filters the reader handles; returns the others."""
+        bounds, unhandled = translate(filters)
+        # Each pushdown is a new plan: a new token (spark/plan_guard.py).
+        self.pushed, self.token = (None, None) if bounds.empty else (bounds, uuid.uuid4().hex)
+        kept = {id(f) for f in unhandled}
+        return [f for f in filters if id(f) in kept]
+
+    def partitions(self) -> Sequence[InputPartition]:
+        topics = manifest.resolve_topics(self.options.admin_url, self.options.topics, self.options.pattern,
+                                         self.options.namespace)
+        ledgers_by_topic = {topic: manifest.ledgers(self.options.admin_url, topic) for topic in topics}
+        partitions, counters = plan_archive(self.options, self.base, self.pushed, self.token, ledgers_by_topic,
+                                            _footer_batch_count)
+        if self.options.include_unarchived:
+            admin_url = self.options.admin_url
+            for topic in topics:
+                tails = plan_tail(self.options, self.base, self.token, topic, manifest.partition_count(admin_url, topic),
+                                  ledgers_by_topic[topic],
+                                  lambda name: manifest.last_message_position(admin_url, name))
+                partitions.extend(tails)
+                counters["tail_partitions"] = counters.get("tail_partitions", 0) + len(tails)
+        metrics.record(self.options.metrics_dir, "plan", token=self.token, topics=topics, **counters)
+        if not partitions:
+            # Spark needs at least one partition; an empty one reads nothing.
+            partitions = [ArchivePartition("", -1, "", 0, 0, 0, True, None)]
+        return partitions
+
+    def _planned_execution(self, token: str | None) -> bool:
+        """Whether this task may apply the pushed filters (spark/plan_guard.py)."""
+        if token is None or self.pushed is None:
+            return False
+        return plan_guard.is_planned_execution(self.plan_state_dir, token, plan_guard.current_execution_id())
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if isinstance(partition, TailPartition):
+            yield from self._read_tail(partition)
+            return
+        assert isinstance(partition, ArchivePartition), type(partition)
+        if not partition.url:
+            return
+        bounds = self.base
+        if partition.token is not None and self.pushed is not None:
+            planned = self._planned_execution(partition.token)
+            if planned:
+                if partition.filter_prunes:
+                    metrics.record(self.options.metrics_dir, "task", token=partition.token, url=partition.url,
+                                   opened=False, batches_read=0, batches_skipped=0, rows=0, filtered=True)
+                    return
+                bounds = bounds.intersect(self.pushed)
+        yield from self._read_file(partition, bounds, filtered=bounds is not self.base)
+
+    def _read_tail(self, partition: TailPartition) -> Iterator[pa.RecordBatch]:
+        from spark.tail import TailReader
+
+        assert self.options.service_url is not None
+        bounds = self.base
+        if self._planned_execution(partition.token):
+            assert self.pushed is not None
+            bounds = bounds.intersect(self.pushed)
+        reader = TailReader(self.options.service_url, partition.topic, partition.start_after, partition.end,
+                            self.options.tail_timeout_ms)
+        rows = 0
+        for batch in reader.batches():
+            mask = bounds.row_mask(batch)
+            if mask is not None:
+                batch = batch.filter(mask)
+            if batch.num_rows:
+                rows += batch.num_rows
+                yield batch
+        metrics.record(self.options.metrics_dir, "tail", token=partition.token, topic=partition.topic,
+                       start_after=partition.start_after, end=partition.end, entries=reader.entries_read, rows=rows)
+
+    def _read_file(self, partition: ArchivePartition, bounds: Bounds, *, filtered: bool) -> Iterator[pa.RecordBatch]:
+        read = skipped = rows = 0
+        with ArchiveFile.open(partition.url, size_bytes=partition.size_bytes) as archive_file:
+            count = archive_file.batch_count
+            start = 0 if partition.batch_start is None else partition.batch_start
+            stop = count if partition.batch_stop is None else min(partition.batch_stop, count)
+            for index in range(start, stop):
+                if not bounds.batch_may_match(partition.ledger_id, archive_file.metadata.batches[index]):
+                    skipped += 1
+                    continue
+                batch = to_spark_batch(archive_file.read_batch(index))
+                read += 1
+                mask = bounds.row_mask(batch)
+                if mask is not None:
+                    batch = batch.filter(mask)
+                if batch.num_rows:
+                    rows += batch.num_rows
+                    yield batch
+        metrics.record(self.options.metrics_dir, "task", token=partition.token, url=partition.url, opened=True,
+                       batches_read=read, batches_skipped=skipped, rows=rows, filtered=filtered)

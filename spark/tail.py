@@ -1,0 +1,166 @@
+"""The live tail of a topic: the entries not yet archived, read through a broker as a
+non-durable reader over the Pulsar protocol (client/), never through bookies or broker
+internals. Shell (sockets), driven from a Spark task's generator.
+
+A tail read covers a fixed range planned on the driver: from just after the last
+archived entry of the partition (or the first entry, with nothing archived) to the
+partition's last message at planning time, inclusive. So archived rows and tail rows
+never overlap, and a re-run of the task (Spark's retry) reads the same rows.
+
+The reader asks the broker for a bounded number of messages at a time (flow permits),
+hands rows over in Arrow record batches of at most ``ROWS_PER_BATCH`` rows, drops
+entries at or before the start, and stops at the end. After a reconnection it resumes
+from the last entry it saw (the broker starts a non-durable reader at the entry named,
+and what was seen is dropped again). A read that gets nothing for ``timeout_ms`` fails
+naming the topic and position where it stalled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import uuid
+from typing import Iterator
+
+import pyarrow as pa
+
+from client.client import PulsarClient
+from client.messages import MessageId, ReceivedEntry
+from common.errors import MagnetarError, OperationTimeout
+from spark.schema import ARROW_SCHEMA
+
+Position = tuple[int, int]
+# Rows per record batch handed to Spark, and messages granted to the broker at once:
+# a few MiB of 1 KiB messages, and the official clients' receiver queue (1,000).
+ROWS_PER_BATCH = 8192
+PERMITS = 1000
+
+
+class _TailListener:
+    def __init__(self) -> None:
+        self.entries: collections.deque[ReceivedEntry] = collections.deque()
+        self.arrived = asyncio.Event()
+        self.failure: MagnetarError | None = None
+        self.reconnected = False
+
+    def on_entry(self, entry: ReceivedEntry) -> None:
+        self.entries.append(entry)        # bounded by the permits granted
+        self.arrived.set()
+
+    def on_disconnected(self) -> None:
+        pass
+
+    def on_reconnected(self) -> None:
+        self.reconnected = True
+        self.arrived.set()
+
+    def on_failed(self, error: MagnetarError) -> None:
+        self.failure = error
+        self.arrived.set()
+
+
+def _rows_to_batch(topic: str, rows: list[tuple]) -> pa.RecordBatch:
+    columns = list(zip(*rows)) if rows else [[] for _ in ARROW_SCHEMA]
+    arrays = [pa.array(list(values), type=field.type) for values, field in zip(columns, ARROW_SCHEMA)]
+    return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
+
+
+def _rows_of(topic: str, entry: ReceivedEntry) -> list[tuple]:
+    rows = []
+    for message in entry.messages:
+        batch_index = message.message_id.batch_index if entry.batch_size else -1
+        rows.append((topic, entry.partition, entry.ledger_id, entry.entry_id, batch_index,
+                     message.publish_time_ms * 1000,
+                     message.event_time_ms * 1000 if message.event_time_ms else None,
+                     message.key, message.ordering_key, list(message.properties.items()),
+                     message.producer_name, message.sequence_id, message.payload))
+    return rows
+
+
+class TailReader:
+    """Reads one partition's tail between two positions; ``batches()`` yields record
+    batches of spark/schema.py's ARROW_SCHEMA."""
+
+    def __init__(self, service_url: str, topic: str, start_after: Position | None, end: Position,
+                 timeout_ms: int) -> None:
+        assert start_after is None or start_after < end, (start_after, end)
+        self.service_url = service_url
+        self.topic = topic
+        self.start_after = start_after
+        self.end = end
+        self.timeout_s = timeout_ms / 1000
+        self.last_seen: Position | None = start_after
+        self.entries_read = 0
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        loop = asyncio.new_event_loop()
+        try:
+            client, consumer, listener = loop.run_until_complete(self._open())
+            try:
+                while True:
+                    rows, done = loop.run_until_complete(self._next_rows(consumer, listener))
+                    if rows:
+                        yield _rows_to_batch(self.topic, rows)
+                    if done:
+                        return
+            finally:
+                loop.run_until_complete(client.close())
+        finally:
+            # The pool's close cancels its connections' keep-alive tasks without
+            # awaiting them: let them finish before the loop goes.
+            pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.close()
+
+    async def _open(self):
+        client = PulsarClient(self.service_url)
+        listener = _TailListener()
+        start = None if self.start_after is None else MessageId(*self.start_after)
+        try:
+            consumer = await client.subscribe(self.topic, f"spark-tail-{uuid.uuid4().hex[:12]}",
+                                              sub_type="exclusive", durable=False, initial_position="earliest",
+                                              start_message_id=start, listener=listener)
+        except BaseException:
+            await client.close()
+            raise
+        consumer.flow(PERMITS)
+        return client, consumer, listener
+
+    async def _next_rows(self, consumer, listener: _TailListener) -> tuple[list[tuple], bool]:
+        rows: list[tuple] = []
+        while len(rows) < ROWS_PER_BATCH:
+            if not listener.entries:
+                if rows:
+                    return rows, False
+                listener.arrived.clear()
+                try:
+                    async with asyncio.timeout(self.timeout_s):
+                        await listener.arrived.wait()
+                except TimeoutError:
+                    raise OperationTimeout(f"tail read stalled: topic={self.topic} after={self.last_seen} "
+                                           f"end={self.end} timeout_s={self.timeout_s}") from None
+                if listener.failure is not None:
+                    raise listener.failure
+                if listener.reconnected:
+                    listener.reconnected = False
+                    consumer.flow(PERMITS)
+                continue
+            entry = listener.entries.popleft()
+            if consumer.permits_outstanding <= PERMITS // 2:
+                consumer.flow(PERMITS)
+            position = entry.position
+            if self.last_seen is not None and position <= self.last_seen:
+                continue                       # before the start, or seen before a reconnection
+            if position > self.end:
+                return rows, True
+            self.last_seen = position
+            # A reconnection starts again from here (inclusive; dropped above).
+            consumer.start_message_id = MessageId(*position)
+            self.entries_read += 1
+            rows.extend(_rows_of(self.topic, entry))
+            if position == self.end:
+                return rows, True
+        return rows, False

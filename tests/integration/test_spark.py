@@ -1,0 +1,390 @@
+"""The ``magnetar`` PySpark data source on real processes (etcd, three bookies, a
+broker archiving every closed ledger), one local SparkSession for the test run.
+
+Proves:
+- messages produced with keys, properties and event times and archived are returned by
+  ``spark.read.format("magnetar")`` exactly: one row per message, the same ids, keys,
+  properties, payloads; start/end by position and by time select the right rows;
+- a publish-time filter opens only the files in range (the reader's own counters) and
+  returns the right rows; an unfiltered count on the same DataFrame afterwards returns
+  every row (pyspark reuses the filtered plan there: spark/plan_guard.py); the same
+  with filter pushdown off; ledger/entry and key filters return the right rows;
+- a truncated or corrupted archive file fails the Spark job with an error naming the
+  file, never returning rows of it.
+
+``SPARK_TEST_MESSAGES`` sets the message count (``make test`` 10,000; ``make
+test-spark-full`` 100,000).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import os
+import shutil
+import threading
+import urllib.request
+import uuid
+
+import pulsar
+import pytest
+
+from spark import metrics
+from tests.cluster import Cluster, wait_until
+
+MESSAGES = int(os.environ.get("SPARK_TEST_MESSAGES", "10000"))
+LEDGER_ENTRIES_MAX = 20
+BROKER_ARGS = ["--ledger-max-entries", str(LEDGER_ENTRIES_MAX), "--archive-check-interval-s", "0.3",
+               "--retention-check-interval-s", "0.5"]
+POLICY = {"managedLedgerOffloadThresholdInBytes": 0, "managedLedgerOffloadDeletionLagInMillis": 0,
+          "archiveBatchRows": 500}
+
+
+def http(method: str, url: str, body: object | None = None) -> object:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        text = response.read()
+    return json.loads(text) if text else None
+
+
+def produce(client, topic: str, count: int, *, base: int = 0, batching: bool = True) -> dict:
+    """Sends ``count`` batched messages; returns {(ledger, entry, batch index): (payload, key, properties, event ms)}."""
+    producer = client.create_producer(topic, batching_enabled=batching, batching_max_messages=25,
+                                      batching_max_publish_delay_ms=5, block_if_queue_full=True,
+                                      max_pending_messages=5000)
+    sent: dict = {}
+    errors: list = []
+    done = threading.Semaphore(0)
+    lock = threading.Lock()
+
+    def callback_for(record):
+        def callback(result, message_id):
+            with lock:
+                if result != pulsar.Result.Ok:
+                    errors.append(result)
+                else:
+                    sent[(message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())] = record
+            done.release()
+        return callback
+
+    for i in range(count):
+        n = base + i
+        payload = n.to_bytes(8, "big") + bytes([n % 251]) * (n % 100)
+        key = f"key-{n % 37}"
+        properties = {"n": str(n)}
+        event_ms = 10**12 + n
+        producer.send_async(payload, callback_for((payload, key, properties, event_ms)), properties=properties,
+                            partition_key=key, event_timestamp=event_ms)
+    producer.flush()
+    for _ in range(count):
+        assert done.acquire(timeout=120)
+    producer.close()
+    assert not errors, errors[:5]
+    assert len(sent) == count
+    return sent
+
+
+@pytest.fixture(scope="module")
+def archived(etcd_process, tmp_path_factory):
+    """A cluster whose topic holds MESSAGES archived messages. Yields (cluster, topic, sent)."""
+    base = tmp_path_factory.mktemp("spark-cluster")
+    cluster = Cluster(etcd_process, str(base))
+    archive_dir = os.path.join(str(base), "archive")
+    client = None
+    try:
+        asyncio.run(cluster.start_bookies(3))
+        asyncio.run(cluster.start_brokers(1, extra_args=[*BROKER_ARGS, "--archive-url", archive_dir]))
+        broker = cluster.brokers[0]
+        admin = f"{broker.web_service_url}/admin/v2"
+        http("POST", f"{admin}/namespaces/public/default/offloadPolicies", POLICY)
+        local = f"spark-{uuid.uuid4().hex[:8]}"
+        topic = f"persistent://public/default/{local}"
+        client = pulsar.Client(broker.service_url, operation_timeout_seconds=60)
+        # A subscription that acknowledges nothing keeps the topic loaded (its owner
+        # archives it) and its ledgers in the topic.
+        holder = client.subscribe(topic, "holder", initial_position=pulsar.InitialPosition.Earliest)
+        sent = produce(client, topic, MESSAGES)
+        http("PUT", f"{admin}/persistent/public/default/{local}/unload")      # closes the last ledger
+        holder.close()
+        holder = client.subscribe(topic, "holder", initial_position=pulsar.InitialPosition.Earliest)
+        ledgers = {key[0] for key in sent}
+
+        def all_archived() -> bool:
+            manifest = http("GET", f"{admin}/persistent/public/default/{local}/archive")
+            return ledgers <= {ledger["ledger_id"] for ledger in manifest["ledgers"]}
+
+        wait_until(all_archived, 120, "every produced ledger archived")
+        cluster.admin_url = broker.web_service_url
+        cluster.client = client
+        yield cluster, topic, sent
+    finally:
+        if client is not None:
+            client.close()
+        asyncio.run(cluster.stop())
+
+
+def read(spark_session, cluster, topic: str, **options):
+    reader = spark_session.read.format("magnetar").option("adminUrl", cluster.admin_url).option("topic", topic)
+    for name, value in options.items():
+        reader = reader.option(name, str(value))
+    return reader.load()
+
+
+def rows_by_id(rows) -> dict:
+    return {(r.ledger_id, r.entry_id, r.batch_index): r for r in rows}
+
+
+def test_spark_returns_exactly_the_archived_messages(spark_session, archived):
+    """Every produced message is one row with its id, key, properties, payload and
+    event time; start/end by position and by time select exactly the rows in range."""
+    cluster, topic, sent = archived
+    df = read(spark_session, cluster, topic)
+    rows = rows_by_id(df.collect())
+    assert len(rows) == len(sent) and rows.keys() == sent.keys()
+    for message_id, (payload, key, properties, event_ms) in sent.items():
+        row = rows[message_id]
+        assert (bytes(row.payload), row.key, row.properties, row.topic) == (payload, key, properties, topic)
+        assert row.partition == -1
+        assert int(row.event_time.replace(tzinfo=dt.timezone.utc).timestamp() * 1000) == event_ms
+    assert df.count() == len(sent)
+
+    ordered = sorted(sent)
+    start, end = ordered[len(ordered) // 4], ordered[3 * len(ordered) // 4]
+    ranged = read(spark_session, cluster, topic, startingOffsets=f"{start[0]}:{start[1]}",
+                  endingOffsets=f"{end[0]}:{end[1]}").collect()
+    expected = {i for i in sent if start[:2] <= i[:2] < end[:2]}
+    assert set(rows_by_id(ranged)) == expected
+
+    times = sorted(int(r.publish_time.replace(tzinfo=dt.timezone.utc).timestamp() * 1000) for r in rows.values())
+    t0, t1 = times[len(times) // 3], times[2 * len(times) // 3]
+    by_time = read(spark_session, cluster, topic, startingTimestamp=t0, endingTimestamp=t1).collect()
+    expected = {i for i, r in rows.items()
+                if t0 <= int(r.publish_time.replace(tzinfo=dt.timezone.utc).timestamp() * 1000) < t1}
+    assert set(rows_by_id(by_time)) == expected and expected
+
+
+def test_filters_prune_files_and_never_leak_into_a_later_query(spark_session, archived, tmp_path):
+    """A publish-time filter opens only the files whose time range meets it (the
+    reader's counters), and returns exactly the rows in range; an unfiltered count on
+    the same DataFrame after it returns every row; then ledger/entry and key filters,
+    and all of it again with pushdown off."""
+    cluster, topic, sent = archived
+    manifest = http("GET", f"{cluster.admin_url}/admin/v2/{topic.replace('://', '/')}/archive")
+    files = [f for ledger in manifest["ledgers"] for f in ledger["files"]]
+    assert len(files) >= 10
+    middle = files[len(files) // 2]
+    low_ms, high_ms = middle["publish_time_ms_min"], middle["publish_time_ms_max"]
+    overlapping = {f["url"] for f in files
+                   if f["publish_time_ms_max"] >= low_ms and f["publish_time_ms_min"] <= high_ms}
+    assert len(overlapping) < len(files) / 2
+    low = dt.datetime.fromtimestamp(low_ms / 1000, dt.timezone.utc)
+    high = dt.datetime.fromtimestamp(high_ms / 1000, dt.timezone.utc)
+
+    all_rows = rows_by_id(read(spark_session, cluster, topic).collect())
+    expected = {i for i, r in all_rows.items()
+                if low <= r.publish_time.replace(tzinfo=dt.timezone.utc) <= high}
+    assert expected
+
+    metrics_dir = str(tmp_path / "metrics")
+    df = read(spark_session, cluster, topic, metricsDir=metrics_dir)
+    filtered = df.filter((df.publish_time >= low) & (df.publish_time <= high))
+    assert set(rows_by_id(filtered.collect())) == expected
+    tasks = metrics.collect(metrics_dir, "task")
+    opened = {t["url"] for t in tasks if t["opened"]}
+    assert opened <= overlapping, "a file outside the time range was opened"
+    assert len(opened) < len(files)
+    assert all(t["filtered"] for t in tasks)
+    # The trap: the same DataFrame, no filter, after the filtered query.
+    assert df.count() == len(sent)
+    assert len(df.collect()) == len(sent)
+    assert filtered.count() == len(expected)
+    # The other order on a fresh DataFrame: unfiltered first, then filtered.
+    other = read(spark_session, cluster, topic)
+    assert other.count() == len(sent)
+    assert other.filter((other.publish_time >= low) & (other.publish_time <= high)).count() == len(expected)
+
+    # Ledger/entry ranges and keys.
+    ledger_id = sorted(sent)[len(sent) // 2][0]
+    by_ledger = df.filter((df.ledger_id == ledger_id) & (df.entry_id >= 10) & (df.entry_id < 20)).collect()
+    assert set(rows_by_id(by_ledger)) == {i for i in sent if i[0] == ledger_id and 10 <= i[1] < 20}
+    by_key = df.filter(df.key == "key-7").collect()
+    assert set(rows_by_id(by_key)) == {i for i, v in sent.items() if v[1] == "key-7"}
+    assert df.count() == len(sent)
+
+    spark_session.conf.set("spark.sql.python.filterPushdown.enabled", "false")
+    try:
+        plain = read(spark_session, cluster, topic)
+        assert plain.filter((plain.publish_time >= low) & (plain.publish_time <= high)).count() == len(expected)
+        assert plain.count() == len(sent)
+        assert plain.filter(plain.key == "key-7").count() == len(by_key)
+    finally:
+        spark_session.conf.set("spark.sql.python.filterPushdown.enabled", "true")
+
+
+def test_a_corrupt_or_truncated_file_fails_the_job_naming_the_file(spark_session, archived, tmp_path):
+    """A copy of the archive with one file truncated, then one with a flipped byte:
+    the Spark job fails with ArchiveCorrupt naming that file, and returns no rows."""
+    cluster, topic, sent = archived
+    manifest = http("GET", f"{cluster.admin_url}/admin/v2/{topic.replace('://', '/')}/archive")
+    victim = manifest["ledgers"][1]["files"][0]
+    path = victim["url"].removeprefix("file://")
+    original = str(tmp_path / "original.arrow")
+    shutil.copyfile(path, original)
+    try:
+        with open(path, "r+b") as handle:          # truncated
+            handle.truncate(victim["size_bytes"] - 100)
+        with pytest.raises(Exception) as failure:
+            read(spark_session, cluster, topic).collect()
+        assert victim["url"] in str(failure.value) and "ArchiveCorrupt" in str(failure.value)
+
+        shutil.copyfile(original, path)            # a flipped byte in a payload
+        n = sorted(sent)[len(sent) // 2]
+        with open(path, "r+b") as handle:
+            data = bytearray(handle.read())
+            payload = next(v[0] for k, v in sent.items() if k[0] == manifest["ledgers"][1]["ledger_id"]
+                           and len(v[0]) > 20)
+            offset = data.index(payload) + 10
+            handle.seek(offset)
+            handle.write(bytes([data[offset] ^ 0x01]))
+        assert n
+        with pytest.raises(Exception) as failure:
+            read(spark_session, cluster, topic).collect()
+        assert victim["url"] in str(failure.value) and "is corrupt" in str(failure.value)
+    finally:
+        shutil.copyfile(original, path)
+    assert read(spark_session, cluster, topic).count() == len(sent)
+
+
+def test_include_unarchived_adds_the_tail_without_duplicates(spark_session, archived, tmp_path):
+    """A topic with archived ledgers and a tail the archiver has not reached (the open
+    ledger): with includeUnarchived every produced message is one row, some from
+    archive files and some through the broker (the reader's counters), none twice;
+    without it, only archived rows."""
+    cluster, _topic, _sent = archived
+    topic = f"persistent://public/default/spark-tail-{uuid.uuid4().hex[:8]}"
+    holder = cluster.client.subscribe(topic, "holder", initial_position=pulsar.InitialPosition.Earliest)
+    try:
+        sent = produce(cluster.client, topic, 2000)
+        admin = f"{cluster.admin_url}/admin/v2/{topic.replace('://', '/')}"
+        wait_until(lambda: len(http("GET", f"{admin}/archive")["ledgers"]) >= 2, 120, "two ledgers archived")
+        # Three messages stored alone land in the open ledger: the tail is never empty.
+        sent.update(produce(cluster.client, topic, 3, base=2000, batching=False))
+        metrics_dir = str(tmp_path / "metrics")
+        df = read(spark_session, cluster, topic, includeUnarchived="true",
+                  serviceUrl=cluster.brokers[0].service_url, metricsDir=metrics_dir)
+        rows = df.collect()
+        ids = [(r.ledger_id, r.entry_id, r.batch_index) for r in rows]
+        assert len(ids) == len(set(ids)), "a message was read twice"
+        assert set(ids) == set(sent)
+        by_id = rows_by_id(rows)
+        for message_id, (payload, key, properties, event_ms) in sent.items():
+            row = by_id[message_id]
+            assert (bytes(row.payload), row.key, row.properties) == (payload, key, properties)
+            assert int(row.event_time.replace(tzinfo=dt.timezone.utc).timestamp() * 1000) == event_ms
+        tail_rows = sum(t["rows"] for t in metrics.collect(metrics_dir, "tail"))
+        archive_rows = sum(t["rows"] for t in metrics.collect(metrics_dir, "task"))
+        assert tail_rows >= 3 and archive_rows > 0
+        assert tail_rows + archive_rows == len(sent)
+        archived_only = read(spark_session, cluster, topic).count()
+        assert 0 < archived_only < len(sent)
+    finally:
+        holder.close()
+
+
+def test_a_dataframe_written_to_a_topic_is_consumed_by_the_official_client(spark_session, archived, tmp_path):
+    """A DataFrame of 2,000 rows (payload, key, properties, event time) in four
+    partitions is written to a topic; the official client reads every row back intact
+    and once; the commit reports the count stored."""
+    cluster, _topic, _sent = archived
+    topic = f"persistent://public/default/spark-write-{uuid.uuid4().hex[:8]}"
+    count = 2000
+    base_time = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    rows = [(f"payload-{i}".encode() + bytes(i % 50), f"k{i % 13}", {"i": str(i)},
+             base_time + dt.timedelta(milliseconds=i)) for i in range(count)]
+    df = spark_session.createDataFrame(rows, "payload binary, key string, properties map<string,string>, "
+                                             "event_time timestamp").repartition(4)
+    metrics_dir = str(tmp_path / "metrics")
+    # Subscribed first: a durable cursor keeps the ledgers (this cluster archives and
+    # then retires every closed ledger nobody needs).
+    consumer = cluster.client.subscribe(topic, "check", initial_position=pulsar.InitialPosition.Earliest)
+    (df.write.format("magnetar").mode("append").option("serviceUrl", cluster.brokers[0].service_url)
+       .option("topic", topic).option("metricsDir", metrics_dir).save())
+    commits = metrics.collect(metrics_dir, "write")
+    assert [(c["messages"], c["committed"]) for c in commits] == [(count, True)]
+
+    try:
+        received = {}
+        while len(received) < count:
+            message = consumer.receive(timeout_millis=30_000)
+            i = int(message.properties()["i"])
+            assert i not in received, f"row {i} stored twice"
+            received[i] = (message.data(), message.partition_key(), message.properties(), message.event_timestamp())
+            consumer.acknowledge(message)
+        with pytest.raises(pulsar.Timeout):
+            consumer.receive(timeout_millis=500)
+    finally:
+        consumer.close()
+    for i, (payload, key, properties, event_time) in enumerate(rows):
+        expected_ms = int(event_time.timestamp() * 1000)
+        assert received[i] == (payload, key, properties, expected_ms), i
+
+
+@pytest.mark.timeout(900)
+def test_a_streaming_query_killed_and_restarted_from_its_checkpoint_sinks_every_message_once(
+        spark_session, archived, tmp_path):
+    """A streaming query (its own process; at most 1,000 messages per trigger) reads a
+    topic while it is produced to, into a Parquet sink with a checkpoint; it is killed
+    with SIGKILL once a batch has committed, and restarted from the checkpoint; the sink
+    then holds every produced message exactly once."""
+    import subprocess
+    import sys
+    import time
+
+    cluster, _topic, _sent = archived
+    topic = f"persistent://public/default/spark-stream-{uuid.uuid4().hex[:8]}"
+    holder = cluster.client.subscribe(topic, "holder", initial_position=pulsar.InitialPosition.Earliest)
+    sink, checkpoint = str(tmp_path / "sink"), str(tmp_path / "checkpoint")
+    argv = [sys.executable, os.path.join(os.path.dirname(__file__), "spark_stream_worker.py"), cluster.admin_url,
+            cluster.brokers[0].service_url, topic, sink, checkpoint, "1000"]
+    sent: dict = {}
+    producing = threading.Thread(target=lambda: sent.update(produce(cluster.client, topic, 3000)))
+    log_path = str(tmp_path / "worker.log")
+    workers = []
+    try:
+        sent.update(produce(cluster.client, topic, 500, base=100_000))
+        with open(log_path, "ab") as log:
+            workers.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        producing.start()
+        commits = os.path.join(checkpoint, "commits")
+        wait_until(lambda: os.path.isdir(commits) and len(os.listdir(commits)) >= 2, 240,
+                   "two micro-batches committed")
+        workers[0].kill()                                   # SIGKILL, mid-run
+        workers[0].wait()
+        producing.join(timeout=120)
+        assert len(sent) == 3500
+        with open(log_path, "ab") as log:
+            workers.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+
+        def sink_ids() -> list:
+            try:
+                rows = spark_session.read.parquet(sink).select("ledger_id", "entry_id", "batch_index").collect()
+            except Exception:                                # noqa: BLE001 - the sink may not exist yet
+                return []
+            return [tuple(r) for r in rows]
+
+        deadline = time.monotonic() + 240
+        ids = sink_ids()
+        while len(ids) < len(sent) and time.monotonic() < deadline:
+            assert workers[1].poll() is None, open(log_path).read()[-3000:]
+            time.sleep(2)
+            ids = sink_ids()
+        assert len(ids) == len(set(ids)), "a message was written to the sink twice"
+        assert set(ids) == set(sent)
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+        holder.close()
