@@ -20,11 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import json
 import os
 import shutil
-import threading
-import urllib.request
 import uuid
 
 import pulsar
@@ -32,58 +29,7 @@ import pytest
 
 from spark import metrics
 from tests.cluster import Cluster, wait_until
-
-MESSAGES = int(os.environ.get("SPARK_TEST_MESSAGES", "10000"))
-LEDGER_ENTRIES_MAX = 20
-BROKER_ARGS = ["--ledger-max-entries", str(LEDGER_ENTRIES_MAX), "--archive-check-interval-s", "0.3",
-               "--retention-check-interval-s", "0.5"]
-POLICY = {"managedLedgerOffloadThresholdInBytes": 0, "managedLedgerOffloadDeletionLagInMillis": 0,
-          "archiveBatchRows": 500}
-
-
-def http(method: str, url: str, body: object | None = None) -> object:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        text = response.read()
-    return json.loads(text) if text else None
-
-
-def produce(client, topic: str, count: int, *, base: int = 0, batching: bool = True) -> dict:
-    """Sends ``count`` batched messages; returns {(ledger, entry, batch index): (payload, key, properties, event ms)}."""
-    producer = client.create_producer(topic, batching_enabled=batching, batching_max_messages=25,
-                                      batching_max_publish_delay_ms=5, block_if_queue_full=True,
-                                      max_pending_messages=5000)
-    sent: dict = {}
-    errors: list = []
-    done = threading.Semaphore(0)
-    lock = threading.Lock()
-
-    def callback_for(record):
-        def callback(result, message_id):
-            with lock:
-                if result != pulsar.Result.Ok:
-                    errors.append(result)
-                else:
-                    sent[(message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())] = record
-            done.release()
-        return callback
-
-    for i in range(count):
-        n = base + i
-        payload = n.to_bytes(8, "big") + bytes([n % 251]) * (n % 100)
-        key = f"key-{n % 37}"
-        properties = {"n": str(n)}
-        event_ms = 10**12 + n
-        producer.send_async(payload, callback_for((payload, key, properties, event_ms)), properties=properties,
-                            partition_key=key, event_timestamp=event_ms)
-    producer.flush()
-    for _ in range(count):
-        assert done.acquire(timeout=120)
-    producer.close()
-    assert not errors, errors[:5]
-    assert len(sent) == count
-    return sent
+from tests.integration.spark_helpers import BROKER_ARGS, MESSAGES, POLICY, http, produce
 
 
 @pytest.fixture(scope="module")
@@ -329,62 +275,3 @@ def test_a_dataframe_written_to_a_topic_is_consumed_by_the_official_client(spark
     for i, (payload, key, properties, event_time) in enumerate(rows):
         expected_ms = int(event_time.timestamp() * 1000)
         assert received[i] == (payload, key, properties, expected_ms), i
-
-
-@pytest.mark.timeout(900)
-def test_a_streaming_query_killed_and_restarted_from_its_checkpoint_sinks_every_message_once(
-        spark_session, archived, tmp_path):
-    """A streaming query (its own process; at most 1,000 messages per trigger) reads a
-    topic while it is produced to, into a Parquet sink with a checkpoint; it is killed
-    with SIGKILL once a batch has committed, and restarted from the checkpoint; the sink
-    then holds every produced message exactly once."""
-    import subprocess
-    import sys
-    import time
-
-    cluster, _topic, _sent = archived
-    topic = f"persistent://public/default/spark-stream-{uuid.uuid4().hex[:8]}"
-    holder = cluster.client.subscribe(topic, "holder", initial_position=pulsar.InitialPosition.Earliest)
-    sink, checkpoint = str(tmp_path / "sink"), str(tmp_path / "checkpoint")
-    argv = [sys.executable, os.path.join(os.path.dirname(__file__), "spark_stream_worker.py"), cluster.admin_url,
-            cluster.brokers[0].service_url, topic, sink, checkpoint, "1000"]
-    sent: dict = {}
-    producing = threading.Thread(target=lambda: sent.update(produce(cluster.client, topic, 3000)))
-    log_path = str(tmp_path / "worker.log")
-    workers = []
-    try:
-        sent.update(produce(cluster.client, topic, 500, base=100_000))
-        with open(log_path, "ab") as log:
-            workers.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-        producing.start()
-        commits = os.path.join(checkpoint, "commits")
-        wait_until(lambda: os.path.isdir(commits) and len(os.listdir(commits)) >= 2, 240,
-                   "two micro-batches committed")
-        workers[0].kill()                                   # SIGKILL, mid-run
-        workers[0].wait()
-        producing.join(timeout=120)
-        assert len(sent) == 3500
-        with open(log_path, "ab") as log:
-            workers.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-
-        def sink_ids() -> list:
-            try:
-                rows = spark_session.read.parquet(sink).select("ledger_id", "entry_id", "batch_index").collect()
-            except Exception:                                # noqa: BLE001 - the sink may not exist yet
-                return []
-            return [tuple(r) for r in rows]
-
-        deadline = time.monotonic() + 240
-        ids = sink_ids()
-        while len(ids) < len(sent) and time.monotonic() < deadline:
-            assert workers[1].poll() is None, open(log_path).read()[-3000:]
-            time.sleep(2)
-            ids = sink_ids()
-        assert len(ids) == len(set(ids)), "a message was written to the sink twice"
-        assert set(ids) == set(sent)
-    finally:
-        for worker in workers:
-            if worker.poll() is None:
-                worker.kill()
-                worker.wait()
-        holder.close()

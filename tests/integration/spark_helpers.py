@@ -1,0 +1,64 @@
+"""What the Spark integration tests share: the archiving broker's settings, the
+namespace offload policy that archives every closed ledger at once, an HTTP helper and a
+batched producer that records each message's id."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import urllib.request
+
+import pulsar
+
+MESSAGES = int(os.environ.get("SPARK_TEST_MESSAGES", "10000"))
+LEDGER_ENTRIES_MAX = 20
+BROKER_ARGS = ["--ledger-max-entries", str(LEDGER_ENTRIES_MAX), "--archive-check-interval-s", "0.3",
+               "--retention-check-interval-s", "0.5"]
+POLICY = {"managedLedgerOffloadThresholdInBytes": 0, "managedLedgerOffloadDeletionLagInMillis": 0,
+          "archiveBatchRows": 500}
+
+
+def http(method: str, url: str, body: object | None = None) -> object:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        text = response.read()
+    return json.loads(text) if text else None
+
+
+def produce(client, topic: str, count: int, *, base: int = 0, batching: bool = True) -> dict:
+    """Sends ``count`` batched messages; returns {(ledger, entry, batch index): (payload, key, properties, event ms)}."""
+    producer = client.create_producer(topic, batching_enabled=batching, batching_max_messages=25,
+                                      batching_max_publish_delay_ms=5, block_if_queue_full=True,
+                                      max_pending_messages=5000)
+    sent: dict = {}
+    errors: list = []
+    done = threading.Semaphore(0)
+    lock = threading.Lock()
+
+    def callback_for(record):
+        def callback(result, message_id):
+            with lock:
+                if result != pulsar.Result.Ok:
+                    errors.append(result)
+                else:
+                    sent[(message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())] = record
+            done.release()
+        return callback
+
+    for i in range(count):
+        n = base + i
+        payload = n.to_bytes(8, "big") + bytes([n % 251]) * (n % 100)
+        key = f"key-{n % 37}"
+        properties = {"n": str(n)}
+        event_ms = 10**12 + n
+        producer.send_async(payload, callback_for((payload, key, properties, event_ms)), properties=properties,
+                            partition_key=key, event_timestamp=event_ms)
+    producer.flush()
+    for _ in range(count):
+        assert done.acquire(timeout=120)
+    producer.close()
+    assert not errors, errors[:5]
+    assert len(sent) == count
+    return sent
