@@ -372,6 +372,23 @@ def test_producers_per_topic_and_http_body_limit(secured):
     assert caught.value.code == 413
 
 
+def test_probes_and_metrics_answer_without_a_token(secured):
+    """What the kubelet and Prometheus call carries no token: with auth on everywhere,
+    the probes and /metrics of the broker, the gateway and the bookie still answer,
+    while the broker's admin REST does not."""
+    cluster, _, _ = secured
+    broker = cluster.brokers[0].web_service_url
+    bookie = "http://" + cluster.bookies[0].http_address
+    gateway = cluster.gateways[0].url
+    urls = [f"{broker}{path}" for path in ("/health", "/live", "/ready", "/metrics")]
+    urls += [f"{bookie}{path}" for path in ("/health", "/live", "/ready", "/metrics")]
+    urls += [f"{gateway}{path}" for path in ("/health", "/live", "/metrics")]
+    for url in urls:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            assert response.status == 200, url
+    assert http("GET", f"{broker}/admin/v2/clusters", None)[0] == 401
+
+
 async def test_shell_reaches_token_requiring_bookies_with_a_token_file(secured, tmp_path):
     """`magnetar shell simpletest` (a ledger written and read back through the bookie)
     works with --bookie-auth-token-file of an allowed role; without a token, and with a
