@@ -390,23 +390,26 @@ def test_probes_and_metrics_answer_without_a_token(secured):
 
 
 async def test_shell_reaches_token_requiring_bookies_with_a_token_file(secured, tmp_path):
-    """`magnetar shell simpletest` (a ledger written and read back through the bookie)
-    works with --bookie-auth-token-file of an allowed role; without a token, and with a
-    token of a role the bookie does not allow, the bookie refuses it."""
+    """`magnetar shell simpletest` (a ledger written through the bookie) and `readledger`
+    work with --bookie-auth-token-file of an allowed role; without a token, and with a
+    token of a role the bookie does not allow, the bookie refuses the reads."""
     cluster, signer, _ = secured
     metadata = cluster.metadata_url
-    simpletest = ["simpletest", "--ensemble", "1", "--write-quorum", "1", "--ack-quorum", "1",
-                  "--entries", "20", "--size", "64", "--delete"]
     allowed = tmp_path / "recovery.token"
     allowed.write_text(signer.create(RECOVERY_ROLE))
     other = tmp_path / "other.token"
     other.write_text(signer.create("someone-else"))
     code, out, err = await run_cli("shell", "--metadata", metadata, "--bookie-auth-token-file", str(allowed),
-                                   *simpletest)
+                                   "simpletest", "--ensemble", "1", "--write-quorum", "1", "--ack-quorum", "1",
+                                   "--entries", "20", "--size", "64")
     assert code == 0, (out, err)
-    for refused in ([], ["--bookie-auth-token-file", str(other)]):
-        code, out, err = await run_cli("shell", "--metadata", metadata, *refused, *simpletest, timeout_s=60)
-        assert code != 0, (refused, out, err)
+    ledger = str(json.loads(out.strip().splitlines()[-1])["ledger_id"])
+    read = ["readledger", "--ledger", ledger, "--check-pattern"]
+    code, out, err = await run_cli("shell", "--metadata", metadata, "--bookie-auth-token-file", str(allowed), *read)
+    assert code == 0, (out, err)
+    for refused, status in (([], "UNAUTHENTICATED"), (["--bookie-auth-token-file", str(other)], "PERMISSION_DENIED")):
+        code, out, err = await run_cli("shell", "--metadata", metadata, *refused, *read, timeout_s=60)
+        assert code != 0 and status in out + err, (refused, out, err)
 
 
 def test_no_token_or_key_in_any_log(secured):
