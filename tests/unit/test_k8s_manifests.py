@@ -317,6 +317,10 @@ def test_prod_has_auth_on_for_every_role_and_no_secret_data():
             assert set(config.auth.superuser_roles.split(",")) == {"admin", "magnetar-gateway"}
             from_secret(config.auth.token_secret_key)
             from_secret(ledger.bookie_auth_token_file)
+            if where.endswith("command"):
+                # `magnetar shell` run in a broker pod (k8s/README.md) takes the same token.
+                shell = cli.parse_command_line(["shell", "listbookies"], env)
+                assert shell.bookie_auth_token_file == ledger.bookie_auth_token_file
         elif args.process == "bookie":
             security = bookie_config(args).security
             assert security.authentication_enabled, where
