@@ -57,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # --metadata is accepted before the command (magnetar shell --metadata URL listbookies)
     # and after it (magnetar shell listbookies --metadata URL); main checks it was given.
     parser.add_argument("--metadata", default=None, help=_METADATA_HELP)
+    # Before the command: bookies with authentication on refuse a client without one.
+    parser.add_argument("--bookie-auth-token-file", default="",
+                        help="a file holding the service token sent to bookies (one of their --allowed-roles)")
     commands = parser.add_subparsers(dest="shell_command", required=True)
 
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
@@ -298,7 +301,7 @@ async def _recover_bookie(client: LedgerClient, args: argparse.Namespace) -> int
 
 async def _run(args: argparse.Namespace) -> int:
     store = open_store(args.metadata)
-    client = LedgerClient(store, LedgerClientConfig())
+    client = LedgerClient(store, LedgerClientConfig(bookie_auth_token_file=args.bookie_auth_token_file))
     try:
         await client.start()
         command = args.shell_command

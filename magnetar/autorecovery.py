@@ -42,6 +42,9 @@ OPTIONS: list[ConfigOption] = [
                  "a dead auditor or worker is replaced this long after it died"),
     ConfigOption("--rate-bytes-per-s", AutoRecoveryConfig, "rate_bytes_per_s",
                  "re-replication bytes per second per worker"),
+    # Bookies with authentication on refuse adds and reads without a service token.
+    ConfigOption("--bookie-auth-token-file", LedgerClientConfig, "bookie_auth_token_file",
+                 "a file holding the service token sent to bookies (one of their --allowed-roles)"),
 ]
 
 
@@ -52,6 +55,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="/health, /live, /ready and /metrics (0: any free port)")
     parser.add_argument("--id", default="", help="this process's id (default: host-pid-random)")
     add_config_options(parser, OPTIONS)
+
+
+def ledger_config_from_args(args: argparse.Namespace) -> LedgerClientConfig:
+    return LedgerClientConfig(**config_overrides(args, OPTIONS, LedgerClientConfig))
 
 
 class _Collector:
@@ -103,7 +110,7 @@ async def _run(args: argparse.Namespace) -> int:
     stopping = asyncio.Event()
     stop_on_signals(stopping)
     store = open_store(args.metadata)
-    client = LedgerClient(store, LedgerClientConfig())
+    client = LedgerClient(store, ledger_config_from_args(args))
     auditor = Auditor(store, config, process_id)
     worker = ReplicationWorker(client.context, config, process_id)
     registry = CollectorRegistry()

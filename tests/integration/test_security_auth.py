@@ -37,6 +37,9 @@ from protocol.proto import pulsar_api_pb2 as pb
 from tests.cluster import Cluster, run_cli, unique
 
 SUPERUSER = "admin-role"
+# The bookie refuses adds and reads without a service token of one of these roles.
+BROKER_ROLE = "broker-service"
+RECOVERY_ROLE = "autorecovery-service"
 # The broker's limit in this module: above what the tests' clients and the gateway
 # hold (a few connections), small enough to reach.
 CONNECTIONS_PER_ADDRESS_MAX = 16
@@ -51,16 +54,21 @@ def secured(etcd_process, tmp_path_factory):
     with open(key_path, "wb") as handle:
         handle.write(key)
     cluster = Cluster(etcd_process, str(base))
+    signer = TokenSigner.with_secret_key(key)
+    broker_token_path = os.path.join(str(base), "broker.token")
+    with open(broker_token_path, "w") as handle:
+        handle.write(signer.create(BROKER_ROLE))
     try:
-        asyncio.run(cluster.start_bookies(1))
+        asyncio.run(cluster.start_bookies(1, extra_args=[
+            "--authentication-enabled", "--token-secret-key", f"file://{key_path}",
+            "--allowed-roles", f"{BROKER_ROLE},{RECOVERY_ROLE}"]))
         asyncio.run(cluster.start_brokers(1, extra_args=[
-            "--ensemble-size", "1", "--write-quorum", "1", "--ack-quorum", "1",
+            "--bookie-auth-token-file", broker_token_path, "--ensemble-size", "1", "--write-quorum", "1", "--ack-quorum", "1",
             "--authentication-enabled", "--authorization-enabled", "--superuser-roles", SUPERUSER,
             "--token-secret-key", f"file://{key_path}", "--permission-check-interval-s", "1",
             # Small limits, for the limit tests at the end of this module.
             "--connect-timeout-s", "2", "--frame-timeout-s", "2", "--connections-per-address-max",
             str(CONNECTIONS_PER_ADDRESS_MAX), "--producers-per-topic-max", "2"]))
-        signer = TokenSigner.with_secret_key(key)
         # The gateway: callers' tokens checked by the broker; its own (superuser) token
         # from a file, as in production.
         token_path = os.path.join(str(base), "gateway.token")
@@ -362,6 +370,46 @@ def test_producers_per_topic_and_http_body_limit(secured):
     with pytest.raises(urllib.error.HTTPError) as caught:
         urllib.request.urlopen(request, timeout=30)
     assert caught.value.code == 413
+
+
+def test_probes_and_metrics_answer_without_a_token(secured):
+    """What the kubelet and Prometheus call carries no token: with auth on everywhere,
+    the probes and /metrics of the broker, the gateway and the bookie still answer,
+    while the broker's admin REST does not."""
+    cluster, _, _ = secured
+    broker = cluster.brokers[0].web_service_url
+    bookie = "http://" + cluster.bookies[0].http_address
+    gateway = cluster.gateways[0].url
+    urls = [f"{broker}{path}" for path in ("/health", "/live", "/ready", "/metrics")]
+    urls += [f"{bookie}{path}" for path in ("/health", "/live", "/ready", "/metrics")]
+    urls += [f"{gateway}{path}" for path in ("/health", "/live", "/metrics")]
+    for url in urls:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            assert response.status == 200, url
+    assert http("GET", f"{broker}/admin/v2/clusters", None)[0] == 401
+
+
+async def test_shell_reaches_token_requiring_bookies_with_a_token_file(secured, tmp_path):
+    """`magnetar shell simpletest` (a ledger written through the bookie) and `readledger`
+    work with --bookie-auth-token-file of an allowed role; without a token, and with a
+    token of a role the bookie does not allow, the bookie refuses the reads."""
+    cluster, signer, _ = secured
+    metadata = cluster.metadata_url
+    allowed = tmp_path / "recovery.token"
+    allowed.write_text(signer.create(RECOVERY_ROLE))
+    other = tmp_path / "other.token"
+    other.write_text(signer.create("someone-else"))
+    code, out, err = await run_cli("shell", "--metadata", metadata, "--bookie-auth-token-file", str(allowed),
+                                   "simpletest", "--ensemble", "1", "--write-quorum", "1", "--ack-quorum", "1",
+                                   "--entries", "20", "--size", "64")
+    assert code == 0, (out, err)
+    ledger = str(json.loads(out.strip().splitlines()[-1])["ledger_id"])
+    read = ["readledger", "--ledger", ledger, "--check-pattern"]
+    code, out, err = await run_cli("shell", "--metadata", metadata, "--bookie-auth-token-file", str(allowed), *read)
+    assert code == 0, (out, err)
+    for refused, status in (([], "UNAUTHENTICATED"), (["--bookie-auth-token-file", str(other)], "PERMISSION_DENIED")):
+        code, out, err = await run_cli("shell", "--metadata", metadata, *refused, *read, timeout_s=60)
+        assert code != 0 and status in out + err, (refused, out, err)
 
 
 def test_no_token_or_key_in_any_log(secured):

@@ -32,7 +32,7 @@ EXPECTED_REPLICAS = {
     "prod": {"etcd": 3, "bookie": 4, "broker": 3, "gateway": 2, "autorecovery": 2},
 }
 # Secrets the operator creates before applying an overlay (k8s/README.md says how).
-OPERATOR_SECRETS = {"prod": {"magnetar-gateway"}, "dev": set()}
+OPERATOR_SECRETS = {"prod": {"magnetar-gateway", "magnetar-auth"}, "dev": set()}
 
 
 @pytest.fixture(scope="module", params=k8s.OVERLAYS)
@@ -281,6 +281,61 @@ def test_grace_periods_cover_the_pre_stop_drain(rendered):
     assert (args.process, args.resource, args.action) == ("admin", "brokers", "drain")
     assert args.admin_url == f"http://127.0.0.1:{_port_number(pod.container, 'http')}"
     assert pod.spec["terminationGracePeriodSeconds"] >= args.request_timeout_s + 20
+
+
+def test_prod_has_auth_on_for_every_role_and_no_secret_data():
+    """prod: brokers authenticate and authorize, gateways authenticate (with a token of
+    their own), bookies refuse adds and reads without a token of an allowed role, and
+    brokers and auto-recovery present one; every key and token file named is mounted
+    from the operator's Secret; the preStop drain carries a token; and the rendered
+    output holds no Secret at all (no key material in the repository)."""
+    from bookie.main import config_from_args as bookie_config
+    from broker.main import config_from_args as broker_config, ledger_config_from_args
+    from magnetar.autorecovery import ledger_config_from_args as recovery_ledger_config
+
+    objects = k8s.render("prod")
+    assert not [o for o in objects if o["kind"] == "Secret"]
+    roles_seen = set()
+    for where, argv, env in _magnetar_command_lines(objects):
+        args = cli.parse_command_line(argv, env)
+        workload = k8s.named(objects, "StatefulSet" if args.process == "bookie" else "Deployment",
+                             f"magnetar-{args.process if args.process != 'admin' else 'broker'}")
+        spec = workload["spec"]["template"]["spec"]
+        mounts = {m["mountPath"]: m["name"] for c in spec["containers"] for m in c.get("volumeMounts", [])}
+        secrets = {v["name"]: v["secret"] for v in spec.get("volumes", []) if "secret" in v}
+
+        def from_secret(path: str) -> None:
+            path = path.removeprefix("file://")
+            directory, name = path.rsplit("/", 1)
+            secret = secrets[mounts[directory]]
+            assert secret["secretName"] == "magnetar-auth", (where, path)
+            assert name in {item["path"] for item in secret["items"]}, (where, path)
+
+        if args.process == "broker":
+            config, ledger = broker_config(args), ledger_config_from_args(args)
+            assert config.auth.authentication_enabled and config.auth.authorization_enabled, where
+            assert set(config.auth.superuser_roles.split(",")) == {"admin", "magnetar-gateway"}
+            from_secret(config.auth.token_secret_key)
+            from_secret(ledger.bookie_auth_token_file)
+            if where.endswith("command"):
+                # `magnetar shell` run in a broker pod (k8s/README.md) takes the same token.
+                shell = cli.parse_command_line(["shell", "listbookies"], env)
+                assert shell.bookie_auth_token_file == ledger.bookie_auth_token_file
+        elif args.process == "bookie":
+            security = bookie_config(args).security
+            assert security.authentication_enabled, where
+            from_secret(security.token_secret_key)
+            assert set(security.allowed_roles.split(",")) == {"magnetar-broker", "magnetar-autorecovery"}
+        elif args.process == "gateway":
+            assert args.authentication_enabled, where
+            from_secret(args.service_token_file)
+        elif args.process == "autorecovery":
+            from_secret(recovery_ledger_config(args).bookie_auth_token_file)
+        elif args.process == "admin":
+            assert args.token_file, where        # the preStop drain
+            from_secret(args.token_file)
+        roles_seen.add(args.process)
+    assert roles_seen == {"bookie", "broker", "gateway", "autorecovery", "admin"}
 
 
 def test_config_references_resolve(rendered):
