@@ -32,7 +32,7 @@ EXPECTED_REPLICAS = {
     "prod": {"etcd": 3, "bookie": 4, "broker": 3, "gateway": 2, "autorecovery": 2},
 }
 # Secrets the operator creates before applying an overlay (k8s/README.md says how).
-OPERATOR_SECRETS = {"prod": {"magnetar-gateway", "magnetar-auth"}, "dev": set()}
+OPERATOR_SECRETS = {"prod": {"magnetar-gateway", "magnetar-auth", "magnetar-tls"}, "dev": set()}
 
 
 @pytest.fixture(scope="module", params=k8s.OVERLAYS)
@@ -364,6 +364,71 @@ def test_etcd_members_and_metadata_agree(rendered):
     endpoints = config["metadata"].removeprefix("etcd://").split("/", 1)[0].split(",")
     assert sorted(e.split(".")[0] for e in endpoints) == members
     assert etcd["spec"]["podManagementPolicy"] == "Parallel"
+
+
+def test_prod_has_tls_on_for_brokers_and_gateways():
+    """prod: brokers serve pulsar+ssl:// on 6651 and HTTPS on 8443 (plain 6650/8080 kept
+    for probes and in-cluster traffic), gateways serve HTTPS and are probed with HTTPS;
+    every certificate and key file named resolves to an item of the operator's Secret
+    magnetar-tls, mounted read-only with mode 0440; the broker Service and NetworkPolicy
+    carry 6651 and 8443. dev stays plain."""
+    from broker.main import config_from_args as broker_config
+
+    objects = k8s.render("prod")
+    assert not [o for o in objects if o["kind"] == "Secret"]
+    roles_seen = set()
+    for where, argv, env in _magnetar_command_lines(objects):
+        args = cli.parse_command_line(argv, env)
+        if args.process not in ("broker", "gateway"):
+            continue
+        workload = k8s.named(objects, "Deployment", f"magnetar-{args.process}")
+        spec = workload["spec"]["template"]["spec"]
+        container = spec["containers"][0]
+        mounts = {m["mountPath"]: m for m in container.get("volumeMounts", [])}
+        secrets = {v["name"]: v["secret"] for v in spec.get("volumes", []) if "secret" in v}
+        assert spec["securityContext"]["fsGroup"] == 10001, where
+
+        def from_tls_secret(path: str) -> None:
+            assert path, where
+            directory, name = path.rsplit("/", 1)
+            mount = mounts[directory]
+            assert mount["readOnly"] is True, (where, path)
+            secret = secrets[mount["name"]]
+            assert secret["secretName"] == "magnetar-tls", (where, path)
+            assert secret["defaultMode"] == 0o440, (where, path)
+            assert name in {item["path"] for item in secret["items"]}, (where, path)
+
+        if args.process == "broker":
+            config = broker_config(args)
+            assert config.tls.enabled and config.plain_ports_enabled, where
+            assert (config.port, config.http_port, config.tls_port, config.http_tls_port) == (6650, 8080, 6651, 8443)
+            assert config.service_url_tls == "pulsar+ssl://10.0.0.1:6651"
+            assert config.web_service_url_tls == "https://10.0.0.1:8443"
+            from_tls_secret(config.tls.cert_file)
+            from_tls_secret(config.tls.key_file)
+            assert {_port_number(container, name) for name in ("pulsar-tls", "https")} == {6651, 8443}
+            # The probes stay on the plain HTTP port.
+            assert {p["httpGet"].get("scheme", "HTTP") for p in _probes(container).values()} == {"HTTP"}
+        else:
+            assert args.tls_cert_file and args.tls_key_file, where
+            from_tls_secret(args.tls_cert_file)
+            from_tls_secret(args.tls_key_file)
+            assert args.advertised_url.startswith("https://"), where
+            assert {p["httpGet"].get("scheme") for p in _probes(container).values()} == {"HTTPS"}
+            assert workload["spec"]["template"]["metadata"]["annotations"]["prometheus.io/scheme"] == "https"
+        roles_seen.add(args.process)
+    assert roles_seen == {"broker", "gateway"}
+
+    service = k8s.named(objects, "Service", "magnetar-broker")
+    assert {6650, 8080, 6651, 8443} <= {p["port"] for p in service["spec"]["ports"]}
+    policy = k8s.named(objects, "NetworkPolicy", "magnetar-broker")
+    open_to_all = {p["port"] for rule in policy["spec"]["ingress"] if "from" not in rule for p in rule["ports"]}
+    assert {6650, 8080, 6651, 8443} <= open_to_all
+
+    for where, argv, env in _magnetar_command_lines(k8s.render("dev")):
+        args = cli.parse_command_line(argv, env)
+        if args.process in ("broker", "gateway"):
+            assert not args.tls_cert_file, where
 
 
 def test_network_policies_say_who_talks_to_whom(rendered):
