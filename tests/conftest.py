@@ -71,8 +71,9 @@ def pytest_configure(config):
 
 
 # The modules that take longest (a minute or more on the 2-core machine), longest first.
-# `make test` runs files on several xdist workers (--dist loadfile hands out whole files
-# in collection order): starting the long ones first keeps one worker from being left
+# `make test` runs files on several xdist workers (--dist loadfile --no-loadscope-reorder
+# hands out whole files in collection order; by default xdist would put the files with
+# the most tests first, leaving a one-test Spark module for the end): starting the long ones first keeps one worker from being left
 # with a long file at the end while the others sit idle. Order only; nothing is skipped.
 LONG_MODULES = (
     "test_spark_stream.py", "test_spark.py", "test_bundles.py", "test_k8s_dev.py", "test_pulsar_client.py",
