@@ -36,6 +36,9 @@ from metadata import keys, open_store
 
 _PATTERN_HEAD = struct.Struct(">QQ")
 
+# Between rounds of `recover` over ledgers another worker held or that failed.
+RECOVER_RETRY_S = 0.5
+
 
 def pattern_payload(ledger_id: int, entry_id: int, size: int) -> bytes:
     """The payload simpletest writes: ids first, then a byte that depends on the entry,
@@ -110,6 +113,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     recover_bookie = command("recover", "re-replicate now every closed ledger naming the bookie "
                                         "(no grace period; run by this command, not the workers)")
     recover_bookie.add_argument("--bookie-id", required=True, help="the dead bookie whose copies to make again")
+    recover_bookie.add_argument("--wait-s", type=float, default=120.0,
+                                help="how long to keep retrying ledgers another worker holds or that failed")
 
 
 async def _list_bookies(client: LedgerClient, args: argparse.Namespace) -> int:
@@ -274,26 +279,35 @@ async def _decommission(client: LedgerClient, args: argparse.Namespace) -> int:
 async def _recover_bookie(client: LedgerClient, args: argparse.Namespace) -> int:
     """Records each closed ledger naming the bookie as under-replicated (so that bookie
     GC leaves the copies in progress alone), then replicates it here, under the same
-    per-ledger lock the workers take."""
+    per-ledger lock the workers take. A ledger whose lock an auto-recovery worker holds
+    (or whose copy failed) is tried again until ``--wait-s`` has passed: the command
+    answers when no closed ledger names the bookie any more, or says which are left."""
     config = AutoRecoveryConfig()
     worker = ReplicationWorker(client.context, config, f"shell-recover-{args.bookie_id}")
     missing = {args.bookie_id}
-    done = failed = 0
+    done = retries = 0
+    deadline = time.monotonic() + args.wait_s
     try:
-        for metadata in await _all_ledgers(client):
-            indices, named = under_replicated_fragments(metadata, missing)
-            if not indices:
-                continue
-            record = UnderReplicatedRecord(metadata.ledger_id, indices, named, int(time.time() * 1000), "shell")
-            await client.store.put(keys.under_replicated(metadata.ledger_id), record.encode())
-            if await worker.replicate_locked(metadata.ledger_id):
-                done += 1
-            else:
-                failed += 1
+        while True:
+            pending = 0
+            for metadata in await _all_ledgers(client):
+                indices, named = under_replicated_fragments(metadata, missing)
+                if not indices:
+                    continue
+                record = UnderReplicatedRecord(metadata.ledger_id, indices, named, int(time.time() * 1000), "shell")
+                await client.store.put(keys.under_replicated(metadata.ledger_id), record.encode())
+                if await worker.replicate_locked(metadata.ledger_id):
+                    done += 1
+                else:
+                    pending += 1
+            if not pending or time.monotonic() >= deadline:
+                break
+            retries += 1
+            await asyncio.sleep(RECOVER_RETRY_S)
     finally:
         await worker.close()
     closed, other = _ledgers_naming(await _all_ledgers(client), args.bookie_id)
-    _emit({"bookie_id": args.bookie_id, "ledgers_replicated": done, "ledgers_failed": failed,
+    _emit({"bookie_id": args.bookie_id, "ledgers_replicated": done, "retry_rounds": retries,
            "closed_ledgers_left": len(closed), "open_ledgers_left": len(other),
            "bytes_replicated": worker.stats.bytes_replicated, "entries_replicated": worker.stats.entries_replicated})
     return 0 if not closed else 1

@@ -247,7 +247,7 @@ async def test_shell_recover_rereplicates_a_dead_bookie(cluster, ledger_client):
                                          "--metadata", cluster.metadata_url)
     assert code == 0, stdout + stderr
     summary = last_json(stdout)
-    assert summary["closed_ledgers_left"] == 0 and summary["ledgers_failed"] == 0
+    assert summary["closed_ledgers_left"] == 0 and summary["open_ledgers_left"] == 0, summary
     await _check_every_replica(ledger_client, traffic)
     code, stdout, _ = await run_cli("shell", "listunderreplicated", "--metadata", cluster.metadata_url)
     assert code == 0 and last_json(stdout)["count"] == 0

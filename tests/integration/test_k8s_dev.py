@@ -351,9 +351,9 @@ async def test_recover_a_bookie_whose_volumes_were_lost(cluster):
         assert "its data is gone" in outputs[0]
         recovered = last_json(outputs[3])
         # The earlier tests' brokers closed ledgers on every bookie: some named it. (A
-        # "failed" one is one the auto-recovery pod's worker had locked: it copies the
-        # records recover writes too; none is left either way.) The brokers' restart
-        # closed the open ones, so no ledger names it when its cookie goes.
+        # ledger the auto-recovery pod's worker had locked is copied by that worker;
+        # recover waits for it.) The brokers' restart closed the open ones, so no ledger
+        # names it when its cookie goes.
         assert recovered["ledgers_replicated"] >= 1, recovered
         assert recovered["closed_ledgers_left"] == 0 and recovered["open_ledgers_left"] == 0, recovered
         assert lost.running and lost.probe("readinessProbe") == 200
