@@ -37,6 +37,7 @@ from common.loop_monitor import LoopMonitor
 from common.ops_http import add_ready_route, build_ops_app, start_ops_server
 from common.tasks import stop_on_signals
 from metadata import open_store
+from metadata.start_retry import while_unavailable
 from metadata.bookie_record import BookieRecord
 from bookie.security import BookieSecurityConfig, TokenInterceptor, server_credentials
 from common.tls import TlsConfig
@@ -203,7 +204,8 @@ class BookieProcess:
         runner, http_port = await start_ops_server(ops_app, config.host, config.http_port, flag="--http-port")
         http_address = f"{address.rsplit(':', 1)[0]}:{http_port}"
         try:
-            await check_cookie(store, bookie_id, config.journal.journal_dir, list(config.storage.ledger_dirs))
+            await while_unavailable("cookie check", lambda: check_cookie(
+                store, bookie_id, config.journal.journal_dir, list(config.storage.ledger_dirs)))
             storage = DiskLedgerStorage(config.storage, read_threads=config.read_threads,
                                         fsync_enabled=config.journal.fsync_enabled)
             node = BookieNode(config, storage, bookie_id)
