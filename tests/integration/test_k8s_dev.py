@@ -68,6 +68,21 @@ def cluster():
             asyncio.run(local.stop_all())
 
 
+@pytest.fixture(autouse=True)
+def _pod_logs_when_failed(request, cluster):
+    """A failed test prints each pod's warnings and errors of the last minutes (the module
+    shares one cluster: the pods' state after a failure is the evidence a CI run keeps)."""
+    yield
+    report = getattr(request.node, "report_call", None)
+    if report is None or not report.failed:
+        return
+    for name, pod in sorted(cluster.pods.items()):
+        lines = [line for line in pod.log_text().splitlines()
+                 if re.search(r"\b(WARNING|ERROR|CRITICAL)\b|\"level\": \"(warning|error|critical)\"|Traceback", line)]
+        print(f"--- {name}: {len(lines)} warning/error lines, the last 40 ---")
+        print("\n".join(lines[-40:]))
+
+
 def service_address(cluster: LocalCluster, service: str, port: int) -> str:
     """The rendered Service's address on loopback (a proxy to its ready pods)."""
     target = cluster.pod(sorted(cluster.pods)[0])
