@@ -621,8 +621,7 @@ class BrokerService:
         await ownership.release_all(lambda _bundle: ownership.handover_target(reports))
         await self._background.close()   # the load reporter too: this broker takes no more bundles
         await self.leader.close()
-        if ownership.lease is not None:
-            await self.store.revoke_lease(ownership.lease)
+        await ownership.retire()
 
     def readiness(self) -> tuple[bool, dict]:
         """Whether this broker owns bundles or can be given some (a Kubernetes readiness
