@@ -69,6 +69,7 @@ from common.errors import (
     MagnetarError,
     MetadataError,
     MetadataKeyExists,
+    MetadataUnavailable,
     MetadataVersionConflict,
     NoSuchLedger,
     PersistenceError,
@@ -177,6 +178,8 @@ class ManagedLedger:
         self._readers: collections.OrderedDict[int, LedgerReader] = collections.OrderedDict()
         self._waiters: list[asyncio.Future[None]] = []
         self._metadata_lock = asyncio.Lock()
+        # The record a write wrote whose reply never came (see _write_info), if any.
+        self._unanswered: bytes | None = None
         self.last_confirmed = Position(-1, -1)
         self.fenced_error: MagnetarError | None = None
         self.closed = False
@@ -262,15 +265,42 @@ class ManagedLedger:
             pass
 
     async def _write_info(self) -> None:
-        """Compare-and-swap of the ledger list; a lost race fences this owner."""
+        """Compare-and-swap of the ledger list; a lost race fences this owner.
+
+        A write whose reply was lost (etcd slow or away: MetadataUnavailable) may still
+        have been applied, and then the next write finds a newer version than ours. That
+        is not a take-over: when the record holds exactly what our unanswered write
+        wrote, its version is adopted and the write goes on."""
         async with self._metadata_lock:
+            encoded = self._info.encode()
             try:
-                self._version = await self._store.compare_and_set(self._key, self._info.encode(),
+                self._version = await self._store.compare_and_set(self._key, encoded,
                                                                   expected_version=self._version)
+                self._unanswered = None
+                return
+            except MetadataUnavailable:
+                self._unanswered = encoded
+                raise
             except MetadataVersionConflict:
-                error = TopicFenced(f"topic {self.name} was taken over (managed ledger changed)")
-                self._fence(error)
-                raise error from None
+                pass
+            current = await self._store.get(self._key)
+            if current is not None and self._unanswered is not None and current.value == self._unanswered:
+                log.info("managed ledger record: a write whose reply was lost had been applied: topic=%s "
+                         "version=%d", self.name, current.version)
+                self._unanswered = None
+                self._version = current.version
+                try:
+                    self._version = await self._store.compare_and_set(self._key, encoded,
+                                                                      expected_version=self._version)
+                    return
+                except MetadataUnavailable:
+                    self._unanswered = encoded
+                    raise
+                except MetadataVersionConflict:
+                    pass
+            error = TopicFenced(f"topic {self.name} was taken over (managed ledger changed)")
+            self._fence(error)
+            raise error
 
     @property
     def properties(self) -> dict[str, str]:
