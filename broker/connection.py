@@ -69,6 +69,7 @@ from broker.deduplication import Verdict
 from common.position import Position
 from broker.producer import Producer
 from broker.publish_limits import PendingSends, ReadGate
+from broker.topic_list_watchers import TopicListWatcher
 from protocol.proto import pulsar_api_pb2 as pb
 from protocol.server_errors import server_error_for
 from common.topic_name import NamespaceName, TopicName
@@ -132,6 +133,7 @@ class ServerConnection(asyncio.Protocol):
         self._producer_topics: dict[int, "PersistentTopic"] = {}
         self._pending_producers: dict[int, asyncio.Task[None]] = {}
         self.consumers: dict[int, _AttachedConsumer] = {}
+        self.topic_list_watchers: dict[int, TopicListWatcher] = {}
         self._pending_consumers: dict[int, asyncio.Task[None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._refusing = False   # an episode of TooManyRequests was logged
@@ -166,6 +168,8 @@ class ServerConnection(asyncio.Protocol):
             T.GET_LAST_MESSAGE_ID: self._spawn(self._on_get_last_message_id),
             T.GET_TOPICS_OF_NAMESPACE: self._spawn(self._on_get_topics_of_namespace),
             T.GET_SCHEMA: self._spawn(self._on_get_schema),
+            T.WATCH_TOPIC_LIST: self._spawn(self._on_watch_topic_list),
+            T.WATCH_TOPIC_LIST_CLOSE: self._on_watch_topic_list_close,
             T.GET_OR_CREATE_SCHEMA: self._spawn(self._on_get_or_create_schema),
             T.CONSUMER_STATS: self._on_consumer_stats,
         }
@@ -274,6 +278,9 @@ class ServerConnection(asyncio.Protocol):
             self._detach_producer(producer_id)
         for consumer_id in list(self.consumers):
             self._detach_consumer(consumer_id)
+        for watcher in self.topic_list_watchers.values():
+            self.service.topic_list_watchers.unwatch(watcher)
+        self.topic_list_watchers.clear()
         log.debug("connection closed: peer=%s error=%s", self.peer, exc)
 
     # --- writing -------------------------------------------------------------------------------
@@ -391,7 +398,10 @@ class ServerConnection(asyncio.Protocol):
         self.protocol_version = commands.negotiated_protocol_version(connect.protocol_version)
         self.supports_partial_producer = connect.feature_flags.supports_partial_producer
         self.connected = True
-        self.write_command(commands.connected(SERVER_VERSION, self.protocol_version, self.config.max_message_size))
+        # Announced because this broker serves WATCH_TOPIC_LIST: a client that knows the
+        # flag (the Java one) watches instead of polling for its pattern consumers.
+        self.write_command(commands.connected(SERVER_VERSION, self.protocol_version, self.config.max_message_size,
+                                              pb.FeatureFlags(supports_topic_watchers=True)))
         log.debug("client connected: peer=%s client=%s protocol=%d role=%s", self.peer, self.client_version,
                   self.protocol_version, self.role)
 
@@ -489,6 +499,44 @@ class ServerConnection(asyncio.Protocol):
         self.write_command(commands.topics_of_namespace_response(
             request.request_id, result.topics, filtered=result.filtered, topics_hash=result.topics_hash,
             changed=result.changed))
+
+    async def _on_watch_topic_list(self, frame: Frame) -> None:
+        request = frame.command.watchTopicList
+        watcher_id = request.watcher_id
+        if watcher_id in self.topic_list_watchers:
+            self.write_command(commands.error(request.request_id, pb.NotAllowedError,
+                                              f"topic-list watcher {watcher_id} exists already"))
+            return
+
+        def on_update(new_topics: list[str], deleted_topics: list[str], digest: str) -> None:
+            self.write_command(commands.watch_topic_update(watcher_id, new_topics, deleted_topics, digest))
+
+        try:
+            namespace = NamespaceName.parse(request.namespace)
+            await self.service.authorizer.check_namespace_access(self.role, namespace)
+            await self.service.resources.policies(namespace)   # TopicNotFound-like error if it does not exist
+            watcher = await self.service.topic_list_watchers.watch(
+                namespace, request.topics_pattern, on_update, len(self.topic_list_watchers))
+        except MagnetarError as error:
+            self._write_error(request.request_id, error)
+            return
+        if self.is_closing or watcher_id in self.topic_list_watchers:
+            self.service.topic_list_watchers.unwatch(watcher)   # the connection went, or a twin won the race
+            if not self.is_closing:
+                self.write_command(commands.error(request.request_id, pb.NotAllowedError,
+                                                  f"topic-list watcher {watcher_id} exists already"))
+            return
+        self.topic_list_watchers[watcher_id] = watcher
+        self.write_command(commands.watch_topic_list_success(request.request_id, watcher_id,
+                                                             sorted(watcher.topics), watcher.topics_hash))
+        log.debug("topic-list watcher opened: peer=%s watcher_id=%d namespace=%s", self.peer, watcher_id, namespace)
+
+    def _on_watch_topic_list_close(self, frame: Frame) -> None:
+        request = frame.command.watchTopicListClose
+        watcher = self.topic_list_watchers.pop(request.watcher_id, None)
+        if watcher is not None:
+            self.service.topic_list_watchers.unwatch(watcher)
+        self.write_command(commands.success(request.request_id))
 
     async def _on_get_schema(self, frame: Frame) -> None:
         request = frame.command.getSchema

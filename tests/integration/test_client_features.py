@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import socket
 import threading
 import time
 import urllib.error
@@ -302,6 +303,104 @@ def test_pattern_subscription(pulsar_cluster, client):
     consumer.close()
     for producer in (plain, parted, other):
         producer.close()
+
+
+class _RawWatcherConnection:
+    """A bare Pulsar-protocol connection (the official C++-based client never sends
+    WATCH_TOPIC_LIST: it only polls), speaking through our own codec."""
+
+    def __init__(self, cluster) -> None:
+        from protocol.codec import CommandDecoder, NEED_DATA, encode_command, wrap
+        from protocol.proto import pulsar_api_pb2 as pb
+
+        self.pb, self._encode, self._wrap, self._need_data = pb, encode_command, wrap, NEED_DATA
+        self._decoder = CommandDecoder(frame_bytes_max=5 * 1024 * 1024 + 10 * 1024)
+        host, port = cluster.brokers[0].service_url.removeprefix("pulsar://").rsplit(":", 1)
+        self._socket = socket.create_connection((host, int(port)), timeout=RECEIVE_TIMEOUT_MS / 1000)
+        self.send(pb.CommandConnect(client_version="raw-watcher", protocol_version=20))
+        self.connected = self.next_command().connected
+
+    def send(self, body) -> None:
+        self._socket.sendall(self._encode(self._wrap(body)))
+
+    def next_command(self):
+        """The next command other than PING (answered); socket.timeout if none comes."""
+        while True:
+            frame = self._decoder.next_command()
+            if frame is self._need_data:
+                chunk = self._socket.recv(65536)
+                assert chunk, "the broker closed the connection"
+                self._decoder.feed(chunk)
+                continue
+            if frame.command.type == self.pb.BaseCommand.PING:
+                self.send(self.pb.CommandPong())
+                continue
+            return frame.command
+
+    def close(self) -> None:
+        self._socket.close()
+
+
+def test_topic_list_watcher_tells_of_new_and_deleted_topics(pulsar_cluster, client):
+    """CONNECTED announces supports_topic_watchers. A WATCH_TOPIC_LIST for the pattern
+    ``public/{ns}/orders-.*`` is answered WATCH_TOPIC_LIST_SUCCESS with the matching
+    topic that exists (and the GET_TOPICS_OF_NAMESPACE hash of that list); when an
+    application creates a matching topic (an official-client producer), a
+    WATCH_TOPIC_UPDATE names it at once — no discovery period is waited for — and a
+    topic that does not match causes none; an admin DELETE of the topic is reported as
+    deleted_topics. After WATCH_TOPIC_LIST_CLOSE (answered SUCCESS) nothing more comes."""
+    from broker.topic_list import topics_hash
+
+    namespace = _namespace_with(pulsar_cluster)
+    prefix = f"persistent://public/{namespace}"
+    first = client.create_producer(f"{prefix}/orders-1", batching_enabled=False)
+    watcher = _RawWatcherConnection(pulsar_cluster)
+    pb = watcher.pb
+    try:
+        assert watcher.connected.feature_flags.supports_topic_watchers
+        watcher.send(pb.CommandWatchTopicList(request_id=1, watcher_id=7, namespace=f"public/{namespace}",
+                                              topics_pattern=f"{prefix}/orders-.*"))
+        answer = watcher.next_command()
+        assert answer.type == pb.BaseCommand.WATCH_TOPIC_LIST_SUCCESS, answer
+        assert list(answer.watchTopicListSuccess.topic) == [f"{prefix}/orders-1"]
+        assert answer.watchTopicListSuccess.topics_hash == topics_hash([f"{prefix}/orders-1"])
+
+        client.create_producer(f"{prefix}/other", batching_enabled=False).close()
+        second = client.create_producer(f"{prefix}/orders-2", batching_enabled=False)
+        update = watcher.next_command()
+        assert update.type == pb.BaseCommand.WATCH_TOPIC_UPDATE, update
+        assert update.watchTopicUpdate.watcher_id == 7
+        assert list(update.watchTopicUpdate.new_topics) == [f"{prefix}/orders-2"]
+        assert list(update.watchTopicUpdate.deleted_topics) == []
+        assert update.watchTopicUpdate.topics_hash == topics_hash([f"{prefix}/orders-1", f"{prefix}/orders-2"])
+
+        second.close()
+        _admin(pulsar_cluster, "DELETE", f"/admin/v2/persistent/public/{namespace}/orders-2?force=true")
+        update = watcher.next_command()
+        assert update.type == pb.BaseCommand.WATCH_TOPIC_UPDATE, update
+        assert list(update.watchTopicUpdate.new_topics) == []
+        assert list(update.watchTopicUpdate.deleted_topics) == [f"{prefix}/orders-2"]
+        assert update.watchTopicUpdate.topics_hash == topics_hash([f"{prefix}/orders-1"])
+
+        # A second watcher of the whole namespace stays open: its update for the next
+        # topic shows that the namespace's changes still flow, and that watcher 7 (told
+        # in the same step if it were still open) gets nothing.
+        watcher.send(pb.CommandWatchTopicList(request_id=2, watcher_id=8, namespace=f"public/{namespace}",
+                                              topics_pattern=f"{prefix}/.*"))
+        assert watcher.next_command().type == pb.BaseCommand.WATCH_TOPIC_LIST_SUCCESS
+        watcher.send(pb.CommandWatchTopicListClose(request_id=3, watcher_id=7))
+        closed = watcher.next_command()
+        assert closed.type == pb.BaseCommand.SUCCESS and closed.success.request_id == 3, closed
+        client.create_producer(f"{prefix}/orders-3", batching_enabled=False).close()
+        update = watcher.next_command()
+        assert update.type == pb.BaseCommand.WATCH_TOPIC_UPDATE, update
+        assert update.watchTopicUpdate.watcher_id == 8
+        assert list(update.watchTopicUpdate.new_topics) == [f"{prefix}/orders-3"]
+        watcher.send(pb.CommandPing())   # its PONG follows anything written before it
+        assert watcher.next_command().type == pb.BaseCommand.PONG
+    finally:
+        watcher.close()
+        first.close()
 
 
 def test_compaction_and_read_compacted(pulsar_cluster, client):
