@@ -784,6 +784,22 @@ class ManagedLedger:
         await self._store.delete(self._key)
         self._ledgers.clear()
 
+    # --- side ledgers (the compacted ledger) ---------------------------------------------------
+
+    async def create_side_ledger(self, purpose: str) -> WriteHandle:
+        """A ledger of this topic outside its list of ledgers (the compactor's output),
+        with the topic's quorums; the caller records, reads and deletes it."""
+        config = self.config
+        return await self._client.create_ledger(config.ensemble_size, config.write_quorum_size,
+                                                config.ack_quorum_size,
+                                                custom={"managed-ledger": self.name, "purpose": purpose})
+
+    async def open_side_ledger(self, ledger_id: int) -> LedgerReader:
+        return await self._client.open_ledger(ledger_id, recovery=False)
+
+    async def delete_side_ledger(self, ledger_id: int) -> None:
+        await self._delete_ledger_quietly(ledger_id)
+
     # --- trimming (retention) ---------------------------------------------------------------
 
     async def delete_ledgers_before(self, ledger_id: int) -> list[int]:

@@ -130,7 +130,7 @@ class PersistentTopic:
         epoch = ledger.properties.get(TOPIC_EPOCH_PROPERTY)
         self.topic_epoch: int | None = int(epoch) if epoch is not None else None
         self._promotions: set[asyncio.Task[None]] = set()
-        # Compaction (broker/compaction.py): the compacted view and the last run's status.
+        # Compaction (broker/compaction.py): the compacted ledger and the last run's status.
         self.compaction = TopicCompaction(ledger)
         self._compaction_task: asyncio.Task[None] | None = None
         # Deduplication (broker/deduplication.py): None while the policy is off.
@@ -175,7 +175,7 @@ class PersistentTopic:
                             redelivery_counts_max=self.config.redelivery_counts_max,
                             unacked_per_consumer_max=self.config.unacked_per_consumer_max,
                             delayed_entries_max=self.config.delayed_delivery_entries_max)
-        subscription.compacted_view_source = lambda: self.compaction.view
+        subscription.compacted_source_of = self.compaction.source
         return subscription
 
     # --- producers ----------------------------------------------------------------------------
@@ -751,6 +751,7 @@ class PersistentTopic:
         for name, subscription in list(self.subscriptions.items()):
             await subscription.cursor.delete()
         await self._store.delete_prefix(keys.cursors_of_topic(self.name.key_path))
+        await self.compaction.delete()
         await self.ledger.delete()
         log.info("topic deleted: topic=%s", self.full_name)
 
@@ -770,10 +771,7 @@ class PersistentTopic:
         """The lowest mark-delete position of the durable subscriptions (with none, the
         last stored entry: retention alone then decides)."""
         marks = [s.cursor.mark_delete_position for s in self.subscriptions.values() if s.cursor.durable]
-        first_compacted = self.compaction.view.first_position if self.compaction.view is not None else None
-        if first_compacted is not None:
-            # The compacted view reads these entries: keep them stored.
-            marks.append(Position(first_compacted.ledger_id, first_compacted.entry_id - 1))
+        # (The compacted ledger holds copies of what it serves: it keeps no topic entry.)
         return min(marks) if marks else self.ledger.last_confirmed
 
     async def trim_ledgers(self, retention_minutes: int, retention_mb: int,

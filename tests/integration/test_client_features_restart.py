@@ -4,7 +4,8 @@ cluster of its own (etcd, two bookies, one broker restarted on the same ports).
 Proves: delayed messages on a shared subscription that were not due when the broker
 was killed arrive after the restart, once due, and none is lost; with deduplication on,
 a producer that comes back after the kill gets its last sequence id, and what it sends
-again is not stored twice.
+again is not stored twice; a compacted ledger of more keys than the former 20,000 cap,
+written before the kill, serves a read_compacted reader after it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import pulsar
 from tests.cluster import Cluster, unique, unique_topic
 
 RECEIVE_TIMEOUT_MS = 30_000
+COMPACTED_KEYS = 21_000          # more than the 20,000 entries the former compacted view could name
+DELETED_KEYS = 1_000
 
 
 def _admin(broker, method: str, path: str, body: object | None = None) -> None:
@@ -29,12 +32,17 @@ def _admin(broker, method: str, path: str, body: object | None = None) -> None:
     urllib.request.urlopen(request, timeout=15).close()
 
 
-async def test_delayed_delivery_and_deduplication_survive_broker_kill(etcd_process, tmp_path):
-    """Five messages delayed by 4 s and one not delayed go to a shared subscription; the
-    consumer gets the undelayed one. In a namespace with deduplication on, a producer
-    named "writer" stores sequence ids 0..9. Then the broker is killed with SIGKILL and
-    started again: the five delayed ones all arrive, none before its due time; a new
-    "writer" has last_sequence_id() 9, and its resends of 7..9 are not stored again."""
+async def test_delayed_delivery_deduplication_and_compaction_survive_broker_kill(etcd_process, tmp_path):
+    """21,000 keys are written twice ("old-…" then "new-…", in batches), 1,000 of them are
+    then deleted by null-value tombstones, and PUT …/compaction writes the compacted
+    ledger (GET reports SUCCESS). Five messages delayed by 4 s and one not delayed go to
+    a shared subscription; the consumer gets the undelayed one. In a namespace with
+    deduplication on, a producer named "writer" stores sequence ids 0..9. Then the
+    broker is killed with SIGKILL and started again: the five delayed ones all arrive,
+    none before its due time; a new "writer" has last_sequence_id() 9, and its resends
+    of 7..9 are not stored again; a reader with is_read_compacted=True from earliest
+    gets exactly the 20,000 live keys, each once with its latest value, then a message
+    produced after the restart, and a reader without it gets every message."""
     cluster = Cluster(etcd_process, str(tmp_path))
     try:
         await cluster.start_bookies(2)
@@ -50,6 +58,7 @@ async def test_delayed_delivery_and_deduplication_survive_broker_kill(etcd_proce
             for i in range(10):
                 writer.send(f"d{i}".encode())
             assert writer.last_sequence_id() == 9
+            compacted_topic = _write_and_compact(client, broker)
             consumer = client.subscribe(topic, "work", consumer_type=pulsar.ConsumerType.Shared)
             producer = client.create_producer(topic, batching_enabled=False)
             due_ms = int(time.time() * 1000) + 4000
@@ -78,7 +87,53 @@ async def test_delayed_delivery_and_deduplication_survive_broker_kill(etcd_proce
             got = [reader.read_next(RECEIVE_TIMEOUT_MS).data() for _ in range(11)]
             assert got == [f"d{i}".encode() for i in range(11)]
             assert not reader.has_message_available()
+            await asyncio.to_thread(_read_compacted_and_all, client, compacted_topic)
         finally:
             client.close()
     finally:
         await cluster.stop()
+
+
+def _write_and_compact(client, broker) -> str:
+    local = unique("compacted-kill")
+    topic = f"persistent://public/default/{local}"
+    path = f"/admin/v2/persistent/public/default/{local}/compaction"
+    producer = client.create_producer(topic, batching_enabled=True, batching_max_messages=1000,
+                                      batching_max_publish_delay_ms=50, block_if_queue_full=True)
+    for generation in ("old", "new"):
+        for i in range(COMPACTED_KEYS):
+            producer.send_async(f"{generation}-{i}".encode(), None, partition_key=f"k{i}")
+        producer.flush()
+    for i in range(DELETED_KEYS):
+        producer.send_async(None, None, partition_key=f"k{i}")
+    producer.flush()
+    producer.close()
+    _admin(broker, "PUT", path)
+    deadline = time.monotonic() + 60
+    while (status := _admin_json(broker, path))["status"] != "SUCCESS":
+        assert status["status"] == "RUNNING", status
+        assert time.monotonic() < deadline, status
+        time.sleep(0.1)
+    return topic
+
+
+def _read_compacted_and_all(client, topic: str) -> None:
+    client.create_producer(topic, batching_enabled=False).send(b"after", partition_key="k0")
+    reader = client.create_reader(topic, pulsar.MessageId.earliest, is_read_compacted=True, receiver_queue_size=5000)
+    live = COMPACTED_KEYS - DELETED_KEYS
+    got = [reader.read_next(RECEIVE_TIMEOUT_MS) for _ in range(live + 1)]
+    latest = {m.partition_key(): m.data() for m in got[:live]}
+    assert len(latest) == live
+    assert latest == {f"k{i}": f"new-{i}".encode() for i in range(DELETED_KEYS, COMPACTED_KEYS)}
+    assert got[-1].data() == b"after"
+    assert not reader.has_message_available()
+    full = client.create_reader(topic, pulsar.MessageId.earliest, receiver_queue_size=5000)
+    total = 2 * COMPACTED_KEYS + DELETED_KEYS + 1
+    assert len([full.read_next(RECEIVE_TIMEOUT_MS) for _ in range(total)]) == total
+    assert not full.has_message_available()
+
+
+def _admin_json(broker, path: str) -> dict:
+    with urllib.request.urlopen(f"{broker.web_service_url}{path}", timeout=15) as response:
+        return json.loads(response.read())
+
