@@ -147,8 +147,10 @@ class BrokerConfig:
     # more until it acknowledges some (Pulsar's maxUnackedMessagesPerConsumer, 50,000).
     unacked_per_consumer_max: int = 50_000
     # Delayed messages (deliver_after / deliver_at) a shared or key-shared subscription
-    # holds back at once; past it the subscription reads no further until some are
-    # due. 24 bytes an entry: 1,000,000 take about 25 MiB (bench/delayed_delivery_bench.py).
+    # tracks in memory; past it further delayed messages stay in the topic as a range
+    # of positions read again when there is room or they are due
+    # (subscriptions/delayed_overflow.py). 24 bytes an entry: 1,000,000 take about
+    # 25 MiB (bench/delayed_delivery_bench.py).
     delayed_delivery_entries_max: int = 1_000_000
     lookup_timeout_s: float = 30.0
     # How often loaded topics are checked for ledgers retention lets go.

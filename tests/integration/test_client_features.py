@@ -7,9 +7,11 @@ first message again, and one created with start_message_id_inclusive gets the ve
 message it sought; a reader that seeks to MessageId.latest sees has_message_available
 turn True once a new message is produced; messages a custom message router puts on a
 partition carry that partition in their message ids; delayed messages reach shared
-and key-shared subscriptions only once due; producer access modes (Exclusive,
+and key-shared subscriptions only once due, also past what the broker tracks in
+memory; producer access modes (Exclusive,
 WaitForExclusive, ExclusiveWithFencing, Shared) behave as Pulsar's; deduplication drops
-resends and restores last_sequence_id; pattern subscriptions, compaction with
+resends and restores last_sequence_id; pattern subscriptions, topic-list watchers
+(WATCH_TOPIC_LIST, over a bare protocol connection), compaction with
 read_compacted readers; message TTL and the three backlog-quota policies act (the
 module's broker applies policies every 0.5 s); JSON schemas evolve under the
 namespace's compatibility strategy, and the admin schema endpoints work; a client
@@ -39,18 +41,23 @@ from tests.cluster import Cluster, free_port, unique, unique_topic, wait_until
 RECEIVE_TIMEOUT_MS = 10_000
 POLICY_CHECK_INTERVAL_S = 0.5
 PAYLOAD = b"x" * 200
+# The module broker's delayed-delivery tracker holds this many entries; past it, delayed
+# messages overflow to the topic (read again when due).
+DELAYED_TRACKED_MAX = 5
 
 
 @pytest.fixture(scope="module")
 def pulsar_cluster(etcd_process, tmp_path_factory):
     """The conftest's module cluster, with a broker that applies TTL and backlog quotas
-    every 0.5 s and advertises a listener named "internal"."""
+    every 0.5 s, tracks at most 5 delayed entries per subscription in memory and
+    advertises a listener named "internal"."""
     cluster = Cluster(etcd_process, str(tmp_path_factory.mktemp("features-cluster")))
     try:
         asyncio.run(cluster.start_bookies(3))
         port = free_port()
         asyncio.run(cluster.start_brokers(
             1, port=port, extra_args=["--policy-check-interval-s", str(POLICY_CHECK_INTERVAL_S),
+                                      "--delayed-delivery-entries-max", str(DELAYED_TRACKED_MAX),
                                       "--advertised-listeners", f"internal:pulsar://127.0.0.1:{port}"]))
         yield cluster
     finally:
@@ -185,6 +192,34 @@ def test_delayed_delivery_on_shared_and_key_shared(client):
             consumer.acknowledge(message)
     for consumer in (shared, key_shared, exclusive):
         consumer.close()
+    producer.close()
+
+
+def test_delayed_messages_beyond_the_tracker_overflow_and_all_arrive(client):
+    """The broker tracks at most 5 delayed entries per subscription in memory. 40
+    messages sent with deliver_after (3 s) and then 5 without delay go to a shared
+    subscription: the 5 undelayed ones arrive first, not held up behind the delayed
+    ones that did not fit; then every delayed one arrives exactly once, none before its
+    time."""
+    topic = unique_topic("delayed-overflow")
+    consumer = client.subscribe(topic, "shared", consumer_type=pulsar.ConsumerType.Shared)
+    producer = client.create_producer(topic, batching_enabled=False)
+    due_ms = int(time.time() * 1000) + 3000
+    for i in range(40):
+        producer.send_async(f"late-{i}".encode(), None, deliver_at=due_ms)
+    for i in range(5):
+        producer.send_async(f"now-{i}".encode(), None)
+    producer.flush()
+    first = [consumer.receive(timeout_millis=RECEIVE_TIMEOUT_MS) for _ in range(5)]
+    assert sorted(m.data() for m in first) == [f"now-{i}".encode() for i in range(5)]
+    late = [consumer.receive(timeout_millis=RECEIVE_TIMEOUT_MS) for _ in range(40)]
+    assert int(time.time() * 1000) >= due_ms
+    assert sorted(m.data() for m in late) == sorted(f"late-{i}".encode() for i in range(40))
+    for message in first + late:
+        consumer.acknowledge(message)
+    with pytest.raises(pulsar.Timeout):
+        consumer.receive(timeout_millis=500)
+    consumer.close()
     producer.close()
 
 
