@@ -14,7 +14,8 @@ resends and restores last_sequence_id; pattern subscriptions, topic-list watcher
 (WATCH_TOPIC_LIST, over a bare protocol connection), compaction with
 read_compacted readers; message TTL and the three backlog-quota policies act (the
 module's broker applies policies every 0.5 s); JSON schemas evolve under the
-namespace's compatibility strategy, and the admin schema endpoints work; a client
+namespace's compatibility strategy, and so do protobuf-native schemas (by protobuf's
+own rules for updating a message), and the admin schema endpoints work; a client
 naming an advertised listener is served through it, one naming an unknown one refused.
 The tests share one cluster (etcd, three bookies, one broker) and one client.
 """
@@ -697,6 +698,57 @@ def test_json_schema_evolution_under_backward(pulsar_cluster, client):
     check = _admin(pulsar_cluster, "POST", f"{path}/compatibility",
                    {"type": "JSON", "schema": JsonSchema(qty_text).schema_info().schema(), "properties": {}})
     assert check == {"isCompatible": False, "schemaCompatibilityStrategy": "BACKWARD"}
+    for closable in (consumer, producer, evolved):
+        closable.close()
+
+
+def _protobuf_order_class(fields: list[tuple[str, int, int]]):
+    """A protobuf message class demo.Order with the given (name, number, type) optional
+    fields, built at run time in a pool of its own (each version has the same name)."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    file = descriptor_pb2.FileDescriptorProto(name="demo_order.proto", package="demo", syntax="proto3")
+    message = file.message_type.add(name="Order")
+    for name, number, field_type in fields:
+        message.field.add(name=name, number=number, type=field_type,
+                          label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("demo.Order"))
+
+
+def test_protobuf_native_schema_evolution_under_backward(pulsar_cluster, client):
+    """Under BACKWARD, with ProtobufNativeSchema (the official client's protobuf schema,
+    a FileDescriptorSet): a producer of demo.Order {name, qty} registers version 0 and
+    a consumer reads the typed value; a version adding an optional field is accepted
+    (version 1); one that changes field 2 from int64 to string (another wire type) is
+    refused with IncompatibleSchema, for a producer and for a consumer."""
+    from google.protobuf.descriptor_pb2 import FieldDescriptorProto as F
+    from pulsar.schema import ProtobufNativeSchema
+
+    order = _protobuf_order_class([("name", 1, F.TYPE_STRING), ("qty", 2, F.TYPE_INT64)])
+    with_note = _protobuf_order_class([("name", 1, F.TYPE_STRING), ("qty", 2, F.TYPE_INT64),
+                                       ("note", 3, F.TYPE_STRING)])
+    qty_text = _protobuf_order_class([("name", 1, F.TYPE_STRING), ("qty", 2, F.TYPE_STRING)])
+    namespace = _schema_namespace(pulsar_cluster, "BACKWARD")
+    local = unique("proto-orders")
+    topic = f"persistent://public/{namespace}/{local}"
+    path = f"/admin/v2/schemas/public/{namespace}/{local}"
+    consumer = client.subscribe(topic, "sub", schema=ProtobufNativeSchema(order))
+    producer = client.create_producer(topic, schema=ProtobufNativeSchema(order))
+    producer.send(order(name="apple", qty=3))
+    value = consumer.receive(timeout_millis=RECEIVE_TIMEOUT_MS).value()
+    assert (value.name, value.qty) == ("apple", 3)
+    evolved = client.create_producer(topic, schema=ProtobufNativeSchema(with_note))
+    evolved.send(with_note(name="pear", qty=1, note="ripe"))
+    value = consumer.receive(timeout_millis=RECEIVE_TIMEOUT_MS).value()
+    assert (value.name, value.qty) == ("pear", 1)
+    versions = _admin(pulsar_cluster, "GET", f"{path}/schemas")["getSchemaResponses"]
+    assert [(v["version"], v["type"]) for v in versions] == [(0, "PROTOBUF_NATIVE"), (1, "PROTOBUF_NATIVE")]
+    with pytest.raises(pulsar.IncompatibleSchema):
+        client.create_producer(topic, schema=ProtobufNativeSchema(qty_text))
+    with pytest.raises(pulsar.IncompatibleSchema):
+        client.subscribe(topic, "typed-wrong", schema=ProtobufNativeSchema(qty_text))
     for closable in (consumer, producer, evolved):
         closable.close()
 
