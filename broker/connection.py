@@ -54,6 +54,7 @@ Theory of operation:
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import logging
 import time
@@ -61,7 +62,7 @@ from typing import TYPE_CHECKING, Callable
 
 from protocol import commands
 from protocol.codec import NEED_DATA, CommandDecoder, Frame, PayloadChecksumMismatch, command_name, encode_command
-from broker import schemas, topic_list
+from broker import policy_enforcement, schemas, topic_list
 from broker.authentication import Identity
 from broker.authorization import CONSUME, PRODUCE
 from broker.consumer import Consumer
@@ -99,6 +100,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SERVER_VERSION = f"Magnetar {__version__}"
+# Producers closed by the broker whose late SENDs a connection drops silently (a client
+# has at most a few producers per connection; older ones get NotAllowed errors again).
+CLOSED_PRODUCERS_REMEMBERED = 1000
 T = pb.BaseCommand
 
 
@@ -131,6 +135,10 @@ class ServerConnection(asyncio.Protocol):
         self.writable = True
         self.producers: dict[int, Producer] = {}
         self._producer_topics: dict[int, "PersistentTopic"] = {}
+        # Producers the broker closed (CLOSE_PRODUCER sent) until the client creates
+        # them again: SENDs already on their way for them are dropped unanswered (the
+        # client resends them after reconnecting) instead of answered with an error.
+        self._closed_by_broker: collections.OrderedDict[int, None] = collections.OrderedDict()
         self._pending_producers: dict[int, asyncio.Task[None]] = {}
         self.consumers: dict[int, _AttachedConsumer] = {}
         self.topic_list_watchers: dict[int, TopicListWatcher] = {}
@@ -640,6 +648,7 @@ class ServerConnection(asyncio.Protocol):
             return
         self.producers[request.producer_id] = producer
         self._producer_topics[request.producer_id] = topic
+        self._closed_by_broker.pop(request.producer_id, None)
         last_sequence_id = -1
         if topic.dedup is not None:
             last_sequence_id = topic.dedup.last_sequence_id(name)
@@ -652,10 +661,23 @@ class ServerConnection(asyncio.Protocol):
         producer = self.producers.get(send.producer_id)
         topic = self._producer_topics.get(send.producer_id)
         if producer is None or topic is None:
+            if send.producer_id in self._closed_by_broker:
+                log.debug("send for a producer the broker closed, dropped: peer=%s producer_id=%d", self.peer,
+                          send.producer_id)
+                return
             self.write_command(commands.send_error(send.producer_id, send.sequence_id, pb.NotAllowedError,
                                                    "no such producer on this connection"))
             return
         assert frame.payload is not None
+        if producer.closing:
+            return   # the broker is closing it: the client resends this after reconnecting
+        if topic.backlog_size_quota is not None:
+            refusal = policy_enforcement.send_refusal(topic, len(frame.payload.stored))
+            if refusal is not None:
+                # Before deduplication counts it: the SEND is neither stored nor seen.
+                self.service.policy_counters.sends_refused += 1
+                policy_enforcement.close_producer(topic, producer, refusal, self.service.policy_counters)
+                return
         if topic.dedup is not None:
             verdict = topic.dedup.check(producer.name, send.sequence_id, send.highest_sequence_id)
             if verdict is not Verdict.NEW:
@@ -768,10 +790,33 @@ class ServerConnection(asyncio.Protocol):
             producer.closed = True
             topic.remove_producer(producer)
 
+    def close_producer_after_sends(self, producer: Producer, on_closed: Callable[[], None]) -> None:
+        """Closes ``producer`` from the broker's side once its earlier SENDs are
+        answered, so their receipts reach the client before CLOSE_PRODUCER; SENDs that
+        arrive meanwhile are dropped unanswered (the client resends them after it
+        reconnects). ``on_closed`` runs when CLOSE_PRODUCER is written."""
+        producer.closing = True
+
+        def close(_previous: object = None) -> None:
+            if self.producers.get(producer.producer_id) is not producer:
+                return   # closed by the client or the connection meanwhile
+            self.write_command(commands.close_producer(producer.producer_id))
+            self.forget_producer(producer)
+            on_closed()
+
+        previous = producer.last_send
+        if isinstance(previous, asyncio.Future) and not previous.done():
+            previous.add_done_callback(close)   # after _on_send_done, which wrote the receipt
+        else:
+            close()
+
     def forget_producer(self, producer: Producer) -> None:
         """The broker closed this producer (CLOSE_PRODUCER was sent)."""
         self.producers.pop(producer.producer_id, None)
         self._producer_topics.pop(producer.producer_id, None)
+        self._closed_by_broker[producer.producer_id] = None
+        while len(self._closed_by_broker) > CLOSED_PRODUCERS_REMEMBERED:
+            self._closed_by_broker.popitem(last=False)
 
     # --- consumers ----------------------------------------------------------------------------------
 

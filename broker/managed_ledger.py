@@ -823,6 +823,11 @@ class ManagedLedger:
     def current_ledger_id(self) -> int:
         return self._handle.ledger_id if self._handle is not None else -1
 
+    @property
+    def pending_appends(self) -> int:
+        """Appends handed over and not yet confirmed (waiting for a ledger or in flight)."""
+        return len(self._queued) + len(self._inflight)
+
     def number_of_entries(self) -> int:
         total = 0
         for ledger_id in self._ledgers:

@@ -318,6 +318,7 @@ class BrokerService:
                     continue
                 try:
                     policies = await self.resources.policies(topic.name.namespace_name)
+                    topic.backlog_size_quota = policy_enforcement.size_quota(policies)
                     if policy_enforcement.has_time_policies(policies):
                         await policy_enforcement.enforce(topic, policies, self.policy_counters)
                 except MagnetarError as error:
@@ -326,6 +327,7 @@ class BrokerService:
     async def check_producer_quota(self, topic: PersistentTopic) -> None:
         """Refuses a new producer while a producer-blocking backlog quota is exceeded."""
         policies = await self.resources.policies(topic.name.namespace_name)
+        topic.backlog_size_quota = policy_enforcement.size_quota(policies)
         if policies.backlog_quota_map:
             await policy_enforcement.check_producer_allowed(topic, policies, self.policy_counters)
     def admit_connection(self, address: str) -> str | None:

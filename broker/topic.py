@@ -133,6 +133,10 @@ class PersistentTopic:
         # Compaction (broker/compaction.py): the compacted ledger and the last run's status.
         self.compaction = TopicCompaction(ledger)
         self._compaction_task: asyncio.Task[None] | None = None
+        # The namespace's destination_storage backlog quota (limit bytes, policy), as the
+        # broker last read it (producer creation, each policy check): every SEND is
+        # checked against it (broker/policy_enforcement.py).
+        self.backlog_size_quota: tuple[int, str] | None = None
         # Deduplication (broker/deduplication.py): None while the policy is off.
         self.dedup: Deduplication | None = None
         self._dedup_lock = asyncio.Lock()
@@ -639,10 +643,16 @@ class PersistentTopic:
     def backlog_bytes(self) -> int:
         """The slowest durable subscription's unconsumed entries times the mean entry
         size (Pulsar's estimate); 0 with no durable subscription."""
+        return int(self.backlog_entries() * self.mean_entry_bytes())
+
+    def backlog_entries(self, *, pending: bool = False) -> int:
+        """The slowest durable subscription's unconsumed entries (0 with no durable
+        subscription); with ``pending``, appends not yet confirmed count too (what the
+        backlog is about to be)."""
         if not any(s.cursor.durable for s in self.subscriptions.values()):
             return 0
         backlog = self.entries_between(self.consumed_upto(), self.ledger.last_confirmed)
-        return int(backlog * self.mean_entry_bytes())
+        return backlog + self.ledger.pending_appends if pending else backlog
 
     async def oldest_unconsumed_publish_ms(self) -> int | None:
         """The publish time of the slowest durable subscription's next entry (None: no

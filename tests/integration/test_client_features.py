@@ -573,6 +573,37 @@ def test_backlog_quota_producer_exception(pulsar_cluster, client):
         closable.close()
 
 
+def test_backlog_quota_is_checked_on_every_send(pulsar_cluster, client):
+    """Quota 2 KiB, producer_exception, set before anything is produced, with a durable
+    subscription: 100 messages of 200 bytes sent asynchronously (as fast as the client
+    pipelines them) stop at the quota — the backlog holds at most one entry past 2 KiB,
+    where a check every 0.5 s would let all 100 in — and the others fail with
+    ProducerBlockedQuotaExceededException; the refused sends are counted in /metrics."""
+    namespace = _namespace_with_policy(pulsar_cluster, "backlogQuota",
+                                       {"limitSize": 2048, "policy": "producer_exception"})
+    local = unique("quota-per-send")
+    topic = f"persistent://public/{namespace}/{local}"
+    client.subscribe(topic, "sub").close()
+    refused_before = _metric(pulsar_cluster, "magnetar_broker_backlog_quota_sends_refused")
+    producer = client.create_producer(topic, batching_enabled=False, block_if_queue_full=True)
+    results: list[pulsar.Result] = []
+    lock = threading.Lock()
+
+    def on_sent(result, _message_id) -> None:
+        with lock:
+            results.append(result)
+
+    for _ in range(100):
+        producer.send_async(PAYLOAD, on_sent)
+    wait_until(lambda: len(results) == 100, 30, "every send to be answered")
+    stored = results.count(pulsar.Result.Ok)
+    assert 1 <= stored <= 2048 // len(PAYLOAD) + 1, results
+    assert set(results) == {pulsar.Result.Ok, pulsar.Result.ProducerBlockedQuotaExceededException}, set(results)
+    assert _backlog(pulsar_cluster, namespace, local) == stored
+    assert _metric(pulsar_cluster, "magnetar_broker_backlog_quota_sends_refused") > refused_before
+    producer.close()
+
+
 def test_backlog_quota_producer_request_hold(pulsar_cluster, client):
     """Quota 2 KiB, producer_request_hold: past it, a new producer is refused with
     ProducerBlockedQuotaExceededError; after the backlog is consumed one is created."""
