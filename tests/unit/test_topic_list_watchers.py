@@ -77,3 +77,49 @@ async def test_bad_patterns_and_too_many_watchers_are_refused():
         await registry.watch(NAMESPACE, "public/ns/.*", lambda *update: None, 2)
     assert registry.namespaces_watched == 0
     await registry.close()
+
+
+async def test_connection_serves_watchers_and_refuses_bad_requests():
+    """Over a broker connection (the unit harness, in-memory store): a watcher gets its
+    topics, then an update when a topic is
+    created; a second watcher with the same id and a pattern that does not compile are
+    refused with ERROR; WATCH_TOPIC_LIST_CLOSE is answered SUCCESS, also for an unknown
+    id; a closed connection leaves no mirror behind."""
+    from common.topic_name import TopicName
+    from protocol.proto import pulsar_api_pb2 as pb
+    from tests.unit.test_broker_connection import T, connected, settle
+
+    service, client = await connected()
+    await service.get_topic(TopicName.parse("persistent://public/default/orders-a"), create=True)
+    client.send(pb.CommandWatchTopicList(request_id=1, watcher_id=5, namespace="public/default",
+                                         topics_pattern="persistent://public/default/orders-.*"))
+    await settle()
+    (success,) = client.answers()
+    assert success.type == T.WATCH_TOPIC_LIST_SUCCESS
+    assert list(success.watchTopicListSuccess.topic) == ["persistent://public/default/orders-a"]
+    await service.get_topic(TopicName.parse("persistent://public/default/orders-b"), create=True)
+    await settle()
+    (update,) = client.answers()
+    assert update.type == T.WATCH_TOPIC_UPDATE
+    assert list(update.watchTopicUpdate.new_topics) == ["persistent://public/default/orders-b"]
+    client.send(pb.CommandWatchTopicList(request_id=2, watcher_id=5, namespace="public/default",
+                                         topics_pattern="persistent://public/default/.*"))
+    client.send(pb.CommandWatchTopicList(request_id=3, watcher_id=6, namespace="public/default",
+                                         topics_pattern="persistent://public/default/("))
+    await settle()
+    errors = client.answers()
+    assert [(e.type, e.error.request_id) for e in errors] == [(T.ERROR, 2), (T.ERROR, 3)]
+    client.send(pb.CommandWatchTopicListClose(request_id=4, watcher_id=5))
+    client.send(pb.CommandWatchTopicListClose(request_id=5, watcher_id=99))
+    await settle()
+    assert [(a.type, a.success.request_id) for a in client.answers()] == [(T.SUCCESS, 4), (T.SUCCESS, 5)]
+    assert service.topic_list_watchers.namespaces_watched == 0
+    client.send(pb.CommandWatchTopicList(request_id=6, watcher_id=7, namespace="public/default",
+                                         topics_pattern="persistent://public/default/.*"))
+    await settle()
+    assert client.answers()[0].type == T.WATCH_TOPIC_LIST_SUCCESS
+    assert service.topic_list_watchers.namespaces_watched == 1
+    client.transport.close()
+    await settle()
+    assert service.topic_list_watchers.namespaces_watched == 0
+    await service.close()
