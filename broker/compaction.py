@@ -55,9 +55,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 COMPACTION_PROPERTY = "magnetar.compaction"
-# One read of the input: entries and bytes (a phase's memory is about one such chunk).
-_READ_ENTRIES = 500
-_READ_BYTES = 8 * 1024 * 1024
+# One read of the input: entries and bytes (a phase's memory is about one such chunk,
+# plus what its messages cost in Python objects while they are looked at).
+_READ_ENTRIES = 200
+_READ_BYTES = 2 * 1024 * 1024
+# Messages noted per call of the table (phase one): bounds the list handed over.
+_NOTES_MAX = 10_000
 # Where consumers' reads ended (next topic position -> compacted entry id): a consumer
 # reading on finds its place without a search. Bounded; the oldest are forgotten.
 _HINTS_MAX = 1000
@@ -127,11 +130,16 @@ async def compact(ledger: "ManagedLedger", previous: CompactionRecord | None,
     table = LatestKeys(spill_directory)
     try:
         # Phase one: each key's latest value.
+        notes: list[tuple[bytes, bool, Position, int]] = []
         async for chunk in _input(ledger, previous, previous_reader, horizon):
-            notes = [(message.key, message.tombstone, entry.position, message.batch_index)
-                     for entry in chunk for message in _messages(entry)[1] if message.key is not None]
-            if notes:
-                await asyncio.to_thread(table.note, notes)
+            for entry in chunk:
+                notes.extend((message.key, message.tombstone, entry.position, message.batch_index)
+                             for message in _messages(entry)[1] if message.key is not None)
+                if len(notes) >= _NOTES_MAX:
+                    await asyncio.to_thread(table.note, notes)
+                    notes = []
+        if notes:
+            await asyncio.to_thread(table.note, notes)
         await asyncio.to_thread(table.index_positions)
         # Phase two: copy the entries that hold one.
         handle = await ledger.create_side_ledger("compacted")
