@@ -70,7 +70,7 @@ OPTIONS: list[ConfigOption] = [
                  "messages a shared or key-shared consumer may hold unacknowledged before it gets no more "
                  "(Pulsar's maxUnackedMessagesPerConsumer)"),
     ConfigOption("--delayed-delivery-entries-max", BrokerConfig, "delayed_delivery_entries_max",
-                 "delayed messages a shared subscription holds back before it stops reading further"),
+                 "delayed messages a shared subscription tracks in memory; past it they overflow to the topic"),
     ConfigOption("--pending-sends-per-connection-max", BrokerConfig, "pending_sends_per_connection_max",
                  "unanswered sends past which a connection is not read (Pulsar's "
                  "maxPendingPublishRequestsPerConnection)"),

@@ -814,6 +814,22 @@ class ManagedLedger:
         await self._store.delete(self._key)
         self._ledgers.clear()
 
+    # --- side ledgers (the compacted ledger) ---------------------------------------------------
+
+    async def create_side_ledger(self, purpose: str) -> WriteHandle:
+        """A ledger of this topic outside its list of ledgers (the compactor's output),
+        with the topic's quorums; the caller records, reads and deletes it."""
+        config = self.config
+        return await self._client.create_ledger(config.ensemble_size, config.write_quorum_size,
+                                                config.ack_quorum_size,
+                                                custom={"managed-ledger": self.name, "purpose": purpose})
+
+    async def open_side_ledger(self, ledger_id: int) -> LedgerReader:
+        return await self._client.open_ledger(ledger_id, recovery=False)
+
+    async def delete_side_ledger(self, ledger_id: int) -> None:
+        await self._delete_ledger_quietly(ledger_id)
+
     # --- trimming (retention) ---------------------------------------------------------------
 
     async def delete_ledgers_before(self, ledger_id: int) -> list[int]:
@@ -836,6 +852,11 @@ class ManagedLedger:
     @property
     def current_ledger_id(self) -> int:
         return self._handle.ledger_id if self._handle is not None else -1
+
+    @property
+    def pending_appends(self) -> int:
+        """Appends handed over and not yet confirmed (waiting for a ledger or in flight)."""
+        return len(self._queued) + len(self._inflight)
 
     def number_of_entries(self) -> int:
         total = 0

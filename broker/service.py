@@ -40,6 +40,7 @@ from broker.resources import Resources
 from broker.schema_compatibility import DEFAULT_STRATEGY
 from broker.schemas import SchemaRegistry
 from broker.topic import PersistentTopic
+from broker.topic_list_watchers import TopicListWatchers
 from bundles.config import BundlesConfig
 from bundles.leader import Leader
 from bundles.load import LoadReporter
@@ -117,6 +118,7 @@ class BrokerService:
         self.ledger_client = ledger_client
         self.bundles_config = bundles_config
         self.resources = Resources(store, default_bundles=(bundles_config or BundlesConfig()).default_bundles)
+        self.topic_list_watchers = TopicListWatchers(store, config.topic_list_watchers_per_connection_max)
         # Who a client is and what its role may do (both pass everything when off).
         self.authenticator = Authenticator(config.auth)
         self.authorizer = Authorizer(config.auth, self.resources)
@@ -316,6 +318,7 @@ class BrokerService:
                     continue
                 try:
                     policies = await self.resources.policies(topic.name.namespace_name)
+                    topic.backlog_size_quota = policy_enforcement.size_quota(policies)
                     if policy_enforcement.has_time_policies(policies):
                         await policy_enforcement.enforce(topic, policies, self.policy_counters)
                 except MagnetarError as error:
@@ -324,6 +327,7 @@ class BrokerService:
     async def check_producer_quota(self, topic: PersistentTopic) -> None:
         """Refuses a new producer while a producer-blocking backlog quota is exceeded."""
         policies = await self.resources.policies(topic.name.namespace_name)
+        topic.backlog_size_quota = policy_enforcement.size_quota(policies)
         if policies.backlog_quota_map:
             await policy_enforcement.check_producer_allowed(topic, policies, self.policy_counters)
     def admit_connection(self, address: str) -> str | None:
@@ -655,6 +659,7 @@ class BrokerService:
             await self.ownership.close()
         if self.broker_reports is not None:
             await self.broker_reports.close()
+        await self.topic_list_watchers.close()
         topics = self.loaded_topics()
         await asyncio.gather(*(t.close(disconnect_clients=True) for t in topics), return_exceptions=True)
         self.topics.clear()

@@ -177,3 +177,15 @@ def topics_of_namespace_response(request_id: int, topics: Iterable[str], *, filt
     if topics_hash is not None:
         body.topics_hash = topics_hash
     return wrap(body)
+
+
+def watch_topic_list_success(request_id: int, watcher_id: int, topics: Iterable[str],
+                             topics_hash: str) -> pb.BaseCommand:
+    return wrap(pb.CommandWatchTopicListSuccess(request_id=request_id, watcher_id=watcher_id, topic=topics,
+                                                topics_hash=topics_hash))
+
+
+def watch_topic_update(watcher_id: int, new_topics: Iterable[str], deleted_topics: Iterable[str],
+                       topics_hash: str) -> pb.BaseCommand:
+    return wrap(pb.CommandWatchTopicUpdate(watcher_id=watcher_id, new_topics=new_topics,
+                                           deleted_topics=deleted_topics, topics_hash=topics_hash))

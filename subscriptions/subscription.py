@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 from common.errors import ConsumerBusy, MagnetarError, NotAllowed
 from common.position import Position
-from subscriptions.compacted_view import CompactedView
+from subscriptions.compacted_view import CompactedSource
 from subscriptions.cursor import ManagedCursor
 from subscriptions.dispatcher import Dispatcher, SingleActiveDispatcher
 from subscriptions.dispatcher_shared import KeySharedDispatcher, SharedDispatcher
@@ -44,14 +44,15 @@ class Subscription:
         self._delayed_entries_max = delayed_entries_max
         self.dispatcher: Dispatcher = self._make_dispatcher(mode)
         self.messages_acked = 0
-        # Compaction: whether the consumers read the compacted view (read_compacted,
-        # exclusive and failover only), and where the topic's current view comes from.
+        # Compaction: whether the consumers read compacted (read_compacted, exclusive
+        # and failover only), and the topic's compaction that serves it.
         self.read_compacted = False
-        self.compacted_view_source: Callable[[], CompactedView | None] = lambda: None
+        self.compacted_source_of: Callable[[], CompactedSource | None] = lambda: None
 
-    def compacted_view(self) -> CompactedView | None:
-        """The view to serve before the topic itself (None: read the topic)."""
-        return self.compacted_view_source() if self.read_compacted else None
+    def compacted_view(self) -> CompactedSource | None:
+        """The compacted ledger to serve before the topic itself (None: read the
+        topic)."""
+        return self.compacted_source_of() if self.read_compacted else None
 
     def _make_dispatcher(self, mode: SubscriptionMode) -> Dispatcher:
         if mode in (SubscriptionMode.EXCLUSIVE, SubscriptionMode.FAILOVER):

@@ -186,6 +186,15 @@ SAMPLE_BODIES = {
     BC.GET_OR_CREATE_SCHEMA: pb.CommandGetOrCreateSchema(request_id=1, topic="persistent://t/n/a",
                                                          schema=_SCHEMA),
     BC.GET_OR_CREATE_SCHEMA_RESPONSE: pb.CommandGetOrCreateSchemaResponse(request_id=1, schema_version=b"\x02"),
+    BC.WATCH_TOPIC_LIST: pb.CommandWatchTopicList(request_id=1, watcher_id=3, namespace="t/n",
+                                                  topics_pattern="persistent://t/n/orders-.*", topics_hash="0a1b2c3d"),
+    BC.WATCH_TOPIC_LIST_SUCCESS: pb.CommandWatchTopicListSuccess(request_id=1, watcher_id=3,
+                                                                 topic=["persistent://t/n/orders-a"],
+                                                                 topics_hash="0a1b2c3d"),
+    BC.WATCH_TOPIC_UPDATE: pb.CommandWatchTopicUpdate(watcher_id=3, new_topics=["persistent://t/n/orders-b"],
+                                                      deleted_topics=["persistent://t/n/orders-a"],
+                                                      topics_hash="4e5f6a7b"),
+    BC.WATCH_TOPIC_LIST_CLOSE: pb.CommandWatchTopicListClose(request_id=2, watcher_id=3),
 }
 
 _METADATA = pb.MessageMetadata(producer_name="standalone-0-1", sequence_id=2, publish_time=1700000000000,
