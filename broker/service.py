@@ -490,7 +490,12 @@ class BrokerService:
         try:
             await topic.load_subscriptions()
         except MagnetarError:
+            # The subscriptions loaded before the failure have dispatchers (tasks) of
+            # their own: closed here, not left pending for the garbage collector.
+            for subscription in list(topic.subscriptions.values()):
+                await subscription.close()
             await ledger.close()
+            self.archiver.close_topic(name, archive)
             raise
         log.info("topic loaded: topic=%s subscriptions=%d", name, len(topic.subscriptions))
         return topic
