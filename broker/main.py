@@ -107,8 +107,15 @@ OPTIONS: list[ConfigOption] = [
                  "how often message TTL and backlog quotas are applied"),
     # Security (broker/authentication.py, broker/authorization.py): off by default.
     ConfigOption("--authentication-enabled", AuthConfig, "authentication_enabled",
-                 "clients must present a token (CONNECT auth method token; HTTP Authorization: Bearer)",
+                 "clients must present credentials of one of --authentication-providers",
                  switch_to=True),
+    ConfigOption("--authentication-providers", AuthConfig, "authentication_providers",
+                 "comma-separated providers accepted at once: token, tls (client certificate CN; needs "
+                 "--tls-trust-certs-file), basic (needs --basic-auth-file)"),
+    ConfigOption("--basic-auth-file", AuthConfig, "basic_auth_file",
+                 "htpasswd file of the basic provider (bcrypt, $apr1$ or {SHA} hashes): a path or file:///path"),
+    ConfigOption("--proxy-roles", AuthConfig, "proxy_roles",
+                 "comma-separated roles that may ask a permission check for another role (the gateway's)"),
     ConfigOption("--authorization-enabled", AuthConfig, "authorization_enabled",
                  "check roles against superusers, tenant admins and namespace permissions", switch_to=True),
     ConfigOption("--superuser-roles", AuthConfig, "superuser_roles", "comma-separated roles that may do everything"),

@@ -7,7 +7,12 @@ produces and consumes; a client trusting another CA, and plain text sent to the 
 port (raw bytes, and the official client with ``pulsar://``), fail cleanly (an error,
 the connection closed, the broker still serving); the plain port is not listening;
 the admin API over HTTPS answers 200 with a superuser token, 401 without, 403 for
-another role; the bookie (mutual TLS, service tokens) stores what the broker sends
+another role; three authentication providers at once (token, tls, basic): the official
+client's AuthenticationTLS (role = certificate CN) and AuthenticationBasic are
+authorized as their roles, a wrong password is an AuthenticationError, HTTPS takes a
+client certificate or Basic credentials, and the gateway takes both (a certificate's
+CN asked for through X-Original-Principal, which only a proxy role may send); no log
+holds the password, its hash, a token or a private key; the bookie (mutual TLS, service tokens) stores what the broker sends
 with its client certificate and token, and refuses a ledger client without a token,
 with another role's, or without a certificate; and a new certificate written over the
 files is served to new handshakes without a restart.
@@ -16,7 +21,10 @@ files is served to new handshakes without a restart.
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
+import glob
+import json
 import os
 import re
 import socket
@@ -26,6 +34,8 @@ import time
 import urllib.error
 import urllib.request
 
+import aiohttp
+import bcrypt
 import pulsar
 import pytest
 
@@ -39,6 +49,9 @@ from tests.tls_certs import make_pki, reissue_server
 
 SUPERUSER = "tls-admin"
 BROKER_ROLE = "broker-service"
+BASIC_USER = "basic-app"
+BASIC_PASSWORD = "correct horse: battery"
+CERT_ROLE = "good-client"   # the CN make_pki gives the client certificate of CA "good"
 _TLS_URLS = re.compile(r"service_url_tls=(\S+) web_service_url_tls=(\S+)")
 
 
@@ -56,6 +69,11 @@ def tls_broker(etcd_process, tmp_path_factory):
     broker_token_path = os.path.join(base, "broker.token")
     with open(broker_token_path, "w") as handle:
         handle.write(TokenSigner.with_secret_key(key).create(BROKER_ROLE))
+    # The basic provider's users (htpasswd -B style; cost 4 keeps the test fast).
+    users_path = os.path.join(base, "users.htpasswd")
+    with open(users_path, "wb") as handle:
+        handle.write(BASIC_USER.encode() + b":$2y$" + bcrypt.hashpw(BASIC_PASSWORD.encode(),
+                                                                    bcrypt.gensalt(rounds=4))[4:] + b"\n")
     cluster = Cluster(etcd_process, base)
     try:
         asyncio.run(cluster.start_bookies(1, extra_args=[
@@ -70,7 +88,10 @@ def tls_broker(etcd_process, tmp_path_factory):
             "--tls-cert-file", pki.cert_file, "--tls-key-file", pki.key_file, "--tls-port", "0",
             "--http-tls-port", "0", "--no-plain-ports", "--tls-reload-check-s", "0.2",
             "--authentication-enabled", "--authorization-enabled", "--superuser-roles", SUPERUSER,
-            "--token-secret-key", f"file://{key_path}"]))
+            "--token-secret-key", f"file://{key_path}",
+            # Three providers at once: client certificates of the test CA, basic users, tokens.
+            "--authentication-providers", "token,tls,basic", "--tls-trust-certs-file", pki.ca_file,
+            "--basic-auth-file", f"file://{users_path}", "--proxy-roles", SUPERUSER]))
         broker = cluster.brokers[0]
         service_url_tls, web_url_tls = _TLS_URLS.search(broker.log_text()).groups()
         signer = TokenSigner.with_secret_key(key)
@@ -82,7 +103,8 @@ def tls_broker(etcd_process, tmp_path_factory):
         asyncio.run(cluster.start_gateways(1, extra_args=[
             "--tls-cert-file", pki.cert_file, "--tls-key-file", pki.key_file,
             "--broker-tls-trust-certs-file", pki.ca_file, "--authentication-enabled",
-            "--service-token-file", token_path]))
+            "--service-token-file", token_path, "--authentication-providers", "token,basic,tls",
+            "--tls-trust-certs-file", pki.ca_file]))
         yield {"cluster": cluster, "pki": pki, "storage_pki": storage_pki, "signer": signer, "base": base,
                "service_url": service_url_tls, "web_url": web_url_tls, "plain_ports": (plain_port, plain_http_port)}
     finally:
@@ -235,6 +257,135 @@ async def test_bookie_refuses_unauthenticated_adds_and_reads(tls_broker):
     assert "UNAVAILABLE" in read and add != "ok", (read, add)
     read, add = await _try_add_and_read(dataclasses.replace(with_tls, bookie_auth_token_file=right_token), bookie)
     assert "UNAUTHENTICATED" not in read and add == "ok", (read, add)
+
+
+def _grant(tls_broker, role: str, topic: str, actions: list[str]) -> None:
+    rest = topic.removeprefix("persistent://")
+    request = urllib.request.Request(
+        f"{tls_broker['web_url']}/admin/v2/persistent/{rest}/permissions/{role}", method="POST",
+        data=json.dumps(actions).encode(), headers={"Content-Type": "application/json",
+                                                    "Authorization": f"Bearer {tls_broker['signer'].create(SUPERUSER)}"})
+    context = ssl.create_default_context(cafile=tls_broker["pki"].ca_file)
+    with urllib.request.urlopen(request, timeout=15, context=context) as response:
+        assert response.status == 204, response.status
+
+
+def _produce_consume(client: pulsar.Client, topic: str, payload: bytes) -> None:
+    consumer = client.subscribe(topic, unique("s"))
+    client.create_producer(topic).send(payload)
+    assert consumer.receive(timeout_millis=10_000).data() == payload
+
+
+def test_client_certificate_and_basic_authentication(tls_broker):
+    """The official client's AuthenticationTLS (role = the certificate's CN) and
+    AuthenticationBasic on the same TLS port as tokens; each role is authorized as
+    itself: refused before a grant, served after it; a wrong password is an
+    AuthenticationError."""
+    pki, url = tls_broker["pki"], tls_broker["service_url"]
+    topic = f"persistent://public/default/{unique('providers')}"
+    clients = {
+        CERT_ROLE: pulsar.Client(url, tls_trust_certs_file_path=pki.ca_file, operation_timeout_seconds=8,
+                                 authentication=pulsar.AuthenticationTLS(pki.client_cert_file, pki.client_key_file)),
+        BASIC_USER: pulsar.Client(url, tls_trust_certs_file_path=pki.ca_file, operation_timeout_seconds=8,
+                                  authentication=pulsar.AuthenticationBasic(BASIC_USER, BASIC_PASSWORD)),
+    }
+    wrong = pulsar.Client(url, tls_trust_certs_file_path=pki.ca_file, operation_timeout_seconds=8,
+                          authentication=pulsar.AuthenticationBasic(BASIC_USER, "wrong"))
+    try:
+        for role, client in clients.items():
+            with pytest.raises(pulsar.AuthorizationError):
+                client.create_producer(topic)
+            _grant(tls_broker, role, topic, ["produce", "consume"])
+            _produce_consume(client, topic, f"from {role}".encode())
+        with pytest.raises(pulsar.AuthenticationError):
+            wrong.create_producer(topic)
+    finally:
+        for client in (*clients.values(), wrong):
+            client.close()
+
+
+def _https_as(url: str, pki, *, headers: dict | None = None, client_cert: bool = False) -> int:
+    context = ssl.create_default_context(cafile=pki.ca_file)
+    if client_cert:
+        context.load_cert_chain(pki.client_cert_file, pki.client_key_file)
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=15, context=context) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def test_admin_over_https_with_client_certificates_and_basic(tls_broker):
+    """HTTPS with a client certificate and no header is the CN's role; Basic is the
+    user's; both are authenticated (not 401) and authorized as themselves (403 where
+    only a superuser may; 204 on a topic they were granted). Only a proxy role may ask
+    for another role."""
+    pki, web_url = tls_broker["pki"], tls_broker["web_url"]
+    basic = {"Authorization": "Basic " + base64.b64encode(f"{BASIC_USER}:{BASIC_PASSWORD}".encode()).decode()}
+    wrong = {"Authorization": "Basic " + base64.b64encode(f"{BASIC_USER}:nope".encode()).decode()}
+    assert _https_as(f"{web_url}/admin/v2/tenants", pki, client_cert=True) == 403
+    assert _https_as(f"{web_url}/admin/v2/tenants", pki, headers=basic) == 403
+    assert _https_as(f"{web_url}/admin/v2/tenants", pki, headers=wrong) == 401
+    topic = unique("https-providers")
+    check = f"{web_url}/admin/v2/persistent/public/default/{topic}/permission-check?action=consume"
+    assert _https_as(check, pki, client_cert=True) == 403
+    _grant(tls_broker, CERT_ROLE, f"persistent://public/default/{topic}", ["consume"])
+    assert _https_as(check, pki, client_cert=True) == 204
+    assert _https_as(check, pki, headers=basic) == 403
+    # X-Original-Principal: honoured for a proxy role (the superuser here), refused otherwise.
+    proxy = {"Authorization": f"Bearer {tls_broker['signer'].create(SUPERUSER)}"}
+    assert _https_as(check, pki, headers={**proxy, "X-Original-Principal": CERT_ROLE}) == 204
+    assert _https_as(check, pki, headers={**proxy, "X-Original-Principal": BASIC_USER}) == 403
+    assert _https_as(check, pki, headers={**basic, "X-Original-Principal": CERT_ROLE}) == 403
+
+
+async def test_gateway_with_client_certificates_and_basic(tls_broker):
+    """The gateway takes a client certificate (asking the broker for its CN as a proxy)
+    and Basic credentials (passed on); each caller is authorized as itself."""
+    pki = tls_broker["pki"]
+    gateway = tls_broker["cluster"].gateways[0]
+    topic = f"persistent://public/default/{unique('gw-providers')}"
+    topic_url = f"{gateway.url}/v1/topics/{topic.replace('://', '/')}"
+    with_cert = ssl.create_default_context(cafile=pki.ca_file)
+    with_cert.load_cert_chain(pki.client_cert_file, pki.client_key_file)
+    basic = {"Authorization": aiohttp.encode_basic_auth(BASIC_USER, BASIC_PASSWORD)}
+    denied_url = f"{gateway.url}/v1/topics/persistent/public/default/{unique('gw-denied')}"
+    _grant(tls_broker, CERT_ROLE, topic, ["produce"])
+    _grant(tls_broker, BASIC_USER, topic, ["produce"])
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=with_cert)) as session:
+        async with session.post(f"{denied_url}/message", json={"payload": "x"}) as response:
+            assert response.status == 403, await response.text()
+        async with session.post(f"{topic_url}/message", json={"payload": "by certificate"}) as response:
+            assert response.status == 200, await response.text()
+    plain = ssl.create_default_context(cafile=pki.ca_file)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=plain)) as session:
+        async with session.post(f"{topic_url}/message", json={"payload": "by password"}, headers=basic) as response:
+            assert response.status == 200, await response.text()
+        async with session.post(f"{topic_url}/message", json={"payload": "x"},
+                                headers={"Authorization": aiohttp.encode_basic_auth(BASIC_USER, "nope")}) as response:
+            assert response.status == 401, await response.text()
+        async with session.post(f"{topic_url}/message", json={"payload": "x"}) as response:
+            assert response.status == 401, await response.text()   # no certificate, no header
+
+
+def test_no_password_hash_token_or_key_in_any_log(tls_broker):
+    """After the providers above ran (and failed: wrong passwords), no log of the
+    cluster holds the basic password, its hash, a token or a private key."""
+    with open(os.path.join(tls_broker["base"], "users.htpasswd"), "rb") as handle:
+        stored_hash = handle.read().split(b":", 1)[1].strip()
+    with open(tls_broker["pki"].client_key_file, "rb") as handle:
+        client_key_body = handle.read().splitlines()[1]
+    secrets = [BASIC_PASSWORD.encode(), base64.b64encode(f"{BASIC_USER}:{BASIC_PASSWORD}".encode()), stored_hash,
+               client_key_body, tls_broker["signer"].create(SUPERUSER).encode(),
+               b"eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9"]   # the header of every HS256 token
+    logs = glob.glob(os.path.join(tls_broker["base"], "**", "*.log"), recursive=True)
+    assert len(logs) >= 3, logs
+    for path in logs:
+        with open(path, "rb") as handle:
+            content = handle.read()
+        for secret in secrets:
+            assert secret not in content, (path, secret[:6])
 
 
 def test_certificate_files_reload_without_restart(tls_broker):
