@@ -10,6 +10,7 @@ from broker.managed_ledger import ManagedLedgerConfig
 from common.entry import ENTRY_HEADER_SIZE
 from common.errors import ConfigError
 from common.tls import TlsConfig
+from metadata.etcd_tls import EtcdTlsConfig
 
 MIB = 1024 * 1024
 
@@ -45,6 +46,8 @@ def parse_listeners(text: str) -> dict[str, str]:
 @dataclass(frozen=True)
 class BrokerConfig:
     metadata_url: str
+    # TLS toward etcd (metadata/etcd_tls.py; --etcd-tls-* flags).
+    metadata_tls: EtcdTlsConfig = field(default_factory=EtcdTlsConfig)
     cluster: str = "standalone"
     host: str = "127.0.0.1"
     port: int = 6650

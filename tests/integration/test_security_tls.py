@@ -1,4 +1,4 @@
-"""TLS on a real broker (etcd, 1 bookie, 1 broker with a test CA's certificate, the
+"""TLS on a real broker (etcd over TLS, 1 bookie, 1 broker with a test CA's certificate, the
 plain ports turned off, token authentication on), driven by the official client, raw
 sockets and HTTPS.
 
@@ -11,8 +11,11 @@ another role; three authentication providers at once (token, tls, basic): the of
 client's AuthenticationTLS (role = certificate CN) and AuthenticationBasic are
 authorized as their roles, a wrong password is an AuthenticationError, HTTPS takes a
 client certificate or Basic credentials, and the gateway takes both (a certificate's
-CN asked for through X-Original-Principal, which only a proxy role may send); no log
-holds the password, its hash, a token or a private key; the bookie (mutual TLS, service tokens) stores what the broker sends
+CN asked for through X-Original-Principal, which only a proxy role may send); etcd
+serves only TLS with client certificates, and the bookie, the broker (options from
+MAGNETAR_ETCD_TLS_*), `magnetar shell` and `magnetar autorecovery` reach it, while a
+store without a client certificate, trusting another CA or in plain text is refused;
+no log holds the password, its hash, a token or a private key; the bookie (mutual TLS, service tokens) stores what the broker sends
 with its client certificate and token, and refuses a ledger client without a token,
 with another role's, or without a certificate; and a new certificate written over the
 files is served to new handshakes without a restart.
@@ -40,12 +43,15 @@ import pulsar
 import pytest
 
 from common.entry import encode_entry
-from common.errors import MagnetarError
+from common.errors import ConfigError, MagnetarError, MetadataUnavailable
 from common.tokens import TokenSigner, create_secret_key
 from ledger.bookie_client import BookieClient
 from ledger.config import BookieTlsConfig, LedgerClientConfig
-from tests.cluster import Cluster, free_port, unique
+from metadata.etcd_store import EtcdStore, EtcdStoreConfig
+from metadata.etcd_tls import EtcdTlsConfig
+from tests.cluster import Cluster, ManagedProcess, free_port, python_command, run_cli, unique
 from tests.tls_certs import make_pki, reissue_server
+from tests.tls_etcd import TlsEtcd, etcd_tls_environment, etcd_tls_flags
 
 SUPERUSER = "tls-admin"
 BROKER_ROLE = "broker-service"
@@ -56,9 +62,14 @@ _TLS_URLS = re.compile(r"service_url_tls=(\S+) web_service_url_tls=(\S+)")
 
 
 @pytest.fixture(scope="module")
-def tls_broker(etcd_process, tmp_path_factory):
+def tls_broker(tmp_path_factory):
     base = str(tmp_path_factory.mktemp("tls"))
     pki = make_pki(os.path.join(base, "pki"), "good")
+    # etcd itself over TLS only, with client certificates required: every process below
+    # that talks to it does so with --etcd-tls-* (the broker from MAGNETAR_ETCD_TLS_*).
+    etcd_pki = make_pki(os.path.join(base, "etcd-pki"), "etcd")
+    etcd = TlsEtcd(base, etcd_pki)
+    etcd.spawn()
     key = create_secret_key()
     key_path = os.path.join(base, "secret.key")
     with open(key_path, "wb") as handle:
@@ -74,13 +85,14 @@ def tls_broker(etcd_process, tmp_path_factory):
     with open(users_path, "wb") as handle:
         handle.write(BASIC_USER.encode() + b":$2y$" + bcrypt.hashpw(BASIC_PASSWORD.encode(),
                                                                     bcrypt.gensalt(rounds=4))[4:] + b"\n")
-    cluster = Cluster(etcd_process, base)
+    cluster = Cluster(etcd, base)
     try:
-        asyncio.run(cluster.start_bookies(1, extra_args=[
+        etcd.wait_healthy()
+        asyncio.run(cluster.start_bookies(1, extra_args=[*etcd_tls_flags(etcd_pki),
             "--tls-cert-file", storage_pki.cert_file, "--tls-key-file", storage_pki.key_file,
             "--tls-trust-certs-file", storage_pki.ca_file, "--tls-require-client-cert",
             "--authentication-enabled", "--token-secret-key", f"file://{key_path}", "--allowed-roles", BROKER_ROLE]))
-        asyncio.run(cluster.start_brokers(1, port=plain_port, http_port=plain_http_port, extra_args=[
+        broker = cluster.broker(port=plain_port, http_port=plain_http_port, extra_args=[
             "--ensemble-size", "1", "--write-quorum", "1", "--ack-quorum", "1",
             "--bookie-tls", "--bookie-tls-trust-certs-file", storage_pki.ca_file,
             "--bookie-tls-cert-file", storage_pki.client_cert_file, "--bookie-tls-key-file",
@@ -91,8 +103,9 @@ def tls_broker(etcd_process, tmp_path_factory):
             "--token-secret-key", f"file://{key_path}",
             # Three providers at once: client certificates of the test CA, basic users, tokens.
             "--authentication-providers", "token,tls,basic", "--tls-trust-certs-file", pki.ca_file,
-            "--basic-auth-file", f"file://{users_path}", "--proxy-roles", SUPERUSER]))
-        broker = cluster.brokers[0]
+            "--basic-auth-file", f"file://{users_path}", "--proxy-roles", SUPERUSER])
+        broker.env = {**os.environ, **etcd_tls_environment(etcd_pki)}
+        asyncio.run(broker.start())
         service_url_tls, web_url_tls = _TLS_URLS.search(broker.log_text()).groups()
         signer = TokenSigner.with_secret_key(key)
         token_path = os.path.join(base, "gateway.token")
@@ -106,9 +119,11 @@ def tls_broker(etcd_process, tmp_path_factory):
             "--service-token-file", token_path, "--authentication-providers", "token,basic,tls",
             "--tls-trust-certs-file", pki.ca_file]))
         yield {"cluster": cluster, "pki": pki, "storage_pki": storage_pki, "signer": signer, "base": base,
+               "etcd": etcd,
                "service_url": service_url_tls, "web_url": web_url_tls, "plain_ports": (plain_port, plain_http_port)}
     finally:
         asyncio.run(cluster.stop())
+        etcd.kill9()
 
 
 def _client(url: str, trust_file: str, token: str) -> pulsar.Client:
@@ -367,6 +382,61 @@ async def test_gateway_with_client_certificates_and_basic(tls_broker):
             assert response.status == 401, await response.text()
         async with session.post(f"{topic_url}/message", json={"payload": "x"}) as response:
             assert response.status == 401, await response.text()   # no certificate, no header
+
+
+def _store(etcd: TlsEtcd, tls: EtcdTlsConfig, root: str) -> EtcdStore:
+    return EtcdStore(EtcdStoreConfig(endpoints=(("127.0.0.1", etcd.client_port),), root=root, call_timeout_s=2.0,
+                                     tls=tls))
+
+
+async def test_metadata_store_over_tls_and_refusals(tls_broker, tmp_path):
+    """The store with etcd's CA and a client certificate writes, reads and watches;
+    without a client certificate, trusting another CA, or in plain text it gets
+    MetadataUnavailable (no hang); a missing file fails at once naming its flag."""
+    etcd = tls_broker["etcd"]
+    pki = etcd.pki
+    root = f"/{unique('tls-store')}"
+    good = _store(etcd, EtcdTlsConfig(pki.ca_file, pki.client_cert_file, pki.client_key_file), root)
+    try:
+        version = await good.put("/a", b"over tls")
+        assert (await good.get("/a")).value == b"over tls"
+        async with good.watch_prefix("/w/", start_version=version) as watch:
+            await good.put("/w/x", b"1")
+            async with asyncio.timeout(10):
+                event = await anext(aiter(watch))
+        assert (event.kind, event.value) == ("put", b"1") and event.key.endswith("/w/x")
+    finally:
+        await good.close()
+    other = make_pki(str(tmp_path / "other"), "other")
+    for tls in (EtcdTlsConfig(trust_certs_file=pki.ca_file),                              # no client certificate
+                EtcdTlsConfig(other.ca_file, pki.client_cert_file, pki.client_key_file),  # another CA
+                EtcdTlsConfig()):                                                         # plain text
+        store = _store(etcd, tls, root)
+        try:
+            with pytest.raises(MetadataUnavailable):
+                async with asyncio.timeout(15):
+                    await store.get("/a")
+        finally:
+            await store.close()
+    with pytest.raises(ConfigError, match="--etcd-tls-cert-file"):
+        _store(etcd, EtcdTlsConfig(pki.ca_file, str(tmp_path / "missing.pem"), pki.client_key_file), root)
+
+
+async def test_shell_and_autorecovery_reach_etcd_over_tls(tls_broker, tmp_path):
+    """The bookie and the broker of this module reached etcd over TLS (they started and
+    serve); so do `magnetar shell` (it lists the bookie) and `magnetar autorecovery`
+    (it reads the bookies and serves)."""
+    cluster, pki = tls_broker["cluster"], tls_broker["etcd"].pki
+    code, out, err = await run_cli("shell", "--metadata", cluster.metadata_url, *etcd_tls_flags(pki), "listbookies")
+    assert code == 0 and cluster.bookies[0].bookie_id in out, (out, err)
+    autorecovery = ManagedProcess("autorecovery", python_command(
+        "autorecovery", "--metadata", cluster.metadata_url, "--http-port", "0", *etcd_tls_flags(pki)),
+        str(tmp_path / "autorecovery.log"))
+    autorecovery.spawn()
+    try:
+        await autorecovery.wait_for_log(re.compile(r"autorecovery listening: id=\S+"))
+    finally:
+        autorecovery.kill9()
 
 
 def test_no_password_hash_token_or_key_in_any_log(tls_broker):
