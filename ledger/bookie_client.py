@@ -29,6 +29,8 @@ from protocol.proto import bookie_pb2, bookie_pb2_grpc
 from ledger.config import LedgerClientConfig
 from common.errors import (
     AddTimeout,
+    AuthenticationFailed,
+    AuthorizationDenied,
     BookieUnavailable,
     ConfigError,
     MagnetarError,
@@ -76,6 +78,15 @@ def _error_from_rpc(bookie_id: str, error: grpc.aio.AioRpcError) -> MagnetarErro
         return error_for_code(code, error.details() or "")
     if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
         return AddTimeout(f"bookie {bookie_id} did not answer in time")
+    # A bookie refusing this client's credentials (bookie/security.py) is not a failed
+    # bookie: every bookie with the same settings refuses them, so the writer must not
+    # spend its ensemble changes on it (ledger/handle.py fails at once).
+    if error.code() == grpc.StatusCode.UNAUTHENTICATED:
+        return AuthenticationFailed(f"bookie {bookie_id} refused this client's credentials "
+                                    f"(UNAUTHENTICATED): {error.details()}")
+    if error.code() == grpc.StatusCode.PERMISSION_DENIED:
+        return AuthorizationDenied(f"bookie {bookie_id} refused this client's role "
+                                   f"(PERMISSION_DENIED): {error.details()}")
     return BookieUnavailable(bookie_id, f"{error.code().name}: {error.details()}")
 
 

@@ -17,8 +17,9 @@ MAGNETAR_ETCD_TLS_*), `magnetar shell` and `magnetar autorecovery` reach it, whi
 store without a client certificate, trusting another CA or in plain text is refused;
 no log holds the password, its hash, a token or a private key; the bookie (mutual TLS, service tokens) stores what the broker sends
 with its client certificate and token, and refuses a ledger client without a token,
-with another role's, or without a certificate; and a new certificate written over the
-files is served to new handshakes without a restart.
+with another role's, or without a certificate (AuthenticationFailed / AuthorizationDenied,
+and a ledger handle fails at once with it, no ensemble change); and a new certificate
+written over the files is served to new handshakes without a restart.
 """
 
 from __future__ import annotations
@@ -43,9 +44,11 @@ import pulsar
 import pytest
 
 from common.entry import encode_entry
-from common.errors import ConfigError, MagnetarError, MetadataUnavailable
+from common.errors import AuthorizationDenied, ConfigError, MagnetarError, MetadataUnavailable
 from common.tokens import TokenSigner, create_secret_key
 from ledger.bookie_client import BookieClient
+from ledger.client import LedgerClient
+from metadata import open_store
 from ledger.config import BookieTlsConfig, LedgerClientConfig
 from metadata.etcd_store import EtcdStore, EtcdStoreConfig
 from metadata.etcd_tls import EtcdTlsConfig
@@ -258,11 +261,29 @@ async def test_bookie_refuses_unauthenticated_adds_and_reads(tls_broker):
     with_tls = LedgerClientConfig(bookie_tls_enabled=True, bookie_tls=tls)
     read, add = await _try_add_and_read(with_tls, bookie)            # no token
     assert "UNAUTHENTICATED" in read and add != "ok", (read, add)
+    assert read.startswith("AuthenticationFailed") and add.startswith("AuthenticationFailed"), (read, add)
     other_token = os.path.join(base, "other.token")
     with open(other_token, "w") as handle:
         handle.write(signer.create("someone-else"))
     read, add = await _try_add_and_read(dataclasses.replace(with_tls, bookie_auth_token_file=other_token), bookie)
     assert "PERMISSION_DENIED" in read and add != "ok", (read, add)
+    assert read.startswith("AuthorizationDenied") and add.startswith("AuthorizationDenied"), (read, add)
+    # A writer (a ledger handle) with a refused token fails with the authentication
+    # error itself, without spending its ensemble changes on a bookie that is fine.
+    etcd_pki = tls_broker["etcd"].pki
+    store = open_store(cluster.metadata_url, tls=EtcdTlsConfig(etcd_pki.ca_file, etcd_pki.client_cert_file,
+                                                               etcd_pki.client_key_file))
+    writer = LedgerClient(store, dataclasses.replace(with_tls, bookie_auth_token_file=other_token))
+    try:
+        await writer.start()
+        handle = await writer.create_ledger(1, 1, 1)
+        with pytest.raises(AuthorizationDenied):
+            async with asyncio.timeout(60):   # a guard against a hang, not a measure
+                await handle.add(b"refused")
+        assert handle.ensemble_changes == 0
+    finally:
+        await writer.close()
+        await store.close()
     right_token = os.path.join(base, "right.token")
     with open(right_token, "w") as handle:
         handle.write(signer.create(BROKER_ROLE))
