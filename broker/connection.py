@@ -429,6 +429,8 @@ class ServerConnection(asyncio.Protocol):
     def _on_auth_response(self, frame: Frame) -> None:
         if self.identity is None:
             return   # authentication is off (or failed, and then this never arrives here)
+        if self._refuse_if_too_many(frame):
+            return   # bounded like any request that runs as a task (it has no answer to refuse with)
         self._start_task(self._refresh_identity(frame.command.authResponse))
 
     async def _refresh_identity(self, response: pb.CommandAuthResponse) -> None:
