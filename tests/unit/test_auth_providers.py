@@ -9,7 +9,8 @@ half-written one leaves the old users in force; the authenticator picks the prov
 by method (token, tls from the verified certificate's CN, basic from user:password) and
 over HTTP by scheme (Bearer, Basic) or, without a header, the client certificate;
 providers not configured are refused; AuthConfig and BrokerConfig refuse incomplete
-settings and never show the basic file's inline content.
+settings and never show the basic file's inline content; the new flags of the broker
+and the gateway are set from MAGNETAR_* variables too.
 """
 
 from __future__ import annotations
@@ -160,3 +161,20 @@ def test_config_refuses_incomplete_provider_settings(tmp_path):
     inline = "data:;base64," + base64.b64encode(b"u:" + SHA_PASSWORD).decode()
     config = AuthConfig(authentication_enabled=True, authentication_providers="basic", basic_auth_file=inline)
     assert inline not in repr(config) and "W6ph5" not in repr(config)
+
+
+def test_the_new_flags_come_from_the_environment_too():
+    """MAGNETAR_<FLAG> (magnetar/env_flags.py) sets the providers' flags of the broker
+    and the gateway like any other."""
+    from broker.main import config_from_args
+    from magnetar.cli import parse_command_line
+
+    args = parse_command_line(["broker", "--metadata", "etcd://127.0.0.1:2379"], {
+        "MAGNETAR_AUTHENTICATION_PROVIDERS": "token,tls,basic", "MAGNETAR_BASIC_AUTH_FILE": "/etc/users",
+        "MAGNETAR_PROXY_ROLES": "gateway"})
+    auth = config_from_args(args).auth
+    assert (auth.providers, auth.basic_auth_file, auth.proxies) == (("token", "tls", "basic"), "/etc/users",
+                                                                    frozenset({"gateway"}))
+    args = parse_command_line(["gateway", "--service-url", "pulsar://127.0.0.1:6650"], {
+        "MAGNETAR_AUTHENTICATION_PROVIDERS": "basic,tls", "MAGNETAR_TLS_TRUST_CERTS_FILE": "/etc/ca.pem"})
+    assert (args.authentication_providers, args.tls_trust_certs_file) == ("basic,tls", "/etc/ca.pem")
