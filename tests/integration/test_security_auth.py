@@ -201,10 +201,18 @@ def test_expired_token_refreshed_by_auth_challenge(secured):
         supplied.append(time.monotonic())
         return signer.create(fresh_role, expiry_s=2)
 
-    stale_token = signer.create(stale_role, expiry_s=2)
+    stale_tokens: list[str] = []
+
+    def stale_token() -> str:
+        # Made at the first CONNECT (valid then however slow the steps before it were),
+        # and the same one ever after.
+        if not stale_tokens:
+            stale_tokens.append(signer.create(stale_role, expiry_s=2))
+        return stale_tokens[0]
+
     fresh = pulsar.Client(broker.service_url, authentication=pulsar.AuthenticationToken(fresh_token),
                           operation_timeout_seconds=10)
-    stale = pulsar.Client(broker.service_url, authentication=pulsar.AuthenticationToken(lambda: stale_token),
+    stale = pulsar.Client(broker.service_url, authentication=pulsar.AuthenticationToken(stale_token),
                           operation_timeout_seconds=10)
     try:
         topic = f"persistent://{namespace}/{unique('refresh')}"
