@@ -41,6 +41,11 @@ from common.tls import TlsConfig
 
 log = logging.getLogger(__name__)
 
+# How long a failed write waits for its call's final status (it has one at once when
+# the call ended; a call still open after a failed write is broken anyway).
+_WRITE_STATUS_WAIT_S = 1.0
+
+
 @dataclass(frozen=True, slots=True)
 class BookieLedgerState:
     last_add_confirmed: int
@@ -73,21 +78,26 @@ def _channel_credentials(tls: TlsConfig) -> grpc.ChannelCredentials:
 
 
 def _error_from_rpc(bookie_id: str, error: grpc.aio.AioRpcError) -> MagnetarError:
-    code = error_code_from_metadata(error.trailing_metadata())
+    return _error_from_status(bookie_id, error.code(), error.details(), error.trailing_metadata())
+
+
+def _error_from_status(bookie_id: str, status: grpc.StatusCode, details: str | None, trailing_metadata
+                       ) -> MagnetarError:
+    code = error_code_from_metadata(trailing_metadata)
     if code is not None:
-        return error_for_code(code, error.details() or "")
-    if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return error_for_code(code, details or "")
+    if status == grpc.StatusCode.DEADLINE_EXCEEDED:
         return AddTimeout(f"bookie {bookie_id} did not answer in time")
     # A bookie refusing this client's credentials (bookie/security.py) is not a failed
     # bookie: every bookie with the same settings refuses them, so the writer must not
     # spend its ensemble changes on it (ledger/handle.py fails at once).
-    if error.code() == grpc.StatusCode.UNAUTHENTICATED:
+    if status == grpc.StatusCode.UNAUTHENTICATED:
         return AuthenticationFailed(f"bookie {bookie_id} refused this client's credentials "
-                                    f"(UNAUTHENTICATED): {error.details()}")
-    if error.code() == grpc.StatusCode.PERMISSION_DENIED:
+                                    f"(UNAUTHENTICATED): {details}")
+    if status == grpc.StatusCode.PERMISSION_DENIED:
         return AuthorizationDenied(f"bookie {bookie_id} refused this client's role "
-                                   f"(PERMISSION_DENIED): {error.details()}")
-    return BookieUnavailable(bookie_id, f"{error.code().name}: {error.details()}")
+                                   f"(PERMISSION_DENIED): {details}")
+    return BookieUnavailable(bookie_id, f"{status.name}: {details}")
 
 
 class _AddStream:
@@ -183,11 +193,30 @@ class BookieClient:
             stream.inflight.append((time.monotonic(), futures))
             try:
                 await stream.call.write(bookie_pb2.AddRequest(entries=batch))
-            except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as error:
+            except grpc.aio.AioRpcError as error:
+                # The call ended (the bookie refused it, or it broke): its status says which.
+                self._break(stream, await self._write_failure(stream, error))
+            except (grpc.aio.UsageError, asyncio.InvalidStateError) as error:
                 self._break(stream, BookieUnavailable(self.bookie_id, f"add stream write failed: {error}"))
             except MagnetarError as error:
                 self._break(stream, error)
             self._check_timeouts()
+
+    async def _write_failure(self, stream: _AddStream, error: grpc.aio.AioRpcError) -> MagnetarError:
+        """The error of a write that failed: the call's own final status when it has one.
+        A write racing the bookie's refusal of the call (bookie/security.py aborts it at
+        once) fails with INTERNAL, while the call ended UNAUTHENTICATED or
+        PERMISSION_DENIED, which must not pass for a failed bookie."""
+        try:
+            async with asyncio.timeout(_WRITE_STATUS_WAIT_S):
+                status = await stream.call.code()
+                details = await stream.call.details()
+                trailing_metadata = await stream.call.trailing_metadata()
+        except (TimeoutError, grpc.aio.AioRpcError):
+            return _error_from_rpc(self.bookie_id, error)
+        if status == grpc.StatusCode.OK:
+            return _error_from_rpc(self.bookie_id, error)
+        return _error_from_status(self.bookie_id, status, details, trailing_metadata)
 
     def _stream_now(self) -> _AddStream:
         stream = self._stream
