@@ -34,6 +34,7 @@ from common.errors import (
     BookieUnavailable,
     ConfigError,
     MagnetarError,
+    SecurityError,
     error_for_code,
 )
 from common.tasks import TaskSet
@@ -41,9 +42,9 @@ from common.tls import TlsConfig
 
 log = logging.getLogger(__name__)
 
-# How long a failed write waits for its call's final status (it has one at once when
-# the call ended; a call still open after a failed write is broken anyway).
-_WRITE_STATUS_WAIT_S = 1.0
+# How long a write that failed INTERNAL waits for the bookie to say whether it refuses
+# this client's credentials (one Info call; a live bookie answers in milliseconds).
+_REFUSAL_PROBE_WAIT_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,28 +196,30 @@ class BookieClient:
                 await stream.call.write(bookie_pb2.AddRequest(entries=batch))
             except grpc.aio.AioRpcError as error:
                 # The call ended (the bookie refused it, or it broke): its status says which.
-                self._break(stream, await self._write_failure(stream, error))
+                self._break(stream, await self._write_failure(error))
             except (grpc.aio.UsageError, asyncio.InvalidStateError) as error:
                 self._break(stream, BookieUnavailable(self.bookie_id, f"add stream write failed: {error}"))
             except MagnetarError as error:
                 self._break(stream, error)
             self._check_timeouts()
 
-    async def _write_failure(self, stream: _AddStream, error: grpc.aio.AioRpcError) -> MagnetarError:
-        """The error of a write that failed: the call's own final status when it has one.
-        A write racing the bookie's refusal of the call (bookie/security.py aborts it at
-        once) fails with INTERNAL, while the call ended UNAUTHENTICATED or
-        PERMISSION_DENIED, which must not pass for a failed bookie."""
+    async def _write_failure(self, error: grpc.aio.AioRpcError) -> MagnetarError:
+        """The error of a write that failed. A write racing the bookie's refusal of the
+        call (bookie/security.py aborts it at once) fails INTERNAL in gRPC's core, and
+        the call's own status (UNAUTHENTICATED / PERMISSION_DENIED) is lost; a refused
+        writer must not pass for a failed bookie, so an INTERNAL failure asks the bookie
+        once (Info, with the same credentials) whether it refuses them."""
+        failure = _error_from_rpc(self.bookie_id, error)
+        if error.code() != grpc.StatusCode.INTERNAL:
+            return failure
         try:
-            async with asyncio.timeout(_WRITE_STATUS_WAIT_S):
-                status = await stream.call.code()
-                details = await stream.call.details()
-                trailing_metadata = await stream.call.trailing_metadata()
-        except (TimeoutError, grpc.aio.AioRpcError):
-            return _error_from_rpc(self.bookie_id, error)
-        if status == grpc.StatusCode.OK:
-            return _error_from_rpc(self.bookie_id, error)
-        return _error_from_status(self.bookie_id, status, details, trailing_metadata)
+            async with asyncio.timeout(_REFUSAL_PROBE_WAIT_S):
+                await self.info()
+        except SecurityError as refused:
+            return refused
+        except (TimeoutError, MagnetarError):
+            pass
+        return failure
 
     def _stream_now(self) -> _AddStream:
         stream = self._stream
