@@ -10,6 +10,7 @@ from broker.managed_ledger import ManagedLedgerConfig
 from common.entry import ENTRY_HEADER_SIZE
 from common.errors import ConfigError
 from common.tls import TlsConfig
+from metadata.etcd_tls import EtcdTlsConfig
 
 MIB = 1024 * 1024
 
@@ -45,6 +46,8 @@ def parse_listeners(text: str) -> dict[str, str]:
 @dataclass(frozen=True)
 class BrokerConfig:
     metadata_url: str
+    # TLS toward etcd (metadata/etcd_tls.py; --etcd-tls-* flags).
+    metadata_tls: EtcdTlsConfig = field(default_factory=EtcdTlsConfig)
     cluster: str = "standalone"
     host: str = "127.0.0.1"
     port: int = 6650
@@ -172,6 +175,9 @@ class BrokerConfig:
             raise ConfigError("tls_port and http_tls_port must be in [0, 65535]")
         if not self.plain_ports_enabled and not self.tls.enabled:
             raise ConfigError("plain_ports_enabled off needs TLS (a tls cert_file and key_file)")
+        if self.auth.authentication_enabled and "tls" in self.auth.providers and not self.tls.trust_certs_file:
+            raise ConfigError("the tls authentication provider needs TLS with trust_certs_file "
+                              "(the CA that signs client certificates)")
         if not 1024 <= self.max_message_size <= 64 * MIB:
             raise ConfigError("max_message_size must be in [1 KiB, 64 MiB]")
         if not 1 <= self.pending_sends_per_connection_max <= 1_000_000:

@@ -28,7 +28,9 @@ Theory of operation:
   passes its high-water mark the connection is not writable and dispatchers hold off
   until it drains.
 - Authentication (broker/authentication.py), when on: CONNECT must carry a role's
-  credentials (auth method ``token``). A CONNECT whose credentials fail is still
+  credentials for one of the configured providers (auth method ``token`` or ``basic``
+  with its data, or ``tls`` with the client certificate of the TLS handshake); it is
+  checked in a task, and CONNECTED written after. A CONNECT whose credentials fail is still
   answered CONNECTED, and the first request after it is answered with
   AuthenticationError and the connection closed: the official C++-based clients treat
   an ERROR in place of CONNECTED as a connect error and retry until their timeout
@@ -36,8 +38,11 @@ Theory of operation:
   the operation at once. Nothing but PING/PONG is served to such a connection. Authorization: lookups and
   partition metadata need produce or consume on the topic, PRODUCER produce, SUBSCRIBE
   consume. ``recheck_permissions`` (the service calls it periodically and after a
-  revoke) closes producers and consumers whose role lost its permission, and the whole
-  connection once its token has expired.
+  revoke) closes producers and consumers whose role lost its permission. A connection
+  whose token has expired is sent AUTH_CHALLENGE when its client announced auth refresh
+  (CONNECT's ``supports_auth_refresh``); an AUTH_RESPONSE with a valid token of the same
+  role keeps it open, and anything else (an invalid answer, another role, or no answer
+  by the next check) closes it, as does expiry for a client without refresh.
 - Limits against abuse (BrokerConfig): past ``connections_max`` in total or
   ``connections_per_address_max`` from one IP address a new connection is closed at
   once (a warning per episode); CONNECT must arrive within ``connect_timeout_s``; a
@@ -63,7 +68,7 @@ from typing import TYPE_CHECKING, Callable
 from protocol import commands
 from protocol.codec import NEED_DATA, CommandDecoder, Frame, PayloadChecksumMismatch, command_name, encode_command
 from broker import policy_enforcement, schemas, topic_list
-from broker.authentication import Identity
+from broker.authentication import TOKEN_METHOD, Identity
 from broker.authorization import CONSUME, PRODUCE
 from broker.consumer import Consumer
 from broker.deduplication import Verdict
@@ -132,6 +137,13 @@ class ServerConnection(asyncio.Protocol):
         self.identity: Identity | None = None
         # Set when CONNECT's credentials failed: every request is refused with it.
         self._authentication_failure: AuthenticationFailed | None = None
+        # CONNECT is being authenticated (a task); CONNECTED is not written yet.
+        self._connecting = False
+        # The client announced AUTH_CHALLENGE support (CONNECT feature flags).
+        self.supports_auth_refresh = False
+        # An AUTH_CHALLENGE was sent and not yet answered with valid credentials.
+        self._challenged = False
+        self.auth_refreshes = 0
         self.writable = True
         self.producers: dict[int, Producer] = {}
         self._producer_topics: dict[int, "PersistentTopic"] = {}
@@ -161,6 +173,7 @@ class ServerConnection(asyncio.Protocol):
             T.CONNECT: self._on_connect,
             T.PING: self._on_ping,
             T.PONG: self._on_pong,
+            T.AUTH_RESPONSE: self._on_auth_response,
             T.PARTITIONED_METADATA: self._spawn(self._on_partitioned_metadata),
             T.LOOKUP: self._spawn(self._on_lookup),
             T.PRODUCER: self._on_producer,
@@ -387,31 +400,80 @@ class ServerConnection(asyncio.Protocol):
     # --- connection-level commands ---------------------------------------------------------------
 
     def _on_connect(self, frame: Frame) -> None:
-        if self.connected:
+        if self.connected or self._connecting:
             self.write_command(commands.error(0, pb.NotAllowedError, "already connected"))
             return
         connect = frame.command.connect
-        authenticator = self.service.authenticator
-        if authenticator.enabled:
-            method = connect.auth_method_name if connect.HasField("auth_method_name") else ""
-            data = connect.auth_data if connect.HasField("auth_data") else None
-            try:
-                self.identity = authenticator.authenticate(method, data)
-            except AuthenticationFailed as error:
-                # The reason, never the credential. The first request gets the error and
-                # the connection ends (see the module's docstring).
-                log.info("authentication failed: peer=%s method=%s error=%s", self.peer, method[:32], error.message)
-                self._authentication_failure = error
+        if not self.service.authenticator.enabled:
+            self._finish_connect(connect)
+            return
+        # Providers may take a while (bcrypt runs in a thread): CONNECTED is written when
+        # the check is done; the client sends nothing else before it.
+        self._connecting = True
+        self._start_task(self._authenticate_connect(connect))
+
+    def _peer_certificate(self) -> dict | None:
+        """The client certificate the TLS handshake verified (None on a plain port or
+        when the client sent none)."""
+        return self.transport.get_extra_info("peercert") if self.transport is not None else None
+
+    async def _authenticate_connect(self, connect: pb.CommandConnect) -> None:
+        method = connect.auth_method_name if connect.HasField("auth_method_name") else ""
+        data = connect.auth_data if connect.HasField("auth_data") else None
+        try:
+            self.identity = await self.service.authenticator.authenticate(method, data, self._peer_certificate())
+        except AuthenticationFailed as error:
+            # The reason, never the credential. The first request gets the error and
+            # the connection ends (see the module's docstring).
+            log.info("authentication failed: peer=%s method=%s error=%s", self.peer, method[:32], error.message)
+            self._authentication_failure = error
+        if not self.is_closing:
+            self._finish_connect(connect)
+
+    def _finish_connect(self, connect: pb.CommandConnect) -> None:
         self.client_version = connect.client_version
         self.protocol_version = commands.negotiated_protocol_version(connect.protocol_version)
         self.supports_partial_producer = connect.feature_flags.supports_partial_producer
+        self.supports_auth_refresh = connect.feature_flags.supports_auth_refresh
         self.connected = True
         # Announced because this broker serves WATCH_TOPIC_LIST: a client that knows the
         # flag (the Java one) watches instead of polling for its pattern consumers.
         self.write_command(commands.connected(SERVER_VERSION, self.protocol_version, self.config.max_message_size,
                                               pb.FeatureFlags(supports_topic_watchers=True)))
-        log.debug("client connected: peer=%s client=%s protocol=%d role=%s", self.peer, self.client_version,
-                  self.protocol_version, self.role)
+        log.debug("client connected: peer=%s client=%s protocol=%d role=%s method=%s", self.peer,
+                  self.client_version, self.protocol_version, self.role,
+                  self.identity.method if self.identity is not None else "-")
+
+    def _on_auth_response(self, frame: Frame) -> None:
+        if self.identity is None:
+            return   # authentication is off (or failed, and then this never arrives here)
+        if self._refuse_if_too_many(frame):
+            return   # bounded like any request that runs as a task (it has no answer to refuse with)
+        self._start_task(self._refresh_identity(frame.command.authResponse))
+
+    async def _refresh_identity(self, response: pb.CommandAuthResponse) -> None:
+        """Takes a client's fresh credentials (the answer to AUTH_CHALLENGE): the same
+        role must come back, verified, or the connection ends."""
+        assert self.identity is not None
+        method = response.response.auth_method_name or self.identity.method
+        data = response.response.auth_data if response.response.HasField("auth_data") else None
+        try:
+            identity = await self.service.authenticator.authenticate(method, data, self._peer_certificate())
+        except AuthenticationFailed as error:
+            log.info("credential refresh failed, closing connection: peer=%s role=%s method=%s error=%s",
+                     self.peer, self.role, method[:32], error.message)
+            self.close()
+            return
+        if identity.role != self.identity.role:
+            log.info("credential refresh names another role, closing connection: peer=%s role=%s new_role=%s",
+                     self.peer, self.role, identity.role)
+            self.close()
+            return
+        self.identity = identity
+        self._challenged = False
+        self.auth_refreshes += 1
+        log.info("credential refreshed: peer=%s role=%s method=%s expires_at_s=%s", self.peer, self.role,
+                 identity.method, identity.expires_at_s)
 
     @property
     def role(self) -> str | None:
@@ -424,9 +486,16 @@ class ServerConnection(asyncio.Protocol):
         if self.closed or self.identity is None:
             return
         if not self.service.authenticator.still_valid(self.identity):
-            log.info("credential expired, closing connection: peer=%s role=%s", self.peer, self.role)
-            self.close()
-            return
+            if self._challenged or not self.supports_auth_refresh or self.identity.method != TOKEN_METHOD:
+                log.info("credential expired, closing connection: peer=%s role=%s challenged=%s", self.peer,
+                         self.role, self._challenged)
+                self.close()
+                return
+            # Pulsar's refresh: the client answers with fresh credentials (its token
+            # supplier's) before the next check, or the connection ends then.
+            self._challenged = True
+            self.write_command(commands.auth_challenge(SERVER_VERSION, self.protocol_version, TOKEN_METHOD))
+            log.info("credential expired, challenging the client: peer=%s role=%s", self.peer, self.role)
         authorizer = self.service.authorizer
         if not authorizer.enabled:
             return

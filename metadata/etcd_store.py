@@ -1,8 +1,8 @@
 """The metadata store on a real etcd, through its v3 gRPC API (the ``aetcd`` client).
 
 Theory of operation:
-- One ``aetcd.Client`` per store. Every call is bounded by ``call_timeout_s``; callers
-  never see aetcd's or gRPC's types. Errors that say the endpoint did not answer
+- One ``aetcd.Client`` per store (over TLS with ``config.tls``: metadata/etcd_tls.py).
+  Every call is bounded by ``call_timeout_s``; callers never see aetcd's or gRPC's types. Errors that say the endpoint did not answer
   (unavailable, timeout, a torn stream) become ``MetadataUnavailable`` (retriable);
   errors that say etcd refused the request itself (too large, bad argument, no
   permission) become non-retriable errors, and a lease etcd does not know becomes
@@ -63,6 +63,7 @@ import aetcd.rpc as etcd_rpc
 import aetcd.utils
 
 from common.errors import ConfigError, InvalidArgument, MagnetarError, MetadataLeaseExpired, MetadataUnavailable
+from metadata.etcd_tls import CredentialFiles, EtcdTlsConfig, SecureClient
 from common.tasks import TaskSet, cancel_and_wait, log_failure
 from metadata.store import Compare, Delete, Lease, MetadataStore, Put, Record, Watch, WatchEvent
 
@@ -134,6 +135,8 @@ class EtcdStoreConfig:
     reads_in_flight_max: int = 256
     # Reconnecting watches retry for this long before giving up on etcd.
     watch_reconnect_s_max: float = 120.0
+    # TLS toward etcd (metadata/etcd_tls.py); off unless a file is given.
+    tls: EtcdTlsConfig = EtcdTlsConfig()
 
     def __post_init__(self) -> None:
         if not self.endpoints:
@@ -144,7 +147,8 @@ class EtcdStoreConfig:
             raise ConfigError("call_timeout_s must be in (0, 60]")
 
 
-def parse_metadata_url(url: str, *, root: str = "/magnetar/standalone") -> EtcdStoreConfig:
+def parse_metadata_url(url: str, *, root: str = "/magnetar/standalone",
+                       tls: EtcdTlsConfig = EtcdTlsConfig()) -> EtcdStoreConfig:
     """``etcd://host:port[,host:port...][/root]`` → EtcdStoreConfig."""
     scheme = "etcd://"
     if not url.startswith(scheme):
@@ -159,7 +163,7 @@ def parse_metadata_url(url: str, *, root: str = "/magnetar/standalone") -> EtcdS
         if not colon or not host or not port_text.isdigit():
             raise ConfigError(f"metadata endpoint must be host:port: {item!r}")
         endpoints.append((host, int(port_text)))
-    return EtcdStoreConfig(endpoints=tuple(endpoints), root=root)
+    return EtcdStoreConfig(endpoints=tuple(endpoints), root=root, tls=tls)
 
 
 def _cancellation_pending() -> bool:
@@ -295,6 +299,8 @@ class EtcdStore(MetadataStore):
         # piles up calls (and memory) without limit: issue 13's live fuzz.
         self._read_slots = asyncio.Semaphore(config.reads_in_flight_max)
         self._closed = False
+        # TLS: the PEM files, read now (a wrong path fails here) and again per connection.
+        self._credential_files = CredentialFiles(config.tls) if config.tls.enabled else None
 
     # --- connection -------------------------------------------------------------------
 
@@ -307,7 +313,10 @@ class EtcdStore(MetadataStore):
 
     def _new_client(self, endpoint_index: int) -> aetcd.Client:
         host, port = self.config.endpoints[endpoint_index % len(self.config.endpoints)]
-        return aetcd.Client(
+        secure = self._credential_files is not None
+        client_class = functools.partial(SecureClient, credentials=self._credential_files.credentials()) \
+            if secure else aetcd.Client
+        return client_class(
             host=host,
             port=port,
             timeout=self.config.call_timeout_s,

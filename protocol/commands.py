@@ -48,6 +48,15 @@ def connected(server_version: str, protocol_version: int,
     return wrap(body)
 
 
+def auth_challenge(server_version: str, protocol_version: int, auth_method_name: str) -> pb.BaseCommand:
+    """Asks a connected client for fresh credentials of ``auth_method_name`` (the data
+    ``refresh``, as Pulsar's brokers send it when a credential expires)."""
+    assert server_version
+    return wrap(pb.CommandAuthChallenge(server_version=server_version, protocol_version=protocol_version,
+                                        challenge=pb.AuthData(auth_method_name=auth_method_name,
+                                                              auth_data=b"refresh")))
+
+
 def ping() -> pb.BaseCommand:
     return wrap(pb.CommandPing())
 
