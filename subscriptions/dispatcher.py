@@ -163,6 +163,15 @@ class Dispatcher(abc.ABC):
         task, self._task = self._task, None
         await cancel_and_wait(task)
 
+    def retire(self) -> asyncio.Task[None] | None:
+        """Stops this dispatcher at once (its subscription changed mode and made
+        another); returns its loop's task, cancelled, for the caller to await."""
+        self._closed = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+        return task
+
     # --- the loop ----------------------------------------------------------------------------
 
     async def _run(self) -> None:
