@@ -627,8 +627,17 @@ class BrokerService:
         assert self.leader is not None and self.broker_reports is not None
         ownership, reports = self.ownership, self.broker_reports
         await self.leader.step_down()
+        ownership.stop_taking()
+        # First out of the load reports (the reporter stopped, its report deleted): no
+        # broker hands a bundle to this one and the leader assigns it none (brokers
+        # drained together would otherwise hand bundles to each other).
+        await self._background.close()
+        try:
+            await self.store.delete(keys.broker(self.broker_id))
+        except MagnetarError as error:
+            log.warning("deleting the load report before the hand-over failed: broker_id=%s error=%s",
+                        self.broker_id, error)
         await ownership.release_all(lambda _bundle: ownership.handover_target(reports))
-        await self._background.close()   # the load reporter too: this broker takes no more bundles
         await self.leader.close()
         await ownership.retire()
 

@@ -612,6 +612,11 @@ class OwnershipManager:
             except MagnetarError as error:
                 log.warning("releasing a bundle at shutdown failed: bundle=%s error=%s", bkey, error)
 
+    def stop_taking(self) -> None:
+        """The broker begins to leave: no bundle assigned to it from now on is taken
+        (the leader moves such assignments on once its load report is gone)."""
+        self._retired = True
+
     async def retire(self) -> None:
         """After ``release_all``, as the broker leaves: it takes no more bundles and its
         lease is revoked (a key it still holds goes with it) and never renewed."""
