@@ -448,7 +448,8 @@ def report_markdown(results: dict) -> str:
         lines += ["", f"## {name}: stages (mean / p50 / p99 ms, from the servers' histograms) and CPU", ""]
         for workload in ("durable_ack", "e2e", "publish", "fanout"):
             stages = system["stages"].get(workload) or {}
-            cells = ", ".join(f"{key} {s['mean_ms']}/{s['p50_ms']}/{s['p99_ms']}" for key, s in stages.items())
+            cells = ", ".join(f"{key} {s['mean_ms']}/{s.get('p50_ms', '-')}/{s.get('p99_ms', '-')}"
+                              for key, s in stages.items())
             lines.append(f"- {workload}: {cells or '-'}")
         lines.append("")
         for workload in WORKLOADS:

@@ -22,31 +22,31 @@ SCRAPE_TIMEOUT_S = 5.0
 
 STAGES: list[tuple[str, str, str]] = [
     ("broker_send_decode", "magnetar_broker_send_decode_seconds",
-     "broker: a SEND frame's decode + checks, until handed to the managed ledger"),
+     "broker: a SEND's bytes read until its entry is appended to the managed ledger"),
     ("broker_ledger_queue", "magnetar_broker_managed_ledger_queue_seconds",
-     "broker: an append waiting for a ledger (rollover) before its write starts"),
-    ("broker_bookie_sender_wait", "magnetar_broker_bookie_add_send_wait_seconds",
-     "broker: an add queued for a bookie until its stream message is written"),
+     "broker: an append waiting for a ledger (rollover) before it is submitted"),
+    ("broker_ledger_add", "magnetar_broker_ledger_add_seconds",
+     "broker: an entry submitted to its ledger until the ack quorum confirmed it (in order)"),
+    ("broker_bookie_send_wait", "magnetar_broker_bookie_add_send_wait_seconds",
+     "broker: an add queued for a bookie until its add-stream message is written"),
     ("broker_bookie_round_trip", "magnetar_broker_bookie_add_round_trip_seconds",
-     "broker: an add's stream message written until the bookie's reply is read"),
+     "broker: an add-stream message written until the bookie's reply is read"),
     ("bookie_add", "magnetar_bookie_add_batch_latency_seconds",
-     "bookie: an add batch's arrival to its reply (journal included)"),
+     "bookie: an add batch's arrival until its reply is handed to gRPC (journal included)"),
     ("bookie_journal_queue_wait", "magnetar_bookie_journal_queue_wait_seconds",
      "bookie: an add waiting in the journal queue until its group's write began"),
+    ("bookie_journal_round", "magnetar_bookie_journal_round_latency_seconds",
+     "bookie: a journal group handed to the IO thread until the loop has the result"),
     ("bookie_journal_write", "magnetar_bookie_journal_write_latency_seconds",
      "bookie: a journal group's write(2)"),
     ("bookie_journal_fdatasync", "magnetar_bookie_journal_fdatasync_latency_seconds",
      "bookie: a journal group's fdatasync(2)"),
-    ("bookie_journal_fsync", "magnetar_bookie_journal_fsync_latency_seconds",
-     "bookie: a journal group's write + fdatasync (thread hop included)"),
     ("bookie_ack_back", "magnetar_bookie_add_reply_latency_seconds",
-     "bookie: a batch's fdatasync returned until its reply is handed to gRPC"),
-    ("broker_ack_back", "magnetar_broker_publish_ack_latency_seconds",
-     "broker: the ack quorum reached until the receipt is written"),
+     "bookie: a batch's fdatasync done until its reply is written"),
     ("broker_publish", "magnetar_broker_publish_latency_seconds",
-     "broker: a SEND's arrival to its receipt (all of the above)"),
-    ("broker_dispatch", "magnetar_broker_dispatch_latency_seconds",
-     "broker: an entry confirmed until a consumer's MESSAGE is written (tailing reads)"),
+     "broker: a SEND handled until its receipt is written (storage included)"),
+    ("broker_dispatch", "magnetar_broker_dispatch_seconds",
+     "broker: the newest confirmed entry until written to a tailing consumer"),
 ]
 
 
@@ -132,7 +132,29 @@ def breakdown(before: dict[str, dict], after: dict[str, dict]) -> dict:
         result[key] = {"samples": int(count), "mean_ms": ms(delta["sum"] / count),
                        "p50_ms": ms(quantile(0.5, delta["buckets"])), "p99_ms": ms(quantile(0.99, delta["buckets"])),
                        "what": meaning}
+    result.update(derived(result))
     return result
+
+
+def derived(stages: dict) -> dict:
+    """Stages no one histogram covers, as differences of means (approximate: the two
+    histograms may weigh their samples differently, per entry or per batch)."""
+    found = {}
+
+    def mean(key: str) -> float | None:
+        return stages[key]["mean_ms"] if key in stages else None
+
+    round_trip, bookie_add = mean("broker_bookie_round_trip"), mean("bookie_add")
+    if round_trip is not None and bookie_add is not None:
+        found["grpc_transport"] = {"mean_ms": round(round_trip - bookie_add, 3),
+                                   "what": "derived: broker_bookie_round_trip - bookie_add (gRPC both ways)"}
+    publish, ledger_add = mean("broker_publish"), mean("broker_ledger_add")
+    if publish is not None and ledger_add is not None:
+        queue = mean("broker_ledger_queue") or 0.0
+        found["broker_receipt_back"] = {
+            "mean_ms": round(publish - ledger_add - queue, 3),
+            "what": "derived: broker_publish - broker_ledger_queue - broker_ledger_add (ordering, receipt)"}
+    return found
 
 
 def scrape_all(urls: list[str]) -> dict[str, dict]:
