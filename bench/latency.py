@@ -180,8 +180,9 @@ def children_of(pid: int) -> dict[str, int]:
 
 
 class Standalone:
-    def __init__(self, tree: str, base_dir: str, bookies: int, copies: int) -> None:
+    def __init__(self, tree: str, base_dir: str, bookies: int, copies: int, env: dict[str, str] | None = None) -> None:
         self.tree = tree
+        self.extra_env = env or {}
         self.data_dir = os.path.join(base_dir, "data")
         self.bookies = bookies
         self.copies = copies
@@ -200,7 +201,7 @@ class Standalone:
                 "--broker-port", str(ports["broker"]), "--broker-http-port", str(ports["broker_http"]),
                 "--gateway-port", str(ports["gateway"]), "--bookie-port-base", str(ports["bookie"]),
                 "--bookie-http-port-base", str(ports["bookie_http"])]
-        env = {**os.environ, "PYTHONPATH": self.tree}
+        env = {**os.environ, "PYTHONPATH": self.tree, **self.extra_env}
         with open(self.log_path, "ab") as log_file:
             self.process = subprocess.Popen(argv, cwd=self.tree, stdout=subprocess.PIPE, stderr=log_file, env=env,
                                             start_new_session=True)
@@ -241,10 +242,11 @@ class Standalone:
 
 # --- one system -----------------------------------------------------------------------------------
 
-async def run_system(args: argparse.Namespace, tree: str, build: str, config: str) -> dict:
+async def run_system(args: argparse.Namespace, tree: str, build: str, config: str,
+                     env: dict[str, str] | None = None) -> dict:
     bookies, copies = CONFIGS[config]
     base_dir = tempfile.mkdtemp(prefix=f"magnetar-latency-{build}-{config}-", dir=args.dir)
-    standalone = Standalone(tree, base_dir, bookies, copies)
+    standalone = Standalone(tree, base_dir, bookies, copies, env)
     sampler = CpuSampler()
     result: dict = {"build": build, "config": config, "bookies": bookies, "copies": copies}
     try:
@@ -345,11 +347,14 @@ def problems(system: dict) -> list[str]:
 
 async def main_async(args: argparse.Namespace) -> dict:
     started = time.monotonic()
-    trees = [("current", REPO_DIR)]
+    trees = [("current", REPO_DIR, {})]
     scratch = tempfile.mkdtemp(prefix="magnetar-latency-trees-", dir=args.dir)
     try:
-        if args.baseline_rev:
-            trees.insert(0, ("baseline", prepare_baseline_tree(args.baseline_rev, scratch)))
+        if args.baseline_rev or args.baseline_env:
+            baseline_env = dict(item.split("=", 1) for item in args.baseline_env)
+            tree = (prepare_baseline_tree(args.baseline_rev, scratch) if args.baseline_rev not in (None, "current")
+                    else REPO_DIR)
+            trees.insert(0, ("baseline", tree, baseline_env))
         runs = []
         for repeat in range(args.repeat):
             probe_dir = tempfile.mkdtemp(prefix="magnetar-latency-probe-", dir=args.dir)
@@ -360,8 +365,8 @@ async def main_async(args: argparse.Namespace) -> dict:
                 shutil.rmtree(probe_dir, ignore_errors=True)
             systems = []
             for config in args.configs:
-                for build, tree in trees:
-                    system = await run_system(args, tree, build, config)
+                for build, tree, env in trees:
+                    system = await run_system(args, tree, build, config, env)
                     system["headline"] = headline(system)
                     systems.append(system)
                     print(json.dumps({"repeat": repeat, "build": build, "config": config,
@@ -374,9 +379,9 @@ async def main_async(args: argparse.Namespace) -> dict:
                             "max_pending": 1000, "rate": args.rate, "e2e_seconds": args.e2e_seconds,
                             "publish_seconds": args.publish_seconds, "ack_messages": args.ack_messages,
                             "repeat": args.repeat, "configs": args.configs,
-                            "baseline_rev": args.baseline_rev},
+                            "baseline_rev": args.baseline_rev, "baseline_env": args.baseline_env},
                "runs": runs}
-    results["summary"] = summarize(results, [build for build, _ in trees])
+    results["summary"] = summarize(results, [build for build, _, _ in trees])
     results["total_seconds"] = round(time.monotonic() - started, 1)
     return results
 
@@ -467,6 +472,9 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--baseline-rev", default=None,
                         help="also run this git revision of the repository, interleaved (before/after)")
+    parser.add_argument("--baseline-env", action="append", default=[],
+                        help="KEY=VALUE for the baseline's processes (repeat); with no --baseline-rev (or "
+                             "'current') the baseline is this tree, e.g. MAGNETAR_EVENT_LOOP=asyncio")
     parser.add_argument("--ack-messages", type=int, default=1000)
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--e2e-seconds", type=float, default=5.0)

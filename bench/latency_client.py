@@ -294,6 +294,11 @@ class Client:
     def run(self) -> dict:
         args = self.args
         results = {}
+        if args.only:
+            for name in args.only.split(","):
+                results[name] = self.measured(name, getattr(self, name))
+            self.client.close()
+            return results
         results["durable_ack"] = self.measured("durable_ack", self.durable_ack)
         results["e2e"] = self.measured("e2e", self.e2e)
         self.create_subscriptions()
@@ -324,6 +329,7 @@ def main() -> int:
     parser.add_argument("--publish-seconds", type=float, default=4.0)
     parser.add_argument("--max-pending", type=int, default=1000)
     parser.add_argument("--batch-delay-ms", type=int, default=1)
+    parser.add_argument("--only", default="", help="only these latency workloads (durable_ack,e2e), for profiling")
     args = parser.parse_args()
     results = Client(args).run()
     print(json.dumps({"summary": True, **{k: v for k, v in results.items()}}), flush=True)

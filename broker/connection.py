@@ -177,7 +177,10 @@ class ServerConnection(asyncio.Protocol):
     # --- asyncio.Protocol --------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # A stream transport: asyncio's own, or uvloop's (common/event_loop.py), which
+        # is not a subclass of asyncio.Transport.
+        assert callable(getattr(transport, "write", None)), transport
+        assert callable(getattr(transport, "pause_reading", None)), transport
         self.transport = transport
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
