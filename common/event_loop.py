@@ -1,47 +1,30 @@
 """Which asyncio event loop a Magnetar process runs on.
 
-The servers (bookie, broker, gateway, auto-recovery) run on uvloop: measured with
-bench/latency.py (docs/performance.md), its libuv loop takes less CPU per socket read
-and write and per cross-thread wake-up (the journal's IO thread, gRPC's poller thread)
-than the standard selector loop, which every stage of a publish pays several times.
-``asyncio`` is kept as a choice (``--event-loop asyncio``) to compare the two and as a
-way out should a platform lack uvloop; ``auto`` is uvloop for the servers, the standard
-loop for the tools and the standalone supervisor (which forks children with a
-``preexec_fn``, and gains nothing from a faster loop).
+The standard asyncio loop, unless ``--event-loop uvloop`` (or MAGNETAR_EVENT_LOOP=uvloop)
+asks for uvloop. uvloop was tried as the servers' default for issue 16 and measured with
+bench/latency.py against the standard loop, same tree, same run, 3 repeats
+(bench/results/latency_uvloop_vs_asyncio.md, docs/performance.md): no workload gained
+in all three repeats, and the durable-ack p50 (1x1) and the 3x2 publish rate were worse
+in two of three. The path is a chain of wake-ups across gRPC's threads and the journal
+thread (docs/performance.md), which a faster loop does not shorten. It stays a choice,
+to measure again on a quiet machine.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 
-log = logging.getLogger(__name__)
-
-EVENT_LOOPS = ("auto", "uvloop", "asyncio")
-# The commands that serve traffic: they take uvloop under ``auto``.
-SERVER_COMMANDS = frozenset({"bookie", "broker", "gateway", "autorecovery"})
+EVENT_LOOPS = ("asyncio", "uvloop")
 
 
-def chosen_loop(choice: str, command: str | None) -> str:
-    """"uvloop" or "asyncio" for ``command`` under ``choice`` (pure)."""
-    assert choice in EVENT_LOOPS, choice
-    if choice == "auto":
-        return "uvloop" if command in SERVER_COMMANDS else "asyncio"
-    return choice
-
-
-def install(choice: str, command: str | None) -> str:
+def install(choice: str) -> str:
     """Makes every later ``asyncio.run`` of this process use the chosen loop; returns
-    its name. uvloop missing (a platform without a wheel) falls back to asyncio under
-    ``auto`` and is an error when asked for by name."""
-    loop = chosen_loop(choice, command)
-    if loop == "uvloop":
-        try:
-            import uvloop
-        except ImportError:
-            if choice == "uvloop":
-                raise
-            log.warning("uvloop is not installed, using the standard asyncio loop")
-            return "asyncio"
+    its name."""
+    assert choice in EVENT_LOOPS, choice
+    if choice == "uvloop":
+        import uvloop
+
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    return loop
+    else:
+        asyncio.set_event_loop_policy(None)    # the standard policy
+    return choice

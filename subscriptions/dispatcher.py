@@ -221,9 +221,11 @@ class Dispatcher(abc.ABC):
         if not self._woken_by_entries:
             return   # not tailing: a backlog read (its entries were confirmed long ago)
         ledger = self.subscription.ledger
+        # The first entry sent after the wake-up settles it: the newest one is timed; an
+        # older one means this round reads a backlog, which is not the tail's latency.
+        self._woken_by_entries = False
         stages = getattr(ledger, "stages", None)
         if stages is not None and position == ledger.last_confirmed:
-            self._woken_by_entries = False
             stages.observe("dispatch", time.perf_counter() - ledger.last_confirmed_at)
 
     def _count_entry(self, message_count: int) -> None:
