@@ -91,7 +91,7 @@ bench-delayed-delivery: setup
 bench-bookie: setup
 	$(PY) bench/bookie_bench.py --out bench/results/bookie.json
 
-# Latency first (issue 16; about 1 minute a repeat): `magnetar standalone` with 1 bookie / 1 copy
+# Latency first (issue 16; about 1.5-2 minutes a repeat): `magnetar standalone` with 1 bookie / 1 copy
 # and the default 3 / 2, through the official client: durable ack, end to end at 1,000 msgs/s,
 # publish, drain, work queue, fan-out; CPU per process, per-stage histograms of the servers,
 # against fdatasync and loopback-echo baselines of the same run (bench/results/latency.json,
