@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -64,6 +65,7 @@ def main() -> int:
         client.wait()
     finally:
         standalone.stop()
+        shutil.rmtree(base_dir, ignore_errors=True)
     return 0
 
 
