@@ -68,7 +68,7 @@ MESSAGE_BYTES = 1024
 READY_TIMEOUT_S = 90.0
 CLIENT_TIMEOUT_S = 240.0
 STOP_TIMEOUT_S = 30.0
-WORKLOADS = ("durable_ack", "e2e", "publish", "drain", "work_queue", "fanout")
+WORKLOADS = ("durable_ack", "raw_durable_ack", "e2e", "publish", "drain", "work_queue", "fanout")
 
 
 # --- baselines ---------------------------------------------------------------------------------
@@ -318,6 +318,8 @@ def headline(system: dict) -> dict:
         "e2e_p999_ms": get("e2e", "latency_ms", "p99.9"),
         "ack_p50_ms": get("durable_ack", "latency_ms", "p50"), "ack_p99_ms": get("durable_ack", "latency_ms", "p99"),
         "ack_p999_ms": get("durable_ack", "latency_ms", "p99.9"),
+        "raw_ack_p50_ms": get("raw_durable_ack", "latency_ms", "p50"),
+        "raw_ack_p99_ms": get("raw_durable_ack", "latency_ms", "p99"),
         "drain_msgs_per_s": get("drain", "msgs_per_s"), "work_queue_msgs_per_s": get("work_queue", "msgs_per_s"),
         "fanout_msgs_per_s": get("fanout", "msgs_per_s"),
     }
@@ -428,7 +430,8 @@ def summarize(results: dict, builds: list[str]) -> dict:
 HEADLINE_ROWS = [("publish msgs/s", "publish_msgs_per_s"), ("e2e @rate p50 ms", "e2e_p50_ms"),
                  ("e2e @rate p99 ms", "e2e_p99_ms"), ("e2e @rate p99.9 ms", "e2e_p999_ms"),
                  ("durable ack p50 ms", "ack_p50_ms"), ("durable ack p99 ms", "ack_p99_ms"),
-                 ("durable ack p99.9 ms", "ack_p999_ms"), ("drain msgs/s", "drain_msgs_per_s"),
+                 ("durable ack p99.9 ms", "ack_p999_ms"), ("raw-client durable ack p50 ms", "raw_ack_p50_ms"),
+                 ("raw-client durable ack p99 ms", "raw_ack_p99_ms"), ("drain msgs/s", "drain_msgs_per_s"),
                  ("work queue msgs/s", "work_queue_msgs_per_s"), ("fan-out msgs/s", "fanout_msgs_per_s"),
                  ("ack p50 / floor", "ack_p50_over_floor"), ("e2e p50 / floor", "e2e_p50_over_floor")]
 
@@ -451,7 +454,7 @@ def report_markdown(results: dict) -> str:
     for name in names:
         system = summary["systems"][name]
         lines += ["", f"## {name}: stages (mean / p50 / p99 ms, from the servers' histograms) and CPU", ""]
-        for workload in ("durable_ack", "e2e", "publish", "fanout"):
+        for workload in ("durable_ack", "raw_durable_ack", "e2e", "publish", "fanout"):
             stages = system["stages"].get(workload) or {}
             cells = ", ".join(f"{key} {s['mean_ms']}/{s.get('p50_ms', '-')}/{s.get('p99_ms', '-')}"
                               for key, s in stages.items())

@@ -32,6 +32,7 @@ the runner uses to account the CPU of every process over exactly that window.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import struct
@@ -46,6 +47,7 @@ sys.path.insert(0, BENCH_DIR)
 
 import pulsar  # noqa: E402
 
+import rawclient  # noqa: E402
 from magnetar.tools.latency_histogram import LatencyHistogram  # noqa: E402
 from stage_breakdown import breakdown, scrape_all  # noqa: E402
 
@@ -102,6 +104,38 @@ class Client:
         return result
 
     # --- latency ------------------------------------------------------------------------
+
+    def raw_durable_ack(self) -> dict:
+        """``durable_ack`` through the project's raw protocol client (bench/rawclient.py,
+        asyncio, no client threads): one SEND of a one-message batch at a time, timed
+        from its write to its SEND_RECEIPT. Against ``durable_ack`` it tells the official
+        client's share of a durable ack from the servers'."""
+        return asyncio.run(self._raw_durable_ack())
+
+    async def _raw_durable_ack(self) -> dict:
+        connection = await rawclient.RawConnection.open(self.args.service_url)
+        histogram = LatencyHistogram()
+        try:
+            producer_id = 1
+            request_id = connection.request_id()
+            answer = await connection.request(
+                rawclient.producer_command(f"{self.topic_prefix}-raw-ack", producer_id, request_id),
+                request_id, "PRODUCER")
+            producer_name = answer.command.producer_success.producer_name
+            batch = rawclient.build_batch(1, MESSAGE_BYTES)
+            receipt = asyncio.Event()
+            connection.on_receipt = lambda _receipt: receipt.set()
+            for sequence_id in range(WARMUP_MESSAGES + self.args.ack_messages):
+                receipt.clear()
+                started = time.perf_counter_ns()
+                connection.write(rawclient.send_frame(producer_id, producer_name, sequence_id, batch,
+                                                      int(time.time() * 1000)))
+                await rawclient._wait_event(receipt, connection, timeout_s=30)
+                if sequence_id >= WARMUP_MESSAGES:
+                    histogram.record((time.perf_counter_ns() - started) // 1000)
+        finally:
+            connection.close()
+        return {"messages": histogram.count, "errors": 0, "latency_ms": summary_ms(histogram)}
 
     def durable_ack(self) -> dict:
         producer = self.producer(f"{self.topic_prefix}-ack")
@@ -300,6 +334,7 @@ class Client:
             self.client.close()
             return results
         results["durable_ack"] = self.measured("durable_ack", self.durable_ack)
+        results["raw_durable_ack"] = self.measured("raw_durable_ack", self.raw_durable_ack)
         results["e2e"] = self.measured("e2e", self.e2e)
         self.create_subscriptions()
         results["publish"] = self.measured("publish", self.publish)
