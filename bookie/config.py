@@ -166,16 +166,10 @@ class BookieConfig:
     # Concurrent gRPC streams and calls a bookie serves before refusing new ones.
     concurrent_rpcs_max: int = 1024
     grpc_message_bytes_max: int = 64 * MIB
-    # Also serve add streams on the HTTP port (bookie/add_socket.py): off by default, an
-    # experiment of docs/performance.md (no measured gain yet, and the HTTP port is
-    # reachable wider than the gRPC one); never with TLS on (that port has no TLS).
-    add_socket_enabled: bool = False
     # Service tokens on every RPC and TLS on the gRPC port (bookie/security.py); off.
     security: BookieSecurityConfig = field(default_factory=BookieSecurityConfig)
 
     def __post_init__(self) -> None:
-        if self.add_socket_enabled and self.security.tls.enabled:
-            raise ConfigError("add_socket_enabled needs TLS off: the HTTP port serves no TLS")
         if not 0 <= self.port <= 65535:
             raise ConfigError("port must be in [0, 65535]")
         if self.http_port is None:

@@ -50,8 +50,6 @@ log = logging.getLogger(__name__)
 OPTIONS: list[ConfigOption] = [
     ConfigOption("--host", BookieConfig, "host", "address to listen on"),
     ConfigOption("--port", BookieConfig, "port", "gRPC port (0: any free port)"),
-    ConfigOption("--add-socket", BookieConfig, "add_socket_enabled",
-                 "also serve add streams on the HTTP port (bookie/add_socket.py; not with TLS)", switch_to=True),
     ConfigOption("--http-port", BookieConfig, "http_port",
                  "/health and /metrics (0: any free port)", type=int,
                  default_text=f"--port + {HTTP_PORT_OFFSET}, so 8001 for 3181; 0 with --port 0"),
@@ -206,12 +204,10 @@ class BookieProcess:
         ops_app = build_ops_app(registry, health)
         add_ready_route(ops_app, ready)
         # The add stream without gRPC's threads (bookie/add_socket.py), on this port.
-        if config.add_socket_enabled:
-            add_socket_route(ops_app, lambda: serving.get("servicer"),  # type: ignore[arg-type, return-value]
-                             token_interceptor.check_authorization_header if token_interceptor is not None
-                             else None,
-                             message_bytes_max=config.grpc_message_bytes_max,
-                             streams_max=config.concurrent_rpcs_max, registry=registry)
+        add_socket_route(ops_app, lambda: serving.get("servicer"),  # type: ignore[arg-type, return-value]
+                         token_interceptor.check_authorization_header if token_interceptor is not None else None,
+                         message_bytes_max=config.grpc_message_bytes_max, streams_max=config.concurrent_rpcs_max,
+                         registry=registry)
         runner, http_port = await start_ops_server(ops_app, config.host, config.http_port, flag="--http-port")
         http_address = f"{address.rsplit(':', 1)[0]}:{http_port}"
         try:

@@ -54,12 +54,11 @@ class LedgerClientConfig:
     bookie_tls: "BookieTlsConfig" = field(default_factory=lambda: BookieTlsConfig())
     # A file holding the service token (read when a bookie's channel is made).
     bookie_auth_token_file: str = ""
-    # What carries the add streams: "grpc" (the bookie's API), or "socket", the
-    # WebSocket on each bookie's HTTP port (bookie/add_socket.py, bookies started with
-    # --add-socket): no gRPC threads in the path, an experiment with no measured gain yet
-    # (docs/performance.md). With bookie TLS on, gRPC is used whatever this says (the
-    # HTTP port has no TLS), and so it is toward a bookie that registered no HTTP address.
-    add_transport: str = "grpc"
+    # What carries the add streams: "socket", the WebSocket on each bookie's HTTP port
+    # (bookie/add_socket.py: no gRPC threads in the path, measured in docs/performance.md),
+    # or "grpc". With bookie TLS on, gRPC is used whatever this says (the HTTP port
+    # has no TLS), and so it is toward a bookie that registered no HTTP address.
+    add_transport: str = "socket"
 
     def __post_init__(self) -> None:
         for name in ("add_timeout_s", "read_timeout_s", "control_timeout_s"):

@@ -1,6 +1,5 @@
-"""The add stream over the bookie's WebSocket (bookie/add_socket.py, served with
---add-socket; the ledger client's add_transport="socket") against real bookie
-processes and a real etcd.
+"""The add stream over the bookie's WebSocket (bookie/add_socket.py, the ledger
+client's default carrier for adds) against real bookie processes and a real etcd.
 
 Proves: a ledger client configured for the socket sends its adds there (not to gRPC)
 and the entries read back whole; every entry acknowledged over the socket survives a
@@ -58,7 +57,7 @@ async def socket_streams(http_address: str) -> float:
 async def test_adds_over_the_socket_survive_kill9(cluster, make_client):
     """200 entries over the socket (gRPC's add stream never opened), acknowledged,
     then the bookie is killed with SIGKILL and restarted: all 200 read back."""
-    bookie, = await cluster.start_bookies(1, extra_args=["--add-socket"])
+    bookie, = await cluster.start_bookies(1)
     client = await make_client(add_transport="socket")
     handle = await client.create_ledger(1, 1, 1)
     futures = [await handle.submit(f"entry-{i}".encode()) for i in range(200)]
@@ -74,8 +73,8 @@ async def test_adds_over_the_socket_survive_kill9(cluster, make_client):
 
 
 async def test_grpc_carrier_when_chosen(cluster, make_client):
-    """add_transport="grpc" (the default): the same adds go over gRPC's AddEntries."""
-    bookie, = await cluster.start_bookies(1, extra_args=["--add-socket"])
+    """add_transport="grpc": the same adds go over gRPC's AddEntries."""
+    bookie, = await cluster.start_bookies(1)
     client = await make_client(add_transport="grpc")
     handle = await client.create_ledger(1, 1, 1)
     assert await handle.add(b"over grpc") == 0
@@ -95,8 +94,7 @@ async def test_socket_needs_a_service_token_when_authentication_is_on(cluster, m
     token_path.write_text(TokenSigner.with_secret_key(key).create(ROLE))
     os.chmod(token_path, 0o600)
     bookie, = await cluster.start_bookies(1, extra_args=[
-        "--authentication-enabled", "--token-secret-key", f"file://{key_path}", "--allowed-roles", ROLE,
-        "--add-socket"])
+        "--authentication-enabled", "--token-secret-key", f"file://{key_path}", "--allowed-roles", ROLE])
     url = f"http://{bookie.http_address}{ADD_SOCKET_PATH}"
     foreign = TokenSigner.with_secret_key(create_secret_key()).create(ROLE)
     async with aiohttp.ClientSession() as session:
@@ -104,11 +102,6 @@ async def test_socket_needs_a_service_token_when_authentication_is_on(cluster, m
             with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
                 await session.ws_connect(url, headers=headers)
             assert refused.value.status == 401
-    plain, = await cluster.start_bookies(1)
-    async with aiohttp.ClientSession() as session:
-        with pytest.raises(aiohttp.WSServerHandshakeError) as absent:
-            await session.ws_connect(f"http://{plain.http_address}{ADD_SOCKET_PATH}")
-        assert absent.value.status == 404     # not served without --add-socket
     client = await make_client(add_transport="socket", bookie_auth_token_file=str(token_path))
     handle = await client.create_ledger(1, 1, 1)
     assert await handle.add(b"with a token") == 0
