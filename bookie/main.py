@@ -29,7 +29,6 @@ from bookie.node import BookieNode
 from protocol.proto import bookie_pb2_grpc
 from bookie.registration import Registration, check_cookie
 from bookie.server import BookieServicer
-from bookie.add_socket import add_socket_route
 from common.config_options import ConfigOption, add_config_options, config_overrides
 from common.errors import ConfigError, MagnetarError
 from common.version import __version__
@@ -142,7 +141,6 @@ class BookieProcess:
         config = self.config
         log.info("bookie starting: config=%s", config)
         store = open_store(config.metadata_url)
-        token_interceptor = TokenInterceptor(config.security) if config.security.authentication_enabled else None
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", config.grpc_message_bytes_max),
@@ -157,7 +155,7 @@ class BookieProcess:
             ],
             maximum_concurrent_rpcs=config.concurrent_rpcs_max,
             # Service tokens, checked before any servicer runs (bookie/security.py).
-            interceptors=[token_interceptor] if token_interceptor is not None else None,
+            interceptors=[TokenInterceptor(config.security)] if config.security.authentication_enabled else None,
         )
         # Both ports are bound before anything else starts, so that a port in use is
         # reported (PortInUse, one line naming the flag) before storage is opened.
@@ -203,11 +201,6 @@ class BookieProcess:
 
         ops_app = build_ops_app(registry, health)
         add_ready_route(ops_app, ready)
-        # The add stream without gRPC's threads (bookie/add_socket.py), on this port.
-        add_socket_route(ops_app, lambda: serving.get("servicer"),  # type: ignore[arg-type, return-value]
-                         token_interceptor.check_authorization_header if token_interceptor is not None else None,
-                         message_bytes_max=config.grpc_message_bytes_max, streams_max=config.concurrent_rpcs_max,
-                         registry=registry)
         runner, http_port = await start_ops_server(ops_app, config.host, config.http_port, flag="--http-port")
         http_address = f"{address.rsplit(':', 1)[0]}:{http_port}"
         try:
@@ -230,13 +223,11 @@ class BookieProcess:
                                                            config.disk.usage_lwm_threshold)
             metrics = BookieMetrics(node, registry)
             loop_monitor = LoopMonitor(registry, "magnetar_bookie")
-            servicer = BookieServicer(node, metrics)
-            bookie_pb2_grpc.add_BookieServicer_to_server(servicer, server)
+            bookie_pb2_grpc.add_BookieServicer_to_server(BookieServicer(node, metrics), server)
             registration = Registration(store, config.registration_ttl_s)
             serving.update(node=node, registration=registration)
             started_at_ms = int(time.time() * 1000)
             await server.start()
-            serving["servicer"] = servicer
             await registration.register(self._record(node, address, http_address, started_at_ms))
         except BaseException:
             # A failed start (a bad disk, etcd away) leaves nothing running; the first

@@ -89,18 +89,6 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         self._verified = (token, float(expiry) if isinstance(expiry, (int, float)) else None)
         return None
 
-    def check_authorization_header(self, value: str) -> tuple[int, str] | None:
-        """The same check for an HTTP ``Authorization`` header (bookie/add_socket.py):
-        None when allowed, else (401 or 403, reason)."""
-        refusal = self._check([(METADATA_KEY, value)])
-        if refusal is None:
-            self._refusing = False
-            return None
-        if not self._refusing:   # once per episode, never the token
-            self._refusing = True
-            log.warning("refusing an add socket: status=%s reason=%s", refusal[0].name, refusal[1])
-        return (403 if refusal[0] == grpc.StatusCode.PERMISSION_DENIED else 401), refusal[1]
-
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
         refusal = self._check(handler_call_details.invocation_metadata)

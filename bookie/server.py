@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, AsyncIterator, Callable
+from typing import TYPE_CHECKING, AsyncIterator
 
 import grpc
 
@@ -71,18 +71,6 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
 
     async def AddEntries(self, request_iterator: AsyncIterator[bookie_pb2.AddRequest],
                          context: grpc.aio.ServicerContext) -> AsyncIterator[bookie_pb2.AddResponse]:
-        stream = self.add_stream(request_iterator, context.peer)
-        try:
-            async for response in stream:
-                yield response
-        finally:
-            await stream.aclose()
-
-    async def add_stream(self, request_iterator: AsyncIterator[bookie_pb2.AddRequest],
-                         peer: Callable[[], str]) -> AsyncIterator[bookie_pb2.AddResponse]:
-        """One add stream, whatever carries it (gRPC's AddEntries, or the socket of
-        bookie/add_socket.py): a reply per request, in order, each sent once every
-        accepted add of its request is fsynced in the journal."""
         node = self._node
         pending: asyncio.Queue = asyncio.Queue(maxsize=STREAM_BATCHES_IN_FLIGHT_MAX)
 
@@ -101,7 +89,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
             except asyncio.CancelledError:
                 raise
             except Exception as error:  # a broken stream ends the reader, never the server
-                log.info("add stream ended: peer=%s error=%s", peer(), error)
+                log.info("add stream ended: peer=%s error=%s", context.peer(), error)
             finally:
                 try:
                     pending.put_nowait(None)

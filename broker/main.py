@@ -138,8 +138,6 @@ OPTIONS: list[ConfigOption] = [
     ConfigOption("--bookie-tls-key-file", BookieTlsConfig, "key_file"),
     ConfigOption("--bookie-auth-token-file", LedgerClientConfig, "bookie_auth_token_file",
                  "a file holding the service token sent to bookies"),
-    ConfigOption("--bookie-add-transport", LedgerClientConfig, "add_transport",
-                 "what carries adds to bookies: socket (the bookie's HTTP port, no gRPC threads) or grpc"),
     ConfigOption("--lease-ttl-s", BundlesConfig, "lease_ttl_s", "a dead broker's bundles move after this"),
     ConfigOption("--load-report-interval-s", BundlesConfig, "report_interval_s"),
     ConfigOption("--leader-interval-s", BundlesConfig, "leader_interval_s"),

@@ -22,9 +22,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-import aiohttp
 import grpc
-from google.protobuf.message import DecodeError
 
 from protocol.bookie_rpc import error_code_from_metadata
 from protocol.proto import bookie_pb2, bookie_pb2_grpc
@@ -41,11 +39,6 @@ from common.tasks import TaskSet
 from common.tls import TlsConfig
 
 log = logging.getLogger(__name__)
-
-# The add socket's WebSocket pings: a bookie gone silent is noticed within about this
-# (add_timeout_s notices a stuck one too). One connection per bookie client.
-SOCKET_HEARTBEAT_S = 10.0
-SOCKET_CONNECTIONS_MAX = 4
 
 @dataclass(frozen=True, slots=True)
 class BookieLedgerState:
@@ -87,84 +80,12 @@ def _error_from_rpc(bookie_id: str, error: grpc.aio.AioRpcError) -> MagnetarErro
     return BookieUnavailable(bookie_id, f"{error.code().name}: {error.details()}")
 
 
-# Where a bookie serves its add socket (bookie/add_socket.py; the path is part of the
-# bookie's HTTP API, so it is spelled here too rather than imported across the layers).
-ADD_SOCKET_PATH = "/v1/add-stream"
-
-
-class _SocketCall:
-    """An add stream over the bookie's WebSocket (bookie/add_socket.py), with what
-    ``_AddStream`` uses of a gRPC stream call: ``write`` (raises BookieUnavailable),
-    ``read`` (a reply, or ``grpc.aio.EOF`` once the stream ended for any reason) and
-    ``cancel``. It connects on the first write; a read waits for that."""
-
-    def __init__(self, client: "BookieClient", url: str) -> None:
-        self._client = client
-        self._url = url
-        self._socket: aiohttp.ClientWebSocketResponse | None = None
-        self._settled = asyncio.Event()      # connected, failed to, or cancelled
-        self._cancelled = False
-
-    async def _connect(self) -> aiohttp.ClientWebSocketResponse:
-        client = self._client
-        headers = dict(client._metadata or ())
-        if "authorization" in headers:
-            headers = {"Authorization": headers["authorization"]}
-        try:
-            async with asyncio.timeout(client.config.control_timeout_s):
-                socket = await client._http_session().ws_connect(
-                    self._url, headers=headers, max_msg_size=client.config.grpc_message_bytes_max,
-                    autoping=True, heartbeat=SOCKET_HEARTBEAT_S)
-        except (aiohttp.ClientError, OSError, TimeoutError) as error:
-            raise BookieUnavailable(client.bookie_id, f"add socket connect failed: {error!r}") from None
-        finally:
-            self._settled.set()
-        if self._cancelled:
-            await socket.close()
-            raise BookieUnavailable(client.bookie_id, "add stream cancelled")
-        self._socket = socket
-        return socket
-
-    async def write(self, request: bookie_pb2.AddRequest) -> None:
-        if self._cancelled:
-            raise BookieUnavailable(self._client.bookie_id, "add stream cancelled")
-        socket = self._socket or await self._connect()
-        try:
-            await socket.send_bytes(request.SerializeToString())
-        except (aiohttp.ClientError, ConnectionError, RuntimeError) as error:
-            raise BookieUnavailable(self._client.bookie_id, f"add socket write failed: {error!r}") from None
-
-    async def read(self):
-        await self._settled.wait()
-        socket = self._socket
-        if socket is None or self._cancelled:
-            return grpc.aio.EOF
-        message = await socket.receive()
-        if message.type != aiohttp.WSMsgType.BINARY:
-            return grpc.aio.EOF    # closed, or an error: the stream is over
-        try:
-            return bookie_pb2.AddResponse.FromString(message.data)
-        except DecodeError:
-            log.warning("add socket: undecodable reply, dropping the stream: bookie_id=%s", self._client.bookie_id)
-            return grpc.aio.EOF
-
-    def cancel(self) -> None:
-        self._cancelled = True
-        self._settled.set()
-        socket = self._socket
-        if socket is not None and not socket.closed:
-            self._client._tasks.spawn(socket.close(), name=f"add-socket-close {self._client.bookie_id}")
-
-
 class _AddStream:
-    """One add stream (gRPC's AddEntries, or the bookie's add socket); replaced
-    wholesale when it breaks."""
+    """One AddEntries stream; replaced wholesale when it breaks."""
 
     def __init__(self, client: "BookieClient") -> None:
         self._client = client
-        url = client.add_socket_url
-        self.call = (_SocketCall(client, url) if url is not None
-                     else client._stub.AddEntries(metadata=client._metadata))
+        self.call = client._stub.AddEntries(metadata=client._metadata)
         # Batches sent and not yet answered: (send time, futures in request order).
         self.inflight: collections.deque[tuple[float, list[asyncio.Future[None]]]] = collections.deque()
         # With stage timing: time.perf_counter() of each in-flight batch's write, in order.
@@ -182,15 +103,9 @@ LEDGER_STAGES = ("bookie_add_send_wait", "bookie_add_round_trip")
 
 class BookieClient:
     def __init__(self, bookie_id: str, address: str, config: LedgerClientConfig, *,
-                 stages: LatencyStages | None = None, http_address: str | None = None) -> None:
+                 stages: LatencyStages | None = None) -> None:
         self.bookie_id = bookie_id
         self._stages = stages
-        self.http_address = http_address
-        # Adds go over the bookie's add socket when configured, known and not TLS.
-        self.add_socket_url = (f"http://{http_address}{ADD_SOCKET_PATH}"
-                               if http_address and config.add_transport == "socket" and not config.bookie_tls_enabled
-                               else None)
-        self._session: aiohttp.ClientSession | None = None
         self.address = address
         self.config = config
         options = [
@@ -388,11 +303,6 @@ class BookieClient:
         except grpc.aio.AioRpcError as error:
             raise _error_from_rpc(self.bookie_id, error) from None
 
-    def _http_session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=SOCKET_CONNECTIONS_MAX))
-        return self._session
-
     async def close(self) -> None:
         self._closed = True
         error = BookieUnavailable(self.bookie_id, "client closed")
@@ -407,19 +317,15 @@ class BookieClient:
             await self._tasks.close()
         finally:
             await self._channel.close()
-            if self._session is not None:
-                await self._session.close()
 
 
 class BookieClientPool:
     """One BookieClient per bookie id, created on first use. Addresses come from the
     registry (a bookie id is its address unless it registered another)."""
 
-    def __init__(self, config: LedgerClientConfig, address_of, *, stages: LatencyStages | None = None,
-                 http_address_of=None) -> None:
+    def __init__(self, config: LedgerClientConfig, address_of, *, stages: LatencyStages | None = None) -> None:
         self._config = config
         self._stages = stages
-        self._http_address_of = http_address_of or (lambda bookie_id: None)
         self._address_of = address_of
         self._clients: dict[str, BookieClient] = {}
         # Closes of stale clients (a bookie that re-registered at another address): at
@@ -429,14 +335,12 @@ class BookieClientPool:
     def get(self, bookie_id: str) -> BookieClient:
         client = self._clients.get(bookie_id)
         address = self._address_of(bookie_id)
-        http_address = self._http_address_of(bookie_id)
-        if client is not None and (client.address != address or client.http_address != http_address):
+        if client is not None and client.address != address:
             # The bookie re-registered elsewhere; drop the stale channel.
             self._tasks.spawn(client.close(), name=f"close-stale {bookie_id}")
             client = None
         if client is None:
-            client = self._clients[bookie_id] = BookieClient(bookie_id, address, self._config, stages=self._stages,
-                                                             http_address=http_address)
+            client = self._clients[bookie_id] = BookieClient(bookie_id, address, self._config, stages=self._stages)
         return client
 
     async def close(self) -> None:

@@ -105,11 +105,6 @@ class BookieRegistry:
     def get(self, bookie_id: str) -> BookieRecord | None:
         return self._bookies.get(bookie_id)
 
-    def http_address_of(self, bookie_id: str) -> str | None:
-        """The bookie's HTTP address (host:port; its add socket), or None if unknown."""
-        record = self._bookies.get(bookie_id)
-        return record.http_address or None if record is not None else None
-
     def address_of(self, bookie_id: str) -> str:
         record = self._bookies.get(bookie_id)
         return record.address if record is not None else bookie_id

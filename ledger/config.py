@@ -19,9 +19,6 @@ class BookieTlsConfig(TlsConfig):
     command-line options can tell it from a server's TlsConfig.)"""
 
 
-ADD_TRANSPORTS = ("socket", "grpc")
-
-
 @dataclass(frozen=True)
 class LedgerClientConfig:
     # A bookie that has not answered an add for this long is replaced (ensemble
@@ -54,11 +51,6 @@ class LedgerClientConfig:
     bookie_tls: "BookieTlsConfig" = field(default_factory=lambda: BookieTlsConfig())
     # A file holding the service token (read when a bookie's channel is made).
     bookie_auth_token_file: str = ""
-    # What carries the add streams: "socket", the WebSocket on each bookie's HTTP port
-    # (bookie/add_socket.py: no gRPC threads in the path, measured in docs/performance.md),
-    # or "grpc". With bookie TLS on, gRPC is used whatever this says (the HTTP port
-    # has no TLS), and so it is toward a bookie that registered no HTTP address.
-    add_transport: str = "socket"
 
     def __post_init__(self) -> None:
         for name in ("add_timeout_s", "read_timeout_s", "control_timeout_s"):
@@ -78,8 +70,6 @@ class LedgerClientConfig:
             raise ConfigError("metadata_attempts_max must be in [1, 1000]")
         if not 4 * KIB <= self.entry_bytes_max <= self.grpc_message_bytes_max // 2:
             raise ConfigError("entry_bytes_max must be in [4 KiB, grpc_message_bytes_max / 2]")
-        if self.add_transport not in ADD_TRANSPORTS:
-            raise ConfigError(f"add_transport must be one of {', '.join(ADD_TRANSPORTS)}")
 
 
 @dataclass(frozen=True)
