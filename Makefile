@@ -16,7 +16,7 @@ TEST_WORKERS ?= 3
 
 .PHONY: bench-ack-state setup proto run test test-unit test-integration test-archive-full bench bench-bookie \
 	bench-pulsar bench-subscriptions bench-archive bench-gateway fuzz-gateway fuzz fuzz-broker clean sim chaos fanout-check \
-	pipeline bench-spark test-spark-full bench-compaction
+	pipeline bench-spark test-spark-full bench-compaction bench-latency
 
 setup: $(STAMP) proto
 
@@ -96,6 +96,15 @@ bench-compaction: setup
 
 bench-bookie: setup
 	$(PY) bench/bookie_bench.py --out bench/results/bookie.json
+
+# Latency first (issue 16; about 1.5-2 minutes a repeat): `magnetar standalone` with 1 bookie / 1 copy
+# and the default 3 / 2, through the official client: durable ack, end to end at 1,000 msgs/s,
+# publish, drain, work queue, fan-out; CPU per process, per-stage histograms of the servers,
+# against fdatasync and loopback-echo baselines of the same run (bench/results/latency.json,
+# latency.md). LATENCY_ARGS="--baseline-rev main --repeat 3" adds a before/after in one run.
+LATENCY_ARGS ?=
+bench-latency: setup
+	$(PY) bench/latency.py --out bench/results/latency.json --report bench/results/latency.md $(LATENCY_ARGS)
 
 # End to end through the official Pulsar client (about 3 minutes): publish and drain
 # throughput, latency at fixed rates, against the same disk's raw bandwidth.

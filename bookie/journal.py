@@ -160,6 +160,11 @@ class Journal:
         self.applied_position = JournalPosition(first_journal_id, FILE_HEADER_SIZE)
         self.stats = JournalStats()
         self._last_fsync_s = 0.0
+        # Of the latest group, for the stage histograms (bookie/metrics.py): its write(2)
+        # seconds, and the whole round from handing it to the IO thread until the loop
+        # resumed with the result (write, fdatasync and both thread hops).
+        self.last_write_s = 0.0
+        self.last_round_s = 0.0
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -198,12 +203,14 @@ class Journal:
             write_started = self._clock()
             for item in group:
                 self.stats.queue_wait.observe(max(0.0, write_started - item.enqueued_at), len(item.tokens))
+            round_started = time.perf_counter()
             try:
                 position = await loop.run_in_executor(self._io, self._write_group, buffers)
             except OSError as error:
                 self._fail(BookieStorageError(f"journal write failed: {error}"), group)
                 log.error("journal write failed, journal stopped: error=%s", error)
                 return
+            self.last_round_s = time.perf_counter() - round_started
             stats = self.stats
             stats.groups_written += 1
             stats.records_written += group_records
@@ -269,8 +276,10 @@ class Journal:
         """On the IO thread: write, fdatasync, rotate. Returns the position after."""
         assert self._fd >= 0, "the journal has no open file"
         # Appending by tracking the offset ourselves: the file is only ever written here.
+        write_started = time.perf_counter()
         total = write_all(self._fd, buffers, self._file_offset)
         start_time = time.perf_counter()
+        self.last_write_s = start_time - write_started
         if self.config.fsync_enabled:
             os.fdatasync(self._fd)
         self._last_fsync_s = time.perf_counter() - start_time

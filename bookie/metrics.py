@@ -12,7 +12,7 @@ from prometheus_client.registry import Collector
 
 from bookie.config import KIB, MIB
 from bookie.journal import JournalStats
-from common.histograms import LATENCY_BUCKETS_S
+from common.histograms import LATENCY_BUCKETS_S, STAGE_BUCKETS_S
 from bookie.ledger_storage import StorageStats
 from bookie.node import BookieNode
 
@@ -38,6 +38,20 @@ class BookieMetrics:
                                      buckets=(4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, 1 * MIB, 2 * MIB, 4 * MIB,
                                               8 * MIB, 16 * MIB, 64 * MIB),
                                      registry=registry)
+        # The stages of an add inside the bookie (docs/performance.md), finer buckets.
+        self.journal_write = Histogram("magnetar_bookie_journal_write_latency_seconds",
+                                       "A journal group's write(2)", buckets=STAGE_BUCKETS_S, registry=registry)
+        self.journal_fdatasync = Histogram("magnetar_bookie_journal_fdatasync_latency_seconds",
+                                           "A journal group's fdatasync(2)", buckets=STAGE_BUCKETS_S,
+                                           registry=registry)
+        self.journal_round = Histogram("magnetar_bookie_journal_round_latency_seconds",
+                                       "A journal group handed to the IO thread until the event loop has the result "
+                                       "(write, fdatasync and both thread hops)", buckets=STAGE_BUCKETS_S,
+                                       registry=registry)
+        self.add_reply = Histogram("magnetar_bookie_add_reply_latency_seconds",
+                                   "An add batch's journal fdatasync done until its reply is handed to gRPC and "
+                                   "written", buckets=STAGE_BUCKETS_S, registry=registry)
+        self._node = node
         if node.journal is not None:
             node.journal.on_group_written = self.on_group_written
 
@@ -51,6 +65,11 @@ class BookieMetrics:
 
     def on_group_written(self, fsync_seconds: float, records: int, group_bytes: int) -> None:
         self.fsync_latency.observe(fsync_seconds)
+        self.journal_fdatasync.observe(fsync_seconds)
+        journal = self._node.journal
+        if journal is not None and hasattr(journal, "last_round_s"):
+            self.journal_write.observe(journal.last_write_s)
+            self.journal_round.observe(journal.last_round_s)
         self.group_records.observe(records)
         self.group_bytes.observe(group_bytes)
 

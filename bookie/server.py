@@ -104,11 +104,13 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
                 if batch is None:
                     break
                 items, outcomes, future, arrived = batch
+                durable_at = arrived
                 if future is not None:
                     try:
                         await future
                     except MagnetarError as error:
                         outcomes = [outcome or error for outcome in outcomes]
+                    durable_at = time.perf_counter()
                 results = []
                 errors = 0
                 for item, outcome in zip(items, outcomes):
@@ -124,6 +126,8 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
                                           sum(len(i.entry) for i in items))
                     self._metrics.add_latency.observe(time.perf_counter() - arrived)
                 yield bookie_pb2.AddResponse(results=results)
+                if self._metrics is not None and future is not None:
+                    self._metrics.add_reply.observe(time.perf_counter() - durable_at)
                 # The reader may have stopped on a full queue; let it go on.
                 if reader.done() and pending.empty():
                     break

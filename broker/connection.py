@@ -161,6 +161,10 @@ class ServerConnection(asyncio.Protocol):
         # and its reading switch.
         self._read_gate: ReadGate | None = None
         self._last_received = time.monotonic()
+        # time.perf_counter() of the latest read, and the broker's stage histograms
+        # (None: not timed) for the "send_decode" stage.
+        self._received_at = time.perf_counter()
+        self._stages = getattr(getattr(service, "ledger_client", None), "stages", None)
         self._keepalive: asyncio.Task[None] | None = None
         # The CONNECT deadline, and the deadline of a frame begun and not yet whole
         # (with the count of frames handled when it was armed: progress re-arms it).
@@ -198,7 +202,10 @@ class ServerConnection(asyncio.Protocol):
     # --- asyncio.Protocol --------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # A stream transport: asyncio's own, or uvloop's (common/event_loop.py), which
+        # is not a subclass of asyncio.Transport.
+        assert callable(getattr(transport, "write", None)), transport
+        assert callable(getattr(transport, "pause_reading", None)), transport
         self.transport = transport
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
@@ -220,6 +227,7 @@ class ServerConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_received = time.monotonic()
+        self._received_at = time.perf_counter()
         try:
             self.decoder.feed(data)
             while not self.is_closing:
@@ -756,6 +764,11 @@ class ServerConnection(asyncio.Protocol):
         # cached and dispatched from then on.
         payload = bytes(frame.payload.stored)
         future = topic.publish(producer, payload, send.num_messages)
+        stages = self._stages
+        if stages is not None:
+            # From the bytes' arrival to the append: decoding, checks, and the frames
+            # of the same read handled before this one.
+            stages.observe("send_decode", time.perf_counter() - self._received_at)
         producer.last_send = future
         assert self._read_gate is not None, "a SEND before connection_made"
         size_bytes = len(payload)

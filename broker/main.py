@@ -22,11 +22,11 @@ from broker.authentication import AuthConfig
 from broker.config import HTTP_PORT_OFFSET, BrokerConfig
 from broker.connection import ServerConnection
 from broker.managed_ledger import ManagedLedgerConfig
-from broker.metrics import register_broker_metrics
+from broker.metrics import BROKER_STAGES, register_broker_metrics
 from broker.service import BrokerService
 from bundles.config import BundlesConfig
 from common.config_options import ConfigOption, add_config_options, config_overrides
-from common.histograms import LATENCY_BUCKETS_S
+from common.histograms import LATENCY_BUCKETS_S, LatencyStages
 from common.listen import bind_failure
 from common.loop_monitor import LoopMonitor
 from common.errors import PortInUse
@@ -259,7 +259,7 @@ class BrokerProcess:
         config = replace(config, **ports)
         log.info("broker config: %s", config)
         store = open_store(config.metadata_url, tls=config.metadata_tls)
-        ledger_client = LedgerClient(store, self.ledger_config)
+        ledger_client = LedgerClient(store, self.ledger_config, stages=LatencyStages(BROKER_STAGES))
         await ledger_client.start()
         registry = CollectorRegistry()
         publish_latency = Histogram("magnetar_broker_publish_latency_seconds",

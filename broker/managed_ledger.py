@@ -134,11 +134,14 @@ class ArchivedLedgers(Protocol):
 
 
 class _Append:
-    __slots__ = ("payload", "future", "ledger_id", "add_future", "refused")
+    __slots__ = ("payload", "future", "ledger_id", "add_future", "refused", "appended_at", "submitted_at")
 
     def __init__(self, payload: bytes, future: asyncio.Future[Position]) -> None:
         self.payload = payload
         self.future = future
+        # time.perf_counter() at append and at submit to the write handle (stage timing).
+        self.appended_at = time.perf_counter()
+        self.submitted_at = self.appended_at
         self.ledger_id = -1
         self.add_future: asyncio.Future[int] | None = None
         # The ledger client refused the entry itself (the ledger is fine).
@@ -191,6 +194,11 @@ class ManagedLedger:
         self.on_fenced: Callable[[MagnetarError], None] | None = None
         self.entries_added = 0
         self.bytes_added = 0
+        # Stage histograms of the broker (broker/metrics.py BROKER_STAGES), or None.
+        self.stages = getattr(ledger_client, "stages", None)
+        # time.perf_counter() when last_confirmed last moved: dispatchers time how long
+        # the newest entry took from confirmed to sent (the "dispatch" stage).
+        self.last_confirmed_at = 0.0
 
     def _log_failure(self, task: asyncio.Task) -> None:
         """Done-callback of the managed ledger's own tasks: a shared task's callers get
@@ -399,6 +407,10 @@ class ManagedLedger:
         append.add_future = add_future
         self._inflight.append(append)
         add_future.add_done_callback(self._on_add_done)
+        stages = self.stages
+        if stages is not None:
+            append.submitted_at = now = time.perf_counter()
+            stages.observe("managed_ledger_queue", now - append.appended_at)
         self._handle_entries += 1
         self._handle_bytes += len(append.payload)
         if self._ledger_full() and self._clock() >= self._roll_deferred_until:
@@ -419,6 +431,8 @@ class ManagedLedger:
     def _on_add_done(self, _future: asyncio.Future[int]) -> None:
         """Completes appends in order from the head of the in-flight queue."""
         confirmed = False
+        stages = self.stages
+        now = time.perf_counter()
         while self._inflight:
             head = self._inflight[0]
             assert head.add_future is not None
@@ -434,6 +448,8 @@ class ManagedLedger:
                 self.entries_added += 1
                 self.bytes_added += len(head.payload)
                 confirmed = True
+                if stages is not None:
+                    stages.observe("ledger_add", now - head.submitted_at)
                 if not head.future.done():
                     head.future.set_result(position)
             else:
@@ -443,6 +459,7 @@ class ManagedLedger:
                 if not head.refused and self._handle is not None and self._handle.ledger_id == head.ledger_id:
                     self._on_write_failure(self._handle, error)
         if confirmed:
+            self.last_confirmed_at = now
             self._wake_waiters()
 
     def _classify(self, error: BaseException) -> MagnetarError:

@@ -7,10 +7,30 @@ from __future__ import annotations
 from typing import Iterator
 
 from prometheus_client import CollectorRegistry, Gauge
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from broker.service import BrokerService
+from common.histograms import LatencyStages
+from ledger.bookie_client import LEDGER_STAGES
+
+# The stages of a publish (and of its dispatch) the broker times, each exported as the
+# histogram magnetar_broker_<stage>_seconds (docs/performance.md "Where the time goes"):
+# send_decode: a SEND's bytes read until appended to the managed ledger; managed_ledger_queue:
+# appended until submitted to a ledger (waits only during a rollover); ledger_add:
+# submitted until the ack quorum confirmed it, in order; bookie_add_send_wait and
+# bookie_add_round_trip: ledger/bookie_client.py; dispatch: the newest entry confirmed
+# until written to a tailing consumer.
+BROKER_STAGES = (*LEDGER_STAGES, "send_decode", "managed_ledger_queue", "ledger_add", "dispatch")
+_STAGE_HELP = {
+    "send_decode": "A SEND's bytes read until its entry is appended to the managed ledger",
+    "managed_ledger_queue": "An append waiting for a ledger (rollover) before it is submitted",
+    "ledger_add": "An entry submitted to its ledger until the ack quorum confirmed it (in order)",
+    "bookie_add_send_wait": "An add queued for a bookie until its add-stream message is written",
+    "bookie_add_round_trip": "An add-stream message written until the bookie's reply is read (per entry)",
+    "dispatch": "The newest confirmed entry, from confirmed until written to a tailing consumer",
+}
+assert set(_STAGE_HELP) == set(BROKER_STAGES)
 
 
 def register_broker_metrics(service: BrokerService, registry: CollectorRegistry) -> None:
@@ -58,6 +78,9 @@ def register_broker_metrics(service: BrokerService, registry: CollectorRegistry)
     for name, help_text, function in gauges:
         Gauge(name, help_text, registry=registry).set_function(function)
     registry.register(_PublishLimitsCollector(service))
+    stages = getattr(service.ledger_client, "stages", None)
+    if stages is not None:
+        registry.register(StagesCollector(stages, "magnetar_broker", _STAGE_HELP))
     registry.register(_PolicyCollector(service))
 
 
@@ -109,3 +132,18 @@ class _PublishLimitsCollector(Collector):
         for kind, count in (stats.blocks_by_kind or {}).items():
             blocks.add_metric([kind], count)
         yield blocks
+
+
+class StagesCollector(Collector):
+    """A process's stage histograms (common/histograms.LatencyStages), as Prometheus
+    histograms ``<prefix>_<stage>_seconds``, read at scrape time."""
+
+    def __init__(self, stages: LatencyStages, prefix: str, help_by_stage: dict[str, str]) -> None:
+        self._stages = stages
+        self._prefix = prefix
+        self._help = help_by_stage
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        for name, histogram in self._stages.histograms.items():
+            yield HistogramMetricFamily(f"{self._prefix}_{name}_seconds", self._help.get(name, name),
+                                        buckets=histogram.cumulative(), sum_value=histogram.sum)

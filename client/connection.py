@@ -139,7 +139,10 @@ class ClientConnection(asyncio.Protocol):
     # --- asyncio.Protocol --------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # A stream transport: asyncio's own, or uvloop's (common/event_loop.py), which
+        # is not a subclass of asyncio.Transport.
+        assert callable(getattr(transport, "write", None)), transport
+        assert callable(getattr(transport, "pause_reading", None)), transport
         self.transport = transport
         self._keepalive = asyncio.get_running_loop().create_task(self._keep_alive(),
                                                                  name=f"keepalive {self.address}")

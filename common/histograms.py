@@ -51,3 +51,21 @@ class WeightedHistogram:
             result.append((bound, running))
         assert running == self.count, (running, self.count)
         return result
+
+
+# Buckets for the stages of one publish (docs/performance.md): from 50 µs, because
+# most stages of a healthy path take well under the 0.25 ms LATENCY_BUCKETS_S start at.
+STAGE_BUCKETS_S = (0.00005, 0.0001, 0.0002, 0.0003, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005,
+                   0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+class LatencyStages:
+    """One process's stage histograms by name (seconds, STAGE_BUCKETS_S), recorded on
+    hot paths with one bisect each and exposed by a metrics collector at scrape time.
+    Names are fixed at construction: a typo fails at once instead of adding a series."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.histograms = {name: WeightedHistogram(STAGE_BUCKETS_S) for name in names}
+
+    def observe(self, name: str, seconds: float, weight: int = 1) -> None:
+        self.histograms[name].observe(max(0.0, seconds), weight)

@@ -37,6 +37,7 @@ from common.errors import (
     SecurityError,
     error_for_code,
 )
+from common.histograms import LatencyStages
 from common.tasks import TaskSet
 from common.tls import TlsConfig
 
@@ -109,13 +110,24 @@ class _AddStream:
         self.call = client._stub.AddEntries(metadata=client._metadata)
         # Batches sent and not yet answered: (send time, futures in request order).
         self.inflight: collections.deque[tuple[float, list[asyncio.Future[None]]]] = collections.deque()
+        # With stage timing: time.perf_counter() of each in-flight batch's write, in order.
+        self.written_at: collections.deque[float] = collections.deque()
         self.broken: MagnetarError | None = None
         self.receiver: asyncio.Task[None] | None = None
 
 
+# The stages this module times (common/histograms.LatencyStages), for the broker's
+# /metrics: an add queued until its stream message is written (the sender's wait), and
+# that message written until the bookie's reply to it is read (gRPC both ways + the
+# bookie's own add, journal fdatasync included).
+LEDGER_STAGES = ("bookie_add_send_wait", "bookie_add_round_trip")
+
+
 class BookieClient:
-    def __init__(self, bookie_id: str, address: str, config: LedgerClientConfig) -> None:
+    def __init__(self, bookie_id: str, address: str, config: LedgerClientConfig, *,
+                 stages: LatencyStages | None = None) -> None:
         self.bookie_id = bookie_id
+        self._stages = stages
         self.address = address
         self.config = config
         options = [
@@ -136,7 +148,8 @@ class BookieClient:
             if config.bookie_auth_token_file else ""
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self._stub = bookie_pb2_grpc.BookieStub(self._channel)
-        self._queue: list[tuple[bookie_pb2.AddEntry, asyncio.Future[None], int]] = []
+        # (message, future, entry bytes, time.perf_counter() when queued)
+        self._queue: list[tuple[bookie_pb2.AddEntry, asyncio.Future[None], int, float]] = []
         self._queued_event = asyncio.Event()
         self._stream: _AddStream | None = None
         # The sender (one at a time) and the receiver of each stream (a broken stream's
@@ -155,7 +168,7 @@ class BookieClient:
             future.set_exception(BookieUnavailable(self.bookie_id, "client closed"))
             return future
         message = bookie_pb2.AddEntry(ledger_id=ledger_id, entry_id=entry_id, entry=entry, recovery=recovery)
-        self._queue.append((message, future, len(entry)))
+        self._queue.append((message, future, len(entry), time.perf_counter()))
         self._queued_event.set()
         if self._sender is None or self._sender.done():
             self._sender = self._tasks.spawn(self._send_loop(), name=f"add-sender {self.bookie_id}")
@@ -177,7 +190,9 @@ class BookieClient:
             futures: list[asyncio.Future[None]] = []
             size = 0
             taken = 0
-            for message, future, entry_size in self._queue:
+            stages = self._stages
+            now = time.perf_counter()
+            for message, future, entry_size, queued_at in self._queue:
                 if batch and (len(batch) >= self.config.batch_entries_max
                               or size + entry_size > self.config.batch_bytes_max):
                     break
@@ -187,11 +202,15 @@ class BookieClient:
                 batch.append(message)
                 futures.append(future)
                 size += entry_size
+                if stages is not None:
+                    stages.observe("bookie_add_send_wait", now - queued_at)
             del self._queue[:taken]
             if not batch:
                 continue
             stream = self._stream_now()
             stream.inflight.append((time.monotonic(), futures))
+            if stages is not None:
+                stream.written_at.append(time.perf_counter())
             try:
                 await stream.call.write(bookie_pb2.AddRequest(entries=batch))
             except grpc.aio.AioRpcError as error:
@@ -240,6 +259,10 @@ class BookieClient:
                     self._break(stream, BookieUnavailable(self.bookie_id, "unexpected add reply"))
                     return
                 _sent, futures = stream.inflight.popleft()
+                if stream.written_at:
+                    assert self._stages is not None
+                    self._stages.observe("bookie_add_round_trip", time.perf_counter() - stream.written_at.popleft(),
+                                         len(futures))
                 results = response.results
                 if len(results) != len(futures):
                     self._break(stream, BookieUnavailable(
@@ -275,6 +298,7 @@ class BookieClient:
             stream.broken = error
             log.info("add stream broken: bookie_id=%s error=%s", self.bookie_id, error)
             stream.call.cancel()
+        stream.written_at.clear()
         while stream.inflight:
             _sent, futures = stream.inflight.popleft()
             for future in futures:
@@ -325,7 +349,7 @@ class BookieClient:
     async def close(self) -> None:
         self._closed = True
         error = BookieUnavailable(self.bookie_id, "client closed")
-        for _message, future, _size in self._queue:
+        for _message, future, _size, _queued_at in self._queue:
             if not future.done():
                 future.set_exception(error)
         self._queue.clear()
@@ -342,8 +366,9 @@ class BookieClientPool:
     """One BookieClient per bookie id, created on first use. Addresses come from the
     registry (a bookie id is its address unless it registered another)."""
 
-    def __init__(self, config: LedgerClientConfig, address_of) -> None:
+    def __init__(self, config: LedgerClientConfig, address_of, *, stages: LatencyStages | None = None) -> None:
         self._config = config
+        self._stages = stages
         self._address_of = address_of
         self._clients: dict[str, BookieClient] = {}
         # Closes of stale clients (a bookie that re-registered at another address): at
@@ -358,7 +383,7 @@ class BookieClientPool:
             self._tasks.spawn(client.close(), name=f"close-stale {bookie_id}")
             client = None
         if client is None:
-            client = self._clients[bookie_id] = BookieClient(bookie_id, address, self._config)
+            client = self._clients[bookie_id] = BookieClient(bookie_id, address, self._config, stages=self._stages)
         return client
 
     async def close(self) -> None:

@@ -28,17 +28,20 @@ from ledger.reader import LedgerReader
 from ledger.recovery import recover_ledger
 from metadata import keys
 from metadata.store import MetadataStore
+from common.histograms import LatencyStages
 
 log = logging.getLogger(__name__)
 
 
 class LedgerClient:
     def __init__(self, store: MetadataStore, config: LedgerClientConfig | None = None,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, *, stages: LatencyStages | None = None) -> None:
         self.config = config or LedgerClientConfig()
         self.store = store
         self.registry = BookieRegistry(store)
-        self.pool = BookieClientPool(self.config, self.registry.address_of)
+        # Stage histograms of the process (LEDGER_STAGES at least), or None: not timed.
+        self.stages = stages
+        self.pool = BookieClientPool(self.config, self.registry.address_of, stages=stages)
         self.context = LedgerContext(store, self.registry, self.pool, self.config, rng or random.Random())
 
     async def start(self) -> None:

@@ -67,6 +67,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"magnetar {__version__}")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", default="text", choices=["text", "json"])
+    # common/event_loop.py (docs/performance.md: uvloop measured, no gain yet).
+    parser.add_argument("--event-loop", default="asyncio", choices=["asyncio", "uvloop"],
+                        help="the asyncio event loop implementation")
     commands = parser.add_subparsers(dest="command", required=True)
     chosen = _chosen_command(sys.argv[1:] if argv is None else argv)
     for name, (module_path, summary) in COMMANDS.items():
@@ -114,6 +117,9 @@ def parse_command_line(argv: Sequence[str], environ: Mapping[str, str]) -> argpa
 def main(argv: list[str] | None = None) -> int:
     args = parse_command_line(sys.argv[1:] if argv is None else argv, os.environ)
     logs.configure(args.log_level, args.log_format, process=args.process)
+    from common.event_loop import install as install_event_loop
+
+    install_event_loop(args.event_loop)
     from common.errors import ConfigError, PortInUse
 
     try:

@@ -38,6 +38,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Iterator, Protocol
 
@@ -99,6 +100,9 @@ class Dispatcher(abc.ABC):
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self._waiting_for_entries = False
+        # Set when new entries woke a caught-up dispatcher: its next send of the newest
+        # entry is timed (the "dispatch" stage), then it is cleared.
+        self._woken_by_entries = False
         self.messages_dispatched = 0
         # Reads started, whether one is in progress, and failed rounds (for the watch).
         self.reads_started = 0
@@ -219,6 +223,20 @@ class Dispatcher(abc.ABC):
         wanted = -(-permits // max(1, int(self.messages_per_entry)))
         return max(1, min(wanted, self._entries_max))
 
+    def _time_tail(self, position: Position) -> None:
+        """The "dispatch" stage (docs/performance.md): when ``position``, just sent, is
+        the newest confirmed entry, how long it took from confirmed to sent. Ledgers
+        that keep no stage histograms (tests' fakes) are not timed."""
+        if not self._woken_by_entries:
+            return   # not tailing: a backlog read (its entries were confirmed long ago)
+        ledger = self.subscription.ledger
+        # The first entry sent after the wake-up settles it: the newest one is timed; an
+        # older one means this round reads a backlog, which is not the tail's latency.
+        self._woken_by_entries = False
+        stages = getattr(ledger, "stages", None)
+        if stages is not None and position == ledger.last_confirmed:
+            stages.observe("dispatch", time.perf_counter() - ledger.last_confirmed_at)
+
     def _count_entry(self, message_count: int) -> None:
         self.messages_per_entry += _MEAN_WEIGHT * (max(1, message_count) - self.messages_per_entry)
 
@@ -258,6 +276,7 @@ class Dispatcher(abc.ABC):
 
         def on_entries(_future: asyncio.Future[None]) -> None:
             self._waiting_for_entries = False
+            self._woken_by_entries = True
             self.wake()
 
         waiter.add_done_callback(on_entries)
@@ -393,6 +412,7 @@ class SingleActiveDispatcher(Dispatcher):
                                     ack_set=ack_set)
                 self.messages_dispatched += count
             assert done is not None, "a round with permits sent nothing of what it read"
+            self._time_tail(done.position)
             cursor.skip_next_read(ledger.next_position(done.position))
 
     async def _dispatch_compacted(self, consumer: ConsumerPort, source: CompactedSource, start: Position) -> None:

@@ -340,6 +340,7 @@ class SharedDispatcher(Dispatcher):
                 self._count_entry(count)
                 self._send(consumer, entry, count, ack_set)
                 sent += 1
+                self._time_tail(entry.position)
             cursor.skip_next_read(next_read)
             self._arm_delay_timer()
             if not sent and not self._available():
