@@ -75,6 +75,18 @@ def last_message_position(admin_url: str, topic: str) -> tuple[int, int] | None:
     return ledger_id, entry_id
 
 
+def topic_ledgers(admin_url: str, topic: str) -> list[tuple[int, int | None]]:
+    """The ledgers of a topic's (or a partition's) managed ledger, oldest first, as
+    ``(ledger_id, entries)``; the last one, being written, has ``entries`` None."""
+    name = TopicName.parse(topic)
+    answer = _get_json(f"{admin_url}/admin/v2/{name.rest_path}/internalStats")
+    assert isinstance(answer, dict), answer
+    listed = [(int(ledger["ledgerId"]), int(ledger["entries"])) for ledger in answer.get("ledgers", [])]
+    # entries is -1 for a closed ledger whose count the broker does not know yet.
+    return [(ledger_id, entries if index < len(listed) - 1 and entries >= 0 else None)
+            for index, (ledger_id, entries) in enumerate(listed)]
+
+
 def partition_count(admin_url: str, topic: str) -> int:
     name = TopicName.parse(topic)
     answer = _get_json(f"{admin_url}/admin/v2/{name.rest_path}/partitions")
@@ -82,4 +94,4 @@ def partition_count(admin_url: str, topic: str) -> int:
     return int(answer.get("partitions", 0))
 
 
-__all__ = ["ledgers", "resolve_topics", "last_message_position", "partition_count", "urllib"]
+__all__ = ["ledgers", "resolve_topics", "last_message_position", "partition_count", "topic_ledgers", "urllib"]

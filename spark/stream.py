@@ -15,27 +15,33 @@ or ``latest``; ``maxMessagesPerTrigger`` (Spark's ReadLimit: a micro-batch ends 
 last whole entry within the limit, counted by reading the range on the driver; at least
 one entry, so a batch of more messages than the limit still moves on).
 
-Not done yet: ``failOnDataLoss`` (an offset pointing before what retention left is not
-detected: the broker starts the reader at the first entry it still holds), starting by
-time, and reading history straight from the archive files in streaming (it comes
-through the broker, which reads the same files).
+``failOnDataLoss`` (default true, as Spark's Kafka source): before a micro-batch is
+planned and before it is read, each partition's start offset is checked against what
+the partition still stores (its archive manifest and its ledgers; spark/data_loss.py).
+When retention deleted messages after it, the query fails with MessagesDeleted naming
+the topic and the range; with false the reader logs the range and goes on from the
+oldest stored message.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Iterator, Mapping
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
-from common.errors import ConfigError
+from common.errors import ConfigError, MessagesDeleted
 from spark import manifest
-from spark.options import _get, _integer, parse_read_options
+from spark.data_loss import LedgerHistory, find_loss
+from spark.options import _boolean, _get, _integer, parse_read_options
 from spark.reader import TailPartition
 from spark.tail import TailReader
 
 NOTHING = "-1:-1"
+
+log = logging.getLogger(__name__)
 
 
 def _position(text: str) -> tuple[int, int] | None:
@@ -59,6 +65,28 @@ class MagnetarStreamReader(DataSourceStreamReader):
             raise ConfigError("option startingOffsets of a stream must be earliest or latest")
         self.starting = starting
         self.max_messages = _integer(options, "maxMessagesPerTrigger", None, 1)
+        self.fail_on_data_loss = _boolean(options, "failOnDataLoss", True)
+        self.history = LedgerHistory()
+
+    def _check_data_loss(self, name: str, begin: tuple[int, int] | None) -> None:
+        """Raises MessagesDeleted (or, with failOnDataLoss false, logs) when retention
+        deleted messages after ``begin`` of partition ``name``."""
+        if begin is None:
+            return
+        topic_ledgers = manifest.topic_ledgers(self.options.admin_url, name)
+        self.history.observe(name, topic_ledgers)
+        stored = {ledger["ledger_id"]: ledger["entry_count"]
+                  for ledger in manifest.ledgers(self.options.admin_url, name) if ledger["topic"] == name}
+        for ledger_id, entries in topic_ledgers:
+            stored.setdefault(ledger_id, -1 if entries is None else entries)
+        loss = find_loss(name, begin, stored, self.history.ledgers(name))
+        if loss is None:
+            return
+        error = MessagesDeleted(loss.topic, loss.after, loss.upto)
+        if self.fail_on_data_loss:
+            raise error
+        log.warning("spark stream skips deleted messages (failOnDataLoss=false): topic=%s after=%s upto=%s",
+                    name, loss.after, loss.upto)
 
     def _partition_names(self) -> list[str]:
         topics = manifest.resolve_topics(self.options.admin_url, self.options.topics, self.options.pattern,
@@ -83,6 +111,7 @@ class MagnetarStreamReader(DataSourceStreamReader):
         budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         for name in self._partition_names():
             begin = _position(start.get(name, NOTHING))
+            self._check_data_loss(name, begin)
             end = manifest.last_message_position(self.options.admin_url, name)
             if end is None or (begin is not None and end <= begin):
                 latest.setdefault(name, _text(begin))
@@ -129,11 +158,13 @@ class MagnetarStreamReader(DataSourceStreamReader):
             begin = _position(start.get(name, NOTHING))
             if end_position is None or (begin is not None and end_position <= begin):
                 continue
+            self._check_data_loss(name, begin)
             planned.append(TailPartition(name, begin, end_position, None))
         return planned
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, TailPartition), type(partition)
+        self._check_data_loss(partition.topic, partition.start_after)
         reader = TailReader(self.options.service_url, partition.topic, partition.start_after, partition.end,
                             self.options.tail_timeout_ms)
         yield from reader.batches()

@@ -98,3 +98,64 @@ def test_a_streaming_query_killed_and_restarted_from_its_checkpoint_sinks_every_
                 worker.kill()
                 worker.wait()
         holder.close()
+
+
+def stream_once(spark_session, cluster, topic: str, checkpoint: str, **options) -> set:
+    """Runs a streaming query over ``topic`` from ``checkpoint`` until it has processed
+    everything available, stops it, and returns the (ledger, entry, batch index) it read."""
+    reader = (spark_session.readStream.format("magnetar").option("adminUrl", cluster.admin_url)
+              .option("serviceUrl", cluster.brokers[0].service_url).option("topic", topic))
+    for name, value in options.items():
+        reader = reader.option(name, str(value))
+    read: set = set()
+
+    def collect(batch, _batch_id) -> None:
+        read.update(tuple(row) for row in batch.collect())
+
+    query = (reader.load().select("ledger_id", "entry_id", "batch_index").writeStream.foreachBatch(collect)
+             .option("checkpointLocation", checkpoint).trigger(processingTime="200 milliseconds").start())
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    return read
+
+
+def test_fail_on_data_loss_when_retention_deleted_what_the_checkpoint_points_at(spark_session, archived, tmp_path):
+    """A stream reads a topic of a namespace that does not archive; then retention
+    deletes its ledgers up to the current one, including messages the stream had not
+    read. Restarted from its checkpoint the query fails naming the topic and the
+    offset (failOnDataLoss defaults to true); with failOnDataLoss=false it skips the
+    deleted messages and reads exactly what is still stored."""
+    cluster, _topic, _sent = archived
+    admin = f"{cluster.admin_url}/admin/v2"
+    try:
+        http("PUT", f"{admin}/namespaces/public/lossy")
+    except Exception:                                        # noqa: BLE001 - created by an earlier run
+        pass
+    local = f"spark-loss-{uuid.uuid4().hex[:8]}"
+    topic = f"persistent://public/lossy/{local}"
+    holder = cluster.client.subscribe(topic, "holder", initial_position=pulsar.InitialPosition.Earliest)
+    checkpoint = str(tmp_path / "checkpoint")
+    try:
+        first = produce(cluster.client, topic, 60, batching=False)
+        assert stream_once(spark_session, cluster, topic, checkpoint) == set(first)
+        second = produce(cluster.client, topic, 65, base=60, batching=False)
+        http("POST", f"{admin}/persistent/public/lossy/{local}/subscription/holder/skip_all")
+        first_unread_ledger = min(second)[0]
+
+        def stored() -> set:
+            return {ledger["ledgerId"] for ledger in http("GET", f"{admin}/persistent/public/lossy/{local}/internalStats")["ledgers"]}
+
+        wait_until(lambda: first_unread_ledger not in stored(), 60, "retention deleted unread ledgers")
+        offset = max(first)[:2]
+        with pytest.raises(Exception) as failure:
+            stream_once(spark_session, cluster, topic, checkpoint)
+        message = str(failure.value)
+        assert "MessagesDeleted" in message and topic in message and f"after {offset[0]}:{offset[1]}" in message
+        left = stored()
+        rest = stream_once(spark_session, cluster, topic, checkpoint, failOnDataLoss="false")
+        assert rest == {i for i in second if i[0] in left}
+        assert rest and len(rest) < len(second)
+    finally:
+        holder.close()
