@@ -10,8 +10,12 @@ of a topic never changes), so Spark's checkpoint (offsets written before a batch
 commits after its sink committed) gives exactly-once with an idempotent sink (the file
 sink): a query killed mid-batch reruns that batch from the same offsets.
 
-Options (besides the batch ones that apply): ``startingOffsets`` ``earliest`` (default)
-or ``latest``; ``maxMessagesPerTrigger`` (Spark's ReadLimit: a micro-batch ends at the
+Options (besides the batch ones that apply): where a new query starts (a query with a
+checkpoint resumes from it) — ``startingOffsets`` ``earliest`` (default) or ``latest``;
+``startingTimestamp`` (ms: each partition from its first message published at or after
+it); ``startingOffsetsByTimestamp`` (JSON, per topic ``{"<topic>": ms}`` or per
+partition ``{"<topic>": {"0": ms, …}}``; topics it does not name start by the other
+options); ``maxMessagesPerTrigger`` (Spark's ReadLimit: a micro-batch ends at the
 last whole entry within the limit, counted by reading the range on the driver; at least
 one entry, so a batch of more messages than the limit still moves on).
 
@@ -25,6 +29,7 @@ oldest stored message.
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Iterator, Mapping
 
@@ -32,16 +37,43 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
+from archive.reader import ArchiveFile
 from common.errors import ConfigError, MessagesDeleted
+from common.topic_name import TopicName
 from spark import manifest
 from spark.data_loss import LedgerHistory, find_loss
-from spark.options import _boolean, _get, _integer, parse_read_options
+from spark.options import _boolean, _get, _integer, parse_read_options, topic_name
 from spark.reader import TailPartition
 from spark.tail import TailReader
 
 NOTHING = "-1:-1"
 
 log = logging.getLogger(__name__)
+
+
+def _timestamps_by_topic(text: str | None) -> dict[str, int | dict[str, int]]:
+    """``startingOffsetsByTimestamp``: {full topic name: ms, or {partition index: ms}}."""
+    if text is None:
+        return {}
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        raise ConfigError(f"option startingOffsetsByTimestamp is not JSON: {text!r}") from None
+    if not isinstance(parsed, dict):
+        raise ConfigError("option startingOffsetsByTimestamp must be a JSON object of topics")
+
+    def millis(value: object) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"option startingOffsetsByTimestamp: {value!r} is not a time in ms")
+        return value
+    by_topic: dict[str, int | dict[str, int]] = {}
+    for topic, value in parsed.items():
+        name = topic_name(topic, "startingOffsetsByTimestamp")
+        if isinstance(value, dict):
+            by_topic[name] = {str(int(index)): millis(ms) for index, ms in value.items()}
+        else:
+            by_topic[name] = millis(value)
+    return by_topic
 
 
 def _position(text: str) -> tuple[int, int] | None:
@@ -55,8 +87,10 @@ def _text(position: tuple[int, int] | None) -> str:
 
 class MagnetarStreamReader(DataSourceStreamReader):
     def __init__(self, options: Mapping[str, str]) -> None:
-        # startingOffsets means earliest/latest here, not a batch read's position.
-        batch_options = {name: value for name, value in options.items() if name.lower() != "startingoffsets"}
+        # startingOffsets means earliest/latest here, not a batch read's position, and
+        # the starting times pick initial offsets instead of bounding rows.
+        batch_options = {name: value for name, value in options.items()
+                         if name.lower() not in ("startingoffsets", "startingtimestamp", "startingoffsetsbytimestamp")}
         self.options = parse_read_options(batch_options)
         if self.options.service_url is None:
             raise ConfigError("option serviceUrl is required for streaming reads")
@@ -64,6 +98,8 @@ class MagnetarStreamReader(DataSourceStreamReader):
         if starting not in ("earliest", "latest"):
             raise ConfigError("option startingOffsets of a stream must be earliest or latest")
         self.starting = starting
+        self.starting_timestamp_ms = _integer(options, "startingTimestamp", None, 0)
+        self.starting_by_timestamp = _timestamps_by_topic(_get(options, "startingOffsetsByTimestamp"))
         self.max_messages = _integer(options, "maxMessagesPerTrigger", None, 1)
         self.fail_on_data_loss = _boolean(options, "failOnDataLoss", True)
         self.history = LedgerHistory()
@@ -97,11 +133,50 @@ class MagnetarStreamReader(DataSourceStreamReader):
             names.extend([f"{topic}-partition-{i}" for i in range(count)] if count > 0 else [topic])
         return names
 
+    def _starting_time_ms(self, name: str) -> int | None:
+        topic = TopicName.parse(name)
+        by_topic = self.starting_by_timestamp.get(str(topic.partitioned_parent))
+        if isinstance(by_topic, dict):
+            by_topic = by_topic.get(str(topic.partition_index))
+        return by_topic if by_topic is not None else self.starting_timestamp_ms
+
     def initialOffset(self) -> dict:
-        names = self._partition_names()
-        if self.starting == "earliest":
-            return {name: NOTHING for name in names}
-        return {name: _text(manifest.last_message_position(self.options.admin_url, name)) for name in names}
+        initial = {}
+        for name in self._partition_names():
+            time_ms = self._starting_time_ms(name)
+            if time_ms is not None:
+                position = self._position_at_time(name, time_ms)
+                # The offset is the last entry read: the one before ``position``
+                # (entry -1 of its ledger when it is the ledger's first).
+                initial[name] = _text((position[0], position[1] - 1))
+            elif self.starting == "latest":
+                initial[name] = _text(manifest.last_message_position(self.options.admin_url, name))
+            else:
+                initial[name] = NOTHING
+        return initial
+
+    def _position_at_time(self, name: str, time_ms: int) -> tuple[int, int]:
+        """The first entry of partition ``name`` published at or after ``time_ms``: in
+        its archive files when one holds it (their footers say which batches to read),
+        else as the broker finds it in the topic's ledgers (or the position after the
+        last entry)."""
+        for ledger in manifest.ledgers(self.options.admin_url, name):
+            if ledger["topic"] != name:
+                continue
+            for record in sorted(ledger["files"], key=lambda record: record["first_entry_id"]):
+                if record["publish_time_ms_max"] < time_ms:
+                    continue
+                with ArchiveFile.open(record["url"], size_bytes=record["size_bytes"]) as archive_file:
+                    for index, batch_metadata in enumerate(archive_file.metadata.batches):
+                        if batch_metadata.publish_time_ms_max < time_ms:
+                            continue
+                        batch = archive_file.read_batch(index)
+                        times = batch.column("publish_time").cast(pa.int64()).to_pylist()
+                        entries = batch.column("entry_id").to_pylist()
+                        for entry_id, publish_ms in zip(entries, times):
+                            if publish_ms >= time_ms:
+                                return ledger["ledger_id"], entry_id
+        return manifest.position_at_time(self.options.admin_url, name, time_ms)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadAllAvailable() if self.max_messages is None else ReadMaxRows(self.max_messages)

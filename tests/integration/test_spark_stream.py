@@ -159,3 +159,49 @@ def test_fail_on_data_loss_when_retention_deleted_what_the_checkpoint_points_at(
         assert rest and len(rest) < len(second)
     finally:
         holder.close()
+
+
+def test_streams_start_at_a_time_or_at_latest(spark_session, archived, tmp_path):
+    """A new query with startingTimestamp (or startingOffsetsByTimestamp naming the topic)
+    reads exactly the messages published from that time on; one with
+    startingOffsets=latest reads none of what was there when it started and every
+    message produced after its first read, once."""
+    import json
+    import time
+
+    cluster, _topic, _sent = archived
+    topic = f"persistent://public/default/spark-start-{uuid.uuid4().hex[:8]}"
+    holder = cluster.client.subscribe(topic, "holder", initial_position=pulsar.InitialPosition.Earliest)
+    try:
+        before = produce(cluster.client, topic, 100)
+        time.sleep(0.05)
+        start_ms = int(time.time() * 1000)
+        time.sleep(0.05)
+        after = produce(cluster.client, topic, 100, base=100)
+        assert stream_once(spark_session, cluster, topic, str(tmp_path / "c1"), startingTimestamp=start_ms) == set(after)
+        assert stream_once(spark_session, cluster, topic, str(tmp_path / "c2"),
+                           startingOffsetsByTimestamp=json.dumps({topic: start_ms})) == set(after)
+
+        read: set = set()
+        stream = (spark_session.readStream.format("magnetar").option("adminUrl", cluster.admin_url)
+                  .option("serviceUrl", cluster.brokers[0].service_url).option("topic", topic)
+                  .option("startingOffsets", "latest").load())
+        query = (stream.select("ledger_id", "entry_id", "batch_index").writeStream
+                 .foreachBatch(lambda batch, _id: read.update(tuple(row) for row in batch.collect()))
+                 .option("checkpointLocation", str(tmp_path / "c3")).trigger(processingTime="200 milliseconds")
+                 .start())
+        later: dict = {}
+        try:
+            for round_index in range(120):
+                later.update(produce(cluster.client, topic, 5, base=1000 + 5 * round_index))
+                if read:
+                    break
+                time.sleep(0.5)
+            query.processAllAvailable()
+        finally:
+            query.stop()
+        assert read and not read & (set(before) | set(after))
+        ordered = sorted(later)
+        assert read == set(ordered[len(ordered) - len(read):]), "not every message after the start was read"
+    finally:
+        holder.close()
