@@ -1,9 +1,13 @@
 """Streaming reads (``spark.readStream.format("magnetar")``): offsets are per topic
 partition positions, ``{"<partition's topic name>": "LEDGER:ENTRY"}``, the last entry a
 micro-batch included ("-1:-1": nothing yet). A micro-batch reads, for each partition,
-the entries after its start offset up to and including its end offset, through a broker
-as a non-durable reader (spark/tail.py); the broker serves archived ledgers from the
-archive and the rest from the bookies, so history and tail come through one path.
+the entries after its start offset up to and including its end offset: those of
+archived ledgers straight from the archive files (a Spark partition per file, record
+batches outside the range skipped by their footer metadata, rows trimmed at the edges),
+the rest — after the last archived entry — through a broker as a non-durable reader
+(spark/tail.py). The archive is the oldest part of a partition, so the two ranges never
+overlap and leave no gap; ledgers retention removed from the topic but the archive still
+keeps are read too.
 
 Replayable: the same (start, end) offsets always give the same rows (a position range
 of a topic never changes), so Spark's checkpoint (offsets written before a batch runs,
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from typing import Iterator, Mapping
 
 import pyarrow as pa
@@ -40,13 +45,29 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from archive.reader import ArchiveFile
 from common.errors import ConfigError, MessagesDeleted
 from common.topic_name import TopicName
-from spark import manifest
+from spark import manifest, metrics
+from spark.bounds import Bounds
 from spark.data_loss import LedgerHistory, find_loss
 from spark.options import _boolean, _get, _integer, parse_read_options, topic_name
 from spark.reader import TailPartition
+from spark.schema import to_spark_batch
 from spark.tail import TailReader
 
 NOTHING = "-1:-1"
+
+
+@dataclass
+class StreamArchivePartition(InputPartition):
+    """The entries of a micro-batch's range (``bounds``) held by one archive file."""
+
+    topic: str
+    ledger_id: int
+    url: str
+    size_bytes: int
+    bounds: Bounds
+
+    def __post_init__(self) -> None:
+        InputPartition.__init__(self, self.url)
 
 log = logging.getLogger(__name__)
 
@@ -202,29 +223,52 @@ class MagnetarStreamReader(DataSourceStreamReader):
 
     def _position_within(self, name: str, begin, end, budget: int) -> tuple[tuple[int, int], int]:
         """The last whole entry after ``begin`` within ``budget`` messages (at least
-        one entry), and the messages up to it."""
-        reader = TailReader(self.options.service_url, name, begin, end, self.options.tail_timeout_ms)
+        one entry), and the messages up to it: the range is read on the driver the way
+        a task reads it (archive files, then the tail), stopping once past the budget."""
         chosen, used = None, 0
         counted = 0
         current, current_rows = None, 0
-        batches = reader.batches()
-        try:
-            for batch in batches:
-                for position in zip(batch.column("ledger_id").to_pylist(), batch.column("entry_id").to_pylist()):
-                    if position != current:
-                        if current is not None:
-                            if chosen is not None and counted + current_rows > budget:
-                                return chosen, used
-                            counted += current_rows
-                            chosen, used = current, counted
-                        current, current_rows = position, 0
-                    current_rows += 1
-            if current is not None and (chosen is None or counted + current_rows <= budget):
-                counted += current_rows
-                chosen, used = current, counted
-        finally:
-            batches.close()
+        for partition in self._plan(name, begin, end):
+            batches = self._read_partition(partition, check=False)
+            try:
+                for batch in batches:
+                    for position in zip(batch.column("ledger_id").to_pylist(),
+                                        batch.column("entry_id").to_pylist()):
+                        if position != current:
+                            if current is not None:
+                                if chosen is not None and counted + current_rows > budget:
+                                    return chosen, used
+                                counted += current_rows
+                                chosen, used = current, counted
+                            current, current_rows = position, 0
+                        current_rows += 1
+            finally:
+                batches.close()
+        if current is not None and (chosen is None or counted + current_rows <= budget):
+            counted += current_rows
+            chosen, used = current, counted
         return (chosen if chosen is not None else end), used
+
+    def _plan(self, name: str, begin: tuple[int, int] | None, end: tuple[int, int]) -> list[InputPartition]:
+        """The partitions reading entries (begin, end] of partition ``name``: one per
+        archive file holding some of them, in order, then the tail after the last
+        archived entry through a broker. The archive is a prefix of the partition (the
+        oldest closed ledgers are archived first), so the two never overlap."""
+        assert begin is None or begin < end, (begin, end)
+        bounds = Bounds(position_min=None if begin is None else (begin[0], begin[1] + 1),
+                        position_end=(end[0], end[1] + 1))
+        ledgers = [ledger for ledger in manifest.ledgers(self.options.admin_url, name) if ledger["topic"] == name]
+        planned: list[InputPartition] = []
+        for ledger in ledgers:
+            for record in sorted(ledger["files"], key=lambda record: record["first_entry_id"]):
+                if bounds.file_may_match(ledger["ledger_id"], record):
+                    planned.append(StreamArchivePartition(name, ledger["ledger_id"], record["url"],
+                                                          record["size_bytes"], bounds))
+        archived_last = max(((ledger["ledger_id"], ledger["entry_count"] - 1) for ledger in ledgers), default=None)
+        tail_after = begin if archived_last is None or (begin is not None and begin >= archived_last) else archived_last
+        if tail_after is None or tail_after < end:
+            planned.append(TailPartition(name, tail_after, end, None))
+        return planned
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         planned = []
@@ -234,15 +278,42 @@ class MagnetarStreamReader(DataSourceStreamReader):
             if end_position is None or (begin is not None and end_position <= begin):
                 continue
             self._check_data_loss(name, begin)
-            planned.append(TailPartition(name, begin, end_position, None))
+            planned.extend(self._plan(name, begin, end_position))
         return planned
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        yield from self._read_partition(partition, check=True)
+
+    def _read_partition(self, partition: InputPartition, *, check: bool) -> Iterator[pa.RecordBatch]:
+        rows = 0
+        if isinstance(partition, StreamArchivePartition):
+            bounds = partition.bounds
+            with ArchiveFile.open(partition.url, size_bytes=partition.size_bytes) as archive_file:
+                for index, batch_metadata in enumerate(archive_file.metadata.batches):
+                    if not bounds.batch_may_match(partition.ledger_id, batch_metadata):
+                        continue
+                    batch = to_spark_batch(archive_file.read_batch(index))
+                    mask = bounds.row_mask(batch)
+                    if mask is not None:
+                        batch = batch.filter(mask)
+                    if batch.num_rows:
+                        rows += batch.num_rows
+                        yield batch
+            if check:
+                metrics.record(self.options.metrics_dir, "stream-archive", topic=partition.topic,
+                               url=partition.url, rows=rows)
+            return
         assert isinstance(partition, TailPartition), type(partition)
-        self._check_data_loss(partition.topic, partition.start_after)
+        if check:
+            self._check_data_loss(partition.topic, partition.start_after)
         reader = TailReader(self.options.service_url, partition.topic, partition.start_after, partition.end,
                             self.options.tail_timeout_ms)
-        yield from reader.batches()
+        for batch in reader.batches():
+            rows += batch.num_rows
+            yield batch
+        if check:
+            metrics.record(self.options.metrics_dir, "stream-tail", topic=partition.topic,
+                           start_after=partition.start_after, end=partition.end, rows=rows)
 
     def commit(self, end: dict) -> None:
         pass

@@ -13,6 +13,8 @@ import uuid
 import pulsar
 import pytest
 
+from spark import metrics
+
 from tests.cluster import Cluster, wait_until
 from tests.integration.spark_helpers import BROKER_ARGS, POLICY, http, produce
 
@@ -102,15 +104,16 @@ def test_a_streaming_query_killed_and_restarted_from_its_checkpoint_sinks_every_
 
 def stream_once(spark_session, cluster, topic: str, checkpoint: str, **options) -> set:
     """Runs a streaming query over ``topic`` from ``checkpoint`` until it has processed
-    everything available, stops it, and returns the (ledger, entry, batch index) it read."""
+    everything available, stops it, and returns the (ledger, entry, batch index) it read
+    (asserting it read none twice)."""
     reader = (spark_session.readStream.format("magnetar").option("adminUrl", cluster.admin_url)
               .option("serviceUrl", cluster.brokers[0].service_url).option("topic", topic))
     for name, value in options.items():
         reader = reader.option(name, str(value))
-    read: set = set()
+    read: list = []
 
     def collect(batch, _batch_id) -> None:
-        read.update(tuple(row) for row in batch.collect())
+        read.extend(tuple(row) for row in batch.collect())
 
     query = (reader.load().select("ledger_id", "entry_id", "batch_index").writeStream.foreachBatch(collect)
              .option("checkpointLocation", checkpoint).trigger(processingTime="200 milliseconds").start())
@@ -118,7 +121,8 @@ def stream_once(spark_session, cluster, topic: str, checkpoint: str, **options) 
         query.processAllAvailable()
     finally:
         query.stop()
-    return read
+    assert len(read) == len(set(read)), "a message was read twice"
+    return set(read)
 
 
 def test_fail_on_data_loss_when_retention_deleted_what_the_checkpoint_points_at(spark_session, archived, tmp_path):
@@ -203,5 +207,30 @@ def test_streams_start_at_a_time_or_at_latest(spark_session, archived, tmp_path)
         assert read and not read & (set(before) | set(after))
         ordered = sorted(later)
         assert read == set(ordered[len(ordered) - len(read):]), "not every message after the start was read"
+    finally:
+        holder.close()
+
+
+def test_a_stream_behind_the_archive_reads_the_files_then_the_tail(spark_session, archived, tmp_path):
+    """A stream starting before the archived ledgers of a topic reads them from the
+    archive files (the reader's counters) and then the unarchived tail through the
+    broker, micro-batches of at most 700 messages crossing from one to the other: every
+    message once, none missing."""
+    cluster, _topic, _sent = archived
+    topic = f"persistent://public/default/spark-history-{uuid.uuid4().hex[:8]}"
+    holder = cluster.client.subscribe(topic, "holder", initial_position=pulsar.InitialPosition.Earliest)
+    try:
+        sent = produce(cluster.client, topic, 2000)
+        admin = f"{cluster.admin_url}/admin/v2/{topic.replace('://', '/')}"
+        wait_until(lambda: len(http("GET", f"{admin}/archive")["ledgers"]) >= 2, 120, "two ledgers archived")
+        sent.update(produce(cluster.client, topic, 3, base=2000, batching=False))   # the open ledger
+        metrics_dir = str(tmp_path / "metrics")
+        read = stream_once(spark_session, cluster, topic, str(tmp_path / "checkpoint"), maxMessagesPerTrigger=700,
+                           metricsDir=metrics_dir)
+        assert read == set(sent)
+        archive_rows = sum(task["rows"] for task in metrics.collect(metrics_dir, "stream-archive"))
+        tail_rows = sum(task["rows"] for task in metrics.collect(metrics_dir, "stream-tail"))
+        assert archive_rows > 0 and tail_rows >= 3
+        assert archive_rows + tail_rows == len(sent)
     finally:
         holder.close()
