@@ -275,3 +275,48 @@ def test_a_dataframe_written_to_a_topic_is_consumed_by_the_official_client(spark
     for i, (payload, key, properties, event_time) in enumerate(rows):
         expected_ms = int(event_time.timestamp() * 1000)
         assert received[i] == (payload, key, properties, expected_ms), i
+
+
+def test_rows_written_to_a_partitioned_topic_go_to_their_partition_or_their_keys_partition(
+        spark_session, archived, tmp_path):
+    """Rows written to a topic of 3 partitions: keyed rows land in the partition the
+    official client picks for the same key, rows with a ``partition`` column in that
+    partition, rows without either spread over the partitions; each row once."""
+    from client.routing import key_partition
+
+    cluster, _topic, _sent = archived
+    local = f"spark-parts-{uuid.uuid4().hex[:8]}"
+    topic = f"persistent://public/default/{local}"
+    http("PUT", f"{cluster.admin_url}/admin/v2/persistent/public/default/{local}/partitions", 3)
+    consumer = cluster.client.subscribe(topic, "check", initial_position=pulsar.InitialPosition.Earliest)
+    official = cluster.client.create_producer(topic)
+    official_partition = {f"k{i}": official.send(b"official", partition_key=f"k{i}").partition() for i in range(17)}
+    official.close()
+    service_url = cluster.brokers[0].service_url
+
+    def write(df) -> None:
+        (df.write.format("magnetar").mode("append").option("serviceUrl", service_url).option("topic", topic)
+           .option("batchMessages", 20).save())
+
+    write(spark_session.createDataFrame([(f"keyed-{i}".encode(), f"k{i % 17}") for i in range(300)],
+                                        "payload binary, key string").repartition(2))
+    write(spark_session.createDataFrame([(f"placed-{i}".encode(), "same", i % 3) for i in range(30)],
+                                        "payload binary, key string, partition int"))
+    write(spark_session.createDataFrame([(f"loose-{i}".encode(),) for i in range(100)], "payload binary"))
+    try:
+        received: dict = {}
+        while len(received) < 300 + 30 + 100 + 17:
+            message = consumer.receive(timeout_millis=30_000)
+            name = message.data().decode() + ("" if message.data() != b"official" else message.partition_key())
+            assert name not in received, f"{name} stored twice"
+            received[name] = (message.partition_key(), message.message_id().partition())
+            consumer.acknowledge(message)
+        with pytest.raises(pulsar.Timeout):
+            consumer.receive(timeout_millis=500)
+    finally:
+        consumer.close()
+    for i in range(300):
+        key, partition = received[f"keyed-{i}"]
+        assert partition == official_partition[key] == key_partition(key, 3), (key, partition)
+    assert all(received[f"placed-{i}"][1] == i % 3 for i in range(30))
+    assert {received[f"loose-{i}"][1] for i in range(100)} == {0, 1, 2}

@@ -1,5 +1,9 @@
-"""A streaming query over the ``magnetar`` source, killed with SIGKILL mid-run and
-restarted from its checkpoint: its sink holds every message exactly once. In a module of
+"""Streaming with the ``magnetar`` source: a query killed with SIGKILL mid-run and
+restarted from its checkpoint (its sink holds every message exactly once); history
+read from archive files then the tail; and, marked ``spark_full`` (`make
+test-spark-full`, not `make test`: each runs several queries), failOnDataLoss both
+ways, starting at latest or at a time, and the streaming writer replayed from its
+checkpoint. In a module of
 its own (a cluster of its own: etcd, a bookie, an archiving broker), so that `make test`'s
 workers can run it beside the batch tests of test_spark.py."""
 
@@ -125,6 +129,7 @@ def stream_once(spark_session, cluster, topic: str, checkpoint: str, **options) 
     return set(read)
 
 
+@pytest.mark.spark_full
 def test_fail_on_data_loss_when_retention_deleted_what_the_checkpoint_points_at(spark_session, archived, tmp_path):
     """A stream reads a topic of a namespace that does not archive; then retention
     deletes its ledgers up to the current one, including messages the stream had not
@@ -165,6 +170,7 @@ def test_fail_on_data_loss_when_retention_deleted_what_the_checkpoint_points_at(
         holder.close()
 
 
+@pytest.mark.spark_full
 def test_streams_start_at_a_time_or_at_latest(spark_session, archived, tmp_path):
     """A new query with startingTimestamp (or startingOffsetsByTimestamp naming the topic)
     reads exactly the messages published from that time on; one with
@@ -233,4 +239,69 @@ def test_a_stream_behind_the_archive_reads_the_files_then_the_tail(spark_session
         assert archive_rows > 0 and tail_rows >= 3
         assert archive_rows + tail_rows == len(sent)
     finally:
+        holder.close()
+
+
+@pytest.mark.spark_full
+def test_a_streaming_write_replayed_from_its_checkpoint_stores_each_row_once(spark_session, archived, tmp_path):
+    """writeStream.format("magnetar") with idempotent=true into a namespace with
+    deduplication on: a query copies a topic in micro-batches of at most 100 messages;
+    its last commit is removed from the checkpoint (a crash after the sink stored the
+    batch, before Spark recorded it) and the query restarted: the batch runs again, the
+    broker drops every row of it as a duplicate, and the official client reads each
+    row exactly once."""
+    cluster, _topic, _sent = archived
+    admin = f"{cluster.admin_url}/admin/v2"
+    try:
+        http("PUT", f"{admin}/namespaces/public/dedup")
+    except Exception:                                        # noqa: BLE001 - created by an earlier run
+        pass
+    http("POST", f"{admin}/namespaces/public/dedup/deduplication", True)
+    source = f"persistent://public/default/spark-copy-src-{uuid.uuid4().hex[:8]}"
+    target = f"persistent://public/dedup/spark-copy-dst-{uuid.uuid4().hex[:8]}"
+    holder = cluster.client.subscribe(source, "holder", initial_position=pulsar.InitialPosition.Earliest)
+    check = cluster.client.subscribe(target, "check", initial_position=pulsar.InitialPosition.Earliest)
+    checkpoint, metrics_dir = str(tmp_path / "checkpoint"), str(tmp_path / "metrics")
+
+    def run() -> None:
+        stream = (spark_session.readStream.format("magnetar").option("adminUrl", cluster.admin_url)
+                  .option("serviceUrl", cluster.brokers[0].service_url).option("topic", source)
+                  .option("maxMessagesPerTrigger", 100).load())
+        query = (stream.select("payload", "key", "properties", "event_time").writeStream.format("magnetar")
+                 .option("serviceUrl", cluster.brokers[0].service_url).option("topic", target)
+                 .option("idempotent", "true").option("metricsDir", metrics_dir)
+                 .option("checkpointLocation", checkpoint).trigger(processingTime="200 milliseconds").start())
+        try:
+            query.processAllAvailable()
+        finally:
+            query.stop()
+
+    try:
+        sent = produce(cluster.client, source, 300)
+        run()
+        commits = os.path.join(checkpoint, "commits")
+        last = max(int(name) for name in os.listdir(commits) if name.isdigit())
+        os.remove(os.path.join(commits, str(last)))
+        for name in os.listdir(commits):
+            if name.startswith(f".{last}."):
+                os.remove(os.path.join(commits, name))
+        run()
+        writes = metrics.collect(metrics_dir, "stream-write")
+        replayed = sorted((w["messages"], w["duplicates"]) for w in writes if w["batch_id"] == last)
+        size = replayed[-1][0]
+        assert size > 0 and replayed == [(0, size), (size, 0)], replayed    # the second run stored nothing
+        assert sum(w["messages"] for w in writes) == len(sent)
+
+        expected = {payload: (key, properties) for payload, key, properties, _event_ms in sent.values()}
+        received: dict = {}
+        while len(received) < len(expected):
+            message = check.receive(timeout_millis=30_000)
+            assert message.data() not in received, "a row was stored twice"
+            received[message.data()] = (message.partition_key(), message.properties())
+            check.acknowledge(message)
+        with pytest.raises(pulsar.Timeout):
+            check.receive(timeout_millis=500)
+        assert received == expected
+    finally:
+        check.close()
         holder.close()
