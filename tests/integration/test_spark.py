@@ -320,3 +320,39 @@ def test_rows_written_to_a_partitioned_topic_go_to_their_partition_or_their_keys
         assert partition == official_partition[key] == key_partition(key, 3), (key, partition)
     assert all(received[f"placed-{i}"][1] == i % 3 for i in range(30))
     assert {received[f"loose-{i}"][1] for i in range(100)} == {0, 1, 2}
+
+
+def test_the_tail_reader_unpacks_batches_of_every_codec_the_official_client_writes(archived):
+    """The official client produces batches compressed with LZ4, ZSTD, SNAPPY and ZLIB;
+    the tail reader (spark/tail.py, through client/) returns one row per message with
+    its payload, key and batch index, as the archive would."""
+    from spark.tail import TailReader
+
+    cluster, _topic, _sent = archived
+    topic = f"persistent://public/default/spark-codecs-{uuid.uuid4().hex[:8]}"
+    holder = cluster.client.subscribe(topic, "holder", initial_position=pulsar.InitialPosition.Earliest)
+    expected: dict = {}
+    try:
+        for codec in ("LZ4", "ZSTD", "SNAPPY", "ZLib"):
+            producer = cluster.client.create_producer(
+                topic, compression_type=getattr(pulsar.CompressionType, codec), batching_enabled=True,
+                batching_max_messages=50, batching_max_publish_delay_ms=50)
+            done = []
+            for i in range(100):
+                payload = f"{codec}-{i}-".encode() + bytes(i % 7) * 40      # compressible
+                producer.send_async(payload, lambda result, message_id, payload=payload, key=f"{codec}-{i % 3}":
+                                    done.append((result, message_id, payload, key)), partition_key=f"{codec}-{i % 3}")
+            producer.flush()
+            producer.close()
+            assert len(done) == 100 and all(result == pulsar.Result.Ok for result, *_ in done)
+            for _result, message_id, payload, key in done:
+                expected[(message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())] = (payload, key)
+        end = max(expected)[:2]
+        rows = {}
+        for batch in TailReader(cluster.brokers[0].service_url, topic, None, end, 60_000).batches():
+            for row in batch.to_pylist():
+                rows[(row["ledger_id"], row["entry_id"], row["batch_index"])] = (row["payload"], row["key"])
+        assert rows == expected
+        assert any(index > 0 for _ledger, _entry, index in rows), "the producers did not batch"
+    finally:
+        holder.close()
