@@ -31,6 +31,11 @@ from spark import metrics
 from tests.cluster import Cluster, wait_until
 from tests.integration.spark_helpers import BROKER_ARGS, MESSAGES, POLICY, http, produce
 
+# The default 300 s per test is for make test's 10,000 messages; make test-spark-full's
+# 100,000 make each query ten times longer (a timeout inside a py4j call also breaks the
+# session for every test after it).
+pytestmark = pytest.mark.timeout(300 if MESSAGES <= 10_000 else 1800)
+
 
 @pytest.fixture(scope="module")
 def archived(etcd_process, tmp_path_factory):
@@ -294,15 +299,12 @@ def test_rows_written_to_a_partitioned_topic_go_to_their_partition_or_their_keys
     official.close()
     service_url = cluster.brokers[0].service_url
 
-    def write(df) -> None:
-        (df.write.format("magnetar").mode("append").option("serviceUrl", service_url).option("topic", topic)
-           .option("batchMessages", 20).save())
-
-    write(spark_session.createDataFrame([(f"keyed-{i}".encode(), f"k{i % 17}") for i in range(300)],
-                                        "payload binary, key string").repartition(2))
-    write(spark_session.createDataFrame([(f"placed-{i}".encode(), "same", i % 3) for i in range(30)],
-                                        "payload binary, key string, partition int"))
-    write(spark_session.createDataFrame([(f"loose-{i}".encode(),) for i in range(100)], "payload binary"))
+    rows = ([(f"keyed-{i}".encode(), f"k{i % 17}", None) for i in range(300)]
+            + [(f"placed-{i}".encode(), "same", i % 3) for i in range(30)]
+            + [(f"loose-{i}".encode(), None, None) for i in range(100)])
+    df = spark_session.createDataFrame(rows, "payload binary, key string, partition int").repartition(2)
+    (df.write.format("magnetar").mode("append").option("serviceUrl", service_url).option("topic", topic)
+       .option("batchMessages", 20).save())
     try:
         received: dict = {}
         while len(received) < 300 + 30 + 100 + 17:
