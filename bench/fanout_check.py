@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pulsar  # noqa: E402
 
-from tests.cluster import free_port, python_command  # noqa: E402
+from tests.cluster import contiguous_free_ports, free_port, python_command  # noqa: E402
 
 try:
     import pulsar.asyncio as pulsar_asyncio  # pulsar-client >= 3.7
@@ -57,29 +57,6 @@ STANDALONE_READY_S = 120.0
 
 
 # --- the standalone --------------------------------------------------------------------------
-
-def contiguous_free_ports(count: int) -> int:
-    """A base port with ``count`` free ports after it (best effort on a busy machine)."""
-    import socket
-
-    for _ in range(50):
-        base = free_port()
-        if base + count >= 65000:
-            continue
-        sockets: list[socket.socket] = []
-        try:
-            for offset in range(count):
-                sock = socket.socket()
-                sockets.append(sock)
-                sock.bind(("127.0.0.1", base + offset))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in sockets:
-                sock.close()
-    raise RuntimeError("no run of free ports found")
-
 
 def standalone_argv(data_dir: str, *, bookies: int = 1, copies: int = 1, brokers: int = 1,
                     extra: list[str] | None = None) -> list[str]:

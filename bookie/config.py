@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from bookie.format import journal_add_record_bytes
 from common.entry import ENTRY_BYTES_MAX_DEFAULT
+from metadata.etcd_tls import EtcdTlsConfig
 from common.errors import ConfigError
 from bookie.security import BookieSecurityConfig
 
@@ -144,6 +145,8 @@ class BookieConfig:
     storage: LedgerStorageConfig
     gc: GcConfig = field(default_factory=GcConfig)
     disk: DiskConfig = field(default_factory=DiskConfig)
+    # TLS toward etcd (metadata/etcd_tls.py; --etcd-tls-* flags).
+    metadata_tls: EtcdTlsConfig = field(default_factory=EtcdTlsConfig)
     host: str = "127.0.0.1"
     port: int = 3181
     # The ops HTTP port (/health, /metrics). None: derived from the gRPC port, port +

@@ -37,6 +37,7 @@ from common.loop_monitor import LoopMonitor
 from common.ops_http import add_ready_route, build_ops_app, start_ops_server
 from common.tasks import stop_on_signals
 from metadata import open_store
+from metadata.etcd_tls import ETCD_TLS_OPTIONS, etcd_tls_from_args
 from metadata.start_retry import while_unavailable
 from metadata.bookie_record import BookieRecord
 from bookie.security import BookieSecurityConfig, TokenInterceptor, server_credentials
@@ -93,6 +94,8 @@ OPTIONS: list[ConfigOption] = [
     ConfigOption("--group-wait-ms", JournalConfig, "group_wait_ms_max",
                  "how long an idle journal writer waits for more adds to share one write + fdatasync "
                  "(0: write as soon as the queue is drained)"),
+    # TLS toward etcd (metadata/etcd_tls.py).
+    *ETCD_TLS_OPTIONS,
 ]
 
 
@@ -113,6 +116,7 @@ def config_from_args(args: argparse.Namespace) -> BookieConfig:
         disk["usage_lwm_threshold"] = round(max(threshold - 0.05, threshold / 2), 6)
     return BookieConfig(
         metadata_url=args.metadata,
+        metadata_tls=etcd_tls_from_args(args),
         journal=JournalConfig(journal_dir=args.journal_dir, **config_overrides(args, OPTIONS, JournalConfig)),
         storage=LedgerStorageConfig(ledger_dirs=tuple(args.ledger_dirs),
                                     **config_overrides(args, OPTIONS, LedgerStorageConfig)),
@@ -140,7 +144,7 @@ class BookieProcess:
     async def run(self) -> int:
         config = self.config
         log.info("bookie starting: config=%s", config)
-        store = open_store(config.metadata_url)
+        store = open_store(config.metadata_url, tls=config.metadata_tls)
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", config.grpc_message_bytes_max),

@@ -1,74 +1,132 @@
 """Who a client is: the broker's authentication, off unless configured.
 
-With authentication on, every binary-protocol connection proves a role in CONNECT
-(auth method ``token``, the JWT as auth data: what the official clients send for
-``AuthenticationToken``) and every HTTP request in ``Authorization: Bearer <token>``.
-A client that presents nothing gets the anonymous role if one is configured, and is
-refused otherwise. The role is the token's ``sub`` (common/tokens.py).
+Several providers at once, as Pulsar's ``authenticationProviders``: a client is
+checked by the provider named by its auth method, and only those listed in
+``authentication_providers`` are accepted.
 
-Tokens are checked against a secret key (HS256) or a public key (RS256), read from
-the key value given (``file:///path`` or ``data:;base64,...``). A key file is read
-again when its modification time changes, so a key is rotated without a restart
-(checked at most every ``KEY_RECHECK_S``).
+| method | binary protocol (CONNECT) | HTTP | role |
+|---|---|---|---|
+| ``token`` | auth data = the JWT (``AuthenticationToken``) | ``Authorization: Bearer <jwt>`` | the token's ``sub`` |
+| ``tls`` | the client certificate of the TLS handshake (``AuthenticationTLS``) | the client certificate | the certificate subject's CN |
+| ``basic`` | auth data = ``user:password`` (``AuthenticationBasic``) | ``Authorization: Basic base64(user:password)`` | the user |
 
-Nothing here logs a token or a key: errors name what was wrong, never the value.
+An HTTP request with no Authorization header but a verified client certificate is a
+``tls`` one when that provider is on. A client that presents nothing gets the anonymous
+role if one is configured, and is refused otherwise.
+
+Tokens are checked against a secret key (HS256) or a public key (RS256), read from the
+key value given (``file:///path`` or ``data:;base64,...``). A key file is read again
+when its modification time changes, so a key is rotated without a restart (checked at
+most every ``KEY_RECHECK_S``); the basic auth file likewise (broker/password_file.py).
+Client certificates are verified by the TLS handshake against the listener's
+``trust_certs_file`` (common/tls.py) before any provider sees them. A bcrypt check runs
+in a worker thread, at most ``BASIC_CHECKS_IN_FLIGHT_MAX`` at a time, never on the
+event loop.
+
+Nothing here logs a token, a password or a key: errors name what was wrong, never the
+value.
 """
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import binascii
 import os
 import time
 from dataclasses import dataclass
-
+from broker.password_file import PasswordFile
 from common.errors import AuthenticationFailed, ConfigError
+from common.tls import certificate_common_name
 from common.tokens import TokenVerifier, read_key_value
 
-# The auth method name the official clients send with AuthenticationToken.
+# The auth method names the official clients send (AuthenticationToken, AuthenticationTLS,
+# AuthenticationBasic), which are also the provider names of authentication_providers.
 TOKEN_METHOD = "token"
+TLS_METHOD = "tls"
+BASIC_METHOD = "basic"
+METHODS = (TOKEN_METHOD, TLS_METHOD, BASIC_METHOD)
 # How often a key file's modification time is looked at (a stat per this, not per check).
 KEY_RECHECK_S = 2.0
+# bcrypt checks at once, in threads: each holds a core for tens of milliseconds, so a few
+# keep the broker's loop (and its other clients) responsive under a password-guessing burst.
+BASIC_CHECKS_IN_FLIGHT_MAX = 2
+# Longest auth method name kept from a client (in errors and logs).
+METHOD_NAME_BYTES_MAX = 64
 
 
 @dataclass(frozen=True)
 class AuthConfig:
-    # Clients must prove a role (CONNECT auth data, HTTP Authorization: Bearer).
+    # Clients must prove a role (CONNECT auth data, HTTP Authorization, a client certificate).
     authentication_enabled: bool = False
+    # Comma-separated providers accepted at once (Pulsar's authenticationProviders), by
+    # auth method name: token, tls, basic.
+    authentication_providers: str = TOKEN_METHOD
     # Roles are checked against superusers, tenant admins and namespace permissions.
     # Needs authentication (a role to check).
     authorization_enabled: bool = False
     # Comma-separated roles that may do everything (Pulsar's superUserRoles).
     superuser_roles: str = ""
+    # Comma-separated roles that may ask on behalf of another (Pulsar's proxyRoles): the
+    # gateway's service role, when it authenticates its callers' client certificates
+    # itself and asks a broker for the permissions of their CN.
+    proxy_roles: str = ""
     # The token key: a secret key (HS256) or a public key (RS256), as file:///path or
-    # data:;base64,... (Pulsar's tokenSecretKey / tokenPublicKey). Exactly one with
-    # authentication on.
+    # data:;base64,... (Pulsar's tokenSecretKey / tokenPublicKey). Exactly one with the
+    # token provider on.
     token_secret_key: str = ""
     token_public_key: str = ""
+    # The basic provider's users: an htpasswd file (bcrypt, $apr1$ or {SHA} hashes) as a
+    # path, file:///path or data:;base64,... (Pulsar's basicAuthConf). Needed with basic on.
+    basic_auth_file: str = ""
     # The role of a client that presents no credentials ("": such clients are refused).
     anonymous_role: str = ""
     # How often connected producers and consumers are checked against their role's
-    # current permissions and their token's expiry: a revoke on another broker or an
-    # expired token closes them within this (a revoke on this broker acts at once).
+    # current permissions and their token's expiry: a revoke on another broker acts
+    # within this (a revoke on this broker acts at once). A connection whose token has
+    # expired is sent AUTH_CHALLENGE if its client announced auth refresh (closed
+    # otherwise), and closed if no valid answer came by the next check.
     permission_check_interval_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.authorization_enabled and not self.authentication_enabled:
             raise ConfigError("authorization_enabled needs authentication_enabled (a role to authorize)")
-        if self.authentication_enabled and bool(self.token_secret_key) == bool(self.token_public_key):
-            raise ConfigError("with authentication on, give exactly one of token_secret_key and token_public_key")
+        unknown = sorted(set(self.providers) - set(METHODS))
+        if unknown:
+            raise ConfigError(f"authentication_providers: unknown {unknown}; known: {list(METHODS)}")
+        if self.authentication_enabled and not self.providers:
+            raise ConfigError("with authentication on, authentication_providers must name at least one provider")
+        if self.authentication_enabled and TOKEN_METHOD in self.providers \
+                and bool(self.token_secret_key) == bool(self.token_public_key):
+            raise ConfigError("with the token provider on, give exactly one of token_secret_key and token_public_key")
+        if self.authentication_enabled and BASIC_METHOD in self.providers and not self.basic_auth_file:
+            raise ConfigError("with the basic provider on, basic_auth_file must name the users' file")
         if not 0.05 <= self.permission_check_interval_s <= 3600:
             raise ConfigError("permission_check_interval_s must be in [0.05, 3600]")
         if self.authorization_enabled and not self.superusers:
             raise ConfigError("with authorization on, superuser_roles must name at least one role")
 
     @property
+    def providers(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(name.strip() for name in self.authentication_providers.split(",")
+                                   if name.strip()))
+
+    @property
     def superusers(self) -> frozenset[str]:
         return frozenset(role.strip() for role in self.superuser_roles.split(",") if role.strip())
+
+    @property
+    def proxies(self) -> frozenset[str]:
+        return frozenset(role.strip() for role in self.proxy_roles.split(",") if role.strip())
 
     def __repr__(self) -> str:
         # Logged at start: key values may be inline (data:...), so only say which is set.
         return (f"AuthConfig(authentication_enabled={self.authentication_enabled}, "
+                f"authentication_providers={','.join(self.providers)!r}, "
                 f"authorization_enabled={self.authorization_enabled}, superuser_roles={self.superuser_roles!r}, "
+                f"proxy_roles={self.proxy_roles!r}, "
                 f"token_key={'secret' if self.token_secret_key else 'public' if self.token_public_key else 'none'}, "
+                f"basic_auth_file={'set' if self.basic_auth_file else 'none'}, "
                 f"anonymous_role={self.anonymous_role!r}, "
                 f"permission_check_interval_s={self.permission_check_interval_s})")
 
@@ -78,6 +136,8 @@ class Identity:
     role: str
     # When its credential stops being valid (seconds since the epoch); None: never.
     expires_at_s: float | None = None
+    # The provider that vouched for it (token, tls, basic; "" for the anonymous role).
+    method: str = ""
 
 
 class Authenticator:
@@ -86,12 +146,17 @@ class Authenticator:
     def __init__(self, config: AuthConfig) -> None:
         self.config = config
         self.enabled = config.authentication_enabled
+        self.providers = frozenset(config.providers) if self.enabled else frozenset()
         self._verifier: TokenVerifier | None = None
         self._key_path = ""
         self._key_mtime_ns = -1
         self._checked_at = 0.0
-        if self.enabled:
+        self._passwords: PasswordFile | None = None
+        self._basic_checks: asyncio.Semaphore | None = None
+        if TOKEN_METHOD in self.providers:
             self._load_key()
+        if BASIC_METHOD in self.providers:
+            self._passwords = PasswordFile(config.basic_auth_file)
 
     def _key_value(self) -> str:
         return self.config.token_secret_key or self.config.token_public_key
@@ -121,27 +186,61 @@ class Authenticator:
         assert self._verifier is not None
         return self._verifier
 
-    def authenticate(self, method: str, data: bytes | str | None) -> Identity:
-        """The identity for ``method`` and its auth data ("" and None: nothing presented)."""
+    def authenticate_token(self, data: bytes | str | None) -> Identity:
+        claims = self._verifier_now().claims(data or b"")
+        expiry = claims.get("exp")
+        return Identity(claims["sub"], float(expiry) if isinstance(expiry, (int, float)) else None, TOKEN_METHOD)
+
+    async def _authenticate_basic(self, data: bytes | str | None) -> Identity:
+        assert self._passwords is not None
+        credentials = data.encode() if isinstance(data, str) else (data or b"")
+        if self._basic_checks is None:
+            self._basic_checks = asyncio.Semaphore(BASIC_CHECKS_IN_FLIGHT_MAX)
+        async with self._basic_checks:
+            user = await asyncio.to_thread(self._passwords.check, credentials)
+        return Identity(user, None, BASIC_METHOD)
+
+    async def authenticate(self, method: str, data: bytes | str | None,
+                           peer_certificate: dict | None = None) -> Identity:
+        """The identity for ``method`` and its auth data ("" and None: nothing presented);
+        ``peer_certificate``: the verified client certificate of a TLS connection."""
         assert self.enabled
         if not method and not data:
             if self.config.anonymous_role:
                 return Identity(self.config.anonymous_role)
             raise AuthenticationFailed("authentication is required: no credentials were presented")
-        if method != TOKEN_METHOD:
-            raise AuthenticationFailed(f"unsupported authentication method {method[:64]!r} (supported: token)")
-        claims = self._verifier_now().claims(data or b"")
-        expiry = claims.get("exp")
-        return Identity(claims["sub"], float(expiry) if isinstance(expiry, (int, float)) else None)
+        if method not in self.providers:
+            raise AuthenticationFailed(f"unsupported authentication method {method[:METHOD_NAME_BYTES_MAX]!r} "
+                                       f"(supported: {', '.join(sorted(self.providers))})")
+        if method == TOKEN_METHOD:
+            return self.authenticate_token(data)
+        if method == BASIC_METHOD:
+            return await self._authenticate_basic(data)
+        assert method == TLS_METHOD
+        role = certificate_common_name(peer_certificate)
+        if role is None:
+            raise AuthenticationFailed("tls authentication needs a client certificate with a subject CN "
+                                       "(over a TLS connection that verifies it)")
+        return Identity(role, None, TLS_METHOD)
 
-    def authenticate_http(self, authorization: str | None) -> Identity:
-        """The identity of an HTTP request from its Authorization header."""
+    async def authenticate_http(self, authorization: str | None, peer_certificate: dict | None = None) -> Identity:
+        """The identity of an HTTP request from its Authorization header (Bearer: token,
+        Basic: basic) or, without one, its verified client certificate (tls)."""
         if not authorization:
-            return self.authenticate("", None)
+            if peer_certificate and TLS_METHOD in self.providers:
+                return await self.authenticate(TLS_METHOD, None, peer_certificate)
+            return await self.authenticate("", None)
         scheme, _, credentials = authorization.partition(" ")
-        if scheme.lower() != "bearer" or not credentials.strip():
-            raise AuthenticationFailed("the Authorization header must be 'Bearer <token>'")
-        return self.authenticate(TOKEN_METHOD, credentials.strip())
+        credentials = credentials.strip()
+        if scheme.lower() == "bearer" and credentials:
+            return await self.authenticate(TOKEN_METHOD, credentials)
+        if scheme.lower() == "basic" and credentials:
+            try:
+                decoded = base64.b64decode(credentials, validate=True)
+            except (binascii.Error, ValueError):
+                raise AuthenticationFailed("the Basic credentials are not valid base64") from None
+            return await self.authenticate(BASIC_METHOD, decoded)
+        raise AuthenticationFailed("the Authorization header must be 'Bearer <token>' or 'Basic <base64>'")
 
     def still_valid(self, identity: Identity, now_s: float | None = None) -> bool:
         return identity.expires_at_s is None or identity.expires_at_s > (time.time() if now_s is None else now_s)

@@ -1,129 +1,290 @@
-"""Topic compaction (Pulsar's): the latest value of every key, as a compacted view a
-``read_compacted`` consumer reads up to the compaction horizon (the last entry when
-compaction started), then the topic itself.
+"""Topic compaction (Pulsar's): a compactor writes a *compacted ledger* holding the
+latest value of every key up to the compaction horizon; a ``read_compacted`` consumer
+reads that ledger up to the horizon, then the topic itself.
 
-One pass over the topic from its first stored entry to the horizon: each message's key
-is its partition key; a message with a null value (or an empty payload) is a
-tombstone that drops its key; messages without a key are all kept (Pulsar leaves them
-alone). Batches are split to find each message's key, and a batch of which only some
-messages survive is kept with the bits of those (subscriptions/compacted_view.py).
-Compressed or encrypted batches cannot be split: compaction fails with an error
-status, and the previous view (if any) stays.
+What survives: each message's key is its partition key; a message with a null value
+(or an empty payload) is a tombstone that drops its key; messages without a key are
+all kept (Pulsar leaves them alone). Batches are split to find each message's key; a
+batch of which only some messages survive is copied whole with the bits of its
+survivors (``broker/compacted_ledger.py``). Compressed or encrypted batches cannot be
+split: the run fails with status ERROR and the previous compaction stays.
 
-The result goes into the managed-ledger properties (``magnetar.compaction``); the
-topic keeps its entries stored (retention counts the view's first entry as not
-consumed). Status, as Pulsar's admin API reports it: NOT_RUN, RUNNING, SUCCESS, ERROR.
+Two passes over the input, with bounded memory whatever the number of keys:
+1. Phase one reads the input in topic order and notes, per key, the position of its
+   latest value (a tombstone deletes the key) in a temporary SQLite table
+   (``broker/compaction_keys.py``: an 8 MiB page cache, the rest on disk).
+2. Phase two reads the input again and copies into a new ledger every entry holding
+   some key's latest value or a keyless message, asking the table entry range by
+   entry range; then closes the ledger.
+The input is the previous compacted ledger (so keys whose topic entries retention has
+since deleted are not lost) followed by the topic's entries after the previous
+horizon, up to the new horizon (the last entry confirmed when the run started).
+
+Commit: the record (ledger id, horizon, entry count) goes into the managed-ledger
+properties (``magnetar.compaction``) by compare-and-swap; only then is the previous
+compacted ledger deleted. A run that fails deletes the ledger it was writing; a broker
+that dies mid-run leaves that ledger behind (named in its metadata: ``purpose``
+``compacted`` and the topic) — never a record pointing at a partial ledger.
+
+Reading: ``read_compacted(start, n)`` finds the first compacted entry at or after
+``start`` by binary search over the compacted ledger (its entries are in topic order),
+remembering where each read ended so a consumer reading on needs no search.
+Status, as Pulsar's admin API reports it: NOT_RUN, RUNNING, SUCCESS, ERROR.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import logging
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, AsyncIterator
 
-from common.errors import MagnetarError, PreconditionFailed
+from broker.compacted_ledger import CompactionRecord, decode_entry, encode_entry
+from broker.compaction_keys import LatestKeys
+from common.errors import MagnetarError
 from common.position import Position
 from protocol.batch import is_batch, parse_batch
 from protocol.codec import decode_stored, stored_metadata
-from subscriptions.compacted_view import ENTRIES_MAX, CompactedEntry, CompactedView
+from subscriptions.compacted_view import CompactedEntry
 
 if TYPE_CHECKING:
     from broker.managed_ledger import ManagedLedger
+    from ledger.reader import LedgerReader
 
 log = logging.getLogger(__name__)
 
 COMPACTION_PROPERTY = "magnetar.compaction"
-# Distinct keys one compaction tracks (each costs a dict slot; about 150 bytes).
-KEYS_MAX = 1_000_000
-_READ_ENTRIES = 500
-_READ_BYTES = 8 * 1024 * 1024
+# One read of the input: entries and bytes (a phase's memory is about one such chunk,
+# plus what its messages cost in Python objects while they are looked at).
+_READ_ENTRIES = 200
+_READ_BYTES = 2 * 1024 * 1024
+# Messages noted per call of the table (phase one): bounds the list handed over.
+_NOTES_MAX = 10_000
+# Where consumers' reads ended (next topic position -> compacted entry id): a consumer
+# reading on finds its place without a search. Bounded; the oldest are forgotten.
+_HINTS_MAX = 1000
 
 
-async def compact(ledger: "ManagedLedger") -> CompactedView:
-    horizon = ledger.last_confirmed
-    latest: dict[str, tuple[Position, int]] = {}
-    keyless: list[tuple[Position, int]] = []
-    sizes: dict[Position, int] = {}
+@dataclass(frozen=True)
+class _Message:
+    key: bytes | None
+    tombstone: bool
+    batch_index: int            # -1: not a batch
+
+
+def _messages(entry: CompactedEntry) -> tuple[int, list[_Message]]:
+    """(batch size or 0, the entry's live messages): those a previous compaction kept."""
+    metadata = stored_metadata(entry.stored)
+    if not is_batch(metadata):
+        payload = decode_stored(entry.stored).payload
+        key = metadata.partition_key.encode() if metadata.HasField("partition_key") else None
+        return 0, [_Message(key, metadata.null_value or len(payload) == 0, -1)]
+    singles = parse_batch(metadata, decode_stored(entry.stored).payload)
+    live = []
+    for single in singles:
+        index = single.batch_index
+        if entry.batch_size and not entry.keep_bits >> index & 1:
+            continue
+        meta = single.metadata
+        key = meta.partition_key.encode() if meta.HasField("partition_key") else None
+        live.append(_Message(key, meta.null_value or len(single.payload) == 0, index))
+    return len(singles), live
+
+
+async def _input(ledger: "ManagedLedger", previous: CompactionRecord | None, previous_reader: "LedgerReader | None",
+                 horizon: Position) -> AsyncIterator[list[CompactedEntry]]:
+    """The compactor's input in chunks, in topic order: the previous compacted ledger,
+    then the topic after its horizon up to ``horizon``."""
+    if previous is not None and previous.entries:
+        assert previous_reader is not None
+        entry_id = 0
+        while entry_id < previous.entries:
+            last = min(previous.entries - 1, entry_id + _READ_ENTRIES - 1)
+            chunk = [decode_entry(e.payload) for e in await previous_reader.read(entry_id, last)]
+            assert [c.position for c in chunk] == sorted(c.position for c in chunk)
+            yield chunk
+            entry_id = last + 1
     position = ledger.first_position
+    if previous is not None:
+        position = max(position, ledger.next_position(previous.horizon))
     while horizon.entry_id >= 0 and position <= horizon:
         entries = await ledger.read(position, _READ_ENTRIES, _READ_BYTES)
-        if not entries:
-            break
-        for entry in entries:
-            if entry.position > horizon:
-                break
-            metadata = stored_metadata(entry.data)
-            if is_batch(metadata):
-                messages = parse_batch(metadata, decode_stored(entry.data).payload)
-                sizes[entry.position] = len(messages)
-                for message in messages:
-                    single = message.metadata
-                    key = single.partition_key if single.HasField("partition_key") else None
-                    tombstone = single.null_value or len(message.payload) == 0
-                    _note(latest, keyless, key, tombstone, entry.position, message.batch_index)
-            else:
-                payload = decode_stored(entry.data).payload
-                key = metadata.partition_key if metadata.HasField("partition_key") else None
-                tombstone = metadata.null_value or len(payload) == 0
-                _note(latest, keyless, key, tombstone, entry.position, -1)
-            if len(latest) > KEYS_MAX:
-                raise PreconditionFailed(f"topic {ledger.name} has more than {KEYS_MAX} keys to compact")
+        chunk = [CompactedEntry(e.position, 0, 0, memoryview(e.data)) for e in entries if e.position <= horizon]
+        if chunk:
+            yield chunk
+        if not entries or entries[-1].position >= horizon:
+            return
         position = ledger.next_position(entries[-1].position)
-    kept: dict[Position, int] = {}
-    for entry_position, batch_index in list(latest.values()) + keyless:
-        bits = kept.get(entry_position, 0)
-        kept[entry_position] = bits | (1 << batch_index if batch_index >= 0 else 0)
-    if len(kept) > ENTRIES_MAX:
-        raise PreconditionFailed(f"the compacted view of {ledger.name} would name {len(kept)} entries, more than "
-                                 f"{ENTRIES_MAX}")
-    view_entries = []
-    for entry_position in sorted(kept):
-        size = sizes.get(entry_position, 0)
-        bits = kept[entry_position]
-        if size and bits == (1 << size) - 1:
-            size, bits = 0, 0                   # every message of the batch survives
-        view_entries.append(CompactedEntry(entry_position, size, bits))
-    return CompactedView(horizon, view_entries)
 
 
-def _note(latest: dict[str, tuple[Position, int]], keyless: list[tuple[Position, int]], key: str | None,
-          tombstone: bool, position: Position, batch_index: int) -> None:
-    if key is None:
-        if not tombstone:
-            keyless.append((position, batch_index))
-        return
-    if tombstone:
-        latest.pop(key, None)
-    else:
-        latest.pop(key, None)            # re-insert: dict order is not used, value is
-        latest[key] = (position, batch_index)
+async def compact(ledger: "ManagedLedger", previous: CompactionRecord | None,
+                  spill_directory: str | None = None) -> CompactionRecord:
+    """One compaction of ``ledger`` (see the module's docstring); returns its record,
+    not yet committed. Raises MagnetarError (the ledger it wrote is deleted)."""
+    horizon = ledger.last_confirmed
+    if previous is not None and horizon <= previous.horizon:
+        return previous   # nothing was written since
+    previous_reader = await ledger.open_side_ledger(previous.ledger_id) \
+        if previous is not None and previous.entries else None
+    table = LatestKeys(spill_directory)
+    try:
+        # Phase one: each key's latest value.
+        notes: list[tuple[bytes, bool, Position, int]] = []
+        async for chunk in _input(ledger, previous, previous_reader, horizon):
+            for entry in chunk:
+                notes.extend((message.key, message.tombstone, entry.position, message.batch_index)
+                             for message in _messages(entry)[1] if message.key is not None)
+                if len(notes) >= _NOTES_MAX:
+                    await asyncio.to_thread(table.note, notes)
+                    notes = []
+        if notes:
+            await asyncio.to_thread(table.note, notes)
+        await asyncio.to_thread(table.index_positions)
+        # Phase two: copy the entries that hold one.
+        handle = await ledger.create_side_ledger("compacted")
+        try:
+            written = 0
+            async for chunk in _input(ledger, previous, previous_reader, horizon):
+                survivors = await asyncio.to_thread(table.survivors, chunk[0].position, chunk[-1].position)
+                adds = []
+                for entry in chunk:
+                    batch_size, messages = _messages(entry)
+                    latest = survivors.get(entry.position, set())
+                    kept = [m.batch_index for m in messages
+                            if (m.batch_index in latest if m.key is not None else not m.tombstone)]
+                    if not kept:
+                        continue
+                    bits = 0
+                    if batch_size:
+                        for index in kept:
+                            bits |= 1 << index
+                        if bits == (1 << batch_size) - 1:
+                            batch_size, bits = 0, 0     # every message of the batch survives
+                    else:
+                        assert kept == [-1], kept
+                    adds.append(handle.submit_nowait(encode_entry(entry.position, batch_size, bits, entry.stored)))
+                    written += 1
+                if adds:
+                    await asyncio.gather(*adds)
+            await handle.close()
+        except BaseException:
+            await asyncio.shield(ledger.delete_side_ledger(handle.ledger_id))
+            raise
+        log.info("compacted ledger written: topic=%s ledger_id=%d horizon=%s entries=%d", ledger.name,
+                 handle.ledger_id, horizon, written)
+        return CompactionRecord(handle.ledger_id, horizon, written)
+    finally:
+        await asyncio.to_thread(table.close)
 
 
 class TopicCompaction:
-    """A topic's compaction state: the current view, and the status of the last run."""
+    """A topic's compaction: the committed record, reads of its compacted ledger for
+    ``read_compacted`` subscriptions (``CompactedSource``), and the last run's status."""
 
-    def __init__(self, ledger: "ManagedLedger") -> None:
+    def __init__(self, ledger: "ManagedLedger", spill_directory: str | None = None) -> None:
         self._ledger = ledger
+        self._spill_directory = spill_directory
         self.status = "NOT_RUN"
         self.last_error = ""
+        self.record: CompactionRecord | None = None
+        self._reader: LedgerReader | None = None
+        self._hints: collections.OrderedDict[Position, int] = collections.OrderedDict()
         text = ledger.properties.get(COMPACTION_PROPERTY)
-        self.view: CompactedView | None = None
         if text is not None:
             try:
-                self.view = CompactedView.decode(text)
+                self.record = CompactionRecord.decode(text)
             except MagnetarError as error:
-                log.warning("compacted view unreadable, ignored: topic=%s error=%s", ledger.name, error)
+                log.warning("compaction record unreadable, ignored: topic=%s error=%s", ledger.name, error)
+
+    def source(self) -> "TopicCompaction | None":
+        """What a read_compacted subscription reads first (None: never compacted)."""
+        return self if self.record is not None else None
+
+    @property
+    def horizon(self) -> Position:
+        assert self.record is not None
+        return self.record.horizon
 
     async def run(self) -> None:
         """One compaction; the status says how it ended (errors are not raised)."""
         self.status, self.last_error = "RUNNING", ""
+        previous = self.record
         try:
-            view = await compact(self._ledger)
-            await self._ledger.set_properties({COMPACTION_PROPERTY: view.encode()})
+            record = await compact(self._ledger, previous, self._spill_directory)
+            if record is not previous:
+                try:
+                    await self._ledger.set_properties({COMPACTION_PROPERTY: record.encode()})
+                except BaseException:
+                    await asyncio.shield(self._ledger.delete_side_ledger(record.ledger_id))
+                    raise
         except MagnetarError as error:
             self.status, self.last_error = "ERROR", error.message
             log.warning("compaction failed: topic=%s error=%s", self._ledger.name, error)
             return
-        self.view = view
+        if record is not previous:
+            self.record, self._reader = record, None
+            self._hints.clear()
+            if previous is not None:
+                # Committed: the old ledger is read by nobody from now on (a read in
+                # progress that fails for it is tried again on the new one).
+                await self._ledger.delete_side_ledger(previous.ledger_id)
         self.status = "SUCCESS"
-        log.info("topic compacted: topic=%s horizon=%s entries=%d", self._ledger.name, view.horizon,
-                 len(view.entries))
+        log.info("topic compacted: topic=%s horizon=%s entries=%d", self._ledger.name, record.horizon,
+                 record.entries)
+
+    async def delete(self) -> None:
+        """The topic is deleted: so is its compacted ledger."""
+        if self.record is not None:
+            await self._ledger.delete_side_ledger(self.record.ledger_id)
+            self.record, self._reader = None, None
+
+    # --- reading (CompactedSource) ---------------------------------------------------------
+
+    async def read_compacted(self, start: Position, count_max: int) -> list[CompactedEntry]:
+        assert count_max > 0
+        for _attempt in range(2):
+            record = self.record
+            if record is None or record.entries == 0:
+                return []
+            try:
+                return await self._read(record, start, count_max)
+            except MagnetarError:
+                if self.record is record:
+                    raise
+                # A new compaction replaced (and deleted) the ledger meanwhile: again.
+        return []
+
+    async def _read(self, record: CompactionRecord, start: Position, count_max: int) -> list[CompactedEntry]:
+        reader = self._reader
+        if reader is None or reader.ledger_id != record.ledger_id:
+            reader = await self._ledger.open_side_ledger(record.ledger_id)
+            if self.record is record:
+                self._reader = reader
+        first = self._hints.get(start)
+        if first is None:
+            first = await self._search(reader, record, start)
+        if first >= record.entries:
+            return []
+        last = min(record.entries - 1, first + count_max - 1)
+        chunk = [decode_entry(e.payload) for e in await reader.read(first, last)]
+        chunk = [c for c in chunk if c.position >= start]
+        if chunk and self.record is record:
+            after = chunk[-1].position
+            self._hints[Position(after.ledger_id, after.entry_id + 1)] = last + 1
+            while len(self._hints) > _HINTS_MAX:
+                self._hints.popitem(last=False)
+        return chunk
+
+    async def _search(self, reader: "LedgerReader", record: CompactionRecord, start: Position) -> int:
+        """The id of the first compacted entry at or after ``start`` (``entries`` if
+        none): a binary search, one entry read per step."""
+        low, high = 0, record.entries
+        while low < high:
+            middle = (low + high) // 2
+            (found,) = await reader.read(middle, middle)
+            if decode_entry(found.payload).position < start:
+                low = middle + 1
+            else:
+                high = middle
+        return low

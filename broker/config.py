@@ -10,6 +10,7 @@ from broker.managed_ledger import ManagedLedgerConfig
 from common.entry import ENTRY_HEADER_SIZE
 from common.errors import ConfigError
 from common.tls import TlsConfig
+from metadata.etcd_tls import EtcdTlsConfig
 
 MIB = 1024 * 1024
 
@@ -45,6 +46,8 @@ def parse_listeners(text: str) -> dict[str, str]:
 @dataclass(frozen=True)
 class BrokerConfig:
     metadata_url: str
+    # TLS toward etcd (metadata/etcd_tls.py; --etcd-tls-* flags).
+    metadata_tls: EtcdTlsConfig = field(default_factory=EtcdTlsConfig)
     cluster: str = "standalone"
     host: str = "127.0.0.1"
     port: int = 6650
@@ -97,6 +100,10 @@ class BrokerConfig:
     # client has a few per producer or consumer, so 1,000 per connection leaves room
     # for large clients while one misbehaving client cannot queue unbounded work.
     pending_requests_per_connection_max: int = 1000
+    # Topic-list watchers (WATCH_TOPIC_LIST) a connection may hold. A pattern consumer
+    # holds one per namespace it watches, so a client rarely has more than a few; the
+    # bound keeps one client from making the broker mirror many namespaces.
+    topic_list_watchers_per_connection_max: int = 100
     # Limits against abuse (errors: ConnectionLimit, retriable). A connection must send
     # a CONNECT (and finish a TLS handshake) within connect_timeout_s, and a frame once
     # begun must arrive whole within frame_timeout_s (slow-loris); otherwise it is
@@ -143,8 +150,10 @@ class BrokerConfig:
     # more until it acknowledges some (Pulsar's maxUnackedMessagesPerConsumer, 50,000).
     unacked_per_consumer_max: int = 50_000
     # Delayed messages (deliver_after / deliver_at) a shared or key-shared subscription
-    # holds back at once; past it the subscription reads no further until some are
-    # due. 24 bytes an entry: 1,000,000 take about 25 MiB (bench/delayed_delivery_bench.py).
+    # tracks in memory; past it further delayed messages stay in the topic as a range
+    # of positions read again when there is room or they are due
+    # (subscriptions/delayed_overflow.py). 24 bytes an entry: 1,000,000 take about
+    # 25 MiB (bench/delayed_delivery_bench.py).
     delayed_delivery_entries_max: int = 1_000_000
     lookup_timeout_s: float = 30.0
     # How often loaded topics are checked for ledgers retention lets go.
@@ -166,6 +175,9 @@ class BrokerConfig:
             raise ConfigError("tls_port and http_tls_port must be in [0, 65535]")
         if not self.plain_ports_enabled and not self.tls.enabled:
             raise ConfigError("plain_ports_enabled off needs TLS (a tls cert_file and key_file)")
+        if self.auth.authentication_enabled and "tls" in self.auth.providers and not self.tls.trust_certs_file:
+            raise ConfigError("the tls authentication provider needs TLS with trust_certs_file "
+                              "(the CA that signs client certificates)")
         if not 1024 <= self.max_message_size <= 64 * MIB:
             raise ConfigError("max_message_size must be in [1 KiB, 64 MiB]")
         if not 1 <= self.pending_sends_per_connection_max <= 1_000_000:
@@ -182,6 +194,8 @@ class BrokerConfig:
             raise ConfigError("pending_sends_resume_ratio must be in [0, 1)")
         if not 1 <= self.pending_requests_per_connection_max <= 1_000_000:
             raise ConfigError("pending_requests_per_connection_max must be in [1, 1000000]")
+        if not 1 <= self.topic_list_watchers_per_connection_max <= 10_000:
+            raise ConfigError("topic_list_watchers_per_connection_max must be in [1, 10000]")
         if not 1024 <= self.http_body_bytes_max <= 64 * MIB:
             raise ConfigError("http_body_bytes_max must be in [1 KiB, 64 MiB]")
         if not 0.1 <= self.connect_timeout_s <= 600:

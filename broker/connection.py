@@ -28,7 +28,9 @@ Theory of operation:
   passes its high-water mark the connection is not writable and dispatchers hold off
   until it drains.
 - Authentication (broker/authentication.py), when on: CONNECT must carry a role's
-  credentials (auth method ``token``). A CONNECT whose credentials fail is still
+  credentials for one of the configured providers (auth method ``token`` or ``basic``
+  with its data, or ``tls`` with the client certificate of the TLS handshake); it is
+  checked in a task, and CONNECTED written after. A CONNECT whose credentials fail is still
   answered CONNECTED, and the first request after it is answered with
   AuthenticationError and the connection closed: the official C++-based clients treat
   an ERROR in place of CONNECTED as a connect error and retry until their timeout
@@ -36,8 +38,11 @@ Theory of operation:
   the operation at once. Nothing but PING/PONG is served to such a connection. Authorization: lookups and
   partition metadata need produce or consume on the topic, PRODUCER produce, SUBSCRIBE
   consume. ``recheck_permissions`` (the service calls it periodically and after a
-  revoke) closes producers and consumers whose role lost its permission, and the whole
-  connection once its token has expired.
+  revoke) closes producers and consumers whose role lost its permission. A connection
+  whose token has expired is sent AUTH_CHALLENGE when its client announced auth refresh
+  (CONNECT's ``supports_auth_refresh``); an AUTH_RESPONSE with a valid token of the same
+  role keeps it open, and anything else (an invalid answer, another role, or no answer
+  by the next check) closes it, as does expiry for a client without refresh.
 - Limits against abuse (BrokerConfig): past ``connections_max`` in total or
   ``connections_per_address_max`` from one IP address a new connection is closed at
   once (a warning per episode); CONNECT must arrive within ``connect_timeout_s``; a
@@ -54,6 +59,7 @@ Theory of operation:
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import logging
 import time
@@ -61,14 +67,15 @@ from typing import TYPE_CHECKING, Callable
 
 from protocol import commands
 from protocol.codec import NEED_DATA, CommandDecoder, Frame, PayloadChecksumMismatch, command_name, encode_command
-from broker import schemas, topic_list
-from broker.authentication import Identity
+from broker import policy_enforcement, schemas, topic_list
+from broker.authentication import TOKEN_METHOD, Identity
 from broker.authorization import CONSUME, PRODUCE
 from broker.consumer import Consumer
 from broker.deduplication import Verdict
 from common.position import Position
 from broker.producer import Producer
 from broker.publish_limits import PendingSends, ReadGate
+from broker.topic_list_watchers import TopicListWatcher
 from protocol.proto import pulsar_api_pb2 as pb
 from protocol.server_errors import server_error_for
 from common.topic_name import NamespaceName, TopicName
@@ -98,6 +105,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SERVER_VERSION = f"Magnetar {__version__}"
+# Producers closed by the broker whose late SENDs a connection drops silently (a client
+# has at most a few producers per connection; older ones get NotAllowed errors again).
+CLOSED_PRODUCERS_REMEMBERED = 1000
 T = pb.BaseCommand
 
 
@@ -127,11 +137,23 @@ class ServerConnection(asyncio.Protocol):
         self.identity: Identity | None = None
         # Set when CONNECT's credentials failed: every request is refused with it.
         self._authentication_failure: AuthenticationFailed | None = None
+        # CONNECT is being authenticated (a task); CONNECTED is not written yet.
+        self._connecting = False
+        # The client announced AUTH_CHALLENGE support (CONNECT feature flags).
+        self.supports_auth_refresh = False
+        # An AUTH_CHALLENGE was sent and not yet answered with valid credentials.
+        self._challenged = False
+        self.auth_refreshes = 0
         self.writable = True
         self.producers: dict[int, Producer] = {}
         self._producer_topics: dict[int, "PersistentTopic"] = {}
+        # Producers the broker closed (CLOSE_PRODUCER sent) until the client creates
+        # them again: SENDs already on their way for them are dropped unanswered (the
+        # client resends them after reconnecting) instead of answered with an error.
+        self._closed_by_broker: collections.OrderedDict[int, None] = collections.OrderedDict()
         self._pending_producers: dict[int, asyncio.Task[None]] = {}
         self.consumers: dict[int, _AttachedConsumer] = {}
+        self.topic_list_watchers: dict[int, TopicListWatcher] = {}
         self._pending_consumers: dict[int, asyncio.Task[None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._refusing = False   # an episode of TooManyRequests was logged
@@ -151,6 +173,7 @@ class ServerConnection(asyncio.Protocol):
             T.CONNECT: self._on_connect,
             T.PING: self._on_ping,
             T.PONG: self._on_pong,
+            T.AUTH_RESPONSE: self._on_auth_response,
             T.PARTITIONED_METADATA: self._spawn(self._on_partitioned_metadata),
             T.LOOKUP: self._spawn(self._on_lookup),
             T.PRODUCER: self._on_producer,
@@ -166,6 +189,8 @@ class ServerConnection(asyncio.Protocol):
             T.GET_LAST_MESSAGE_ID: self._spawn(self._on_get_last_message_id),
             T.GET_TOPICS_OF_NAMESPACE: self._spawn(self._on_get_topics_of_namespace),
             T.GET_SCHEMA: self._spawn(self._on_get_schema),
+            T.WATCH_TOPIC_LIST: self._spawn(self._on_watch_topic_list),
+            T.WATCH_TOPIC_LIST_CLOSE: self._on_watch_topic_list_close,
             T.GET_OR_CREATE_SCHEMA: self._spawn(self._on_get_or_create_schema),
             T.CONSUMER_STATS: self._on_consumer_stats,
         }
@@ -274,6 +299,9 @@ class ServerConnection(asyncio.Protocol):
             self._detach_producer(producer_id)
         for consumer_id in list(self.consumers):
             self._detach_consumer(consumer_id)
+        for watcher in self.topic_list_watchers.values():
+            self.service.topic_list_watchers.unwatch(watcher)
+        self.topic_list_watchers.clear()
         log.debug("connection closed: peer=%s error=%s", self.peer, exc)
 
     # --- writing -------------------------------------------------------------------------------
@@ -372,28 +400,80 @@ class ServerConnection(asyncio.Protocol):
     # --- connection-level commands ---------------------------------------------------------------
 
     def _on_connect(self, frame: Frame) -> None:
-        if self.connected:
+        if self.connected or self._connecting:
             self.write_command(commands.error(0, pb.NotAllowedError, "already connected"))
             return
         connect = frame.command.connect
-        authenticator = self.service.authenticator
-        if authenticator.enabled:
-            method = connect.auth_method_name if connect.HasField("auth_method_name") else ""
-            data = connect.auth_data if connect.HasField("auth_data") else None
-            try:
-                self.identity = authenticator.authenticate(method, data)
-            except AuthenticationFailed as error:
-                # The reason, never the credential. The first request gets the error and
-                # the connection ends (see the module's docstring).
-                log.info("authentication failed: peer=%s method=%s error=%s", self.peer, method[:32], error.message)
-                self._authentication_failure = error
+        if not self.service.authenticator.enabled:
+            self._finish_connect(connect)
+            return
+        # Providers may take a while (bcrypt runs in a thread): CONNECTED is written when
+        # the check is done; the client sends nothing else before it.
+        self._connecting = True
+        self._start_task(self._authenticate_connect(connect))
+
+    def _peer_certificate(self) -> dict | None:
+        """The client certificate the TLS handshake verified (None on a plain port or
+        when the client sent none)."""
+        return self.transport.get_extra_info("peercert") if self.transport is not None else None
+
+    async def _authenticate_connect(self, connect: pb.CommandConnect) -> None:
+        method = connect.auth_method_name if connect.HasField("auth_method_name") else ""
+        data = connect.auth_data if connect.HasField("auth_data") else None
+        try:
+            self.identity = await self.service.authenticator.authenticate(method, data, self._peer_certificate())
+        except AuthenticationFailed as error:
+            # The reason, never the credential. The first request gets the error and
+            # the connection ends (see the module's docstring).
+            log.info("authentication failed: peer=%s method=%s error=%s", self.peer, method[:32], error.message)
+            self._authentication_failure = error
+        if not self.is_closing:
+            self._finish_connect(connect)
+
+    def _finish_connect(self, connect: pb.CommandConnect) -> None:
         self.client_version = connect.client_version
         self.protocol_version = commands.negotiated_protocol_version(connect.protocol_version)
         self.supports_partial_producer = connect.feature_flags.supports_partial_producer
+        self.supports_auth_refresh = connect.feature_flags.supports_auth_refresh
         self.connected = True
-        self.write_command(commands.connected(SERVER_VERSION, self.protocol_version, self.config.max_message_size))
-        log.debug("client connected: peer=%s client=%s protocol=%d role=%s", self.peer, self.client_version,
-                  self.protocol_version, self.role)
+        # Announced because this broker serves WATCH_TOPIC_LIST: a client that knows the
+        # flag (the Java one) watches instead of polling for its pattern consumers.
+        self.write_command(commands.connected(SERVER_VERSION, self.protocol_version, self.config.max_message_size,
+                                              pb.FeatureFlags(supports_topic_watchers=True)))
+        log.debug("client connected: peer=%s client=%s protocol=%d role=%s method=%s", self.peer,
+                  self.client_version, self.protocol_version, self.role,
+                  self.identity.method if self.identity is not None else "-")
+
+    def _on_auth_response(self, frame: Frame) -> None:
+        if self.identity is None:
+            return   # authentication is off (or failed, and then this never arrives here)
+        if self._refuse_if_too_many(frame):
+            return   # bounded like any request that runs as a task (it has no answer to refuse with)
+        self._start_task(self._refresh_identity(frame.command.authResponse))
+
+    async def _refresh_identity(self, response: pb.CommandAuthResponse) -> None:
+        """Takes a client's fresh credentials (the answer to AUTH_CHALLENGE): the same
+        role must come back, verified, or the connection ends."""
+        assert self.identity is not None
+        method = response.response.auth_method_name or self.identity.method
+        data = response.response.auth_data if response.response.HasField("auth_data") else None
+        try:
+            identity = await self.service.authenticator.authenticate(method, data, self._peer_certificate())
+        except AuthenticationFailed as error:
+            log.info("credential refresh failed, closing connection: peer=%s role=%s method=%s error=%s",
+                     self.peer, self.role, method[:32], error.message)
+            self.close()
+            return
+        if identity.role != self.identity.role:
+            log.info("credential refresh names another role, closing connection: peer=%s role=%s new_role=%s",
+                     self.peer, self.role, identity.role)
+            self.close()
+            return
+        self.identity = identity
+        self._challenged = False
+        self.auth_refreshes += 1
+        log.info("credential refreshed: peer=%s role=%s method=%s expires_at_s=%s", self.peer, self.role,
+                 identity.method, identity.expires_at_s)
 
     @property
     def role(self) -> str | None:
@@ -406,9 +486,16 @@ class ServerConnection(asyncio.Protocol):
         if self.closed or self.identity is None:
             return
         if not self.service.authenticator.still_valid(self.identity):
-            log.info("credential expired, closing connection: peer=%s role=%s", self.peer, self.role)
-            self.close()
-            return
+            if self._challenged or not self.supports_auth_refresh or self.identity.method != TOKEN_METHOD:
+                log.info("credential expired, closing connection: peer=%s role=%s challenged=%s", self.peer,
+                         self.role, self._challenged)
+                self.close()
+                return
+            # Pulsar's refresh: the client answers with fresh credentials (its token
+            # supplier's) before the next check, or the connection ends then.
+            self._challenged = True
+            self.write_command(commands.auth_challenge(SERVER_VERSION, self.protocol_version, TOKEN_METHOD))
+            log.info("credential expired, challenging the client: peer=%s role=%s", self.peer, self.role)
         authorizer = self.service.authorizer
         if not authorizer.enabled:
             return
@@ -489,6 +576,44 @@ class ServerConnection(asyncio.Protocol):
         self.write_command(commands.topics_of_namespace_response(
             request.request_id, result.topics, filtered=result.filtered, topics_hash=result.topics_hash,
             changed=result.changed))
+
+    async def _on_watch_topic_list(self, frame: Frame) -> None:
+        request = frame.command.watchTopicList
+        watcher_id = request.watcher_id
+        if watcher_id in self.topic_list_watchers:
+            self.write_command(commands.error(request.request_id, pb.NotAllowedError,
+                                              f"topic-list watcher {watcher_id} exists already"))
+            return
+
+        def on_update(new_topics: list[str], deleted_topics: list[str], digest: str) -> None:
+            self.write_command(commands.watch_topic_update(watcher_id, new_topics, deleted_topics, digest))
+
+        try:
+            namespace = NamespaceName.parse(request.namespace)
+            await self.service.authorizer.check_namespace_access(self.role, namespace)
+            await self.service.resources.policies(namespace)   # TopicNotFound-like error if it does not exist
+            watcher = await self.service.topic_list_watchers.watch(
+                namespace, request.topics_pattern, on_update, len(self.topic_list_watchers))
+        except MagnetarError as error:
+            self._write_error(request.request_id, error)
+            return
+        if self.is_closing or watcher_id in self.topic_list_watchers:
+            self.service.topic_list_watchers.unwatch(watcher)   # the connection went, or a twin won the race
+            if not self.is_closing:
+                self.write_command(commands.error(request.request_id, pb.NotAllowedError,
+                                                  f"topic-list watcher {watcher_id} exists already"))
+            return
+        self.topic_list_watchers[watcher_id] = watcher
+        self.write_command(commands.watch_topic_list_success(request.request_id, watcher_id,
+                                                             sorted(watcher.topics), watcher.topics_hash))
+        log.debug("topic-list watcher opened: peer=%s watcher_id=%d namespace=%s", self.peer, watcher_id, namespace)
+
+    def _on_watch_topic_list_close(self, frame: Frame) -> None:
+        request = frame.command.watchTopicListClose
+        watcher = self.topic_list_watchers.pop(request.watcher_id, None)
+        if watcher is not None:
+            self.service.topic_list_watchers.unwatch(watcher)
+        self.write_command(commands.success(request.request_id))
 
     async def _on_get_schema(self, frame: Frame) -> None:
         request = frame.command.getSchema
@@ -592,6 +717,7 @@ class ServerConnection(asyncio.Protocol):
             return
         self.producers[request.producer_id] = producer
         self._producer_topics[request.producer_id] = topic
+        self._closed_by_broker.pop(request.producer_id, None)
         last_sequence_id = -1
         if topic.dedup is not None:
             last_sequence_id = topic.dedup.last_sequence_id(name)
@@ -604,10 +730,23 @@ class ServerConnection(asyncio.Protocol):
         producer = self.producers.get(send.producer_id)
         topic = self._producer_topics.get(send.producer_id)
         if producer is None or topic is None:
+            if send.producer_id in self._closed_by_broker:
+                log.debug("send for a producer the broker closed, dropped: peer=%s producer_id=%d", self.peer,
+                          send.producer_id)
+                return
             self.write_command(commands.send_error(send.producer_id, send.sequence_id, pb.NotAllowedError,
                                                    "no such producer on this connection"))
             return
         assert frame.payload is not None
+        if producer.closing:
+            return   # the broker is closing it: the client resends this after reconnecting
+        if topic.backlog_size_quota is not None:
+            refusal = policy_enforcement.send_refusal(topic, len(frame.payload.stored))
+            if refusal is not None:
+                # Before deduplication counts it: the SEND is neither stored nor seen.
+                self.service.policy_counters.sends_refused += 1
+                policy_enforcement.close_producer(topic, producer, refusal, self.service.policy_counters)
+                return
         if topic.dedup is not None:
             verdict = topic.dedup.check(producer.name, send.sequence_id, send.highest_sequence_id)
             if verdict is not Verdict.NEW:
@@ -720,10 +859,33 @@ class ServerConnection(asyncio.Protocol):
             producer.closed = True
             topic.remove_producer(producer)
 
+    def close_producer_after_sends(self, producer: Producer, on_closed: Callable[[], None]) -> None:
+        """Closes ``producer`` from the broker's side once its earlier SENDs are
+        answered, so their receipts reach the client before CLOSE_PRODUCER; SENDs that
+        arrive meanwhile are dropped unanswered (the client resends them after it
+        reconnects). ``on_closed`` runs when CLOSE_PRODUCER is written."""
+        producer.closing = True
+
+        def close(_previous: object = None) -> None:
+            if self.producers.get(producer.producer_id) is not producer:
+                return   # closed by the client or the connection meanwhile
+            self.write_command(commands.close_producer(producer.producer_id))
+            self.forget_producer(producer)
+            on_closed()
+
+        previous = producer.last_send
+        if isinstance(previous, asyncio.Future) and not previous.done():
+            previous.add_done_callback(close)   # after _on_send_done, which wrote the receipt
+        else:
+            close()
+
     def forget_producer(self, producer: Producer) -> None:
         """The broker closed this producer (CLOSE_PRODUCER was sent)."""
         self.producers.pop(producer.producer_id, None)
         self._producer_topics.pop(producer.producer_id, None)
+        self._closed_by_broker[producer.producer_id] = None
+        while len(self._closed_by_broker) > CLOSED_PRODUCERS_REMEMBERED:
+            self._closed_by_broker.popitem(last=False)
 
     # --- consumers ----------------------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ from common.tasks import TaskSet, stop_on_signals
 from ledger.client import LedgerClient
 from ledger.config import BookieTlsConfig, LedgerClientConfig
 from metadata import open_store
+from metadata.etcd_tls import ETCD_TLS_OPTIONS, etcd_tls_from_args
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ OPTIONS: list[ConfigOption] = [
                  "messages a shared or key-shared consumer may hold unacknowledged before it gets no more "
                  "(Pulsar's maxUnackedMessagesPerConsumer)"),
     ConfigOption("--delayed-delivery-entries-max", BrokerConfig, "delayed_delivery_entries_max",
-                 "delayed messages a shared subscription holds back before it stops reading further"),
+                 "delayed messages a shared subscription tracks in memory; past it they overflow to the topic"),
     ConfigOption("--pending-sends-per-connection-max", BrokerConfig, "pending_sends_per_connection_max",
                  "unanswered sends past which a connection is not read (Pulsar's "
                  "maxPendingPublishRequestsPerConnection)"),
@@ -107,8 +108,15 @@ OPTIONS: list[ConfigOption] = [
                  "how often message TTL and backlog quotas are applied"),
     # Security (broker/authentication.py, broker/authorization.py): off by default.
     ConfigOption("--authentication-enabled", AuthConfig, "authentication_enabled",
-                 "clients must present a token (CONNECT auth method token; HTTP Authorization: Bearer)",
+                 "clients must present credentials of one of --authentication-providers",
                  switch_to=True),
+    ConfigOption("--authentication-providers", AuthConfig, "authentication_providers",
+                 "comma-separated providers accepted at once: token, tls (client certificate CN; needs "
+                 "--tls-trust-certs-file), basic (needs --basic-auth-file)"),
+    ConfigOption("--basic-auth-file", AuthConfig, "basic_auth_file",
+                 "htpasswd file of the basic provider (bcrypt, $apr1$ or {SHA} hashes): a path or file:///path"),
+    ConfigOption("--proxy-roles", AuthConfig, "proxy_roles",
+                 "comma-separated roles that may ask a permission check for another role (the gateway's)"),
     ConfigOption("--authorization-enabled", AuthConfig, "authorization_enabled",
                  "check roles against superusers, tenant admins and namespace permissions", switch_to=True),
     ConfigOption("--superuser-roles", AuthConfig, "superuser_roles", "comma-separated roles that may do everything"),
@@ -160,6 +168,8 @@ OPTIONS: list[ConfigOption] = [
                  "files no manifest names are deleted once older than this"),
     ConfigOption("--archive-gc-interval-s", ArchiverConfig, "gc_interval_s",
                  "how often each topic's archive directory is checked for orphans"),
+    # TLS toward etcd (metadata/etcd_tls.py).
+    *ETCD_TLS_OPTIONS,
 ]
 
 
@@ -176,7 +186,7 @@ def bundles_config_from_args(args: argparse.Namespace) -> BundlesConfig:
 
 def config_from_args(args: argparse.Namespace) -> BrokerConfig:
     """BrokerConfig from the flags given; every other field keeps its dataclass default."""
-    return BrokerConfig(metadata_url=args.metadata,
+    return BrokerConfig(metadata_url=args.metadata, metadata_tls=etcd_tls_from_args(args),
                         managed_ledger=ManagedLedgerConfig(**config_overrides(args, OPTIONS, ManagedLedgerConfig)),
                         auth=AuthConfig(**config_overrides(args, OPTIONS, AuthConfig)),
                         tls=TlsConfig(**config_overrides(args, OPTIONS, TlsConfig)),
@@ -248,7 +258,7 @@ class BrokerProcess:
             raise
         config = replace(config, **ports)
         log.info("broker config: %s", config)
-        store = open_store(config.metadata_url)
+        store = open_store(config.metadata_url, tls=config.metadata_tls)
         ledger_client = LedgerClient(store, self.ledger_config)
         await ledger_client.start()
         registry = CollectorRegistry()

@@ -69,6 +69,7 @@ from common.errors import (
     MagnetarError,
     MetadataError,
     MetadataKeyExists,
+    MetadataUnavailable,
     MetadataVersionConflict,
     NoSuchLedger,
     PersistenceError,
@@ -177,6 +178,8 @@ class ManagedLedger:
         self._readers: collections.OrderedDict[int, LedgerReader] = collections.OrderedDict()
         self._waiters: list[asyncio.Future[None]] = []
         self._metadata_lock = asyncio.Lock()
+        # The record a write wrote whose reply never came (see _write_info), if any.
+        self._unanswered: bytes | None = None
         self.last_confirmed = Position(-1, -1)
         self.fenced_error: MagnetarError | None = None
         self.closed = False
@@ -262,15 +265,42 @@ class ManagedLedger:
             pass
 
     async def _write_info(self) -> None:
-        """Compare-and-swap of the ledger list; a lost race fences this owner."""
+        """Compare-and-swap of the ledger list; a lost race fences this owner.
+
+        A write whose reply was lost (etcd slow or away: MetadataUnavailable) may still
+        have been applied, and then the next write finds a newer version than ours. That
+        is not a take-over: when the record holds exactly what our unanswered write
+        wrote, its version is adopted and the write goes on."""
         async with self._metadata_lock:
+            encoded = self._info.encode()
             try:
-                self._version = await self._store.compare_and_set(self._key, self._info.encode(),
+                self._version = await self._store.compare_and_set(self._key, encoded,
                                                                   expected_version=self._version)
+                self._unanswered = None
+                return
+            except MetadataUnavailable:
+                self._unanswered = encoded
+                raise
             except MetadataVersionConflict:
-                error = TopicFenced(f"topic {self.name} was taken over (managed ledger changed)")
-                self._fence(error)
-                raise error from None
+                pass
+            current = await self._store.get(self._key)
+            if current is not None and self._unanswered is not None and current.value == self._unanswered:
+                log.info("managed ledger record: a write whose reply was lost had been applied: topic=%s "
+                         "version=%d", self.name, current.version)
+                self._unanswered = None
+                self._version = current.version
+                try:
+                    self._version = await self._store.compare_and_set(self._key, encoded,
+                                                                      expected_version=self._version)
+                    return
+                except MetadataUnavailable:
+                    self._unanswered = encoded
+                    raise
+                except MetadataVersionConflict:
+                    pass
+            error = TopicFenced(f"topic {self.name} was taken over (managed ledger changed)")
+            self._fence(error)
+            raise error
 
     @property
     def properties(self) -> dict[str, str]:
@@ -784,6 +814,22 @@ class ManagedLedger:
         await self._store.delete(self._key)
         self._ledgers.clear()
 
+    # --- side ledgers (the compacted ledger) ---------------------------------------------------
+
+    async def create_side_ledger(self, purpose: str) -> WriteHandle:
+        """A ledger of this topic outside its list of ledgers (the compactor's output),
+        with the topic's quorums; the caller records, reads and deletes it."""
+        config = self.config
+        return await self._client.create_ledger(config.ensemble_size, config.write_quorum_size,
+                                                config.ack_quorum_size,
+                                                custom={"managed-ledger": self.name, "purpose": purpose})
+
+    async def open_side_ledger(self, ledger_id: int) -> LedgerReader:
+        return await self._client.open_ledger(ledger_id, recovery=False)
+
+    async def delete_side_ledger(self, ledger_id: int) -> None:
+        await self._delete_ledger_quietly(ledger_id)
+
     # --- trimming (retention) ---------------------------------------------------------------
 
     async def delete_ledgers_before(self, ledger_id: int) -> list[int]:
@@ -806,6 +852,11 @@ class ManagedLedger:
     @property
     def current_ledger_id(self) -> int:
         return self._handle.ledger_id if self._handle is not None else -1
+
+    @property
+    def pending_appends(self) -> int:
+        """Appends handed over and not yet confirmed (waiting for a ledger or in flight)."""
+        return len(self._queued) + len(self._inflight)
 
     def number_of_entries(self) -> int:
         total = 0

@@ -81,6 +81,9 @@ class _PolicyCollector(Collector):
         yield CounterMetricFamily("magnetar_broker_backlog_quota_producers_disconnected",
                                   "Attached producers closed by a backlog quota",
                                   value=counters.producers_disconnected)
+        yield CounterMetricFamily("magnetar_broker_backlog_quota_sends_refused",
+                                  "SENDs not stored because a producer-blocking size quota was passed",
+                                  value=counters.sends_refused)
 
 
 class _PublishLimitsCollector(Collector):

@@ -16,7 +16,14 @@ quotas, as Pulsar defines them.
     client fails its sends);
   - ``consumer_backlog_eviction``: the oldest unconsumed entries of the subscriptions
     past the limit are skipped until they are within it.
-  Producers are checked when they are created and on every periodic check.
+  Producers are checked when they are created and on every periodic check; and the
+  size quota of a producer-blocking policy is checked on **every SEND** too (against
+  the quota the topic last learnt, with the appends not yet confirmed counted): a SEND
+  that finds the backlog past it is not stored, and its producer is closed at once —
+  the client resends it after reconnecting, into the refusal (hold: it retries;
+  exception: it fails). So the backlog passes the quota by at most one entry, not by
+  what producers send between two periodic checks. The age quota needs a read of the
+  oldest unconsumed entry and stays periodic.
 
 The checks run every ``policy_check_interval_s`` on the loaded topics whose namespace
 sets one of these policies (``BrokerService._run_policies``); what they did is counted
@@ -33,9 +40,9 @@ from typing import TYPE_CHECKING
 from common.errors import ProducerBlockedQuota, ProducerBlockedQuotaException
 from common.position import Position
 from metadata.policies import NamespacePolicies
-from protocol import commands
 
 if TYPE_CHECKING:
+    from broker.producer import Producer
     from broker.topic import PersistentTopic
 
 log = logging.getLogger(__name__)
@@ -49,6 +56,7 @@ class PolicyCounters:
     entries_evicted: int = 0             # entries skipped by consumer_backlog_eviction
     producers_refused: int = 0           # producer creations refused by a quota
     producers_disconnected: int = 0      # attached producers closed by a quota
+    sends_refused: int = 0               # SENDs not stored because a size quota was passed
 
 
 def has_time_policies(policies: NamespacePolicies) -> bool:
@@ -71,6 +79,42 @@ def _age_limit(policies: NamespacePolicies) -> tuple[int, str] | None:
         return None
     limit = int(quota.get("limitTime", -1))
     return (limit, quota.get("policy", HOLD)) if limit >= 0 else None
+
+
+def size_quota(policies: NamespacePolicies) -> tuple[int, str] | None:
+    """The destination_storage quota (limit bytes, policy), if the namespace sets one."""
+    return _size_limit(policies)
+
+
+def send_refusal(topic: "PersistentTopic", size_bytes: int) -> str | None:
+    """Why a SEND of ``size_bytes`` must not be stored now (a producer-blocking size
+    quota is passed), or None. Cheap: no IO. The backlog counts appends not yet
+    confirmed, at the topic's mean entry size (this SEND's size while the topic has no
+    entry yet)."""
+    quota = topic.backlog_size_quota
+    if quota is None or quota[1] == EVICTION:
+        return None
+    backlog_bytes = int(topic.backlog_entries(pending=True) * (topic.mean_entry_bytes() or size_bytes))
+    if backlog_bytes <= quota[0]:
+        return None
+    return f"backlog of {backlog_bytes} bytes is over the {quota[0]}-byte quota"
+
+
+def close_producer(topic: "PersistentTopic", producer: "Producer", reason: str, counters: PolicyCounters) -> None:
+    """Closes an attached producer because of a quota (it reconnects into the refusal),
+    once the receipts of its earlier SENDs are out: a client fails what it has no
+    receipt for when it is then refused, so a stored message must not lose its receipt."""
+    if producer.closed or producer.closing:
+        return
+    log.info("producer closed by backlog quota: topic=%s producer=%s reason=%s", topic.full_name,
+             producer.name, reason)
+    counters.producers_disconnected += 1
+
+    def on_closed() -> None:
+        producer.closed = True
+        topic.remove_producer(producer)
+
+    producer.connection.close_producer_after_sends(producer, on_closed)
 
 
 async def exceeded_quota(topic: "PersistentTopic", policies: NamespacePolicies) -> tuple[str, str] | None:
@@ -118,15 +162,7 @@ async def enforce(topic: "PersistentTopic", policies: NamespacePolicies, counter
         counters.entries_evicted += await _evict(topic, policies, now_ms)
         return
     for producer in list(topic.producers.values()):
-        if producer.closed:
-            continue
-        log.info("producer closed by backlog quota: topic=%s producer=%s reason=%s", topic.full_name,
-                 producer.name, reason)
-        producer.connection.write_command(commands.close_producer(producer.producer_id))
-        producer.connection.forget_producer(producer)
-        producer.closed = True
-        topic.remove_producer(producer)
-        counters.producers_disconnected += 1
+        close_producer(topic, producer, reason, counters)
 
 
 async def _expire_before(topic: "PersistentTopic", cutoff_ms: int) -> int:

@@ -35,6 +35,9 @@ class Producer:
     messages_in: int = 0
     bytes_in: int = 0
     closed: bool = False
+    # The broker is closing it (a backlog quota): its SENDs from now on are dropped
+    # unanswered, and CLOSE_PRODUCER follows the receipts of the earlier ones.
+    closing: bool = False
     # The future of this producer's last SEND (deduplication answers a duplicate only
     # after it, so receipts keep the order of the sends).
     last_send: object = None

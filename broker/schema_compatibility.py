@@ -9,15 +9,18 @@ which check against every earlier version instead of the last only.
 record definitions in Pulsar): every field of the reader must either exist in the
 writer with a type the reader accepts (the same type, or a union of the reader that
 holds each branch of the writer's), or have a default; writer fields unknown to the
-reader are skipped. Nested records are checked the same way. Anything that is not a
-record definition (primitive schemas, Protobuf, unparsable text) is compatible only
-with a schema of the same type and the same definition — or any definition of the same
-type for primitive and Protobuf schemas, whose data carry no field layout we check.
+reader are skipped. Nested records are checked the same way. PROTOBUF_NATIVE schemas
+follow protobuf's own rules for updating a message type (schema_protobuf_native.py).
+Anything else (primitive schemas, PROTOBUF, unparsable text) is compatible only with a
+schema of the same type and the same definition — or any definition of the same type
+for primitive and PROTOBUF schemas, whose data carry no field layout we check.
 """
 
 from __future__ import annotations
 
 import json
+
+from broker import schema_protobuf_native
 
 STRATEGIES = ("ALWAYS_COMPATIBLE", "ALWAYS_INCOMPATIBLE", "BACKWARD", "FORWARD", "FULL",
               "BACKWARD_TRANSITIVE", "FORWARD_TRANSITIVE", "FULL_TRANSITIVE")
@@ -89,6 +92,8 @@ def can_read(reader_type: str, reader_data: bytes, writer_type: str, writer_data
         if isinstance(reader, dict) and isinstance(writer, dict):
             return _accepts(reader, writer)
         return reader_data == writer_data
+    if reader_type == "PROTOBUF_NATIVE":
+        return schema_protobuf_native.can_read(reader_data, writer_data)
     return True
 
 

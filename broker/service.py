@@ -40,6 +40,7 @@ from broker.resources import Resources
 from broker.schema_compatibility import DEFAULT_STRATEGY
 from broker.schemas import SchemaRegistry
 from broker.topic import PersistentTopic
+from broker.topic_list_watchers import TopicListWatchers
 from bundles.config import BundlesConfig
 from bundles.leader import Leader
 from bundles.load import LoadReporter
@@ -117,6 +118,7 @@ class BrokerService:
         self.ledger_client = ledger_client
         self.bundles_config = bundles_config
         self.resources = Resources(store, default_bundles=(bundles_config or BundlesConfig()).default_bundles)
+        self.topic_list_watchers = TopicListWatchers(store, config.topic_list_watchers_per_connection_max)
         # Who a client is and what its role may do (both pass everything when off).
         self.authenticator = Authenticator(config.auth)
         self.authorizer = Authorizer(config.auth, self.resources)
@@ -316,6 +318,7 @@ class BrokerService:
                     continue
                 try:
                     policies = await self.resources.policies(topic.name.namespace_name)
+                    topic.backlog_size_quota = policy_enforcement.size_quota(policies)
                     if policy_enforcement.has_time_policies(policies):
                         await policy_enforcement.enforce(topic, policies, self.policy_counters)
                 except MagnetarError as error:
@@ -324,6 +327,7 @@ class BrokerService:
     async def check_producer_quota(self, topic: PersistentTopic) -> None:
         """Refuses a new producer while a producer-blocking backlog quota is exceeded."""
         policies = await self.resources.policies(topic.name.namespace_name)
+        topic.backlog_size_quota = policy_enforcement.size_quota(policies)
         if policies.backlog_quota_map:
             await policy_enforcement.check_producer_allowed(topic, policies, self.policy_counters)
     def admit_connection(self, address: str) -> str | None:
@@ -486,7 +490,12 @@ class BrokerService:
         try:
             await topic.load_subscriptions()
         except MagnetarError:
+            # The subscriptions loaded before the failure have dispatchers (tasks) of
+            # their own: closed here, not left pending for the garbage collector.
+            for subscription in list(topic.subscriptions.values()):
+                await subscription.close()
             await ledger.close()
+            self.archiver.close_topic(name, archive)
             raise
         log.info("topic loaded: topic=%s subscriptions=%d", name, len(topic.subscriptions))
         return topic
@@ -618,11 +627,19 @@ class BrokerService:
         assert self.leader is not None and self.broker_reports is not None
         ownership, reports = self.ownership, self.broker_reports
         await self.leader.step_down()
+        ownership.stop_taking()
+        # First out of the load reports (the reporter stopped, its report deleted): no
+        # broker hands a bundle to this one and the leader assigns it none (brokers
+        # drained together would otherwise hand bundles to each other).
+        await self._background.close()
+        try:
+            await self.store.delete(keys.broker(self.broker_id))
+        except MagnetarError as error:
+            log.warning("deleting the load report before the hand-over failed: broker_id=%s error=%s",
+                        self.broker_id, error)
         await ownership.release_all(lambda _bundle: ownership.handover_target(reports))
-        await self._background.close()   # the load reporter too: this broker takes no more bundles
         await self.leader.close()
-        if ownership.lease is not None:
-            await self.store.revoke_lease(ownership.lease)
+        await ownership.retire()
 
     def readiness(self) -> tuple[bool, dict]:
         """Whether this broker owns bundles or can be given some (a Kubernetes readiness
@@ -656,6 +673,7 @@ class BrokerService:
             await self.ownership.close()
         if self.broker_reports is not None:
             await self.broker_reports.close()
+        await self.topic_list_watchers.close()
         topics = self.loaded_topics()
         await asyncio.gather(*(t.close(disconnect_clients=True) for t in topics), return_exceptions=True)
         self.topics.clear()

@@ -130,9 +130,13 @@ class PersistentTopic:
         epoch = ledger.properties.get(TOPIC_EPOCH_PROPERTY)
         self.topic_epoch: int | None = int(epoch) if epoch is not None else None
         self._promotions: set[asyncio.Task[None]] = set()
-        # Compaction (broker/compaction.py): the compacted view and the last run's status.
+        # Compaction (broker/compaction.py): the compacted ledger and the last run's status.
         self.compaction = TopicCompaction(ledger)
         self._compaction_task: asyncio.Task[None] | None = None
+        # The namespace's destination_storage backlog quota (limit bytes, policy), as the
+        # broker last read it (producer creation, each policy check): every SEND is
+        # checked against it (broker/policy_enforcement.py).
+        self.backlog_size_quota: tuple[int, str] | None = None
         # Deduplication (broker/deduplication.py): None while the policy is off.
         self.dedup: Deduplication | None = None
         self._dedup_lock = asyncio.Lock()
@@ -175,7 +179,7 @@ class PersistentTopic:
                             redelivery_counts_max=self.config.redelivery_counts_max,
                             unacked_per_consumer_max=self.config.unacked_per_consumer_max,
                             delayed_entries_max=self.config.delayed_delivery_entries_max)
-        subscription.compacted_view_source = lambda: self.compaction.view
+        subscription.compacted_source_of = self.compaction.source
         return subscription
 
     # --- producers ----------------------------------------------------------------------------
@@ -639,10 +643,16 @@ class PersistentTopic:
     def backlog_bytes(self) -> int:
         """The slowest durable subscription's unconsumed entries times the mean entry
         size (Pulsar's estimate); 0 with no durable subscription."""
+        return int(self.backlog_entries() * self.mean_entry_bytes())
+
+    def backlog_entries(self, *, pending: bool = False) -> int:
+        """The slowest durable subscription's unconsumed entries (0 with no durable
+        subscription); with ``pending``, appends not yet confirmed count too (what the
+        backlog is about to be)."""
         if not any(s.cursor.durable for s in self.subscriptions.values()):
             return 0
         backlog = self.entries_between(self.consumed_upto(), self.ledger.last_confirmed)
-        return int(backlog * self.mean_entry_bytes())
+        return backlog + self.ledger.pending_appends if pending else backlog
 
     async def oldest_unconsumed_publish_ms(self) -> int | None:
         """The publish time of the slowest durable subscription's next entry (None: no
@@ -751,6 +761,7 @@ class PersistentTopic:
         for name, subscription in list(self.subscriptions.items()):
             await subscription.cursor.delete()
         await self._store.delete_prefix(keys.cursors_of_topic(self.name.key_path))
+        await self.compaction.delete()
         await self.ledger.delete()
         log.info("topic deleted: topic=%s", self.full_name)
 
@@ -770,10 +781,7 @@ class PersistentTopic:
         """The lowest mark-delete position of the durable subscriptions (with none, the
         last stored entry: retention alone then decides)."""
         marks = [s.cursor.mark_delete_position for s in self.subscriptions.values() if s.cursor.durable]
-        first_compacted = self.compaction.view.first_position if self.compaction.view is not None else None
-        if first_compacted is not None:
-            # The compacted view reads these entries: keep them stored.
-            marks.append(Position(first_compacted.ledger_id, first_compacted.entry_id - 1))
+        # (The compacted ledger holds copies of what it serves: it keeps no topic entry.)
         return min(marks) if marks else self.ledger.last_confirmed
 
     async def trim_ledgers(self, retention_minutes: int, retention_mb: int,

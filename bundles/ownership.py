@@ -179,6 +179,8 @@ class OwnershipManager:
         # awaited by close.
         self._tasks = TaskSet("bundle ownership")
         self._closing = False
+        # Set by retire (a broker leaving): no bundle taken, the lease not renewed.
+        self._retired = False
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -396,7 +398,7 @@ class OwnershipManager:
 
     def _on_assignment_change(self, key: str, old: Record | None, new: Record | None) -> None:
         self._changed.set()
-        if new is None or self._closing:
+        if new is None or self._closing or self._retired:
             return
         try:
             assignment = AssignmentRecord.decode(new.value)
@@ -610,6 +612,18 @@ class OwnershipManager:
             except MagnetarError as error:
                 log.warning("releasing a bundle at shutdown failed: bundle=%s error=%s", bkey, error)
 
+    def stop_taking(self) -> None:
+        """The broker begins to leave: no bundle assigned to it from now on is taken
+        (the leader moves such assignments on once its load report is gone)."""
+        self._retired = True
+
+    async def retire(self) -> None:
+        """After ``release_all``, as the broker leaves: it takes no more bundles and its
+        lease is revoked (a key it still holds goes with it) and never renewed."""
+        self._retired = True
+        if self.lease is not None:
+            await self._store.revoke_lease(self.lease)
+
     # --- splitting --------------------------------------------------------------------------------------
 
     async def split(self, namespace: NamespaceName, bundle_name: str) -> tuple[str, str]:
@@ -667,9 +681,14 @@ class OwnershipManager:
             self._note_outage(unconfirmed_s > ttl * OUTAGE_NOTICE_FRACTION and not lease.is_lost, unconfirmed_s)
             if (stale or lease.is_lost) and not self.fenced:
                 self.fenced = True
-                log.error("lease not confirmed for %.1fs, stopping to serve every bundle: broker_id=%s",
-                          time.monotonic() - lease.refreshed_at, self.identity.broker_id)
+                if self._retired:
+                    log.info("lease revoked as the broker leaves: broker_id=%s", self.identity.broker_id)
+                else:
+                    log.error("lease not confirmed for %.1fs, stopping to serve every bundle: broker_id=%s",
+                              time.monotonic() - lease.refreshed_at, self.identity.broker_id)
                 await self._stop_serving_all("lease not confirmed")
+            if self._retired:
+                continue          # leaving: no new lease, no serving again
             if self.fenced and lease.is_lost:
                 await self._renew_lease()
             elif self.fenced and not stale:

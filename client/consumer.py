@@ -25,7 +25,7 @@ import logging
 import time
 from typing import Callable, Mapping, Protocol, Sequence
 
-from common.errors import InvalidArgument, MagnetarError, ServiceNotReady
+from common.errors import ConsumerBusy, InvalidArgument, MagnetarError, ServiceNotReady
 from common.tasks import cancel_and_wait
 from common.topic_name import TopicName
 from protocol.batch import message_count
@@ -275,7 +275,9 @@ class Consumer:
                     error = failure
                     log.info("consumer reconnection failed: topic=%s subscription=%s attempt=%d error=%s",
                              self.topic, self.subscription, attempt, failure)
-                    if not failure.retriable:
+                    # Busy: the broker still holds our previous registration (it has not
+                    # yet noticed the old connection close); it goes with that connection.
+                    if not failure.retriable and not isinstance(failure, ConsumerBusy):
                         break
                     continue
                 self.listener.on_reconnected()

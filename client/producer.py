@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from common.errors import InvalidArgument, MagnetarError, ServiceNotReady, ShuttingDown, TooManyRequests
+from common.errors import InvalidArgument, MagnetarError, ProducerBusy, ServiceNotReady, ShuttingDown, TooManyRequests
 from common.tasks import cancel_and_wait
 from common.topic_name import TopicName
 from protocol.codec import Frame, encode_payload_command, wrap
@@ -252,7 +252,9 @@ class Producer:
                 except MagnetarError as failure:
                     error = failure
                     log.info("producer reconnection failed: topic=%s attempt=%d error=%s", self.topic, attempt, failure)
-                    if not failure.retriable:
+                    # Busy: the broker still holds our previous registration (it has not
+                    # yet noticed the old connection close); it goes with that connection.
+                    if not failure.retriable and not isinstance(failure, ProducerBusy):
                         break
             self._give_up(error)
         finally:

@@ -135,3 +135,15 @@ class CertificateReloader:
         while True:
             await asyncio.sleep(self.config.reload_check_s)
             self.check()
+
+
+def certificate_common_name(certificate: dict | None) -> str | None:
+    """The subject CN of a verified peer certificate, as ``getpeercert()`` gives it (the
+    role of TLS client-certificate authentication); None without one."""
+    if not certificate:
+        return None
+    for relative_name in certificate.get("subject", ()):
+        for key, value in relative_name:
+            if key == "commonName" and value:
+                return str(value)
+    return None

@@ -42,7 +42,8 @@ def init_app(config: GatewayConfig, *, issuer_url: str = "", registry: Collector
         errors_middleware(config.retry_after_s),
         # Inside the errors middleware: a refused caller gets the usual error document.
         auth_middleware(config.authentication_enabled,
-                        PermissionCache(config.permission_cache_ms, config.permission_cache_entries_max)),
+                        PermissionCache(config.permission_cache_ms, config.permission_cache_entries_max),
+                        frozenset(config.providers), config.service_token),
     ])
     app[SERVICE] = service
     add_routes(app)

@@ -80,9 +80,13 @@ class GatewayConfig:
     sse_keepalive_ms: int = 15_000
     # The Retry-After of a 429 or 503.
     retry_after_s: int = 1
-    # Security (gateway/auth.py). Callers must send Authorization: Bearer <token>, which
-    # a broker checks for the permission each request needs.
+    # Security (gateway/auth.py). Callers must present credentials of one of the
+    # providers, which a broker checks for the permission each request needs.
     authentication_enabled: bool = False
+    # Comma-separated, as the brokers' --authentication-providers: token (Bearer), basic
+    # (Basic), tls (a client certificate verified against tls.trust_certs_file; its CN
+    # is the role, checked through the service token, whose role must be a proxy role).
+    authentication_providers: str = "token"
     # The gateway's own token, for its connections to brokers and its admin requests
     # (empty: none, for brokers without authentication). Never logged or shown.
     service_token: str = field(default="", repr=False)
@@ -113,6 +117,16 @@ class GatewayConfig:
                      "permission_cache_entries_max"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0")
+        unknown = sorted(set(self.providers) - {"token", "basic", "tls"})
+        if unknown or not self.providers:
+            raise ConfigError(f"authentication_providers must name some of token, basic, tls (unknown: {unknown})")
+        if self.authentication_enabled and "tls" in self.providers:
+            if not self.tls.enabled or not self.tls.trust_certs_file:
+                raise ConfigError("the tls provider needs HTTPS with tls.trust_certs_file (the CA of client "
+                                  "certificates)")
+            if not self.service_token:
+                raise ConfigError("the tls provider needs a service token (of a role the brokers list in "
+                                  "--proxy-roles)")
         if not self.lease_ms_min <= self.lease_ms_default <= self.lease_ms_max:
             raise ConfigError("lease_ms_default must be in [lease_ms_min, lease_ms_max]")
         if self.wait_ms_max < 20_000:
@@ -123,3 +137,8 @@ class GatewayConfig:
             raise ConfigError("lease_tick_ms must be < lease_ms_min")
         if self.sse_credits_max > self.leases_per_subscription_max:
             raise ConfigError("sse_credits_max must be <= leases_per_subscription_max")
+
+    @property
+    def providers(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(name.strip() for name in self.authentication_providers.split(",")
+                                   if name.strip()))

@@ -63,7 +63,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--body-mib-max", type=int, default=8)
     parser.add_argument("--requests-in-flight-max", type=int, default=4_096)
     parser.add_argument("--authentication-enabled", action="store_true",
-                        help="callers must send Authorization: Bearer <token>; brokers check its permissions")
+                        help="callers must present credentials (--authentication-providers); brokers check "
+                             "their permissions")
+    parser.add_argument("--authentication-providers", default="token",
+                        help="comma-separated: token (Bearer), basic (Basic), tls (client certificate CN, "
+                             "with --tls-trust-certs-file; the service token's role must be a broker proxy role)")
+    parser.add_argument("--tls-trust-certs-file", default="",
+                        help="CA of client certificates (HTTPS asks callers for one; the tls provider)")
     parser.add_argument("--service-token-file", default="",
                         help=f"the gateway's own token for brokers with authentication on (or ${TOKEN_ENV})")
     parser.add_argument("--tls-cert-file", default="", help="PEM certificate: serve HTTPS (reloaded on change)")
@@ -115,7 +121,9 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         ready_hold_ms=args.ready_hold_ms, body_bytes_max=args.body_mib_max * 1024 * 1024,
         requests_in_flight_max=args.requests_in_flight_max,
         authentication_enabled=args.authentication_enabled, service_token=service_token_from(args),
-        tls=TlsConfig(cert_file=args.tls_cert_file, key_file=args.tls_key_file),
+        authentication_providers=args.authentication_providers,
+        tls=TlsConfig(cert_file=args.tls_cert_file, key_file=args.tls_key_file,
+                      trust_certs_file=args.tls_trust_certs_file),
         broker_tls_trust_certs_file=args.broker_tls_trust_certs_file)
 
 

@@ -29,15 +29,23 @@ from protocol.proto import bookie_pb2, bookie_pb2_grpc
 from ledger.config import LedgerClientConfig
 from common.errors import (
     AddTimeout,
+    AuthenticationFailed,
+    AuthorizationDenied,
     BookieUnavailable,
     ConfigError,
     MagnetarError,
+    SecurityError,
     error_for_code,
 )
 from common.tasks import TaskSet
 from common.tls import TlsConfig
 
 log = logging.getLogger(__name__)
+
+# How long a write that failed INTERNAL waits for the bookie to say whether it refuses
+# this client's credentials (one Info call; a live bookie answers in milliseconds).
+_REFUSAL_PROBE_WAIT_S = 2.0
+
 
 @dataclass(frozen=True, slots=True)
 class BookieLedgerState:
@@ -71,12 +79,26 @@ def _channel_credentials(tls: TlsConfig) -> grpc.ChannelCredentials:
 
 
 def _error_from_rpc(bookie_id: str, error: grpc.aio.AioRpcError) -> MagnetarError:
-    code = error_code_from_metadata(error.trailing_metadata())
+    return _error_from_status(bookie_id, error.code(), error.details(), error.trailing_metadata())
+
+
+def _error_from_status(bookie_id: str, status: grpc.StatusCode, details: str | None, trailing_metadata
+                       ) -> MagnetarError:
+    code = error_code_from_metadata(trailing_metadata)
     if code is not None:
-        return error_for_code(code, error.details() or "")
-    if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return error_for_code(code, details or "")
+    if status == grpc.StatusCode.DEADLINE_EXCEEDED:
         return AddTimeout(f"bookie {bookie_id} did not answer in time")
-    return BookieUnavailable(bookie_id, f"{error.code().name}: {error.details()}")
+    # A bookie refusing this client's credentials (bookie/security.py) is not a failed
+    # bookie: every bookie with the same settings refuses them, so the writer must not
+    # spend its ensemble changes on it (ledger/handle.py fails at once).
+    if status == grpc.StatusCode.UNAUTHENTICATED:
+        return AuthenticationFailed(f"bookie {bookie_id} refused this client's credentials "
+                                    f"(UNAUTHENTICATED): {details}")
+    if status == grpc.StatusCode.PERMISSION_DENIED:
+        return AuthorizationDenied(f"bookie {bookie_id} refused this client's role "
+                                   f"(PERMISSION_DENIED): {details}")
+    return BookieUnavailable(bookie_id, f"{status.name}: {details}")
 
 
 class _AddStream:
@@ -172,11 +194,32 @@ class BookieClient:
             stream.inflight.append((time.monotonic(), futures))
             try:
                 await stream.call.write(bookie_pb2.AddRequest(entries=batch))
-            except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as error:
+            except grpc.aio.AioRpcError as error:
+                # The call ended (the bookie refused it, or it broke): its status says which.
+                self._break(stream, await self._write_failure(error))
+            except (grpc.aio.UsageError, asyncio.InvalidStateError) as error:
                 self._break(stream, BookieUnavailable(self.bookie_id, f"add stream write failed: {error}"))
             except MagnetarError as error:
                 self._break(stream, error)
             self._check_timeouts()
+
+    async def _write_failure(self, error: grpc.aio.AioRpcError) -> MagnetarError:
+        """The error of a write that failed. A write racing the bookie's refusal of the
+        call (bookie/security.py aborts it at once) fails INTERNAL in gRPC's core, and
+        the call's own status (UNAUTHENTICATED / PERMISSION_DENIED) is lost; a refused
+        writer must not pass for a failed bookie, so an INTERNAL failure asks the bookie
+        once (Info, with the same credentials) whether it refuses them."""
+        failure = _error_from_rpc(self.bookie_id, error)
+        if error.code() != grpc.StatusCode.INTERNAL:
+            return failure
+        try:
+            async with asyncio.timeout(_REFUSAL_PROBE_WAIT_S):
+                await self.info()
+        except SecurityError as refused:
+            return refused
+        except (TimeoutError, MagnetarError):
+            pass
+        return failure
 
     def _stream_now(self) -> _AddStream:
         stream = self._stream

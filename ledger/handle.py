@@ -20,7 +20,10 @@ Theory of operation:
   MalformedFrame) would be given by every bookie, so replacing bookies cannot help:
   the handle fails with that error. ``submit`` refuses entries over the client's
   ``entry_bytes_max`` before they get an entry id, so this only happens when the
-  client's limit is above its bookies'.
+  client's limit is above its bookies'. So does a bookie's refusal of this writer's
+  credentials (AuthenticationFailed, AuthorizationDenied: a missing or wrong service
+  token, a role the bookie does not allow): it is this writer's configuration, and
+  replacing bookies would only spend the ensemble changes (about 20 s) before failing.
 - ``close`` waits for pending adds, then records state CLOSED and the last entry id.
 """
 
@@ -47,6 +50,7 @@ from common.errors import (
     MalformedFrame,
     MetadataError,
     NotEnoughBookies,
+    SecurityError,
 )
 from ledger.metadata import LedgerState, VersionedMetadata
 from ledger.placement import choose_replacement
@@ -61,8 +65,10 @@ log = logging.getLogger(__name__)
 # that is really gone fails the writer (which then rolls to a new ledger).
 _SAME_BOOKIE_ATTEMPTS_MAX = 30
 
-# Errors a bookie gives for the entry itself, which every other bookie would give too.
-_ENTRY_REJECTED_ERRORS = (EntryTooLarge, InvalidArgument, MalformedFrame)
+# Errors a bookie gives for the entry itself, which every other bookie would give too;
+# and a refusal of this writer's credentials (a wrong or missing service token, a role
+# not allowed), which is this writer's configuration, not the bookie's failure.
+_ENTRY_REJECTED_ERRORS = (EntryTooLarge, InvalidArgument, MalformedFrame, SecurityError)
 
 
 class _HandleState(enum.Enum):
@@ -203,9 +209,10 @@ class WriteHandle:
             self._fail(LedgerFenced(self.ledger_id))
             return
         if isinstance(error, _ENTRY_REJECTED_ERRORS):
-            # Not the bookie's fault: another bookie would refuse the entry as well.
-            log.info("bookie refused an entry as invalid, failing the handle: ledger_id=%d bookie_id=%s "
-                     "entry_id=%d error=%s", self.ledger_id, bookie_id, entry_id, error)
+            # Not the bookie's fault: another bookie would refuse the entry (or these
+            # credentials) as well.
+            log.info("bookie refused an entry or the credentials, failing the handle: ledger_id=%d "
+                     "bookie_id=%s entry_id=%d error=%s", self.ledger_id, bookie_id, entry_id, error)
             self._fail(error)
             return
         if not isinstance(error, MagnetarError):

@@ -33,6 +33,7 @@ from ledger.reader import LedgerReader
 from ledger.replication import ReplicationWorker
 from ledger.under_replication import UnderReplicatedRecord, under_replicated_fragments
 from metadata import keys, open_store
+from metadata.etcd_tls import add_etcd_tls_arguments, etcd_tls_from_args
 
 _PATTERN_HEAD = struct.Struct(">QQ")
 
@@ -60,6 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # --metadata is accepted before the command (magnetar shell --metadata URL listbookies)
     # and after it (magnetar shell listbookies --metadata URL); main checks it was given.
     parser.add_argument("--metadata", default=None, help=_METADATA_HELP)
+    add_etcd_tls_arguments(parser)   # before the command
     # Before the command: bookies with authentication on refuse a client without one.
     parser.add_argument("--bookie-auth-token-file", default="",
                         help="a file holding the service token sent to bookies (one of their --allowed-roles)")
@@ -314,7 +316,7 @@ async def _recover_bookie(client: LedgerClient, args: argparse.Namespace) -> int
 
 
 async def _run(args: argparse.Namespace) -> int:
-    store = open_store(args.metadata)
+    store = open_store(args.metadata, tls=etcd_tls_from_args(args))
     client = LedgerClient(store, LedgerClientConfig(bookie_auth_token_file=args.bookie_auth_token_file))
     try:
         await client.start()

@@ -30,6 +30,7 @@ from ledger.client import LedgerClient
 from ledger.config import AutoRecoveryConfig, LedgerClientConfig
 from ledger.replication import ReplicationWorker
 from metadata import open_store
+from metadata.etcd_tls import add_etcd_tls_arguments, etcd_tls_from_args
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ OPTIONS: list[ConfigOption] = [
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metadata", required=True, help="etcd://host:port[,host:port...]")
+    add_etcd_tls_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address of /health, /live, /ready and /metrics")
     parser.add_argument("--http-port", type=int, default=8010,
                         help="/health, /live, /ready and /metrics (0: any free port)")
@@ -109,7 +111,7 @@ async def _run(args: argparse.Namespace) -> int:
     process_id = args.id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     stopping = asyncio.Event()
     stop_on_signals(stopping)
-    store = open_store(args.metadata)
+    store = open_store(args.metadata, tls=etcd_tls_from_args(args))
     client = LedgerClient(store, ledger_config_from_args(args))
     auditor = Auditor(store, config, process_id)
     worker = ReplicationWorker(client.context, config, process_id)

@@ -124,6 +124,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="with --auth: an RS256 private key file (with --token-public-key): the standalone "
                            "signs the superuser token with it; brokers get only the public key")
     parser.add_argument("--token-public-key", default=None, help="with --auth and --token-private-key")
+    parser.add_argument("--basic-auth-file", default=None,
+                        help="with --auth: an htpasswd file (bcrypt, $apr1$ or {SHA} hashes): brokers and the "
+                             "gateway accept its users (basic authentication) beside tokens")
 
 
 class StartFailed(Exception):
@@ -219,8 +222,14 @@ class Standalone:
                                                replace=True)
         bookie_flags = ["--authentication-enabled", *key_flags, "--allowed-roles", STANDALONE_BROKER_ROLE]
         broker_flags = ["--authentication-enabled", "--authorization-enabled", "--superuser-roles", role,
-                        *key_flags, "--bookie-auth-token-file", broker_token_path]
+                        *key_flags, "--bookie-auth-token-file", broker_token_path, *self.provider_flags()]
+        if args.basic_auth_file:
+            broker_flags += ["--basic-auth-file", "file://" + os.path.abspath(args.basic_auth_file)]
         return bookie_flags, broker_flags, token_path
+
+    def provider_flags(self) -> list[str]:
+        """The authentication providers of brokers and the gateway (--auth)."""
+        return ["--authentication-providers", "token,basic" if self.args.basic_auth_file else "token"]
 
     async def _spawn(self, child: Child) -> asyncio.subprocess.Process:
         log_path = os.path.join(self.data_dir, f"{child.name}.log")
@@ -338,7 +347,8 @@ class Standalone:
         await self._start_child(Child("gateway", [
             sys.executable, "-m", "magnetar", "gateway", "--service-url", service_url, "--admin-url", admin_url,
             "--port", str(self.args.gateway_port),
-            *(["--authentication-enabled", "--service-token-file", token_path] if token_path else [])],
+            *(["--authentication-enabled", "--service-token-file", token_path, *self.provider_flags()]
+              if token_path else [])],
             f"{gateway_url}/health",
             env={**os.environ, "MAGNETAR_GATEWAY_SECRET": self.gateway_secret()}))
         print(json.dumps({

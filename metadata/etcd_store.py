@@ -1,8 +1,8 @@
 """The metadata store on a real etcd, through its v3 gRPC API (the ``aetcd`` client).
 
 Theory of operation:
-- One ``aetcd.Client`` per store. Every call is bounded by ``call_timeout_s``; callers
-  never see aetcd's or gRPC's types. Errors that say the endpoint did not answer
+- One ``aetcd.Client`` per store (over TLS with ``config.tls``: metadata/etcd_tls.py).
+  Every call is bounded by ``call_timeout_s``; callers never see aetcd's or gRPC's types. Errors that say the endpoint did not answer
   (unavailable, timeout, a torn stream) become ``MetadataUnavailable`` (retriable);
   errors that say etcd refused the request itself (too large, bad argument, no
   permission) become non-retriable errors, and a lease etcd does not know becomes
@@ -63,6 +63,7 @@ import aetcd.rpc as etcd_rpc
 import aetcd.utils
 
 from common.errors import ConfigError, InvalidArgument, MagnetarError, MetadataLeaseExpired, MetadataUnavailable
+from metadata.etcd_tls import CredentialFiles, EtcdTlsConfig, SecureClient
 from common.tasks import TaskSet, cancel_and_wait, log_failure
 from metadata.store import Compare, Delete, Lease, MetadataStore, Put, Record, Watch, WatchEvent
 
@@ -130,8 +131,12 @@ class EtcdStoreConfig:
     # A metadata call that takes longer than this is treated as etcd being away. etcd
     # answers in milliseconds on loopback; 5 s leaves room for a leader election.
     call_timeout_s: float = 5.0
+    # Reads in flight at once (see EtcdStore._read); more wait their turn.
+    reads_in_flight_max: int = 256
     # Reconnecting watches retry for this long before giving up on etcd.
     watch_reconnect_s_max: float = 120.0
+    # TLS toward etcd (metadata/etcd_tls.py); off unless a file is given.
+    tls: EtcdTlsConfig = EtcdTlsConfig()
 
     def __post_init__(self) -> None:
         if not self.endpoints:
@@ -142,7 +147,8 @@ class EtcdStoreConfig:
             raise ConfigError("call_timeout_s must be in (0, 60]")
 
 
-def parse_metadata_url(url: str, *, root: str = "/magnetar/standalone") -> EtcdStoreConfig:
+def parse_metadata_url(url: str, *, root: str = "/magnetar/standalone",
+                       tls: EtcdTlsConfig = EtcdTlsConfig()) -> EtcdStoreConfig:
     """``etcd://host:port[,host:port...][/root]`` → EtcdStoreConfig."""
     scheme = "etcd://"
     if not url.startswith(scheme):
@@ -157,7 +163,7 @@ def parse_metadata_url(url: str, *, root: str = "/magnetar/standalone") -> EtcdS
         if not colon or not host or not port_text.isdigit():
             raise ConfigError(f"metadata endpoint must be host:port: {item!r}")
         endpoints.append((host, int(port_text)))
-    return EtcdStoreConfig(endpoints=tuple(endpoints), root=root)
+    return EtcdStoreConfig(endpoints=tuple(endpoints), root=root, tls=tls)
 
 
 def _cancellation_pending() -> bool:
@@ -284,7 +290,17 @@ class EtcdStore(MetadataStore):
         # Closes of clients whose endpoint failed (at most one per rotation): awaited
         # by close.
         self._tasks = TaskSet("etcd store")
+        # Reads whose caller was cancelled, finishing on their own (see _read): each
+        # ends within call_timeout_s, so they are as many as reads cancelled in that
+        # time; close cancels the rest.
+        self._shielded_reads: set[asyncio.Task] = set()
+        # grpc goes on with a unary call whose caller was cancelled until it ends, so
+        # without this bound a peer that sends lookups and hangs up, again and again,
+        # piles up calls (and memory) without limit: issue 13's live fuzz.
+        self._read_slots = asyncio.Semaphore(config.reads_in_flight_max)
         self._closed = False
+        # TLS: the PEM files, read now (a wrong path fails here) and again per connection.
+        self._credential_files = CredentialFiles(config.tls) if config.tls.enabled else None
 
     # --- connection -------------------------------------------------------------------
 
@@ -297,7 +313,10 @@ class EtcdStore(MetadataStore):
 
     def _new_client(self, endpoint_index: int) -> aetcd.Client:
         host, port = self.config.endpoints[endpoint_index % len(self.config.endpoints)]
-        return aetcd.Client(
+        secure = self._credential_files is not None
+        client_class = functools.partial(SecureClient, credentials=self._credential_files.credentials()) \
+            if secure else aetcd.Client
+        return client_class(
             host=host,
             port=port,
             timeout=self.config.call_timeout_s,
@@ -350,11 +369,30 @@ class EtcdStore(MetadataStore):
                 self._rotate_endpoint(client)
             raise translated from None
 
+    async def _read(self, coroutine_factory):
+        """``_call`` for a read, shielded from its caller's cancellation. grpc.aio keeps
+        ~16 KiB for good for every unary call cancelled while in flight (a broker whose
+        clients hang up with lookups pending grew by that much per lookup: issue 13's
+        live fuzz), so a read whose caller is cancelled is left to finish (or time out)
+        by itself and its result dropped. A read changes nothing, so finishing it is
+        harmless."""
+        await self._read_slots.acquire()   # a caller cancelled here never starts its read
+        task = asyncio.ensure_future(self._call(coroutine_factory))
+        self._shielded_reads.add(task)
+        task.add_done_callback(self._read_done)
+        return await asyncio.shield(task)
+
+    def _read_done(self, task: asyncio.Task) -> None:
+        self._read_slots.release()
+        self._shielded_reads.discard(task)
+        if not task.cancelled():
+            task.exception()   # retrieved: the caller has it, or it is gone and wants none
+
     # --- key/value ----------------------------------------------------------------------
 
     async def get(self, key: str) -> Record | None:
         full = self._full(key).encode()
-        result = await self._call(lambda c: c.get(full))
+        result = await self._read(lambda c: c.get(full))
         if result is None:
             return None
         return Record(key, bytes(result.value), result.mod_revision, result.create_revision,
@@ -376,7 +414,7 @@ class EtcdStore(MetadataStore):
             return await client.kvstub.Range(request, timeout=self.config.call_timeout_s,
                                              metadata=client.metadata)
 
-        response = await self._call(query)
+        response = await self._read(query)
         records = [
             Record(self._relative(kv.key.decode()), bytes(kv.value), kv.mod_revision,
                    kv.create_revision, kv.lease)
@@ -507,7 +545,7 @@ class EtcdStore(MetadataStore):
 
     async def close(self) -> None:
         self._closed = True
-        tasks = list(self._keepalive_tasks.values())
+        tasks = list(self._keepalive_tasks.values()) + list(self._shielded_reads)
         await cancel_and_wait(*tasks)
         await self._tasks.join(timeout_s=self.config.call_timeout_s)
         await self._tasks.close()

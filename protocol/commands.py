@@ -48,6 +48,15 @@ def connected(server_version: str, protocol_version: int,
     return wrap(body)
 
 
+def auth_challenge(server_version: str, protocol_version: int, auth_method_name: str) -> pb.BaseCommand:
+    """Asks a connected client for fresh credentials of ``auth_method_name`` (the data
+    ``refresh``, as Pulsar's brokers send it when a credential expires)."""
+    assert server_version
+    return wrap(pb.CommandAuthChallenge(server_version=server_version, protocol_version=protocol_version,
+                                        challenge=pb.AuthData(auth_method_name=auth_method_name,
+                                                              auth_data=b"refresh")))
+
+
 def ping() -> pb.BaseCommand:
     return wrap(pb.CommandPing())
 
@@ -177,3 +186,15 @@ def topics_of_namespace_response(request_id: int, topics: Iterable[str], *, filt
     if topics_hash is not None:
         body.topics_hash = topics_hash
     return wrap(body)
+
+
+def watch_topic_list_success(request_id: int, watcher_id: int, topics: Iterable[str],
+                             topics_hash: str) -> pb.BaseCommand:
+    return wrap(pb.CommandWatchTopicListSuccess(request_id=request_id, watcher_id=watcher_id, topic=topics,
+                                                topics_hash=topics_hash))
+
+
+def watch_topic_update(watcher_id: int, new_topics: Iterable[str], deleted_topics: Iterable[str],
+                       topics_hash: str) -> pb.BaseCommand:
+    return wrap(pb.CommandWatchTopicUpdate(watcher_id=watcher_id, new_topics=new_topics,
+                                           deleted_topics=deleted_topics, topics_hash=topics_hash))

@@ -46,7 +46,7 @@ from common.position import ManagedEntry, Position
 from common.tasks import cancel_and_wait
 from protocol.batch import message_count
 from protocol.codec import stored_metadata
-from subscriptions.compacted_view import CompactedView
+from subscriptions.compacted_view import CompactedSource
 from subscriptions.cursor import ManagedCursor, int_to_ack_set_words
 from subscriptions.dispatch_watch import DispatchWatch
 from subscriptions.ports import ConsumerPort, EntrySource
@@ -162,6 +162,15 @@ class Dispatcher(abc.ABC):
         self._closed = True
         task, self._task = self._task, None
         await cancel_and_wait(task)
+
+    def retire(self) -> asyncio.Task[None] | None:
+        """Stops this dispatcher at once (its subscription changed mode and made
+        another); returns its loop's task, cancelled, for the caller to await."""
+        self._closed = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+        return task
 
     # --- the loop ----------------------------------------------------------------------------
 
@@ -386,23 +395,29 @@ class SingleActiveDispatcher(Dispatcher):
             assert done is not None, "a round with permits sent nothing of what it read"
             cursor.skip_next_read(ledger.next_position(done.position))
 
-    async def _dispatch_compacted(self, consumer: ConsumerPort, view: CompactedView, start: Position) -> None:
-        """read_compacted, before the horizon: the view's entries from ``start`` on
-        (a batch with only its surviving messages), then on to after the horizon."""
+    async def _dispatch_compacted(self, consumer: ConsumerPort, source: CompactedSource, start: Position) -> None:
+        """read_compacted, before the horizon: the compacted ledger's entries from
+        ``start`` on (a batch with only its surviving messages), then on to after the
+        horizon."""
         subscription = self.subscription
         cursor = subscription.cursor
         ledger = subscription.ledger
-        chosen = view.entries_from(start, min(consumer.permits, self._entries_max))
+        self.reads_started += 1   # a read for the watch, like _read's
+        self.reading = True
+        self._confirmed_at_read = ledger.last_confirmed
+        try:
+            chosen = await source.read_compacted(start, min(consumer.permits, self._entries_max))
+        finally:
+            self.reading = False
+        if consumer is not self.active or cursor.read_position != start or self._closed:
+            return  # the consumer changed or the cursor moved while reading
         if not chosen:
-            cursor.skip_next_read(ledger.next_position(view.horizon))
+            cursor.skip_next_read(ledger.next_position(source.horizon))
             return
         for compacted in chosen:
-            entries = await self._read(compacted.position, 1)
-            if consumer is not self.active or cursor.read_position != start or self._closed:
-                return  # the consumer changed or the cursor moved while reading
-            if not entries or entries[0].position != compacted.position:
-                continue   # no longer stored (trimmed): nothing to send
-            entry = entries[0]
+            if consumer.permits <= 0:
+                return   # the rest is read again when permits come
+            entry = ManagedEntry(compacted.position, compacted.stored)
             prepared = self._prepare(entry)
             if prepared is not None:
                 count, ack_set = prepared
@@ -412,5 +427,6 @@ class SingleActiveDispatcher(Dispatcher):
                 consumer.send_entry(entry, count, redelivery_count=subscription.redelivery_count(entry.position),
                                     ack_set=ack_set)
                 self.messages_dispatched += count
-            start = ledger.next_position(compacted.position)
-            cursor.skip_next_read(start)
+            # Not ledger.next_position: the entry's topic ledger may be trimmed already,
+            # and moving to the next stored ledger would skip compacted entries of it.
+            cursor.skip_next_read(Position(compacted.position.ledger_id, compacted.position.entry_id + 1))

@@ -22,8 +22,11 @@ messages at once): an entry whose ``deliver_at_time`` is still ahead is not sent
 read but kept in the subscription's ``DelayedDeliveryTracker`` (delayed_delivery.py);
 a timer wakes the dispatcher at the next due time and due entries join the replay set.
 They stay unacknowledged, so a new owner after a restart reads them again from the
-mark-delete position and tracks them anew. When the tracker is full the dispatcher
-reads nothing further until entries come due.
+mark-delete position and tracks them anew. When the tracker is full, delayed entries
+read from then on are not held in memory but left in the topic: an overflow range of
+positions (delayed_overflow.py) that is read again — due entries to the replay set,
+the others into the tracker — once the tracker has room or the overflow's earliest
+entry comes due; entries without a delay keep flowing meanwhile.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import crc32c
 from common.position import ManagedEntry, Position
 from protocol.codec import stored_metadata
 from subscriptions.delayed_delivery import DelayedDeliveryTracker
+from subscriptions.delayed_overflow import DelayedOverflow
 from subscriptions.dispatcher import DispatchedSubscription, Dispatcher
 from subscriptions.ports import ConsumerPort
 
@@ -53,6 +57,10 @@ REPLAY_ENTRIES_MAX = 100_000
 POINTS_PER_CONSUMER = 100
 # Due delayed entries moved into the replay set per dispatch round.
 _DELAYED_RELEASE_MAX = 1000
+# Entries read per step of a rescan of the delayed overflow, and the entries one rescan
+# may read (then the round goes on; the next round continues it).
+_RESCAN_READ_ENTRIES = 100
+_RESCAN_ENTRIES_MAX = 10_000
 
 
 def _wall_clock_ms() -> int:
@@ -73,17 +81,86 @@ class SharedDispatcher(Dispatcher):
         # deliver_at_time is the producer's wall-clock time (epoch ms).
         self._clock_ms = clock_ms
         self.delayed = DelayedDeliveryTracker(delayed_entries_max)
+        self.delayed_overflow: DelayedOverflow | None = None
+        self.delayed_overflow_opened = 0      # times the tracker overflowed (stats)
         self._delay_timer: asyncio.TimerHandle | None = None
         self._delay_timer_ms = 0
 
     # --- delayed delivery ---------------------------------------------------------------------
 
-    def _deliver_at(self, entry: ManagedEntry, now_ms: int) -> int | None:
-        """The entry's due time if it is still ahead (None: deliver it now)."""
+    @staticmethod
+    def _deliver_at(entry: ManagedEntry) -> int | None:
+        """The entry's deliver_at_time (None: it has none)."""
         metadata = stored_metadata(entry.data)
-        if metadata.HasField("deliver_at_time") and metadata.deliver_at_time > now_ms:
-            return int(metadata.deliver_at_time)
-        return None
+        return int(metadata.deliver_at_time) if metadata.HasField("deliver_at_time") else None
+
+    def _hold_delayed(self, entry: ManagedEntry, deliver_at: int | None, now_ms: int) -> bool:
+        """Keeps a delayed entry read from the topic (True), in the tracker or in the
+        overflow; False: send it now."""
+        if deliver_at is None:
+            return False
+        overflow = self.delayed_overflow
+        if overflow is not None:
+            overflow.extend(entry.position, deliver_at)   # due or not: see delayed_overflow.py
+            return True
+        if deliver_at <= now_ms:
+            return False
+        if self.delayed.full:
+            self.delayed_overflow = DelayedOverflow(entry.position, entry.position, deliver_at, entries=1)
+            self.delayed_overflow_opened += 1
+            log.info("delayed-delivery tracker full, overflowing to the topic: subscription=%s tracked=%d "
+                     "from=%s", self.subscription.full_name, len(self.delayed), entry.position)
+            return True
+        self.delayed.add(deliver_at, entry.position.ledger_id, entry.position.entry_id, now_ms)
+        return True
+
+    async def _rescan_overflow(self) -> None:
+        """Drains the delayed overflow from its start, as far as the replay set and the
+        tracker can take (see delayed_overflow.py)."""
+        overflow = self.delayed_overflow
+        if overflow is None:
+            return
+        now_ms = self._clock_ms()
+        if not overflow.rescan_due(len(self.delayed), self.delayed.entries_max, now_ms):
+            return
+        ledger = self.subscription.ledger
+        cursor = self.subscription.cursor
+        position, taken, stopped, scanned = overflow.start, 0, False, 0
+        while position <= overflow.end and not stopped and scanned < _RESCAN_ENTRIES_MAX:
+            entries = await ledger.read(position, _RESCAN_READ_ENTRIES, self._bytes_max)
+            if self.delayed_overflow is not overflow:
+                return   # a cursor reset dropped it meanwhile
+            if not entries:
+                position = ledger.next_position(overflow.end)   # trimmed away: nothing to deliver
+                break
+            for entry in entries:
+                if entry.position > overflow.end:
+                    position = ledger.next_position(overflow.end)
+                    break
+                scanned += 1
+                deliver_at = self._deliver_at(entry)
+                if deliver_at is not None and not cursor.is_acked(entry.position) \
+                        and entry.position not in self.pending and entry.position not in self._replay_set:
+                    if deliver_at <= now_ms:
+                        if len(self._replay) >= REPLAY_ENTRIES_MAX:
+                            stopped = True
+                        else:
+                            self._add_replay(entry.position, count=False)
+                    elif self.delayed.full:
+                        stopped = True
+                    else:
+                        self.delayed.add(deliver_at, entry.position.ledger_id, entry.position.entry_id, now_ms)
+                    if stopped:
+                        position = entry.position
+                        break
+                    taken += 1
+                position = ledger.next_position(entry.position)
+        overflow.drained_to(max(position, overflow.start), taken, stopped=stopped)
+        if overflow.drained:
+            self.delayed_overflow = None
+            log.info("delayed overflow drained: subscription=%s tracked=%d", self.subscription.full_name,
+                     len(self.delayed))
+        self._arm_delay_timer()
 
     def _release_due(self) -> None:
         """Moves due delayed entries into the replay set (bounded by it) and arms the
@@ -97,6 +174,9 @@ class SharedDispatcher(Dispatcher):
 
     def _arm_delay_timer(self) -> None:
         due_ms = self.delayed.next_due_ms()
+        overflow = self.delayed_overflow
+        if overflow is not None and overflow.due_min_ms is not None:
+            due_ms = overflow.due_min_ms if due_ms is None else min(due_ms, overflow.due_min_ms)
         timer = self._delay_timer
         if timer is not None and (due_ms is None or self._delay_timer_ms > due_ms):
             timer.cancel()
@@ -113,6 +193,7 @@ class SharedDispatcher(Dispatcher):
 
     def on_cursor_reset(self) -> None:
         self.delayed.clear()
+        self.delayed_overflow = None   # read again from the new position, like the tracker's
         self._arm_delay_timer()
 
     async def close(self) -> None:
@@ -210,9 +291,9 @@ class SharedDispatcher(Dispatcher):
     def has_work(self) -> bool:
         # Entries held back (key-shared order, full consumers) wait for acknowledgements,
         # not for a read: only new entries with a consumer free to take them count. A
-        # full delayed-delivery tracker waits for its timer, not for a read, too.
+        # full delayed-delivery tracker overflows to the topic and reads on.
         return (bool(self._available()) and len(self._replay) < REPLAY_ENTRIES_MAX
-                and not self.delayed.full and self._backlog_to_read())
+                and self._backlog_to_read())
 
     async def _dispatch_round(self) -> None:
         subscription = self.subscription
@@ -222,14 +303,16 @@ class SharedDispatcher(Dispatcher):
             if not self._available():
                 return
             self._release_due()
+            if self.delayed_overflow is not None:
+                await self._rescan_overflow()
+                if self._closed:
+                    return
             sent = await self._dispatch_replay() if self._replay else 0
             available = self._available()
             if not available:
                 return
             if len(self._replay) >= REPLAY_ENTRIES_MAX:
                 return  # too much held back: wait for acknowledgements
-            if self.delayed.full:
-                return  # wait for delayed entries to come due (the timer wakes us)
             start = cursor.read_position
             total_permits = sum(c.permits for c in available)
             entries = await self._read(start, self._entries_for(total_permits))
@@ -245,12 +328,7 @@ class SharedDispatcher(Dispatcher):
                 prepared = self._prepare(entry)
                 if prepared is None or entry.position in self.pending:
                     continue
-                deliver_at = self._deliver_at(entry, now_ms)
-                if deliver_at is not None:
-                    if self.delayed.full:
-                        next_read = entry.position   # read it again once there is room
-                        break
-                    self.delayed.add(deliver_at, entry.position.ledger_id, entry.position.entry_id, now_ms)
+                if self._hold_delayed(entry, self._deliver_at(entry), now_ms):
                     continue
                 consumer = self._choose(entry, self._available(), replaying=False)
                 if consumer is None:

@@ -8,13 +8,15 @@ first; unsubscribing is allowed only to the last consumer attached.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import logging
 from typing import Callable, Sequence
 
 from common.errors import ConsumerBusy, MagnetarError, NotAllowed
 from common.position import Position
-from subscriptions.compacted_view import CompactedView
+from common.tasks import cancel_and_wait
+from subscriptions.compacted_view import CompactedSource
 from subscriptions.cursor import ManagedCursor
 from subscriptions.dispatcher import Dispatcher, SingleActiveDispatcher
 from subscriptions.dispatcher_shared import KeySharedDispatcher, SharedDispatcher
@@ -44,14 +46,17 @@ class Subscription:
         self._delayed_entries_max = delayed_entries_max
         self.dispatcher: Dispatcher = self._make_dispatcher(mode)
         self.messages_acked = 0
-        # Compaction: whether the consumers read the compacted view (read_compacted,
-        # exclusive and failover only), and where the topic's current view comes from.
+        # Compaction: whether the consumers read compacted (read_compacted, exclusive
+        # and failover only), and the topic's compaction that serves it.
         self.read_compacted = False
-        self.compacted_view_source: Callable[[], CompactedView | None] = lambda: None
+        # Loops of dispatchers replaced by a mode change, until their cancellation ends.
+        self._retired_loops: set[asyncio.Task[None]] = set()
+        self.compacted_source_of: Callable[[], CompactedSource | None] = lambda: None
 
-    def compacted_view(self) -> CompactedView | None:
-        """The view to serve before the topic itself (None: read the topic)."""
-        return self.compacted_view_source() if self.read_compacted else None
+    def compacted_view(self) -> CompactedSource | None:
+        """The compacted ledger to serve before the topic itself (None: read the
+        topic)."""
+        return self.compacted_source_of() if self.read_compacted else None
 
     def _make_dispatcher(self, mode: SubscriptionMode) -> Dispatcher:
         if mode in (SubscriptionMode.EXCLUSIVE, SubscriptionMode.FAILOVER):
@@ -82,6 +87,10 @@ class Subscription:
         if not self.consumers and mode != self.mode:
             # The first consumer after all left may change the mode (as Pulsar allows).
             self.mode = mode
+            retired = self.dispatcher.retire()      # its loop must not go on beside the new one
+            if retired is not None:
+                self._retired_loops.add(retired)
+                retired.add_done_callback(self._retired_loops.discard)
             self.dispatcher = self._make_dispatcher(mode)
             # What the old dispatcher held back (replays, delayed entries) is not
             # carried over: the new one reads again after the mark-delete position.
@@ -189,6 +198,7 @@ class Subscription:
 
     async def close(self) -> None:
         await self.dispatcher.close()
+        await cancel_and_wait(*self._retired_loops)
         try:
             await self.cursor.close()
         except MagnetarError as error:

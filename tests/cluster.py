@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -31,7 +32,74 @@ _BROKER_READY = re.compile(r"broker listening: broker_id=(\S+) service_url=(\S+)
 _GATEWAY_READY = re.compile(r"gateway listening: url=(\S+) instance=(\S+)")
 
 
+def _port_slice() -> range:
+    """The ports this test process hands out: below the kernel's ephemeral range, so a
+    port picked, released and bound again later (a bookie restarted after ``kill -9``
+    keeps its address; a standalone restarted on its data directory keeps its ports)
+    cannot have been taken meanwhile as the local port of some outgoing connection;
+    each xdist worker has a slice of its own, so two workers never pick the same one.
+    Empty when the ephemeral range starts too low to leave room."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as handle:
+            ephemeral_low = int(handle.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return range(0)
+    low, high = 10_000, ephemeral_low
+    workers = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), 1)
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    size = (high - low) // workers
+    if size < 1_000:
+        return range(0)
+    start = low + (worker % workers) * size
+    return range(start, start + size)
+
+
+_PORTS = _port_slice()
+# Walked in order from a random start (another suite on the same machine starts elsewhere).
+_port_cursor = [random.randrange(len(_PORTS))] if _PORTS else [0]
+
+
+def _all_free(ports: range) -> bool:
+    sockets: list[socket.socket] = []
+    try:
+        for port in ports:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def contiguous_free_ports(count: int) -> int:
+    """A base port with ``count`` free ports from it on (a standalone's bookies take
+    ``base``, ``base + 1``, …), none of them handed out again by ``free_port`` soon."""
+    if _PORTS:
+        for _ in range(len(_PORTS)):
+            base = _PORTS[_port_cursor[0] % len(_PORTS)]
+            if base + count > _PORTS.stop:
+                _port_cursor[0] = 0
+                continue
+            _port_cursor[0] += count
+            if _all_free(range(base, base + count)):
+                return base
+    for _ in range(50):      # no slice: the kernel's choice as the base, best effort
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            base = sock.getsockname()[1]
+        if base + count < 65000 and _all_free(range(base, base + count)):
+            return base
+    raise RuntimeError("no run of free ports found")
+
+
 def free_port() -> int:
+    """A loopback port nothing listens on now, from this process's slice (see
+    ``_port_slice``); the kernel's choice when there is no slice."""
+    if _PORTS:
+        return contiguous_free_ports(1)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]

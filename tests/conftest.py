@@ -70,6 +70,15 @@ def pytest_configure(config):
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Each phase's report kept on the test item (``item.report_call`` …), so a fixture's
+    teardown can tell that its test failed and leave evidence (the pods' logs)."""
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"report_{report.when}", report)
+
+
 # The modules that take longest (a minute or more on the 2-core machine), longest first.
 # `make test` runs files on several xdist workers (--dist loadfile --no-loadscope-reorder
 # hands out whole files in collection order; by default xdist would put the files with

@@ -1,15 +1,19 @@
 """Authentication and authorization of the broker's HTTP API, and Pulsar's permission
 endpoints.
 
-Every request under ``/admin/`` and ``/lookup/`` is authenticated (``Authorization:
-Bearer <token>``, when authentication is on: 401 without a valid token) and then
-authorized by what its path names (403 for a role that may not):
+Every request under ``/admin/`` and ``/lookup/`` is authenticated when authentication
+is on (``Authorization: Bearer <token>`` or ``Basic <base64 user:password>``, or the
+verified client certificate of an HTTPS request: broker/authentication.py; 401 without
+valid credentials) and then authorized by what its path names (403 for a role that may
+not):
 
     /lookup/v2/topic/...                          produce or consume on the topic
     GET  .../{topic}/partitions                   produce or consume on the topic (the
                                                   clients' HTTP lookup asks it first)
     GET  .../{topic}/permission-check?action=A    the caller's own permission A (Magnetar:
-                                                  the gateway asks it with its caller's token)
+                                                  the gateway asks it with its caller's
+                                                  credentials; or, as a proxy role, for the
+                                                  role in X-Original-Principal)
     GET  /admin/v2/tenants/{tenant}               tenant admin
     other /admin/v2/tenants paths                 superuser (create, change, delete, list)
     any other path naming a tenant                tenant admin (namespaces, policies,
@@ -41,7 +45,7 @@ from aiohttp import web
 from broker.admin.common import json_body, namespace_of, no_content, topic_of
 from broker.authorization import ACTIONS, CONSUME, PRODUCE
 from broker.service import BrokerService
-from common.errors import InvalidArgument, NotFound
+from common.errors import AuthorizationDenied, InvalidArgument, NotFound
 from metadata.policies import NamespacePolicies
 
 log = logging.getLogger(__name__)
@@ -52,6 +56,8 @@ GRANTS_PER_RESOURCE_MAX = 10_000
 ROLE_NAME_BYTES_MAX = 256
 
 _OPEN_PATHS = frozenset({"/health", "/metrics"})
+# The role a proxy asks about (Pulsar's proxies send the same header name).
+ORIGINAL_PRINCIPAL_HEADER = "X-Original-Principal"
 
 
 def _role_of(request: web.Request) -> str | None:
@@ -85,6 +91,18 @@ async def _authorize(service: BrokerService, request: web.Request, role: str | N
     authorizer.check_superuser(role)
 
 
+def _original_principal(service: BrokerService, request: web.Request, role: str | None, original: str) -> str:
+    """The role a proxy asks for (the gateway, for a caller it authenticated by client
+    certificate): only a proxy role may, and only on the permission check."""
+    if not request.path.endswith("/permission-check") or "topic" not in request.match_info:
+        raise AuthorizationDenied(f"{ORIGINAL_PRINCIPAL_HEADER} is accepted only on a topic's permission-check")
+    if role is None or role not in service.config.auth.proxies:
+        raise AuthorizationDenied(f"only a proxy role may ask for another role ({ORIGINAL_PRINCIPAL_HEADER})")
+    if not original or len(original.encode()) > ROLE_NAME_BYTES_MAX:
+        raise InvalidArgument(f"a role name must have 1 to {ROLE_NAME_BYTES_MAX} bytes")
+    return original
+
+
 def auth_middleware(service: BrokerService):
     @web.middleware
     async def middleware(request: web.Request, handler):
@@ -93,8 +111,14 @@ def auth_middleware(service: BrokerService):
             return await handler(request)
         role = None
         if service.authenticator.enabled:
-            identity = service.authenticator.authenticate_http(request.headers.get("Authorization"))
+            transport = request.transport
+            certificate = transport.get_extra_info("peercert") if transport is not None else None
+            identity = await service.authenticator.authenticate_http(request.headers.get("Authorization"),
+                                                                     certificate)
             role = identity.role
+        original = request.headers.get(ORIGINAL_PRINCIPAL_HEADER)
+        if original is not None:
+            role = _original_principal(service, request, role, original)
         request["magnetar.role"] = role
         await _authorize(service, request, role)
         return await handler(request)

@@ -6,6 +6,8 @@ messages and batches are stored and read back by the official client; a consumer
 only what its permits allow (no prefetch), acks with receipts, redelivers by id, seeks;
 after a topic unload (CLOSE_PRODUCER, CLOSE_CONSUMER) both reconnect on their own and
 nothing acknowledged comes back while nothing unacknowledged is lost.
+A producer reconnecting while another still holds its name (ProducerBusy) keeps trying
+until the name is free.
 How: etcd, 3 bookies and 2 brokers as processes; the client in the test's event loop.
 """
 
@@ -158,3 +160,51 @@ async def test_unload_makes_producer_and_consumer_reconnect(two_brokers):
         assert sorted(collect.payloads[4:]) == [b"after", b"m2", b"m3"]
     finally:
         await client.close()
+
+
+async def test_a_producer_reconnecting_while_its_name_is_still_held_keeps_trying(two_brokers):
+    """After an unload, another producer holds our producer's name when we reconnect
+    (as the broker does while an old connection of ours is not yet seen closed): the
+    broker answers ProducerBusy, and the producer tries again instead of failing for
+    good (the bug: the gateway's producer died with 'is already connected' during a
+    rolling restart). Once the name is free, its sends are stored again."""
+    import uuid
+
+    import pulsar
+
+    from client.config import ClientConfig
+
+    topic = unique_topic("client-busy")
+    name = topic.removeprefix("persistent://")
+    producer_name = f"busy-{uuid.uuid4().hex[:8]}"
+    # A slow first reconnection attempt, so that the official producer takes the name first.
+    client = PulsarClient(two_brokers.brokers[0].service_url,
+                          ClientConfig(reconnect_backoff_ms_min=1500, reconnect_backoff_ms_max=2000))
+    official = pulsar.Client(two_brokers.brokers[0].service_url, operation_timeout_seconds=30)
+    try:
+        producer = await client.create_producer(topic, producer_name=producer_name)
+        await producer.send(OutgoingMessage(b"before"))
+        holder = None
+        async with aiohttp.ClientSession() as session:
+            for _ in range(3):
+                for broker in two_brokers.brokers:
+                    async with session.put(f"{broker.web_service_url}/admin/v2/persistent/{name}/unload",
+                                           allow_redirects=True) as response:
+                        if response.status in (200, 204):
+                            break
+                try:
+                    holder = await asyncio.to_thread(official.create_producer, topic, producer_name=producer_name)
+                    break
+                except pulsar.ProducerBusy:        # ours was back first: unload again
+                    await asyncio.sleep(3)
+        assert holder is not None, "the official producer never got the name"
+        await asyncio.sleep(4)                     # our producer is refused at least once meanwhile
+        assert producer.failure is None
+        await asyncio.to_thread(holder.close)
+        async with asyncio.timeout(30):
+            stored = await producer.send(OutgoingMessage(b"after"))
+        assert stored is not None
+        assert producer.failure is None
+    finally:
+        await client.close()
+        official.close()

@@ -7,12 +7,15 @@ first message again, and one created with start_message_id_inclusive gets the ve
 message it sought; a reader that seeks to MessageId.latest sees has_message_available
 turn True once a new message is produced; messages a custom message router puts on a
 partition carry that partition in their message ids; delayed messages reach shared
-and key-shared subscriptions only once due; producer access modes (Exclusive,
+and key-shared subscriptions only once due, also past what the broker tracks in
+memory; producer access modes (Exclusive,
 WaitForExclusive, ExclusiveWithFencing, Shared) behave as Pulsar's; deduplication drops
-resends and restores last_sequence_id; pattern subscriptions, compaction with
+resends and restores last_sequence_id; pattern subscriptions, topic-list watchers
+(WATCH_TOPIC_LIST, over a bare protocol connection), compaction with
 read_compacted readers; message TTL and the three backlog-quota policies act (the
 module's broker applies policies every 0.5 s); JSON schemas evolve under the
-namespace's compatibility strategy, and the admin schema endpoints work; a client
+namespace's compatibility strategy, and so do protobuf-native schemas (by protobuf's
+own rules for updating a message), and the admin schema endpoints work; a client
 naming an advertised listener is served through it, one naming an unknown one refused.
 The tests share one cluster (etcd, three bookies, one broker) and one client.
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import socket
 import threading
 import time
 import urllib.error
@@ -38,18 +42,23 @@ from tests.cluster import Cluster, free_port, unique, unique_topic, wait_until
 RECEIVE_TIMEOUT_MS = 10_000
 POLICY_CHECK_INTERVAL_S = 0.5
 PAYLOAD = b"x" * 200
+# The module broker's delayed-delivery tracker holds this many entries; past it, delayed
+# messages overflow to the topic (read again when due).
+DELAYED_TRACKED_MAX = 5
 
 
 @pytest.fixture(scope="module")
 def pulsar_cluster(etcd_process, tmp_path_factory):
     """The conftest's module cluster, with a broker that applies TTL and backlog quotas
-    every 0.5 s and advertises a listener named "internal"."""
+    every 0.5 s, tracks at most 5 delayed entries per subscription in memory and
+    advertises a listener named "internal"."""
     cluster = Cluster(etcd_process, str(tmp_path_factory.mktemp("features-cluster")))
     try:
         asyncio.run(cluster.start_bookies(3))
         port = free_port()
         asyncio.run(cluster.start_brokers(
             1, port=port, extra_args=["--policy-check-interval-s", str(POLICY_CHECK_INTERVAL_S),
+                                      "--delayed-delivery-entries-max", str(DELAYED_TRACKED_MAX),
                                       "--advertised-listeners", f"internal:pulsar://127.0.0.1:{port}"]))
         yield cluster
     finally:
@@ -187,6 +196,34 @@ def test_delayed_delivery_on_shared_and_key_shared(client):
     producer.close()
 
 
+def test_delayed_messages_beyond_the_tracker_overflow_and_all_arrive(client):
+    """The broker tracks at most 5 delayed entries per subscription in memory. 40
+    messages sent with deliver_after (3 s) and then 5 without delay go to a shared
+    subscription: the 5 undelayed ones arrive first, not held up behind the delayed
+    ones that did not fit; then every delayed one arrives exactly once, none before its
+    time."""
+    topic = unique_topic("delayed-overflow")
+    consumer = client.subscribe(topic, "shared", consumer_type=pulsar.ConsumerType.Shared)
+    producer = client.create_producer(topic, batching_enabled=False)
+    due_ms = int(time.time() * 1000) + 3000
+    for i in range(40):
+        producer.send_async(f"late-{i}".encode(), None, deliver_at=due_ms)
+    for i in range(5):
+        producer.send_async(f"now-{i}".encode(), None)
+    producer.flush()
+    first = [consumer.receive(timeout_millis=RECEIVE_TIMEOUT_MS) for _ in range(5)]
+    assert sorted(m.data() for m in first) == [f"now-{i}".encode() for i in range(5)]
+    late = [consumer.receive(timeout_millis=RECEIVE_TIMEOUT_MS) for _ in range(40)]
+    assert int(time.time() * 1000) >= due_ms
+    assert sorted(m.data() for m in late) == sorted(f"late-{i}".encode() for i in range(40))
+    for message in first + late:
+        consumer.acknowledge(message)
+    with pytest.raises(pulsar.Timeout):
+        consumer.receive(timeout_millis=500)
+    consumer.close()
+    producer.close()
+
+
 def test_producer_access_modes(client):
     """Exclusive: a second exclusive producer, and a shared one, are refused while the
     first is connected. WaitForExclusive: created only once the exclusive one closes,
@@ -302,6 +339,104 @@ def test_pattern_subscription(pulsar_cluster, client):
     consumer.close()
     for producer in (plain, parted, other):
         producer.close()
+
+
+class _RawWatcherConnection:
+    """A bare Pulsar-protocol connection (the official C++-based client never sends
+    WATCH_TOPIC_LIST: it only polls), speaking through our own codec."""
+
+    def __init__(self, cluster) -> None:
+        from protocol.codec import CommandDecoder, NEED_DATA, encode_command, wrap
+        from protocol.proto import pulsar_api_pb2 as pb
+
+        self.pb, self._encode, self._wrap, self._need_data = pb, encode_command, wrap, NEED_DATA
+        self._decoder = CommandDecoder(frame_bytes_max=5 * 1024 * 1024 + 10 * 1024)
+        host, port = cluster.brokers[0].service_url.removeprefix("pulsar://").rsplit(":", 1)
+        self._socket = socket.create_connection((host, int(port)), timeout=RECEIVE_TIMEOUT_MS / 1000)
+        self.send(pb.CommandConnect(client_version="raw-watcher", protocol_version=20))
+        self.connected = self.next_command().connected
+
+    def send(self, body) -> None:
+        self._socket.sendall(self._encode(self._wrap(body)))
+
+    def next_command(self):
+        """The next command other than PING (answered); socket.timeout if none comes."""
+        while True:
+            frame = self._decoder.next_command()
+            if frame is self._need_data:
+                chunk = self._socket.recv(65536)
+                assert chunk, "the broker closed the connection"
+                self._decoder.feed(chunk)
+                continue
+            if frame.command.type == self.pb.BaseCommand.PING:
+                self.send(self.pb.CommandPong())
+                continue
+            return frame.command
+
+    def close(self) -> None:
+        self._socket.close()
+
+
+def test_topic_list_watcher_tells_of_new_and_deleted_topics(pulsar_cluster, client):
+    """CONNECTED announces supports_topic_watchers. A WATCH_TOPIC_LIST for the pattern
+    ``public/{ns}/orders-.*`` is answered WATCH_TOPIC_LIST_SUCCESS with the matching
+    topic that exists (and the GET_TOPICS_OF_NAMESPACE hash of that list); when an
+    application creates a matching topic (an official-client producer), a
+    WATCH_TOPIC_UPDATE names it at once — no discovery period is waited for — and a
+    topic that does not match causes none; an admin DELETE of the topic is reported as
+    deleted_topics. After WATCH_TOPIC_LIST_CLOSE (answered SUCCESS) nothing more comes."""
+    from broker.topic_list import topics_hash
+
+    namespace = _namespace_with(pulsar_cluster)
+    prefix = f"persistent://public/{namespace}"
+    first = client.create_producer(f"{prefix}/orders-1", batching_enabled=False)
+    watcher = _RawWatcherConnection(pulsar_cluster)
+    pb = watcher.pb
+    try:
+        assert watcher.connected.feature_flags.supports_topic_watchers
+        watcher.send(pb.CommandWatchTopicList(request_id=1, watcher_id=7, namespace=f"public/{namespace}",
+                                              topics_pattern=f"{prefix}/orders-.*"))
+        answer = watcher.next_command()
+        assert answer.type == pb.BaseCommand.WATCH_TOPIC_LIST_SUCCESS, answer
+        assert list(answer.watchTopicListSuccess.topic) == [f"{prefix}/orders-1"]
+        assert answer.watchTopicListSuccess.topics_hash == topics_hash([f"{prefix}/orders-1"])
+
+        client.create_producer(f"{prefix}/other", batching_enabled=False).close()
+        second = client.create_producer(f"{prefix}/orders-2", batching_enabled=False)
+        update = watcher.next_command()
+        assert update.type == pb.BaseCommand.WATCH_TOPIC_UPDATE, update
+        assert update.watchTopicUpdate.watcher_id == 7
+        assert list(update.watchTopicUpdate.new_topics) == [f"{prefix}/orders-2"]
+        assert list(update.watchTopicUpdate.deleted_topics) == []
+        assert update.watchTopicUpdate.topics_hash == topics_hash([f"{prefix}/orders-1", f"{prefix}/orders-2"])
+
+        second.close()
+        _admin(pulsar_cluster, "DELETE", f"/admin/v2/persistent/public/{namespace}/orders-2?force=true")
+        update = watcher.next_command()
+        assert update.type == pb.BaseCommand.WATCH_TOPIC_UPDATE, update
+        assert list(update.watchTopicUpdate.new_topics) == []
+        assert list(update.watchTopicUpdate.deleted_topics) == [f"{prefix}/orders-2"]
+        assert update.watchTopicUpdate.topics_hash == topics_hash([f"{prefix}/orders-1"])
+
+        # A second watcher of the whole namespace stays open: its update for the next
+        # topic shows that the namespace's changes still flow, and that watcher 7 (told
+        # in the same step if it were still open) gets nothing.
+        watcher.send(pb.CommandWatchTopicList(request_id=2, watcher_id=8, namespace=f"public/{namespace}",
+                                              topics_pattern=f"{prefix}/.*"))
+        assert watcher.next_command().type == pb.BaseCommand.WATCH_TOPIC_LIST_SUCCESS
+        watcher.send(pb.CommandWatchTopicListClose(request_id=3, watcher_id=7))
+        closed = watcher.next_command()
+        assert closed.type == pb.BaseCommand.SUCCESS and closed.success.request_id == 3, closed
+        client.create_producer(f"{prefix}/orders-3", batching_enabled=False).close()
+        update = watcher.next_command()
+        assert update.type == pb.BaseCommand.WATCH_TOPIC_UPDATE, update
+        assert update.watchTopicUpdate.watcher_id == 8
+        assert list(update.watchTopicUpdate.new_topics) == [f"{prefix}/orders-3"]
+        watcher.send(pb.CommandPing())   # its PONG follows anything written before it
+        assert watcher.next_command().type == pb.BaseCommand.PONG
+    finally:
+        watcher.close()
+        first.close()
 
 
 def test_compaction_and_read_compacted(pulsar_cluster, client):
@@ -438,6 +573,37 @@ def test_backlog_quota_producer_exception(pulsar_cluster, client):
         closable.close()
 
 
+def test_backlog_quota_is_checked_on_every_send(pulsar_cluster, client):
+    """Quota 2 KiB, producer_exception, set before anything is produced, with a durable
+    subscription: 100 messages of 200 bytes sent asynchronously (as fast as the client
+    pipelines them) stop at the quota — the backlog holds at most one entry past 2 KiB,
+    where a check every 0.5 s would let all 100 in — and the others fail with
+    ProducerBlockedQuotaExceededException; the refused sends are counted in /metrics."""
+    namespace = _namespace_with_policy(pulsar_cluster, "backlogQuota",
+                                       {"limitSize": 2048, "policy": "producer_exception"})
+    local = unique("quota-per-send")
+    topic = f"persistent://public/{namespace}/{local}"
+    client.subscribe(topic, "sub").close()
+    refused_before = _metric(pulsar_cluster, "magnetar_broker_backlog_quota_sends_refused")
+    producer = client.create_producer(topic, batching_enabled=False, block_if_queue_full=True)
+    results: list[pulsar.Result] = []
+    lock = threading.Lock()
+
+    def on_sent(result, _message_id) -> None:
+        with lock:
+            results.append(result)
+
+    for _ in range(100):
+        producer.send_async(PAYLOAD, on_sent)
+    wait_until(lambda: len(results) == 100, 30, "every send to be answered")
+    stored = results.count(pulsar.Result.Ok)
+    assert 1 <= stored <= 2048 // len(PAYLOAD) + 1, results
+    assert set(results) == {pulsar.Result.Ok, pulsar.Result.ProducerBlockedQuotaExceededException}, set(results)
+    assert _backlog(pulsar_cluster, namespace, local) == stored
+    assert _metric(pulsar_cluster, "magnetar_broker_backlog_quota_sends_refused") > refused_before
+    producer.close()
+
+
 def test_backlog_quota_producer_request_hold(pulsar_cluster, client):
     """Quota 2 KiB, producer_request_hold: past it, a new producer is refused with
     ProducerBlockedQuotaExceededError; after the backlog is consumed one is created."""
@@ -563,6 +729,57 @@ def test_json_schema_evolution_under_backward(pulsar_cluster, client):
     check = _admin(pulsar_cluster, "POST", f"{path}/compatibility",
                    {"type": "JSON", "schema": JsonSchema(qty_text).schema_info().schema(), "properties": {}})
     assert check == {"isCompatible": False, "schemaCompatibilityStrategy": "BACKWARD"}
+    for closable in (consumer, producer, evolved):
+        closable.close()
+
+
+def _protobuf_order_class(fields: list[tuple[str, int, int]]):
+    """A protobuf message class demo.Order with the given (name, number, type) optional
+    fields, built at run time in a pool of its own (each version has the same name)."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    file = descriptor_pb2.FileDescriptorProto(name="demo_order.proto", package="demo", syntax="proto3")
+    message = file.message_type.add(name="Order")
+    for name, number, field_type in fields:
+        message.field.add(name=name, number=number, type=field_type,
+                          label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("demo.Order"))
+
+
+def test_protobuf_native_schema_evolution_under_backward(pulsar_cluster, client):
+    """Under BACKWARD, with ProtobufNativeSchema (the official client's protobuf schema,
+    a FileDescriptorSet): a producer of demo.Order {name, qty} registers version 0 and
+    a consumer reads the typed value; a version adding an optional field is accepted
+    (version 1); one that changes field 2 from int64 to string (another wire type) is
+    refused with IncompatibleSchema, for a producer and for a consumer."""
+    from google.protobuf.descriptor_pb2 import FieldDescriptorProto as F
+    from pulsar.schema import ProtobufNativeSchema
+
+    order = _protobuf_order_class([("name", 1, F.TYPE_STRING), ("qty", 2, F.TYPE_INT64)])
+    with_note = _protobuf_order_class([("name", 1, F.TYPE_STRING), ("qty", 2, F.TYPE_INT64),
+                                       ("note", 3, F.TYPE_STRING)])
+    qty_text = _protobuf_order_class([("name", 1, F.TYPE_STRING), ("qty", 2, F.TYPE_STRING)])
+    namespace = _schema_namespace(pulsar_cluster, "BACKWARD")
+    local = unique("proto-orders")
+    topic = f"persistent://public/{namespace}/{local}"
+    path = f"/admin/v2/schemas/public/{namespace}/{local}"
+    consumer = client.subscribe(topic, "sub", schema=ProtobufNativeSchema(order))
+    producer = client.create_producer(topic, schema=ProtobufNativeSchema(order))
+    producer.send(order(name="apple", qty=3))
+    value = consumer.receive(timeout_millis=RECEIVE_TIMEOUT_MS).value()
+    assert (value.name, value.qty) == ("apple", 3)
+    evolved = client.create_producer(topic, schema=ProtobufNativeSchema(with_note))
+    evolved.send(with_note(name="pear", qty=1, note="ripe"))
+    value = consumer.receive(timeout_millis=RECEIVE_TIMEOUT_MS).value()
+    assert (value.name, value.qty) == ("pear", 1)
+    versions = _admin(pulsar_cluster, "GET", f"{path}/schemas")["getSchemaResponses"]
+    assert [(v["version"], v["type"]) for v in versions] == [(0, "PROTOBUF_NATIVE"), (1, "PROTOBUF_NATIVE")]
+    with pytest.raises(pulsar.IncompatibleSchema):
+        client.create_producer(topic, schema=ProtobufNativeSchema(qty_text))
+    with pytest.raises(pulsar.IncompatibleSchema):
+        client.subscribe(topic, "typed-wrong", schema=ProtobufNativeSchema(qty_text))
     for closable in (consumer, producer, evolved):
         closable.close()
 

@@ -68,6 +68,21 @@ def cluster():
             asyncio.run(local.stop_all())
 
 
+@pytest.fixture(autouse=True)
+def _pod_logs_when_failed(request, cluster):
+    """A failed test prints each pod's warnings and errors of the last minutes (the module
+    shares one cluster: the pods' state after a failure is the evidence a CI run keeps)."""
+    yield
+    report = getattr(request.node, "report_call", None)
+    if report is None or not report.failed:
+        return
+    for name, pod in sorted(cluster.pods.items()):
+        lines = [line for line in pod.log_text().splitlines()
+                 if re.search(r"\b(WARNING|ERROR|CRITICAL)\b|\"level\": \"(warning|error|critical)\"|Traceback", line)]
+        print(f"--- {name}: {len(lines)} warning/error lines, the last 40 ---")
+        print("\n".join(lines[-40:]))
+
+
 def service_address(cluster: LocalCluster, service: str, port: int) -> str:
     """The rendered Service's address on loopback (a proxy to its ready pods)."""
     target = cluster.pod(sorted(cluster.pods)[0])
@@ -162,23 +177,30 @@ class Traffic:
         self.received: set[bytes] = set()
         self.errors: list[str] = []
         self._stop = threading.Event()
+        self._produced = threading.Event()     # the producer thread's last send is done
         self._threads = [threading.Thread(target=self._produce, daemon=True),
                          threading.Thread(target=self._consume, daemon=True)]
 
     def _produce(self) -> None:
         index = 0
-        while not self._stop.is_set():
-            payload = f"m-{index}".encode()
-            try:
-                self.producers[index % len(self.producers)].send(payload)
-                self.acknowledged.add(payload)
-            except Exception as error:     # the client's own retries failed: a client error
-                self.errors.append(repr(error))
-            index += 1
-            time.sleep(0.005)
+        try:
+            while not self._stop.is_set():
+                payload = f"m-{index}".encode()
+                try:
+                    self.producers[index % len(self.producers)].send(payload)
+                    self.acknowledged.add(payload)
+                except Exception as error:     # the client's own retries failed: a client error
+                    self.errors.append(repr(error))
+                index += 1
+                time.sleep(0.005)
+        finally:
+            self._produced.set()
 
     def _consume(self) -> None:
-        while not (self._stop.is_set() and self.acknowledged <= self.received):
+        # Until the producer's last send is done (one may be in flight when stop is
+        # asked: its payload joins ``acknowledged`` after) and all it acknowledged is here.
+        while not (self._produced.is_set() and self.acknowledged <= self.received):
+
             try:
                 message = self.consumer.receive(timeout_millis=500)
             except pulsar.Timeout:

@@ -22,6 +22,7 @@ import base64
 import glob
 import json
 import os
+import re
 import struct
 import time
 import urllib.error
@@ -178,6 +179,63 @@ def test_produce_permission_granted_and_revoked_live(secured):
         assert failed, "the producer kept sending after its permission was revoked"
     finally:
         client.close()
+
+
+def test_expired_token_refreshed_by_auth_challenge(secured):
+    """Tokens of 2 s and a permission check every 1 s: a client whose token supplier
+    gives fresh tokens answers the broker's AUTH_CHALLENGE and its connection stays
+    open while it produces and consumes past its first token's expiry; a client whose
+    supplier keeps giving the expired token is closed after its answer."""
+    cluster, signer, _ = secured
+    broker = cluster.brokers[0]
+    admin_url = broker.web_service_url
+    superuser = signer.create(SUPERUSER)
+    namespace = new_namespace(admin_url, superuser)
+    fresh_role, stale_role = unique("fresh"), unique("stale")
+    for role in (fresh_role, stale_role):
+        assert http("POST", f"{admin_url}/admin/v2/namespaces/{namespace}/permissions/{role}", superuser,
+                    ["produce", "consume"])[0] == 204
+    supplied = []
+
+    def fresh_token() -> str:
+        supplied.append(time.monotonic())
+        return signer.create(fresh_role, expiry_s=2)
+
+    stale_tokens: list[str] = []
+
+    def stale_token() -> str:
+        # Made at the first CONNECT (valid then however slow the steps before it were),
+        # and the same one ever after.
+        if not stale_tokens:
+            stale_tokens.append(signer.create(stale_role, expiry_s=2))
+        return stale_tokens[0]
+
+    fresh = pulsar.Client(broker.service_url, authentication=pulsar.AuthenticationToken(fresh_token),
+                          operation_timeout_seconds=10)
+    stale = pulsar.Client(broker.service_url, authentication=pulsar.AuthenticationToken(stale_token),
+                          operation_timeout_seconds=10)
+    try:
+        topic = f"persistent://{namespace}/{unique('refresh')}"
+        consumer = fresh.subscribe(topic, "s")
+        producer = fresh.create_producer(topic)
+        stale.create_producer(f"persistent://{namespace}/{unique('stale')}")
+        sent = []
+        deadline = time.monotonic() + 5   # past the first token's expiry and the check after it
+        while time.monotonic() < deadline:
+            payload = f"m{len(sent)}".encode()
+            producer.send(payload)
+            sent.append(payload)
+            time.sleep(0.25)
+        assert [consumer.receive(timeout_millis=10_000).data() for _ in sent] == sent
+        log = broker.log_text()
+        assert len(re.findall(rf"credential refreshed: peer=\S+ role={fresh_role} method=token", log)) >= 1, \
+            supplied
+        assert not re.search(rf"closing connection: peer=\S+ role={fresh_role}\b", log)
+        assert re.search(rf"credential refresh failed, closing connection: peer=\S+ role={stale_role} "
+                         rf"method=token error=the token has expired", log)
+    finally:
+        fresh.close()
+        stale.close()
 
 
 def test_admin_rest_needs_a_token_and_the_right_role(secured):

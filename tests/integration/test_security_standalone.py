@@ -2,11 +2,13 @@
 
 Proves: it starts with authentication and authorization on and prints a superuser
 token (also written, mode 0600, beside a secret key it made, mode 0600); the official
-client with that token produces and consumes, without it gets AuthenticationError;
+client with that token produces and consumes, and so does a user of --basic-auth-file
+with AuthenticationBasic (a wrong password: AuthenticationError); without credentials
+it gets AuthenticationError;
 the admin CLI with the token file works and without it is refused; the bookies
 accept only the brokers' service token (the run stores through them); and after the run
-no log file of the data directory (etcd, bookie, broker, gateway) holds the token or
-the key, raw or in base64.
+no log file of the data directory (etcd, bookie, broker, gateway) holds the token,
+the key (raw or in base64) or the password.
 """
 
 from __future__ import annotations
@@ -19,17 +21,25 @@ import os
 import signal
 import stat
 
+import bcrypt
 import pulsar
 import pytest
 
 from tests.cluster import free_port, python_command, run_cli, unique
 
+PASSWORD = "standalone pass phrase"
+
 
 async def test_standalone_auth_prints_a_superuser_token_and_logs_no_secret(tmp_path):
     ports = {name: free_port() for name in ("etcd", "peer", "bookie", "http", "broker", "broker_http", "gateway")}
     data_dir = str(tmp_path / "standalone")
+    # Basic users beside tokens: the superuser role as a user with a password.
+    users_file = str(tmp_path / "users.htpasswd")
+    with open(users_file, "wb") as handle:
+        handle.write(b"admin:$2y$" + bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4))[4:] + b"\n")
     process = await asyncio.create_subprocess_exec(
-        *python_command("standalone", "--auth", "--data-dir", data_dir, "--bookies", "1", "--copies", "1",
+        *python_command("standalone", "--auth", "--basic-auth-file", users_file, "--data-dir", data_dir,
+                        "--bookies", "1", "--copies", "1",
                         "--etcd-port", str(ports["etcd"]), "--etcd-peer-port", str(ports["peer"]),
                         "--bookie-port-base", str(ports["bookie"]), "--bookie-http-port-base", str(ports["http"]),
                         "--broker-port", str(ports["broker"]), "--broker-http-port", str(ports["broker_http"]),
@@ -66,6 +76,10 @@ async def test_standalone_auth_prints_a_superuser_token_and_logs_no_secret(tmp_p
                 client.close()
 
         assert await asyncio.to_thread(produce_and_consume, pulsar.AuthenticationToken(token)) == b"secret-free"
+        assert await asyncio.to_thread(produce_and_consume, pulsar.AuthenticationBasic("admin", PASSWORD)) == \
+            b"secret-free"
+        with pytest.raises(pulsar.AuthenticationError):
+            await asyncio.to_thread(produce_and_consume, pulsar.AuthenticationBasic("admin", "wrong"))
         with pytest.raises(pulsar.AuthenticationError):
             await asyncio.to_thread(produce_and_consume, None)
         code, out, err = await run_cli("admin", "--admin-url", ready["admin_url"], "--token-file", token_file,
@@ -86,5 +100,6 @@ async def test_standalone_auth_prints_a_superuser_token_and_logs_no_secret(tmp_p
     for path in logs:
         with open(path, "rb") as handle:
             content = handle.read()
-        for secret in (token.encode(), broker_token, key, base64.b64encode(key), base64.urlsafe_b64encode(key)):
+        for secret in (token.encode(), broker_token, key, base64.b64encode(key), base64.urlsafe_b64encode(key),
+                       PASSWORD.encode()):
             assert secret not in content, path

@@ -11,7 +11,7 @@ import asyncio
 import json
 import signal
 
-from tests.cluster import free_port, python_command, run_cli
+from tests.cluster import contiguous_free_ports, free_port, python_command, run_cli
 
 
 async def start_standalone(data_dir: str, ports: dict[str, int]) -> asyncio.subprocess.Process:
@@ -22,10 +22,12 @@ async def start_standalone(data_dir: str, ports: dict[str, int]) -> asyncio.subp
                         "--broker-http-port", str(ports["broker_http"]), "--gateway-port", str(ports["gateway"])),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True)
     assert process.stdout is not None
+    lines: list[bytes] = []
     async with asyncio.timeout(90):
         while True:
             line = await process.stdout.readline()
-            assert line, "standalone exited before it was ready"
+            lines.append(line)
+            assert line, "standalone exited before it was ready:\n" + b"".join(lines[-40:]).decode(errors="replace")
             if b"standalone ready" in line:
                 return process
 
@@ -34,28 +36,6 @@ async def stop_standalone(process: asyncio.subprocess.Process) -> int:
     process.send_signal(signal.SIGTERM)
     async with asyncio.timeout(60):
         return await process.wait()
-
-
-def contiguous_free_ports(count: int) -> int:
-    """A base port with ``count`` free ports after it (best effort on a busy machine)."""
-    import socket
-
-    for _ in range(50):
-        base = free_port()
-        if base + count < 65000:
-            sockets: list[socket.socket] = []
-            try:
-                for offset in range(count):
-                    sock = socket.socket()
-                    sock.bind(("127.0.0.1", base + offset))
-                    sockets.append(sock)
-                for sock in sockets:
-                    sock.close()
-                return base
-            except OSError:
-                for sock in sockets:
-                    sock.close()
-    raise RuntimeError("no run of free ports found")
 
 
 async def test_standalone_survives_restart_with_its_data(tmp_path):

@@ -19,8 +19,7 @@ import signal
 import socket
 import time
 
-from tests.cluster import free_port, python_command
-from tests.integration.test_standalone import contiguous_free_ports
+from tests.cluster import contiguous_free_ports, free_port, python_command
 
 
 def _children_of(pid: int) -> list[int]:

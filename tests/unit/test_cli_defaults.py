@@ -88,7 +88,7 @@ def test_each_bookie_flag_given_its_shown_default_changes_nothing(option):
     a derived default are given the value derived for the default port)."""
     value = flag_default(option)
     if value is None or value == "":
-        configs = (BOOKIE_DEFAULT, BOOKIE_DEFAULT.security, BOOKIE_DEFAULT.security.tls)
+        configs = (BOOKIE_DEFAULT, BOOKIE_DEFAULT.security, BOOKIE_DEFAULT.security.tls, BOOKIE_DEFAULT.metadata_tls)
         value = getattr(next(c for c in configs if isinstance(c, option.config)), option.field)
     assert _bookie(option.flag, str(value)) == BOOKIE_DEFAULT
 
@@ -102,7 +102,7 @@ def test_each_broker_flag_given_its_shown_default_changes_nothing(option):
         from ledger.config import BookieTlsConfig, LedgerClientConfig
 
         configs = (*BROKER_DEFAULT, BROKER_DEFAULT[0].auth, BROKER_DEFAULT[0].tls, LedgerClientConfig(),
-                   BookieTlsConfig())
+                   BookieTlsConfig(), BROKER_DEFAULT[0].metadata_tls)
         value = getattr(next(c for c in configs if isinstance(c, option.config)), option.field)
     assert _broker(option.flag, str(value)) == BROKER_DEFAULT
 

@@ -1,19 +1,27 @@
-"""Compaction (broker/compaction.py, subscriptions/compacted_view.py): the latest value
-of each key survives, a tombstone (null value or empty payload) drops its key, keyless
-messages stay, a partly surviving batch keeps the bits of its survivors; the view
-round-trips through its encoding and serves entries from a position on."""
+"""Compaction (broker/compaction.py, broker/compacted_ledger.py,
+broker/compaction_keys.py) over an in-memory topic and in-memory side ledgers: the
+latest value of each key survives, a tombstone (null value or empty payload) drops its
+key, keyless messages stay, a partly surviving batch keeps the bits of its survivors;
+a second compaction reads the previous compacted ledger, so keys whose topic entries
+were trimmed survive, a later tombstone still drops one, and the old ledger is
+deleted; reads from any position find the first compacted entry at or after it (binary
+search) and a reader going on is served in order; the entry layout and the record
+round-trip, and bad ones raise our error."""
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+
 import pytest
 
-from broker.compaction import compact
-from common.errors import MalformedFrame
+from broker.compacted_ledger import CompactionRecord, decode_entry, encode_entry
+from broker.compaction import COMPACTION_PROPERTY, TopicCompaction, compact
+from common.errors import MalformedFrame, NoSuchLedger
 from common.position import ManagedEntry, Position
 from protocol.batch import encode_batch
 from protocol.codec import encode_stored
 from protocol.proto.pulsar_api_pb2 import MessageMetadata, SingleMessageMetadata
-from subscriptions.compacted_view import CompactedEntry, CompactedView
 
 
 def _single(key: str | None, payload: bytes, *, null: bool = False) -> bytes:
@@ -37,19 +45,76 @@ def _batch(messages: list[tuple[str | None, bytes]]) -> bytes:
     return encode_stored(metadata, encode_batch(singles))
 
 
+class _SideLedger:
+    def __init__(self, ledger_id: int) -> None:
+        self.ledger_id = ledger_id
+        self.entries: list[bytes] = []
+        self.closed = False
+
+    def submit_nowait(self, payload: bytes) -> asyncio.Future[int]:
+        assert not self.closed
+        self.entries.append(bytes(payload))
+        future = asyncio.get_running_loop().create_future()
+        future.set_result(len(self.entries) - 1)
+        return future
+
+    async def close(self) -> None:
+        self.closed = True
+
+    async def read(self, first: int, last: int) -> list[SimpleNamespace]:
+        return [SimpleNamespace(payload=memoryview(self.entries[i])) for i in range(first, last + 1)]
+
+
 class _Ledger:
+    """A topic of one ledger (id 7) whose entries below ``trimmed_below`` are gone."""
+
     name = "persistent://t/n/topic"
 
     def __init__(self, payloads: list[bytes]) -> None:
         self.entries = [ManagedEntry(Position(7, i), data) for i, data in enumerate(payloads)]
-        self.last_confirmed = Position(7, len(payloads) - 1)
-        self.first_position = Position(7, 0)
+        self.trimmed_below = 0
+        self.side: dict[int, _SideLedger] = {}
+        self.properties: dict[str, str] = {}
+        self._next_side_id = 100
+
+    def append(self, payload: bytes) -> None:
+        self.entries.append(ManagedEntry(Position(7, len(self.entries)), payload))
+
+    @property
+    def last_confirmed(self) -> Position:
+        return Position(7, len(self.entries) - 1)
+
+    @property
+    def first_position(self) -> Position:
+        return Position(7, self.trimmed_below)
 
     def next_position(self, position: Position) -> Position:
-        return Position(7, position.entry_id + 1)
+        return Position(7, max(position.entry_id + 1, self.trimmed_below))
 
     async def read(self, start: Position, count_max: int, bytes_max: int) -> list[ManagedEntry]:
-        return self.entries[start.entry_id:start.entry_id + count_max]
+        first = max(start.entry_id, self.trimmed_below)
+        return self.entries[first:first + count_max]
+
+    async def create_side_ledger(self, purpose: str) -> _SideLedger:
+        assert purpose == "compacted"
+        self._next_side_id += 1
+        self.side[self._next_side_id] = _SideLedger(self._next_side_id)
+        return self.side[self._next_side_id]
+
+    async def open_side_ledger(self, ledger_id: int) -> _SideLedger:
+        if ledger_id not in self.side:
+            raise NoSuchLedger(ledger_id)
+        return self.side[ledger_id]
+
+    async def delete_side_ledger(self, ledger_id: int) -> None:
+        self.side.pop(ledger_id, None)
+
+    async def set_properties(self, updates: dict[str, str]) -> None:
+        self.properties.update(updates)
+
+
+def _values(side: _SideLedger) -> list[tuple[Position, int, int]]:
+    return [(e.position, e.batch_size, e.keep_bits) for e in map(decode_entry, side.entries)]
 
 
 async def test_latest_per_key_tombstones_keyless_and_batches():
@@ -61,21 +126,90 @@ async def test_latest_per_key_tombstones_keyless_and_batches():
         _batch([("d", b"d1"), ("d", b"d2"), (None, b"keyless")]),
         _single("c", b""),                           # an empty payload is a tombstone too
     ])
-    view = await compact(ledger)
-    assert view.horizon == Position(7, 5)
-    assert view.entries == [CompactedEntry(Position(7, 2)), CompactedEntry(Position(7, 4), 3, 0b110)]
+    record = await compact(ledger, None)
+    assert record.horizon == Position(7, 5)
+    assert record.entries == 2
+    side = ledger.side[record.ledger_id]
+    assert side.closed
+    assert _values(side) == [(Position(7, 2), 0, 0), (Position(7, 4), 3, 0b110)]
+    assert bytes(decode_entry(side.entries[0]).stored) == ledger.entries[2].data   # stored unchanged
 
 
-def test_view_round_trips_and_serves_from_a_position():
-    view = CompactedView(Position(3, 9), [CompactedEntry(Position(3, 1)), CompactedEntry(Position(3, 5), 4, 0b1010)])
-    again = CompactedView.decode(view.encode())
-    assert again.entries == view.entries and again.horizon == view.horizon
-    assert again.entries_from(Position(3, 2), 10) == [CompactedEntry(Position(3, 5), 4, 0b1010)]
-    assert again.entries_from(Position(3, 0), 1) == [CompactedEntry(Position(3, 1))]
-    assert again.first_position == Position(3, 1)
+async def test_a_second_compaction_builds_on_the_first_after_trimming():
+    ledger = _Ledger([_single(f"k{i}", f"v{i}".encode()) for i in range(10)])
+    compaction = TopicCompaction(ledger)
+    await compaction.run()
+    assert compaction.status == "SUCCESS"
+    first = compaction.record
+    assert first is not None and first.entries == 10
+    ledger.trimmed_below = 10                        # retention deleted every topic entry
+    ledger.append(_single("k3", b"v3-new"))
+    ledger.append(_single("k5", b"", null=True))
+    ledger.append(_batch([("k0", b"v0-new"), ("k11", b"v11")]))
+    await compaction.run()
+    second = compaction.record
+    assert second.horizon == Position(7, 12)
+    assert first.ledger_id not in ledger.side        # the old compacted ledger is gone
+    assert CompactionRecord.decode(ledger.properties[COMPACTION_PROPERTY]) == second
+    survivors = [(p.entry_id, size, bits) for p, size, bits in _values(ledger.side[second.ledger_id])]
+    assert survivors == [(1, 0, 0), (2, 0, 0), (4, 0, 0), (6, 0, 0), (7, 0, 0), (8, 0, 0), (9, 0, 0),
+                         (10, 0, 0), (12, 0, 0)]
+    # Nothing new: the record stays as it is.
+    await compaction.run()
+    assert compaction.record is second
 
 
-@pytest.mark.parametrize("bad", ["", "{}", '{"horizon": [1, 2], "entries": [[1, 5, 0, null], [1, 2, 0, null]]}'])
-def test_bad_views_raise_our_error(bad):
+async def test_reads_find_their_place_and_go_on():
+    ledger = _Ledger([_single(f"k{i % 50}", f"v{i}".encode()) for i in range(200)])
+    compaction = TopicCompaction(ledger)
+    await compaction.run()
+    assert compaction.record.entries == 50           # entries 150..199
+    assert await compaction.read_compacted(Position(7, 0), 3) == \
+        await compaction.read_compacted(Position(7, 150), 3)
+    for start in (0, 149, 150, 151, 173, 199):
+        got = await compaction.read_compacted(Position(7, start), 2)
+        assert [e.position.entry_id for e in got] == [max(start, 150), max(start, 150) + 1][:200 - max(start, 150)]
+    assert await compaction.read_compacted(Position(7, 200), 5) == []
+    position, seen = Position(7, 0), []
+    while chunk := await compaction.read_compacted(position, 7):
+        seen.extend(e.position.entry_id for e in chunk)
+        position = Position(7, chunk[-1].position.entry_id + 1)
+    assert seen == list(range(150, 200))
+
+
+async def test_a_compressed_batch_fails_the_run_and_keeps_the_previous():
+    ledger = _Ledger([_single("a", b"a1")])
+    compaction = TopicCompaction(ledger)
+    await compaction.run()
+    previous = compaction.record
+    metadata = MessageMetadata(producer_name="p", sequence_id=0, publish_time=1, num_messages_in_batch=2,
+                               compression=1)
+    ledger.append(encode_stored(metadata, b"compressed bytes"))
+    await compaction.run()
+    assert compaction.status == "ERROR" and compaction.last_error
+    assert compaction.record is previous
+    assert sorted(ledger.side) == [previous.ledger_id]   # the partial ledger was deleted
+
+
+def test_entry_layout_and_record_round_trip():
+    data = encode_entry(Position(3, 5), 10, 0b1000000101, b"stored")
+    entry = decode_entry(data)
+    assert (entry.position, entry.batch_size, entry.keep_bits, bytes(entry.stored)) == \
+        (Position(3, 5), 10, 0b1000000101, b"stored")
+    record = CompactionRecord(12, Position(3, 9), 4)
+    assert CompactionRecord.decode(record.encode()) == record
+    assert CompactionRecord.decode('{"format_version": 1, "horizon": [1, 2], "entries": []}') is None
+
+
+@pytest.mark.parametrize("bad", [b"", b"\x0c\x0e\x01" + bytes(19), b"\x00\x00" + bytes(30),
+                                 b"\x0c\x0e\x09" + bytes(30), encode_entry(Position(1, 1), 64, 0, b"")[:30]])
+def test_bad_entries_raise_our_error(bad):
     with pytest.raises(MalformedFrame):
-        CompactedView.decode(bad)
+        decode_entry(bad)
+
+
+@pytest.mark.parametrize("bad", ["", "{}", '{"format_version": 3}', '{"format_version": 2, "ledger_id": -1, '
+                                 '"horizon": [1, 2], "entries": 0}'])
+def test_bad_records_raise_our_error(bad):
+    with pytest.raises(MalformedFrame):
+        CompactionRecord.decode(bad)

@@ -1,8 +1,10 @@
 """Delayed delivery in the shared dispatcher (subscriptions/dispatcher_shared.py) with a
 fake clock: an entry whose deliver_at_time is ahead is held and sent once the clock
 passes it (woken as the timer would), undelayed entries behind it go at once; a full
-tracker stops reading further (even undelayed entries wait) until entries come due;
-a cursor reset drops what the tracker held (it is read again from the new position).
+tracker overflows to the topic (a range of positions read again later, whatever its
+size) while undelayed entries keep flowing, and every delayed entry still arrives
+once, never early; the overflow drains into the tracker as it empties; a cursor reset
+drops what the tracker and the overflow held (it is read again from the new position).
 
 How: the harness of test_dispatcher_selection (a real Subscription, ManagedCursor and
 dispatcher over the in-memory managed ledger, recording fake consumers)."""
@@ -77,18 +79,81 @@ def test_held_until_due_and_undelayed_go_first():
     asyncio.run(scenario())
 
 
-def test_full_tracker_stops_reading_until_entries_come_due():
+def test_full_tracker_overflows_to_the_topic_and_undelayed_entries_flow():
     async def scenario() -> None:
-        ledger, subscription, clock, consumer = _setup(delayed_entries_max=2)
-        late = [_publish(ledger, f"late{i}", NOW + 1000) for i in range(3)]
+        ledger, subscription, clock, consumer = _setup(delayed_entries_max=10)
+        dispatcher = subscription.dispatcher
+        late = [_publish(ledger, f"late{i}", NOW + 1000 + i) for i in range(900)]
         after = _publish(ledger, "after")
         await _settle()
-        assert consumer.positions == []                          # the third delayed one blocks the read
-        assert len(subscription.dispatcher.delayed) == 2
-        clock.now_ms = NOW + 1000
-        subscription.dispatcher.wake()
+        assert consumer.positions == [after]                     # not held up by the delayed ones
+        assert len(dispatcher.delayed) == 10                     # the memory stays bounded
+        assert dispatcher.delayed_overflow is not None
+        assert dispatcher.delayed_overflow.start == late[10] and dispatcher.delayed_overflow.end == late[-1]
+        assert dispatcher.delayed_overflow.entries == 890
+        clock.now_ms = NOW + 999
+        dispatcher.wake()
         await _settle()
+        assert consumer.positions == [after]                     # never before its time
+        clock.now_ms = NOW + 2000
+        for _ in range(20):
+            dispatcher.wake()
+            await _settle()
+        assert len(consumer.positions) == len(set(consumer.positions))   # each once
         assert sorted(consumer.positions) == sorted(late + [after])
+        assert dispatcher.delayed_overflow is None and len(dispatcher.delayed) == 0
+        await subscription.close()
+
+    asyncio.run(scenario())
+
+
+def test_overflow_is_drained_into_the_tracker_as_it_empties():
+    """Four due at +1 s fill the tracker, four due at +2 s overflow; at +1 s the first
+    four go and the overflow moves into the tracker, none sent before +2 s; a delayed
+    entry read while the overflow is open joins it even if it is due already."""
+    async def scenario() -> None:
+        ledger, subscription, clock, consumer = _setup(delayed_entries_max=4)
+        dispatcher = subscription.dispatcher
+        early = [_publish(ledger, f"early{i}", NOW + 1000) for i in range(4)]
+        later = [_publish(ledger, f"later{i}", NOW + 2000) for i in range(4)]
+        overdue = _publish(ledger, "overdue", NOW - 1)
+        await _settle()
+        assert consumer.positions == [] and dispatcher.delayed_overflow is not None
+        assert dispatcher.delayed_overflow.end == overdue
+        clock.now_ms = NOW + 1000
+        dispatcher.wake()
+        await _settle()
+        assert sorted(consumer.positions) == early + [overdue]
+        assert dispatcher.delayed_overflow is None and len(dispatcher.delayed) == 4
+        clock.now_ms = NOW + 1999
+        dispatcher.wake()
+        await _settle()
+        assert sorted(consumer.positions) == early + [overdue]
+        clock.now_ms = NOW + 2000
+        dispatcher.wake()
+        await _settle()
+        assert sorted(consumer.positions) == sorted(early + later + [overdue])
+        await subscription.close()
+
+    asyncio.run(scenario())
+
+
+def test_cursor_reset_drops_the_overflow_too():
+    async def scenario() -> None:
+        ledger, subscription, clock, consumer = _setup(delayed_entries_max=1)
+        first = _publish(ledger, "late0", NOW + 1000)
+        second = _publish(ledger, "late1", NOW + 1000)
+        await _settle()
+        assert subscription.dispatcher.delayed_overflow is not None
+        subscription.reset_cursor(first)
+        await _settle()
+        overflow = subscription.dispatcher.delayed_overflow
+        assert overflow is not None and overflow.start == second and overflow.entries == 1   # read anew
+        clock.now_ms = NOW + 1000
+        for _ in range(5):
+            subscription.dispatcher.wake()
+            await _settle()
+        assert sorted(consumer.positions) == [first, second]
         await subscription.close()
 
     asyncio.run(scenario())

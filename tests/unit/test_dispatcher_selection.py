@@ -546,3 +546,32 @@ def test_shared_dispatcher_is_chosen_for_shared_mode():
     assert type(Harness(KEY_SHARED).subscription.dispatcher) is KeySharedDispatcher
     assert Harness(FAILOVER).subscription.dispatcher.failover is True
     assert Harness(EXCLUSIVE).subscription.dispatcher.failover is False
+
+
+# --- a mode change ---------------------------------------------------------------------------------
+
+def test_a_mode_change_stops_the_old_dispatchers_loop():
+    """A subscription used as exclusive, left, then joined in shared mode gets a new
+    dispatcher; the old one's loop is cancelled and ends (the bug: it was dropped while
+    pending, 'Task was destroyed but it is pending!' under the live fuzz, and could
+    have gone on dispatching beside the new one). The new one delivers every entry."""
+    async def scenario() -> None:
+        harness = Harness(EXCLUSIVE)
+        first = harness.consumer("first", 1)
+        harness.add(first)
+        harness.publish(["a", "b"])
+        await harness.settle()
+        old = harness.subscription.dispatcher
+        old_loop = old._task
+        assert old_loop is not None and not old_loop.done()
+        harness.subscription.remove_consumer(first)
+        shared = harness.consumer("shared", 2)
+        harness.subscription.add_consumer(shared, SHARED)
+        assert harness.subscription.dispatcher is not old
+        await harness.settle()
+        assert old_loop.done() and old_loop.cancelled()
+        assert len(positions_of(shared)) == 2
+        await harness.close()
+        assert not harness.subscription._retired_loops
+
+    run(scenario)

@@ -124,6 +124,21 @@ def _store(endpoints: int = 2) -> EtcdStore:
 
 # --- endpoints -----------------------------------------------------------------------------------
 
+async def _ticks(count: int = 20) -> None:
+    """Lets the event loop run every ready callback a few rounds (a read is a task of its
+    own, started a tick or two after its caller asked)."""
+    for _ in range(count):
+        await asyncio.sleep(0)
+
+
+async def _until(condition, ticks_max: int = 200) -> None:
+    for _ in range(ticks_max):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition not reached")
+
+
 async def test_a_late_failure_on_an_old_client_does_not_close_the_new_one(fake_clients):
     """Calls 1 and 2 run on client A. Call 1 fails (A is dropped, B is next); call 3
     starts on B; then call 2 fails on A. B must stay open and current, and call 3 must
@@ -144,19 +159,19 @@ async def test_a_late_failure_on_an_old_client_does_not_close_the_new_one(fake_c
     fake_clients.script = [failing(fail_1), failing(fail_2), answering]
     call_1 = asyncio.create_task(store.get("/k"))
     call_2 = asyncio.create_task(store.get("/k"))
-    await asyncio.sleep(0)
+    await _until(lambda: len(fake_clients.script) == 1)      # calls 1 and 2 started, on A
     client_a = store._client
     fail_1.set()
     with pytest.raises(MetadataUnavailable):
         await call_1
     call_3 = asyncio.create_task(store.get("/k"))
-    await asyncio.sleep(0)
+    await _until(lambda: not fake_clients.script)            # call 3 started, on B
     client_b = store._client
     assert client_b is not None and client_b is not client_a
     fail_2.set()
     with pytest.raises(MetadataUnavailable):
         await call_2
-    await asyncio.sleep(0)
+    await _ticks()
     assert store._client is client_b
     assert not client_b.closed
     assert client_a.closed

@@ -338,3 +338,50 @@ async def test_a_rollover_that_cannot_create_a_ledger_is_deferred_and_appends_go
     assert later.ledger_id in (first_ledger, ledger.current_ledger_id)
     assert last.ledger_id == ledger.current_ledger_id != first_ledger
     await ledger.close()
+
+
+class _LosesOneReply:
+    """The metadata store edge: the next compare_and_set is applied, but its caller
+    gets MetadataUnavailable (a reply lost to a timeout)."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self._store = store
+        self.lose_next = False
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    async def compare_and_set(self, key, value, *, expected_version, lease=None):
+        version = await self._store.compare_and_set(key, value, expected_version=expected_version, lease=lease)
+        if self.lose_next:
+            self.lose_next = False
+            from common.errors import MetadataUnavailable
+            raise MetadataUnavailable("etcd call timed out")
+        return version
+
+
+async def test_a_record_write_whose_reply_was_lost_is_not_a_take_over():
+    """A property write reaches etcd but its reply is lost (the caller sees
+    MetadataUnavailable); the next write finds a newer version than it knew. The
+    record holds what the unanswered write wrote, so the ledger adopts its version and
+    the write goes on (the bug: the topic fenced itself as 'taken over' and closed,
+    under a live fuzz that kept etcd slow). A write by another owner still fences."""
+    from common.errors import MetadataUnavailable, TopicFenced
+
+    memory, client = MemoryStore(), FakeLedgerClient()
+    store = _LosesOneReply(memory)
+    ledger = ManagedLedger(TOPIC, store, client, EntryCache(MIB), config())
+    await ledger.open(create_if_missing=True)
+    store.lose_next = True
+    with pytest.raises(MetadataUnavailable):
+        await ledger.set_properties({"a": "1"})
+    assert ledger.properties == {}                      # the caller was told it failed
+    await ledger.set_properties({"b": "2"})             # not fenced: the version is adopted
+    assert ledger.properties == {"b": "2"}
+    reopened = ManagedLedger(TOPIC, memory, client, EntryCache(MIB), config())
+    await reopened.open(create_if_missing=False)
+    assert reopened.properties == {"b": "2"}
+    # Another owner writes the record: this one is taken over.
+    await reopened.set_properties({"c": "3"})
+    with pytest.raises(TopicFenced):
+        await ledger.set_properties({"d": "4"})

@@ -141,6 +141,37 @@ async def _wait_for(condition) -> None:
         await asyncio.sleep(0.01)
 
 
+async def test_a_retired_broker_takes_no_new_lease_and_no_bundle():
+    """A broker leaving (release_all, then retire): its lease is revoked and stays so
+    (the bug: the lease guard saw the revoked lease as lost, logged an error and granted
+    a new one, so a broker that had handed everything over could take bundles again
+    just before it exited); a bundle assigned to it afterwards is not taken."""
+    store = MemoryStore()
+    bundles = await _namespace(store)
+    manager = OwnershipManager(store, BundlesConfig(lease_ttl_s=2), _identity("a"),
+                               loaded_topics=lambda: [], close_topics=_no_topics)
+    await manager.start()
+    try:
+        await _assign_all(store, manager, bundles)
+        await manager.release_all(lambda _bundle: None)
+        revoked = manager.lease
+        await manager.retire()
+        assert revoked is not None and revoked.is_lost
+        await asyncio.sleep(0.5)        # several rounds of the guard (every ttl / 20 = 0.1 s)
+        assert manager.lease is revoked and manager.fenced
+        await store.put(keys.bundle_assignment(str(NAMESPACE), bundles.ranges[0].name),
+                        AssignmentRecord("a").encode())
+        await asyncio.sleep(0.2)
+        assert manager.serving() == []
+        assert await store.get(keys.bundle_owner(str(NAMESPACE), bundles.ranges[0].name)) is None
+    finally:
+        await manager.close()
+
+
+async def _no_topics(_names: list[TopicName], _reason: str) -> None:
+    return None
+
+
 async def test_fencing_bounds_how_many_bundles_close_at_once(monkeypatch):
     """With more bundles than the bound, no more than the bound close at a time."""
     monkeypatch.setattr(ownership_module, "FENCE_CLOSES_CONCURRENT_MAX", 3)

@@ -182,10 +182,23 @@ SAMPLE_BODIES = {
         request_id=1, topics=["persistent://t/n/a", "persistent://t/n/b"]),
     BC.GET_SCHEMA: pb.CommandGetSchema(request_id=1, topic="persistent://t/n/a", schema_version=b"\x00"),
     BC.GET_SCHEMA_RESPONSE: pb.CommandGetSchemaResponse(request_id=1, schema=_SCHEMA, schema_version=b"\x01"),
+    BC.AUTH_CHALLENGE: pb.CommandAuthChallenge(server_version="magnetar", protocol_version=20,
+                                               challenge=pb.AuthData(auth_method_name="token", auth_data=b"refresh")),
+    BC.AUTH_RESPONSE: pb.CommandAuthResponse(client_version="Pulsar-CPP-v3.5", protocol_version=20,
+                                             response=pb.AuthData(auth_method_name="token", auth_data=b"jwt")),
     BC.ACK_RESPONSE: pb.CommandAckResponse(consumer_id=3, request_id=9),
     BC.GET_OR_CREATE_SCHEMA: pb.CommandGetOrCreateSchema(request_id=1, topic="persistent://t/n/a",
                                                          schema=_SCHEMA),
     BC.GET_OR_CREATE_SCHEMA_RESPONSE: pb.CommandGetOrCreateSchemaResponse(request_id=1, schema_version=b"\x02"),
+    BC.WATCH_TOPIC_LIST: pb.CommandWatchTopicList(request_id=1, watcher_id=3, namespace="t/n",
+                                                  topics_pattern="persistent://t/n/orders-.*", topics_hash="0a1b2c3d"),
+    BC.WATCH_TOPIC_LIST_SUCCESS: pb.CommandWatchTopicListSuccess(request_id=1, watcher_id=3,
+                                                                 topic=["persistent://t/n/orders-a"],
+                                                                 topics_hash="0a1b2c3d"),
+    BC.WATCH_TOPIC_UPDATE: pb.CommandWatchTopicUpdate(watcher_id=3, new_topics=["persistent://t/n/orders-b"],
+                                                      deleted_topics=["persistent://t/n/orders-a"],
+                                                      topics_hash="4e5f6a7b"),
+    BC.WATCH_TOPIC_LIST_CLOSE: pb.CommandWatchTopicListClose(request_id=2, watcher_id=3),
 }
 
 _METADATA = pb.MessageMetadata(producer_name="standalone-0-1", sequence_id=2, publish_time=1700000000000,
@@ -218,12 +231,12 @@ def test_every_modelled_command_round_trips(command_type):
 
 
 def test_unmodelled_command_type_passes_through():
-    """A known type whose body this codec does not model (AUTH_RESPONSE) decodes; its
-    body stays in unknown fields and the broker decides what to answer."""
-    body = h("0a03 616263")                                   # an AuthResponse-like body
-    command = h("0825 aa02") + bytes([len(body)]) + body      # type=37, field 37
+    """A known type whose body this codec does not model (NEW_TXN) decodes; its body
+    stays in unknown fields and the broker decides what to answer."""
+    body = h("0801 1002")                                     # a NewTxn-like body
+    command = h("0832 9203") + bytes([len(body)]) + body      # type=50, field 50
     frame = decode_frame(struct.pack(">II", len(command) + 4, len(command)) + command)
-    assert frame.command.type == BC.AUTH_RESPONSE
+    assert frame.command.type == BC.NEW_TXN
     assert codec.command_body(frame.command) is None
 
 

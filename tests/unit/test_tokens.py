@@ -119,29 +119,30 @@ def test_auth_config_checks_and_hides_inline_keys():
     assert AuthConfig() == AuthConfig() and not AuthConfig().authentication_enabled
 
 
-def test_authenticator_connect_http_anonymous_and_key_rotation(tmp_path, monkeypatch):
+async def test_authenticator_connect_http_anonymous_and_key_rotation(tmp_path, monkeypatch):
     first, second = create_secret_key(), create_secret_key()
     path = tmp_path / "secret.key"
     path.write_bytes(first)
     authenticator = Authenticator(AuthConfig(authentication_enabled=True, token_secret_key=f"file://{path}"))
     token = TokenSigner.with_secret_key(first).create("eve", expiry_s=60)
-    identity = authenticator.authenticate("token", token.encode())
+    identity = await authenticator.authenticate("token", token.encode())
     assert identity.role == "eve" and identity.expires_at_s is not None
     assert authenticator.still_valid(identity)
     assert not authenticator.still_valid(identity, now_s=identity.expires_at_s + 1)
-    assert authenticator.authenticate_http(f"Bearer {token}").role == "eve"
-    for header in (None, "", "Basic abc", "Bearer "):
+    assert (await authenticator.authenticate_http(f"Bearer {token}")).role == "eve"
+    for header in (None, "", "Basic abc", "Bearer ", "Digest x"):
         with pytest.raises(AuthenticationFailed):
-            authenticator.authenticate_http(header)
-    with pytest.raises(AuthenticationFailed, match="unsupported"):
-        authenticator.authenticate("tls", b"x")
+            await authenticator.authenticate_http(header)
+    for method in ("tls", "basic", "sasl"):   # providers not configured
+        with pytest.raises(AuthenticationFailed, match="unsupported"):
+            await authenticator.authenticate(method, b"x")
     # Rotation: the file is rewritten; after the recheck interval the new key verifies.
     monkeypatch.setattr(authentication, "KEY_RECHECK_S", 0.0)
     path.write_bytes(second)
     os.utime(path, ns=(time.time_ns(), time.time_ns() + 10_000_000))
     with pytest.raises(AuthenticationFailed):
-        authenticator.authenticate("token", token)
-    assert authenticator.authenticate("token", TokenSigner.with_secret_key(second).create("eve")).role == "eve"
+        await authenticator.authenticate("token", token)
+    assert (await authenticator.authenticate("token", TokenSigner.with_secret_key(second).create("eve"))).role == "eve"
     anonymous = Authenticator(AuthConfig(authentication_enabled=True, token_secret_key=f"file://{path}",
                                          anonymous_role="guest"))
-    assert anonymous.authenticate("", None).role == "guest"
+    assert (await anonymous.authenticate("", None)).role == "guest"

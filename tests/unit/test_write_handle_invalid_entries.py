@@ -9,7 +9,8 @@ What it proves:
 - a bookie answering EntryTooLarge, InvalidArgument or MalformedFrame (an entry no
   other bookie would take either; reachable when the client's limit is above its
   bookies') fails the handle with that error, with no ensemble change and no metadata
-  write (before, each such reply replaced bookies until NotEnoughBookies);
+  write (before, each such reply replaced bookies until NotEnoughBookies); so does a
+  bookie refusing the writer's credentials (AuthenticationFailed, AuthorizationDenied);
 - a bookie that is unavailable still gets replaced (the ensemble change still works).
 
 How: the handle runs on a LedgerContext over the in-memory metadata store and a real
@@ -32,6 +33,8 @@ from ledger.config import LedgerClientConfig
 from ledger.context import LedgerContext
 from common.entry import ENTRY_HEADER_SIZE
 from common.errors import (
+    AuthenticationFailed,
+    AuthorizationDenied,
     BookieUnavailable,
     ConfigError,
     EntryTooLarge,
@@ -134,7 +137,8 @@ async def test_an_oversized_entry_is_refused_before_it_gets_an_id(setup):
     assert handle.last_add_confirmed == 1
 
 
-@pytest.mark.parametrize("error_class", [EntryTooLarge, InvalidArgument, MalformedFrame])
+@pytest.mark.parametrize("error_class", [EntryTooLarge, InvalidArgument, MalformedFrame, AuthenticationFailed,
+                                         AuthorizationDenied])
 async def test_an_entry_a_bookie_calls_invalid_fails_the_handle(setup, error_class):
     """Entry 1 is refused by every bookie as invalid: the handle fails with that error
     type, entry 0 stays acknowledged, no bookie is replaced and the metadata is as
