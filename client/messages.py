@@ -12,20 +12,20 @@ one entry, so its messages share (ledger_id, entry_id) and differ by batch index
 
 Decoding (consumer side). A MESSAGE frame is one entry. A batch entry is split into its
 messages; the MESSAGE's ``ack_set`` (Pulsar's convention: the bits of the messages still
-to deliver) drops the ones already acknowledged. Payloads compressed with ZLIB are
-inflated (the standard library has it, and the size is checked against the metadata);
-other codecs, and encrypted payloads, cannot be split here, so such an entry is handed
-over whole as one opaque message with ``compression`` naming its codec: nothing is
-dropped, and the receiver decides.
+to deliver) drops the ones already acknowledged. Payloads compressed with ZLIB, LZ4, ZSTD or
+SNAPPY are decompressed (client/compression.py; the size is checked against the
+metadata); an unknown codec, and encrypted payloads, cannot be split here, so such an
+entry is handed over whole as one opaque message with ``compression`` naming its codec:
+nothing is dropped, and the receiver decides.
 """
 
 from __future__ import annotations
 
 import struct
-import zlib
 from dataclasses import dataclass, field
 from typing import Mapping, NamedTuple, Sequence
 
+from client.compression import CODECS, decompress
 from common.errors import InvalidArgument, MalformedFrame
 from protocol.batch import EncryptedPayload, UnsupportedCompression, is_batch, parse_batch
 from protocol.proto import pulsar_api_pb2 as pb
@@ -33,9 +33,6 @@ from protocol.proto import pulsar_api_pb2 as pb
 _U32 = struct.Struct(">I")
 NO_PARTITION = -1
 NO_BATCH_INDEX = -1
-# An inflated payload may not be larger than this (Pulsar's own 5 MiB message limit,
-# doubled): ``uncompressed_size`` is the producer's word, not to be trusted blindly.
-UNCOMPRESSED_BYTES_MAX = 10 * 1024 * 1024
 
 
 class MessageId(NamedTuple):
@@ -227,20 +224,6 @@ class ReceivedEntry:
         return (self.ledger_id, self.entry_id)
 
 
-def _inflate(metadata: pb.MessageMetadata, payload: bytes | memoryview) -> bytes:
-    size = metadata.uncompressed_size
-    if size > UNCOMPRESSED_BYTES_MAX:
-        raise MalformedFrame(f"uncompressed_size {size} exceeds {UNCOMPRESSED_BYTES_MAX}")
-    inflater = zlib.decompressobj()
-    try:
-        data = inflater.decompress(bytes(payload), size + 1)
-    except zlib.error as error:
-        raise MalformedFrame(f"ZLIB payload does not inflate: {error}") from None
-    if len(data) != size or inflater.unconsumed_tail:
-        raise MalformedFrame(f"ZLIB payload inflates to more or less than uncompressed_size {size}")
-    return data
-
-
 def decode_entry(message: pb.CommandMessage, metadata: pb.MessageMetadata, payload: bytes | memoryview,
                  partition: int = NO_PARTITION) -> ReceivedEntry:
     """Splits one received entry into its messages. Raises MalformedFrame."""
@@ -252,9 +235,9 @@ def decode_entry(message: pb.CommandMessage, metadata: pb.MessageMetadata, paylo
     ordering_key = bytes(metadata.ordering_key) if metadata.HasField("ordering_key") else None
     common = dict(publish_time_ms=metadata.publish_time, producer_name=metadata.producer_name,
                   deliver_at_ms=deliver_at)
-    if metadata.compression == pb.ZLIB and not metadata.encryption_keys:
+    if metadata.compression in CODECS and not metadata.encryption_keys:
         try:
-            inflated = _inflate(metadata, payload)
+            inflated = decompress(metadata.compression, payload, metadata.uncompressed_size)
         except MalformedFrame:
             return _opaque(message, metadata, payload, partition, "UNREADABLE")
         payload = inflated

@@ -110,6 +110,14 @@ class Producer:
 
     # --- sending ---------------------------------------------------------------------------------
 
+    def set_next_sequence_id(self, sequence_id: int) -> None:
+        """Numbers the following messages from ``sequence_id`` on (ids only grow): for a
+        writer that names each message itself, so that a retry sends the same ids and
+        the broker's deduplication drops what it already stored."""
+        if sequence_id < self._next_sequence_id:
+            raise InvalidArgument(f"sequence id {sequence_id} is below the next one, {self._next_sequence_id}")
+        self._next_sequence_id = sequence_id
+
     def send(self, message: OutgoingMessage) -> asyncio.Future[MessageId]:
         """Stores ``message`` alone in one entry; the future gives its id."""
         self._check_can_send(1)

@@ -461,6 +461,21 @@ class ArchiveUnavailable(ArchiveError):
     code, retriable, http_status = 6004, True, 503
 
 
+class MessagesDeleted(ArchiveError):
+    """A read asked for messages that are gone from the topic's ledgers and from its
+    archive (retention deleted them): the Spark source's ``failOnDataLoss``."""
+
+    code, http_status = 6005, 410
+
+    def __init__(self, topic: str, after: tuple[int, int], upto: tuple[int, int] | None) -> None:
+        self.topic = topic
+        self.after = after
+        self.upto = upto
+        until = f"before {upto[0]}:{upto[1]}" if upto is not None else "to the end of what is stored"
+        super().__init__(f"messages of {topic} after {after[0]}:{after[1]} {until} were deleted by retention "
+                         f"(in neither the topic's ledgers nor its archive)")
+
+
 # --- security (7000-7999) -------------------------------------------------------------
 
 

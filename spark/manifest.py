@@ -15,6 +15,7 @@ import re
 import urllib.error
 import urllib.parse
 import urllib.request
+import uuid
 
 from common.errors import ConfigError, MagnetarError, TopicNotFound
 from common.topic_name import TopicName
@@ -34,6 +35,18 @@ def _get_json(url: str) -> object:
         raise MagnetarError(f"admin request failed: url={url} status={error.code}") from None
     except (urllib.error.URLError, OSError) as error:
         raise MagnetarError(f"admin request failed: url={url} error={error}") from None
+
+
+def _call(method: str, url: str) -> None:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=HTTP_TIMEOUT_S):
+            pass
+    except urllib.error.HTTPError as error:
+        if error.code == 404:
+            raise TopicNotFound(f"not found: {method} {url}") from None
+        raise MagnetarError(f"admin request failed: {method} url={url} status={error.code}") from None
+    except (urllib.error.URLError, OSError) as error:
+        raise MagnetarError(f"admin request failed: {method} url={url} error={error}") from None
 
 
 def resolve_topics(admin_url: str, topics: tuple[str, ...], pattern: str | None, namespace: str | None) -> list[str]:
@@ -75,6 +88,38 @@ def last_message_position(admin_url: str, topic: str) -> tuple[int, int] | None:
     return ledger_id, entry_id
 
 
+def topic_ledgers(admin_url: str, topic: str) -> list[tuple[int, int | None]]:
+    """The ledgers of a topic's (or a partition's) managed ledger, oldest first, as
+    ``(ledger_id, entries)``; the last one, being written, has ``entries`` None."""
+    name = TopicName.parse(topic)
+    answer = _get_json(f"{admin_url}/admin/v2/{name.rest_path}/internalStats")
+    assert isinstance(answer, dict), answer
+    listed = [(int(ledger["ledgerId"]), int(ledger["entries"])) for ledger in answer.get("ledgers", [])]
+    # entries is -1 for a closed ledger whose count the broker does not know yet.
+    return [(ledger_id, entries if index < len(listed) - 1 and entries >= 0 else None)
+            for index, (ledger_id, entries) in enumerate(listed)]
+
+
+def position_at_time(admin_url: str, topic: str, timestamp_ms: int) -> tuple[int, int]:
+    """The position of a topic's (or a partition's) first entry published at or after
+    ``timestamp_ms`` (the position after its last entry if none), found by the broker's
+    own search over the topic's entries: a durable subscription made for the question,
+    reset to the time, read and deleted."""
+    name = TopicName.parse(topic)
+    subscription = f"spark-time-{uuid.uuid4().hex[:12]}"
+    base = f"{admin_url}/admin/v2/{name.rest_path}/subscription/{subscription}"
+    _call("PUT", base)
+    try:
+        _call("POST", f"{base}/resetcursor/{timestamp_ms}")
+        answer = _get_json(f"{admin_url}/admin/v2/{name.rest_path}/internalStats")
+        assert isinstance(answer, dict), answer
+        position = answer["cursors"][subscription]["readPosition"]
+    finally:
+        _call("DELETE", f"{base}?force=true")
+    ledger_id, _, entry_id = str(position).partition(":")
+    return int(ledger_id), int(entry_id)
+
+
 def partition_count(admin_url: str, topic: str) -> int:
     name = TopicName.parse(topic)
     answer = _get_json(f"{admin_url}/admin/v2/{name.rest_path}/partitions")
@@ -82,4 +127,4 @@ def partition_count(admin_url: str, topic: str) -> int:
     return int(answer.get("partitions", 0))
 
 
-__all__ = ["ledgers", "resolve_topics", "last_message_position", "partition_count", "urllib"]
+__all__ = ["ledgers", "resolve_topics", "last_message_position", "partition_count", "position_at_time", "topic_ledgers", "urllib"]

@@ -42,6 +42,11 @@ class MagnetarDataSource(DataSource):
 
         return MagnetarWriter(parse_write_options(self.options))
 
+    def streamWriter(self, schema: StructType, overwrite: bool):
+        from spark.writer import MagnetarStreamWriter, parse_write_options
+
+        return MagnetarStreamWriter(parse_write_options(self.options))
+
 
 def register(session) -> None:
     """Registers the ``magnetar`` format with a SparkSession."""

@@ -118,7 +118,9 @@ class TailReader:
     async def _open(self):
         client = PulsarClient(self.service_url)
         listener = _TailListener()
-        start = None if self.start_after is None else MessageId(*self.start_after)
+        # The broker starts at the entry named (inclusive; dropped as seen): entry -1,
+        # "before the ledger's first entry", is asked for as entry 0.
+        start = None if self.start_after is None else MessageId(self.start_after[0], max(self.start_after[1], 0))
         try:
             consumer = await client.subscribe(self.topic, f"spark-tail-{uuid.uuid4().hex[:12]}",
                                               sub_type="exclusive", durable=False, initial_position="earliest",

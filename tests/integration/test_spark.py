@@ -31,6 +31,11 @@ from spark import metrics
 from tests.cluster import Cluster, wait_until
 from tests.integration.spark_helpers import BROKER_ARGS, MESSAGES, POLICY, http, produce
 
+# The default 300 s per test is for make test's 10,000 messages; make test-spark-full's
+# 100,000 make each query ten times longer (a timeout inside a py4j call also breaks the
+# session for every test after it).
+pytestmark = pytest.mark.timeout(300 if MESSAGES <= 10_000 else 1800)
+
 
 @pytest.fixture(scope="module")
 def archived(etcd_process, tmp_path_factory):
@@ -275,3 +280,81 @@ def test_a_dataframe_written_to_a_topic_is_consumed_by_the_official_client(spark
     for i, (payload, key, properties, event_time) in enumerate(rows):
         expected_ms = int(event_time.timestamp() * 1000)
         assert received[i] == (payload, key, properties, expected_ms), i
+
+
+def test_rows_written_to_a_partitioned_topic_go_to_their_partition_or_their_keys_partition(
+        spark_session, archived, tmp_path):
+    """Rows written to a topic of 3 partitions: keyed rows land in the partition the
+    official client picks for the same key, rows with a ``partition`` column in that
+    partition, rows without either spread over the partitions; each row once."""
+    from client.routing import key_partition
+
+    cluster, _topic, _sent = archived
+    local = f"spark-parts-{uuid.uuid4().hex[:8]}"
+    topic = f"persistent://public/default/{local}"
+    http("PUT", f"{cluster.admin_url}/admin/v2/persistent/public/default/{local}/partitions", 3)
+    consumer = cluster.client.subscribe(topic, "check", initial_position=pulsar.InitialPosition.Earliest)
+    official = cluster.client.create_producer(topic)
+    official_partition = {f"k{i}": official.send(b"official", partition_key=f"k{i}").partition() for i in range(17)}
+    official.close()
+    service_url = cluster.brokers[0].service_url
+
+    rows = ([(f"keyed-{i}".encode(), f"k{i % 17}", None) for i in range(300)]
+            + [(f"placed-{i}".encode(), "same", i % 3) for i in range(30)]
+            + [(f"loose-{i}".encode(), None, None) for i in range(100)])
+    df = spark_session.createDataFrame(rows, "payload binary, key string, partition int").repartition(2)
+    (df.write.format("magnetar").mode("append").option("serviceUrl", service_url).option("topic", topic)
+       .option("batchMessages", 20).save())
+    try:
+        received: dict = {}
+        while len(received) < 300 + 30 + 100 + 17:
+            message = consumer.receive(timeout_millis=30_000)
+            name = message.data().decode() + ("" if message.data() != b"official" else message.partition_key())
+            assert name not in received, f"{name} stored twice"
+            received[name] = (message.partition_key(), message.message_id().partition())
+            consumer.acknowledge(message)
+        with pytest.raises(pulsar.Timeout):
+            consumer.receive(timeout_millis=500)
+    finally:
+        consumer.close()
+    for i in range(300):
+        key, partition = received[f"keyed-{i}"]
+        assert partition == official_partition[key] == key_partition(key, 3), (key, partition)
+    assert all(received[f"placed-{i}"][1] == i % 3 for i in range(30))
+    assert {received[f"loose-{i}"][1] for i in range(100)} == {0, 1, 2}
+
+
+def test_the_tail_reader_unpacks_batches_of_every_codec_the_official_client_writes(archived):
+    """The official client produces batches compressed with LZ4, ZSTD, SNAPPY and ZLIB;
+    the tail reader (spark/tail.py, through client/) returns one row per message with
+    its payload, key and batch index, as the archive would."""
+    from spark.tail import TailReader
+
+    cluster, _topic, _sent = archived
+    topic = f"persistent://public/default/spark-codecs-{uuid.uuid4().hex[:8]}"
+    holder = cluster.client.subscribe(topic, "holder", initial_position=pulsar.InitialPosition.Earliest)
+    expected: dict = {}
+    try:
+        for codec in ("LZ4", "ZSTD", "SNAPPY", "ZLib"):
+            producer = cluster.client.create_producer(
+                topic, compression_type=getattr(pulsar.CompressionType, codec), batching_enabled=True,
+                batching_max_messages=50, batching_max_publish_delay_ms=50)
+            done = []
+            for i in range(100):
+                payload = f"{codec}-{i}-".encode() + bytes(i % 7) * 40      # compressible
+                producer.send_async(payload, lambda result, message_id, payload=payload, key=f"{codec}-{i % 3}":
+                                    done.append((result, message_id, payload, key)), partition_key=f"{codec}-{i % 3}")
+            producer.flush()
+            producer.close()
+            assert len(done) == 100 and all(result == pulsar.Result.Ok for result, *_ in done)
+            for _result, message_id, payload, key in done:
+                expected[(message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())] = (payload, key)
+        end = max(expected)[:2]
+        rows = {}
+        for batch in TailReader(cluster.brokers[0].service_url, topic, None, end, 60_000).batches():
+            for row in batch.to_pylist():
+                rows[(row["ledger_id"], row["entry_id"], row["batch_index"])] = (row["payload"], row["key"])
+        assert rows == expected
+        assert any(index > 0 for _ledger, _entry, index in rows), "the producers did not batch"
+    finally:
+        holder.close()

@@ -78,8 +78,25 @@ def test_zlib_payloads_inflate_and_a_lying_size_is_caught():
     assert opaque.compression == "UNREADABLE"
 
 
+@pytest.mark.parametrize("codec", [pb.LZ4, pb.ZSTD, pb.SNAPPY, pb.ZLIB])
+def test_payloads_of_every_codec_decompress_and_a_lying_size_is_caught(codec):
+    import cramjam
+
+    compress = {pb.LZ4: lambda data: cramjam.lz4.compress_block(data, store_size=False),
+                pb.ZSTD: cramjam.zstd.compress, pb.SNAPPY: cramjam.snappy.compress_raw, pb.ZLIB: zlib.compress}[codec]
+    metadata, payload = batch_payload("p", 0, 1000, [OutgoingMessage(b"y" * 300), OutgoingMessage(b"z")])
+    metadata.compression = codec
+    metadata.uncompressed_size = len(payload)
+    compressed = bytes(compress(payload))
+    assert [m.payload for m in received(metadata, compressed).messages] == [b"y" * 300, b"z"]
+    for size in (len(payload) - 1, len(payload) + 1):
+        metadata.uncompressed_size = size
+        (opaque,) = received(metadata, compressed).messages
+        assert opaque.compression == "UNREADABLE" and opaque.payload == compressed
+
+
 @pytest.mark.parametrize("change, compression", [
-    (lambda m: setattr(m, "compression", pb.LZ4), "LZ4"),
+    (lambda m: setattr(m, "compression", pb.LZ4), "UNREADABLE"),      # not LZ4 bytes
     (lambda m: m.encryption_keys.add(key="k", value=b"v"), "ENCRYPTED"),
     (lambda m: setattr(m, "num_messages_in_batch", 4), "UNREADABLE"),
 ])
