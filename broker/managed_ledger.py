@@ -281,34 +281,32 @@ class ManagedLedger:
         wrote, its version is adopted and the write goes on."""
         async with self._metadata_lock:
             encoded = self._info.encode()
-            try:
-                self._version = await self._store.compare_and_set(self._key, encoded,
-                                                                  expected_version=self._version)
-                self._unanswered = None
+            if await self._swap_info(encoded):
                 return
-            except MetadataUnavailable:
-                self._unanswered = encoded
-                raise
-            except MetadataVersionConflict:
-                pass
             current = await self._store.get(self._key)
             if current is not None and self._unanswered is not None and current.value == self._unanswered:
                 log.info("managed ledger record: a write whose reply was lost had been applied: topic=%s "
                          "version=%d", self.name, current.version)
                 self._unanswered = None
                 self._version = current.version
-                try:
-                    self._version = await self._store.compare_and_set(self._key, encoded,
-                                                                      expected_version=self._version)
+                if await self._swap_info(encoded):
                     return
-                except MetadataUnavailable:
-                    self._unanswered = encoded
-                    raise
-                except MetadataVersionConflict:
-                    pass
             error = TopicFenced(f"topic {self.name} was taken over (managed ledger changed)")
             self._fence(error)
             raise error
+
+    async def _swap_info(self, encoded: bytes) -> bool:
+        """One compare-and-swap of the record: False on a version conflict; a lost reply
+        (MetadataUnavailable) is raised, its record remembered as unanswered."""
+        try:
+            self._version = await self._store.compare_and_set(self._key, encoded, expected_version=self._version)
+        except MetadataUnavailable:
+            self._unanswered = encoded
+            raise
+        except MetadataVersionConflict:
+            return False
+        self._unanswered = None
+        return True
 
     @property
     def properties(self) -> dict[str, str]:

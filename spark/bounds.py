@@ -91,6 +91,11 @@ class Bounds:
             return False
         return True
 
+    def keep(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """The batch's rows within the bounds (the batch itself when all are)."""
+        mask = self.row_mask(batch)
+        return batch if mask is None else batch.filter(mask)
+
     def row_mask(self, batch: pa.RecordBatch) -> pa.Array | None:
         """The rows of a Spark-schema batch within the bounds (None: all of them)."""
         masks = []

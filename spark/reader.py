@@ -202,9 +202,7 @@ class MagnetarBatchReader(DataSourceReader):
                             self.options.tail_timeout_ms)
         rows = 0
         for batch in reader.batches():
-            mask = bounds.row_mask(batch)
-            if mask is not None:
-                batch = batch.filter(mask)
+            batch = bounds.keep(batch)
             if batch.num_rows:
                 rows += batch.num_rows
                 yield batch
@@ -223,9 +221,7 @@ class MagnetarBatchReader(DataSourceReader):
                     continue
                 batch = to_spark_batch(archive_file.read_batch(index))
                 read += 1
-                mask = bounds.row_mask(batch)
-                if mask is not None:
-                    batch = batch.filter(mask)
+                batch = bounds.keep(batch)
                 if batch.num_rows:
                     rows += batch.num_rows
                     yield batch

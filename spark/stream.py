@@ -292,10 +292,7 @@ class MagnetarStreamReader(DataSourceStreamReader):
                 for index, batch_metadata in enumerate(archive_file.metadata.batches):
                     if not bounds.batch_may_match(partition.ledger_id, batch_metadata):
                         continue
-                    batch = to_spark_batch(archive_file.read_batch(index))
-                    mask = bounds.row_mask(batch)
-                    if mask is not None:
-                        batch = batch.filter(mask)
+                    batch = bounds.keep(to_spark_batch(archive_file.read_batch(index)))
                     if batch.num_rows:
                         rows += batch.num_rows
                         yield batch
