@@ -296,11 +296,13 @@ class ManagedLedger:
             raise error
 
     async def _swap_info(self, encoded: bytes) -> bool:
-        """One compare-and-swap of the record: False on a version conflict; a lost reply
-        (MetadataUnavailable) is raised, its record remembered as unanswered."""
+        """One compare-and-swap of the record: False on a version conflict. A write whose
+        outcome is unknown — its reply lost (MetadataUnavailable) or its caller cancelled
+        while it was on the way (a client that hung up mid-request) — is raised, its
+        record remembered as unanswered."""
         try:
             self._version = await self._store.compare_and_set(self._key, encoded, expected_version=self._version)
-        except MetadataUnavailable:
+        except (MetadataUnavailable, asyncio.CancelledError):
             self._unanswered = encoded
             raise
         except MetadataVersionConflict:

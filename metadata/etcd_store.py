@@ -21,7 +21,9 @@ Theory of operation:
   restarted the TTL at some point after that, so the owners' reckoning errs early,
   never late. When refreshes have failed for longer than the TTL, or etcd says the
   lease is unknown, the lease is lost: its ``lost`` event is set and the task ends.
-  Owners watch that event.
+  Owners watch that event. The refreshes run on a thread with its own event loop and
+  etcd connection (``_LeaseThread``), so a saturated event loop (a flood of hostile
+  frames) does not let a live process's lease lapse.
 - A watch re-establishes itself after a broken stream from the revision after the
   last event it delivered, so no event is missed across an etcd restart; if that
   history was compacted it yields a ``reset`` event instead. A watch gives up (and
@@ -51,11 +53,14 @@ Theory of operation:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import dataclasses
 import functools
 import logging
+import threading
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator, Sequence
+from typing import AsyncIterator, Callable, Sequence
 
 import aetcd
 import aetcd.exceptions
@@ -137,6 +142,11 @@ class EtcdStoreConfig:
     watch_reconnect_s_max: float = 120.0
     # TLS toward etcd (metadata/etcd_tls.py); off unless a file is given.
     tls: EtcdTlsConfig = EtcdTlsConfig()
+    # Lease refreshes on a thread with an event loop and an etcd connection of their
+    # own (_LeaseThread), so a lease lives as long as the process and etcd do, however
+    # busy the process's event loop is (as a ZooKeeper session's heartbeats run on the
+    # client's own threads). Off: refreshed on the caller's loop (unit tests' fakes).
+    lease_thread: bool = True
 
     def __post_init__(self) -> None:
         if not self.endpoints:
@@ -298,6 +308,8 @@ class EtcdStore(MetadataStore):
         # without this bound a peer that sends lookups and hangs up, again and again,
         # piles up calls (and memory) without limit: issue 13's live fuzz.
         self._read_slots = asyncio.Semaphore(config.reads_in_flight_max)
+        # Started with the first lease (config.lease_thread); closed by close.
+        self._lease_thread: _LeaseThread | None = None
         self._closed = False
         # TLS: the PEM files, read now (a wrong path fails here) and again per connection.
         self._credential_files = CredentialFiles(config.tls) if config.tls.enabled else None
@@ -485,13 +497,22 @@ class EtcdStore(MetadataStore):
         asked_at = time.monotonic()   # etcd starts the TTL after this, so it is a safe origin
         granted = await self._call(lambda c: c.lease(ttl_s))
         lease = Lease(lease_id=granted.id, ttl_s=ttl_s, refreshed_at=asked_at)
-        task = asyncio.get_running_loop().create_task(self._keep_alive(lease))
+        loop = asyncio.get_running_loop()
+        task: asyncio.Future[None]
+        if self.config.lease_thread:
+            if self._lease_thread is None:
+                self._lease_thread = await asyncio.to_thread(_LeaseThread, self.config)
+            # ``lost`` belongs to this loop: the thread sets it through the loop.
+            task = asyncio.wrap_future(self._lease_thread.keep(
+                lease, on_lost=lambda: loop.call_soon_threadsafe(lease.lost.set)))
+        else:
+            task = loop.create_task(self._keep_alive(lease))
         self._keepalive_tasks[lease.lease_id] = task
         task.add_done_callback(lambda _t, lease_id=lease.lease_id: self._keepalive_tasks.pop(lease_id, None))
         task.add_done_callback(functools.partial(log_failure, owner="etcd store lease keep-alive"))
         return lease
 
-    async def _keep_alive(self, lease: Lease) -> None:
+    async def _keep_alive(self, lease: Lease, on_lost: Callable[[], None] | None = None) -> None:
         # Refresh at a third of the TTL so that two refreshes may fail before expiry.
         interval_s = max(min(lease.ttl_s / 3.0, _LEASE_REFRESH_INTERVAL_S_MAX), 0.2)
         refresh_timeout_s = min(self.config.call_timeout_s, max(lease.ttl_s / 5.0, _LEASE_REFRESH_TIMEOUT_S_MIN))
@@ -527,7 +548,10 @@ class EtcdStore(MetadataStore):
                 last_success = asked_at
                 lease.refreshed_at = asked_at
         finally:
-            lease.lost.set()
+            if on_lost is not None:
+                on_lost()
+            else:
+                lease.lost.set()
 
     async def revoke_lease(self, lease: Lease) -> None:
         await cancel_and_wait(self._keepalive_tasks.pop(lease.lease_id, None))
@@ -547,8 +571,54 @@ class EtcdStore(MetadataStore):
         self._closed = True
         tasks = list(self._keepalive_tasks.values()) + list(self._shielded_reads)
         await cancel_and_wait(*tasks)
+        if self._lease_thread is not None:
+            await asyncio.to_thread(self._lease_thread.close)
+            self._lease_thread = None
         await self._tasks.join(timeout_s=self.config.call_timeout_s)
         await self._tasks.close()
         client, self._client = self._client, None
         if client is not None:
             await client.close()
+
+
+class _LeaseThread:
+    """A thread with its own event loop and its own EtcdStore (its own etcd connection)
+    that refreshes the leases it is given. A process whose event loop is saturated (a
+    broker flooded by a hostile client) still answers etcd in time, so its lease, and
+    the ownership held under it, does not lapse because of load; a process that is
+    gone or cut off from etcd still loses it."""
+
+    def __init__(self, config: EtcdStoreConfig) -> None:
+        self._config = dataclasses.replace(config, lease_thread=False)
+        self._loop = asyncio.new_event_loop()
+        self._store: EtcdStore | None = None
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="etcd-lease-keepalive", daemon=True)
+        self._thread.start()
+        if not self._started.wait(10):
+            raise MetadataUnavailable("the lease keep-alive thread did not start")
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._store = EtcdStore(self._config)
+        self._started.set()
+        try:
+            self._loop.run_forever()
+        finally:
+            self._loop.close()
+
+    def keep(self, lease: Lease, *, on_lost: Callable[[], None]) -> concurrent.futures.Future[None]:
+        """Refreshes ``lease`` until it is lost (``on_lost`` is called, from this
+        thread) or the returned future is cancelled."""
+        assert self._store is not None
+        return asyncio.run_coroutine_threadsafe(self._store._keep_alive(lease, on_lost), self._loop)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Blocking: closes the thread's store, stops its loop, joins it."""
+        if self._store is not None and self._thread.is_alive():
+            try:
+                asyncio.run_coroutine_threadsafe(self._store.close(), self._loop).result(timeout_s)
+            except (concurrent.futures.TimeoutError, MagnetarError) as error:
+                log.warning("closing the lease keep-alive thread's store failed: error=%r", error)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout_s)

@@ -162,3 +162,29 @@ async def test_unreachable_etcd_is_a_retriable_error():
             await store.get("/a")
     finally:
         await store.close()
+
+
+async def test_a_lease_outlives_a_blocked_event_loop(metadata_url):
+    """The event loop blocked for twice the lease's TTL (a broker saturated by a flood
+    of frames): the lease is refreshed on the store's own thread meanwhile, so it is
+    not lost and a key under it is still there (before, refreshes ran on the blocked
+    loop: etcd expired the lease and the broker fenced itself under the live fuzz).
+    Revoked, the key goes at once; and a store closed with a lease leaves no thread."""
+    import threading
+    import time
+
+    store = open_store(metadata_url)
+    try:
+        lease = await store.grant_lease(2)
+        await store.put("/lease-held", b"x", lease=lease)
+        time.sleep(4.5)                      # the loop does nothing for 4.5 s
+        await asyncio.sleep(0.1)
+        assert not lease.is_lost
+        assert time.monotonic() - lease.refreshed_at < 2
+        assert await store.get("/lease-held") is not None
+        await store.revoke_lease(lease)
+        assert await store.get("/lease-held") is None
+        await store.grant_lease(2)
+    finally:
+        await store.close()
+    assert not [t for t in threading.enumerate() if t.name == "etcd-lease-keepalive"]

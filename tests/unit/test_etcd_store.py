@@ -119,7 +119,7 @@ def fake_clients(monkeypatch):
 
 def _store(endpoints: int = 2) -> EtcdStore:
     return EtcdStore(EtcdStoreConfig(endpoints=tuple(("etcd", 2379 + i) for i in range(endpoints)),
-                                     root="/test", call_timeout_s=5.0))
+                                     root="/test", call_timeout_s=5.0, lease_thread=False))
 
 
 # --- endpoints -----------------------------------------------------------------------------------
@@ -496,7 +496,7 @@ async def test_a_late_reply_to_a_timed_out_watch_never_reaches_another_watch(slo
     broker whose owner mirror hears the assignments' events (seen in the etcd-outage
     runs) serves bundles it no longer owns and never takes the ones given to it."""
     service = slow_watch_service
-    store = EtcdStore(EtcdStoreConfig(endpoints=(("etcd", 2379),), root="/test", call_timeout_s=0.2))
+    store = EtcdStore(EtcdStoreConfig(endpoints=(("etcd", 2379),), root="/test", call_timeout_s=0.2, lease_thread=False))
     seen: dict[str, list[str]] = {"/a/": [], "/b/": []}
 
     async def follow(prefix: str) -> None:

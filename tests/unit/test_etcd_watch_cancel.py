@@ -77,7 +77,7 @@ def swallowing(monkeypatch):
 async def test_a_cancellation_swallowed_while_the_watch_is_created_still_ends_the_task(swallowing):
     """The iterating task is cancelled during watch creation; it ends cancelled within
     a second and the connection the watch was created on is closed."""
-    store = EtcdStore(EtcdStoreConfig(endpoints=(("etcd", 2379),), root="/test", call_timeout_s=5.0))
+    store = EtcdStore(EtcdStoreConfig(endpoints=(("etcd", 2379),), root="/test", call_timeout_s=5.0, lease_thread=False))
 
     async def follow() -> None:
         async for _event in store.watch_prefix("/bookies"):
@@ -97,7 +97,7 @@ async def test_a_cancellation_swallowed_while_the_watch_is_created_still_ends_th
 async def test_closing_a_watch_whose_cancel_never_answers_is_bounded(monkeypatch):
     """Closing aetcd's client on a dead stream may never return; close gives up after
     call_timeout_s."""
-    store = EtcdStore(EtcdStoreConfig(endpoints=(("etcd", 2379),), root="/test", call_timeout_s=0.2))
+    store = EtcdStore(EtcdStoreConfig(endpoints=(("etcd", 2379),), root="/test", call_timeout_s=0.2, lease_thread=False))
     watch = store.watch_prefix("/bookies")
 
     class Hanging:

@@ -385,3 +385,32 @@ async def test_a_record_write_whose_reply_was_lost_is_not_a_take_over():
     await reopened.set_properties({"c": "3"})
     with pytest.raises(TopicFenced):
         await ledger.set_properties({"d": "4"})
+
+
+async def test_a_record_write_cancelled_on_the_way_is_not_a_take_over():
+    """The caller of a property write is cancelled after etcd applied the write (a
+    client hung up while its exclusive producer was being registered): the next write
+    adopts the record's version (the bug: the topic fenced itself, under the live fuzz)."""
+    memory, client = MemoryStore(), FakeLedgerClient()
+    applied = asyncio.Event()
+
+    class AppliesThenHangs(_LosesOneReply):
+        async def compare_and_set(self, key, value, *, expected_version, lease=None):
+            version = await self._store.compare_and_set(key, value, expected_version=expected_version, lease=lease)
+            if self.lose_next:
+                self.lose_next = False
+                applied.set()
+                await asyncio.Event().wait()          # the reply never comes
+            return version
+
+    store = AppliesThenHangs(memory)
+    ledger = ManagedLedger(TOPIC, store, client, EntryCache(MIB), config())
+    await ledger.open(create_if_missing=True)
+    store.lose_next = True
+    writing = asyncio.get_running_loop().create_task(ledger.set_properties({"epoch": "1"}))
+    await applied.wait()
+    writing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await writing
+    await ledger.set_properties({"epoch": "2"})
+    assert ledger.properties == {"epoch": "2"}
