@@ -107,6 +107,9 @@ class _PolicyCollector(Collector):
         yield CounterMetricFamily("magnetar_broker_backlog_quota_sends_refused",
                                   "SENDs not stored because a producer-blocking size quota was passed",
                                   value=counters.sends_refused)
+        yield CounterMetricFamily("magnetar_broker_compactions_started_by_threshold",
+                                  "Compactions started because a namespace's compactionThreshold was passed",
+                                  value=counters.compactions_started)
 
 
 class _PublishLimitsCollector(Collector):

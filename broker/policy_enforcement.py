@@ -57,6 +57,7 @@ class PolicyCounters:
     producers_refused: int = 0           # producer creations refused by a quota
     producers_disconnected: int = 0      # attached producers closed by a quota
     sends_refused: int = 0               # SENDs not stored because a size quota was passed
+    compactions_started: int = 0         # compactions started by a namespace's compactionThreshold
 
 
 def has_time_policies(policies: NamespacePolicies) -> bool:

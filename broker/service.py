@@ -309,8 +309,8 @@ class BrokerService:
                     log.warning("retention check failed: topic=%s error=%s", topic.full_name, error)
 
     async def _run_policies(self) -> None:
-        """Applies message TTL and backlog quotas to the loaded topics whose namespace
-        sets them (broker/policy_enforcement.py)."""
+        """Applies message TTL, backlog quotas and the compaction threshold to the loaded
+        topics whose namespace sets them (broker/policy_enforcement.py)."""
         while not self.shutting_down:
             await asyncio.sleep(self.config.policy_check_interval_s)
             for topic in self.loaded_topics():
@@ -321,6 +321,8 @@ class BrokerService:
                     topic.backlog_size_quota = policy_enforcement.size_quota(policies)
                     if policy_enforcement.has_time_policies(policies):
                         await policy_enforcement.enforce(topic, policies, self.policy_counters)
+                    if topic.compact_past(policies.compaction_threshold or 0):
+                        self.policy_counters.compactions_started += 1
                 except MagnetarError as error:
                     log.warning("policy check failed: topic=%s error=%s", topic.full_name, error)
 

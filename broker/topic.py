@@ -221,6 +221,30 @@ class PersistentTopic:
         task.add_done_callback(functools.partial(log_failure, owner=f"topic {self.full_name}"))
         self._compaction_task = task
 
+    def bytes_since_compaction(self) -> int:
+        """The topic's bytes after the compaction horizon (all of them if it was never
+        compacted), by the mean entry size: what a compaction threshold is compared to."""
+        record = self.compaction.record
+        entries = (self.entries_between(record.horizon, self.ledger.last_confirmed) if record is not None
+                   else self.ledger.number_of_entries())
+        return int(entries * self.mean_entry_bytes())
+
+    def compact_past(self, threshold_bytes: int) -> bool:
+        """The namespace's automatic compaction (``compactionThreshold``): starts a
+        compaction when more than ``threshold_bytes`` were written since the last one
+        and none is running; whether it started one. 0: off."""
+        if threshold_bytes <= 0 or self.closing:
+            return False
+        if self._compaction_task is not None and not self._compaction_task.done():
+            return False
+        written = self.bytes_since_compaction()
+        if written <= threshold_bytes:
+            return False
+        log.info("compaction threshold passed, compacting: topic=%s bytes=%d threshold=%d", self.full_name,
+                 written, threshold_bytes)
+        self.trigger_compaction()
+        return True
+
     # --- deduplication -----------------------------------------------------------------------
 
     async def set_deduplication(self, enabled: bool) -> None:

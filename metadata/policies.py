@@ -125,6 +125,9 @@ class NamespacePolicies:
     # consumer gets every message, each keeps its own cursor); see subscriptions/.
     broadcast_subscriptions: list[str] = field(default_factory=list)
     subscription_expiration_time_minutes: int = 0
+    # Automatic compaction: a topic is compacted once more than this many bytes were
+    # written since its last compaction (Pulsar's compaction_threshold); None or 0: off.
+    compaction_threshold: int | None = None
     # The archive policy (OffloadPolicies' fields); None: ledgers are not archived.
     offload_policies: dict | None = None
     # Who may produce and consume (Pulsar's AuthPolicies): namespace_auth is

@@ -15,6 +15,7 @@ A GET answers the namespace's own setting, ``null`` when it has none:
     /admin/v2/namespaces/{ns}/retention           {"retentionTimeInMinutes", "retentionSizeInMB"}
     /admin/v2/namespaces/{ns}/deduplication       true | false
     /admin/v2/namespaces/{ns}/messageTTL          seconds
+    /admin/v2/namespaces/{ns}/compactionThreshold bytes written since the last compaction that start one (0: off)
     /admin/v2/namespaces/{ns}/persistence         {"bookkeeperEnsemble", "bookkeeperWriteQuorum",
                                                    "bookkeeperAckQuorum", "managedLedgerMaxMarkDeleteRate"}
     /admin/v2/namespaces/{ns}/autoTopicCreation   {"allowAutoTopicCreation", "topicType"}
@@ -59,6 +60,7 @@ _SIMPLE_POLICIES: dict[str, tuple[str, Callable[[object], object]]] = {
     "retention": ("retention_policies", policy_codec.retention_of),
     "deduplication": ("deduplicationEnabled", policy_codec.deduplication_of),
     "messageTTL": ("message_ttl_in_seconds", policy_codec.message_ttl_of),
+    "compactionThreshold": ("compaction_threshold", policy_codec.compaction_threshold_of),
     "persistence": ("persistence", policy_codec.persistence_of),
     "autoTopicCreation": ("autoTopicCreationOverride", policy_codec.auto_topic_creation_of),
     "offloadPolicies": ("offload_policies", policy_codec.offload_policies_of),

@@ -74,6 +74,10 @@ def schema_compatibility_strategy_of(doc: object) -> str:
     return doc.upper()
 
 
+def compaction_threshold_of(doc: object) -> int:
+    return integer(doc, "compaction threshold in bytes", minimum=0, maximum=2**63 - 1)
+
+
 def message_ttl_of(doc: object) -> int:
     return integer(doc, "message TTL in seconds", minimum=0, maximum=INT32_MAX)
 

@@ -484,6 +484,36 @@ def test_compaction_and_read_compacted(pulsar_cluster, client):
     batched.close()
 
 
+def test_a_compaction_threshold_compacts_by_itself(pulsar_cluster, client):
+    """A namespace with compactionThreshold 2,000 bytes: 40 messages of 100 bytes over
+    four keys pass it, and the broker compacts the topic by itself (no PUT: GET reports
+    SUCCESS, the metric counts it); a read_compacted reader then gets each key's latest
+    value. A topic under the threshold is left alone (NOT_RUN)."""
+    namespace = _namespace_with_policy(pulsar_cluster, "compactionThreshold", 2000)
+    assert _admin(pulsar_cluster, "GET", f"/admin/v2/namespaces/public/{namespace}")["compaction_threshold"] == 2000
+    small, busy = unique("small"), unique("busy")
+    client.create_producer(f"persistent://public/{namespace}/{small}", batching_enabled=False).send(
+        b"x" * 100, partition_key="k")
+    producer = client.create_producer(f"persistent://public/{namespace}/{busy}", batching_enabled=False)
+    for i in range(40):
+        producer.send(f"{i:03d}".encode() + b"v" * 97, partition_key=f"k{i % 4}")
+    path = f"/admin/v2/persistent/public/{namespace}/{busy}/compaction"
+    deadline = time.monotonic() + 30
+    while (status := _admin(pulsar_cluster, "GET", path))["status"] != "SUCCESS":
+        assert status["status"] in ("NOT_RUN", "RUNNING"), status
+        assert time.monotonic() < deadline, status
+        time.sleep(0.2)
+    assert _metric(pulsar_cluster, "magnetar_broker_compactions_started_by_threshold_total") >= 1
+    reader = client.create_reader(f"persistent://public/{namespace}/{busy}", pulsar.MessageId.earliest,
+                                  is_read_compacted=True)
+    got = sorted(reader.read_next(RECEIVE_TIMEOUT_MS).data()[:3] for _ in range(4))
+    assert got == [b"036", b"037", b"038", b"039"]
+    reader.close()
+    producer.close()
+    assert _admin(pulsar_cluster, "GET",
+                  f"/admin/v2/persistent/public/{namespace}/{small}/compaction")["status"] == "NOT_RUN"
+
+
 def _namespace_with_policy(cluster, policy: str, value: object) -> str:
     namespace = unique("ns")
     _admin(cluster, "PUT", f"/admin/v2/namespaces/public/{namespace}")
