@@ -1,7 +1,10 @@
 """Pulsar's HTTP lookup, used by clients given an ``http://`` service URL:
 
-    GET /lookup/v2/topic/persistent/{tenant}/{namespace}/{topic}
-        {"brokerUrl", "brokerUrlTls", "httpUrl", "httpUrlTls", "nativeUrl"} of the owner
+    GET /lookup/v2/topic/persistent/{tenant}/{namespace}/{topic}[?listenerName=NAME]
+        {"brokerUrl", "brokerUrlTls", "httpUrl", "httpUrlTls", "nativeUrl"} of the owner;
+        with a listener name (the query parameter, or the X-Pulsar-ListenerName header
+        as Pulsar takes it) brokerUrl is the owner's advertised listener of that name,
+        and a name the owner does not advertise is refused
 
 (Clients ask ``GET /admin/v2/persistent/.../{topic}/partitions`` first; topics.py
 answers that.)
@@ -14,10 +17,13 @@ from aiohttp import web
 from broker.admin.common import topic_of
 from broker.service import BrokerService
 
+LISTENER_NAME_HEADER = "X-Pulsar-ListenerName"
+
 
 def add_routes(app: web.Application, service: BrokerService) -> None:
     async def lookup(request: web.Request) -> web.Response:
-        owner = await service.lookup(topic_of(request))
+        listener_name = request.query.get("listenerName") or request.headers.get(LISTENER_NAME_HEADER, "")
+        owner = await service.lookup(topic_of(request), listener_name)
         return web.json_response({"brokerUrl": owner.service_url, "httpUrl": owner.web_service_url,
                                   "nativeUrl": owner.service_url, "brokerUrlTls": owner.service_url_tls,
                                   "httpUrlTls": owner.web_service_url_tls})

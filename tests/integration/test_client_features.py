@@ -701,6 +701,32 @@ def test_advertised_listeners(pulsar_cluster):
         stranger.close()
 
 
+def test_http_lookups_answer_the_listener_asked_for(pulsar_cluster):
+    """Over an http:// service URL (the HTTP lookup) a client with
+    listener_name="internal" is sent to that listener and produces and consumes; the
+    lookup answers the listener's URL for ?listenerName= and the X-Pulsar-ListenerName
+    header, and refuses a name the broker does not advertise."""
+    broker = pulsar_cluster.brokers[0]
+    local = unique("http-listener")
+    topic = f"persistent://public/default/{local}"
+    client = pulsar.Client(broker.web_service_url, listener_name="internal", operation_timeout_seconds=10)
+    try:
+        consumer = client.subscribe(topic, "sub")
+        client.create_producer(topic).send(b"via http lookup")
+        assert consumer.receive(timeout_millis=RECEIVE_TIMEOUT_MS).data() == b"via http lookup"
+    finally:
+        client.close()
+    path = f"/lookup/v2/topic/persistent/public/default/{local}"
+    internal = _admin(pulsar_cluster, "GET", f"{path}?listenerName=internal")["brokerUrl"]
+    assert internal == broker.service_url      # the test broker advertises its own address as "internal"
+    request = urllib.request.Request(f"{broker.web_service_url}{path}", headers={"X-Pulsar-ListenerName": "internal"})
+    with urllib.request.urlopen(request, timeout=15) as response:
+        assert json.loads(response.read())["brokerUrl"] == internal
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        _admin(pulsar_cluster, "GET", f"{path}?listenerName=nope")
+    assert refused.value.code >= 400
+
+
 def _versions():
     class Order(Record):
         name = String()
