@@ -105,6 +105,31 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def http_json(method: str, url: str, body: object | None = None) -> object:
+    """One JSON request to an admin endpoint; the decoded answer (None when empty)."""
+    import urllib.request
+
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        text = response.read()
+    return json.loads(text) if text else None
+
+
+def archiving_broker_args(ledger_entries_max: int) -> list[str]:
+    """A broker that rolls ledgers every ``ledger_entries_max`` entries and checks
+    archiving and retention often (the archive and Spark tests)."""
+    return ["--ledger-max-entries", str(ledger_entries_max), "--archive-check-interval-s", "0.3",
+            "--retention-check-interval-s", "0.5"]
+
+
+def archive_at_once_policy(batch_rows: int) -> dict:
+    """A namespace offload policy: every closed ledger archived at once, its bookie copy
+    deleted at once, in record batches of ``batch_rows``."""
+    return {"managedLedgerOffloadThresholdInBytes": 0, "managedLedgerOffloadDeletionLagInMillis": 0,
+            "archiveBatchRows": batch_rows}
+
+
 def python_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "magnetar", *args]
 

@@ -4,27 +4,18 @@ batched producer that records each message's id."""
 
 from __future__ import annotations
 
-import json
 import os
 import threading
-import urllib.request
 
 import pulsar
 
+from tests.cluster import archive_at_once_policy, archiving_broker_args, http_json
+
 MESSAGES = int(os.environ.get("SPARK_TEST_MESSAGES", "10000"))
 LEDGER_ENTRIES_MAX = 20
-BROKER_ARGS = ["--ledger-max-entries", str(LEDGER_ENTRIES_MAX), "--archive-check-interval-s", "0.3",
-               "--retention-check-interval-s", "0.5"]
-POLICY = {"managedLedgerOffloadThresholdInBytes": 0, "managedLedgerOffloadDeletionLagInMillis": 0,
-          "archiveBatchRows": 500}
-
-
-def http(method: str, url: str, body: object | None = None) -> object:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        text = response.read()
-    return json.loads(text) if text else None
+BROKER_ARGS = archiving_broker_args(LEDGER_ENTRIES_MAX)
+POLICY = archive_at_once_policy(500)
+http = http_json
 
 
 def produce(client, topic: str, count: int, *, base: int = 0, batching: bool = True) -> dict:

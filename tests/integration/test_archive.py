@@ -30,7 +30,6 @@ import os
 import re
 import threading
 import time
-import urllib.request
 import uuid
 
 import pulsar
@@ -40,23 +39,14 @@ import pytest
 from archive.format import SCHEMA
 from archive.reader import read_metadata
 from metadata import keys, open_store
-from tests.cluster import Cluster, run_cli, wait_until
+from tests.cluster import Cluster, archive_at_once_policy, archiving_broker_args, http_json, run_cli, wait_until
 
 MESSAGES = int(os.environ.get("ARCHIVE_TEST_MESSAGES", "10000"))
 LEDGER_ENTRIES_MAX = 400
-BROKER_ARGS = ["--ledger-max-entries", str(LEDGER_ENTRIES_MAX), "--archive-check-interval-s", "0.3",
-               "--retention-check-interval-s", "0.5"]
+BROKER_ARGS = archiving_broker_args(LEDGER_ENTRIES_MAX)
 # Every closed ledger archived at once, its bookie copy deleted at once.
-POLICY = {"managedLedgerOffloadThresholdInBytes": 0, "managedLedgerOffloadDeletionLagInMillis": 0,
-          "archiveBatchRows": 1000}
-
-
-def http(method: str, url: str, body: object | None = None) -> object:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        text = response.read()
-    return json.loads(text) if text else None
+POLICY = archive_at_once_policy(1000)
+http = http_json
 
 
 def message_key(message_id) -> tuple[int, int, int]:
