@@ -223,7 +223,7 @@ class BookieClient:
             self._check_timeouts()
 
     async def _write_failure(self, error: grpc.aio.AioRpcError) -> MagnetarError:
-        """The error of a write that failed. A write racing the bookie's refusal of the
+        """The error of an add call that failed (seen by its writer or its reader). A write racing the bookie's refusal of the
         call (bookie/security.py aborts it at once) fails INTERNAL in gRPC's core, and
         the call's own status (UNAUTHENTICATED / PERMISSION_DENIED) is lost; a refused
         writer must not pass for a failed bookie, so an INTERNAL failure asks the bookie
@@ -279,7 +279,14 @@ class BookieClient:
                     else:
                         future.set_exception(error_for_code(result.error_code, result.error_message))
         except grpc.aio.AioRpcError as error:
-            self._break(stream, _error_from_rpc(self.bookie_id, error))
+            # The reader can see a refused call's INTERNAL before its writer does.
+            if stream.broken is None:
+                try:
+                    failure = await self._write_failure(error)
+                except asyncio.CancelledError:
+                    self._break(stream, BookieUnavailable(self.bookie_id, "client closed"))
+                    raise
+                self._break(stream, failure)
         except asyncio.CancelledError:
             self._break(stream, BookieUnavailable(self.bookie_id, "client closed"))
             raise
