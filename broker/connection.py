@@ -380,7 +380,9 @@ class ServerConnection(asyncio.Protocol):
         if len(self._tasks) < self.config.pending_requests_per_connection_max // 2:
             self._refusing = False   # the episode is over: warn again at the next one
         if not task.cancelled() and task.exception() is not None:
-            log.error("connection handler failed: peer=%s error=%r", self.peer, task.exception())
+            error = task.exception()
+            log.error("connection handler failed: peer=%s error=%r", self.peer, error,
+                      exc_info=(type(error), error, error.__traceback__))
 
     def _handle(self, frame: Frame) -> None:
         command_type = frame.command.type

@@ -98,6 +98,8 @@ ROLL_RETRY_S = 1.0
 ROLL_RETRY_S_MAX = 8.0
 # Attempts at creating a ledger when the current one failed (no ledger to go on with).
 _ROLL_ATTEMPTS_MAX = 5
+# Record writes with an unknown outcome remembered until one is answered (_write_info).
+UNANSWERED_WRITES_MAX = 64
 
 
 @dataclass(frozen=True)
@@ -181,8 +183,10 @@ class ManagedLedger:
         self._readers: collections.OrderedDict[int, LedgerReader] = collections.OrderedDict()
         self._waiters: list[asyncio.Future[None]] = []
         self._metadata_lock = asyncio.Lock()
-        # The record a write wrote whose reply never came (see _write_info), if any.
-        self._unanswered: bytes | None = None
+        # The records written since the last answered write whose replies never came
+        # (see _write_info): all expected the same version, so at most one was applied.
+        # Bounded: past it the oldest is forgotten (at worst a needless fence).
+        self._unanswered: collections.deque[bytes] = collections.deque(maxlen=UNANSWERED_WRITES_MAX)
         self.last_confirmed = Position(-1, -1)
         self.fenced_error: MagnetarError | None = None
         self.closed = False
@@ -278,16 +282,18 @@ class ManagedLedger:
         A write whose reply was lost (etcd slow or away: MetadataUnavailable) may still
         have been applied, and then the next write finds a newer version than ours. That
         is not a take-over: when the record holds exactly what our unanswered write
-        wrote, its version is adopted and the write goes on."""
+        wrote — any of the writes left unanswered since the last answered one, as a
+        caller cancelled again while the next write was on the way leaves two —, its
+        version is adopted and the write goes on."""
         async with self._metadata_lock:
             encoded = self._info.encode()
             if await self._swap_info(encoded):
                 return
             current = await self._store.get(self._key)
-            if current is not None and self._unanswered is not None and current.value == self._unanswered:
+            if current is not None and current.value in self._unanswered:
                 log.info("managed ledger record: a write whose reply was lost had been applied: topic=%s "
                          "version=%d", self.name, current.version)
-                self._unanswered = None
+                self._unanswered.clear()
                 self._version = current.version
                 if await self._swap_info(encoded):
                     return
@@ -303,11 +309,11 @@ class ManagedLedger:
         try:
             self._version = await self._store.compare_and_set(self._key, encoded, expected_version=self._version)
         except (MetadataUnavailable, asyncio.CancelledError):
-            self._unanswered = encoded
+            self._unanswered.append(encoded)
             raise
         except MetadataVersionConflict:
             return False
-        self._unanswered = None
+        self._unanswered.clear()
         return True
 
     @property

@@ -414,3 +414,42 @@ async def test_a_record_write_cancelled_on_the_way_is_not_a_take_over():
         await writing
     await ledger.set_properties({"epoch": "2"})
     assert ledger.properties == {"epoch": "2"}
+
+
+async def test_two_record_writes_left_unanswered_in_a_row_are_not_a_take_over():
+    """The first of two writes is applied and its caller cancelled; the second (sent
+    with the same, now stale, version) is refused by etcd but its reply is lost too. The
+    record holds the first one's bytes: still ours, so the third write adopts its
+    version (the bug: only the last unanswered write was remembered, and the topic
+    fenced itself as 'taken over' under the live fuzz)."""
+    from common.errors import MetadataUnavailable, TopicFenced
+
+    memory, client = MemoryStore(), FakeLedgerClient()
+
+    class LosesReplies(_LosesOneReply):
+        lose = 0
+
+        async def compare_and_set(self, key, value, *, expected_version, lease=None):
+            try:
+                return await self._store.compare_and_set(key, value, expected_version=expected_version, lease=lease)
+            finally:
+                if self.lose:
+                    self.lose -= 1
+                    raise MetadataUnavailable("etcd call timed out")
+
+    store = LosesReplies(memory)
+    ledger = ManagedLedger(TOPIC, store, client, EntryCache(MIB), config())
+    await ledger.open(create_if_missing=True)
+    store.lose = 1
+    with pytest.raises(MetadataUnavailable):
+        await ledger.set_properties({"epoch": "1"})     # applied, reply lost
+    store.lose = 1                                       # refused (stale version), reply lost
+    with pytest.raises(MetadataUnavailable):
+        await ledger.set_properties({"epoch": "2"})
+    await ledger.set_properties({"epoch": "3"})          # not fenced
+    reopened = ManagedLedger(TOPIC, memory, client, EntryCache(MIB), config())
+    await reopened.open(create_if_missing=False)
+    assert reopened.properties == {"epoch": "3"}
+    await reopened.set_properties({"other": "owner"})
+    with pytest.raises(TopicFenced):
+        await ledger.set_properties({"epoch": "4"})
