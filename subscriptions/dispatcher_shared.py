@@ -192,6 +192,13 @@ class SharedDispatcher(Dispatcher):
         self.wake()
 
     def on_cursor_reset(self) -> None:
+        # Everything before the new position counts as acknowledged and everything from
+        # it on is read again: nothing is left to replay (an entry kept for replay would
+        # also be read afresh, and sent twice).
+        for position in self._replay:
+            self._on_replay_dropped(position)
+        self._replay.clear()
+        self._replay_set.clear()
         self.delayed.clear()
         self.delayed_overflow = None   # read again from the new position, like the tracker's
         self._arm_delay_timer()
@@ -326,8 +333,8 @@ class SharedDispatcher(Dispatcher):
             now_ms = self._clock_ms()
             for entry in entries:
                 prepared = self._prepare(entry)
-                if prepared is None or entry.position in self.pending:
-                    continue
+                if prepared is None or entry.position in self.pending or entry.position in self._replay_set:
+                    continue   # sent and unacknowledged, or the replay pass sends it
                 if self._hold_delayed(entry, self._deliver_at(entry), now_ms):
                     continue
                 consumer = self._choose(entry, self._available(), replaying=False)

@@ -75,10 +75,11 @@ async def skip_entries(topic: PersistentTopic, subscription: Subscription, count
 
 
 def reset(subscription: Subscription, position: Position) -> None:
-    # Reset, then disconnect, with no await between: nothing from before the reset is
-    # dispatched in between, and the consumers drop what they had buffered.
-    subscription.reset_cursor(position)
+    # Disconnect, then reset, with no await between (as a SEEK does): nothing from
+    # before the reset is dispatched in between, the consumers drop what they had
+    # buffered, and what they held is not kept for replay past the reset.
     subscription.disconnect_consumers()
+    subscription.reset_cursor(position)
 
 
 def add_routes(app: web.Application, service: BrokerService) -> None:

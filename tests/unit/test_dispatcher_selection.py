@@ -575,3 +575,84 @@ def test_a_mode_change_stops_the_old_dispatchers_loop():
         assert not harness.subscription._retired_loops
 
     run(scenario)
+
+
+# --- seeks and cursor resets --------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", [SHARED, KEY_SHARED], ids=["shared", "key-shared"])
+@pytest.mark.parametrize("disconnect_first", [True, False], ids=["seek-order", "reset-then-disconnect"])
+def test_reset_after_consumers_left_with_unacked_entries_sends_each_entry_once(mode, disconnect_first):
+    """Consumers holding unacknowledged entries are disconnected and the cursor moves
+    back to the start (a SEEK, or an admin reset-cursor, in either order): a new
+    consumer receives every entry exactly once, from the reset position, and the
+    dispatcher's rounds never break. The bug: what the departed consumers held stayed
+    in the replay set, the reset read it afresh as well, and the next replay pass
+    found it already pending (an assertion; the round failed every 0.5 s from then on,
+    caught by the live fuzz)."""
+    async def scenario() -> None:
+        harness = Harness(mode)
+        a, b = harness.consumer("a", 1), harness.consumer("b", 2)
+        harness.add(a, b)
+        # More than one replay pass takes (100 entries), so a fresh read from the
+        # reset position reaches entries still waiting for replay.
+        published = harness.publish([f"k{i % 3}" for i in range(250)])
+        await harness.settle()
+        assert sorted(positions_of(a) + positions_of(b)) == published
+        harness.ack(a, positions_of(a)[:1])
+        subscription = harness.subscription
+        if disconnect_first:
+            subscription.disconnect_consumers()
+            subscription.reset_cursor(published[0])
+        else:
+            subscription.reset_cursor(published[0])
+            subscription.disconnect_consumers()
+        c = harness.consumer("c", 3)
+        harness.add(c)
+        await harness.settle()
+        more = harness.publish(["k0", "k1"])
+        await harness.settle()
+        assert sorted(positions_of(c)) == published + more
+        assert len(set(positions_of(c))) == len(positions_of(c))
+        assert subscription.dispatcher.round_failures == 0
+        assert subscription.dispatcher.replay_size == 0
+        await harness.close()
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("mode", [SHARED, KEY_SHARED], ids=["shared", "key-shared"])
+def test_a_seek_during_a_replay_pass_sends_each_entry_once(mode):
+    """A replay pass is waiting for the ledger when a SEEK disconnects the consumers
+    and moves the cursor back: the pass must not go on sending what the reset made
+    obsolete, and a new consumer gets every entry exactly once (the live fuzz's
+    failure: an entry both replayed and read afresh, then an assertion in every round)."""
+    async def scenario() -> None:
+        harness = Harness(mode)
+        a, b = harness.consumer("a", 1), harness.consumer("b", 2)
+        harness.add(a, b)
+        published = harness.publish([f"k{i % 3}" for i in range(250)])
+        await harness.settle()
+        gate = asyncio.Event()
+        real_read = harness.ledger.read
+
+        async def gated_read(start, count_max, bytes_max):
+            if count_max == 1:                 # the replay pass reads one entry at a time
+                await gate.wait()
+            return await real_read(start, count_max, bytes_max)
+
+        harness.ledger.read = gated_read
+        subscription = harness.subscription
+        subscription.remove_consumer(a)        # a's entries wait for replay; a pass starts
+        await harness.settle()
+        subscription.disconnect_consumers()    # the SEEK: b's go to replay too, then reset
+        subscription.reset_cursor(published[0])
+        d = harness.consumer("d", 4)
+        harness.add(d)
+        gate.set()
+        await harness.settle()
+        assert sorted(positions_of(d)) == published
+        assert len(set(positions_of(d))) == len(positions_of(d))
+        assert subscription.dispatcher.round_failures == 0
+        await harness.close()
+
+    run(scenario)
