@@ -66,6 +66,7 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from protocol import commands
+from protocol.batch import message_count
 from protocol.codec import NEED_DATA, CommandDecoder, Frame, PayloadChecksumMismatch, command_name, encode_command
 from broker import policy_enforcement, schemas, topic_list
 from broker.authentication import TOKEN_METHOD, Identity
@@ -750,6 +751,15 @@ class ServerConnection(asyncio.Protocol):
         assert frame.payload is not None
         if producer.closing:
             return   # the broker is closing it: the client resends this after reconnecting
+        try:
+            message_count(frame.payload.metadata)
+        except MalformedFrame as error:
+            # Refused before it is stored: an entry no consumer could be sent.
+            log.info("send refused, invalid message metadata: peer=%s producer_id=%d sequence_id=%d error=%s",
+                     self.peer, send.producer_id, send.sequence_id, error.message)
+            self.write_command(commands.send_error(send.producer_id, send.sequence_id, pb.MetadataError,
+                                                   f"invalid message metadata: {error.message}"))
+            return
         if topic.backlog_size_quota is not None:
             refusal = policy_enforcement.send_refusal(topic, len(frame.payload.stored))
             if refusal is not None:

@@ -203,6 +203,40 @@ def test_wrong_checksum_gets_send_error_and_connection_survives(pulsar_cluster, 
     assert steady.progress() > 0
 
 
+def test_send_with_an_impossible_batch_count_is_refused_and_not_stored(pulsar_cluster, steady):
+    """A SEND whose metadata says the batch holds fewer than one message is answered
+    with SEND_ERROR(MetadataError) and not stored (before, it was stored and every
+    subscription logged it as unreadable at each dispatch); the connection goes on."""
+    sock = connect_raw(pulsar_cluster.brokers[0].service_url)
+    handshake(sock)
+    topic = f"persistent://public/default/batch-count-{uuid.uuid4().hex[:8]}"
+    sock.sendall(encode_command(wrap(pb.CommandProducer(topic=topic, producer_id=1, request_id=1))))
+    (created,) = read_frames(sock, 1)
+    assert created.command.type == pb.BaseCommand.PRODUCER_SUCCESS, created.command
+    name = created.command.producer_success.producer_name
+    for count in (0, -5):
+        metadata = pb.MessageMetadata(producer_name=name, sequence_id=0, publish_time=int(time.time() * 1000),
+                                      num_messages_in_batch=count)
+        sock.sendall(encode_payload_command(wrap(pb.CommandSend(producer_id=1, sequence_id=0)), metadata, b"x"))
+        (refused,) = read_frames(sock, 1)
+        assert refused.command.type == pb.BaseCommand.SEND_ERROR, refused.command
+        assert refused.command.send_error.error == pb.MetadataError
+        assert "num_messages_in_batch" in refused.command.send_error.message
+    metadata = pb.MessageMetadata(producer_name=name, sequence_id=1, publish_time=int(time.time() * 1000))
+    sock.sendall(encode_payload_command(wrap(pb.CommandSend(producer_id=1, sequence_id=1)), metadata, b"fine"))
+    (receipt,) = read_frames(sock, 1)
+    assert receipt.command.type == pb.BaseCommand.SEND_RECEIPT, receipt.command
+    sock.close()
+    client = pulsar.Client(pulsar_cluster.brokers[0].service_url)
+    try:
+        reader = client.create_reader(topic, pulsar.MessageId.earliest)
+        assert reader.read_next(5000).data() == b"fine"
+        assert not reader.has_message_available()
+    finally:
+        client.close()
+    assert steady.progress() > 0
+
+
 def test_ping_is_answered(pulsar_cluster, steady):
     """PING gets PONG."""
     sock = connect_raw(pulsar_cluster.brokers[0].service_url)
