@@ -409,7 +409,14 @@ class PersistentTopic:
             raise ProducerFenced(f"topic {self.full_name} epoch moved to {current}; the producer held {epoch}")
         # Taken before the await below, so that a concurrent request sees it.
         self._exclusive_producer = producer
-        new_epoch = epoch if epoch is not None else (current if current is not None else -1) + 1
+        if epoch is not None and epoch == current:
+            new_epoch = epoch                     # a reconnect of the holder
+        else:
+            # A new grant. An epoch the client claims beyond the topic's was never
+            # granted here (a deleted topic's, or forged): it is not adopted, so
+            # epochs only ever move by one (a forged 2**64 - 1 made every later grant
+            # overflow the wire field, and no exclusive producer could be created).
+            new_epoch = (current if current is not None else -1) + 1
         try:
             if new_epoch != current:
                 await self.ledger.set_properties({TOPIC_EPOCH_PROPERTY: str(new_epoch)})

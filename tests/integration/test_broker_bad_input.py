@@ -237,6 +237,38 @@ def test_send_with_an_impossible_batch_count_is_refused_and_not_stored(pulsar_cl
     assert steady.progress() > 0
 
 
+def test_a_forged_topic_epoch_is_not_adopted(pulsar_cluster, steady):
+    """An exclusive producer that claims the largest topic epoch (never granted by the
+    topic) gets the next real one instead; later exclusive producers still get theirs
+    (before, the forged epoch was stored and every later grant overflowed the wire
+    field: the broker never answered, and the topic took no exclusive producer again)."""
+    sock = connect_raw(pulsar_cluster.brokers[0].service_url)
+    handshake(sock)
+    topic = f"persistent://public/default/epoch-{uuid.uuid4().hex[:8]}"
+    sock.sendall(encode_command(wrap(pb.CommandProducer(
+        topic=topic, producer_id=1, request_id=1, producer_access_mode=pb.Exclusive, topic_epoch=2**64 - 1))))
+    (created,) = read_frames(sock, 1)
+    assert created.command.type == pb.BaseCommand.PRODUCER_SUCCESS, created.command
+    assert created.command.producer_success.topic_epoch == 0
+    sock.close()
+    client = pulsar.Client(pulsar_cluster.brokers[0].service_url, operation_timeout_seconds=15)
+    try:
+        deadline = time.monotonic() + 15
+        while True:     # the raw connection's producer goes when the broker sees it closed
+            try:
+                producer = client.create_producer(topic, access_mode=pulsar.ProducerAccessMode.Exclusive)
+                break
+            except pulsar.ProducerFenced:
+                assert time.monotonic() < deadline, "the closed connection's producer was never released"
+                time.sleep(0.2)
+        producer.send(b"after the forged epoch")
+        reader = client.create_reader(topic, pulsar.MessageId.earliest)
+        assert reader.read_next(5000).data() == b"after the forged epoch"
+    finally:
+        client.close()
+    assert steady.progress() > 0
+
+
 def test_ping_is_answered(pulsar_cluster, steady):
     """PING gets PONG."""
     sock = connect_raw(pulsar_cluster.brokers[0].service_url)
