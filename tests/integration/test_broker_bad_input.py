@@ -71,6 +71,27 @@ def handshake(sock: socket.socket) -> None:
     assert frame.command.connected.server_version
 
 
+def create_raw_producer(sock: socket.socket, topic: str, **fields) -> pb.CommandProducerSuccess:
+    """PRODUCER (producer id 1) on a handshaken raw connection; its PRODUCER_SUCCESS."""
+    sock.sendall(encode_command(wrap(pb.CommandProducer(topic=topic, producer_id=1, request_id=1, **fields))))
+    (created,) = read_frames(sock, 1)
+    assert created.command.type == pb.BaseCommand.PRODUCER_SUCCESS, created.command
+    return created.command.producer_success
+
+
+def only_message(cluster: Cluster, topic: str) -> bytes:
+    """The one message stored on ``topic``, read with the official client (fails if
+    there is none, or more than one)."""
+    client = pulsar.Client(cluster.brokers[0].service_url)
+    try:
+        reader = client.create_reader(topic, pulsar.MessageId.earliest)
+        data = reader.read_next(5000).data()
+        assert not reader.has_message_available()
+        return data
+    finally:
+        client.close()
+
+
 class SteadyTraffic:
     """An official client producing and consuming one message at a time, in a thread,
     for the whole test: it must never fail and never lose a message."""
@@ -177,10 +198,8 @@ def test_wrong_checksum_gets_send_error_and_connection_survives(pulsar_cluster, 
     sock = connect_raw(pulsar_cluster.brokers[0].service_url)
     handshake(sock)
     topic = f"persistent://public/default/checksum-{uuid.uuid4().hex[:8]}"
-    sock.sendall(encode_command(wrap(pb.CommandProducer(topic=topic, producer_id=1, request_id=1))))
-    (created,) = read_frames(sock, 1)
-    assert created.command.type == pb.BaseCommand.PRODUCER_SUCCESS, created.command
-    metadata = pb.MessageMetadata(producer_name=created.command.producer_success.producer_name, sequence_id=0,
+    created = create_raw_producer(sock, topic)
+    metadata = pb.MessageMetadata(producer_name=created.producer_name, sequence_id=0,
                                   publish_time=int(time.time() * 1000))
     good = encode_payload_command(wrap(pb.CommandSend(producer_id=1, sequence_id=0)), metadata, b"payload")
     bad = bytearray(good)
@@ -193,13 +212,7 @@ def test_wrong_checksum_gets_send_error_and_connection_survives(pulsar_cluster, 
     (receipt,) = read_frames(sock, 1)
     assert receipt.command.type == pb.BaseCommand.SEND_RECEIPT
     sock.close()
-    client = pulsar.Client(pulsar_cluster.brokers[0].service_url)
-    try:
-        reader = client.create_reader(topic, pulsar.MessageId.earliest)
-        assert reader.read_next(5000).data() == b"payload"
-        assert not reader.has_message_available()
-    finally:
-        client.close()
+    assert only_message(pulsar_cluster, topic) == b"payload"
     assert steady.progress() > 0
 
 
@@ -210,10 +223,8 @@ def test_send_with_an_impossible_batch_count_is_refused_and_not_stored(pulsar_cl
     sock = connect_raw(pulsar_cluster.brokers[0].service_url)
     handshake(sock)
     topic = f"persistent://public/default/batch-count-{uuid.uuid4().hex[:8]}"
-    sock.sendall(encode_command(wrap(pb.CommandProducer(topic=topic, producer_id=1, request_id=1))))
-    (created,) = read_frames(sock, 1)
-    assert created.command.type == pb.BaseCommand.PRODUCER_SUCCESS, created.command
-    name = created.command.producer_success.producer_name
+    created = create_raw_producer(sock, topic)
+    name = created.producer_name
     for count in (0, -5):
         metadata = pb.MessageMetadata(producer_name=name, sequence_id=0, publish_time=int(time.time() * 1000),
                                       num_messages_in_batch=count)
@@ -227,13 +238,7 @@ def test_send_with_an_impossible_batch_count_is_refused_and_not_stored(pulsar_cl
     (receipt,) = read_frames(sock, 1)
     assert receipt.command.type == pb.BaseCommand.SEND_RECEIPT, receipt.command
     sock.close()
-    client = pulsar.Client(pulsar_cluster.brokers[0].service_url)
-    try:
-        reader = client.create_reader(topic, pulsar.MessageId.earliest)
-        assert reader.read_next(5000).data() == b"fine"
-        assert not reader.has_message_available()
-    finally:
-        client.close()
+    assert only_message(pulsar_cluster, topic) == b"fine"
     assert steady.progress() > 0
 
 
@@ -245,11 +250,8 @@ def test_a_forged_topic_epoch_is_not_adopted(pulsar_cluster, steady):
     sock = connect_raw(pulsar_cluster.brokers[0].service_url)
     handshake(sock)
     topic = f"persistent://public/default/epoch-{uuid.uuid4().hex[:8]}"
-    sock.sendall(encode_command(wrap(pb.CommandProducer(
-        topic=topic, producer_id=1, request_id=1, producer_access_mode=pb.Exclusive, topic_epoch=2**64 - 1))))
-    (created,) = read_frames(sock, 1)
-    assert created.command.type == pb.BaseCommand.PRODUCER_SUCCESS, created.command
-    assert created.command.producer_success.topic_epoch == 0
+    created = create_raw_producer(sock, topic, producer_access_mode=pb.Exclusive, topic_epoch=2**64 - 1)
+    assert created.topic_epoch == 0
     sock.close()
     client = pulsar.Client(pulsar_cluster.brokers[0].service_url, operation_timeout_seconds=15)
     try:
