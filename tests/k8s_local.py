@@ -407,13 +407,15 @@ class LocalCluster:
     async def stop_all(self) -> None:
         for proxy in self._proxies.values():
             proxy.stop()
-        for component in ("gateway", "broker", "autorecovery", "bookie", "etcd"):
-            for pod in list(self.pods.values()):
-                if pod.pod.component == component and pod.running:
-                    try:
-                        await pod.process.terminate(timeout_s=20)
-                    except TimeoutError:
-                        pass
+        async def terminate(pod: LocalPod) -> None:
+            try:
+                await pod.process.terminate(timeout_s=20)
+            except TimeoutError:
+                pass
+
+        for component in ("gateway", "broker", "autorecovery", "bookie", "etcd"):   # a tier at a time
+            await asyncio.gather(*(terminate(pod) for pod in list(self.pods.values())
+                                   if pod.pod.component == component and pod.running))
 
     # --- kubectl, for the procedures of k8s/README.md ----------------------------------------
 

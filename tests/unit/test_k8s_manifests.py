@@ -649,3 +649,18 @@ def test_dev_stays_plain():
     for workload, pod, container, env, args, where in _pods_with_args(k8s.render("dev")):
         if args is not None and args.process in ("broker", "gateway", "bookie"):
             assert not args.tls_cert_file, where
+
+
+def test_every_etcd_variable_is_an_etcd_flag(rendered):
+    """etcd takes ETCD_<FLAG> for --<flag> and only warns about one it does not know: each
+    ETCD_* variable of the etcd pods is a flag of the etcd the image carries (its --help)."""
+    _, objects = rendered
+    result = subprocess.run([k8s.tool("etcd"), "--help"], capture_output=True, text=True, timeout=60)
+    flags = set(re.findall(r"--([a-z0-9-]+)", result.stdout + result.stderr))
+    assert {"listen-client-urls", "client-cert-auth"} <= flags
+    etcd = k8s.named(objects, "StatefulSet", "magnetar-etcd")
+    pod = k8s.pods(etcd)[0]
+    names = [item["name"] for item in pod.container["env"] if item["name"].startswith("ETCD_")]
+    assert names
+    for name in names:
+        assert name.removeprefix("ETCD_").lower().replace("_", "-") in flags, name
