@@ -70,34 +70,55 @@ def test_gateway_hostname_verification_switch():
     assert config_from_args(off).broker_tls_hostname_verification is False
 
 
-async def test_admin_over_https_with_the_brokers_ca(tmp_path):
-    """`magnetar admin --tls-trust-certs-file` (the preStop drain of a broker without
-    plain ports) reaches an HTTPS server whose CA only that file holds."""
-    from magnetar.tools.admin_client import AdminClient, AdminError
-
-    pki = make_pki(str(tmp_path), "admin")
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(pki.cert_file, pki.key_file)
+async def _https_site(cert_file: str, key_file: str) -> tuple[web.AppRunner, str]:
+    """An HTTPS server answering GET /admin/v2/clusters; (runner, its https://127.0.0.1 URL)."""
     async def clusters(request: web.Request) -> web.Response:
         return web.json_response(["magnetar"])
 
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert_file, key_file)
     app = web.Application()
     app.router.add_get("/admin/v2/clusters", clusters)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    try:
-        url = f"https://localhost:{port}"
-        args = cli.parse_command_line(["admin", "--admin-url", url, "--tls-trust-certs-file", pki.ca_file,
+    return runner, f"https://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+
+
+async def test_admin_over_https_with_the_brokers_ca(tmp_path):
+    """`magnetar admin --tls-trust-certs-file` (the preStop drain of a broker without
+    plain ports) reaches an HTTPS server whose CA only that file holds; with
+    --no-tls-hostname-verification also one whose certificate does not name the host (a
+    redirect to a topic's owner at its pod IP), still only with the right CA."""
+    from magnetar.tools.admin_client import AdminClient, AdminError
+
+    def get(url: str, args) -> object:
+        client = AdminClient(url, tls_trust_certs_file=args.tls_trust_certs_file,
+                             tls_hostname_verification=args.tls_hostname_verification)
+        return json.loads(client.get("/admin/v2/clusters").body)
+
+    def parse(url: str, ca_file: str, *flags: str):
+        return cli.parse_command_line(["admin", "--admin-url", url, "--tls-trust-certs-file", ca_file, *flags,
                                        "clusters", "list"], {})
-        assert args.tls_trust_certs_file == pki.ca_file
-        client = AdminClient(url, tls_trust_certs_file=pki.ca_file)
-        response = await asyncio.to_thread(client.get, "/admin/v2/clusters")
-        assert json.loads(response.body) == ["magnetar"]
+
+    pki = make_pki(str(tmp_path), "admin")     # names localhost and 127.0.0.1
+    runner, url = await _https_site(pki.cert_file, pki.key_file)
+    try:
+        assert await asyncio.to_thread(get, url, parse(url, pki.ca_file)) == ["magnetar"]
         with pytest.raises(AdminError):     # the system's CAs do not know this one
             await asyncio.to_thread(AdminClient(url).get, "/admin/v2/clusters")
+    finally:
+        await runner.cleanup()
+    unnamed = make_pki(str(tmp_path / "unnamed"), "unnamed", server_names=("magnetar-broker.magnetar",))
+    runner, url = await _https_site(unnamed.cert_file, unnamed.key_file)
+    try:
+        with pytest.raises(AdminError):
+            await asyncio.to_thread(get, url, parse(url, unnamed.ca_file))
+        off = parse(url, unnamed.ca_file, "--no-tls-hostname-verification")
+        assert await asyncio.to_thread(get, url, off) == ["magnetar"]
+        with pytest.raises(AdminError):     # another CA: refused with verification off too
+            await asyncio.to_thread(get, url, parse(url, pki.ca_file, "--no-tls-hostname-verification"))
     finally:
         await runner.cleanup()
 
