@@ -14,6 +14,7 @@ own routers for the served paths.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import subprocess
@@ -522,10 +523,30 @@ def test_every_operator_secret_and_key_is_documented(rendered):
 def test_secured_overlay_has_no_plain_client_port():
     """prod: every port a container or Service opens is TLS, except the ops ports, which
     serve the probes' and scrapers' paths only. Brokers listen on 6651 and 8443 alone."""
+    _check_no_plain_client_port(k8s.render("prod"))
+
+
+@pytest.mark.parametrize("mutation", ["plain ports on", "bookie without client certificates", "plain etcd"])
+def test_plain_client_port_check_can_fail(mutation):
+    """The check above refuses prod with one hop left in clear text."""
+    objects = copy.deepcopy(k8s.render("prod"))
+    name, variable, value = {"plain ports on": ("magnetar-broker", "MAGNETAR_NO_PLAIN_PORTS", "false"),
+                             "bookie without client certificates": ("magnetar-bookie", "MAGNETAR_TLS_REQUIRE_CLIENT_CERT",
+                                                                    "false"),
+                             "plain etcd": ("magnetar-etcd", "ETCD_LISTEN_CLIENT_URLS", "http://0.0.0.0:2379")}[mutation]
+    workload = next(w for w in k8s.workloads(objects) if w["metadata"]["name"] == name)
+    container = workload["spec"]["template"]["spec"]["containers"][0]
+    next(item for item in container["env"] if item["name"] == variable)["value"] = value
+    if mutation == "plain ports on":
+        container["ports"].append({"name": "pulsar", "containerPort": 6650})
+    with pytest.raises(AssertionError):
+        _check_no_plain_client_port(objects)
+
+
+def _check_no_plain_client_port(objects: list[dict]) -> None:
     from bookie.main import config_from_args as bookie_config
     from broker.main import config_from_args as broker_config
 
-    objects = k8s.render("prod")
     served = _served_paths()
     tls_ports: dict[str, set[int]] = {}
     for workload, pod, container, env, args, where in _pods_with_args(objects):
