@@ -34,7 +34,7 @@ from common.ops_http import bind_listener
 from common.tls import CertificateReloader, TlsConfig, server_context
 from common.tasks import TaskSet, stop_on_signals
 from ledger.client import LedgerClient
-from ledger.config import BookieTlsConfig, LedgerClientConfig
+from ledger.config import BOOKIE_CLIENT_SECURITY_OPTIONS, LedgerClientConfig, bookie_client_security
 from metadata import open_store
 from metadata.etcd_tls import ETCD_TLS_OPTIONS, etcd_tls_from_args
 
@@ -139,13 +139,7 @@ OPTIONS: list[ConfigOption] = [
     ConfigOption("--no-plain-ports", BrokerConfig, "plain_ports_enabled",
                  "listen only on the TLS ports", switch_to=False),
     # Toward the bookies (bookie/security.py): TLS and a service token.
-    ConfigOption("--bookie-tls", LedgerClientConfig, "bookie_tls_enabled", "TLS on the channels to bookies",
-                 switch_to=True),
-    ConfigOption("--bookie-tls-trust-certs-file", BookieTlsConfig, "trust_certs_file", "the bookies' CA"),
-    ConfigOption("--bookie-tls-cert-file", BookieTlsConfig, "cert_file", "this broker's certificate (mutual TLS)"),
-    ConfigOption("--bookie-tls-key-file", BookieTlsConfig, "key_file"),
-    ConfigOption("--bookie-auth-token-file", LedgerClientConfig, "bookie_auth_token_file",
-                 "a file holding the service token sent to bookies"),
+    *BOOKIE_CLIENT_SECURITY_OPTIONS,
     ConfigOption("--lease-ttl-s", BundlesConfig, "lease_ttl_s", "a dead broker's bundles move after this"),
     ConfigOption("--load-report-interval-s", BundlesConfig, "report_interval_s"),
     ConfigOption("--leader-interval-s", BundlesConfig, "leader_interval_s"),
@@ -194,8 +188,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
 
 
 def ledger_config_from_args(args: argparse.Namespace) -> LedgerClientConfig:
-    return LedgerClientConfig(**config_overrides(args, OPTIONS, LedgerClientConfig),
-                              bookie_tls=BookieTlsConfig(**config_overrides(args, OPTIONS, BookieTlsConfig)))
+    return LedgerClientConfig(**bookie_client_security(args))
 
 
 def archiver_config_from_args(args: argparse.Namespace) -> ArchiverConfig:

@@ -51,6 +51,11 @@ class ClientConfig:
     # signs the brokers' certificates ("" : the system's trust store).
     tls_enabled: bool = False
     tls_trust_certs_file: str = ""
+    # Whether the broker's certificate must name the host dialled. Off is what Pulsar's
+    # clients do by default (tlsHostnameVerificationEnable=false): the chain is still
+    # verified against the CA, but a lookup's answer (a broker pod's IP in Kubernetes)
+    # need not be in the certificate.
+    tls_hostname_verification: bool = True
 
     def __post_init__(self) -> None:
         for name in ("connect_timeout_ms", "operation_timeout_ms", "lookup_redirects_max", "pending_requests_max",

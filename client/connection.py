@@ -120,7 +120,8 @@ class ClientConnection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(config.connect_timeout_s):
-                context = client_context(TlsConfig(trust_certs_file=config.tls_trust_certs_file)) \
+                context = client_context(TlsConfig(trust_certs_file=config.tls_trust_certs_file),
+                                         verify_hostname=config.tls_hostname_verification) \
                     if config.tls_enabled else None
                 _, connection = await loop.create_connection(lambda: cls(address, config), host, port, ssl=context,
                                                              server_hostname=host if context else None)

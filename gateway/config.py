@@ -100,6 +100,10 @@ class GatewayConfig:
     # The CA of the brokers' certificates, for a pulsar+ssl:// service URL and an
     # https:// admin URL ("": the system's trust store).
     broker_tls_trust_certs_file: str = ""
+    # Whether the brokers' certificates must name the host dialled (off: the chain is
+    # still checked against the CA; lookups send the gateway to brokers' pod IPs, which
+    # a certificate made once cannot name).
+    broker_tls_hostname_verification: bool = True
 
     def __post_init__(self) -> None:
         if not self.service_url.startswith(("pulsar://", "pulsar+ssl://")):

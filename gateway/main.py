@@ -76,6 +76,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-key-file", default="", help="PEM private key of --tls-cert-file")
     parser.add_argument("--broker-tls-trust-certs-file", default="",
                         help="the brokers' CA, for a pulsar+ssl:// service URL and an https:// admin URL")
+    parser.add_argument("--no-broker-tls-hostname-verification", dest="broker_tls_hostname_verification",
+                        action="store_false",
+                        help="accept a broker certificate signed by the CA that does not name the host dialled "
+                             "(lookups answer brokers' pod IPs; Pulsar clients' default)")
     parser.add_argument("--print-openapi", action="store_true",
                         help="print the OpenAPI document (default settings) and exit")
 
@@ -124,7 +128,8 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         authentication_providers=args.authentication_providers,
         tls=TlsConfig(cert_file=args.tls_cert_file, key_file=args.tls_key_file,
                       trust_certs_file=args.tls_trust_certs_file),
-        broker_tls_trust_certs_file=args.broker_tls_trust_certs_file)
+        broker_tls_trust_certs_file=args.broker_tls_trust_certs_file,
+        broker_tls_hostname_verification=args.broker_tls_hostname_verification)
 
 
 class GatewayProcess:

@@ -39,7 +39,8 @@ class GatewayService:
         self.instance_id = os.urandom(8)
         self.instance_name = f"gateway-{self.instance_id.hex()}"
         self.broker_pool = BrokerPool(config.service_url, ClientConfig(
-            auth_token=config.service_token, tls_trust_certs_file=config.broker_tls_trust_certs_file))
+            auth_token=config.service_token, tls_trust_certs_file=config.broker_tls_trust_certs_file,
+            tls_hostname_verification=config.broker_tls_hostname_verification))
         self.producers = ProducerPool(self.broker_pool, config)
         self.consumers = ConsumerPool(self.broker_pool, config, self.instance_name, self._dead_letter)
         self.http: aiohttp.ClientSession | None = None
@@ -58,7 +59,8 @@ class GatewayService:
         # overrides it with the caller's token.
         headers = {"Authorization": f"Bearer {self.config.service_token}"} if self.config.service_token else None
         # An https:// admin URL is verified against the brokers' CA when one is given.
-        context = client_context(TlsConfig(trust_certs_file=self.config.broker_tls_trust_certs_file)) \
+        context = client_context(TlsConfig(trust_certs_file=self.config.broker_tls_trust_certs_file),
+                                 verify_hostname=self.config.broker_tls_hostname_verification) \
             if self.config.admin_url.startswith("https://") else None
         self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.config.forward_timeout_ms / 1000),
                                           headers=headers, connector=aiohttp.TCPConnector(ssl=context)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, field
+from typing import Any
 
+from common.config_options import ConfigOption, config_overrides
 from common.entry import ENTRY_BYTES_MAX_DEFAULT
 from common.errors import ConfigError
 from common.tls import TlsConfig
@@ -70,6 +73,27 @@ class LedgerClientConfig:
             raise ConfigError("metadata_attempts_max must be in [1, 1000]")
         if not 4 * KIB <= self.entry_bytes_max <= self.grpc_message_bytes_max // 2:
             raise ConfigError("entry_bytes_max must be in [4 KiB, grpc_message_bytes_max / 2]")
+
+
+# The ledger client's flags toward secured bookies (bookie/security.py), the same for
+# every process with a ledger client: brokers, `magnetar autorecovery`, `magnetar shell`
+# (a process without them could not reach bookies that serve only TLS).
+BOOKIE_CLIENT_SECURITY_OPTIONS = [
+    ConfigOption("--bookie-tls", LedgerClientConfig, "bookie_tls_enabled", "TLS on the channels to bookies",
+                 switch_to=True),
+    ConfigOption("--bookie-tls-trust-certs-file", BookieTlsConfig, "trust_certs_file", "the bookies' CA"),
+    ConfigOption("--bookie-tls-cert-file", BookieTlsConfig, "cert_file",
+                 "this process's certificate (bookies that require client certificates)"),
+    ConfigOption("--bookie-tls-key-file", BookieTlsConfig, "key_file"),
+    ConfigOption("--bookie-auth-token-file", LedgerClientConfig, "bookie_auth_token_file",
+                 "a file holding the service token sent to bookies (one of their --allowed-roles)"),
+]
+
+
+def bookie_client_security(args: argparse.Namespace) -> dict[str, Any]:
+    """The LedgerClientConfig fields that BOOKIE_CLIENT_SECURITY_OPTIONS set from ``args``."""
+    return {**config_overrides(args, BOOKIE_CLIENT_SECURITY_OPTIONS, LedgerClientConfig),
+            "bookie_tls": BookieTlsConfig(**config_overrides(args, BOOKIE_CLIENT_SECURITY_OPTIONS, BookieTlsConfig))}
 
 
 @dataclass(frozen=True)

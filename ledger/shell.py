@@ -24,10 +24,10 @@ import struct
 import sys
 import time
 
-from ledger.client import LedgerClient
-from ledger.config import LedgerClientConfig
+from common.config_options import add_config_options
 from common.errors import MagnetarError
-from ledger.config import AutoRecoveryConfig
+from ledger.client import LedgerClient
+from ledger.config import BOOKIE_CLIENT_SECURITY_OPTIONS, AutoRecoveryConfig, LedgerClientConfig, bookie_client_security
 from ledger.metadata import LedgerMetadata
 from ledger.reader import LedgerReader
 from ledger.replication import ReplicationWorker
@@ -62,9 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # and after it (magnetar shell listbookies --metadata URL); main checks it was given.
     parser.add_argument("--metadata", default=None, help=_METADATA_HELP)
     add_etcd_tls_arguments(parser)   # before the command
-    # Before the command: bookies with authentication on refuse a client without one.
-    parser.add_argument("--bookie-auth-token-file", default="",
-                        help="a file holding the service token sent to bookies (one of their --allowed-roles)")
+    # Before the command: bookies with authentication on refuse a client without a
+    # token, and bookies serving TLS one without --bookie-tls (ledger/config.py).
+    add_config_options(parser, BOOKIE_CLIENT_SECURITY_OPTIONS)
     commands = parser.add_subparsers(dest="shell_command", required=True)
 
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
@@ -317,7 +317,7 @@ async def _recover_bookie(client: LedgerClient, args: argparse.Namespace) -> int
 
 async def _run(args: argparse.Namespace) -> int:
     store = open_store(args.metadata, tls=etcd_tls_from_args(args))
-    client = LedgerClient(store, LedgerClientConfig(bookie_auth_token_file=args.bookie_auth_token_file))
+    client = LedgerClient(store, LedgerClientConfig(**bookie_client_security(args)))
     try:
         await client.start()
         command = args.shell_command

@@ -27,7 +27,7 @@ from common.ops_http import HealthCheck, add_ready_route, build_ops_app, start_o
 from common.tasks import stop_on_signals
 from ledger.auditor import Auditor
 from ledger.client import LedgerClient
-from ledger.config import AutoRecoveryConfig, LedgerClientConfig
+from ledger.config import BOOKIE_CLIENT_SECURITY_OPTIONS, AutoRecoveryConfig, LedgerClientConfig, bookie_client_security
 from ledger.replication import ReplicationWorker
 from metadata import open_store
 from metadata.etcd_tls import add_etcd_tls_arguments, etcd_tls_from_args
@@ -43,9 +43,9 @@ OPTIONS: list[ConfigOption] = [
                  "a dead auditor or worker is replaced this long after it died"),
     ConfigOption("--rate-bytes-per-s", AutoRecoveryConfig, "rate_bytes_per_s",
                  "re-replication bytes per second per worker"),
-    # Bookies with authentication on refuse adds and reads without a service token.
-    ConfigOption("--bookie-auth-token-file", LedgerClientConfig, "bookie_auth_token_file",
-                 "a file holding the service token sent to bookies (one of their --allowed-roles)"),
+    # Bookies with authentication on refuse adds and reads without a service token;
+    # bookies serving TLS need --bookie-tls (and a client certificate when they require one).
+    *BOOKIE_CLIENT_SECURITY_OPTIONS,
 ]
 
 
@@ -60,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def ledger_config_from_args(args: argparse.Namespace) -> LedgerClientConfig:
-    return LedgerClientConfig(**config_overrides(args, OPTIONS, LedgerClientConfig))
+    return LedgerClientConfig(**bookie_client_security(args))
 
 
 class _Collector:

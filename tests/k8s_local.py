@@ -13,7 +13,9 @@ rewrites and nothing else:
   Service's virtual IP does;
 - **volumes**: each mount path becomes a directory under the run's base directory: claims
   (volumeClaimTemplates) under ``pvc/<claim>-<pod>`` (they outlive the pod, as a PVC
-  does), Secrets written out as files, emptyDirs fresh at each start;
+  does), Secrets written out as files (a rendered Secret's data, or for a Secret the
+  operator creates, the files the test gives in ``secrets``; a volume's ``items`` pick
+  and rename keys as the kubelet does), emptyDirs fresh at each start;
 - ``magnetar`` is this interpreter's ``python -m magnetar``, ``etcd``/``etcdctl`` the
   virtual environment's.
 
@@ -32,6 +34,7 @@ import re
 import shlex
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -48,6 +51,10 @@ READY_TIMEOUT_S = 90.0
 _HOST_PORT = re.compile(r"(?<![\w.-])([A-Za-z0-9][A-Za-z0-9.-]*):(\d{2,5})(?!\d)")
 _LOCAL_HOSTS = {"0.0.0.0", "127.0.0.1", "localhost"}
 POD_IP = "127.0.0.1"
+# The kubelet's HTTPS probes skip certificate verification.
+_KUBELET_TLS = ssl.create_default_context()
+_KUBELET_TLS.check_hostname = False
+_KUBELET_TLS.verify_mode = ssl.CERT_NONE
 
 
 def _selector_matches(selector: dict, labels: dict) -> bool:
@@ -152,12 +159,14 @@ class LocalPod:
 
     def probe_url(self, kind: str) -> str:
         probe = self.pod.container[kind]["httpGet"]
-        return f"http://127.0.0.1:{self.local_port(probe['port'])}{probe['path']}"
+        scheme = probe.get("scheme", "HTTP").lower()
+        return f"{scheme}://127.0.0.1:{self.local_port(probe['port'])}{probe['path']}"
 
     def probe(self, kind: str) -> int:
-        """The HTTP status the probe gets (0: no answer)."""
+        """The HTTP status the probe gets (0: no answer). Over HTTPS as the kubelet does
+        it: the certificate is not verified."""
         try:
-            with urllib.request.urlopen(self.probe_url(kind), timeout=5) as response:
+            with urllib.request.urlopen(self.probe_url(kind), timeout=5, context=_KUBELET_TLS) as response:
                 return response.status
         except urllib.error.HTTPError as error:
             return error.code
@@ -169,9 +178,12 @@ class LocalPod:
 
 
 class LocalCluster:
-    def __init__(self, objects: list[dict], base_dir: str) -> None:
+    def __init__(self, objects: list[dict], base_dir: str, *, secrets: dict[str, dict[str, bytes]] | None = None
+                 ) -> None:
         self.objects = objects
         self.base_dir = Path(base_dir)
+        # The operator's Secrets (name -> key -> contents), for those the overlay does not render.
+        self.secrets = secrets or {}
         self._ports: dict[tuple[str, int], int] = {}
         self.pods: dict[str, LocalPod] = {}
         self.workloads = {w["metadata"]["name"]: w for w in k8s.workloads(objects)}
@@ -287,14 +299,22 @@ class LocalCluster:
                 shutil.rmtree(directory, ignore_errors=True)
                 volume = volumes[name]
                 if "secret" in volume:
-                    secret = k8s.named(self.objects, "Secret", volume["secret"]["secretName"])
                     directory.mkdir(parents=True)
-                    for key, encoded in secret.get("data", {}).items():
-                        (directory / key).write_bytes(base64.b64decode(encoded))
+                    data = self._secret_data(volume["secret"]["secretName"])
+                    items = volume["secret"].get("items") or [{"key": key, "path": key} for key in data]
+                    for item in items:
+                        (directory / item["path"]).write_bytes(data[item["key"]])
                 else:
                     assert "emptyDir" in volume, volume
             directory.mkdir(parents=True, exist_ok=True)
             pod.mounts[mount["mountPath"]] = str(directory)
+
+    def _secret_data(self, name: str) -> dict[str, bytes]:
+        rendered = [s for s in k8s.by_kind(self.objects, "Secret") if s["metadata"]["name"] == name]
+        if rendered:
+            return {key: base64.b64decode(value) for key, value in rendered[0].get("data", {}).items()}
+        assert name in self.secrets, f"Secret {name} is neither rendered nor given to the test"
+        return self.secrets[name]
 
     def _local_argv(self, argv: list[str]) -> list[str]:
         program = argv[0]
@@ -387,13 +407,15 @@ class LocalCluster:
     async def stop_all(self) -> None:
         for proxy in self._proxies.values():
             proxy.stop()
-        for component in ("gateway", "broker", "autorecovery", "bookie", "etcd"):
-            for pod in list(self.pods.values()):
-                if pod.pod.component == component and pod.running:
-                    try:
-                        await pod.process.terminate(timeout_s=20)
-                    except TimeoutError:
-                        pass
+        async def terminate(pod: LocalPod) -> None:
+            try:
+                await pod.process.terminate(timeout_s=20)
+            except TimeoutError:
+                pass
+
+        for component in ("gateway", "broker", "autorecovery", "bookie", "etcd"):   # a tier at a time
+            await asyncio.gather(*(terminate(pod) for pod in list(self.pods.values())
+                                   if pod.pod.component == component and pod.running))
 
     # --- kubectl, for the procedures of k8s/README.md ----------------------------------------
 

@@ -40,7 +40,8 @@ def _write_cert(path: str, cert: x509.Certificate) -> None:
 
 
 def _issue(subject: str, key, issuer_name: x509.Name, issuer_key, *, ca: bool, server: bool,
-           days: int = 30) -> x509.Certificate:
+           days: int = 30, dual_use: bool = False, names: tuple[str, ...] = ("localhost", "127.0.0.1")
+           ) -> x509.Certificate:
     now = datetime.datetime.now(datetime.timezone.utc)
     builder = (x509.CertificateBuilder()
                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
@@ -52,20 +53,32 @@ def _issue(subject: str, key, issuer_name: x509.Name, issuer_key, *, ca: bool, s
                .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
     if not ca:
         usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
-        builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        usages = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH] if dual_use else [usage]
+        builder = builder.add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         if server:
-            builder = builder.add_extension(x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            builder = builder.add_extension(x509.SubjectAlternativeName([_san(n) for n in names]), critical=False)
     return builder.sign(issuer_key, hashes.SHA256())
 
 
-def make_pki(directory: str, name: str = "test", *, server_cn: str = "localhost") -> Pki:
+def _san(name: str) -> x509.GeneralName:
+    try:
+        return x509.IPAddress(ipaddress.ip_address(name))
+    except ValueError:
+        return x509.DNSName(name)
+
+
+def make_pki(directory: str, name: str = "test", *, server_cn: str = "localhost", dual_use: bool = False,
+             server_names: tuple[str, ...] = ("localhost", "127.0.0.1")) -> Pki:
+    """``dual_use``: the server certificate is also a client certificate (serverAuth and
+    clientAuth), as one certificate per component is when it both serves and dials
+    (etcd peers, a Kubernetes Secret shared by the cluster); ``server_names``: its SANs."""
     os.makedirs(directory, exist_ok=True)
     ca_key = _key()
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{name} CA")])
     ca = _issue(f"{name} CA", ca_key, ca_name, ca_key, ca=True, server=False)
     server_key, client_key = _key(), _key()
-    server = _issue(server_cn, server_key, ca_name, ca_key, ca=False, server=True)
+    server = _issue(server_cn, server_key, ca_name, ca_key, ca=False, server=True, dual_use=dual_use,
+                    names=server_names)
     client = _issue(f"{name}-client", client_key, ca_name, ca_key, ca=False, server=False)
     pki = Pki(*(os.path.join(directory, f"{name}-{part}.pem")
                 for part in ("ca", "cert", "key", "client-cert", "client-key")))

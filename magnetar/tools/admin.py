@@ -486,6 +486,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     token = parser.add_mutually_exclusive_group()
     token.add_argument("--token", default=None, help="authentication token (prefer --token-file: ps shows arguments)")
     token.add_argument("--token-file", default=None, help="file holding the authentication token")
+    parser.add_argument("--tls-trust-certs-file", default="",
+                        help="CA of the brokers' certificates, for an https:// --admin-url (default: the system's)")
+    parser.add_argument("--no-tls-hostname-verification", dest="tls_hostname_verification", action="store_false",
+                        help="accept a broker certificate signed by the CA that does not name the host (a redirect "
+                             "to a topic's owner names its pod IP in Kubernetes)")
     resources = parser.add_subparsers(dest="resource", required=True)
     _add_clusters(resources)
     _add_tenants(resources)
@@ -508,7 +513,9 @@ def main(args: argparse.Namespace) -> int:
     if args.token_file:
         with open(args.token_file, encoding="ascii") as handle:
             token = handle.read().strip()
-    client = AdminClient(args.admin_url, timeout_s=args.request_timeout_s, token=token)
+    client = AdminClient(args.admin_url, timeout_s=args.request_timeout_s, token=token,
+                         tls_trust_certs_file=args.tls_trust_certs_file,
+                         tls_hostname_verification=args.tls_hostname_verification)
     try:
         response = args.admin_action(client, args)
     except UsageError as error:

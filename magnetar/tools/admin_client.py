@@ -11,6 +11,7 @@ Magnetar adds ``code`` and ``error``).
 from __future__ import annotations
 
 import json
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -75,12 +76,22 @@ def _reason(status: int, phrase: str, body: bytes) -> str:
 
 
 class AdminClient:
-    def __init__(self, base_url: str, *, timeout_s: float = REQUEST_TIMEOUT_S, token: str | None = None) -> None:
+    def __init__(self, base_url: str, *, timeout_s: float = REQUEST_TIMEOUT_S, token: str | None = None,
+                 tls_trust_certs_file: str = "", tls_hostname_verification: bool = True) -> None:
         self.base_url = base_url.rstrip("/")
         # Sent as Authorization: Bearer (brokers with authentication on); never printed.
         self._token = token
         self.timeout_s = timeout_s
-        self._opener = urllib.request.build_opener(_NoRedirects)
+        handlers: list = [_NoRedirects]
+        if tls_trust_certs_file or not tls_hostname_verification:
+            # https:// against the brokers' own CA. The certificate must name the host of
+            # the URL (https://localhost:8443 from a broker's pod) unless hostname
+            # verification is off: a redirect to a topic's owner names its pod IP.
+            context = ssl.create_default_context(cafile=tls_trust_certs_file or None)
+            context.minimum_version = ssl.TLSVersion.TLSv1_2
+            context.check_hostname = tls_hostname_verification
+            handlers.append(urllib.request.HTTPSHandler(context=context))
+        self._opener = urllib.request.build_opener(*handlers)
 
     def request(self, method: str, request_path: str, *, body=None, query: dict | None = None) -> Response:
         url = self.base_url + request_path

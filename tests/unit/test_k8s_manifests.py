@@ -14,6 +14,7 @@ own routers for the served paths.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import subprocess
@@ -33,6 +34,8 @@ EXPECTED_REPLICAS = {
 }
 # Secrets the operator creates before applying an overlay (k8s/README.md says how).
 OPERATOR_SECRETS = {"prod": {"magnetar-gateway", "magnetar-auth", "magnetar-tls"}, "dev": set()}
+# Overlays that include k8s/components/security.
+SECURED = ("prod",)
 
 
 @pytest.fixture(scope="module", params=k8s.OVERLAYS)
@@ -195,7 +198,12 @@ def test_bookies_keep_journal_and_ledgers_on_separate_claims(rendered):
     assert not mounts["journal"].startswith(mounts["ledgers"]) and not mounts["ledgers"].startswith(mounts["journal"])
     # Identity: the pod's DNS name through the headless Service, also the dialled address.
     assert env["MAGNETAR_BOOKIE_ID"] == f"{pod.name}.{bookies['spec']['serviceName']}:3181"
-    assert env["MAGNETAR_ADVERTISED_ADDRESS"] == env["MAGNETAR_BOOKIE_ID"]
+    if overlay in SECURED:
+        # Dialled under <namespace>.svc: a name the certificate's wildcard SAN covers
+        # (gRPC checks the host name; *.magnetar-bookie would match no two-label name).
+        assert env["MAGNETAR_ADVERTISED_ADDRESS"] == f"{pod.name}.{bookies['spec']['serviceName']}.{k8s.NAMESPACE}.svc:3181"
+    else:
+        assert env["MAGNETAR_ADVERTISED_ADDRESS"] == env["MAGNETAR_BOOKIE_ID"]
     service = k8s.named(objects, "Service", bookies["spec"]["serviceName"])
     assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
     assert bookies["spec"]["persistentVolumeClaimRetentionPolicy"] == {"whenDeleted": "Retain",
@@ -251,19 +259,24 @@ def test_variables_reach_the_config(rendered):
     from bookie.main import config_from_args as bookie_config
     from broker.main import config_from_args as broker_config
 
-    _, objects = rendered
+    overlay, objects = rendered
     for where, argv, env in _magnetar_command_lines(objects):
         args = cli.parse_command_line(argv, env)
         if args.process == "bookie":
             config = bookie_config(args)
             assert (config.host, config.port, config.http_port) == ("0.0.0.0", 3181, 8000)
-            assert config.bookie_id == config.advertised_address == env["MAGNETAR_BOOKIE_ID"]
+            assert config.bookie_id == env["MAGNETAR_BOOKIE_ID"]
+            assert config.advertised_address == env["MAGNETAR_ADVERTISED_ADDRESS"]
             assert config.journal.journal_dir == env["MAGNETAR_JOURNAL_DIR"]
         elif args.process == "broker":
             config = broker_config(args)
             assert config.broker_id == where.split()[0]
-            assert config.service_url == "pulsar://10.0.0.1:6650"
-            assert config.web_service_url == "http://10.0.0.1:8080"
+            if overlay in SECURED:      # lookups answer the TLS URLs only
+                assert config.service_url == "pulsar+ssl://10.0.0.1:6651"
+                assert config.web_service_url == "https://10.0.0.1:8443"
+            else:
+                assert config.service_url == "pulsar://10.0.0.1:6650"
+                assert config.web_service_url == "http://10.0.0.1:8080"
             assert config.metadata_url == env["MAGNETAR_METADATA"]
         elif args.process == "autorecovery":
             # Reachable by the kubelet's probes and scrapers; named after its pod.
@@ -272,70 +285,20 @@ def test_variables_reach_the_config(rendered):
 
 
 def test_grace_periods_cover_the_pre_stop_drain(rendered):
-    _, objects = rendered
+    overlay, objects = rendered
     broker = k8s.named(objects, "Deployment", "magnetar-broker")
     pod = k8s.pods(broker)[0]
     env = k8s.resolve_env(pod.container, objects, pod_name=pod.name, pod_ip="10.0.0.1")
     argv = k8s.pre_stop_command(pod.container, env)
     args = cli.parse_command_line(argv[1:], env)
     assert (args.process, args.resource, args.action) == ("admin", "brokers", "drain")
-    assert args.admin_url == f"http://127.0.0.1:{_port_number(pod.container, 'http')}"
+    if overlay in SECURED:
+        # HTTPS, the certificate checked against the CA (it names localhost).
+        assert args.admin_url == f"https://localhost:{_port_number(pod.container, 'https')}"
+        assert args.tls_trust_certs_file
+    else:
+        assert args.admin_url == f"http://127.0.0.1:{_port_number(pod.container, 'http')}"
     assert pod.spec["terminationGracePeriodSeconds"] >= args.request_timeout_s + 20
-
-
-def test_prod_has_auth_on_for_every_role_and_no_secret_data():
-    """prod: brokers authenticate and authorize, gateways authenticate (with a token of
-    their own), bookies refuse adds and reads without a token of an allowed role, and
-    brokers and auto-recovery present one; every key and token file named is mounted
-    from the operator's Secret; the preStop drain carries a token; and the rendered
-    output holds no Secret at all (no key material in the repository)."""
-    from bookie.main import config_from_args as bookie_config
-    from broker.main import config_from_args as broker_config, ledger_config_from_args
-    from magnetar.autorecovery import ledger_config_from_args as recovery_ledger_config
-
-    objects = k8s.render("prod")
-    assert not [o for o in objects if o["kind"] == "Secret"]
-    roles_seen = set()
-    for where, argv, env in _magnetar_command_lines(objects):
-        args = cli.parse_command_line(argv, env)
-        workload = k8s.named(objects, "StatefulSet" if args.process == "bookie" else "Deployment",
-                             f"magnetar-{args.process if args.process != 'admin' else 'broker'}")
-        spec = workload["spec"]["template"]["spec"]
-        mounts = {m["mountPath"]: m["name"] for c in spec["containers"] for m in c.get("volumeMounts", [])}
-        secrets = {v["name"]: v["secret"] for v in spec.get("volumes", []) if "secret" in v}
-
-        def from_secret(path: str) -> None:
-            path = path.removeprefix("file://")
-            directory, name = path.rsplit("/", 1)
-            secret = secrets[mounts[directory]]
-            assert secret["secretName"] == "magnetar-auth", (where, path)
-            assert name in {item["path"] for item in secret["items"]}, (where, path)
-
-        if args.process == "broker":
-            config, ledger = broker_config(args), ledger_config_from_args(args)
-            assert config.auth.authentication_enabled and config.auth.authorization_enabled, where
-            assert set(config.auth.superuser_roles.split(",")) == {"admin", "magnetar-gateway"}
-            from_secret(config.auth.token_secret_key)
-            from_secret(ledger.bookie_auth_token_file)
-            if where.endswith("command"):
-                # `magnetar shell` run in a broker pod (k8s/README.md) takes the same token.
-                shell = cli.parse_command_line(["shell", "listbookies"], env)
-                assert shell.bookie_auth_token_file == ledger.bookie_auth_token_file
-        elif args.process == "bookie":
-            security = bookie_config(args).security
-            assert security.authentication_enabled, where
-            from_secret(security.token_secret_key)
-            assert set(security.allowed_roles.split(",")) == {"magnetar-broker", "magnetar-autorecovery"}
-        elif args.process == "gateway":
-            assert args.authentication_enabled, where
-            from_secret(args.service_token_file)
-        elif args.process == "autorecovery":
-            from_secret(recovery_ledger_config(args).bookie_auth_token_file)
-        elif args.process == "admin":
-            assert args.token_file, where        # the preStop drain
-            from_secret(args.token_file)
-        roles_seen.add(args.process)
-    assert roles_seen == {"bookie", "broker", "gateway", "autorecovery", "admin"}
 
 
 def test_config_references_resolve(rendered):
@@ -366,73 +329,8 @@ def test_etcd_members_and_metadata_agree(rendered):
     assert etcd["spec"]["podManagementPolicy"] == "Parallel"
 
 
-def test_prod_has_tls_on_for_brokers_and_gateways():
-    """prod: brokers serve pulsar+ssl:// on 6651 and HTTPS on 8443 (plain 6650/8080 kept
-    for probes and in-cluster traffic), gateways serve HTTPS and are probed with HTTPS;
-    every certificate and key file named resolves to an item of the operator's Secret
-    magnetar-tls, mounted read-only with mode 0440; the broker Service and NetworkPolicy
-    carry 6651 and 8443. dev stays plain."""
-    from broker.main import config_from_args as broker_config
-
-    objects = k8s.render("prod")
-    assert not [o for o in objects if o["kind"] == "Secret"]
-    roles_seen = set()
-    for where, argv, env in _magnetar_command_lines(objects):
-        args = cli.parse_command_line(argv, env)
-        if args.process not in ("broker", "gateway"):
-            continue
-        workload = k8s.named(objects, "Deployment", f"magnetar-{args.process}")
-        spec = workload["spec"]["template"]["spec"]
-        container = spec["containers"][0]
-        mounts = {m["mountPath"]: m for m in container.get("volumeMounts", [])}
-        secrets = {v["name"]: v["secret"] for v in spec.get("volumes", []) if "secret" in v}
-        assert spec["securityContext"]["fsGroup"] == 10001, where
-
-        def from_tls_secret(path: str) -> None:
-            assert path, where
-            directory, name = path.rsplit("/", 1)
-            mount = mounts[directory]
-            assert mount["readOnly"] is True, (where, path)
-            secret = secrets[mount["name"]]
-            assert secret["secretName"] == "magnetar-tls", (where, path)
-            assert secret["defaultMode"] == 0o440, (where, path)
-            assert name in {item["path"] for item in secret["items"]}, (where, path)
-
-        if args.process == "broker":
-            config = broker_config(args)
-            assert config.tls.enabled and config.plain_ports_enabled, where
-            assert (config.port, config.http_port, config.tls_port, config.http_tls_port) == (6650, 8080, 6651, 8443)
-            assert config.service_url_tls == "pulsar+ssl://10.0.0.1:6651"
-            assert config.web_service_url_tls == "https://10.0.0.1:8443"
-            from_tls_secret(config.tls.cert_file)
-            from_tls_secret(config.tls.key_file)
-            assert {_port_number(container, name) for name in ("pulsar-tls", "https")} == {6651, 8443}
-            # The probes stay on the plain HTTP port.
-            assert {p["httpGet"].get("scheme", "HTTP") for p in _probes(container).values()} == {"HTTP"}
-        else:
-            assert args.tls_cert_file and args.tls_key_file, where
-            from_tls_secret(args.tls_cert_file)
-            from_tls_secret(args.tls_key_file)
-            assert args.advertised_url.startswith("https://"), where
-            assert {p["httpGet"].get("scheme") for p in _probes(container).values()} == {"HTTPS"}
-            assert workload["spec"]["template"]["metadata"]["annotations"]["prometheus.io/scheme"] == "https"
-        roles_seen.add(args.process)
-    assert roles_seen == {"broker", "gateway"}
-
-    service = k8s.named(objects, "Service", "magnetar-broker")
-    assert {6650, 8080, 6651, 8443} <= {p["port"] for p in service["spec"]["ports"]}
-    policy = k8s.named(objects, "NetworkPolicy", "magnetar-broker")
-    open_to_all = {p["port"] for rule in policy["spec"]["ingress"] if "from" not in rule for p in rule["ports"]}
-    assert {6650, 8080, 6651, 8443} <= open_to_all
-
-    for where, argv, env in _magnetar_command_lines(k8s.render("dev")):
-        args = cli.parse_command_line(argv, env)
-        if args.process in ("broker", "gateway"):
-            assert not args.tls_cert_file, where
-
-
 def test_network_policies_say_who_talks_to_whom(rendered):
-    _, objects = rendered
+    overlay, objects = rendered
     policies = {p["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"]: p
                 for p in k8s.by_kind(objects, "NetworkPolicy")}
     assert set(policies) == {"etcd", "bookie", "broker", "gateway", "autorecovery"}
@@ -451,7 +349,12 @@ def test_network_policies_say_who_talks_to_whom(rendered):
     assert ingress_from("etcd", 2379) == {"broker", "bookie", "etcd", "autorecovery"}
     assert ingress_from("etcd", 2380) == {"etcd"}
     assert ingress_from("bookie", 3181) == {"broker", "autorecovery"}
-    assert ingress_from("broker", 6650) is None       # clients, gateways
+    if overlay in SECURED:
+        assert ingress_from("broker", 6651) is None and ingress_from("broker", 8443) is None
+        assert ingress_from("broker", 6650) == set() and ingress_from("broker", 8080) == set()
+        assert ingress_from("etcd", 2381) is None      # /health and /metrics only
+    else:
+        assert ingress_from("broker", 6650) is None       # clients, gateways
     assert ingress_from("gateway", 8081) is None      # clients
     assert ingress_from("autorecovery", 8010) is None     # scrapers
 
@@ -510,3 +413,275 @@ def test_dockerfile_runs_the_cli():
     copied = set(re.findall(r"^COPY (\w+)/ \1/$", text, re.M))
     packages = {p.name for p in k8s.ROOT.iterdir() if (p / "__init__.py").exists() and p.name != "tests"}
     assert copied == packages
+
+
+# --- the secured overlays (k8s/components/security) -----------------------------------------
+
+# Ports left plain on purpose: they serve only the probes' and scrapers' paths.
+OPS_PORTS = {("bookie", 8000), ("autorecovery", 8010), ("etcd", 2381)}
+OPS_PATHS = {"/health", "/live", "/ready", "/metrics"}
+# Paths the brokers and gateways ask a token for (broker/admin/permissions.py's
+# middleware; gateway/auth.py's): the probes must stay outside them.
+AUTHENTICATED_PREFIXES = {"broker": ("/admin/", "/lookup/"), "gateway": ("/v1/",)}
+
+
+def _pods_with_args(objects: list[dict]):
+    """(workload, pod, container, env, args or None for etcd, where) of every container's
+    command and preStop hook."""
+    for workload in k8s.workloads(objects):
+        pod = k8s.pods(workload)[0]
+        env = k8s.resolve_env(pod.container, objects, pod_name=pod.name, pod_ip="10.0.0.1")
+        for kind, argv in (("command", k8s.command_line(pod.container, env)),
+                           ("preStop", k8s.pre_stop_command(pod.container, env))):
+            if argv is None:
+                continue
+            args = None if argv[0] == "etcd" else cli.parse_command_line(argv[1:], env)
+            yield workload, pod, pod.container, env, args, f"{pod.name} {kind}"
+
+
+def _named_paths(env: dict[str, str], args) -> list[str]:
+    """Every file or directory a container's settings name: the parsed options' values
+    that are absolute paths (file:// URLs too), or etcd's ETCD_*_FILE / _DIR variables."""
+    if args is None:
+        return [v for k, v in env.items() if k.startswith("ETCD_") and k.endswith(("_FILE", "_DIR"))]
+    values = []
+    for value in vars(args).values():
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str) and item.startswith(("/", "file:///")):
+                values.append(item.removeprefix("file://"))
+    return values
+
+
+def _mount_of(container: dict, path: str) -> dict | None:
+    matches = [m for m in container.get("volumeMounts", []) if path.startswith(m["mountPath"].rstrip("/") + "/")]
+    return max(matches, key=lambda m: len(m["mountPath"])) if matches else None
+
+
+def test_env_references_all_resolve(rendered):
+    """Every $(VAR) of a pod's environment and command names a variable defined before it
+    (Kubernetes leaves an unknown one as written: a broker would advertise '$(POD_IP)')."""
+    _, objects = rendered
+    for workload, pod, container, env, args, where in _pods_with_args(objects):
+        argv = k8s.command_line(container, env) + (k8s.pre_stop_command(container, env) or [])
+        for text in [*env.values(), *argv]:
+            assert "$(" not in text, (where, text)
+
+
+def test_every_named_file_is_in_a_mounted_volume(rendered):
+    """Every file or directory a flag, MAGNETAR_* or ETCD_* variable names lies in a volume
+    mounted in that container; a file in a Secret volume with items is one of its items."""
+    overlay, objects = rendered
+    checked = 0
+    for workload, pod, container, env, args, where in _pods_with_args(objects):
+        volumes = {v["name"]: v for v in pod.spec.get("volumes", [])}
+        claims = {t["metadata"]["name"] for t in workload["spec"].get("volumeClaimTemplates", [])}
+        for path in _named_paths(env, args):
+            mount = _mount_of(container, path)
+            assert mount is not None, f"{where}: {path} is in no mounted volume"
+            assert mount["name"] in volumes or mount["name"] in claims, (where, mount)
+            secret = volumes.get(mount["name"], {}).get("secret")
+            if secret is not None:
+                assert mount.get("readOnly") is True, (where, path)
+                relative = path[len(mount["mountPath"].rstrip("/")) + 1:]
+                if "items" in secret:
+                    assert relative in {item["path"] for item in secret["items"]}, (where, path)
+            checked += 1
+    assert checked >= (40 if overlay in SECURED else 4), checked
+
+
+def _readme_security_rows() -> list[str]:
+    text = (k8s.K8S / "README.md").read_text()
+    section = text.split("\n## Security", 1)[1].split("\n## ", 1)[0]
+    return [line for line in section.splitlines() if line.startswith("|")]
+
+
+def test_every_operator_secret_and_key_is_documented(rendered):
+    """Each Secret a pod mounts that the overlay does not generate, and each of its keys a
+    pod uses, has a row in k8s/README.md's Security table (the operator creates it)."""
+    overlay, objects = rendered
+    generated = {o["metadata"]["name"] for o in objects if o["kind"] == "Secret"}
+    rows = _readme_security_rows()
+    used: dict[str, set[str]] = {}
+    for workload, pod, container, env, args, where in _pods_with_args(objects):
+        volumes = {v["name"]: v for v in pod.spec.get("volumes", [])}
+        for volume in volumes.values():
+            if "secret" in volume and "items" in volume["secret"]:
+                used.setdefault(volume["secret"]["secretName"], set()).update(
+                    item["key"] for item in volume["secret"]["items"])
+        for path in _named_paths(env, args):
+            mount = _mount_of(container, path)
+            secret = volumes.get(mount["name"], {}).get("secret") if mount else None
+            if secret is not None and "items" not in secret:
+                used.setdefault(secret["secretName"], set()).add(path.rsplit("/", 1)[1])
+    operator = {name: keys for name, keys in used.items() if name not in generated}
+    assert set(operator) == OPERATOR_SECRETS[overlay]
+    for name, keys in operator.items():
+        for key in keys:
+            assert [r for r in rows if f"`{name}`" in r and f"`{key}`" in r], f"{name}/{key} not in k8s/README.md"
+
+
+def test_secured_overlay_has_no_plain_client_port():
+    """prod: every port a container or Service opens is TLS, except the ops ports, which
+    serve the probes' and scrapers' paths only. Brokers listen on 6651 and 8443 alone."""
+    _check_no_plain_client_port(k8s.render("prod"))
+
+
+@pytest.mark.parametrize("mutation", ["plain ports on", "bookie without client certificates", "plain etcd"])
+def test_plain_client_port_check_can_fail(mutation):
+    """The check above refuses prod with one hop left in clear text."""
+    objects = copy.deepcopy(k8s.render("prod"))
+    name, variable, value = {"plain ports on": ("magnetar-broker", "MAGNETAR_NO_PLAIN_PORTS", "false"),
+                             "bookie without client certificates": ("magnetar-bookie", "MAGNETAR_TLS_REQUIRE_CLIENT_CERT",
+                                                                    "false"),
+                             "plain etcd": ("magnetar-etcd", "ETCD_LISTEN_CLIENT_URLS", "http://0.0.0.0:2379")}[mutation]
+    workload = next(w for w in k8s.workloads(objects) if w["metadata"]["name"] == name)
+    container = workload["spec"]["template"]["spec"]["containers"][0]
+    next(item for item in container["env"] if item["name"] == variable)["value"] = value
+    if mutation == "plain ports on":
+        container["ports"].append({"name": "pulsar", "containerPort": 6650})
+    with pytest.raises(AssertionError):
+        _check_no_plain_client_port(objects)
+
+
+def _check_no_plain_client_port(objects: list[dict]) -> None:
+    from bookie.main import config_from_args as bookie_config
+    from broker.main import config_from_args as broker_config
+
+    served = _served_paths()
+    tls_ports: dict[str, set[int]] = {}
+    for workload, pod, container, env, args, where in _pods_with_args(objects):
+        if where.endswith("preStop"):
+            continue
+        component = k8s.component(workload)
+        if component == "etcd":
+            assert env["ETCD_LISTEN_CLIENT_URLS"].startswith("https://")
+            assert env["ETCD_LISTEN_PEER_URLS"].startswith("https://")
+            assert env["ETCD_LISTEN_METRICS_URLS"] == "http://0.0.0.0:2381"
+            secure = {2379, 2380}
+        elif component == "broker":
+            config = broker_config(args)
+            assert config.tls.enabled and not config.plain_ports_enabled, where
+            secure = {config.tls_port, config.http_tls_port}
+            assert secure == {6651, 8443}
+        elif component == "gateway":
+            assert args.tls_cert_file, where        # HTTPS only on its one port
+            secure = {args.port}
+        elif component == "bookie":
+            config = bookie_config(args)
+            assert config.security.tls.enabled and config.security.tls.require_client_cert, where
+            secure = {config.port}
+        else:
+            secure = set()
+        opened = {p["containerPort"] for p in container["ports"]}
+        for port in opened - secure:
+            assert (component, port) in OPS_PORTS, f"{where}: plain port {port}"
+            if component != "etcd":    # etcd's metrics listener: /health and /metrics (etcd's docs)
+                assert served[component] <= OPS_PATHS, (component, served[component])
+        tls_ports[component] = opened & secure
+        for probe in _probes(container).values():
+            port = _port_number(container, probe["httpGet"]["port"])
+            scheme = probe["httpGet"].get("scheme", "HTTP")
+            assert (scheme == "HTTPS") == (port in secure), (where, port, scheme)
+            assert not probe["httpGet"]["path"].startswith(AUTHENTICATED_PREFIXES.get(component, ("//",))), where
+    assert tls_ports["broker"] == {6651, 8443}
+    for service in k8s.by_kind(objects, "Service"):
+        component = service["spec"]["selector"]["app.kubernetes.io/component"]
+        workload = next(w for w in k8s.workloads(objects) if k8s.component(w) == component)
+        container = k8s.pods(workload)[0].container
+        for port in service["spec"]["ports"]:
+            number = _port_number(container, port["targetPort"])
+            assert number in tls_ports[component] or (component, number) in OPS_PORTS, (service["metadata"]["name"], port)
+
+
+def test_secured_overlay_every_hop_is_tls_with_service_identities():
+    """prod: brokers and auto-recovery reach bookies with mutual TLS and a service token of
+    an allowed role; brokers, bookies and auto-recovery reach etcd with a client
+    certificate; etcd requires one from clients and peers; gateways reach brokers over
+    pulsar+ssl:// and HTTPS (the CA checked) with their token; brokers authenticate and
+    authorize every client, the service roles superusers as documented; the preStop drain
+    and `magnetar shell` in a broker pod use the same credentials; and no Secret is
+    rendered (no key material in the repository)."""
+    from bookie.main import config_from_args as bookie_config
+    from broker.main import config_from_args as broker_config, ledger_config_from_args
+    from magnetar.autorecovery import ledger_config_from_args as recovery_ledger_config
+    from metadata.etcd_tls import etcd_tls_from_args
+
+    objects = k8s.render("prod")
+    assert not [o for o in objects if o["kind"] == "Secret"]
+    seen = set()
+
+    def mutual_to_bookies(ledger, token_name: str) -> None:
+        assert ledger.bookie_tls_enabled and ledger.bookie_tls.trust_certs_file and ledger.bookie_tls.cert_file
+        assert ledger.bookie_auth_token_file.endswith("/" + token_name)
+
+    def client_cert_to_etcd(args) -> None:
+        tls = etcd_tls_from_args(args)
+        assert tls.enabled and tls.trust_certs_file and tls.cert_file and tls.key_file
+
+    for workload, pod, container, env, args, where in _pods_with_args(objects):
+        if args is None:
+            assert env["ETCD_CLIENT_CERT_AUTH"] == "true" and env["ETCD_PEER_CLIENT_CERT_AUTH"] == "true"
+            assert env["ETCD_TRUSTED_CA_FILE"] and env["ETCD_PEER_TRUSTED_CA_FILE"]
+            assert env["ETCD_ADVERTISE_CLIENT_URLS"] == f"https://{pod.name}.magnetar-etcd.{k8s.NAMESPACE}.svc:2379"
+            for member in env["ETCD_INITIAL_CLUSTER"].split(","):
+                assert member.split("=", 1)[1].startswith("https://"), member
+            seen.add("etcd")
+            continue
+        if args.process == "broker":
+            config, ledger = broker_config(args), ledger_config_from_args(args)
+            assert config.auth.authentication_enabled and config.auth.authorization_enabled, where
+            assert set(config.auth.superuser_roles.split(",")) == {"admin", "magnetar-gateway"}
+            assert config.auth.token_secret_key.startswith("file:///")
+            mutual_to_bookies(ledger, "broker.token")
+            client_cert_to_etcd(args)
+            # `magnetar shell` run in a broker pod (k8s/README.md) takes the same settings.
+            shell = cli.parse_command_line(["shell", "listbookies"], env)
+            assert (shell.bookie_tls, shell.bookie_tls_cert_file, shell.bookie_auth_token_file) == (
+                True, ledger.bookie_tls.cert_file, ledger.bookie_auth_token_file)
+            client_cert_to_etcd(shell)
+        elif args.process == "bookie":
+            security = bookie_config(args).security
+            assert security.authentication_enabled and security.token_secret_key.startswith("file:///"), where
+            assert set(security.allowed_roles.split(",")) == {"magnetar-broker", "magnetar-autorecovery"}
+            assert security.tls.require_client_cert and security.tls.trust_certs_file
+            client_cert_to_etcd(args)
+        elif args.process == "autorecovery":
+            mutual_to_bookies(recovery_ledger_config(args), "autorecovery.token")
+            client_cert_to_etcd(args)
+        elif args.process == "gateway":
+            # (gateway_config would read the files; the parsed flags are what it takes.)
+            assert args.authentication_enabled and args.service_token_file.endswith("/gateway.token"), where
+            assert args.service_url == "pulsar+ssl://magnetar-broker:6651"
+            assert args.admin_url == "https://magnetar-broker:8443"
+            assert args.broker_tls_trust_certs_file and args.broker_tls_hostname_verification is False
+            assert args.tls_cert_file and args.advertised_url == "https://10.0.0.1:8081"
+        elif args.process == "admin":
+            assert args.admin_url.startswith("https://") and args.tls_trust_certs_file, where
+            assert args.token_file.endswith("/superuser.token"), where
+        seen.add(args.process)
+    assert seen == {"etcd", "bookie", "broker", "gateway", "autorecovery", "admin"}
+    # The etcd endpoints every process dials are names the certificate's wildcard covers.
+    config = k8s.by_kind(objects, "ConfigMap")[0]["data"]
+    for endpoint in config["metadata"].removeprefix("etcd://").split("/", 1)[0].split(","):
+        assert endpoint.split(":")[0].endswith(f".magnetar-etcd.{k8s.NAMESPACE}.svc"), endpoint
+
+
+def test_dev_stays_plain():
+    for workload, pod, container, env, args, where in _pods_with_args(k8s.render("dev")):
+        if args is not None and args.process in ("broker", "gateway", "bookie"):
+            assert not args.tls_cert_file, where
+
+
+def test_every_etcd_variable_is_an_etcd_flag(rendered):
+    """etcd takes ETCD_<FLAG> for --<flag> and only warns about one it does not know: each
+    ETCD_* variable of the etcd pods is a flag of the etcd the image carries (its --help)."""
+    _, objects = rendered
+    result = subprocess.run([k8s.tool("etcd"), "--help"], capture_output=True, text=True, timeout=60)
+    flags = set(re.findall(r"--([a-z0-9-]+)", result.stdout + result.stderr))
+    assert {"listen-client-urls", "client-cert-auth"} <= flags
+    etcd = k8s.named(objects, "StatefulSet", "magnetar-etcd")
+    pod = k8s.pods(etcd)[0]
+    names = [item["name"] for item in pod.container["env"] if item["name"].startswith("ETCD_")]
+    assert names
+    for name in names:
+        assert name.removeprefix("ETCD_").lower().replace("_", "-") in flags, name
