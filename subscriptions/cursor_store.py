@@ -64,9 +64,13 @@ LEDGER_ENTRIES_MAX = 10_000
 
 class LedgerCursorStore:
     def __init__(self, store: MetadataStore, key: str, ledger_client: LedgerClient, *,
-                 quorums: tuple[int, int, int], owner: str) -> None:
+                 quorums: tuple[int, int, int], owner: str, ledger_tags: dict[str, str] | None = None) -> None:
         self._store = store
         self._key = key
+        # The custom metadata of the cursor ledgers this store creates: the pointer's
+        # key, plus the owner's tags (the topic and purpose, which the broker's ledger
+        # collector reads: broker/ledger_gc.py).
+        self._ledger_custom = {**(ledger_tags or {}), "cursor": key}
         self._client = ledger_client
         self._quorums = quorums
         self._owner = owner
@@ -175,7 +179,7 @@ class LedgerCursorStore:
         if self._handle is None or self._handle.failure is not None \
                 or self._handle.last_add_confirmed + 1 >= LEDGER_ENTRIES_MAX:
             old_handle = self._handle
-            self._handle = await self._client.create_ledger(*self._quorums, custom={"cursor": self._key})
+            self._handle = await self._client.create_ledger(*self._quorums, custom=self._ledger_custom)
             if old_handle is not None:
                 await self._retire(old_handle)
         handle = self._handle
