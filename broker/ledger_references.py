@@ -27,8 +27,10 @@ A new kind of ledger must get a purpose in broker/managed_ledger_info.py and a r
 here: the collector refuses purposes it does not know (``KNOWN_PURPOSES``), so a ledger
 kind nobody taught it about leaks instead of being deleted.
 
-Each reference set comes with ``guards``: the etcd version of every record it was read
-from (0: absent). The collector deletes a ledger in one transaction with these
+Each reference set comes with ``guards``: the etcd version of every record that could
+come to name any ledger of the owner, as read (0: absent): the managed-ledger record
+and each cursor pointer (archive records name only their own ledger; the delete
+compares that one's absence). The collector deletes a ledger in one transaction with these
 compares, so a record changed after the references were read (a reference added)
 makes the delete fail. See broker/ledger_gc.py for the whole race analysis.
 """
@@ -49,8 +51,8 @@ from metadata.store import Compare, MetadataStore
 # The purposes whose references read_references knows.
 KNOWN_PURPOSES = frozenset({PURPOSE_LEDGER, PURPOSE_COMPACTED, PURPOSE_CURSOR})
 # etcd refuses a transaction of more than 128 compares or operations (its default
-# --max-txn-ops); a topic whose references span more records than this is not guarded
-# and its ledgers are not collected (more than ~120 durable subscriptions).
+# --max-txn-ops); a topic whose references span more records than this cannot be
+# guarded and its ledgers are not collected (more than ~117 durable subscriptions).
 GUARDS_MAX = 120
 
 
@@ -98,13 +100,14 @@ async def read_references(store: MetadataStore, topic: TopicName) -> References:
         guards.append(Compare(pointer.key, pointer.version))
         ledger_ids.add(_cursor_ledger(pointer.key, pointer.value))
 
-    # Its archive manifest: one record per archived ledger, keyed by the ledger id.
+    # Its archive manifest: one record per archived ledger, keyed by the ledger id. No
+    # guard per record: a record names only its own ledger, so the delete compares the
+    # absence of the deleted ledger's own record instead (ledger_gc.delete_guards).
     for archived in await store.get_prefix(keys.archive_of_topic(path), keys_only=True):
         suffix = archived.key.rsplit("/", 1)[-1]
         if not suffix.isdigit():
             raise MalformedFrame(f"archive manifest key {archived.key} does not end in a ledger id")
         ledger_ids.add(int(suffix))
-        guards.append(Compare(archived.key, archived.version))
     ledger_ids.discard(-1)
     return References(str(topic), record is not None, frozenset(ledger_ids), tuple(guards))
 
