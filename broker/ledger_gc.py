@@ -30,18 +30,18 @@ Race analysis (a recorder R — the broker that created ledger L — against the
   compare on it fails, L stays. Steps 4 and 5 together make "recorded between the check
   and the delete" impossible to miss, not just unlikely.
 - R records L *after* C's transaction: R's write would name a ledger whose metadata
-  is gone. The managed ledger's two recording writes are guarded the other way round:
-  a rollover records its new ledger only if the ledger's metadata is still at the
-  version it was created with, and a compaction commits its ledger only if the
-  ledger's metadata still exists at the version read just before (one transaction
-  each, ``ManagedLedger._write_info``). So R's write fails: a rollover creates another
-  ledger, a compaction run ends in ERROR. Nothing acknowledged is lost.
-- The cursor pointer write is not guarded that way: a cursor store that created its
-  ledger, wrote a snapshot into it and then could not write the pointer for longer
-  than the grace period would point at a collected ledger. A pointer write is retried
-  at each flush (1 s), and a broker that cannot reach etcd closes its topics within
-  its lease TTL (10 s), so that needs a process frozen for the whole grace period
-  between two consecutive calls. Guarding it like the others is future work.
+  is gone. Every recording write is guarded the other way round, in the same
+  transaction as the record it changes: a rollover records its new ledger only if the
+  ledger's metadata is still at the version it was created with
+  (``ManagedLedger._start_new_ledger``), a compaction commits its ledger only if the
+  ledger's metadata exists at the version read just before (``set_properties(...,
+  recording=...)``), a cursor store points at its ledger only if the ledger's metadata
+  is at the version its handle knows (``LedgerCursorStore._save_snapshot``). So R's
+  write fails: a rollover creates another ledger, a compaction run ends in ERROR, a
+  cursor save is retried into a new ledger. Nothing acknowledged is lost.
+- So for every ledger, etcd orders the collector's delete and the owner's record: the
+  first to commit makes the other's compare fail. The grace period is not what keeps
+  data safe; it keeps the collector from failing recorders that are merely slow.
 - A compaction run, or any writer, slower than the grace period loses its unrecorded
   ledger (and fails as above): the grace must exceed the longest compaction run.
 - Two collectors (an auditor whose lease was lost but not yet noticed): each delete is
