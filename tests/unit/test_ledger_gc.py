@@ -308,3 +308,24 @@ async def test_the_managed_ledger_never_records_a_collected_ledger():
     assert ledger.properties[COMPACTION_PROPERTY] == "y"
     assert ledger.fenced_error is None
     await ledger.close()
+
+
+def test_the_collector_flags_from_the_command_line_and_the_environment():
+    """``magnetar autorecovery`` builds LedgerGcConfig from its --ledger-gc-* flags, and
+    from MAGNETAR_<FLAG> like every option; a flag on the command line wins."""
+    from common.config_options import config_overrides
+    from magnetar.autorecovery import OPTIONS
+    from magnetar.cli import parse_command_line
+
+    def config(argv, environ=None) -> LedgerGcConfig:
+        args = parse_command_line(["autorecovery", "--metadata", "etcd://127.0.0.1:2379", *argv], environ or {})
+        return LedgerGcConfig(**config_overrides(args, OPTIONS, LedgerGcConfig))
+
+    assert config([]) == LedgerGcConfig()
+    assert config(["--ledger-gc-grace-s", "5", "--ledger-gc-interval-s", "0.5", "--ledger-gc-ledgers-per-pass-max",
+                   "10", "--ledger-gc-call-timeout-s", "2"]) == LedgerGcConfig(
+        grace_s=5, interval_s=0.5, ledgers_per_pass_max=10, call_timeout_s=2)
+    assert config(["--no-ledger-gc"]).enabled is False
+    environ = {"MAGNETAR_NO_LEDGER_GC": "true", "MAGNETAR_LEDGER_GC_GRACE_S": "7200"}
+    assert config([], environ) == LedgerGcConfig(enabled=False, grace_s=7200)
+    assert config(["--ledger-gc-grace-s", "60"], environ).grace_s == 60
