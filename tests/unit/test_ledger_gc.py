@@ -329,3 +329,28 @@ def test_the_collector_flags_from_the_command_line_and_the_environment():
     environ = {"MAGNETAR_NO_LEDGER_GC": "true", "MAGNETAR_LEDGER_GC_GRACE_S": "7200"}
     assert config([], environ) == LedgerGcConfig(enabled=False, grace_s=7200)
     assert config(["--ledger-gc-grace-s", "60"], environ).grace_s == 60
+
+
+async def test_a_rollover_never_records_a_ledger_whose_metadata_changed():
+    """The new ledger of an open (or rollover) is recorded in one transaction with a
+    compare on its metadata as created. When that compare fails (here the store holds
+    a value at the ledger's key where the fake ledger client knows none: the same
+    failure a collected ledger causes), the ledger is not recorded but deleted, and
+    the managed ledger is not fenced: the next attempt records a fresh ledger."""
+    from common.errors import MetadataVersionConflict
+
+    store, client = MemoryStore(), FakeLedgerClient(first_ledger_id=100)
+    config = ManagedLedgerConfig(ensemble_size=1, write_quorum_size=1, ack_quorum_size=1)
+    await store.put(keys.ledger(100), b"changed meanwhile")
+    ledger = ManagedLedger(TOPIC, store, client, EntryCache(1 << 20), config)
+    with pytest.raises(MetadataVersionConflict):
+        await ledger.open(create_if_missing=True)
+    assert ledger.fenced_error is None
+    info = ManagedLedgerInfo.decode((await store.get(keys.managed_ledger(TOPIC.key_path))).value)
+    assert info.ledgers == []
+    assert 100 not in client.ledgers                    # deleted, not leaked
+    reopened = ManagedLedger(TOPIC, store, client, EntryCache(1 << 20), config)
+    await reopened.open(create_if_missing=False)
+    assert reopened.current_ledger_id == 101
+    assert (await reopened.append(b"m")) == Position(101, 0)
+    await reopened.close()
