@@ -40,6 +40,9 @@ RECEIVE_TIMEOUT_MS = 10_000
 def _produce(service_url: str, topic: str) -> None:
     client = pulsar.Client(service_url, operation_timeout_seconds=30)
     try:
+        # A durable subscription that acknowledges nothing: ack-based retention keeps
+        # every ledger of the topic (it would trim the first one otherwise).
+        client.subscribe(topic, "holder", initial_position=pulsar.InitialPosition.Earliest).close()
         producer = client.create_producer(topic, batching_enabled=False)
         for index in range(MESSAGES):
             producer.send(f"value-{index}".encode(), partition_key=f"key-{index % KEYS}")
