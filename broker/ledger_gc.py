@@ -224,6 +224,12 @@ class LedgerCollector:
             except (MagnetarError, TimeoutError) as error:
                 self.stats.read_failures += 1
                 log.warning("ledger collector pass failed: error=%s", error or type(error).__name__)
+            except Exception:
+                # A broken invariant of the collector: it stops collecting (leaking is
+                # the safe side) and leaves the rest of auto-recovery running.
+                log.error("ledger collector stopped by an unexpected error; no more ledgers are collected "
+                          "until the process restarts", exc_info=True)
+                return
 
     async def _call(self, call: Awaitable[_T]) -> _T:
         async with asyncio.timeout(self.config.call_timeout_s):
@@ -233,7 +239,8 @@ class LedgerCollector:
         """One pass; returns the ledgers it deleted."""
         started = time.monotonic()
         listed = await self._call(self._store.get_prefix(keys.LEDGERS, keys_only=True))
-        ledger_ids = sorted(keys.ledger_id_from_key(record.key) for record in listed)
+        ledger_ids = sorted(int(record.key[len(keys.LEDGERS):]) for record in listed
+                            if record.key[len(keys.LEDGERS):].isdigit())
         batch = [ledger_id for ledger_id in ledger_ids if ledger_id > self._resume_after]
         if not batch:
             batch = ledger_ids   # wrapped around

@@ -354,3 +354,31 @@ async def test_a_rollover_never_records_a_ledger_whose_metadata_changed():
     assert reopened.current_ledger_id == 101
     assert (await reopened.append(b"m")) == Position(101, 0)
     await reopened.close()
+
+
+async def test_run_is_off_by_flag_idle_unless_elected_and_stops_on_a_broken_invariant():
+    """``--no-ledger-gc``: run returns at once. Not elected: no pass. A non-catalogue
+    error (a broken invariant): the collector stops for good instead of going on."""
+    import asyncio
+
+    store = MemoryStore()
+    await _put_ledger(store, 1, ownership_tags(str(GONE), PURPOSE_LEDGER))
+    off = LedgerCollector(store, LedgerClient(store), LedgerGcConfig(enabled=False))
+    async with asyncio.timeout(5):
+        await off.run(lambda: True)
+    idle = _collector(store, interval_s=0.01)
+    task = asyncio.get_running_loop().create_task(idle.run(lambda: False))
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert idle.stats.passes == 0 and await _existing(store) == {1}
+
+    class Broken(MemoryStore):
+        async def get_prefix(self, prefix, *, limit=0, keys_only=False):
+            raise RuntimeError("a bug")
+
+    broken = LedgerCollector(Broken(), LedgerClient(store), LedgerGcConfig(interval_s=0.01))
+    async with asyncio.timeout(5):
+        await broken.run(lambda: True)
+    assert broken.stats.passes == 0
