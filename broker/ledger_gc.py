@@ -314,7 +314,7 @@ class LedgerCollector:
 
     async def _references(self, topic: TopicName) -> References | None:
         try:
-            return await self._call(read_references(self._store, topic))
+            return await read_references(self._store, topic, call_timeout_s=self.config.call_timeout_s)
         except (MagnetarError, TimeoutError) as error:
             self.stats.read_failures += 1
             log.warning("ledger collector cannot read an owner's references, its ledgers are kept: owner=%s "

@@ -37,6 +37,7 @@ makes the delete fail. See broker/ledger_gc.py for the whole race analysis.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
 
@@ -75,16 +76,18 @@ def owner_topic(owner: str) -> TopicName | None:
     return topic if str(topic) == owner else None
 
 
-async def read_references(store: MetadataStore, topic: TopicName) -> References:
+async def read_references(store: MetadataStore, topic: TopicName, *, call_timeout_s: float = 10.0) -> References:
     """Every ledger ``topic`` references (the table above). Raises MalformedFrame when a
-    record cannot be decoded and lets store errors through: the caller then knows
-    nothing and must keep the ledger."""
+    record cannot be decoded, TimeoutError when one of its etcd calls takes longer than
+    ``call_timeout_s``, and lets store errors through: the caller then knows nothing
+    and must keep the ledger."""
     path = topic.key_path
     ledger_ids: set[int] = set()
     guards: list[Compare] = []
 
     # The managed-ledger record: its ledger list and the compaction property.
-    record = await store.get(keys.managed_ledger(path))
+    async with asyncio.timeout(call_timeout_s):
+        record = await store.get(keys.managed_ledger(path))
     guards.append(Compare(keys.managed_ledger(path), record.version if record is not None else 0))
     if record is not None:
         info = ManagedLedgerInfo.decode(record.value)
@@ -96,14 +99,18 @@ async def read_references(store: MetadataStore, topic: TopicName) -> References:
                 ledger_ids.add(compacted.ledger_id)
 
     # The cursor pointers of its subscriptions.
-    for pointer in await store.get_prefix(keys.cursors_of_topic(path)):
+    async with asyncio.timeout(call_timeout_s):
+        pointers = await store.get_prefix(keys.cursors_of_topic(path))
+    for pointer in pointers:
         guards.append(Compare(pointer.key, pointer.version))
         ledger_ids.add(_cursor_ledger(pointer.key, pointer.value))
 
     # Its archive manifest: one record per archived ledger, keyed by the ledger id. No
     # guard per record: a record names only its own ledger, so the delete compares the
     # absence of the deleted ledger's own record instead (ledger_gc.delete_guards).
-    for archived in await store.get_prefix(keys.archive_of_topic(path), keys_only=True):
+    async with asyncio.timeout(call_timeout_s):
+        archived_records = await store.get_prefix(keys.archive_of_topic(path), keys_only=True)
+    for archived in archived_records:
         suffix = archived.key.rsplit("/", 1)[-1]
         if not suffix.isdigit():
             raise MalformedFrame(f"archive manifest key {archived.key} does not end in a ledger id")

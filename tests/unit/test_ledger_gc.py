@@ -203,12 +203,12 @@ async def test_a_ledger_recorded_before_the_second_look_is_kept():
     calls = 0
     real = read_references
 
-    async def recording_meanwhile(s, topic):
+    async def recording_meanwhile(s, topic, **kwargs):
         nonlocal calls
         calls += 1
         if calls == 2:
             await _put_topic(store, TOPIC, [1, 2])
-        return await real(s, topic)
+        return await real(s, topic, **kwargs)
 
     import broker.ledger_gc as ledger_gc
     original, ledger_gc.read_references = ledger_gc.read_references, recording_meanwhile
