@@ -382,3 +382,22 @@ async def test_run_is_off_by_flag_idle_unless_elected_and_stops_on_a_broken_inva
     async with asyncio.timeout(5):
         await broken.run(lambda: True)
     assert broken.stats.passes == 0
+
+
+async def test_an_etcd_call_that_hangs_keeps_the_ledger():
+    """A reference read that does not answer within call_timeout_s: the owner is
+    unreadable, its ledger kept, and the pass goes on."""
+    import asyncio
+
+    class Hangs(MemoryStore):
+        async def get(self, key):
+            if key.startswith(keys.MANAGED_LEDGERS):
+                await asyncio.Event().wait()
+            return await super().get(key)
+
+    store = Hangs()
+    await _put_ledger(store, 1, ownership_tags(str(GONE), PURPOSE_LEDGER))
+    collector = _collector(store, call_timeout_s=0.05)
+    assert await collector.collect_once() == []
+    assert await _existing(store) == {1}
+    assert collector.stats.verdicts == {"owner-unreadable": 1}
