@@ -281,6 +281,9 @@ class LedgerCollector:
         if owner not in cache:
             cache[owner] = await self._references(candidate.owner)
         verdict = judge_references(candidate, cache[owner])
+        if verdict == Verdict.TOO_MANY_GUARDS:
+            log.warning("ledger collector keeps an unreferenced ledger, its owner has too many records to guard "
+                        "a delete: ledger_id=%d owner=%s", ledger_id, owner)
         if not verdict.collects:
             return verdict
         # Right before deleting: the references once more, fresh (the owner may have

@@ -401,3 +401,15 @@ async def test_an_etcd_call_that_hangs_keeps_the_ledger():
     assert await collector.collect_once() == []
     assert await _existing(store) == {1}
     assert collector.stats.verdicts == {"owner-unreadable": 1}
+
+
+async def test_an_owner_with_more_records_than_a_transaction_compares_keeps_its_ledgers():
+    store = MemoryStore()
+    await _put_topic(store, TOPIC, [1])
+    for index in range(GUARDS_MAX):
+        await store.put(keys.cursor(TOPIC.key_path, f"sub-{index}"), json.dumps({"cursor_ledger": -1}).encode())
+    await _put_ledger(store, 2, ownership_tags(str(TOPIC), PURPOSE_COMPACTED))
+    collector = _collector(store)
+    assert await collector.collect_once() == []
+    assert await _existing(store) == {2}
+    assert collector.stats.verdicts == {"too-many-guards": 1}
