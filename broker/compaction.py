@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, AsyncIterator
 
 from broker.compacted_ledger import CompactionRecord, decode_entry, encode_entry
 from broker.compaction_keys import LatestKeys
+from broker.managed_ledger_info import PURPOSE_COMPACTED
 from common.errors import MagnetarError
 from common.position import Position
 from protocol.batch import is_batch, parse_batch
@@ -55,6 +56,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 COMPACTION_PROPERTY = "magnetar.compaction"
+# Points of a run where a test may stop the broker (BrokerConfig.compaction_pause_at):
+# after phase two wrote the compacted ledger, before it is closed and committed.
+PAUSE_POINTS = ("after-ledger-written",)
 # One read of the input: entries and bytes (a phase's memory is about one such chunk,
 # plus what its messages cost in Python objects while they are looked at).
 _READ_ENTRIES = 200
@@ -119,9 +123,10 @@ async def _input(ledger: "ManagedLedger", previous: CompactionRecord | None, pre
 
 
 async def compact(ledger: "ManagedLedger", previous: CompactionRecord | None,
-                  spill_directory: str | None = None) -> CompactionRecord:
+                  spill_directory: str | None = None, *, pause_at: str = "") -> CompactionRecord:
     """One compaction of ``ledger`` (see the module's docstring); returns its record,
-    not yet committed. Raises MagnetarError (the ledger it wrote is deleted)."""
+    not yet committed. Raises MagnetarError (the ledger it wrote is deleted).
+    ``pause_at`` (tests only, PAUSE_POINTS) stops the run there for ever."""
     horizon = ledger.last_confirmed
     if previous is not None and horizon <= previous.horizon:
         return previous   # nothing was written since
@@ -142,7 +147,7 @@ async def compact(ledger: "ManagedLedger", previous: CompactionRecord | None,
             await asyncio.to_thread(table.note, notes)
         await asyncio.to_thread(table.index_positions)
         # Phase two: copy the entries that hold one.
-        handle = await ledger.create_side_ledger("compacted")
+        handle = await ledger.create_side_ledger(PURPOSE_COMPACTED)
         try:
             written = 0
             async for chunk in _input(ledger, previous, previous_reader, horizon):
@@ -167,6 +172,10 @@ async def compact(ledger: "ManagedLedger", previous: CompactionRecord | None,
                     written += 1
                 if adds:
                     await asyncio.gather(*adds)
+            if pause_at == "after-ledger-written":
+                log.warning("compaction paused: point=%s topic=%s ledger_id=%d entries=%d", pause_at, ledger.name,
+                            handle.ledger_id, written)
+                await asyncio.Event().wait()
             await handle.close()
         except BaseException:
             await asyncio.shield(ledger.delete_side_ledger(handle.ledger_id))
@@ -182,9 +191,11 @@ class TopicCompaction:
     """A topic's compaction: the committed record, reads of its compacted ledger for
     ``read_compacted`` subscriptions (``CompactedSource``), and the last run's status."""
 
-    def __init__(self, ledger: "ManagedLedger", spill_directory: str | None = None) -> None:
+    def __init__(self, ledger: "ManagedLedger", spill_directory: str | None = None, *, pause_at: str = "") -> None:
+        assert pause_at in ("", *PAUSE_POINTS), pause_at
         self._ledger = ledger
         self._spill_directory = spill_directory
+        self._pause_at = pause_at
         self.status = "NOT_RUN"
         self.last_error = ""
         self.record: CompactionRecord | None = None
@@ -211,10 +222,14 @@ class TopicCompaction:
         self.status, self.last_error = "RUNNING", ""
         previous = self.record
         try:
-            record = await compact(self._ledger, previous, self._spill_directory)
+            record = await compact(self._ledger, previous, self._spill_directory, pause_at=self._pause_at)
             if record is not previous:
                 try:
-                    await self._ledger.set_properties({COMPACTION_PROPERTY: record.encode()})
+                    # Recorded only while its metadata exists: a run outliving the
+                    # ledger collector's grace fails here rather than commit a record
+                    # of a collected ledger (broker/ledger_gc.py).
+                    await self._ledger.set_properties({COMPACTION_PROPERTY: record.encode()},
+                                                      recording=(record.ledger_id,))
                 except BaseException:
                     await asyncio.shield(self._ledger.delete_side_ledger(record.ledger_id))
                     raise

@@ -161,6 +161,10 @@ class BrokerConfig:
     # How often message TTL and backlog quotas are applied to loaded topics (Pulsar
     # checks every 5 min and 60 s; a check costs a few reads per topic with a policy).
     policy_check_interval_s: float = 5.0
+    # Tests only (hidden --compaction-pause-at): a compaction stops at this point of
+    # its run and waits for ever, so that a test can kill -9 the broker there
+    # (broker/compaction.py PAUSE_POINTS).
+    compaction_pause_at: str = ""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from broker.admin.app import build_admin_app
 from broker.archiver import STEPS as ARCHIVE_STEPS
 from broker.archiver import ArchiverConfig
+from broker.compaction import PAUSE_POINTS as COMPACTION_PAUSE_POINTS
 from broker.authentication import AuthConfig
 from broker.config import HTTP_PORT_OFFSET, BrokerConfig
 from broker.connection import ServerConnection
@@ -172,6 +173,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_options(parser, OPTIONS)
     parser.add_argument("--archive-pause-at", default="", choices=["", *ARCHIVE_STEPS],
                         help=argparse.SUPPRESS)   # tests only: stop at an archive step for a kill -9
+    parser.add_argument("--compaction-pause-at", default="", choices=["", *COMPACTION_PAUSE_POINTS],
+                        help=argparse.SUPPRESS)   # tests only: stop a compaction run for a kill -9
 
 
 def bundles_config_from_args(args: argparse.Namespace) -> BundlesConfig:
@@ -184,6 +187,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
                         managed_ledger=ManagedLedgerConfig(**config_overrides(args, OPTIONS, ManagedLedgerConfig)),
                         auth=AuthConfig(**config_overrides(args, OPTIONS, AuthConfig)),
                         tls=TlsConfig(**config_overrides(args, OPTIONS, TlsConfig)),
+                        compaction_pause_at=args.compaction_pause_at,
                         **config_overrides(args, OPTIONS, BrokerConfig))
 
 

@@ -51,9 +51,9 @@ import collections
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable, Protocol, Sequence
 
-from broker.managed_ledger_info import LedgerInfo, ManagedLedgerInfo
+from broker.managed_ledger_info import PURPOSE_LEDGER, LedgerInfo, ManagedLedgerInfo, ownership_tags
 from common.position import ManagedEntry, Position, entries_between, normalize
 from common.topic_name import TopicName
 from ledger.client import LedgerClient
@@ -81,7 +81,7 @@ from common.tasks import log_failure
 from ledger.handle import WriteHandle
 from ledger.reader import LedgerReader
 from metadata import keys
-from metadata.store import MetadataStore
+from metadata.store import Compare, MetadataStore, Put
 
 log = logging.getLogger(__name__)
 
@@ -276,7 +276,7 @@ class ManagedLedger:
         except NoSuchLedger:
             pass
 
-    async def _write_info(self) -> None:
+    async def _write_info(self, guards: Sequence[Compare] = ()) -> None:
         """Compare-and-swap of the ledger list; a lost race fences this owner.
 
         A write whose reply was lost (etcd slow or away: MetadataUnavailable) may still
@@ -284,10 +284,16 @@ class ManagedLedger:
         is not a take-over: when the record holds exactly what our unanswered write
         wrote — any of the writes left unanswered since the last answered one, as a
         caller cancelled again while the next write was on the way leaves two —, its
-        version is adopted and the write goes on."""
+        version is adopted and the write goes on.
+
+        ``guards`` are further conditions of the same transaction: a write that records
+        a ledger also requires the ledger's metadata to be as its handle knows it, so a
+        ledger the ledger collector deleted meanwhile is never recorded
+        (broker/ledger_gc.py, the race analysis). A failed guard, with the record as we
+        left it, raises MetadataVersionConflict and does not fence."""
         async with self._metadata_lock:
             encoded = self._info.encode()
-            if await self._swap_info(encoded):
+            if await self._swap_info(encoded, guards):
                 return
             current = await self._store.get(self._key)
             if current is not None and current.value in self._unanswered:
@@ -295,24 +301,34 @@ class ManagedLedger:
                          "version=%d", self.name, current.version)
                 self._unanswered.clear()
                 self._version = current.version
-                if await self._swap_info(encoded):
+                if await self._swap_info(encoded, guards):
                     return
+                current = await self._store.get(self._key)
+            if guards and current is not None and current.version == self._version:
+                raise MetadataVersionConflict(", ".join(guard.key for guard in guards))
             error = TopicFenced(f"topic {self.name} was taken over (managed ledger changed)")
             self._fence(error)
             raise error
 
-    async def _swap_info(self, encoded: bytes) -> bool:
-        """One compare-and-swap of the record: False on a version conflict. A write whose
-        outcome is unknown — its reply lost (MetadataUnavailable) or its caller cancelled
-        while it was on the way (a client that hung up mid-request) — is raised, its
-        record remembered as unanswered."""
+    async def _swap_info(self, encoded: bytes, guards: Sequence[Compare] = ()) -> bool:
+        """One compare-and-swap of the record: False on a version conflict (of the record
+        or of a guard). A write whose outcome is unknown — its reply lost
+        (MetadataUnavailable) or its caller cancelled while it was on the way (a client
+        that hung up mid-request) — is raised, its record remembered as unanswered."""
         try:
-            self._version = await self._store.compare_and_set(self._key, encoded, expected_version=self._version)
+            if guards:
+                revision = await self._store.transaction([Compare(self._key, self._version), *guards],
+                                                         [Put(self._key, encoded)])
+                if revision is None:
+                    return False
+            else:
+                revision = await self._store.compare_and_set(self._key, encoded, expected_version=self._version)
         except (MetadataUnavailable, asyncio.CancelledError):
             self._unanswered.append(encoded)
             raise
         except MetadataVersionConflict:
             return False
+        self._version = revision
         self._unanswered.clear()
         return True
 
@@ -322,9 +338,21 @@ class ManagedLedger:
         snapshot and the like, kept in the managed-ledger record."""
         return dict(self._info.properties)
 
-    async def set_properties(self, updates: dict[str, str | None]) -> None:
+    async def set_properties(self, updates: dict[str, str | None], *, recording: Sequence[int] = ()) -> None:
         """Sets (None: removes) properties, by compare-and-swap of the record; a lost
-        race fences this owner (TopicFenced), as for any change of the record."""
+        race fences this owner (TopicFenced), as for any change of the record.
+
+        ``recording``: ledgers the new properties name (a compacted ledger). The write
+        then also requires each one's metadata to exist at the version read just
+        before, in the same transaction, so a ledger the ledger collector deleted is
+        never recorded (broker/ledger_gc.py, the race analysis): NoSuchLedger if one is
+        gone, MetadataVersionConflict if one changed meanwhile."""
+        guards: list[Compare] = []
+        for ledger_id in recording:
+            record = await self._store.get(keys.ledger(ledger_id))
+            if record is None:
+                raise NoSuchLedger(ledger_id)
+            guards.append(Compare(keys.ledger(ledger_id), record.version))
         previous = dict(self._info.properties)
         for key, value in updates.items():
             if value is None:
@@ -332,7 +360,7 @@ class ManagedLedger:
             else:
                 self._info.properties[key] = value
         try:
-            await self._write_info()
+            await self._write_info(guards)
         except BaseException:
             self._info.properties = previous
             raise
@@ -341,11 +369,12 @@ class ManagedLedger:
         config = self.config
         handle = await self._client.create_ledger(
             config.ensemble_size, config.write_quorum_size, config.ack_quorum_size,
-            custom={"managed-ledger": self.name})
+            custom=ownership_tags(self.name, PURPOSE_LEDGER))
         info = LedgerInfo(handle.ledger_id, created_ms=int(time.time() * 1000))
         self._info.ledgers.append(info)
         try:
-            await self._write_info()
+            # Recorded only if its metadata is still there as created (not collected).
+            await self._write_info([Compare(keys.ledger(handle.ledger_id), handle.metadata_version)])
         except MagnetarError:
             self._info.ledgers.pop()
             await self._delete_ledger_quietly(handle.ledger_id)
@@ -844,8 +873,7 @@ class ManagedLedger:
         with the topic's quorums; the caller records, reads and deletes it."""
         config = self.config
         return await self._client.create_ledger(config.ensemble_size, config.write_quorum_size,
-                                                config.ack_quorum_size,
-                                                custom={"managed-ledger": self.name, "purpose": purpose})
+                                                config.ack_quorum_size, custom=ownership_tags(self.name, purpose))
 
     async def open_side_ledger(self, ledger_id: int) -> LedgerReader:
         return await self._client.open_ledger(ledger_id, recovery=False)

@@ -24,6 +24,24 @@ from common.errors import MalformedFrame
 
 FORMAT_VERSION = 1
 
+# Who owns a ledger, written into its metadata's ``custom`` when it is created: the
+# managed ledger (topic name, as ``str(TopicName)``) and what the ledger is for. The
+# ledger collector (broker/ledger_gc.py) deletes only ledgers tagged with both, with a
+# purpose it knows the references of (broker/ledger_references.py): a ledger kind
+# added without teaching the collector where it is recorded is never collected.
+OWNER_TAG = "managed-ledger"
+PURPOSE_TAG = "purpose"
+PURPOSE_LEDGER = "ledger"          # one of the topic's ledgers (the ledger list)
+PURPOSE_COMPACTED = "compacted"    # a compacted ledger (the magnetar.compaction property)
+PURPOSE_CURSOR = "cursor"          # a subscription's cursor ledger (its etcd pointer)
+
+
+def ownership_tags(owner: str, purpose: str) -> dict[str, str]:
+    """The ``custom`` metadata of a ledger ``owner`` creates for ``purpose``."""
+    assert owner, "a ledger's owner is a topic name"
+    assert purpose in (PURPOSE_LEDGER, PURPOSE_COMPACTED, PURPOSE_CURSOR), purpose
+    return {OWNER_TAG: owner, PURPOSE_TAG: purpose}
+
 
 @dataclass
 class LedgerInfo:

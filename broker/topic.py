@@ -45,6 +45,7 @@ from protocol.batch import message_count
 from protocol.codec import stored_metadata
 from broker.config import BrokerConfig
 from broker.compaction import TopicCompaction
+from broker.managed_ledger_info import PURPOSE_CURSOR, ownership_tags
 from broker.consumer import Consumer
 from broker.deduplication import SNAPSHOT_PROPERTY, Deduplication
 from broker.managed_ledger import ManagedLedger
@@ -131,7 +132,7 @@ class PersistentTopic:
         self.topic_epoch: int | None = int(epoch) if epoch is not None else None
         self._promotions: set[asyncio.Task[None]] = set()
         # Compaction (broker/compaction.py): the compacted ledger and the last run's status.
-        self.compaction = TopicCompaction(ledger)
+        self.compaction = TopicCompaction(ledger, pause_at=config.compaction_pause_at)
         self._compaction_task: asyncio.Task[None] | None = None
         # The namespace's destination_storage backlog quota (limit bytes, policy), as the
         # broker last read it (producer creation, each policy check): every SEND is
@@ -165,7 +166,8 @@ class PersistentTopic:
         config = self.ledger.config
         return LedgerCursorStore(self._store, keys.cursor(self.name.key_path, subscription), self._ledger_client,
                                  quorums=(config.ensemble_size, config.write_quorum_size, config.ack_quorum_size),
-                                 owner=self.config.effective_broker_id)
+                                 owner=self.config.effective_broker_id,
+                                 ledger_tags=ownership_tags(self.full_name, PURPOSE_CURSOR))
 
     def _make_subscription(self, name: str, state: CursorState, store: LedgerCursorStore | None,
                            mode: SubscriptionMode) -> Subscription:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from typing import Sequence
 
 from ledger.bookie_client import BookieClientPool
 from ledger.bookie_registry import BookieRegistry
@@ -27,7 +28,7 @@ from ledger.placement import choose_ensemble
 from ledger.reader import LedgerReader
 from ledger.recovery import recover_ledger
 from metadata import keys
-from metadata.store import MetadataStore
+from metadata.store import Compare, Delete, MetadataStore
 from common.histograms import LatencyStages
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,19 @@ class LedgerClient:
         if not deleted:
             raise NoSuchLedger(ledger_id)
         log.info("ledger deleted: ledger_id=%d", ledger_id)
+
+    async def delete_ledger_if(self, ledger_id: int, compares: Sequence[Compare]) -> bool:
+        """Removes the metadata as ``delete_ledger`` does (the bookies drop the entries
+        at their next GC), but only if every compare holds, in one transaction: the
+        ledger's own metadata version among them. False (nothing deleted) when one did
+        not hold."""
+        key = keys.ledger(ledger_id)
+        assert any(compare.key == key and compare.version > 0 for compare in compares), \
+            "a guarded delete names the version of the metadata it deletes"
+        if await self.store.transaction(list(compares), [Delete(key)]) is None:
+            return False
+        log.info("ledger deleted: ledger_id=%d", ledger_id)
+        return True
 
     async def list_ledgers(self) -> list[int]:
         records = await self.store.get_prefix(keys.LEDGERS, keys_only=True)

@@ -120,6 +120,13 @@ class WriteHandle:
         return self._versioned.metadata
 
     @property
+    def metadata_version(self) -> int:
+        """The etcd version of the metadata as this handle last wrote or read it: what a
+        recorder compares to prove the ledger still exists as it knows it
+        (broker/ledger_gc.py, the race analysis)."""
+        return self._versioned.version
+
+    @property
     def last_add_confirmed(self) -> int:
         return self._tracker.last_add_confirmed
 

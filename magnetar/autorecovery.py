@@ -7,6 +7,12 @@ Run one or more anywhere (their own processes rather than threads inside the boo
 so that re-replication scales and fails apart from the storage nodes, restarts without
 touching a bookie, and is one Kubernetes Deployment with probes of its own). Exactly
 one of them is the auditor at a time (elected through etcd); all of them replicate.
+The auditor also runs the ledger collector (broker/ledger_gc.py): orphan ledgers of
+topics, deleted after a grace period. It lives here rather than in a broker task
+because this election already exists, the process already holds a ledger client and
+reads every ledger's metadata each audit, and its passes then cost the brokers'
+serving loop nothing; the collector's safety does not rest on the election (each
+delete is one guarded etcd transaction), only its efficiency does.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from common.config_options import ConfigOption, add_config_options, config_overrides
 from common.ops_http import HealthCheck, add_ready_route, build_ops_app, start_ops_server
 from common.tasks import stop_on_signals
+from broker.ledger_gc import LedgerCollector, LedgerGcConfig
 from ledger.auditor import Auditor
 from ledger.client import LedgerClient
 from ledger.config import BOOKIE_CLIENT_SECURITY_OPTIONS, AutoRecoveryConfig, LedgerClientConfig, bookie_client_security
@@ -43,6 +50,13 @@ OPTIONS: list[ConfigOption] = [
                  "a dead auditor or worker is replaced this long after it died"),
     ConfigOption("--rate-bytes-per-s", AutoRecoveryConfig, "rate_bytes_per_s",
                  "re-replication bytes per second per worker"),
+    # The ledger collector (broker/ledger_gc.py), run by the elected auditor.
+    ConfigOption("--no-ledger-gc", LedgerGcConfig, "enabled", "never collect orphan ledgers", switch_to=False),
+    ConfigOption("--ledger-gc-grace-s", LedgerGcConfig, "grace_s",
+                 "a ledger no topic references is deleted once older than this"),
+    ConfigOption("--ledger-gc-interval-s", LedgerGcConfig, "interval_s"),
+    ConfigOption("--ledger-gc-ledgers-per-pass-max", LedgerGcConfig, "ledgers_per_pass_max"),
+    ConfigOption("--ledger-gc-call-timeout-s", LedgerGcConfig, "call_timeout_s"),
     # Bookies with authentication on refuse adds and reads without a service token;
     # bookies serving TLS need --bookie-tls (and a client certificate when they require one).
     *BOOKIE_CLIENT_SECURITY_OPTIONS,
@@ -66,9 +80,10 @@ def ledger_config_from_args(args: argparse.Namespace) -> LedgerClientConfig:
 class _Collector:
     """Exposes the auditor's last round and the worker's counters at scrape time."""
 
-    def __init__(self, auditor: Auditor, worker: ReplicationWorker) -> None:
+    def __init__(self, auditor: Auditor, worker: ReplicationWorker, collector: LedgerCollector) -> None:
         self._auditor = auditor
         self._worker = worker
+        self._collector = collector
 
     def collect(self):
         result = self._auditor.last_result if self._auditor.elected else None
@@ -95,6 +110,22 @@ class _Collector:
             counter = CounterMetricFamily(f"magnetar_autorecovery_{name}", text)
             counter.add_metric([], value)
             yield counter
+        gc = self._collector.stats
+        for name, value, text in (
+            ("ledgers_collected", gc.ledgers_collected, "orphan ledgers deleted by the ledger collector"),
+            ("ledgers_examined", gc.ledgers_examined, "ledgers the ledger collector looked at"),
+            ("deletes_refused", gc.deletes_refused,
+             "collector deletes refused by their transaction (a reference appeared meanwhile)"),
+            ("read_failures", gc.read_failures, "ledgers or owners the collector could not read (kept)"),
+            ("passes", gc.passes, "ledger collector passes"),
+        ):
+            counter = CounterMetricFamily(f"magnetar_autorecovery_ledger_gc_{name}", text)
+            counter.add_metric([], value)
+            yield counter
+        duration = GaugeMetricFamily("magnetar_autorecovery_ledger_gc_pass_duration_seconds",
+                                     "how long the ledger collector's last pass took")
+        duration.add_metric([], gc.last_pass_s)
+        yield duration
 
 
 def build_app(registry: CollectorRegistry, health: HealthCheck, ready: HealthCheck) -> web.Application:
@@ -115,8 +146,9 @@ async def _run(args: argparse.Namespace) -> int:
     client = LedgerClient(store, ledger_config_from_args(args))
     auditor = Auditor(store, config, process_id)
     worker = ReplicationWorker(client.context, config, process_id)
+    collector = LedgerCollector(store, client, LedgerGcConfig(**config_overrides(args, OPTIONS, LedgerGcConfig)))
     registry = CollectorRegistry()
-    registry.register(_Collector(auditor, worker))
+    registry.register(_Collector(auditor, worker, collector))
     up = Gauge("magnetar_autorecovery_up", "1 while serving", registry=registry)
 
     async def health() -> tuple[bool, dict]:
@@ -137,7 +169,8 @@ async def _run(args: argparse.Namespace) -> int:
         log.info("autorecovery listening: id=%s http_address=%s:%d grace_period_s=%s",
                  process_id, args.host, http_port, config.grace_period_s)
         async with asyncio.TaskGroup() as tasks:
-            running = [tasks.create_task(auditor.run()), tasks.create_task(worker.run())]
+            running = [tasks.create_task(auditor.run()), tasks.create_task(worker.run()),
+                       tasks.create_task(collector.run(lambda: auditor.elected))]
             await stopping.wait()
             log.info("autorecovery stopping: id=%s", process_id)
             for task in running:

@@ -38,11 +38,13 @@ import base64
 import json
 import logging
 import uuid
+from typing import Sequence
 
 from ledger.client import LedgerClient
 from common.errors import LedgerFenced, MagnetarError, MalformedFrame, MetadataVersionConflict, NoSuchLedger, TopicFenced
 from ledger.handle import WriteHandle
-from metadata.store import Compare, Delete, MetadataStore
+from metadata import keys
+from metadata.store import Compare, Delete, MetadataStore, Put
 from subscriptions.ack_set import AckSet
 from subscriptions.cursor import CursorState
 from subscriptions.cursor_record import (
@@ -64,9 +66,13 @@ LEDGER_ENTRIES_MAX = 10_000
 
 class LedgerCursorStore:
     def __init__(self, store: MetadataStore, key: str, ledger_client: LedgerClient, *,
-                 quorums: tuple[int, int, int], owner: str) -> None:
+                 quorums: tuple[int, int, int], owner: str, ledger_tags: dict[str, str] | None = None) -> None:
         self._store = store
         self._key = key
+        # The custom metadata of the cursor ledgers this store creates: the pointer's
+        # key, plus the owner's tags (the topic and purpose, which the broker's ledger
+        # collector reads: broker/ledger_gc.py).
+        self._ledger_custom = {**(ledger_tags or {}), "cursor": key}
         self._client = ledger_client
         self._quorums = quorums
         self._owner = owner
@@ -175,14 +181,23 @@ class LedgerCursorStore:
         if self._handle is None or self._handle.failure is not None \
                 or self._handle.last_add_confirmed + 1 >= LEDGER_ENTRIES_MAX:
             old_handle = self._handle
-            self._handle = await self._client.create_ledger(*self._quorums, custom={"cursor": self._key})
+            self._handle = await self._client.create_ledger(*self._quorums, custom=self._ledger_custom)
             if old_handle is not None:
                 await self._retire(old_handle)
         handle = self._handle
         entry_id = await self._add(handle, record)
-        await self._write_pointer({
-            "mark_delete": list(state.mark_delete), "cursor_ledger": handle.ledger_id,
-            "snapshot_entry": entry_id, "inline": None})
+        try:
+            # The pointer names the ledger only while its metadata is as the handle
+            # knows it: a ledger the broker's ledger collector deleted (this save came
+            # after its grace period, broker/ledger_gc.py) is never pointed at.
+            await self._write_pointer({
+                "mark_delete": list(state.mark_delete), "cursor_ledger": handle.ledger_id,
+                "snapshot_entry": entry_id, "inline": None},
+                guards=(Compare(keys.ledger(handle.ledger_id), handle.metadata_version),))
+        except NoSuchLedger:
+            if self._handle is handle:
+                self._handle = None    # the next save starts a new ledger
+            raise
         previous_ledger, self._ledger_id = self._ledger_id, handle.ledger_id
         self._snapshot_entry = entry_id
         self._deltas_since_snapshot = 0
@@ -203,23 +218,39 @@ class LedgerCursorStore:
         if handle.ledger_id != self._ledger_id:
             await self._delete_ledger(handle.ledger_id)
 
-    async def _write_pointer(self, pointer: dict) -> None:
-        """Compare-and-set of the etcd pointer; TopicFenced if another broker wrote it."""
+    async def _write_pointer(self, pointer: dict, guards: Sequence[Compare] = ()) -> None:
+        """Compare-and-set of the etcd pointer; TopicFenced if another broker wrote it.
+        ``guards``: one more compare of the same transaction (the cursor ledger's
+        metadata); when it fails with the pointer as we left it, NoSuchLedger."""
         value = json.dumps({**pointer, "owner": self._owner, "session": self._session}).encode()
         try:
-            self._version = await self._store.compare_and_set(self._key, value, expected_version=self._version)
+            self._version = await self._swap_pointer(value, guards)
             return
         except MetadataVersionConflict:
             current = await self._store.get(self._key)
+            if guards and (current.version if current is not None else 0) == self._version:
+                raise NoSuchLedger(int(pointer["cursor_ledger"])) from None
             if current is None or _session_of(current.value) != self._session:
                 raise TopicFenced(f"cursor {self._key} was taken over (its pointer changed)") from None
         # An earlier write of ours landed though its reply was lost: nobody else wrote
         # since (they would have replaced the session), so ours is the version to follow.
         self._version = current.version
         try:
-            self._version = await self._store.compare_and_set(self._key, value, expected_version=self._version)
+            self._version = await self._swap_pointer(value, guards)
         except MetadataVersionConflict:
+            current = await self._store.get(self._key)
+            if guards and current is not None and current.version == self._version:
+                raise NoSuchLedger(int(pointer["cursor_ledger"])) from None
             raise TopicFenced(f"cursor {self._key} was taken over (its pointer changed)") from None
+
+    async def _swap_pointer(self, value: bytes, guards: Sequence[Compare]) -> int:
+        if not guards:
+            return await self._store.compare_and_set(self._key, value, expected_version=self._version)
+        revision = await self._store.transaction([Compare(self._key, self._version), *guards],
+                                                 [Put(self._key, value)])
+        if revision is None:
+            raise MetadataVersionConflict(self._key)
+        return revision
 
     async def _delete_ledger(self, ledger_id: int) -> None:
         """Deletes a ledger nothing points at. A failure is logged, not raised: the save

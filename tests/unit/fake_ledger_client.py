@@ -94,6 +94,9 @@ class FakeWriteHandle:
         self.length_bytes = 0
         self._closed = False
         self.failure: MagnetarError | None = None
+        # The fake keeps no ledger metadata in the metadata store, so a guard on the
+        # ledger's key (broker/managed_ledger.py _write_info) compares "absent" (0).
+        self.metadata_version = 0
 
     def fail(self, error: MagnetarError) -> None:
         """What a WriteHandle does on an error it cannot recover from (a bookie refused

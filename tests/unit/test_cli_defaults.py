@@ -108,7 +108,7 @@ def test_each_broker_flag_given_its_shown_default_changes_nothing(option):
 
 
 @pytest.mark.parametrize("module, required", [(bookie_main, {"metadata", "journal_dir", "ledger_dirs"}),
-                                              (broker_main, {"metadata", "archive_pause_at"})])
+                                              (broker_main, {"metadata", "archive_pause_at", "compaction_pause_at"})])
 def test_every_flag_is_in_the_options_table(module, required):
     """No flag of the command sets a field outside the table (which is what keeps a
     second default from creeping in)."""

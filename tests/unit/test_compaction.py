@@ -109,7 +109,8 @@ class _Ledger:
     async def delete_side_ledger(self, ledger_id: int) -> None:
         self.side.pop(ledger_id, None)
 
-    async def set_properties(self, updates: dict[str, str]) -> None:
+    async def set_properties(self, updates: dict[str, str], *, recording=()) -> None:
+        assert all(ledger_id in self.side for ledger_id in recording), recording
         self.properties.update(updates)
 
 

@@ -72,6 +72,9 @@ class FakeHandle:
         self._ledgers = ledgers
         self.ledger_id = ledger_id
         self.failure: Exception | None = None
+        # No ledger metadata lives in the metadata store here: the pointer write's
+        # guard on the ledger's key compares "absent" (0).
+        self.metadata_version = 0
 
     @property
     def last_add_confirmed(self) -> int:
@@ -370,3 +373,31 @@ async def test_a_failed_cursor_ledger_is_replaced_by_a_new_one():
     assert sorted(ledgers.ledgers) == [store.ledger_id]
     restored = await _store(metadata, ledgers, owner="b").load()
     assert restored is not None and restored.acked.contains(10, 3) and restored.acked.contains(10, 5)
+
+
+async def test_a_pointer_never_names_a_ledger_whose_metadata_is_gone():
+    """The pointer write compares the cursor ledger's metadata (as the handle knows it)
+    in the same transaction: when the ledger collector deleted it, or it changed, the
+    pointer is not written, the save fails (its changes kept for the next) and the next
+    save starts a new ledger, which the pointer then names (broker/ledger_gc.py)."""
+    metadata, ledgers = FailingStore(), FakeLedgerClient()
+    ledger = FakeManagedLedger(10)
+    ledger.append_many(20)
+    store = _store(metadata, ledgers)
+    cursor = ManagedCursor("t/sub", ledger, CursorState(P(10, -1)), store)
+    await cursor.save_now()
+    cursor.ack(P(10, 3))
+    # The ledger the save is about to create gets metadata of another version in etcd
+    # (the fake handle knows it as absent): its guard fails.
+    await metadata.put(f"/ledgers/{ledgers._next_id + 1:020d}", b"{}")
+    await cursor.flush()
+    assert cursor.flush_errors == 1
+    assert (await _pointer(metadata))["cursor_ledger"] == -1      # still the inline start
+    cursor.ack(P(10, 5))
+    await cursor.flush()
+    pointer = await _pointer(metadata)
+    assert pointer["cursor_ledger"] == ledgers._next_id != 101
+    await cursor.close()
+    restored = await _store(metadata, ledgers, owner="b").load()
+    assert restored is not None
+    assert restored.acked.contains(10, 3) and restored.acked.contains(10, 5)
