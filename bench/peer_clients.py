@@ -10,7 +10,7 @@ Magnetar client. Per system, what each workload is:
 | | Redis (Streams, AOF ``appendfsync always``) | NATS JetStream (file storage) | RabbitMQ (quorum queues) |
 |---|---|---|---|
 | durable ack | the XADD reply: with ``appendfsync always`` Redis writes and fsyncs the AOF before it sends the replies of an event-loop round | the PubAck of ``js.publish`` (stored; fsynced only with ``sync_interval: always``) | the publisher confirm (a quorum queue confirms once a majority of its members fsynced the entry: one member here) |
-| publish | XADD in pipelines of ``PUBLISH_BATCH`` on a bounded pool of connections | ``js.publish_async``, PubAcks awaited (one connection) | ``publish`` with confirms concurrently (one channel) |
+| publish | XADD in pipelines of ``PUBLISH_BATCH`` on a bounded pool of connections | ``js.publish_async``, PubAcks awaited (one connection) | ``publish`` with confirms concurrently, batches spread over 8 channels of one connection |
 | drain | XREAD from the start, ``count`` 1,000 (no acknowledgement exists for a plain reader: its position is its state) | a durable push consumer from the stream's start, a callback, ``ack`` per message | a consumer, prefetch 1,000, ``ack`` per message |
 | work queue | one consumer group, 4 consumers, XREADGROUP ``count`` 1,000, one XACK per message (pipelined per read) | 4 queue subscriptions of one durable push consumer | 4 consumers on one queue, prefetch 1,000 each |
 | fan-out | 4 XREAD readers from the start | 4 durable push consumers | a fanout exchange to 4 quorum queues, a consumer each |
@@ -309,6 +309,7 @@ class NatsPeer(Peer):
 class RabbitPeer(Peer):
     name = "rabbitmq"
     PREFETCH = 1000
+    PUBLISH_CHANNELS = 8
 
     async def connect(self) -> None:
         import aio_pika
@@ -323,7 +324,12 @@ class RabbitPeer(Peer):
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.5)
-        self.channel = await self.connection.channel(publisher_confirms=True)
+        # aiormq sends a channel's frames one publish at a time behind a lock, waiting for
+        # each write: publishes in flight are spread over several channels (a batch each).
+        self.channels = [await self.connection.channel(publisher_confirms=True)
+                         for _ in range(self.PUBLISH_CHANNELS)]
+        self.channel = self.channels[0]
+        self.next_channel = 0
 
     async def close(self) -> None:
         await self.connection.close()
@@ -344,13 +350,24 @@ class RabbitPeer(Peer):
         for n in range(FANOUT_SUBSCRIPTIONS):
             await self.queues[f"fanout{n}"].bind(self.fanout)
 
-    async def publish(self, kind: str, data: bytes) -> None:
+    async def publish(self, kind: str, data: bytes, channel=None) -> None:
         message = self.aio_pika.Message(data, delivery_mode=self.aio_pika.DeliveryMode.PERSISTENT)
+        channel = channel or self.channel
         if kind == "fanout":
-            await self.fanout.publish(message, routing_key="")
+            exchange = await channel.get_exchange(self.queue_name("fanout"), ensure=False)
+            await exchange.publish(message, routing_key="")
         else:
             queue = "drain" if kind == "backlog" else kind
-            await self.channel.default_exchange.publish(message, routing_key=self.queue_name(queue))
+            await channel.default_exchange.publish(message, routing_key=self.queue_name(queue))
+
+    async def publish_many(self, kind: str, datas: list[bytes]) -> list[int]:
+        channel = self.channels[self.next_channel]
+        self.next_channel = (self.next_channel + 1) % len(self.channels)
+
+        async def one(data: bytes) -> int:
+            await self.publish(kind, data, channel)
+            return time.perf_counter_ns()
+        return list(await asyncio.gather(*(one(data) for data in datas)))
 
     async def refill(self, mode: str, count: int, filler: bytes) -> None:
         kind = {"work_queue": "work", "fanout": "fanout"}.get(mode)
@@ -370,7 +387,8 @@ class RabbitPeer(Peer):
         async def handler(message) -> None:
             if on_data is not None:
                 on_data(message.body)
-            await message.ack()
+            # basic.ack is one-way: sent without waiting for the socket write to drain.
+            await message.channel.basic_ack(delivery_tag=message.delivery_tag, wait=False)
             if progress is not None:
                 progress.record(index)
         await queue.consume(handler, no_ack=False)

@@ -154,7 +154,7 @@ def summarize(runs: list[dict]) -> dict:
 def _cell(value) -> str:
     if value is None:
         return "-"
-    if isinstance(value, float) and value >= 1000:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) >= 1000:
         return f"{value:,.0f}"
     return f"{value:g}" if isinstance(value, float) else str(value)
 
