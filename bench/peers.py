@@ -147,8 +147,10 @@ def summarize(runs: list[dict]) -> dict:
                  "fdatasync_p99_ms": statistics.median(run["baselines"]["fdatasync_ms"]["p99"] for run in runs),
                  "tcp_echo_p50_ms": statistics.median(run["baselines"]["tcp_echo_ms"]["p50"] for run in runs)}
     skipped = [f"repeat {run['repeat']}: {name}: {reason}" for run in runs for name, reason in run["skipped"].items()]
+    invalid = [f"repeat {run['repeat']}: {problem}" for run in runs for system in run["systems"].values()
+               for problem in system.get("problems", [])]
     return {"systems": names, "medians": medians, "rows": rows, "aims": from_medians, "baselines": baselines,
-            "skipped": skipped}
+            "skipped": skipped, "invalid": invalid}
 
 
 def _cell(value) -> str:
@@ -173,7 +175,9 @@ def report_markdown(results: dict) -> str:
              f"{base['fdatasync_p99_ms']} ms; loopback TCP echo p50 {base['tcp_echo_p50_ms']} ms.", ""]
     for line in summary["skipped"]:
         lines.append(f"**SKIPPED** {line}")
-    if summary["skipped"]:
+    for line in summary["invalid"]:
+        lines.append(f"**NOT VALID** {line}")
+    if summary["skipped"] or summary["invalid"]:
         lines.append("")
     header = ["workload"] + [LABELS[name] for name in names] + ["best peer", "Magnetar 1x1 / best peer",
                                                                   "Magnetar 3x2 / best peer"]

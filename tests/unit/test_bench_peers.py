@@ -157,6 +157,7 @@ def test_summary_ratios_and_aims_from_the_medians_with_a_count_per_repeat():
                 "redis": headline(39_000, 2.5, 0.75, 115_000, 36_000, 125_000),
                 "nats": headline(25_000, 4.5, 1.2, 31_000, 33_000, 39_000)}),
     ]
+    runs[2]["systems"]["nats"]["problems"] = ["nats e2e: incomplete (900 of 1000)"]
     summary = peers.summarize(runs)
     assert summary["systems"] == ["magnetar-1x1", "magnetar-3x2", "redis", "nats"]
     rows = {row["key"]: row for row in summary["rows"]}
@@ -182,6 +183,7 @@ def test_summary_ratios_and_aims_from_the_medians_with_a_count_per_repeat():
     assert three_e2e["met_in_repeats"] == "1 of 3"                           # 20>16, 10<=12, 15>14
     assert aims["3x2 publish >= 50% of the 1x1's"]["met"] is True
     assert summary["skipped"] == ["repeat 1: rabbitmq: RuntimeError: not listening"]
+    assert summary["invalid"] == ["repeat 2: nats e2e: incomplete (900 of 1000)"]
     assert summary["baselines"]["fdatasync_p50_ms"] == 0.2
 
     results = {"date": "2026-11-26T20:00:00", "cpus": 2, "runs": runs, "summary": summary,
@@ -189,6 +191,7 @@ def test_summary_ratios_and_aims_from_the_medians_with_a_count_per_repeat():
                             "publish_seconds": 4.0}}
     report = peers.report_markdown(results)
     assert "**SKIPPED** repeat 1: rabbitmq: RuntimeError: not listening" in report
+    assert "**NOT VALID** repeat 2: nats e2e: incomplete (900 of 1000)" in report
     assert "| publish msgs/s | 21,000 | 11,000 | 39,000 | 26,000 | Redis AOF always | 0.538 | 0.282 |" in report
     assert "| durable ack p50 <= 1.0 ms (1x1) | 1 | 1 | yes | 2 of 3 |" in report
     assert "fdatasync p50 0.2 ms" in report
