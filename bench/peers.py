@@ -128,7 +128,9 @@ def summarize(runs: list[dict]) -> dict:
     """Medians per system over the repeats it ran in, the best peer and Magnetar's
     ratios per row, and the aims from the medians with a per-repeat count."""
     names = [name for name in SYSTEMS if any(name in run["systems"] for run in runs)]
-    medians = {name: latency.medians([run["systems"][name]["headline"] for run in runs if name in run["systems"]])
+    medians = {name: latency.medians([{**run["systems"][name]["headline"],
+                                       "other_load_pct": other_load_pct(run["systems"][name])}
+                                      for run in runs if name in run["systems"]])
                for name in names}
     rows = []
     for label, key, higher in ROWS:
@@ -187,7 +189,11 @@ def report_markdown(results: dict) -> str:
         cells += [LABELS.get(row["best_peer"], "-") if row["best_peer"] else "-",
                   _cell(row["magnetar_1x1_over_best"]), _cell(row["magnetar_3x2_over_best"])]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "Ratios: for rates above 1 is better, for latencies below 1 is better.", "",
+    cells = ["other load on the machine, % of a core (median of the windows)"]
+    cells += [_cell(summary["medians"][name].get("other_load_pct")) for name in names] + ["", "", ""]
+    lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Ratios: for rates above 1 is better, for latencies below 1 is better. Other load: CPU "
+              "the machine spent beyond the system's own processes during its windows (2 cores = 200%).", "",
               "## The issue's aims", "", "| aim | Magnetar | reference | met (medians) | met per repeat |",
               "|---|---|---|---|---|"]
     for aim in summary["aims"]:
@@ -285,16 +291,31 @@ async def run_magnetar(args: argparse.Namespace, system: str) -> dict:
     return result
 
 
-def problems(name: str, system: dict) -> list[str]:
+def problems(name: str, system: dict, e2e_scheduled: int | None = None) -> list[str]:
+    """What makes a system's workload not valid: errors, or not all messages read (for
+    e2e: not all of the ``e2e_scheduled`` counted messages received)."""
     found = []
     for workload in WORKLOADS:
         measured = system.get(workload) or {}
         if measured.get("errors"):
-            found.append(f"{name} {workload}: {measured['errors']} errors {measured.get('error_texts', '')}")
+            texts = " ".join(measured.get("error_texts") or [])
+            found.append(f"{name} {workload}: {measured['errors']} errors{' ' + texts if texts else ''}")
         if measured.get("complete") is False:
-            found.append(f"{name} {workload}: incomplete ({measured.get('messages')} of "
-                         f"{measured.get('expected', measured.get('received'))})")
+            if workload == "e2e":
+                found.append(f"{name} e2e: incomplete ({measured.get('received')} of "
+                             f"{e2e_scheduled if e2e_scheduled is not None else '?'} received)")
+            else:
+                found.append(f"{name} {workload}: incomplete ({measured.get('messages')} of "
+                             f"{measured.get('expected')})")
     return found
+
+
+def other_load_pct(system: dict) -> float | None:
+    """The machine's load beyond the system's own processes, median over its workloads'
+    windows (% of one core): how disturbed its measurement was."""
+    values = [(system.get(workload) or {}).get("cpu", {}).get("other_load_pct") for workload in WORKLOADS]
+    values = [value for value in values if value is not None]
+    return round(statistics.median(values), 1) if values else None
 
 
 async def main_async(args: argparse.Namespace) -> dict:
@@ -320,7 +341,7 @@ async def main_async(args: argparse.Namespace) -> dict:
                 continue
             measured["headline"] = latency.headline(measured)
             measured["seconds"] = round(time.monotonic() - began, 1)
-            measured["problems"] = problems(system, measured)
+            measured["problems"] = problems(system, measured, int(args.rate * args.e2e_seconds))
             run["systems"][system] = measured
             print(json.dumps({"repeat": repeat, "system": system, "seconds": measured["seconds"],
                               **measured["headline"]}), flush=True)
@@ -363,7 +384,24 @@ def main() -> int:
     parser.add_argument("--publish-seconds", type=float, default=4.0)
     parser.add_argument("--dir", default=None, help="where data goes (default: the temp dir)")
     parser.add_argument("--keep-data", action="store_true")
+    parser.add_argument("--from-json", default=None,
+                        help="run nothing: write the report again from this results file")
     args = parser.parse_args()
+    if args.from_json:
+        with open(args.from_json) as handle:
+            results = json.load(handle)
+        settings = results["settings"]
+        scheduled = int(settings["rate"] * settings["e2e_seconds"])
+        for run in results["runs"]:
+            for name, system in run["systems"].items():
+                system["problems"] = problems(name, system, scheduled)
+        results["summary"] = summarize(results["runs"])
+        with open(args.from_json, "w") as handle:
+            json.dump(results, handle, indent=1)
+        with open(args.report, "w") as handle:
+            handle.write(report_markdown(results))
+        print(f"report written to {args.report} from {args.from_json}")
+        return 0
     for system in args.systems:
         if system not in SYSTEMS:
             parser.error(f"--systems: {system} is not one of {', '.join(SYSTEMS)}")

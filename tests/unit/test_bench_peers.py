@@ -197,6 +197,17 @@ def test_summary_ratios_and_aims_from_the_medians_with_a_count_per_repeat():
     assert "fdatasync p50 0.2 ms" in report
 
 
+def test_problems_name_errors_and_incomplete_workloads():
+    system = {"e2e": {"errors": 3, "complete": False, "received": 900},
+              "drain": {"complete": False, "messages": 10, "expected": 20},
+              "publish": {"errors": 0}, "durable_ack": {"cpu": {"other_load_pct": 50.0}},
+              "fanout": {"cpu": {"other_load_pct": 10.0}}, "work_queue": {"cpu": {"other_load_pct": 30.0}}}
+    assert peers.problems("redis", system, 1000) == ["redis e2e: 3 errors", "redis e2e: incomplete (900 of 1000 received)",
+                                                     "redis drain: incomplete (10 of 20)"]
+    assert peers.other_load_pct(system) == 30.0
+    assert peers.other_load_pct({}) is None
+
+
 def test_aims_without_a_system_are_unknown_not_met():
     aims = peers.aims({"redis": headline(40_000, 2.0, 0.8, 1, 1, 1)})
     assert all(aim["met"] is None for aim in aims)
