@@ -128,7 +128,7 @@ def summarize(runs: list[dict]) -> dict:
     """Medians per system over the repeats it ran in, the best peer and Magnetar's
     ratios per row, and the aims from the medians with a per-repeat count."""
     names = [name for name in SYSTEMS if any(name in run["systems"] for run in runs)]
-    medians = {name: latency.medians([{**run["systems"][name]["headline"],
+    medians = {name: latency.medians([{**valid_headline(run["systems"][name]),
                                        "other_load_pct": other_load_pct(run["systems"][name])}
                                       for run in runs if name in run["systems"]])
                for name in names}
@@ -141,7 +141,7 @@ def summarize(runs: list[dict]) -> dict:
                      "magnetar_1x1_over_best": ratio(values.get("magnetar-1x1"), best[1] if best else None),
                      "magnetar_3x2_over_best": ratio(values.get("magnetar-3x2"), best[1] if best else None)})
     from_medians = aims(medians)
-    per_repeat = [aims({name: system["headline"] for name, system in run["systems"].items()}) for run in runs]
+    per_repeat = [aims({name: valid_headline(system) for name, system in run["systems"].items()}) for run in runs]
     for index, aim in enumerate(from_medians):
         verdicts = [repeat[index]["met"] for repeat in per_repeat if repeat[index]["met"] is not None]
         aim["met_in_repeats"] = f"{sum(verdicts)} of {len(verdicts)}"
@@ -308,6 +308,22 @@ def problems(name: str, system: dict, e2e_scheduled: int | None = None) -> list[
                 found.append(f"{name} {workload}: incomplete ({measured.get('messages')} of "
                              f"{measured.get('expected')})")
     return found
+
+
+# Which workload each headline number comes from.
+HEADLINE_WORKLOAD = {"publish_msgs_per_s": "publish", "e2e_p50_ms": "e2e", "e2e_p99_ms": "e2e", "e2e_p999_ms": "e2e",
+                     "ack_p50_ms": "durable_ack", "ack_p99_ms": "durable_ack", "ack_p999_ms": "durable_ack",
+                     "drain_msgs_per_s": "drain", "work_queue_msgs_per_s": "work_queue",
+                     "fanout_msgs_per_s": "fanout"}
+
+
+def valid_headline(system: dict) -> dict:
+    """The system's headline without the numbers of workloads that had errors or did
+    not read everything: those count neither in medians nor for the best peer."""
+    invalid = {workload for workload in WORKLOADS if (system.get(workload) or {}).get("errors")
+               or (system.get(workload) or {}).get("complete") is False}
+    return {key: (None if HEADLINE_WORKLOAD.get(key) in invalid else value)
+            for key, value in system["headline"].items()}
 
 
 def other_load_pct(system: dict) -> float | None:

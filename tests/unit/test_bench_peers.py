@@ -208,6 +208,18 @@ def test_problems_name_errors_and_incomplete_workloads():
     assert peers.other_load_pct({}) is None
 
 
+def test_numbers_of_a_workload_that_was_not_valid_are_left_out():
+    row = headline(1_000, 900.0, 1.0, 2_000, 3_000, 4_000)
+    system = {"headline": row, "e2e": {"errors": 5, "complete": False}, "drain": {"complete": True}}
+    valid = peers.valid_headline(system)
+    assert valid["e2e_p50_ms"] is None and valid["e2e_p99_ms"] is None and valid["e2e_p999_ms"] is None
+    assert valid["publish_msgs_per_s"] == 1_000 and valid["drain_msgs_per_s"] == 2_000
+    runs = [run(0, {"magnetar-1x1": headline(20_000, 8.0, 0.9, 1, 1, 1), "rabbitmq": row})]
+    runs[0]["systems"]["rabbitmq"]["e2e"] = {"errors": 5, "complete": False}
+    e2e = {r["key"]: r for r in peers.summarize(runs)["rows"]}["e2e_p99_ms"]
+    assert e2e["values"]["rabbitmq"] is None and e2e["best_peer"] is None
+
+
 def test_aims_without_a_system_are_unknown_not_met():
     aims = peers.aims({"redis": headline(40_000, 2.0, 0.8, 1, 1, 1)})
     assert all(aim["met"] is None for aim in aims)
