@@ -173,6 +173,9 @@ def report_markdown(results: dict) -> str:
              f"{settings['rate']:,} msgs/s for {settings['e2e_seconds']} s, publish for {settings['publish_seconds']} s; "
              f"one Python asyncio process per peer with its usual client, Magnetar through the official "
              f"pulsar-client. Machine: {results['cpus']} cores, shared with other work (see the CPU lines).", "",
+             *([f"Pooled: the repeats of {len(results['merged_from'])} runs of the same settings, "
+                f"started at {', '.join(results['merged_from'])} (every repeat kept).", ""]
+               if results.get("merged_from") else []),
              f"Baselines of the run: 1 KiB write + fdatasync p50 {base['fdatasync_p50_ms']} ms, p99 "
              f"{base['fdatasync_p99_ms']} ms; loopback TCP echo p50 {base['tcp_echo_p50_ms']} ms.", ""]
     for line in summary["skipped"]:
@@ -384,6 +387,26 @@ def preflight(systems: list[str]) -> str | None:
     return None
 
 
+def merge_results(documents: list[dict]) -> dict:
+    """The repeats of several runs with the same settings as one run of all of them
+    (every repeat kept, renumbered in order; nothing chosen or left out)."""
+    def comparable(settings: dict) -> dict:
+        return {key: value for key, value in settings.items() if key != "repeat"}
+    first = documents[0]
+    for document in documents[1:]:
+        if comparable(document["settings"]) != comparable(first["settings"]):
+            raise ValueError("results with different settings cannot be pooled")
+    runs = []
+    for document in documents:
+        for run in document["runs"]:
+            runs.append({**run, "repeat": len(runs), "from_run": document["date"]})
+    merged = {**first, "runs": runs, "settings": {**first["settings"], "repeat": len(runs)},
+              "merged_from": [document["date"] for document in documents],
+              "total_seconds": sum(document.get("total_seconds", 0) for document in documents)}
+    merged["summary"] = summarize(runs)
+    return merged
+
+
 def _interrupt(_signum, _frame) -> None:
     raise KeyboardInterrupt
 
@@ -402,7 +425,18 @@ def main() -> int:
     parser.add_argument("--keep-data", action="store_true")
     parser.add_argument("--from-json", default=None,
                         help="run nothing: write the report again from this results file")
+    parser.add_argument("--merge", nargs="+", default=None, metavar="RESULTS_JSON",
+                        help="run nothing: pool the repeats of these results files (same settings) into --out")
     args = parser.parse_args()
+    if args.merge:
+        documents = []
+        for path in args.merge:
+            with open(path) as handle:
+                documents.append(json.load(handle))
+        merged = merge_results(documents)
+        with open(args.out, "w") as handle:
+            json.dump(merged, handle, indent=1)
+        args.from_json = args.out
     if args.from_json:
         with open(args.from_json) as handle:
             results = json.load(handle)

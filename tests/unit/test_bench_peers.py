@@ -220,6 +220,28 @@ def test_numbers_of_a_workload_that_was_not_valid_are_left_out():
     assert e2e["values"]["rabbitmq"] is None and e2e["best_peer"] is None
 
 
+def test_runs_with_the_same_settings_pool_every_repeat():
+    settings = {"repeat": 1, "max_pending": 1000, "rate": 1000, "e2e_seconds": 5.0, "publish_seconds": 4.0}
+    first = {"date": "A", "cpus": 2, "settings": settings, "total_seconds": 10,
+             "runs": [run(0, {"magnetar-1x1": headline(10_000, 8.0, 0.9, 1, 1, 1)})]}
+    second = {"date": "B", "cpus": 2, "settings": {**settings, "repeat": 2}, "total_seconds": 20,
+              "runs": [run(0, {"magnetar-1x1": headline(20_000, 8.0, 0.9, 1, 1, 1)}),
+                       run(1, {"magnetar-1x1": headline(30_000, 8.0, 0.9, 1, 1, 1)})]}
+    merged = peers.merge_results([first, second])
+    assert [r["repeat"] for r in merged["runs"]] == [0, 1, 2]
+    assert [r["from_run"] for r in merged["runs"]] == ["A", "B", "B"]
+    assert merged["settings"]["repeat"] == 3 and merged["total_seconds"] == 30
+    assert merged["summary"]["medians"]["magnetar-1x1"]["publish_msgs_per_s"] == 20_000
+    assert "Pooled: the repeats of 2 runs" in peers.report_markdown(merged)
+    other = {**second, "settings": {**settings, "rate": 500}}
+    try:
+        peers.merge_results([first, other])
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("different settings were pooled")
+
+
 def test_aims_without_a_system_are_unknown_not_met():
     aims = peers.aims({"redis": headline(40_000, 2.0, 0.8, 1, 1, 1)})
     assert all(aim["met"] is None for aim in aims)
