@@ -111,7 +111,7 @@ bench-latency: setup
 # Magnetar against its peers in one run (issue 16; docs/performance.md "Peers in the same
 # run"): Redis (AOF appendfsync always), NATS JetStream, RabbitMQ quorum queues and
 # `magnetar standalone` 1x1 and 3x2, same workloads and harness as bench-latency, each
-# server started by the benchmark on free loopback ports (bench/peers.py; about 5-7
+# server started by the benchmark on free loopback ports (bench/peers.py; about 4-5
 # minutes a repeat). bench-peers-setup installs the peers (apt, as root) and the peers'
 # Python clients (the `bench` extra); apt must not leave their services running, so
 # invoke-rc.d is told not to start them (policy-rc.d) and any that started is stopped.

@@ -22,8 +22,10 @@ Theory of operation:
   stops the run before anything starts (``make bench-peers-setup`` installs them).
 
     python bench/peers.py --repeat 3 --out bench/results/peers.json --report bench/results/peers.md
+    python bench/peers.py --merge a.json b.json --out peers.json --report peers.md   # pool runs
+    python bench/peers.py --from-json peers.json --report peers.md                   # report again
 
-About 5-7 minutes a repeat (RabbitMQ's boot and its slower publish are most of it).
+About 4-5 minutes a repeat here (RabbitMQ's boot and its slow Python client are half of it).
 """
 
 from __future__ import annotations
