@@ -16,7 +16,7 @@ TEST_WORKERS ?= 3
 
 .PHONY: bench-ack-state setup proto run test test-unit test-integration test-archive-full bench bench-bookie \
 	bench-pulsar bench-subscriptions bench-archive bench-gateway fuzz-gateway fuzz fuzz-broker clean sim chaos fanout-check \
-	pipeline bench-spark test-spark-full bench-compaction bench-latency
+	pipeline bench-spark test-spark-full bench-compaction bench-latency bench-peers-setup bench-peers
 
 setup: $(STAMP) proto
 
@@ -107,6 +107,28 @@ bench-bookie: setup
 LATENCY_ARGS ?=
 bench-latency: setup
 	$(PY) bench/latency.py --out bench/results/latency.json --report bench/results/latency.md $(LATENCY_ARGS)
+
+# Magnetar against its peers in one run (issue 16; docs/performance.md "Peers in the same
+# run"): Redis (AOF appendfsync always), NATS JetStream, RabbitMQ quorum queues and
+# `magnetar standalone` 1x1 and 3x2, same workloads and harness as bench-latency, each
+# server started by the benchmark on free loopback ports (bench/peers.py; about 4-5
+# minutes a repeat). bench-peers-setup installs the peers (apt, as root) and the peers'
+# Python clients (the `bench` extra); apt must not leave their services running, so
+# invoke-rc.d is told not to start them (policy-rc.d) and any that started is stopped.
+PEERS_ARGS ?= --repeat 3
+bench-peers-setup: setup
+	@if [ ! -e /usr/sbin/policy-rc.d ]; then printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; \
+		chmod +x /usr/sbin/policy-rc.d; touch $(VENV)/.peers-policy-rc; fi
+	apt-get update -q; DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends redis-server nats-server rabbitmq-server; \
+		status=$$?; if [ -e $(VENV)/.peers-policy-rc ]; then rm -f /usr/sbin/policy-rc.d $(VENV)/.peers-policy-rc; fi; exit $$status
+	-for service in redis-server nats-server rabbitmq-server; do service $$service stop >/dev/null 2>&1; done
+	$(PIP) install --quiet -e '.[dev,bench]'
+
+bench-peers: setup
+	@command -v redis-server >/dev/null && command -v nats-server >/dev/null && \
+		[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || { \
+		echo "bench-peers: a peer's server is missing (redis-server, nats-server, rabbitmq-server): run 'make bench-peers-setup' first." >&2; exit 2; }
+	$(PY) bench/peers.py --out bench/results/peers.json --report bench/results/peers.md $(PEERS_ARGS)
 
 # End to end through the official Pulsar client (about 3 minutes): publish and drain
 # throughput, latency at fixed rates, against the same disk's raw bandwidth.

@@ -35,7 +35,6 @@ import argparse
 import asyncio
 import json
 import os
-import struct
 import sys
 import threading
 import time
@@ -48,24 +47,14 @@ sys.path.insert(0, BENCH_DIR)
 import pulsar  # noqa: E402
 
 import rawclient  # noqa: E402
+from load_shapes import (FANOUT_SUBSCRIPTIONS, MESSAGE_BYTES, RECEIVE_IDLE_S, WARMUP_MESSAGES,  # noqa: E402
+                         WORK_QUEUE_CONSUMERS, FixedRate, due_of, filler_bytes, payload)
 from magnetar.tools.latency_histogram import LatencyHistogram  # noqa: E402
 from stage_breakdown import breakdown, scrape_all  # noqa: E402
 
-MESSAGE_BYTES = 1024
-_DUE = struct.Struct(">q")
-FANOUT_SUBSCRIPTIONS = 4
-WORK_QUEUE_CONSUMERS = 4
 # The client's own send queue is twice our window: ours bounds what is pending.
 CLIENT_QUEUE_FACTOR = 2
-# A consumer that gets nothing for this long has read all there is.
-RECEIVE_IDLE_MS = 3000
-# Messages before the measured ones of the latency cases (topic load, first ledger,
-# connection warm-up), not counted.
-WARMUP_MESSAGES = 200
-
-
-def payload(due_ns: int, filler: bytes) -> bytes:
-    return _DUE.pack(due_ns) + filler
+RECEIVE_IDLE_MS = int(RECEIVE_IDLE_S * 1000)
 
 
 def summary_ms(histogram: LatencyHistogram) -> dict:
@@ -77,7 +66,7 @@ class Client:
         self.args = args
         self.client = pulsar.Client(args.service_url, operation_timeout_seconds=30, io_threads=1,
                                     message_listener_threads=FANOUT_SUBSCRIPTIONS)
-        self.filler = os.urandom(MESSAGE_BYTES - _DUE.size)
+        self.filler = filler_bytes(os.urandom)
         run_id = uuid.uuid4().hex[:8]
         self.topic_prefix = f"persistent://public/default/latency-{run_id}"
 
@@ -173,44 +162,29 @@ class Client:
         received = [0]
         all_in = threading.Event()
         lock = threading.Lock()
-        measure_from = [None]
+        total = WARMUP_MESSAGES + messages
+        schedule = FixedRate(args.rate, total, WARMUP_MESSAGES)
 
         def listener(consumer, message) -> None:
             now = time.perf_counter_ns()
-            (due,) = _DUE.unpack_from(message.data())
+            due = due_of(message.data())
             consumer.acknowledge(message)
             with lock:
                 received[0] += 1
-                if measure_from[0] is not None and due >= measure_from[0]:
+                if schedule.counted(due):
                     histogram.record((now - due) // 1000)
-                if received[0] >= WARMUP_MESSAGES + messages:
+                if received[0] >= total:
                     all_in.set()
 
         consumer = self.client.subscribe(topic, "e2e", message_listener=listener, receiver_queue_size=1000)
         producer = self.producer(topic)
-        sender_late_max_us = 0
         errors = [0]
 
         def on_sent(result, _message_id) -> None:
             if result != pulsar.Result.Ok:
                 errors[0] += 1
 
-        started_unix = None
-        rate = float(args.rate)
-        total = WARMUP_MESSAGES + messages
-        t0 = time.perf_counter_ns()
-        for index in range(total):
-            if index == WARMUP_MESSAGES:
-                started_unix = time.time()
-            due = t0 + int(index * 1e9 / rate)
-            if index == WARMUP_MESSAGES:
-                measure_from[0] = due
-            wait_ns = due - time.perf_counter_ns()
-            if wait_ns > 0:
-                time.sleep(wait_ns / 1e9)
-            else:
-                sender_late_max_us = max(sender_late_max_us, -wait_ns // 1000)
-            producer.send_async(payload(due, self.filler), on_sent)
+        schedule.run_sync(lambda _index, due: producer.send_async(payload(due, self.filler), on_sent))
         producer.flush()
         all_in.wait(30)
         ended_unix = time.time()
@@ -218,8 +192,9 @@ class Client:
         consumer.close()
         return {"rate_target": args.rate, "messages": histogram.count, "errors": errors[0],
                 "received": received[0] - WARMUP_MESSAGES, "complete": received[0] >= total,
-                "sender_late_max_ms": round(sender_late_max_us / 1000, 3),
-                "latency_ms": summary_ms(histogram), "started_unix_s": started_unix, "ended_unix_s": ended_unix}
+                "sender_late_max_ms": schedule.late_max_ms(),
+                "latency_ms": summary_ms(histogram), "started_unix_s": schedule.started_unix_s,
+                "ended_unix_s": ended_unix}
 
     # --- throughput ---------------------------------------------------------------------
 
