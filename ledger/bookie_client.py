@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
 import time
 from dataclasses import dataclass
 
@@ -42,6 +43,11 @@ from common.tasks import TaskSet
 from common.tls import TlsConfig
 
 log = logging.getLogger(__name__)
+
+# How often the pool looks at the credential files for a change (a stat per file).
+CREDENTIALS_CHECK_S = 5.0
+# How often a retiring client looks whether its adds were answered.
+_RETIRE_POLL_S = 0.05
 
 # How long a write that failed INTERNAL waits for the bookie to say whether it refuses
 # this client's credentials (one Info call; a live bookie answers in milliseconds).
@@ -353,7 +359,25 @@ class BookieClient:
         except grpc.aio.AioRpcError as error:
             raise _error_from_rpc(self.bookie_id, error) from None
 
-    async def close(self) -> None:
+    @property
+    def busy(self) -> bool:
+        """Adds queued or awaiting their reply."""
+        return bool(self._queue) or (self._stream is not None and bool(self._stream.inflight))
+
+    async def retire(self) -> None:
+        """Closes once its adds are answered (at most the add timeout) and its other
+        calls had the read timeout to finish: the pool replaced it (new credentials)
+        and sends nothing more through it."""
+        deadline = time.monotonic() + self.config.add_timeout_s
+        try:
+            while self.busy and time.monotonic() < deadline:
+                await asyncio.sleep(_RETIRE_POLL_S)
+        except asyncio.CancelledError:
+            await self.close()          # the pool is closing: no grace
+            raise
+        await self.close(grace_s=self.config.read_timeout_s)
+
+    async def close(self, *, grace_s: float | None = None) -> None:
         self._closed = True
         error = BookieUnavailable(self.bookie_id, "client closed")
         for _message, future, _size, _queued_at in self._queue:
@@ -366,23 +390,64 @@ class BookieClient:
         try:
             await self._tasks.close()
         finally:
-            await self._channel.close()
+            await self._channel.close(grace=grace_s)
+
+
+def _credential_stamp(config: LedgerClientConfig) -> tuple:
+    """What the files a client presents to bookies look like now (TLS certificate,
+    key and CA; the service token): a change means new credentials."""
+    paths = [config.bookie_auth_token_file] if config.bookie_auth_token_file else []
+    if config.bookie_tls_enabled:
+        paths += config.bookie_tls.files()
+    stamps = []
+    for path in paths:
+        try:
+            status = os.stat(path)
+            stamps.append((path, status.st_mtime_ns, status.st_size))
+        except OSError:
+            stamps.append((path, None, None))
+    return tuple(stamps)
 
 
 class BookieClientPool:
     """One BookieClient per bookie id, created on first use. Addresses come from the
     registry (a bookie id is its address unless it registered another)."""
 
-    def __init__(self, config: LedgerClientConfig, address_of, *, stages: LatencyStages | None = None) -> None:
+    def __init__(self, config: LedgerClientConfig, address_of, *, stages: LatencyStages | None = None,
+                 clock=time.monotonic) -> None:
         self._config = config
         self._stages = stages
         self._address_of = address_of
         self._clients: dict[str, BookieClient] = {}
-        # Closes of stale clients (a bookie that re-registered at another address): at
-        # most one per re-registration; awaited by close.
+        # Closes of stale clients (a bookie that re-registered at another address, or
+        # credentials that changed): one per replaced client; awaited by close.
         self._tasks = TaskSet("bookie client pool")
+        # Credentials rotate without a restart: the files are looked at (at most every
+        # CREDENTIALS_CHECK_S) and, when they changed, every client is replaced by one
+        # that reads them again; the old ones finish their calls, then close.
+        self._clock = clock
+        self._stamp = _credential_stamp(config)
+        self._stamp_checked = clock()
+        self.credential_changes = 0
+
+    def _check_credentials(self) -> None:
+        now = self._clock()
+        if now - self._stamp_checked < CREDENTIALS_CHECK_S:
+            return
+        self._stamp_checked = now
+        stamp = _credential_stamp(self._config)
+        if stamp == self._stamp:
+            return
+        self._stamp = stamp
+        self.credential_changes += 1
+        replaced, self._clients = list(self._clients.values()), {}
+        log.info("bookie client credentials changed, new channels from now on: clients_replaced=%d changes=%d",
+                 len(replaced), self.credential_changes)
+        for client in replaced:
+            self._tasks.spawn(client.retire(), name=f"retire {client.bookie_id}")
 
     def get(self, bookie_id: str) -> BookieClient:
+        self._check_credentials()
         client = self._clients.get(bookie_id)
         address = self._address_of(bookie_id)
         if client is not None and client.address != address:

@@ -295,6 +295,48 @@ async def test_bookie_refuses_unauthenticated_adds_and_reads(tls_broker):
     assert "UNAUTHENTICATED" not in read and add == "ok", (read, add)
 
 
+async def test_a_rotated_service_token_is_used_without_a_restart(tls_broker, monkeypatch):
+    """A ledger client whose service token file holds a role the bookie does not allow
+    is refused; the file is replaced with an allowed role's token and the same client
+    (no restart) writes and reads: the pool notices the change and opens new channels."""
+    from ledger import bookie_client as bookie_client_module
+
+    monkeypatch.setattr(bookie_client_module, "CREDENTIALS_CHECK_S", 0.2)
+    cluster, pki, signer, base = (tls_broker["cluster"], tls_broker["storage_pki"], tls_broker["signer"],
+                                  tls_broker["base"])
+    token_file = os.path.join(base, f"rotating-{unique('t')}.token")
+    with open(token_file, "w") as handle:
+        handle.write(signer.create("not-a-storage-role"))
+    config = LedgerClientConfig(bookie_tls_enabled=True, bookie_tls=BookieTlsConfig(
+        trust_certs_file=pki.ca_file, cert_file=pki.client_cert_file, key_file=pki.client_key_file),
+        bookie_auth_token_file=token_file, add_timeout_s=5.0)
+    etcd_pki = tls_broker["etcd"].pki
+    store = open_store(cluster.metadata_url, tls=EtcdTlsConfig(etcd_pki.ca_file, etcd_pki.client_cert_file,
+                                                               etcd_pki.client_key_file))
+    client = LedgerClient(store, config)
+    try:
+        await client.start()
+        refused = await client.create_ledger(1, 1, 1)
+        with pytest.raises(AuthorizationDenied):
+            async with asyncio.timeout(60):   # a guard against a hang, not a measure
+                await refused.add(b"refused")
+        replacement = token_file + ".new"
+        with open(replacement, "w") as handle:
+            handle.write(signer.create(BROKER_ROLE))
+        os.replace(replacement, token_file)   # as a mounted Secret is updated: a new file
+        await asyncio.sleep(0.3)
+        handle = await client.create_ledger(1, 1, 1)
+        async with asyncio.timeout(60):
+            await handle.add(b"after the rotation")
+        assert client.pool.credential_changes == 1
+        async with asyncio.timeout(60):
+            entries = await handle.read(0, 0)
+        assert [bytes(e.payload) for e in entries] == [b"after the rotation"]
+    finally:
+        await client.close()
+        await store.close()
+
+
 def _grant(tls_broker, role: str, topic: str, actions: list[str]) -> None:
     rest = topic.removeprefix("persistent://")
     request = urllib.request.Request(
