@@ -475,10 +475,12 @@ class BrokerService:
             raise NotAllowed(f"{name} is a partitioned topic: use its partitions")
         may_create = create and policies.allows_auto_topic_creation(self.config.allow_auto_topic_creation)
         if name.is_partition and create:
-            # A partition of an existing partitioned topic may always be created.
+            # A partition of an existing partitioned topic may always be created, and
+            # a -partition-N name never otherwise (as the admin API refuses it): a
+            # client still connected to a partitioned topic deleted by force must not
+            # bring one of its partitions back as a topic of its own.
             parent_partitions = await self.resources.partitions(name.partitioned_parent)
-            if name.partition_index < parent_partitions:
-                may_create = True
+            may_create = name.partition_index < parent_partitions
         archive = await self.archiver.open_topic(name)
         ledger = ManagedLedger(name, self.store, self.ledger_client, self.cache,
                                await self._ledger_config(namespace, policies), archive=archive)

@@ -402,6 +402,11 @@ def test_partitioned_topic_created_via_rest_and_produced_to(admin, client):
     assert admin.ok("GET", path) == {"partitions": 0}
     assert admin.ok("GET", base) == []
     admin.error(404, "DELETE", path)
+    # A partition of the deleted topic does not come back as a topic of its own (a
+    # client still connected when it was deleted reconnects to it by that name).
+    with pytest.raises(pulsar.TopicNotFound):
+        client.create_producer(f"{topic}-partition-0")
+    assert admin.ok("GET", base) == []
 
 
 def test_stats_and_internal_stats_after_traffic(admin, client):
