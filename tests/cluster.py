@@ -95,6 +95,25 @@ def contiguous_free_ports(count: int) -> int:
     raise RuntimeError("no run of free ports found")
 
 
+def created_retrying(create, attempts: int = 3):
+    """``create()`` (an official client's subscribe or create_producer), tried again when
+    it times out. pulsar-client 3.13's C++ core never retries a SUBSCRIBE or PRODUCER a
+    broker refused because the topic's bundle had just moved elsewhere: it keeps the
+    refused connection and ignores its own reconnection ("Ignoring reconnection request
+    since we're already connected"), so the call times out (apache/pulsar-client-cpp
+    #577 fixed the same for reconnects). Applications retry; so do the tests that create
+    clients while bundles move (brokers joining, draining, restarting)."""
+    import pulsar
+
+    for attempt in range(1, attempts + 1):
+        try:
+            return create()
+        except pulsar.Timeout:
+            if attempt == attempts:
+                raise
+            print(f"client creation timed out (attempt {attempt} of {attempts}), trying again", flush=True)
+
+
 def free_port() -> int:
     """A loopback port nothing listens on now, from this process's slice (see
     ``_port_slice``); the kernel's choice when there is no slice."""

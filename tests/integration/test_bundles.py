@@ -29,7 +29,7 @@ import pulsar
 
 from bundles.hashing import BundleRange
 from magnetar.tools.admin_client import AdminClient
-from tests.cluster import Cluster, EtcdProcess
+from tests.cluster import Cluster, EtcdProcess, created_retrying
 
 FAST = ["--lease-ttl-s", "4", "--load-report-interval-s", "0.5", "--leader-interval-s", "0.3",
         "--shedding-cooldown-s", "3", "--retention-check-interval-s", "1"]
@@ -53,8 +53,11 @@ class Traffic:
     def __init__(self, url: str, topic: str) -> None:
         self.client = pulsar.Client(url, operation_timeout_seconds=30)
         self.topic = topic
-        self.consumer = self.client.subscribe(topic, "traffic", initial_position=pulsar.InitialPosition.Earliest)
-        self.producer = self.client.create_producer(topic, send_timeout_millis=90_000, batching_enabled=False)
+        # Brokers that just joined take bundles over: creation may race a move.
+        self.consumer = created_retrying(lambda: self.client.subscribe(
+            topic, "traffic", initial_position=pulsar.InitialPosition.Earliest))
+        self.producer = created_retrying(lambda: self.client.create_producer(
+            topic, send_timeout_millis=90_000, batching_enabled=False))
         self.acked: list[int] = []
         self.received: list[int] = []
         self.errors: list[str] = []

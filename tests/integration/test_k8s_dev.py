@@ -50,7 +50,7 @@ import pulsar
 import pytest
 
 from tests import k8s_render as k8s
-from tests.cluster import unique_topic
+from tests.cluster import created_retrying, unique_topic
 from tests.integration.gateway_helpers import Gateway, drain, new_topic_path, payload_bytes
 from tests.k8s_local import LocalCluster, procedure
 
@@ -170,9 +170,12 @@ class Traffic:
     def __init__(self, service_url: str, topic_count: int = 8) -> None:
         self.client = pulsar.Client(service_url, operation_timeout_seconds=60)
         self.topics = [unique_topic("k8s-scale") for _ in range(topic_count)]
-        self.consumer = self.client.subscribe(self.topics, "scale", consumer_type=pulsar.ConsumerType.Shared,
-                                              initial_position=pulsar.InitialPosition.Earliest)
-        self.producers = [self.client.create_producer(t, send_timeout_millis=60_000) for t in self.topics]
+        # Bundles may be moving (brokers drained or restarted by the previous test).
+        self.consumer = created_retrying(lambda: self.client.subscribe(
+            self.topics, "scale", consumer_type=pulsar.ConsumerType.Shared,
+            initial_position=pulsar.InitialPosition.Earliest))
+        self.producers = [created_retrying(lambda t=t: self.client.create_producer(t, send_timeout_millis=60_000))
+                          for t in self.topics]
         self.acknowledged: set[bytes] = set()
         self.received: set[bytes] = set()
         self.errors: list[str] = []
