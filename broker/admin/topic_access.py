@@ -100,8 +100,9 @@ async def delete_topic(service: BrokerService, name: TopicName, request: web.Req
 
 
 async def delete_partitioned(service: BrokerService, name: TopicName, request: web.Request, *, force: bool) -> None:
-    """Deletes every partition that exists, then the partitioned metadata. Without
-    ``force`` nothing is deleted while any partition has clients."""
+    """Deletes every partition that exists, then the partitioned metadata, then any
+    partition a reconnecting client re-created meanwhile. Without ``force`` nothing is
+    deleted while any partition has clients."""
     count = await service.resources.partitions(name)
     if count == 0:
         raise TopicNotFound(f"partitioned topic {name} does not exist")
@@ -116,6 +117,14 @@ async def delete_partitioned(service: BrokerService, name: TopicName, request: w
         except TopicNotFound:
             continue
     await service.resources.delete_partitioned(name)
+    # A client still connected when its partition went reconnects by the partition's
+    # name and may have brought it back before the metadata was gone. From now on no
+    # partition of it can be created (broker/service.py), so one more pass leaves none.
+    for index in range(count):
+        try:
+            await delete_topic(service, name.partition(index), request, force=True)
+        except TopicNotFound:
+            continue
     log.info("partitioned topic deleted by admin: topic=%s partitions=%d", name, count)
 
 
