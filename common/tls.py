@@ -53,7 +53,9 @@ class TlsConfig:
         return [path for path in (self.cert_file, self.key_file, self.trust_certs_file) if path]
 
 
-def _stamp(paths: list[str]) -> tuple:
+def file_stamp(paths: list[str]) -> tuple:
+    """What the files look like now (modification time and size, None when unreadable):
+    a different stamp means one of them changed."""
     stamps = []
     for path in paths:
         try:
@@ -108,13 +110,13 @@ class CertificateReloader:
     def __init__(self, config: TlsConfig, context: ssl.SSLContext) -> None:
         self.config = config
         self.context = context
-        self._stamp = _stamp(config.files())
+        self._stamp = file_stamp(config.files())
         self.reloads = 0
 
     def check(self) -> bool:
         """Reloads when a file changed; True if it did. A file that does not load now
         leaves the old certificate in force (logged, tried again next time)."""
-        stamp = _stamp(self.config.files())
+        stamp = file_stamp(self.config.files())
         if stamp == self._stamp:
             return False
         try:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import os
 import time
 from dataclasses import dataclass
 
@@ -40,7 +39,7 @@ from common.errors import (
 )
 from common.histograms import LatencyStages
 from common.tasks import TaskSet
-from common.tls import TlsConfig
+from common.tls import TlsConfig, file_stamp
 
 log = logging.getLogger(__name__)
 
@@ -399,14 +398,7 @@ def _credential_stamp(config: LedgerClientConfig) -> tuple:
     paths = [config.bookie_auth_token_file] if config.bookie_auth_token_file else []
     if config.bookie_tls_enabled:
         paths += config.bookie_tls.files()
-    stamps = []
-    for path in paths:
-        try:
-            status = os.stat(path)
-            stamps.append((path, status.st_mtime_ns, status.st_size))
-        except OSError:
-            stamps.append((path, None, None))
-    return tuple(stamps)
+    return file_stamp(paths)
 
 
 class BookieClientPool:
