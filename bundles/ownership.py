@@ -311,9 +311,15 @@ class OwnershipManager:
                 raise ServiceNotReady("this broker is fenced (its lease is not confirmed)")
             if self.metadata_degraded:
                 # Only topics already loaded are served while etcd is away: loading one
-                # needs etcd (its ledgers, cursors), so refuse at once, retriably.
-                raise ServiceNotReady("the metadata store is unavailable: only loaded topics are served until "
-                                      "it answers")
+                # needs etcd (its ledgers, cursors). The request waits (bounded) for etcd
+                # to answer again rather than being refused at once: a short outage then
+                # goes unseen, and some clients never retry a refused SUBSCRIBE or
+                # PRODUCER (pulsar-client 3.13's C++ core keeps the refused connection).
+                if time.monotonic() > deadline:
+                    raise ServiceNotReady("the metadata store is unavailable: only loaded topics are served "
+                                          "until it answers")
+                await self._wait_change(deadline)
+                continue
             namespace, bundle = await self.bundle_of(topic)
             record = self.owner_record(namespace, bundle)
             if record is None and not refreshed:

@@ -25,7 +25,7 @@ from broker.managed_ledger_info import ManagedLedgerInfo
 from common.topic_name import TopicName
 from ledger.metadata import LedgerMetadata
 from metadata import keys, open_store
-from tests.cluster import ManagedProcess, http_json, python_command, wait_until_async
+from tests.cluster import ManagedProcess, created_retrying, http_json, python_command, wait_until_async
 
 _AUTORECOVERY_READY = re.compile(r"autorecovery listening: id=(\S+) http_address=(\S+)")
 _PAUSED = re.compile(r"compaction paused: point=after-ledger-written topic=\S+ ledger_id=(\d+)")
@@ -41,8 +41,10 @@ def _produce(service_url: str, topic: str) -> None:
     try:
         # A durable subscription that acknowledges nothing: ack-based retention keeps
         # every ledger of the topic (it would trim the first one otherwise).
-        client.subscribe(topic, "holder", initial_position=pulsar.InitialPosition.Earliest).close()
-        producer = client.create_producer(topic, batching_enabled=False)
+        # (Created right after the broker started: see created_retrying.)
+        created_retrying(lambda: client.subscribe(topic, "holder",
+                                                  initial_position=pulsar.InitialPosition.Earliest)).close()
+        producer = created_retrying(lambda: client.create_producer(topic, batching_enabled=False))
         for index in range(MESSAGES):
             producer.send(f"value-{index}".encode(), partition_key=f"key-{index % KEYS}")
         producer.close()

@@ -561,7 +561,7 @@ async def test_an_unconfirmed_lease_that_cannot_have_expired_keeps_every_bundle_
     async def close_topics(names: list[TopicName], _reason: str) -> None:
         closed.extend(names)
 
-    manager = OwnershipManager(store, BundlesConfig(lease_ttl_s=10), _identity("a"),
+    manager = OwnershipManager(store, BundlesConfig(lease_ttl_s=10, ownership_wait_s=0.5), _identity("a"),
                                loaded_topics=lambda: list(topics), close_topics=close_topics)
     await manager.start()
     try:
@@ -574,9 +574,18 @@ async def test_an_unconfirmed_lease_that_cannot_have_expired_keeps_every_bundle_
         assert len(manager.serving()) == len(bundles.ranges)
         assert [await manager.is_serving(topic) for topic in topics] == [True] * len(topics)
         assert closed == []
+        # A request for a topic waits for etcd (at most ownership_wait_s), then is refused...
         with pytest.raises(ServiceNotReady, match="metadata store is unavailable"):
             await manager.ensure_serving(topics[0])
-        assert manager.outages == 1
+        # ...and one that etcd answers in time is served, not refused.
+        waiting = asyncio.get_running_loop().create_task(manager.ensure_serving(topics[0]))
+        await asyncio.sleep(0.1)
+        assert not waiting.done()
+        manager.lease.refreshed_at = time.monotonic()
+        await asyncio.wait_for(waiting, 2.0)
+        manager.lease.refreshed_at = time.monotonic() - 5.0
+        await asyncio.wait_for(_wait_for(lambda: manager.metadata_degraded), 2.0)
+        assert manager.outages == 2
         manager.lease.refreshed_at = time.monotonic() - 9.5
         await asyncio.wait_for(_wait_for(lambda: manager.fenced), 2.0)
         await _until(lambda: len(closed) == len(topics), "every bundle's topics closed")
@@ -585,7 +594,7 @@ async def test_an_unconfirmed_lease_that_cannot_have_expired_keeps_every_bundle_
         await asyncio.wait_for(_wait_for(lambda: not manager.fenced and not manager.metadata_degraded), 2.0)
         assert len(manager.serving()) == len(bundles.ranges)
         await manager.ensure_serving(topics[0])
-        assert manager.outages == 1
+        assert manager.outages == 2
     finally:
         await manager.close()
 
