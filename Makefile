@@ -63,7 +63,7 @@ fanout-check: setup
 
 # The Spark data source's tests at the issue's full size: 100,000 messages produced,
 # archived and read back through Spark (`make test` runs 10,000), and the long Spark
-# tests `make test` leaves out (marker spark_full: failOnDataLoss, starting offsets,
+# tests `make test` leaves out (marker spark_full: the streaming kill-and-restart, failOnDataLoss, starting offsets,
 # the streaming writer).
 test-spark-full: setup
 	SPARK_TEST_MESSAGES=100000 $(PY) -m pytest -q tests/integration/test_spark.py tests/integration/test_spark_stream.py

@@ -1,7 +1,7 @@
-"""Streaming with the ``magnetar`` source: a query killed with SIGKILL mid-run and
-restarted from its checkpoint (its sink holds every message exactly once); history
-read from archive files then the tail; and, marked ``spark_full`` (`make
-test-spark-full`, not `make test`: each runs several queries), failOnDataLoss both
+"""Streaming with the ``magnetar`` source: history read from archive files then the
+tail; and, marked ``spark_full`` (`make test-spark-full`, not `make test`: each runs
+several queries or Spark processes), a query killed with SIGKILL mid-run and restarted
+from its checkpoint (its sink holds every message exactly once), failOnDataLoss both
 ways, starting at latest or at a time, and the streaming writer replayed from its
 checkpoint. In a module of
 its own (a cluster of its own: etcd, a bookie, an archiving broker), so that `make test`'s
@@ -82,6 +82,7 @@ def committed_sink_ids(sink: str) -> list[tuple[int, int, int]]:
     return ids
 
 
+@pytest.mark.spark_full        # two Spark processes, ~2 minutes: make test-spark-full
 @pytest.mark.timeout(900)
 def test_a_streaming_query_killed_and_restarted_from_its_checkpoint_sinks_every_message_once(
         archived, tmp_path):
