@@ -28,6 +28,7 @@ the work queue and through the fanout exchange into its 4 queues.
 
 from __future__ import annotations
 
+import abc
 import argparse
 import asyncio
 import json
@@ -90,7 +91,7 @@ def _task_failed(progress: Progress):
 
 # --- the peers ---------------------------------------------------------------------------------
 
-class Peer:
+class Peer(abc.ABC):
     """One system. ``publish`` returns once the message is acknowledged durably (in the
     system's own sense, see the module's table); consumers call ``progress.record``."""
 
@@ -110,8 +111,9 @@ class Peer:
     async def prepare(self) -> None:
         """Streams / queues / consumers, before anything is published."""
 
+    @abc.abstractmethod
     async def publish(self, kind: str, data: bytes) -> None:
-        raise NotImplementedError
+        """Publishes one message of ``kind`` and waits for the system's acknowledgement."""
 
     async def publish_many(self, kind: str, datas: list[bytes]) -> list[int]:
         """Publishes ``datas``; the ``perf_counter_ns`` each was acknowledged at."""
@@ -124,14 +126,16 @@ class Peer:
         """Sends one message of the fixed-rate case without waiting: its ack's future."""
         return asyncio.ensure_future(self.publish("e2e", data))
 
+    @abc.abstractmethod
     async def start_e2e(self, on_data) -> list[asyncio.Task]:
-        raise NotImplementedError
+        """Starts the fixed-rate case's readers, calling ``on_data(bytes)`` per message."""
 
     async def refill(self, mode: str, count: int, filler: bytes) -> None:
         """Before ``mode``, a backlog of ``count`` where ``publish`` did not write it."""
 
+    @abc.abstractmethod
     async def consume(self, mode: str, progress: Progress) -> list[asyncio.Task]:
-        raise NotImplementedError
+        """Starts the readers of ``mode`` (drain, work queue, fan-out) recording into ``progress``."""
 
     async def stop_consumers(self) -> None:
         """Ends the consumers ``consume`` started without tasks (callbacks)."""
