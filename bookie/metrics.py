@@ -51,6 +51,10 @@ class BookieMetrics:
         self.add_reply = Histogram("magnetar_bookie_add_reply_latency_seconds",
                                    "An add batch's journal fdatasync done until its reply is handed to gRPC and "
                                    "written", buckets=STAGE_BUCKETS_S, registry=registry)
+        self.add_replies_merged = Histogram("magnetar_bookie_add_batches_per_reply",
+                                            "Add batches one reply of an add stream answers (durable by the "
+                                            "same time, from a writer that lets replies merge)",
+                                            buckets=(1, 2, 4, 8, 16, 32, 64), registry=registry)
         self._node = node
         if node.journal is not None:
             node.journal.on_group_written = self.on_group_written

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, AsyncIterator
 
 import grpc
@@ -64,6 +65,18 @@ async def _abort(context: grpc.aio.ServicerContext, error: MagnetarError) -> Non
     await context.abort(status_for_error(error), error.message)
 
 
+@dataclass(slots=True)
+class _PendingBatch:
+    """One AddRequest read from a stream and not yet answered."""
+
+    items: list[AddItem]
+    # Per item: None (accepted, durable when ``future`` resolves) or its error.
+    outcomes: list[MagnetarError | None]
+    future: asyncio.Future[None] | None   # None when nothing of the batch was accepted
+    arrived: float                        # time.perf_counter() when read
+    replies_may_merge: bool
+
+
 class BookieServicer(bookie_pb2_grpc.BookieServicer):
     def __init__(self, node: BookieNode, metrics: "BookieMetrics | None" = None) -> None:
         self._node = node
@@ -72,7 +85,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
     async def AddEntries(self, request_iterator: AsyncIterator[bookie_pb2.AddRequest],
                          context: grpc.aio.ServicerContext) -> AsyncIterator[bookie_pb2.AddResponse]:
         node = self._node
-        pending: asyncio.Queue = asyncio.Queue(maxsize=STREAM_BATCHES_IN_FLIGHT_MAX)
+        pending: asyncio.Queue[_PendingBatch | None] = asyncio.Queue(maxsize=STREAM_BATCHES_IN_FLIGHT_MAX)
 
         async def read_requests() -> None:
             try:
@@ -85,7 +98,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
                         outcomes, future = node.submit_adds(items)
                     except MagnetarError as error:
                         outcomes = [error] * len(items)
-                    await pending.put((items, outcomes, future, arrived))
+                    await pending.put(_PendingBatch(items, outcomes, future, arrived, request.replies_may_merge))
             except asyncio.CancelledError:
                 raise
             except Exception as error:  # a broken stream ends the reader, never the server
@@ -98,41 +111,65 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
 
         # Owned by this call: cancelled and awaited when the stream ends, however it ends.
         reader = asyncio.get_running_loop().create_task(read_requests(), name="add-stream-reader")
+        # A batch taken from the queue that could not join the reply being built (not
+        # durable yet, or its writer wants one reply per batch): the next reply's first.
+        carried: _PendingBatch | None = None
+        ended = False   # the reader's end mark was taken while merging
         try:
-            while True:
-                batch = await pending.get()
+            while not ended:
+                batch = carried if carried is not None else await pending.get()
+                carried = None
                 if batch is None:
                     break
-                items, outcomes, future, arrived = batch
-                durable_at = arrived
-                if future is not None:
-                    try:
-                        await future
-                    except MagnetarError as error:
-                        outcomes = [outcome or error for outcome in outcomes]
-                    durable_at = time.perf_counter()
-                results = []
-                errors = 0
-                for item, outcome in zip(items, outcomes):
-                    if outcome is None:
-                        results.append(bookie_pb2.AddResult(ledger_id=item.ledger_id, entry_id=item.entry_id))
-                    else:
-                        errors += 1
-                        results.append(bookie_pb2.AddResult(
-                            ledger_id=item.ledger_id, entry_id=item.entry_id,
-                            error_code=outcome.code, error_message=outcome.message))
-                if self._metrics is not None:
-                    self._metrics.on_adds(len(items) - errors, errors,
-                                          sum(len(i.entry) for i in items))
-                    self._metrics.add_latency.observe(time.perf_counter() - arrived)
+                results = await self._settle(batch)
+                durable_at = time.perf_counter()
+                # Batches already durable behind this one go in the same reply: under
+                # load one journal round makes several batches durable at once, and
+                # every reply is a write gRPC must complete before the next.
+                merged = 1
+                while batch.replies_may_merge and not pending.empty():
+                    following = pending.get_nowait()
+                    if following is None:
+                        ended = True
+                        break
+                    if not following.replies_may_merge \
+                            or (following.future is not None and not following.future.done()):
+                        carried = following
+                        break
+                    results.extend(await self._settle(following))
+                    merged += 1
                 yield bookie_pb2.AddResponse(results=results)
-                if self._metrics is not None and future is not None:
-                    self._metrics.add_reply.observe(time.perf_counter() - durable_at)
-                # The reader may have stopped on a full queue; let it go on.
-                if reader.done() and pending.empty():
-                    break
+                if self._metrics is not None:
+                    if batch.future is not None:
+                        self._metrics.add_reply.observe(time.perf_counter() - durable_at)
+                    self._metrics.add_replies_merged.observe(merged)
+                if carried is None and reader.done() and pending.empty():
+                    break  # the reader may have stopped on a full queue
         finally:
             await cancel_and_wait(reader)
+
+    async def _settle(self, batch: "_PendingBatch") -> list[bookie_pb2.AddResult]:
+        """Waits until the batch is durable (or failed) and returns its results."""
+        outcomes = batch.outcomes
+        if batch.future is not None:
+            try:
+                await batch.future
+            except MagnetarError as error:
+                outcomes = [outcome or error for outcome in outcomes]
+        results = []
+        errors = 0
+        for item, outcome in zip(batch.items, outcomes):
+            if outcome is None:
+                results.append(bookie_pb2.AddResult(ledger_id=item.ledger_id, entry_id=item.entry_id))
+            else:
+                errors += 1
+                results.append(bookie_pb2.AddResult(
+                    ledger_id=item.ledger_id, entry_id=item.entry_id,
+                    error_code=outcome.code, error_message=outcome.message))
+        if self._metrics is not None:
+            self._metrics.on_adds(len(batch.items) - errors, errors, sum(len(i.entry) for i in batch.items))
+            self._metrics.add_latency.observe(time.perf_counter() - batch.arrived)
+        return results
 
     async def ReadEntries(self, request: bookie_pb2.ReadRequest,
                           context: grpc.aio.ServicerContext) -> bookie_pb2.ReadResponse:

@@ -217,7 +217,7 @@ class BookieClient:
             if stages is not None:
                 stream.written_at.append(time.perf_counter())
             try:
-                await stream.call.write(bookie_pb2.AddRequest(entries=batch))
+                await stream.call.write(bookie_pb2.AddRequest(entries=batch, replies_may_merge=True))
             except grpc.aio.AioRpcError as error:
                 # The call ended (the bookie refused it, or it broke): its status says which.
                 self._break(stream, await self._write_failure(error))
@@ -260,29 +260,8 @@ class BookieClient:
                 if response is grpc.aio.EOF:
                     self._break(stream, BookieUnavailable(self.bookie_id, "add stream closed by bookie"))
                     return
-                if not stream.inflight:
-                    self._break(stream, BookieUnavailable(self.bookie_id, "unexpected add reply"))
+                if not self._settle_reply(stream, response.results):
                     return
-                _sent, futures = stream.inflight.popleft()
-                if stream.written_at:
-                    assert self._stages is not None
-                    self._stages.observe("bookie_add_round_trip", time.perf_counter() - stream.written_at.popleft(),
-                                         len(futures))
-                results = response.results
-                if len(results) != len(futures):
-                    self._break(stream, BookieUnavailable(
-                        self.bookie_id, f"add reply has {len(results)} results for {len(futures)} entries"))
-                    for future in futures:
-                        if not future.done():
-                            future.set_exception(BookieUnavailable(self.bookie_id, "malformed add reply"))
-                    return
-                for future, result in zip(futures, results):
-                    if future.done():
-                        continue
-                    if result.error_code == 0:
-                        future.set_result(None)
-                    else:
-                        future.set_exception(error_for_code(result.error_code, result.error_message))
         except grpc.aio.AioRpcError as error:
             # The reader can see a refused call's INTERNAL before its writer does.
             if stream.broken is None:
@@ -295,6 +274,41 @@ class BookieClient:
         except asyncio.CancelledError:
             self._break(stream, BookieUnavailable(self.bookie_id, "client closed"))
             raise
+
+    def _settle_reply(self, stream: _AddStream, results) -> bool:
+        """Resolves the futures of the batches one reply answers: its results, in
+        order, belong to the oldest unanswered batches, each taking as many as it has
+        entries (a bookie answers one batch per reply, or several in one when the
+        requests let it). A reply that does not end on a batch's last entry is checked
+        before anything is resolved: it breaks the stream (False) and fails them all."""
+        count = len(results)
+        batches = 0
+        covered = 0
+        for _sent, futures in stream.inflight:
+            if covered >= count:
+                break
+            covered += len(futures)
+            batches += 1
+        if count == 0 or covered != count:
+            self._break(stream, BookieUnavailable(
+                self.bookie_id, f"add reply with {count} results does not fit the batches in flight"))
+            return False
+        index = 0
+        for _ in range(batches):
+            _sent, futures = stream.inflight.popleft()
+            if stream.written_at:
+                assert self._stages is not None
+                self._stages.observe("bookie_add_round_trip", time.perf_counter() - stream.written_at.popleft(),
+                                     len(futures))
+            for future, result in zip(futures, results[index:index + len(futures)]):
+                if future.done():
+                    continue
+                if result.error_code == 0:
+                    future.set_result(None)
+                else:
+                    future.set_exception(error_for_code(result.error_code, result.error_message))
+            index += len(futures)
+        return True
 
     def _check_timeouts(self) -> None:
         stream = self._stream
