@@ -68,7 +68,7 @@ def standalone_argv(data_dir: str, *, bookies: int = 1, copies: int = 1, brokers
         "--bookie-http-port-base", str(contiguous_free_ports(bookies)),
         "--broker-port", str(contiguous_free_ports(brokers)),
         "--broker-http-port", str(contiguous_free_ports(brokers + 1)),
-        "--gateway-port", str(free_port()), *(extra or []))
+        "--gateway-port", str(free_port()), "--autorecovery-http-port", str(free_port()), *(extra or []))
 
 
 @contextlib.asynccontextmanager

@@ -170,6 +170,8 @@ def children_of(pid: int) -> dict[str, int]:
             found["broker"] = int(entry)
         elif "gateway" in words:
             found["gateway"] = int(entry)
+        elif "autorecovery" in words:
+            found["autorecovery"] = int(entry)
         elif any("etcd" in os.path.basename(word) for word in words[:1]):
             found["etcd"] = int(entry)
     # Bookies by port order: bookie-0, bookie-1, ...
@@ -190,7 +192,7 @@ class Standalone:
         self.ready: dict = {}
         block = free_port_block(8 + 2 * bookies)
         self.ports = {"etcd": block, "etcd_peer": block + 1, "broker": block + 2, "broker_http": block + 3,
-                      "gateway": block + 4, "bookie": block + 8, "bookie_http": block + 8 + bookies}
+                      "gateway": block + 4, "autorecovery": block + 5, "bookie": block + 8, "bookie_http": block + 8 + bookies}
         self.log_path = os.path.join(base_dir, "standalone.log")
 
     def start(self) -> None:
@@ -201,6 +203,10 @@ class Standalone:
                 "--broker-port", str(ports["broker"]), "--broker-http-port", str(ports["broker_http"]),
                 "--gateway-port", str(ports["gateway"]), "--bookie-port-base", str(ports["bookie"]),
                 "--bookie-http-port-base", str(ports["bookie_http"])]
+        # Trees older than the standalone's auto-recovery child (--baseline-rev) lack the flag.
+        with open(os.path.join(self.tree, "magnetar", "standalone.py"), encoding="utf-8") as source:
+            if "--autorecovery-http-port" in source.read():
+                argv += ["--autorecovery-http-port", str(ports["autorecovery"])]
         env = {**os.environ, "PYTHONPATH": self.tree, **self.extra_env}
         with open(self.log_path, "ab") as log_file:
             self.process = subprocess.Popen(argv, cwd=self.tree, stdout=subprocess.PIPE, stderr=log_file, env=env,

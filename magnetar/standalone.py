@@ -53,7 +53,7 @@ import urllib.request
 from typing import Callable
 
 from magnetar.etcd_server import etcd_command, etcd_is_healthy
-from common.errors import PortInUse
+from common.errors import ConfigError, PortInUse
 from common.tasks import stop_on_signals
 
 log = logging.getLogger(__name__)
@@ -112,6 +112,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="bookies each message is stored on (E=Qw=Qa), default 2")
     parser.add_argument("--gateway-port", type=int, default=8081,
                         help="the HTTP gateway (broker HTTP ports skip it)")
+    parser.add_argument("--autorecovery-http-port", type=int, default=8010,
+                        help="the auto-recovery process (re-replicates a lost bookie's copies, collects orphan "
+                             "ledgers): /health and /metrics")
     # Security (off by default, like Pulsar standalone).
     parser.add_argument("--auth", action="store_true",
                         help="token authentication and authorization on the brokers and the gateway; prints a "
@@ -199,9 +202,10 @@ class Standalone:
                 handle.write(data)
         return path
 
-    def auth_setup(self) -> tuple[list[str], list[str], str]:
-        """(the bookies' auth flags, the brokers' auth flags, the superuser token file)
-        for --auth. Brokers reach the bookies with a service token of their own role.
+    def auth_setup(self) -> tuple[list[str], list[str], str, str]:
+        """(the bookies' auth flags, the brokers' auth flags, the superuser token file,
+        the brokers' service token file) for --auth. Brokers (and the auto-recovery
+        process) reach the bookies with a service token of the brokers' role.
         Keys and tokens are passed as files, never on a command line or in a log."""
         from common.tokens import TokenSigner, create_secret_key, read_key_value
 
@@ -225,7 +229,7 @@ class Standalone:
                         *key_flags, "--bookie-auth-token-file", broker_token_path, *self.provider_flags()]
         if args.basic_auth_file:
             broker_flags += ["--basic-auth-file", "file://" + os.path.abspath(args.basic_auth_file)]
-        return bookie_flags, broker_flags, token_path
+        return bookie_flags, broker_flags, token_path, broker_token_path
 
     def provider_flags(self) -> list[str]:
         """The authentication providers of brokers and the gateway (--auth)."""
@@ -287,12 +291,18 @@ class Standalone:
             ports += [(f"broker-{n}", args.broker_port + n, "--broker-port"),
                       (f"broker-{n} http", self.broker_http_port(n), "--broker-http-port")]
         ports.append(("gateway", args.gateway_port, "--gateway-port"))
+        ports.append(("autorecovery", args.autorecovery_http_port, "--autorecovery-http-port"))
         return ports
 
     def _check_ports_free(self) -> None:
         """Something already listening on one of our ports would answer our readiness
         probes in our child's place (a stray etcd on 2379 would be used silently, and
         our own etcd would die): refuse to start, naming the port and its flag."""
+        taken: dict[int, str] = {}
+        for name, port, flag in self._ports():
+            if port in taken:
+                raise ConfigError(f"port {port} ({flag} {port}) is also {taken[port]}'s: give each part its own port")
+            taken[port] = name
         for name, port, flag in self._ports():
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
                 sock.settimeout(PROBE_TIMEOUT_S)
@@ -306,7 +316,8 @@ class Standalone:
         await self._start_child(Child(
             "etcd", etcd_command(os.path.join(self.data_dir, "etcd"), self.args.etcd_port, self.args.etcd_peer_port),
             f"http://127.0.0.1:{self.args.etcd_port}/health", healthy=etcd_is_healthy))
-        bookie_auth_flags, auth_flags, token_path = self.auth_setup() if self.args.auth else ([], [], "")
+        bookie_auth_flags, auth_flags, token_path, broker_token_path = \
+            self.auth_setup() if self.args.auth else ([], [], "", "")
         bookies = []
         for n in range(self.args.bookies):
             directory = os.path.join(self.data_dir, f"bookie-{n}")
@@ -339,6 +350,13 @@ class Standalone:
         for child in brokers:
             assert child.process is not None
             await self._wait_http_ok(child.name, child.ready_url, child.process)
+        # Re-replication of a lost bookie's copies and the orphan-ledger collector
+        # (magnetar/autorecovery.py): one process, as a cluster runs one or more.
+        await self._start_child(Child("autorecovery", [
+            sys.executable, "-m", "magnetar", "autorecovery", "--metadata", self.metadata_url,
+            "--http-port", str(self.args.autorecovery_http_port),
+            *(["--bookie-auth-token-file", broker_token_path] if broker_token_path else [])],
+            f"http://127.0.0.1:{self.args.autorecovery_http_port}/health"))
         service_url = "pulsar://" + ",".join(f"127.0.0.1:{self.args.broker_port + n}"
                                              for n in range(self.args.brokers))
         admin_url = f"http://127.0.0.1:{self.args.broker_http_port}"
@@ -358,6 +376,7 @@ class Standalone:
             "service_url": service_url,
             "admin_url": admin_url,
             "gateway_url": gateway_url,
+            "autorecovery_url": f"http://127.0.0.1:{self.args.autorecovery_http_port}",
             "archive_url": os.path.join(self.data_dir, "archive"),
             "data_dir": self.data_dir,
             "auth": bool(token_path),

@@ -31,7 +31,8 @@ PASSWORD = "standalone pass phrase"
 
 
 async def test_standalone_auth_prints_a_superuser_token_and_logs_no_secret(tmp_path):
-    ports = {name: free_port() for name in ("etcd", "peer", "bookie", "http", "broker", "broker_http", "gateway")}
+    ports = {name: free_port() for name in ("etcd", "peer", "bookie", "http", "broker", "broker_http", "gateway",
+                                                   "autorecovery")}
     data_dir = str(tmp_path / "standalone")
     # Basic users beside tokens: the superuser role as a user with a password.
     users_file = str(tmp_path / "users.htpasswd")
@@ -43,7 +44,8 @@ async def test_standalone_auth_prints_a_superuser_token_and_logs_no_secret(tmp_p
                         "--etcd-port", str(ports["etcd"]), "--etcd-peer-port", str(ports["peer"]),
                         "--bookie-port-base", str(ports["bookie"]), "--bookie-http-port-base", str(ports["http"]),
                         "--broker-port", str(ports["broker"]), "--broker-http-port", str(ports["broker_http"]),
-                        "--gateway-port", str(ports["gateway"])),
+                        "--gateway-port", str(ports["gateway"]),
+                        "--autorecovery-http-port", str(ports["autorecovery"])),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True)
     assert process.stdout is not None
     ready: dict = {}

@@ -19,7 +19,8 @@ async def start_standalone(data_dir: str, ports: dict[str, int]) -> asyncio.subp
         *python_command("standalone", "--data-dir", data_dir, "--etcd-port", str(ports["etcd"]),
                         "--etcd-peer-port", str(ports["peer"]), "--bookie-port-base", str(ports["bookie"]),
                         "--bookie-http-port-base", str(ports["http"]), "--broker-port", str(ports["broker"]),
-                        "--broker-http-port", str(ports["broker_http"]), "--gateway-port", str(ports["gateway"])),
+                        "--broker-http-port", str(ports["broker_http"]), "--gateway-port", str(ports["gateway"]),
+                        "--autorecovery-http-port", str(ports["autorecovery"])),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True)
     assert process.stdout is not None
     lines: list[bytes] = []
@@ -32,6 +33,18 @@ async def start_standalone(data_dir: str, ports: dict[str, int]) -> asyncio.subp
                 return process
 
 
+async def _until_auditor(port: int) -> None:
+    import urllib.request
+
+    def metrics() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            return response.read().decode()
+
+    async with asyncio.timeout(30):
+        while "magnetar_autorecovery_auditor 1.0" not in await asyncio.to_thread(metrics):
+            await asyncio.sleep(0.2)
+
+
 async def stop_standalone(process: asyncio.subprocess.Process) -> int:
     process.send_signal(signal.SIGTERM)
     async with asyncio.timeout(60):
@@ -41,7 +54,7 @@ async def stop_standalone(process: asyncio.subprocess.Process) -> int:
 async def test_standalone_survives_restart_with_its_data(tmp_path):
     ports = {"etcd": free_port(), "peer": free_port(), "bookie": contiguous_free_ports(3),
              "http": contiguous_free_ports(3), "broker": free_port(), "broker_http": free_port(),
-             "gateway": free_port()}
+             "gateway": free_port(), "autorecovery": free_port()}
     data_dir = str(tmp_path / "standalone")
     metadata = f"etcd://127.0.0.1:{ports['etcd']}"
     process = await start_standalone(data_dir, ports)
@@ -55,6 +68,9 @@ async def test_standalone_survives_restart_with_its_data(tmp_path):
         assert code == 0, stderr
         assert result["acked"] == 5000
         ledger_id = result["ledger_id"]
+        # The standalone runs auto-recovery too (a lost bookie's copies made again,
+        # orphan ledgers collected): it answers /health and is the elected auditor.
+        await _until_auditor(ports["autorecovery"])
     finally:
         assert await stop_standalone(process) == 0
 
@@ -81,7 +97,7 @@ async def test_message_ids_and_acks_survive_a_standalone_restart(tmp_path):
 
     ports = {"etcd": free_port(), "peer": free_port(), "bookie": contiguous_free_ports(3),
              "http": contiguous_free_ports(3), "broker": free_port(), "broker_http": free_port(),
-             "gateway": free_port()}
+             "gateway": free_port(), "autorecovery": free_port()}
     data_dir = str(tmp_path / "standalone")
     service_url = f"pulsar://127.0.0.1:{ports['broker']}"
     topic = "persistent://public/default/restart-ids"

@@ -59,7 +59,7 @@ def _port_free(port: int) -> bool:
 def _ports() -> dict[str, int]:
     return {"etcd": free_port(), "peer": free_port(), "bookie": contiguous_free_ports(1),
             "http": contiguous_free_ports(1), "broker": free_port(), "broker_http": free_port(),
-            "gateway": free_port()}
+            "gateway": free_port(), "autorecovery": free_port()}
 
 
 def _command(data_dir: str, ports: dict[str, int]) -> list[str]:
@@ -67,11 +67,12 @@ def _command(data_dir: str, ports: dict[str, int]) -> list[str]:
                           "--etcd-port", str(ports["etcd"]), "--etcd-peer-port", str(ports["peer"]),
                           "--bookie-port-base", str(ports["bookie"]), "--bookie-http-port-base", str(ports["http"]),
                           "--broker-port", str(ports["broker"]), "--broker-http-port", str(ports["broker_http"]),
-                          "--gateway-port", str(ports["gateway"]))
+                          "--gateway-port", str(ports["gateway"]),
+                          "--autorecovery-http-port", str(ports["autorecovery"]))
 
 
 async def test_kill_9_of_the_standalone_takes_its_children_and_frees_the_ports(tmp_path):
-    """SIGKILL the standalone once ready: within 5 s no child lives and all seven ports
+    """SIGKILL the standalone once ready: within 5 s no child lives and all eight ports
     bind again."""
     ports = _ports()
     process = await asyncio.create_subprocess_exec(*_command(str(tmp_path / "standalone"), ports),
@@ -87,7 +88,7 @@ async def test_kill_9_of_the_standalone_takes_its_children_and_frees_the_ports(t
                 if b"standalone ready" in line:
                     break
         children = _children_of(process.pid)
-        assert len(children) == 4, children            # etcd, one bookie, one broker, the gateway
+        assert len(children) == 5, children   # etcd, one bookie, one broker, auto-recovery, the gateway
         assert [name for name, port in ports.items() if _port_free(port)] == []
         process.send_signal(signal.SIGKILL)
         await process.wait()
@@ -104,6 +105,23 @@ async def test_kill_9_of_the_standalone_takes_its_children_and_frees_the_ports(t
         for pid in children:            # only if the test failed: leave nothing behind
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+async def test_one_port_given_to_two_parts_is_refused_in_one_line(tmp_path):
+    """The auto-recovery process's port set to the gateway's: exit 2, one line naming
+    the port and the flag, nothing started (each would have probed the other)."""
+    ports = _ports()
+    ports["autorecovery"] = ports["gateway"]
+    process = await asyncio.create_subprocess_exec(*_command(str(tmp_path / "standalone"), ports),
+                                                   stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    async with asyncio.timeout(30):
+        _stdout, stderr = await process.communicate()
+    text = stderr.decode()
+    assert process.returncode == 2, text
+    errors = [line for line in text.splitlines() if line.startswith("magnetar: configuration error:")]
+    assert len(errors) == 1 and "Traceback" not in text, text
+    assert f"--autorecovery-http-port {ports['gateway']}" in errors[0] and "gateway's" in errors[0], errors
+    assert not (tmp_path / "standalone" / "etcd.log").exists()
 
 
 async def test_a_taken_port_is_refused_in_one_line(tmp_path):
