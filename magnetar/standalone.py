@@ -13,8 +13,12 @@ failover one can watch: its bundles go to the others once its etcd lease expires
 it comes back. The standalone itself stops only on SIGTERM / Ctrl-C, or when a child
 fails ``START_ATTEMPTS_MAX`` starts in a row (exits before it is ready, or is not ready
 in time): then it logs why, stops the others and exits 1 (loud, rather than restart
-forever what cannot start). At first start any child that fails stops everything, as
-before: a cluster that never came up is the operator's to look at.
+forever what cannot start). The exception is a bookie while the bookies still up can
+hold every copy (``--bookies`` minus those down is at least ``--copies``): a bookie
+whose disks are gone (its cookie check refuses to start it) is left down, logged, and
+the cluster goes on; its auto-recovery child makes the lost copies again on the others
+once the bookie has been gone its grace period. At first start any child that fails
+stops everything, as before: a cluster that never came up is the operator's to look at.
 
 Layout of the data directory:
     etcd/                      etcd's data
@@ -155,6 +159,10 @@ class Child:
         # child that crashes soon after it is ready is restarted ever more slowly, up
         # to RESTART_DELAY_S_MAX) but do not end the standalone: it did start.
         self.quick_exits = 0
+        # A bookie may be left down after START_ATTEMPTS_MAX failed starts (the others
+        # hold the copies and auto-recovery restores them) instead of ending the standalone.
+        self.may_stay_down = False
+        self.left_down = False
 
 
 class Standalone:
@@ -328,6 +336,7 @@ class Standalone:
                        "--port", str(self.args.bookie_port_base + n), "--http-port", str(http_port),
                        *bookie_auth_flags]
             child = Child(f"bookie-{n}", command, f"http://127.0.0.1:{http_port}/health")
+            child.may_stay_down = True
             await self._spawn(child)
             bookies.append(child)
         for child in bookies:
@@ -445,6 +454,14 @@ class Standalone:
                     if child.process is not None and child.process.returncode is None:
                         child.process.kill()
                         await child.process.wait()
+                    if child.failed_starts >= START_ATTEMPTS_MAX and self._can_leave_down(child):
+                        child.left_down = True
+                        log.error("child left down after %d failed starts in a row; the other bookies hold the "
+                                  "copies and auto-recovery makes its copies again on them after its grace "
+                                  "period; a bookie whose disks were lost also refuses to start on its cookie "
+                                  "(README.md: what make run starts): process=%s log=%s/%s.log",
+                                  child.failed_starts, child.name, self.data_dir, child.name)
+                        return
                     if child.failed_starts >= START_ATTEMPTS_MAX:
                         self.gave_up = (f"{child.name} failed {child.failed_starts} starts in a row; "
                                         f"see {self.data_dir}/{child.name}.log")
@@ -454,6 +471,15 @@ class Standalone:
                 log.warning("child restarted: process=%s pid=%d restarts=%d", child.name,
                             child.process.pid if child.process else -1, child.restarts)
                 break
+
+    def _can_leave_down(self, child: Child) -> bool:
+        """Whether ``child`` (a bookie) may stay down: the bookies still up can hold
+        every copy of an entry (--copies of them)."""
+        if not child.may_stay_down:
+            return False
+        bookies = [c for c in self.children if c.may_stay_down]
+        up = sum(1 for c in bookies if c is not child and not c.left_down)
+        return up >= min(self.args.copies, len(bookies))
 
     async def stop(self) -> None:
         # Gateway first (its consumers close), then the brokers (they close topics and

@@ -174,3 +174,51 @@ async def test_a_child_that_fails_every_start_stops_the_standalone_loudly(tmp_pa
         assert "doomed failed 5 starts in a row" in capsys.readouterr().err
     finally:
         await standalone.stop()
+
+
+def _bookies(tmp_path, count: int) -> list[Child]:
+    """Stand-in bookies (each serves until killed, as a started bookie does)."""
+    children = []
+    for n in range(count):
+        port = free_port()
+        (tmp_path / f"marker-{n}").touch()
+        child = Child(f"bookie-{n}", [sys.executable, "-c", _FLAKY, str(tmp_path / f"marker-{n}"), str(port)],
+                      f"http://127.0.0.1:{port}/")
+        child.may_stay_down = True
+        children.append(child)
+    return children
+
+
+async def test_a_bookie_that_cannot_start_is_left_down_while_the_others_hold_the_copies(tmp_path, monkeypatch):
+    """3 bookies, 2 copies: a bookie failing every start (as a bookie whose disks were
+    lost does, on its cookie) is left down and the standalone goes on (auto-recovery
+    makes its copies again); a second one then would leave fewer bookies than copies,
+    so that one ends the standalone as any other child would."""
+    fast_restarts(monkeypatch)
+    standalone = Standalone(argparse.Namespace(data_dir=str(tmp_path), copies=2))
+    bookies = _bookies(tmp_path, 3)
+    for child in bookies:
+        await standalone._start_child(child)
+    watching = asyncio.ensure_future(standalone.watch_children())
+    try:
+        lost = bookies[1]
+        lost.command = [sys.executable, "-c", "import sys; sys.exit(3)"]
+        lost.process.kill()
+        async with asyncio.timeout(60):
+            while not lost.left_down:
+                assert not watching.done(), standalone.gave_up
+                await asyncio.sleep(0.05)
+        assert lost.failed_starts == standalone_module.START_ATTEMPTS_MAX
+        await asyncio.sleep(0.3)
+        assert not watching.done() and standalone.gave_up is None
+        assert all(healthy(child.ready_url) for child in (bookies[0], bookies[2]))
+
+        second = bookies[2]
+        second.command = [sys.executable, "-c", "import sys; sys.exit(3)"]
+        second.process.kill()
+        async with asyncio.timeout(60):
+            assert await watching == 1
+        assert not second.left_down and "bookie-2 failed 5 starts in a row" in standalone.gave_up
+    finally:
+        watching.cancel()
+        await standalone.stop()
