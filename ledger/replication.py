@@ -58,6 +58,9 @@ from metadata.store import Lease
 
 log = logging.getLogger(__name__)
 
+# The longest a worker waits before trying a ledger again that failed here.
+RETRY_DELAY_S_MAX = 60.0
+
 
 class RateLimiter:
     """A token bucket over bytes: ``acquire(n)`` returns once n bytes may go. The bucket
@@ -93,11 +96,17 @@ class ReplicationStats:
 
 class ReplicationWorker:
     def __init__(self, context: LedgerContext, config: AutoRecoveryConfig, worker_id: str,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self._context = context
         self._config = config
         self.worker_id = worker_id
         self._rng = rng or random.Random()
+        self._clock = clock
+        # Ledgers whose last attempt here failed (e.g. no bookie left to copy to): when
+        # to try again and the delay that got there, doubling up to RETRY_DELAY_S_MAX,
+        # so a ledger that cannot be finished yet costs a metadata read and a WARNING
+        # a minute, not every round. Holds only recorded ledgers (pruned each round).
+        self._retry: dict[int, tuple[float, float]] = {}
         self._limiter = RateLimiter(config.rate_bytes_per_s)
         self._lease: Lease | None = None
         self.stats = ReplicationStats()
@@ -130,14 +139,26 @@ class ReplicationWorker:
         return self._lease
 
     async def run_round(self) -> int:
-        """One pass over the recorded ledgers; returns how many were replicated."""
+        """One pass over the recorded ledgers; returns how many were replicated. A
+        ledger that failed here waits out its back-off first."""
         records = await self._context.store.get_prefix(keys.UNDER_REPLICATED, keys_only=True)
         ledger_ids = [keys.under_replicated_ledger_id(record.key) for record in records]
         self._rng.shuffle(ledger_ids)   # workers spread over the list instead of queueing on one lock
+        recorded = set(ledger_ids)
+        for ledger_id in [known for known in self._retry if known not in recorded]:
+            del self._retry[ledger_id]
         done = 0
         for ledger_id in ledger_ids:
+            retry = self._retry.get(ledger_id)
+            if retry is not None and self._clock() < retry[0]:
+                continue
+            failures = self.stats.failures
             if await self.replicate_locked(ledger_id):
                 done += 1
+                self._retry.pop(ledger_id, None)
+            elif self.stats.failures > failures:
+                delay = min(retry[1] * 2, RETRY_DELAY_S_MAX) if retry is not None else self._config.worker_interval_s
+                self._retry[ledger_id] = (self._clock() + delay, delay)
         return done
 
     async def replicate_locked(self, ledger_id: int, missing: set[str] | None = None) -> bool:
