@@ -36,6 +36,11 @@ MACHINE_SATURATED_SHARE = 0.9
 SAMPLE_INTERVAL_S = 0.1
 
 MACHINE = "machine"
+# The ticks the hypervisor gave this machine's CPUs to other guests (/proc/stat steal):
+# time the run wanted a CPU and had none. Named in the verdict from this share of all
+# cores on; a shared virtual machine often loses 10-30% while a benchmark runs.
+MACHINE_STEAL = "machine-steal"
+STEAL_NOTED_PCT = 5.0
 
 
 # --- parsing (pure) ----------------------------------------------------------------------------
@@ -47,6 +52,14 @@ def parse_process_ticks(stat_text: str) -> int:
     rest = stat_text[stat_text.rindex(")") + 2:].split()
     # rest[0] is field 3 (state); utime and stime are fields 14 and 15.
     return int(rest[11]) + int(rest[12])
+
+
+def parse_machine_steal_ticks(proc_stat_text: str) -> int:
+    """Steal clock ticks of all CPUs from /proc/stat's first line (its 8th value; 0 on
+    a kernel that does not count it)."""
+    first = proc_stat_text.splitlines()[0].split()
+    assert first[0] == "cpu", first[0]
+    return int(first[8]) if len(first) > 8 else 0
 
 
 def parse_machine_ticks(proc_stat_text: str) -> int:
@@ -97,7 +110,7 @@ def window_report(samples: dict[str, list[tuple[float, int]]], start_s: float, e
     seconds = max(end_s - start_s, 1e-9)
     processes = {}
     for name, series in samples.items():
-        if name == MACHINE:
+        if name in (MACHINE, MACHINE_STEAL):
             continue
         # Only processes alive during part of the window.
         if not series or series[-1][0] < start_s or series[0][0] > end_s:
@@ -112,13 +125,18 @@ def window_report(samples: dict[str, list[tuple[float, int]]], start_s: float, e
         machine_pct = 100.0 * cpu_seconds_in(machine, start_s, end_s, ticks_per_s) / seconds
         report["machine_busy_pct"] = round(machine_pct, 1)
         report["other_load_pct"] = round(max(0.0, machine_pct - watched_pct), 1)
-    report["verdict"] = verdict(processes, report.get("machine_busy_pct"), cpus)
+    steal = samples.get(MACHINE_STEAL)
+    if steal:
+        report["steal_pct"] = round(100.0 * cpu_seconds_in(steal, start_s, end_s, ticks_per_s) / seconds, 1)
+    report["verdict"] = verdict(processes, report.get("machine_busy_pct"), cpus, report.get("steal_pct"))
     return report
 
 
-def verdict(processes: dict[str, dict], machine_busy_pct: float | None, cpus: int) -> str:
+def verdict(processes: dict[str, dict], machine_busy_pct: float | None, cpus: int,
+            steal_pct: float | None = None) -> str:
     """One line saying what limited the window: saturated processes (>= SATURATED_PCT of
-    a core), a saturated machine, or neither."""
+    a core), a saturated machine, or neither; and CPU steal when it was noticeable (its
+    share of all cores, from STEAL_NOTED_PCT on)."""
     saturated = sorted(((p["cpu_pct"], name) for name, p in processes.items() if p["cpu_pct"] >= SATURATED_PCT),
                        reverse=True)
     parts = []
@@ -132,6 +150,8 @@ def verdict(processes: dict[str, dict], machine_busy_pct: float | None, cpus: in
             parts.append(f"no CPU saturated (busiest: {top} {top_pct:.0f}%): latency- or IO-bound")
         else:
             parts.append("no processes watched")
+    if steal_pct is not None and steal_pct >= STEAL_NOTED_PCT * cpus:
+        parts.append(f"CPU steal {steal_pct:.0f}% of {100 * cpus}% (the host ran other guests)")
     return "; ".join(parts)
 
 
@@ -187,7 +207,9 @@ class CpuSampler:
         for name in list(self._pids):
             self._sample_one(name, now_s)
         try:
-            self.samples.setdefault(MACHINE, []).append((now_s, parse_machine_ticks(_read("/proc/stat"))))
+            proc_stat = _read("/proc/stat")
+            self.samples.setdefault(MACHINE, []).append((now_s, parse_machine_ticks(proc_stat)))
+            self.samples.setdefault(MACHINE_STEAL, []).append((now_s, parse_machine_steal_ticks(proc_stat)))
         except OSError:
             pass
 

@@ -21,9 +21,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
 import cpu_accounting  # noqa: E402
 from cpu_accounting import (  # noqa: E402
     MACHINE,
+    MACHINE_STEAL,
     CpuSampler,
     cpu_seconds_in,
     group_report,
+    parse_machine_steal_ticks,
     parse_machine_ticks,
     parse_process_ticks,
     ticks_at,
@@ -92,6 +94,21 @@ def test_verdicts():
     assert verdict({"c": {"cpu_pct": 40.0}, "d": {"cpu_pct": 20.0}}, 70.0, 2).startswith(
         "no CPU saturated (busiest: c 40%)")
     assert verdict({}, None, 2) == "no processes watched"
+
+
+def test_steal_is_parsed_reported_and_named_when_noticeable():
+    line = "cpu  100 5 50 1000 7 3 2 40 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n"
+    assert parse_machine_steal_ticks(line) == 40
+    assert parse_machine_ticks(line) == 100 + 5 + 50 + 3 + 2 + 40
+    assert parse_machine_steal_ticks("cpu  1 2 3 4\n") == 0   # a kernel without the column
+    samples = {"broker": [(0.0, 0), (10.0, 300)], MACHINE: [(0.0, 0), (10.0, 1200)],
+               MACHINE_STEAL: [(0.0, 0), (10.0, 400)]}       # 4 s of 20 core-seconds stolen
+    report = window_report(samples, 0.0, 10.0, cpus=2, ticks_per_s=100)
+    assert set(report["processes"]) == {"broker"}
+    assert report["steal_pct"] == pytest.approx(40.0)
+    assert report["verdict"].endswith("CPU steal 40% of 200% (the host ran other guests)")
+    samples[MACHINE_STEAL] = [(0.0, 0), (10.0, 50)]           # 2.5 % of the cores: not named
+    assert "steal" not in window_report(samples, 0.0, 10.0, cpus=2, ticks_per_s=100)["verdict"]
 
 
 def test_group_report_adds_up_roles():
