@@ -7,7 +7,10 @@ with the cluster's token key (common/tokens.py) whose role is one of
 UNAUTHENTICATED (no token, bad token) or PERMISSION_DENIED (a role not allowed) before
 the servicer runs, so an unauthenticated peer can neither add nor read. The last
 token verified is remembered until its expiry, so a broker's steady stream of reads
-costs one signature check, not one per call.
+costs one signature check, not one per call. The token key is read again when its file
+changes (common/tokens.KeyFileVerifier, looked at every few seconds), and the
+remembered token is then checked again under the new key: a key rotated by replacing
+the file (a mounted Secret) takes effect without a restart.
 
 TLS (``BookieSecurityConfig.tls``): the gRPC port serves TLS with the certificate
 files, read again on a handshake after they changed (grpc's dynamic server
@@ -26,7 +29,7 @@ import grpc
 
 from common.errors import AuthenticationFailed, ConfigError
 from common.tls import TlsConfig
-from common.tokens import TokenVerifier, read_key_value
+from common.tokens import KeyFileVerifier
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +64,13 @@ class BookieSecurityConfig:
 
 class TokenInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, config: BookieSecurityConfig) -> None:
-        data = read_key_value(config.token_secret_key or config.token_public_key)
-        self._verifier = (TokenVerifier.with_secret_key(data) if config.token_secret_key
-                          else TokenVerifier.with_public_key(data))
+        # Read again when its file changes: a rotated key takes effect without a restart.
+        self._keys = KeyFileVerifier(config.token_secret_key or config.token_public_key,
+                                     public_key=not config.token_secret_key)
         self._roles = config.roles
-        # (token, expires at or None): the last one that verified.
-        self._verified: tuple[str, float | None] | None = None
+        # (token, expires at or None, key generation): the last one that verified,
+        # forgotten when the key changes (a token of the old key is checked again).
+        self._verified: tuple[str, float | None, int] | None = None
         self._refusing = False
 
     def _check(self, metadata) -> tuple[grpc.StatusCode, str] | None:
@@ -76,17 +80,20 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
                 token = value[len("Bearer "):].strip()
         if not token:
             return grpc.StatusCode.UNAUTHENTICATED, "a service token is required"
+        verifier = self._keys.current()
+        generation = self._keys.generation
         verified = self._verified
-        if verified is not None and verified[0] == token and (verified[1] is None or verified[1] > time.time()):
+        if verified is not None and verified[0] == token and verified[2] == generation \
+                and (verified[1] is None or verified[1] > time.time()):
             return None
         try:
-            claims = self._verifier.claims(token)
+            claims = verifier.claims(token)
         except AuthenticationFailed as error:
             return grpc.StatusCode.UNAUTHENTICATED, error.message
         if claims["sub"] not in self._roles:
             return grpc.StatusCode.PERMISSION_DENIED, f"role {claims['sub']!r} may not use this bookie"
         expiry = claims.get("exp")
-        self._verified = (token, float(expiry) if isinstance(expiry, (int, float)) else None)
+        self._verified = (token, float(expiry) if isinstance(expiry, (int, float)) else None, generation)
         return None
 
     async def intercept_service(self, continuation, handler_call_details):

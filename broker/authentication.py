@@ -32,13 +32,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import os
 import time
 from dataclasses import dataclass
 from broker.password_file import PasswordFile
 from common.errors import AuthenticationFailed, ConfigError
 from common.tls import certificate_common_name
-from common.tokens import TokenVerifier, read_key_value
+from common.tokens import KeyFileVerifier, TokenVerifier
 
 # The auth method names the official clients send (AuthenticationToken, AuthenticationTLS,
 # AuthenticationBasic), which are also the provider names of authentication_providers.
@@ -147,44 +146,19 @@ class Authenticator:
         self.config = config
         self.enabled = config.authentication_enabled
         self.providers = frozenset(config.providers) if self.enabled else frozenset()
-        self._verifier: TokenVerifier | None = None
-        self._key_path = ""
-        self._key_mtime_ns = -1
-        self._checked_at = 0.0
+        self._keys: KeyFileVerifier | None = None
         self._passwords: PasswordFile | None = None
         self._basic_checks: asyncio.Semaphore | None = None
         if TOKEN_METHOD in self.providers:
-            self._load_key()
+            self._keys = KeyFileVerifier(config.token_secret_key or config.token_public_key,
+                                         public_key=not config.token_secret_key, recheck_s=KEY_RECHECK_S)
         if BASIC_METHOD in self.providers:
             self._passwords = PasswordFile(config.basic_auth_file)
 
-    def _key_value(self) -> str:
-        return self.config.token_secret_key or self.config.token_public_key
-
-    def _load_key(self) -> None:
-        value = self._key_value()
-        data = read_key_value(value)
-        if value.startswith("data:"):
-            self._key_path = ""
-        else:
-            self._key_path = value[len("file://"):] if value.startswith("file://") else value
-            self._key_mtime_ns = os.stat(self._key_path).st_mtime_ns
-        self._verifier = (TokenVerifier.with_secret_key(data) if self.config.token_secret_key
-                          else TokenVerifier.with_public_key(data))
-
     def _verifier_now(self) -> TokenVerifier:
         """The verifier, with the key file read again if it changed since."""
-        now = time.monotonic()
-        if self._key_path and now - self._checked_at >= KEY_RECHECK_S:
-            self._checked_at = now
-            try:
-                mtime_ns = os.stat(self._key_path).st_mtime_ns
-                if mtime_ns != self._key_mtime_ns:
-                    self._load_key()
-            except (OSError, ConfigError):
-                pass   # a key file being replaced: keep the key we have until it is whole
-        assert self._verifier is not None
-        return self._verifier
+        assert self._keys is not None
+        return self._keys.current()
 
     def authenticate_token(self, data: bytes | str | None) -> Identity:
         claims = self._verifier_now().claims(data or b"")

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
+import os
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import jwt
 from cryptography.hazmat.primitives import serialization
@@ -187,3 +189,57 @@ def unverified_parts(token: str) -> tuple[dict[str, Any], dict[str, Any]]:
 def expires_at_s(claims: dict[str, Any]) -> float | None:
     value = claims.get("exp")
     return float(value) if isinstance(value, (int, float)) else None
+
+
+log = logging.getLogger(__name__)
+
+# How often a KeyFileVerifier looks at its key file's modification time (a stat).
+KEY_RECHECK_S = 2.0
+
+
+class KeyFileVerifier:
+    """A TokenVerifier whose key is read again when its file changes, so a rotated key
+    (a Kubernetes Secret's file replaced in place) is used without a restart. The file
+    is looked at (one stat) at most every ``recheck_s``; a file that cannot be read or
+    parsed at that moment (being replaced) keeps the key in use until it is whole. An
+    inline key (``data:``) never changes. ``generation`` counts the keys loaded, so a
+    holder of verified-token caches knows when to forget them."""
+
+    def __init__(self, value: str, *, public_key: bool, recheck_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._value = value
+        self._public_key = public_key
+        self._path = "" if value.startswith("data:") else value.removeprefix("file://")
+        self._recheck_s = KEY_RECHECK_S if recheck_s is None else recheck_s
+        self._clock = clock
+        self._checked_at = clock()
+        self._mtime_ns = -1
+        self.generation = 0
+        self._verifier = self._load()
+
+    def _load(self) -> TokenVerifier:
+        mtime_ns = -1
+        if self._path:
+            try:
+                mtime_ns = os.stat(self._path).st_mtime_ns
+            except OSError as error:
+                raise ConfigError(f"cannot read key file {self._path}: {error.strerror}") from None
+        data = read_key_value(self._value)
+        verifier = TokenVerifier.with_public_key(data) if self._public_key else TokenVerifier.with_secret_key(data)
+        self._mtime_ns = mtime_ns
+        self.generation += 1
+        return verifier
+
+    def current(self) -> TokenVerifier:
+        """The verifier, with the key file read again if it changed since it was read."""
+        now = self._clock()
+        if self._path and now - self._checked_at >= self._recheck_s:
+            self._checked_at = now
+            try:
+                if os.stat(self._path).st_mtime_ns != self._mtime_ns:
+                    self._verifier = self._load()
+                    log.info("token key read again: path=%s generation=%d", self._path, self.generation)
+            except (OSError, ConfigError) as error:
+                log.info("token key file not readable now, keeping the key in use: path=%s error=%s",
+                         self._path, error)
+        return self._verifier

@@ -123,6 +123,7 @@ async def test_authenticator_connect_http_anonymous_and_key_rotation(tmp_path, m
     first, second = create_secret_key(), create_secret_key()
     path = tmp_path / "secret.key"
     path.write_bytes(first)
+    monkeypatch.setattr(authentication, "KEY_RECHECK_S", 0.0)   # the key file looked at on every use
     authenticator = Authenticator(AuthConfig(authentication_enabled=True, token_secret_key=f"file://{path}"))
     token = TokenSigner.with_secret_key(first).create("eve", expiry_s=60)
     identity = await authenticator.authenticate("token", token.encode())
@@ -137,7 +138,6 @@ async def test_authenticator_connect_http_anonymous_and_key_rotation(tmp_path, m
         with pytest.raises(AuthenticationFailed, match="unsupported"):
             await authenticator.authenticate(method, b"x")
     # Rotation: the file is rewritten; after the recheck interval the new key verifies.
-    monkeypatch.setattr(authentication, "KEY_RECHECK_S", 0.0)
     path.write_bytes(second)
     os.utime(path, ns=(time.time_ns(), time.time_ns() + 10_000_000))
     with pytest.raises(AuthenticationFailed):
