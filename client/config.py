@@ -4,6 +4,7 @@ its unit in its name and where its default comes from."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from common.errors import ConfigError
 from protocol.codec import FRAME_BYTES_MAX_DEFAULT
@@ -47,6 +48,9 @@ class ClientConfig:
     # A token sent in CONNECT (auth method "token") to brokers with authentication on;
     # empty: no credentials. Kept out of repr, so it is never logged.
     auth_token: str = field(default="", repr=False)
+    # Where the token comes from when it can change (a file read again when renewed):
+    # asked at every CONNECT and every AUTH_CHALLENGE; takes the place of auth_token.
+    auth_token_source: Callable[[], str] | None = field(default=None, repr=False, compare=False)
     # TLS toward brokers (a pulsar+ssl:// service URL turns it on): the CA file that
     # signs the brokers' certificates ("" : the system's trust store).
     tls_enabled: bool = False

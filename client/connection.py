@@ -126,9 +126,12 @@ class ClientConnection(asyncio.Protocol):
                 _, connection = await loop.create_connection(lambda: cls(address, config), host, port, ssl=context,
                                                              server_hostname=host if context else None)
                 connect = pb.CommandConnect(client_version=CLIENT_VERSION, protocol_version=PROTOCOL_VERSION)
-                if config.auth_token:
+                token = connection._token()
+                if token:
                     connect.auth_method_name = "token"
-                    connect.auth_data = config.auth_token.encode()
+                    connect.auth_data = token.encode()
+                    # The broker may then ask for a fresh token when this one expires.
+                    connect.feature_flags.supports_auth_refresh = True
                 connection._write(encode_command(wrap(connect)))
                 await connection._connected
         except TimeoutError:
@@ -217,10 +220,34 @@ class ClientConnection(asyncio.Protocol):
         if kind == T.PING:
             self._write(encode_command(wrap(pb.CommandPong())))
             return
+        if kind == T.AUTH_CHALLENGE:
+            self._answer_auth_challenge(command.authChallenge)
+            return
         if kind == T.PONG:
             return
         log.debug("unexpected command from broker ignored: address=%s command=%s", self.address,
                   command_name(kind))
+
+    # --- credentials -----------------------------------------------------------------------------
+
+    def _token(self) -> str:
+        source = self.config.auth_token_source
+        return source() if source is not None else self.config.auth_token
+
+    def _answer_auth_challenge(self, challenge: pb.CommandAuthChallenge) -> None:
+        """The broker asks for fresh credentials (the token it holds expired): the
+        current token (a renewed file's, with auth_token_source). Without a token, or
+        for another method, nothing is sent and the broker closes the connection."""
+        method = challenge.challenge.auth_method_name if challenge.HasField("challenge") else "token"
+        token = self._token()
+        if not token or method not in ("", "token"):
+            log.warning("broker asked for credentials this client cannot give: address=%s method=%s",
+                        self.address, method[:32])
+            return
+        self._write(encode_command(wrap(pb.CommandAuthResponse(
+            client_version=CLIENT_VERSION, protocol_version=PROTOCOL_VERSION,
+            response=pb.AuthData(auth_method_name="token", auth_data=token.encode())))))
+        log.info("credentials refreshed on the broker's challenge: address=%s", self.address)
 
     # --- keep-alive ------------------------------------------------------------------------------
 

@@ -243,3 +243,45 @@ class KeyFileVerifier:
                 log.info("token key file not readable now, keeping the key in use: path=%s error=%s",
                          self._path, error)
         return self._verifier
+
+
+class TokenFile:
+    """A token kept in a file (a mounted Secret), read again when the file changes, so
+    a process presenting it picks up a renewed token without a restart. The file is
+    looked at (one stat) at most every ``recheck_s``; an empty or unreadable file at
+    that moment (being replaced) keeps the token in use."""
+
+    def __init__(self, path: str, *, recheck_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.path = path
+        self._recheck_s = KEY_RECHECK_S if recheck_s is None else recheck_s
+        self._clock = clock
+        self._checked_at = clock()
+        self._mtime_ns = -1
+        self._token = self._read()
+        if not self._token:
+            raise ConfigError(f"token file {path} is empty")
+
+    def _read(self) -> str:
+        try:
+            mtime_ns = os.stat(self.path).st_mtime_ns
+            with open(self.path, encoding="ascii") as handle:
+                token = handle.read().strip()
+        except (OSError, UnicodeDecodeError) as error:
+            raise ConfigError(f"cannot read token file {self.path}: {error}") from None
+        self._mtime_ns = mtime_ns
+        return token
+
+    def current(self) -> str:
+        now = self._clock()
+        if now - self._checked_at >= self._recheck_s:
+            self._checked_at = now
+            try:
+                if os.stat(self.path).st_mtime_ns != self._mtime_ns:
+                    token = self._read()
+                    if token:
+                        self._token = token
+                        log.info("token file read again: path=%s", self.path)
+            except (OSError, ConfigError) as error:
+                log.info("token file not readable now, keeping the token in use: path=%s error=%s", self.path, error)
+        return self._token

@@ -43,7 +43,7 @@ def init_app(config: GatewayConfig, *, issuer_url: str = "", registry: Collector
         # Inside the errors middleware: a refused caller gets the usual error document.
         auth_middleware(config.authentication_enabled,
                         PermissionCache(config.permission_cache_ms, config.permission_cache_entries_max),
-                        frozenset(config.providers), config.service_token),
+                        frozenset(config.providers), service.service_token),
     ])
     app[SERVICE] = service
     add_routes(app)

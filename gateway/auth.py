@@ -152,12 +152,12 @@ def caller_of(request: web.Request, providers: frozenset[str], service_token: st
 
 
 def auth_middleware(enabled: bool, cache: PermissionCache, providers: frozenset[str] = frozenset({"token"}),
-                    service_token: str = ""):
+                    service_token: Callable[[], str] = lambda: ""):
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         if not enabled or not request.path.startswith("/v1/") or request.path == "/v1/openapi.json":
             return await handler(request)
-        digest, authorization, original_principal = caller_of(request, providers, service_token)
+        digest, authorization, original_principal = caller_of(request, providers, service_token())
         action = action_of(request)
         if action is not None:
             topic = topic_of(request)

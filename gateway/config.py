@@ -90,6 +90,10 @@ class GatewayConfig:
     # The gateway's own token, for its connections to brokers and its admin requests
     # (empty: none, for brokers without authentication). Never logged or shown.
     service_token: str = field(default="", repr=False)
+    # The file service_token was read from (--service-token-file), read again when it
+    # changes: a renewed token is used without a restart (new connections, answers to a
+    # broker's AUTH_CHALLENGE, admin requests). Empty: service_token is fixed.
+    service_token_file: str = ""
     # A broker's answer to a permission check is reused this long: a revoke reaches the
     # gateway's callers within it. Bounded to this many (token, topic, action) entries.
     permission_cache_ms: int = 2_000

@@ -125,6 +125,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         ready_hold_ms=args.ready_hold_ms, body_bytes_max=args.body_mib_max * 1024 * 1024,
         requests_in_flight_max=args.requests_in_flight_max,
         authentication_enabled=args.authentication_enabled, service_token=service_token_from(args),
+        service_token_file=args.service_token_file,
         authentication_providers=args.authentication_providers,
         tls=TlsConfig(cert_file=args.tls_cert_file, key_file=args.tls_key_file,
                       trust_certs_file=args.tls_trust_certs_file),

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import os
 import time
+from typing import Callable
 
 import aiohttp
 
@@ -23,6 +24,7 @@ from client.pool import BrokerPool
 from common.errors import InvalidArgument
 from common.topic_name import TopicName
 from common.tls import TlsConfig, client_context
+from common.tokens import TokenFile
 from gateway.config import GatewayConfig
 from gateway.consumers import ConsumerKey, ConsumerPool, DeadLetterPolicy, GatewayConsumer
 from gateway.json_codec import PullSpec
@@ -38,8 +40,11 @@ class GatewayService:
         self.issuer_url = issuer_url
         self.instance_id = os.urandom(8)
         self.instance_name = f"gateway-{self.instance_id.hex()}"
+        # The gateway's own token, as it is now (a renewed file's, read again).
+        self.service_token: Callable[[], str] = TokenFile(config.service_token_file).current \
+            if config.service_token_file else (lambda: config.service_token)
         self.broker_pool = BrokerPool(config.service_url, ClientConfig(
-            auth_token=config.service_token, tls_trust_certs_file=config.broker_tls_trust_certs_file,
+            auth_token_source=self.service_token, tls_trust_certs_file=config.broker_tls_trust_certs_file,
             tls_hostname_verification=config.broker_tls_hostname_verification))
         self.producers = ProducerPool(self.broker_pool, config)
         self.consumers = ConsumerPool(self.broker_pool, config, self.instance_name, self._dead_letter)
@@ -55,15 +60,21 @@ class GatewayService:
         self.leases_extended = 0
 
     async def start(self) -> None:
-        # The service token on every admin request (stats, backlog); a permission check
-        # overrides it with the caller's token.
-        headers = {"Authorization": f"Bearer {self.config.service_token}"} if self.config.service_token else None
+        # The service token on every admin request (stats, backlog), as it is at the
+        # request; a permission check sends the caller's token instead.
+        service_token = self.service_token
+
+        async def with_service_token(request: aiohttp.ClientRequest, handler) -> aiohttp.ClientResponse:
+            token = service_token()
+            if token and "Authorization" not in request.headers:
+                request.headers["Authorization"] = f"Bearer {token}"
+            return await handler(request)
         # An https:// admin URL is verified against the brokers' CA when one is given.
         context = client_context(TlsConfig(trust_certs_file=self.config.broker_tls_trust_certs_file),
                                  verify_hostname=self.config.broker_tls_hostname_verification) \
             if self.config.admin_url.startswith("https://") else None
         self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.config.forward_timeout_ms / 1000),
-                                          headers=headers, connector=aiohttp.TCPConnector(ssl=context)
+                                          middlewares=(with_service_token,), connector=aiohttp.TCPConnector(ssl=context)
                                           if context is not None else None)
 
     async def run(self) -> None:

@@ -287,6 +287,40 @@ async def test_admin_cli_grants_lists_and_revokes(secured):
     assert http("GET", f"{admin_url}/admin/v2/namespaces/{namespace}/permissions", superuser) == (200, {})
 
 
+async def test_gateway_uses_its_renewed_service_token_without_a_restart(secured, tmp_path):
+    """A gateway whose own token expires in 3 s, its file replaced by a renewed token
+    (as a mounted Secret is) before then: past the expiry the broker challenges the
+    gateway's connection and it answers with the renewed token (it stays open and
+    produces), and its admin requests (topic stats) carry the renewed token too.
+    Without reading the file again, the broker would close the connection at expiry
+    and refuse every reconnection with the expired token."""
+    import aiohttp
+
+    cluster, signer, _ = secured
+    admin_url = cluster.brokers[0].web_service_url
+    superuser = signer.create(SUPERUSER)
+    namespace = new_namespace(admin_url, superuser)
+    token_path = tmp_path / "gateway.token"
+    token_path.write_text(signer.create(SUPERUSER, expiry_s=3))
+    (gateway,) = await cluster.start_gateways(1, extra_args=["--authentication-enabled",
+                                                             "--service-token-file", str(token_path)])
+    topic_url = f"{gateway.url}/v1/topics/persistent/{namespace}/{unique('renewed')}"
+    headers = {"Authorization": f"Bearer {superuser}"}
+    async with aiohttp.ClientSession(headers=headers) as session:
+        async with session.post(f"{topic_url}/message", json={"payload": "before"}) as response:
+            assert response.status == 200, await response.text()
+        token_path.write_text(signer.create(SUPERUSER, expiry_s=600))
+        await asyncio.sleep(5)     # past the first token's expiry and the broker's check after it
+        for index in range(3):
+            async with session.post(f"{topic_url}/message", json={"payload": f"after-{index}"}) as response:
+                assert response.status == 200, await response.text()
+        async with session.get(f"{topic_url}/stats") as response:
+            assert response.status == 200, await response.text()
+    log = gateway.log_text()
+    assert "credentials refreshed on the broker's challenge" in log, log[-3000:]
+    assert "token file read again" in log
+
+
 async def test_gateway_forwards_the_callers_token_for_authorization(secured):
     """The gateway answers 401 without a bearer token or with a bad one, 403 for a role
     without the permission the request needs (produce to produce, consume for a

@@ -93,3 +93,26 @@ def test_a_bookie_refuses_a_remembered_token_once_its_key_was_replaced(tmp_path,
     assert check(TokenSigner.with_secret_key(second).create("broker")) is None
     other_role = check(TokenSigner.with_secret_key(second).create("someone"))
     assert other_role is not None and other_role[0] == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_a_token_file_is_read_again_when_renewed_and_kept_while_half_written(tmp_path):
+    path = tmp_path / "service.token"
+    path.write_text("first.token\n")
+    clock = _Clock()
+    source = tokens.TokenFile(str(path), recheck_s=2.0, clock=clock)
+    assert source.current() == "first.token"
+    _replace(path, b"second.token")
+    assert source.current() == "first.token"          # not looked at within the interval
+    clock.now += 2.0
+    assert source.current() == "second.token"
+    _replace(path, b"")                               # being replaced: empty for a moment
+    clock.now += 2.0
+    assert source.current() == "second.token"
+    path.unlink()
+    clock.now += 2.0
+    assert source.current() == "second.token"
+    with pytest.raises(ConfigError):
+        tokens.TokenFile(str(tmp_path / "missing.token"))
+    (tmp_path / "empty.token").write_text("\n")
+    with pytest.raises(ConfigError):
+        tokens.TokenFile(str(tmp_path / "empty.token"))
