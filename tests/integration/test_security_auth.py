@@ -288,9 +288,10 @@ async def test_admin_cli_grants_lists_and_revokes(secured):
 
 
 async def test_gateway_uses_its_renewed_service_token_without_a_restart(secured, tmp_path):
-    """A gateway whose own token expires in 3 s, its file replaced by a renewed token
-    (as a mounted Secret is) before then: past the expiry the broker challenges the
-    gateway's connection and it answers with the renewed token (it stays open and
+    """The gateway's token file replaced twice while it runs (as a mounted Secret is):
+    first by a token expiring in 5 s, which its first broker connection then presents;
+    then by a renewed token. Past the first one's expiry the broker challenges the
+    connection and the gateway answers with the renewed token (the connection stays and
     produces), and its admin requests (topic stats) carry the renewed token too.
     Without reading the file again, the broker would close the connection at expiry
     and refuse every reconnection with the expired token."""
@@ -301,24 +302,34 @@ async def test_gateway_uses_its_renewed_service_token_without_a_restart(secured,
     superuser = signer.create(SUPERUSER)
     namespace = new_namespace(admin_url, superuser)
     token_path = tmp_path / "gateway.token"
-    token_path.write_text(signer.create(SUPERUSER, expiry_s=3))
+    token_path.write_text(signer.create(SUPERUSER, expiry_s=600))
     (gateway,) = await cluster.start_gateways(1, extra_args=["--authentication-enabled",
                                                              "--service-token-file", str(token_path)])
+
+    # The file is looked at when the token is needed, at most every 2 s
+    # (common/tokens.KEY_RECHECK_S): the first connection, after this wait, reads it.
+    expiring_at = time.monotonic() + 5
+    token_path.write_text(signer.create(SUPERUSER, expiry_s=5))
+    os.utime(token_path, ns=(time.time_ns() + 10_000_000,) * 2)
+    await asyncio.sleep(2.3)
     topic_url = f"{gateway.url}/v1/topics/persistent/{namespace}/{unique('renewed')}"
-    headers = {"Authorization": f"Bearer {superuser}"}
-    async with aiohttp.ClientSession(headers=headers) as session:
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {superuser}"}) as session:
+        # The first connection to the broker: CONNECT with the token that expires.
         async with session.post(f"{topic_url}/message", json={"payload": "before"}) as response:
             assert response.status == 200, await response.text()
+        assert gateway.log_text().count("token file read again") == 1
         token_path.write_text(signer.create(SUPERUSER, expiry_s=600))
-        await asyncio.sleep(5)     # past the first token's expiry and the broker's check after it
+        os.utime(token_path, ns=(time.time_ns() + 20_000_000,) * 2)
+        # Past the expiry and the broker's next check (every second) after it.
+        await asyncio.sleep(max(0.0, expiring_at + 2.5 - time.monotonic()))
         for index in range(3):
             async with session.post(f"{topic_url}/message", json={"payload": f"after-{index}"}) as response:
                 assert response.status == 200, await response.text()
         async with session.get(f"{topic_url}/stats") as response:
             assert response.status == 200, await response.text()
     log = gateway.log_text()
-    assert "credentials refreshed on the broker's challenge" in log, log[-3000:]
-    assert "token file read again" in log
+    assert "credentials refreshed on the broker's challenge" in log
+    assert log.count("token file read again") == 2
 
 
 async def test_gateway_forwards_the_callers_token_for_authorization(secured):

@@ -81,73 +81,60 @@ async def _until(predicate) -> None:
             await asyncio.sleep(0.001)
 
 
-async def test_batches_durable_together_share_one_reply_and_order_holds():
+async def _stream(*batches: tuple[int, int], merge: bool = True):
+    """A call with ``batches`` (first entry id, entries) read and journaled, none
+    durable yet: (node, requests, replies)."""
     node = _Node()
     requests = _Requests()
     replies = await _replies(BookieServicer(node), requests)
-    requests.send(0, 2)
-    requests.send(2, 1)
-    requests.send(3, 3)
-    await _until(lambda: len(node.futures) == 3)
+    for first, count in batches:
+        requests.send(first, count, merge=merge)
+    await _until(lambda: len(node.futures) == len(batches))
+    return node, requests, replies
+
+
+async def _next(replies: asyncio.Queue):
+    async with asyncio.timeout(5):
+        return await replies.get()
+
+
+async def test_batches_durable_together_share_one_reply_and_order_holds():
+    node, requests, replies = await _stream((0, 2), (2, 1), (3, 3))
     for future in node.futures:   # one journal round makes all three durable
         future.set_result(None)
-    async with asyncio.timeout(5):
-        first = await replies.get()
-    assert first == [(0, 0), (1, 0), (2, 0), (3, 0), (4, 0), (5, 0)]
+    assert await _next(replies) == [(0, 0), (1, 0), (2, 0), (3, 0), (4, 0), (5, 0)]
     requests.end()
-    async with asyncio.timeout(5):
-        assert await replies.get() is None
+    assert await _next(replies) is None
 
 
 async def test_a_batch_not_yet_durable_waits_for_its_own_reply():
-    node = _Node()
-    requests = _Requests()
-    replies = await _replies(BookieServicer(node), requests)
-    requests.send(0, 1)
-    requests.send(1, 1)
-    requests.send(2, 1)
-    await _until(lambda: len(node.futures) == 3)
+    node, requests, replies = await _stream((0, 1), (1, 1), (2, 1))
     node.futures[0].set_result(None)   # the first round covers the first batch only
-    async with asyncio.timeout(5):
-        assert await replies.get() == [(0, 0)]
+    assert await _next(replies) == [(0, 0)]
     assert replies.empty()
     node.futures[1].set_exception(LedgerFenced("fenced meanwhile"))
     node.futures[2].set_result(None)
-    async with asyncio.timeout(5):
-        assert await replies.get() == [(1, LedgerFenced.code), (2, 0)]
+    assert await _next(replies) == [(1, LedgerFenced.code), (2, 0)]
     requests.end()
-    async with asyncio.timeout(5):
-        assert await replies.get() is None
+    assert await _next(replies) is None
 
 
 async def test_a_writer_that_does_not_allow_merging_gets_one_reply_per_batch():
-    node = _Node()
-    requests = _Requests()
-    replies = await _replies(BookieServicer(node), requests)
-    requests.send(0, 1, merge=False)
-    requests.send(1, 2, merge=False)
-    await _until(lambda: len(node.futures) == 2)
+    node, _requests, replies = await _stream((0, 1), (1, 2), merge=False)
     for future in node.futures:
         future.set_result(None)
-    async with asyncio.timeout(5):
-        assert await replies.get() == [(0, 0)]
-        assert await replies.get() == [(1, 0), (2, 0)]
+    assert await _next(replies) == [(0, 0)]
+    assert await _next(replies) == [(1, 0), (2, 0)]
 
 
 async def test_the_stream_ending_while_replies_merge_ends_the_call():
-    node = _Node()
-    requests = _Requests()
-    replies = await _replies(BookieServicer(node), requests)
-    requests.send(0, 1)
-    requests.send(1, 1)
+    node, requests, replies = await _stream((0, 1), (1, 1))
     requests.end()
-    await _until(lambda: len(node.futures) == 2)
     await asyncio.sleep(0.01)   # the end mark is queued behind both batches
     for future in node.futures:
         future.set_result(None)
-    async with asyncio.timeout(5):
-        assert await replies.get() == [(0, 0), (1, 0)]
-        assert await replies.get() is None
+    assert await _next(replies) == [(0, 0), (1, 0)]
+    assert await _next(replies) is None
 
 
 # --- the writer's side: BookieClient matching replies to its batches ---
