@@ -37,10 +37,19 @@ proto: $(STAMP) $(PROTO_OUT)
 run: setup
 	$(VENV)/bin/magnetar standalone --data-dir $(DATA_DIR)
 
+# Compiled bytecode kept between processes while testing, in .venv/pycache (out of the
+# source tree; make clean removes it), even where the environment sets
+# PYTHONDONTWRITEBYTECODE (this machine's does): otherwise every bookie, broker, CLI and
+# Spark Python worker a test starts, and each xdist worker's collection (pytest's
+# assertion rewriting), compiles the same modules from source again. Measured on the
+# 2-core machine: collection 13.8 -> 4.6 CPU-s per worker, test_cli_tools.py 22.6 ->
+# 18.2 CPU-s.
+TEST_PYTHON_ENV := env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(CURDIR)/$(VENV)/pycache
+
 # The package layers first (.importlinter; a second of work), then every test.
 test: setup
 	$(VENV)/bin/lint-imports --no-cache
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not spark_full" tests
+	$(TEST_PYTHON_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not spark_full" tests
 
 test-unit: setup
 	$(VENV)/bin/lint-imports --no-cache
