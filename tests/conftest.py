@@ -79,23 +79,67 @@ def pytest_runtest_makereport(item, call):
     setattr(item, f"report_{report.when}", report)
 
 
-# The modules that take longest (a minute or more on the 2-core machine), longest first.
+# The modules that take longest (ten seconds or more on the 2-core machine), longest first.
 # `make test` runs files on several xdist workers (--dist loadfile --no-loadscope-reorder
-# hands out whole files in collection order; by default xdist would put the files with
-# the most tests first, leaving a one-test Spark module for the end): starting the long ones first keeps one worker from being left
-# with a long file at the end while the others sit idle. Order only; nothing is skipped.
+# hands out whole files in this order; by default xdist would put the files with the
+# most tests first, leaving a one-test Spark module for the end): starting the long ones
+# first keeps one worker from being left with a long file at the end while the others
+# sit idle. Order only; nothing is skipped. The two Spark modules run on one worker, one
+# after the other, so the run starts one Spark JVM, not two: a worker needs two tests in
+# hand to run one, so the one-test test_spark_stream.py is given the fourth module at
+# once, and test_spark.py is that fourth.
 LONG_MODULES = (
-    "test_spark_stream.py", "test_spark.py", "test_bundles.py", "test_k8s_dev.py", "test_pulsar_client.py",
-    "test_archive.py", "test_security_auth.py", "test_standalone.py", "test_subscriptions.py",
-    "test_retention_and_cursors.py", "test_client_features.py", "test_autorecovery.py",
+    "integration/test_spark_stream.py", "integration/test_bundles.py", "integration/test_k8s_dev.py",
+    "integration/test_spark.py", "integration/test_archive.py", "integration/test_standalone.py",
+    "integration/test_subscriptions.py", "integration/test_retention_and_cursors.py",
+    "integration/test_autorecovery.py", "integration/test_ledger_client.py",
+    "integration/test_security_auth.py", "integration/test_gateway_bad_input.py",
+    "integration/test_gateway.py", "integration/test_bookie_service.py",
+    "integration/test_client_features.py", "integration/test_cli_tools.py",
+    "integration/test_shell_durability.py", "integration/test_metadata_outage.py",
+    "integration/test_ports_in_use.py", "integration/test_broker_bad_input.py",
+    "integration/test_standalone_supervision.py", "sim/test_simulation.py",
+    "integration/test_client_features_restart.py", "integration/test_ledger_gc.py",
+    "integration/test_security_tls.py", "integration/test_pulsar_client.py",
+    "integration/test_bookie_disks.py", "integration/test_client.py", "integration/test_admin_rest.py",
+    "integration/test_k8s_secured.py", "unit/test_cursor.py", "integration/test_security_standalone.py",
+    "integration/test_fanout.py", "unit/test_k8s_manifests.py", "integration/test_standalone_children.py",
 )
 
 
 def pytest_collection_modifyitems(session, config, items):
     def rank(item) -> int:
-        name = os.path.basename(str(item.fspath))
+        path = str(item.fspath).replace(os.sep, "/")
+        name = "/".join(path.rsplit("/", 2)[-2:])      # integration/test_bundles.py, not unit/…
         return LONG_MODULES.index(name) if name in LONG_MODULES else len(LONG_MODULES)
     items.sort(key=rank)   # stable: the order within a module and among the rest stays
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile, with the next module handed to a worker only once it is waiting
+    for one. xdist's own gives a worker its next module as soon as two of its tests are
+    left, so a long module could sit behind a running one's last two (a minute, for some)
+    while another worker went idle. A worker runs a test only once it holds the one after
+    (its fixtures' teardown depends on it), so one test pending means it is waiting.
+    Order only: every test still runs, each module whole on one worker. (xdist's
+    scheduler internals: pyproject.toml keeps pytest-xdist below 4.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class JustInTimeFileScheduling(LoadFileScheduling):
+        def _reschedule(self, node) -> None:
+            if node.shutting_down:
+                return
+            if not self.workqueue:
+                node.shutdown()
+                return
+            if self._pending_of(self.assigned_work[node]) > 1:
+                return
+            self._assign_work_unit(node)
+
+    return JustInTimeFileScheduling(config, log)
 
 
 @pytest.fixture(autouse=True)

@@ -1,8 +1,9 @@
 """The official Pulsar Python client (pulsar-client, built on the C++ client) against a
 real Magnetar cluster: etcd, three bookie processes and a broker process.
 
-Proves: 100,000 messages, batched and not, arrive in order at an exclusive consumer
-with payloads, keys, properties and event times intact; sync and async sends work and a
+Proves: 20,000 messages (``PULSAR_CLIENT_TEST_MESSAGES``; ``make test-client-full`` runs
+100,000), batched and not, arrive in order at an exclusive consumer with payloads, keys,
+properties and event times intact, the unbatched ones across four ledger rollovers; sync and async sends work and a
 send to a topic that cannot be created fails in the application; readers start from
 earliest, from a message id (also inside a batch) and from a publish time, and
 has_message_available / get_last_message_id are right; seek works; a restarted
@@ -11,15 +12,36 @@ consumer resumes after its last acknowledgement.
 
 from __future__ import annotations
 
+import asyncio
+import os
 import threading
 import time
 
 import pulsar
 import pytest
 
-from tests.cluster import unique, unique_topic
+from tests.cluster import Cluster, unique, unique_topic
 
-MESSAGES = 100_000
+# Past every queue on the way: twice the producer's pending limit (10,000: sends block
+# on a full queue), four times the consumer's receiver queue (5,000: permits flow again
+# and again), and, unbatched, four ledger rollovers on this module's broker (a ledger
+# every LEDGER_ENTRIES_MAX entries; message ids compared across ledgers).
+MESSAGES = int(os.environ.get("PULSAR_CLIENT_TEST_MESSAGES", "20000"))
+LEDGER_ENTRIES_MAX = 5000
+
+
+@pytest.fixture(scope="module")
+def pulsar_cluster(etcd_process, tmp_path_factory):
+    """conftest's module cluster (3 bookies, 1 broker), with ledgers of
+    LEDGER_ENTRIES_MAX entries instead of the default 50,000, so that the unbatched
+    run crosses ledger boundaries at make test's size too."""
+    cluster = Cluster(etcd_process, str(tmp_path_factory.mktemp("pulsar-cluster")))
+    try:
+        asyncio.run(cluster.start_bookies(3))
+        asyncio.run(cluster.start_brokers(1, extra_args=["--ledger-max-entries", str(LEDGER_ENTRIES_MAX)]))
+        yield cluster
+    finally:
+        asyncio.run(cluster.stop())
 
 
 def payload_of(i: int) -> bytes:
@@ -51,7 +73,7 @@ def send_all(producer, count: int, base_time: int) -> list:
 
 
 @pytest.mark.parametrize("batching", [True, False], ids=["batching", "no-batching"])
-def test_hundred_thousand_in_order_with_everything_intact(client, batching):
+def test_thousands_in_order_with_everything_intact(client, batching):
     """Every message arrives once, in order, with its payload, key, properties and
     event time; message ids from the send receipts match what the consumer sees."""
     topic = unique_topic(f"order-{batching}")
@@ -61,6 +83,8 @@ def test_hundred_thousand_in_order_with_everything_intact(client, batching):
                                       block_if_queue_full=True, max_pending_messages=10_000)
     base_time = int(time.time() * 1000)
     sent_ids = send_all(producer, MESSAGES, base_time)
+    if not batching:       # the run crosses ledger boundaries (the point of the small ledgers)
+        assert len({message_id.ledger_id() for message_id in sent_ids}) >= 2
     for i in range(MESSAGES):
         message = consumer.receive(timeout_millis=30_000)
         assert message.data() == payload_of(i), i
