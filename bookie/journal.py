@@ -326,6 +326,10 @@ class Journal:
         """Back-pressure: waits while the queue holds more than queue_bytes_max. Raises
         the journal's failure at once (now or while waiting): a failed journal never
         makes room, and waiting out the timeout would report a retriable overload."""
+        if self._failed is not None:
+            raise self._failed
+        if self._queued_bytes + size_bytes <= self.config.queue_bytes_max or self._queued_bytes == 0:
+            return   # the common case, without arming a timeout (every add comes here)
         async with asyncio.timeout(timeout_s):
             while True:
                 if self._failed is not None:
