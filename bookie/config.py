@@ -171,6 +171,9 @@ class BookieConfig:
     grpc_message_bytes_max: int = 64 * MIB
     # Service tokens on every RPC and TLS on the gRPC port (bookie/security.py); off.
     security: BookieSecurityConfig = field(default_factory=BookieSecurityConfig)
+    # The add socket (bookie/add_socket.py): adds without gRPC, on this port (0: any free
+    # port; -1: off), registered for writers that choose it. Same security as gRPC.
+    add_socket_port: int = -1
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -181,6 +184,8 @@ class BookieConfig:
         if not 0 <= self.http_port <= 65535:
             raise ConfigError(f"http_port must be in [0, 65535] (it defaults to port + {HTTP_PORT_OFFSET}: "
                               f"give --http-port with --port {self.port})")
+        if not -1 <= self.add_socket_port <= 65535:
+            raise ConfigError("add_socket_port must be in [-1, 65535] (-1: off)")
         if not 2 <= self.registration_ttl_s <= 600:
             raise ConfigError("registration_ttl_s must be in [2, 600]")
         if not 1 <= self.read_threads <= 64:

@@ -28,6 +28,7 @@ from bookie.metrics import BookieMetrics
 from bookie.node import BookieNode
 from protocol.proto import bookie_pb2_grpc
 from bookie.registration import Registration, check_cookie
+from bookie.add_socket import AddSocketServer
 from bookie.server import BookieServicer
 from common.config_options import ConfigOption, add_config_options, config_overrides
 from common.errors import ConfigError, MagnetarError
@@ -41,7 +42,7 @@ from metadata.etcd_tls import ETCD_TLS_OPTIONS, etcd_tls_from_args
 from metadata.start_retry import while_unavailable
 from metadata.bookie_record import BookieRecord
 from bookie.security import BookieSecurityConfig, TokenInterceptor, server_credentials
-from common.tls import TlsConfig
+from common.tls import CertificateReloader, TlsConfig, server_context
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,8 @@ log = logging.getLogger(__name__)
 OPTIONS: list[ConfigOption] = [
     ConfigOption("--host", BookieConfig, "host", "address to listen on"),
     ConfigOption("--port", BookieConfig, "port", "gRPC port (0: any free port)"),
+    ConfigOption("--add-socket-port", BookieConfig, "add_socket_port",
+                 "the add socket: adds without gRPC for writers that choose it (0: any free port; -1: off)"),
     ConfigOption("--http-port", BookieConfig, "http_port",
                  "/health and /metrics (0: any free port)", type=int,
                  default_text=f"--port + {HTTP_PORT_OFFSET}, so 8001 for 3181; 0 with --port 0"),
@@ -133,13 +136,15 @@ class BookieProcess:
         self.config = config
         self.stopping = asyncio.Event()
         self.exit_code = 0
+        self.add_address = ""
 
     def _record(self, node: BookieNode, address: str, http_address: str, started_at_ms: int) -> BookieRecord:
         usage = node.disk_usage
         return BookieRecord(
             bookie_id=node.bookie_id, address=address, http_address=http_address, read_only=node.read_only,
             free_bytes=usage.free_bytes if usage else 0, total_bytes=usage.total_bytes if usage else 0,
-            disk_usage_ratio=usage.ratio if usage else 0.0, version=__version__, started_at_ms=started_at_ms)
+            disk_usage_ratio=usage.ratio if usage else 0.0, version=__version__, started_at_ms=started_at_ms,
+            add_address=self.add_address)
 
     async def run(self) -> int:
         config = self.config
@@ -217,6 +222,15 @@ class BookieProcess:
             await runner.cleanup()
             await store.close()
             raise
+        add_socket: AddSocketServer | None = None
+        # TLS on the add socket: the gRPC port's certificate, kept in step with its files.
+        add_socket_tls = server_context(config.security.tls) \
+            if config.add_socket_port >= 0 and config.security.tls.enabled else None
+
+        async def close_add_socket() -> None:
+            if add_socket is not None:
+                await add_socket.close()
+
         try:
             await asyncio.to_thread(node.open)
             assert node.journal is not None
@@ -227,7 +241,16 @@ class BookieProcess:
                                                            config.disk.usage_lwm_threshold)
             metrics = BookieMetrics(node, registry)
             loop_monitor = LoopMonitor(registry, "magnetar_bookie")
-            bookie_pb2_grpc.add_BookieServicer_to_server(BookieServicer(node, metrics), server)
+            servicer = BookieServicer(node, metrics)
+            bookie_pb2_grpc.add_BookieServicer_to_server(servicer, server)
+            if config.add_socket_port >= 0:
+                add_socket = AddSocketServer(
+                    servicer, message_bytes_max=config.grpc_message_bytes_max,
+                    token_check=TokenInterceptor(config.security).check_token
+                    if config.security.authentication_enabled else None,
+                    ssl_context=add_socket_tls)
+                add_port = await add_socket.start(config.host, config.add_socket_port)
+                self.add_address = f"{address.rsplit(':', 1)[0]}:{add_port}"
             registration = Registration(store, config.registration_ttl_s)
             serving.update(node=node, registration=registration)
             started_at_ms = int(time.time() * 1000)
@@ -236,7 +259,8 @@ class BookieProcess:
         except BaseException:
             # A failed start (a bad disk, etcd away) leaves nothing running; the first
             # error is the one reported, a cleanup failure only logged.
-            for cleanup in (lambda: server.stop(grace=None), storage.close, runner.cleanup, store.close):
+            for cleanup in (lambda: server.stop(grace=None), close_add_socket, storage.close, runner.cleanup,
+                            store.close):
                 try:
                     await cleanup()
                 except Exception as error:
@@ -244,8 +268,8 @@ class BookieProcess:
             if node.journal is not None:
                 node.journal.close_file()
             raise
-        log.info("bookie listening: bookie_id=%s address=%s http_address=%s read_only=%s replayed=%d",
-                 bookie_id, address, http_address, node.read_only, node.replayed_records)
+        log.info("bookie listening: bookie_id=%s address=%s http_address=%s add_address=%s read_only=%s replayed=%d",
+                 bookie_id, address, http_address, self.add_address or "-", node.read_only, node.replayed_records)
 
         async def watch_journal() -> None:
             assert node.journal is not None
@@ -286,6 +310,9 @@ class BookieProcess:
                     tasks.create_task(watch_disks()),
                     tasks.create_task(loop_monitor.run()),
                 ]
+                if add_socket_tls is not None:
+                    background.append(tasks.create_task(
+                        CertificateReloader(config.security.tls, add_socket_tls).run()))
                 await self.stopping.wait()
                 log.info("bookie stopping: bookie_id=%s", bookie_id)
                 for task in background:
@@ -295,6 +322,7 @@ class BookieProcess:
                 except MagnetarError:
                     pass
                 await server.stop(grace=2.0)
+                await close_add_socket()
                 await node.close()
                 await journal_task
         finally:

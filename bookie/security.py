@@ -78,6 +78,11 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         for key, value in metadata or ():
             if key == METADATA_KEY and isinstance(value, str) and value.startswith("Bearer "):
                 token = value[len("Bearer "):].strip()
+        return self.check_token(token)
+
+    def check_token(self, token: str) -> tuple[grpc.StatusCode, str] | None:
+        """None when ``token`` may add and read; else the status and why (never the
+        token). Also what the add socket asks of its writer's hello."""
         if not token:
             return grpc.StatusCode.UNAUTHENTICATED, "a service token is required"
         verifier = self._keys.current()

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 import grpc
 
@@ -84,6 +84,13 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
 
     async def AddEntries(self, request_iterator: AsyncIterator[bookie_pb2.AddRequest],
                          context: grpc.aio.ServicerContext) -> AsyncIterator[bookie_pb2.AddResponse]:
+        async for response in self.answer_adds(request_iterator, context.peer):
+            yield response
+
+    async def answer_adds(self, request_iterator: AsyncIterator[bookie_pb2.AddRequest],
+                          peer: Callable[[], str]) -> AsyncIterator[bookie_pb2.AddResponse]:
+        """The replies to one add stream's requests, in order (gRPC's AddEntries and the
+        add socket, bookie/add_socket.py, both answer through this)."""
         node = self._node
         pending: asyncio.Queue[_PendingBatch | None] = asyncio.Queue(maxsize=STREAM_BATCHES_IN_FLIGHT_MAX)
 
@@ -102,7 +109,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
             except asyncio.CancelledError:
                 raise
             except Exception as error:  # a broken stream ends the reader, never the server
-                log.info("add stream ended: peer=%s error=%s", context.peer(), error)
+                log.info("add stream ended: peer=%s error=%s", peer(), error)
             finally:
                 try:
                     pending.put_nowait(None)

@@ -39,7 +39,8 @@ from common.errors import (
 )
 from common.histograms import LatencyStages
 from common.tasks import TaskSet
-from common.tls import TlsConfig, file_stamp
+from common.tls import TlsConfig, client_context, file_stamp
+from protocol.add_socket import LENGTH_BYTES, encode_message, parse, read_message_body
 
 log = logging.getLogger(__name__)
 
@@ -107,12 +108,75 @@ def _error_from_status(bookie_id: str, status: grpc.StatusCode, details: str | N
     return BookieUnavailable(bookie_id, f"{status.name}: {details}")
 
 
-class _AddStream:
-    """One AddEntries stream; replaced wholesale when it breaks."""
+class _SocketCall:
+    """The add stream on the bookie's add socket (bookie/add_socket.py), with the
+    interface of gRPC's AddEntries call the stream uses (write, read, cancel). It
+    connects (TLS as toward the bookie's gRPC port), says hello with the service token
+    and waits for the welcome, within the read timeout, before the first write or read
+    goes on. Failures are MagnetarErrors: the bookie's refusal as its error (an
+    authentication error is not a failed bookie), anything else BookieUnavailable."""
 
     def __init__(self, client: "BookieClient") -> None:
         self._client = client
-        self.call = client._stub.AddEntries(metadata=client._metadata)
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader: asyncio.StreamReader | None = None
+        # Owned by this call: cancelled by cancel(); the stream's writer and reader await it.
+        self._opening = asyncio.get_running_loop().create_task(self._open(), name=f"add socket {client.bookie_id}")
+
+    async def _open(self) -> None:
+        client = self._client
+        config = client.config
+        host, _, port = client.add_address.rpartition(":")
+        context = client_context(config.bookie_tls) if config.bookie_tls_enabled else None
+        limit = config.grpc_message_bytes_max + LENGTH_BYTES
+        try:
+            async with asyncio.timeout(config.read_timeout_s):
+                self._reader, self._writer = await asyncio.open_connection(
+                    host, int(port), ssl=context, server_hostname=host if context else None, limit=limit)
+                self._writer.write(encode_message(bookie_pb2.AddSocketHello(token=client._token)))
+                body = await read_message_body(self._reader, config.grpc_message_bytes_max)
+        except TimeoutError:
+            raise BookieUnavailable(client.bookie_id, "add socket: no welcome in time") from None
+        except (OSError, ValueError) as error:   # ssl.SSLError is an OSError
+            raise BookieUnavailable(client.bookie_id, f"add socket: {error}") from None
+        if body is None:
+            raise BookieUnavailable(client.bookie_id, "add socket closed before its welcome")
+        welcome = parse(bookie_pb2.AddSocketWelcome, body)
+        if welcome.error_code:
+            raise error_for_code(welcome.error_code, welcome.error_message)
+
+    async def write(self, request: bookie_pb2.AddRequest) -> None:
+        await self._opening
+        assert self._writer is not None
+        try:
+            self._writer.write(encode_message(request))
+            await self._writer.drain()
+        except OSError as error:
+            raise BookieUnavailable(self._client.bookie_id, f"add socket write failed: {error}") from None
+
+    async def read(self):
+        await self._opening
+        assert self._reader is not None
+        try:
+            body = await read_message_body(self._reader, self._client.config.grpc_message_bytes_max)
+        except OSError as error:
+            raise BookieUnavailable(self._client.bookie_id, f"add socket read failed: {error}") from None
+        if body is None:
+            return grpc.aio.EOF
+        return parse(bookie_pb2.AddResponse, body)
+
+    def cancel(self) -> None:
+        self._opening.cancel()
+        if self._writer is not None:
+            self._writer.close()
+
+
+class _AddStream:
+    """One add stream (gRPC's AddEntries, or the add socket); replaced wholesale when it breaks."""
+
+    def __init__(self, client: "BookieClient") -> None:
+        self._client = client
+        self.call = _SocketCall(client) if client.add_address else client._stub.AddEntries(metadata=client._metadata)
         # Batches sent and not yet answered: (send time, futures in request order).
         self.inflight: collections.deque[tuple[float, list[asyncio.Future[None]]]] = collections.deque()
         # With stage timing: time.perf_counter() of each in-flight batch's write, in order.
@@ -130,8 +194,11 @@ LEDGER_STAGES = ("bookie_add_send_wait", "bookie_add_round_trip")
 
 class BookieClient:
     def __init__(self, bookie_id: str, address: str, config: LedgerClientConfig, *,
-                 stages: LatencyStages | None = None) -> None:
+                 stages: LatencyStages | None = None, add_address: str = "") -> None:
         self.bookie_id = bookie_id
+        # The add socket adds go to (config.add_transport "socket" and the bookie has
+        # one); empty: adds on gRPC.
+        self.add_address = add_address if config.add_transport == "socket" else ""
         self._stages = stages
         self.address = address
         self.config = config
@@ -152,6 +219,7 @@ class BookieClient:
         token = _read_file(config.bookie_auth_token_file).decode("ascii").strip() \
             if config.bookie_auth_token_file else ""
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
+        self._token = token
         self._stub = bookie_pb2_grpc.BookieStub(self._channel)
         # (message, future, entry bytes, time.perf_counter() when queued)
         self._queue: list[tuple[bookie_pb2.AddEntry, asyncio.Future[None], int, float]] = []
@@ -262,6 +330,8 @@ class BookieClient:
                     return
                 if not self._settle_reply(stream, response.results):
                     return
+        except MagnetarError as error:   # the add socket's failures (and malformed replies)
+            self._break(stream, error)
         except grpc.aio.AioRpcError as error:
             # The reader can see a refused call's INTERNAL before its writer does.
             if stream.broken is None:
@@ -420,10 +490,11 @@ class BookieClientPool:
     registry (a bookie id is its address unless it registered another)."""
 
     def __init__(self, config: LedgerClientConfig, address_of, *, stages: LatencyStages | None = None,
-                 clock=time.monotonic) -> None:
+                 clock=time.monotonic, add_address_of=lambda bookie_id: "") -> None:
         self._config = config
         self._stages = stages
         self._address_of = address_of
+        self._add_address_of = add_address_of
         self._clients: dict[str, BookieClient] = {}
         # Closes of stale clients (a bookie that re-registered at another address, or
         # credentials that changed): one per replaced client; awaited by close.
@@ -456,12 +527,14 @@ class BookieClientPool:
         self._check_credentials()
         client = self._clients.get(bookie_id)
         address = self._address_of(bookie_id)
-        if client is not None and client.address != address:
+        add_address = self._add_address_of(bookie_id) if self._config.add_transport == "socket" else ""
+        if client is not None and (client.address != address or client.add_address != add_address):
             # The bookie re-registered elsewhere; drop the stale channel.
             self._tasks.spawn(client.close(), name=f"close-stale {bookie_id}")
             client = None
         if client is None:
-            client = self._clients[bookie_id] = BookieClient(bookie_id, address, self._config, stages=self._stages)
+            client = self._clients[bookie_id] = BookieClient(bookie_id, address, self._config, stages=self._stages,
+                                                             add_address=add_address)
         return client
 
     async def close(self) -> None:

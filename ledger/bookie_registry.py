@@ -109,6 +109,11 @@ class BookieRegistry:
         record = self._bookies.get(bookie_id)
         return record.address if record is not None else bookie_id
 
+    def add_address_of(self, bookie_id: str) -> str:
+        """The bookie's add socket ("" when it has none, or is not registered)."""
+        record = self._bookies.get(bookie_id)
+        return record.add_address if record is not None else ""
+
     async def close(self) -> None:
         async with self._lock:
             self._closed = True

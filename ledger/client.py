@@ -42,7 +42,8 @@ class LedgerClient:
         self.registry = BookieRegistry(store)
         # Stage histograms of the process (LEDGER_STAGES at least), or None: not timed.
         self.stages = stages
-        self.pool = BookieClientPool(self.config, self.registry.address_of, stages=stages)
+        self.pool = BookieClientPool(self.config, self.registry.address_of, stages=stages,
+                                     add_address_of=self.registry.add_address_of)
         self.context = LedgerContext(store, self.registry, self.pool, self.config, rng or random.Random())
 
     async def start(self) -> None:

@@ -54,6 +54,9 @@ class LedgerClientConfig:
     bookie_tls: "BookieTlsConfig" = field(default_factory=lambda: BookieTlsConfig())
     # A file holding the service token (read when a bookie's channel is made).
     bookie_auth_token_file: str = ""
+    # How adds travel: "grpc" (AddEntries) or "socket" (the bookie's add socket,
+    # bookie/add_socket.py, where the bookie registered one; gRPC otherwise).
+    add_transport: str = "grpc"
 
     def __post_init__(self) -> None:
         for name in ("add_timeout_s", "read_timeout_s", "control_timeout_s"):
@@ -73,6 +76,8 @@ class LedgerClientConfig:
             raise ConfigError("metadata_attempts_max must be in [1, 1000]")
         if not 4 * KIB <= self.entry_bytes_max <= self.grpc_message_bytes_max // 2:
             raise ConfigError("entry_bytes_max must be in [4 KiB, grpc_message_bytes_max / 2]")
+        if self.add_transport not in ("grpc", "socket"):
+            raise ConfigError("add_transport must be grpc or socket")
 
 
 # The ledger client's flags toward secured bookies (bookie/security.py), the same for
@@ -87,6 +92,9 @@ BOOKIE_CLIENT_SECURITY_OPTIONS = [
     ConfigOption("--bookie-tls-key-file", BookieTlsConfig, "key_file"),
     ConfigOption("--bookie-auth-token-file", LedgerClientConfig, "bookie_auth_token_file",
                  "a file holding the service token sent to bookies (one of their --allowed-roles)"),
+    # Not security, but every process with a ledger client takes it too.
+    ConfigOption("--bookie-add-transport", LedgerClientConfig, "add_transport",
+                 "grpc, or socket: adds on the bookies' add sockets where they have one (docs/performance.md)"),
 ]
 
 

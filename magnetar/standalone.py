@@ -334,7 +334,9 @@ class Standalone:
                        "--journal-dir", os.path.join(directory, "journal"),
                        "--ledger-dir", os.path.join(directory, "ledgers"),
                        "--port", str(self.args.bookie_port_base + n), "--http-port", str(http_port),
-                       *bookie_auth_flags]
+                       # Adds without gRPC (bookie/add_socket.py) on a free port, which the
+                       # bookie registers; the brokers and auto-recovery use it.
+                       "--add-socket-port", "0", *bookie_auth_flags]
             child = Child(f"bookie-{n}", command, f"http://127.0.0.1:{http_port}/health")
             child.may_stay_down = True
             await self._spawn(child)
@@ -349,7 +351,7 @@ class Standalone:
             child = Child(name, [
                 sys.executable, "-m", "magnetar", "broker", "--metadata", self.metadata_url,
                 "--port", str(self.args.broker_port + n), "--http-port", str(self.broker_http_port(n)),
-                "--broker-id", f"broker-{n}",
+                "--broker-id", f"broker-{n}", "--bookie-add-transport", "socket",
                 "--ensemble-size", str(copies), "--write-quorum", str(copies), "--ack-quorum", str(copies),
                 # Where namespaces with an offload policy archive closed ledgers (docs/archive.md).
                 "--archive-url", os.path.join(self.data_dir, "archive"), *auth_flags],
@@ -363,7 +365,7 @@ class Standalone:
         # (magnetar/autorecovery.py): one process, as a cluster runs one or more.
         await self._start_child(Child("autorecovery", [
             sys.executable, "-m", "magnetar", "autorecovery", "--metadata", self.metadata_url,
-            "--http-port", str(self.args.autorecovery_http_port),
+            "--http-port", str(self.args.autorecovery_http_port), "--bookie-add-transport", "socket",
             *(["--bookie-auth-token-file", broker_token_path] if broker_token_path else [])],
             f"http://127.0.0.1:{self.args.autorecovery_http_port}/health"))
         service_url = "pulsar://" + ",".join(f"127.0.0.1:{self.args.broker_port + n}"

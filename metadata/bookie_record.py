@@ -19,6 +19,9 @@ class BookieRecord:
     disk_usage_ratio: float
     version: str
     started_at_ms: int
+    # host:port of the add socket (bookie/add_socket.py); empty when it is off (and in
+    # records of bookies from before it).
+    add_address: str = ""
 
     def encode(self) -> bytes:
         return json_record.encode(self)

@@ -1,0 +1,64 @@
+"""The add socket's framing: the add stream without gRPC (issue 16).
+
+Every message on the connection is a 4-byte big-endian length and then that many bytes
+of one protobuf message of ``proto/bookie.proto``: the writer sends an
+``AddSocketHello`` and then ``AddRequest``s, the bookie an ``AddSocketWelcome`` and
+then ``AddResponse``s, with the same meaning as gRPC's ``AddEntries`` stream (replies in
+order, one per request or one for several when the requests let them merge). Pure:
+bytes in, messages out; a length past the bound or a message that does not parse is
+``MalformedFrame``, and the connection that sent it is closed by its owner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from typing import TypeVar
+
+from google.protobuf.message import DecodeError, Message
+
+from common.errors import MalformedFrame
+
+_LENGTH = struct.Struct(">I")
+LENGTH_BYTES = _LENGTH.size
+
+M = TypeVar("M", bound=Message)
+
+
+def encode_message(message: Message) -> bytes:
+    body = message.SerializeToString()
+    return _LENGTH.pack(len(body)) + body
+
+
+def decode_length(header: bytes, message_bytes_max: int) -> int:
+    """The length a message's 4-byte header announces; MalformedFrame past the bound
+    (checked before anything that long is read)."""
+    assert len(header) == LENGTH_BYTES, len(header)
+    (length,) = _LENGTH.unpack(header)
+    if length > message_bytes_max:
+        raise MalformedFrame(f"add socket message of {length} bytes exceeds {message_bytes_max}")
+    return length
+
+
+def parse(cls: type[M], body: bytes) -> M:
+    """``cls`` from a message's bytes; MalformedFrame when they are not one."""
+    try:
+        return cls.FromString(body)
+    except (DecodeError, ValueError, RecursionError) as error:
+        raise MalformedFrame(f"add socket message is not a {cls.__name__}: {error}") from None
+
+
+async def read_message_body(reader: asyncio.StreamReader, message_bytes_max: int) -> bytes | None:
+    """The next message's bytes from a stream; None at a clean end between messages,
+    MalformedFrame for an end inside one or a length past the bound."""
+    try:
+        header = await reader.readexactly(LENGTH_BYTES)
+    except asyncio.IncompleteReadError as error:
+        if error.partial:
+            raise MalformedFrame("add socket closed inside a message header") from None
+        return None
+    length = decode_length(header, message_bytes_max)
+    try:
+        return await reader.readexactly(length)
+    except asyncio.IncompleteReadError:
+        raise MalformedFrame("add socket closed inside a message") from None
