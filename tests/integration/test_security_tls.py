@@ -44,7 +44,8 @@ import pulsar
 import pytest
 
 from common.entry import encode_entry
-from common.errors import AuthorizationDenied, ConfigError, MagnetarError, MetadataUnavailable
+from common.errors import (AuthorizationDenied, BookieUnavailable, ConfigError, MagnetarError, MetadataUnavailable,
+                           NotEnoughBookies)
 from common.tokens import TokenSigner, create_secret_key
 from ledger.bookie_client import BookieClient
 from ledger.client import LedgerClient
@@ -94,9 +95,11 @@ def tls_broker(tmp_path_factory):
         asyncio.run(cluster.start_bookies(1, extra_args=[*etcd_tls_flags(etcd_pki),
             "--tls-cert-file", storage_pki.cert_file, "--tls-key-file", storage_pki.key_file,
             "--tls-trust-certs-file", storage_pki.ca_file, "--tls-require-client-cert",
-            "--authentication-enabled", "--token-secret-key", f"file://{key_path}", "--allowed-roles", BROKER_ROLE]))
+            "--authentication-enabled", "--token-secret-key", f"file://{key_path}", "--allowed-roles", BROKER_ROLE,
+            # The add socket too: the broker's adds take it (mutual TLS and the token there).
+            "--add-socket-port", "0"]))
         broker = cluster.broker(port=plain_port, http_port=plain_http_port, extra_args=[
-            "--ensemble-size", "1", "--write-quorum", "1", "--ack-quorum", "1",
+            "--ensemble-size", "1", "--write-quorum", "1", "--ack-quorum", "1", "--bookie-add-transport", "socket",
             "--bookie-tls", "--bookie-tls-trust-certs-file", storage_pki.ca_file,
             "--bookie-tls-cert-file", storage_pki.client_cert_file, "--bookie-tls-key-file",
             storage_pki.client_key_file, "--bookie-auth-token-file", broker_token_path,
@@ -352,6 +355,46 @@ def _produce_consume(client: pulsar.Client, topic: str, payload: bytes) -> None:
     consumer = client.subscribe(topic, unique("s"))
     client.create_producer(topic).send(payload)
     assert consumer.receive(timeout_millis=10_000).data() == payload
+
+
+async def test_the_add_socket_takes_mutual_tls_and_the_token(tls_broker):
+    """The bookie's add socket with TLS: the broker's adds arrived there (the other
+    tests' messages); a ledger client on the socket with the client certificate and the
+    service token writes; without a client certificate the handshake fails and the add
+    is a failed bookie's (BookieUnavailable, and with no other bookie to take its
+    place NotEnoughBookies), as on gRPC."""
+    cluster, pki, signer, base = (tls_broker["cluster"], tls_broker["storage_pki"], tls_broker["signer"],
+                                  tls_broker["base"])
+    bookie = cluster.bookies[0]
+    right_token = os.path.join(base, "socket.token")
+    with open(right_token, "w") as handle:
+        handle.write(signer.create(BROKER_ROLE))
+    tls = BookieTlsConfig(trust_certs_file=pki.ca_file, cert_file=pki.client_cert_file,
+                          key_file=pki.client_key_file)
+    etcd_pki = tls_broker["etcd"].pki
+    for config, expected in (
+            (LedgerClientConfig(bookie_tls_enabled=True, bookie_tls=tls, bookie_auth_token_file=right_token,
+                                add_transport="socket", add_timeout_s=5.0), None),
+            (LedgerClientConfig(bookie_tls_enabled=True, bookie_tls=BookieTlsConfig(trust_certs_file=pki.ca_file),
+                                bookie_auth_token_file=right_token, add_transport="socket",
+                                add_timeout_s=5.0), (BookieUnavailable, NotEnoughBookies))):
+        store = open_store(cluster.metadata_url, tls=EtcdTlsConfig(etcd_pki.ca_file, etcd_pki.client_cert_file,
+                                                                   etcd_pki.client_key_file))
+        writer = LedgerClient(store, config)
+        try:
+            await writer.start()
+            handle = await writer.create_ledger(1, 1, 1)
+            if expected is None:
+                async with asyncio.timeout(60):
+                    assert await handle.add(b"over the socket") == 0
+            else:
+                with pytest.raises(expected):
+                    async with asyncio.timeout(60):
+                        await handle.add(b"refused")
+        finally:
+            await writer.close()
+            await store.close()
+    assert bookie.log_text(since_spawn=False).count("add socket writer connected") >= 2   # the broker and ours
 
 
 def test_client_certificate_and_basic_authentication(tls_broker):

@@ -1,0 +1,52 @@
+"""The add socket's framing (protocol/add_socket.py): a message is its 4-byte
+big-endian length and its bytes; a length past the bound is refused before anything
+that long is read; bytes that are not the message expected are MalformedFrame; a stream
+that ends between messages ends cleanly, one that ends inside a message does not."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+import pytest
+
+from common.errors import MalformedFrame
+from protocol.add_socket import LENGTH_BYTES, decode_length, encode_message, parse, read_message_body
+from protocol.proto import bookie_pb2
+
+
+def _request() -> bookie_pb2.AddRequest:
+    return bookie_pb2.AddRequest(entries=[bookie_pb2.AddEntry(ledger_id=3, entry_id=7, entry=b"e" * 100)],
+                                 replies_may_merge=True)
+
+
+def test_a_message_round_trips_and_lengths_are_bounded():
+    frame = encode_message(_request())
+    length = decode_length(frame[:LENGTH_BYTES], 1024)
+    assert length == len(frame) - LENGTH_BYTES
+    assert parse(bookie_pb2.AddRequest, frame[LENGTH_BYTES:]) == _request()
+    with pytest.raises(MalformedFrame, match="exceeds"):
+        decode_length(struct.pack(">I", 1025), 1024)
+    with pytest.raises(MalformedFrame):
+        parse(bookie_pb2.AddRequest, b"\xff\xff\xff")
+
+
+async def _stream(data: bytes) -> asyncio.StreamReader:
+    reader = asyncio.StreamReader()
+    reader.feed_data(data)
+    reader.feed_eof()
+    return reader
+
+
+async def test_reading_messages_from_a_stream():
+    frames = encode_message(_request()) + encode_message(bookie_pb2.AddSocketHello(token="t"))
+    reader = await _stream(frames)
+    assert parse(bookie_pb2.AddRequest, await read_message_body(reader, 1024)) == _request()
+    assert parse(bookie_pb2.AddSocketHello, await read_message_body(reader, 1024)).token == "t"
+    assert await read_message_body(reader, 1024) is None            # a clean end between messages
+    frame = encode_message(_request())
+    for cut in (2, LENGTH_BYTES + 5):                               # inside the header, inside the body
+        with pytest.raises(MalformedFrame, match="closed inside"):
+            await read_message_body(await _stream(frame[:cut]), 1024)
+    with pytest.raises(MalformedFrame, match="exceeds"):
+        await read_message_body(await _stream(struct.pack(">I", 1 << 30)), 1024)
