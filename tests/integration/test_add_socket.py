@@ -23,32 +23,12 @@ import pytest
 
 from common.errors import AuthenticationFailed, AuthorizationDenied
 from common.tokens import TokenSigner, create_secret_key
-from ledger.client import LedgerClient
-from ledger.config import LedgerClientConfig
-from metadata import open_store
 from protocol.add_socket import encode_message
 from protocol.proto import bookie_pb2
+from tests.integration.test_ledger_client import make_client  # noqa: F401 - the fixture
 
 SOCKET = ["--add-socket-port", "0"]
 _ADD_ADDRESS = re.compile(r"add_address=(\S+)")
-
-
-@pytest.fixture
-async def make_client(cluster):
-    made = []
-
-    async def make(**config) -> LedgerClient:
-        store = open_store(cluster.metadata_url)
-        client = LedgerClient(store, LedgerClientConfig(add_transport="socket", **config),
-                              rng=random.Random(len(made)))
-        await client.start()
-        made.append((client, store))
-        return client
-
-    yield make
-    for client, store in made:
-        await client.close()
-        await store.close()
 
 
 def _add_address(bookie) -> str:
@@ -59,7 +39,7 @@ def _add_address(bookie) -> str:
 
 async def test_acknowledged_adds_survive_kill_9_of_every_bookie(cluster, make_client):
     bookies = await cluster.start_bookies(3, extra_args=SOCKET)
-    client = await make_client()
+    client = await make_client(add_transport="socket")
     handle = await client.create_ledger(3, 2, 2)
     futures = [await handle.submit(f"entry-{i}".encode()) for i in range(2000)]
     assert await asyncio.gather(*futures) == list(range(2000))
@@ -68,7 +48,7 @@ async def test_acknowledged_adds_survive_kill_9_of_every_bookie(cluster, make_cl
     for bookie in bookies:
         assert "add socket writer connected" in bookie.log_text(since_spawn=True)
     await asyncio.gather(*(bookie.start() for bookie in bookies))
-    reader_client = await make_client()
+    reader_client = await make_client(add_transport="socket")
     reader = await reader_client.open_ledger(handle.ledger_id, recovery=True)
     assert reader.metadata.last_entry_id == 1999
     entries = await reader.read(0, 1999)
@@ -91,7 +71,7 @@ async def test_refusals_and_bad_bytes_end_that_writer_only(cluster, make_client,
             path = tmp_path / f"token-{len(token)}-{random.random()}"
             path.write_text(token)
             config["bookie_auth_token_file"] = str(path)
-        client = await make_client(add_timeout_s=5.0, **config)
+        client = await make_client(add_transport="socket", add_timeout_s=5.0, **config)
         handle = await client.create_ledger(1, 1, 1)
         try:
             await handle.add(b"x")

@@ -25,6 +25,7 @@ written over the files is served to new handshakes without a restart.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import base64
 import dataclasses
 import glob
@@ -252,6 +253,21 @@ async def _try_add_and_read(config: LedgerClientConfig, bookie) -> tuple[str, st
     return outcomes[0], outcomes[1]
 
 
+@contextlib.asynccontextmanager
+async def _ledger_client(tls_broker, config: LedgerClientConfig):
+    """A started ledger client of the module's cluster (etcd over mutual TLS)."""
+    etcd_pki = tls_broker["etcd"].pki
+    store = open_store(tls_broker["cluster"].metadata_url,
+                       tls=EtcdTlsConfig(etcd_pki.ca_file, etcd_pki.client_cert_file, etcd_pki.client_key_file))
+    client = LedgerClient(store, config)
+    try:
+        await client.start()
+        yield client
+    finally:
+        await client.close()
+        await store.close()
+
+
 async def test_bookie_refuses_unauthenticated_adds_and_reads(tls_broker):
     """The broker above stored through this bookie with its certificate and token (the
     other tests produce and consume); a ledger client without a token, with another
@@ -371,18 +387,13 @@ async def test_the_add_socket_takes_mutual_tls_and_the_token(tls_broker):
         handle.write(signer.create(BROKER_ROLE))
     tls = BookieTlsConfig(trust_certs_file=pki.ca_file, cert_file=pki.client_cert_file,
                           key_file=pki.client_key_file)
-    etcd_pki = tls_broker["etcd"].pki
     for config, expected in (
             (LedgerClientConfig(bookie_tls_enabled=True, bookie_tls=tls, bookie_auth_token_file=right_token,
                                 add_transport="socket", add_timeout_s=5.0), None),
             (LedgerClientConfig(bookie_tls_enabled=True, bookie_tls=BookieTlsConfig(trust_certs_file=pki.ca_file),
                                 bookie_auth_token_file=right_token, add_transport="socket",
                                 add_timeout_s=5.0), (BookieUnavailable, NotEnoughBookies))):
-        store = open_store(cluster.metadata_url, tls=EtcdTlsConfig(etcd_pki.ca_file, etcd_pki.client_cert_file,
-                                                                   etcd_pki.client_key_file))
-        writer = LedgerClient(store, config)
-        try:
-            await writer.start()
+        async with _ledger_client(tls_broker, config) as writer:
             handle = await writer.create_ledger(1, 1, 1)
             if expected is None:
                 async with asyncio.timeout(60):
@@ -391,9 +402,6 @@ async def test_the_add_socket_takes_mutual_tls_and_the_token(tls_broker):
                 with pytest.raises(expected):
                     async with asyncio.timeout(60):
                         await handle.add(b"refused")
-        finally:
-            await writer.close()
-            await store.close()
     assert bookie.log_text(since_spawn=False).count("add socket writer connected") >= 2   # the broker and ours
 
 
