@@ -5,12 +5,34 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import ssl
 import uuid
 from dataclasses import dataclass
 
 import aiohttp
 
 from tests.cluster import Cluster
+
+
+async def round_trip_over_https(gateway_url: str, ca_file: str, token: str, topic: str, payload: str) -> None:
+    """Through a gateway serving HTTPS (its CA in ``ca_file``) with ``token``: a
+    subscription, a produce and a pull of that message; then a produce without
+    credentials is refused with 401."""
+    context = ssl.create_default_context(cafile=ca_file)
+    topic_url = f"{gateway_url}/v1/topics/persistent/public/default/{topic}"
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context),
+                                     headers={"Authorization": f"Bearer {token}"}) as session:
+        async with session.put(f"{topic_url}/subscriptions/s", json={"initial_position": "earliest"}) as response:
+            assert response.status in (200, 201), await response.text()
+        async with session.post(f"{topic_url}/message", json={"payload": payload}) as response:
+            assert response.status == 200, await response.text()
+        async with session.post(f"{topic_url}/subscriptions/s/pull", json={"max_messages": 1, "wait_ms": 10_000}) \
+                as response:
+            document = await response.json()
+            assert [m["payload"] for m in document["messages"]] == [payload], document
+        async with session.post(f"{topic_url}/message", json={"payload": "x"}, headers={"Authorization": ""}) \
+                as response:
+            assert response.status == 401
 
 
 def new_topic_path(prefix: str) -> tuple[str, str]:

@@ -33,7 +33,6 @@ import tempfile
 import urllib.error
 import urllib.request
 
-import aiohttp
 import pulsar
 import pytest
 
@@ -41,6 +40,7 @@ from common.tokens import TokenSigner, create_secret_key
 from tests import k8s_render as k8s
 from protocol.codec import encode_command, wrap
 from protocol.proto import pulsar_api_pb2 as pb
+from tests.integration.gateway_helpers import round_trip_over_https
 from tests.cluster import unique, unique_topic
 from tests.k8s_local import LocalCluster
 from tests.tls_certs import make_pki
@@ -228,22 +228,8 @@ def test_plain_text_to_the_broker_fails(secured):
 async def test_gateway_over_https_with_a_token(secured):
     cluster, signer = secured["cluster"], secured["signer"]
     gateway_url = f"https://{_service(cluster, 'magnetar-gateway', 8081)}"
-    token = signer.create(SUPERUSER)
-    context = ssl.create_default_context(cafile=secured["ca"])
-    topic_url = f"{gateway_url}/v1/topics/persistent/public/default/{unique('k8s-gw')}"
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context),
-                                     headers={"Authorization": f"Bearer {token}"}) as session:
-        async with session.put(f"{topic_url}/subscriptions/s", json={"initial_position": "earliest"}) as response:
-            assert response.status in (200, 201), await response.text()
-        async with session.post(f"{topic_url}/message", json={"payload": "through the gateway"}) as response:
-            assert response.status == 200, await response.text()
-        async with session.post(f"{topic_url}/subscriptions/s/pull", json={"max_messages": 1, "wait_ms": 10_000}) \
-                as response:
-            document = await response.json()
-            assert [m["payload"] for m in document["messages"]] == ["through the gateway"], document
-        async with session.post(f"{topic_url}/message", json={"payload": "x"}, headers={"Authorization": ""}) \
-                as response:
-            assert response.status == 401
+    await round_trip_over_https(gateway_url, secured["ca"], signer.create(SUPERUSER), unique("k8s-gw"),
+                                "through the gateway")
 
 
 async def test_shell_in_the_broker_pod_reaches_the_bookies_with_mutual_tls(secured):

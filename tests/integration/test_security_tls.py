@@ -54,6 +54,7 @@ from metadata import open_store
 from ledger.config import BookieTlsConfig, LedgerClientConfig
 from metadata.etcd_store import EtcdStore, EtcdStoreConfig
 from metadata.etcd_tls import EtcdTlsConfig
+from tests.integration.gateway_helpers import round_trip_over_https
 from tests.cluster import Cluster, ManagedProcess, free_port, python_command, run_cli, unique
 from tests.tls_certs import make_pki, reissue_server
 from tests.tls_etcd import TlsEtcd, etcd_tls_environment, etcd_tls_flags
@@ -208,26 +209,10 @@ def test_admin_over_https_with_tokens(tls_broker):
 
 async def test_gateway_over_https_to_a_tls_broker(tls_broker):
     """HTTPS produce and pull through a gateway whose brokers speak only TLS."""
-    import aiohttp
-
     gateway = tls_broker["cluster"].gateways[0]
     assert gateway.url.startswith("https://"), gateway.url
-    token = tls_broker["signer"].create(SUPERUSER)
-    context = ssl.create_default_context(cafile=tls_broker["pki"].ca_file)
-    topic_url = f"{gateway.url}/v1/topics/persistent/public/default/{unique('gw-tls')}"
-    headers = {"Authorization": f"Bearer {token}"}
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context), headers=headers) as session:
-        async with session.put(f"{topic_url}/subscriptions/s", json={"initial_position": "earliest"}) as response:
-            assert response.status in (200, 201), await response.text()
-        async with session.post(f"{topic_url}/message", json={"payload": "via https"}) as response:
-            assert response.status == 200, await response.text()
-        async with session.post(f"{topic_url}/subscriptions/s/pull", json={"max_messages": 1, "wait_ms": 5000}) \
-                as response:
-            document = await response.json()
-            assert [m["payload"] for m in document["messages"]] == ["via https"], document
-        async with session.post(f"{topic_url}/message", json={"payload": "x"}, headers={"Authorization": ""}) \
-                as response:
-            assert response.status == 401
+    await round_trip_over_https(gateway.url, tls_broker["pki"].ca_file, tls_broker["signer"].create(SUPERUSER),
+                                unique("gw-tls"), "via https")
 
 
 async def _try_add_and_read(config: LedgerClientConfig, bookie) -> tuple[str, str]:
@@ -289,20 +274,13 @@ async def test_bookie_refuses_unauthenticated_adds_and_reads(tls_broker):
     assert read.startswith("AuthorizationDenied") and add.startswith("AuthorizationDenied"), (read, add)
     # A writer (a ledger handle) with a refused token fails with the authentication
     # error itself, without spending its ensemble changes on a bookie that is fine.
-    etcd_pki = tls_broker["etcd"].pki
-    store = open_store(cluster.metadata_url, tls=EtcdTlsConfig(etcd_pki.ca_file, etcd_pki.client_cert_file,
-                                                               etcd_pki.client_key_file))
-    writer = LedgerClient(store, dataclasses.replace(with_tls, bookie_auth_token_file=other_token))
-    try:
-        await writer.start()
+    async with _ledger_client(tls_broker, dataclasses.replace(with_tls, bookie_auth_token_file=other_token)) \
+            as writer:
         handle = await writer.create_ledger(1, 1, 1)
         with pytest.raises(AuthorizationDenied):
             async with asyncio.timeout(60):   # a guard against a hang, not a measure
                 await handle.add(b"refused")
         assert handle.ensemble_changes == 0
-    finally:
-        await writer.close()
-        await store.close()
     right_token = os.path.join(base, "right.token")
     with open(right_token, "w") as handle:
         handle.write(signer.create(BROKER_ROLE))
@@ -321,20 +299,14 @@ async def test_a_rotated_service_token_is_used_without_a_restart(tls_broker, mon
     from ledger import bookie_client as bookie_client_module
 
     monkeypatch.setattr(bookie_client_module, "CREDENTIALS_CHECK_S", 0.2)
-    cluster, pki, signer, base = (tls_broker["cluster"], tls_broker["storage_pki"], tls_broker["signer"],
-                                  tls_broker["base"])
+    pki, signer, base = tls_broker["storage_pki"], tls_broker["signer"], tls_broker["base"]
     token_file = os.path.join(base, f"rotating-{unique('t')}.token")
     with open(token_file, "w") as handle:
         handle.write(signer.create("not-a-storage-role"))
     config = LedgerClientConfig(bookie_tls_enabled=True, bookie_tls=BookieTlsConfig(
         trust_certs_file=pki.ca_file, cert_file=pki.client_cert_file, key_file=pki.client_key_file),
         bookie_auth_token_file=token_file, add_timeout_s=5.0)
-    etcd_pki = tls_broker["etcd"].pki
-    store = open_store(cluster.metadata_url, tls=EtcdTlsConfig(etcd_pki.ca_file, etcd_pki.client_cert_file,
-                                                               etcd_pki.client_key_file))
-    client = LedgerClient(store, config)
-    try:
-        await client.start()
+    async with _ledger_client(tls_broker, config) as client:
         refused = await client.create_ledger(1, 1, 1)
         with pytest.raises(AuthorizationDenied):
             async with asyncio.timeout(60):   # a guard against a hang, not a measure
@@ -351,9 +323,6 @@ async def test_a_rotated_service_token_is_used_without_a_restart(tls_broker, mon
         async with asyncio.timeout(60):
             entries = await handle.read(0, 0)
         assert [bytes(e.payload) for e in entries] == [b"after the rotation"]
-    finally:
-        await client.close()
-        await store.close()
 
 
 def _grant(tls_broker, role: str, topic: str, actions: list[str]) -> None:

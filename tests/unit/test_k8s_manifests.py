@@ -217,20 +217,26 @@ def test_bookies_keep_journal_and_ledgers_on_separate_claims(rendered):
     assert [t["metadata"]["name"] for t in etcd["spec"]["volumeClaimTemplates"]] == ["data"]
 
 
-def _magnetar_command_lines(objects: list[dict]):
-    """(where, argv after 'magnetar', env) of every magnetar command a pod runs, preStop hooks too."""
+def _command_lines(objects: list[dict]):
+    """(workload, pod, kind, argv, env) of every command a pod runs: its container's
+    command and its preStop hook (kind "command" / "preStop")."""
     for workload in k8s.workloads(objects):
         pod = k8s.pods(workload)[0]
         env = k8s.resolve_env(pod.container, objects, pod_name=pod.name, pod_ip="10.0.0.1")
         for kind, argv in (("command", k8s.command_line(pod.container, env)),
                            ("preStop", k8s.pre_stop_command(pod.container, env))):
-            if argv is None:
-                continue
-            if argv[0] == "etcd":
-                assert k8s.component(workload) == "etcd" and kind == "command"
-                continue
-            assert argv[0] == "magnetar", argv
-            yield f"{pod.name} {kind}", argv[1:], env
+            if argv is not None:
+                yield workload, pod, kind, argv, env
+
+
+def _magnetar_command_lines(objects: list[dict]):
+    """(where, argv after 'magnetar', env) of every magnetar command a pod runs, preStop hooks too."""
+    for workload, pod, kind, argv, env in _command_lines(objects):
+        if argv[0] == "etcd":
+            assert k8s.component(workload) == "etcd" and kind == "command"
+            continue
+        assert argv[0] == "magnetar", argv
+        yield f"{pod.name} {kind}", argv[1:], env
 
 
 def test_every_flag_and_variable_is_the_clis(rendered):
@@ -428,15 +434,9 @@ AUTHENTICATED_PREFIXES = {"broker": ("/admin/", "/lookup/"), "gateway": ("/v1/",
 def _pods_with_args(objects: list[dict]):
     """(workload, pod, container, env, args or None for etcd, where) of every container's
     command and preStop hook."""
-    for workload in k8s.workloads(objects):
-        pod = k8s.pods(workload)[0]
-        env = k8s.resolve_env(pod.container, objects, pod_name=pod.name, pod_ip="10.0.0.1")
-        for kind, argv in (("command", k8s.command_line(pod.container, env)),
-                           ("preStop", k8s.pre_stop_command(pod.container, env))):
-            if argv is None:
-                continue
-            args = None if argv[0] == "etcd" else cli.parse_command_line(argv[1:], env)
-            yield workload, pod, pod.container, env, args, f"{pod.name} {kind}"
+    for workload, pod, kind, argv, env in _command_lines(objects):
+        args = None if argv[0] == "etcd" else cli.parse_command_line(argv[1:], env)
+        yield workload, pod, pod.container, env, args, f"{pod.name} {kind}"
 
 
 def _named_paths(env: dict[str, str], args) -> list[str]:
