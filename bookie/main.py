@@ -31,7 +31,7 @@ from bookie.registration import Registration, check_cookie
 from bookie.add_socket import AddSocketServer
 from bookie.server import BookieServicer
 from common.config_options import ConfigOption, add_config_options, config_overrides
-from common.errors import ConfigError, MagnetarError
+from common.errors import MagnetarError
 from common.version import __version__
 from common.listen import bind_failure, probe_bind
 from common.loop_monitor import LoopMonitor
@@ -150,6 +150,8 @@ class BookieProcess:
         config = self.config
         log.info("bookie starting: config=%s", config)
         store = open_store(config.metadata_url, tls=config.metadata_tls)
+        # One token check for gRPC and the add socket: one key file watched, one cache.
+        tokens = TokenInterceptor(config.security) if config.security.authentication_enabled else None
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", config.grpc_message_bytes_max),
@@ -164,7 +166,7 @@ class BookieProcess:
             ],
             maximum_concurrent_rpcs=config.concurrent_rpcs_max,
             # Service tokens, checked before any servicer runs (bookie/security.py).
-            interceptors=[TokenInterceptor(config.security)] if config.security.authentication_enabled else None,
+            interceptors=[tokens] if tokens is not None else None,
         )
         # Both ports are bound before anything else starts, so that a port in use is
         # reported (PortInUse, one line naming the flag) before storage is opened.
@@ -246,8 +248,7 @@ class BookieProcess:
             if config.add_socket_port >= 0:
                 add_socket = AddSocketServer(
                     servicer, message_bytes_max=config.grpc_message_bytes_max,
-                    token_check=TokenInterceptor(config.security).check_token
-                    if config.security.authentication_enabled else None,
+                    token_check=tokens.check_token if tokens is not None else None,
                     ssl_context=add_socket_tls)
                 add_port = await add_socket.start(config.host, config.add_socket_port)
                 self.add_address = f"{address.rsplit(':', 1)[0]}:{add_port}"
