@@ -16,6 +16,7 @@ messages of the errors raised here as they are.
 
 from __future__ import annotations
 
+import abc
 import base64
 import binascii
 import logging
@@ -197,91 +198,95 @@ log = logging.getLogger(__name__)
 KEY_RECHECK_S = 2.0
 
 
-class KeyFileVerifier:
-    """A TokenVerifier whose key is read again when its file changes, so a rotated key
-    (a Kubernetes Secret's file replaced in place) is used without a restart. The file
-    is looked at (one stat) at most every ``recheck_s``; a file that cannot be read or
-    parsed at that moment (being replaced) keeps the key in use until it is whole. An
-    inline key (``data:``) never changes. ``generation`` counts the keys loaded, so a
-    holder of verified-token caches knows when to forget them."""
+class _ReloadedFile(abc.ABC):
+    """A value read from a file and read again when the file changes (a mounted Secret
+    replaced in place), so a process uses a renewed key or token without a restart.
+    The file is looked at (one stat) at most every ``recheck_s``; a file that cannot be
+    read or parsed at that moment (being replaced) keeps the value in use until it is
+    whole. No path (an inline value) never changes. ``generation`` counts the values
+    loaded. Subclasses say what they hold (``what``, for logs) and how to read it."""
 
-    def __init__(self, value: str, *, public_key: bool, recheck_s: float | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self._value = value
-        self._public_key = public_key
-        self._path = "" if value.startswith("data:") else value.removeprefix("file://")
-        self._recheck_s = KEY_RECHECK_S if recheck_s is None else recheck_s
-        self._clock = clock
-        self._checked_at = clock()
-        self._mtime_ns = -1
-        self.generation = 0
-        self._verifier = self._load()
+    what = "file"
 
-    def _load(self) -> TokenVerifier:
-        mtime_ns = -1
-        if self._path:
-            try:
-                mtime_ns = os.stat(self._path).st_mtime_ns
-            except OSError as error:
-                raise ConfigError(f"cannot read key file {self._path}: {error.strerror}") from None
-        data = read_key_value(self._value)
-        verifier = TokenVerifier.with_public_key(data) if self._public_key else TokenVerifier.with_secret_key(data)
-        self._mtime_ns = mtime_ns
-        self.generation += 1
-        return verifier
-
-    def current(self) -> TokenVerifier:
-        """The verifier, with the key file read again if it changed since it was read."""
-        now = self._clock()
-        if self._path and now - self._checked_at >= self._recheck_s:
-            self._checked_at = now
-            try:
-                if os.stat(self._path).st_mtime_ns != self._mtime_ns:
-                    self._verifier = self._load()
-                    log.info("token key read again: path=%s generation=%d", self._path, self.generation)
-            except (OSError, ConfigError) as error:
-                log.info("token key file not readable now, keeping the key in use: path=%s error=%s",
-                         self._path, error)
-        return self._verifier
-
-
-class TokenFile:
-    """A token kept in a file (a mounted Secret), read again when the file changes, so
-    a process presenting it picks up a renewed token without a restart. The file is
-    looked at (one stat) at most every ``recheck_s``; an empty or unreadable file at
-    that moment (being replaced) keeps the token in use."""
-
-    def __init__(self, path: str, *, recheck_s: float | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, path: str, *, recheck_s: float | None, clock: Callable[[], float]) -> None:
         self.path = path
         self._recheck_s = KEY_RECHECK_S if recheck_s is None else recheck_s
         self._clock = clock
         self._checked_at = clock()
         self._mtime_ns = -1
-        self._token = self._read()
-        if not self._token:
-            raise ConfigError(f"token file {path} is empty")
+        self.generation = 0
+        self._value = self._reload()
+
+    @abc.abstractmethod
+    def _read(self):
+        """The value, read now; ConfigError when the file does not hold a good one."""
+
+    def _reload(self):
+        mtime_ns = -1
+        if self.path:
+            try:
+                mtime_ns = os.stat(self.path).st_mtime_ns
+            except OSError as error:
+                raise ConfigError(f"cannot read {self.what} {self.path}: {error.strerror}") from None
+        value = self._read()
+        self._mtime_ns = mtime_ns
+        self.generation += 1
+        return value
+
+    def _current(self):
+        now = self._clock()
+        if self.path and now - self._checked_at >= self._recheck_s:
+            self._checked_at = now
+            try:
+                if os.stat(self.path).st_mtime_ns != self._mtime_ns:
+                    self._value = self._reload()
+                    log.info("%s read again: path=%s generation=%d", self.what, self.path, self.generation)
+            except (OSError, ConfigError) as error:
+                log.info("%s not readable now, keeping the one in use: path=%s error=%s", self.what, self.path,
+                         error)
+        return self._value
+
+
+class KeyFileVerifier(_ReloadedFile):
+    """A TokenVerifier whose key (``file:///path`` or a bare path, read again when it
+    changes; ``data:`` inline, never) is the one in the file now. ``generation`` tells a
+    holder of verified-token caches when to forget them."""
+
+    what = "token key"
+
+    def __init__(self, value: str, *, public_key: bool, recheck_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._value_text = value
+        self._public_key = public_key
+        super().__init__("" if value.startswith("data:") else value.removeprefix("file://"),
+                         recheck_s=recheck_s, clock=clock)
+
+    def _read(self) -> TokenVerifier:
+        data = read_key_value(self._value_text)
+        return TokenVerifier.with_public_key(data) if self._public_key else TokenVerifier.with_secret_key(data)
+
+    def current(self) -> TokenVerifier:
+        return self._current()
+
+
+class TokenFile(_ReloadedFile):
+    """A token kept in a file, as it is now (an empty file keeps the one in use)."""
+
+    what = "token file"
+
+    def __init__(self, path: str, *, recheck_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(path, recheck_s=recheck_s, clock=clock)
 
     def _read(self) -> str:
         try:
-            mtime_ns = os.stat(self.path).st_mtime_ns
             with open(self.path, encoding="ascii") as handle:
                 token = handle.read().strip()
         except (OSError, UnicodeDecodeError) as error:
             raise ConfigError(f"cannot read token file {self.path}: {error}") from None
-        self._mtime_ns = mtime_ns
+        if not token:
+            raise ConfigError(f"token file {self.path} is empty")
         return token
 
     def current(self) -> str:
-        now = self._clock()
-        if now - self._checked_at >= self._recheck_s:
-            self._checked_at = now
-            try:
-                if os.stat(self.path).st_mtime_ns != self._mtime_ns:
-                    token = self._read()
-                    if token:
-                        self._token = token
-                        log.info("token file read again: path=%s", self.path)
-            except (OSError, ConfigError) as error:
-                log.info("token file not readable now, keeping the token in use: path=%s error=%s", self.path, error)
-        return self._token
+        return self._current()
