@@ -122,6 +122,9 @@ class _SocketCall:
         self._reader: asyncio.StreamReader | None = None
         # Owned by this call: cancelled by cancel(); the stream's writer and reader await it.
         self._opening = asyncio.get_running_loop().create_task(self._open(), name=f"add socket {client.bookie_id}")
+        # A failure is the stream's writer's and reader's to raise; a call cancelled
+        # before either looked must not leave "exception never retrieved" behind.
+        self._opening.add_done_callback(lambda task: task.cancelled() or task.exception())
 
     async def _open(self) -> None:
         client = self._client
