@@ -70,7 +70,7 @@ def cluster():
 
 @pytest.fixture(autouse=True)
 def _pod_logs_when_failed(request, cluster):
-    """A failed test prints each pod's warnings and errors of the last minutes (the module
+    """A failed test prints each pod's warnings, errors and bundle moves (the module
     shares one cluster: the pods' state after a failure is the evidence a CI run keeps)."""
     yield
     report = getattr(request.node, "report_call", None)
@@ -78,7 +78,8 @@ def _pod_logs_when_failed(request, cluster):
         return
     for name, pod in sorted(cluster.pods.items()):
         lines = [line for line in pod.log_text().splitlines()
-                 if re.search(r"\b(WARNING|ERROR|CRITICAL)\b|\"level\": \"(warning|error|critical)\"|Traceback", line)]
+                 if re.search(r"\b(WARNING|ERROR|CRITICAL)\b|\"level\": \"(warning|error|critical)\"|Traceback"
+                              r"|bundle (shed|assigned|released|split):", line)]
         print(f"--- {name}: {len(lines)} warning/error lines, the last 40 ---")
         print("\n".join(lines[-40:]))
 
@@ -392,12 +393,25 @@ async def test_recover_a_bookie_whose_volumes_were_lost(cluster):
         after = [f"after-{i}".encode() for i in range(50)]
         for payload in after:
             producer.send(payload)
-        got = []
-        for _ in range(len(sent) + len(after)):
+        # Delivery is at least once: a consumer moved to another broker meanwhile (a bundle
+        # shed after the brokers' restart) is sent again from the broker's last persisted
+        # acknowledgement, so a message received just before the move, whose acknowledgement
+        # the client had not sent yet, comes twice (Pulsar's clients behave so too). Nothing
+        # may be missing, nothing unknown may come, and the first arrivals keep the order.
+        expected = sent + after
+        first_arrivals: list[bytes] = []
+        redelivered = 0
+        while len(first_arrivals) < len(expected):
             message = await asyncio.to_thread(consumer.receive, 20_000)
-            got.append(message.data())
+            payload = message.data()
             consumer.acknowledge(message)
-        assert got == sent + after
+            if payload in first_arrivals:
+                redelivered += 1
+                assert redelivered <= len(expected), "redelivered without end"
+                continue
+            assert payload in expected, payload
+            first_arrivals.append(payload)
+        assert first_arrivals == expected
     finally:
         client.close()
 
