@@ -466,6 +466,8 @@ class ManagedLedger:
     def _on_add_done(self, _future: asyncio.Future[int]) -> None:
         """Completes appends in order from the head of the in-flight queue."""
         confirmed = False
+        # The completed appends' outcomes, in order (settled by _settle).
+        outcomes: list[tuple[asyncio.Future[Position], Position | MagnetarError]] = []
         stages = self.stages
         now = time.perf_counter()
         while self._inflight:
@@ -483,19 +485,37 @@ class ManagedLedger:
                 self.entries_added += 1
                 self.bytes_added += len(head.payload)
                 confirmed = True
+                outcomes.append((head.future, position))
                 if stages is not None:
                     stages.observe("ledger_add", now - head.submitted_at)
-                if not head.future.done():
-                    head.future.set_result(position)
             else:
-                failure = self._classify(error)
-                if not head.future.done():
-                    head.future.set_exception(failure)
+                outcomes.append((head.future, self._classify(error)))
+                # Settled before the failure is handled: a fence fails the appends
+                # behind this one, whose errors must not overtake it.
+                self._settle(outcomes, confirmed, now)
+                confirmed = False
+                outcomes = []
                 if not head.refused and self._handle is not None and self._handle.ledger_id == head.ledger_id:
                     self._on_write_failure(self._handle, error)
+        self._settle(outcomes, confirmed, now)
+
+    def _settle(self, outcomes: list[tuple[asyncio.Future[Position], Position | MagnetarError]], confirmed: bool,
+                now: float) -> None:
+        """Wakes the readers when entries were confirmed, then settles the appends in
+        order. Readers first: their callbacks run before the receipts' in the next turn,
+        so a dispatch and the receipts bound for the same client connection are written
+        in the same turn and leave in one send (broker/connection.py), and the dispatch
+        does not wait behind the receipts."""
         if confirmed:
             self.last_confirmed_at = now
             self._wake_waiters()
+        for future, outcome in outcomes:
+            if future.done():
+                continue
+            if isinstance(outcome, Position):
+                future.set_result(outcome)
+            else:
+                future.set_exception(outcome)
 
     def _classify(self, error: BaseException) -> MagnetarError:
         if isinstance(error, LedgerFenced) or isinstance(error, TopicFenced):
