@@ -7,7 +7,10 @@ serves, requests and limits, and runs as non-root on a read-only root filesystem
 workload has a PodDisruptionBudget; bookies keep the journal and the ledgers on separate
 claims; every argument and MAGNETAR_* variable of a pod (its preStop hook too) is one the
 CLI's own parser accepts and maps; the Dockerfile's entrypoint is the CLI; the broker's
-grace period covers its preStop drain; the NetworkPolicies say who talks to whom.
+grace period covers its preStop drain; the NetworkPolicies say who talks to whom; bookies
+open the add socket on 3182 (container port, Service, NetworkPolicies for writers only),
+register it at their advertised host, and brokers and auto-recovery add through it (TLS
+and tokens as gRPC's in prod), while the README's patch turns it off and nothing else.
 How: the rendered YAML (tests/k8s_render.py), the CLI's parser (magnetar.cli), the apps'
 own routers for the served paths.
 """
@@ -15,12 +18,15 @@ own routers for the served paths.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
+import os
 import re
 import subprocess
 from unittest import mock
 
 import pytest
+import yaml
 from prometheus_client import CollectorRegistry
 
 from common.version import __version__
@@ -333,6 +339,35 @@ def test_bookies_take_adds_on_the_add_socket(rendered):
                 shell = cli.parse_command_line(["shell", "listbookies"], env)
                 assert shell.bookie_add_transport == "socket", where
     assert writers == {"broker", "autorecovery"}
+
+
+@pytest.mark.parametrize("overlay", k8s.OVERLAYS)
+def test_readme_patch_turns_the_add_socket_off(overlay, tmp_path):
+    """k8s/README.md's patch, in an overlay of one's own over dev or prod, renders bookies
+    without the add socket (they register no add address: writers add over gRPC) and
+    changes nothing else of them."""
+    from bookie.main import config_from_args as bookie_config
+
+    section = (k8s.K8S / "README.md").read_text().split("\n## The add socket", 1)[1].split("\n## ", 1)[0]
+    patch = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
+    (tmp_path / "no-add-socket.yaml").write_text(patch)
+    base = os.path.relpath(k8s.K8S / "overlays" / overlay, tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"resources:\n  - {base}\npatches:\n  - path: no-add-socket.yaml\n")
+    result = subprocess.run([k8s.tool("kubectl"), "kustomize", str(tmp_path)], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    patched = [o for o in yaml.safe_load_all(result.stdout) if o]
+
+    def bookie(objects: list[dict]):
+        pod = k8s.pods(k8s.named(objects, "StatefulSet", "magnetar-bookie"))[0]
+        env = k8s.resolve_env(pod.container, objects, pod_name=pod.name, pod_ip="10.0.0.1")
+        return bookie_config(cli.parse_command_line(k8s.command_line(pod.container, env)[1:], env))
+
+    before, after = bookie(k8s.render(overlay)), bookie(patched)
+    assert (before.add_socket_port, after.add_socket_port) == (ADD_SOCKET_PORT, -1)
+    assert dataclasses.replace(after, add_socket_port=ADD_SOCKET_PORT) == before
 
 
 def test_grace_periods_cover_the_pre_stop_drain(rendered):
