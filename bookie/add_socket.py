@@ -96,7 +96,7 @@ class AddSocketServer:
                          refusal.error_message)
                 await writer.drain()
                 return
-            async for response in self._servicer.answer_adds(self._requests(reader), describe):
+            async for response in self._servicer.answer_adds(self._requests(reader), describe, on_add_socket=True):
                 writer.write(encode_message(response))
                 await writer.drain()
         except TimeoutError:

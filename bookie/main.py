@@ -131,6 +131,13 @@ def config_from_args(args: argparse.Namespace) -> BookieConfig:
     )
 
 
+def add_address_for(address: str, add_port: int) -> str:
+    """The add socket's registered address: the host writers dial for gRPC (``address``:
+    the advertised address when given, such as a pod's DNS name, so not the bound
+    0.0.0.0) with the add socket's port."""
+    return f"{address.rsplit(':', 1)[0]}:{add_port}"
+
+
 class BookieProcess:
     def __init__(self, config: BookieConfig) -> None:
         self.config = config
@@ -251,7 +258,7 @@ class BookieProcess:
                     token_check=tokens.check_token if tokens is not None else None,
                     ssl_context=add_socket_tls)
                 add_port = await add_socket.start(config.host, config.add_socket_port)
-                self.add_address = f"{address.rsplit(':', 1)[0]}:{add_port}"
+                self.add_address = add_address_for(address, add_port)
             registration = Registration(store, config.registration_ttl_s)
             serving.update(node=node, registration=registration)
             started_at_ms = int(time.time() * 1000)

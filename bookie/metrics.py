@@ -22,6 +22,11 @@ class BookieMetrics:
         self.adds = Counter("magnetar_bookie_adds", "Entries acknowledged", registry=registry)
         self.add_errors = Counter("magnetar_bookie_add_errors", "Entries refused", registry=registry)
         self.add_bytes = Counter("magnetar_bookie_add_bytes", "Bytes of entries received", registry=registry)
+        # Of magnetar_bookie_adds, those that came on the add socket (bookie/add_socket.py),
+        # not gRPC: equal to it when every writer uses the socket.
+        self.add_socket_adds = Counter("magnetar_bookie_add_socket_adds",
+                                       "Entries acknowledged that came on the add socket (also in magnetar_bookie_adds)",
+                                       registry=registry)
         self.reads = Counter("magnetar_bookie_read_entries", "Entries read (including errors)", registry=registry)
         self.read_bytes = Counter("magnetar_bookie_read_bytes", "Bytes of entries read", registry=registry)
         self.add_latency = Histogram("magnetar_bookie_add_batch_latency_seconds",
@@ -61,8 +66,10 @@ class BookieMetrics:
 
         registry.register(_NodeCollector(node))
 
-    def on_adds(self, accepted: int, refused: int, size_bytes: int) -> None:
+    def on_adds(self, accepted: int, refused: int, size_bytes: int, *, on_add_socket: bool = False) -> None:
         self.adds.inc(accepted)
+        if on_add_socket:
+            self.add_socket_adds.inc(accepted)
         if refused:
             self.add_errors.inc(refused)
         self.add_bytes.inc(size_bytes)

@@ -88,9 +88,11 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
             yield response
 
     async def answer_adds(self, request_iterator: AsyncIterator[bookie_pb2.AddRequest],
-                          peer: Callable[[], str]) -> AsyncIterator[bookie_pb2.AddResponse]:
+                          peer: Callable[[], str], *, on_add_socket: bool = False
+                          ) -> AsyncIterator[bookie_pb2.AddResponse]:
         """The replies to one add stream's requests, in order (gRPC's AddEntries and the
-        add socket, bookie/add_socket.py, both answer through this)."""
+        add socket, bookie/add_socket.py, both answer through this; ``on_add_socket``
+        says which, for the metrics)."""
         node = self._node
         pending: asyncio.Queue[_PendingBatch | None] = asyncio.Queue(maxsize=STREAM_BATCHES_IN_FLIGHT_MAX)
 
@@ -128,7 +130,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
                 carried = None
                 if batch is None:
                     break
-                results = await self._settle(batch)
+                results = await self._settle(batch, on_add_socket)
                 durable_at = time.perf_counter()
                 # Batches already durable behind this one go in the same reply: under
                 # load one journal round makes several batches durable at once, and
@@ -143,7 +145,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
                             or (following.future is not None and not following.future.done()):
                         carried = following
                         break
-                    results.extend(await self._settle(following))
+                    results.extend(await self._settle(following, on_add_socket))
                     merged += 1
                 yield bookie_pb2.AddResponse(results=results)
                 if self._metrics is not None:
@@ -155,7 +157,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
         finally:
             await cancel_and_wait(reader)
 
-    async def _settle(self, batch: "_PendingBatch") -> list[bookie_pb2.AddResult]:
+    async def _settle(self, batch: "_PendingBatch", on_add_socket: bool) -> list[bookie_pb2.AddResult]:
         """Waits until the batch is durable (or failed) and returns its results."""
         outcomes = batch.outcomes
         if batch.future is not None:
@@ -174,7 +176,8 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
                     ledger_id=item.ledger_id, entry_id=item.entry_id,
                     error_code=outcome.code, error_message=outcome.message))
         if self._metrics is not None:
-            self._metrics.on_adds(len(batch.items) - errors, errors, sum(len(i.entry) for i in batch.items))
+            self._metrics.on_adds(len(batch.items) - errors, errors, sum(len(i.entry) for i in batch.items),
+                                  on_add_socket=on_add_socket)
             self._metrics.add_latency.observe(time.perf_counter() - batch.arrived)
         return results
 

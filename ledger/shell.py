@@ -1,6 +1,6 @@
 """``magnetar shell``: BookKeeper-style tools for operators and tests.
 
-    listbookies     registered bookies (id, address, read-only, free space)
+    listbookies     registered bookies (id, address, add socket address, read-only, free space)
     simpletest      write N entries to a new ledger through bookie failures; report
     readledger      read a whole ledger verifying digests (optionally recovering it)
     ledgermetadata  print a ledger's metadata
@@ -123,7 +123,8 @@ async def _list_bookies(client: LedgerClient, args: argparse.Namespace) -> int:
     bookies = sorted(client.registry.all(), key=lambda b: b.bookie_id)
     if args.readonly:
         bookies = [b for b in bookies if b.read_only]
-    _emit({"bookies": [{"bookie_id": b.bookie_id, "address": b.address, "read_only": b.read_only,
+    _emit({"bookies": [{"bookie_id": b.bookie_id, "address": b.address, "add_address": b.add_address,
+                        "read_only": b.read_only,
                         "free_bytes": b.free_bytes, "disk_usage_ratio": round(b.disk_usage_ratio, 4)}
                        for b in bookies]})
     return 0

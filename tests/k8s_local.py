@@ -8,9 +8,9 @@ rewrites and nothing else:
   ``$(POD_IP)``), another pod by its DNS name (``magnetar-bookie-1.magnetar-bookie:3181``)
   becomes ``127.0.0.1:<a free port>`` fixed for that (pod, container port) for the whole
   run, and so does a value that is exactly one of the container's ports
-  (``MAGNETAR_PORT=3181``); a Service with a cluster IP (``magnetar-broker:6650``)
-  becomes a loopback proxy that sends each connection to one of its ready pods, as the
-  Service's virtual IP does;
+  (``MAGNETAR_PORT=3181``, the add socket's ``MAGNETAR_ADD_SOCKET_PORT=3182``); a
+  Service with a cluster IP (``magnetar-broker:6650``) becomes a loopback proxy that
+  sends each connection to one of its ready pods, as the Service's virtual IP does;
 - **volumes**: each mount path becomes a directory under the run's base directory: claims
   (volumeClaimTemplates) under ``pvc/<claim>-<pod>`` (they outlive the pod, as a PVC
   does), Secrets written out as files (a rendered Secret's data, or for a Secret the

@@ -5,7 +5,10 @@ What it proves: the exact commands, arguments and environment of the rendered po
 liveness, readiness) and every scrape target answers 200 on the path it names; messages
 produced through the rendered broker Service with the official client, and through the
 rendered gateway over HTTP, are consumed back whole; the brokers advertise the addresses
-and ids the manifests give them, and the bookies register under their pod DNS names.
+and ids the manifests give them, and the bookies register under their pod DNS names, with
+their add sockets (3182) at the same names; every add of the run (brokers', shell's,
+auto-recovery's copies) reaches the bookies on the add socket, none over gRPC (the
+bookies' magnetar_bookie_add_socket_adds equals magnetar_bookie_adds).
 
 Then the scaling procedures of k8s/README.md, run as written on the same pods:
 - add then remove brokers (2 -> 4 -> 2) under producer and consumer traffic: the new
@@ -148,6 +151,33 @@ async def test_produce_and_consume_through_the_rendered_brokers_and_gateway(clus
         await gateway.produce(path, [{"payload": p} for p in payloads])
         got = await drain(gateway, path, "work", mode="shared")
         assert sorted(payload_bytes(m).decode() for m in got) == sorted(payloads)
+
+
+def bookie_adds(pod) -> tuple[float, float]:
+    """(entries acknowledged, of which on the add socket) of a bookie pod, from its /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{pod.local_port('http')}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return tuple(float(re.search(rf"^{name} (\S+)$", text, re.M).group(1))
+                 for name in ("magnetar_bookie_adds_total", "magnetar_bookie_add_socket_adds_total"))
+
+
+async def test_adds_go_over_the_bookies_add_sockets(cluster):
+    """Each bookie registered its add socket at its pod's DNS name and port 3182 (mapped to
+    loopback: the advertised host, not the bound 0.0.0.0); every entry any bookie has
+    acknowledged (the brokers' of the test above, the shell's written here on all three)
+    came on the add socket, none over gRPC."""
+    listed = last_json(await cluster.run_kubectl("kubectl -n magnetar exec deploy/magnetar-broker -- "
+                                                 "magnetar shell listbookies"))["bookies"]
+    bookies = [cluster.pods[f"magnetar-bookie-{i}"] for i in range(3)]
+    assert {b["bookie_id"]: b["add_address"] for b in listed} == {
+        f"127.0.0.1:{pod.local_port(3181)}": f"127.0.0.1:{pod.local_port(3182)}" for pod in bookies}
+    written = last_json(await cluster.run_kubectl(
+        "kubectl -n magnetar exec deploy/magnetar-broker -- magnetar shell simpletest "
+        "--ensemble 3 --write-quorum 3 --ack-quorum 3 --entries 50 --delete"))
+    assert written["acked"] == 50 and written["ensemble_changes"] == 0, written
+    for pod in bookies:
+        adds, on_socket = bookie_adds(pod)
+        assert adds >= 50 and on_socket == adds, (pod.name, adds, on_socket)
 
 
 # --- the procedures of k8s/README.md -------------------------------------------------------
@@ -468,3 +498,13 @@ async def test_decommission_a_bookie_under_traffic(cluster):
           f"(wait {done['seconds']} s; {marked['closed_ledgers_left']} closed and {marked['open_ledgers_left']} open "
           f"ledgers named it when marked; {copied:.0f} fragments copied by auto-recovery); {len(traffic.acknowledged)} messages acknowledged, received, and read "
           "again after it was gone")
+
+
+def test_the_procedures_adds_came_on_the_add_sockets_too(cluster):
+    """Last: the copies auto-recovery made, the recovery's and the brokers' adds during
+    the procedures all came on the bookies' add sockets (none over gRPC)."""
+    bookies = cluster.running_pods("magnetar-bookie")
+    assert len(bookies) == 3
+    counts = {pod.name: bookie_adds(pod) for pod in bookies}
+    assert sum(adds for adds, _ in counts.values()) > 0, counts
+    assert all(on_socket == adds for adds, on_socket in counts.values()), counts

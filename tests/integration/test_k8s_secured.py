@@ -16,7 +16,10 @@ AuthorizationError; HTTPS produce and pull through the rendered gateway work wit
 and are refused (401) without one; a plain Pulsar connection and plain HTTP to the
 broker's ports fail, and the broker advertises only TLS URLs; `magnetar shell simpletest`
 run in the broker pod (its environment: bookie mutual TLS and service token, etcd client
-certificate) writes 20 entries to a ledger on all 3 bookies with no ensemble change; the preStop drain (HTTPS to
+certificate) writes 20 entries to a ledger on all 3 bookies with no ensemble change, and
+every add of the run reached the bookies on their add sockets (3182), which, like gRPC,
+refuse clients without a certificate and answer a hello without a token, or with a role
+they do not allow, with a refusal; the preStop drain (HTTPS to
 localhost with the superuser token and the CA) exits 0.
 How: tests/k8s_local.py (the dev test's machinery) with ``secrets=``; tests/tls_certs.py
 for the PKI (one dual-use certificate, as the Secret holds). One cluster for the module.
@@ -27,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import socket
 import ssl
 import tempfile
@@ -36,9 +40,12 @@ import urllib.request
 import pulsar
 import pytest
 
+from common.errors import AuthenticationFailed, AuthorizationDenied
 from common.tokens import TokenSigner, create_secret_key
 from tests import k8s_render as k8s
+from protocol.add_socket import LENGTH_BYTES, encode_message
 from protocol.codec import encode_command, wrap
+from protocol.proto import bookie_pb2
 from protocol.proto import pulsar_api_pb2 as pb
 from tests.integration.gateway_helpers import round_trip_over_https
 from tests.cluster import unique, unique_topic
@@ -203,6 +210,45 @@ def test_bookies_and_etcd_refuse_clients_without_a_certificate(secured):
         assert _answer(local, None) in (b"", None), pod          # clear text: closed
 
 
+def test_the_add_socket_takes_mutual_tls_and_a_token(secured):
+    """The bookies' add socket (3182) is secured as their gRPC port: a TLS client without a
+    certificate is cut off at the handshake and a clear-text one gets nothing; with the
+    Secret's certificate the hello is answered, a refusal without a token
+    (AuthenticationFailed) or with a role the bookies do not allow (AuthorizationDenied),
+    a welcome with the brokers' service token."""
+    cluster, ca_file, signer = secured["cluster"], secured["ca"], secured["signer"]
+    broker = cluster.pods["magnetar-broker-00000"]
+    tls_dir, auth_dir = broker.mounts["/etc/magnetar/tls"], broker.mounts["/etc/magnetar/auth"]
+    with open(os.path.join(auth_dir, "broker.token")) as handle:
+        broker_token = handle.read().strip()
+    without = ssl.create_default_context(cafile=ca_file)
+    with_certificate = ssl.create_default_context(cafile=ca_file)
+    with_certificate.load_cert_chain(os.path.join(tls_dir, "tls.crt"), os.path.join(tls_dir, "tls.key"))
+
+    def hello(token: str) -> bytes:
+        return encode_message(bookie_pb2.AddSocketHello(token=token))
+
+    def welcome(answer: bytes | None) -> bookie_pb2.AddSocketWelcome:
+        assert answer and len(answer) >= LENGTH_BYTES, answer
+        length = int.from_bytes(answer[:LENGTH_BYTES], "big")
+        assert len(answer) == LENGTH_BYTES + length, answer
+        return bookie_pb2.AddSocketWelcome.FromString(answer[LENGTH_BYTES:])
+
+    for pod in ("magnetar-bookie-0", "magnetar-bookie-1", "magnetar-bookie-2"):
+        local = cluster.pods[pod].local_port(3182)
+        assert welcome(_answer(local, with_certificate, hello(""))).error_code == AuthenticationFailed.code, pod
+        assert welcome(_answer(local, with_certificate, hello(signer.create("stranger")))).error_code == \
+            AuthorizationDenied.code, pod
+        accepted = welcome(_answer(local, with_certificate, hello(broker_token)))
+        assert (accepted.error_code, accepted.error_message) == (0, ""), pod
+        try:
+            refused = _answer(local, without, hello(broker_token))
+        except ssl.SSLError as alert:      # TLS 1.3: the server's alert arrives on the first read
+            refused = alert.reason
+        assert refused in (b"", None) or "ALERT" in refused and "CERTIFICATE" in refused, (pod, refused)
+        assert _answer(local, None, hello(broker_token)) in (b"", None), pod      # clear text: closed
+
+
 def test_plain_text_to_the_broker_fails(secured):
     cluster = secured["cluster"]
     broker = cluster.pods["magnetar-broker-00000"]
@@ -239,6 +285,15 @@ async def test_shell_in_the_broker_pod_reaches_the_bookies_with_mutual_tls(secur
     report = json.loads(output.strip().splitlines()[-1])
     assert (report["acked"], report["ensemble_changes"], report["closed"], report["deleted"]) == (20, 0, True, True)
     assert len(report["fragments"][0]["bookies"]) == 3, report
+    # Those adds, and the brokers' of the test above, came on the bookies' add sockets
+    # (mutual TLS and the service token there too), none over gRPC.
+    for name in ("magnetar-bookie-0", "magnetar-bookie-1", "magnetar-bookie-2"):
+        pod = cluster.pods[name]
+        with urllib.request.urlopen(f"http://127.0.0.1:{pod.local_port('http')}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        adds, on_socket = (float(re.search(rf"^{metric} (\S+)$", text, re.M).group(1))
+                           for metric in ("magnetar_bookie_adds_total", "magnetar_bookie_add_socket_adds_total"))
+        assert adds > 0 and on_socket == adds, (name, adds, on_socket)
 
 
 async def test_pre_stop_drain_over_https(secured):

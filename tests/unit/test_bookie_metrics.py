@@ -7,6 +7,7 @@ What it proves:
   the first disk check exist);
 - the entry log count that feeds magnetar_bookie_entry_logs follows creations and
   deletions without listing the directory at scrape time.
+- adds that came on the add socket are counted apart from, and also in, all adds.
 
 How: BookieMetrics over a stand-in node whose storage counts stats() calls; the text
 exposition of the registry is parsed with prometheus_client's own parser.
@@ -129,3 +130,16 @@ def test_the_entry_log_count_follows_creations_and_deletions(tmp_path, monkeypat
     finally:
         monkeypatch.undo()
         logger.close()
+
+
+def test_adds_on_the_add_socket_are_counted_apart():
+    """magnetar_bookie_add_socket_adds counts the acknowledged entries that came on the
+    add socket; magnetar_bookie_adds counts those and gRPC's (refused ones in neither)."""
+    registry = CollectorRegistry()
+    metrics = BookieMetrics(_Node(), registry)      # type: ignore[arg-type]
+    metrics.on_adds(5, 1, 600)                       # gRPC
+    metrics.on_adds(7, 2, 900, on_add_socket=True)
+    values = _scrape(registry)
+    assert values["magnetar_bookie_adds_total"] == 12
+    assert values["magnetar_bookie_add_socket_adds_total"] == 7
+    assert values["magnetar_bookie_add_errors_total"] == 3

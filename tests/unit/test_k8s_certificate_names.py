@@ -6,10 +6,16 @@ extended key usages) passes gRPC's host-name check (the bookie client's and the 
 client's) for every bookie address and every etcd endpoint the rendered prod overlay
 dials, and names the broker and gateway Service names and ``localhost`` (the preStop
 drain); while gRPC refuses a two-label pod name
-(``magnetar-bookie-0.magnetar-bookie``, which the security component moved away from).
+(``magnetar-bookie-0.magnetar-bookie``, which the security component moved away from);
+and the bookies' add socket, dialled at the host of the same advertised address with
+Python's ssl (ledger/bookie_client.py's ``_SocketCall``: ``common.tls.client_context``,
+the host name checked), passes with that certificate too, the short name failing there
+as well.
 How: the README's openssl extension text parsed; the certificate issued with
 ``cryptography``; a local gRPC server with it, dialled with
-``grpc.ssl_target_name_override`` set to each name.
+``grpc.ssl_target_name_override`` set to each name; a local TLS socket server with it
+(``common.tls.server_context``, as the add socket's), handshaken with each name as
+``server_hostname``.
 """
 
 from __future__ import annotations
@@ -17,6 +23,9 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import re
+import socket
+import ssl
+import threading
 from concurrent import futures
 
 import grpc
@@ -61,6 +70,20 @@ def _certificate(names: list[str]) -> tuple[bytes, bytes, bytes]:
     pem = serialization.Encoding.PEM
     return (ca.public_bytes(pem), cert.public_bytes(pem),
             key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+
+
+def _prod_add_socket_hosts() -> list[str]:
+    """The hosts of the add addresses prod's bookies register (bookie/main.py's rule)."""
+    from bookie.main import add_address_for
+
+    objects = k8s.render("prod")
+    bookies = k8s.named(objects, "StatefulSet", "magnetar-bookie")
+    hosts = []
+    for pod in k8s.pods(bookies):
+        env = k8s.resolve_env(pod.container, objects, pod_name=pod.name, pod_ip="10.0.0.1")
+        address = add_address_for(env["MAGNETAR_ADVERTISED_ADDRESS"], int(env["MAGNETAR_ADD_SOCKET_PORT"]))
+        hosts.append(address.rsplit(":", 1)[0])
+    return hosts
 
 
 def _prod_dialled_names() -> dict[str, list[str]]:
@@ -113,3 +136,53 @@ def test_readme_certificate_names_the_services_and_localhost():
         assert name in names, name
     # etcd checks a peer's address by reverse lookup, which answers the cluster.local name.
     assert "*.magnetar-etcd.magnetar.svc.cluster.local" in names
+
+
+def test_readme_certificate_names_pass_the_add_sockets_host_name_check(tmp_path):
+    from common.tls import TlsConfig, client_context, server_context
+    from ledger.config import BookieTlsConfig
+
+    ca, cert, key = _certificate(_readme_names())
+    for name, data in (("ca.crt", ca), ("tls.crt", cert), ("tls.key", key)):
+        (tmp_path / name).write_bytes(data)
+    server = server_context(TlsConfig(cert_file=str(tmp_path / "tls.crt"), key_file=str(tmp_path / "tls.key")))
+    client = client_context(BookieTlsConfig(trust_certs_file=str(tmp_path / "ca.crt")))
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    port = listener.getsockname()[1]
+    stop = threading.Event()
+
+    def serve() -> None:    # handshakes until stopped; a refused one is the client's to see
+        while not stop.is_set():
+            try:
+                raw, _ = listener.accept()
+            except TimeoutError:
+                continue
+            raw.settimeout(10)
+            try:
+                with server.wrap_socket(raw, server_side=True):
+                    pass
+            except (ssl.SSLError, OSError):
+                pass
+
+    def handshakes(name: str) -> bool:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+            try:
+                with client.wrap_socket(raw, server_hostname=name):
+                    return True
+            except ssl.SSLCertVerificationError:
+                return False
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        hosts = _prod_add_socket_hosts()
+        # The same hosts as gRPC's (checked above): only the port differs.
+        assert hosts == _prod_dialled_names()["bookie"] and len(hosts) == 4
+        for host in hosts:
+            assert handshakes(host), host
+        assert not handshakes("magnetar-bookie-0.magnetar-bookie")
+    finally:
+        stop.set()
+        thread.join(10)
+        listener.close()

@@ -7,7 +7,10 @@ serves, requests and limits, and runs as non-root on a read-only root filesystem
 workload has a PodDisruptionBudget; bookies keep the journal and the ledgers on separate
 claims; every argument and MAGNETAR_* variable of a pod (its preStop hook too) is one the
 CLI's own parser accepts and maps; the Dockerfile's entrypoint is the CLI; the broker's
-grace period covers its preStop drain; the NetworkPolicies say who talks to whom.
+grace period covers its preStop drain; the NetworkPolicies say who talks to whom; bookies
+open the add socket on 3182 (container port, Service, NetworkPolicies for writers only),
+register it at their advertised host, and brokers and auto-recovery add through it (TLS
+and tokens as gRPC's in prod), while the README's patch turns it off and nothing else.
 How: the rendered YAML (tests/k8s_render.py), the CLI's parser (magnetar.cli), the apps'
 own routers for the served paths.
 """
@@ -15,12 +18,15 @@ own routers for the served paths.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
+import os
 import re
 import subprocess
 from unittest import mock
 
 import pytest
+import yaml
 from prometheus_client import CollectorRegistry
 
 from common.version import __version__
@@ -290,6 +296,80 @@ def test_variables_reach_the_config(rendered):
             assert args.metadata == env["MAGNETAR_METADATA"] and args.id == where.split()[0]
 
 
+ADD_SOCKET_PORT = 3182
+
+
+def test_bookies_take_adds_on_the_add_socket(rendered):
+    """Bookies listen on the add socket (3182, a named container port and a port of the
+    headless Service) and register it at the host writers dial for gRPC (the pod's DNS
+    name, not the bound 0.0.0.0); brokers, auto-recovery and `magnetar shell` in a
+    broker pod add through it; with the security component it takes the gRPC port's TLS
+    (client certificates required) and tokens."""
+    from bookie.main import add_address_for, config_from_args as bookie_config
+    from broker.main import ledger_config_from_args
+    from magnetar.autorecovery import ledger_config_from_args as recovery_ledger_config
+
+    overlay, objects = rendered
+    bookies = k8s.named(objects, "StatefulSet", "magnetar-bookie")
+    container = k8s.pods(bookies)[0].container
+    assert _port_number(container, "add-socket") == ADD_SOCKET_PORT
+    assert ADD_SOCKET_PORT not in {p["containerPort"] for p in container["ports"] if p["name"] != "add-socket"}
+    service = k8s.named(objects, "Service", bookies["spec"]["serviceName"])
+    ports = {p["port"]: p for p in service["spec"]["ports"]}
+    assert _port_number(container, ports[ADD_SOCKET_PORT]["targetPort"]) == ADD_SOCKET_PORT
+    writers = set()
+    for where, argv, env in _magnetar_command_lines(objects):
+        if where.endswith("preStop"):
+            continue
+        args = cli.parse_command_line(argv, env)
+        if args.process == "bookie":
+            config = bookie_config(args)
+            assert config.add_socket_port == ADD_SOCKET_PORT, where
+            host = config.advertised_address.rsplit(":", 1)[0]
+            assert host.startswith(where.split()[0] + "." + bookies["spec"]["serviceName"]), (where, host)
+            assert add_address_for(config.advertised_address, config.add_socket_port) == f"{host}:{ADD_SOCKET_PORT}"
+            if overlay in SECURED:
+                assert config.security.tls.enabled and config.security.tls.require_client_cert, where
+                assert config.security.authentication_enabled, where
+        elif args.process in ("broker", "autorecovery"):
+            ledger = (ledger_config_from_args if args.process == "broker" else recovery_ledger_config)(args)
+            assert ledger.add_transport == "socket", where
+            writers.add(args.process)
+            if args.process == "broker":     # the README's tools run in a broker pod
+                shell = cli.parse_command_line(["shell", "listbookies"], env)
+                assert shell.bookie_add_transport == "socket", where
+    assert writers == {"broker", "autorecovery"}
+
+
+@pytest.mark.parametrize("overlay", k8s.OVERLAYS)
+def test_readme_patch_turns_the_add_socket_off(overlay, tmp_path):
+    """k8s/README.md's patch, in an overlay of one's own over dev or prod, renders bookies
+    without the add socket (they register no add address: writers add over gRPC) and
+    changes nothing else of them."""
+    from bookie.main import config_from_args as bookie_config
+
+    section = (k8s.K8S / "README.md").read_text().split("\n## The add socket", 1)[1].split("\n## ", 1)[0]
+    patch = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
+    (tmp_path / "no-add-socket.yaml").write_text(patch)
+    base = os.path.relpath(k8s.K8S / "overlays" / overlay, tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"resources:\n  - {base}\npatches:\n  - path: no-add-socket.yaml\n")
+    result = subprocess.run([k8s.tool("kubectl"), "kustomize", str(tmp_path)], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    patched = [o for o in yaml.safe_load_all(result.stdout) if o]
+
+    def bookie(objects: list[dict]):
+        pod = k8s.pods(k8s.named(objects, "StatefulSet", "magnetar-bookie"))[0]
+        env = k8s.resolve_env(pod.container, objects, pod_name=pod.name, pod_ip="10.0.0.1")
+        return bookie_config(cli.parse_command_line(k8s.command_line(pod.container, env)[1:], env))
+
+    before, after = bookie(k8s.render(overlay)), bookie(patched)
+    assert (before.add_socket_port, after.add_socket_port) == (ADD_SOCKET_PORT, -1)
+    assert dataclasses.replace(after, add_socket_port=ADD_SOCKET_PORT) == before
+
+
 def test_grace_periods_cover_the_pre_stop_drain(rendered):
     overlay, objects = rendered
     broker = k8s.named(objects, "Deployment", "magnetar-broker")
@@ -355,6 +435,7 @@ def test_network_policies_say_who_talks_to_whom(rendered):
     assert ingress_from("etcd", 2379) == {"broker", "bookie", "etcd", "autorecovery"}
     assert ingress_from("etcd", 2380) == {"etcd"}
     assert ingress_from("bookie", 3181) == {"broker", "autorecovery"}
+    assert ingress_from("bookie", 3182) == {"broker", "autorecovery"}     # the add socket: writers only
     if overlay in SECURED:
         assert ingress_from("broker", 6651) is None and ingress_from("broker", 8443) is None
         assert ingress_from("broker", 6650) == set() and ingress_from("broker", 8080) == set()
@@ -369,7 +450,9 @@ def test_network_policies_say_who_talks_to_whom(rendered):
                 for rule in policies[source]["spec"]["egress"] for peer in rule.get("to", [])
                 for port in rule["ports"]}
 
-    assert egress_to("autorecovery") == {("etcd", 2379), ("bookie", 3181)}
+    assert egress_to("autorecovery") == {("etcd", 2379), ("bookie", 3181), ("bookie", 3182)}
+    assert {("bookie", 3181), ("bookie", 3182)} <= egress_to("broker")
+    assert not {peer for peer, port in egress_to("gateway") if peer == "bookie"}
     for policy in policies.values():
         assert set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"}
 
@@ -569,7 +652,8 @@ def _check_no_plain_client_port(objects: list[dict]) -> None:
         elif component == "bookie":
             config = bookie_config(args)
             assert config.security.tls.enabled and config.security.tls.require_client_cert, where
-            secure = {config.port}
+            # The add socket serves TLS with the gRPC port's settings (bookie/main.py).
+            secure = {config.port, config.add_socket_port}
         else:
             secure = set()
         opened = {p["containerPort"] for p in container["ports"]}
