@@ -109,8 +109,6 @@ SERVER_VERSION = f"Magnetar {__version__}"
 # Producers closed by the broker whose late SENDs a connection drops silently (a client
 # has at most a few producers per connection; older ones get NotAllowed errors again).
 CLOSED_PRODUCERS_REMEMBERED = 1000
-# Queued frames of one connection sent at once past this many bytes (see write_buffers).
-WRITE_COALESCE_BYTES = 64 * 1024
 T = pb.BaseCommand
 
 
@@ -148,15 +146,6 @@ class ServerConnection(asyncio.Protocol):
         self._challenged = False
         self.auth_refreshes = 0
         self.writable = True
-        # The first frame written in a turn of the event loop goes to the socket at once
-        # (a lone receipt waits for nothing); the frames written after it in the same
-        # turn (the rest of a dispatch round, several subscriptions' copies of an entry)
-        # go together in one send when the turn ends: a send is a system call and a
-        # wake-up of the peer. Bounded: past WRITE_COALESCE_BYTES they go at once, so
-        # the transport's high-water mark still pauses the writers.
-        self._unsent: list[bytes | memoryview] = []
-        self._unsent_bytes = 0
-        self._turn_end: asyncio.Handle | None = None
         self.producers: dict[int, Producer] = {}
         self._producer_topics: dict[int, "PersistentTopic"] = {}
         # Producers the broker closed (CLOSE_PRODUCER sent) until the client creates
@@ -303,10 +292,6 @@ class ServerConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if self._turn_end is not None:
-            self._turn_end.cancel()
-            self._turn_end = None
-        self._unsent.clear()
         if self in self.service.connections:
             self.service.connections.discard(self)
             self.service.release_connection(self._address)
@@ -331,39 +316,15 @@ class ServerConnection(asyncio.Protocol):
     # --- writing -------------------------------------------------------------------------------
 
     def write_command(self, command: pb.BaseCommand) -> None:
-        self.write_buffers([encode_command(command)])
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(encode_command(command))
 
     def write_buffers(self, buffers: list) -> None:
-        """Writes a frame (or a message's frames), in order with every other frame of
-        the connection: at once when it is the turn's first, else at the turn's end."""
-        if self.transport is None or self.transport.is_closing():
-            return
-        counters = self.service.write_counters
-        counters.frames += 1
-        if self._turn_end is None:
+        if self.transport is not None and not self.transport.is_closing():
             self.transport.writelines(buffers)
-            counters.sends += 1
-            self._turn_end = asyncio.get_running_loop().call_soon(self._on_turn_end)
-            return
-        self._unsent.extend(buffers)
-        self._unsent_bytes += sum(len(buffer) for buffer in buffers)
-        if self._unsent_bytes >= WRITE_COALESCE_BYTES:
-            self.send_unsent()
-
-    def _on_turn_end(self) -> None:
-        self._turn_end = None
-        self.send_unsent()
-
-    def send_unsent(self) -> None:
-        """Hands the frames held back in this turn to the transport, in one send."""
-        unsent, self._unsent, self._unsent_bytes = self._unsent, [], 0
-        if unsent and self.transport is not None and not self.transport.is_closing():
-            self.transport.writelines(unsent)
-            self.service.write_counters.sends += 1
 
     def close(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
-            self.send_unsent()      # what was written before close() still goes
             self.transport.close()
 
     def _write_error(self, request_id: int, error: BaseException) -> None:

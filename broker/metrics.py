@@ -107,13 +107,6 @@ class _PolicyCollector(Collector):
         yield CounterMetricFamily("magnetar_broker_backlog_quota_sends_refused",
                                   "SENDs not stored because a producer-blocking size quota was passed",
                                   value=counters.sends_refused)
-        writes = self._service.write_counters
-        yield CounterMetricFamily("magnetar_broker_connection_frames_written",
-                                  "Frames (or a message's frames) queued on client connections",
-                                  value=writes.frames)
-        yield CounterMetricFamily("magnetar_broker_connection_sends",
-                                  "Sends to client sockets (each carries the frames queued in one turn of the loop)",
-                                  value=writes.sends)
         yield CounterMetricFamily("magnetar_broker_compactions_started_by_threshold",
                                   "Compactions started because a namespace's compactionThreshold was passed",
                                   value=counters.compactions_started)

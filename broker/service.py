@@ -41,7 +41,6 @@ from broker.schema_compatibility import DEFAULT_STRATEGY
 from broker.schemas import SchemaRegistry
 from broker.topic import PersistentTopic
 from broker.topic_list_watchers import TopicListWatchers
-from broker.write_counters import WriteCounters
 from bundles.config import BundlesConfig
 from bundles.leader import Leader
 from bundles.load import LoadReporter
@@ -183,8 +182,6 @@ class BrokerService:
         self.schemas = SchemaRegistry(store)
         # What message TTL and backlog quotas did (shown in /metrics).
         self.policy_counters = policy_enforcement.PolicyCounters()
-        # Frames and sends of every client connection (broker/connection.py, in /metrics).
-        self.write_counters = WriteCounters()
         self.archiver = Archiver(archiver_config or ArchiverConfig(), store, ledger_client, self.resources.policies)
 
     def broker_urls(self, broker_id: str) -> tuple[str, str] | None:

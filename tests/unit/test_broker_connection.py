@@ -110,9 +110,6 @@ class Client:
         self.connection.data_received(b"".join(encode_command(commands.wrap(body)) for body in bodies))
 
     def answers(self) -> list[pb.BaseCommand]:
-        """What the connection sent, counting the frames it queued for the end of this
-        turn of the loop (they go in one send then)."""
-        self.connection.send_unsent()
         self._decoder.feed(bytes(self.transport.written[self._read:]))
         self._read = len(self.transport.written)
         out = []

@@ -13,7 +13,8 @@ record's encoding, and records written before it existed read a closed ledger's
 creation time instead; a run of cache misses reads about the byte budget from the
 bookies, not a fixed 500 entries (from a closed ledger's known sizes, and from the
 mean of entries seen for an open one); ``end_position`` is where a reader starting at
-the end reads next.
+the end reads next; confirmed appends wake the waiting readers before their receipts
+settle (in append order).
 
 How: a real ManagedLedger over the in-memory metadata store (metadata/memory_store.py,
 the etcd edge) and FakeLedgerClient (the ledger-client edge), driven with
@@ -453,3 +454,29 @@ async def test_two_record_writes_left_unanswered_in_a_row_are_not_a_take_over():
     await reopened.set_properties({"other": "owner"})
     with pytest.raises(TopicFenced):
         await ledger.set_properties({"epoch": "4"})
+
+
+async def test_confirmed_appends_wake_readers_before_their_receipts_in_append_order():
+    """A confirmed append wakes the readers waiting for entries before it settles the
+    appends' receipts: their callbacks run in that order in the next turn, so a
+    subscription's dispatch does not wait behind the receipts; receipts keep append order."""
+    store, client = MemoryStore(), FakeLedgerClient()
+    ledger = await opened(store, client)
+    ledger_id = ledger.current_ledger_id
+    order: list[str] = []
+    waiter = ledger.wait_for_entries()
+    waiter.add_done_callback(lambda _f: order.append("reader"))
+    client.hold_adds = True
+    first = ledger.append(b"one")
+    second = ledger.append(b"two")
+    first.add_done_callback(lambda _f: order.append("receipt one"))
+    second.add_done_callback(lambda _f: order.append("receipt two"))
+    await asyncio.sleep(0.01)
+    client.release_adds()
+    async with asyncio.timeout(TIMEOUT_S):
+        assert await first == Position(ledger_id, 0)
+        assert await second == Position(ledger_id, 1)
+    await asyncio.sleep(0)          # the callbacks scheduled with the awaiting task's wake-up
+    assert order[0] == "reader"
+    assert order[1:] == ["receipt one", "receipt two"]
+    await ledger.close()
