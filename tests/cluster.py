@@ -114,6 +114,33 @@ def created_retrying(create, attempts: int = 3):
             print(f"client creation timed out (attempt {attempt} of {attempts}), trying again", flush=True)
 
 
+async def receive_in_order(consumer, expected: list[bytes], timeout_ms: int = 20_000) -> int:
+    """Receives (and acknowledges) until every payload of ``expected`` has come, checking
+    that they first came in that order and nothing else came; returns how many came
+    again. Delivery is at least once: a consumer moved to another broker (a bundle shed
+    or handed over) is sent again from the broker's last persisted acknowledgement, so a
+    message received just before the move, whose acknowledgement the client had not yet
+    sent, comes twice (Pulsar's clients behave so too). Bounded: at most
+    ``len(expected)`` repeats."""
+    first_arrivals: list[bytes] = []
+    seen: set[bytes] = set()
+    wanted = set(expected)
+    repeats = 0
+    while len(first_arrivals) < len(expected):
+        message = await asyncio.to_thread(consumer.receive, timeout_ms)
+        payload = message.data()
+        consumer.acknowledge(message)
+        if payload in seen:
+            repeats += 1
+            assert repeats <= len(expected), "redelivered without end"
+            continue
+        assert payload in wanted, f"unexpected message {payload!r}"
+        seen.add(payload)
+        first_arrivals.append(payload)
+    assert first_arrivals == expected
+    return repeats
+
+
 def free_port() -> int:
     """A loopback port nothing listens on now, from this process's slice (see
     ``_port_slice``); the kernel's choice when there is no slice."""

@@ -48,7 +48,7 @@ from protocol.codec import encode_command, wrap
 from protocol.proto import bookie_pb2
 from protocol.proto import pulsar_api_pb2 as pb
 from tests.integration.gateway_helpers import round_trip_over_https
-from tests.cluster import unique, unique_topic
+from tests.cluster import receive_in_order, unique, unique_topic
 from tests.k8s_local import LocalCluster
 from tests.tls_certs import make_pki
 
@@ -155,12 +155,7 @@ async def test_token_client_over_tls_produces_and_consumes(secured):
         sent = [f"secured-{i}".encode() for i in range(20)]
         for payload in sent:
             producer.send(payload)
-        got = []
-        for _ in sent:
-            message = await asyncio.to_thread(consumer.receive, 10_000)
-            got.append(message.data())
-            consumer.acknowledge(message)
-        assert got == sent
+        await receive_in_order(consumer, sent, 10_000)   # at least once, in order
     finally:
         client.close()
     for token, error in ((None, pulsar.AuthenticationError), (signer.create("stranger"), pulsar.AuthorizationError)):
