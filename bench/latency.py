@@ -13,7 +13,9 @@ same run (before/after on the same machine minutes apart, not days).
 Workloads (bench/latency_client.py): durable ack one message at a time; end-to-end at
 a fixed 1,000 msgs/s, scheduled by intended send time (no coordinated omission);
 publish with at most 1,000 awaiting their receipt; drain (1 consumer), work queue (4
-shared consumers, per-message ack), fan-out (4 subscriptions) of the published backlog.
+shared consumers, per-message ack), fan-out (4 subscriptions) of the published backlog
+(drain and fan-out with ``batch_receive`` and a cumulative ack per batch unless
+``--consume per-message``).
 
 Baselines, measured in each repeat before the systems run:
 - ``fdatasync``: a 1 KiB write + fdatasync round on the data directory's disk, the
@@ -263,7 +265,8 @@ async def run_system(args: argparse.Namespace, tree: str, build: str, config: st
         argv = [sys.executable, os.path.join(BENCH_DIR, "latency_client.py"),
                 "--service-url", standalone.ready["service_url"],
                 "--ack-messages", str(args.ack_messages), "--e2e-seconds", str(args.e2e_seconds),
-                "--publish-seconds", str(args.publish_seconds), "--rate", str(args.rate)]
+                "--publish-seconds", str(args.publish_seconds), "--rate", str(args.rate),
+                "--consume", getattr(args, "consume", "batch")]
         for url in standalone.metrics_urls:
             argv += ["--metrics-url", url]
         client = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
@@ -507,6 +510,8 @@ def main() -> int:
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--e2e-seconds", type=float, default=5.0)
     parser.add_argument("--publish-seconds", type=float, default=4.0)
+    parser.add_argument("--consume", choices=["batch", "per-message"], default="batch",
+                        help="drain and fan-out consumption (bench/latency_client.py)")
     parser.add_argument("--dir", default=None, help="where data goes (default: the temp dir)")
     parser.add_argument("--keep-data", action="store_true")
     args = parser.parse_args()

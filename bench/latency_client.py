@@ -16,11 +16,16 @@ Workloads (1 KiB messages, batching on with a 1 ms publish delay unless said):
 - ``publish``: as fast as receipts come back with at most ``--max-pending`` messages
   awaiting theirs (a semaphore taken before each send, released by its callback).
   It writes the backlog the next three drain: their subscriptions exist before it.
-- ``drain``: one exclusive consumer reads the whole backlog, acknowledging each message.
-- ``work_queue``: 4 consumers on one shared subscription, per-message acknowledgement,
-  one thread each, until the backlog is consumed between them.
-- ``fanout``: 4 subscriptions, one consumer each (one thread each); counted is every
-  message delivered to any of them.
+- ``drain``: one exclusive consumer reads the whole backlog. With ``--consume batch``
+  (the default) it takes what has arrived with ``batch_receive`` (up to 1,000 messages
+  a call) and acknowledges each batch with one cumulative acknowledgement of its last
+  message, the client's own bulk API, as the Redis peer reads with XREAD COUNT; with
+  ``--consume per-message`` it receives and acknowledges one message at a time.
+- ``work_queue``: 4 consumers on one shared subscription, per-message acknowledgement
+  (a shared subscription has no cumulative acknowledgement), one thread each, until the
+  backlog is consumed between them.
+- ``fanout``: 4 subscriptions, one consumer each (one thread each), consumed as drain
+  is; counted is every message delivered to any of them.
 
 Around each workload the servers' /metrics are scraped, and the difference of their
 stage histograms over the workload is reported (bench/stage_breakdown.py).
@@ -51,6 +56,12 @@ from load_shapes import (FANOUT_SUBSCRIPTIONS, MESSAGE_BYTES, RECEIVE_IDLE_S, WA
                          WORK_QUEUE_CONSUMERS, FixedRate, due_of, filler_bytes, payload)
 from magnetar.tools.latency_histogram import LatencyHistogram  # noqa: E402
 from stage_breakdown import breakdown, scrape_all  # noqa: E402
+
+# drain and fan-out with --consume batch: at most this many messages (or bytes) a
+# batch_receive, which returns what has arrived after waiting at most this long.
+BATCH_RECEIVE_MAX = 1000
+BATCH_RECEIVE_BYTES_MAX = 16 * 1024 * 1024
+BATCH_RECEIVE_WAIT_MS = 10
 
 # The client's own send queue is twice our window: ours bounds what is pending.
 CLIENT_QUEUE_FACTOR = 2
@@ -257,15 +268,45 @@ class Client:
         (when given), once ``expected_total`` arrived in all, or once it idles."""
         topic = self.backlog_topic()
         consumers_count = len(subscriptions)
+        # Bulk consumption where the subscription allows a cumulative acknowledgement.
+        batched = self.args.consume == "batch" and kind != pulsar.ConsumerType.Shared
+        policy = pulsar.ConsumerBatchReceivePolicy(BATCH_RECEIVE_MAX, BATCH_RECEIVE_BYTES_MAX,
+                                                   BATCH_RECEIVE_WAIT_MS) if batched else None
         consumers = [self.client.subscribe(topic, name, consumer_type=kind, receiver_queue_size=1000,
-                                           initial_position=pulsar.InitialPosition.Earliest)
+                                           initial_position=pulsar.InitialPosition.Earliest,
+                                           batch_receive_policy=policy)
                      for name in subscriptions]
         lock = threading.Lock()
         state = {"received": 0, "first": None, "last": None}
         per_consumer = [0] * consumers_count
         go = threading.Event()
 
+        def count(index: int, messages: int) -> None:
+            now = time.time()
+            per_consumer[index] += messages
+            with lock:
+                state["received"] += messages
+                if state["first"] is None:
+                    state["first"] = now
+                state["last"] = now
+
+        def run_batched(index: int, consumer) -> None:
+            go.wait()
+            idle_since = time.monotonic()
+            while expected_each is None or per_consumer[index] < expected_each:
+                messages = consumer.batch_receive()
+                if len(messages) == 0:
+                    if time.monotonic() - idle_since >= RECEIVE_IDLE_MS / 1000:
+                        return
+                    continue
+                idle_since = time.monotonic()
+                consumer.acknowledge_cumulative(messages[len(messages) - 1])
+                count(index, len(messages))
+
         def run(index: int, consumer) -> None:
+            if batched:
+                run_batched(index, consumer)
+                return
             go.wait()
             limit = expected_each
             while limit is None or per_consumer[index] < limit:
@@ -339,6 +380,8 @@ def main() -> int:
     parser.add_argument("--publish-seconds", type=float, default=4.0)
     parser.add_argument("--max-pending", type=int, default=1000)
     parser.add_argument("--batch-delay-ms", type=int, default=1)
+    parser.add_argument("--consume", choices=["batch", "per-message"], default="batch",
+                        help="drain and fan-out: batch_receive + one cumulative ack per batch, or one at a time")
     parser.add_argument("--only", default="", help="only these latency workloads (durable_ack,e2e), for profiling")
     args = parser.parse_args()
     results = Client(args).run()

@@ -174,7 +174,9 @@ def report_markdown(results: dict) -> str:
              f"1 KiB messages, at most {settings['max_pending']} publishes awaiting their ack, e2e at "
              f"{settings['rate']:,} msgs/s for {settings['e2e_seconds']} s, publish for {settings['publish_seconds']} s; "
              f"one Python asyncio process per peer with its usual client, Magnetar through the official "
-             f"pulsar-client. Machine: {results['cpus']} cores, shared with other work (see the CPU lines).", "",
+             f"pulsar-client (drain and fan-out: "
+             f"{'batch_receive + a cumulative ack per batch' if settings.get('magnetar_consume') == 'batch' else 'one message at a time'}"
+             f"). Machine: {results['cpus']} cores, shared with other work (see the CPU lines).", "",
              *([f"Pooled: the repeats of {len(results['merged_from'])} runs of the same settings, "
                 f"started at {', '.join(results['merged_from'])} (every repeat kept).", ""]
                if results.get("merged_from") else []),
@@ -370,7 +372,8 @@ async def main_async(args: argparse.Namespace) -> dict:
     results = {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "cpus": os.cpu_count(),
                "settings": {"message_bytes": latency.MESSAGE_BYTES, "max_pending": 1000, "rate": args.rate,
                             "e2e_seconds": args.e2e_seconds, "publish_seconds": args.publish_seconds,
-                            "ack_messages": args.ack_messages, "repeat": args.repeat, "systems": args.systems},
+                            "ack_messages": args.ack_messages, "repeat": args.repeat, "systems": args.systems,
+                            "magnetar_consume": args.consume},
                "labels": LABELS, "runs": runs}
     results["summary"] = summarize(runs)
     results["total_seconds"] = round(time.monotonic() - started, 1)
@@ -423,6 +426,9 @@ def main() -> int:
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--e2e-seconds", type=float, default=5.0)
     parser.add_argument("--publish-seconds", type=float, default=4.0)
+    parser.add_argument("--consume", choices=["batch", "per-message"], default="batch",
+                        help="Magnetar's drain and fan-out: batch_receive + one cumulative ack per batch "
+                             "(as the Redis peer reads with XREAD COUNT), or one message at a time")
     parser.add_argument("--dir", default=None, help="where data goes (default: the temp dir)")
     parser.add_argument("--keep-data", action="store_true")
     parser.add_argument("--from-json", default=None,
