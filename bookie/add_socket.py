@@ -4,38 +4,46 @@ Why: measured per durable add (docs/performance.md, step 5), gRPC aio's per-mess
 completion callbacks were more than half of the bookie's event-loop CPU and the largest
 item of the broker's; a length-prefixed stream read and written by the event loop
 itself (protocol/add_socket.py) answers the same AddRequests with the same code
-(``BookieServicer.answer_adds``: admit, journal, reply after the fdatasync, replies
-merged) without them. gRPC stays the bookie's API: reads, fences, LAC and info, and
-adds for writers that do not use this.
+(``BookieServicer``: admit, journal, reply after the fdatasync, replies merged)
+without them. gRPC stays the bookie's API: reads, fences, LAC and info, and adds for
+writers that do not use this.
 
 Theory of operation: one connection per writer process (the ledger client's add
-stream). The writer's first message is an ``AddSocketHello`` with its service token;
-with authentication on, the token is checked as gRPC's interceptor checks it
-(``TokenInterceptor.check_token``: the same key, rotated the same way, the same roles)
-and a refusal is an ``AddSocketWelcome`` with AuthenticationFailed or
-AuthorizationDenied, then the close. The hello must come within ``hello_timeout_s``.
-Then requests are read (each at most ``message_bytes_max``: a longer announced length,
-or bytes that do not parse, end that connection only) and the replies written in order;
-writing waits while the connection's buffer is over its high-water mark, and reading
-stops while ``STREAM_BATCHES_IN_FLIGHT_MAX`` batches are unanswered (as on gRPC), so a
-slow writer bounds what the bookie holds for it. With TLS configured the socket serves
-TLS with the bookie's certificate (and requires client certificates when the gRPC port
-does).
+stream), served by a protocol object driven by the loop's callbacks, not by a task: a
+request is journaled in the same turn its bytes arrive (when the journal and the write
+cache have room; else an admission task waits for room with reading paused, and the
+requests behind it wait in order), and its reply is written by the callback of its
+journal future (docs/performance.md, step 8: fewer loop turns and Python frames per
+add than a stream reader, a queue and an answering task). The writer's first message is
+an ``AddSocketHello`` with its service token; with authentication on, the token is
+checked as gRPC's interceptor checks it (``TokenInterceptor.check_token``: the same key,
+rotated the same way, the same roles) and a refusal is an ``AddSocketWelcome`` with
+AuthenticationFailed or AuthorizationDenied, then the close. The hello must come within
+``hello_timeout_s``. Then requests are read (each at most ``message_bytes_max``: a
+longer announced length, or bytes that do not parse, end that connection only) and the
+replies written in order. Bounded: reading pauses while ``STREAM_BATCHES_IN_FLIGHT_MAX``
+batches are unanswered (as on gRPC), while an admission waits for room, and while the
+transport's buffer is over its high-water mark (the writer does not read its replies),
+so a slow writer bounds what the bookie holds for it. With TLS configured the socket
+serves TLS with the bookie's certificate (and requires client certificates when the
+gRPC port does).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import ssl
-from typing import AsyncIterator, Callable
+import time
+from typing import Callable
 
 import grpc
 
-from bookie.server import BookieServicer
+from bookie.server import STREAM_BATCHES_IN_FLIGHT_MAX, BookieServicer, PendingBatch, add_items
 from common.errors import AuthenticationFailed, AuthorizationDenied, MagnetarError, MalformedFrame
-from common.tasks import TaskSet
-from protocol.add_socket import LENGTH_BYTES, encode_message, parse, read_message_body
+from common.tasks import log_failure
+from protocol.add_socket import MessageDecoder, encode_message, parse
 from protocol.proto import bookie_pb2
 
 log = logging.getLogger(__name__)
@@ -48,77 +56,40 @@ CONNECTIONS_MAX = 1024
 
 TokenCheck = Callable[[str], "tuple[grpc.StatusCode, str] | None"]
 
+# Why a connection's reading is paused (it resumes when none is left).
+_PAUSED_IN_FLIGHT = "batches in flight"
+_PAUSED_ADMISSION = "waiting for room"
+_PAUSED_WRITES = "replies not read"
+
+
+def _settled(batch: PendingBatch) -> bool:
+    return batch.future is None or batch.future.done()
+
 
 class AddSocketServer:
     def __init__(self, servicer: BookieServicer, *, message_bytes_max: int, token_check: TokenCheck | None = None,
                  ssl_context: ssl.SSLContext | None = None, hello_timeout_s: float = HELLO_TIMEOUT_S) -> None:
-        self._servicer = servicer
-        self._message_bytes_max = message_bytes_max
-        self._token_check = token_check
+        self.servicer = servicer
+        self.message_bytes_max = message_bytes_max
+        self.token_check = token_check
         self._ssl_context = ssl_context
-        self._hello_timeout_s = hello_timeout_s
+        self.hello_timeout_s = hello_timeout_s
         self._server: asyncio.Server | None = None
-        # One task per connection, owned here: cancelled and awaited by close().
-        self._connections = TaskSet("add socket connections")
+        # The open connections, owned here: closed by close().
+        self.connections: set[_AddConnection] = set()
         self.connections_total = 0
         self.refused_total = 0
 
     async def start(self, host: str, port: int) -> int:
         """Listens; returns the port (``port`` 0: a free one)."""
-        self._server = await asyncio.start_server(self._accept, host, port, ssl=self._ssl_context,
-                                                  limit=self._message_bytes_max + LENGTH_BYTES)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _AddConnection(self), host, port, ssl=self._ssl_context)
         return self._server.sockets[0].getsockname()[1]
 
-    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if len(self._connections) >= CONNECTIONS_MAX:
-            self.refused_total += 1
-            log.warning("add socket connection refused: connections=%d (the limit)", len(self._connections))
-            writer.close()
-            return
-        self.connections_total += 1
-        self._connections.spawn(self._serve(reader, writer), name="add socket connection")
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = writer.get_extra_info("peername")
-        describe = lambda: f"addsocket:{peer}"  # noqa: E731 - the servicer's log callback
-        try:
-            async with asyncio.timeout(self._hello_timeout_s):
-                body = await read_message_body(reader, self._message_bytes_max)
-            if body is None:
-                return
-            refusal = self._refusal(parse(bookie_pb2.AddSocketHello, body).token)
-            writer.write(encode_message(refusal or bookie_pb2.AddSocketWelcome()))
-            if refusal is None:
-                log.info("add socket writer connected: peer=%s", peer)
-            else:
-                self.refused_total += 1
-                log.info("add socket refused: peer=%s error_code=%d reason=%s", peer, refusal.error_code,
-                         refusal.error_message)
-                await writer.drain()
-                return
-            async for response in self._servicer.answer_adds(self._requests(reader), describe, on_add_socket=True):
-                writer.write(encode_message(response))
-                await writer.drain()
-        except TimeoutError:
-            log.info("add socket closed: peer=%s reason=no hello within %ss", peer, self._hello_timeout_s)
-        except MalformedFrame as error:
-            log.info("add socket closed: peer=%s reason=%s", peer, error)
-        except (ConnectionError, ssl.SSLError) as error:
-            log.info("add socket connection lost: peer=%s error=%r", peer, error)
-        finally:
-            writer.close()
-
-    async def _requests(self, reader: asyncio.StreamReader) -> AsyncIterator[bookie_pb2.AddRequest]:
-        while True:
-            body = await read_message_body(reader, self._message_bytes_max)
-            if body is None:
-                return
-            yield parse(bookie_pb2.AddRequest, body)
-
-    def _refusal(self, token: str) -> bookie_pb2.AddSocketWelcome | None:
-        if self._token_check is None:
+    def refusal(self, token: str) -> bookie_pb2.AddSocketWelcome | None:
+        if self.token_check is None:
             return None
-        refused = self._token_check(token)
+        refused = self.token_check(token)
         if refused is None:
             return None
         status, reason = refused
@@ -129,6 +100,207 @@ class AddSocketServer:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
-        await self._connections.close()
+        for connection in list(self.connections):
+            connection.abort()
         if self._server is not None:
             await self._server.wait_closed()
+
+
+class _AddConnection(asyncio.Protocol):
+    """One writer's add stream (see the module docstring)."""
+
+    def __init__(self, server: AddSocketServer) -> None:
+        self._server = server
+        self._servicer = server.servicer
+        self._node = server.servicer.node
+        self._decoder = MessageDecoder(server.message_bytes_max)
+        self._transport: asyncio.Transport | None = None
+        self._peer: object = None
+        self._hello_timer: asyncio.TimerHandle | None = None
+        self._welcomed = False
+        self._closed = False
+        # Batches journaled (or refused) and not yet answered, in arrival order.
+        self._unanswered: collections.deque[PendingBatch] = collections.deque()
+        # Requests read while an admission waits for room: taken in order after it.
+        self._waiting: collections.deque[tuple[bookie_pb2.AddRequest, float]] = collections.deque()
+        self._admission: asyncio.Task[None] | None = None
+        self._paused: set[str] = set()
+
+    # --- asyncio.Protocol -----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        self._peer = transport.get_extra_info("peername")
+        server = self._server
+        if len(server.connections) >= CONNECTIONS_MAX:
+            server.refused_total += 1
+            log.warning("add socket connection refused: connections=%d (the limit)", len(server.connections))
+            self._closed = True
+            transport.abort()
+            return
+        server.connections.add(self)
+        server.connections_total += 1
+        self._hello_timer = asyncio.get_running_loop().call_later(server.hello_timeout_s, self._on_hello_timeout)
+
+    def data_received(self, data: bytes) -> None:
+        if self._closed:
+            return
+        self._decoder.feed(data)
+        try:
+            while not self._closed:
+                body = self._decoder.next_body()
+                if body is None:
+                    return
+                if self._welcomed:
+                    self._on_request(parse(bookie_pb2.AddRequest, body))
+                else:
+                    self._on_hello(parse(bookie_pb2.AddSocketHello, body))
+        except MalformedFrame as error:
+            log.info("add socket closed: peer=%s reason=%s", self._peer, error)
+            self.abort()
+
+    def eof_received(self) -> bool:
+        if self._decoder.buffered_bytes:
+            log.info("add socket closed: peer=%s reason=closed inside a message", self._peer)
+        return False     # the transport closes itself
+
+    def pause_writing(self) -> None:
+        self._pause(_PAUSED_WRITES)
+
+    def resume_writing(self) -> None:
+        self._resume(_PAUSED_WRITES)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if exc is not None and not self._closed:
+            log.info("add socket connection lost: peer=%s error=%r", self._peer, exc)
+        self._closed = True
+        self._server.connections.discard(self)
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
+            self._hello_timer = None
+        if self._admission is not None:
+            self._admission.cancel()
+            self._admission = None
+        # Journaled adds stay journaled; nobody is left to answer.
+        self._waiting.clear()
+        self._unanswered.clear()
+
+    def abort(self) -> None:
+        self._closed = True
+        if self._transport is not None:
+            self._transport.abort()
+
+    # --- the hello --------------------------------------------------------------------------
+
+    def _on_hello_timeout(self) -> None:
+        self._hello_timer = None
+        if not self._welcomed and not self._closed:
+            log.info("add socket closed: peer=%s reason=no hello within %ss", self._peer,
+                     self._server.hello_timeout_s)
+            self.abort()
+
+    def _on_hello(self, hello: bookie_pb2.AddSocketHello) -> None:
+        assert self._transport is not None
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
+            self._hello_timer = None
+        refusal = self._server.refusal(hello.token)
+        self._transport.write(encode_message(refusal or bookie_pb2.AddSocketWelcome()))
+        if refusal is None:
+            self._welcomed = True
+            log.info("add socket writer connected: peer=%s", self._peer)
+            return
+        self._server.refused_total += 1
+        log.info("add socket refused: peer=%s error_code=%d reason=%s", self._peer, refusal.error_code,
+                 refusal.error_message)
+        self._closed = True
+        self._transport.close()     # after the refusal is written
+
+    # --- requests ---------------------------------------------------------------------------
+
+    def _on_request(self, request: bookie_pb2.AddRequest) -> None:
+        arrived = time.perf_counter()
+        if self._admission is not None or self._waiting:
+            self._waiting.append((request, arrived))     # behind an admission that waits
+            return
+        self._take(request, arrived)
+
+    def _take(self, request: bookie_pb2.AddRequest, arrived: float) -> None:
+        """Journals a request now, or starts the admission that waits for room."""
+        items = add_items(request)
+        if not self._node.admits_now(items):
+            self._pause(_PAUSED_ADMISSION)
+            self._admission = asyncio.get_running_loop().create_task(self._admit(request, items, arrived),
+                                                                     name="add socket admission")
+            self._admission.add_done_callback(lambda task: log_failure(task, owner=f"add socket {self._peer}"))
+            return
+        self._queue(self._servicer.submit_batch(request, items, arrived))
+
+    async def _admit(self, request: bookie_pb2.AddRequest, items: list, arrived: float) -> None:
+        try:
+            await self._node.admit(items)
+        except MagnetarError as error:
+            batch = PendingBatch(items, [error] * len(items), None, arrived, request.replies_may_merge)
+        else:
+            batch = self._servicer.submit_batch(request, items, arrived)
+        self._admission = None
+        if self._closed:
+            return
+        self._queue(batch)
+        while self._waiting and self._admission is None and not self._closed:
+            self._take(*self._waiting.popleft())
+        if self._admission is None:
+            self._resume(_PAUSED_ADMISSION)
+
+    def _queue(self, batch: PendingBatch) -> None:
+        self._unanswered.append(batch)
+        if len(self._unanswered) >= STREAM_BATCHES_IN_FLIGHT_MAX:
+            self._pause(_PAUSED_IN_FLIGHT)
+        if batch.future is None:
+            self._answer()
+        else:
+            batch.future.add_done_callback(self._on_durable)
+
+    # --- replies ----------------------------------------------------------------------------
+
+    def _on_durable(self, future: asyncio.Future[None]) -> None:
+        if self._closed:
+            if not future.cancelled():
+                future.exception()      # retrieved: nobody is left to answer
+            return
+        self._answer()
+
+    def _answer(self) -> None:
+        """Writes the replies of the settled batches at the head, in order; batches that
+        let replies merge and are settled together share one reply."""
+        unanswered = self._unanswered
+        servicer = self._servicer
+        while unanswered and _settled(unanswered[0]) and not self._closed:
+            durable_at = time.perf_counter()
+            batch = unanswered.popleft()
+            results = servicer.settled_results(batch, True)
+            merged = 1
+            while batch.replies_may_merge and unanswered and unanswered[0].replies_may_merge \
+                    and _settled(unanswered[0]):
+                results.extend(servicer.settled_results(unanswered.popleft(), True))
+                merged += 1
+            assert self._transport is not None
+            self._transport.write(encode_message(bookie_pb2.AddResponse(results=results)))
+            servicer.count_reply(batch, durable_at, merged)
+        if len(unanswered) < STREAM_BATCHES_IN_FLIGHT_MAX:
+            self._resume(_PAUSED_IN_FLIGHT)
+
+    # --- reading paused / resumed -------------------------------------------------------------
+
+    def _pause(self, reason: str) -> None:
+        if not self._paused and self._transport is not None and not self._closed:
+            self._transport.pause_reading()
+        self._paused.add(reason)
+
+    def _resume(self, reason: str) -> None:
+        if reason not in self._paused:
+            return
+        self._paused.discard(reason)
+        if not self._paused and self._transport is not None and not self._closed:
+            self._transport.resume_reading()

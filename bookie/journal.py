@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import mmap
 import os
@@ -204,31 +205,69 @@ class Journal:
             for item in group:
                 self.stats.queue_wait.observe(max(0.0, write_started - item.enqueued_at), len(item.tokens))
             round_started = time.perf_counter()
+            # The IO thread hands the written group straight to _complete_group on the
+            # loop (one hop back), which acknowledges it before this task resumes: the
+            # adds' replies go a loop turn sooner than through run_in_executor's future.
+            completed: asyncio.Future[None] = loop.create_future()
+            io = self._io.submit(self._write_group, buffers)
+            io.add_done_callback(functools.partial(self._hand_back, loop, completed, group, group_bytes,
+                                                   group_records, round_started))
             try:
-                position = await loop.run_in_executor(self._io, self._write_group, buffers)
+                await completed
             except OSError as error:
                 self._fail(BookieStorageError(f"journal write failed: {error}"), group)
                 log.error("journal write failed, journal stopped: error=%s", error)
                 return
-            self.last_round_s = time.perf_counter() - round_started
-            stats = self.stats
-            stats.groups_written += 1
-            stats.records_written += group_records
-            stats.bytes_written += group_bytes
-            stats.group_bytes_largest = max(stats.group_bytes_largest, group_bytes)
-            if self.on_group_written is not None:
-                self.on_group_written(self._last_fsync_s, group_records, group_bytes)
-            self._queued_bytes -= sum(item.queued_bytes for item in group)
-            assert self._queued_bytes >= 0, self._queued_bytes
-            self._room_event.set()
-            # Hand the durable records on before acknowledging: a reader may only see an
-            # entry once a crash can no longer erase it, and the ack follows visibility.
-            self._on_durable([token for item in group for token in item.tokens])
-            assert position >= self.applied_position, (position, self.applied_position)
-            self.applied_position = position
-            for item in group:
-                if not item.future.done():
-                    item.future.set_result(None)
+
+    def _hand_back(self, loop: asyncio.AbstractEventLoop, completed: asyncio.Future[None], group: list[_Append],
+                   group_bytes: int, group_records: int, round_started: float,
+                   io: concurrent.futures.Future[JournalPosition]) -> None:
+        """On the IO thread, once the group is written (or failed): to the loop."""
+        try:
+            loop.call_soon_threadsafe(self._complete_group, completed, group, group_bytes, group_records,
+                                      round_started, io)
+        except RuntimeError:
+            pass    # the loop is closed: nobody is left to acknowledge
+
+    def _complete_group(self, completed: asyncio.Future[None], group: list[_Append], group_bytes: int,
+                        group_records: int, round_started: float,
+                        io: concurrent.futures.Future[JournalPosition]) -> None:
+        """On the loop: a written group's records are durable; acknowledges them, then
+        lets the writer loop go on (its failure is the writer loop's to handle)."""
+        if completed.cancelled():
+            return   # the writer loop was cancelled meanwhile (closing): as before, no acks
+        error = io.exception()
+        if error is not None:
+            completed.set_exception(error)
+            return
+        try:
+            self._acknowledge_group(group, group_bytes, group_records, round_started, io.result())
+        except BaseException as broken:    # the writer loop raises it, as when it did this itself
+            completed.set_exception(broken)
+            return
+        completed.set_result(None)
+
+    def _acknowledge_group(self, group: list[_Append], group_bytes: int, group_records: int, round_started: float,
+                           position: JournalPosition) -> None:
+        self.last_round_s = time.perf_counter() - round_started
+        stats = self.stats
+        stats.groups_written += 1
+        stats.records_written += group_records
+        stats.bytes_written += group_bytes
+        stats.group_bytes_largest = max(stats.group_bytes_largest, group_bytes)
+        if self.on_group_written is not None:
+            self.on_group_written(self._last_fsync_s, group_records, group_bytes)
+        self._queued_bytes -= sum(item.queued_bytes for item in group)
+        assert self._queued_bytes >= 0, self._queued_bytes
+        self._room_event.set()
+        # Hand the durable records on before acknowledging: a reader may only see an
+        # entry once a crash can no longer erase it, and the ack follows visibility.
+        self._on_durable([token for item in group for token in item.tokens])
+        assert position >= self.applied_position, (position, self.applied_position)
+        self.applied_position = position
+        for item in group:
+            if not item.future.done():
+                item.future.set_result(None)
 
     async def _gather(self) -> None:
         """Lets adds that are already runnable (the rest of a burst that arrived on the
@@ -321,6 +360,11 @@ class Journal:
     @property
     def failed(self) -> BaseException | None:
         return self._failed
+
+    def has_room(self, size_bytes: int) -> bool:
+        """True when wait_for_room would return at once (a failed journal has none)."""
+        return self._failed is None and (self._queued_bytes + size_bytes <= self.config.queue_bytes_max
+                                         or self._queued_bytes == 0)
 
     async def wait_for_room(self, size_bytes: int, timeout_s: float) -> None:
         """Back-pressure: waits while the queue holds more than queue_bytes_max. Raises

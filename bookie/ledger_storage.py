@@ -70,6 +70,11 @@ class LedgerStorage(abc.ABC):
         """Back-pressure before journaling: waits while the write cache is full;
         raises Overloaded after the configured wait."""
 
+    def has_room(self, ledger_id: int, size_bytes: int) -> bool:
+        """True when wait_for_room would return at once. A storage that cannot tell
+        says False, and its writers take the waiting path."""
+        return False
+
     @abc.abstractmethod
     async def read_entries(self, ledger_id: int, entry_ids: list[int], bytes_max: int) -> list[ReadOutcome]:
         """Outcomes for a prefix of ``entry_ids`` (at least one), stopping once the

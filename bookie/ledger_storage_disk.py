@@ -159,8 +159,11 @@ class _Directory:
     def needs_flush(self) -> bool:
         return self.active.size_bytes >= self._write_cache_bytes_max // 2
 
+    def has_room(self, size_bytes: int) -> bool:
+        return self.active.size_bytes + size_bytes <= self._write_cache_bytes_max
+
     async def wait_for_room(self, size_bytes: int) -> None:
-        if self.active.size_bytes + size_bytes <= self._write_cache_bytes_max:
+        if self.has_room(size_bytes):
             return
         try:
             async with asyncio.timeout(self.config.write_cache_wait_s_max):
@@ -471,6 +474,9 @@ class DiskLedgerStorage(LedgerStorage):
 
     def ledger_state(self, ledger_id: int) -> LedgerState | None:
         return self._dir(ledger_id).states.get(ledger_id)
+
+    def has_room(self, ledger_id: int, size_bytes: int) -> bool:
+        return self._dir(ledger_id).has_room(size_bytes)
 
     async def wait_for_room(self, ledger_id: int, size_bytes: int) -> None:
         await self._dir(ledger_id).wait_for_room(size_bytes)

@@ -179,6 +179,13 @@ class BookieNode:
         except TimeoutError:
             raise Overloaded("journal queue full: the journal disk is not keeping up") from None
 
+    def admits_now(self, items: Sequence[AddItem]) -> bool:
+        """True when ``admit`` would return at once without raising (journal and write
+        cache have room): the caller may skip awaiting it."""
+        assert self.journal is not None
+        size = sum(len(item.entry) for item in items)
+        return self.journal.has_room(size) and (not items or self.storage.has_room(items[0].ledger_id, size))
+
     def submit_adds(self, items: Sequence[AddItem]) -> tuple[list[MagnetarError | None], asyncio.Future[None] | None]:
         """Journals the valid adds of a batch. Returns one outcome per item (None for
         accepted ones) and the future of their fsync (None if none was accepted).

@@ -66,7 +66,7 @@ async def _abort(context: grpc.aio.ServicerContext, error: MagnetarError) -> Non
 
 
 @dataclass(slots=True)
-class _PendingBatch:
+class PendingBatch:
     """One AddRequest read from a stream and not yet answered."""
 
     items: list[AddItem]
@@ -75,6 +75,10 @@ class _PendingBatch:
     future: asyncio.Future[None] | None   # None when nothing of the batch was accepted
     arrived: float                        # time.perf_counter() when read
     replies_may_merge: bool
+
+
+def add_items(request: bookie_pb2.AddRequest) -> list[AddItem]:
+    return [AddItem(e.ledger_id, e.entry_id, e.entry, e.recovery) for e in request.entries]
 
 
 class BookieServicer(bookie_pb2_grpc.BookieServicer):
@@ -94,20 +98,20 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
         add socket, bookie/add_socket.py, both answer through this; ``on_add_socket``
         says which, for the metrics)."""
         node = self._node
-        pending: asyncio.Queue[_PendingBatch | None] = asyncio.Queue(maxsize=STREAM_BATCHES_IN_FLIGHT_MAX)
+        pending: asyncio.Queue[PendingBatch | None] = asyncio.Queue(maxsize=STREAM_BATCHES_IN_FLIGHT_MAX)
 
         async def read_requests() -> None:
             try:
                 async for request in request_iterator:
                     arrived = time.perf_counter()
-                    items = [AddItem(e.ledger_id, e.entry_id, e.entry, e.recovery) for e in request.entries]
-                    future = None
+                    items = add_items(request)
                     try:
                         await node.admit(items)
-                        outcomes, future = node.submit_adds(items)
                     except MagnetarError as error:
-                        outcomes = [error] * len(items)
-                    await pending.put(_PendingBatch(items, outcomes, future, arrived, request.replies_may_merge))
+                        batch = PendingBatch(items, [error] * len(items), None, arrived, request.replies_may_merge)
+                    else:
+                        batch = self.submit_batch(request, items, arrived)
+                    await pending.put(batch)
             except asyncio.CancelledError:
                 raise
             except Exception as error:  # a broken stream ends the reader, never the server
@@ -122,7 +126,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
         reader = asyncio.get_running_loop().create_task(read_requests(), name="add-stream-reader")
         # A batch taken from the queue that could not join the reply being built (not
         # durable yet, or its writer wants one reply per batch): the next reply's first.
-        carried: _PendingBatch | None = None
+        carried: PendingBatch | None = None
         ended = False   # the reader's end mark was taken while merging
         try:
             while not ended:
@@ -148,22 +152,52 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
                     results.extend(await self._settle(following, on_add_socket))
                     merged += 1
                 yield bookie_pb2.AddResponse(results=results)
-                if self._metrics is not None:
-                    if batch.future is not None:
-                        self._metrics.add_reply.observe(time.perf_counter() - durable_at)
-                    self._metrics.add_replies_merged.observe(merged)
+                self.count_reply(batch, durable_at, merged)
                 if carried is None and reader.done() and pending.empty():
                     break  # the reader may have stopped on a full queue
         finally:
             await cancel_and_wait(reader)
 
-    async def _settle(self, batch: "_PendingBatch", on_add_socket: bool) -> list[bookie_pb2.AddResult]:
+    @property
+    def node(self) -> BookieNode:
+        return self._node
+
+    def submit_batch(self, request: bookie_pb2.AddRequest, items: list[AddItem], arrived: float) -> PendingBatch:
+        """Journals an admitted request's valid adds (``node.admit`` done, or
+        ``node.admits_now`` true); its outcomes and journal future, as a batch to answer."""
+        future = None
+        try:
+            outcomes, future = self._node.submit_adds(items)
+        except MagnetarError as error:
+            outcomes = [error] * len(items)
+        return PendingBatch(items, outcomes, future, arrived, request.replies_may_merge)
+
+    async def _settle(self, batch: "PendingBatch", on_add_socket: bool) -> list[bookie_pb2.AddResult]:
         """Waits until the batch is durable (or failed) and returns its results."""
-        outcomes = batch.outcomes
         if batch.future is not None:
             try:
                 await batch.future
-            except MagnetarError as error:
+            except MagnetarError:
+                pass    # read by settled_results
+        return self.settled_results(batch, on_add_socket)
+
+    def count_reply(self, batch: PendingBatch, durable_at: float, merged: int) -> None:
+        """Metrics of one reply written: from durable to written, batches it answered."""
+        if self._metrics is not None:
+            if batch.future is not None:
+                self._metrics.add_reply.observe(time.perf_counter() - durable_at)
+            self._metrics.add_replies_merged.observe(merged)
+
+    def settled_results(self, batch: "PendingBatch", on_add_socket: bool) -> list[bookie_pb2.AddResult]:
+        """The results of a batch whose journal future is done (or that has none),
+        counted in the metrics."""
+        outcomes = batch.outcomes
+        if batch.future is not None:
+            assert batch.future.done(), "a batch is answered once its journal future is done"
+            error = batch.future.exception()
+            if error is not None:
+                if not isinstance(error, MagnetarError):
+                    raise error
                 outcomes = [outcome or error for outcome in outcomes]
         results = []
         errors = 0

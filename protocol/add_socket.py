@@ -48,6 +48,49 @@ def parse(cls: type[M], body: bytes) -> M:
         raise MalformedFrame(f"add socket message is not a {cls.__name__}: {error}") from None
 
 
+class MessageDecoder:
+    """Cuts the bytes of a connection, fed as they arrive, into message bodies. A length
+    past the bound is MalformedFrame as soon as its header is in (before the body is
+    waited for); at most one message plus one read's bytes are held."""
+
+    def __init__(self, message_bytes_max: int) -> None:
+        self._message_bytes_max = message_bytes_max
+        self._buffer = bytearray()
+        self._offset = 0          # where the next message starts in _buffer
+        self._length = -1         # the current message's length, once its header is in
+
+    def feed(self, data: bytes) -> None:
+        self._buffer += data
+
+    def next_body(self) -> bytes | None:
+        """The next whole message's bytes, or None until more are fed."""
+        available = len(self._buffer) - self._offset
+        if self._length < 0:
+            if available < LENGTH_BYTES:
+                self._compact()
+                return None
+            self._length = decode_length(bytes(self._buffer[self._offset:self._offset + LENGTH_BYTES]),
+                                         self._message_bytes_max)
+            self._offset += LENGTH_BYTES
+            available -= LENGTH_BYTES
+        if available < self._length:
+            self._compact()
+            return None
+        body = bytes(self._buffer[self._offset:self._offset + self._length])
+        self._offset += self._length
+        self._length = -1
+        return body
+
+    @property
+    def buffered_bytes(self) -> int:
+        return len(self._buffer) - self._offset
+
+    def _compact(self) -> None:
+        if self._offset:
+            del self._buffer[:self._offset]
+            self._offset = 0
+
+
 async def read_message_body(reader: asyncio.StreamReader, message_bytes_max: int) -> bytes | None:
     """The next message's bytes from a stream; None at a clean end between messages,
     MalformedFrame for an end inside one or a length past the bound."""

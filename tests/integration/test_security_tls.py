@@ -343,13 +343,20 @@ def _produce_consume(client: pulsar.Client, topic: str, payload: bytes) -> None:
 
 
 async def test_the_add_socket_takes_mutual_tls_and_the_token(tls_broker):
-    """The bookie's add socket with TLS: the broker's adds arrived there (the other
-    tests' messages); a ledger client on the socket with the client certificate and the
-    service token writes; without a client certificate the handshake fails and the add
-    is a failed bookie's (BookieUnavailable, and with no other bookie to take its
-    place NotEnoughBookies), as on gRPC."""
+    """The bookie's add socket with TLS: the broker's adds arrive there; a ledger client
+    on the socket with the client certificate and the service token writes; without a
+    client certificate the handshake fails and the add is a failed bookie's
+    (BookieUnavailable, and with no other bookie to take its place NotEnoughBookies), as
+    on gRPC."""
     cluster, pki, signer, base = (tls_broker["cluster"], tls_broker["storage_pki"], tls_broker["signer"],
                                   tls_broker["base"])
+    # A message through the broker (whatever ran before): its adds open the broker's socket.
+    client = _client(tls_broker["service_url"], tls_broker["pki"].ca_file, signer.create(SUPERUSER))
+    try:
+        await asyncio.to_thread(_produce_consume, client, f"persistent://public/default/{unique('tls-socket')}",
+                                b"through the broker")
+    finally:
+        client.close()
     bookie = cluster.bookies[0]
     right_token = os.path.join(base, "socket.token")
     with open(right_token, "w") as handle:

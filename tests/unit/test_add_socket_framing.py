@@ -11,7 +11,7 @@ import struct
 import pytest
 
 from common.errors import MalformedFrame
-from protocol.add_socket import LENGTH_BYTES, decode_length, encode_message, parse, read_message_body
+from protocol.add_socket import LENGTH_BYTES, MessageDecoder, decode_length, encode_message, parse, read_message_body
 from protocol.proto import bookie_pb2
 
 
@@ -50,3 +50,29 @@ async def test_reading_messages_from_a_stream():
             await read_message_body(await _stream(frame[:cut]), 1024)
     with pytest.raises(MalformedFrame, match="exceeds"):
         await read_message_body(await _stream(struct.pack(">I", 1 << 30)), 1024)
+
+
+def test_the_incremental_decoder_cuts_messages_however_the_bytes_arrive():
+    frames = [encode_message(_request()), encode_message(bookie_pb2.AddSocketHello(token="t")),
+              encode_message(_request())]
+    stream = b"".join(frames)
+    bodies = [frame[LENGTH_BYTES:] for frame in frames]
+    for chunk_bytes in (1, 3, 7, len(stream)):
+        decoder = MessageDecoder(1024)
+        got = []
+        for start in range(0, len(stream), chunk_bytes):
+            decoder.feed(stream[start:start + chunk_bytes])
+            while (body := decoder.next_body()) is not None:
+                got.append(body)
+        assert got == bodies, chunk_bytes
+        assert decoder.buffered_bytes == 0
+
+
+def test_the_incremental_decoder_refuses_a_long_length_before_its_body():
+    decoder = MessageDecoder(1024)
+    decoder.feed(struct.pack(">I", 1025))     # the header alone: nothing of the body yet
+    with pytest.raises(MalformedFrame, match="exceeds"):
+        decoder.next_body()
+    partial = MessageDecoder(1024)
+    partial.feed(encode_message(_request())[:-1])
+    assert partial.next_body() is None and partial.buffered_bytes > 0
