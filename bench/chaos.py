@@ -228,8 +228,10 @@ async def _inject(kind: str, rng: random.Random, cluster: Cluster) -> dict:
 async def run(args: argparse.Namespace) -> dict:
     rng = random.Random(args.seed)
     async with bench_cluster("magnetar-chaos-", directory=args.data_dir, keep_data=args.keep_data) as cluster:
-        await cluster.start_bookies(4)
-        await cluster.start_brokers(3)
+        # As `magnetar standalone` and the Kubernetes manifests run them: adds on the
+        # bookies' add sockets (bookie/add_socket.py), everything else on gRPC.
+        await cluster.start_bookies(4, extra_args=["--add-socket-port", "0"])
+        await cluster.start_brokers(3, extra_args=["--bookie-add-transport", "socket"])
         service_url = "pulsar://" + ",".join(f"127.0.0.1:{b.port}" for b in cluster.brokers)
         load = await asyncio.to_thread(Load, service_url, args.rate)
         load.start()
