@@ -100,8 +100,12 @@ class AddSocketServer:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
+        admissions = [c.admission for c in self.connections if c.admission is not None]
         for connection in list(self.connections):
             connection.abort()
+        for admission in admissions:
+            admission.cancel()
+        await asyncio.gather(*admissions, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
 
@@ -185,6 +189,11 @@ class _AddConnection(asyncio.Protocol):
         # Journaled adds stay journaled; nobody is left to answer.
         self._waiting.clear()
         self._unanswered.clear()
+
+    @property
+    def admission(self) -> asyncio.Task[None] | None:
+        """The task waiting for room for this connection's next request, if any."""
+        return self._admission
 
     def abort(self) -> None:
         self._closed = True

@@ -7,7 +7,8 @@ and the requests read behind it wait in order; reading pauses at
 STREAM_BATCHES_IN_FLIGHT_MAX unanswered batches and while the transport's buffer is full,
 and resumes after; a refused hello is answered with its refusal and closed; no hello in
 time, a length past the bound and bytes that are not a request each abort the connection;
-a connection lost with batches unanswered writes nothing more.
+a connection lost with batches unanswered writes nothing more; closing the server cancels
+and awaits an admission that waits for room.
 
 How: the real protocol object over a recording transport, with a node whose journal
 futures and admission the test drives, and the real BookieServicer.
@@ -209,3 +210,15 @@ async def test_a_lost_connection_writes_nothing_more():
     node.futures[0].set_exception(LedgerFenced("after the writer left"))   # retrieved, not reported
     await _turns()
     assert bytes(transport.written) == written and connection not in server.connections
+
+
+async def test_closing_the_server_ends_a_waiting_admission():
+    node = _Node()
+    server, connection, transport = _connection(node)
+    connection.data_received(encode_message(bookie_pb2.AddSocketHello()))
+    node.room.clear()
+    connection.data_received(_request(0, 1))
+    admission = connection.admission
+    assert admission is not None and not admission.done()
+    await server.close()
+    assert admission.cancelled() and transport.aborted and node.admitted == []
