@@ -215,14 +215,16 @@ class _AddConnection(asyncio.Protocol):
             self._hello_timer.cancel()
             self._hello_timer = None
         refusal = self._server.refusal(hello.token)
-        self._transport.write(encode_message(refusal or bookie_pb2.AddSocketWelcome()))
+        # Logged before the answer is written: the writer may act on it at once.
         if refusal is None:
             self._welcomed = True
             log.info("add socket writer connected: peer=%s", self._peer)
+            self._transport.write(encode_message(bookie_pb2.AddSocketWelcome()))
             return
         self._server.refused_total += 1
         log.info("add socket refused: peer=%s error_code=%d reason=%s", self._peer, refusal.error_code,
                  refusal.error_message)
+        self._transport.write(encode_message(refusal))
         self._closed = True
         self._transport.close()     # after the refusal is written
 
