@@ -290,11 +290,11 @@ class _AddConnection(asyncio.Protocol):
         while unanswered and _settled(unanswered[0]) and not self._closed:
             durable_at = time.perf_counter()
             batch = unanswered.popleft()
-            results = servicer.settled_results(batch, True)
+            results = servicer.settled_results(batch, on_add_socket=True)
             merged = 1
             while batch.replies_may_merge and unanswered and unanswered[0].replies_may_merge \
                     and _settled(unanswered[0]):
-                results.extend(servicer.settled_results(unanswered.popleft(), True))
+                results.extend(servicer.settled_results(unanswered.popleft(), on_add_socket=True))
                 merged += 1
             assert self._transport is not None
             self._transport.write(encode_message(bookie_pb2.AddResponse(results=results)))

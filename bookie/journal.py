@@ -372,13 +372,13 @@ class Journal:
         makes room, and waiting out the timeout would report a retriable overload."""
         if self._failed is not None:
             raise self._failed
-        if self._queued_bytes + size_bytes <= self.config.queue_bytes_max or self._queued_bytes == 0:
+        if self.has_room(size_bytes):
             return   # the common case, without arming a timeout (every add comes here)
         async with asyncio.timeout(timeout_s):
             while True:
                 if self._failed is not None:
                     raise self._failed
-                if self._queued_bytes + size_bytes <= self.config.queue_bytes_max or self._queued_bytes == 0:
+                if self.has_room(size_bytes):
                     return
                 self._room_event.clear()
                 await self._room_event.wait()

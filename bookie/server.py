@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, AsyncIterator, Callable
+from typing import TYPE_CHECKING, AsyncIterator
 
 import grpc
 
@@ -88,15 +88,9 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
 
     async def AddEntries(self, request_iterator: AsyncIterator[bookie_pb2.AddRequest],
                          context: grpc.aio.ServicerContext) -> AsyncIterator[bookie_pb2.AddResponse]:
-        async for response in self.answer_adds(request_iterator, context.peer):
-            yield response
-
-    async def answer_adds(self, request_iterator: AsyncIterator[bookie_pb2.AddRequest],
-                          peer: Callable[[], str], *, on_add_socket: bool = False
-                          ) -> AsyncIterator[bookie_pb2.AddResponse]:
-        """The replies to one add stream's requests, in order (gRPC's AddEntries and the
-        add socket, bookie/add_socket.py, both answer through this; ``on_add_socket``
-        says which, for the metrics)."""
+        """The replies to one gRPC add stream's requests, in order (the add socket,
+        bookie/add_socket.py, answers its own with the same submit_batch,
+        settled_results and count_reply)."""
         node = self._node
         pending: asyncio.Queue[PendingBatch | None] = asyncio.Queue(maxsize=STREAM_BATCHES_IN_FLIGHT_MAX)
 
@@ -115,7 +109,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
             except asyncio.CancelledError:
                 raise
             except Exception as error:  # a broken stream ends the reader, never the server
-                log.info("add stream ended: peer=%s error=%s", peer(), error)
+                log.info("add stream ended: peer=%s error=%s", context.peer(), error)
             finally:
                 try:
                     pending.put_nowait(None)
@@ -134,7 +128,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
                 carried = None
                 if batch is None:
                     break
-                results = await self._settle(batch, on_add_socket)
+                results = await self._settle(batch)
                 durable_at = time.perf_counter()
                 # Batches already durable behind this one go in the same reply: under
                 # load one journal round makes several batches durable at once, and
@@ -149,7 +143,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
                             or (following.future is not None and not following.future.done()):
                         carried = following
                         break
-                    results.extend(await self._settle(following, on_add_socket))
+                    results.extend(await self._settle(following))
                     merged += 1
                 yield bookie_pb2.AddResponse(results=results)
                 self.count_reply(batch, durable_at, merged)
@@ -172,14 +166,14 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
             outcomes = [error] * len(items)
         return PendingBatch(items, outcomes, future, arrived, request.replies_may_merge)
 
-    async def _settle(self, batch: "PendingBatch", on_add_socket: bool) -> list[bookie_pb2.AddResult]:
-        """Waits until the batch is durable (or failed) and returns its results."""
+    async def _settle(self, batch: PendingBatch) -> list[bookie_pb2.AddResult]:
+        """Waits until a gRPC stream's batch is durable (or failed); its results."""
         if batch.future is not None:
             try:
                 await batch.future
             except MagnetarError:
                 pass    # read by settled_results
-        return self.settled_results(batch, on_add_socket)
+        return self.settled_results(batch, on_add_socket=False)
 
     def count_reply(self, batch: PendingBatch, durable_at: float, merged: int) -> None:
         """Metrics of one reply written: from durable to written, batches it answered."""
@@ -188,7 +182,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
                 self._metrics.add_reply.observe(time.perf_counter() - durable_at)
             self._metrics.add_replies_merged.observe(merged)
 
-    def settled_results(self, batch: "PendingBatch", on_add_socket: bool) -> list[bookie_pb2.AddResult]:
+    def settled_results(self, batch: PendingBatch, *, on_add_socket: bool) -> list[bookie_pb2.AddResult]:
         """The results of a batch whose journal future is done (or that has none),
         counted in the metrics."""
         outcomes = batch.outcomes
