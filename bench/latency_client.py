@@ -304,9 +304,6 @@ class Client:
                 count(index, len(messages))
 
         def run(index: int, consumer) -> None:
-            if batched:
-                run_batched(index, consumer)
-                return
             go.wait()
             limit = expected_each
             while limit is None or per_consumer[index] < limit:
@@ -317,16 +314,11 @@ class Client:
                     message = consumer.receive(timeout_millis=RECEIVE_IDLE_MS)
                 except pulsar.Timeout:
                     return
-                now = time.time()
                 consumer.acknowledge(message)
-                per_consumer[index] += 1
-                with lock:
-                    state["received"] += 1
-                    if state["first"] is None:
-                        state["first"] = now
-                    state["last"] = now
+                count(index, 1)
 
-        threads = [threading.Thread(target=run, args=(n, c), daemon=True) for n, c in enumerate(consumers)]
+        threads = [threading.Thread(target=run_batched if batched else run, args=(n, c), daemon=True)
+                   for n, c in enumerate(consumers)]
         for thread in threads:
             thread.start()
         go.set()
