@@ -2,9 +2,14 @@
 
 Theory of operation:
 - All ledgers a process writes share one add stream per bookie. ``add`` only queues
-  the entry and returns a future; a sender task packs whatever is queued (up to
+  the entry and returns a future; what is queued is packed (up to
   ``batch_entries_max`` / ``batch_bytes_max``) into one stream message, so under load
-  many entries travel per message while an idle writer still sends at once.
+  many entries travel per message while an idle writer still sends at once. On gRPC's
+  AddEntries stream a sender task packs and writes and a receiver task reads replies;
+  on the bookie's add socket (``add_transport`` "socket") there is no task per stream:
+  the adds of one loop turn are packed by a callback at the next
+  (``_flush_to_socket``) and replies are read by the connection's own callbacks
+  (ledger/add_socket_connection.py), which resolve the futures as the bytes arrive.
 - The bookie answers each message with one reply, in order, so replies are matched to
   futures first-in first-out (no per-entry lookup).
 - When the stream breaks, or its oldest unanswered batch is older than
@@ -40,7 +45,7 @@ from common.errors import (
 from common.histograms import LatencyStages
 from common.tasks import TaskSet
 from common.tls import TlsConfig, client_context, file_stamp
-from protocol.add_socket import LENGTH_BYTES, encode_message, parse, read_message_body
+from ledger.add_socket_connection import AddSocketConnection
 
 log = logging.getLogger(__name__)
 
@@ -108,84 +113,21 @@ def _error_from_status(bookie_id: str, status: grpc.StatusCode, details: str | N
     return BookieUnavailable(bookie_id, f"{status.name}: {details}")
 
 
-class _SocketCall:
-    """The add stream on the bookie's add socket (bookie/add_socket.py), with the
-    interface of gRPC's AddEntries call the stream uses (write, read, cancel). It
-    connects (TLS as toward the bookie's gRPC port), says hello with the service token
-    and waits for the welcome, within the read timeout, before the first write or read
-    goes on. Failures are MagnetarErrors: the bookie's refusal as its error (an
-    authentication error is not a failed bookie), anything else BookieUnavailable."""
-
-    def __init__(self, client: "BookieClient") -> None:
-        self._client = client
-        self._writer: asyncio.StreamWriter | None = None
-        self._reader: asyncio.StreamReader | None = None
-        # Owned by this call: cancelled by cancel(); the stream's writer and reader await it.
-        self._opening = asyncio.get_running_loop().create_task(self._open(), name=f"add socket {client.bookie_id}")
-        # A failure is the stream's writer's and reader's to raise; a call cancelled
-        # before either looked must not leave "exception never retrieved" behind.
-        self._opening.add_done_callback(lambda task: task.cancelled() or task.exception())
-
-    async def _open(self) -> None:
-        client = self._client
-        config = client.config
-        host, _, port = client.add_address.rpartition(":")
-        context = client_context(config.bookie_tls) if config.bookie_tls_enabled else None
-        limit = config.grpc_message_bytes_max + LENGTH_BYTES
-        try:
-            async with asyncio.timeout(config.read_timeout_s):
-                self._reader, self._writer = await asyncio.open_connection(
-                    host, int(port), ssl=context, server_hostname=host if context else None, limit=limit)
-                self._writer.write(encode_message(bookie_pb2.AddSocketHello(token=client._token)))
-                body = await read_message_body(self._reader, config.grpc_message_bytes_max)
-        except TimeoutError:
-            raise BookieUnavailable(client.bookie_id, "add socket: no welcome in time") from None
-        except (OSError, ValueError) as error:   # ssl.SSLError is an OSError
-            raise BookieUnavailable(client.bookie_id, f"add socket: {error}") from None
-        if body is None:
-            raise BookieUnavailable(client.bookie_id, "add socket closed before its welcome")
-        welcome = parse(bookie_pb2.AddSocketWelcome, body)
-        if welcome.error_code:
-            raise error_for_code(welcome.error_code, welcome.error_message)
-
-    async def write(self, request: bookie_pb2.AddRequest) -> None:
-        await self._opening
-        assert self._writer is not None
-        try:
-            self._writer.write(encode_message(request))
-            await self._writer.drain()
-        except OSError as error:
-            raise BookieUnavailable(self._client.bookie_id, f"add socket write failed: {error}") from None
-
-    async def read(self):
-        await self._opening
-        assert self._reader is not None
-        try:
-            body = await read_message_body(self._reader, self._client.config.grpc_message_bytes_max)
-        except OSError as error:
-            raise BookieUnavailable(self._client.bookie_id, f"add socket read failed: {error}") from None
-        if body is None:
-            return grpc.aio.EOF
-        return parse(bookie_pb2.AddResponse, body)
-
-    def cancel(self) -> None:
-        self._opening.cancel()
-        if self._writer is not None:
-            self._writer.close()
-
-
 class _AddStream:
-    """One add stream (gRPC's AddEntries, or the add socket); replaced wholesale when it breaks."""
+    """One add stream (gRPC's AddEntries call, or an add socket connection); replaced
+    wholesale when it breaks."""
 
-    def __init__(self, client: "BookieClient") -> None:
-        self._client = client
-        self.call = _SocketCall(client) if client.add_address else client._stub.AddEntries(metadata=client._metadata)
+    def __init__(self, call) -> None:
+        self.call = call
         # Batches sent and not yet answered: (send time, futures in request order).
         self.inflight: collections.deque[tuple[float, list[asyncio.Future[None]]]] = collections.deque()
         # With stage timing: time.perf_counter() of each in-flight batch's write, in order.
         self.written_at: collections.deque[float] = collections.deque()
         self.broken: MagnetarError | None = None
+        # gRPC: the task reading the call's replies. The add socket: the task connecting.
         self.receiver: asyncio.Task[None] | None = None
+        # The add socket: when the oldest in-flight batch is next looked at for its age.
+        self.timer: asyncio.TimerHandle | None = None
 
 
 # The stages this module times (common/histograms.LatencyStages), for the broker's
@@ -232,6 +174,8 @@ class BookieClient:
         # receiver ends by itself): cancelled and awaited by close.
         self._tasks = TaskSet(f"bookie client {bookie_id}")
         self._sender: asyncio.Task[None] | None = None
+        # The add socket: the queued adds' flush, scheduled for the next loop turn.
+        self._flush_handle: asyncio.Handle | None = None
         self._closed = False
 
     # --- adds ------------------------------------------------------------------------------
@@ -245,10 +189,46 @@ class BookieClient:
             return future
         message = bookie_pb2.AddEntry(ledger_id=ledger_id, entry_id=entry_id, entry=entry, recovery=recovery)
         self._queue.append((message, future, len(entry), time.perf_counter()))
+        if self.add_address:
+            # The add socket: what this turn queues leaves in one request at the next.
+            if self._flush_handle is None:
+                self._flush_handle = asyncio.get_running_loop().call_soon(self._flush_to_socket)
+            return future
         self._queued_event.set()
         if self._sender is None or self._sender.done():
             self._sender = self._tasks.spawn(self._send_loop(), name=f"add-sender {self.bookie_id}")
         return future
+
+    def _take_batch(self) -> tuple[list[bookie_pb2.AddEntry], list[asyncio.Future[None]]]:
+        """The oldest queued adds, within the request's bounds, taken off the queue
+        (those whose callers gave up are dropped)."""
+        batch: list[bookie_pb2.AddEntry] = []
+        futures: list[asyncio.Future[None]] = []
+        size = 0
+        taken = 0
+        stages = self._stages
+        now = time.perf_counter()
+        for message, future, entry_size, queued_at in self._queue:
+            if batch and (len(batch) >= self.config.batch_entries_max
+                          or size + entry_size > self.config.batch_bytes_max):
+                break
+            taken += 1
+            if future.done():
+                continue  # the caller gave up on it
+            batch.append(message)
+            futures.append(future)
+            size += entry_size
+            if stages is not None:
+                stages.observe("bookie_add_send_wait", now - queued_at)
+        del self._queue[:taken]
+        return batch, futures
+
+    def _track(self, stream: _AddStream, futures: list[asyncio.Future[None]]) -> None:
+        stream.inflight.append((time.monotonic(), futures))
+        if self._stages is not None:
+            stream.written_at.append(time.perf_counter())
+
+    # --- gRPC's add stream: a sender task and a receiver task per stream ----------------------
 
     async def _send_loop(self) -> None:
         while not self._closed:
@@ -262,31 +242,11 @@ class BookieClient:
                     if not self._queue and (self._stream is None or not self._stream.inflight):
                         return  # idle: the next add starts a new sender
                     continue
-            batch: list[bookie_pb2.AddEntry] = []
-            futures: list[asyncio.Future[None]] = []
-            size = 0
-            taken = 0
-            stages = self._stages
-            now = time.perf_counter()
-            for message, future, entry_size, queued_at in self._queue:
-                if batch and (len(batch) >= self.config.batch_entries_max
-                              or size + entry_size > self.config.batch_bytes_max):
-                    break
-                taken += 1
-                if future.done():
-                    continue  # the caller gave up on it
-                batch.append(message)
-                futures.append(future)
-                size += entry_size
-                if stages is not None:
-                    stages.observe("bookie_add_send_wait", now - queued_at)
-            del self._queue[:taken]
+            batch, futures = self._take_batch()
             if not batch:
                 continue
             stream = self._stream_now()
-            stream.inflight.append((time.monotonic(), futures))
-            if stages is not None:
-                stream.written_at.append(time.perf_counter())
+            self._track(stream, futures)
             try:
                 await stream.call.write(bookie_pb2.AddRequest(entries=batch, replies_may_merge=True))
             except grpc.aio.AioRpcError as error:
@@ -294,8 +254,6 @@ class BookieClient:
                 self._break(stream, await self._write_failure(error))
             except (grpc.aio.UsageError, asyncio.InvalidStateError) as error:
                 self._break(stream, BookieUnavailable(self.bookie_id, f"add stream write failed: {error}"))
-            except MagnetarError as error:
-                self._break(stream, error)
             self._check_timeouts()
 
     async def _write_failure(self, error: grpc.aio.AioRpcError) -> MagnetarError:
@@ -319,7 +277,7 @@ class BookieClient:
     def _stream_now(self) -> _AddStream:
         stream = self._stream
         if stream is None or stream.broken is not None:
-            stream = self._stream = _AddStream(self)
+            stream = self._stream = _AddStream(self._stub.AddEntries(metadata=self._metadata))
             # Ends when the stream breaks; cancelled by close() otherwise.
             stream.receiver = self._tasks.spawn(self._receive_loop(stream), name=f"add-receiver {self.bookie_id}")
         return stream
@@ -333,8 +291,6 @@ class BookieClient:
                     return
                 if not self._settle_reply(stream, response.results):
                     return
-        except MagnetarError as error:   # the add socket's failures (and malformed replies)
-            self._break(stream, error)
         except grpc.aio.AioRpcError as error:
             # The reader can see a refused call's INTERNAL before its writer does.
             if stream.broken is None:
@@ -347,6 +303,62 @@ class BookieClient:
         except asyncio.CancelledError:
             self._break(stream, BookieUnavailable(self.bookie_id, "client closed"))
             raise
+
+    # --- the add socket: driven by the loop's callbacks, no task per stream ----------------
+
+    def _flush_to_socket(self) -> None:
+        """Packs what is queued into requests on the socket's connection (one is opened
+        when there is none), while its transport takes them."""
+        self._flush_handle = None
+        while self._queue and not self._closed:
+            stream = self._socket_stream_now()
+            if not stream.call.writable:
+                return      # resume_writing calls again
+            batch, futures = self._take_batch()
+            if not batch:
+                continue
+            self._track(stream, futures)
+            stream.call.send(bookie_pb2.AddRequest(entries=batch, replies_may_merge=True))
+            if stream.timer is None:
+                stream.timer = asyncio.get_running_loop().call_later(
+                    self.config.add_timeout_s, self._on_stream_timer, stream)
+
+    def _socket_stream_now(self) -> _AddStream:
+        stream = self._stream
+        if stream is not None and stream.broken is None:
+            return stream
+        config = self.config
+
+        def on_reply(response: bookie_pb2.AddResponse) -> None:
+            self._settle_reply(stream, response.results)
+
+        def on_writable() -> None:
+            if self._stream is stream and self._flush_handle is None and self._queue:
+                self._flush_handle = asyncio.get_running_loop().call_soon(self._flush_to_socket)
+
+        connection = AddSocketConnection(
+            self.bookie_id, self.add_address, token=self._token, message_bytes_max=config.grpc_message_bytes_max,
+            welcome_timeout_s=config.read_timeout_s,
+            ssl_context=client_context(config.bookie_tls) if config.bookie_tls_enabled else None,
+            on_reply=on_reply, on_failure=lambda error: self._break(stream, error), on_writable=on_writable)
+        stream = self._stream = _AddStream(connection)
+        # Ends by itself (connected, failed or timed out); cancelled by close().
+        stream.receiver = self._tasks.spawn(connection.connect(), name=f"add-socket-connect {self.bookie_id}")
+        return stream
+
+    def _on_stream_timer(self, stream: _AddStream) -> None:
+        """Breaks the stream when its oldest in-flight batch waited past the add
+        timeout; else looks again when that batch would."""
+        stream.timer = None
+        if stream.broken is not None or not stream.inflight:
+            return
+        oldest_sent, _ = stream.inflight[0]
+        left = oldest_sent + self.config.add_timeout_s - time.monotonic()
+        if left <= 0:
+            self._break(stream, AddTimeout(f"bookie {self.bookie_id} did not answer an add "
+                                           f"within {self.config.add_timeout_s}s"))
+            return
+        stream.timer = asyncio.get_running_loop().call_later(left, self._on_stream_timer, stream)
 
     def _settle_reply(self, stream: _AddStream, results) -> bool:
         """Resolves the futures of the batches one reply answers: its results, in
@@ -396,7 +408,13 @@ class BookieClient:
         if stream.broken is None:
             stream.broken = error
             log.info("add stream broken: bookie_id=%s error=%s", self.bookie_id, error)
-            stream.call.cancel()
+            if isinstance(stream.call, AddSocketConnection):
+                stream.call.close()
+            else:
+                stream.call.cancel()
+        if stream.timer is not None:
+            stream.timer.cancel()
+            stream.timer = None
         stream.written_at.clear()
         while stream.inflight:
             _sent, futures = stream.inflight.popleft()
@@ -405,6 +423,9 @@ class BookieClient:
                     future.set_exception(error)
         if self._stream is stream:
             self._stream = None
+        if self.add_address and self._queue and not self._closed and self._flush_handle is None:
+            # Adds still queued (the broken connection was not taking more) go on a new one.
+            self._flush_handle = asyncio.get_running_loop().call_soon(self._flush_to_socket)
 
     # --- unary calls ----------------------------------------------------------------------
 
@@ -465,6 +486,9 @@ class BookieClient:
 
     async def close(self, *, grace_s: float | None = None) -> None:
         self._closed = True
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
         error = BookieUnavailable(self.bookie_id, "client closed")
         for _message, future, _size, _queued_at in self._queue:
             if not future.done():

@@ -11,7 +11,6 @@ bytes in, messages out; a length past the bound or a message that does not parse
 
 from __future__ import annotations
 
-import asyncio
 import struct
 from typing import TypeVar
 
@@ -89,19 +88,3 @@ class MessageDecoder:
         if self._offset:
             del self._buffer[:self._offset]
             self._offset = 0
-
-
-async def read_message_body(reader: asyncio.StreamReader, message_bytes_max: int) -> bytes | None:
-    """The next message's bytes from a stream; None at a clean end between messages,
-    MalformedFrame for an end inside one or a length past the bound."""
-    try:
-        header = await reader.readexactly(LENGTH_BYTES)
-    except asyncio.IncompleteReadError as error:
-        if error.partial:
-            raise MalformedFrame("add socket closed inside a message header") from None
-        return None
-    length = decode_length(header, message_bytes_max)
-    try:
-        return await reader.readexactly(length)
-    except asyncio.IncompleteReadError:
-        raise MalformedFrame("add socket closed inside a message") from None

@@ -1,17 +1,18 @@
 """The add socket's framing (protocol/add_socket.py): a message is its 4-byte
 big-endian length and its bytes; a length past the bound is refused before anything
 that long is read; bytes that are not the message expected are MalformedFrame; a stream
-that ends between messages ends cleanly, one that ends inside a message does not."""
+cut anywhere is put together again by the incremental decoder, which says how many bytes
+of an unfinished message it holds (so an end inside a message can be told from a clean
+one)."""
 
 from __future__ import annotations
 
-import asyncio
 import struct
 
 import pytest
 
 from common.errors import MalformedFrame
-from protocol.add_socket import LENGTH_BYTES, MessageDecoder, decode_length, encode_message, parse, read_message_body
+from protocol.add_socket import LENGTH_BYTES, MessageDecoder, decode_length, encode_message, parse
 from protocol.proto import bookie_pb2
 
 
@@ -29,27 +30,6 @@ def test_a_message_round_trips_and_lengths_are_bounded():
         decode_length(struct.pack(">I", 1025), 1024)
     with pytest.raises(MalformedFrame):
         parse(bookie_pb2.AddRequest, b"\xff\xff\xff")
-
-
-async def _stream(data: bytes) -> asyncio.StreamReader:
-    reader = asyncio.StreamReader()
-    reader.feed_data(data)
-    reader.feed_eof()
-    return reader
-
-
-async def test_reading_messages_from_a_stream():
-    frames = encode_message(_request()) + encode_message(bookie_pb2.AddSocketHello(token="t"))
-    reader = await _stream(frames)
-    assert parse(bookie_pb2.AddRequest, await read_message_body(reader, 1024)) == _request()
-    assert parse(bookie_pb2.AddSocketHello, await read_message_body(reader, 1024)).token == "t"
-    assert await read_message_body(reader, 1024) is None            # a clean end between messages
-    frame = encode_message(_request())
-    for cut in (2, LENGTH_BYTES + 5):                               # inside the header, inside the body
-        with pytest.raises(MalformedFrame, match="closed inside"):
-            await read_message_body(await _stream(frame[:cut]), 1024)
-    with pytest.raises(MalformedFrame, match="exceeds"):
-        await read_message_body(await _stream(struct.pack(">I", 1 << 30)), 1024)
 
 
 def test_the_incremental_decoder_cuts_messages_however_the_bytes_arrive():

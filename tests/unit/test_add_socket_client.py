@@ -1,0 +1,238 @@
+"""The writer's side of the add socket (ledger/add_socket_connection.py and the socket
+path of ledger/bookie_client.py) against a scripted bookie on a loopback socket.
+
+Proves that: the adds queued in one loop turn leave in one request, after the hello,
+and a reply (one per request, or one merged for several) resolves its adds' futures in
+order in the turn its bytes are read; a hello refused with an authentication error
+fails the adds with that error (a refused writer is not a failed bookie) and the next
+add opens a new connection; the bookie closing with adds in flight, a reply that is not
+an AddResponse, a length past the bound, no welcome in time and no reply within the add
+timeout each fail exactly the adds in flight (BookieUnavailable / AddTimeout) and the
+next add works again; adds queued while the transport's buffer is over its high-water
+mark wait until it drains; close fails what is queued and in flight and leaves no task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+import pytest
+
+from common.errors import AddTimeout, AuthenticationFailed, BookieUnavailable
+from ledger.bookie_client import BookieClient
+from ledger.config import LedgerClientConfig
+from protocol.add_socket import MessageDecoder, encode_message, parse
+from protocol.proto import bookie_pb2
+
+
+class ScriptedBookie:
+    """An add socket speaking the framing, answering as each test says: every request
+    answered at once with successes unless ``hold`` is set (then kept in ``held``)."""
+
+    def __init__(self) -> None:
+        self.refuse: int = 0                   # an error code for the hello's welcome
+        self.welcome = True
+        self.hold = False
+        self.held: list[tuple[asyncio.StreamWriter, bookie_pb2.AddRequest]] = []
+        self.requests: list[bookie_pb2.AddRequest] = []
+        self.hellos: list[str] = []
+        self.writers: list[asyncio.StreamWriter] = []
+        self.handlers: list[asyncio.Task] = []
+        self.got_request = asyncio.Event()
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.handlers.append(asyncio.current_task())
+        self.writers.append(writer)
+        try:
+            await self._answer(reader, writer)
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        decoder = MessageDecoder(1 << 20)
+        hello_seen = False
+        while data := await reader.read(65536):
+            decoder.feed(data)
+            while (body := decoder.next_body()) is not None:
+                if not hello_seen:
+                    hello_seen = True
+                    self.hellos.append(parse(bookie_pb2.AddSocketHello, body).token)
+                    if self.refuse:
+                        writer.write(encode_message(bookie_pb2.AddSocketWelcome(error_code=self.refuse,
+                                                                                error_message="no")))
+                        return
+                    if self.welcome:
+                        writer.write(encode_message(bookie_pb2.AddSocketWelcome()))
+                    continue
+                request = parse(bookie_pb2.AddRequest, body)
+                self.requests.append(request)
+                self.got_request.set()
+                if self.hold:
+                    self.held.append((writer, request))
+                else:
+                    writer.write(encode_message(answer(request)))
+        writer.close()
+
+    async def close(self) -> None:
+        for writer in self.writers:
+            writer.close()
+        await asyncio.wait_for(asyncio.gather(*self.handlers, return_exceptions=True), 5)
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+
+
+def answer(*requests: bookie_pb2.AddRequest) -> bookie_pb2.AddResponse:
+    return bookie_pb2.AddResponse(results=[bookie_pb2.AddResult(ledger_id=e.ledger_id, entry_id=e.entry_id)
+                                           for request in requests for e in request.entries])
+
+
+@pytest.fixture
+async def bookie():
+    scripted = ScriptedBookie()
+    scripted.address = await scripted.start()
+    yield scripted
+    await scripted.close()
+
+
+def make_client(bookie: ScriptedBookie, **config) -> BookieClient:
+    settings = dict(add_transport="socket", add_timeout_s=5.0, read_timeout_s=5.0)
+    settings.update(config)
+    # The gRPC address is never dialled: adds go to the add socket, and these tests read nothing.
+    return BookieClient("bookie-1", "127.0.0.1:1", LedgerClientConfig(**settings), add_address=bookie.address)
+
+
+async def test_one_turns_adds_leave_in_one_request_and_replies_resolve_in_order(bookie) -> None:
+    client = make_client(bookie)
+    try:
+        first = [client.add(7, entry_id, b"x" * 10) for entry_id in range(3)]
+        await asyncio.gather(*first)
+        assert bookie.hellos == [""]
+        assert [[e.entry_id for e in r.entries] for r in bookie.requests] == [[0, 1, 2]]
+        assert bookie.requests[0].replies_may_merge
+
+        # Two requests answered by one merged reply: both batches resolve, in order.
+        bookie.hold = True
+        bookie.got_request.clear()
+        second = [client.add(7, 3, b"y")]
+        await bookie.got_request.wait()
+        bookie.got_request.clear()
+        third = [client.add(7, 4, b"z"), client.add(7, 5, b"z")]
+        await bookie.got_request.wait()
+        assert [len(r.entries) for _w, r in bookie.held] == [1, 2]
+        writer = bookie.held[0][0]
+        writer.write(encode_message(answer(*(r for _w, r in bookie.held))))
+        await asyncio.gather(*second, *third)
+        assert len(bookie.writers) == 1          # one connection all along
+    finally:
+        await client.close()
+
+
+async def test_a_refused_hello_fails_the_adds_with_the_refusal_and_the_next_add_reconnects(bookie) -> None:
+    client = make_client(bookie)
+    try:
+        bookie.refuse = AuthenticationFailed("x").code
+        with pytest.raises(AuthenticationFailed):
+            await client.add(1, 0, b"a")
+        bookie.refuse = 0
+        await client.add(1, 1, b"b")
+        assert len(bookie.hellos) == 2
+    finally:
+        await client.close()
+
+
+async def test_the_bookie_closing_fails_the_adds_in_flight_and_the_next_add_reconnects(bookie) -> None:
+    client = make_client(bookie)
+    try:
+        bookie.hold = True
+        pending = client.add(1, 0, b"a")
+        await bookie.got_request.wait()
+        bookie.held[0][0].close()
+        with pytest.raises(BookieUnavailable, match="closed"):
+            await pending
+        bookie.hold = False
+        await client.add(1, 1, b"b")
+        assert len(bookie.writers) == 2
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize("reply, reason", [
+    (struct.pack(">I", 5) + b"\xff\xff\xff\xff\xff", "not a AddResponse"),
+    (struct.pack(">I", 1 << 30), "exceeds"),
+])
+async def test_a_bad_reply_fails_the_adds_in_flight(bookie, reply: bytes, reason: str) -> None:
+    client = make_client(bookie)
+    try:
+        bookie.hold = True
+        pending = client.add(1, 0, b"a")
+        await bookie.got_request.wait()
+        bookie.held[0][0].write(reply)
+        with pytest.raises(BookieUnavailable, match=reason):
+            await pending
+    finally:
+        await client.close()
+
+
+async def test_no_welcome_in_time_fails_the_adds(bookie) -> None:
+    client = make_client(bookie, read_timeout_s=0.3)
+    try:
+        bookie.welcome = False
+        bookie.hold = True
+        with pytest.raises(BookieUnavailable, match="no welcome in time"):
+            await asyncio.wait_for(client.add(1, 0, b"a"), 5)
+    finally:
+        await client.close()
+
+
+async def test_no_reply_within_the_add_timeout_fails_the_adds_in_flight(bookie) -> None:
+    client = make_client(bookie, add_timeout_s=0.3)
+    try:
+        bookie.hold = True
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(AddTimeout):
+            await asyncio.wait_for(client.add(1, 0, b"a"), 5)
+        assert asyncio.get_running_loop().time() - started < 2.0
+        bookie.hold = False
+        await client.add(1, 1, b"b")
+    finally:
+        await client.close()
+
+
+async def test_adds_wait_while_the_transport_is_over_its_high_water_mark(bookie) -> None:
+    client = make_client(bookie)
+    try:
+        await client.add(1, 0, b"a")
+        connection = client._stream.call
+        connection.pause_writing()
+        waiting = client.add(1, 1, b"b")
+        await asyncio.sleep(0.05)
+        assert not waiting.done() and len(bookie.requests) == 1 and client.busy
+        connection.resume_writing()
+        await waiting
+        assert len(bookie.requests) == 2
+    finally:
+        await client.close()
+
+
+async def test_close_fails_what_is_queued_and_in_flight_and_leaves_no_task(bookie) -> None:
+    client = make_client(bookie)
+    bookie.hold = True
+    in_flight = client.add(1, 0, b"a")
+    await bookie.got_request.wait()
+    queued = client.add(1, 1, b"b")
+    before = asyncio.all_tasks()
+    await client.close()
+    for future in (in_flight, queued):
+        with pytest.raises(BookieUnavailable, match="client closed"):
+            await future
+    assert not any("add-socket" in task.get_name() for task in asyncio.all_tasks())
+    assert asyncio.all_tasks() <= before
