@@ -14,7 +14,8 @@ Workloads (1 KiB messages, batching on with a 1 ms publish delay unless said):
   time minus due time, so a stall of the sender, the client or the servers counts
   against every message it delayed (no coordinated omission).
 - ``publish``: as fast as receipts come back with at most ``--max-pending`` messages
-  awaiting theirs (a semaphore taken before each send, released by its callback).
+  awaiting theirs: the producer's own bound (``max_pending_messages`` with
+  ``block_if_queue_full``), so ``send_async`` blocks while it is full.
   It writes the backlog the next three drain: their subscriptions exist before it.
 - ``drain``: one exclusive consumer reads the whole backlog. With ``--consume batch``
   (the default) it takes what has arrived with ``batch_receive`` (up to 1,000 messages
@@ -63,8 +64,6 @@ BATCH_RECEIVE_MAX = 1000
 BATCH_RECEIVE_BYTES_MAX = 16 * 1024 * 1024
 BATCH_RECEIVE_WAIT_MS = 10
 
-# The client's own send queue is twice our window: ours bounds what is pending.
-CLIENT_QUEUE_FACTOR = 2
 RECEIVE_IDLE_MS = int(RECEIVE_IDLE_S * 1000)
 
 
@@ -81,11 +80,11 @@ class Client:
         run_id = uuid.uuid4().hex[:8]
         self.topic_prefix = f"persistent://public/default/latency-{run_id}"
 
-    def producer(self, topic: str, *, max_pending: int = 1000):
+    def producer(self, topic: str, *, queue_limit: int = 2000):
         return self.client.create_producer(
             topic, batching_enabled=True, batching_max_publish_delay_ms=self.args.batch_delay_ms,
             batching_max_messages=1000, batching_max_allowed_size_in_bytes=128 * 1024,
-            max_pending_messages=CLIENT_QUEUE_FACTOR * max_pending, block_if_queue_full=True,
+            max_pending_messages=queue_limit, block_if_queue_full=True,
             send_timeout_millis=30_000)
 
     def scrape(self) -> dict:
@@ -222,38 +221,37 @@ class Client:
 
     def publish(self) -> dict:
         args = self.args
-        producer = self.producer(self.backlog_topic(), max_pending=args.max_pending)
-        window = threading.BoundedSemaphore(args.max_pending)
+        # The window is the client's own: at most max_pending messages pending in the
+        # producer (queued or awaiting their receipt), send_async blocking while it is
+        # full, as a user of the official client bounds what is in flight. (It was a
+        # Python semaphore taken before each send and released by each callback: two
+        # more Python lock operations per message across the client's threads, measured
+        # 0.8-0.9x the rate of this, docs/performance.md step 11.) The callbacks all run
+        # on the client's one IO thread, so what they count needs no lock.
+        producer = self.producer(self.backlog_topic(), queue_limit=args.max_pending)
         histogram = LatencyHistogram()
-        lock = threading.Lock()
         counts = {"acked": 0, "errors": 0}
         last_ack = [0.0]
 
-        def make_callback(started_ns: int):
-            def callback(result, _message_id) -> None:
-                now = time.perf_counter_ns()
-                with lock:
-                    if result == pulsar.Result.Ok:
-                        counts["acked"] += 1
-                        histogram.record((now - started_ns) // 1000)
-                    else:
-                        counts["errors"] += 1
-                    last_ack[0] = time.time()
-                window.release()
-            return callback
+        def callback(result, _message_id, started_ns: int) -> None:
+            if result == pulsar.Result.Ok:
+                counts["acked"] += 1
+                histogram.record((time.perf_counter_ns() - started_ns) // 1000)
+            else:
+                counts["errors"] += 1
+            last_ack[0] = time.time()
 
         started_unix = time.time()
         deadline = time.monotonic() + args.publish_seconds
         sent = 0
         while time.monotonic() < deadline:
             for _ in range(64):
-                window.acquire()
                 now = time.perf_counter_ns()
-                producer.send_async(payload(now, self.filler), make_callback(now))
+                producer.send_async(payload(now, self.filler),
+                                    lambda result, message_id, started_ns=now: callback(result, message_id,
+                                                                                       started_ns))
                 sent += 1
-        producer.flush()
-        for _ in range(args.max_pending):
-            window.acquire(timeout=30)
+        producer.flush()          # returns once every message sent has its receipt
         producer.close()
         ended_unix = last_ack[0] or time.time()
         seconds = ended_unix - started_unix

@@ -82,6 +82,12 @@ ROWS = [
 
 # --- the report (pure) -----------------------------------------------------------------------------
 
+
+def _median_or_none(values) -> float | None:
+    values = list(values)
+    return statistics.median(values) if values else None
+
+
 def best_peer(values: dict[str, float | None], higher_is_better: bool) -> tuple[str, float] | None:
     """The best of the peers' values (Magnetar's are not among them)."""
     candidates = [(value, name) for name, value in values.items() if name not in MAGNETAR and value is not None]
@@ -149,7 +155,10 @@ def summarize(runs: list[dict]) -> dict:
         aim["met_in_repeats"] = f"{sum(verdicts)} of {len(verdicts)}"
     baselines = {"fdatasync_p50_ms": statistics.median(run["baselines"]["fdatasync_ms"]["p50"] for run in runs),
                  "fdatasync_p99_ms": statistics.median(run["baselines"]["fdatasync_ms"]["p99"] for run in runs),
-                 "tcp_echo_p50_ms": statistics.median(run["baselines"]["tcp_echo_ms"]["p50"] for run in runs)}
+                 "tcp_echo_p50_ms": statistics.median(run["baselines"]["tcp_echo_ms"]["p50"] for run in runs),
+                 "fdatasync_after_1ms_idle_p50_ms": _median_or_none(
+                     run["baselines"]["fdatasync_after_1ms_idle_ms"]["p50"] for run in runs
+                     if "fdatasync_after_1ms_idle_ms" in run["baselines"])}
     skipped = [f"repeat {run['repeat']}: {name}: {reason}" for run in runs for name, reason in run["skipped"].items()]
     invalid = [f"repeat {run['repeat']}: {problem}" for run in runs for system in run["systems"].values()
                for problem in system.get("problems", [])]
@@ -181,7 +190,8 @@ def report_markdown(results: dict) -> str:
                 f"started at {', '.join(results['merged_from'])} (every repeat kept).", ""]
                if results.get("merged_from") else []),
              f"Baselines of the run: 1 KiB write + fdatasync p50 {base['fdatasync_p50_ms']} ms, p99 "
-             f"{base['fdatasync_p99_ms']} ms; loopback TCP echo p50 {base['tcp_echo_p50_ms']} ms.", ""]
+             f"{base['fdatasync_p99_ms']} ms (after 1 ms of rest, the durable ack's pace: p50 "
+             f"{base.get('fdatasync_after_1ms_idle_p50_ms')} ms); loopback TCP echo p50 {base['tcp_echo_p50_ms']} ms.", ""]
     for line in summary["skipped"]:
         lines.append(f"**SKIPPED** {line}")
     for line in summary["invalid"]:
@@ -348,6 +358,8 @@ async def main_async(args: argparse.Namespace) -> dict:
         probe_dir = tempfile.mkdtemp(prefix="magnetar-peers-probe-", dir=args.dir)
         try:
             baselines = {"fdatasync_ms": await asyncio.to_thread(latency.fdatasync_baseline, probe_dir),
+                         "fdatasync_after_1ms_idle_ms": await asyncio.to_thread(
+                             latency.fdatasync_baseline, probe_dir, idle_s=latency.FSYNC_IDLE_S),
                          "tcp_echo_ms": await asyncio.to_thread(latency.tcp_echo_baseline)}
         finally:
             shutil.rmtree(probe_dir, ignore_errors=True)
