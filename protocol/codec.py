@@ -65,7 +65,7 @@ from dataclasses import dataclass
 from typing import Literal, TypeVar
 
 import crc32c
-from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from protocol.proto.pulsar_api_pb2 import BaseCommand, BrokerEntryMetadata, MessageMetadata
@@ -198,9 +198,31 @@ def command_name(command_type: int) -> str:
 
 M = TypeVar("M", bound=Message)
 
-# Field kinds for the string walk, cached per field descriptor.
+# Field kinds for the string walk, cached per field descriptor. A message field whose
+# type can hold no string at any depth (CommandSend, MessageIdData...) counts as a
+# scalar: the walk does not enter it (most commands on the publish and ack paths).
 _SCALAR, _STRING, _MESSAGE, _STRINGS, _MESSAGES = range(5)
 _field_kinds: dict[FieldDescriptor, int] = {}
+_holds_strings: dict[Descriptor, bool] = {}
+
+
+def _may_hold_strings(descriptor: Descriptor) -> bool:
+    """Whether a message of this type can carry a string field at any depth: some type
+    reachable from it through its message fields (itself included; MessageIdData holds
+    itself) declares one. Cached per type."""
+    known = _holds_strings.get(descriptor)
+    if known is None:
+        reachable = {descriptor}
+        pending = [descriptor]
+        while pending:
+            for field in pending.pop().fields:
+                if field.type in (FieldDescriptor.TYPE_MESSAGE, FieldDescriptor.TYPE_GROUP) \
+                        and field.message_type not in reachable:
+                    reachable.add(field.message_type)
+                    pending.append(field.message_type)
+        known = _holds_strings[descriptor] = any(field.type == FieldDescriptor.TYPE_STRING
+                                                 for message_type in reachable for field in message_type.fields)
+    return known
 
 
 def _field_kind(field: FieldDescriptor) -> int:
@@ -208,7 +230,8 @@ def _field_kind(field: FieldDescriptor) -> int:
     if kind is None:
         if field.type == FieldDescriptor.TYPE_STRING:
             kind = _STRINGS if field.is_repeated else _STRING
-        elif field.type in (FieldDescriptor.TYPE_MESSAGE, FieldDescriptor.TYPE_GROUP):
+        elif field.type in (FieldDescriptor.TYPE_MESSAGE, FieldDescriptor.TYPE_GROUP) \
+                and _may_hold_strings(field.message_type):
             kind = _MESSAGES if field.is_repeated else _MESSAGE
         else:
             kind = _SCALAR
@@ -252,7 +275,7 @@ def parse_proto(message_class: type[M], data: bytes | memoryview, what: str) -> 
     if not message.IsInitialized():
         missing = ", ".join(message.FindInitializationErrors())
         raise MalformedFrame(f"{what} lacks required fields: {missing}")
-    if not _strings_valid(message):
+    if _may_hold_strings(message.DESCRIPTOR) and not _strings_valid(message):
         raise MalformedFrame(f"{what} has a string field that is not valid UTF-8")
     return message
 

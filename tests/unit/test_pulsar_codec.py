@@ -576,3 +576,28 @@ def test_mutated_frames_raise_only_malformed_frame():
                 struct.pack_into(">I", data, section + 2, crc32c.crc32c(bytes(data[section + 6:])))
         decoded_any |= feed_expecting_only_our_error(CommandDecoder(), random_chunks(rng, bytes(data))) > 0
     assert decoded_any
+
+
+def test_the_utf_8_walk_skips_only_types_that_can_hold_no_string():
+    """The walk enters a message only when some type reachable from it declares a
+    string (so a send, a receipt or a message id is not walked at all); a type that
+    holds itself (MessageIdData's first_chunk_message_id) is judged by what it can
+    reach, and an invalid string deep in an ack (its properties' key) is still found."""
+    from protocol.codec import _may_hold_strings, parse_proto
+
+    holds = {name: _may_hold_strings(getattr(pb, name).DESCRIPTOR)
+             for name in ("BaseCommand", "CommandSend", "CommandSendReceipt", "CommandFlow", "MessageIdData",
+                          "CommandMessage", "CommandAck", "CommandProducer", "MessageMetadata")}
+    assert holds == {"BaseCommand": True, "CommandSend": False, "CommandSendReceipt": False, "CommandFlow": False,
+                     "MessageIdData": False, "CommandMessage": False, "CommandAck": True,
+                     "CommandProducer": True, "MessageMetadata": True}
+    ack = pb.BaseCommand(type=pb.BaseCommand.ACK, ack=pb.CommandAck(
+        consumer_id=1, ack_type=pb.CommandAck.Individual,
+        message_id=[pb.MessageIdData(ledgerId=1, entryId=2)],
+        properties=[pb.KeyLongValue(key="k", value=3)]))
+    good = ack.SerializeToString()
+    assert parse_proto(pb.BaseCommand, good, "command") == ack
+    bad = good.replace(b"\x0a\x01k", b"\x0a\x01\xff")
+    assert bad != good
+    with pytest.raises(MalformedFrame, match="UTF-8"):
+        parse_proto(pb.BaseCommand, bad, "command")
