@@ -103,128 +103,120 @@ async def bookie():
     await scripted.close()
 
 
-def make_client(bookie: ScriptedBookie, **config) -> BookieClient:
-    settings = dict(add_transport="socket", add_timeout_s=5.0, read_timeout_s=5.0)
-    settings.update(config)
-    # The gRPC address is never dialled: adds go to the add socket, and these tests read nothing.
-    return BookieClient("bookie-1", "127.0.0.1:1", LedgerClientConfig(**settings), add_address=bookie.address)
+@pytest.fixture
+async def make_client(bookie):
+    """Bookie clients toward the scripted bookie, closed after the test."""
+    made: list[BookieClient] = []
 
+    def make(**config) -> BookieClient:
+        settings = dict(add_transport="socket", add_timeout_s=5.0, read_timeout_s=5.0)
+        settings.update(config)
+        # The gRPC address is never dialled: adds go to the add socket, and these tests read nothing.
+        made.append(BookieClient("bookie-1", "127.0.0.1:1", LedgerClientConfig(**settings),
+                                 add_address=bookie.address))
+        return made[-1]
 
-async def test_one_turns_adds_leave_in_one_request_and_replies_resolve_in_order(bookie) -> None:
-    client = make_client(bookie)
-    try:
-        first = [client.add(7, entry_id, b"x" * 10) for entry_id in range(3)]
-        await asyncio.gather(*first)
-        assert bookie.hellos == [""]
-        assert [[e.entry_id for e in r.entries] for r in bookie.requests] == [[0, 1, 2]]
-        assert bookie.requests[0].replies_may_merge
-
-        # Two requests answered by one merged reply: both batches resolve, in order.
-        bookie.hold = True
-        bookie.got_request.clear()
-        second = [client.add(7, 3, b"y")]
-        await bookie.got_request.wait()
-        bookie.got_request.clear()
-        third = [client.add(7, 4, b"z"), client.add(7, 5, b"z")]
-        await bookie.got_request.wait()
-        assert [len(r.entries) for _w, r in bookie.held] == [1, 2]
-        writer = bookie.held[0][0]
-        writer.write(encode_message(answer(*(r for _w, r in bookie.held))))
-        await asyncio.gather(*second, *third)
-        assert len(bookie.writers) == 1          # one connection all along
-    finally:
+    yield make
+    for client in made:
         await client.close()
 
 
-async def test_a_refused_hello_fails_the_adds_with_the_refusal_and_the_next_add_reconnects(bookie) -> None:
-    client = make_client(bookie)
-    try:
-        bookie.refuse = AuthenticationFailed("x").code
-        with pytest.raises(AuthenticationFailed):
-            await client.add(1, 0, b"a")
-        bookie.refuse = 0
-        await client.add(1, 1, b"b")
-        assert len(bookie.hellos) == 2
-    finally:
-        await client.close()
+async def test_one_turns_adds_leave_in_one_request_and_replies_resolve_in_order(bookie, make_client) -> None:
+    client = make_client()
+    first = [client.add(7, entry_id, b"x" * 10) for entry_id in range(3)]
+    await asyncio.gather(*first)
+    assert bookie.hellos == [""]
+    assert [[e.entry_id for e in r.entries] for r in bookie.requests] == [[0, 1, 2]]
+    assert bookie.requests[0].replies_may_merge
+
+    # Two requests answered by one merged reply: both batches resolve, in order.
+    bookie.hold = True
+    bookie.got_request.clear()
+    second = [client.add(7, 3, b"y")]
+    await bookie.got_request.wait()
+    bookie.got_request.clear()
+    third = [client.add(7, 4, b"z"), client.add(7, 5, b"z")]
+    await bookie.got_request.wait()
+    assert [len(r.entries) for _w, r in bookie.held] == [1, 2]
+    writer = bookie.held[0][0]
+    writer.write(encode_message(answer(*(r for _w, r in bookie.held))))
+    await asyncio.gather(*second, *third)
+    assert len(bookie.writers) == 1          # one connection all along
 
 
-async def test_the_bookie_closing_fails_the_adds_in_flight_and_the_next_add_reconnects(bookie) -> None:
-    client = make_client(bookie)
-    try:
-        bookie.hold = True
-        pending = client.add(1, 0, b"a")
-        await bookie.got_request.wait()
-        bookie.held[0][0].close()
-        with pytest.raises(BookieUnavailable, match="closed"):
-            await pending
-        bookie.hold = False
-        await client.add(1, 1, b"b")
-        assert len(bookie.writers) == 2
-    finally:
-        await client.close()
+async def test_a_refused_hello_fails_the_adds_with_the_refusal_and_the_next_add_reconnects(
+        bookie, make_client) -> None:
+    client = make_client()
+    bookie.refuse = AuthenticationFailed("x").code
+    with pytest.raises(AuthenticationFailed):
+        await client.add(1, 0, b"a")
+    bookie.refuse = 0
+    await client.add(1, 1, b"b")
+    assert len(bookie.hellos) == 2
+
+
+async def test_the_bookie_closing_fails_the_adds_in_flight_and_the_next_add_reconnects(
+        bookie, make_client) -> None:
+    client = make_client()
+    bookie.hold = True
+    pending = client.add(1, 0, b"a")
+    await bookie.got_request.wait()
+    bookie.held[0][0].close()
+    with pytest.raises(BookieUnavailable, match="closed"):
+        await pending
+    bookie.hold = False
+    await client.add(1, 1, b"b")
+    assert len(bookie.writers) == 2
 
 
 @pytest.mark.parametrize("reply, reason", [
     (struct.pack(">I", 5) + b"\xff\xff\xff\xff\xff", "not a AddResponse"),
     (struct.pack(">I", 1 << 30), "exceeds"),
 ])
-async def test_a_bad_reply_fails_the_adds_in_flight(bookie, reply: bytes, reason: str) -> None:
-    client = make_client(bookie)
-    try:
-        bookie.hold = True
-        pending = client.add(1, 0, b"a")
-        await bookie.got_request.wait()
-        bookie.held[0][0].write(reply)
-        with pytest.raises(BookieUnavailable, match=reason):
-            await pending
-    finally:
-        await client.close()
+async def test_a_bad_reply_fails_the_adds_in_flight(bookie, reply: bytes, reason: str, make_client) -> None:
+    client = make_client()
+    bookie.hold = True
+    pending = client.add(1, 0, b"a")
+    await bookie.got_request.wait()
+    bookie.held[0][0].write(reply)
+    with pytest.raises(BookieUnavailable, match=reason):
+        await pending
 
 
-async def test_no_welcome_in_time_fails_the_adds(bookie) -> None:
-    client = make_client(bookie, read_timeout_s=0.3)
-    try:
-        bookie.welcome = False
-        bookie.hold = True
-        with pytest.raises(BookieUnavailable, match="no welcome in time"):
-            await asyncio.wait_for(client.add(1, 0, b"a"), 5)
-    finally:
-        await client.close()
+async def test_no_welcome_in_time_fails_the_adds(bookie, make_client) -> None:
+    client = make_client(read_timeout_s=0.3)
+    bookie.welcome = False
+    bookie.hold = True
+    with pytest.raises(BookieUnavailable, match="no welcome in time"):
+        await asyncio.wait_for(client.add(1, 0, b"a"), 5)
 
 
-async def test_no_reply_within_the_add_timeout_fails_the_adds_in_flight(bookie) -> None:
-    client = make_client(bookie, add_timeout_s=0.3)
-    try:
-        bookie.hold = True
-        started = asyncio.get_running_loop().time()
-        with pytest.raises(AddTimeout):
-            await asyncio.wait_for(client.add(1, 0, b"a"), 5)
-        assert asyncio.get_running_loop().time() - started < 2.0
-        bookie.hold = False
-        await client.add(1, 1, b"b")
-    finally:
-        await client.close()
+async def test_no_reply_within_the_add_timeout_fails_the_adds_in_flight(bookie, make_client) -> None:
+    client = make_client(add_timeout_s=0.3)
+    bookie.hold = True
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(AddTimeout):
+        await asyncio.wait_for(client.add(1, 0, b"a"), 5)
+    assert asyncio.get_running_loop().time() - started < 2.0
+    bookie.hold = False
+    await client.add(1, 1, b"b")
 
 
-async def test_adds_wait_while_the_transport_is_over_its_high_water_mark(bookie) -> None:
-    client = make_client(bookie)
-    try:
-        await client.add(1, 0, b"a")
-        connection = client._stream.call
-        connection.pause_writing()
-        waiting = client.add(1, 1, b"b")
-        await asyncio.sleep(0.05)
-        assert not waiting.done() and len(bookie.requests) == 1 and client.busy
-        connection.resume_writing()
-        await waiting
-        assert len(bookie.requests) == 2
-    finally:
-        await client.close()
+async def test_adds_wait_while_the_transport_is_over_its_high_water_mark(bookie, make_client) -> None:
+    client = make_client()
+    await client.add(1, 0, b"a")
+    connection = client._stream.call
+    connection.pause_writing()
+    waiting = client.add(1, 1, b"b")
+    await asyncio.sleep(0.05)
+    assert not waiting.done() and len(bookie.requests) == 1 and client.busy
+    connection.resume_writing()
+    await waiting
+    assert len(bookie.requests) == 2
 
 
-async def test_close_fails_what_is_queued_and_in_flight_and_leaves_no_task(bookie) -> None:
-    client = make_client(bookie)
+async def test_close_fails_what_is_queued_and_in_flight_and_leaves_no_task(bookie, make_client) -> None:
+    client = make_client()
     bookie.hold = True
     in_flight = client.add(1, 0, b"a")
     await bookie.got_request.wait()
