@@ -14,7 +14,7 @@ DATA_DIR ?= data/standalone
 # make test: pytest-xdist workers (files are spread over them; TEST_WORKERS=0 runs in one process).
 TEST_WORKERS ?= 3
 
-.PHONY: bench-ack-state setup proto run test test-unit test-integration test-archive-full test-client-full bench bench-bookie \
+.PHONY: bench-journal bench-ack-state setup proto run test test-unit test-integration test-archive-full test-client-full bench bench-bookie \
 	bench-pulsar bench-subscriptions bench-archive bench-gateway fuzz-gateway fuzz fuzz-broker clean sim chaos fanout-check \
 	pipeline bench-spark test-spark-full bench-compaction bench-latency bench-peers-setup bench-peers
 
@@ -122,6 +122,12 @@ bench-bookie: setup
 LATENCY_ARGS ?=
 bench-latency: setup
 	$(PY) bench/latency.py --out bench/results/latency.json --report bench/results/latency.md $(LATENCY_ARGS)
+
+# The journal alone against another revision's journal, interleaved (about 1 minute):
+# sequential fsynced appends back to back and after 1 ms of rest (bench/results/journal.json).
+JOURNAL_ARGS ?= --baseline-rev main
+bench-journal: setup
+	$(PY) bench/journal_bench.py --out bench/results/journal.json $(JOURNAL_ARGS)
 
 # Magnetar against its peers in one run (issue 16; docs/performance.md "Peers in the same
 # run"): Redis (AOF appendfsync always), NATS JetStream, RabbitMQ quorum queues and
