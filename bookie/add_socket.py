@@ -249,12 +249,7 @@ class _AddConnection(asyncio.Protocol):
         self._queue(self._servicer.submit_batch(request, items, arrived))
 
     async def _admit(self, request: bookie_pb2.AddRequest, items: list, arrived: float) -> None:
-        try:
-            await self._node.admit(items)
-        except MagnetarError as error:
-            batch = PendingBatch(items, [error] * len(items), None, arrived, request.replies_may_merge)
-        else:
-            batch = self._servicer.submit_batch(request, items, arrived)
+        batch = await self._servicer.admitted_batch(request, items, arrived)
         self._admission = None
         if self._closed:
             return

@@ -89,23 +89,15 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
     async def AddEntries(self, request_iterator: AsyncIterator[bookie_pb2.AddRequest],
                          context: grpc.aio.ServicerContext) -> AsyncIterator[bookie_pb2.AddResponse]:
         """The replies to one gRPC add stream's requests, in order (the add socket,
-        bookie/add_socket.py, answers its own with the same submit_batch,
+        bookie/add_socket.py, answers its own with the same admitted_batch, submit_batch,
         settled_results and count_reply)."""
-        node = self._node
         pending: asyncio.Queue[PendingBatch | None] = asyncio.Queue(maxsize=STREAM_BATCHES_IN_FLIGHT_MAX)
 
         async def read_requests() -> None:
             try:
                 async for request in request_iterator:
                     arrived = time.perf_counter()
-                    items = add_items(request)
-                    try:
-                        await node.admit(items)
-                    except MagnetarError as error:
-                        batch = PendingBatch(items, [error] * len(items), None, arrived, request.replies_may_merge)
-                    else:
-                        batch = self.submit_batch(request, items, arrived)
-                    await pending.put(batch)
+                    await pending.put(await self.admitted_batch(request, add_items(request), arrived))
             except asyncio.CancelledError:
                 raise
             except Exception as error:  # a broken stream ends the reader, never the server
@@ -155,6 +147,16 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
     @property
     def node(self) -> BookieNode:
         return self._node
+
+    async def admitted_batch(self, request: bookie_pb2.AddRequest, items: list[AddItem],
+                             arrived: float) -> PendingBatch:
+        """Waits for room (``node.admit``, bounded), then journals the request's valid
+        adds; a refusal (Overloaded, a failed journal) answers every item with it."""
+        try:
+            await self._node.admit(items)
+        except MagnetarError as error:
+            return PendingBatch(items, [error] * len(items), None, arrived, request.replies_may_merge)
+        return self.submit_batch(request, items, arrived)
 
     def submit_batch(self, request: bookie_pb2.AddRequest, items: list[AddItem], arrived: float) -> PendingBatch:
         """Journals an admitted request's valid adds (``node.admit`` done, or
