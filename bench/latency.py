@@ -72,7 +72,7 @@ MESSAGE_BYTES = 1024
 READY_TIMEOUT_S = 90.0
 CLIENT_TIMEOUT_S = 240.0
 STOP_TIMEOUT_S = 30.0
-WORKLOADS = ("durable_ack", "raw_durable_ack", "e2e", "publish", "drain", "work_queue", "fanout")
+WORKLOADS = ("durable_ack", "raw_durable_ack", "e2e", "publish", "drain", "work_queue", "fanout", "publish_each")
 
 
 # --- baselines ---------------------------------------------------------------------------------
@@ -339,6 +339,7 @@ def headline(system: dict) -> dict:
         "raw_ack_p99_ms": get("raw_durable_ack", "latency_ms", "p99"),
         "drain_msgs_per_s": get("drain", "msgs_per_s"), "work_queue_msgs_per_s": get("work_queue", "msgs_per_s"),
         "fanout_msgs_per_s": get("fanout", "msgs_per_s"),
+        "publish_each_msgs_per_s": get("publish_each", "msgs_per_s"),
     }
 
 
@@ -455,6 +456,7 @@ HEADLINE_ROWS = [("publish msgs/s", "publish_msgs_per_s"), ("e2e @rate p50 ms", 
                  ("durable ack p99.9 ms", "ack_p999_ms"), ("raw-client durable ack p50 ms", "raw_ack_p50_ms"),
                  ("raw-client durable ack p99 ms", "raw_ack_p99_ms"), ("drain msgs/s", "drain_msgs_per_s"),
                  ("work queue msgs/s", "work_queue_msgs_per_s"), ("fan-out msgs/s", "fanout_msgs_per_s"),
+                 ("publish msgs/s, a receipt callback per message", "publish_each_msgs_per_s"),
                  ("ack p50 / floor", "ack_p50_over_floor"), ("e2e p50 / floor", "e2e_p50_over_floor")]
 
 

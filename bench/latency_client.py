@@ -15,8 +15,11 @@ Workloads (1 KiB messages, batching on with a 1 ms publish delay unless said):
   against every message it delayed (no coordinated omission).
 - ``publish``: as fast as receipts come back with at most ``--max-pending`` messages
   awaiting theirs: the producer's own bound (``max_pending_messages`` with
-  ``block_if_queue_full``), so ``send_async`` blocks while it is full.
-  It writes the backlog the next three drain: their subscriptions exist before it.
+  ``block_if_queue_full``), so ``send_async`` blocks while it is full. It sends in
+  bursts of 50 with one payload each and asks for a receipt callback on each burst's
+  last message only (the producer completes sends in order), as the Redis driver gets
+  one reply per pipeline of 50. It writes the backlog the next three drain: their
+  subscriptions exist before it.
 - ``drain``: one exclusive consumer reads the whole backlog. With ``--consume batch``
   (the default) it takes what has arrived with ``batch_receive`` (up to 1,000 messages
   a call) and acknowledges each batch with one cumulative acknowledgement of its last
@@ -27,6 +30,9 @@ Workloads (1 KiB messages, batching on with a 1 ms publish delay unless said):
   backlog is consumed between them.
 - ``fanout``: 4 subscriptions, one consumer each (one thread each), consumed as drain
   is; counted is every message delivered to any of them.
+- ``publish_each``: ``publish`` with a receipt callback on every message (to a topic
+  of its own, last): the official client's per-message callback, which takes the GIL
+  from the client's IO thread each time, is then the limit (docs/performance.md step 14).
 
 Around each workload the servers' /metrics are scraped, and the difference of their
 stage histograms over the workload is reported (bench/stage_breakdown.py).
@@ -53,8 +59,8 @@ sys.path.insert(0, BENCH_DIR)
 import pulsar  # noqa: E402
 
 import rawclient  # noqa: E402
-from load_shapes import (FANOUT_SUBSCRIPTIONS, MESSAGE_BYTES, RECEIVE_IDLE_S, WARMUP_MESSAGES,  # noqa: E402
-                         WORK_QUEUE_CONSUMERS, FixedRate, due_of, filler_bytes, payload)
+from load_shapes import (FANOUT_SUBSCRIPTIONS, MESSAGE_BYTES, PUBLISH_BATCH, RECEIVE_IDLE_S,  # noqa: E402
+                         WARMUP_MESSAGES, WORK_QUEUE_CONSUMERS, FixedRate, due_of, filler_bytes, payload)
 from magnetar.tools.latency_histogram import LatencyHistogram  # noqa: E402
 from stage_breakdown import breakdown, scrape_all  # noqa: E402
 
@@ -220,6 +226,21 @@ class Client:
                                   initial_position=pulsar.InitialPosition.Earliest).close()
 
     def publish(self) -> dict:
+        """As fast as receipts come back, in bursts of PUBLISH_BATCH (one payload and one
+        start time each), a receipt callback on each burst's last message only: the
+        producer completes its sends in order (a receipt out of order makes it reconnect
+        and resend), so that receipt means the whole burst is stored, as a Redis
+        pipeline's one reply does for the Redis driver (bench/peer_clients.py). Writes the
+        backlog the next three drain."""
+        return self._publish(self.backlog_topic(), callback_each=False)
+
+    def publish_each(self) -> dict:
+        """``publish`` with a receipt callback on every message, to a topic of its own:
+        what the official client's per-message callback costs (each one takes the GIL
+        from its IO thread; docs/performance.md step 14). Not compared with the peers."""
+        return self._publish(f"{self.topic_prefix}-publish-each", callback_each=True)
+
+    def _publish(self, topic: str, *, callback_each: bool) -> dict:
         args = self.args
         # The window is the client's own: at most max_pending messages pending in the
         # producer (queued or awaiting their receipt), send_async blocking while it is
@@ -228,35 +249,44 @@ class Client:
         # more Python lock operations per message across the client's threads, measured
         # 0.8-0.9x the rate of this, docs/performance.md step 11.) The callbacks all run
         # on the client's one IO thread, so what they count needs no lock.
-        producer = self.producer(self.backlog_topic(), queue_limit=args.max_pending)
+        producer = self.producer(topic, queue_limit=args.max_pending)
         histogram = LatencyHistogram()
         counts = {"acked": 0, "errors": 0}
         last_ack = [0.0]
+        ok = pulsar.Result.Ok
+        clock = time.perf_counter_ns
 
-        def callback(result, _message_id, started_ns: int) -> None:
-            if result == pulsar.Result.Ok:
-                counts["acked"] += 1
-                histogram.record((time.perf_counter_ns() - started_ns) // 1000)
+        def completed(result, started_ns: int, messages: int) -> None:
+            if result == ok:
+                counts["acked"] += messages
+                histogram.record((clock() - started_ns) // 1000, messages)
             else:
-                counts["errors"] += 1
+                counts["errors"] += messages
             last_ack[0] = time.time()
 
+        send = producer.send_async
         started_unix = time.time()
         deadline = time.monotonic() + args.publish_seconds
         sent = 0
         while time.monotonic() < deadline:
-            for _ in range(64):
-                now = time.perf_counter_ns()
-                producer.send_async(payload(now, self.filler),
-                                    lambda result, message_id, started_ns=now: callback(result, message_id,
-                                                                                       started_ns))
-                sent += 1
+            now = clock()
+            data = payload(now, self.filler)
+            if callback_each:
+                for _ in range(PUBLISH_BATCH):
+                    send(data, lambda result, _message_id, started_ns=now: completed(result, started_ns, 1))
+            else:
+                for _ in range(PUBLISH_BATCH - 1):
+                    send(data, None)
+                send(data, lambda result, _message_id, started_ns=now: completed(result, started_ns,
+                                                                                   PUBLISH_BATCH))
+            sent += PUBLISH_BATCH
         producer.flush()          # returns once every message sent has its receipt
         producer.close()
         ended_unix = last_ack[0] or time.time()
         seconds = ended_unix - started_unix
         return {"messages": counts["acked"], "sent": sent, "errors": counts["errors"],
                 "msgs_per_s": round(counts["acked"] / seconds, 1), "max_pending": args.max_pending,
+                "publish_batch": PUBLISH_BATCH, "callback_each": callback_each,
                 "publish_latency_ms": summary_ms(histogram),
                 "started_unix_s": started_unix, "ended_unix_s": ended_unix}
 
@@ -354,6 +384,7 @@ class Client:
         results["fanout"] = self.measured(
             "fanout", lambda: self._consume(fanout, pulsar.ConsumerType.Exclusive, backlog,
                                             backlog * FANOUT_SUBSCRIPTIONS))
+        results["publish_each"] = self.measured("publish_each", self.publish_each)
         self.client.close()
         del args
         return results

@@ -28,6 +28,10 @@ FANOUT_SUBSCRIPTIONS = 4
 WORK_QUEUE_CONSUMERS = 4
 # At most this many publishes awaiting their acknowledgement (the bound).
 MAX_PENDING = 1000
+# The publish case sends in bursts of this many (one payload, one start time each) and
+# learns of each burst's acknowledgement at once: a pipeline's reply (Redis), the
+# receipt of its last message (Pulsar's producer completes sends in order).
+PUBLISH_BATCH = 50
 # Messages before the measured ones of the latency cases (first connection, stream or
 # queue creation, warm-up), not counted.
 WARMUP_MESSAGES = 200

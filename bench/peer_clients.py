@@ -41,12 +41,10 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(BENCH_DIR))
 sys.path.insert(0, BENCH_DIR)
 
-from load_shapes import (FANOUT_SUBSCRIPTIONS, MAX_PENDING, RECEIVE_IDLE_S, WARMUP_MESSAGES,  # noqa: E402
-                         WORK_QUEUE_CONSUMERS, FixedRate, due_of, filler_bytes, payload)
+from load_shapes import (FANOUT_SUBSCRIPTIONS, MAX_PENDING, PUBLISH_BATCH, RECEIVE_IDLE_S,  # noqa: E402
+                         WARMUP_MESSAGES, WORK_QUEUE_CONSUMERS, FixedRate, due_of, filler_bytes, payload)
 from magnetar.tools.latency_histogram import LatencyHistogram  # noqa: E402
 
-# Messages per publishing task (a Redis pipeline; NATS and RabbitMQ publishes gathered).
-PUBLISH_BATCH = 50
 CONNECT_TIMEOUT_S = 60.0
 PUBLISH_TIMEOUT_S = 30.0
 # A consumer workload never runs longer than this.

@@ -45,14 +45,16 @@ class LatencyHistogram:
         self.min_us: int | None = None
         self.max_us = 0
 
-    def record(self, value_us: int) -> None:
+    def record(self, value_us: int, times: int = 1) -> None:
+        """Records ``value_us`` (``times`` times: messages that completed together)."""
+        assert times >= 1, times
         value_us = max(0, int(value_us))  # clocks of two hosts can disagree; never index negatively
         index = bucket_index(value_us)
         if index >= len(self.counts):
             self.counts.extend([0] * (index + 1 - len(self.counts)))
-        self.counts[index] += 1
-        self.count += 1
-        self.total_us += value_us
+        self.counts[index] += times
+        self.count += times
+        self.total_us += value_us * times
         if value_us > self.max_us:
             self.max_us = value_us
         if self.min_us is None or value_us < self.min_us:

@@ -220,6 +220,18 @@ def test_numbers_of_a_workload_that_was_not_valid_are_left_out():
     assert e2e["values"]["rabbitmq"] is None and e2e["best_peer"] is None
 
 
+def test_magnetar_only_publish_row_has_no_best_peer_and_counts_its_errors():
+    one = {**headline(60_000, 5.0, 0.9, 1, 1, 1), "publish_each_msgs_per_s": 20_000}
+    runs = [run(0, {"magnetar-1x1": one, "redis": headline(39_000, 2.0, 0.3, 1, 1, 1)})]
+    each = {r["key"]: r for r in peers.summarize(runs)["rows"]}["publish_each_msgs_per_s"]
+    assert each["values"]["magnetar-1x1"] == 20_000 and each["values"]["redis"] is None
+    assert each["best_peer"] is None and each["magnetar_1x1_over_best"] is None
+    failed = {"headline": one, "publish_each": {"errors": 2}}
+    assert peers.valid_headline(failed)["publish_each_msgs_per_s"] is None
+    assert peers.valid_headline(failed)["publish_msgs_per_s"] == 60_000
+    assert peers.problems("magnetar-1x1", failed) == ["magnetar-1x1 publish_each: 2 errors"]
+
+
 def test_runs_with_the_same_settings_pool_every_repeat():
     settings = {"repeat": 1, "max_pending": 1000, "rate": 1000, "e2e_seconds": 5.0, "publish_seconds": 4.0}
     first = {"date": "A", "cpus": 2, "settings": settings, "total_seconds": 10,

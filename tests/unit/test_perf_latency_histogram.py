@@ -108,6 +108,18 @@ def test_merge_equals_recording_all():
         (both.count, both.total_us, both.min_us, both.max_us)
 
 
+def test_recording_a_value_several_times_at_once_equals_recording_it_each_time():
+    once, each = LatencyHistogram(), LatencyHistogram()
+    once.record(1234, 50)
+    once.record(7)
+    for _ in range(50):
+        each.record(1234)
+    each.record(7)
+    assert once.counts == each.counts
+    assert (once.count, once.total_us, once.min_us, once.max_us) == (51, 1234 * 50 + 7, 7, 1234)
+    assert once.summary_ms() == each.summary_ms()
+
+
 def test_merge_into_empty_and_of_empty():
     filled = LatencyHistogram()
     filled.record(5)
