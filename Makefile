@@ -16,7 +16,7 @@ TEST_WORKERS ?= 3
 
 .PHONY: bench-journal bench-ack-state setup proto run test test-unit test-integration test-archive-full test-client-full bench bench-bookie \
 	bench-pulsar bench-subscriptions bench-archive bench-gateway fuzz-gateway fuzz fuzz-broker clean sim chaos fanout-check \
-	pipeline bench-spark test-spark-full bench-compaction bench-latency bench-peers-setup bench-peers
+	pipeline bench-spark test-spark-full bench-compaction bench-latency bench-peers-setup bench-peers bench-thread-hop
 
 setup: $(STAMP) proto
 
@@ -128,6 +128,11 @@ bench-latency: setup
 JOURNAL_ARGS ?= --baseline-rev main
 bench-journal: setup
 	$(PY) bench/journal_bench.py --out bench/results/journal.json $(JOURNAL_ARGS)
+
+# What a hand-off to a thread and back costs the event loop here, back to back and after
+# 1 ms of rest (bench/thread_hop_bench.py, about half a minute; docs/performance.md, "Not done").
+bench-thread-hop: setup
+	$(PY) bench/thread_hop_bench.py --out bench/results/thread_hop.json
 
 # Magnetar against its peers in one run (issue 16; docs/performance.md "Peers in the same
 # run"): Redis (AOF appendfsync always), NATS JetStream, RabbitMQ quorum queues and
