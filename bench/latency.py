@@ -72,7 +72,8 @@ MESSAGE_BYTES = 1024
 READY_TIMEOUT_S = 90.0
 CLIENT_TIMEOUT_S = 240.0
 STOP_TIMEOUT_S = 30.0
-WORKLOADS = ("durable_ack", "raw_durable_ack", "e2e", "publish", "drain", "work_queue", "fanout", "publish_each")
+WORKLOADS = ("durable_ack", "raw_durable_ack", "e2e", "raw_e2e", "publish", "drain", "work_queue", "fanout",
+             "raw_publish", "raw_drain", "raw_work_queue", "raw_fanout", "publish_each")
 
 
 # --- baselines ---------------------------------------------------------------------------------
@@ -340,6 +341,11 @@ def headline(system: dict) -> dict:
         "drain_msgs_per_s": get("drain", "msgs_per_s"), "work_queue_msgs_per_s": get("work_queue", "msgs_per_s"),
         "fanout_msgs_per_s": get("fanout", "msgs_per_s"),
         "publish_each_msgs_per_s": get("publish_each", "msgs_per_s"),
+        "raw_e2e_p50_ms": get("raw_e2e", "latency_ms", "p50"), "raw_e2e_p99_ms": get("raw_e2e", "latency_ms", "p99"),
+        "raw_publish_msgs_per_s": get("raw_publish", "msgs_per_s"),
+        "raw_drain_msgs_per_s": get("raw_drain", "msgs_per_s"),
+        "raw_work_queue_msgs_per_s": get("raw_work_queue", "msgs_per_s"),
+        "raw_fanout_msgs_per_s": get("raw_fanout", "msgs_per_s"),
     }
 
 
@@ -457,6 +463,11 @@ HEADLINE_ROWS = [("publish msgs/s", "publish_msgs_per_s"), ("e2e @rate p50 ms", 
                  ("raw-client durable ack p99 ms", "raw_ack_p99_ms"), ("drain msgs/s", "drain_msgs_per_s"),
                  ("work queue msgs/s", "work_queue_msgs_per_s"), ("fan-out msgs/s", "fanout_msgs_per_s"),
                  ("publish msgs/s, a receipt callback per message", "publish_each_msgs_per_s"),
+                 ("raw-client e2e @rate p50 ms", "raw_e2e_p50_ms"), ("raw-client e2e @rate p99 ms", "raw_e2e_p99_ms"),
+                 ("raw-client publish msgs/s", "raw_publish_msgs_per_s"),
+                 ("raw-client drain msgs/s", "raw_drain_msgs_per_s"),
+                 ("raw-client work queue msgs/s", "raw_work_queue_msgs_per_s"),
+                 ("raw-client fan-out msgs/s", "raw_fanout_msgs_per_s"),
                  ("ack p50 / floor", "ack_p50_over_floor"), ("e2e p50 / floor", "e2e_p50_over_floor")]
 
 

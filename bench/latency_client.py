@@ -30,6 +30,9 @@ Workloads (1 KiB messages, batching on with a 1 ms publish delay unless said):
   backlog is consumed between them.
 - ``fanout``: 4 subscriptions, one consumer each (one thread each), consumed as drain
   is; counted is every message delivered to any of them.
+- ``raw_e2e``, ``raw_publish``, ``raw_drain``, ``raw_work_queue``, ``raw_fanout``: the same
+  through the project's raw protocol client, on topics of their own (bench/latency_raw.py):
+  the servers' capacity when the client is not the limit.
 - ``publish_each``: ``publish`` with a receipt callback on every message (to a topic
   of its own, last): the official client's per-message callback, which takes the GIL
   from the client's IO thread each time, is then the limit (docs/performance.md step 14).
@@ -58,6 +61,7 @@ sys.path.insert(0, BENCH_DIR)
 
 import pulsar  # noqa: E402
 
+import latency_raw  # noqa: E402
 import rawclient  # noqa: E402
 from load_shapes import (FANOUT_SUBSCRIPTIONS, MESSAGE_BYTES, PUBLISH_BATCH, RECEIVE_IDLE_S,  # noqa: E402
                          WARMUP_MESSAGES, WORK_QUEUE_CONSUMERS, FixedRate, due_of, filler_bytes, payload)
@@ -85,6 +89,7 @@ class Client:
         self.filler = filler_bytes(os.urandom)
         run_id = uuid.uuid4().hex[:8]
         self.topic_prefix = f"persistent://public/default/latency-{run_id}"
+        self.raw_backlog = 0     # messages raw_publish wrote, for the raw consumers
 
     def producer(self, topic: str, *, queue_limit: int = 2000):
         return self.client.create_producer(
@@ -211,6 +216,28 @@ class Client:
                 "sender_late_max_ms": schedule.late_max_ms(),
                 "latency_ms": summary_ms(histogram), "started_unix_s": schedule.started_unix_s,
                 "ended_unix_s": ended_unix}
+
+    # --- through the raw protocol client (bench/latency_raw.py) --------------------------
+
+    def raw_e2e(self) -> dict:
+        args = self.args
+        return asyncio.run(latency_raw.raw_e2e(args.service_url, self.topic_prefix, args.rate, args.e2e_seconds,
+                                               self.filler))
+
+    def raw_publish(self) -> dict:
+        result = asyncio.run(latency_raw.raw_publish(self.args.service_url, self.topic_prefix,
+                                                     self.args.publish_seconds))
+        self.raw_backlog = result["messages"]
+        return result
+
+    def raw_drain(self) -> dict:
+        return asyncio.run(latency_raw.raw_drain(self.args.service_url, self.topic_prefix, self.raw_backlog))
+
+    def raw_work_queue(self) -> dict:
+        return asyncio.run(latency_raw.raw_work_queue(self.args.service_url, self.topic_prefix, self.raw_backlog))
+
+    def raw_fanout(self) -> dict:
+        return asyncio.run(latency_raw.raw_fanout(self.args.service_url, self.topic_prefix, self.raw_backlog))
 
     # --- throughput ---------------------------------------------------------------------
 
@@ -372,6 +399,7 @@ class Client:
         results["durable_ack"] = self.measured("durable_ack", self.durable_ack)
         results["raw_durable_ack"] = self.measured("raw_durable_ack", self.raw_durable_ack)
         results["e2e"] = self.measured("e2e", self.e2e)
+        results["raw_e2e"] = self.measured("raw_e2e", self.raw_e2e)
         self.create_subscriptions()
         results["publish"] = self.measured("publish", self.publish)
         backlog = results["publish"]["messages"]
@@ -384,6 +412,8 @@ class Client:
         results["fanout"] = self.measured(
             "fanout", lambda: self._consume(fanout, pulsar.ConsumerType.Exclusive, backlog,
                                             backlog * FANOUT_SUBSCRIPTIONS))
+        for name in ("raw_publish", "raw_drain", "raw_work_queue", "raw_fanout"):
+            results[name] = self.measured(name, getattr(self, name))
         results["publish_each"] = self.measured("publish_each", self.publish_each)
         self.client.close()
         del args

@@ -66,8 +66,9 @@ CLIENT_OF = {"redis": "redis", "nats": "nats", "nats-sync-always": "nats", "rabb
 PYTHON_CLIENTS = {"redis": "redis", "nats": "nats", "rabbitmq": "aio_pika"}
 WORKLOADS = ("durable_ack", "e2e", "publish", "drain", "work_queue", "fanout")
 # Magnetar's alone (bench/latency_client.py): its publish with a receipt callback per
-# message, the official client's own per-message cost; no peer runs it.
-MAGNETAR_ONLY_WORKLOADS = ("publish_each",)
+# message, the official client's own per-message cost, and the workloads through the raw
+# protocol client (bench/latency_raw.py), the servers' capacity; no peer runs them.
+MAGNETAR_ONLY_WORKLOADS = ("publish_each", "raw_e2e", "raw_publish", "raw_drain", "raw_work_queue", "raw_fanout")
 
 # (row label, headline key, higher is better)
 ROWS = [
@@ -81,6 +82,11 @@ ROWS = [
     ("work queue msgs/s (4 consumers, per-message ack)", "work_queue_msgs_per_s", True),
     ("fan-out delivered msgs/s (4 subscriptions)", "fanout_msgs_per_s", True),
     ("publish msgs/s, a receipt callback per message (Magnetar only)", "publish_each_msgs_per_s", True),
+    ("raw-client e2e @1,000/s p99 ms (Magnetar only)", "raw_e2e_p99_ms", False),
+    ("raw-client publish msgs/s (Magnetar only)", "raw_publish_msgs_per_s", True),
+    ("raw-client drain msgs/s (Magnetar only)", "raw_drain_msgs_per_s", True),
+    ("raw-client work queue msgs/s (Magnetar only)", "raw_work_queue_msgs_per_s", True),
+    ("raw-client fan-out msgs/s (Magnetar only)", "raw_fanout_msgs_per_s", True),
 ]
 
 
@@ -335,7 +341,10 @@ def problems(name: str, system: dict, e2e_scheduled: int | None = None) -> list[
 HEADLINE_WORKLOAD = {"publish_msgs_per_s": "publish", "e2e_p50_ms": "e2e", "e2e_p99_ms": "e2e", "e2e_p999_ms": "e2e",
                      "ack_p50_ms": "durable_ack", "ack_p99_ms": "durable_ack", "ack_p999_ms": "durable_ack",
                      "drain_msgs_per_s": "drain", "work_queue_msgs_per_s": "work_queue",
-                     "fanout_msgs_per_s": "fanout", "publish_each_msgs_per_s": "publish_each"}
+                     "fanout_msgs_per_s": "fanout", "publish_each_msgs_per_s": "publish_each",
+                     "raw_e2e_p50_ms": "raw_e2e", "raw_e2e_p99_ms": "raw_e2e", "raw_publish_msgs_per_s": "raw_publish",
+                     "raw_drain_msgs_per_s": "raw_drain", "raw_work_queue_msgs_per_s": "raw_work_queue",
+                     "raw_fanout_msgs_per_s": "raw_fanout"}
 
 
 def valid_headline(system: dict) -> dict:
