@@ -740,6 +740,33 @@ class ManagedLedger:
             position = self.next_position(chunk[-1].position)
         return entries
 
+    def read_cached(self, start: Position, count_max: int, bytes_max: int) -> list[ManagedEntry] | None:
+        """What ``read`` returns, when every entry it would return is in the entry cache
+        (the tail a caught-up reader asks for, just confirmed); None when one is not, or
+        an archive serves a ledger of the range (then ``read``, which may await)."""
+        assert count_max > 0
+        entries: list[ManagedEntry] = []
+        size = 0
+        position = self.normalize(start)
+        while len(entries) < count_max and size < bytes_max and position <= self.last_confirmed:
+            ledger_id = position.ledger_id
+            last = self.last_entry_of(ledger_id)
+            if position.entry_id > last:
+                break
+            if self.archive is not None and self.archive.serves(ledger_id):
+                return None
+            end = min(last, position.entry_id + (count_max - len(entries)) - 1)
+            entry_id = position.entry_id
+            while entry_id <= end and size < bytes_max:
+                cached = self._cache.get(ledger_id, entry_id)
+                if cached is None:
+                    return None
+                entries.append(ManagedEntry(Position(ledger_id, entry_id), cached))
+                size += len(cached)
+                entry_id += 1
+            position = self.next_position(entries[-1].position)
+        return entries
+
     async def _read_ledger(self, ledger_id: int, first: int, last: int, bytes_max: int) -> list[ManagedEntry]:
         if self.archive is not None and self.archive.serves(ledger_id):
             return await self.archive.read(ledger_id, first, last, bytes_max)

@@ -99,6 +99,9 @@ class Dispatcher(abc.ABC):
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        # True while the task runs a round (it may be awaiting a read): nothing else
+        # dispatches meanwhile.
+        self._in_round = False
         self._waiting_for_entries = False
         # Set when new entries woke a caught-up dispatcher: its next send of the newest
         # entry is timed (the "dispatch" stage), then it is cleared.
@@ -184,6 +187,7 @@ class Dispatcher(abc.ABC):
             while not self._closed:
                 await self._wakeup.wait()
                 self._wakeup.clear()
+                self._in_round = True
                 try:
                     await self._dispatch_round()
                     delay_s = RETRY_DELAY_S
@@ -200,11 +204,15 @@ class Dispatcher(abc.ABC):
                     else:
                         log.exception("dispatch round raised, retrying: subscription=%s delay_s=%.1f",
                                       self.subscription.full_name, delay_s)
+                    self._in_round = False
                     await asyncio.sleep(delay_s)
                     delay_s = min(delay_s * 2, RETRY_DELAY_S_MAX)
                     self._wakeup.set()
+                finally:
+                    self._in_round = False
         finally:
             self.reading = False
+            self._in_round = False
             self._task = None
 
     async def _read(self, start: Position, count_max: int) -> list[ManagedEntry]:
@@ -277,7 +285,8 @@ class Dispatcher(abc.ABC):
         def on_entries(_future: asyncio.Future[None]) -> None:
             self._waiting_for_entries = False
             self._woken_by_entries = True
-            self.wake()
+            if not self._dispatch_tail_now():
+                self.wake()
 
         waiter.add_done_callback(on_entries)
         if self.subscription.ledger.last_confirmed != self._confirmed_at_read:
@@ -287,6 +296,12 @@ class Dispatcher(abc.ABC):
             # read to meet unread entries for another reason, waking here every time
             # would spin; the watch reports such a case as a stall instead.)
             self.wake()
+
+    def _dispatch_tail_now(self) -> bool:
+        """New entries confirmed for a caught-up subscription: sends them in this
+        callback when that needs no await (see SingleActiveDispatcher); False when the
+        task must (it is then woken)."""
+        return False
 
     def _prepare(self, entry: ManagedEntry) -> tuple[int, list[int] | None] | None:
         """(message count, ack_set to send) for an entry still to deliver; None if it
@@ -398,22 +413,65 @@ class SingleActiveDispatcher(Dispatcher):
                 self._check_end_of_topic()
                 self._wait_for_entries()
                 return
-            done = None
-            for entry in entries:
-                if consumer.permits <= 0:
-                    break   # the rest is read again when permits come (from the cache)
-                done = entry
-                prepared = self._prepare(entry)
-                if prepared is None:
-                    continue
-                count, ack_set = prepared
-                self._count_entry(count)
-                consumer.send_entry(entry, count, redelivery_count=subscription.redelivery_count(entry.position),
-                                    ack_set=ack_set)
-                self.messages_dispatched += count
-            assert done is not None, "a round with permits sent nothing of what it read"
-            self._time_tail(done.position)
-            cursor.skip_next_read(ledger.next_position(done.position))
+            self._send_entries(consumer, entries)
+
+    def _send_entries(self, consumer: ConsumerPort, entries: list[ManagedEntry]) -> None:
+        """Sends ``entries`` (read from the cursor's read position) while the consumer has
+        permits, and moves the read position past the last one sent or skipped."""
+        subscription = self.subscription
+        done = None
+        for entry in entries:
+            if consumer.permits <= 0:
+                break   # the rest is read again when permits come (from the cache)
+            done = entry
+            prepared = self._prepare(entry)
+            if prepared is None:
+                continue
+            count, ack_set = prepared
+            self._count_entry(count)
+            consumer.send_entry(entry, count, redelivery_count=subscription.redelivery_count(entry.position),
+                                ack_set=ack_set)
+            self.messages_dispatched += count
+        assert done is not None, "a round with permits sent nothing of what it read"
+        self._time_tail(done.position)
+        subscription.cursor.skip_next_read(subscription.ledger.next_position(done.position))
+
+    def _dispatch_tail_now(self) -> bool:
+        """The tail, sent in the callback that learnt of it (docs/performance.md, step 16):
+        a caught-up consumer with permits gets entries just confirmed without a loop turn
+        to wake the task, when they are all in the entry cache (they are: the managed
+        ledger caches an entry as it confirms it). Anything else is the task's: a round
+        running or due, no consumer ready, the compacted view, a read that must await."""
+        if self._closed or self._in_round or self._wakeup.is_set():
+            return False
+        consumer = self.active
+        if consumer is None or consumer.permits <= 0 or not consumer.writable:
+            return False
+        subscription = self.subscription
+        cursor = subscription.cursor
+        ledger = subscription.ledger
+        start = cursor.read_position
+        compacted_view = getattr(subscription, "compacted_view", None)
+        view = compacted_view() if compacted_view is not None else None
+        if view is not None and start <= view.horizon:
+            return False
+        confirmed = ledger.last_confirmed
+        entries = ledger.read_cached(start, self._entries_for(consumer.permits), self._bytes_max)
+        if entries is None:
+            return False
+        self.reads_started += 1     # a read, for the watch, as _read counts them
+        self._confirmed_at_read = confirmed
+        if not entries:
+            self._check_end_of_topic()
+            self._wait_for_entries()
+            return True
+        self._send_entries(consumer, entries)
+        if consumer.permits > 0 and self._backlog_to_read():
+            self.wake()             # the read stopped at its count or byte bound: the task goes on
+        elif consumer.permits > 0:
+            self._wait_for_entries()
+        # Out of permits: a FLOW wakes the task, as after a round.
+        return True
 
     async def _dispatch_compacted(self, consumer: ConsumerPort, source: CompactedSource, start: Position) -> None:
         """read_compacted, before the horizon: the compacted ledger's entries from

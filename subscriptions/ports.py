@@ -83,6 +83,11 @@ class EntrySource(PositionSource, Protocol):
         """Confirmed entries from ``start`` on (at most ``count_max``, about ``bytes_max``)."""
         ...
 
+    def read_cached(self, start: Position, count_max: int, bytes_max: int) -> list[ManagedEntry] | None:
+        """What ``read`` would return, without awaiting, when it is all in memory; None
+        when it is not (then ``read``)."""
+        ...
+
     def wait_for_entries(self) -> asyncio.Future[None]:
         """Resolves when entries past the current ``last_confirmed`` are confirmed."""
         ...

@@ -30,6 +30,8 @@ class FakeManagedLedger:
         self.terminated = False
         self._waiters: list[asyncio.Future[None]] = []
         self.reads = 0
+        self.cached = True         # read_cached answers (False: as if nothing were cached)
+        self.cached_reads = 0
 
     # --- writing (the test drives these) -------------------------------------------------
 
@@ -90,8 +92,11 @@ class FakeManagedLedger:
         return entries_between(self._ledgers, self._last_entry_of, after, upto)
 
     async def read(self, start: Position, count_max: int, bytes_max: int) -> list[ManagedEntry]:
-        assert count_max > 0
         self.reads += 1
+        return self._collect(start, count_max, bytes_max)
+
+    def _collect(self, start: Position, count_max: int, bytes_max: int) -> list[ManagedEntry]:
+        assert count_max > 0
         entries: list[ManagedEntry] = []
         size = 0
         position = self.normalize(start)
@@ -104,6 +109,14 @@ class FakeManagedLedger:
             size += len(data)
             position = self.next_position(position)
         return entries
+
+    def read_cached(self, start: Position, count_max: int, bytes_max: int) -> list[ManagedEntry] | None:
+        """As ``read`` (everything here is in memory), unless ``cached`` is False: then
+        None, as a managed ledger whose entries must come from the bookies."""
+        if not self.cached:
+            return None
+        self.cached_reads += 1
+        return self._collect(start, count_max, bytes_max)
 
     def wait_for_entries(self) -> asyncio.Future[None]:
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()

@@ -226,3 +226,69 @@ def test_an_empty_read_with_nothing_newly_confirmed_waits_and_the_watch_reports_
         await dispatcher.close()
 
     asyncio.run(scenario())
+
+
+# --- the tail sent in the callback (docs/performance.md, step 16) ---------------------------
+
+def test_a_caught_up_consumer_gets_new_entries_in_the_callback_without_a_round():
+    async def scenario() -> None:
+        ledger = FakeManagedLedger()
+        subscription = make_subscription(ledger)
+        consumer = FakeConsumer(1, "c", permits=1_000)
+        subscription.add_consumer(consumer, SubscriptionMode.EXCLUSIVE)
+        await settle()                       # caught up: waiting for entries
+        rounds = ledger.reads
+        positions = append_messages(ledger, 1)
+        await asyncio.sleep(0)               # the waiter's callback: one turn
+        assert consumer.positions == positions
+        assert ledger.reads == rounds and ledger.cached_reads == 1
+        # And again: the callback armed the next wait itself.
+        positions += append_messages(ledger, 2)
+        await asyncio.sleep(0)
+        assert consumer.positions == positions and ledger.reads == rounds
+        await subscription.dispatcher.close()
+
+    asyncio.run(scenario())
+
+
+def test_entries_not_in_memory_are_read_by_the_task():
+    async def scenario() -> None:
+        ledger = FakeManagedLedger()
+        ledger.cached = False
+        subscription = make_subscription(ledger)
+        consumer = FakeConsumer(1, "c", permits=1_000)
+        subscription.add_consumer(consumer, SubscriptionMode.EXCLUSIVE)
+        await settle()
+        rounds = ledger.reads
+        positions = append_messages(ledger, 3)
+        await settle()
+        assert consumer.positions == positions and ledger.reads > rounds
+        await subscription.dispatcher.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_tail_larger_than_one_read_is_finished_by_the_task_and_permits_still_bound_it():
+    async def scenario() -> None:
+        ledger = FakeManagedLedger()
+        subscription = make_subscription(ledger)
+        consumer = FakeConsumer(1, "c", permits=1_000)
+        subscription.add_consumer(consumer, SubscriptionMode.EXCLUSIVE)
+        await settle()
+        dispatcher = subscription.dispatcher
+        # More entries than one read takes arrive before the callback runs.
+        positions = [ledger.append(batch_entry(1, index)) for index in range(dispatcher._entries_max + 5)]
+        await settle()
+        assert consumer.positions == positions
+        # Out of permits: nothing more goes until a FLOW, then the rest does.
+        consumer.permits = 0
+        more = append_messages(ledger, 4)
+        await settle()
+        assert consumer.positions == positions
+        consumer.permits = 1_000
+        dispatcher.on_flow(consumer)
+        await settle()
+        assert consumer.positions == positions + more
+        await dispatcher.close()
+
+    asyncio.run(scenario())
