@@ -51,7 +51,7 @@ import collections
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Generator, Protocol, Sequence
 
 from broker.managed_ledger_info import PURPOSE_LEDGER, LedgerInfo, ManagedLedgerInfo, ownership_tags
 from common.position import ManagedEntry, Position, entries_between, normalize
@@ -719,9 +719,12 @@ class ManagedLedger:
         """Entries in (after, upto] of this topic."""
         return entries_between(self._ledgers, self.last_entry_of, after, upto)
 
-    async def read(self, start: Position, count_max: int, bytes_max: int) -> list[ManagedEntry]:
-        """Confirmed entries from ``start`` on (at most count_max / about bytes_max),
-        possibly spanning ledgers. An empty list means nothing is there yet."""
+    def _walk(self, start: Position, count_max: int, bytes_max: int) -> Generator[
+            tuple[int, int, int, int], list[ManagedEntry] | None, list[ManagedEntry]]:
+        """The ranges a read from ``start`` covers, possibly spanning ledgers: yields
+        (ledger_id, first, last, bytes left), is sent the entries read of each, and
+        returns them all (sans-IO: ``read`` sends what it awaited, ``read_cached`` what the
+        cache holds). Stops at the bounds, at the last confirmed entry, or at an empty range."""
         assert count_max > 0
         entries: list[ManagedEntry] = []
         size = 0
@@ -732,7 +735,7 @@ class ManagedLedger:
             if position.entry_id > last:
                 break  # the current ledger, nothing confirmed past here yet
             end = min(last, position.entry_id + (count_max - len(entries)) - 1)
-            chunk = await self._read_ledger(ledger_id, position.entry_id, end, bytes_max - size)
+            chunk = yield ledger_id, position.entry_id, end, bytes_max - size
             if not chunk:
                 break
             entries.extend(chunk)
@@ -740,31 +743,48 @@ class ManagedLedger:
             position = self.next_position(chunk[-1].position)
         return entries
 
+    async def read(self, start: Position, count_max: int, bytes_max: int) -> list[ManagedEntry]:
+        """Confirmed entries from ``start`` on (at most count_max / about bytes_max),
+        possibly spanning ledgers. An empty list means nothing is there yet."""
+        walk = self._walk(start, count_max, bytes_max)
+        try:
+            span = next(walk)
+            while True:
+                span = walk.send(await self._read_ledger(*span))
+        except StopIteration as finished:
+            return finished.value
+
     def read_cached(self, start: Position, count_max: int, bytes_max: int) -> list[ManagedEntry] | None:
         """What ``read`` returns, when every entry it would return is in the entry cache
         (the tail a caught-up reader asks for, just confirmed); None when one is not, or
         an archive serves a ledger of the range (then ``read``, which may await)."""
-        assert count_max > 0
+        walk = self._walk(start, count_max, bytes_max)
+        try:
+            span = next(walk)
+            while True:
+                chunk = self._cached_range(*span)
+                if chunk is None:
+                    walk.close()
+                    return None
+                span = walk.send(chunk)
+        except StopIteration as finished:
+            return finished.value
+
+    def _cached_range(self, ledger_id: int, first: int, last: int, bytes_max: int) -> list[ManagedEntry] | None:
+        """Entries first..last of a ledger (about bytes_max) from the cache; None on a miss
+        or for a ledger the archive serves."""
+        if self.archive is not None and self.archive.serves(ledger_id):
+            return None
         entries: list[ManagedEntry] = []
         size = 0
-        position = self.normalize(start)
-        while len(entries) < count_max and size < bytes_max and position <= self.last_confirmed:
-            ledger_id = position.ledger_id
-            last = self.last_entry_of(ledger_id)
-            if position.entry_id > last:
+        for entry_id in range(first, last + 1):
+            if size >= bytes_max:
                 break
-            if self.archive is not None and self.archive.serves(ledger_id):
+            cached = self._cache.get(ledger_id, entry_id)
+            if cached is None:
                 return None
-            end = min(last, position.entry_id + (count_max - len(entries)) - 1)
-            entry_id = position.entry_id
-            while entry_id <= end and size < bytes_max:
-                cached = self._cache.get(ledger_id, entry_id)
-                if cached is None:
-                    return None
-                entries.append(ManagedEntry(Position(ledger_id, entry_id), cached))
-                size += len(cached)
-                entry_id += 1
-            position = self.next_position(entries[-1].position)
+            entries.append(ManagedEntry(Position(ledger_id, entry_id), cached))
+            size += len(cached)
         return entries
 
     async def _read_ledger(self, ledger_id: int, first: int, last: int, bytes_max: int) -> list[ManagedEntry]:

@@ -230,13 +230,20 @@ def test_an_empty_read_with_nothing_newly_confirmed_waits_and_the_watch_reports_
 
 # --- the tail sent in the callback (docs/performance.md, step 16) ---------------------------
 
+async def caught_up(ledger: FakeManagedLedger) -> tuple[Subscription, FakeConsumer]:
+    """An exclusive subscription whose one consumer (1,000 permits) has read everything:
+    its dispatcher waits for entries."""
+    subscription = make_subscription(ledger)
+    consumer = FakeConsumer(1, "c", permits=1_000)
+    subscription.add_consumer(consumer, SubscriptionMode.EXCLUSIVE)
+    await settle()
+    return subscription, consumer
+
+
 def test_a_caught_up_consumer_gets_new_entries_in_the_callback_without_a_round():
     async def scenario() -> None:
         ledger = FakeManagedLedger()
-        subscription = make_subscription(ledger)
-        consumer = FakeConsumer(1, "c", permits=1_000)
-        subscription.add_consumer(consumer, SubscriptionMode.EXCLUSIVE)
-        await settle()                       # caught up: waiting for entries
+        subscription, consumer = await caught_up(ledger)
         rounds = ledger.reads
         positions = append_messages(ledger, 1)
         await asyncio.sleep(0)               # the waiter's callback: one turn
@@ -255,10 +262,7 @@ def test_entries_not_in_memory_are_read_by_the_task():
     async def scenario() -> None:
         ledger = FakeManagedLedger()
         ledger.cached = False
-        subscription = make_subscription(ledger)
-        consumer = FakeConsumer(1, "c", permits=1_000)
-        subscription.add_consumer(consumer, SubscriptionMode.EXCLUSIVE)
-        await settle()
+        subscription, consumer = await caught_up(ledger)
         rounds = ledger.reads
         positions = append_messages(ledger, 3)
         await settle()
@@ -271,10 +275,7 @@ def test_entries_not_in_memory_are_read_by_the_task():
 def test_a_tail_larger_than_one_read_is_finished_by_the_task_and_permits_still_bound_it():
     async def scenario() -> None:
         ledger = FakeManagedLedger()
-        subscription = make_subscription(ledger)
-        consumer = FakeConsumer(1, "c", permits=1_000)
-        subscription.add_consumer(consumer, SubscriptionMode.EXCLUSIVE)
-        await settle()
+        subscription, consumer = await caught_up(ledger)
         dispatcher = subscription.dispatcher
         # More entries than one read takes arrive before the callback runs.
         positions = [ledger.append(batch_entry(1, index)) for index in range(dispatcher._entries_max + 5)]

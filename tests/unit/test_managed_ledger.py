@@ -254,6 +254,32 @@ async def test_cache_miss_run_of_an_open_ledger_uses_the_mean_of_entries_seen():
     await ledger.close()
 
 
+async def test_read_cached_answers_what_read_does_from_memory_and_nothing_on_a_miss():
+    """``read_cached`` gives what ``read`` gives when the cache holds it all, across a
+    rollover and within the byte budget, with no bookie read; one entry missing (a
+    fresh cache) makes it None, and ``read`` then goes to the bookies."""
+    store, client = MemoryStore(), FakeLedgerClient()
+    writer = await opened(store, client, ledger_entries_max=3)
+    async with asyncio.timeout(TIMEOUT_S):
+        positions = [await writer.append(bytes([index]) * KIB) for index in range(5)]
+        client.reads.clear()
+        start = positions[0]
+        for count_max, bytes_max in ((100, MIB), (4, MIB), (100, 2 * KIB + 1)):
+            cached = writer.read_cached(start, count_max, bytes_max)
+            assert cached is not None
+            assert [(e.position, bytes(e.data)) for e in cached] == \
+                [(e.position, bytes(e.data)) for e in await writer.read(start, count_max, bytes_max)]
+        assert [e.position for e in writer.read_cached(start, 100, MIB)] == positions
+        assert writer.read_cached(writer.end_position, 100, MIB) == []
+        assert client.reads == []
+        await writer.close()
+        reader = await opened(store, client)   # a fresh entry cache
+        assert reader.read_cached(start, 100, MIB) is None
+        assert [e.position for e in await reader.read(start, 100, MIB)] == positions
+        assert client.reads
+        await reader.close()
+
+
 async def test_end_position():
     """An empty topic's end is its first position; after entries, the one after the
     last; after a rollover, entry 0 of the new ledger."""
