@@ -78,10 +78,10 @@ async def raw_publish(service_url: str, prefix: str, seconds: float) -> dict:
 
 
 def _settings(service_url: str, prefix: str, subscription: str, sub_type: str, messages: int | None,
-              cumulative: bool, consumer_name: str = "") -> rawclient.ConsumeSettings:
+              cumulative: bool, consumer_name: str = "", idle_s: float = RECEIVE_IDLE_S) -> rawclient.ConsumeSettings:
     return rawclient.ConsumeSettings(
         service_url, raw_backlog_topic(prefix), subscription, sub_type=sub_type, messages=messages,
-        seconds=CONSUME_LIMIT_S, idle_timeout_s=RECEIVE_IDLE_S, permits=PERMITS, cumulative=cumulative,
+        seconds=CONSUME_LIMIT_S, idle_timeout_s=idle_s, permits=PERMITS, cumulative=cumulative,
         ack_group_entries=max(1, CUMULATIVE_ACK_MESSAGES // PUBLISH_BATCH) if cumulative else 1_000_000,
         consumer_name=consumer_name)
 
@@ -114,11 +114,11 @@ async def raw_fanout(service_url: str, prefix: str, backlog: int) -> dict:
     return _combined([summary for summary, _ in runs], backlog * FANOUT_SUBSCRIPTIONS)
 
 
-async def raw_work_queue(service_url: str, prefix: str, backlog: int) -> dict:
+async def raw_work_queue(service_url: str, prefix: str, backlog: int, idle_s: float = RECEIVE_IDLE_S) -> dict:
     """4 shared consumers, each until the backlog is read between them (then it idles
-    out after RECEIVE_IDLE_S): a message read twice counts as a duplicate."""
+    out after ``idle_s``): a message read twice counts as a duplicate."""
     runs = await asyncio.gather(*(rawclient.consume(_settings(service_url, prefix, "work-queue", "shared", None,
-                                                              False, consumer_name=f"work-{n}"))
+                                                              False, consumer_name=f"work-{n}", idle_s=idle_s))
                                   for n in range(WORK_QUEUE_CONSUMERS)))
     result = _combined([summary for summary, _ in runs], backlog)
     seen: set = set()

@@ -33,7 +33,7 @@ async def test_raw_workloads_read_back_everything_they_wrote(pulsar_cluster):
     drain = await latency_raw.raw_drain(url, prefix, backlog)
     assert drain["complete"] and drain["messages"] == backlog and drain["ack_confirmed"]
 
-    work = await latency_raw.raw_work_queue(url, prefix, backlog)
+    work = await latency_raw.raw_work_queue(url, prefix, backlog, idle_s=0.5)
     assert work["complete"] and work["messages"] == backlog and work["duplicates"] == 0
     assert len(work["per_consumer"]) == 4
 
