@@ -187,9 +187,12 @@ class Dispatcher(abc.ABC):
             while not self._closed:
                 await self._wakeup.wait()
                 self._wakeup.clear()
-                self._in_round = True
                 try:
-                    await self._dispatch_round()
+                    self._in_round = True
+                    try:
+                        await self._dispatch_round()
+                    finally:
+                        self._in_round = False
                     delay_s = RETRY_DELAY_S
                 except asyncio.CancelledError:
                     raise
@@ -204,15 +207,11 @@ class Dispatcher(abc.ABC):
                     else:
                         log.exception("dispatch round raised, retrying: subscription=%s delay_s=%.1f",
                                       self.subscription.full_name, delay_s)
-                    self._in_round = False
                     await asyncio.sleep(delay_s)
                     delay_s = min(delay_s * 2, RETRY_DELAY_S_MAX)
                     self._wakeup.set()
-                finally:
-                    self._in_round = False
         finally:
             self.reading = False
-            self._in_round = False
             self._task = None
 
     async def _read(self, start: Position, count_max: int) -> list[ManagedEntry]:
@@ -393,17 +392,13 @@ class SingleActiveDispatcher(Dispatcher):
     async def _dispatch_round(self) -> None:
         subscription = self.subscription
         cursor = subscription.cursor
-        ledger = subscription.ledger
         while not self._closed:
             consumer = self.active
             if consumer is None or consumer.permits <= 0 or not consumer.writable:
                 return
             start = cursor.read_position
-            # The compacted view, for read_compacted subscriptions (optional in the
-            # protocol: a subscription without one reads the topic).
-            compacted_view = getattr(subscription, "compacted_view", None)
-            view = compacted_view() if compacted_view is not None else None
-            if view is not None and start <= view.horizon:
+            view = self._compacted_before(start)
+            if view is not None:
                 await self._dispatch_compacted(consumer, view, start)
                 continue
             entries = await self._read(start, self._entries_for(consumer.permits))
@@ -414,6 +409,14 @@ class SingleActiveDispatcher(Dispatcher):
                 self._wait_for_entries()
                 return
             self._send_entries(consumer, entries)
+
+    def _compacted_before(self, start: Position) -> CompactedSource | None:
+        """The compacted view, when the subscription reads one (read_compacted: optional
+        in the protocol, a subscription without one reads the topic) and ``start`` is not
+        past its horizon; else None."""
+        compacted_view = getattr(self.subscription, "compacted_view", None)
+        view = compacted_view() if compacted_view is not None else None
+        return view if view is not None and start <= view.horizon else None
 
     def _send_entries(self, consumer: ConsumerPort, entries: list[ManagedEntry]) -> None:
         """Sends ``entries`` (read from the cursor's read position) while the consumer has
@@ -447,13 +450,9 @@ class SingleActiveDispatcher(Dispatcher):
         consumer = self.active
         if consumer is None or consumer.permits <= 0 or not consumer.writable:
             return False
-        subscription = self.subscription
-        cursor = subscription.cursor
-        ledger = subscription.ledger
-        start = cursor.read_position
-        compacted_view = getattr(subscription, "compacted_view", None)
-        view = compacted_view() if compacted_view is not None else None
-        if view is not None and start <= view.horizon:
+        ledger = self.subscription.ledger
+        start = self.subscription.cursor.read_position
+        if self._compacted_before(start) is not None:
             return False
         confirmed = ledger.last_confirmed
         entries = ledger.read_cached(start, self._entries_for(consumer.permits), self._bytes_max)
