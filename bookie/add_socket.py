@@ -41,6 +41,7 @@ from typing import Callable
 import grpc
 
 from bookie.server import STREAM_BATCHES_IN_FLIGHT_MAX, BookieServicer, PendingBatch, add_items
+from common.eager_future import call_when_done
 from common.errors import AuthenticationFailed, AuthorizationDenied, MagnetarError, MalformedFrame
 from common.tasks import log_failure
 from protocol.add_socket import MessageDecoder, encode_message, parse
@@ -266,7 +267,7 @@ class _AddConnection(asyncio.Protocol):
         if batch.future is None:
             self._answer()
         else:
-            batch.future.add_done_callback(self._on_durable)
+            call_when_done(batch.future, self._on_durable)
 
     # --- replies ----------------------------------------------------------------------------
 

@@ -61,6 +61,7 @@ from bookie.format import (
     journal_file_name,
     parse_file_id,
 )
+from common.eager_future import new_eager_future, settle_all
 from common.errors import BookieStorageError, MalformedFrame, ShuttingDown
 from common.histograms import WeightedHistogram
 
@@ -265,9 +266,8 @@ class Journal:
         self._on_durable([token for item in group for token in item.tokens])
         assert position >= self.applied_position, (position, self.applied_position)
         self.applied_position = position
-        for item in group:
-            if not item.future.done():
-                item.future.set_result(None)
+        # All settled before any eager callback runs: a reply merges every settled batch.
+        settle_all(item.future for item in group)
 
     async def _gather(self) -> None:
         """Lets adds that are already runnable (the rest of a burst that arrived on the
@@ -395,7 +395,8 @@ class Journal:
             raise ShuttingDown("journal is closing")
         assert tokens
         assert size_bytes >= 0, size_bytes
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # Eager: the add socket writes the reply in the turn the group is acknowledged.
+        future: asyncio.Future[None] = new_eager_future()
         record_bytes = sum(len(buffer) for buffer in buffers)
         self._queue.append(_Append(buffers, tokens, future, record_bytes, size_bytes, self._clock()))
         self._queue_record_bytes += record_bytes

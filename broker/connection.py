@@ -92,6 +92,7 @@ from common.errors import (
     SubscriptionNotFound,
     TooManyRequests,
 )
+from common.eager_future import call_when_done
 from common.tasks import log_failure
 from common.version import __version__
 
@@ -791,9 +792,10 @@ class ServerConnection(asyncio.Protocol):
         producer_id = send.producer_id
         arrived = time.perf_counter()
         name = producer.name
-        future.add_done_callback(
-            lambda f: self._on_send_done(producer_id, sequence_id, highest, f, arrived, scopes, size_bytes,
-                                         topic=topic, producer_name=name))
+        # Inside the managed ledger's settling of the append (common/eager_future.py):
+        # the receipt leaves in the turn the bookie's reply was read.
+        call_when_done(future, lambda f: self._on_send_done(producer_id, sequence_id, highest, f, arrived, scopes,
+                                                            size_bytes, topic=topic, producer_name=name))
 
     def _answer_duplicate(self, producer: Producer, topic: "PersistentTopic", sequence_id: int,
                           highest: int) -> None:

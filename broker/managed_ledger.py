@@ -57,6 +57,7 @@ from broker.managed_ledger_info import PURPOSE_LEDGER, LedgerInfo, ManagedLedger
 from common.position import ManagedEntry, Position, entries_between, normalize
 from common.topic_name import TopicName
 from ledger.client import LedgerClient
+from common.eager_future import call_when_done, new_eager_future
 from common.entry import ENTRY_HEADER_SIZE
 from common.entry_cache import EntryCache
 from subscriptions.ack_set import ENTRIES_PER_LEDGER_MAX
@@ -394,8 +395,9 @@ class ManagedLedger:
         return self._info.terminated_position is not None
 
     def append(self, payload: bytes) -> asyncio.Future[Position]:
-        """Stores one entry; the future resolves with its position, in append order."""
-        future: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
+        """Stores one entry; the future resolves with its position, in append order
+        (an EagerFuture: the connection writes the receipt in the turn it is stored)."""
+        future: asyncio.Future[Position] = new_eager_future()
         if self.fenced_error is not None:
             future.set_exception(self.fenced_error)
             return future
@@ -441,7 +443,9 @@ class ManagedLedger:
         append.ledger_id = handle.ledger_id
         append.add_future = add_future
         self._inflight.append(append)
-        add_future.add_done_callback(self._on_add_done)
+        # Inside the handle's completion of the entry: _on_add_done does not call back
+        # into the handle.
+        call_when_done(add_future, self._on_add_done)
         stages = self.stages
         if stages is not None:
             append.submitted_at = now = time.perf_counter()
@@ -502,10 +506,10 @@ class ManagedLedger:
     def _settle(self, outcomes: list[tuple[asyncio.Future[Position], Position | MagnetarError]], confirmed: bool,
                 now: float) -> None:
         """Wakes the readers when entries were confirmed, then settles the appends in
-        order. Readers first: their callbacks run before the receipts' in the next turn,
-        so a dispatch and the receipts bound for the same client connection are written
-        in the same turn and leave in one send (broker/connection.py), and the dispatch
-        does not wait behind the receipts."""
+        order. The appends' futures are eager (common/eager_future.py): the connections
+        write their receipts here, in this turn; the readers' callbacks run in the next
+        (a waiter is an ordinary future: one wake-up then sends every entry confirmed by
+        this turn's replies, not one entry per reply)."""
         if confirmed:
             self.last_confirmed_at = now
             self._wake_waiters()

@@ -32,6 +32,7 @@ import grpc
 from protocol.bookie_rpc import error_code_from_metadata
 from protocol.proto import bookie_pb2, bookie_pb2_grpc
 from ledger.config import LedgerClientConfig
+from common.eager_future import new_eager_future
 from common.errors import (
     AddTimeout,
     AuthenticationFailed,
@@ -183,7 +184,8 @@ class BookieClient:
     def add(self, ledger_id: int, entry_id: int, entry: bytes, *, recovery: bool = False) -> asyncio.Future[None]:
         """Queues an add; the future resolves when the bookie fsynced it, or fails with
         the bookie's error (LedgerFenced, BookieReadOnly...) or BookieUnavailable."""
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # Eager: the write handle hears of the reply in the callback that read it.
+        future: asyncio.Future[None] = new_eager_future()
         if self._closed:
             future.set_exception(BookieUnavailable(self.bookie_id, "client closed"))
             return future

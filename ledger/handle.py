@@ -35,6 +35,7 @@ import functools
 import logging
 from dataclasses import dataclass
 
+from common.eager_future import call_when_done, new_eager_future
 from common.tasks import cancel_and_wait, log_failure
 from ledger.context import LedgerContext
 from common.entry import ENTRY_HEADER_SIZE, encode_entry
@@ -173,7 +174,8 @@ class WriteHandle:
         self._submitted_bytes += len(payload)
         data = encode_entry(self.ledger_id, entry_id, self._tracker.last_add_confirmed, self._submitted_bytes,
                             payload)
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        # Eager: the managed ledger settles its append in the turn the entry completes.
+        future: asyncio.Future[int] = new_eager_future()
         pending = _PendingAdd(entry_id, data, future)
         self._pending[entry_id] = pending
         self._pending_bytes += len(data)
@@ -190,9 +192,10 @@ class WriteHandle:
         for index in indices:
             bookie_id = self._ensemble[index]
             reply = pool.get(bookie_id).add(self.ledger_id, pending.entry_id, pending.data)
-            reply.add_done_callback(
-                lambda f, entry_id=pending.entry_id, index=index, bookie_id=bookie_id:
-                self._on_reply(entry_id, index, bookie_id, f))
+            # Run inside the bookie client's settling of the reply (common/eager_future.py);
+            # _on_reply does not call back into the bookie client.
+            call_when_done(reply, lambda f, entry_id=pending.entry_id, index=index, bookie_id=bookie_id:
+                           self._on_reply(entry_id, index, bookie_id, f))
 
     def _on_reply(self, entry_id: int, index: int, bookie_id: str, reply: asyncio.Future[None]) -> None:
         if self._state in (_HandleState.FAILED, _HandleState.CLOSED):
