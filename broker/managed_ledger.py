@@ -506,10 +506,12 @@ class ManagedLedger:
     def _settle(self, outcomes: list[tuple[asyncio.Future[Position], Position | MagnetarError]], confirmed: bool,
                 now: float) -> None:
         """Wakes the readers when entries were confirmed, then settles the appends in
-        order. The appends' futures are eager (common/eager_future.py): the connections
-        write their receipts here, in this turn; the readers' callbacks run in the next
-        (a waiter is an ordinary future: one wake-up then sends every entry confirmed by
-        this turn's replies, not one entry per reply)."""
+        order. Both are eager futures (common/eager_future.py): a caught-up dispatcher
+        sends the entries here, and then the connections write the receipts, in this
+        turn; the dispatch does not wait behind the receipts of its own entries (step 7
+        of docs/performance.md). The handle completes entries one by one, so a reply
+        that confirms several wakes the readers once per entry; a dispatcher then sends
+        one entry per wake, as many frames as one wake for all would write."""
         if confirmed:
             self.last_confirmed_at = now
             self._wake_waiters()
@@ -661,8 +663,10 @@ class ManagedLedger:
                 waiter.set_result(None)
 
     def wait_for_entries(self) -> asyncio.Future[None]:
-        """Resolves when new entries are confirmed (or the ledger closes)."""
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        """Resolves when new entries are confirmed (or the ledger closes). An
+        EagerFuture: a dispatcher's ``call_when_done`` runs inside ``_settle``, before
+        the receipts of the same entries are written."""
+        waiter: asyncio.Future[None] = new_eager_future()
         if self.closed or self.fenced_error is not None:
             waiter.set_result(None)
         else:

@@ -42,6 +42,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator, Protocol
 
+from common.eager_future import call_when_done
 from common.errors import MagnetarError
 from common.position import ManagedEntry, Position
 from common.tasks import cancel_and_wait
@@ -287,7 +288,9 @@ class Dispatcher(abc.ABC):
             if not self._dispatch_tail_now():
                 self.wake()
 
-        waiter.add_done_callback(on_entries)
+        # Inside the managed ledger's settling of the entries, before their receipts
+        # (common/eager_future.py); on_entries does not call back into the appends.
+        call_when_done(waiter, on_entries)
         if self.subscription.ledger.last_confirmed != self._confirmed_at_read:
             # Entries were confirmed while the read that came back empty was in flight,
             # before this waiter existed: it would only fire on the next append, which

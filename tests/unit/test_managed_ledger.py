@@ -29,6 +29,7 @@ import pytest
 
 from broker.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from broker.managed_ledger_info import LedgerInfo, ManagedLedgerInfo
+from common.eager_future import call_when_done
 from common.position import Position
 from common.topic_name import TopicName
 from common.entry_cache import EntryCache
@@ -505,4 +506,26 @@ async def test_confirmed_appends_wake_readers_before_their_receipts_in_append_or
     await asyncio.sleep(0)          # the callbacks scheduled with the awaiting task's wake-up
     assert order[0] == "reader"
     assert order[1:] == ["receipt one", "receipt two"]
+    await ledger.close()
+
+
+async def test_eager_callbacks_dispatch_then_receipt_inside_the_settling():
+    """The waiter and the appends are EagerFutures (common/eager_future.py): callbacks
+    registered with call_when_done run inside the settling, the reader's before the
+    receipts (in append order), and before any ordinary done-callback of the same
+    futures, which waits for the next turn."""
+    store, client = MemoryStore(), FakeLedgerClient()
+    ledger = await opened(store, client)
+    order: list[str] = []
+    call_when_done(ledger.wait_for_entries(), lambda _f: order.append("reader"))
+    client.hold_adds = True
+    first = ledger.append(b"one")
+    second = ledger.append(b"two")
+    first.add_done_callback(lambda _f: order.append("ordinary callback"))
+    call_when_done(first, lambda _f: order.append("receipt one"))
+    call_when_done(second, lambda _f: order.append("receipt two"))
+    await asyncio.sleep(0.01)
+    client.release_adds()
+    await until(lambda: len(order) == 4, "every callback")
+    assert order == ["reader", "receipt one", "receipt two", "ordinary callback"]
     await ledger.close()
