@@ -59,13 +59,10 @@ class EagerFuture(asyncio.Future):
             self.run_eager()
         return cancelled
 
-    def settle_quietly(self, result: Any = None, error: BaseException | None = None) -> None:
-        """Settles the future without running its eager callbacks (``run_eager`` does,
+    def set_result_quietly(self, result: Any) -> None:
+        """Sets the result without running the eager callbacks (``run_eager`` does,
         later): for ``settle_all``."""
-        if error is None:
-            super().set_result(result)
-        else:
-            super().set_exception(error)
+        super().set_result(result)
 
     def run_eager(self) -> None:
         """Runs (once) the eager callbacks registered so far."""
@@ -100,7 +97,7 @@ def settle_all(futures: Iterable[asyncio.Future[Any]], result: Any = None) -> No
         if future.done():
             continue
         if isinstance(future, EagerFuture):
-            future.settle_quietly(result)
+            future.set_result_quietly(result)
             settled.append(future)
         else:
             future.set_result(result)
