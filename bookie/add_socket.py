@@ -156,7 +156,7 @@ class _AddConnection(asyncio.Protocol):
             while not self._closed:
                 body = self._decoder.next_body()
                 if body is None:
-                    return
+                    break
                 if self._welcomed:
                     self._on_request(parse(bookie_pb2.AddRequest, body))
                 else:
@@ -164,6 +164,10 @@ class _AddConnection(asyncio.Protocol):
         except MalformedFrame as error:
             log.info("add socket closed: peer=%s reason=%s", self._peer, error)
             self.abort()
+            return
+        # This read's requests are journaled: an idle journal writes them now rather
+        # than after its writer's loop turns (the requests of one read share a group).
+        self._node.start_journal_now()
 
     def eof_received(self) -> bool:
         if self._decoder.buffered_bytes:

@@ -14,7 +14,8 @@ Theory of operation:
   while a group is in its fsync wait in the queue and form the next groups, under the
   same bound.
 - When the writer is idle it starts a group as soon as the queue is drained (after one
-  turn of the event loop, so adds that arrived together go together), or, with
+  turn of the event loop, so adds that arrived together go together; or at once when
+  the caller says it queued the last of what arrived together: ``start_now``), or, with
   ``group_wait_ms_max`` > 0, once the oldest queued append has waited that long or
   the queue holds a full group, whichever comes first (BookKeeper's
   journalMaxGroupWaitMSec: fewer fsyncs for a little latency). Under load no time is
@@ -157,6 +158,11 @@ class Journal:
         self._queued_bytes = 0
         self._failed: BaseException | None = None
         self._closing = False
+        # The group handed to the IO thread and not yet seen done by the writer loop
+        # (its completion future and its appends), and whether the writer loop waits
+        # idle for appends (then start_now may start a group itself).
+        self._in_flight: tuple[asyncio.Future[None], list[_Append]] | None = None
+        self._idle = False
         # One thread does every journal write and fsync, so they are ordered.
         self._io = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="journal")
         self.applied_position = JournalPosition(first_journal_id, FILE_HEADER_SIZE)
@@ -188,37 +194,68 @@ class Journal:
         log.info("journal file opened: journal_id=%d path=%s", journal_id, path)
 
     async def run(self) -> None:
-        """The single writer loop; runs until ``close``."""
-        loop = asyncio.get_running_loop()
-        while True:
-            if not self._queue:
-                if self._closing:
+        """The single writer loop; runs until ``close``. A group is started here, or by
+        ``start_now`` while this loop waits idle; either way this loop awaits it."""
+        try:
+            while True:
+                if self._in_flight is None:
+                    if not self._queue:
+                        if self._closing:
+                            return
+                        self._pending_event.clear()
+                        self._idle = True
+                        try:
+                            await self._pending_event.wait()
+                        finally:
+                            self._idle = False
+                        continue      # start_now may have started a group meanwhile
+                    await self._gather()
+                    self._start_group()
+                completed, group = self._in_flight
+                try:
+                    await completed
+                except OSError as error:
+                    self._fail(BookieStorageError(f"journal write failed: {error}"), group)
+                    log.error("journal write failed, journal stopped: error=%s", error)
                     return
-                self._pending_event.clear()
-                await self._pending_event.wait()
-                continue
-            await self._gather()
-            group = self._take_group()
-            buffers = [buffer for item in group for buffer in item.buffers]
-            group_bytes = sum(item.record_bytes for item in group)
-            group_records = sum(len(item.tokens) for item in group)
-            write_started = self._clock()
-            for item in group:
-                self.stats.queue_wait.observe(max(0.0, write_started - item.enqueued_at), len(item.tokens))
-            round_started = time.perf_counter()
-            # The IO thread hands the written group straight to _complete_group on the
-            # loop (one hop back), which acknowledges it before this task resumes: the
-            # adds' replies go a loop turn sooner than through run_in_executor's future.
-            completed: asyncio.Future[None] = loop.create_future()
-            io = self._io.submit(self._write_group, buffers)
-            io.add_done_callback(functools.partial(self._hand_back, loop, completed, group, group_bytes,
-                                                   group_records, round_started))
-            try:
-                await completed
-            except OSError as error:
-                self._fail(BookieStorageError(f"journal write failed: {error}"), group)
-                log.error("journal write failed, journal stopped: error=%s", error)
-                return
+                finally:
+                    self._in_flight = None
+        except asyncio.CancelledError:
+            if self._in_flight is not None:
+                self._in_flight[0].cancel()     # as before: a cancelled writer acknowledges nothing more
+            raise
+
+    def start_now(self) -> None:
+        """Starts writing what is queued at once when the writer waits idle (and no
+        ``group_wait_ms_max`` linger is asked for), instead of after the writer loop's
+        turns. For a caller that has just queued the last of what arrived together (the
+        add socket, at the end of a read): a lone add does not wait two loop turns, and
+        the adds of one read still share a group. Under load the writer is never idle,
+        so nothing changes there."""
+        if self._idle and self._in_flight is None and self._queue and self.config.group_wait_ms_max <= 0 \
+                and self._failed is None:
+            self._start_group()
+
+    def _start_group(self) -> None:
+        """Takes a group off the queue and hands it to the IO thread; ``_in_flight``
+        holds it until the writer loop has seen it end."""
+        loop = asyncio.get_running_loop()
+        group = self._take_group()
+        buffers = [buffer for item in group for buffer in item.buffers]
+        group_bytes = sum(item.record_bytes for item in group)
+        group_records = sum(len(item.tokens) for item in group)
+        write_started = self._clock()
+        for item in group:
+            self.stats.queue_wait.observe(max(0.0, write_started - item.enqueued_at), len(item.tokens))
+        round_started = time.perf_counter()
+        # The IO thread hands the written group straight to _complete_group on the
+        # loop (one hop back), which acknowledges it before the writer loop resumes:
+        # the adds' replies go a loop turn sooner than through run_in_executor's future.
+        completed: asyncio.Future[None] = loop.create_future()
+        io = self._io.submit(self._write_group, buffers)
+        io.add_done_callback(functools.partial(self._hand_back, loop, completed, group, group_bytes,
+                                               group_records, round_started))
+        self._in_flight = (completed, group)
 
     def _hand_back(self, loop: asyncio.AbstractEventLoop, completed: asyncio.Future[None], group: list[_Append],
                    group_bytes: int, group_records: int, round_started: float,

@@ -186,6 +186,12 @@ class BookieNode:
         size = sum(len(item.entry) for item in items)
         return self.journal.has_room(size) and (not items or self.storage.has_room(items[0].ledger_id, size))
 
+    def start_journal_now(self) -> None:
+        """What was journaled so far arrived together: an idle journal writes it now
+        (``Journal.start_now``)."""
+        if self.journal is not None:
+            self.journal.start_now()
+
     def submit_adds(self, items: Sequence[AddItem]) -> tuple[list[MagnetarError | None], asyncio.Future[None] | None]:
         """Journals the valid adds of a batch. Returns one outcome per item (None for
         accepted ones) and the future of their fsync (None if none was accepted).

@@ -167,6 +167,9 @@ class ServerConnection(asyncio.Protocol):
         # (None: not timed) for the "send_decode" stage.
         self._received_at = time.perf_counter()
         self._stages = getattr(getattr(service, "ledger_client", None), "stages", None)
+        # Run at the end of each read: the entries its SENDs made leave for the bookies
+        # in that turn, not the next (LedgerClient.flush_adds); None without a client.
+        self._flush_adds = getattr(getattr(service, "ledger_client", None), "flush_adds", None)
         self._keepalive: asyncio.Task[None] | None = None
         # The CONNECT deadline, and the deadline of a frame begun and not yet whole
         # (with the count of frames handled when it was armed: progress re-arms it).
@@ -253,6 +256,8 @@ class ServerConnection(asyncio.Protocol):
                 self._frame_deadline = None
         elif self._frame_deadline is None and not self.is_closing:
             self._arm_frame_deadline()
+        if self._flush_adds is not None:
+            self._flush_adds()
 
     def _arm_frame_deadline(self) -> None:
         self._frames_at_arming = self._frames_handled

@@ -140,8 +140,12 @@ LEDGER_STAGES = ("bookie_add_send_wait", "bookie_add_round_trip")
 
 class BookieClient:
     def __init__(self, bookie_id: str, address: str, config: LedgerClientConfig, *,
-                 stages: LatencyStages | None = None, add_address: str = "") -> None:
+                 stages: LatencyStages | None = None, add_address: str = "",
+                 flush_due: set["BookieClient"] | None = None) -> None:
         self.bookie_id = bookie_id
+        # The pool's set of clients whose add-socket flush is scheduled (it may run them
+        # sooner: BookieClientPool.flush_adds); None: alone, the scheduled turn only.
+        self._flush_due = flush_due
         # The add socket adds go to (config.add_transport "socket" and the bookie has
         # one); empty: adds on gRPC.
         self.add_address = add_address if config.add_transport == "socket" else ""
@@ -192,9 +196,12 @@ class BookieClient:
         message = bookie_pb2.AddEntry(ledger_id=ledger_id, entry_id=entry_id, entry=entry, recovery=recovery)
         self._queue.append((message, future, len(entry), time.perf_counter()))
         if self.add_address:
-            # The add socket: what this turn queues leaves in one request at the next.
+            # The add socket: what this turn queues leaves in one request at the next,
+            # or sooner when the caller says the adds that arrived together are queued.
             if self._flush_handle is None:
                 self._flush_handle = asyncio.get_running_loop().call_soon(self._flush_to_socket)
+                if self._flush_due is not None:
+                    self._flush_due.add(self)
             return future
         self._queued_event.set()
         if self._sender is None or self._sender.done():
@@ -308,10 +315,19 @@ class BookieClient:
 
     # --- the add socket: driven by the loop's callbacks, no task per stream ----------------
 
+    def flush_now(self) -> None:
+        """Runs a scheduled add-socket flush now instead of at its turn."""
+        handle = self._flush_handle
+        if handle is not None:
+            handle.cancel()
+            self._flush_to_socket()
+
     def _flush_to_socket(self) -> None:
         """Packs what is queued into requests on the socket's connection (one is opened
         when there is none), while its transport takes them."""
         self._flush_handle = None
+        if self._flush_due is not None:
+            self._flush_due.discard(self)
         while self._queue and not self._closed:
             stream = self._socket_stream_now()
             if not stream.call.writable:
@@ -491,6 +507,8 @@ class BookieClient:
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
+        if self._flush_due is not None:
+            self._flush_due.discard(self)
         error = BookieUnavailable(self.bookie_id, "client closed")
         for _message, future, _size, _queued_at in self._queue:
             if not future.done():
@@ -525,6 +543,9 @@ class BookieClientPool:
         self._address_of = address_of
         self._add_address_of = add_address_of
         self._clients: dict[str, BookieClient] = {}
+        # Clients with an add-socket flush scheduled for the next turn (each removes
+        # itself when it flushes or closes): what flush_adds runs at once.
+        self._flush_due: set[BookieClient] = set()
         # Closes of stale clients (a bookie that re-registered at another address, or
         # credentials that changed): one per replaced client; awaited by close.
         self._tasks = TaskSet("bookie client pool")
@@ -563,8 +584,17 @@ class BookieClientPool:
             client = None
         if client is None:
             client = self._clients[bookie_id] = BookieClient(bookie_id, address, self._config, stages=self._stages,
-                                                             add_address=add_address)
+                                                             add_address=add_address, flush_due=self._flush_due)
         return client
+
+    def flush_adds(self) -> None:
+        """Sends the adds queued on add sockets now rather than at the next loop turn.
+        For a caller that has just handled the last of what arrived together (a broker
+        connection at the end of a read): a lone entry does not wait a turn, and the
+        entries of one read still leave in one request per bookie."""
+        if self._flush_due:
+            for client in list(self._flush_due):
+                client.flush_now()
 
     async def close(self) -> None:
         clients, self._clients = list(self._clients.values()), {}

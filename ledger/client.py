@@ -49,6 +49,10 @@ class LedgerClient:
     async def start(self) -> None:
         await self.registry.start()
 
+    def flush_adds(self) -> None:
+        """Sends queued adds now (``BookieClientPool.flush_adds``)."""
+        self.pool.flush_adds()
+
     async def close(self) -> None:
         await self.registry.close()
         await self.pool.close()

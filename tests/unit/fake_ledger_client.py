@@ -173,6 +173,14 @@ class FakeLedgerClient:
         self.reads: list[tuple[int, int, int]] = []
         self.created = 0
         self.submitted = 0
+        # flush_adds: how often it was called, and how many entries had been submitted
+        # at its latest call.
+        self.flushes = 0
+        self.submitted_at_flush = 0
+
+    def flush_adds(self) -> None:
+        self.flushes += 1
+        self.submitted_at_flush = self.submitted
 
     def release_adds(self) -> None:
         self.hold_adds = False

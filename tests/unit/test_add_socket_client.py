@@ -20,7 +20,7 @@ import struct
 import pytest
 
 from common.errors import AddTimeout, AuthenticationFailed, BookieUnavailable
-from ledger.bookie_client import BookieClient
+from ledger.bookie_client import BookieClient, BookieClientPool
 from ledger.config import LedgerClientConfig
 from protocol.add_socket import MessageDecoder, encode_message, parse
 from protocol.proto import bookie_pb2
@@ -142,6 +142,29 @@ async def test_one_turns_adds_leave_in_one_request_and_replies_resolve_in_order(
     writer.write(encode_message(answer(*(r for _w, r in bookie.held))))
     await asyncio.gather(*second, *third)
     assert len(bookie.writers) == 1          # one connection all along
+
+
+async def test_the_pool_s_flush_adds_sends_what_is_queued_in_the_same_turn(bookie) -> None:
+    """flush_adds sends the adds queued so far at once, in one request: an add queued
+    after it in the same turn leaves in a request of its own at the next turn (without
+    flush_adds the three would share one request, the test above). Once sent, nothing
+    is left due."""
+    config = LedgerClientConfig(add_transport="socket", add_timeout_s=5.0, read_timeout_s=5.0)
+    pool = BookieClientPool(config, lambda bookie_id: "127.0.0.1:1", add_address_of=lambda bookie_id: bookie.address)
+    try:
+        client = pool.get("bookie-1")
+        await client.add(3, 0, b"a")                       # connected and welcomed
+        flushed = [client.add(3, 1, b"b"), client.add(3, 2, b"c")]
+        pool.flush_adds()
+        later = client.add(3, 3, b"d")
+        await asyncio.wait_for(asyncio.gather(*flushed, later), 5)
+        assert [[e.entry_id for e in r.entries] for r in bookie.requests] == [[0], [1, 2], [3]]
+        pool.flush_adds()                                  # nothing queued: nothing sent
+        await asyncio.sleep(0.01)
+        assert len(bookie.requests) == 3
+        assert not pool._flush_due
+    finally:
+        await pool.close()
 
 
 async def test_a_refused_hello_fails_the_adds_with_the_refusal_and_the_next_add_reconnects(

@@ -37,6 +37,11 @@ class _Node:
         self.room = asyncio.Event()
         self.room.set()
         self.admitted: list[int] = []
+        # How many batches had been journaled at each start_journal_now call.
+        self.started_at: list[int] = []
+
+    def start_journal_now(self) -> None:
+        self.started_at.append(len(self.futures))
 
     def admits_now(self, items) -> bool:
         return self.room.is_set()
@@ -138,6 +143,21 @@ async def test_requests_are_journaled_as_they_arrive_and_answered_in_order():
     node.futures[4].set_result(None)
     await _turns()
     assert _replies(transport)[1:] == [[(4, 0)], [(5, 0)]]
+
+
+async def test_the_journal_is_told_to_write_once_a_read_s_requests_are_journaled():
+    """At the end of each read, after all its requests were journaled (so they can share
+    a group), the node is asked to start an idle journal's write (start_journal_now); a
+    read that completes no request asks too (it is cheap: nothing is queued then)."""
+    node = _Node()
+    _, connection, _transport = _connection(node)
+    connection.data_received(encode_message(bookie_pb2.AddSocketHello(token="")))
+    connection.data_received(_request(0, 1) + _request(1, 2) + _request(3, 1))
+    assert node.started_at[-1] == 3 and len(node.started_at) == 2
+    head = _request(4, 1)
+    connection.data_received(head[:3])
+    connection.data_received(head[3:])
+    assert node.started_at[-2:] == [3, 4]
 
 
 async def test_a_request_waiting_for_room_holds_the_ones_behind_it_in_order():

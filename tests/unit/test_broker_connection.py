@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 
 from protocol import commands
-from protocol.codec import NEED_DATA, CommandDecoder, encode_command
+from protocol.codec import NEED_DATA, CommandDecoder, encode_command, encode_payload_command
 from broker.config import BrokerConfig
 from broker.connection import ServerConnection
 from broker.managed_ledger import ManagedLedgerConfig
@@ -208,6 +208,28 @@ async def test_close_consumer_while_it_is_subscribing_attaches_nothing():
     assert all(not s.consumers for s in topic.subscriptions.values())
     assert client.connection.consumers == {}
     assert client.connection._pending_consumers == {}
+    client.transport.close()
+    await service.close()
+
+
+async def test_a_read_s_entries_are_flushed_to_the_bookies_once_at_its_end():
+    """The SENDs of one socket read are all appended before the ledger client is told
+    to send its queued adds (LedgerClient.flush_adds), once per read: the entries of a
+    read leave in that turn and together."""
+    service, client = await connected()
+    client.send(pb.CommandProducer(topic=TOPIC, producer_id=1, request_id=1, producer_name="p"))
+    await settle()
+    assert [a.type for a in client.answers()] == [T.PRODUCER_SUCCESS]
+    ledgers = service.ledger_client
+    flushes = ledgers.flushes
+    client.connection.data_received(b"".join(
+        encode_payload_command(commands.wrap(pb.CommandSend(producer_id=1, sequence_id=n, num_messages=1)),
+                               pb.MessageMetadata(producer_name="p", sequence_id=n, publish_time=1), b"m")
+        for n in range(3)))
+    assert ledgers.flushes == flushes + 1
+    assert ledgers.submitted_at_flush == ledgers.submitted >= 3
+    await settle()
+    assert sorted(a.send_receipt.sequence_id for a in client.answers() if a.type == T.SEND_RECEIPT) == [0, 1, 2]
     client.transport.close()
     await service.close()
 

@@ -472,3 +472,64 @@ async def test_wait_for_room_blocks_while_the_queue_is_full(tmp_path, harnesses,
     gate.set()
     await asyncio.wait_for(future, 5)
     await harness.journal.wait_for_room(1, timeout_s=0.5)
+
+
+# --- start_now: a writer told that what arrived together is queued ---------------------------
+
+async def test_start_now_hands_the_queued_appends_to_the_io_thread_at_once(tmp_path, harnesses, fsync_gate):
+    """On an idle writer, start_now takes what is queued as one group before returning
+    (no loop turn): an append made after it in the same turn forms the next group, while
+    without start_now the same three appends are one group (the burst test above)."""
+    gate, _synced, entered = fsync_gate
+    harness = harnesses(tmp_path, fsync_enabled=True)
+    await asyncio.sleep(0)      # the writer task reaches its idle wait
+    first = [harness.add(1, 0), harness.add(1, 1)]
+    harness.journal.start_now()
+    later = harness.add(1, 2)
+    assert await asyncio.to_thread(entered.wait, 5)     # the first group is in its fsync
+    gate.set()
+    await asyncio.wait_for(asyncio.gather(*first, later), 5)
+    assert harness.groups == [[(1, 0), (1, 1)], [(1, 2)]]
+    assert _replayed(tmp_path) == [(1, 0), (1, 1), (1, 2)]
+
+
+async def test_start_now_leaves_a_busy_writer_and_a_linger_alone(tmp_path, harnesses, fsync_gate):
+    """While a group is in its fsync, start_now starts nothing (the appends queued then
+    form the next group as before); with group_wait_ms_max set it never starts one."""
+    gate, _synced, entered = fsync_gate
+    harness = harnesses(tmp_path, fsync_enabled=True)
+    first = harness.add(1, 0)
+    assert await asyncio.to_thread(entered.wait, 5)
+    queued = [harness.add(1, entry_id) for entry_id in (1, 2)]
+    harness.journal.start_now()
+    harness.journal.start_now()
+    gate.set()
+    await asyncio.wait_for(asyncio.gather(first, *queued), 5)
+    assert harness.groups == [[(1, 0)], [(1, 1), (1, 2)]]
+
+    lingering = harnesses(tmp_path / "linger", group_wait_ms_max=50)
+    await asyncio.sleep(0)
+    one = lingering.add(2, 0)
+    lingering.journal.start_now()
+    await asyncio.sleep(0.01)
+    two = lingering.add(2, 1)       # within the linger: joins the first group
+    await asyncio.wait_for(asyncio.gather(one, two), 5)
+    assert lingering.groups == [[(2, 0), (2, 1)]]
+
+
+async def test_a_group_started_by_start_now_is_cancelled_with_the_writer(tmp_path, harnesses, fsync_gate):
+    """Cancelling the writer while a start_now group is in its fsync acknowledges nothing
+    more, as when the writer loop started the group itself."""
+    gate, _synced, entered = fsync_gate
+    harness = harnesses(tmp_path, fsync_enabled=True)
+    await asyncio.sleep(0)
+    future = harness.add(1, 0)
+    harness.journal.start_now()
+    assert await asyncio.to_thread(entered.wait, 5)
+    harness.task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await harness.task
+    gate.set()
+    await asyncio.sleep(0.05)
+    assert not future.done()
+    assert harness.groups == []
