@@ -8,7 +8,9 @@ Theory of operation:
   AddEntries stream a sender task packs and writes and a receiver task reads replies;
   on the bookie's add socket (``add_transport`` "socket") there is no task per stream:
   the adds of one loop turn are packed by a callback at the next
-  (``_flush_to_socket``) and replies are read by the connection's own callbacks
+  (``_flush_to_socket``), or at once when the caller says the adds that arrived
+  together are queued (``BookieClientPool.flush_adds``: a broker connection at the end
+  of a read), and replies are read by the connection's own callbacks
   (ledger/add_socket_connection.py), which resolve the futures as the bytes arrive.
 - The bookie answers each message with one reply, in order, so replies are matched to
   futures first-in first-out (no per-entry lookup).
