@@ -27,6 +27,11 @@ Theory of operation:
   delete journal files wholly before it (``trim``).
 - Files rotate at ``file_bytes_max``; a new journal always starts a new file, so replay
   never has to trust a file the previous process was writing past its last fsync.
+- Space is allocated ahead of the writes, ``preallocate_bytes`` at a time (fallocate on
+  the IO thread, before the group that needs it), so a group's fdatasync commits its
+  data and not also the file's growth. Allocated space reads as zeros, where replay
+  stops (a record's size is never zero); a failed allocation (a full disk, a file
+  system without fallocate) is logged and the file grows with its writes instead.
 - An IO error from write or fdatasync leaves the page cache in an unknown state; the
   journal then fails every pending and later append (``BookieStorageError``) rather than
   risk acknowledging what is not on disk. The bookie treats that as fatal.
@@ -92,6 +97,9 @@ class JournalStats:
     group_bytes_largest: int = 0
     # Per record (add or fence): seconds from append until its group's write began.
     queue_wait: WeightedHistogram = field(default_factory=WeightedHistogram)
+    # Allocations ahead of the writes that failed (each leaves its file growing with
+    # its writes).
+    preallocation_failures: int = 0
 
 
 def list_journal_ids(journal_dir: str) -> list[int]:
@@ -125,7 +133,9 @@ def replay_journal(journal_dir: str, start: JournalPosition | None) -> Iterator[
             for record in iter_journal_records(mapped, offset):
                 last_end = record.end_offset
                 yield journal_id, record
-            if last_end < size:
+            # Zeros after the last record are allocated space never written (or a
+            # torn tail that the allocation had zeroed): nothing to report.
+            if last_end < size and mapped[last_end:size].count(0) != size - last_end:
                 log.info("journal replay stopped before file end: journal_id=%d offset=%d size=%d",
                          journal_id, last_end, size)
 
@@ -148,6 +158,9 @@ class Journal:
         self._journal_id = first_journal_id
         self._fd = -1
         self._file_offset = 0
+        # Where the current file's allocated space ends (preallocate_bytes steps); None:
+        # not preallocating this file (turned off, or an allocation failed).
+        self._allocated_end: int | None = None
         # Appends not yet taken by the writer, oldest first; their record bytes summed.
         self._queue: deque[_Append] = deque()
         self._queue_record_bytes = 0
@@ -191,6 +204,7 @@ class Journal:
         self._fd = create_file(path, header, fsync=True)
         self._journal_id = journal_id
         self._file_offset = len(header)
+        self._allocated_end = len(header) if self.config.preallocate_bytes > 0 else None
         log.info("journal file opened: journal_id=%d path=%s", journal_id, path)
 
     async def run(self) -> None:
@@ -352,6 +366,7 @@ class Journal:
         """On the IO thread: write, fdatasync, rotate. Returns the position after."""
         assert self._fd >= 0, "the journal has no open file"
         # Appending by tracking the offset ourselves: the file is only ever written here.
+        self._allocate_for(sum(len(buffer) for buffer in buffers))
         write_started = time.perf_counter()
         total = write_all(self._fd, buffers, self._file_offset)
         start_time = time.perf_counter()
@@ -369,6 +384,32 @@ class Journal:
             os.close(fd)
             self._open_file(self._journal_id + 1)
         return position
+
+    def _allocate_for(self, size: int) -> None:
+        """On the IO thread: makes sure the file's allocated space covers the next
+        ``size`` bytes, allocating whole ``preallocate_bytes`` steps (and syncing the
+        allocation, once per step, so the groups' fdatasyncs need not)."""
+        allocated_end = self._allocated_end
+        if allocated_end is None or self._file_offset + size <= allocated_end:
+            return
+        step = min(self.config.preallocate_bytes, self.config.file_bytes_max)
+        steps = -(-(self._file_offset + size - allocated_end) // step)
+        needed_end = self._file_offset + size
+        # Not past the size at which the file rotates, unless this group needs it.
+        new_end = min(allocated_end + steps * step, max(self.config.file_bytes_max, needed_end))
+        try:
+            os.posix_fallocate(self._fd, allocated_end, new_end - allocated_end)
+            if self.config.fsync_enabled:
+                os.fsync(self._fd)      # the allocation is metadata (size, extents)
+        except OSError as error:
+            # Not fatal: the write that follows finds out whether the disk is full.
+            self._allocated_end = None
+            self.stats.preallocation_failures += 1
+            log.warning("journal preallocation failed, this file grows with its writes: journal_id=%d "
+                        "offset=%d bytes=%d error=%s", self._journal_id, allocated_end, new_end - allocated_end,
+                        error)
+            return
+        self._allocated_end = new_end
 
     def _fail(self, error: BaseException, group: list[_Append]) -> None:
         self._failed = error

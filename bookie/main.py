@@ -80,6 +80,9 @@ OPTIONS: list[ConfigOption] = [
                  unit=MIB),
     ConfigOption("--journal-group-mib", JournalConfig, "group_bytes_max",
                  "the most one journal write + fdatasync carries (must hold the largest entry)", unit=MIB),
+    ConfigOption("--journal-preallocate-mib", JournalConfig, "preallocate_bytes",
+                 "journal space is allocated ahead of the writes in steps of this size (0: files grow "
+                 "with each write)", unit=MIB),
     ConfigOption("--journal-queue-mib", JournalConfig, "queue_bytes_max",
                  "adds queued for the journal beyond this wait (back-pressure to writers)", unit=MIB),
     # Security (bookie/security.py): service tokens on every RPC, TLS on the gRPC port.

@@ -137,9 +137,10 @@ def _replayed(journal_dir, start=None) -> list[tuple[int, int]]:
 async def test_append_resolves_only_after_its_group_is_fsynced(tmp_path, harnesses, fsync_gate):
     """While the group's fdatasync has not returned, the future is pending and
     on_durable has not run; afterwards both happened, in that order, and the fsync
-    covered the record."""
+    covered the record (the file's size tells what was written: no space allocated
+    ahead here)."""
     gate, synced_sizes, _entered = fsync_gate
-    harness = harnesses(tmp_path, fsync_enabled=True)
+    harness = harnesses(tmp_path, fsync_enabled=True, preallocate_bytes=0)
     states_at_durable: list[bool] = []
     future = harness.add(1, 0)
     harness.hook = lambda tokens: states_at_durable.append(future.done())
@@ -234,8 +235,9 @@ async def test_a_batch_shares_one_future_and_keeps_its_tokens(tmp_path, harnesse
 
 async def test_applied_position_follows_the_file_end(tmp_path, harnesses):
     """After each acknowledged group, applied_position is the end of the written data
-    in the current file, and it only moves forward."""
-    harness = harnesses(tmp_path)
+    in the current file, and it only moves forward (the file's size is that end when
+    no space is allocated ahead)."""
+    harness = harnesses(tmp_path, preallocate_bytes=0)
     assert harness.journal.applied_position == JournalPosition(1, FILE_HEADER_SIZE)
     previous = harness.journal.applied_position
     for entry_id in range(10):
@@ -533,3 +535,71 @@ async def test_a_group_started_by_start_now_is_cancelled_with_the_writer(tmp_pat
     await asyncio.sleep(0.05)
     assert not future.done()
     assert harness.groups == []
+
+
+# --- space allocated ahead of the writes ------------------------------------------------------
+
+async def test_space_is_allocated_ahead_in_steps_and_replay_stops_at_the_zeros(tmp_path, harnesses, caplog):
+    """With preallocate_bytes, the file is allocated a step at a time ahead of the
+    writes (a group larger than a step gets enough whole steps), the fdatasync of the
+    groups is not what grows it, applied_position stays the end of the written records,
+    and replay yields exactly the records and says nothing about the zeros after them."""
+    step = 1 * MIB
+    harness = harnesses(tmp_path, fsync_enabled=True, preallocate_bytes=step, file_bytes_max=64 * MIB)
+    path = tmp_path / journal_file_name(1)
+    await harness.add(1, 0)
+    assert os.path.getsize(path) == FILE_HEADER_SIZE + step
+    written_end = harness.journal.applied_position.offset
+    assert written_end == FILE_HEADER_SIZE + len(b"".join(journal_add_record(_entry(1, 0))))
+    await asyncio.gather(*(harness.add(1, entry_id, payload_size=200 * KIB) for entry_id in range(1, 9)))
+    assert os.path.getsize(path) == FILE_HEADER_SIZE + 2 * step        # 1.6 MiB written: two steps
+    big = harness.add(1, 9, payload_size=3 * MIB)
+    await big
+    end = harness.journal.applied_position.offset
+    assert 3 * MIB < end - FILE_HEADER_SIZE <= 5 * MIB
+    assert os.path.getsize(path) == FILE_HEADER_SIZE + 5 * step        # whole steps past the end
+    assert harness.journal.stats.preallocation_failures == 0
+    await harness.stop()
+    caplog.clear()
+    with caplog.at_level("INFO", logger="bookie.journal"):
+        assert _replayed(tmp_path) == [(1, e) for e in range(10)]
+    assert "stopped before file end" not in caplog.text
+
+
+async def test_a_torn_record_in_allocated_space_ends_replay_and_is_reported(tmp_path, harnesses, caplog):
+    """Garbage after the last whole record inside allocated space (a torn write) stops
+    replay there, and that one is reported, unlike plain zeros."""
+    harness = harnesses(tmp_path, preallocate_bytes=1 * MIB)
+    await asyncio.gather(*(harness.add(1, entry_id) for entry_id in range(3)))
+    end = harness.journal.applied_position.offset
+    await harness.stop()
+    with open(tmp_path / journal_file_name(1), "r+b") as handle:
+        handle.seek(end)
+        handle.write(b"\x00\x00\x00\x40" + b"\xff" * 20)     # a record head whose body never made it
+    with caplog.at_level("INFO", logger="bookie.journal"):
+        assert _replayed(tmp_path) == [(1, 0), (1, 1), (1, 2)]
+    assert "stopped before file end" in caplog.text
+
+
+async def test_a_failed_allocation_leaves_the_file_growing_with_its_writes(tmp_path, harnesses, monkeypatch):
+    """posix_fallocate failing (a full disk, a file system without it) is not a journal
+    failure: it is counted, the file then grows with its writes, and the next file
+    tries again."""
+    calls: list[int] = []
+
+    def refusing_fallocate(fd: int, offset: int, length: int) -> None:
+        calls.append(length)
+        raise OSError(95, "Operation not supported")
+
+    monkeypatch.setattr(os, "posix_fallocate", refusing_fallocate)
+    harness = harnesses(tmp_path, preallocate_bytes=1 * MIB, file_bytes_max=1 * MIB, group_bytes_max=512 * KIB)
+    await asyncio.gather(*(harness.add(1, entry_id) for entry_id in range(3)))
+    await harness.add(1, 3, payload_size=200 * KIB)
+    assert len(calls) == 1 and harness.journal.stats.preallocation_failures == 1
+    assert os.path.getsize(tmp_path / journal_file_name(1)) == harness.journal.applied_position.offset
+    # Past file_bytes_max: the next file allocates again (and fails again, counted).
+    await asyncio.gather(*(harness.add(1, entry_id, payload_size=300 * KIB) for entry_id in range(4, 9)))
+    assert harness.journal.current_journal_id > 1
+    assert len(calls) >= 2 and harness.journal.stats.preallocation_failures == len(calls)
+    await harness.stop()
+    assert _replayed(tmp_path) == [(1, e) for e in range(9)]
