@@ -31,7 +31,8 @@ Theory of operation:
   the IO thread, before the group that needs it), so a group's fdatasync commits its
   data and not also the file's growth. Allocated space reads as zeros, where replay
   stops (a record's size is never zero); a failed allocation (a full disk, a file
-  system without fallocate) is logged and the file grows with its writes instead.
+  system without fallocate) is logged and the file grows with its writes instead, but
+  a failed fsync of an allocation fails the journal like any other fsync error.
 - An IO error from write or fdatasync leaves the page cache in an unknown state; the
   journal then fails every pending and later append (``BookieStorageError``) rather than
   risk acknowledging what is not on disk. The bookie treats that as fatal.
@@ -392,15 +393,13 @@ class Journal:
         allocated_end = self._allocated_end
         if allocated_end is None or self._file_offset + size <= allocated_end:
             return
-        step = min(self.config.preallocate_bytes, self.config.file_bytes_max)
-        steps = -(-(self._file_offset + size - allocated_end) // step)
         needed_end = self._file_offset + size
+        step = min(self.config.preallocate_bytes, self.config.file_bytes_max)
+        steps = -(-(needed_end - allocated_end) // step)
         # Not past the size at which the file rotates, unless this group needs it.
         new_end = min(allocated_end + steps * step, max(self.config.file_bytes_max, needed_end))
         try:
             os.posix_fallocate(self._fd, allocated_end, new_end - allocated_end)
-            if self.config.fsync_enabled:
-                os.fsync(self._fd)      # the allocation is metadata (size, extents)
         except OSError as error:
             # Not fatal: the write that follows finds out whether the disk is full.
             self._allocated_end = None
@@ -409,6 +408,11 @@ class Journal:
                         "offset=%d bytes=%d error=%s", self._journal_id, allocated_end, new_end - allocated_end,
                         error)
             return
+        if self.config.fsync_enabled:
+            # The allocation is metadata (size, extents). An error here is the journal's
+            # failure like any fsync error (raised to the writer loop): after a failed
+            # fsync the file's state is unknown, and a later fdatasync may not say so.
+            os.fsync(self._fd)
         self._allocated_end = new_end
 
     def _fail(self, error: BaseException, group: list[_Append]) -> None:

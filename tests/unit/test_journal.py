@@ -603,3 +603,25 @@ async def test_a_failed_allocation_leaves_the_file_growing_with_its_writes(tmp_p
     assert len(calls) >= 2 and harness.journal.stats.preallocation_failures == len(calls)
     await harness.stop()
     assert _replayed(tmp_path) == [(1, e) for e in range(9)]
+
+
+async def test_a_failed_fsync_of_an_allocation_fails_the_journal(tmp_path, harnesses, monkeypatch):
+    """Unlike a failed allocation, a failed fsync of one is the journal's failure (after
+    a failed fsync nothing says what the file holds): the group fails with
+    BookieStorageError, nothing is acknowledged, later appends are refused."""
+    harness = harnesses(tmp_path, fsync_enabled=True, preallocate_bytes=1 * MIB)
+    real_fsync = os.fsync
+
+    def failing_fsync(fd: int) -> None:
+        if fd == harness.journal._fd:
+            raise OSError(5, "Input/output error")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    future = harness.add(1, 0)
+    with pytest.raises(BookieStorageError):
+        await asyncio.wait_for(future, 5)
+    await asyncio.wait_for(harness.task, 5)
+    assert harness.groups == []
+    with pytest.raises(BookieStorageError):
+        harness.add(1, 1)
