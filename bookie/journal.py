@@ -255,9 +255,8 @@ class Journal:
         """Takes a group off the queue and hands it to the IO thread; ``_in_flight``
         holds it until the writer loop has seen it end."""
         loop = asyncio.get_running_loop()
-        group = self._take_group()
+        group, group_bytes = self._take_group()
         buffers = [buffer for item in group for buffer in item.buffers]
-        group_bytes = sum(item.record_bytes for item in group)
         group_records = sum(len(item.tokens) for item in group)
         write_started = self._clock()
         for item in group:
@@ -267,7 +266,7 @@ class Journal:
         # loop (one hop back), which acknowledges it before the writer loop resumes:
         # the adds' replies go a loop turn sooner than through run_in_executor's future.
         completed: asyncio.Future[None] = loop.create_future()
-        io = self._io.submit(self._write_group, buffers)
+        io = self._io.submit(self._write_group, buffers, group_bytes)
         io.add_done_callback(functools.partial(self._hand_back, loop, completed, group, group_bytes,
                                                group_records, round_started))
         self._in_flight = (completed, group)
@@ -347,9 +346,9 @@ class Journal:
             except TimeoutError:
                 return
 
-    def _take_group(self) -> list[_Append]:
+    def _take_group(self) -> tuple[list[_Append], int]:
         """Takes appends from the head of the queue while the next one fits in
-        ``group_bytes_max`` (always at least one)."""
+        ``group_bytes_max`` (always at least one); returns them and their record bytes."""
         assert self._queue, "a group is taken only from a non-empty queue"
         group_bytes_max = self.config.group_bytes_max
         group = [self._queue.popleft()]
@@ -361,13 +360,14 @@ class Journal:
         self._queue_record_bytes -= group_bytes
         assert self._queue_record_bytes >= 0, self._queue_record_bytes
         assert group_bytes <= group_bytes_max or len(group) == 1, (group_bytes, len(group))
-        return group
+        return group, group_bytes
 
-    def _write_group(self, buffers: list[bytes]) -> JournalPosition:
-        """On the IO thread: write, fdatasync, rotate. Returns the position after."""
+    def _write_group(self, buffers: list[bytes], size: int) -> JournalPosition:
+        """On the IO thread: write ``buffers`` (``size`` bytes in all), fdatasync,
+        rotate. Returns the position after."""
         assert self._fd >= 0, "the journal has no open file"
         # Appending by tracking the offset ourselves: the file is only ever written here.
-        self._allocate_for(sum(len(buffer) for buffer in buffers))
+        self._allocate_for(size)
         write_started = time.perf_counter()
         total = write_all(self._fd, buffers, self._file_offset)
         start_time = time.perf_counter()
