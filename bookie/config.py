@@ -44,14 +44,6 @@ class JournalConfig:
     # BookKeeper's journalPreAllocSizeMB does the same with 16 MB. At most
     # file_bytes_max is used; 0: files grow with each write.
     preallocate_bytes: int = 16 * MIB
-    # A group the idle writer is asked to start at once (``Journal.start_now``: the add
-    # socket, at the end of a read) is written and fdatasynced on the event loop's own
-    # thread, without the two hand-offs to the IO thread and back, while the last
-    # INLINE_AFTER_FAST_SYNCS fdatasyncs each took at most this long; a slower one sends
-    # the groups to the IO thread again until that many are fast in a row. The price: a
-    # disk that turns slow stalls the loop (reads, health) for that one fdatasync.
-    # 0: every group goes through the IO thread. docs/performance.md, step 20.
-    inline_sync_ms_max: float = 1.0
     # Disable only for benchmarks of the code path itself, never in production.
     fsync_enabled: bool = True
 
@@ -68,8 +60,6 @@ class JournalConfig:
             raise ConfigError("file_bytes_max must be at least 1 MiB")
         if self.preallocate_bytes < 0:
             raise ConfigError("preallocate_bytes must be at least 0")
-        if not 0 <= self.inline_sync_ms_max <= 100:
-            raise ConfigError("inline_sync_ms_max must be in [0, 100]")
 
 
 @dataclass(frozen=True)

@@ -33,14 +33,6 @@ Theory of operation:
   stops (a record's size is never zero); a failed allocation (a full disk, a file
   system without fallocate) is logged and the file grows with its writes instead, but
   a failed fsync of an allocation fails the journal like any other fsync error.
-- A group that ``start_now`` starts (the writer idle, the caller at the end of a read)
-  is written and fdatasynced on the loop's own thread instead, sparing the two
-  hand-offs to the IO thread and back, while the last ``INLINE_AFTER_FAST_SYNCS``
-  fdatasyncs each took at most ``inline_sync_ms_max`` and the group is small and needs
-  no allocation or rotation. So a lone add pays one thread wake-up fewer each way; a
-  disk that turns slow stalls the loop for one fdatasync, then the groups go to the IO
-  thread until the disk is fast again. The IO thread is idle meanwhile (one group at a
-  time), so the file still has one writer at a time.
 - An IO error from write or fdatasync leaves the page cache in an unknown state; the
   journal then fails every pending and later append (``BookieStorageError``) rather than
   risk acknowledging what is not on disk. The bookie treats that as fatal.
@@ -82,12 +74,6 @@ from common.histograms import WeightedHistogram
 
 log = logging.getLogger(__name__)
 
-# A group is written on the loop's thread (``_write_inline``) only after this many
-# fdatasyncs in a row each took at most ``inline_sync_ms_max``, and only if it holds at
-# most this many record bytes (a larger write is worth its hand-off to the IO thread).
-INLINE_AFTER_FAST_SYNCS = 8
-INLINE_GROUP_BYTES_MAX = 64 * 1024
-
 
 @dataclass(slots=True)
 class _Append:
@@ -115,8 +101,6 @@ class JournalStats:
     # Allocations ahead of the writes that failed (each leaves its file growing with
     # its writes).
     preallocation_failures: int = 0
-    # Groups written on the event loop's thread (inline_sync_ms_max), of groups_written.
-    inline_groups: int = 0
 
 
 def list_journal_ids(journal_dir: str) -> list[int]:
@@ -198,8 +182,6 @@ class Journal:
         self.applied_position = JournalPosition(first_journal_id, FILE_HEADER_SIZE)
         self.stats = JournalStats()
         self._last_fsync_s = 0.0
-        # fdatasyncs in a row that took at most inline_sync_ms_max (see _inline_allowed).
-        self._fast_syncs = 0
         # Of the latest group, for the stage histograms (bookie/metrics.py): its write(2)
         # seconds, and the whole round from handing it to the IO thread until the loop
         # resumed with the result (write, fdatasync and both thread hops).
@@ -264,31 +246,22 @@ class Journal:
         turns. For a caller that has just queued the last of what arrived together (the
         add socket, at the end of a read): a lone add does not wait two loop turns, and
         the adds of one read still share a group. Under load the writer is never idle,
-        so nothing changes there. While the disk has been fast (``inline_sync_ms_max``)
-        a small group is written right here, on the loop's thread (``_write_inline``)."""
+        so nothing changes there."""
         if self._idle and self._in_flight is None and self._queue and self.config.group_wait_ms_max <= 0 \
                 and self._failed is None:
-            if self._inline_allowed():
-                self._write_inline()
-            else:
-                self._start_group()
+            self._start_group()
 
-    def _begin_group(self) -> tuple[list[_Append], int, list[bytes], int, float]:
-        """Takes a group off the queue: (appends, record bytes, buffers, records, round
-        start), its records' queue waits observed."""
+    def _start_group(self) -> None:
+        """Takes a group off the queue and hands it to the IO thread; ``_in_flight``
+        holds it until the writer loop has seen it end."""
+        loop = asyncio.get_running_loop()
         group, group_bytes = self._take_group()
         buffers = [buffer for item in group for buffer in item.buffers]
         group_records = sum(len(item.tokens) for item in group)
         write_started = self._clock()
         for item in group:
             self.stats.queue_wait.observe(max(0.0, write_started - item.enqueued_at), len(item.tokens))
-        return group, group_bytes, buffers, group_records, time.perf_counter()
-
-    def _start_group(self) -> None:
-        """Takes a group off the queue and hands it to the IO thread; ``_in_flight``
-        holds it until the writer loop has seen it end."""
-        loop = asyncio.get_running_loop()
-        group, group_bytes, buffers, group_records, round_started = self._begin_group()
+        round_started = time.perf_counter()
         # The IO thread hands the written group straight to _complete_group on the
         # loop (one hop back), which acknowledges it before the writer loop resumes:
         # the adds' replies go a loop turn sooner than through run_in_executor's future.
@@ -297,35 +270,6 @@ class Journal:
         io.add_done_callback(functools.partial(self._hand_back, loop, completed, group, group_bytes,
                                                group_records, round_started))
         self._in_flight = (completed, group)
-
-    def _inline_allowed(self) -> bool:
-        """Whether the next group may be written on the loop's thread: asked for, the
-        recent fdatasyncs fast, the queue small, and the write needing neither an
-        allocation nor a rotation (those stay on the IO thread)."""
-        if self.config.inline_sync_ms_max <= 0 or self._fast_syncs < INLINE_AFTER_FAST_SYNCS:
-            return False
-        queued = self._queue_record_bytes
-        if queued > INLINE_GROUP_BYTES_MAX:
-            return False
-        end = self._file_offset + queued
-        return end < self.config.file_bytes_max and (self._allocated_end is None or end <= self._allocated_end)
-
-    def _write_inline(self) -> None:
-        """Writes and fdatasyncs a group on the loop's thread and acknowledges it at once
-        (the IO thread is idle: ``_in_flight`` is None, so the file has one writer). The
-        writer loop, woken by the append, finds the group done in ``_in_flight`` and
-        handles its failure as for a group of the IO thread."""
-        group, group_bytes, buffers, group_records, round_started = self._begin_group()
-        completed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._in_flight = (completed, group)
-        self._pending_event.set()
-        try:
-            position = self._write_group(buffers, group_bytes)
-        except Exception as error:
-            completed.set_exception(error)
-            return
-        self.stats.inline_groups += 1
-        self._finish_group(completed, group, group_bytes, group_records, round_started, position)
 
     def _hand_back(self, loop: asyncio.AbstractEventLoop, completed: asyncio.Future[None], group: list[_Append],
                    group_bytes: int, group_records: int, round_started: float,
@@ -348,12 +292,8 @@ class Journal:
         if error is not None:
             completed.set_exception(error)
             return
-        self._finish_group(completed, group, group_bytes, group_records, round_started, io.result())
-
-    def _finish_group(self, completed: asyncio.Future[None], group: list[_Append], group_bytes: int,
-                      group_records: int, round_started: float, position: JournalPosition) -> None:
         try:
-            self._acknowledge_group(group, group_bytes, group_records, round_started, position)
+            self._acknowledge_group(group, group_bytes, group_records, round_started, io.result())
         except BaseException as broken:    # the writer loop raises it, as when it did this itself
             completed.set_exception(broken)
             return
@@ -435,11 +375,6 @@ class Journal:
         if self.config.fsync_enabled:
             os.fdatasync(self._fd)
         self._last_fsync_s = time.perf_counter() - start_time
-        # Counted on whichever thread wrote (one at a time): how many fast in a row.
-        if self._last_fsync_s * 1000.0 <= self.config.inline_sync_ms_max:
-            self._fast_syncs += 1
-        else:
-            self._fast_syncs = 0
         self.stats.fsync_seconds_total += self._last_fsync_s
         self._file_offset += total
         position = JournalPosition(self._journal_id, self._file_offset)

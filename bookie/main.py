@@ -83,9 +83,6 @@ OPTIONS: list[ConfigOption] = [
     ConfigOption("--journal-preallocate-mib", JournalConfig, "preallocate_bytes",
                  "journal space is allocated ahead of the writes in steps of this size (0: files grow "
                  "with each write)", unit=MIB),
-    ConfigOption("--journal-inline-sync-ms-max", JournalConfig, "inline_sync_ms_max",
-                 "a lone group is written and fdatasynced on the event loop while recent fdatasyncs "
-                 "took at most this long (0: always on the journal's IO thread)"),
     ConfigOption("--journal-queue-mib", JournalConfig, "queue_bytes_max",
                  "adds queued for the journal beyond this wait (back-pressure to writers)", unit=MIB),
     # Security (bookie/security.py): service tokens on every RPC, TLS on the gRPC port.

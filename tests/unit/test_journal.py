@@ -22,10 +22,8 @@ these tests measure.
 from __future__ import annotations
 
 import asyncio
-import errno
 import os
 import threading
-import time
 
 import pytest
 
@@ -42,7 +40,7 @@ from bookie.format import (
     journal_fence_record,
     journal_file_name,
 )
-from bookie.journal import INLINE_AFTER_FAST_SYNCS, Journal, list_journal_ids, replay_journal
+from bookie.journal import Journal, list_journal_ids, replay_journal
 from common.entry import encode_entry, entry_ids
 from common.errors import BookieStorageError, MalformedFrame, ShuttingDown
 
@@ -537,160 +535,6 @@ async def test_a_group_started_by_start_now_is_cancelled_with_the_writer(tmp_pat
     await asyncio.sleep(0.05)
     assert not future.done()
     assert harness.groups == []
-
-
-# --- inline groups: written on the loop's thread while the disk is fast -----------------------
-
-async def _warm_up(harness: Harness, ledger_id: int = 9) -> None:
-    """Writes INLINE_AFTER_FAST_SYNCS groups through the IO thread (one append each), so
-    the journal has seen that many fast fdatasyncs in a row."""
-    for entry_id in range(INLINE_AFTER_FAST_SYNCS):
-        await asyncio.wait_for(harness.add(ledger_id, entry_id), 5)
-    assert harness.journal.stats.inline_groups == 0
-
-
-async def test_after_fast_fsyncs_start_now_writes_and_acknowledges_before_returning(tmp_path, harnesses):
-    """Once the journal has seen INLINE_AFTER_FAST_SYNCS fast fdatasyncs, start_now on an
-    idle writer writes the queued group, fdatasyncs it and acknowledges it before it
-    returns (no loop turn, no IO thread); later groups still work, and replay finds every
-    record in order."""
-    harness = harnesses(tmp_path, fsync_enabled=True, inline_sync_ms_max=100)
-    await asyncio.sleep(0)
-    await _warm_up(harness)
-    await asyncio.sleep(0)      # the writer loop back in its idle wait
-    synced = []
-    harness.hook = lambda tokens: synced.append(os.fstat(harness.journal._fd).st_size)
-    first = [harness.add(1, 0), harness.add(1, 1)]
-    harness.journal.start_now()
-    assert all(future.done() and future.exception() is None for future in first)
-    assert harness.groups[-1] == [(1, 0), (1, 1)]
-    assert harness.journal.stats.inline_groups == 1
-    later = harness.add(1, 2)     # the writer loop takes this one (the inline group is its in-flight one)
-    await asyncio.wait_for(later, 5)
-    assert harness.groups[-1] == [(1, 2)]
-    assert harness.journal.applied_position.offset == harness.journal._file_offset
-    await harness.stop()
-    assert _replayed(tmp_path)[-3:] == [(1, 0), (1, 1), (1, 2)]
-
-
-async def test_a_slow_fsync_sends_groups_to_the_io_thread_until_enough_are_fast(tmp_path, harnesses, monkeypatch):
-    """One fdatasync slower than inline_sync_ms_max: the next start_now groups go to the IO
-    thread (not done when start_now returns) until INLINE_AFTER_FAST_SYNCS fast ones in a
-    row; with inline_sync_ms_max 0 no group is ever inline."""
-    real_fdatasync = os.fdatasync
-    slow = {"next": False}
-
-    def timed_fdatasync(fd: int) -> None:
-        if slow["next"]:
-            slow["next"] = False
-            time.sleep(0.02)
-        real_fdatasync(fd)
-
-    monkeypatch.setattr(os, "fdatasync", timed_fdatasync)
-    harness = harnesses(tmp_path, fsync_enabled=True, inline_sync_ms_max=10)
-    await asyncio.sleep(0)
-    await _warm_up(harness)
-    await asyncio.sleep(0)
-    slow["next"] = True
-    future = harness.add(1, 0)
-    harness.journal.start_now()       # inline, and slow
-    assert future.done() and harness.journal.stats.inline_groups == 1
-    for entry_id in range(1, INLINE_AFTER_FAST_SYNCS + 1):
-        await asyncio.sleep(0)
-        future = harness.add(1, entry_id)
-        harness.journal.start_now()
-        assert not future.done()      # on the IO thread
-        await asyncio.wait_for(future, 5)
-    await asyncio.sleep(0)
-    future = harness.add(1, 99)
-    harness.journal.start_now()
-    assert future.done() and harness.journal.stats.inline_groups == 2
-
-    never = harnesses(tmp_path / "never", fsync_enabled=True, inline_sync_ms_max=0)
-    await asyncio.sleep(0)
-    await _warm_up(never)
-    await asyncio.sleep(0)
-    future = never.add(1, 0)
-    never.journal.start_now()
-    assert not future.done()
-    await asyncio.wait_for(future, 5)
-    assert never.journal.stats.inline_groups == 0
-
-
-async def _fill_until(harness: Harness, end: int, entry_id: int) -> int:
-    """Adds 32 KiB entries through the writer loop until the file offset is within 40
-    KiB of ``end``; returns the next entry id."""
-    while end - harness.journal._file_offset > 40 * 1024:
-        await asyncio.wait_for(harness.add(1, entry_id, payload_size=32 * 1024), 5)
-        entry_id += 1
-    await asyncio.sleep(0)
-    return entry_id
-
-
-async def _assert_crossing_goes_to_the_io_thread(harness: Harness, end: int, entry_id: int) -> None:
-    """A group that crosses ``end`` goes to the IO thread; the small one after it is inline."""
-    crossing = harness.add(1, entry_id, payload_size=end - harness.journal._file_offset + 100)
-    harness.journal.start_now()
-    assert not crossing.done()
-    await asyncio.wait_for(crossing, 5)
-    inline_before = harness.journal.stats.inline_groups
-    await asyncio.sleep(0)
-    fits = harness.add(1, entry_id + 1)
-    harness.journal.start_now()
-    assert fits.done() and harness.journal.stats.inline_groups == inline_before + 1
-
-
-async def test_large_groups_and_groups_needing_allocation_or_rotation_go_to_the_io_thread(tmp_path, harnesses):
-    """A queue larger than INLINE_GROUP_BYTES_MAX, a group past the allocated space and a
-    group that reaches the rotation size are written by the IO thread; replay finds all."""
-    step = 1024 * 1024
-    harness = harnesses(tmp_path, inline_sync_ms_max=100, preallocate_bytes=step, file_bytes_max=4 * step,
-                        group_bytes_max=step)
-    await asyncio.sleep(0)
-    await _warm_up(harness)
-    await asyncio.sleep(0)
-    large = [harness.add(1, entry_id, payload_size=16 * 1024) for entry_id in range(5)]
-    harness.journal.start_now()
-    assert not any(future.done() for future in large)
-    await asyncio.wait_for(asyncio.gather(*large), 5)
-    entry_id = await _fill_until(harness, harness.journal._allocated_end, 100)
-    await _assert_crossing_goes_to_the_io_thread(harness, harness.journal._allocated_end, entry_id)
-    await harness.stop()
-    assert _replayed(tmp_path)[-2:] == [(1, entry_id), (1, entry_id + 1)]
-
-    rotating = harnesses(tmp_path / "rotating", inline_sync_ms_max=100, preallocate_bytes=0, file_bytes_max=step,
-                         group_bytes_max=step)
-    await asyncio.sleep(0)
-    await _warm_up(rotating)
-    entry_id = await _fill_until(rotating, step, 100)
-    first_file = rotating.journal.current_journal_id
-    await _assert_crossing_goes_to_the_io_thread(rotating, step, entry_id)
-    assert rotating.journal.current_journal_id == first_file + 1
-    await rotating.stop()
-    assert _replayed(tmp_path / "rotating")[-2:] == [(1, entry_id), (1, entry_id + 1)]
-
-
-async def test_an_inline_write_error_fails_the_journal_like_one_on_the_io_thread(tmp_path, harnesses, monkeypatch):
-    """An fdatasync error in an inline group fails that group and every later append with
-    BookieStorageError, acknowledges nothing, and stops the writer loop."""
-    harness = harnesses(tmp_path, fsync_enabled=True, inline_sync_ms_max=100)
-    await asyncio.sleep(0)
-    await _warm_up(harness)
-    await asyncio.sleep(0)
-
-    def failing_fdatasync(fd: int) -> None:
-        raise OSError(errno.EIO, "injected")
-
-    monkeypatch.setattr(os, "fdatasync", failing_fdatasync)
-    groups_before = len(harness.groups)
-    future = harness.add(1, 0)
-    harness.journal.start_now()
-    await asyncio.wait_for(harness.task, 5)
-    with pytest.raises(BookieStorageError):
-        await future
-    with pytest.raises(BookieStorageError):
-        harness.add(1, 1)
-    assert len(harness.groups) == groups_before
 
 
 # --- space allocated ahead of the writes ------------------------------------------------------
