@@ -492,7 +492,7 @@ def report_markdown(results: dict) -> str:
         lines += ["", f"## {name}: stages (mean / p50 / p99 ms, from the servers' histograms) and CPU", ""]
         for workload in ("durable_ack", "raw_durable_ack", "e2e", "publish", "fanout"):
             stages = system["stages"].get(workload) or {}
-            cells = ", ".join(f"{key} {s['mean_ms']}/{s.get('p50_ms', '-')}/{s.get('p99_ms', '-')}"
+            cells = ", ".join(f"{key} {_pause_count(key, s)}{s['mean_ms']}/{s.get('p50_ms', '-')}/{s.get('p99_ms', '-')}"
                               for key, s in stages.items())
             lines.append(f"- {workload}: {cells or '-'}")
         lines.append("")
@@ -501,6 +501,11 @@ def report_markdown(results: dict) -> str:
             cells = ", ".join(f"{proc} {value['cpu_pct']}%" for proc, value in sorted(cpu.items()))
             lines.append(f"- CPU {workload}: {cells or '-'} ({system['verdict'].get(workload)})")
     return "\n".join(lines) + "\n"
+
+
+def _pause_count(key: str, stage: dict) -> str:
+    """GC pauses are shown with how many there were ("12x 0.3/0.25/0.9")."""
+    return f"{stage['samples']}x " if key.endswith("_gc_pause") and "samples" in stage else ""
 
 
 def compact(results: dict) -> dict:

@@ -49,6 +49,15 @@ STAGES: list[tuple[str, str, str]] = [
      "broker: the newest confirmed entry until written to a tailing consumer"),
 ]
 
+# Not stages of the path but what can stall any of them: each process's cyclic garbage
+# collections over the workload (all generations; ``samples`` is how many there were).
+PAUSES: list[tuple[str, str, str]] = [
+    ("broker_gc_pause", "magnetar_broker_gc_pause_seconds",
+     "broker: a cyclic garbage collection (any generation) held the process"),
+    ("bookie_gc_pause", "magnetar_bookie_gc_pause_seconds",
+     "bookies: a cyclic garbage collection (any generation) held the process"),
+]
+
 
 def parse_histograms(text: str) -> dict[str, dict]:
     """{metric: {"buckets": [(upper, cumulative)], "sum": s, "count": n}} for every
@@ -116,9 +125,10 @@ def quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
 
 
 def breakdown(before: dict[str, dict], after: dict[str, dict]) -> dict:
-    """Per stage (STAGES order) over the span between two ``scrape_all`` results."""
+    """Per stage (STAGES order, then PAUSES) over the span between two ``scrape_all``
+    results."""
     result = {}
-    for key, metric, meaning in STAGES:
+    for key, metric, meaning in STAGES + PAUSES:
         if metric not in after:
             continue
         delta = difference(after[metric], before.get(metric))
@@ -132,7 +142,9 @@ def breakdown(before: dict[str, dict], after: dict[str, dict]) -> dict:
         result[key] = {"samples": int(count), "mean_ms": ms(delta["sum"] / count),
                        "p50_ms": ms(quantile(0.5, delta["buckets"])), "p99_ms": ms(quantile(0.99, delta["buckets"])),
                        "what": meaning}
+    pauses = {key: result.pop(key) for key, _metric, _meaning in PAUSES if key in result}
     result.update(derived(result))
+    result.update(pauses)
     return result
 
 

@@ -66,3 +66,14 @@ def test_breakdown_reports_only_stages_with_samples() -> None:
     assert stages["bookie_journal_fdatasync"]["samples"] == 2
     assert stages["bookie_journal_fdatasync"]["mean_ms"] == pytest.approx(0.5)
     assert breakdown(after, after) == {}
+
+
+def test_gc_pauses_come_after_the_stages_with_their_count() -> None:
+    """A server's GC pause histogram (labelled by generation, added up) is reported after
+    the path's stages and the derived ones, with how many collections the span had."""
+    def both(low: int, high: int, gc_low: int) -> dict:
+        return parse_histograms(scrape(low, high) + scrape(gc_low, 1, "magnetar_broker_gc_pause_seconds"))
+    stages = breakdown(both(1, 1, 0), both(3, 1, 4))
+    assert list(stages) == ["bookie_journal_fdatasync", "broker_gc_pause"]
+    assert stages["broker_gc_pause"]["samples"] == 4
+    assert stages["broker_gc_pause"]["mean_ms"] == pytest.approx(0.5)

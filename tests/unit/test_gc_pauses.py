@@ -1,0 +1,68 @@
+"""The garbage collector's pauses (common/gc_pauses.py), measured in this process.
+
+Proves that: while installed, every collection is observed once in the histogram of
+its generation; removing stops it and leaves other callbacks alone; installing twice
+observes once; the loop monitor installs it while it runs and removes it when
+cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+
+from prometheus_client import CollectorRegistry
+
+from common.gc_pauses import GcPauses
+from common.loop_monitor import LoopMonitor
+
+
+def _count(registry: CollectorRegistry, generation: int, prefix: str = "test") -> float:
+    value = registry.get_sample_value(f"{prefix}_gc_pause_seconds_count", {"generation": str(generation)})
+    return value or 0.0
+
+
+def test_each_collection_is_observed_once_under_its_generation() -> None:
+    registry = CollectorRegistry()
+    pauses = GcPauses(registry, "test")
+    others: list[str] = []
+
+    def other(phase: str, info: dict) -> None:
+        others.append(phase)
+
+    gc.callbacks.append(other)
+    try:
+        pauses.install()
+        pauses.install()
+        gc.collect(1)
+        gc.collect(2)
+        gc.collect(2)
+        assert [_count(registry, g) for g in (0, 1, 2)] == [0, 1, 2]
+        assert pauses.longest_s > 0
+        total = registry.get_sample_value("test_gc_pause_seconds_sum", {"generation": "2"})
+        assert 0 < total < 5
+        pauses.remove()
+        pauses.remove()
+        gc.collect(2)
+        assert _count(registry, 2) == 2
+        assert other in gc.callbacks and others.count("stop") == 4
+    finally:
+        gc.callbacks.remove(other)
+        pauses.remove()
+
+
+async def test_the_loop_monitor_measures_pauses_while_it_runs() -> None:
+    registry = CollectorRegistry()
+    monitor = LoopMonitor(registry, "test_loop")
+    task = asyncio.get_running_loop().create_task(monitor.run())
+    await asyncio.sleep(0.02)
+    gc.collect(2)
+    assert _count(registry, 2, "test_loop") == 1
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    gc.collect(2)
+    assert _count(registry, 2, "test_loop") == 1
+    assert monitor.gc_pauses._callback not in gc.callbacks
