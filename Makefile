@@ -145,15 +145,15 @@ PEERS_ARGS ?= --repeat 3
 bench-peers-setup: setup
 	@if [ ! -e /usr/sbin/policy-rc.d ]; then printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; \
 		chmod +x /usr/sbin/policy-rc.d; touch $(VENV)/.peers-policy-rc; fi
-	apt-get update -q; DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends redis-server nats-server rabbitmq-server; \
+	apt-get update -q; DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends redis-server rabbitmq-server; \
 		status=$$?; if [ -e $(VENV)/.peers-policy-rc ]; then rm -f /usr/sbin/policy-rc.d $(VENV)/.peers-policy-rc; fi; exit $$status
-	-for service in redis-server nats-server rabbitmq-server; do service $$service stop >/dev/null 2>&1; done
+	-for service in redis-server rabbitmq-server; do service $$service stop >/dev/null 2>&1; done
 	$(PIP) install --quiet -e '.[dev,bench]'
 
 bench-peers: setup
-	@command -v redis-server >/dev/null && command -v nats-server >/dev/null && \
+	@command -v redis-server >/dev/null && [ -x $(VENV)/bin/nats-server ] && \
 		[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || { \
-		echo "bench-peers: a peer's server is missing (redis-server, nats-server, rabbitmq-server): run 'make bench-peers-setup' first." >&2; exit 2; }
+		echo "bench-peers: a peer's server is missing (redis-server, the venv's nats-server, rabbitmq-server): run 'make bench-peers-setup' first." >&2; exit 2; }
 	$(PY) bench/peers.py --out bench/results/peers.json --report bench/results/peers.md $(PEERS_ARGS)
 
 # End to end through the official Pulsar client (about 3 minutes): publish and drain

