@@ -72,12 +72,14 @@ def standalone_argv(data_dir: str, *, bookies: int = 1, copies: int = 1, brokers
 
 
 @contextlib.asynccontextmanager
-async def running_standalone(data_dir: str, **kwargs):
-    """Starts ``magnetar standalone`` and yields (process, the ready event as a dict);
-    stops it (SIGTERM, then SIGKILL) whatever happens."""
+async def running_standalone(data_dir: str, *, env: dict[str, str] | None = None, **kwargs):
+    """Starts ``magnetar standalone`` (``env`` added to its environment: e.g. a child's
+    flag as MAGNETAR_<FLAG>) and yields (process, the ready event as a dict); stops it
+    (SIGTERM, then SIGKILL) whatever happens."""
     process = await asyncio.create_subprocess_exec(*standalone_argv(data_dir, **kwargs),
                                                    stdout=asyncio.subprocess.PIPE,
-                                                   stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+                                                   stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+                                                   env={**os.environ, **(env or {})})
     try:
         assert process.stdout is not None
         ready = None

@@ -373,11 +373,12 @@ def problems(system: dict) -> list[str]:
 
 async def main_async(args: argparse.Namespace) -> dict:
     started = time.monotonic()
-    trees = [("current", REPO_DIR, {})]
+    common_env = dict(item.split("=", 1) for item in args.env)
+    trees = [("current", REPO_DIR, dict(common_env))]
     scratch = tempfile.mkdtemp(prefix="magnetar-latency-trees-", dir=args.dir)
     try:
         if args.baseline_rev or args.baseline_env:
-            baseline_env = dict(item.split("=", 1) for item in args.baseline_env)
+            baseline_env = {**common_env, **dict(item.split("=", 1) for item in args.baseline_env)}
             tree = (prepare_baseline_tree(args.baseline_rev, scratch) if args.baseline_rev not in (None, "current")
                     else REPO_DIR)
             trees.insert(0, ("baseline", tree, baseline_env))
@@ -407,7 +408,8 @@ async def main_async(args: argparse.Namespace) -> dict:
                             "max_pending": 1000, "rate": args.rate, "e2e_seconds": args.e2e_seconds,
                             "publish_seconds": args.publish_seconds, "ack_messages": args.ack_messages,
                             "repeat": args.repeat, "configs": args.configs,
-                            "baseline_rev": args.baseline_rev, "baseline_env": args.baseline_env},
+                            "baseline_rev": args.baseline_rev, "baseline_env": args.baseline_env,
+                            "env": args.env},
                "runs": runs}
     results["summary"] = summarize(results, [build for build, _, _ in trees])
     results["total_seconds"] = round(time.monotonic() - started, 1)
@@ -480,6 +482,10 @@ def report_markdown(results: dict) -> str:
              f"1 KiB loopback TCP echo p50 {base['tcp_echo_p50_ms']} ms; floor = their sum "
              f"{base['floor_p50_ms']} ms. The same fdatasync after 1 ms of rest (the durable ack's "
              f"pace): p50 {base.get('fdatasync_after_1ms_idle_p50_ms')} ms.", "",
+             *([f"Environment of every build: {' '.join(settings_env)}; of the baseline also: "
+                f"{' '.join(results['settings'].get('baseline_env') or []) or '-'} "
+                f"(baseline revision: {results['settings'].get('baseline_rev') or 'this tree'}).", ""]
+               if (settings_env := results["settings"].get("env")) else []),
              "| workload | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for label, key in HEADLINE_ROWS:
         lines.append(f"| {label} | " + " | ".join(str(summary["systems"][n].get(key)) for n in names) + " |")
@@ -538,6 +544,9 @@ def main() -> int:
     parser.add_argument("--baseline-env", action="append", default=[],
                         help="KEY=VALUE for the baseline's processes (repeat); with no --baseline-rev (or "
                              "'current') the baseline is this tree, e.g. MAGNETAR_EVENT_LOOP=asyncio")
+    parser.add_argument("--env", action="append", default=[],
+                        help="KEY=VALUE for every build's processes (repeat), e.g. MAGNETAR_ENTRY_CACHE_MIB=16 "
+                             "for a broker whose backlog reads go to the bookies")
     parser.add_argument("--ack-messages", type=int, default=1000)
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--e2e-seconds", type=float, default=5.0)

@@ -115,12 +115,17 @@ class ManagedLedgerConfig:
     ledger_age_s_max: float = 4 * 3600.0
     # Readers of closed ledgers kept open per managed ledger.
     readers_max: int = 16
+    # Reads ahead of a catch-up reader (``_read_ahead``) in flight at once per managed
+    # ledger (several subscriptions may catch up in different places); 0: none.
+    read_aheads_max: int = 2
 
     def __post_init__(self) -> None:
         if not self.ensemble_size >= self.write_quorum_size >= self.ack_quorum_size >= 1:
             raise ConfigError("managed ledger quorums must satisfy E >= Qw >= Qa >= 1")
         if self.ledger_entries_max < 1 or self.ledger_bytes_max < 1024 or self.ledger_age_s_max <= 0:
             raise ConfigError("managed ledger rollover thresholds must be positive")
+        if not 0 <= self.read_aheads_max <= 16:
+            raise ConfigError("read_aheads_max must be in [0, 16]")
         if self.ledger_entries_max > ENTRIES_PER_LEDGER_MAX:
             raise ConfigError(f"ledger_entries_max must be at most {ENTRIES_PER_LEDGER_MAX} (a cursor's ack "
                               "bitmap covers that many entries of one ledger)")
@@ -134,6 +139,17 @@ class ArchivedLedgers(Protocol):
 
     async def read(self, ledger_id: int, first: int, last: int, bytes_max: int) -> list[ManagedEntry]:
         """Entries first..last (at most about bytes_max, at least one)."""
+
+
+@dataclass(slots=True)
+class _ReadAhead:
+    """Entries first..last of a ledger being read from the bookies into the entry cache
+    before a reader asks for them."""
+
+    ledger_id: int
+    first: int
+    last: int
+    task: asyncio.Task[None]
 
 
 class _Append:
@@ -182,6 +198,10 @@ class ManagedLedger:
         # The current handle and those of rolled-over ledgers still closing.
         self._open_handles: dict[int, WriteHandle] = {}
         self._readers: collections.OrderedDict[int, LedgerReader] = collections.OrderedDict()
+        # Reads ahead under way (at most config.read_aheads_max), owned here: cancelled
+        # at close.
+        self._read_aheads: list[_ReadAhead] = []
+        self.read_ahead_entries = 0
         self._waiters: list[asyncio.Future[None]] = []
         self._metadata_lock = asyncio.Lock()
         # The records written since the last answered write whose replies never came
@@ -801,12 +821,27 @@ class ManagedLedger:
         entries: list[ManagedEntry] = []
         size = 0
         entry_id = first
+        awaited_ahead = -1
         while entry_id <= last and size < bytes_max:
             cached = self._cache.get(ledger_id, entry_id)
             if cached is not None:
                 entries.append(ManagedEntry(Position(ledger_id, entry_id), cached))
                 size += len(cached)
                 entry_id += 1
+                continue
+            ahead = self._read_ahead_covering(ledger_id, entry_id)
+            if ahead is not None and awaited_ahead != entry_id:
+                # Being read already: wait for that read rather than read it twice
+                # (shielded: this reader's cancellation leaves it to the others). If the
+                # entry is still missing after it (failed, or evicted), read it here.
+                awaited_ahead = entry_id
+                try:
+                    await asyncio.shield(ahead.task)
+                except asyncio.CancelledError:
+                    current = asyncio.current_task()
+                    if current is not None and current.cancelling():
+                        raise
+                    # The read ahead was cancelled (closing), not this reader.
                 continue
             # A run of misses: read it from the bookies in one call per bookie, no longer
             # than the byte budget left is expected to hold.
@@ -822,7 +857,58 @@ class ManagedLedger:
                 entries.append(ManagedEntry(Position(ledger_id, ledger_entry.entry_id), data))
                 size += len(data)
             entry_id = miss_end + 1
+        if entries:
+            self._read_ahead(ledger_id, entries[-1].position.entry_id + 1, len(entries))
         return entries
+
+    # --- reading ahead of a catch-up reader ---------------------------------------------------
+
+    def _read_ahead_covering(self, ledger_id: int, entry_id: int) -> _ReadAhead | None:
+        for ahead in self._read_aheads:
+            if ahead.ledger_id == ledger_id and ahead.first <= entry_id <= ahead.last:
+                return ahead
+        return None
+
+    def _read_ahead(self, ledger_id: int, first: int, count: int) -> None:
+        """After a read that ended before ``first``: when that entry is confirmed but not
+        in the cache (a reader catching up on a backlog the cache no longer holds),
+        starts reading the next ``count`` entries (as many as the read just returned, so
+        about its byte budget) from the bookies into the cache. The reader's next round
+        then finds them there, or awaits that read, instead of sending its entries and
+        only then asking the bookies: the bookies' read overlaps the dispatch. A tailing
+        reader (nothing confirmed past ``first``) and one reading from the cache start
+        nothing; at most ``read_aheads_max`` are under way."""
+        if len(self._read_aheads) >= self.config.read_aheads_max or self._closing or self.closed:
+            return
+        last = min(self.last_entry_of(ledger_id), first + count - 1)
+        if first > last or self._cache.contains(ledger_id, first) or \
+                self._read_ahead_covering(ledger_id, first) is not None:
+            return
+        task = asyncio.get_running_loop().create_task(self._read_ahead_run(ledger_id, first, last),
+                                                      name=f"read ahead {self.name} {ledger_id}:{first}-{last}")
+        ahead = _ReadAhead(ledger_id, first, last, task)
+        self._read_aheads.append(ahead)
+        task.add_done_callback(lambda _task: self._read_aheads.remove(ahead))
+
+    async def _read_ahead_run(self, ledger_id: int, first: int, last: int) -> None:
+        """Reads entries first..last into the cache. A failure is only logged: the reader
+        that wants them reads them itself and meets the error there."""
+        try:
+            reader = await self._reader(ledger_id)
+            read = await reader.read(first, last)
+        except MagnetarError as error:
+            log.debug("read ahead failed, left to the reader: topic=%s ledger_id=%d first=%d last=%d error=%s",
+                      self.name, ledger_id, first, last, error)
+            return
+        except Exception:   # noqa: BLE001 - never the reader's failure; logged loudly as a bug
+            log.warning("read ahead failed unexpectedly, left to the reader: topic=%s ledger_id=%d first=%d "
+                        "last=%d", self.name, ledger_id, first, last, exc_info=True)
+            return
+        if ledger_id not in self._ledgers:
+            return   # trimmed or deleted meanwhile: nothing to cache
+        for ledger_entry in read:
+            self._cache.put(ledger_id, ledger_entry.entry_id, memoryview(ledger_entry.data)[ENTRY_HEADER_SIZE:])
+        self.read_ahead_entries += len(read)
 
     def _miss_run_entries_max(self, ledger_id: int, bytes_left: int, seen_bytes: int, seen_count: int) -> int:
         """Entries a run of cache misses may read: the byte budget left over the
@@ -922,6 +1008,8 @@ class ManagedLedger:
 
     async def _close(self) -> None:
         assert self._closing
+        for ahead in list(self._read_aheads):
+            ahead.task.cancel()
         if self._termination is not None:
             await asyncio.gather(self._termination, return_exceptions=True)
         await self._drain()

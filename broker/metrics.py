@@ -67,6 +67,9 @@ def register_broker_metrics(service: BrokerService, registry: CollectorRegistry)
         ("magnetar_broker_entry_cache_bytes", "Bytes in the entry cache", lambda: service.cache.size_bytes),
         ("magnetar_broker_entry_cache_hits", "Entry cache hits", lambda: service.cache.hits),
         ("magnetar_broker_entry_cache_misses", "Entry cache misses", lambda: service.cache.misses),
+        ("magnetar_broker_read_ahead_entries",
+         "Entries read from the bookies ahead of catching-up readers by loaded topics (since load)",
+         lambda: sum(t.ledger.read_ahead_entries for t in topics())),
         # Publish back-pressure (broker/publish_limits.py).
         ("magnetar_broker_pending_sends", "Sends accepted and not yet answered (whole broker)",
          lambda: service.publish_limits.broker.sends),

@@ -33,6 +33,10 @@ class EntryCache:
             _, evicted = self._entries.popitem(last=False)
             self.size_bytes -= len(evicted)
 
+    def contains(self, ledger_id: int, entry_id: int) -> bool:
+        """Whether the entry is cached, without counting a hit or a miss or refreshing it."""
+        return (ledger_id, entry_id) in self._entries
+
     def get(self, ledger_id: int, entry_id: int) -> bytes | None:
         key = (ledger_id, entry_id)
         entry = self._entries.get(key)

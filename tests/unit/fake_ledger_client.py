@@ -13,7 +13,8 @@ Tests steer it: ``hold_adds`` keeps add futures pending until ``release_adds``;
 the way a bookie's refusal does; ``close_error`` makes
 ``WriteHandle.close`` fail; ``close_gate`` makes it wait, and ``create_gate`` makes
 ``create_ledger`` wait (``creating`` counts the calls waiting there). Every read is recorded as
-(ledger_id, first, last) in ``reads``.
+(ledger_id, first, last) in ``reads``; ``read_gate`` makes reads wait until it is set,
+``read_error`` makes them fail.
 """
 
 from __future__ import annotations
@@ -77,6 +78,10 @@ class FakeReader:
         assert 0 <= first_entry_id <= last_entry_id, (first_entry_id, last_entry_id)
         self._client.reads.append((self._ledger.ledger_id, first_entry_id, last_entry_id))
         await asyncio.sleep(0)
+        if self._client.read_gate is not None:
+            await self._client.read_gate.wait()
+        if self._client.read_error is not None:
+            raise self._client.read_error
         if last_entry_id >= len(self._ledger.entries):
             raise NoSuchEntry(self._ledger.ledger_id, last_entry_id)
         return [LedgerEntry(self._ledger.ledger_id, entry_id, self._ledger.entries[entry_id])
@@ -171,6 +176,10 @@ class FakeLedgerClient:
         self.create_gate: asyncio.Event | None = None
         self.creating = 0
         self.reads: list[tuple[int, int, int]] = []
+        # Reads wait for read_gate while it is set (and not yet set free), and raise
+        # read_error while it is set.
+        self.read_gate: asyncio.Event | None = None
+        self.read_error: MagnetarError | None = None
         self.created = 0
         self.submitted = 0
         # flush_adds: how often it was called, and how many entries had been submitted

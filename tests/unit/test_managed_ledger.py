@@ -529,3 +529,124 @@ async def test_eager_callbacks_dispatch_then_receipt_inside_the_settling():
     await until(lambda: len(order) == 4, "every callback")
     assert order == ["reader", "receipt one", "receipt two", "ordinary callback"]
     await ledger.close()
+
+
+# --- reading ahead of a catch-up reader -----------------------------------------------------
+
+async def closed_backlog(store: MemoryStore, client: FakeLedgerClient, entries: int = 12,
+                         **overrides) -> tuple[ManagedLedger, int]:
+    """A ledger of ``entries`` 1 KiB entries written and closed, then reopened with an
+    empty entry cache (so every read of it misses): (the reader's managed ledger, ledger id)."""
+    writer = await opened(store, client, ledger_entries_max=100)
+    ledger_id = writer.current_ledger_id
+    async with asyncio.timeout(TIMEOUT_S):
+        for index in range(entries):
+            await writer.append(bytes([index]) * KIB)
+        await writer.close()
+    reader = await opened(store, client, **overrides)
+    client.reads.clear()
+    return reader, ledger_id
+
+
+async def test_a_catch_up_read_reads_the_next_run_ahead_and_the_next_round_finds_it_cached():
+    """A read that missed the cache starts reading the next run (as many entries as it
+    returned) into the cache; the reader's next read makes no bookie read of its own and
+    starts the run after, up to the last entry; the reads never overlap."""
+    store, client = MemoryStore(), FakeLedgerClient()
+    reader, ledger_id = await closed_backlog(store, client)
+    async with asyncio.timeout(TIMEOUT_S):
+        first = await reader.read(Position(ledger_id, 0), 4, MIB)
+        assert [e.position.entry_id for e in first] == [0, 1, 2, 3]
+        await until(lambda: not reader._read_aheads, "the read ahead finished")
+        assert client.reads == [(ledger_id, 0, 3), (ledger_id, 4, 7)]
+        second = await reader.read(Position(ledger_id, 4), 4, MIB)
+        assert [bytes(e.data) for e in second] == [bytes([i]) * KIB for i in range(4, 8)]
+        await until(lambda: not reader._read_aheads, "the second read ahead finished")
+        third = await reader.read(Position(ledger_id, 8), 10, MIB)
+        await until(lambda: not reader._read_aheads, "nothing left to read ahead")
+    assert [e.position.entry_id for e in third] == [8, 9, 10, 11]
+    assert client.reads == [(ledger_id, 0, 3), (ledger_id, 4, 7), (ledger_id, 8, 11)]
+    assert reader.read_ahead_entries == 8
+    await reader.close()
+
+
+async def test_a_reader_waits_for_the_read_ahead_under_way_instead_of_reading_twice():
+    """While the run ahead is still being read, a reader asking for it waits for that
+    read (one bookie read of those entries, not two) and gets the entries."""
+    store, client = MemoryStore(), FakeLedgerClient()
+    reader, ledger_id = await closed_backlog(store, client)
+    async with asyncio.timeout(TIMEOUT_S):
+        await reader.read(Position(ledger_id, 0), 4, MIB)
+        client.read_gate = asyncio.Event()
+        await until(lambda: (ledger_id, 4, 7) in client.reads, "the read ahead asked the bookies")
+        waiting = asyncio.get_running_loop().create_task(reader.read(Position(ledger_id, 4), 4, MIB))
+        await asyncio.sleep(0.01)
+        assert not waiting.done()
+        client.read_gate.set()
+        second = await waiting
+    assert [e.position.entry_id for e in second] == [4, 5, 6, 7]
+    assert client.reads.count((ledger_id, 4, 7)) == 1
+    assert not any(first <= 5 <= last for _, first, last in client.reads[2:])
+    await reader.close()
+
+
+async def test_tailing_and_cached_reads_start_nothing_and_read_aheads_are_bounded():
+    """A reader at the tail (nothing confirmed past its read) and one served by the
+    cache start no read ahead; with read_aheads_max 0 a catch-up read starts none, and
+    with 1 a second reader elsewhere in the backlog waits for a slot."""
+    store, client = MemoryStore(), FakeLedgerClient()
+    tailing = await opened(store, client)
+    ledger_id = tailing.current_ledger_id
+    async with asyncio.timeout(TIMEOUT_S):
+        for index in range(4):
+            await tailing.append(bytes([index]) * KIB)
+        client.reads.clear()
+        assert len(await tailing.read(Position(ledger_id, 0), 10, MIB)) == 4   # all cached: tailing
+        await asyncio.sleep(0.01)
+    assert client.reads == [] and tailing._read_aheads == []
+    await tailing.close()
+
+    store, client = MemoryStore(), FakeLedgerClient()
+    off, off_id = await closed_backlog(store, client, read_aheads_max=0)
+    async with asyncio.timeout(TIMEOUT_S):
+        await off.read(Position(off_id, 0), 4, MIB)
+        await asyncio.sleep(0.01)
+    assert client.reads == [(off_id, 0, 3)]
+    await off.close()
+
+    store, client = MemoryStore(), FakeLedgerClient()
+    one, one_id = await closed_backlog(store, client, read_aheads_max=1)
+    async with asyncio.timeout(TIMEOUT_S):
+        client.read_gate = asyncio.Event()
+        first = asyncio.get_running_loop().create_task(one.read(Position(one_id, 0), 2, MIB))
+        other = asyncio.get_running_loop().create_task(one.read(Position(one_id, 6), 2, MIB))
+        client.read_gate.set()
+        await asyncio.gather(first, other)
+        assert len(one._read_aheads) == 1          # the second reader found no free slot
+        await until(lambda: not one._read_aheads, "the read ahead finished")
+    assert len(client.reads) == 3
+    await one.close()
+
+
+async def test_a_failed_read_ahead_leaves_the_reader_to_read_and_close_cancels_one_under_way():
+    """A read ahead that fails is dropped: the reader's next read reads those entries
+    itself. A read ahead still waiting for the bookies at close is cancelled."""
+    store, client = MemoryStore(), FakeLedgerClient()
+    reader, ledger_id = await closed_backlog(store, client)
+    async with asyncio.timeout(TIMEOUT_S):
+        client.read_error = LedgerError("injected")
+        with pytest.raises(LedgerError):
+            await reader.read(Position(ledger_id, 0), 4, MIB)   # the reader's own read fails
+        client.read_error = None
+        await reader.read(Position(ledger_id, 0), 4, MIB)
+        client.read_error = LedgerError("injected")
+        await until(lambda: not reader._read_aheads, "the read ahead failed")
+        client.read_error = None
+        second = await reader.read(Position(ledger_id, 4), 4, MIB)
+        assert [e.position.entry_id for e in second] == [4, 5, 6, 7]
+        assert client.reads.count((ledger_id, 4, 7)) == 2   # the failed one, then the reader's
+        client.read_gate = asyncio.Event()
+        await until(lambda: (ledger_id, 8, 11) in client.reads, "the next read ahead waits")
+        task = reader._read_aheads[0].task
+        await reader.close()
+    assert task.cancelled() and reader._read_aheads == []
