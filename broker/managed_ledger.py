@@ -97,6 +97,9 @@ _MISS_RUN_ENTRIES_MAX = 500
 # each try holds new appends back only as long as creating a ledger takes to fail.
 ROLL_RETRY_S = 1.0
 ROLL_RETRY_S_MAX = 8.0
+# A read ahead brings in at most this share of the entry cache (by the mean size of the
+# entries of the read before it).
+READ_AHEAD_CACHE_SHARE = 1 / 8
 # Attempts at creating a ledger when the current one failed (no ledger to go on with).
 _ROLL_ATTEMPTS_MAX = 5
 # Record writes with an unknown outcome remembered until one is answered (_write_info).
@@ -858,7 +861,7 @@ class ManagedLedger:
                 size += len(data)
             entry_id = miss_end + 1
         if entries:
-            self._read_ahead(ledger_id, entries[-1].position.entry_id + 1, len(entries))
+            self._read_ahead(ledger_id, entries[-1].position.entry_id + 1, len(entries), size)
         return entries
 
     # --- reading ahead of a catch-up reader ---------------------------------------------------
@@ -869,17 +872,24 @@ class ManagedLedger:
                 return ahead
         return None
 
-    def _read_ahead(self, ledger_id: int, first: int, count: int) -> None:
-        """After a read that ended before ``first``: when that entry is confirmed but not
-        in the cache (a reader catching up on a backlog the cache no longer holds),
-        starts reading the next ``count`` entries (as many as the read just returned, so
-        about its byte budget) from the bookies into the cache. The reader's next round
-        then finds them there, or awaits that read, instead of sending its entries and
-        only then asking the bookies: the bookies' read overlaps the dispatch. A tailing
-        reader (nothing confirmed past ``first``) and one reading from the cache start
-        nothing; at most ``read_aheads_max`` are under way."""
+    def _read_ahead(self, ledger_id: int, first: int, count: int, size: int) -> None:
+        """After a read of ``count`` entries (``size`` bytes) that ended before ``first``:
+        when that entry is confirmed but not in the cache (a reader catching up on a
+        backlog the cache no longer holds), starts reading the next run from the bookies
+        into the cache: as many entries as the read returned, but never more than
+        ``READ_AHEAD_CACHE_SHARE`` of the cache by their mean size, so what it brings in
+        does not push out what readers were just given and will read again. The reader's
+        next round then finds them there, or awaits that read, instead of sending its
+        entries and only then asking the bookies: the bookies' read overlaps the
+        dispatch. A tailing reader (nothing confirmed past ``first``) and one reading
+        from the cache start nothing; at most ``read_aheads_max`` are under way."""
         if len(self._read_aheads) >= self.config.read_aheads_max or self._closing or self.closed:
             return
+        bytes_max = self._cache.capacity_bytes * READ_AHEAD_CACHE_SHARE
+        if size > bytes_max:
+            count = int(count * bytes_max / size)
+            if count < 1:
+                return   # a cache too small for one more entry: nothing to gain
         last = min(self.last_entry_of(ledger_id), first + count - 1)
         if first > last or self._cache.contains(ledger_id, first) or \
                 self._read_ahead_covering(ledger_id, first) is not None:

@@ -650,3 +650,24 @@ async def test_a_failed_read_ahead_leaves_the_reader_to_read_and_close_cancels_o
         task = reader._read_aheads[0].task
         await reader.close()
     assert task.cancelled() and reader._read_aheads == []
+
+
+async def test_a_read_ahead_takes_at_most_an_eighth_of_the_cache():
+    """With a 16 KiB entry cache and 1 KiB entries, a read of 4 entries reads 2 ahead
+    (2 KiB: an eighth of the cache), not 4; with a cache smaller than eight entries
+    nothing is read ahead."""
+    store, client = MemoryStore(), FakeLedgerClient()
+    reader, ledger_id = await closed_backlog(store, client, cache_bytes=16 * KIB)
+    async with asyncio.timeout(TIMEOUT_S):
+        await reader.read(Position(ledger_id, 0), 4, MIB)
+        await until(lambda: not reader._read_aheads, "the read ahead finished")
+    assert client.reads[-1][1:] == (4, 5)
+    await reader.close()
+
+    store, client = MemoryStore(), FakeLedgerClient()
+    tiny, tiny_id = await closed_backlog(store, client, cache_bytes=4 * KIB)
+    async with asyncio.timeout(TIMEOUT_S):
+        await tiny.read(Position(tiny_id, 0), 4, MIB)
+        await asyncio.sleep(0.01)
+    assert client.reads == [(tiny_id, 0, 3)]
+    await tiny.close()
