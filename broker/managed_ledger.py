@@ -100,9 +100,6 @@ ROLL_RETRY_S_MAX = 8.0
 # A read ahead brings in at most this share of the entry cache (by the mean size of the
 # entries of the read before it).
 READ_AHEAD_CACHE_SHARE = 1 / 8
-# Runs a reader keeps read ahead of it (each as long as its last read): two, so the
-# bookies read the one after next while the reader awaits the next.
-READ_AHEAD_RUNS = 2
 # Attempts at creating a ledger when the current one failed (no ledger to go on with).
 _ROLL_ATTEMPTS_MAX = 5
 # Record writes with an unknown outcome remembered until one is answered (_write_info).
@@ -123,7 +120,7 @@ class ManagedLedgerConfig:
     readers_max: int = 16
     # Reads ahead of a catch-up reader (``_read_ahead``) in flight at once per managed
     # ledger (several subscriptions may catch up in different places); 0: none.
-    read_aheads_max: int = 4
+    read_aheads_max: int = 2
 
     def __post_init__(self) -> None:
         if not self.ensemble_size >= self.write_quorum_size >= self.ack_quorum_size >= 1:
@@ -893,23 +890,15 @@ class ManagedLedger:
             count = int(count * bytes_max / size)
             if count < 1:
                 return   # a cache too small for one more entry: nothing to gain
-        start = first
-        for _run in range(READ_AHEAD_RUNS):
-            if len(self._read_aheads) >= self.config.read_aheads_max:
-                return
-            covering = self._read_ahead_covering(ledger_id, start)
-            if covering is not None:
-                start = covering.last + 1      # already under way: the run after it
-                continue
-            last = min(self.last_entry_of(ledger_id), start + count - 1)
-            if start > last or self._cache.contains(ledger_id, start):
-                return
-            task = asyncio.get_running_loop().create_task(
-                self._read_ahead_run(ledger_id, start, last), name=f"read ahead {self.name} {ledger_id}:{start}-{last}")
-            ahead = _ReadAhead(ledger_id, start, last, task)
-            self._read_aheads.append(ahead)
-            task.add_done_callback(lambda _task, ahead=ahead: self._read_aheads.remove(ahead))
-            start = last + 1
+        last = min(self.last_entry_of(ledger_id), first + count - 1)
+        if first > last or self._cache.contains(ledger_id, first) or \
+                self._read_ahead_covering(ledger_id, first) is not None:
+            return
+        task = asyncio.get_running_loop().create_task(self._read_ahead_run(ledger_id, first, last),
+                                                      name=f"read ahead {self.name} {ledger_id}:{first}-{last}")
+        ahead = _ReadAhead(ledger_id, first, last, task)
+        self._read_aheads.append(ahead)
+        task.add_done_callback(lambda _task: self._read_aheads.remove(ahead))
 
     async def _read_ahead_run(self, ledger_id: int, first: int, last: int) -> None:
         """Reads entries first..last into the cache. A failure is only logged: the reader
