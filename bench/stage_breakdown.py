@@ -125,26 +125,30 @@ def quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
 
 
 def breakdown(before: dict[str, dict], after: dict[str, dict]) -> dict:
-    """Per stage (STAGES order, then PAUSES) over the span between two ``scrape_all``
-    results."""
+    """Per stage (STAGES order, then the derived ones, then PAUSES) over the span
+    between two ``scrape_all`` results."""
+    result = _summaries(STAGES, before, after)
+    result.update(derived(result))
+    result.update(_summaries(PAUSES, before, after))
+    return result
+
+
+def _summaries(histograms: list[tuple[str, str, str]], before: dict[str, dict], after: dict[str, dict]) -> dict:
+    """Samples, mean, p50 and p99 (ms) of each histogram with samples in the span."""
+    def ms(value: float | None) -> float | None:
+        return round(value * 1000, 3) if value is not None else None
+
     result = {}
-    for key, metric, meaning in STAGES + PAUSES:
+    for key, metric, meaning in histograms:
         if metric not in after:
             continue
         delta = difference(after[metric], before.get(metric))
         count = delta["count"]
         if count <= 0:
             continue
-
-        def ms(value: float | None) -> float | None:
-            return round(value * 1000, 3) if value is not None else None
-
         result[key] = {"samples": int(count), "mean_ms": ms(delta["sum"] / count),
                        "p50_ms": ms(quantile(0.5, delta["buckets"])), "p99_ms": ms(quantile(0.99, delta["buckets"])),
                        "what": meaning}
-    pauses = {key: result.pop(key) for key, _metric, _meaning in PAUSES if key in result}
-    result.update(derived(result))
-    result.update(pauses)
     return result
 
 
