@@ -853,12 +853,9 @@ class ManagedLedger:
             while miss_end < last and miss_end - entry_id + 1 < run_max and \
                     self._cache.get(ledger_id, miss_end + 1) is None:
                 miss_end += 1
-            reader = await self._reader(ledger_id)
-            for ledger_entry in await reader.read(entry_id, miss_end):
-                data = memoryview(ledger_entry.data)[ENTRY_HEADER_SIZE:]
-                self._cache.put(ledger_id, ledger_entry.entry_id, data)
-                entries.append(ManagedEntry(Position(ledger_id, ledger_entry.entry_id), data))
-                size += len(data)
+            for entry in await self._read_into_cache(ledger_id, entry_id, miss_end):
+                entries.append(entry)
+                size += len(entry.data)
             entry_id = miss_end + 1
         if entries:
             self._read_ahead(ledger_id, entries[-1].position.entry_id + 1, len(entries), size)
@@ -904,8 +901,7 @@ class ManagedLedger:
         """Reads entries first..last into the cache. A failure is only logged: the reader
         that wants them reads them itself and meets the error there."""
         try:
-            reader = await self._reader(ledger_id)
-            read = await reader.read(first, last)
+            read = await self._read_into_cache(ledger_id, first, last)
         except MagnetarError as error:
             log.debug("read ahead failed, left to the reader: topic=%s ledger_id=%d first=%d last=%d error=%s",
                       self.name, ledger_id, first, last, error)
@@ -914,11 +910,21 @@ class ManagedLedger:
             log.warning("read ahead failed unexpectedly, left to the reader: topic=%s ledger_id=%d first=%d "
                         "last=%d", self.name, ledger_id, first, last, exc_info=True)
             return
-        if ledger_id not in self._ledgers:
-            return   # trimmed or deleted meanwhile: nothing to cache
-        for ledger_entry in read:
-            self._cache.put(ledger_id, ledger_entry.entry_id, memoryview(ledger_entry.data)[ENTRY_HEADER_SIZE:])
         self.read_ahead_entries += len(read)
+
+    async def _read_into_cache(self, ledger_id: int, first: int, last: int) -> list[ManagedEntry]:
+        """Entries first..last from the bookies, put in the entry cache as they are
+        returned (not if the ledger was trimmed or deleted meanwhile)."""
+        reader = await self._reader(ledger_id)
+        read = await reader.read(first, last)
+        keep = ledger_id in self._ledgers
+        entries = []
+        for ledger_entry in read:
+            data = memoryview(ledger_entry.data)[ENTRY_HEADER_SIZE:]
+            if keep:
+                self._cache.put(ledger_id, ledger_entry.entry_id, data)
+            entries.append(ManagedEntry(Position(ledger_id, ledger_entry.entry_id), data))
+        return entries
 
     def _miss_run_entries_max(self, ledger_id: int, bytes_left: int, seen_bytes: int, seen_count: int) -> int:
         """Entries a run of cache misses may read: the byte budget left over the
