@@ -273,7 +273,10 @@ class BookieProcess(ManagedProcess):
         self.journal_dir = journal_dir or os.path.join(directory, "journal")
         self.ledger_dirs = ledger_dirs or [os.path.join(directory, f"ledgers-{i}") for i in range(ledger_dir_count)]
         self.extra_args = list(extra_args or [])
-        self.port = 0
+        # From this process's port slice, not the kernel's ephemeral range: a bookie
+        # restarted after kill -9 binds this port again, and an ephemeral port may have
+        # become some outgoing connection's local port meanwhile.
+        self.port = free_port()
         self.bookie_id = ""
         self.address = ""
         self.http_address = ""
@@ -301,8 +304,9 @@ class BrokerProcess(ManagedProcess):
                  port: int = 0, http_port: int = 0) -> None:
         self.metadata_url = metadata_url
         self.extra_args = list(extra_args or [])
-        self.port = port
-        self.http_port = http_port
+        # Restarts bind the same ports again: from the port slice (see BookieProcess).
+        self.port = port or free_port()
+        self.http_port = http_port or free_port()
         self.broker_id = ""
         self.service_url = ""
         self.web_service_url = ""
