@@ -92,6 +92,7 @@ from common.errors import (
     SubscriptionNotFound,
     TooManyRequests,
 )
+from common import write_batch
 from common.eager_future import call_when_done
 from common.tasks import log_failure
 from common.version import __version__
@@ -231,6 +232,10 @@ class ServerConnection(asyncio.Protocol):
         log.debug("connection opened: peer=%s", self.peer)
 
     def data_received(self, data: bytes) -> None:
+        with write_batch.batched_writes():
+            self._on_data(data)
+
+    def _on_data(self, data: bytes) -> None:
         self._last_received = time.monotonic()
         self._received_at = time.perf_counter()
         try:
@@ -321,16 +326,20 @@ class ServerConnection(asyncio.Protocol):
 
     # --- writing -------------------------------------------------------------------------------
 
+    # Through common/write_batch: inside a socket read's scope, what this connection is
+    # sent leaves in one write when the read has been handled.
+
     def write_command(self, command: pb.BaseCommand) -> None:
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(encode_command(command))
+            write_batch.write(self.transport, [encode_command(command)])
 
     def write_buffers(self, buffers: list) -> None:
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.writelines(buffers)
+            write_batch.write(self.transport, buffers)
 
     def close(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
+            write_batch.release(self.transport)
             self.transport.close()
 
     def _write_error(self, request_id: int, error: BaseException) -> None:

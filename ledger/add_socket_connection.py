@@ -28,6 +28,7 @@ import logging
 import ssl
 from typing import Callable
 
+from common import write_batch
 from common.errors import BookieUnavailable, MagnetarError, MalformedFrame, error_for_code
 from protocol.add_socket import MessageDecoder, encode_message, parse
 from protocol.proto import bookie_pb2
@@ -106,6 +107,12 @@ class AddSocketConnection(asyncio.Protocol):
         if self._ended:
             return
         self._decoder.feed(data)
+        # What the confirmed entries cause (dispatch, receipts) leaves once per client
+        # connection when this read's replies have been handled (common/write_batch.py).
+        with write_batch.batched_writes():
+            self._on_replies()
+
+    def _on_replies(self) -> None:
         try:
             while not self._ended:
                 body = self._decoder.next_body()

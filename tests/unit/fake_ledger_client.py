@@ -8,6 +8,8 @@ recovery: fences the writer and closes the ledger) and ``delete_ledger``. Entrie
 encoded with the real entry format (common/entry.py) so readers slice the same header.
 
 Tests steer it: ``hold_adds`` keeps add futures pending until ``release_adds``;
+``eager_adds`` makes add futures EagerFutures, settled callbacks and all inside
+``complete_pending``, as the real write handle's are (common/eager_future.py);
 ``entry_bytes_max`` makes ``submit_nowait`` refuse larger entries with EntryTooLarge
 (what the ledger client does once it knows the bookies' limit); ``fail`` fails a handle
 the way a bookie's refusal does; ``close_error`` makes
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 
 from common.entry import ENTRY_BYTES_MAX_DEFAULT
 from common.entry import ENTRY_HEADER_SIZE, encode_entry
+from common.eager_future import new_eager_future
 from common.errors import EntryTooLarge, LedgerClosed, LedgerFenced, MagnetarError, NoSuchEntry, NoSuchLedger
 from ledger.reader import LedgerEntry
 
@@ -122,7 +125,8 @@ class FakeWriteHandle:
             raise EntryTooLarge(size, self._client.config.entry_bytes_max)
         entry_id = self._next_entry_id
         self._next_entry_id += 1
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[int] = (new_eager_future() if self._client.eager_adds
+                                       else asyncio.get_running_loop().create_future())
         self._pending.append((entry_id, bytes(payload), future))
         self._client.submitted += 1
         if not self._client.hold_adds:
@@ -171,6 +175,7 @@ class FakeLedgerClient:
         self.handles: dict[int, FakeWriteHandle] = {}
         self._next_ledger_id = first_ledger_id
         self.hold_adds = False
+        self.eager_adds = False
         self.close_error: MagnetarError | None = None
         self.close_gate: asyncio.Event | None = None
         self.create_gate: asyncio.Event | None = None

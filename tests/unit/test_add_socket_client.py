@@ -19,6 +19,8 @@ import struct
 
 import pytest
 
+from common import write_batch
+from common.eager_future import call_when_done
 from common.errors import AddTimeout, AuthenticationFailed, BookieUnavailable
 from ledger.bookie_client import BookieClient, BookieClientPool
 from ledger.config import LedgerClientConfig
@@ -142,6 +144,39 @@ async def test_one_turns_adds_leave_in_one_request_and_replies_resolve_in_order(
     writer.write(encode_message(answer(*(r for _w, r in bookie.held))))
     await asyncio.gather(*second, *third)
     assert len(bookie.writers) == 1          # one connection all along
+
+
+class RecordingTransport:
+    def __init__(self) -> None:
+        self.calls: list[list[bytes]] = []
+
+    def writelines(self, buffers) -> None:
+        self.calls.append(list(buffers))
+
+    def is_closing(self) -> bool:
+        return False
+
+
+async def test_what_one_read_of_replies_causes_is_written_once(bookie, make_client) -> None:
+    """Replies read together are handled in one write batch (common/write_batch.py): the
+    writes their adds' eager callbacks make to one transport (a broker's receipts and
+    dispatch to a client) leave in one write when the read is handled."""
+    client = make_client()
+    await client.add(7, 0, b"w")                       # connected and welcomed
+    bookie.hold = True
+    adds = []
+    for entry_ids in ([1], [2, 3]):                    # two requests
+        bookie.got_request.clear()
+        adds += [client.add(7, entry_id, b"x") for entry_id in entry_ids]
+        await bookie.got_request.wait()
+    out = RecordingTransport()
+    for add in adds:
+        call_when_done(add, lambda f: write_batch.write(out, [f"done {f.result()}".encode()]))
+    # Their two replies in one write (one socket read).
+    (writer, first), (_writer, second) = bookie.held
+    writer.write(encode_message(answer(first)) + encode_message(answer(second)))
+    await asyncio.wait_for(asyncio.gather(*adds), 5)
+    assert out.calls == [[b"done None", b"done None", b"done None"]]
 
 
 async def test_the_pool_s_flush_adds_sends_what_is_queued_in_the_same_turn(bookie) -> None:

@@ -27,6 +27,7 @@ import asyncio
 from protocol import commands
 from protocol.codec import NEED_DATA, CommandDecoder, encode_command, encode_payload_command
 from broker.config import BrokerConfig
+from common import write_batch
 from broker.connection import ServerConnection
 from broker.managed_ledger import ManagedLedgerConfig
 from protocol.proto import pulsar_api_pb2 as pb
@@ -67,6 +68,7 @@ class FakeTransport(asyncio.Transport):
         self._protocol = protocol
         self._closing = False
         self.written = bytearray()
+        self.writes = 0              # write / writelines calls: sends on a real socket
 
     def get_extra_info(self, name, default=None):
         return ("127.0.0.1", 4000) if name == "peername" else default
@@ -75,9 +77,11 @@ class FakeTransport(asyncio.Transport):
         pass
 
     def write(self, data) -> None:
+        self.writes += 1
         self.written += data
 
     def writelines(self, buffers) -> None:
+        self.writes += 1
         for buffer in buffers:
             self.written += buffer
 
@@ -230,6 +234,51 @@ async def test_a_read_s_entries_are_flushed_to_the_bookies_once_at_its_end():
     assert ledgers.submitted_at_flush == ledgers.submitted >= 3
     await settle()
     assert sorted(a.send_receipt.sequence_id for a in client.answers() if a.type == T.SEND_RECEIPT) == [0, 1, 2]
+    client.transport.close()
+    await service.close()
+
+
+async def test_what_one_read_causes_leaves_in_one_write():
+    """Three PINGs in one socket read: three PONGs in one write (common/write_batch.py)."""
+    service, client = await connected()
+    writes = client.transport.writes
+    client.send(pb.CommandPing(), pb.CommandPing(), pb.CommandPing())
+    assert client.transport.writes == writes + 1
+    assert [a.type for a in client.answers()] == [T.PONG] * 3
+    client.transport.close()
+    await service.close()
+
+
+async def test_entries_confirmed_together_leave_with_their_receipts_in_one_write():
+    """A bookie reply that confirms three entries is handled inside one write batch
+    (ledger/add_socket_connection.py): the dispatch of the entries to a consumer and
+    the producer's receipts, on the same connection (one client process), leave in one
+    write, each entry before its receipt (the handle confirms entries one by one; for
+    each, the dispatcher is woken before the receipt is written)."""
+    service, client = await connected()
+    ledgers = service.ledger_client
+    ledgers.eager_adds = True
+    client.send(pb.CommandSubscribe(topic=TOPIC, subscription="s", subType=pb.CommandSubscribe.Exclusive,
+                                    consumer_id=1, request_id=1))
+    client.send(pb.CommandProducer(topic=TOPIC, producer_id=1, request_id=2, producer_name="p"))
+    await settle()
+    assert sorted(a.type for a in client.answers()) == sorted([T.SUCCESS, T.PRODUCER_SUCCESS])
+    client.send(pb.CommandFlow(consumer_id=1, messagePermits=100))
+    await settle()
+    ledgers.hold_adds = True
+    client.connection.data_received(b"".join(
+        encode_payload_command(commands.wrap(pb.CommandSend(producer_id=1, sequence_id=n, num_messages=1)),
+                               pb.MessageMetadata(producer_name="p", sequence_id=n, publish_time=1), b"m")
+        for n in range(3)))
+    await settle()
+    assert client.answers() == []
+    writes = client.transport.writes
+    with write_batch.batched_writes():
+        ledgers.release_adds()
+    assert client.transport.writes == writes + 1
+    answers = client.answers()
+    assert [a.type for a in answers] == [T.MESSAGE, T.SEND_RECEIPT] * 3
+    assert [a.send_receipt.sequence_id for a in answers[1::2]] == [0, 1, 2]
     client.transport.close()
     await service.close()
 

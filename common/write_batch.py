@@ -1,0 +1,66 @@
+"""Writes that leave together: one send per connection for what one socket read caused.
+
+A broker reading one reply of its bookie settles the entries that reply confirmed, and in
+that same turn writes, to each client connection, the entries' dispatch (MESSAGE) and
+their receipts (SEND_RECEIPT). Written one by one, each ``transport.write`` on an idle
+socket is a ``send`` of its own (~70 us on this machine: a loopback send runs the
+receiver's TCP input) and may wake the receiver once per frame. Inside
+``batched_writes()`` the writes that go through ``write`` are held, in order, per
+transport, and handed to each transport once, as one ``writelines``, when the outermost
+scope ends: one send per connection for the whole read.
+
+The scope is opened by the code that reads a socket (``data_received``), around
+synchronous work only: nothing awaits inside it, so nothing is held past the end of the
+read that caused it, and what it holds is bounded by what that read caused. One scope per
+thread (each event loop runs on a thread of its own); an inner scope joins the outer one.
+A transport closed while its writes are held gets them first: call ``release`` before
+``close`` (asyncio sends what a transport holds before it closes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+_local = threading.local()
+
+
+@contextmanager
+def batched_writes() -> Iterator[None]:
+    """Holds the writes made through ``write`` until the outermost scope ends."""
+    if getattr(_local, "held", None) is not None:
+        yield
+        return
+    held: dict[asyncio.WriteTransport, list] = {}
+    _local.held = held
+    try:
+        yield
+    finally:
+        _local.held = None
+        for transport, buffers in held.items():
+            if not transport.is_closing():
+                transport.writelines(buffers)
+
+
+def write(transport: asyncio.WriteTransport, buffers: list) -> None:
+    """``transport.writelines(buffers)`` now, or when the open scope ends."""
+    held = getattr(_local, "held", None)
+    if held is None:
+        transport.writelines(buffers)
+        return
+    pending = held.get(transport)
+    if pending is None:
+        held[transport] = list(buffers)
+    else:
+        pending.extend(buffers)
+
+
+def release(transport: asyncio.WriteTransport) -> None:
+    """Writes what the open scope holds for ``transport`` now (before it is closed)."""
+    held = getattr(_local, "held", None)
+    if held is not None:
+        buffers = held.pop(transport, None)
+        if buffers and not transport.is_closing():
+            transport.writelines(buffers)
