@@ -148,10 +148,22 @@ def _port_free(port: int) -> bool:
     return True
 
 
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as handle:
+            return int(handle.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 60000
+
+
 def free_port_block(count: int) -> int:
-    """The first of ``count`` consecutive free ports."""
+    """The first of ``count`` consecutive free ports, below the kernel's ephemeral range
+    when it leaves room: a port picked there cannot be taken, between the pick and the
+    standalone's bind, as the local port of some outgoing connection (a run of 2026-11-27
+    lost a repeat to that)."""
+    high = _ephemeral_low() if _ephemeral_low() > 21000 + count else 60000
     for _ in range(200):
-        base = random.randrange(20000, 60000 - count)
+        base = random.randrange(20000, high - count)
         if all(_port_free(base + n) for n in range(count)):
             return base
     raise RuntimeError("no block of free ports found")
@@ -227,7 +239,10 @@ class Standalone:
         while time.monotonic() < deadline:
             line = self.process.stdout.readline()
             if not line:
-                raise RuntimeError(f"standalone exited ({self.process.poll()}); see {self.log_path}")
+                # The data directory (and the log with it) is removed after a failed run.
+                with open(self.log_path, encoding="utf-8", errors="replace") as log_file:
+                    tail = log_file.read()[-2000:]
+                raise RuntimeError(f"standalone exited ({self.process.poll()}); its log ends:\n{tail}")
             try:
                 document = json.loads(line)
             except ValueError:

@@ -14,7 +14,10 @@ synchronous work only: nothing awaits inside it, so nothing is held past the end
 read that caused it, and what it holds is bounded by what that read caused. One scope per
 thread (each event loop runs on a thread of its own); an inner scope joins the outer one.
 A transport closed while its writes are held gets them first: call ``release`` before
-``close`` (asyncio sends what a transport holds before it closes).
+``close`` (asyncio sends what a transport holds before it closes). A transport's
+flow control (``pause_writing`` past its high-water mark) sees held bytes only when the
+scope ends; until then what is held is bounded by the read's consequences (a caught-up
+dispatcher sends only the entries a bookie reply confirmed, within its permits).
 """
 
 from __future__ import annotations
