@@ -28,6 +28,7 @@ shell that owns the socket.
 from __future__ import annotations
 
 import asyncio
+from typing import cast
 import os
 import struct
 import time
@@ -330,7 +331,9 @@ class RawConnection(asyncio.Protocol):
     # asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # A stream transport: asyncio's, or uvloop's (common/event_loop.py), which is not a
+        # subclass of asyncio.Transport (an isinstance check here refused every connection).
+        transport = cast(asyncio.Transport, transport)
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:

@@ -36,7 +36,7 @@ import collections
 import logging
 import ssl
 import time
-from typing import Callable
+from typing import Callable, cast
 
 import grpc
 
@@ -134,7 +134,9 @@ class _AddConnection(asyncio.Protocol):
     # --- asyncio.Protocol -----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # A stream transport: asyncio's, or uvloop's (common/event_loop.py), which is not a
+        # subclass of asyncio.Transport (an isinstance check here refused every connection).
+        transport = cast(asyncio.Transport, transport)
         self._transport = transport
         self._peer = transport.get_extra_info("peername")
         server = self._server

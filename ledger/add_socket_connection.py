@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from typing import Callable
+from typing import Callable, cast
 
 from common import write_batch
 from common.errors import BookieUnavailable, MagnetarError, MalformedFrame, error_for_code
@@ -95,7 +95,9 @@ class AddSocketConnection(asyncio.Protocol):
     # --- asyncio.Protocol -----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # A stream transport: asyncio's, or uvloop's (common/event_loop.py), which is not a
+        # subclass of asyncio.Transport (an isinstance check here refused every connection).
+        transport = cast(asyncio.Transport, transport)
         if self._ended:                     # closed while connecting
             transport.abort()
             return
