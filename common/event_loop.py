@@ -3,11 +3,13 @@
 The standard asyncio loop, unless ``--event-loop uvloop`` (or MAGNETAR_EVENT_LOOP=uvloop)
 asks for uvloop. uvloop was tried as the servers' default for issue 16 and measured with
 bench/latency.py against the standard loop, same tree, same run, 3 repeats
-(bench/results/latency_uvloop_vs_asyncio.md, docs/performance.md): no workload gained
-in all three repeats, and the durable-ack p50 (1x1) and the 3x2 publish rate were worse
-in two of three. The path is a chain of wake-ups across gRPC's threads and the journal
-thread (docs/performance.md), which a faster loop does not shorten. It stays a choice,
-to measure again on a quiet machine.
+(bench/results/latency_uvloop_vs_asyncio.md, docs/performance.md step 2): no workload
+gained in all three repeats while adds still went over gRPC. Measured again after the add
+socket (step 24, bench/results/latency_uvloop_2026-11-27.md and
+latency_uvloop_3x2_2026-11-27.md): with one bookie uvloop's e2e and durable-ack tails and
+the raw client's reads were better in 3 of 3 repeats, with the default three bookies its
+e2e p99 was worse in 3 of 3. No direction that holds for both: the standard loop stays the
+default, uvloop a choice (tested: tests/integration/test_standalone_uvloop.py).
 """
 
 from __future__ import annotations

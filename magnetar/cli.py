@@ -67,7 +67,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"magnetar {__version__}")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", default="text", choices=["text", "json"])
-    # common/event_loop.py (docs/performance.md: uvloop measured, no gain yet).
+    # common/event_loop.py (docs/performance.md steps 2 and 24: uvloop measured twice, no
+    # gain that holds for both standalone shapes).
     parser.add_argument("--event-loop", default="asyncio", choices=["asyncio", "uvloop"],
                         help="the asyncio event loop implementation")
     commands = parser.add_subparsers(dest="command", required=True)
