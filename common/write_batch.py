@@ -42,9 +42,15 @@ def batched_writes() -> Iterator[None]:
         yield
     finally:
         _local.held = None
+        failure: BaseException | None = None
         for transport, buffers in held.items():
-            if not transport.is_closing():
-                transport.writelines(buffers)
+            try:
+                if not transport.is_closing():
+                    transport.writelines(buffers)
+            except Exception as error:  # noqa: BLE001 - the other transports still get theirs
+                failure = failure or error
+        if failure is not None:
+            raise failure
 
 
 def write(transport: asyncio.WriteTransport, buffers: list) -> None:

@@ -1,7 +1,8 @@
 """common/write_batch.py: writes held in a scope leave once per transport, in order, when
 the outermost scope ends; outside a scope they leave at once; a transport released
 before its close gets what was held for it; a closed transport gets nothing; the scope
-ends (and writes) even when its work raises; each thread has its own scope."""
+ends (and writes) even when its work raises; a transport whose write fails does not cost
+the others theirs; each thread has its own scope."""
 
 from __future__ import annotations
 
@@ -69,6 +70,19 @@ def test_the_scope_writes_even_when_its_work_raises() -> None:
     assert transport.calls == [[b"before the error"]]
     write_batch.write(transport, [b"next"])
     assert transport.calls[-1] == [b"next"]
+
+
+def test_a_transport_that_fails_its_write_does_not_cost_the_others_theirs() -> None:
+    class Failing(RecordingTransport):
+        def writelines(self, buffers) -> None:
+            raise RuntimeError("write after write_eof")
+
+    failing, healthy = Failing(), RecordingTransport()
+    with pytest.raises(RuntimeError, match="write_eof"):
+        with write_batch.batched_writes():
+            write_batch.write(failing, [b"x"])
+            write_batch.write(healthy, [b"y"])
+    assert healthy.calls == [[b"y"]]
 
 
 def test_each_thread_has_its_own_scope() -> None:
