@@ -8,8 +8,10 @@ gained in all three repeats while adds still went over gRPC. Measured again afte
 socket (step 24, bench/results/latency_uvloop_2026-11-27.md and
 latency_uvloop_3x2_2026-11-27.md): with one bookie uvloop's e2e and durable-ack tails and
 the raw client's reads were better in 3 of 3 repeats, with the default three bookies its
-e2e p99 was worse in 3 of 3. No direction that holds for both: the standard loop stays the
-default, uvloop a choice (tested: tests/integration/test_standalone_uvloop.py).
+e2e p99 was worse in 3 of 3; a second run of both kept only uvloop's lower one-bookie
+durable-ack p50 and higher raw drain. No direction that holds across shapes and runs: the
+standard loop stays the default, uvloop a choice (tested:
+tests/integration/test_standalone_uvloop.py).
 """
 
 from __future__ import annotations
