@@ -232,8 +232,12 @@ class ServerConnection(asyncio.Protocol):
         log.debug("connection opened: peer=%s", self.peer)
 
     def data_received(self, data: bytes) -> None:
-        with write_batch.batched_writes():
+        opened = write_batch.begin()
+        try:
             self._on_data(data)
+        finally:
+            if opened:
+                write_batch.end()
 
     def _on_data(self, data: bytes) -> None:
         self._last_received = time.monotonic()

@@ -111,8 +111,12 @@ class AddSocketConnection(asyncio.Protocol):
         self._decoder.feed(data)
         # What the confirmed entries cause (dispatch, receipts) leaves once per client
         # connection when this read's replies have been handled (common/write_batch.py).
-        with write_batch.batched_writes():
+        opened = write_batch.begin()
+        try:
             self._on_replies()
+        finally:
+            if opened:
+                write_batch.end()
 
     def _on_replies(self) -> None:
         try:

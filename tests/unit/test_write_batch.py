@@ -47,6 +47,20 @@ def test_a_scope_sends_once_per_transport_in_order_when_it_ends() -> None:
     assert first.calls[-1] == [b"after"]
 
 
+def test_begin_opens_a_scope_only_when_none_is_open() -> None:
+    transport = RecordingTransport()
+    assert write_batch.begin() is True
+    try:
+        assert write_batch.begin() is False          # joins: the outer caller ends it
+        write_batch.write(transport, [b"held"])
+        assert transport.calls == []
+    finally:
+        write_batch.end()
+    assert transport.calls == [[b"held"]]
+    write_batch.end()                                # no scope open: nothing to write
+    assert transport.calls == [[b"held"]]
+
+
 def test_release_writes_what_is_held_before_a_close_and_a_closed_transport_gets_nothing() -> None:
     closing, closed = RecordingTransport(), RecordingTransport()
     with write_batch.batched_writes():
