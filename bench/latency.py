@@ -42,7 +42,6 @@ import argparse
 import asyncio
 import json
 import os
-import random
 import shutil
 import signal
 import socket
@@ -60,6 +59,7 @@ sys.path.insert(0, BENCH_DIR)
 
 from cpu_accounting import CpuSampler  # noqa: E402
 from harness import last_json_line  # noqa: E402
+from tests.cluster import contiguous_free_ports  # noqa: E402
 
 from magnetar.tools.latency_histogram import LatencyHistogram  # noqa: E402
 
@@ -139,36 +139,6 @@ def tcp_echo_baseline(rounds: int = ECHO_ROUNDS) -> dict:
 
 # --- a standalone --------------------------------------------------------------------------------
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def _ephemeral_low() -> int:
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as handle:
-            return int(handle.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 60000
-
-
-def free_port_block(count: int) -> int:
-    """The first of ``count`` consecutive free ports, below the kernel's ephemeral range
-    when it leaves room: a port picked there cannot be taken, between the pick and the
-    standalone's bind, as the local port of some outgoing connection (a run of 2026-11-27
-    lost a repeat to that)."""
-    high = _ephemeral_low() if _ephemeral_low() > 21000 + count else 60000
-    for _ in range(200):
-        base = random.randrange(20000, high - count)
-        if all(_port_free(base + n) for n in range(count)):
-            return base
-    raise RuntimeError("no block of free ports found")
-
-
 def children_of(pid: int) -> dict[str, int]:
     """The standalone's children by role (etcd, bookie-n, broker, gateway)."""
     found = {}
@@ -213,7 +183,9 @@ class Standalone:
         self.copies = copies
         self.process: subprocess.Popen | None = None
         self.ready: dict = {}
-        block = free_port_block(8 + 2 * bookies)
+        # Below the kernel's ephemeral range (tests/cluster.py): a port picked there cannot
+        # be taken, between the pick and the standalone's bind, as an outgoing connection's.
+        block = contiguous_free_ports(8 + 2 * bookies)
         self.ports = {"etcd": block, "etcd_peer": block + 1, "broker": block + 2, "broker_http": block + 3,
                       "gateway": block + 4, "autorecovery": block + 5, "bookie": block + 8, "bookie_http": block + 8 + bookies}
         self.log_path = os.path.join(base_dir, "standalone.log")
