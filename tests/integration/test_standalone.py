@@ -9,19 +9,30 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 
 from tests.cluster import contiguous_free_ports, free_port, python_command, run_cli
 
 
-async def start_standalone(data_dir: str, ports: dict[str, int]) -> asyncio.subprocess.Process:
+def standalone_ports(bookies: int = 3) -> dict[str, int]:
+    return {"etcd": free_port(), "peer": free_port(), "bookie": contiguous_free_ports(bookies),
+            "http": contiguous_free_ports(bookies), "broker": free_port(), "broker_http": free_port(),
+            "gateway": free_port(), "autorecovery": free_port()}
+
+
+async def start_standalone(data_dir: str, ports: dict[str, int], *extra: str,
+                           env: dict[str, str] | None = None) -> asyncio.subprocess.Process:
+    """``magnetar standalone`` on ``ports`` (``extra`` flags after them; ``env`` added to
+    this process's environment), once it says it is ready."""
     process = await asyncio.create_subprocess_exec(
         *python_command("standalone", "--data-dir", data_dir, "--etcd-port", str(ports["etcd"]),
                         "--etcd-peer-port", str(ports["peer"]), "--bookie-port-base", str(ports["bookie"]),
                         "--bookie-http-port-base", str(ports["http"]), "--broker-port", str(ports["broker"]),
                         "--broker-http-port", str(ports["broker_http"]), "--gateway-port", str(ports["gateway"]),
-                        "--autorecovery-http-port", str(ports["autorecovery"])),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+                        "--autorecovery-http-port", str(ports["autorecovery"]), *extra),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, **env} if env else None)
     assert process.stdout is not None
     lines: list[bytes] = []
     async with asyncio.timeout(90):
@@ -52,9 +63,7 @@ async def stop_standalone(process: asyncio.subprocess.Process) -> int:
 
 
 async def test_standalone_survives_restart_with_its_data(tmp_path):
-    ports = {"etcd": free_port(), "peer": free_port(), "bookie": contiguous_free_ports(3),
-             "http": contiguous_free_ports(3), "broker": free_port(), "broker_http": free_port(),
-             "gateway": free_port(), "autorecovery": free_port()}
+    ports = standalone_ports()
     data_dir = str(tmp_path / "standalone")
     metadata = f"etcd://127.0.0.1:{ports['etcd']}"
     process = await start_standalone(data_dir, ports)
@@ -95,9 +104,7 @@ async def test_message_ids_and_acks_survive_a_standalone_restart(tmp_path):
     import aiohttp
     import pulsar
 
-    ports = {"etcd": free_port(), "peer": free_port(), "bookie": contiguous_free_ports(3),
-             "http": contiguous_free_ports(3), "broker": free_port(), "broker_http": free_port(),
-             "gateway": free_port(), "autorecovery": free_port()}
+    ports = standalone_ports()
     data_dir = str(tmp_path / "standalone")
     service_url = f"pulsar://127.0.0.1:{ports['broker']}"
     topic = "persistent://public/default/restart-ids"
