@@ -33,7 +33,7 @@ from common.errors import MagnetarError, MalformedFrame, MetadataKeyExists
 from common.tasks import cancel_and_wait
 from metadata import keys
 from metadata.prefix_cache import PrefixCache
-from metadata.store import Compare, Lease, MetadataStore, Put, Record
+from metadata.store import Compare, Delete, Lease, MetadataStore, Put, Record
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +95,6 @@ class Leader:
             try:
                 record = self._leader.get(keys.LEADER)
                 if record is not None:
-                    from metadata.store import Delete
-
                     await self._store.transaction([Compare(keys.LEADER, record.version)], [Delete(keys.LEADER)])
             except MagnetarError:
                 pass
@@ -216,9 +214,30 @@ class Leader:
             return
         namespace, _, bundle = move.bundle.rpartition("/")
         key = keys.bundle_transfer(namespace, bundle)
-        record = TransferRecord(move.target, reason=f"load: {move.reason}", decided_ms=int(time.time() * 1000))
+        record = TransferRecord(move.target, reason=f"load: {move.reason}", decided_ms=int(time.time() * 1000),
+                                source=move.source)
         if await self._store.transaction([Compare(key, 0)], [Put(key, record.encode(), lease.lease_id)]) is not None:
             self._moved_at[move.bundle] = now
             self.moves += 1
             log.info("bundle shed: bundle=%s from=%s to=%s reason=%s", move.bundle, move.source, move.target,
                      move.reason)
+        else:
+            await self._clear_stale_transfer(key, move.bundle)
+
+    async def _clear_stale_transfer(self, key: str, bkey: str) -> None:
+        """A transfer record nobody acted on (its source had lost the bundle or died
+        before it saw the record) would stay as long as this leader's lease and block
+        every later move of the bundle — and, the plan being the same each round, all
+        shedding. One older than the assignment timeout is deleted (by its version)."""
+        existing = await self._store.get(key)
+        if existing is None:
+            return
+        try:
+            decided_ms = TransferRecord.decode(existing.value).decided_ms
+        except MalformedFrame:
+            decided_ms = 0
+        age_s = time.time() - decided_ms / 1000
+        if age_s < self.config.assignment_timeout_s:
+            return
+        if await self._store.transaction([Compare(key, existing.version)], [Delete(key)]) is not None:
+            log.warning("stale bundle transfer cleared: bundle=%s age_s=%.1f", bkey, age_s)

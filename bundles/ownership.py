@@ -426,6 +426,11 @@ class OwnershipManager:
             transfer = TransferRecord.decode(new.value)
         except MalformedFrame:
             return
+        me = self.identity.broker_id
+        if transfer.to == me or (transfer.source and transfer.source != me):
+            # Meant for the broker we took the bundle from (its watch delivered the
+            # record later than the owner key we wrote): theirs to act on and delete.
+            return
         self._tasks.spawn(self._transfer_requested(namespace, bundle, transfer, new),
                           name=f"transfer {namespace}/{bundle}")
 
@@ -546,6 +551,8 @@ class OwnershipManager:
             raise PreconditionFailed(f"bundle {bkey} is not owned by this broker")
         if bkey in self._busy:
             raise PreconditionFailed(f"bundle {bkey} is busy with another operation")
+        if to == self.identity.broker_id:
+            raise PreconditionFailed(f"bundle {bkey} is already owned by {to}")
         assert self.lease is not None
         self._busy.add(bkey)
         started = time.monotonic()

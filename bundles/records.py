@@ -72,9 +72,15 @@ class AssignmentRecord:
 
 @dataclass(frozen=True)
 class TransferRecord:
+    """The leader asks ``source`` (the owner it saw) to hand a bundle to ``to``. Only
+    ``source`` acts on it: the watch that brings this record and the one that brings
+    owner keys are separate streams, so the destination can see it after it has
+    already taken the bundle (and "" from a record written before the field existed
+    is acted on by any owner but the destination)."""
     to: str
     reason: str = ""
     decided_ms: int = 0
+    source: str = ""
 
     def encode(self) -> bytes:
         return json_record.encode(self)

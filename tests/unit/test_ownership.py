@@ -20,7 +20,14 @@ What it proves:
   and still assigns every unowned bundle; it forgets assignment times of bundles now
   owned or gone, and move times past the cooldown;
 - owner_records / handover_target answer from the watched mirror and skip
-  unreadable load reports.
+  unreadable load reports;
+- a transfer record is acted on only by the owner it names as its source: the
+  destination, which can see the record after it took the bundle (two watch streams),
+  leaves it alone, and a release to the owner itself is refused (the bug: the new
+  owner released the bundle to itself, dropped its own assignment while busy, and
+  nobody served the bundle until the leader's assignment timeout, 15 s);
+- the leader clears a transfer record older than the assignment timeout that nobody
+  acted on, which otherwise blocks every later move of that bundle.
 
 How: real OwnershipManager / Leader / LoadReporter objects on MemoryStore (wrapped at
 the store edge to count or fail chosen calls); topics are names only, closed through a
@@ -42,8 +49,8 @@ from bundles.hashing import BundleIndex, BundleRange, Bundles, default_boundarie
 from bundles.leader import Leader
 from bundles.load import LoadReporter
 from bundles.ownership import BrokerIdentity, OwnershipManager
-from bundles.records import AssignmentRecord, BundlesRecord, LoadReport, OwnerRecord
-from common.errors import MetadataUnavailable
+from bundles.records import AssignmentRecord, BundlesRecord, LoadReport, OwnerRecord, TransferRecord
+from common.errors import MetadataUnavailable, PreconditionFailed
 from metadata import keys
 from metadata.memory_store import MemoryStore
 from metadata.prefix_cache import PrefixCache
@@ -607,3 +614,93 @@ def test_the_fence_comes_at_least_a_second_before_the_lease_could_expire():
     assert BundlesConfig(lease_ttl_s=2).fence_after_s == 1.0
     assert BundlesConfig(lease_ttl_s=30).fence_after_s == 27.0
     assert BundlesConfig(lease_ttl_s=10, fence_fraction=0.5).fence_after_s == 5.0
+
+
+# --- transfers: only the source acts -----------------------------------------------------------------------
+
+async def _settle() -> None:
+    for _ in range(200):
+        await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize("transfer", [
+    TransferRecord("a", reason="load", source="z"),    # a took it from z; z's watch was faster
+    TransferRecord("a", reason="load"),                # written before records named a source
+    TransferRecord("c", reason="load", source="z"),    # a move planned for another owner
+], ids=["destination", "legacy-to-self", "other-source"])
+async def test_a_transfer_not_meant_for_this_owner_is_left_alone(transfer: TransferRecord):
+    store = MemoryStore()
+    manager, bundle = await _served_manager(store)
+    try:
+        transfer_key = keys.bundle_transfer(str(NAMESPACE), bundle)
+        await store.put(transfer_key, transfer.encode())
+        await _settle()
+        assert manager.serving() == [f"{NAMESPACE}/{bundle}"]
+        owner = await store.get(keys.bundle_owner(str(NAMESPACE), bundle))
+        assert owner is not None and OwnerRecord.decode(owner.value).broker_id == "a"
+        assert await store.get(transfer_key) is not None, "another broker's record is not ours to delete"
+    finally:
+        await manager.close()
+
+
+async def test_a_transfer_naming_this_owner_hands_the_bundle_over():
+    store = MemoryStore()
+    manager, bundle = await _served_manager(store)
+    try:
+        transfer_key = keys.bundle_transfer(str(NAMESPACE), bundle)
+        await store.put(transfer_key, TransferRecord("c", reason="load", source="a").encode())
+        await _until(lambda: manager.serving() == [], "released")
+        assignment_key = keys.bundle_assignment(str(NAMESPACE), bundle)
+        for _ in range(YIELDS_MAX):
+            if await store.get(transfer_key) is None and await store.get(assignment_key) is not None:
+                break
+            await asyncio.sleep(0)
+        assignment = await store.get(assignment_key)
+        assert assignment is not None and AssignmentRecord.decode(assignment.value).broker_id == "c"
+        assert await store.get(transfer_key) is None
+    finally:
+        await manager.close()
+
+
+async def test_a_release_to_the_owner_itself_is_refused():
+    store = MemoryStore()
+    manager, bundle = await _served_manager(store)
+    try:
+        with pytest.raises(PreconditionFailed):
+            await manager.release(str(NAMESPACE), bundle, to="a", reason="test")
+        assert manager.serving() == [f"{NAMESPACE}/{bundle}"]
+        owner = await store.get(keys.bundle_owner(str(NAMESPACE), bundle))
+        assert owner is not None and OwnerRecord.decode(owner.value).broker_id == "a"
+    finally:
+        await manager.close()
+
+
+@pytest.mark.parametrize("stale", [True, False], ids=["stale", "fresh"])
+async def test_leader_clears_a_transfer_nobody_acted_on(stale: bool):
+    """Every bundle owned by a, b idle: the leader plans one move. A transfer record
+    left by a source that never acted (here: named "gone") blocks it; once older than
+    the assignment timeout it is cleared and the next round moves the bundle."""
+    store = MemoryStore()
+    bundles, manager, brokers, leader = await _leader_setup(store, True)
+    try:
+        await leader._decide()
+        await _until(lambda: len(manager.serving()) == len(bundles.ranges) == len(manager.owners()), "all owned")
+        await store.put(keys.broker("b"), LoadReport("b", "pulsar://b:6650", "http://b:8080").encode())
+        await _until(lambda: len(brokers.records) == 2, "b's report")
+        decided_ms = int(time.time() * 1000) - (int(BundlesConfig().assignment_timeout_s * 1000) + 1000 if stale else 0)
+        left = TransferRecord("x", reason="load", decided_ms=decided_ms, source="gone")
+        for bundle in bundles.ranges:
+            await store.put(keys.bundle_transfer(str(NAMESPACE), bundle.name), left.encode())
+        await leader._decide()
+        await leader._decide()
+        records = [await store.get(keys.bundle_transfer(str(NAMESPACE), b.name)) for b in bundles.ranges]
+        sources = sorted(TransferRecord.decode(r.value).source for r in records if r is not None)
+        if stale:
+            assert leader.moves == 1
+            assert sources.count("gone") == len(bundles.ranges) - 1   # only the planned bundle's was cleared
+        else:
+            assert leader.moves == 0
+            assert sources == ["gone"] * len(bundles.ranges)
+    finally:
+        await brokers.close()
+        await manager.close()
