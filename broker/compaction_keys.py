@@ -5,9 +5,13 @@ Phase one of a compaction notes every message in topic order: a value makes its 
 latest position (entry position and index in its batch) that message's, a tombstone
 drops the key. Phase two asks, entry by entry, which messages of an entry are still
 some key's latest. SQLite holds the table on disk with a page cache of
-``CACHE_BYTES`` (what stays in memory, whatever the number of keys); the file lives in
-a private temporary directory and goes with ``close``. Nothing here needs to survive
-a crash: a compaction that did not finish is started again from the start.
+``CACHE_BYTES`` (what stays in memory, whatever the number of keys). Nothing here
+needs to survive a crash: a compaction that did not finish is started again from the
+start. So the file is unlinked (and its private directory removed) as soon as it is
+open: it has no name from then on, and the kernel frees it when the connection closes
+or the process dies, ``kill -9`` included (a named file in a temporary directory was
+left behind by every broker killed mid-compaction). SQLite keeps working on the open
+descriptor: with no rollback journal it never reopens the file by name.
 
 Blocking (file IO): callers run these methods in a worker thread, one at a time (the
 object is not shared between threads at once).
@@ -27,16 +31,21 @@ CACHE_BYTES = 8 * 1024 * 1024
 
 class LatestKeys:
     def __init__(self, directory: str | None = None) -> None:
-        self._directory = tempfile.TemporaryDirectory(prefix="magnetar-compaction-", dir=directory)
-        path = os.path.join(self._directory.name, "latest.sqlite")
-        # check_same_thread off: the compactor calls it from asyncio's worker threads,
-        # never two at once.
-        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self._db.execute(f"PRAGMA cache_size = -{CACHE_BYTES // 1024}")
-        self._db.execute("PRAGMA journal_mode = OFF")
-        self._db.execute("PRAGMA synchronous = OFF")
-        self._db.execute("CREATE TABLE latest (key BLOB PRIMARY KEY, ledger_id INTEGER NOT NULL, "
-                         "entry_id INTEGER NOT NULL, batch_index INTEGER NOT NULL) WITHOUT ROWID")
+        with tempfile.TemporaryDirectory(prefix="magnetar-compaction-", dir=directory) as private:
+            path = os.path.join(private, "latest.sqlite")
+            # check_same_thread off: the compactor calls it from asyncio's worker threads,
+            # never two at once.
+            self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            try:
+                self._db.execute(f"PRAGMA cache_size = -{CACHE_BYTES // 1024}")
+                self._db.execute("PRAGMA journal_mode = OFF")
+                self._db.execute("PRAGMA synchronous = OFF")
+                self._db.execute("CREATE TABLE latest (key BLOB PRIMARY KEY, ledger_id INTEGER NOT NULL, "
+                                 "entry_id INTEGER NOT NULL, batch_index INTEGER NOT NULL) WITHOUT ROWID")
+            except BaseException:
+                self._db.close()
+                raise
+        # Leaving the block removed the file and its directory; the open descriptor stays.
         self.keys_noted = 0
 
     def note(self, messages: list[tuple[bytes, bool, Position, int]]) -> None:
@@ -76,4 +85,3 @@ class LatestKeys:
 
     def close(self) -> None:
         self._db.close()
-        self._directory.cleanup()

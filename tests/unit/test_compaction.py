@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from broker.compacted_ledger import CompactionRecord, decode_entry, encode_entry
+from broker import compaction_keys
 from broker.compaction import COMPACTION_PROPERTY, TopicCompaction, compact
 from common.errors import MalformedFrame, NoSuchLedger
 from common.position import ManagedEntry, Position
@@ -214,3 +215,23 @@ def test_bad_entries_raise_our_error(bad):
 def test_bad_records_raise_our_error(bad):
     with pytest.raises(MalformedFrame):
         CompactionRecord.decode(bad)
+
+
+def test_latest_keys_leave_no_file_behind_and_spill_past_their_cache(tmp_path, monkeypatch):
+    """The table's file has no name once open (so a broker killed mid-compaction leaves
+    nothing in the temporary directory), yet SQLite goes on using it past its page
+    cache: 4,000 keys of ~100 bytes (400 KB) against a 32 KiB cache."""
+    monkeypatch.setattr(compaction_keys, "CACHE_BYTES", 32 * 1024)
+    table = compaction_keys.LatestKeys(str(tmp_path))
+    try:
+        assert list(tmp_path.iterdir()) == []
+        keys = [f"key-{i:06d}-".encode() + b"k" * 88 for i in range(4_000)]
+        table.note([(key, False, Position(7, i // 10), i % 10) for i, key in enumerate(keys)])
+        table.note([(key, True, Position(7, 5_000), -1) for key in keys[:500]])   # tombstones
+        table.index_positions()
+        assert table.count() == 3_500
+        survivors = table.survivors(Position(7, 0), Position(7, 60))
+        assert Position(7, 49) not in survivors and survivors[Position(7, 50)] == set(range(10))
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        table.close()
