@@ -8,7 +8,8 @@ Systems measured, each a fresh ``magnetar standalone`` on free loopback ports:
 - ``3x2``: the default standalone (3 bookies, 2 copies: what ``make run`` gives).
 With ``--baseline-rev REV`` the same configurations are also run from a copy of that
 revision (``git archive``, protos generated), interleaved with the current tree in the
-same run (before/after on the same machine minutes apart, not days).
+same run (before/after on the same machine minutes apart, not days); which of the two
+runs first alternates between repeats.
 
 Workloads (bench/latency_client.py): durable ack one message at a time; end-to-end at
 a fixed 1,000 msgs/s, scheduled by intended send time (no coordinated omission);
@@ -380,8 +381,11 @@ async def main_async(args: argparse.Namespace) -> dict:
             finally:
                 shutil.rmtree(probe_dir, ignore_errors=True)
             systems = []
+            # The order alternates between repeats: a build always run first (right after
+            # the probes, on a cooler page cache and disk) would carry that as a bias.
+            ordered = trees if repeat % 2 == 0 else trees[::-1]
             for config in args.configs:
-                for build, tree, env in trees:
+                for build, tree, env in ordered:
                     system = await run_system(args, tree, build, config, env)
                     system["headline"] = headline(system)
                     systems.append(system)
