@@ -623,56 +623,57 @@ async def _settle() -> None:
         await asyncio.sleep(0)
 
 
+async def _assert_served_and_owned_by_a(store: MemoryStore, manager: OwnershipManager, bundle: str) -> None:
+    assert manager.serving() == [f"{NAMESPACE}/{bundle}"]
+    owner = await store.get(keys.bundle_owner(str(NAMESPACE), bundle))
+    assert owner is not None and OwnerRecord.decode(owner.value).broker_id == "a"
+
+
+@pytest.fixture
+async def served_by_a():
+    """(store, manager "a" serving the namespace's one bundle, that bundle's name)."""
+    store = MemoryStore()
+    manager, bundle = await _served_manager(store)
+    try:
+        yield store, manager, bundle
+    finally:
+        await manager.close()
+
+
 @pytest.mark.parametrize("transfer", [
     TransferRecord("a", reason="load", source="z"),    # a took it from z; z's watch was faster
     TransferRecord("a", reason="load"),                # written before records named a source
     TransferRecord("c", reason="load", source="z"),    # a move planned for another owner
 ], ids=["destination", "legacy-to-self", "other-source"])
-async def test_a_transfer_not_meant_for_this_owner_is_left_alone(transfer: TransferRecord):
-    store = MemoryStore()
-    manager, bundle = await _served_manager(store)
-    try:
-        transfer_key = keys.bundle_transfer(str(NAMESPACE), bundle)
-        await store.put(transfer_key, transfer.encode())
-        await _settle()
-        assert manager.serving() == [f"{NAMESPACE}/{bundle}"]
-        owner = await store.get(keys.bundle_owner(str(NAMESPACE), bundle))
-        assert owner is not None and OwnerRecord.decode(owner.value).broker_id == "a"
-        assert await store.get(transfer_key) is not None, "another broker's record is not ours to delete"
-    finally:
-        await manager.close()
+async def test_a_transfer_not_meant_for_this_owner_is_left_alone(served_by_a, transfer: TransferRecord):
+    store, manager, bundle = served_by_a
+    transfer_key = keys.bundle_transfer(str(NAMESPACE), bundle)
+    await store.put(transfer_key, transfer.encode())
+    await _settle()
+    await _assert_served_and_owned_by_a(store, manager, bundle)
+    assert await store.get(transfer_key) is not None, "another broker's record is not ours to delete"
 
 
-async def test_a_transfer_naming_this_owner_hands_the_bundle_over():
-    store = MemoryStore()
-    manager, bundle = await _served_manager(store)
-    try:
-        transfer_key = keys.bundle_transfer(str(NAMESPACE), bundle)
-        await store.put(transfer_key, TransferRecord("c", reason="load", source="a").encode())
-        await _until(lambda: manager.serving() == [], "released")
-        assignment_key = keys.bundle_assignment(str(NAMESPACE), bundle)
-        for _ in range(YIELDS_MAX):
-            if await store.get(transfer_key) is None and await store.get(assignment_key) is not None:
-                break
-            await asyncio.sleep(0)
-        assignment = await store.get(assignment_key)
-        assert assignment is not None and AssignmentRecord.decode(assignment.value).broker_id == "c"
-        assert await store.get(transfer_key) is None
-    finally:
-        await manager.close()
+async def test_a_transfer_naming_this_owner_hands_the_bundle_over(served_by_a):
+    store, manager, bundle = served_by_a
+    transfer_key = keys.bundle_transfer(str(NAMESPACE), bundle)
+    await store.put(transfer_key, TransferRecord("c", reason="load", source="a").encode())
+    await _until(lambda: manager.serving() == [], "released")
+    assignment_key = keys.bundle_assignment(str(NAMESPACE), bundle)
+    for _ in range(YIELDS_MAX):
+        if await store.get(transfer_key) is None and await store.get(assignment_key) is not None:
+            break
+        await asyncio.sleep(0)
+    assignment = await store.get(assignment_key)
+    assert assignment is not None and AssignmentRecord.decode(assignment.value).broker_id == "c"
+    assert await store.get(transfer_key) is None
 
 
-async def test_a_release_to_the_owner_itself_is_refused():
-    store = MemoryStore()
-    manager, bundle = await _served_manager(store)
-    try:
-        with pytest.raises(PreconditionFailed):
-            await manager.release(str(NAMESPACE), bundle, to="a", reason="test")
-        assert manager.serving() == [f"{NAMESPACE}/{bundle}"]
-        owner = await store.get(keys.bundle_owner(str(NAMESPACE), bundle))
-        assert owner is not None and OwnerRecord.decode(owner.value).broker_id == "a"
-    finally:
-        await manager.close()
+async def test_a_release_to_the_owner_itself_is_refused(served_by_a):
+    store, manager, bundle = served_by_a
+    with pytest.raises(PreconditionFailed):
+        await manager.release(str(NAMESPACE), bundle, to="a", reason="test")
+    await _assert_served_and_owned_by_a(store, manager, bundle)
 
 
 @pytest.mark.parametrize("stale", [True, False], ids=["stale", "fresh"])
