@@ -419,18 +419,26 @@ class OwnershipManager:
         if new is None or self._closing:
             return
         namespace, bundle = keys.split_bundle_key(key, keys.BUNDLE_TRANSFERS)
-        record = self.owner_record(namespace, bundle)
-        if record is None or record.broker_id != self.identity.broker_id:
-            return
         try:
             transfer = TransferRecord.decode(new.value)
         except MalformedFrame:
             return
         me = self.identity.broker_id
-        if transfer.to == me or (transfer.source and transfer.source != me):
-            # Meant for the broker we took the bundle from (its watch delivered the
-            # record later than the owner key we wrote): theirs to act on and delete.
+        if transfer.to == me:
             return
+        if transfer.source:
+            if transfer.source != me:
+                # Meant for the broker we took the bundle from (its watch delivered the
+                # record later than the owner key we wrote): theirs to act on and delete.
+                return
+            # Addressed to us: acted on even if our mirror of the owner keys lags the
+            # transfer watch; release() reads the owner key from etcd and refuses if the
+            # bundle is not ours, and the record goes either way.
+        else:
+            # Written before records named a source: acted on by the owner we see.
+            record = self.owner_record(namespace, bundle)
+            if record is None or record.broker_id != me:
+                return
         self._tasks.spawn(self._transfer_requested(namespace, bundle, transfer, new),
                           name=f"transfer {namespace}/{bundle}")
 

@@ -73,10 +73,12 @@ class AssignmentRecord:
 @dataclass(frozen=True)
 class TransferRecord:
     """The leader asks ``source`` (the owner it saw) to hand a bundle to ``to``. Only
-    ``source`` acts on it: the watch that brings this record and the one that brings
+    ``source`` acts on it, whatever its mirror of the owner keys says (``release``
+    checks the key in etcd): the watch that brings this record and the one that brings
     owner keys are separate streams, so the destination can see it after it has
-    already taken the bundle (and "" from a record written before the field existed
-    is acted on by any owner but the destination)."""
+    already taken the bundle, and the source before its own key. A record written
+    before the field existed ("") is acted on by the owner the mirror shows, never by
+    the destination."""
     to: str
     reason: str = ""
     decided_ms: int = 0

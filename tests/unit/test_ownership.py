@@ -23,7 +23,9 @@ What it proves:
   unreadable load reports;
 - a transfer record is acted on only by the owner it names as its source: the
   destination, which can see the record after it took the bundle (two watch streams),
-  leaves it alone, and a release to the owner itself is refused (the bug: the new
+  leaves it alone, and a release to the owner itself is refused; the source acts even
+  when its own owner mirror lags, and a source that no longer owns the bundle refuses
+  and clears the record (the bug: the new
   owner released the bundle to itself, dropped its own assignment while busy, and
   nobody served the bundle until the leader's assignment timeout, 15 s);
 - the leader clears a transfer record older than the assignment timeout that nobody
@@ -623,6 +625,21 @@ async def _settle() -> None:
         await asyncio.sleep(0)
 
 
+async def _handed_over_to_c(store: MemoryStore, manager: OwnershipManager, bundle: str) -> None:
+    """Waits until a has released ``bundle`` to c: not served, c's assignment written,
+    the transfer record gone."""
+    await _until(lambda: manager.serving() == [], "released")
+    transfer_key = keys.bundle_transfer(str(NAMESPACE), bundle)
+    assignment_key = keys.bundle_assignment(str(NAMESPACE), bundle)
+    for _ in range(YIELDS_MAX):
+        if await store.get(transfer_key) is None and await store.get(assignment_key) is not None:
+            break
+        await asyncio.sleep(0)
+    assignment = await store.get(assignment_key)
+    assert assignment is not None and AssignmentRecord.decode(assignment.value).broker_id == "c"
+    assert await store.get(transfer_key) is None
+
+
 async def _assert_served_and_owned_by_a(store: MemoryStore, manager: OwnershipManager, bundle: str) -> None:
     assert manager.serving() == [f"{NAMESPACE}/{bundle}"]
     owner = await store.get(keys.bundle_owner(str(NAMESPACE), bundle))
@@ -658,15 +675,37 @@ async def test_a_transfer_naming_this_owner_hands_the_bundle_over(served_by_a):
     store, manager, bundle = served_by_a
     transfer_key = keys.bundle_transfer(str(NAMESPACE), bundle)
     await store.put(transfer_key, TransferRecord("c", reason="load", source="a").encode())
-    await _until(lambda: manager.serving() == [], "released")
-    assignment_key = keys.bundle_assignment(str(NAMESPACE), bundle)
+    await _handed_over_to_c(store, manager, bundle)
+
+
+async def test_a_transfer_naming_this_owner_is_acted_on_while_the_owner_mirror_lags(served_by_a):
+    """The reverse of the destination's race: the owner's watch of the owner keys is
+    behind its watch of the transfers (here: its mirror has not got the key). The record
+    names it, so it hands the bundle over all the same (release reads etcd)."""
+    store, manager, bundle = served_by_a
+    manager._owners.records.pop(keys.bundle_owner(str(NAMESPACE), bundle))
+    assert manager.owner_record(str(NAMESPACE), bundle) is None
+    transfer_key = keys.bundle_transfer(str(NAMESPACE), bundle)
+    await store.put(transfer_key, TransferRecord("c", reason="load", source="a").encode())
+    await _handed_over_to_c(store, manager, bundle)
+
+
+async def test_a_transfer_naming_a_broker_that_no_longer_owns_the_bundle_is_refused_and_cleared(served_by_a):
+    """A record addressed to a broker whose ownership ended (the key is someone else's
+    now): it acts, release() finds the key is not its own and refuses, and the record
+    goes so the leader can plan again."""
+    store, manager, bundle = served_by_a
+    await store.put(keys.bundle_owner(str(NAMESPACE), bundle), OwnerRecord("b", "pulsar://b", "http://b").encode())
+    transfer_key = keys.bundle_transfer(str(NAMESPACE), bundle)
+    await store.put(transfer_key, TransferRecord("c", reason="load", source="a").encode())
     for _ in range(YIELDS_MAX):
-        if await store.get(transfer_key) is None and await store.get(assignment_key) is not None:
+        if await store.get(transfer_key) is None:
             break
         await asyncio.sleep(0)
-    assignment = await store.get(assignment_key)
-    assert assignment is not None and AssignmentRecord.decode(assignment.value).broker_id == "c"
     assert await store.get(transfer_key) is None
+    owner = await store.get(keys.bundle_owner(str(NAMESPACE), bundle))
+    assert owner is not None and OwnerRecord.decode(owner.value).broker_id == "b"
+    assert await store.get(keys.bundle_assignment(str(NAMESPACE), bundle)) is None
 
 
 async def test_a_release_to_the_owner_itself_is_refused(served_by_a):
