@@ -28,12 +28,12 @@ shell that owns the socket.
 from __future__ import annotations
 
 import asyncio
-from typing import cast
 import os
 import struct
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import cast
 
 from protocol.batch import encode_batch, message_count
 from protocol.codec import NEED_DATA, CommandDecoder, Frame, command_name, encode_command, encode_payload_command, wrap
