@@ -39,6 +39,11 @@ class BundlesConfig:
     shedding_threshold: float = 0.25
     # A bundle that moved does not move again for this long.
     shedding_cooldown_s: float = 30.0
+    # The leader counts a move it ordered as not yet shown in the load reports until
+    # both brokers have reported an interval that began this long after the order:
+    # time for the release, the clients' reconnects (their back-off starts at 0.1 s)
+    # and the burst of messages they held meanwhile (bundles/balancer.py).
+    move_settle_s: float = 2.0
     default_bundles: int = 4
 
     @property
@@ -59,6 +64,8 @@ class BundlesConfig:
             raise ConfigError("report_interval_s and leader_interval_s must be positive and sane")
         if not 0.5 <= self.ownership_wait_s <= 120:
             raise ConfigError("ownership_wait_s must be in [0.5, 120]")
+        if not 0 <= self.move_settle_s <= 600:
+            raise ConfigError("move_settle_s must be in [0, 600]")
         if self.shedding_threshold <= 0:
             raise ConfigError("shedding_threshold must be positive")
         if not 1 <= self.default_bundles <= 1024:

@@ -10,6 +10,10 @@ the leader:
 - replaces assignments to brokers that went away or did not act in time;
 - when shedding is on, asks the owner of one bundle of the busiest broker to hand it to
   the least busy one (a transfer record), if that evens them out (bundles/balancer.py).
+  It plans on the load reports corrected by its own moves that the reports do not show
+  yet (their traffic taken off the source, put on the target): planned on raw reports,
+  which lag, it went on shedding from a broker whose traffic had already left and
+  then shed it back — bundles moved three times where once would do.
 
 Owners and assignments come from the OwnershipManager's watched mirrors when the
 leader is given one (no etcd read per round); they may lag etcd a little, which costs
@@ -55,6 +59,9 @@ class Leader:
         # when we moved it (kept for the cooldown); both pruned every round.
         self._assigned_at: dict[str, float] = {}
         self._moved_at: dict[str, float] = {}
+        # bundle key -> the last move ordered for it, until the reports show it
+        # (balancer.settled) or it is older than _move_expiry_s; at most one per bundle.
+        self._unsettled: dict[str, balancer.PendingMove] = {}
         self._task: asyncio.Task[None] | None = None
         self.moves = 0
 
@@ -158,14 +165,16 @@ class Leader:
         lease = self._lease()
         if lease is None or lease.is_lost:
             return
-        reports = self._reports()
-        if not reports:
+        raw_reports = self._reports()
+        if not raw_reports:
             return
         owners, assignments = await self._owners_and_assignments()
         now = time.monotonic()
         planned = dict(owners)
         all_bundles = await self._all_bundles()
         self._prune(set(all_bundles), owners, now)
+        self._prune_unsettled(raw_reports, set(all_bundles))
+        reports = balancer.with_moves(raw_reports, self._unsettled.values())
         for bkey in all_bundles:
             if bkey in owners:
                 continue
@@ -205,6 +214,25 @@ class Leader:
         for bkey in [b for b, at in self._moved_at.items() if now - at >= cooldown_s or b not in existing]:
             del self._moved_at[bkey]
 
+    def _prune_unsettled(self, reports: dict[str, LoadReport], existing: set[str]) -> None:
+        """Forgets moves the reports show now, moves of bundles gone (split), and moves
+        older than ``_move_expiry_s`` (one that never completed, or brokers whose
+        clocks run behind the leader's: the correction must not outlive its use)."""
+        interval_ms = int(self.config.report_interval_s * 1000)
+        settle_ms = int(self.config.move_settle_s * 1000)
+        now_ms = int(time.time() * 1000)
+        expiry_ms = int(self._move_expiry_s * 1000)
+        for bkey, move in list(self._unsettled.items()):
+            if (bkey not in existing or now_ms - move.ordered_ms > expiry_ms
+                    or balancer.settled(move, reports, interval_ms, settle_ms)):
+                del self._unsettled[bkey]
+
+    @property
+    def _move_expiry_s(self) -> float:
+        """A move not shown in the reports by now will not be: the source acts within
+        the assignment timeout, the reports follow within settle + two intervals."""
+        return self.config.assignment_timeout_s + self.config.move_settle_s + 2 * self.config.report_interval_s
+
     async def _shed(self, reports: dict[str, LoadReport], owners: dict[str, str], lease: Lease) -> None:
         now = time.monotonic()
         cooling = {b for b, at in self._moved_at.items() if now - at < self.config.shedding_cooldown_s}
@@ -218,6 +246,9 @@ class Leader:
                                 source=move.source)
         if await self._store.transaction([Compare(key, 0)], [Put(key, record.encode(), lease.lease_id)]) is not None:
             self._moved_at[move.bundle] = now
+            rate = reports[move.source].bundle_msg_rates.get(move.bundle, 0.0)
+            self._unsettled[move.bundle] = balancer.PendingMove(move.bundle, move.source, move.target, rate,
+                                                                record.decided_ms)
             self.moves += 1
             log.info("bundle shed: bundle=%s from=%s to=%s reason=%s", move.bundle, move.source, move.target,
                      move.reason)

@@ -327,7 +327,8 @@ async def test_scale_out_spreads_ownership(etcd_process, tmp_path):
         assert len(owners) == 8
         assert outcomes["ok"] > ok_at_spread, "publishing stalled once ownership spread"
         assert not outcomes["failed"], outcomes["failed"][:3]
-        print(f"ownership spread to all three brokers in {took:.1f}s: {owners}")
+        moves = sum(broker.log_text(since_spawn=False).count("bundle shed:") for broker in cluster.brokers)
+        print(f"ownership spread to all three brokers in {took:.1f}s with {moves} moves: {owners}")
     finally:
         await cluster.stop()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bundles.balancer import least_loaded, plan_shedding, scores
+from bundles.balancer import PendingMove, least_loaded, plan_shedding, scores, settled, with_moves
 from bundles.hashing import FULL_UPPER, BundleRange, Bundles, default_boundaries, topic_hash
 from bundles.records import LoadReport, OwnerRecord
 from common.errors import InvalidArgument, MalformedFrame
@@ -106,3 +106,66 @@ def test_cpu_noise_never_makes_bundles_swap():
     reports = {"a": report("a", cpu=0.03), "b": report("b", cpu=0.0), "c": report("c", cpu=0.01)}
     owners = {"ns/1": "a", "ns/2": "a", "ns/3": "b", "ns/4": "c"}
     assert plan_shedding(reports, owners, threshold=0.2, cooling=set()) is None
+
+
+def _shed_until_even(reports: dict[str, LoadReport], owners: dict[str, str], corrected: bool) -> int:
+    """Plans moves on reports that never change (they lag every move), as the leader
+    does between two reports; returns how many moves it makes before it stops."""
+    moves: list[PendingMove] = []
+    while True:
+        planned_on = with_moves(reports, moves) if corrected else reports
+        move = plan_shedding(planned_on, owners, threshold=0.25, cooling={m.bundle for m in moves})
+        if move is None:
+            return len(moves)
+        rate = planned_on[move.source].bundle_msg_rates.get(move.bundle, 0.0)
+        moves.append(PendingMove(move.bundle, move.source, move.target, rate, ordered_ms=0))
+        owners[move.bundle] = move.target
+        assert len(moves) <= len(owners)
+
+
+def test_shedding_on_lagging_reports_moves_only_what_evens_the_load():
+    """A second broker joins one that carries eight busy bundles. Until the reports
+    show a move, the raw ones still put all the traffic on the first broker: planned on
+    them, shedding goes on past even (6-2, which the next reports turn into shedding
+    back). Corrected by the moves ordered, it stops at 4-4."""
+    rates = {f"ns/{i}": 100.0 for i in range(8)}
+    reports = {"a": report("a", rate=800, rates=rates), "b": report("b")}
+    assert _shed_until_even(reports, {bundle: "a" for bundle in rates}, corrected=True) == 4
+    assert _shed_until_even(reports, {bundle: "a" for bundle in rates}, corrected=False) > 4
+
+
+def test_corrected_reports_move_traffic_once():
+    move = PendingMove("ns/1", "a", "b", rate=300.0, ordered_ms=0)
+    # Neither report shows the move yet: the traffic goes from a to b.
+    before = {"a": report("a", rate=500, rates={"ns/1": 300, "ns/2": 200}), "b": report("b", rate=50)}
+    adjusted = with_moves(before, [move])
+    assert adjusted["a"].msg_rate_in == 200 and adjusted["a"].bundle_msg_rates == {"ns/2": 200}
+    assert adjusted["b"].msg_rate_in == 350 and adjusted["b"].bundle_msg_rates == {"ns/1": 300}
+    assert before["a"].msg_rate_in == 500, "the reports themselves are left as they were"
+    # Both show it (a no longer counts the bundle, b counts all of it): nothing to add.
+    after = {"a": report("a", rate=200, rates={"ns/2": 200}), "b": report("b", rate=350, rates={"ns/1": 300})}
+    assert with_moves(after, [move]) == after
+    # b's first report after taking the bundle counts part of its traffic: topped up.
+    partly = {"a": report("a", rate=200, rates={"ns/2": 200}), "b": report("b", rate=120, rates={"ns/1": 70})}
+    assert with_moves(partly, [move])["b"].msg_rate_in == 350
+    # A report lower than the move (traffic fell meanwhile) never goes below zero.
+    fell = {"a": report("a", rate=100, rates={"ns/1": 100}), "b": report("b")}
+    assert with_moves(fell, [move])["a"].msg_rate_in == 0
+    # An end that no longer reports (gone) is skipped.
+    assert set(with_moves({"b": report("b")}, [move])) == {"b"}
+
+
+def test_a_move_settles_once_both_ends_report_an_interval_after_it():
+    move = PendingMove("ns/1", "a", "b", rate=1.0, ordered_ms=10_000)
+    interval_ms, settle_ms = 1_000, 2_000
+
+    def at(a_ms: int, b_ms: int | None) -> dict[str, LoadReport]:
+        reports = {"a": LoadReport("a", "pulsar://a", "http://a", reported_ms=a_ms)}
+        if b_ms is not None:
+            reports["b"] = LoadReport("b", "pulsar://b", "http://b", reported_ms=b_ms)
+        return reports
+
+    assert not settled(move, at(12_999, 13_500), interval_ms, settle_ms)   # a's interval began at 11.999 s
+    assert not settled(move, at(13_500, 12_999), interval_ms, settle_ms)
+    assert settled(move, at(13_000, 13_000), interval_ms, settle_ms)
+    assert settled(move, at(13_000, None), interval_ms, settle_ms)        # b gone: nothing to wait for

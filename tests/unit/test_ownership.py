@@ -521,6 +521,48 @@ async def test_leader_forgets_moves_past_the_cooldown_and_bundles_that_are_gone(
         await manager.close()
 
 
+async def test_leader_corrects_reports_by_its_moves_until_they_show():
+    """A shed move is remembered with the bundle's rate from its source's report; it
+    is forgotten once both ends report an interval that began after it had time to
+    complete, or when it grows older than the expiry even if they never do."""
+    store = MemoryStore()
+    bundles, manager, brokers, leader = await _leader_setup(store, True)
+    try:
+        await leader._decide()
+        await _until(lambda: len(manager.serving()) == len(bundles.ranges) == len(manager.owners()), "all owned")
+        rates = {f"{NAMESPACE}/{b.name}": 5.0 * (i + 1) for i, b in enumerate(bundles.ranges)}
+        now_ms = int(time.time() * 1000)
+
+        async def reports(at_ms: int) -> None:
+            await store.put(keys.broker("a"), LoadReport("a", "pulsar://a:6650", "http://a:8080",
+                                                         msg_rate_in=sum(rates.values()), bundle_msg_rates=rates,
+                                                         reported_ms=at_ms).encode())
+            await store.put(keys.broker("b"), LoadReport("b", "pulsar://b:6650", "http://b:8080",
+                                                         reported_ms=at_ms).encode())
+            await _until(lambda: all(LoadReport.decode(r.value).reported_ms == at_ms
+                                     for r in brokers.records.values()) and len(brokers.records) == 2, "reports")
+
+        await reports(now_ms)
+        await leader._decide()
+        assert leader.moves == 1
+        [(bundle, move)] = leader._unsettled.items()
+        assert (move.source, move.target, move.rate) == ("a", "b", rates[bundle])
+        await leader._decide()
+        assert bundle in leader._unsettled, "the reports were written before the move"
+        settle_ms = int((leader.config.report_interval_s + leader.config.move_settle_s) * 1000)
+        await reports(move.ordered_ms + settle_ms)
+        await leader._decide()
+        assert bundle not in leader._unsettled
+        leader._unsettled[bundle] = move.__class__(bundle, "a", "b", 1.0,
+                                                   now_ms - int(leader._move_expiry_s * 1000) - 1000)
+        await reports(now_ms)     # reports from before the move: only the expiry forgets it
+        await leader._decide()
+        assert bundle not in leader._unsettled
+    finally:
+        await brokers.close()
+        await manager.close()
+
+
 # --- watched owner records and the hand-over target ------------------------------------------------------
 
 async def test_owner_records_and_handover_target_come_from_the_mirrors():
