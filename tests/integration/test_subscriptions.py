@@ -127,7 +127,10 @@ def test_failover_standby_takes_over_in_order(pulsar_cluster, client, tmp_path, 
     the standby starts at the first unacknowledged message and goes on in order."""
     url = pulsar_cluster.brokers[0].service_url
     topic = unique_topic("failover")
-    active = Worker(url, topic, "fo", "failover", "a-active", str(tmp_path), "--delay-ms", "0.3")
+    # 1 ms per message: the active needs 20 s or more for the topic, whatever the pace
+    # of the producer (under load, 20,000 unbatched sends have taken 21 s, and an
+    # active at 0.3 ms per message had acknowledged all of them before the kill).
+    active = Worker(url, topic, "fo", "failover", "a-active", str(tmp_path), "--delay-ms", "1")
     workers.append(active)
     wait_until(active.started, 30, "the active consumer")
     standby = Worker(url, topic, "fo", "failover", "b-standby", str(tmp_path))
@@ -138,6 +141,7 @@ def test_failover_standby_takes_over_in_order(pulsar_cluster, client, tmp_path, 
     assert standby.received() == [], "the standby received messages while the active one was alive"
     active.kill9()
     acked_by_active = active.acked()
+    assert acked_by_active[-1] < 19_999, "the active consumer acknowledged everything before it was killed"
     wait_until(lambda: standby.received() and standby.received()[-1] == 19_999, 120, "the standby to finish")
     got = standby.received()
     start = got[0]
