@@ -67,7 +67,6 @@ def build_admin_app(service: BrokerService, registry: CollectorRegistry) -> web.
     from broker.admin.permissions import auth_middleware
 
     app.middlewares.append(auth_middleware(service))
-    app["service"] = service
     from broker.admin import routes
 
     routes.add_routes(app, service)

@@ -58,10 +58,12 @@ ROLE_NAME_BYTES_MAX = 256
 _OPEN_PATHS = frozenset({"/health", "/metrics"})
 # The role a proxy asks about (Pulsar's proxies send the same header name).
 ORIGINAL_PRINCIPAL_HEADER = "X-Original-Principal"
+# The authenticated role of a request (None: authentication off), set by the middleware.
+ROLE_KEY = web.RequestKey("magnetar.role", object)
 
 
 def _role_of(request: web.Request) -> str | None:
-    return request.get("magnetar.role")
+    return request.get(ROLE_KEY)
 
 
 async def _authorize(service: BrokerService, request: web.Request, role: str | None) -> None:
@@ -119,7 +121,7 @@ def auth_middleware(service: BrokerService):
         original = request.headers.get(ORIGINAL_PRINCIPAL_HEADER)
         if original is not None:
             role = _original_principal(service, request, role, original)
-        request["magnetar.role"] = role
+        request[ROLE_KEY] = role
         await _authorize(service, request, role)
         return await handler(request)
 
