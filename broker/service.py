@@ -72,6 +72,9 @@ log = logging.getLogger(__name__)
 # close and a load complete in between; more means the topic flaps, e.g. its bundle
 # moves back and forth, and the caller is better told to retry).
 _TOPIC_LOAD_ATTEMPTS_MAX = 4
+# Topics of a bundle just handed over that load at once (ServerConnection's loads, for
+# the clients that come back, are not counted against it).
+PRELOADS_CONCURRENT_MAX = 8
 
 
 def _log_publish_blocked(gate: ReadGate, scope: PendingSends) -> None:
@@ -130,6 +133,7 @@ class BrokerService:
         # One task per topic being loaded (each catches and hands on its own failure):
         # cancelled and awaited by close, after the background tasks.
         self._loads: set[asyncio.Task[None]] = set()
+        self.topics_preloaded = 0
         # The retention loop, the archiver and the load reporter: cancelled and awaited
         # by hand_over or close.
         self._background = TaskSet("broker service")
@@ -172,7 +176,8 @@ class BrokerService:
                                       web_service_url_tls=config.web_service_url_tls)
             self.broker_reports = PrefixCache(store, keys.BROKERS)
             self.ownership = OwnershipManager(store, bundles_config, identity,
-                                              loaded_topics=self.loaded_topic_names, close_topics=self.close_topics)
+                                              loaded_topics=self.loaded_topic_names, close_topics=self.close_topics,
+                                              preload_topics=self.preload_topics)
             topic_ownership = ownership = self.ownership
             self.leader = Leader(store, bundles_config, identity, lambda: ownership.lease, self.broker_reports)
             self._reporter = LoadReporter(store, bundles_config, ownership, self.load_counters)
@@ -235,6 +240,35 @@ class BrokerService:
         if topics:
             log.info("closing topics: count=%d reason=%s", len(topics), reason)
         await asyncio.gather(*(t.close(disconnect_clients=True) for t in topics), return_exceptions=True)
+
+    def preload_topics(self, names: list[str]) -> None:
+        """Starts loading the topics a bundle's previous owner had loaded (named by the
+        hand-over), ``PRELOADS_CONCURRENT_MAX`` at a time, so that their clients,
+        reconnecting meanwhile, find them loaded or join their loads. Existing topics
+        only; a name that fails is left to its clients. Owned like the loads."""
+        if self.shutting_down or not names:
+            return
+        task = asyncio.get_running_loop().create_task(self._preload(names))
+        self._loads.add(task)
+        task.add_done_callback(self._loads.discard)
+
+    async def _preload(self, names: list[str]) -> None:
+        started = time.monotonic()
+        slots = asyncio.Semaphore(PRELOADS_CONCURRENT_MAX)
+        loaded = 0
+
+        async def load(text: str) -> None:
+            nonlocal loaded
+            async with slots:
+                try:
+                    await self.get_topic(TopicName.parse(text), create=False)
+                    loaded += 1
+                except MagnetarError as error:
+                    log.info("topic not preloaded: topic=%s error=%s", text, error)
+
+        await asyncio.gather(*(load(name) for name in names))
+        self.topics_preloaded += loaded
+        log.info("topics preloaded: loaded=%d named=%d seconds=%.3f", loaded, len(names), time.monotonic() - started)
 
     def loaded_topic_names(self) -> list[TopicName]:
         return [t.name for t in self.loaded_topics()]

@@ -13,7 +13,10 @@ Theory of operation:
   to the destination (from then on lookups anywhere answer the destination, which
   holds incoming requests until it owns the bundle), close the bundle's topics one by
   one (clients reconnect straight away), then in one transaction delete the owner key
-  and assign the bundle to the destination, which takes it. Clients see a reconnect;
+  and assign the bundle to the destination, which takes it. The assignment names the
+  topics that were loaded here, and the destination starts loading them as it takes
+  the bundle (``preload_topics``), so a reconnecting client finds its topic loaded or
+  joins its load rather than starting it. Clients see a reconnect;
   other bundles of this broker are not touched. If etcd keeps failing that last
   transaction, the owner key is deleted on its own so the leader reassigns the bundle:
   it must not stay RELEASING under this broker's live lease with nobody serving it.
@@ -95,6 +98,21 @@ RELEASE_RETRY_S = 0.2
 OUTAGE_NOTICE_FRACTION = 0.3
 # The lease guard looks at the lease at least this often (see _guard_lease).
 GUARD_INTERVAL_S_MAX = 0.25
+# A hand-over's assignment names at most this many of the bundle's loaded topics for
+# the destination to load at once (the rest load when their clients come).
+HANDOVER_TOPICS_MAX = 1000
+
+
+def _handed_over_topics(assignment: Record) -> list[str]:
+    """The topics an assignment names for preloading. Only advice: a record that does
+    not decode, or a value that is not a list of names, gives none."""
+    try:
+        topics = AssignmentRecord.decode(assignment.value).topics
+    except MalformedFrame:
+        return []
+    if not isinstance(topics, list):
+        return []
+    return [topic for topic in topics if isinstance(topic, str)][:HANDOVER_TOPICS_MAX]
 
 
 def owners_from(records: Iterable[Record]) -> dict[str, OwnerRecord]:
@@ -150,12 +168,16 @@ def bundle_key(namespace: str, bundle: BundleRange | str) -> str:
 class OwnershipManager:
     def __init__(self, store: MetadataStore, config: BundlesConfig, identity: BrokerIdentity, *,
                  loaded_topics: Callable[[], list[TopicName]],
-                 close_topics: Callable[[list[TopicName], str], Awaitable[None]]) -> None:
+                 close_topics: Callable[[list[TopicName], str], Awaitable[None]],
+                 preload_topics: Callable[[list[str]], None] | None = None) -> None:
+        """``preload_topics`` is handed the topics a hand-over's assignment names once
+        this broker has taken the bundle; it must not block (it starts their loads)."""
         self._store = store
         self.config = config
         self.identity = identity
         self._loaded_topics = loaded_topics
         self._close_topics = close_topics
+        self._preload_topics = preload_topics
         self.lease: Lease | None = None
         self._owners = PrefixCache(store, keys.BUNDLE_OWNERS, self._on_owner_change)
         self._assignments = PrefixCache(store, keys.BUNDLE_ASSIGNMENTS, self._on_assignment_change)
@@ -466,6 +488,9 @@ class OwnershipManager:
             if taken is None:
                 return
             self._start_serving(namespace, bundle_name)
+            topics = _handed_over_topics(assignment)
+            if topics and self._preload_topics is not None:
+                self._preload_topics(topics)
         except MagnetarError as error:
             log.warning("taking a bundle failed: bundle=%s error=%s", bkey, error)
         finally:
@@ -571,11 +596,13 @@ class OwnershipManager:
             version = await self._mark_releasing(owner_key, current.version, releasing)
             if version is None:
                 raise PreconditionFailed(f"bundle {bkey} changed while being released")
+            loaded = [str(topic) for topic in self._topics_by_bundle([bkey]).get(bkey, [])][:HANDOVER_TOPICS_MAX]
             await self._stop_serving(namespace, bundle_name, f"released: {reason}")
             operations: list[Put | Delete] = [Delete(owner_key)]
             if to:
                 assignment = AssignmentRecord(to, reason=f"transfer from {self.identity.broker_id}: {reason}",
-                                              decided_by=self.identity.broker_id, decided_ms=int(time.time() * 1000))
+                                              decided_by=self.identity.broker_id, decided_ms=int(time.time() * 1000),
+                                              topics=loaded)
                 operations.append(Put(keys.bundle_assignment(namespace, bundle_name), assignment.encode(),
                                       self.lease.lease_id))
             await self._finish_release(bkey, owner_key, version, operations)

@@ -61,6 +61,10 @@ class AssignmentRecord:
     reason: str = ""
     decided_by: str = ""
     decided_ms: int = 0
+    # A hand-over's: the topics the previous owner had loaded, which the new owner loads
+    # as soon as it takes the bundle, while their clients reconnect (at most
+    # HANDOVER_TOPICS_MAX; empty from the leader and from older brokers).
+    topics: list[str] = field(default_factory=list)
 
     def encode(self) -> bytes:
         return json_record.encode(self)

@@ -750,6 +750,45 @@ async def test_a_transfer_naming_a_broker_that_no_longer_owns_the_bundle_is_refu
     assert await store.get(keys.bundle_assignment(str(NAMESPACE), bundle)) is None
 
 
+async def test_a_hand_over_names_the_loaded_topics_and_the_destination_preloads_them():
+    """a serves two bundles with topics loaded in both and hands one to b: b's
+    assignment names the loaded topics of that bundle only, and b, once it has taken
+    the bundle, hands exactly those to its preload hook. An assignment from the leader
+    (no topics) or with a garbled list preloads nothing."""
+    store = MemoryStore()
+    bundles = await _namespace(store, 2)
+    first, second = bundles.ranges
+    topics = {bundle: [t for t in (TopicName.parse(f"persistent://public/default/p-{i}") for i in range(40))
+                       if bundles.for_topic(str(t)) == bundle] for bundle in bundles.ranges}
+    assert topics[first] and topics[second]
+
+    async def close_topics(_names, _reason) -> None:
+        return None
+
+    preloaded: list[list[str]] = []
+    a = OwnershipManager(store, BundlesConfig(), _identity("a"),
+                         loaded_topics=lambda: [*topics[first], *topics[second]], close_topics=close_topics)
+    b = OwnershipManager(store, BundlesConfig(), _identity("b"), loaded_topics=list, close_topics=close_topics,
+                         preload_topics=preloaded.append)
+    await a.start()
+    await b.start()
+    try:
+        await _assign_all(store, a, bundles)
+        await store.put(keys.broker("b"), LoadReport("b", "pulsar://b:6650", "http://b:8080").encode())
+        await a.release(str(NAMESPACE), first.name, to="b", reason="test")
+        await _until(lambda: b.serving() == [f"{NAMESPACE}/{first.name}"], "b serves the bundle")
+        assert preloaded == [[str(t) for t in topics[first]]]
+        await b.release(str(NAMESPACE), first.name, to=None, reason="test")
+        for assignment in (AssignmentRecord("b"), AssignmentRecord("b", topics=[5, None])):   # type: ignore[list-item]
+            await store.put(keys.bundle_assignment(str(NAMESPACE), first.name), assignment.encode())
+            await _until(lambda: b.serving() == [f"{NAMESPACE}/{first.name}"], "b serves the bundle again")
+            await b.release(str(NAMESPACE), first.name, to=None, reason="test")
+        assert len(preloaded) == 1
+    finally:
+        await b.close()
+        await a.close()
+
+
 async def test_a_release_to_the_owner_itself_is_refused(served_by_a):
     store, manager, bundle = served_by_a
     with pytest.raises(PreconditionFailed):
