@@ -7,7 +7,8 @@ Proves:
 - a broker frozen (SIGSTOP) past its lease is replaced, and when it wakes it does not
   serve or write: it fenced itself, and its old ledger was fenced by the new owner;
 - unload and split of a busy bundle during traffic: no acknowledged message lost, no
-  error reaches the application, the longest gap between acknowledgements is reported;
+  error reaches the application, the longest gap between acknowledgements is reported,
+  and each new owner loaded the topic from the hand-over's list (its metric);
 - scale-out from one broker to three with 30 topics under load: ownership spreads to
   all three within 60 s;
 - etcd stopped for 5 s and restarted: brokers go on without a restart, no bundle was
@@ -23,6 +24,7 @@ import re
 import signal
 import threading
 import time
+import urllib.request
 import uuid
 
 import pulsar
@@ -266,9 +268,17 @@ async def test_unload_and_split_of_a_busy_bundle(etcd_process, tmp_path):
         assert not traffic.lost(), f"{len(traffic.lost())} acknowledged messages never consumed"
         gap = max(traffic.gaps)
         assert gap < 5, f"a gap of {gap:.2f}s between acknowledgements"
+        # Each unload handed the busy topic over by name: its new owner loaded it.
+        assert sum(_metric(broker, "magnetar_broker_topics_preloaded") for broker in cluster.brokers) >= 2
         print(f"unload/split: longest gap between acknowledgements {gap * 1000:.0f} ms")
     finally:
         await cluster.stop()
+
+
+def _metric(broker, name: str) -> float:
+    with urllib.request.urlopen(f"{broker.web_service_url}/metrics", timeout=15) as response:
+        text = response.read().decode()
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
 
 
 def _hash(topic: str) -> int:
