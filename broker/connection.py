@@ -111,6 +111,8 @@ SERVER_VERSION = f"Magnetar {__version__}"
 # Producers closed by the broker whose late SENDs a connection drops silently (a client
 # has at most a few producers per connection; older ones get NotAllowed errors again).
 CLOSED_PRODUCERS_REMEMBERED = 1000
+# A listener name longer than this is kept cut (it then matches no listener).
+LISTENER_NAME_BYTES_MAX = 256
 T = pb.BaseCommand
 
 
@@ -148,6 +150,10 @@ class ServerConnection(asyncio.Protocol):
         self._challenged = False
         self.auth_refreshes = 0
         self.writable = True
+        # The advertised listener the client names in its lookups on this connection
+        # ("" until it names one): a hand-over sends its clients to that listener's URL
+        # of the new owner (broker/redirect.py).
+        self.listener_name = ""
         self.producers: dict[int, Producer] = {}
         self._producer_topics: dict[int, "PersistentTopic"] = {}
         # Producers the broker closed (CLOSE_PRODUCER sent) until the client creates
@@ -582,6 +588,8 @@ class ServerConnection(asyncio.Protocol):
         try:
             name = TopicName.parse(request.topic)
             await self.service.authorizer.check_lookup(self.role, name)
+            if request.advertised_listener_name:
+                self.listener_name = request.advertised_listener_name[:LISTENER_NAME_BYTES_MAX]
             owner = await self.service.lookup(name, request.advertised_listener_name)
         except MagnetarError as error:
             self.write_command(commands.lookup_failure(request.request_id, server_error_for(error), error.message))

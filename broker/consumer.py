@@ -79,11 +79,14 @@ class Consumer:
         if not self.closed:
             self.connection.write_command(commands.reached_end_of_topic(self.consumer_id))
 
-    def disconnect(self) -> None:
-        """Sends CLOSE_CONSUMER (the client looks the topic up and subscribes again) and
-        detaches from the connection; once closed, nothing more is sent."""
+    def disconnect(self, assigned: tuple[str, str] | None = None) -> None:
+        """Sends CLOSE_CONSUMER (the client looks the topic up and subscribes again, or
+        goes straight to ``assigned``, (URL, TLS URL), if named) and detaches from the
+        connection; once closed, nothing more is sent."""
         if self.closed:
             return
         self.closed = True
-        self.connection.write_command(commands.close_consumer(self.consumer_id))
+        url, url_tls = assigned or ("", "")
+        self.connection.write_command(commands.close_consumer(self.consumer_id, assigned_url=url,
+                                                              assigned_url_tls=url_tls))
         self.connection.forget_consumer(self)

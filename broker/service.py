@@ -36,6 +36,7 @@ from broker.authorization import Authorizer
 from broker.config import BrokerConfig
 from broker.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from broker.publish_limits import Limit, PendingSends, PublishLimits, ReadGate
+from broker.redirect import Destination
 from broker.resources import Resources
 from broker.schema_compatibility import DEFAULT_STRATEGY
 from broker.schemas import SchemaRegistry
@@ -234,12 +235,30 @@ class BrokerService:
         if self.topic_ownership is not None:
             await self.topic_ownership.ensure_serving(topic)
 
-    async def close_topics(self, names: list[TopicName], reason: str) -> None:
-        """Closes loaded topics (their clients reconnect and look them up again)."""
+    async def close_topics(self, names: list[TopicName], reason: str, destination: str | None = None) -> None:
+        """Closes loaded topics. Their clients reconnect and look them up again, or, for
+        a hand-over to ``destination`` (a broker id) whose URLs are known, go straight
+        there (broker/redirect.py)."""
         topics = [t for t in (self.loaded_topic(n) for n in names) if t is not None]
-        if topics:
-            log.info("closing topics: count=%d reason=%s", len(topics), reason)
-        await asyncio.gather(*(t.close(disconnect_clients=True) for t in topics), return_exceptions=True)
+        if not topics:
+            return
+        target = self._destination(destination) if destination else None
+        redirect = None if target is None else (
+            lambda connection: target.urls_for(getattr(connection, "listener_name", "")))
+        log.info("closing topics: count=%d reason=%s redirect_to=%s", len(topics), reason,
+                 target.service_url if target is not None else "-")
+        await asyncio.gather(*(t.close(disconnect_clients=True, redirect=redirect) for t in topics),
+                             return_exceptions=True)
+
+    def _destination(self, broker_id: str) -> Destination | None:
+        """The URLs a hand-over to ``broker_id`` sends clients to; None if the broker is
+        not known (no load report): its clients look the topics up instead."""
+        if broker_id == self.broker_id:
+            return None
+        urls = self.broker_urls(broker_id)
+        if urls is None:
+            return None
+        return Destination(urls[0], self.broker_tls_urls(broker_id)[0], dict(self.broker_listeners(broker_id) or {}))
 
     def preload_topics(self, names: list[str]) -> None:
         """Starts loading the topics a bundle's previous owner had loaded (named by the

@@ -76,6 +76,9 @@ from subscriptions.subscription import Subscription
 
 log = logging.getLogger(__name__)
 
+# Per client connection: the (URL, TLS URL) to name in its CLOSE_* commands, or None.
+Redirect = Callable[[object], "tuple[str, str] | None"]
+
 BROADCAST_MEMBER_SEPARATOR = "::member::"
 # A consumer asks for broadcast delivery with this metadata property (also enabled for
 # every consumer of a subscription the namespace policy lists as broadcast).
@@ -732,24 +735,26 @@ class PersistentTopic:
         log.warning("topic lost its managed ledger, closing: topic=%s error=%s", self.full_name, error)
         self._start_close(disconnect_clients=True)
 
-    async def close(self, *, disconnect_clients: bool = True) -> None:
+    async def close(self, *, disconnect_clients: bool = True, redirect: Redirect | None = None) -> None:
         """Closes the topic; returns once it is closed, also to a caller that came
-        after the close began (``disconnect_clients`` is the first caller's)."""
-        await asyncio.shield(self._start_close(disconnect_clients=disconnect_clients))
+        after the close began (``disconnect_clients`` and ``redirect`` are the first
+        caller's). ``redirect`` gives, per client connection, the (URL, TLS URL) its
+        CLOSE_PRODUCER / CLOSE_CONSUMER names as the broker to reconnect to, or None."""
+        await asyncio.shield(self._start_close(disconnect_clients=disconnect_clients, redirect=redirect))
 
     async def wait_closed(self) -> None:
         """Returns once a close that began has finished (at once if none began)."""
         if self._close_task is not None:
             await asyncio.shield(self._close_task)
 
-    def _start_close(self, *, disconnect_clients: bool) -> asyncio.Task[None]:
+    def _start_close(self, *, disconnect_clients: bool, redirect: Redirect | None = None) -> asyncio.Task[None]:
         if self._close_task is None:
             self.closing = True
-            self._close_task = asyncio.get_running_loop().create_task(self._close(disconnect_clients))
+            self._close_task = asyncio.get_running_loop().create_task(self._close(disconnect_clients, redirect))
             self._close_task.add_done_callback(functools.partial(log_failure, owner=f"topic {self.full_name}"))
         return self._close_task
 
-    async def _close(self, disconnect_clients: bool) -> None:
+    async def _close(self, disconnect_clients: bool, redirect: Redirect | None = None) -> None:
         assert self.closing
         waiting, self._waiting_exclusive = self._waiting_exclusive, collections.deque()
         for _producer, granted in waiting:
@@ -762,7 +767,9 @@ class PersistentTopic:
             await asyncio.gather(self._compaction_task, return_exceptions=True)
         for producer in list(self.producers.values()):
             if disconnect_clients and not producer.closed:
-                producer.connection.write_command(commands.close_producer(producer.producer_id))
+                url, url_tls = (redirect(producer.connection) if redirect is not None else None) or ("", "")
+                producer.connection.write_command(commands.close_producer(producer.producer_id, assigned_url=url,
+                                                                          assigned_url_tls=url_tls))
                 producer.connection.forget_producer(producer)
             producer.closed = True
         self.producers.clear()
@@ -773,7 +780,7 @@ class PersistentTopic:
             for consumer in list(subscription.consumers):
                 assert isinstance(consumer, Consumer), consumer
                 if disconnect_clients:
-                    consumer.disconnect()
+                    consumer.disconnect(redirect(consumer.connection) if redirect is not None else None)
                 consumer.closed = True
                 subscription.remove_consumer(consumer)
             await subscription.close()

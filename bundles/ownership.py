@@ -168,10 +168,13 @@ def bundle_key(namespace: str, bundle: BundleRange | str) -> str:
 class OwnershipManager:
     def __init__(self, store: MetadataStore, config: BundlesConfig, identity: BrokerIdentity, *,
                  loaded_topics: Callable[[], list[TopicName]],
-                 close_topics: Callable[[list[TopicName], str], Awaitable[None]],
+                 close_topics: Callable[[list[TopicName], str, str | None], Awaitable[None]],
                  preload_topics: Callable[[list[str]], None] | None = None) -> None:
-        """``preload_topics`` is handed the topics a hand-over's assignment names once
-        this broker has taken the bundle; it must not block (it starts their loads)."""
+        """``close_topics(names, reason, destination)`` closes loaded topics; a hand-over
+        names the broker id the bundle goes to (else None), so that their clients can be
+        sent there. ``preload_topics`` is handed the topics a hand-over's assignment
+        names once this broker has taken the bundle; it must not block (it starts their
+        loads)."""
         self._store = store
         self.config = config
         self.identity = identity
@@ -503,14 +506,15 @@ class OwnershipManager:
         log.info("bundle serving started: bundle=%s broker_id=%s wall_time=%.6f", bkey, self.identity.broker_id,
                  self._serving[bkey])
 
-    async def _stop_serving(self, namespace: str, bundle_name: str, reason: str) -> None:
+    async def _stop_serving(self, namespace: str, bundle_name: str, reason: str,
+                            destination: str | None = None) -> None:
         """Closes the bundle's topics and stops serving it (idempotent)."""
         bkey = bundle_key(namespace, bundle_name)
         if bkey not in self._serving:
             return
         self._serving.pop(bkey, None)
         self._changed.set()
-        await self._close_bundle_topics(bkey, self._topics_by_bundle([bkey]).get(bkey, []), reason)
+        await self._close_bundle_topics(bkey, self._topics_by_bundle([bkey]).get(bkey, []), reason, destination)
 
     async def _stop_serving_all(self, reason: str) -> None:
         """Stops serving every bundle: all leave ``_serving`` at once, before any await,
@@ -533,9 +537,10 @@ class OwnershipManager:
             elif isinstance(result, BaseException):
                 raise result
 
-    async def _close_bundle_topics(self, bkey: str, topics: list[TopicName], reason: str) -> None:
+    async def _close_bundle_topics(self, bkey: str, topics: list[TopicName], reason: str,
+                                   destination: str | None = None) -> None:
         try:
-            await self._close_topics(topics, reason)
+            await self._close_topics(topics, reason, destination)
         finally:
             log.info("bundle serving stopped: bundle=%s broker_id=%s reason=%s wall_time=%.6f", bkey,
                      self.identity.broker_id, reason, time.time())
@@ -597,7 +602,7 @@ class OwnershipManager:
             if version is None:
                 raise PreconditionFailed(f"bundle {bkey} changed while being released")
             loaded = [str(topic) for topic in self._topics_by_bundle([bkey]).get(bkey, [])][:HANDOVER_TOPICS_MAX]
-            await self._stop_serving(namespace, bundle_name, f"released: {reason}")
+            await self._stop_serving(namespace, bundle_name, f"released: {reason}", to)
             operations: list[Put | Delete] = [Delete(owner_key)]
             if to:
                 assignment = AssignmentRecord(to, reason=f"transfer from {self.identity.broker_id}: {reason}",

@@ -8,7 +8,8 @@ Proves:
   serve or write: it fenced itself, and its old ledger was fenced by the new owner;
 - unload and split of a busy bundle during traffic: no acknowledged message lost, no
   error reaches the application, the longest gap between acknowledgements is reported,
-  and each new owner loaded the topic from the hand-over's list (its metric);
+  each new owner loaded the topic from the hand-over's list (its metric), and the old
+  owner told the clients where to reconnect (CLOSE_* naming the new owner);
 - scale-out from one broker to three with 30 topics under load: ownership spreads to
   all three within 60 s;
 - etcd stopped for 5 s and restarted: brokers go on without a restart, no bundle was
@@ -268,8 +269,10 @@ async def test_unload_and_split_of_a_busy_bundle(etcd_process, tmp_path):
         assert not traffic.lost(), f"{len(traffic.lost())} acknowledged messages never consumed"
         gap = max(traffic.gaps)
         assert gap < 5, f"a gap of {gap:.2f}s between acknowledgements"
-        # Each unload handed the busy topic over by name: its new owner loaded it.
+        # Each unload handed the busy topic over by name: its new owner loaded it; and
+        # the old owner's CLOSE_* named the new owner, so the client went straight there.
         assert sum(_metric(broker, "magnetar_broker_topics_preloaded") for broker in cluster.brokers) >= 2
+        assert any("redirect_to=pulsar://" in broker.log_text(since_spawn=False) for broker in cluster.brokers)
         print(f"unload/split: longest gap between acknowledgements {gap * 1000:.0f} ms")
     finally:
         await cluster.stop()

@@ -114,7 +114,7 @@ async def test_fencing_stops_serving_every_bundle_first_then_closes_them_concurr
     in_flight_max = [0]
     closed: list[list[TopicName]] = []
 
-    async def close_topics(names: list[TopicName], _reason: str) -> None:
+    async def close_topics(names: list[TopicName], _reason: str, _destination=None) -> None:
         if not served_at_first_close:
             served_at_first_close.append(manager.serving())
         in_flight[0] += 1
@@ -177,7 +177,7 @@ async def test_a_retired_broker_takes_no_new_lease_and_no_bundle():
         await manager.close()
 
 
-async def _no_topics(_names: list[TopicName], _reason: str) -> None:
+async def _no_topics(_names: list[TopicName], _reason: str, _destination: str | None = None) -> None:
     return None
 
 
@@ -191,7 +191,7 @@ async def test_fencing_bounds_how_many_bundles_close_at_once(monkeypatch):
     in_flight_max = [0]
     done = [0]
 
-    async def close_topics(_names, _reason) -> None:
+    async def close_topics(_names, _reason, _destination=None) -> None:
         in_flight[0] += 1
         in_flight_max[0] = max(in_flight_max[0], in_flight[0])
         await asyncio.sleep(0.01)
@@ -237,7 +237,7 @@ class FinalStepFailingStore(MemoryStore):
 async def _served_manager(store: MemoryStore) -> tuple[OwnershipManager, str]:
     await _namespace(store, 1)
 
-    async def close_topics(_names, _reason) -> None:
+    async def close_topics(_names, _reason, _destination=None) -> None:
         return None
 
     manager = OwnershipManager(store, BundlesConfig(), _identity("a"), loaded_topics=list,
@@ -357,7 +357,7 @@ async def test_waiting_for_an_unowned_bundle_rereads_boundaries_once_per_call(ca
     store = CountingStore()
     await _namespace(store, 1)
 
-    async def close_topics(_names, _reason) -> None:
+    async def close_topics(_names, _reason, _destination=None) -> None:
         return None
 
     manager = OwnershipManager(store, BundlesConfig(ownership_wait_s=0.5), _identity("a"), loaded_topics=list,
@@ -468,7 +468,7 @@ class PrefixCountingStore(MemoryStore):
 async def _leader_setup(store: MemoryStore, with_ownership: bool):
     bundles = await _namespace(store, 4)
 
-    async def close_topics(_names, _reason) -> None:
+    async def close_topics(_names, _reason, _destination=None) -> None:
         return None
 
     manager = OwnershipManager(store, BundlesConfig(), _identity("a"), loaded_topics=list,
@@ -571,7 +571,7 @@ async def test_owner_records_and_handover_target_come_from_the_mirrors():
     store = MemoryStore()
     await _namespace(store, 4)
 
-    async def close_topics(_names, _reason) -> None:
+    async def close_topics(_names, _reason, _destination=None) -> None:
         return None
 
     manager = OwnershipManager(store, BundlesConfig(), _identity("a"), loaded_topics=list,
@@ -609,7 +609,7 @@ async def test_an_unconfirmed_lease_that_cannot_have_expired_keeps_every_bundle_
     topics = _topics_one_per_bundle(bundles)
     closed: list[TopicName] = []
 
-    async def close_topics(names: list[TopicName], _reason: str) -> None:
+    async def close_topics(names: list[TopicName], _reason: str, _destination=None) -> None:
         closed.extend(names)
 
     manager = OwnershipManager(store, BundlesConfig(lease_ttl_s=10, ownership_wait_s=0.5), _identity("a"),
@@ -751,9 +751,10 @@ async def test_a_transfer_naming_a_broker_that_no_longer_owns_the_bundle_is_refu
 
 
 async def test_a_hand_over_names_the_loaded_topics_and_the_destination_preloads_them():
-    """a serves two bundles with topics loaded in both and hands one to b: b's
-    assignment names the loaded topics of that bundle only, and b, once it has taken
-    the bundle, hands exactly those to its preload hook. An assignment from the leader
+    """a serves two bundles with topics loaded in both and hands one to b: a closes
+    that bundle's topics naming b (for their clients), b's assignment names the loaded
+    topics of that bundle only, and b, once it has taken the bundle, hands exactly
+    those to its preload hook. An assignment from the leader
     (no topics) or with a garbled list preloads nothing."""
     store = MemoryStore()
     bundles = await _namespace(store, 2)
@@ -762,12 +763,17 @@ async def test_a_hand_over_names_the_loaded_topics_and_the_destination_preloads_
                        if bundles.for_topic(str(t)) == bundle] for bundle in bundles.ranges}
     assert topics[first] and topics[second]
 
-    async def close_topics(_names, _reason) -> None:
+    async def close_topics(_names, _reason, _destination=None) -> None:
         return None
 
     preloaded: list[list[str]] = []
+    closed: list[tuple[list[TopicName], str | None]] = []
+
+    async def close_and_record(names, _reason, destination=None) -> None:
+        closed.append((names, destination))
+
     a = OwnershipManager(store, BundlesConfig(), _identity("a"),
-                         loaded_topics=lambda: [*topics[first], *topics[second]], close_topics=close_topics)
+                         loaded_topics=lambda: [*topics[first], *topics[second]], close_topics=close_and_record)
     b = OwnershipManager(store, BundlesConfig(), _identity("b"), loaded_topics=list, close_topics=close_topics,
                          preload_topics=preloaded.append)
     await a.start()
@@ -777,6 +783,7 @@ async def test_a_hand_over_names_the_loaded_topics_and_the_destination_preloads_
         await store.put(keys.broker("b"), LoadReport("b", "pulsar://b:6650", "http://b:8080").encode())
         await a.release(str(NAMESPACE), first.name, to="b", reason="test")
         await _until(lambda: b.serving() == [f"{NAMESPACE}/{first.name}"], "b serves the bundle")
+        assert closed == [(topics[first], "b")], "a closes the bundle's topics naming where they go"
         assert preloaded == [[str(t) for t in topics[first]]]
         await b.release(str(NAMESPACE), first.name, to=None, reason="test")
         for assignment in (AssignmentRecord("b"), AssignmentRecord("b", topics=[5, None])):   # type: ignore[list-item]

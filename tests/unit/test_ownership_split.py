@@ -35,7 +35,7 @@ async def _until(condition) -> None:
 def _manager(store: MemoryStore, name: str) -> OwnershipManager:
     identity = BrokerIdentity(name, f"pulsar://{name}:6650", f"http://{name}:8080")
 
-    async def close_topics(_topics, _reason) -> None:
+    async def close_topics(_topics, _reason, _destination=None) -> None:
         return None
 
     return OwnershipManager(store, BundlesConfig(ownership_wait_s=0.5), identity,
