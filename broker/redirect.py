@@ -3,7 +3,7 @@
 A hand-over closes the bundle's producers and consumers (CLOSE_PRODUCER /
 CLOSE_CONSUMER). Those commands may name the broker to reconnect to
 (``assignedBrokerServiceUrl`` / ``assignedBrokerServiceUrlTls``, Pulsar's PIP-307); a
-client that understands them (the official clients from 3.5 on) connects there at
+client that understands them (the official Python client 3.13 does) connects there at
 once, without its reconnection back-off and without a lookup. The destination holds the
 request until it owns the bundle, as it does for a client a lookup sent there.
 
