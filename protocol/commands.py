@@ -149,18 +149,19 @@ def message(consumer_id: int, ledger_id: int, entry_id: int, *, redelivery_count
 def close_producer(producer_id: int, request_id: int = UNSOLICITED_REQUEST_ID, *, assigned_url: str = "",
                    assigned_url_tls: str = "") -> pb.BaseCommand:
     """``assigned_url(_tls)``: the broker the client should reconnect to (left out if "")."""
-    body = pb.CommandCloseProducer(producer_id=producer_id, request_id=request_id)
-    if assigned_url:
-        body.assignedBrokerServiceUrl = assigned_url
-    if assigned_url_tls:
-        body.assignedBrokerServiceUrlTls = assigned_url_tls
-    return wrap(body)
+    return _naming_broker(pb.CommandCloseProducer(producer_id=producer_id, request_id=request_id),
+                          assigned_url, assigned_url_tls)
 
 
 def close_consumer(consumer_id: int, request_id: int = UNSOLICITED_REQUEST_ID, *, assigned_url: str = "",
                    assigned_url_tls: str = "") -> pb.BaseCommand:
     """``assigned_url(_tls)``: the broker the client should reconnect to (left out if "")."""
-    body = pb.CommandCloseConsumer(consumer_id=consumer_id, request_id=request_id)
+    return _naming_broker(pb.CommandCloseConsumer(consumer_id=consumer_id, request_id=request_id),
+                          assigned_url, assigned_url_tls)
+
+
+def _naming_broker(body: pb.CommandCloseProducer | pb.CommandCloseConsumer, assigned_url: str,
+                   assigned_url_tls: str) -> pb.BaseCommand:
     if assigned_url:
         body.assignedBrokerServiceUrl = assigned_url
     if assigned_url_tls:
