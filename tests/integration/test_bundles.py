@@ -9,7 +9,9 @@ Proves:
 - unload and split of a busy bundle during traffic: no acknowledged message lost, no
   error reaches the application, the longest gap between acknowledgements is reported,
   each new owner loaded the topic from the hand-over's list (its metric), and the old
-  owner told the clients where to reconnect (CLOSE_* naming the new owner);
+  owner told the clients where to reconnect (CLOSE_* naming the new owner); with
+  advertised listeners, a client that names its listener is sent to that listener's
+  URL at once, one whose connection named none looks the topic up as before;
 - scale-out from one broker to three with 30 topics under load: ownership spreads to
   all three within 60 s;
 - etcd stopped for 5 s and restarted: brokers go on without a restart, no bundle was
@@ -32,7 +34,7 @@ import pulsar
 
 from bundles.hashing import BundleRange
 from magnetar.tools.admin_client import AdminClient
-from tests.cluster import Cluster, EtcdProcess, created_retrying
+from tests.cluster import Cluster, EtcdProcess, created_retrying, free_port
 
 FAST = ["--lease-ttl-s", "4", "--load-report-interval-s", "0.5", "--leader-interval-s", "0.3",
         "--shedding-cooldown-s", "3", "--retention-check-interval-s", "1"]
@@ -274,6 +276,49 @@ async def test_unload_and_split_of_a_busy_bundle(etcd_process, tmp_path):
         assert sum(_metric(broker, "magnetar_broker_topics_preloaded") for broker in cluster.brokers) >= 2
         assert any("redirect_to=pulsar://" in broker.log_text(since_spawn=False) for broker in cluster.brokers)
         print(f"unload/split: longest gap between acknowledgements {gap * 1000:.0f} ms")
+    finally:
+        await cluster.stop()
+
+
+async def test_a_hand_over_sends_listener_clients_to_their_listener(etcd_process, tmp_path, capfd):
+    """Two brokers advertising a listener named "internal". A client that names it in
+    its lookups and one that names none produce to topics owned by the first broker,
+    through it alone; the bundles are unloaded to the second. The first client is
+    told the second's "internal" URL and reconnects at once without a lookup; the
+    second, whose connection never named a listener, gets no URL and looks the topic up
+    after its back-off, as before. Both go on producing."""
+    cluster = Cluster(etcd_process, str(tmp_path))
+    try:
+        await cluster.start_bookies(3)
+        for _ in range(2):
+            port = free_port()
+            await cluster.broker(port=port, extra_args=[*FAST, "--no-shedding", "--advertised-listeners",
+                                                        f"internal:pulsar://127.0.0.1:{port}"]).start()
+            if len(cluster.brokers) == 1:
+                first_url = cluster.brokers[0].service_url
+                listener = pulsar.Client(first_url, listener_name="internal", operation_timeout_seconds=30)
+                plain = pulsar.Client(first_url, operation_timeout_seconds=30)
+                topics = {"listener": f"persistent://public/default/via-listener-{uuid.uuid4().hex[:8]}",
+                          "plain": f"persistent://public/default/via-lookup-{uuid.uuid4().hex[:8]}"}
+                producers = {"listener": listener.create_producer(topics["listener"]),
+                             "plain": plain.create_producer(topics["plain"])}
+                for producer in producers.values():
+                    producer.send(b"before")
+        capfd.readouterr()
+        owners = admin(cluster, "GET", "/admin/v2/namespaces/public/default/bundleOwners")
+        for bundle in {next(b for b in owners if BundleRange.parse(b).contains(_hash(t.rsplit("/", 1)[1])))
+                       for t in topics.values()}:
+            admin(cluster, "PUT", f"/admin/v2/namespaces/public/default/{bundle}/unload")
+        for producer in producers.values():
+            await asyncio.to_thread(producer.send, b"after")
+        client_log = capfd.readouterr().out
+        listener.close()
+        plain.close()
+        second = cluster.brokers[1].service_url
+        assert f"assignedBrokerUrl: {second}" in client_log, client_log[-3000:]
+        assert f"[{topics['listener']}, " in client_log
+        assert re.search(re.escape(topics["listener"]) + r", [^\]]*\] Schedule reconnection in 0 s", client_log)
+        assert re.search(re.escape(topics["plain"]) + r", [^\]]*\] Schedule reconnection in 0\.\d+ s", client_log)
     finally:
         await cluster.stop()
 
