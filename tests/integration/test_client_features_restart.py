@@ -101,7 +101,7 @@ async def test_delayed_delivery_deduplication_and_compaction_survive_broker_kill
                 writer.send(f"d{i}-again".encode(), sequence_id=i)
             writer.send(f"d{last + 1}".encode())
             reader = client.create_reader(dedup_topic, pulsar.MessageId.earliest, receiver_queue_size=2000)
-            got = [reader.read_next(RECEIVE_TIMEOUT_MS).data() for _ in range(DEDUP_MESSAGES + 1)]
+            got = _read(reader, DEDUP_MESSAGES + 1, broker, dedup_topic)
             assert got == [f"d{i}".encode() for i in range(DEDUP_MESSAGES + 1)]
             assert not reader.has_message_available()
             await asyncio.to_thread(_read_compacted_and_all, client, compacted_topic)
@@ -109,6 +109,22 @@ async def test_delayed_delivery_deduplication_and_compaction_survive_broker_kill
             client.close()
     finally:
         await cluster.stop()
+
+
+def _read(reader, count: int, broker, topic: str) -> list[bytes]:
+    """``count`` messages from ``reader``; if one does not come in time, fails saying how
+    many came, the last of them, and the broker's view of the topic (its stats)."""
+    got: list[bytes] = []
+    try:
+        while len(got) < count:
+            got.append(reader.read_next(RECEIVE_TIMEOUT_MS).data())
+    except pulsar.Timeout:
+        path = TopicName.parse(topic).rest_path
+        with urllib.request.urlopen(f"{broker.web_service_url}/admin/v2/{path}/stats", timeout=15) as response:
+            stats = response.read().decode()
+        raise AssertionError(f"read {len(got)} of {count} (last {got[-1:]}) before a {RECEIVE_TIMEOUT_MS} ms "
+                             f"timeout; the topic's stats: {stats[:3000]}") from None
+    return got
 
 
 def _write_and_compact(client, broker) -> str:
