@@ -507,14 +507,17 @@ class OwnershipManager:
                  self._serving[bkey])
 
     async def _stop_serving(self, namespace: str, bundle_name: str, reason: str,
-                            destination: str | None = None) -> None:
-        """Closes the bundle's topics and stops serving it (idempotent)."""
+                            destination: str | None = None) -> list[TopicName]:
+        """Closes the bundle's topics and stops serving it (idempotent); the topics it
+        closed (none if it was not serving the bundle)."""
         bkey = bundle_key(namespace, bundle_name)
         if bkey not in self._serving:
-            return
+            return []
         self._serving.pop(bkey, None)
         self._changed.set()
-        await self._close_bundle_topics(bkey, self._topics_by_bundle([bkey]).get(bkey, []), reason, destination)
+        topics = self._topics_by_bundle([bkey]).get(bkey, [])
+        await self._close_bundle_topics(bkey, topics, reason, destination)
+        return topics
 
     async def _stop_serving_all(self, reason: str) -> None:
         """Stops serving every bundle: all leave ``_serving`` at once, before any await,
@@ -601,13 +604,12 @@ class OwnershipManager:
             version = await self._mark_releasing(owner_key, current.version, releasing)
             if version is None:
                 raise PreconditionFailed(f"bundle {bkey} changed while being released")
-            loaded = [str(topic) for topic in self._topics_by_bundle([bkey]).get(bkey, [])][:HANDOVER_TOPICS_MAX]
-            await self._stop_serving(namespace, bundle_name, f"released: {reason}", to)
+            closed = await self._stop_serving(namespace, bundle_name, f"released: {reason}", to)
             operations: list[Put | Delete] = [Delete(owner_key)]
             if to:
                 assignment = AssignmentRecord(to, reason=f"transfer from {self.identity.broker_id}: {reason}",
                                               decided_by=self.identity.broker_id, decided_ms=int(time.time() * 1000),
-                                              topics=loaded)
+                                              topics=[str(topic) for topic in closed[:HANDOVER_TOPICS_MAX]])
                 operations.append(Put(keys.bundle_assignment(namespace, bundle_name), assignment.encode(),
                                       self.lease.lease_id))
             await self._finish_release(bkey, owner_key, version, operations)
