@@ -3,8 +3,9 @@
 Theory of operation:
 - Appends (a batch of adds, or a fence) queue in order. One writer task takes a group
   from the head of the queue, writes it with one vectored ``write`` and one
-  ``fdatasync`` on a dedicated IO thread, and only then (back on the event loop) hands
-  the group's tokens to ``on_durable`` and resolves the callers' futures. So nothing is
+  ``fdatasync`` on a dedicated IO thread (bookie/io_thread.py), and only then (back
+  on the event loop) hands the group's tokens to ``on_durable`` and resolves the
+  callers' futures. So nothing is
   acknowledged, and nothing is made visible to readers, before its fsync.
 - A group is at most ``group_bytes_max`` bytes of records: the writer takes appends
   from the head while the next one still fits. An append is never split (its records
@@ -45,7 +46,6 @@ group holds at most ``group_bytes_max`` record bytes unless it is one append alo
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import functools
 import logging
 import mmap
@@ -68,6 +68,7 @@ from bookie.format import (
     journal_file_name,
     parse_file_id,
 )
+from bookie.io_thread import IoThread
 from common.eager_future import new_eager_future, settle_all
 from common.errors import BookieStorageError, MalformedFrame, ShuttingDown
 from common.histograms import WeightedHistogram
@@ -178,7 +179,7 @@ class Journal:
         self._in_flight: tuple[asyncio.Future[None], list[_Append]] | None = None
         self._idle = False
         # One thread does every journal write and fsync, so they are ordered.
-        self._io = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="journal")
+        self._io = IoThread("journal")
         self.applied_position = JournalPosition(first_journal_id, FILE_HEADER_SIZE)
         self.stats = JournalStats()
         self._last_fsync_s = 0.0
@@ -266,34 +267,34 @@ class Journal:
         # loop (one hop back), which acknowledges it before the writer loop resumes:
         # the adds' replies go a loop turn sooner than through run_in_executor's future.
         completed: asyncio.Future[None] = loop.create_future()
-        io = self._io.submit(self._write_group, buffers, group_bytes)
-        io.add_done_callback(functools.partial(self._hand_back, loop, completed, group, group_bytes,
-                                               group_records, round_started))
+        self._io.submit(self._write_group, (buffers, group_bytes),
+                        functools.partial(self._hand_back, loop, completed, group, group_bytes, group_records,
+                                          round_started))
         self._in_flight = (completed, group)
 
     def _hand_back(self, loop: asyncio.AbstractEventLoop, completed: asyncio.Future[None], group: list[_Append],
                    group_bytes: int, group_records: int, round_started: float,
-                   io: concurrent.futures.Future[JournalPosition]) -> None:
+                   position: JournalPosition | None, error: BaseException | None) -> None:
         """On the IO thread, once the group is written (or failed): to the loop."""
         try:
             loop.call_soon_threadsafe(self._complete_group, completed, group, group_bytes, group_records,
-                                      round_started, io)
+                                      round_started, position, error)
         except RuntimeError:
             pass    # the loop is closed: nobody is left to acknowledge
 
     def _complete_group(self, completed: asyncio.Future[None], group: list[_Append], group_bytes: int,
-                        group_records: int, round_started: float,
-                        io: concurrent.futures.Future[JournalPosition]) -> None:
+                        group_records: int, round_started: float, position: JournalPosition | None,
+                        error: BaseException | None) -> None:
         """On the loop: a written group's records are durable; acknowledges them, then
         lets the writer loop go on (its failure is the writer loop's to handle)."""
         if completed.cancelled():
             return   # the writer loop was cancelled meanwhile (closing): as before, no acks
-        error = io.exception()
         if error is not None:
             completed.set_exception(error)
             return
+        assert position is not None
         try:
-            self._acknowledge_group(group, group_bytes, group_records, round_started, io.result())
+            self._acknowledge_group(group, group_bytes, group_records, round_started, position)
         except BaseException as broken:    # the writer loop raises it, as when it did this itself
             completed.set_exception(broken)
             return
@@ -435,7 +436,7 @@ class Journal:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-        self._io.shutdown(wait=True)
+        self._io.shutdown()
 
     # --- appends ----------------------------------------------------------------------------
 
