@@ -19,10 +19,14 @@ Theory of operation:
   can be neither lost nor stored twice.
 - Durability: a snapshot (the ``persisted`` map and the position of the last entry it
   covers) is written into the managed-ledger properties every
-  ``SNAPSHOT_INTERVAL_ENTRIES`` stored entries and when the topic closes. A new owner
+  ``SNAPSHOT_INTERVAL_ENTRIES`` stored entries, when entries are stored and the last
+  snapshot is ``SNAPSHOT_INTERVAL_S`` old (a quiet topic), and when the topic closes. A new owner
   (after a restart, a crash or a move) loads the snapshot and replays the entries
   after its position — each stored entry's metadata names its producer and sequence
-  ids — so the maps are exact again, however the previous owner ended.
+  ids — so the maps are exact again, however the previous owner ended. Retention
+  therefore keeps the entries after the last snapshot written (as Pulsar's
+  deduplication cursor does): deleted, a crash would replay less than was stored and
+  take resends of it for new messages.
 - Bounded: at most ``PRODUCERS_MAX`` producer names are remembered; the least recently
   used is forgotten first (Pulsar's brokerDeduplicationMaxNumberOfProducers is
   10,000 too).
@@ -40,6 +44,10 @@ from common.position import Position
 PRODUCERS_MAX = 10_000
 # Entries stored between snapshots: a new owner replays at most about this many.
 SNAPSHOT_INTERVAL_ENTRIES = 1000
+# A topic that stored entries since its last snapshot writes one at least this often
+# (Pulsar's brokerDeduplicationSnapshotIntervalSeconds is 120 too): retention keeps the
+# entries after the last snapshot, so a quiet topic's snapshot must move on by time.
+SNAPSHOT_INTERVAL_S = 120.0
 SNAPSHOT_PROPERTY = "magnetar.dedup.snapshot"
 SNAPSHOT_FORMAT_VERSION = 1
 
@@ -58,6 +66,9 @@ class Deduplication:
         self.persisted: collections.OrderedDict[str, int] = collections.OrderedDict()
         self.snapshot_position = Position(-1, -1)
         self.entries_since_snapshot = 0
+        # The position of the last entry counted (on_stored or replay): what a snapshot
+        # taken now covers.
+        self.last_stored = Position(-1, -1)
         self.duplicates = 0
 
     def check(self, producer: str, sequence_id: int, highest_sequence_id: int) -> Verdict:
@@ -81,6 +92,7 @@ class Deduplication:
             forgotten, _ = persisted.popitem(last=False)
             self.pushed.pop(forgotten, None)
         self.entries_since_snapshot += 1
+        self.last_stored = position
 
     def on_store_failed(self, producer: str) -> None:
         """An entry of ``producer`` was not stored: what was pushed after the last
@@ -97,6 +109,11 @@ class Deduplication:
 
     def snapshot_due(self) -> bool:
         return self.entries_since_snapshot >= SNAPSHOT_INTERVAL_ENTRIES
+
+    def snapshot_stale(self, seconds_since_snapshot: float) -> bool:
+        """True when entries were stored since the last snapshot and it is
+        ``SNAPSHOT_INTERVAL_S`` old: time for one, however few the entries."""
+        return self.entries_since_snapshot > 0 and seconds_since_snapshot >= SNAPSHOT_INTERVAL_S
 
     def take_snapshot(self, position: Position) -> str:
         """The snapshot as of ``position`` (every entry up to it is counted)."""
@@ -117,6 +134,7 @@ class Deduplication:
         self.persisted = collections.OrderedDict(producers)
         self.pushed = dict(producers)
         self.snapshot_position = position
+        self.last_stored = position
         self.entries_since_snapshot = 0
 
     def replay(self, producer: str, sequence_id: int, highest_sequence_id: int, position: Position) -> None:

@@ -145,6 +145,11 @@ class PersistentTopic:
         self.dedup: Deduplication | None = None
         self._dedup_lock = asyncio.Lock()
         self._dedup_snapshot_task: asyncio.Task[None] | None = None
+        # The position of the deduplication snapshot last written to the managed-ledger
+        # properties (None: none), and when (monotonic): a new owner replays the entries
+        # after it, so retention keeps them (trim_ledgers).
+        self._dedup_snapshot_written: Position | None = None
+        self._dedup_snapshot_written_at = 0.0
         self.on_closed: Callable[["PersistentTopic"], None] | None = None
         self.created_at = time.time()
         ledger.on_fenced = self._on_ledger_fenced
@@ -263,6 +268,7 @@ class PersistentTopic:
                 if self.dedup is not None:
                     self.dedup = None
                     await self.ledger.set_properties({SNAPSHOT_PROPERTY: None})
+                    self._dedup_snapshot_written = None
                     log.info("deduplication disabled: topic=%s", self.full_name)
                 return
             if self.dedup is not None:
@@ -275,6 +281,7 @@ class PersistentTopic:
             else:
                 dedup.restore(snapshot)
                 replayed = await self._replay_for_deduplication(dedup)
+            self._dedup_written(dedup.snapshot_position)
             self._check_open()
             self.dedup = dedup
             log.info("deduplication enabled: topic=%s producers=%d replayed_entries=%d", self.full_name,
@@ -311,20 +318,32 @@ class PersistentTopic:
         if dedup is None:
             return
         dedup.on_stored(producer_name, sequence_id, highest_sequence_id, position)
-        if dedup.snapshot_due() and self._dedup_snapshot_task is None and not self.closing:
-            snapshot = dedup.take_snapshot(position)
-            task = asyncio.get_running_loop().create_task(self._write_dedup_snapshot(snapshot))
-            self._dedup_snapshot_task = task
-            task.add_done_callback(functools.partial(log_failure, owner=f"topic {self.full_name}"))
+        if dedup.snapshot_due():
+            self._start_dedup_snapshot(dedup)
 
-    async def _write_dedup_snapshot(self, snapshot: str) -> None:
+    def _start_dedup_snapshot(self, dedup: Deduplication) -> None:
+        """Writes a snapshot of what is stored so far, unless one is being written."""
+        if self._dedup_snapshot_task is not None or self.closing:
+            return
+        position = dedup.last_stored
+        snapshot = dedup.take_snapshot(position)
+        task = asyncio.get_running_loop().create_task(self._write_dedup_snapshot(snapshot, position))
+        self._dedup_snapshot_task = task
+        task.add_done_callback(functools.partial(log_failure, owner=f"topic {self.full_name}"))
+
+    async def _write_dedup_snapshot(self, snapshot: str, position: Position) -> None:
         try:
             await self.ledger.set_properties({SNAPSHOT_PROPERTY: snapshot})
+            self._dedup_written(position)
         except MagnetarError as error:
             # The next snapshot (or the replay of a longer tail) covers it.
             log.warning("deduplication snapshot not written: topic=%s error=%s", self.full_name, error)
         finally:
             self._dedup_snapshot_task = None
+
+    def _dedup_written(self, position: Position) -> None:
+        self._dedup_snapshot_written = position
+        self._dedup_snapshot_written_at = time.monotonic()
 
     async def _final_dedup_snapshot(self) -> None:
         """On close, after the last append: a new owner then has nothing to replay."""
@@ -335,8 +354,10 @@ class PersistentTopic:
             await asyncio.gather(self._dedup_snapshot_task, return_exceptions=True)
         if dedup.snapshot_position == self.ledger.last_confirmed:
             return
+        position = self.ledger.last_confirmed
         try:
-            await self.ledger.set_properties({SNAPSHOT_PROPERTY: dedup.take_snapshot(self.ledger.last_confirmed)})
+            await self.ledger.set_properties({SNAPSHOT_PROPERTY: dedup.take_snapshot(position)})
+            self._dedup_written(position)
         except MagnetarError as error:
             log.warning("deduplication snapshot not written at close: topic=%s error=%s", self.full_name, error)
 
@@ -829,19 +850,27 @@ class PersistentTopic:
         """Deletes the ledgers every durable cursor has passed that retention no longer
         protects (see broker/retention.py), oldest first and, given ``may_delete`` (the
         archive's gate: archived ledgers only), no further than the first it refuses.
-        Returns their ids."""
+        With deduplication on, none holding entries after its last snapshot written
+        (and a quiet topic's stale snapshot is renewed here). Returns their ids."""
         from broker.retention import LedgerSpan, ledgers_to_delete
 
         if self.closing:
             return []
+        dedup = self.dedup
+        if dedup is not None and dedup.snapshot_stale(time.monotonic() - self._dedup_snapshot_written_at):
+            self._start_dedup_snapshot(dedup)     # moves the hold below on (next time)
         ledger = self.ledger
         now_ms = int(time.time() * 1000)
         # A ledger not closed yet (the current one, or one whose close is in progress)
         # is as young as can be.
         spans = [LedgerSpan(info.ledger_id, ledger.last_entry_of(info.ledger_id), max(info.size_bytes, 0),
                             info.closed_ms if info.closed_ms > 0 else now_ms) for info in ledger.ledger_infos()]
-        doomed = ledgers_to_delete(spans, ledger.current_ledger_id, tuple(self.consumed_upto()),
-                                   retention_minutes, retention_mb, now_ms)
+        upto = self.consumed_upto()
+        if self._dedup_snapshot_written is not None:
+            # A new owner replays the entries after the last snapshot written.
+            upto = min(upto, self._dedup_snapshot_written)
+        doomed = ledgers_to_delete(spans, ledger.current_ledger_id, tuple(upto), retention_minutes, retention_mb,
+                                   now_ms)
         if may_delete is not None:
             doomed = list(itertools.takewhile(may_delete, doomed))
         if not doomed:

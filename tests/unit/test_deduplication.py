@@ -1,7 +1,8 @@
 """Deduplication state (broker/deduplication.py): a SEND at or below the stored
 highest sequence id is a duplicate, one below an unsettled push is in flight, a failed
 store lets the resend through; a snapshot restores the maps and replay of later
-entries makes them exact; the producer map is bounded (least recently used go)."""
+entries makes them exact; the producer map is bounded (least recently used go); a
+quiet topic snapshots by time."""
 
 from __future__ import annotations
 
@@ -70,3 +71,22 @@ def test_snapshot_is_due_every_interval():
     assert dedup.snapshot_due()
     dedup.take_snapshot(Position(1, SNAPSHOT_INTERVAL_ENTRIES))
     assert not dedup.snapshot_due()
+
+
+def test_a_quiet_topic_snapshots_by_time_and_a_snapshot_covers_the_last_entry_counted():
+    from broker.deduplication import SNAPSHOT_INTERVAL_S
+
+    dedup = Deduplication()
+    assert dedup.last_stored == Position(-1, -1)
+    assert not dedup.snapshot_stale(SNAPSHOT_INTERVAL_S * 10)      # nothing stored: nothing to cover
+    dedup.on_stored("p", 0, 0, Position(4, 7))
+    dedup.replay("q", 3, 3, Position(4, 8))
+    assert dedup.last_stored == Position(4, 8)
+    assert not dedup.snapshot_stale(SNAPSHOT_INTERVAL_S - 1)
+    assert dedup.snapshot_stale(SNAPSHOT_INTERVAL_S)
+    dedup.take_snapshot(dedup.last_stored)
+    assert dedup.snapshot_position == Position(4, 8)
+    assert not dedup.snapshot_stale(SNAPSHOT_INTERVAL_S * 10)
+    restored = Deduplication()
+    restored.restore(dedup.take_snapshot(dedup.last_stored))
+    assert restored.last_stored == Position(4, 8)                 # a snapshot after restore covers as much
