@@ -92,6 +92,9 @@ def broadcast_member_name(subscription: str, member: str) -> str:
 # The clients' MessageId.earliest is (-1, -1) and MessageId.latest (INT64_MAX, INT64_MAX);
 # ledger and entry ids are uint64 on the wire.
 _EARLIEST_ID = 2**64 - 1
+# Below the position of every entry (ledger ids are not negative): where a
+# read_compacted subscription from "earliest" starts (_compacted_start).
+BEFORE_EVERY_POSITION = Position(-1, 0)
 _LATEST_ID = 2**63 - 1
 # Publish-time searches read at most this many entries (binary search over a topic).
 _TIME_SEARCH_READS_MAX = 200
@@ -505,15 +508,15 @@ class PersistentTopic:
             if not durable:
                 raise PreconditionFailed("a broadcast subscription is durable: readers cannot join it")
             name = broadcast_member_name(name, consumer.name)
+        if read_compacted and consumer.mode.shares_messages:
+            raise NotAllowed("read_compacted is only for exclusive and failover subscriptions and readers")
         subscription = self.subscriptions.get(name)
         if subscription is None:
             subscription = await self._create_once(
                 name, lambda: self._new_subscription(name, consumer.mode, durable, initial_position,
-                                                     start_message_id, rollback_duration_s))
+                                                     start_message_id, rollback_duration_s, read_compacted))
             self._check_open()   # the topic may have begun closing while it was created
         self._check_not_deleting(name)
-        if read_compacted and consumer.mode.shares_messages:
-            raise NotAllowed("read_compacted is only for exclusive and failover subscriptions and readers")
         subscription.add_consumer(consumer, consumer.mode)
         subscription.read_compacted = read_compacted
         return subscription
@@ -547,11 +550,15 @@ class PersistentTopic:
         return subscription
 
     async def _new_subscription(self, name: str, mode: SubscriptionMode, durable: bool, initial_position: int,
-                                start_message_id: pb.MessageIdData | None, rollback_duration_s: int
-                                ) -> Subscription:
+                                start_message_id: pb.MessageIdData | None, rollback_duration_s: int,
+                                read_compacted: bool = False) -> Subscription:
         start = self._start_position(initial_position, start_message_id, durable)
+        compacted_start = None
         if rollback_duration_s > 0:
             start = await self.find_position_by_time(int((time.time() - rollback_duration_s) * 1000))
+        elif read_compacted:
+            compacted_start = self._compacted_start(initial_position, start_message_id, durable)
+            start = compacted_start or start
         state = CursorState(mark_delete=self._before(start))
         store = self._cursor_store(name) if durable else None
         subscription = self._make_subscription(name, state, store, mode)
@@ -588,6 +595,33 @@ class PersistentTopic:
         if initial_position == pb.CommandSubscribe.Earliest:
             return ledger.first_position
         return ledger.end_position
+
+    def _compacted_start(self, initial_position: int, start_message_id: pb.MessageIdData | None,
+                         durable: bool) -> Position | None:
+        """Where a new read_compacted subscription starts when that is before the oldest
+        entry the topic still stores (else None: where ``_start_position`` puts it). The
+        compacted ledger keeps the latest value of keys whose ledgers retention has
+        deleted since, at their original positions; a start moved onto the topic's stored
+        entries would skip them. So "earliest" is before every position, and a start id
+        inside the compacted range (a reader back after a reconnect) is taken as it is
+        (Pulsar reads both the same way). The mark-delete position is set just before
+        it, and the dispatcher reads the compacted ledger from right after the
+        mark-delete position (``Dispatcher._compacted_from``), also after a rewind."""
+        record = self.compaction.record
+        if record is None:
+            return None
+        if start_message_id is not None and not durable:
+            if start_message_id.ledgerId == _EARLIEST_ID:
+                return BEFORE_EVERY_POSITION
+            if start_message_id.ledgerId == _LATEST_ID:
+                return None
+            requested = Position(start_message_id.ledgerId, start_message_id.entryId)
+            if requested <= record.horizon and requested < self.ledger.first_position:
+                return requested
+            return None
+        if initial_position == pb.CommandSubscribe.Earliest:
+            return BEFORE_EVERY_POSITION
+        return None
 
     def seek_position(self, message_id: pb.MessageIdData) -> Position:
         """Where a SEEK to ``message_id`` puts the cursor (the next entry to deliver):
@@ -842,7 +876,8 @@ class PersistentTopic:
         """The lowest mark-delete position of the durable subscriptions (with none, the
         last stored entry: retention alone then decides)."""
         marks = [s.cursor.mark_delete_position for s in self.subscriptions.values() if s.cursor.durable]
-        # (The compacted ledger holds copies of what it serves: it keeps no topic entry.)
+        # (The compacted ledger holds copies of what it serves up to its horizon; what
+        # comes after it trim_ledgers keeps, but that is not backlog.)
         return min(marks) if marks else self.ledger.last_confirmed
 
     async def trim_ledgers(self, retention_minutes: int, retention_mb: int,
@@ -850,8 +885,9 @@ class PersistentTopic:
         """Deletes the ledgers every durable cursor has passed that retention no longer
         protects (see broker/retention.py), oldest first and, given ``may_delete`` (the
         archive's gate: archived ledgers only), no further than the first it refuses.
-        With deduplication on, none holding entries after its last snapshot written
-        (and a quiet topic's stale snapshot is renewed here). Returns their ids."""
+        None holding entries after the last deduplication snapshot written (a quiet
+        topic's stale snapshot is renewed here) or after the compaction horizon.
+        Returns their ids."""
         from broker.retention import LedgerSpan, ledgers_to_delete
 
         if self.closing:
@@ -869,6 +905,11 @@ class PersistentTopic:
         if self._dedup_snapshot_written is not None:
             # A new owner replays the entries after the last snapshot written.
             upto = min(upto, self._dedup_snapshot_written)
+        compacted = self.compaction.record
+        if compacted is not None:
+            # The next compaction reads the entries after the horizon (Pulsar's
+            # __compaction cursor holds them the same way).
+            upto = min(upto, compacted.horizon)
         doomed = ledgers_to_delete(spans, ledger.current_ledger_id, tuple(upto), retention_minutes, retention_mb,
                                    now_ms)
         if may_delete is not None:

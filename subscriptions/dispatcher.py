@@ -400,9 +400,9 @@ class SingleActiveDispatcher(Dispatcher):
             if consumer is None or consumer.permits <= 0 or not consumer.writable:
                 return
             start = cursor.read_position
-            view = self._compacted_before(start)
-            if view is not None:
-                await self._dispatch_compacted(consumer, view, start)
+            compacted = self._compacted_from(start)
+            if compacted is not None:
+                await self._dispatch_compacted(consumer, *compacted, start)
                 continue
             entries = await self._read(start, self._entries_for(consumer.permits))
             if consumer is not self.active or cursor.read_position != start:
@@ -413,13 +413,24 @@ class SingleActiveDispatcher(Dispatcher):
                 return
             self._send_entries(consumer, entries)
 
-    def _compacted_before(self, start: Position) -> CompactedSource | None:
-        """The compacted view, when the subscription reads one (read_compacted: optional
-        in the protocol, a subscription without one reads the topic) and ``start`` is not
-        past its horizon; else None."""
+    def _compacted_from(self, start: Position) -> tuple[CompactedSource, Position] | None:
+        """(the compacted view, where its read begins), when the subscription reads one
+        (read_compacted: optional in the protocol, a subscription without one reads the
+        topic) and the read begins before its horizon; else None. The read begins at
+        ``start``, the cursor's read position — or right after the mark-delete position
+        when the cursor sits on the first stored entry after it and the ledgers between
+        are gone: retention deleted them, and the compacted ledger may still hold copies
+        of their entries ("earliest" on such a topic, a rewind, a reader back after a
+        reconnect; broker/topic.py, ``_compacted_start``)."""
         compacted_view = getattr(self.subscription, "compacted_view", None)
         view = compacted_view() if compacted_view is not None else None
-        return view if view is not None and start <= view.horizon else None
+        if view is None:
+            return None
+        mark = self.subscription.cursor.mark_delete_position
+        after_mark = Position(mark.ledger_id, mark.entry_id + 1)
+        if after_mark < start and self.subscription.ledger.next_position(mark) == start:
+            start = after_mark
+        return (view, start) if start <= view.horizon else None
 
     def _send_entries(self, consumer: ConsumerPort, entries: list[ManagedEntry]) -> None:
         """Sends ``entries`` (read from the cursor's read position) while the consumer has
@@ -455,7 +466,7 @@ class SingleActiveDispatcher(Dispatcher):
             return False
         ledger = self.subscription.ledger
         start = self.subscription.cursor.read_position
-        if self._compacted_before(start) is not None:
+        if self._compacted_from(start) is not None:
             return False
         confirmed = ledger.last_confirmed
         entries = ledger.read_cached(start, self._entries_for(consumer.permits), self._bytes_max)
@@ -475,10 +486,11 @@ class SingleActiveDispatcher(Dispatcher):
         # Out of permits: a FLOW wakes the task, as after a round.
         return True
 
-    async def _dispatch_compacted(self, consumer: ConsumerPort, source: CompactedSource, start: Position) -> None:
+    async def _dispatch_compacted(self, consumer: ConsumerPort, source: CompactedSource, read_from: Position,
+                                  start: Position) -> None:
         """read_compacted, before the horizon: the compacted ledger's entries from
-        ``start`` on (a batch with only its surviving messages), then on to after the
-        horizon."""
+        ``read_from`` on (a batch with only its surviving messages), then on to after the
+        horizon. ``start`` is the cursor's read position the round began with."""
         subscription = self.subscription
         cursor = subscription.cursor
         ledger = subscription.ledger
@@ -486,7 +498,7 @@ class SingleActiveDispatcher(Dispatcher):
         self.reading = True
         self._confirmed_at_read = ledger.last_confirmed
         try:
-            chosen = await source.read_compacted(start, min(consumer.permits, self._entries_max))
+            chosen = await source.read_compacted(read_from, min(consumer.permits, self._entries_max))
         finally:
             self.reading = False
         if consumer is not self.active or cursor.read_position != start or self._closed:

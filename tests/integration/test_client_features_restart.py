@@ -132,8 +132,8 @@ def _read(reader, count: int, broker, topic: str) -> list[bytes]:
 
 
 def _write_and_compact(client, broker) -> str:
-    # Its own namespace, retaining everything: compaction does not hold the topic's
-    # ledgers (as in Pulsar), so without retention the broker may trim what the
+    # Its own namespace, retaining everything: compaction keeps only what comes after
+    # its horizon (as in Pulsar), so without retention the broker may trim what the
     # compactor has passed, and the full read from the start below would race it.
     namespace = unique("compact-ns")
     _admin(broker, "PUT", f"/admin/v2/namespaces/public/{namespace}")

@@ -1,0 +1,97 @@
+"""A read_compacted subscription on a topic whose oldest ledgers retention deleted
+(subscriptions/dispatcher.py, ``_compacted_from``): the compacted ledger still holds
+copies of those ledgers' entries (the latest value of their keys), and a cursor that
+sits on the first stored entry right after its mark-delete position reads them first.
+
+What it proves, with a real Subscription, cursor and SingleActiveDispatcher over
+FakeManagedLedger (ledgers 10 and 11, 10 deleted) and a compacted view holding copies of
+10:1, 10:3 and 11:2 (horizon 11:4):
+- a subscription from "earliest" (mark-delete before every position, as
+  broker/topic.py's ``_compacted_start`` makes it) gets 10:1, 10:3, 11:2, then the
+  topic after the horizon; before the fix it began at 11:2, the first stored entry;
+- one that starts inside the deleted range (a reader back after a reconnect: mark-delete
+  10:1) gets 10:3 on, not 10:1 again;
+- a rewind (a redelivery) goes back before them again, as a rewind to the first
+  unacknowledged entry must;
+- a subscription that does not read compacted reads the stored entries only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from common.position import Position
+from subscriptions.compacted_view import CompactedEntry
+from subscriptions.cursor import CursorState, ManagedCursor
+from subscriptions.mode import SubscriptionMode
+from subscriptions.subscription import Subscription
+from tests.unit.fake_consumer import FakeConsumer
+from tests.unit.fake_managed_ledger import FakeManagedLedger
+from tests.unit.test_dispatcher_progress import batch_entry, settle
+
+
+@dataclass
+class _View:
+    entries: list[CompactedEntry]
+    horizon: Position
+
+    async def read_compacted(self, start: Position, count_max: int) -> list[CompactedEntry]:
+        return [entry for entry in self.entries if entry.position >= start][:count_max]
+
+
+def _topic() -> tuple[FakeManagedLedger, _View]:
+    ledger = FakeManagedLedger(first_ledger_id=10)
+    for index in range(5):
+        ledger.append(batch_entry(1, index))
+    ledger.roll(11)
+    for index in range(5, 10):
+        ledger.append(batch_entry(1, index))
+    ledger.delete_ledger(10)
+    stored = memoryview(batch_entry(1, 99))
+    view = _View([CompactedEntry(Position(*at), 0, 0, stored) for at in ((10, 1), (10, 3), (11, 2))],
+                 horizon=Position(11, 4))
+    return ledger, view
+
+
+def _subscription(ledger: FakeManagedLedger, view: _View, mark_delete: Position, read_compacted: bool) -> Subscription:
+    cursor = ManagedCursor("sub", ledger, CursorState(mark_delete), None, durable=False)
+    subscription = Subscription("sub", "persistent://t/ns/topic", ledger, cursor, SubscriptionMode.EXCLUSIVE)
+    subscription.compacted_source_of = lambda: view
+    subscription.read_compacted = read_compacted
+    return subscription
+
+
+def _delivered(mark_delete: Position, read_compacted: bool = True, *, rewind: bool = False) -> list[tuple[int, int]]:
+    async def scenario() -> list[tuple[int, int]]:
+        ledger, view = _topic()
+        subscription = _subscription(ledger, view, mark_delete, read_compacted)
+        consumer = FakeConsumer(1, "c", permits=100)
+        subscription.add_consumer(consumer, SubscriptionMode.EXCLUSIVE)
+        await settle()
+        if rewind:
+            subscription.dispatcher.redeliver(consumer, None)
+            await settle()
+        ledger.append(batch_entry(1, 10))          # 11:5, after the horizon
+        await settle()
+        await subscription.dispatcher.close()
+        return [(p.ledger_id, p.entry_id) for p in consumer.positions]
+
+    return asyncio.run(scenario())
+
+
+def test_earliest_reads_the_compacted_copies_of_deleted_ledgers_first():
+    assert _delivered(Position(-1, -1)) == [(10, 1), (10, 3), (11, 2), (11, 5)]
+
+
+def test_a_start_inside_the_deleted_range_goes_on_from_there():
+    assert _delivered(Position(10, 1)) == [(10, 3), (11, 2), (11, 5)]
+
+
+def test_a_rewind_goes_back_before_the_deleted_range():
+    assert _delivered(Position(-1, -1), rewind=True) == [(10, 1), (10, 3), (11, 2), (10, 1), (10, 3), (11, 2),
+                                                         (11, 5)]
+
+
+def test_without_read_compacted_only_the_stored_entries_are_read():
+    assert _delivered(Position(-1, -1), read_compacted=False) == [(11, i) for i in range(6)]
