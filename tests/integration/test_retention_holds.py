@@ -17,7 +17,9 @@ Proves:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from typing import AsyncIterator
 
 import pulsar
 
@@ -61,15 +63,25 @@ def _compact(broker, topic: str) -> None:
         time.sleep(0.1)
 
 
-async def test_retention_keeps_what_deduplication_replays_after_a_kill(etcd_process, tmp_path):
+@contextlib.asynccontextmanager
+async def _topic_of_its_own(etcd_process, tmp_path, policies: dict[str, object]) -> AsyncIterator[tuple[object, str]]:
+    """(the broker, a topic name) in a cluster of its own and a namespace with only
+    ``policies`` set; the cluster stops after."""
     cluster = Cluster(etcd_process, str(tmp_path))
     try:
         await cluster.start_bookies(2)
         (broker,) = await cluster.start_brokers(1, extra_args=archiving_broker_args(LEDGER_ENTRIES_MAX))
-        namespace = unique("dedup-retention")
+        namespace = unique("holds")
         http_json("PUT", f"{broker.web_service_url}/admin/v2/namespaces/public/{namespace}")
-        http_json("POST", f"{broker.web_service_url}/admin/v2/namespaces/public/{namespace}/deduplication", True)
-        topic = f"persistent://public/{namespace}/{unique('t')}"
+        for policy, value in policies.items():
+            http_json("POST", f"{broker.web_service_url}/admin/v2/namespaces/public/{namespace}/{policy}", value)
+        yield broker, f"persistent://public/{namespace}/{unique('t')}"
+    finally:
+        await cluster.stop()
+
+
+async def test_retention_keeps_what_deduplication_replays_after_a_kill(etcd_process, tmp_path):
+    async with _topic_of_its_own(etcd_process, tmp_path, {"deduplication": True}) as (broker, topic):
         client = pulsar.Client(broker.service_url, operation_timeout_seconds=30)
         try:
             for name, count in (("a", A_MESSAGES), ("b", B_MESSAGES)):
@@ -98,18 +110,10 @@ async def test_retention_keeps_what_deduplication_replays_after_a_kill(etcd_proc
             assert first == b"a900", first
         finally:
             client.close()
-    finally:
-        await cluster.stop()
 
 
 async def test_retention_keeps_what_the_next_compaction_reads(etcd_process, tmp_path):
-    cluster = Cluster(etcd_process, str(tmp_path))
-    try:
-        await cluster.start_bookies(2)
-        (broker,) = await cluster.start_brokers(1, extra_args=archiving_broker_args(LEDGER_ENTRIES_MAX))
-        namespace = unique("compact-retention")
-        http_json("PUT", f"{broker.web_service_url}/admin/v2/namespaces/public/{namespace}")
-        topic = f"persistent://public/{namespace}/{unique('t')}"
+    async with _topic_of_its_own(etcd_process, tmp_path, {}) as (broker, topic):
         client = pulsar.Client(broker.service_url, operation_timeout_seconds=30)
         try:
             producer = client.create_producer(topic, batching_enabled=False, block_if_queue_full=True)
@@ -140,5 +144,3 @@ async def test_retention_keeps_what_the_next_compaction_reads(etcd_process, tmp_
                               **{f"k{i}": f"v3-{i}".encode() for i in later}}
         finally:
             client.close()
-    finally:
-        await cluster.stop()
