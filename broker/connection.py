@@ -1090,9 +1090,10 @@ class ServerConnection(asyncio.Protocol):
                 request.message_id):
             self._write_error(request.request_id, InvalidArgument("seek message id out of range"))
             return
+        subscription = attached.subscription
         try:
             if request.HasField("message_id"):
-                target = attached.topic.seek_position(request.message_id)
+                target = attached.topic.seek_position(request.message_id, read_compacted=subscription.read_compacted)
             elif request.HasField("message_publish_time"):
                 target = await attached.topic.find_position_by_time(request.message_publish_time)
             else:
@@ -1100,7 +1101,6 @@ class ServerConnection(asyncio.Protocol):
         except MagnetarError as error:
             self._write_error(request.request_id, error)
             return
-        subscription = attached.subscription
         # As Pulsar does: disconnect the subscription's consumers (each client drops what
         # it had queued and subscribes again), move the cursor, and only then answer.
         # The order matters to the official clients: a seek answered while the consumer

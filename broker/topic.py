@@ -599,35 +599,44 @@ class PersistentTopic:
     def _compacted_start(self, initial_position: int, start_message_id: pb.MessageIdData | None,
                          durable: bool) -> Position | None:
         """Where a new read_compacted subscription starts when that is before the oldest
-        entry the topic still stores (else None: where ``_start_position`` puts it). The
-        compacted ledger keeps the latest value of keys whose ledgers retention has
-        deleted since, at their original positions; a start moved onto the topic's stored
-        entries would skip them. So "earliest" is before every position, and a start id
-        inside the compacted range (a reader back after a reconnect) is taken as it is
-        (Pulsar reads both the same way). The mark-delete position is set just before
-        it, and the dispatcher reads the compacted ledger from right after the
-        mark-delete position (``Dispatcher._compacted_from``), also after a rewind."""
-        record = self.compaction.record
-        if record is None:
-            return None
+        entry the topic still stores (else None: where ``_start_position`` puts it); see
+        ``_compacted_position``."""
         if start_message_id is not None and not durable:
-            if start_message_id.ledgerId == _EARLIEST_ID:
-                return BEFORE_EVERY_POSITION
-            if start_message_id.ledgerId == _LATEST_ID:
-                return None
-            requested = Position(start_message_id.ledgerId, start_message_id.entryId)
-            if requested <= record.horizon and requested < self.ledger.first_position:
-                return requested
-            return None
-        if initial_position == pb.CommandSubscribe.Earliest:
+            return self._compacted_position(start_message_id)
+        if initial_position == pb.CommandSubscribe.Earliest and self.compaction.record is not None:
             return BEFORE_EVERY_POSITION
         return None
 
-    def seek_position(self, message_id: pb.MessageIdData) -> Position:
+    def _compacted_position(self, message_id: pb.MessageIdData) -> Position | None:
+        """Where ``message_id`` puts a read_compacted subscription (a start or a seek)
+        when that is before the oldest entry the topic still stores; None when it is
+        where it puts any subscription. The compacted ledger keeps the latest value of
+        keys whose ledgers retention has deleted since, at their original positions; a
+        position moved onto the topic's stored entries would skip them. So "earliest"
+        is before every position, and an id inside the compacted range (a reader back
+        after a reconnect) is taken as it is (Pulsar reads both the same way). The
+        mark-delete position goes just before it, and the dispatcher reads the compacted
+        ledger from right after the mark-delete position (``Dispatcher._compacted_from``),
+        also after a rewind."""
+        record = self.compaction.record
+        if record is None or message_id.ledgerId == _LATEST_ID:
+            return None
+        if message_id.ledgerId == _EARLIEST_ID:
+            return BEFORE_EVERY_POSITION
+        requested = Position(message_id.ledgerId, message_id.entryId)
+        if requested <= record.horizon and requested < self.ledger.first_position:
+            return requested
+        return None
+
+    def seek_position(self, message_id: pb.MessageIdData, *, read_compacted: bool = False) -> Position:
         """Where a SEEK to ``message_id`` puts the cursor (the next entry to deliver):
         MessageId.earliest is the oldest stored entry, MessageId.latest the end of the
         topic, any other id its own entry (the client drops what it should not see
-        again: the sought message itself unless it asked for an inclusive start)."""
+        again: the sought message itself unless it asked for an inclusive start). For a
+        read_compacted subscription, what ``_compacted_position`` says first."""
+        compacted = self._compacted_position(message_id) if read_compacted else None
+        if compacted is not None:
+            return compacted
         if message_id.ledgerId == _EARLIEST_ID:
             return self.ledger.first_position
         if message_id.ledgerId == _LATEST_ID:

@@ -231,11 +231,16 @@ class ManagedCursor:
     def reset(self, position: Position) -> None:
         """Pulsar's reset-cursor: ``position`` is the next to deliver; everything
         before it counts as acknowledged, nothing after it does."""
-        position = self._ledger.normalize(position)
+        stored = self._ledger.normalize(position)
         self._state.acked = AckSet()
         self._state.batches.clear()
-        self._state.mark_delete = self._previous(position)
-        self.read_position = position
+        # Before the oldest stored entry, just before ``position`` itself rather than the
+        # entry it normalizes to (the same point of the topic): a read_compacted
+        # subscription sought into ledgers retention deleted still gets the compacted
+        # ledger's copies of their entries (Dispatcher._compacted_from reads from right
+        # after the mark-delete position).
+        self._state.mark_delete = self._previous(position if position < self._ledger.first_position else stored)
+        self.read_position = stored
         self._delta = AckSet()
         self._snapshot_needed = True
         self._mark_dirty()

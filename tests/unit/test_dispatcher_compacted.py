@@ -12,7 +12,8 @@ FakeManagedLedger (ledgers 10 and 11, 10 deleted) and a compacted view holding c
 - one that starts inside the deleted range (a reader back after a reconnect: mark-delete
   10:1) gets 10:3 on, not 10:1 again;
 - a rewind (a redelivery) goes back before them again, as a rewind to the first
-  unacknowledged entry must;
+  unacknowledged entry must, and so does a seek (a cursor reset) to before every
+  position (what broker/topic.py's ``seek_position`` gives "earliest" then);
 - a subscription that does not read compacted reads the stored entries only.
 """
 
@@ -62,7 +63,8 @@ def _subscription(ledger: FakeManagedLedger, view: _View, mark_delete: Position,
     return subscription
 
 
-def _delivered(mark_delete: Position, read_compacted: bool = True, *, rewind: bool = False) -> list[tuple[int, int]]:
+def _delivered(mark_delete: Position, read_compacted: bool = True, *, rewind: bool = False,
+               reset_to: Position | None = None) -> list[tuple[int, int]]:
     async def scenario() -> list[tuple[int, int]]:
         ledger, view = _topic()
         subscription = _subscription(ledger, view, mark_delete, read_compacted)
@@ -71,6 +73,9 @@ def _delivered(mark_delete: Position, read_compacted: bool = True, *, rewind: bo
         await settle()
         if rewind:
             subscription.dispatcher.redeliver(consumer, None)
+            await settle()
+        if reset_to is not None:
+            subscription.reset_cursor(reset_to)
             await settle()
         ledger.append(batch_entry(1, 10))          # 11:5, after the horizon
         await settle()
@@ -95,3 +100,7 @@ def test_a_rewind_goes_back_before_the_deleted_range():
 
 def test_without_read_compacted_only_the_stored_entries_are_read():
     assert _delivered(Position(-1, -1), read_compacted=False) == [(11, i) for i in range(6)]
+
+
+def test_a_reset_to_before_every_position_reads_the_compacted_copies_again():
+    assert _delivered(Position(10, 3), reset_to=Position(-1, 0)) == [(11, 2), (10, 1), (10, 3), (11, 2), (11, 5)]
