@@ -123,14 +123,7 @@ class Deduplication:
                            "producers": dict(self.persisted)}, separators=(",", ":"))
 
     def restore(self, snapshot: str) -> None:
-        try:
-            doc = json.loads(snapshot)
-            if doc.get("format_version", 0) > SNAPSHOT_FORMAT_VERSION:
-                raise ValueError("unknown format")
-            position = Position(int(doc["position"][0]), int(doc["position"][1]))
-            producers = {str(name): int(value) for name, value in doc["producers"].items()}
-        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as error:
-            raise MalformedFrame(f"bad deduplication snapshot: {error}") from None
+        position, producers = _parse_snapshot(snapshot)
         self.persisted = collections.OrderedDict(producers)
         self.pushed = dict(producers)
         self.snapshot_position = position
@@ -141,3 +134,20 @@ class Deduplication:
         """An entry stored after the snapshot, read back when the topic loads."""
         self.on_stored(producer, sequence_id, highest_sequence_id, position)
         self.pushed[producer] = self.persisted[producer]
+
+
+def snapshot_position(snapshot: str) -> Position:
+    """The position a snapshot covers up to (MalformedFrame if it is not one)."""
+    return _parse_snapshot(snapshot)[0]
+
+
+def _parse_snapshot(snapshot: str) -> tuple[Position, dict[str, int]]:
+    try:
+        doc = json.loads(snapshot)
+        if doc.get("format_version", 0) > SNAPSHOT_FORMAT_VERSION:
+            raise ValueError("unknown format")
+        position = Position(int(doc["position"][0]), int(doc["position"][1]))
+        producers = {str(name): int(value) for name, value in doc["producers"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as error:
+        raise MalformedFrame(f"bad deduplication snapshot: {error}") from None
+    return position, producers

@@ -355,6 +355,9 @@ class BrokerService:
             for topic in self.loaded_topics():
                 try:
                     policies = await self.resources.policies(topic.name.namespace_name)
+                    if not policies.deduplicationEnabled and not topic.closing:
+                        # A snapshot left from when it was on holds entries: let it go.
+                        await topic.set_deduplication(False)
                     retention = policies.retention()
                     await topic.trim_ledgers(retention.retentionTimeInMinutes, retention.retentionSizeInMB,
                                              await self.archiver.retention_gate(topic))

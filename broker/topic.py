@@ -47,7 +47,7 @@ from broker.config import BrokerConfig
 from broker.compaction import TopicCompaction
 from broker.managed_ledger_info import PURPOSE_CURSOR, ownership_tags
 from broker.consumer import Consumer
-from broker.deduplication import SNAPSHOT_PROPERTY, Deduplication
+from broker.deduplication import SNAPSHOT_PROPERTY, Deduplication, snapshot_position
 from broker.managed_ledger import ManagedLedger
 from common.position import Position
 from broker.producer import Producer, generated_producer_name
@@ -151,8 +151,8 @@ class PersistentTopic:
         # The position of the deduplication snapshot last written to the managed-ledger
         # properties (None: none), and when (monotonic): a new owner replays the entries
         # after it, so retention keeps them (trim_ledgers).
-        self._dedup_snapshot_written: Position | None = None
-        self._dedup_snapshot_written_at = 0.0
+        self._dedup_snapshot_written: Position | None = self._stored_dedup_snapshot_position()
+        self._dedup_snapshot_written_at = time.monotonic()
         self.on_closed: Callable[["PersistentTopic"], None] | None = None
         self.created_at = time.time()
         ledger.on_fenced = self._on_ledger_fenced
@@ -264,15 +264,16 @@ class PersistentTopic:
         """Follows the namespace policy. Turning it on restores the last snapshot and
         replays the entries stored after it (or, with no snapshot, starts from the
         end of the topic and records that)."""
-        if enabled == (self.dedup is not None):
+        if enabled == (self.dedup is not None) and (enabled or self._dedup_snapshot_written is None):
             return
         async with self._dedup_lock:
             if not enabled:
-                if self.dedup is not None:
+                if self.dedup is not None or SNAPSHOT_PROPERTY in self.ledger.properties:
+                    # Off: the snapshot goes, and with it what retention kept for it.
                     self.dedup = None
                     await self.ledger.set_properties({SNAPSHOT_PROPERTY: None})
-                    self._dedup_snapshot_written = None
                     log.info("deduplication disabled: topic=%s", self.full_name)
+                self._dedup_snapshot_written = None
                 return
             if self.dedup is not None:
                 return
@@ -343,6 +344,21 @@ class PersistentTopic:
             log.warning("deduplication snapshot not written: topic=%s error=%s", self.full_name, error)
         finally:
             self._dedup_snapshot_task = None
+
+    def _stored_dedup_snapshot_position(self) -> Position | None:
+        """The position of the deduplication snapshot in the managed-ledger properties
+        (None: none, or unreadable): retention keeps what comes after it from the
+        moment the topic loads, deduplication on in memory or not yet (it is turned on
+        by the first producer; replaying then needs those entries)."""
+        text = self.ledger.properties.get(SNAPSHOT_PROPERTY)
+        if text is None:
+            return None
+        try:
+            return snapshot_position(text)
+        except MagnetarError as error:
+            log.warning("deduplication snapshot unreadable, retention keeps nothing for it: topic=%s error=%s",
+                        self.full_name, error)
+            return None
 
     def _dedup_written(self, position: Position) -> None:
         self._dedup_snapshot_written = position

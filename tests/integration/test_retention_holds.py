@@ -7,7 +7,8 @@ Proves:
   before its next snapshot restores every producer's last sequence id from the snapshot
   plus those entries, and a resend of what was stored after the snapshot is still a
   duplicate (before, retention deleted the ledger holding them and the restarted broker
-  took producer "a"'s resends for new messages: last_sequence_id 999 for 1149);
+  took producer "a"'s resends for new messages: last_sequence_id 999 for 1149), also
+  while only a reader has the topic loaded, and turning deduplication off lets them go;
 - once a topic was compacted, the entries after the horizon stay until the next
   compaction has read them, so its compacted view has every key's latest value (before,
   keys written after the horizon into a ledger that closed before the next run were lost
@@ -108,15 +109,21 @@ async def test_retention_keeps_what_deduplication_replays_after_a_kill(etcd_proc
         await broker.start()
         client = pulsar.Client(broker.service_url, operation_timeout_seconds=30)
         try:
+            # A reader loads the topic (deduplication is turned on by the first producer
+            # only): the snapshot in the topic's record holds the fourth ledger anyway.
+            reader = client.create_reader(topic, pulsar.MessageId.earliest, receiver_queue_size=1000)
+            first = reader.read_next(30_000).data()
+            assert first == b"a900", first       # the first entry of the fourth ledger
+            await _wait_for_ledgers(broker, topic, 3)    # the fourth, the fifth, a new one
             producer = client.create_producer(topic, producer_name="a", batching_enabled=False)
             assert producer.last_sequence_id() == A_MESSAGES - 1
             # A resend of what "a" stored after the snapshot is not stored again.
             resent = producer.send(b"a1100-again", sequence_id=1100)
             assert (resent.ledger_id(), resent.entry_id()) == (-1, -1), resent
-            reader = client.create_reader(topic, pulsar.MessageId.earliest, receiver_queue_size=1000)
-            first = reader.read_next(30_000).data()
-            # The oldest entry kept is the first of the fourth ledger ("a" 900).
-            assert first == b"a900", first
+            # Deduplication turned off: its snapshot goes, and what it held with it.
+            namespace = TopicName.parse(topic).namespace_name
+            http_json("POST", f"{broker.web_service_url}/admin/v2/namespaces/{namespace}/deduplication", False)
+            await _wait_for_ledgers(broker, topic, 1)
         finally:
             client.close()
 

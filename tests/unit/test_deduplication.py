@@ -90,3 +90,13 @@ def test_a_quiet_topic_snapshots_by_time_and_a_snapshot_covers_the_last_entry_co
     restored = Deduplication()
     restored.restore(dedup.take_snapshot(dedup.last_stored))
     assert restored.last_stored == Position(4, 8)                 # a snapshot after restore covers as much
+
+
+def test_a_snapshot_says_its_position_without_a_restore():
+    from broker.deduplication import snapshot_position
+
+    dedup = Deduplication()
+    dedup.on_stored("p", 0, 0, Position(7, 41))
+    assert snapshot_position(dedup.take_snapshot(dedup.last_stored)) == Position(7, 41)
+    with pytest.raises(MalformedFrame):
+        snapshot_position('{"position": "x", "producers": {}}')
