@@ -94,7 +94,7 @@ def broadcast_member_name(subscription: str, member: str) -> str:
 _EARLIEST_ID = 2**64 - 1
 # Below the position of every entry (ledger ids are not negative): where a
 # read_compacted subscription from "earliest" starts (_compacted_start).
-BEFORE_EVERY_POSITION = Position(-1, 0)
+_BEFORE_EVERY_POSITION = Position(-1, 0)
 _LATEST_ID = 2**63 - 1
 # Publish-time searches read at most this many entries (binary search over a topic).
 _TIME_SEARCH_READS_MAX = 200
@@ -620,7 +620,7 @@ class PersistentTopic:
         if start_message_id is not None and not durable:
             return self._compacted_position(start_message_id)
         if initial_position == pb.CommandSubscribe.Earliest and self.compaction.record is not None:
-            return BEFORE_EVERY_POSITION
+            return _BEFORE_EVERY_POSITION
         return None
 
     def _compacted_position(self, message_id: pb.MessageIdData) -> Position | None:
@@ -638,7 +638,7 @@ class PersistentTopic:
         if record is None or message_id.ledgerId == _LATEST_ID:
             return None
         if message_id.ledgerId == _EARLIEST_ID:
-            return BEFORE_EVERY_POSITION
+            return _BEFORE_EVERY_POSITION
         requested = Position(message_id.ledgerId, message_id.entryId)
         if requested <= record.horizon and requested < self.ledger.first_position:
             return requested
