@@ -270,12 +270,33 @@ class TopicCompaction:
                 # A new compaction replaced (and deleted) the ledger meanwhile: again.
         return []
 
-    async def _read(self, record: CompactionRecord, start: Position, count_max: int) -> list[CompactedEntry]:
+    async def last_entry(self) -> CompactedEntry | None:
+        """The compacted ledger's last entry (None: never compacted, or nothing survived
+        it): the last a read_compacted reader gets when nothing follows the horizon."""
+        for _attempt in range(2):
+            record = self.record
+            if record is None or record.entries == 0:
+                return None
+            try:
+                reader = await self._open_reader(record)
+                (found,) = await reader.read(record.entries - 1, record.entries - 1)
+                return decode_entry(found.payload)
+            except MagnetarError:
+                if self.record is record:
+                    raise
+                # Replaced meanwhile, as in read_compacted: again.
+        return None
+
+    async def _open_reader(self, record: CompactionRecord) -> "LedgerReader":
         reader = self._reader
         if reader is None or reader.ledger_id != record.ledger_id:
             reader = await self._ledger.open_side_ledger(record.ledger_id)
             if self.record is record:
                 self._reader = reader
+        return reader
+
+    async def _read(self, record: CompactionRecord, start: Position, count_max: int) -> list[CompactedEntry]:
+        reader = await self._open_reader(record)
         first = self._hints.get(start)
         if first is None:
             first = await self._search(reader, record, start)

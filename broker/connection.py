@@ -1118,7 +1118,8 @@ class ServerConnection(asyncio.Protocol):
             self.write_command(commands.error(request.request_id, pb.ConsumerNotFound, "no such consumer"))
             return
         try:
-            position, batch_index = await attached.topic.last_message_id()
+            position, batch_index = await attached.topic.last_message_id(
+                read_compacted=attached.subscription.read_compacted)
         except MagnetarError as error:
             self._write_error(request.request_id, error)
             return

@@ -89,6 +89,11 @@ def broadcast_member_name(subscription: str, member: str) -> str:
     return f"{subscription}{BROADCAST_MEMBER_SEPARATOR}{member}"
 
 
+def _last_batch_index(metadata: pb.MessageMetadata) -> int:
+    """The batch index of an entry's last message (-1: not a batch)."""
+    return message_count(metadata) - 1 if metadata.HasField("num_messages_in_batch") else -1
+
+
 # The clients' MessageId.earliest is (-1, -1) and MessageId.latest (INT64_MAX, INT64_MAX);
 # ledger and entry ids are uint64 on the wire.
 _EARLIEST_ID = 2**64 - 1
@@ -698,19 +703,28 @@ class PersistentTopic:
 
     # --- queries --------------------------------------------------------------------------------
 
-    async def last_message_id(self) -> tuple[Position, int]:
+    async def last_message_id(self, *, read_compacted: bool = False) -> tuple[Position, int]:
         """The last stored message: (position, batch index; -1 if not a batch). An empty
-        topic answers (current ledger, -1)."""
+        topic answers (current ledger, -1). For a read_compacted consumer, when nothing
+        follows the compaction horizon, the last message of the compacted ledger: the
+        topic's own last may be one compaction dropped (a tombstone, say), and the
+        clients' has_message_available would then stay true with nothing left to read
+        (what Pulsar fixed in apache/pulsar#18808)."""
         last = self.ledger.last_confirmed
+        record = self.compaction.record
+        if read_compacted and record is not None and last <= record.horizon:
+            compacted = await self.compaction.last_entry()
+            if compacted is None:
+                return Position(max(self.ledger.current_ledger_id, last.ledger_id), -1), -1
+            if compacted.batch_size:
+                return compacted.position, compacted.keep_bits.bit_length() - 1
+            return compacted.position, _last_batch_index(stored_metadata(compacted.stored))
         if last.entry_id < 0:
             return Position(max(self.ledger.current_ledger_id, last.ledger_id), -1), -1
         entries = await self.ledger.read(last, 1, 1)
         if not entries:
             return last, -1
-        metadata = stored_metadata(entries[0].data)
-        if metadata.HasField("num_messages_in_batch"):
-            return last, message_count(metadata) - 1
-        return last, -1
+        return last, _last_batch_index(stored_metadata(entries[0].data))
 
     async def _publish_time(self, position: Position) -> int:
         entries = await self.ledger.read(position, 1, 1)

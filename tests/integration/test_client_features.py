@@ -484,6 +484,44 @@ def test_compaction_and_read_compacted(pulsar_cluster, client):
     batched.close()
 
 
+def test_a_read_compacted_reader_knows_when_it_has_read_everything(pulsar_cluster, client):
+    """A topic that ends with what compaction drops (a batch of keys g and h, then a
+    tombstone of h), compacted: a reader with is_read_compacted=True from earliest gets
+    e1 and g1 (the batch with its surviving message only) and then
+    has_message_available() is false. The broker answers its GET_LAST_MESSAGE_ID with
+    the compacted ledger's last message (the batch, index 0) when nothing follows the
+    horizon; with the topic's own last (the tombstone) the loop below waited forever
+    (what apache/pulsar#18808 fixed). A message produced after that is available again."""
+    local = unique("compacted-end")
+    topic = f"persistent://public/default/{local}"
+    path = f"/admin/v2/persistent/public/default/{local}/compaction"
+    producer = client.create_producer(topic, batching_enabled=False)
+    producer.send(b"e1", partition_key="e")
+    batched = client.create_producer(topic, batching_enabled=True, batching_max_messages=2,
+                                     batching_max_publish_delay_ms=1000)
+    batched.send_async(b"g1", None, partition_key="g")
+    batched.send_async(b"h1", None, partition_key="h")
+    batched.flush()
+    producer.send(None, partition_key="h")
+    _admin(pulsar_cluster, "PUT", path)
+    deadline = time.monotonic() + 20
+    while (status := _admin(pulsar_cluster, "GET", path))["status"] != "SUCCESS":
+        assert status["status"] == "RUNNING", status
+        assert time.monotonic() < deadline, status
+        time.sleep(0.1)
+    reader = client.create_reader(topic, pulsar.MessageId.earliest, is_read_compacted=True)
+    got = []
+    while reader.has_message_available():
+        got.append(reader.read_next(RECEIVE_TIMEOUT_MS).data())
+    assert got == [b"e1", b"g1"]
+    producer.send(b"e2", partition_key="e")
+    assert reader.has_message_available()
+    assert reader.read_next(RECEIVE_TIMEOUT_MS).data() == b"e2"
+    assert not reader.has_message_available()
+    for closing in (reader, producer, batched):
+        closing.close()
+
+
 def test_a_compaction_threshold_compacts_by_itself(pulsar_cluster, client):
     """A namespace with compactionThreshold 2,000 bytes: 40 messages of 100 bytes over
     four keys pass it, and the broker compacts the topic by itself (no PUT: GET reports
