@@ -157,5 +157,17 @@ async def test_retention_keeps_what_the_next_compaction_reads(etcd_process, tmp_
             assert _read_all(reader) == expected
             reader.seek(pulsar.MessageId.earliest)         # and again, the same
             assert _read_all(reader) == expected
+            # A reader that loses its broker inside the deleted range comes back with its
+            # last message id as the start, and goes on from there.
+            slow = client.create_reader(topic, pulsar.MessageId.earliest, is_read_compacted=True,
+                                        receiver_queue_size=10)
+            halfway = [slow.read_next(30_000) for _ in range(50)]
+            assert halfway[-1].message_id().ledger_id() < _ledger_ids(broker, topic)[0]
+            http_json("PUT", f"{broker.web_service_url}/admin/v2/{TopicName.parse(topic).rest_path}/unload")
+            # read_next waits through the reconnection (has_message_available would ask
+            # the broker while the reader is not attached yet: ConsumerNotFound).
+            rest = [slow.read_next(30_000) for _ in range(len(expected) - len(halfway))]
+            assert {m.partition_key(): m.data() for m in halfway + rest} == expected
+            assert not slow.has_message_available()
         finally:
             client.close()
