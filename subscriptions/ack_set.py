@@ -72,6 +72,20 @@ class AckSet:
         self._count += 1
         return True
 
+    def add_range(self, ledger_id: int, first: int, last: int) -> int:
+        """Marks entries ``first`` .. ``last`` (inclusive) of a ledger at once; returns how
+        many were not marked before."""
+        assert 0 <= first <= last, (first, last)
+        if last - first >= ENTRIES_PER_LEDGER_MAX:
+            raise ValueError(f"entries {first}..{last} are too many for one ack bitmap")
+        base = first - first % 8
+        run = ((1 << (last - first + 1)) - 1) << (first - base)
+        other = AckSet()
+        other._ledgers[ledger_id] = (base, bytearray(run.to_bytes((last - base + 8) // 8, "little")))
+        before = self._count
+        self.update(other)
+        return self._count - before
+
     def contains(self, ledger_id: int, entry_id: int) -> bool:
         slot = self._ledgers.get(ledger_id)
         if slot is None:

@@ -157,6 +157,33 @@ class ManagedCursor:
         self._mark_dirty()
         return True
 
+    def ack_range(self, start: Position, end: Position) -> bool:
+        """Every stored entry at or after ``start`` and before ``end`` is acknowledged
+        (a read_compacted subscription's entries that compaction dropped: it is never
+        sent them). Returns True if something changed."""
+        ledger = self._ledger
+        last_confirmed = ledger.last_confirmed
+        position = max(ledger.normalize(start), ledger.next_position(self._state.mark_delete))
+        changed = False
+        while position < end and position <= last_confirmed:
+            ledger_id = position.ledger_id
+            last = ledger.last_entry_of(ledger_id)
+            if end.ledger_id == ledger_id:
+                last = min(last, end.entry_id - 1)
+            if last < position.entry_id:
+                break     # nothing confirmed past here yet
+            if self._state.acked.add_range(ledger_id, position.entry_id, last):
+                self._delta.add_range(ledger_id, position.entry_id, last)
+                changed = True
+            for batch_position in [p for p in self._state.batches
+                                   if p.ledger_id == ledger_id and position.entry_id <= p.entry_id <= last]:
+                del self._state.batches[batch_position]
+            position = ledger.next_position(Position(ledger_id, last))
+        if changed:
+            self._advance_mark_delete()
+            self._mark_dirty()
+        return changed
+
     def ack_cumulative(self, position: Position, ack_set: list[int] | None = None) -> bool:
         """Everything up to ``position`` is acknowledged (with ``ack_set``: everything
         before it, and the batch at it up to the bits left set)."""

@@ -338,6 +338,9 @@ class SingleActiveDispatcher(Dispatcher):
         super().__init__(subscription, entries_max, bytes_max)
         self.failover = failover
         self.active: ConsumerPort | None = None
+        # read_compacted: the mark-delete position for which a read found no copy of a
+        # deleted ledger's entry before the first stored entry (_gaps_acknowledgeable).
+        self._no_copies_before_stored: Position | None = None
 
     def _choose_active(self) -> ConsumerPort | None:
         if not self.consumers:
@@ -432,6 +435,22 @@ class SingleActiveDispatcher(Dispatcher):
             start = after_mark
         return (view, start) if start <= view.horizon else None
 
+    def _gaps_acknowledgeable(self, read_from: Position, chosen: list) -> bool:
+        """Whether the entries compaction dropped may be acknowledged in this round: yes
+        once the mark-delete position is within the stored entries (nothing between it
+        and them), or when this read began right after it and found no copy before the
+        first stored entry (remembered for that mark); no while copies of deleted
+        ledgers may be out unacknowledged."""
+        ledger = self.subscription.ledger
+        mark = self.subscription.cursor.mark_delete_position
+        first = ledger.first_position
+        if Position(mark.ledger_id, mark.entry_id + 1) >= first or self._no_copies_before_stored == mark:
+            return True
+        if read_from == Position(mark.ledger_id, mark.entry_id + 1) and (not chosen or chosen[0].position >= first):
+            self._no_copies_before_stored = mark
+            return True
+        return False
+
     def _send_entries(self, consumer: ConsumerPort, entries: list[ManagedEntry]) -> None:
         """Sends ``entries`` (read from the cursor's read position) while the consumer has
         permits, and moves the read position past the last one sent or skipped."""
@@ -503,12 +522,25 @@ class SingleActiveDispatcher(Dispatcher):
             self.reading = False
         if consumer is not self.active or cursor.read_position != start or self._closed:
             return  # the consumer changed or the cursor moved while reading
+        # What lies between the compacted entries compaction dropped: the subscription
+        # is never sent it, so it is acknowledged as it is passed (else the mark-delete
+        # position, the backlog and retention would stay behind it for ever) — when
+        # that cannot also pass a copy sent from a ledger retention deleted (those
+        # positions are not the topic's: their acks do not count, so only the mark
+        # still before them keeps them for a redelivery).
+        acks_gaps = self._gaps_acknowledgeable(read_from, chosen)
         if not chosen:
+            if acks_gaps:
+                cursor.ack_range(read_from, Position(source.horizon.ledger_id, source.horizon.entry_id + 1))
             cursor.skip_next_read(ledger.next_position(source.horizon))
             return
+        gap_from = read_from
         for compacted in chosen:
             if consumer.permits <= 0:
                 return   # the rest is read again when permits come
+            if acks_gaps:
+                cursor.ack_range(gap_from, compacted.position)
+                gap_from = Position(compacted.position.ledger_id, compacted.position.entry_id + 1)
             entry = ManagedEntry(compacted.position, compacted.stored)
             prepared = self._prepare(entry)
             if prepared is not None:

@@ -68,6 +68,10 @@ class PositionSource(Protocol):
 
     def normalize(self, position: Position) -> Position: ...
 
+    def last_entry_of(self, ledger_id: int) -> int:
+        """The last confirmed entry id of one of the topic's ledgers (-1: none)."""
+        ...
+
     @property
     def first_position(self) -> Position: ...
 

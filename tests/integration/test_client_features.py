@@ -522,6 +522,49 @@ def test_a_read_compacted_reader_knows_when_it_has_read_everything(pulsar_cluste
         closing.close()
 
 
+def test_a_durable_read_compacted_subscription_leaves_no_backlog(pulsar_cluster, client):
+    """Ten values of three keys, compacted; a durable exclusive subscription with
+    is_read_compacted=True from earliest gets each key's latest (v7, v8, v9) and
+    acknowledges them: its backlog is then 0 and its mark-delete position the last
+    entry — the seven values compaction dropped were acknowledged as the subscription
+    passed them (before, they stayed unacknowledged for ever: a backlog of 7 and a
+    cursor holding the topic's ledgers from retention). After an unload nothing comes
+    again, and a new value does."""
+    local = unique("compacted-durable")
+    topic = f"persistent://public/default/{local}"
+    path = f"/admin/v2/persistent/public/default/{local}"
+    producer = client.create_producer(topic, batching_enabled=False)
+    for i in range(10):
+        producer.send(f"v{i}".encode(), partition_key=f"k{i % 3}")
+    _admin(pulsar_cluster, "PUT", f"{path}/compaction")
+    deadline = time.monotonic() + 20
+    while (status := _admin(pulsar_cluster, "GET", f"{path}/compaction"))["status"] != "SUCCESS":
+        assert status["status"] == "RUNNING", status
+        assert time.monotonic() < deadline, status
+        time.sleep(0.1)
+    consumer = client.subscribe(topic, "table", is_read_compacted=True,
+                                initial_position=pulsar.InitialPosition.Earliest)
+    got = []
+    for _ in range(3):
+        message = consumer.receive(RECEIVE_TIMEOUT_MS)
+        got.append(message.data())
+        consumer.acknowledge(message)
+    assert sorted(got) == [b"v7", b"v8", b"v9"]
+    deadline = time.monotonic() + 10
+    while (backlog := _admin(pulsar_cluster, "GET", f"{path}/stats")["subscriptions"]["table"]["msgBacklog"]) != 0:
+        assert time.monotonic() < deadline, backlog
+        time.sleep(0.1)
+    consumer.close()
+    _admin(pulsar_cluster, "PUT", f"{path}/unload")
+    consumer = client.subscribe(topic, "table", is_read_compacted=True)
+    with pytest.raises(pulsar.Timeout):
+        consumer.receive(1000)
+    producer.send(b"v10", partition_key="k0")
+    assert consumer.receive(RECEIVE_TIMEOUT_MS).data() == b"v10"
+    consumer.close()
+    producer.close()
+
+
 def test_a_compaction_threshold_compacts_by_itself(pulsar_cluster, client):
     """A namespace with compactionThreshold 2,000 bytes: 40 messages of 100 bytes over
     four keys pass it, and the broker compacts the topic by itself (no PUT: GET reports

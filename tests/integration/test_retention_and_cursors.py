@@ -216,6 +216,9 @@ class _OneBigLedger:
     def normalize(self, position: Position) -> Position:
         return position if position.ledger_id == self.ledger_id else Position(self.ledger_id, 0)
 
+    def last_entry_of(self, ledger_id: int) -> int:
+        return self.last_confirmed.entry_id if ledger_id == self.ledger_id else -1
+
     @property
     def first_position(self) -> Position:
         return Position(self.ledger_id, 0)

@@ -66,8 +66,10 @@ class FakeManagedLedger:
     def ledger_ids(self) -> list[int]:
         return list(self._ledgers)
 
-    def _last_entry_of(self, ledger_id: int) -> int:
+    def last_entry_of(self, ledger_id: int) -> int:
         return len(self._ledgers.get(ledger_id, ())) - 1
+
+    _last_entry_of = last_entry_of
 
     def normalize(self, position: Position) -> Position:
         return normalize(position, self._ledgers, self._last_entry_of, lambda ledger_id: ledger_id == self._current)

@@ -486,3 +486,26 @@ def test_decode_refuses_trailing_bytes_and_truncated_streams():
         AckSet.decode(encoded + b"junk")
     with pytest.raises(MalformedFrame):
         AckSet.decode(encoded[:-3])
+
+
+@pytest.mark.parametrize("marked, first, last", [
+    ((), 0, 0), ((), 3, 21), ((5, 9), 0, 15), ((30,), 7, 7), ((100, 2), 40, 64), ((8, 16), 9, 15),
+])
+def test_a_range_marks_what_single_marks_would_and_counts_only_the_new(marked, first, last):
+    ranged, single = AckSet(), AckSet()
+    for entry_id in marked:
+        ranged.add(4, entry_id)
+        single.add(4, entry_id)
+    new = ranged.add_range(4, first, last)
+    assert new == sum(single.add(4, entry_id) for entry_id in range(first, last + 1))
+    assert list(ranged.ranges(4)) == list(single.ranges(4))
+    assert len(ranged) == len(single)
+
+
+def test_a_range_wider_than_a_bitmap_is_refused_and_changes_nothing():
+    from subscriptions.ack_set import ENTRIES_PER_LEDGER_MAX
+
+    acks = AckSet()
+    with pytest.raises(ValueError):
+        acks.add_range(1, 0, ENTRIES_PER_LEDGER_MAX)
+    assert len(acks) == 0

@@ -837,3 +837,31 @@ def test_save_now_on_a_fenced_cursor_raises():
         await cursor.close()
 
     asyncio.run(scenario())
+
+
+# --- ranges a read_compacted subscription passes ------------------------------------------------
+
+def test_a_range_is_acknowledged_across_ledgers_and_moves_the_mark():
+    """[(10, 1), (12, 1)) over ledgers 10 (3 entries), 11 (deleted), 12: (10, 1), (10, 2)
+    and (12, 0) acknowledged; with (10, 0) acked too the mark reaches (12, 0)."""
+    ledger = ledger_with(3, 2, 3)
+    ledger.delete_ledger(11)
+    cursor = cursor_on(ledger)
+    assert cursor.ack_range(P(10, 1), P(12, 1)) is True
+    assert acked_entries(cursor, ledger) == [P(10, 1), P(10, 2), P(12, 0)]
+    assert cursor.mark_delete_position == EARLIEST
+    cursor.ack(P(10, 0))
+    assert cursor.mark_delete_position == P(12, 0)
+    assert cursor.ack_range(P(10, 0), P(12, 1)) is False          # nothing new
+
+
+def test_a_range_stops_at_the_last_confirmed_entry_and_drops_partial_batches():
+    ledger = ledger_with(4)
+    cursor = cursor_on(ledger)
+    cursor.ack(P(10, 2), [0b10], 2)                                  # half a batch acked
+    assert cursor.unacked_batch_bits(P(10, 2)) is not None
+    assert cursor.ack_range(EARLIEST, P(99, 0)) is True
+    assert cursor.mark_delete_position == P(10, 3)
+    assert cursor.unacked_batch_bits(P(10, 2)) is None
+    ledger.append_many(2)
+    assert not cursor.is_acked(P(10, 4))                             # written after: not in it

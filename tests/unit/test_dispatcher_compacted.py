@@ -14,7 +14,13 @@ FakeManagedLedger (ledgers 10 and 11, 10 deleted) and a compacted view holding c
 - a rewind (a redelivery) goes back before them again, as a rewind to the first
   unacknowledged entry must, and so does a seek (a cursor reset) to before every
   position (what broker/topic.py's ``seek_position`` gives "earliest" then);
-- a subscription that does not read compacted reads the stored entries only.
+- a subscription that does not read compacted reads the stored entries only;
+- on a topic whose ledgers are all stored, the entries compaction dropped are
+  acknowledged as the subscription passes them, so once the consumer acknowledges what
+  it was sent the mark-delete position reaches the end (before, it stayed before the
+  first dropped entry for ever: a backlog that never cleared and ledgers retention
+  could never delete); where copies of deleted ledgers were sent, nothing is
+  acknowledged for them, so a rewind still sends them again.
 """
 
 from __future__ import annotations
@@ -41,14 +47,15 @@ class _View:
         return [entry for entry in self.entries if entry.position >= start][:count_max]
 
 
-def _topic() -> tuple[FakeManagedLedger, _View]:
+def _topic(*, delete_first: bool = True) -> tuple[FakeManagedLedger, _View]:
     ledger = FakeManagedLedger(first_ledger_id=10)
     for index in range(5):
         ledger.append(batch_entry(1, index))
     ledger.roll(11)
     for index in range(5, 10):
         ledger.append(batch_entry(1, index))
-    ledger.delete_ledger(10)
+    if delete_first:
+        ledger.delete_ledger(10)
     stored = memoryview(batch_entry(1, 99))
     view = _View([CompactedEntry(Position(*at), 0, 0, stored) for at in ((10, 1), (10, 3), (11, 2))],
                  horizon=Position(11, 4))
@@ -104,3 +111,38 @@ def test_without_read_compacted_only_the_stored_entries_are_read():
 
 def test_a_reset_to_before_every_position_reads_the_compacted_copies_again():
     assert _delivered(Position(10, 3), reset_to=Position(-1, 0)) == [(11, 2), (10, 1), (10, 3), (11, 2), (11, 5)]
+
+
+def test_the_entries_compaction_dropped_are_acknowledged_as_they_are_passed():
+    async def scenario() -> None:
+        ledger, view = _topic(delete_first=False)
+        subscription = _subscription(ledger, view, Position(-1, -1), True)
+        consumer = FakeConsumer(1, "c", permits=100)
+        subscription.add_consumer(consumer, SubscriptionMode.EXCLUSIVE)
+        await settle()
+        ledger.append(batch_entry(1, 10))          # 11:5, after the horizon
+        await settle()
+        assert [(p.ledger_id, p.entry_id) for p in consumer.positions] == [(10, 1), (10, 3), (11, 2), (11, 5)]
+        cursor = subscription.cursor
+        assert cursor.mark_delete_position == Position(10, 0)        # 10:1 sent, not acknowledged yet
+        for position in consumer.positions:
+            cursor.ack(position)
+        assert cursor.mark_delete_position == Position(11, 5)
+        await subscription.dispatcher.close()
+
+    asyncio.run(scenario())
+
+
+def test_nothing_is_acknowledged_past_copies_of_deleted_ledgers():
+    async def scenario() -> None:
+        ledger, view = _topic()
+        subscription = _subscription(ledger, view, Position(-1, -1), True)
+        consumer = FakeConsumer(1, "c", permits=100)
+        subscription.add_consumer(consumer, SubscriptionMode.EXCLUSIVE)
+        await settle()
+        assert len(consumer.positions) == 3
+        assert subscription.cursor.mark_delete_position == Position(-1, -1)
+        assert not subscription.cursor.is_acked(Position(11, 0))
+        await subscription.dispatcher.close()
+
+    asyncio.run(scenario())
