@@ -6,8 +6,10 @@ What survives: each message's key is its partition key; a message with a null va
 (or an empty payload) is a tombstone that drops its key; messages without a key are
 all kept (Pulsar leaves them alone). Batches are split to find each message's key; a
 batch of which only some messages survive is copied whole with the bits of its
-survivors (``broker/compacted_ledger.py``). Compressed or encrypted batches cannot be
-split: the run fails with status ERROR and the previous compaction stays.
+survivors (``broker/compacted_ledger.py``). A compressed batch or message is
+decompressed to find its keys (the copy stays as stored: the consumer decompresses it
+and skips what its ack set marks, as from Pulsar's compactor); an encrypted batch cannot
+be split: the run fails with status ERROR and the previous compaction stays.
 
 Two passes over the input, with bounded memory whatever the number of keys:
 1. Phase one reads the input in topic order and notes, per key, the position of its
@@ -41,12 +43,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, AsyncIterator
 
 from broker.compacted_ledger import CompactionRecord, decode_entry, encode_entry
+from client.compression import CODECS, decompress
 from broker.compaction_keys import LatestKeys
 from broker.managed_ledger_info import PURPOSE_COMPACTED
 from common.errors import MagnetarError
 from common.position import Position
-from protocol.batch import is_batch, parse_batch
+from protocol.batch import SingleMessage, is_batch, parse_batch
 from protocol.codec import decode_stored, stored_metadata
+from protocol.proto import pulsar_api_pb2 as pb
 from subscriptions.compacted_view import CompactedEntry
 
 if TYPE_CHECKING:
@@ -82,9 +86,10 @@ def _messages(entry: CompactedEntry) -> tuple[int, list[_Message]]:
     metadata = stored_metadata(entry.stored)
     if not is_batch(metadata):
         payload = decode_stored(entry.stored).payload
+        size = metadata.uncompressed_size if metadata.compression in CODECS else len(payload)
         key = metadata.partition_key.encode() if metadata.HasField("partition_key") else None
-        return 0, [_Message(key, metadata.null_value or len(payload) == 0, -1)]
-    singles = parse_batch(metadata, decode_stored(entry.stored).payload)
+        return 0, [_Message(key, metadata.null_value or size == 0, -1)]
+    singles = _batch_messages(metadata, decode_stored(entry.stored).payload)
     live = []
     for single in singles:
         index = single.batch_index
@@ -94,6 +99,17 @@ def _messages(entry: CompactedEntry) -> tuple[int, list[_Message]]:
         key = meta.partition_key.encode() if meta.HasField("partition_key") else None
         live.append(_Message(key, meta.null_value or len(single.payload) == 0, index))
     return len(singles), live
+
+
+def _batch_messages(metadata: pb.MessageMetadata, payload: memoryview) -> list[SingleMessage]:
+    """A batch's messages; its payload decompressed first when the producer compressed it
+    (MalformedFrame when it does not decompress to its declared size)."""
+    if metadata.compression not in CODECS:
+        return parse_batch(metadata, payload)
+    plain = pb.MessageMetadata()
+    plain.CopyFrom(metadata)
+    plain.ClearField("compression")
+    return parse_batch(plain, decompress(metadata.compression, payload, metadata.uncompressed_size))
 
 
 async def _input(ledger: "ManagedLedger", previous: CompactionRecord | None, previous_reader: "LedgerReader | None",

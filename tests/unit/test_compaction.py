@@ -5,8 +5,10 @@ key, keyless messages stay, a partly surviving batch keeps the bits of its survi
 a second compaction reads the previous compacted ledger, so keys whose topic entries
 were trimmed survive, a later tombstone still drops one, and the old ledger is
 deleted; reads from any position find the first compacted entry at or after it (binary
-search) and a reader going on is served in order; the entry layout and the record
-round-trip, and bad ones raise our error."""
+search) and a reader going on is served in order; compressed batches and messages (each
+codec) are read for their keys and copied as stored, and one that does not decompress
+fails the run; the entry layout and the record round-trip, and bad ones raise our
+error."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from common.errors import MalformedFrame, NoSuchLedger
 from common.position import ManagedEntry, Position
 from protocol.batch import encode_batch
 from protocol.codec import encode_stored
+from protocol.proto import pulsar_api_pb2 as pb
 from protocol.proto.pulsar_api_pb2 import MessageMetadata, SingleMessageMetadata
 
 
@@ -179,14 +182,48 @@ async def test_reads_find_their_place_and_go_on():
     assert seen == list(range(150, 200))
 
 
-async def test_a_compressed_batch_fails_the_run_and_keeps_the_previous():
+def _compressed(stored: bytes, codec: int) -> bytes:
+    """``stored`` (one of _single / _batch) with its payload compressed by ``codec`` in
+    the form the official clients write."""
+    import zlib
+
+    import cramjam
+
+    from protocol.codec import decode_stored, stored_metadata
+
+    compress = {pb.LZ4: lambda data: cramjam.lz4.compress_block(data, store_size=False),
+                pb.ZSTD: cramjam.zstd.compress, pb.SNAPPY: cramjam.snappy.compress_raw, pb.ZLIB: zlib.compress}[codec]
+    metadata = stored_metadata(stored)
+    payload = bytes(decode_stored(stored).payload)
+    metadata.compression = codec
+    metadata.uncompressed_size = len(payload)
+    return encode_stored(metadata, bytes(compress(payload)))
+
+
+@pytest.mark.parametrize("codec", [pb.LZ4, pb.ZSTD, pb.SNAPPY, pb.ZLIB])
+async def test_compressed_batches_and_messages_are_read_for_their_keys(codec):
+    """A compressed batch of a1, b1 and c1, a compressed a2, a compressed empty b
+    (a tombstone: its uncompressed size is 0, not its compressed bytes'): the batch
+    survives with c1 only, then a2; the copies are the stored (compressed) bytes."""
+    ledger = _Ledger([
+        _compressed(_batch([("a", b"a1"), ("b", b"b1"), ("c", b"c1")]), codec),
+        _compressed(_single("a", b"a2"), codec),
+        _compressed(_single("b", b""), codec),
+    ])
+    record = await compact(ledger, None)
+    side = ledger.side[record.ledger_id]
+    assert _values(side) == [(Position(7, 0), 3, 0b100), (Position(7, 1), 0, 0)]
+    assert bytes(decode_entry(side.entries[0]).stored) == ledger.entries[0].data
+
+
+async def test_a_batch_that_does_not_decompress_fails_the_run_and_keeps_the_previous():
     ledger = _Ledger([_single("a", b"a1")])
     compaction = TopicCompaction(ledger)
     await compaction.run()
     previous = compaction.record
     metadata = MessageMetadata(producer_name="p", sequence_id=0, publish_time=1, num_messages_in_batch=2,
-                               compression=1)
-    ledger.append(encode_stored(metadata, b"compressed bytes"))
+                               compression=pb.LZ4, uncompressed_size=64)
+    ledger.append(encode_stored(metadata, b"not lz4 at all"))
     await compaction.run()
     assert compaction.status == "ERROR" and compaction.last_error
     assert compaction.record is previous
