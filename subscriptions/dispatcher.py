@@ -425,8 +425,7 @@ class SingleActiveDispatcher(Dispatcher):
         are gone: retention deleted them, and the compacted ledger may still hold copies
         of their entries ("earliest" on such a topic, a rewind, a reader back after a
         reconnect; broker/topic.py, ``_compacted_start``)."""
-        compacted_view = getattr(self.subscription, "compacted_view", None)
-        view = compacted_view() if compacted_view is not None else None
+        view = self._compacted_view()
         if view is None:
             return None
         mark = self.subscription.cursor.mark_delete_position
@@ -434,6 +433,10 @@ class SingleActiveDispatcher(Dispatcher):
         if after_mark < start and self.subscription.ledger.next_position(mark) == start:
             start = after_mark
         return (view, start) if start <= view.horizon else None
+
+    def _compacted_view(self) -> CompactedSource | None:
+        compacted_view = getattr(self.subscription, "compacted_view", None)
+        return compacted_view() if compacted_view is not None else None
 
     def _gaps_acknowledgeable(self, read_from: Position, chosen: list) -> bool:
         """Whether the entries compaction dropped may be acknowledged in this round: yes
@@ -516,12 +519,19 @@ class SingleActiveDispatcher(Dispatcher):
         self.reads_started += 1   # a read for the watch, like _read's
         self.reading = True
         self._confirmed_at_read = ledger.last_confirmed
+        horizon = source.horizon
         try:
             chosen = await source.read_compacted(read_from, min(consumer.permits, self._entries_max))
         finally:
             self.reading = False
         if consumer is not self.active or cursor.read_position != start or self._closed:
             return  # the consumer changed or the cursor moved while reading
+        view = self._compacted_view()
+        if view is None or view.horizon != horizon:
+            # A compaction was committed meanwhile: what was read may be of the ledger it
+            # replaced, and gaps or the end measured against the new horizon would pass
+            # entries only the new one holds. The next round reads the new one.
+            return
         # What lies between the compacted entries compaction dropped: the subscription
         # is never sent it, so it is acknowledged as it is passed (else the mark-delete
         # position, the backlog and retention would stay behind it for ever) — when

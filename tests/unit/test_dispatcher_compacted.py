@@ -20,7 +20,9 @@ FakeManagedLedger (ledgers 10 and 11, 10 deleted) and a compacted view holding c
   it was sent the mark-delete position reaches the end (before, it stayed before the
   first dropped entry for ever: a backlog that never cleared and ledgers retention
   could never delete); where copies of deleted ledgers were sent, nothing is
-  acknowledged for them, so a rewind still sends them again.
+  acknowledged for them, so a rewind still sends them again;
+- a compaction committed while a read of the view is out makes the dispatcher read
+  again rather than skip (or acknowledge) up to the new horizon.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from tests.unit.test_dispatcher_progress import batch_entry, settle
 class _View:
     entries: list[CompactedEntry]
     horizon: Position
+    replacement: tuple[list[CompactedEntry], Position] | None = None
 
     async def read_compacted(self, start: Position, count_max: int) -> list[CompactedEntry]:
         return [entry for entry in self.entries if entry.position >= start][:count_max]
@@ -146,3 +149,33 @@ def test_nothing_is_acknowledged_past_copies_of_deleted_ledgers():
         await subscription.dispatcher.close()
 
     asyncio.run(scenario())
+
+
+def test_a_compaction_committed_during_a_read_is_read_again_not_skipped():
+    """The compacted view holds 10:1 up to horizon 10:4 when the subscription reads from
+    10:2; while that read is out, a compaction commits 10:1 and 11:2 up to 11:4. The
+    empty answer of the old view must not send the cursor past the new horizon (nor
+    acknowledge up to it): 11:2 is delivered."""
+
+    class _Replaced(_View):
+        async def read_compacted(self, start: Position, count_max: int) -> list[CompactedEntry]:
+            answer = await super().read_compacted(start, count_max)
+            if self.replacement is not None:
+                self.entries, self.horizon = self.replacement
+                self.replacement = None
+            return answer
+
+    async def scenario() -> list[tuple[int, int]]:
+        ledger, _ = _topic(delete_first=False)
+        stored = memoryview(batch_entry(1, 99))
+        view = _Replaced([CompactedEntry(Position(10, 1), 0, 0, stored)], horizon=Position(10, 4))
+        view.replacement = ([CompactedEntry(Position(10, 1), 0, 0, stored), CompactedEntry(Position(11, 2), 0, 0, stored)],
+                            Position(11, 4))
+        subscription = _subscription(ledger, view, Position(10, 1), True)
+        consumer = FakeConsumer(1, "c", permits=100)
+        subscription.add_consumer(consumer, SubscriptionMode.EXCLUSIVE)
+        await settle()
+        await subscription.dispatcher.close()
+        return [(p.ledger_id, p.entry_id) for p in consumer.positions]
+
+    assert asyncio.run(scenario()) == [(11, 2)]
