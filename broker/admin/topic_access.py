@@ -15,6 +15,7 @@ import logging
 
 from aiohttp import web
 
+from broker.admin import fanout
 from broker.service import BrokerService
 from broker.topic import PersistentTopic
 from common.topic_name import NamespaceName, TopicName
@@ -66,10 +67,23 @@ async def existing_partitions(service: BrokerService, name: TopicName, count: in
 async def targets(service: BrokerService, name: TopicName, request: web.Request, *, create: bool = False,
                   ) -> list[PersistentTopic]:
     """A subscription operation's topics: every partition of a partitioned topic (they
-    are created when ``create``), or the topic itself."""
+    are created when ``create``), or the topic itself. Partitions served by another
+    broker send the request there (307) when one broker serves them all; split between
+    brokers, the request is refused with the partitions' owners (PreconditionFailed):
+    redirected, it went from owner to owner for ever (broker/admin/fanout.py), and the
+    changes are not fanned out to other brokers yet, so each partition's own path
+    (which its owner serves) is the way."""
     count = await partition_count(service, name)
     if count == 0:
         return [await load(service, name, request, create=create)]
+    owners = await fanout.partition_owners(service, name, count)
+    if fanout.split_between_brokers(owners):
+        served: dict[str, list[int]] = {}
+        for partition, owner in owners:
+            served.setdefault(owner.web_service_url or owner.broker_id, []).append(partition.partition_index)
+        raise PreconditionFailed(f"the partitions of {name} are served by several brokers "
+                                 f"({'; '.join(f'{url}: {indexes}' for url, indexes in sorted(served.items()))}): "
+                                 "send this request for each partition")
     if create:
         return [await load(service, name.partition(i), request, create=True) for i in range(count)]
     return await existing_partitions(service, name, count, request)

@@ -32,13 +32,15 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Callable
 
 from aiohttp import web
 
 from broker import stats
-from broker.admin import topic_access
+from broker.admin import fanout, topic_access
 from broker.admin.common import flag, integer, json_body, namespace_of, no_content, topic_of
 from broker.service import BrokerService
+from broker.topic import PersistentTopic
 from common.errors import AlreadyExists, NotAllowed, PreconditionFailed, TopicNotFound
 
 log = logging.getLogger(__name__)
@@ -115,12 +117,24 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
                                 f"partitioned-stats")
         return await topic_access.load(service, name, request)
 
-    async def partitions_of(request: web.Request):
+    async def partitions_stats(request: web.Request, suffix: str, local: Callable[[PersistentTopic], dict]
+                               ) -> tuple[int, dict[str, dict]]:
+        """(partition count, each existing partition's ``suffix`` stats by name): this
+        broker's partitions from here, the others' from the brokers serving them."""
         name = topic_of(request)
         count = await topic_access.partition_count(service, name)
         if count == 0:
             raise TopicNotFound(f"partitioned topic {name} does not exist")
-        return count, await topic_access.existing_partitions(service, name, count, request)
+        by_partition: dict[str, dict] = {}
+        for partition, owner in await fanout.partition_owners(service, name, count):
+            if owner.is_self:
+                try:
+                    by_partition[str(partition)] = local(await service.get_topic(partition, create=False))
+                except TopicNotFound:
+                    continue
+            elif (answer := await fanout.partition_json(service, owner, partition, suffix, request)) is not None:
+                by_partition[str(partition)] = answer
+        return count, by_partition
 
     async def topic_stats(request: web.Request) -> web.Response:
         topic = await non_partitioned(request)
@@ -128,17 +142,15 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
 
     async def partitioned_stats(request: web.Request) -> web.Response:
         per_partition = flag(request, "perPartition", default=True)
-        count, topics = await partitions_of(request)
         now = time.monotonic()
-        by_partition = {t.full_name: stats.topic_stats(t, meter, now) for t in topics}
+        count, by_partition = await partitions_stats(request, "stats", lambda t: stats.topic_stats(t, meter, now))
         return web.json_response(stats.partitioned_stats(by_partition, count, per_partition=per_partition))
 
     async def internal_stats(request: web.Request) -> web.Response:
         return web.json_response(stats.internal_stats(await non_partitioned(request)))
 
     async def partitioned_internal_stats(request: web.Request) -> web.Response:
-        count, topics = await partitions_of(request)
-        by_partition = {t.full_name: stats.internal_stats(t) for t in topics}
+        count, by_partition = await partitions_stats(request, "internalStats", stats.internal_stats)
         return web.json_response(stats.partitioned_internal_stats(by_partition, count))
 
     async def last_message_id(request: web.Request) -> web.Response:
