@@ -439,6 +439,16 @@ def test_topic_list_watcher_tells_of_new_and_deleted_topics(pulsar_cluster, clie
         first.close()
 
 
+def _compact(cluster, path: str) -> None:
+    """PUT .../compaction, then waits (up to 20 s) for GET to report SUCCESS."""
+    _admin(cluster, "PUT", path)
+    deadline = time.monotonic() + 20
+    while (status := _admin(cluster, "GET", path))["status"] != "SUCCESS":
+        assert status["status"] == "RUNNING", status
+        assert time.monotonic() < deadline, status
+        time.sleep(0.1)
+
+
 def test_compaction_and_read_compacted(pulsar_cluster, client):
     """Keys a, b, c are written (a twice, b deleted by a null-value tombstone), plus a
     batch holding an old and a latest value of key d and one message without a key.
@@ -464,12 +474,7 @@ def test_compaction_and_read_compacted(pulsar_cluster, client):
             batched.send_async(value, None, partition_key=key)
     batched.flush()
     assert _admin(pulsar_cluster, "GET", path)["status"] == "NOT_RUN"
-    _admin(pulsar_cluster, "PUT", path)
-    deadline = time.monotonic() + 20
-    while (status := _admin(pulsar_cluster, "GET", path))["status"] != "SUCCESS":
-        assert status["status"] in ("RUNNING", "SUCCESS"), status
-        assert time.monotonic() < deadline, status
-        time.sleep(0.1)
+    _compact(pulsar_cluster, path)
     producer.send(b"a3", partition_key="a")
 
     reader = client.create_reader(topic, pulsar.MessageId.earliest, is_read_compacted=True)
@@ -503,12 +508,7 @@ def test_a_read_compacted_reader_knows_when_it_has_read_everything(pulsar_cluste
     batched.send_async(b"h1", None, partition_key="h")
     batched.flush()
     producer.send(None, partition_key="h")
-    _admin(pulsar_cluster, "PUT", path)
-    deadline = time.monotonic() + 20
-    while (status := _admin(pulsar_cluster, "GET", path))["status"] != "SUCCESS":
-        assert status["status"] == "RUNNING", status
-        assert time.monotonic() < deadline, status
-        time.sleep(0.1)
+    _compact(pulsar_cluster, path)
     reader = client.create_reader(topic, pulsar.MessageId.earliest, is_read_compacted=True)
     got = []
     while reader.has_message_available():
@@ -536,12 +536,7 @@ def test_a_durable_read_compacted_subscription_leaves_no_backlog(pulsar_cluster,
     producer = client.create_producer(topic, batching_enabled=False)
     for i in range(10):
         producer.send(f"v{i}".encode(), partition_key=f"k{i % 3}")
-    _admin(pulsar_cluster, "PUT", f"{path}/compaction")
-    deadline = time.monotonic() + 20
-    while (status := _admin(pulsar_cluster, "GET", f"{path}/compaction"))["status"] != "SUCCESS":
-        assert status["status"] == "RUNNING", status
-        assert time.monotonic() < deadline, status
-        time.sleep(0.1)
+    _compact(pulsar_cluster, f"{path}/compaction")
     consumer = client.subscribe(topic, "table", is_read_compacted=True,
                                 initial_position=pulsar.InitialPosition.Earliest)
     got = []
@@ -583,12 +578,7 @@ def test_compaction_of_compressed_batches(pulsar_cluster, client):
         producer.close()
     tombstone = client.create_producer(topic, compression_type=pulsar.CompressionType.LZ4, batching_enabled=False)
     tombstone.send(None, partition_key="y")
-    _admin(pulsar_cluster, "PUT", path)
-    deadline = time.monotonic() + 20
-    while (status := _admin(pulsar_cluster, "GET", path))["status"] != "SUCCESS":
-        assert status["status"] == "RUNNING", status
-        assert time.monotonic() < deadline, status
-        time.sleep(0.1)
+    _compact(pulsar_cluster, path)
     reader = client.create_reader(topic, pulsar.MessageId.earliest, is_read_compacted=True)
     got = {}
     while reader.has_message_available():
