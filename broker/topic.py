@@ -538,8 +538,14 @@ class PersistentTopic:
                                                      start_message_id, rollback_duration_s, read_compacted))
             self._check_open()   # the topic may have begun closing while it was created
         self._check_not_deleting(name)
-        subscription.add_consumer(consumer, consumer.mode)
-        subscription.read_compacted = read_compacted
+        # Before the consumer is added (which rewinds the cursor), so the dispatcher knows
+        # what it reads from the start; back as it was if the consumer is refused.
+        previously, subscription.read_compacted = subscription.read_compacted, read_compacted
+        try:
+            subscription.add_consumer(consumer, consumer.mode)
+        except BaseException:
+            subscription.read_compacted = previously
+            raise
         return subscription
 
     async def _create_once(self, name: str, create: Callable[[], Awaitable[Subscription]]) -> Subscription:

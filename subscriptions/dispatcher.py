@@ -359,6 +359,7 @@ class SingleActiveDispatcher(Dispatcher):
         previous, self.active = self.active, chosen
         # The new active consumer starts from the first unacknowledged entry.
         self.subscription.cursor.rewind()
+        self._hold_compacted_start()
         if self.failover:
             for consumer in self.consumers:
                 consumer.notify_active(consumer is chosen)
@@ -388,6 +389,7 @@ class SingleActiveDispatcher(Dispatcher):
         start = self.subscription.ledger.next_position(cursor.mark_delete_position)
         self.subscription.count_redelivery_range(start, cursor.read_position)
         cursor.rewind()
+        self._hold_compacted_start()
         self.wake()
 
     def has_work(self) -> bool:
@@ -415,6 +417,20 @@ class SingleActiveDispatcher(Dispatcher):
                 self._wait_for_entries()
                 return
             self._send_entries(consumer, entries)
+
+    def on_cursor_reset(self) -> None:
+        self._hold_compacted_start()
+
+    def _hold_compacted_start(self) -> None:
+        """After a rewind or a reset of a read_compacted subscription: a read position on
+        the first stored entry right after the mark-delete position becomes the position
+        right after the mark itself, so that the compacted ledger is read from there
+        (see ``_compacted_from``) even if retention deletes more ledgers before the next
+        round: moved onto the stored entries then, it would no longer be the first after
+        the mark, and the copies before it would be skipped."""
+        compacted = self._compacted_from(self.subscription.cursor.read_position)
+        if compacted is not None:
+            self.subscription.cursor.skip_next_read(compacted[1])
 
     def _compacted_from(self, start: Position) -> tuple[CompactedSource, Position] | None:
         """(the compacted view, where its read begins), when the subscription reads one

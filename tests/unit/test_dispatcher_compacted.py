@@ -179,3 +179,24 @@ def test_a_compaction_committed_during_a_read_is_read_again_not_skipped():
         return [(p.ledger_id, p.entry_id) for p in consumer.positions]
 
     assert asyncio.run(scenario()) == [(11, 2)]
+
+
+def test_ledgers_deleted_between_a_rewind_and_the_next_read_do_not_move_the_start():
+    """Ledger 10 is gone when the consumer comes (its rewind puts the cursor on 11:0, the
+    first stored entry), and retention deletes 11 before the first round reads: the
+    round still starts before every copy (10:1, 10:3, 11:2 are delivered). Before, the
+    cursor sat on 11:0, no longer the first stored entry after the mark, and the read
+    began there: 10:1 and 10:3 were skipped."""
+    async def scenario() -> list[tuple[int, int]]:
+        ledger, view = _topic()
+        ledger.roll(12)
+        ledger.append(batch_entry(1, 10))          # 12:0
+        subscription = _subscription(ledger, view, Position(-1, -1), True)
+        consumer = FakeConsumer(1, "c", permits=100)
+        subscription.add_consumer(consumer, SubscriptionMode.EXCLUSIVE)
+        ledger.delete_ledger(11)                   # before the dispatcher's first round
+        await settle()
+        await subscription.dispatcher.close()
+        return [(p.ledger_id, p.entry_id) for p in consumer.positions]
+
+    assert asyncio.run(scenario())[:3] == [(10, 1), (10, 3), (11, 2)]
