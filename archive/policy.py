@@ -6,7 +6,8 @@ the archive's own retention lets go. Pure: lists and numbers in, ledger ids out.
   archived passes ``threshold_bytes``, the oldest go (0: every closed ledger); any
   closed ``threshold_seconds`` ago or more goes; -1 turns a trigger off. An operator's
   request (``requested_upto``: a position) adds every closed ledger whose last entry
-  is at or before it. The open (current) ledger never goes.
+  is at or before it. The open (current) ledger never goes, nor any after a ledger
+  whose close is still under way: the archive is always the oldest part of the topic.
 - ``ledgers_to_release``: archived ledgers whose bookie copy may now be deleted: the
   deletion lag has passed since their archive was recorded.
 - ``ledgers_to_collect``: archived ledgers that left the topic (ack-based retention
@@ -36,8 +37,14 @@ def ledgers_to_archive(ledgers: list[LedgerState], *, threshold_bytes: int, thre
     unarchived_bytes = sum(max(ledger.size_bytes, 0) for ledger in pending)
     chosen: list[int] = []
     for ledger in pending:
-        if ledger.closed_ms <= 0 or ledger.last_entry_id < 0:
-            continue              # open (or empty): nothing to archive yet
+        if ledger.closed_ms <= 0:
+            # Open, or its close still under way (a roll-over): nothing after it goes
+            # either, so the archive stays the oldest part of the topic — what readers
+            # of archive + live tail count on (spark/stream.py; a tail read from after
+            # the last archived ledger skipped one archived later, out of order).
+            break
+        if ledger.last_entry_id < 0:
+            continue              # empty: nothing to archive
         by_size = threshold_bytes >= 0 and unarchived_bytes > threshold_bytes
         by_age = threshold_seconds >= 0 and now_ms - ledger.closed_ms >= threshold_seconds * 1000
         by_request = requested_upto is not None and (ledger.ledger_id, ledger.last_entry_id) <= requested_upto

@@ -104,6 +104,22 @@ def test_ledgers_are_chosen_by_size_age_and_request():
                               now_ms=now) == []
 
 
+def test_nothing_after_a_ledger_still_closing_is_archived():
+    """Ledger 2 rolled over and its close is still under way (no close time yet): 3 and
+    4, closed, wait for it, so the archive stays the oldest part of the topic (a reader
+    of archive + tail reads the tail from after the last archived ledger; with 3 and 4
+    archived first it skipped 2). An empty closed ledger does not stop the walk."""
+    ledgers = states((1, 99, 100, 1_000, False), (2, 99, 100, 0, False), (3, 99, 100, 8_000, False),
+                     (4, 99, 100, 9_000, False), (5, 10, 50, 0, False))
+    assert ledgers_to_archive(ledgers, threshold_bytes=0, threshold_seconds=-1, requested_upto=None,
+                              now_ms=10_000) == [1]
+    assert ledgers_to_archive(ledgers, threshold_bytes=-1, threshold_seconds=-1, requested_upto=(4, 99),
+                              now_ms=10_000) == [1]
+    with_empty = states((1, -1, 0, 1_000, False), (2, 99, 100, 2_000, False), (3, 10, 50, 0, False))
+    assert ledgers_to_archive(with_empty, threshold_bytes=0, threshold_seconds=-1, requested_upto=None,
+                              now_ms=10_000) == [2]
+
+
 def archived(*specs) -> list[ArchivedLedger]:
     return [ArchivedLedger(ledger_id, size, archived_ms, deleted_ms, in_topic)
             for ledger_id, size, archived_ms, deleted_ms, in_topic in specs]
