@@ -9,10 +9,11 @@ partition, and the client's redirects went round for ever once the partitions we
 split between brokers.
 
 How: ``partition_owners`` says who serves each partition (assigning a bundle nobody
-owns, as a lookup does); ``partition_json`` asks one owner with the caller's
+owns, as a lookup does); ``PartitionCalls.json`` asks one owner with the caller's
 ``Authorization`` header (the owner authenticates and authorizes the caller, as for a
 direct call), over the owner's HTTPS URL and this broker's trust store when plain ports
-are off. One partition at a time, each call bounded by ``PARTITION_CALL_TIMEOUT_S``; a
+are off; one session (and TLS context) per admin request, one partition at a time, each
+call bounded by ``PARTITION_CALL_TIMEOUT_S``; a
 partition that does not exist there answers None; any other failure is the caller's
 error (the owner's status and reason). Forwarded calls are never redirected by this
 module again (a partition-level path converges on its owner).
@@ -21,6 +22,7 @@ module again (a partition-level path converges on its owner).
 from __future__ import annotations
 
 import asyncio
+import ssl
 
 import aiohttp
 from aiohttp import web
@@ -49,20 +51,40 @@ def split_between_brokers(owners: list[tuple[TopicName, OwnerInfo]]) -> bool:
     return len({owner.broker_id for _, owner in owners}) > 1
 
 
-async def partition_json(service: BrokerService, owner: OwnerInfo, partition: TopicName, suffix: str,
-                         request: web.Request) -> object | None:
-    """``GET /admin/v2/<partition>/<suffix>`` of the broker serving ``partition``: its
-    JSON answer, or None if the partition does not exist there (404)."""
-    if service.config.plain_ports_enabled and owner.web_service_url:
-        base, ssl_context = owner.web_service_url, None
-    else:
-        base, ssl_context = owner.web_service_url_tls, client_context(service.config.tls)
-    url = f"{base}/admin/v2/{partition.rest_path}/{suffix}"
-    headers = {header: request.headers[header] for header in _FORWARDED_HEADERS if header in request.headers}
-    timeout = aiohttp.ClientTimeout(total=PARTITION_CALL_TIMEOUT_S)
-    try:
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            async with session.get(url, headers=headers, ssl=ssl_context) as response:
+class PartitionCalls:
+    """The calls one admin request makes to other brokers: one HTTP session and (with
+    TLS) one client context for all of them, made at the first call, closed at the end
+    (``async with``)."""
+
+    def __init__(self, service: BrokerService, request: web.Request) -> None:
+        self._service = service
+        self._headers = {header: request.headers[header] for header in _FORWARDED_HEADERS
+                         if header in request.headers}
+        self._session: aiohttp.ClientSession | None = None
+        self._ssl_context: ssl.SSLContext | None = None
+
+    async def __aenter__(self) -> "PartitionCalls":
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def json(self, owner: OwnerInfo, partition: TopicName, suffix: str) -> object | None:
+        """``GET /admin/v2/<partition>/<suffix>`` of the broker serving ``partition``:
+        its JSON answer, or None if the partition does not exist there (404)."""
+        config = self._service.config
+        if config.plain_ports_enabled and owner.web_service_url:
+            base, ssl_context = owner.web_service_url, None
+        else:
+            if self._ssl_context is None:
+                self._ssl_context = client_context(config.tls)
+            base, ssl_context = owner.web_service_url_tls, self._ssl_context
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PARTITION_CALL_TIMEOUT_S))
+        url = f"{base}/admin/v2/{partition.rest_path}/{suffix}"
+        try:
+            async with self._session.get(url, headers=self._headers, ssl=ssl_context) as response:
                 if response.status == 404:
                     return None
                 if response.status >= 400:
@@ -70,8 +92,8 @@ async def partition_json(service: BrokerService, owner: OwnerInfo, partition: To
                     error = _STATUS_ERRORS.get(response.status, web.HTTPBadGateway)
                     raise error(reason=f"{partition} on {base}: {reason}")
                 return await response.json()
-    except (aiohttp.ClientError, asyncio.TimeoutError) as failure:
-        raise web.HTTPBadGateway(reason=f"{partition} on {base}: {type(failure).__name__}: {failure}") from None
+        except (aiohttp.ClientError, asyncio.TimeoutError) as failure:
+            raise web.HTTPBadGateway(reason=f"{partition} on {base}: {type(failure).__name__}: {failure}") from None
 
 
 async def _reason(response: aiohttp.ClientResponse) -> str:

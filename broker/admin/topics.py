@@ -126,14 +126,15 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
         if count == 0:
             raise TopicNotFound(f"partitioned topic {name} does not exist")
         by_partition: dict[str, dict] = {}
-        for partition, owner in await fanout.partition_owners(service, name, count):
-            if owner.is_self:
-                try:
-                    by_partition[str(partition)] = local(await service.get_topic(partition, create=False))
-                except TopicNotFound:
-                    continue
-            elif (answer := await fanout.partition_json(service, owner, partition, suffix, request)) is not None:
-                by_partition[str(partition)] = answer
+        async with fanout.PartitionCalls(service, request) as remote:
+            for partition, owner in await fanout.partition_owners(service, name, count):
+                if owner.is_self:
+                    try:
+                        by_partition[str(partition)] = local(await service.get_topic(partition, create=False))
+                    except TopicNotFound:
+                        continue
+                elif (answer := await remote.json(owner, partition, suffix)) is not None:
+                    by_partition[str(partition)] = answer
         return count, by_partition
 
     async def topic_stats(request: web.Request) -> web.Response:
