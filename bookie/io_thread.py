@@ -16,9 +16,12 @@ call, stopped (and joined) by ``shutdown``.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from typing import Any, Callable
+
+log = logging.getLogger(__name__)
 
 Outcome = Callable[[Any, "BaseException | None"], None]
 
@@ -33,7 +36,8 @@ class IoThread:
 
     def submit(self, call: Callable[..., Any], args: tuple[Any, ...], outcome: Outcome) -> None:
         """Runs ``call(*args)`` on the thread after every call submitted before it, then
-        ``outcome(result, None)`` or, if it raised, ``outcome(None, error)`` (there too)."""
+        ``outcome(result, None)`` or, if it raised, ``outcome(None, error)`` (there too;
+        an outcome that raises is logged and the thread goes on)."""
         if self._stopped:
             raise RuntimeError(f"{self._name}: submit after shutdown")
         if self._thread is None:
@@ -52,9 +56,15 @@ class IoThread:
             try:
                 result = call(*args)
             except BaseException as error:  # noqa: BLE001 - handed to the caller, as a future would
-                outcome(None, error)
+                result, failure = None, error
             else:
-                outcome(result, None)
+                failure = None
+            try:
+                outcome(result, failure)
+            except Exception:
+                # As an executor does with a failing done-callback: logged, and the thread
+                # goes on (dead, it would leave every later call unanswered).
+                log.exception("io thread outcome failed: thread=%s", self._name)
 
     def shutdown(self, timeout_s: float | None = None) -> None:
         """Lets the calls already submitted finish, then stops the thread and waits for

@@ -67,3 +67,17 @@ def test_shutdown_without_a_call_starts_no_thread():
     io = IoThread("journal-test")
     io.shutdown(1)
     assert threading.active_count() == before
+
+
+def test_an_outcome_that_raises_is_logged_and_the_thread_goes_on(caplog):
+    io = IoThread("journal-test")
+    outcomes: list[object] = []
+
+    def broken(result: object, error: BaseException | None) -> None:
+        raise RuntimeError("outcome bug")
+
+    io.submit(lambda: 1, (), broken)
+    io.submit(lambda: 2, (), lambda result, error: outcomes.append(result))
+    io.shutdown(10)
+    assert outcomes == [2]
+    assert "io thread outcome failed" in caplog.text
