@@ -9,25 +9,34 @@ partition, and the client's redirects went round for ever once the partitions we
 split between brokers.
 
 How: ``partition_owners`` says who serves each partition (assigning a bundle nobody
-owns, as a lookup does); ``PartitionCalls.json`` asks one owner with the caller's
+owns, as a lookup does); ``PartitionCalls.call`` asks one owner with the caller's
 ``Authorization`` header (the owner authenticates and authorizes the caller, as for a
 direct call), over the owner's HTTPS URL and this broker's trust store when plain ports
 are off; one session (and TLS context) per admin request, one partition at a time, each
-call bounded by ``PARTITION_CALL_TIMEOUT_S``; a
-partition that does not exist there answers None; any other failure is the caller's
-error (the owner's status and reason). Forwarded calls are never redirected by this
-module again (a partition-level path converges on its owner).
+call bounded by ``PARTITION_CALL_TIMEOUT_S``; a partition (or subscription) that does
+not exist there answers ``ABSENT``; any other failure is raised as the owner's error
+(its catalogue code when it sent one, else its HTTP status). A partition-level path
+converges on its owner, so a forwarded call that meets a moved bundle follows one more
+redirect at most as far as aiohttp's limit.
+
+Changes (``Outcomes``): a change fanned out is checked on every partition first where a
+check exists (a subscription that exists already, clients attached), then applied to
+every partition, going on past a partition that fails; the request then fails with the
+first failure's error and names the partitions it was applied to, since a change
+already made on other brokers is not undone (Pulsar's brokers answer the same way).
 """
 
 from __future__ import annotations
 
 import asyncio
 import ssl
+from typing import Awaitable
 
 import aiohttp
 from aiohttp import web
 
 from broker.service import BrokerService, OwnerInfo
+from common.errors import MagnetarError, UnknownError, error_class_for_code, error_for_code
 from common.tls import client_context
 from common.topic_name import TopicName
 
@@ -39,6 +48,15 @@ _STATUS_ERRORS: dict[int, type[web.HTTPException]] = {
     400: web.HTTPBadRequest, 401: web.HTTPUnauthorized, 403: web.HTTPForbidden, 409: web.HTTPConflict,
     412: web.HTTPPreconditionFailed, 429: web.HTTPTooManyRequests, 503: web.HTTPServiceUnavailable,
 }
+
+
+class _Absent:
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+# What a call answers when the partition, or what it names on it, does not exist (404).
+ABSENT = _Absent()
 
 
 async def partition_owners(service: BrokerService, name: TopicName, count: int) -> list[tuple[TopicName, OwnerInfo]]:
@@ -73,6 +91,14 @@ class PartitionCalls:
     async def json(self, owner: OwnerInfo, partition: TopicName, suffix: str) -> object | None:
         """``GET /admin/v2/<partition>/<suffix>`` of the broker serving ``partition``:
         its JSON answer, or None if the partition does not exist there (404)."""
+        answer = await self.call("GET", owner, partition, suffix)
+        return None if answer is ABSENT else answer
+
+    async def call(self, method: str, owner: OwnerInfo, partition: TopicName, suffix: str = "", *,
+                   body: object = None, query: dict[str, str] | None = None) -> object:
+        """``<method> /admin/v2/<partition>[/<suffix>]`` of the broker serving
+        ``partition`` (``body`` sent as JSON unless None): its JSON answer (None for an
+        empty one), or ``ABSENT`` for a 404."""
         config = self._service.config
         if config.plain_ports_enabled and owner.web_service_url:
             base, ssl_context = owner.web_service_url, None
@@ -82,23 +108,74 @@ class PartitionCalls:
             base, ssl_context = owner.web_service_url_tls, self._ssl_context
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PARTITION_CALL_TIMEOUT_S))
-        url = f"{base}/admin/v2/{partition.rest_path}/{suffix}"
+        url = f"{base}/admin/v2/{partition.rest_path}" + (f"/{suffix}" if suffix else "")
         try:
-            async with self._session.get(url, headers=self._headers, ssl=ssl_context) as response:
+            async with self._session.request(method, url, headers=self._headers, ssl=ssl_context,
+                                             json=body, params=query) as response:
                 if response.status == 404:
-                    return None
+                    return ABSENT
                 if response.status >= 400:
-                    reason = await _reason(response)
-                    error = _STATUS_ERRORS.get(response.status, web.HTTPBadGateway)
-                    raise error(reason=f"{partition} on {base}: {reason}")
-                return await response.json()
+                    raise await _owner_error(response, f"{partition} on {base}")
+                text = await response.text()
+                return None if not text.strip() else await response.json(content_type=None)
         except (aiohttp.ClientError, asyncio.TimeoutError) as failure:
             raise web.HTTPBadGateway(reason=f"{partition} on {base}: {type(failure).__name__}: {failure}") from None
+        except ValueError as failure:   # an answer that is not JSON
+            raise web.HTTPBadGateway(reason=f"{partition} on {base}: not JSON: {failure}") from None
 
 
-async def _reason(response: aiohttp.ClientResponse) -> str:
+async def _owner_error(response: aiohttp.ClientResponse, where: str) -> Exception:
+    """The owner's error as this broker raises it: the catalogue error its code names
+    (with the owner's message), else an HTTP error of its status."""
     try:
-        body = await response.json()
-        return str(body.get("reason", body)) if isinstance(body, dict) else str(body)
-    except (aiohttp.ContentTypeError, ValueError):
-        return (await response.text())[:500]
+        body = await response.json(content_type=None)
+    except ValueError:
+        body = (await response.text())[:500]
+    reason = str(body.get("reason", body)) if isinstance(body, dict) else str(body)
+    code = body.get("code") if isinstance(body, dict) else None
+    if isinstance(code, int) and not isinstance(code, bool) and error_class_for_code(code) is not UnknownError:
+        return error_for_code(code, f"{where}: {reason}")
+    return _STATUS_ERRORS.get(response.status, web.HTTPBadGateway)(reason=f"{where}: {reason}")
+
+
+def reason_of(error: Exception) -> str:
+    if isinstance(error, MagnetarError):
+        return error.message
+    if isinstance(error, web.HTTPException):
+        return error.reason
+    return f"{type(error).__name__}: {error}"
+
+
+class Outcomes:
+    """What one change did on each partition it was sent to: applied, absent (the
+    partition, or what the change names on it, does not exist there) or failed."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.applied: list[TopicName] = []
+        self.absent: list[TopicName] = []
+        self.failed: list[tuple[TopicName, Exception]] = []
+
+    async def run(self, partition: TopicName, step: Awaitable[object]) -> None:
+        """Awaits one partition's step; a catalogue or HTTP error is kept, not raised, so
+        the change goes on to the next partition."""
+        try:
+            answer = await step
+        except (MagnetarError, web.HTTPException) as failure:
+            self.failed.append((partition, failure))
+            return
+        (self.absent if answer is ABSENT else self.applied).append(partition)
+
+    def raise_failure(self) -> None:
+        """Raises the first failure (as its own type), naming what was applied; nothing
+        when every partition answered."""
+        if not self.failed:
+            return
+        partition, first = self.failed[0]
+        applied = ", ".join(str(p.partition_index) for p in self.applied) or "none"
+        message = (f"{self.what}: failed on {len(self.failed)} partition(s), first {partition}: "
+                   f"{reason_of(first)}; applied to partitions: {applied}")
+        if isinstance(first, MagnetarError):
+            raise error_for_code(first.code, message)
+        assert isinstance(first, web.HTTPException)
+        raise type(first)(reason=message.replace("\n", " "))

@@ -98,11 +98,8 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
                                      f"{len(partitioned)} partitioned topics")
         for parent in partitioned:
             await topic_access.delete_partitioned(service, TopicName.parse(parent), request, force=True)
-        for topic in await service.topics_of_namespace(namespace):
-            try:
-                await topic_access.delete_topic(service, TopicName.parse(topic), request, force=True)
-            except TopicNotFound:
-                continue
+        await topic_access.delete_topics(service, [TopicName.parse(t) for t in await service.topics_of_namespace(namespace)],
+                                         request, what=f"deleting the topics of {namespace}")
         await resources.delete_namespace(namespace)
         log.info("namespace deleted: namespace=%s force=%s topics=%d partitioned=%d", namespace, force,
                  len(topics), len(partitioned))

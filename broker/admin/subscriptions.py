@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Awaitable, Callable
+from urllib.parse import quote
 
 from aiohttp import web
 
-from broker.admin import topic_access
+from broker.admin import fanout, topic_access
 from broker.admin.common import flag, json_body, message_id_of, path_integer, no_content, topic_of
 from broker.admin.policy_codec import subscription_name_of
 from common.position import Position
@@ -86,73 +88,125 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
     def named(request: web.Request) -> tuple[TopicName, str]:
         return topic_of(request), subscription_name_of(request.match_info["subscription"])
 
-    async def found(request: web.Request) -> list[tuple[PersistentTopic, Subscription]]:
-        """The (topic, subscription) pairs the request names; 404 if none."""
+    async def each_partition(request: web.Request, what: str, local: Callable[[PersistentTopic, Subscription], Awaitable[object]],
+                             method: str, suffix: str, *, query: dict[str, str] | None = None) -> None:
+        """Applies one change to the subscription the request names on every partition
+        that has it: this broker's through ``local``, the others' by ``method`` on
+        ``suffix`` (under the subscription's path) at their owners; 404 if no partition
+        has it, the first failure (naming what was applied) if any partition failed."""
         name, subscription = named(request)
-        topics = await topic_access.targets(service, name, request)
-        pairs = [(t, t.subscriptions[subscription]) for t in topics if subscription in t.subscriptions]
-        if not pairs:
+        targets = await topic_access.targets(service, name, request)
+        outcomes = fanout.Outcomes(f"{what} of subscription {subscription} on {name}")
+        for topic in targets.local:
+            if subscription in topic.subscriptions:
+                await outcomes.run(topic.name, local(topic, topic.subscriptions[subscription]))
+        if targets.remote:
+            path = f"subscription/{quote(subscription, safe='')}" + (f"/{suffix}" if suffix else "")
+            async with fanout.PartitionCalls(service, request) as remote:
+                for partition, owner in targets.remote:
+                    await outcomes.run(partition, remote.call(method, owner, partition, path, query=query))
+        outcomes.raise_failure()
+        if not outcomes.applied:
             raise SubscriptionNotFound(f"subscription {subscription} does not exist on {name}")
-        return pairs
 
     async def list_subscriptions(request: web.Request) -> web.Response:
-        topics = await topic_access.targets(service, topic_of(request), request)
-        return web.json_response(sorted({name for t in topics for name in t.subscriptions}))
+        targets = await topic_access.targets(service, topic_of(request), request)
+        names = {name for t in targets.local for name in t.subscriptions}
+        async with fanout.PartitionCalls(service, request) as remote:
+            for partition, owner in targets.remote:
+                answer = await remote.json(owner, partition, "subscriptions")
+                if isinstance(answer, list):
+                    names.update(str(n) for n in answer)
+        return web.json_response(sorted(names))
 
     async def create_subscription(request: web.Request) -> web.Response:
         name, subscription = named(request)
         body = await json_body(request, required=False)
         kind, position = message_id_of(body) if body is not None else ("latest", None)
-        topics = await topic_access.targets(service, name, request, create=True)
-        if kind == "position" and len(topics) > 1:
+        targets = await topic_access.targets(service, name, request, create=True)
+        if kind == "position" and targets.count > 1:
             raise NotAllowed("a partitioned topic's subscription starts at earliest or latest, not a message id")
-        for topic in topics:
-            if subscription in topic.subscriptions:
-                raise AlreadyExists(f"subscription {subscription} already exists on {topic.full_name}")
-        for topic in topics:
-            start = topic.ledger.first_position if kind == "earliest" else position
-            await topic.create_subscription(subscription, start)
-        log.info("subscription created by admin: topic=%s subscription=%s start=%s", name, subscription,
-                 position if position is not None else kind)
+        async with fanout.PartitionCalls(service, request) as remote:
+            # Checked everywhere first, so an existing subscription changes nothing.
+            for topic in targets.local:
+                if subscription in topic.subscriptions:
+                    raise AlreadyExists(f"subscription {subscription} already exists on {topic.full_name}")
+            for partition, owner in targets.remote:
+                names = await remote.json(owner, partition, "subscriptions")
+                if isinstance(names, list) and subscription in names:
+                    raise AlreadyExists(f"subscription {subscription} already exists on {partition}")
+            outcomes = fanout.Outcomes(f"creating subscription {subscription} on {name}")
+            for topic in targets.local:
+                start = topic.ledger.first_position if kind == "earliest" else position
+                await outcomes.run(topic.name, topic.create_subscription(subscription, start))
+            path = f"subscription/{quote(subscription, safe='')}"
+            for partition, owner in targets.remote:
+                await outcomes.run(partition, remote.call("PUT", owner, partition, path, body=body))
+        outcomes.raise_failure()
+        log.info("subscription created by admin: topic=%s subscription=%s start=%s partitions_elsewhere=%d",
+                 name, subscription, position if position is not None else kind, len(targets.remote))
         return no_content()
 
     async def delete_subscription(request: web.Request) -> web.Response:
         force = flag(request, "force")
-        pairs = await found(request)
+        name, subscription = named(request)
         if not force:
-            for topic, subscription in pairs:
-                if subscription.consumers:
-                    raise PreconditionFailed(f"subscription {subscription.name} on {topic.full_name} has "
-                                             f"{len(subscription.consumers)} consumers attached")
-        for topic, subscription in pairs:
-            disconnected = subscription.disconnect_consumers() if force else 0
-            await topic.unsubscribe(subscription.name, None)
+            # Refused before anything is deleted while any partition has consumers on it.
+            targets = await topic_access.targets(service, name, request)
+            for topic in targets.local:
+                attached = topic.subscriptions.get(subscription)
+                if attached is not None and attached.consumers:
+                    raise PreconditionFailed(f"subscription {subscription} on {topic.full_name} has "
+                                             f"{len(attached.consumers)} consumers attached")
+            async with fanout.PartitionCalls(service, request) as remote:
+                for partition, owner in targets.remote:
+                    partition_stats = await remote.json(owner, partition, "stats")
+                    consumers = _consumers_of(partition_stats, subscription)
+                    if consumers:
+                        raise PreconditionFailed(f"subscription {subscription} on {partition} has "
+                                                 f"{consumers} consumers attached")
+
+        async def delete_here(topic: PersistentTopic, attached: Subscription) -> None:
+            disconnected = attached.disconnect_consumers() if force else 0
+            await topic.unsubscribe(attached.name, None)
             log.info("subscription deleted by admin: topic=%s subscription=%s consumers_disconnected=%d",
-                     topic.full_name, subscription.name, disconnected)
+                     topic.full_name, attached.name, disconnected)
+
+        await each_partition(request, "deletion", delete_here, "DELETE", "",
+                             query={"force": "true"} if force else None)
         return no_content()
 
     async def skip_all(request: web.Request) -> web.Response:
-        for topic, subscription in await found(request):
+        async def skip_here(topic: PersistentTopic, subscription: Subscription) -> None:
             skipped = await skip_entries(topic, subscription, INT64_MAX)
             log.info("subscription backlog cleared: topic=%s subscription=%s entries=%d", topic.full_name,
                      subscription.name, skipped)
+
+        await each_partition(request, "clearing the backlog", skip_here, "POST", "skip_all")
         return no_content()
 
     async def skip(request: web.Request) -> web.Response:
         count = path_integer(request, "count", minimum=0, maximum=INT64_MAX)
-        for topic, subscription in await found(request):
+
+        async def skip_here(topic: PersistentTopic, subscription: Subscription) -> None:
             skipped = await skip_entries(topic, subscription, count)
             log.info("subscription entries skipped: topic=%s subscription=%s entries=%d", topic.full_name,
                      subscription.name, skipped)
+
+        await each_partition(request, f"skipping {count} entries", skip_here, "POST", f"skip/{count}")
         return no_content()
 
     async def reset_by_time(request: web.Request) -> web.Response:
         timestamp_ms = path_integer(request, "timestamp", minimum=0, maximum=INT64_MAX)
-        for topic, subscription in await found(request):
+
+        async def reset_here(topic: PersistentTopic, subscription: Subscription) -> None:
             position = await topic.find_position_by_time(timestamp_ms)
             reset(subscription, position)
             log.info("subscription reset by time: topic=%s subscription=%s timestamp_ms=%d position=%s",
                      topic.full_name, subscription.name, timestamp_ms, position)
+
+        await each_partition(request, f"resetting to {timestamp_ms} ms", reset_here, "POST",
+                             f"resetcursor/{timestamp_ms}")
         return no_content()
 
     async def reset_by_message_id(request: web.Request) -> web.Response:
@@ -190,3 +244,12 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
     app.router.add_post(f"{subscription_path}/skip/{{count}}", skip)
     app.router.add_post(f"{subscription_path}/resetcursor/{{timestamp}}", reset_by_time)
     app.router.add_post(f"{subscription_path}/resetcursor", reset_by_message_id)
+
+
+def _consumers_of(topic_stats: object, subscription: str) -> int:
+    """How many consumers a partition's stats (from its owner) show on ``subscription``."""
+    if not isinstance(topic_stats, dict):
+        return 0
+    entry = (topic_stats.get("subscriptions") or {}).get(subscription)
+    consumers = entry.get("consumers") if isinstance(entry, dict) else None
+    return len(consumers) if isinstance(consumers, list) else 0

@@ -12,11 +12,12 @@ fans out to are the ones that exist; one never created has nothing to report.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
 from broker.admin import fanout
-from broker.service import BrokerService
+from broker.service import BrokerService, OwnerInfo
 from broker.topic import PersistentTopic
 from common.topic_name import NamespaceName, TopicName
 from common.errors import (
@@ -64,29 +65,46 @@ async def existing_partitions(service: BrokerService, name: TopicName, count: in
     return topics
 
 
+@dataclass
+class Targets:
+    """A subscription operation's partitions: those this broker serves, loaded, and the
+    others with the broker serving each (empty unless the partitions are split)."""
+
+    local: list[PersistentTopic]
+    remote: list[tuple[TopicName, OwnerInfo]] = field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        return len(self.local) + len(self.remote)
+
+
 async def targets(service: BrokerService, name: TopicName, request: web.Request, *, create: bool = False,
-                  ) -> list[PersistentTopic]:
+                  ) -> Targets:
     """A subscription operation's topics: every partition of a partitioned topic (they
-    are created when ``create``), or the topic itself. Partitions served by another
-    broker send the request there (307) when one broker serves them all; split between
-    brokers, the request is refused with the partitions' owners (PreconditionFailed):
-    redirected, it went from owner to owner for ever (broker/admin/fanout.py), and the
-    changes are not fanned out to other brokers yet, so each partition's own path
-    (which its owner serves) is the way."""
+    are created when ``create``; otherwise the ones that exist), or the topic itself.
+    Partitions another broker serves send the request there (307) when that broker
+    serves them all; split between brokers, this broker's partitions are loaded here and
+    the others come back with their owners, for the caller to ask each
+    (broker/admin/fanout.py): redirected, the request went from owner to owner for ever."""
     count = await partition_count(service, name)
     if count == 0:
-        return [await load(service, name, request, create=create)]
+        return Targets([await load(service, name, request, create=create)])
     owners = await fanout.partition_owners(service, name, count)
-    if fanout.split_between_brokers(owners):
-        served: dict[str, list[int]] = {}
-        for partition, owner in owners:
-            served.setdefault(owner.web_service_url or owner.broker_id, []).append(partition.partition_index)
-        raise PreconditionFailed(f"the partitions of {name} are served by several brokers "
-                                 f"({'; '.join(f'{url}: {indexes}' for url, indexes in sorted(served.items()))}): "
-                                 "send this request for each partition")
-    if create:
-        return [await load(service, name.partition(i), request, create=True) for i in range(count)]
-    return await existing_partitions(service, name, count, request)
+    if not fanout.split_between_brokers(owners):
+        if create:
+            return Targets([await load(service, name.partition(i), request, create=True) for i in range(count)])
+        return Targets(await existing_partitions(service, name, count, request))
+    local: list[PersistentTopic] = []
+    remote: list[tuple[TopicName, OwnerInfo]] = []
+    for partition, owner in owners:
+        if not owner.is_self:
+            remote.append((partition, owner))
+            continue
+        try:
+            local.append(await service.get_topic(partition, create=create))
+        except TopicNotFound:
+            continue
+    return Targets(local, remote)
 
 
 def subscription_of(topic: PersistentTopic, name: str) -> Subscription:
@@ -114,32 +132,72 @@ async def delete_topic(service: BrokerService, name: TopicName, request: web.Req
 
 
 async def delete_partitioned(service: BrokerService, name: TopicName, request: web.Request, *, force: bool) -> None:
-    """Deletes every partition that exists, then the partitioned metadata, then any
-    partition a reconnecting client re-created meanwhile. Without ``force`` nothing is
-    deleted while any partition has clients."""
+    """Deletes every partition that exists, wherever it is served, then the partitioned
+    metadata, then any partition a reconnecting client re-created meanwhile. Without
+    ``force`` nothing is deleted while any partition has clients. A partition that
+    fails to go keeps the metadata (the request fails naming what was deleted), so the
+    call can be repeated."""
     count = await service.resources.partitions(name)
     if count == 0:
         raise TopicNotFound(f"partitioned topic {name} does not exist")
-    if not force:
-        for index in range(count):
-            partition = service.loaded_topic(name.partition(index))
-            if partition is not None and has_clients(partition):
-                raise PreconditionFailed(f"partition {partition.full_name} has connected producers or consumers")
-    for index in range(count):
-        try:
-            await delete_topic(service, name.partition(index), request, force=force)
-        except TopicNotFound:
-            continue
-    await service.resources.delete_partitioned(name)
-    # A client still connected when its partition went reconnects by the partition's
-    # name and may have brought it back before the metadata was gone. From now on no
-    # partition of it can be created (broker/service.py), so one more pass leaves none.
-    for index in range(count):
-        try:
-            await delete_topic(service, name.partition(index), request, force=True)
-        except TopicNotFound:
-            continue
+    owners = await fanout.partition_owners(service, name, count)
+    async with fanout.PartitionCalls(service, request) as remote:
+        if not force:
+            for partition, owner in owners:
+                if owner.is_self:
+                    loaded = service.loaded_topic(partition)
+                    attached = loaded is not None and has_clients(loaded)
+                else:
+                    attached = _stats_show_clients(await remote.json(owner, partition, "stats"))
+                if attached:
+                    raise PreconditionFailed(f"partition {partition} has connected producers or consumers")
+        await _delete_partitions(service, remote, owners, force=force, what=f"deleting {name}")
+        await service.resources.delete_partitioned(name)
+        # A client still connected when its partition went reconnects by the partition's
+        # name and may have brought it back before the metadata was gone. From now on no
+        # partition of it can be created (broker/service.py), so one more pass leaves none.
+        await _delete_partitions(service, remote, owners, force=True, what=f"deleting what came back of {name}")
     log.info("partitioned topic deleted by admin: topic=%s partitions=%d", name, count)
+
+
+async def delete_topics(service: BrokerService, names: list[TopicName], request: web.Request, *, what: str) -> None:
+    """Deletes each of ``names`` (forcibly) wherever it is served: this broker's here,
+    the others' by their owners (a redirect of the whole request would go from owner to
+    owner when the topics are split between brokers)."""
+    owners = [(name, await service.owner_of(name)) for name in names]
+    async with fanout.PartitionCalls(service, request) as remote:
+        await _delete_partitions(service, remote, owners, force=True, what=what)
+
+
+async def _delete_partitions(service: BrokerService, remote: fanout.PartitionCalls,
+                             owners: list[tuple[TopicName, OwnerInfo]], *, force: bool, what: str) -> None:
+    outcomes = fanout.Outcomes(what)
+    for partition, owner in owners:
+        if owner.is_self:
+            await outcomes.run(partition, _delete_here(service, partition, force=force))
+        else:
+            await outcomes.run(partition, remote.call("DELETE", owner, partition,
+                                                      query={"force": "true"} if force else None))
+    outcomes.raise_failure()
+
+
+async def _delete_here(service: BrokerService, partition: TopicName, *, force: bool) -> object:
+    try:
+        await service.delete_topic(partition, force=force)
+    except TopicNotFound:
+        return fanout.ABSENT
+    log.info("topic deleted by admin: topic=%s force=%s", partition, force)
+    return None
+
+
+def _stats_show_clients(topic_stats: object) -> bool:
+    """Whether a partition's stats (from its owner) show producers or consumers."""
+    if not isinstance(topic_stats, dict):
+        return False
+    if topic_stats.get("publishers"):
+        return True
+    subscriptions = topic_stats.get("subscriptions") or {}
+    return any(isinstance(s, dict) and s.get("consumers") for s in subscriptions.values())
 
 
 async def namespace_topics(service: BrokerService, namespace: NamespaceName) -> list[str]:

@@ -19,13 +19,16 @@ or without a ``-partition-N`` suffix):
     GET    .../{topic}/internalStats                     the managed ledger and its cursors
     GET    .../{topic}/partitioned-internalStats         each partition's internal stats
     GET    .../{topic}/lastMessageId                     {"ledgerId", "entryId", "partitionIndex"[, "batchIndex"]}
-    PUT    .../{topic}/unload                            close it here; clients reconnect
+    PUT    .../{topic}/unload                            close it here; clients reconnect (a
+                                                         partitioned name: every partition)
     POST   .../{topic}/terminate                         no more messages; answers the last message id
-    PUT    .../{topic}/compaction                        start compacting (412 while one runs)
+    PUT    .../{topic}/compaction                        start compacting (412 while one runs; a
+                                                         partitioned name: every partition)
     GET    .../{topic}/compaction                        {"status": NOT_RUN|RUNNING|SUCCESS|ERROR, "lastError"}
 
 A request for a topic another broker serves is redirected there (307). Operations on a
-partitioned topic's name apply to its partitions where Pulsar does so.
+partitioned topic's name apply to its partitions where Pulsar does so, also when other
+brokers serve some of them (broker/admin/fanout.py).
 """
 
 from __future__ import annotations
@@ -168,8 +171,16 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
         name = topic_of(request)
         count = await topic_access.partition_count(service, name)
         if count > 0:
-            unloaded = [await service.unload_topic(name.partition(i)) for i in range(count)]
-            log.info("partitioned topic unloaded: topic=%s partitions_unloaded=%d", name, sum(unloaded))
+            outcomes = fanout.Outcomes(f"unloading {name}")
+            async with fanout.PartitionCalls(service, request) as remote:
+                for partition, owner in await fanout.partition_owners(service, name, count):
+                    if owner.is_self:
+                        await outcomes.run(partition, service.unload_topic(partition))
+                    else:
+                        await outcomes.run(partition, remote.call("PUT", owner, partition, "unload"))
+            outcomes.raise_failure()
+            log.info("partitioned topic unloaded: topic=%s partitions=%d answered=%d absent=%d", name, count,
+                     len(outcomes.applied), len(outcomes.absent))
             return no_content()
         await topic_access.redirect_unless_owner(service, name, request)
         if not await topic_access.exists(service, name):
@@ -189,12 +200,33 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
 
     async def trigger_compaction(request: web.Request) -> web.Response:
         name = topic_of(request)
-        if await topic_access.partition_count(service, name) > 0:
-            raise NotAllowed(f"{name} is a partitioned topic: compact its partitions one by one")
+        count = await topic_access.partition_count(service, name)
+        if count > 0:
+            # Every partition that exists, wherever it is served (as Pulsar does); one
+            # already compacting fails the request after the others were started.
+            outcomes = fanout.Outcomes(f"compacting {name}")
+            async with fanout.PartitionCalls(service, request) as remote:
+                for partition, owner in await fanout.partition_owners(service, name, count):
+                    if owner.is_self:
+                        await outcomes.run(partition, _compact_here(partition))
+                    else:
+                        await outcomes.run(partition, remote.call("PUT", owner, partition, "compaction"))
+            outcomes.raise_failure()
+            log.info("compaction triggered by admin: topic=%s partitions=%d started=%d", name, count,
+                     len(outcomes.applied))
+            return no_content()
         topic = await topic_access.load(service, name, request)
         topic.trigger_compaction()
         log.info("compaction triggered by admin: topic=%s", name)
         return no_content()
+
+    async def _compact_here(partition) -> object:
+        try:
+            topic = await service.get_topic(partition, create=False)
+        except TopicNotFound:
+            return fanout.ABSENT
+        topic.trigger_compaction()
+        return None
 
     async def compaction_status(request: web.Request) -> web.Response:
         name = topic_of(request)

@@ -1,18 +1,24 @@
 """A partitioned topic whose partitions two brokers serve, through the admin REST API
 (a cluster of its own: etcd, two bookies, two brokers, a namespace of 8 bundles).
 
-Proves: partitioned-stats and partitioned-internalStats asked of either broker answer
-for every partition — this broker's from here, the other's asked of it — with the same
-totals (before, each broker redirected the call to the other for the partition it did
-not serve, and the client's redirects went round for ever); a subscription operation on
-the partitioned topic is refused with the partitions' owners (412) rather than looping,
-and the same operation on each partition's own path works (it is redirected to the
-partition's owner).
+Proves, with every call asked of one broker and its effect read from the other:
+- partitioned-stats and partitioned-internalStats answer for every partition — this
+  broker's from here, the other's asked of it — with the same totals (before, each
+  broker redirected the call to the other for the partition it did not serve, and the
+  client's redirects went round for ever);
+- subscription operations on the partitioned name (create, list, skip, clear, reset,
+  delete) reach every partition; one refused (the subscription exists, consumers are
+  attached) changes nothing on any partition;
+- unload and compaction reach every partition (before, unload left the other broker's
+  partitions loaded and compaction was refused);
+- deleting the partitioned topic, and force-deleting a namespace whose topics both
+  brokers serve, delete everything (before, both redirected from owner to owner).
 """
 
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 
@@ -21,11 +27,24 @@ import pulsar
 from tests.cluster import Cluster, http_json, unique
 
 PARTITIONS = 8
+PER_PARTITION = 4
+
+
+def _refused(method: str, url: str, status: int, body: object | None = None) -> str:
+    """The reason of a request that must fail with ``status``."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        urllib.request.urlopen(request, timeout=30).close()
+    except urllib.error.HTTPError as refused:
+        assert refused.code == status, (refused.code, refused.read())
+        return json.loads(refused.read())["reason"]
+    raise AssertionError(f"{method} {url} was not refused")
 
 
 def _put_at_owner(url: str) -> None:
-    """PUT, following a 307 to the partition's owner once (urllib follows redirects of
-    GET only)."""
+    """PUT, following a 307 to the topic's owner once (urllib follows redirects of GET
+    only)."""
     try:
         urllib.request.urlopen(urllib.request.Request(url, data=b"", method="PUT"), timeout=30).close()
     except urllib.error.HTTPError as redirect:
@@ -35,52 +54,112 @@ def _put_at_owner(url: str) -> None:
         urllib.request.urlopen(urllib.request.Request(location, data=b"", method="PUT"), timeout=30).close()
 
 
+def _owner_url(web_service_url: str, path: str) -> str:
+    """The broker that answers ``path`` (GET, following the redirect to the owner)."""
+    with urllib.request.urlopen(f"{web_service_url}{path}", timeout=30) as response:
+        return response.geturl().split("/admin/")[0]
+
+
+def _backlogs(broker_url: str, namespace: str, subscription: str) -> dict[int, int | None]:
+    """Each partition's backlog on ``subscription`` (None: no such subscription there)."""
+    stats = http_json("GET", f"{broker_url}/admin/v2/persistent/{namespace}/orders/partitioned-stats")
+    backlogs = {}
+    for name, partition in stats["partitions"].items():
+        entry = partition["subscriptions"].get(subscription)
+        backlogs[int(name.rsplit("-", 1)[1])] = None if entry is None else entry["msgBacklog"]
+    return backlogs
+
+
 async def test_partitioned_admin_calls_with_partitions_on_two_brokers(etcd_process, tmp_path):
     cluster = Cluster(etcd_process, str(tmp_path))
     try:
         await cluster.start_bookies(2)
         first, second = await cluster.start_brokers(2)
         namespace = f"public/{unique('split')}"
+        topic = f"persistent://{namespace}/orders"
         http_json("PUT", f"{first.web_service_url}/admin/v2/namespaces/{namespace}", {"bundles": {"numBundles": 8}})
         http_json("PUT", f"{first.web_service_url}/admin/v2/persistent/{namespace}/orders/partitions", PARTITIONS)
         client = pulsar.Client(first.service_url, operation_timeout_seconds=30)
         try:
-            producer = client.create_producer(f"persistent://{namespace}/orders",
-                                              message_routing_mode=pulsar.PartitionsRoutingMode.RoundRobinDistribution,
-                                              batching_enabled=False)
-            for i in range(4 * PARTITIONS):
+            producer = client.create_producer(topic, batching_enabled=False,
+                                              message_routing_mode=pulsar.PartitionsRoutingMode.RoundRobinDistribution)
+            for i in range(PER_PARTITION * PARTITIONS):
                 producer.send(f"m{i}".encode())
-            owners = set()
-            for index in range(PARTITIONS):
-                path = f"/admin/v2/persistent/{namespace}/orders-partition-{index}/stats"
-                with urllib.request.urlopen(f"{first.web_service_url}{path}", timeout=30) as response:
-                    owners.add(response.geturl().split("/admin/")[0])
+            owners = {_owner_url(first.web_service_url, f"/admin/v2/persistent/{namespace}/orders-partition-{i}/stats")
+                      for i in range(PARTITIONS)}
             assert len(owners) == 2, owners        # the test's premise: the partitions are split
 
             for broker in (first, second):
                 base = f"{broker.web_service_url}/admin/v2/persistent/{namespace}/orders"
                 totals = http_json("GET", f"{base}/partitioned-stats")
-                assert totals["msgInCounter"] == 4 * PARTITIONS, totals
+                assert totals["msgInCounter"] == PER_PARTITION * PARTITIONS, totals
                 assert len(totals["partitions"]) == PARTITIONS
                 internal = http_json("GET", f"{base}/partitioned-internalStats")
                 assert internal["metadata"]["partitions"] == PARTITIONS
                 assert len(internal["partitions"]) == PARTITIONS
 
-            request = urllib.request.Request(
-                f"{first.web_service_url}/admin/v2/persistent/{namespace}/orders/subscription/audit",
-                data=b"", method="PUT")
-            try:
-                urllib.request.urlopen(request, timeout=30)
-                raise AssertionError("a subscription operation over split partitions was not refused")
-            except urllib.error.HTTPError as refused:
-                assert refused.code == 412, refused.code
-                assert "served by several brokers" in json.loads(refused.read())["reason"]
-            for index in range(PARTITIONS):
-                _put_at_owner(f"{first.web_service_url}/admin/v2/persistent/{namespace}/orders-partition-{index}"
-                              "/subscription/audit")
-            totals = http_json("GET", f"{second.web_service_url}/admin/v2/persistent/{namespace}/orders/partitioned-stats")
-            assert "audit" in totals["subscriptions"], totals["subscriptions"]
+            # Subscription operations: asked of one broker, seen on every partition.
+            one = f"{first.web_service_url}/admin/v2/persistent/{namespace}/orders"
+            other = f"{second.web_service_url}/admin/v2/persistent/{namespace}/orders"
+            http_json("PUT", f"{one}/subscription/audit", {"ledgerId": -1, "entryId": -1})   # from earliest
+            assert _backlogs(second.web_service_url, namespace, "audit") == {i: PER_PARTITION for i in range(PARTITIONS)}
+            assert "already exists" in _refused("PUT", f"{other}/subscription/audit", 409)
+            assert http_json("GET", f"{other}/subscriptions") == ["audit"]
+            http_json("POST", f"{other}/subscription/audit/skip/1")
+            assert _backlogs(first.web_service_url, namespace, "audit") == {i: PER_PARTITION - 1 for i in range(PARTITIONS)}
+            http_json("POST", f"{one}/subscription/audit/skip_all")
+            assert _backlogs(second.web_service_url, namespace, "audit") == {i: 0 for i in range(PARTITIONS)}
+            http_json("POST", f"{other}/subscription/audit/resetcursor/0")
+            assert _backlogs(first.web_service_url, namespace, "audit") == {i: PER_PARTITION for i in range(PARTITIONS)}
+            _refused("POST", f"{one}/subscription/nobody/skip_all", 404)
+
+            consumer = client.subscribe(topic, "audit")        # one consumer on every partition
+            assert "consumers attached" in _refused("DELETE", f"{other}/subscription/audit", 412)
+            assert _backlogs(first.web_service_url, namespace, "audit") == {i: PER_PARTITION for i in range(PARTITIONS)}
+            http_json("DELETE", f"{other}/subscription/audit?force=true")
+            assert _backlogs(first.web_service_url, namespace, "audit") == {i: None for i in range(PARTITIONS)}
+            assert http_json("GET", f"{one}/subscriptions") == []
+            _refused("DELETE", f"{one}/subscription/audit", 404)
+            consumer.close()
+
+            # Unload: every partition comes back fresh (its counters start again at 0).
+            http_json("PUT", f"{one}/unload")
+            reloaded = http_json("GET", f"{other}/partitioned-stats")
+            assert {name: p["msgInCounter"] for name, p in reloaded["partitions"].items()} == {
+                f"{topic}-partition-{i}": 0 for i in range(PARTITIONS)}
+
+            # Compaction of the partitioned name runs on every partition.
+            http_json("PUT", f"{other}/compaction")
+            deadline = time.monotonic() + 60
+            statuses: dict[int, str] = {}
+            while time.monotonic() < deadline:
+                statuses = {i: http_json("GET", f"{first.web_service_url}/admin/v2/persistent/{namespace}"
+                                                f"/orders-partition-{i}/compaction")["status"]
+                            for i in range(PARTITIONS)}
+                if set(statuses.values()) == {"SUCCESS"}:
+                    break
+                time.sleep(0.2)
+            assert set(statuses.values()) == {"SUCCESS"}, statuses
+
+            # Deletion: refused while the producer is connected (nothing goes), then whole.
+            assert "connected producers or consumers" in _refused("DELETE", f"{other}/partitions", 412)
+            assert http_json("GET", f"{one}/partitions") == {"partitions": PARTITIONS}
+            producer.close()
         finally:
             client.close()
+        http_json("DELETE", f"{other}/partitions")
+        for broker in (first, second):
+            assert http_json("GET", f"{broker.web_service_url}/admin/v2/persistent/{namespace}/orders/partitions") == {
+                "partitions": 0}
+            assert http_json("GET", f"{broker.web_service_url}/admin/v2/persistent/{namespace}") == []
+
+        # A namespace whose non-partitioned topics both brokers serve, force-deleted.
+        for i in range(PARTITIONS):
+            _put_at_owner(f"{first.web_service_url}/admin/v2/persistent/{namespace}/plain-{i}")
+        owners = {_owner_url(first.web_service_url, f"/admin/v2/persistent/{namespace}/plain-{i}/stats")
+                  for i in range(PARTITIONS)}
+        assert len(owners) == 2, owners
+        http_json("DELETE", f"{second.web_service_url}/admin/v2/namespaces/{namespace}?force=true")
+        _refused("GET", f"{first.web_service_url}/admin/v2/namespaces/{namespace}", 404)
     finally:
         await cluster.stop()

@@ -1,0 +1,141 @@
+"""Admin calls fanned out to the brokers serving a partitioned topic's partitions
+(broker/admin/fanout.py), against a real aiohttp server on loopback standing in for the
+other broker.
+
+Proves that: a call sends the method, body, query and the caller's Authorization (and
+nothing else of the caller's headers) to the partition's own path; a 404 is ABSENT, an
+empty answer None; an owner's catalogue error comes back as the same typed error with
+the owner named, an error without a code as the HTTP error of its status, a refused
+connection as 502; a change's outcomes go on past a failed partition and then raise the
+first failure as its own type naming the partitions it was applied to, and raise
+nothing when all answered.
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer, make_mocked_request
+
+from broker.admin import fanout
+from broker.service import OwnerInfo
+from common.errors import AlreadyExists, PreconditionFailed
+from common.topic_name import TopicName
+
+TOPIC = TopicName.parse("persistent://public/default/orders")
+
+
+def _service() -> SimpleNamespace:
+    return SimpleNamespace(config=SimpleNamespace(plain_ports_enabled=True))
+
+
+def _caller(headers: dict[str, str]) -> web.Request:
+    return make_mocked_request("PUT", "/admin/v2/persistent/public/default/orders/subscription/s", headers=headers)
+
+
+@pytest.fixture
+async def owner():
+    """A stand-in broker answering by the last path segment; it records each request."""
+    seen: list[dict] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        seen.append({"method": request.method, "path": request.path, "query": dict(request.query),
+                     "body": await request.text(), "headers": dict(request.headers)})
+        last = request.path.rsplit("/", 1)[1]
+        if last == "missing":
+            return web.json_response({"reason": "no such subscription", "code": 4007}, status=404)
+        if last == "exists":
+            return web.json_response({"reason": "subscription s already exists", "code": 1007}, status=409)
+        if last == "teapot":
+            return web.Response(status=412, text="<html>not json</html>")
+        if last == "empty":
+            return web.Response(status=204)
+        return web.json_response({"ok": last})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    async with TestServer(app, host="127.0.0.1") as server:
+        info = OwnerInfo("other", "pulsar://127.0.0.1:1", f"http://127.0.0.1:{server.port}", False)
+        yield info, seen
+
+
+async def test_a_call_goes_to_the_partition_path_with_the_callers_credentials(owner):
+    info, seen = owner
+    partition = TOPIC.partition(3)
+    request = _caller({"Authorization": "Bearer t0ken", "Cookie": "session=1", "X-Other": "x"})
+    async with fanout.PartitionCalls(_service(), request) as calls:
+        answer = await calls.call("POST", info, partition, "subscription/s/skip/2", body={"a": 1},
+                                  query={"force": "true"})
+    assert answer == {"ok": "2"}
+    assert seen[0]["method"] == "POST"
+    assert seen[0]["path"] == "/admin/v2/persistent/public/default/orders-partition-3/subscription/s/skip/2"
+    assert seen[0]["query"] == {"force": "true"}
+    assert json.loads(seen[0]["body"]) == {"a": 1}
+    assert seen[0]["headers"]["Authorization"] == "Bearer t0ken"
+    assert "Cookie" not in seen[0]["headers"] and "X-Other" not in seen[0]["headers"]
+
+
+async def test_absent_empty_and_errors(owner):
+    info, _ = owner
+    partition = TOPIC.partition(0)
+    async with fanout.PartitionCalls(_service(), _caller({})) as calls:
+        assert await calls.call("DELETE", info, partition, "missing") is fanout.ABSENT
+        assert await calls.json(info, partition, "missing") is None
+        assert await calls.call("PUT", info, partition, "empty") is None
+        with pytest.raises(AlreadyExists) as exists:
+            await calls.call("PUT", info, partition, "exists")
+        assert str(partition) in exists.value.message and "already exists" in exists.value.message
+        with pytest.raises(web.HTTPPreconditionFailed) as teapot:
+            await calls.call("PUT", info, partition, "teapot")
+        assert "not json" in teapot.value.reason
+
+
+async def test_an_owner_that_does_not_answer_is_a_bad_gateway():
+    info = OwnerInfo("gone", "pulsar://127.0.0.1:1", "http://127.0.0.1:1", False)
+    async with fanout.PartitionCalls(_service(), _caller({})) as calls:
+        with pytest.raises(web.HTTPBadGateway) as refused:
+            await calls.call("GET", info, TOPIC.partition(1), "stats")
+    assert "orders-partition-1" in refused.value.reason
+
+
+async def _ok() -> None:
+    return None
+
+
+async def _absent() -> object:
+    return fanout.ABSENT
+
+
+async def _fails(error: Exception) -> None:
+    raise error
+
+
+async def test_outcomes_go_on_past_a_failure_and_name_what_was_applied():
+    outcomes = fanout.Outcomes("deleting subscription s on orders")
+    await outcomes.run(TOPIC.partition(0), _ok())
+    await outcomes.run(TOPIC.partition(1), _fails(PreconditionFailed("consumers attached")))
+    await outcomes.run(TOPIC.partition(2), _absent())
+    await outcomes.run(TOPIC.partition(3), _ok())
+    await outcomes.run(TOPIC.partition(4), _fails(web.HTTPBadGateway(reason="down")))
+    assert [p.partition_index for p in outcomes.applied] == [0, 3]
+    assert [p.partition_index for p in outcomes.absent] == [2]
+    with pytest.raises(PreconditionFailed) as failure:
+        outcomes.raise_failure()
+    message = failure.value.message
+    assert "deleting subscription s on orders" in message and "2 partition(s)" in message
+    assert "orders-partition-1" in message and "consumers attached" in message
+    assert message.endswith("applied to partitions: 0, 3")
+
+
+async def test_outcomes_raise_an_http_failure_as_its_type_and_nothing_when_all_answered():
+    outcomes = fanout.Outcomes("unloading orders")
+    await outcomes.run(TOPIC.partition(0), _fails(web.HTTPBadGateway(reason="down")))
+    with pytest.raises(web.HTTPBadGateway) as failure:
+        outcomes.raise_failure()
+    assert "applied to partitions: none" in failure.value.reason
+    fine = fanout.Outcomes("unloading orders")
+    await fine.run(TOPIC.partition(0), _ok())
+    fine.raise_failure()
