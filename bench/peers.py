@@ -49,6 +49,7 @@ sys.path.insert(0, REPO_DIR)
 sys.path.insert(0, BENCH_DIR)
 
 import latency  # noqa: E402
+import path_skeleton  # noqa: E402
 from cpu_accounting import CpuSampler  # noqa: E402
 from harness import last_json_line  # noqa: E402
 from peer_servers import PeerServer, missing_binaries, server_versions, stop_all  # noqa: E402
@@ -168,7 +169,10 @@ def summarize(runs: list[dict]) -> dict:
                  "tcp_echo_p50_ms": statistics.median(run["baselines"]["tcp_echo_ms"]["p50"] for run in runs),
                  "fdatasync_after_1ms_idle_p50_ms": _median_or_none(
                      run["baselines"]["fdatasync_after_1ms_idle_ms"]["p50"] for run in runs
-                     if "fdatasync_after_1ms_idle_ms" in run["baselines"])}
+                     if "fdatasync_after_1ms_idle_ms" in run["baselines"]),
+                 **{f"path_skeleton_{shape}_p50_ms": _median_or_none(
+                     run["baselines"]["path_skeleton_ms"][shape]["p50"] for run in runs
+                     if "path_skeleton_ms" in run["baselines"]) for shape in ("three_process", "one_process")}}
     skipped = [f"repeat {run['repeat']}: {name}: {reason}" for run in runs for name, reason in run["skipped"].items()]
     invalid = [f"repeat {run['repeat']}: {problem}" for run in runs for system in run["systems"].values()
                for problem in system.get("problems", [])]
@@ -202,6 +206,11 @@ def report_markdown(results: dict) -> str:
              f"Baselines of the run: 1 KiB write + fdatasync p50 {base['fdatasync_p50_ms']} ms, p99 "
              f"{base['fdatasync_p99_ms']} ms (after 1 ms of rest, the durable ack's pace: p50 "
              f"{base.get('fdatasync_after_1ms_idle_p50_ms')} ms); loopback TCP echo p50 {base['tcp_echo_p50_ms']} ms.", "",
+             *([f"The durable ack's path with no work in it (bench/path_skeleton.py, one request at a time, 1 ms "
+                f"apart): client → relay process → store process whose IO thread writes and fdatasyncs, and back "
+                f"(Magnetar's shape) p50 {base['path_skeleton_three_process_p50_ms']} ms; client → one process "
+                f"fdatasyncing on its loop (Redis's shape) p50 {base['path_skeleton_one_process_p50_ms']} ms.", ""]
+               if base.get("path_skeleton_three_process_p50_ms") is not None else []),
              *([f"Peer servers: {'; '.join(f'{name}: {text}' for name, text in results['servers'].items())}.", ""]
                if results.get("servers") else [])]
     for line in summary["skipped"]:
@@ -375,7 +384,8 @@ async def main_async(args: argparse.Namespace) -> dict:
             baselines = {"fdatasync_ms": await asyncio.to_thread(latency.fdatasync_baseline, probe_dir),
                          "fdatasync_after_1ms_idle_ms": await asyncio.to_thread(
                              latency.fdatasync_baseline, probe_dir, idle_s=latency.FSYNC_IDLE_S),
-                         "tcp_echo_ms": await asyncio.to_thread(latency.tcp_echo_baseline)}
+                         "tcp_echo_ms": await asyncio.to_thread(latency.tcp_echo_baseline),
+                         "path_skeleton_ms": await asyncio.to_thread(path_skeleton.skeleton_baseline, probe_dir)}
         finally:
             shutil.rmtree(probe_dir, ignore_errors=True)
         run = {"repeat": repeat, "baselines": baselines, "order": order_for(repeat, args.systems),

@@ -129,7 +129,9 @@ def headline(publish, e2e_p99, ack_p50, drain, work, fanout, e2e_p50=1.0):
 
 def run(repeat, systems, skipped=None, fsync_p50=0.2):
     return {"repeat": repeat, "baselines": {"fdatasync_ms": {"p50": fsync_p50, "p99": 1.0},
-                                            "tcp_echo_ms": {"p50": 0.01}},
+                                            "tcp_echo_ms": {"p50": 0.01},
+                                            "path_skeleton_ms": {"three_process": {"p50": 0.8 + repeat / 10},
+                                                                 "one_process": {"p50": 0.5}}},
             "systems": {name: {"headline": row} for name, row in systems.items()}, "skipped": skipped or {}}
 
 
@@ -185,6 +187,8 @@ def test_summary_ratios_and_aims_from_the_medians_with_a_count_per_repeat():
     assert summary["skipped"] == ["repeat 1: rabbitmq: RuntimeError: not listening"]
     assert summary["invalid"] == ["repeat 2: nats e2e: incomplete (900 of 1000)"]
     assert summary["baselines"]["fdatasync_p50_ms"] == 0.2
+    assert summary["baselines"]["path_skeleton_three_process_p50_ms"] == 0.9      # median of 0.8, 0.9, 1.0
+    assert summary["baselines"]["path_skeleton_one_process_p50_ms"] == 0.5
 
     results = {"date": "2026-11-26T20:00:00", "cpus": 2, "runs": runs, "summary": summary,
                "settings": {"repeat": 3, "max_pending": 1000, "rate": 1000, "e2e_seconds": 5.0,
@@ -195,6 +199,7 @@ def test_summary_ratios_and_aims_from_the_medians_with_a_count_per_repeat():
     assert "| publish msgs/s | 21,000 | 11,000 | 39,000 | 26,000 | Redis AOF always | 0.538 | 0.282 |" in report
     assert "| durable ack p50 <= 1.0 ms (1x1) | 1 | 1 | yes | 2 of 3 |" in report
     assert "fdatasync p50 0.2 ms" in report
+    assert "(Magnetar's shape) p50 0.9 ms" in report and "(Redis's shape) p50 0.5 ms" in report
 
 
 def test_problems_name_errors_and_incomplete_workloads():
