@@ -389,6 +389,14 @@ class ProducerFenced(BrokerError):
     code, http_status = 4031, 409
 
 
+class ProducerNameInUse(BrokerError):
+    """An idempotent produce names a producer that another connection (another gateway,
+    still writing that producer's earlier request) has registered on the topic: retry
+    once it is done."""
+
+    code, retriable, http_status = 4018, True, 409
+
+
 class NotSupported(BrokerError):
     """A feature Magnetar does not offer (e.g. topic compaction): said plainly."""
 

@@ -182,9 +182,56 @@ def _check_unicode(text: str, path: str) -> None:
         raise InvalidArgument(f"{path} holds text that is not valid Unicode (lone surrogate)") from None
 
 
-def parse_batch(body: Any, *, messages_max: int, bytes_max: int, now_unix_ms: int) -> list[OutgoingMessage]:
+# Idempotent produce: a producer name (the broker's deduplication is per producer name)
+# and a sequence id per message. Sequence ids are signed 64-bit on the wire's receipts
+# (-1 means "none yet"), so they stay below 2**63.
+PRODUCER_NAME_CHARS_MAX = 256
+SEQUENCE_ID_MAX = 2**63 - 2
+
+
+@dataclass(frozen=True, slots=True)
+class Sequenced:
+    """An idempotent produce request: the producer and each message's sequence id."""
+
+    producer: str
+    sequence_ids: list[int]
+
+
+def _producer_name(obj: dict, path: str) -> str:
+    name = _string(obj, "producer", path, required=True, chars_max=PRODUCER_NAME_CHARS_MAX)
+    assert name is not None
+    _check_unicode(name, path)
+    if any(ord(char) < 0x20 or ord(char) == 0x7F for char in name):
+        raise InvalidArgument(f"{path}.producer holds a control character")
+    return name
+
+
+def _sequence_id(obj: dict, path: str) -> int:
+    value = _integer(obj, "sequence_id", path, default=None, minimum=0, maximum=SEQUENCE_ID_MAX)
+    if value is None:
+        raise InvalidArgument(f"{path}.sequence_id is required with a producer (idempotent produce)")
+    return value
+
+
+def parse_one(body: Any, *, bytes_max: int, now_unix_ms: int) -> tuple[OutgoingMessage, Sequenced | None]:
+    """The body of ``POST /message``: a message, with ``producer`` and ``sequence_id``
+    for an idempotent produce (both or neither)."""
     obj = _object(body, "body")
-    _no_unknown(obj, ("messages",), "body")
+    if "producer" not in obj and "sequence_id" not in obj:
+        return parse_message(obj, "body", bytes_max=bytes_max, now_unix_ms=now_unix_ms), None
+    if "producer" not in obj:
+        raise InvalidArgument("body.sequence_id needs body.producer (idempotent produce)")
+    sequenced = Sequenced(_producer_name(obj, "body"), [_sequence_id(obj, "body")])
+    rest = {name: value for name, value in obj.items() if name not in ("producer", "sequence_id")}
+    return parse_message(rest, "body", bytes_max=bytes_max, now_unix_ms=now_unix_ms), sequenced
+
+
+def parse_batch(body: Any, *, messages_max: int, bytes_max: int, now_unix_ms: int,
+                ) -> tuple[list[OutgoingMessage], Sequenced | None]:
+    """The body of ``POST /messages``; with ``producer``, every message carries a
+    ``sequence_id``, increasing through the request."""
+    obj = _object(body, "body")
+    _no_unknown(obj, ("messages", "producer"), "body")
     messages = obj.get("messages")
     if not isinstance(messages, list):
         raise InvalidArgument("body.messages must be an array of messages")
@@ -192,8 +239,23 @@ def parse_batch(body: Any, *, messages_max: int, bytes_max: int, now_unix_ms: in
         raise InvalidArgument("body.messages must hold at least one message")
     if len(messages) > messages_max:
         raise LimitExceeded("messages per request", len(messages), messages_max)
-    return [parse_message(item, f"messages[{index}]", bytes_max=bytes_max, now_unix_ms=now_unix_ms)
-            for index, item in enumerate(messages)]
+    if obj.get("producer") is None:
+        return [parse_message(item, f"messages[{index}]", bytes_max=bytes_max, now_unix_ms=now_unix_ms)
+                for index, item in enumerate(messages)], None
+    producer = _producer_name(obj, "body")
+    parsed: list[OutgoingMessage] = []
+    sequence_ids: list[int] = []
+    for index, item in enumerate(messages):
+        path = f"messages[{index}]"
+        item = _object(item, path)
+        sequence_id = _sequence_id(item, path)
+        if sequence_ids and sequence_id <= sequence_ids[-1]:
+            raise InvalidArgument(f"{path}.sequence_id {sequence_id} is not above the one before it "
+                                  f"({sequence_ids[-1]}): a producer's sequence ids increase")
+        sequence_ids.append(sequence_id)
+        rest = {name: value for name, value in item.items() if name != "sequence_id"}
+        parsed.append(parse_message(rest, path, bytes_max=bytes_max, now_unix_ms=now_unix_ms))
+    return parsed, Sequenced(producer, sequence_ids)
 
 
 # --- subscriptions and pulls ---------------------------------------------------------------------

@@ -22,6 +22,8 @@ class _ServiceCollector:
         service = self.service
         for name, help_text, value in (
                 ("messages_produced", "Messages stored through the gateway", service.messages_produced),
+                ("messages_duplicate", "Idempotent produces the broker had stored already (not stored again)",
+                 service.idempotent.duplicates),
                 ("messages_pulled", "Messages handed out by pulls and pushes", service.messages_pulled),
                 ("messages_acked", "Messages acknowledged through the gateway", service.messages_acked),
                 ("messages_nacked", "Messages given back by nack", service.messages_nacked),
@@ -31,6 +33,8 @@ class _ServiceCollector:
                 ("leases_active", "Messages leased, deferred or being written", service.consumers.leases),
                 ("consumers", "Broker consumers held", len(service.consumers.consumers)),
                 ("producers", "Broker producers held", len(service.producers.producers)),
+                ("idempotent_producers", "Named producers registered for idempotent produces in flight",
+                 service.idempotent.open_producers),
                 ("requests_in_flight", "HTTP requests being handled", service.requests_in_flight[0])):
             yield GaugeMetricFamily(f"magnetar_gateway_{name}", help_text, value=value)
 

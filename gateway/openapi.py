@@ -18,6 +18,8 @@ from gateway.config import GatewayConfig
 from gateway.json_codec import (
     NACK_DELAY_MS_MAX,
     NAME_CHARS_MAX,
+    PRODUCER_NAME_CHARS_MAX,
+    SEQUENCE_ID_MAX,
     PROPERTIES_MAX,
     PROPERTY_CHARS_MAX,
     RECEIPTS_PER_REQUEST_MAX,
@@ -75,6 +77,27 @@ COMMON_ERRORS = {
 
 def schemas(config: GatewayConfig) -> dict:
     name = {"type": "string", "minLength": 1, "maxLength": NAME_CHARS_MAX}
+    message_properties = {
+        "payload": {"type": "string", "description": "the message: UTF-8 text, or base64 with encoding=base64"},
+        "encoding": {"type": "string", "enum": ["text", "base64"], "default": "text"},
+        "key": {"type": "string", "maxLength": PROPERTY_CHARS_MAX,
+                "description": "partition key (routing, key-shared dispatch)"},
+        "ordering_key": {"type": "string", "minLength": 1, "maxLength": PROPERTY_CHARS_MAX,
+                         "description": "key-shared dispatch key, when not the key"},
+        "properties": {"type": "object", "maxProperties": PROPERTIES_MAX,
+                       "additionalProperties": {"type": "string", "maxLength": PROPERTY_CHARS_MAX}},
+        "event_time_ms": {"type": "integer", "minimum": 0, "maximum": TIME_MS_MAX},
+        "deliver_at_ms": {"type": "integer", "minimum": 0, "maximum": TIME_MS_MAX,
+                          "description": "not handed out by gateway pulls before this Unix time"},
+        "deliver_after_ms": {"type": "integer", "minimum": 0, "maximum": TIME_MS_MAX,
+                             "description": "deliver_at_ms as a delay from now"}}
+    producer = {"type": "string", "minLength": 1, "maxLength": PRODUCER_NAME_CHARS_MAX,
+                "pattern": "^[^\\x00-\\x1f\\x7f]+$",
+                "description": "idempotent produce: the producer whose sequence ids the broker's deduplication "
+                               "keeps (namespace policy deduplication must be on)"}
+    sequence_id = {"type": "integer", "minimum": 0, "maximum": SEQUENCE_ID_MAX,
+                   "description": "idempotent produce: increasing per producer; a message sent again with its "
+                                  "sequence id is answered duplicate and not stored twice"}
     return {
         "Error": {
             "type": "object", "required": ["code", "error", "message", "retriable"],
@@ -83,30 +106,29 @@ def schemas(config: GatewayConfig) -> dict:
                            "retriable": {"type": "boolean"}}},
         "OutgoingMessage": {
             "type": "object", "required": ["payload"], "additionalProperties": False,
-            "properties": {
-                "payload": {"type": "string", "description": "the message: UTF-8 text, or base64 with "
-                                                             "encoding=base64"},
-                "encoding": {"type": "string", "enum": ["text", "base64"], "default": "text"},
-                "key": {"type": "string", "maxLength": PROPERTY_CHARS_MAX,
-                        "description": "partition key (routing, key-shared dispatch)"},
-                "ordering_key": {"type": "string", "minLength": 1, "maxLength": PROPERTY_CHARS_MAX,
-                                 "description": "key-shared dispatch key, when not the key"},
-                "properties": {"type": "object", "maxProperties": PROPERTIES_MAX,
-                               "additionalProperties": {"type": "string", "maxLength": PROPERTY_CHARS_MAX}},
-                "event_time_ms": {"type": "integer", "minimum": 0, "maximum": TIME_MS_MAX},
-                "deliver_at_ms": {"type": "integer", "minimum": 0, "maximum": TIME_MS_MAX,
-                                  "description": "not handed out by gateway pulls before this Unix time"},
-                "deliver_after_ms": {"type": "integer", "minimum": 0, "maximum": TIME_MS_MAX,
-                                     "description": "deliver_at_ms as a delay from now"}}},
+            "properties": message_properties},
+        "ProduceOneRequest": {
+            "type": "object", "required": ["payload"], "additionalProperties": False,
+            "properties": {**message_properties, "producer": producer, "sequence_id": sequence_id},
+            "dependentRequired": {"producer": ["sequence_id"], "sequence_id": ["producer"]}},
+        "BatchMessage": {
+            "type": "object", "required": ["payload"], "additionalProperties": False,
+            "properties": {**message_properties, "sequence_id": sequence_id}},
         "ProduceBatchRequest": {
             "type": "object", "required": ["messages"], "additionalProperties": False,
             "properties": {"messages": {"type": "array", "minItems": 1, "maxItems": config.batch_messages_max,
-                                        "items": _ref("OutgoingMessage")}}},
+                                        "items": _ref("BatchMessage")},
+                           "producer": producer},
+            "dependentSchemas": {"producer": {"properties": {"messages": {"items": {"required": ["sequence_id"]}}}}}},
         "Stored": {"type": "object", "required": ["message_id"],
-                   "properties": {"message_id": {"type": "string", "description": "ledger:entry:partition:batch"}}},
+                   "properties": {"message_id": {"type": ["string", "null"],
+                                                 "description": "ledger:entry:partition:batch (null: a duplicate)"},
+                                  "duplicate": {"type": "boolean",
+                                                "description": "idempotent produce: the broker had this message "
+                                                               "already and did not store it again"}}},
         "ProduceResult": {
             "type": "object", "required": ["status"],
-            "properties": {"status": {"type": "string", "enum": ["stored", "error"]},
+            "properties": {"status": {"type": "string", "enum": ["stored", "duplicate", "error"]},
                            "message_id": {"type": "string"}, "error": _ref("Error")}},
         "ProduceBatchResponse": {
             "type": "object", "required": ["results"],
@@ -217,11 +239,13 @@ OPERATIONS: dict[tuple[str, str], dict] = {
     ("GET", "/v1/openapi.json"): _operation(
         "This document", [], {"200": {"description": "OpenAPI 3.1", "content": _json({"type": "object"})}}),
     ("POST", f"{TOPIC_BASE}/message"): _operation(
-        "Produce one message", TOPIC_PARAMETERS, _ok("Stored", "stored on the bookies"), "OutgoingMessage",
-        description="Answers once the broker's receipt says the message is durable."),
+        "Produce one message", TOPIC_PARAMETERS, _ok("Stored", "stored on the bookies"), "ProduceOneRequest",
+        description="Answers once the broker's receipt says the message is durable. With producer and "
+                    "sequence_id, sending it again is safe: a message stored already is answered duplicate."),
     ("POST", f"{TOPIC_BASE}/messages"): _operation(
         "Produce a batch", TOPIC_PARAMETERS, _ok("ProduceBatchResponse", "a result per message, in order"),
-        "ProduceBatchRequest", description="Stored as one batch entry per partition touched."),
+        "ProduceBatchRequest", description="Stored as one batch entry per partition touched; with producer "
+                                           "(idempotent), one entry per message."),
     ("POST", f"{TOPIC_BASE}/messages/stream"): _operation(
         "Produce a stream of NDJSON lines", TOPIC_PARAMETERS,
         {"200": {"description": "one NDJSON result line per input line, as each is stored",

@@ -8,7 +8,9 @@ message, in request order. A stream stores what has arrived so far as one entry 
 time (up to ``batch_messages_max`` lines) and writes one result line per message, in
 order, as soon as its entry is stored; a bad line gets an error line and the stream goes
 on. At-least-once: a produce that times out (504) or whose connection broke may have
-been stored; sending it again may store it twice.
+been stored; sending it again may store it twice — unless it names a producer and
+numbers its messages (``producer``, ``sequence_id``: gateway/idempotent.py), which makes
+sending it again safe: what was stored is answered ``duplicate``, not stored again.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from common.errors import LimitExceeded, MagnetarError, OperationTimeout
 from gateway import json_codec
 from gateway.errors import error_document
 from gateway.http_common import json_body, ok, topic_of
+from gateway.idempotent import DUPLICATE, Duplicate
 from gateway.keys import SERVICE
 from gateway.producers import SentEntry
 from gateway.service import GatewayService, now_unix_ms
@@ -60,9 +63,11 @@ async def _stored(service: GatewayService, entries: Sequence[SentEntry], count: 
     return results  # type: ignore[return-value]
 
 
-def _result(outcome: MessageId | MagnetarError) -> dict:
+def _result(outcome: MessageId | Duplicate | MagnetarError) -> dict:
     if isinstance(outcome, MagnetarError):
         return {"status": "error", "error": error_document(outcome)}
+    if isinstance(outcome, Duplicate):
+        return {"status": "duplicate"}
     return {"status": "stored", "message_id": str(outcome)}
 
 
@@ -70,8 +75,16 @@ async def produce_one(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     config = service.config
     topic = topic_of(request)
-    message = json_codec.parse_message(await json_body(request), "body", bytes_max=config.message_bytes_max,
-                                       now_unix_ms=now_unix_ms())
+    message, sequenced = json_codec.parse_one(await json_body(request), bytes_max=config.message_bytes_max,
+                                              now_unix_ms=now_unix_ms())
+    if sequenced is not None:
+        (outcome,) = await service.idempotent.send(topic, [message], sequenced)
+        if isinstance(outcome, MagnetarError):
+            raise outcome
+        if outcome is DUPLICATE:
+            return ok({"message_id": None, "duplicate": True})
+        service.messages_produced += 1
+        return ok({"message_id": str(outcome), "duplicate": False})
     entries = await service.producers.send(topic, [message], batch=False)
     (outcome,) = await _stored(service, entries, 1)
     if isinstance(outcome, MagnetarError):
@@ -84,15 +97,19 @@ async def produce_batch(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     config = service.config
     topic = topic_of(request)
-    messages = json_codec.parse_batch(await json_body(request), messages_max=config.batch_messages_max,
-                                      bytes_max=config.message_bytes_max, now_unix_ms=now_unix_ms())
+    messages, sequenced = json_codec.parse_batch(await json_body(request), messages_max=config.batch_messages_max,
+                                                 bytes_max=config.message_bytes_max, now_unix_ms=now_unix_ms())
     _check_batch_bytes(messages, config.message_bytes_max)
-    entries = await service.producers.send(topic, messages, batch=True)
-    outcomes = await _stored(service, entries, len(messages))
-    stored = sum(1 for outcome in outcomes if not isinstance(outcome, MagnetarError))
+    outcomes: Sequence[MessageId | Duplicate | MagnetarError]
+    if sequenced is not None:
+        outcomes = await service.idempotent.send(topic, messages, sequenced)
+    else:
+        entries = await service.producers.send(topic, messages, batch=True)
+        outcomes = await _stored(service, entries, len(messages))
+    stored = sum(1 for outcome in outcomes if not isinstance(outcome, (MagnetarError, Duplicate)))
     service.messages_produced += stored
-    if stored == 0:
-        errors = [outcome for outcome in outcomes if isinstance(outcome, MagnetarError)]
+    errors = [outcome for outcome in outcomes if isinstance(outcome, MagnetarError)]
+    if len(errors) == len(outcomes):
         raise errors[0]
     return ok({"results": [_result(outcome) for outcome in outcomes]})
 

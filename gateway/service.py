@@ -11,6 +11,7 @@ and receipts carry everything another instance needs.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -21,13 +22,14 @@ import aiohttp
 from client.config import ClientConfig
 from client.messages import OutgoingMessage, ReceivedEntry
 from client.pool import BrokerPool
-from common.errors import InvalidArgument
+from common.errors import InvalidArgument, NotFound, OperationTimeout, ServiceNotReady, error_for_code
 from common.topic_name import TopicName
 from common.tls import TlsConfig, client_context
 from common.tokens import TokenFile
 from gateway.config import GatewayConfig
 from gateway.consumers import ConsumerKey, ConsumerPool, DeadLetterPolicy, GatewayConsumer
 from gateway.json_codec import PullSpec
+from gateway.idempotent import IdempotentProducers
 from gateway.producers import ProducerPool, partition_topic
 from gateway.receipts import Receipt, encode
 
@@ -47,6 +49,9 @@ class GatewayService:
             auth_token_source=self.service_token, tls_trust_certs_file=config.broker_tls_trust_certs_file,
             tls_hostname_verification=config.broker_tls_hostname_verification))
         self.producers = ProducerPool(self.broker_pool, config)
+        self.idempotent = IdempotentProducers(self.broker_pool, self.producers.partitions, self.deduplication_enabled,
+                                              producers_max=config.producers_max,
+                                              timeout_s=config.produce_timeout_ms / 1000)
         self.consumers = ConsumerPool(self.broker_pool, config, self.instance_name, self._dead_letter)
         self.http: aiohttp.ClientSession | None = None
         self.requests_in_flight = [0]
@@ -99,6 +104,32 @@ class GatewayService:
     def topic_name(tenant: str, namespace: str, topic: str) -> str:
         name = TopicName.from_parts(tenant, namespace, topic)
         return str(name)
+
+    async def deduplication_enabled(self, namespace: str) -> bool:
+        """The namespace's ``deduplication`` policy, from a broker's admin API (unset is
+        off, as the brokers take it)."""
+        assert self.http is not None
+        url = f"{self.config.admin_url}/admin/v2/namespaces/{namespace}/deduplication"
+        try:
+            async with self.http.get(url) as response:
+                text = await response.text()
+                status = response.status
+        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as error:
+            raise ServiceNotReady(f"the broker's admin API ({self.config.admin_url}) cannot be reached: {error}") from None
+        except (TimeoutError, aiohttp.ClientError) as error:
+            raise OperationTimeout(f"the broker's admin API did not answer: {error!r}") from None
+        try:
+            document = json.loads(text) if text else None
+        except ValueError:
+            document = None
+        if status == 404:
+            raise NotFound(f"namespace {namespace} does not exist")
+        if status >= 400:
+            if isinstance(document, dict) and isinstance(document.get("code"), int):
+                raise error_for_code(document["code"], f"reading the deduplication policy of {namespace}: "
+                                     f"{document.get('reason') or document.get('message') or ''}")
+            raise ServiceNotReady(f"reading the deduplication policy of {namespace}: the admin API answered {status}")
+        return document is True
 
     async def partition_topics(self, topic: str) -> list[str]:
         partitions = await self.producers.partitions(topic)

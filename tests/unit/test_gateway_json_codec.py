@@ -76,12 +76,49 @@ def test_bad_messages_name_their_field(document, error, words):
 
 
 def test_batches_are_bounded():
-    assert len(json_codec.parse_batch({"messages": [{"payload": "a"}] * 3}, messages_max=3, bytes_max=10,
-                                      now_unix_ms=0)) == 3
+    messages, sequenced = json_codec.parse_batch({"messages": [{"payload": "a"}] * 3}, messages_max=3,
+                                                 bytes_max=10, now_unix_ms=0)
+    assert len(messages) == 3 and sequenced is None
     with pytest.raises(LimitExceeded, match="messages per request 4 exceeds the limit of 3"):
         json_codec.parse_batch({"messages": [{"payload": "a"}] * 4}, messages_max=3, bytes_max=10, now_unix_ms=0)
     with pytest.raises(InvalidArgument, match=r"messages\[1\].payload"):
         json_codec.parse_batch({"messages": [{"payload": "a"}, {}]}, messages_max=3, bytes_max=10, now_unix_ms=0)
+
+
+def test_an_idempotent_batch_names_its_producer_and_numbers_every_message():
+    messages, sequenced = json_codec.parse_batch(
+        {"producer": "orders-1", "messages": [{"payload": "a", "sequence_id": 4}, {"payload": "b", "sequence_id": 9}]},
+        messages_max=3, bytes_max=10, now_unix_ms=0)
+    assert [m.payload for m in messages] == [b"a", b"b"]
+    assert sequenced == json_codec.Sequenced("orders-1", [4, 9])
+    for body, words in [
+        ({"producer": "p", "messages": [{"payload": "a"}]}, r"messages\[0\].sequence_id is required"),
+        ({"producer": "p", "messages": [{"payload": "a", "sequence_id": 2}, {"payload": "b", "sequence_id": 2}]},
+         r"messages\[1\].sequence_id 2 is not above"),
+        ({"producer": "p", "messages": [{"payload": "a", "sequence_id": -1}]}, "must be >= 0"),
+        ({"producer": "p", "messages": [{"payload": "a", "sequence_id": True}]}, "must be an integer"),
+        ({"producer": "p", "messages": [{"payload": "a", "sequence_id": 2**63}]}, "must be <="),
+        ({"producer": "", "messages": [{"payload": "a", "sequence_id": 1}]}, "must not be empty"),
+        ({"producer": "a\nb", "messages": [{"payload": "a", "sequence_id": 1}]}, "control character"),
+        ({"producer": 7, "messages": [{"payload": "a", "sequence_id": 1}]}, "must be a string"),
+        ({"producer": "x" * 257, "messages": [{"payload": "a", "sequence_id": 1}]}, "longer than 256"),
+    ]:
+        with pytest.raises(InvalidArgument, match=words):
+            json_codec.parse_batch(body, messages_max=3, bytes_max=10, now_unix_ms=0)
+
+
+def test_one_idempotent_message_needs_both_producer_and_sequence_id():
+    message, sequenced = json_codec.parse_one({"payload": "a", "producer": "p", "sequence_id": 0}, bytes_max=10,
+                                              now_unix_ms=0)
+    assert message.payload == b"a" and sequenced == json_codec.Sequenced("p", [0])
+    assert json_codec.parse_one({"payload": "a"}, bytes_max=10, now_unix_ms=0)[1] is None
+    with pytest.raises(InvalidArgument, match="sequence_id needs body.producer"):
+        json_codec.parse_one({"payload": "a", "sequence_id": 0}, bytes_max=10, now_unix_ms=0)
+    with pytest.raises(InvalidArgument, match="sequence_id is required"):
+        json_codec.parse_one({"payload": "a", "producer": "p"}, bytes_max=10, now_unix_ms=0)
+    # The stream has no idempotent form: the fields are unknown there.
+    with pytest.raises(InvalidArgument, match="unknown field 'producer'"):
+        parse_message({"payload": "a", "producer": "p"})
 
 
 PULL_LIMITS = dict(messages_max=100, wait_ms_max=30_000, lease_ms_min=100, lease_ms_max=60_000,
@@ -118,12 +155,14 @@ def test_settle_requests():
 @given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
                     lambda children: st.lists(children, max_size=4)
                     | st.dictionaries(st.sampled_from(["payload", "encoding", "key", "properties", "messages",
-                                                       "mode", "max_messages", "receipts", "x"]), children,
+                                                       "mode", "max_messages", "receipts", "producer",
+                                                       "sequence_id", "x"]), children,
                                       max_size=5), max_leaves=20))
 def test_arbitrary_json_raises_only_catalogue_errors(document):
     """Whatever JSON arrives, the parsers answer with a value or one of two errors."""
     for parse in (parse_message,
                   lambda d: json_codec.parse_batch(d, messages_max=5, bytes_max=100, now_unix_ms=0),
+                  lambda d: json_codec.parse_one(d, bytes_max=100, now_unix_ms=0),
                   lambda d: json_codec.parse_pull(d, **PULL_LIMITS),
                   json_codec.parse_receipts, json_codec.parse_subscription):
         try:
