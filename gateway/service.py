@@ -11,7 +11,6 @@ and receipts carry everything another instance needs.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import time
@@ -22,10 +21,11 @@ import aiohttp
 from client.config import ClientConfig
 from client.messages import OutgoingMessage, ReceivedEntry
 from client.pool import BrokerPool
-from common.errors import InvalidArgument, NotFound, OperationTimeout, ServiceNotReady, error_for_code
+from common.errors import InvalidArgument, NotFound
 from common.topic_name import TopicName
 from common.tls import TlsConfig, client_context
 from common.tokens import TokenFile
+from gateway.admin_client import admin_call
 from gateway.config import GatewayConfig
 from gateway.consumers import ConsumerKey, ConsumerPool, DeadLetterPolicy, GatewayConsumer
 from gateway.json_codec import PullSpec
@@ -109,26 +109,10 @@ class GatewayService:
         """The namespace's ``deduplication`` policy, from a broker's admin API (unset is
         off, as the brokers take it)."""
         assert self.http is not None
-        url = f"{self.config.admin_url}/admin/v2/namespaces/{namespace}/deduplication"
-        try:
-            async with self.http.get(url) as response:
-                text = await response.text()
-                status = response.status
-        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as error:
-            raise ServiceNotReady(f"the broker's admin API ({self.config.admin_url}) cannot be reached: {error}") from None
-        except (TimeoutError, aiohttp.ClientError) as error:
-            raise OperationTimeout(f"the broker's admin API did not answer: {error!r}") from None
-        try:
-            document = json.loads(text) if text else None
-        except ValueError:
-            document = None
+        status, document = await admin_call(self.http, self.config.admin_url, "GET",
+                                            f"/admin/v2/namespaces/{namespace}/deduplication")
         if status == 404:
             raise NotFound(f"namespace {namespace} does not exist")
-        if status >= 400:
-            if isinstance(document, dict) and isinstance(document.get("code"), int):
-                raise error_for_code(document["code"], f"reading the deduplication policy of {namespace}: "
-                                     f"{document.get('reason') or document.get('message') or ''}")
-            raise ServiceNotReady(f"reading the deduplication policy of {namespace}: the admin API answered {status}")
         return document is True
 
     async def partition_topics(self, topic: str) -> list[str]:

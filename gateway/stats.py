@@ -5,20 +5,13 @@ the one that does, and the redirect is followed)."""
 
 from __future__ import annotations
 
-import json
 import logging
-import aiohttp
+
 from aiohttp import web
 
-from common.errors import (
-    InvalidArgument,
-    OperationTimeout,
-    ServiceNotReady,
-    SubscriptionNotFound,
-    TopicNotFound,
-    error_for_code,
-)
+from common.errors import InvalidArgument, SubscriptionNotFound, TopicNotFound
 from common.topic_name import TopicName
+from gateway.admin_client import admin_call
 from gateway.http_common import ok, subscription_of, topic_of
 from gateway.keys import SERVICE
 from gateway.service import GatewayService
@@ -32,27 +25,8 @@ async def admin_request(service: GatewayService, method: str, topic: str, suffix
     """``method`` on the broker's admin path of ``topic`` + ``suffix``; (status, JSON or
     None). Errors the broker reports come back as their catalogue classes."""
     assert service.http is not None
-    name = TopicName.parse(topic)
-    url = f"{service.config.admin_url}/admin/v2/{name.rest_path}{suffix}"
-    try:
-        async with service.http.request(method, url) as response:
-            text = await response.text()
-            status = response.status
-    except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as error:
-        raise ServiceNotReady(f"the broker's admin API ({service.config.admin_url}) cannot be reached: {error}") from None
-    except (TimeoutError, aiohttp.ClientError) as error:
-        raise OperationTimeout(f"the broker's admin API did not answer: {error!r}") from None
-    document = None
-    if text:
-        try:
-            document = json.loads(text)
-        except ValueError:
-            document = None
-    if status >= 400 and status != 404:
-        if isinstance(document, dict) and isinstance(document.get("code"), int):
-            raise error_for_code(document["code"], str(document.get("reason") or document.get("message") or ""))
-        raise ServiceNotReady(f"the broker's admin API answered {status}")
-    return status, document
+    return await admin_call(service.http, service.config.admin_url, method,
+                            f"/admin/v2/{TopicName.parse(topic).rest_path}{suffix}")
 
 
 async def _stats(service: GatewayService, topic: str) -> dict:

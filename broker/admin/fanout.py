@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from typing import Awaitable
+from typing import Awaitable, Callable
 
 import aiohttp
 from aiohttp import web
@@ -156,15 +156,17 @@ class Outcomes:
         self.absent: list[TopicName] = []
         self.failed: list[tuple[TopicName, Exception]] = []
 
-    async def run(self, partition: TopicName, step: Awaitable[object]) -> None:
-        """Awaits one partition's step; a catalogue or HTTP error is kept, not raised, so
-        the change goes on to the next partition."""
+    async def run(self, partition: TopicName, step: Awaitable[object]) -> object:
+        """Awaits one partition's step and returns its answer (None if it failed); a
+        catalogue or HTTP error is kept, not raised, so the change goes on to the next
+        partition."""
         try:
             answer = await step
         except (MagnetarError, web.HTTPException) as failure:
             self.failed.append((partition, failure))
-            return
+            return None
         (self.absent if answer is ABSENT else self.applied).append(partition)
+        return answer
 
     def raise_failure(self) -> None:
         """Raises the first failure (as its own type), naming what was applied; nothing
@@ -179,3 +181,21 @@ class Outcomes:
             raise error_for_code(first.code, message)
         assert isinstance(first, web.HTTPException)
         raise type(first)(reason=message.replace("\n", " "))
+
+
+async def apply_to_partitions(remote: PartitionCalls, owners: list[tuple[TopicName, OwnerInfo]], what: str,
+                              here: Callable[[TopicName], Awaitable[object]], method: str, suffix: str = "", *,
+                              query: dict[str, str] | None = None) -> dict[TopicName, object]:
+    """One change on every partition: ``here`` for this broker's, ``method`` on the
+    partition path's ``suffix`` at the others' owners. Returns each answer that is not
+    ABSENT, by partition; raises the first failure (``Outcomes``) after trying all."""
+    outcomes = Outcomes(what)
+    answers: dict[TopicName, object] = {}
+    for partition, owner in owners:
+        applied = len(outcomes.applied)
+        answer = await outcomes.run(partition, here(partition) if owner.is_self
+                                    else remote.call(method, owner, partition, suffix, query=query))
+        if len(outcomes.applied) > applied:
+            answers[partition] = answer
+    outcomes.raise_failure()
+    return answers

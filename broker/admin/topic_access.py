@@ -171,14 +171,11 @@ async def delete_topics(service: BrokerService, names: list[TopicName], request:
 
 async def _delete_partitions(service: BrokerService, remote: fanout.PartitionCalls,
                              owners: list[tuple[TopicName, OwnerInfo]], *, force: bool, what: str) -> None:
-    outcomes = fanout.Outcomes(what)
-    for partition, owner in owners:
-        if owner.is_self:
-            await outcomes.run(partition, _delete_here(service, partition, force=force))
-        else:
-            await outcomes.run(partition, remote.call("DELETE", owner, partition,
-                                                      query={"force": "true"} if force else None))
-    outcomes.raise_failure()
+    async def delete_here(partition: TopicName) -> object:
+        return await _delete_here(service, partition, force=force)
+
+    await fanout.apply_to_partitions(remote, owners, what, delete_here, "DELETE",
+                                     query={"force": "true"} if force else None)
 
 
 async def _delete_here(service: BrokerService, partition: TopicName, *, force: bool) -> object:

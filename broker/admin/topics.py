@@ -22,6 +22,7 @@ or without a ``-partition-N`` suffix):
     PUT    .../{topic}/unload                            close it here; clients reconnect (a
                                                          partitioned name: every partition)
     POST   .../{topic}/terminate                         no more messages; answers the last message id
+    POST   .../{topic}/terminate/partitions              the same for every partition: {"index": message id}
     PUT    .../{topic}/compaction                        start compacting (412 while one runs; a
                                                          partitioned name: every partition)
     GET    .../{topic}/compaction                        {"status": NOT_RUN|RUNNING|SUCCESS|ERROR, "lastError"}
@@ -171,16 +172,10 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
         name = topic_of(request)
         count = await topic_access.partition_count(service, name)
         if count > 0:
-            outcomes = fanout.Outcomes(f"unloading {name}")
             async with fanout.PartitionCalls(service, request) as remote:
-                for partition, owner in await fanout.partition_owners(service, name, count):
-                    if owner.is_self:
-                        await outcomes.run(partition, service.unload_topic(partition))
-                    else:
-                        await outcomes.run(partition, remote.call("PUT", owner, partition, "unload"))
-            outcomes.raise_failure()
-            log.info("partitioned topic unloaded: topic=%s partitions=%d answered=%d absent=%d", name, count,
-                     len(outcomes.applied), len(outcomes.absent))
+                answers = await fanout.apply_to_partitions(remote, await fanout.partition_owners(service, name, count),
+                                                           f"unloading {name}", service.unload_topic, "PUT", "unload")
+            log.info("partitioned topic unloaded: topic=%s partitions=%d answered=%d", name, count, len(answers))
             return no_content()
         await topic_access.redirect_unless_owner(service, name, request)
         if not await topic_access.exists(service, name):
@@ -192,11 +187,34 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
     async def terminate(request: web.Request) -> web.Response:
         name = topic_of(request)
         if await topic_access.partition_count(service, name) > 0:
-            raise NotAllowed(f"{name} is a partitioned topic: terminate its partitions one by one")
+            raise NotAllowed(f"{name} is a partitioned topic: terminate it through its /terminate/partitions path")
         topic = await topic_access.load(service, name, request)
         last = await topic.terminate()
         log.info("topic terminated by admin: topic=%s last=%s", name, last)
         return web.json_response(stats.message_id_json(last, name.partition_index))
+
+    async def terminate_partitions(request: web.Request) -> web.Response:
+        """Terminates every partition that exists, wherever it is served; answers each
+        one's last message id by partition index (Pulsar's ``terminate/partitions``)."""
+        name = topic_of(request)
+        count = await topic_access.partition_count(service, name)
+        if count == 0:
+            raise NotAllowed(f"{name} is not a partitioned topic: terminate it through its /terminate path")
+
+        async def terminate_here(partition) -> object:
+            try:
+                topic = await service.get_topic(partition, create=False)
+            except TopicNotFound:
+                return fanout.ABSENT
+            return stats.message_id_json(await topic.terminate(), partition.partition_index)
+
+        async with fanout.PartitionCalls(service, request) as remote:
+            answers = await fanout.apply_to_partitions(remote, await fanout.partition_owners(service, name, count),
+                                                       f"terminating {name}", terminate_here, "POST", "terminate")
+        last_ids = {str(partition.partition_index): answer for partition, answer in answers.items()}
+        log.info("partitioned topic terminated by admin: topic=%s partitions=%d terminated=%d", name, count,
+                 len(last_ids))
+        return web.json_response(last_ids)
 
     async def trigger_compaction(request: web.Request) -> web.Response:
         name = topic_of(request)
@@ -204,16 +222,10 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
         if count > 0:
             # Every partition that exists, wherever it is served (as Pulsar does); one
             # already compacting fails the request after the others were started.
-            outcomes = fanout.Outcomes(f"compacting {name}")
             async with fanout.PartitionCalls(service, request) as remote:
-                for partition, owner in await fanout.partition_owners(service, name, count):
-                    if owner.is_self:
-                        await outcomes.run(partition, _compact_here(partition))
-                    else:
-                        await outcomes.run(partition, remote.call("PUT", owner, partition, "compaction"))
-            outcomes.raise_failure()
-            log.info("compaction triggered by admin: topic=%s partitions=%d started=%d", name, count,
-                     len(outcomes.applied))
+                answers = await fanout.apply_to_partitions(remote, await fanout.partition_owners(service, name, count),
+                                                           f"compacting {name}", _compact_here, "PUT", "compaction")
+            log.info("compaction triggered by admin: topic=%s partitions=%d started=%d", name, count, len(answers))
             return no_content()
         topic = await topic_access.load(service, name, request)
         topic.trigger_compaction()
@@ -252,5 +264,6 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
     app.router.add_get(f"{topic_path}/lastMessageId", last_message_id)
     app.router.add_put(f"{topic_path}/unload", unload)
     app.router.add_post(f"{topic_path}/terminate", terminate)
+    app.router.add_post(f"{topic_path}/terminate/partitions", terminate_partitions)
     app.router.add_put(f"{topic_path}/compaction", trigger_compaction)
     app.router.add_get(f"{topic_path}/compaction", compaction_status)

@@ -9,8 +9,8 @@ Proves, with every call asked of one broker and its effect read from the other:
 - subscription operations on the partitioned name (create, list, skip, clear, reset,
   delete) reach every partition; one refused (the subscription exists, consumers are
   attached) changes nothing on any partition;
-- unload and compaction reach every partition (before, unload left the other broker's
-  partitions loaded and compaction was refused);
+- unload, compaction and termination reach every partition (before, unload left the
+  other broker's partitions loaded, and compaction and termination were refused);
 - deleting the partitioned topic, and force-deleting a namespace whose topics both
   brokers serve, delete everything (before, both redirected from owner to owner).
 """
@@ -144,9 +144,24 @@ async def test_partitioned_admin_calls_with_partitions_on_two_brokers(etcd_proce
             # Deletion: refused while the producer is connected (nothing goes), then whole.
             assert "connected producers or consumers" in _refused("DELETE", f"{other}/partitions", 412)
             assert http_json("GET", f"{one}/partitions") == {"partitions": PARTITIONS}
-            producer.close()
+
+            # Termination of every partition: each one's last message id, by index.
+            last_ids = http_json("POST", f"{other}/terminate/partitions")
+            assert sorted(last_ids, key=int) == [str(i) for i in range(PARTITIONS)], last_ids
+            assert all(last_ids[str(i)]["partitionIndex"] == i for i in range(PARTITIONS)), last_ids
+            try:
+                producer.send(b"after the end")
+                raise AssertionError("a terminated partitioned topic took a message")
+            except (pulsar.TopicTerminated, pulsar.AlreadyClosed):
+                pass
+            assert "not a partitioned topic" in _refused(
+                "POST", f"{first.web_service_url}/admin/v2/persistent/{namespace}/orders-partition-0/terminate/partitions",
+                403)      # the client closed its producer when the partitions told it they ended
         finally:
-            client.close()
+            try:
+                client.close()
+            except pulsar.AlreadyClosed:
+                pass      # the official client's answer when a producer it holds was ended by termination
         http_json("DELETE", f"{other}/partitions")
         for broker in (first, second):
             assert http_json("GET", f"{broker.web_service_url}/admin/v2/persistent/{namespace}/orders/partitions") == {
