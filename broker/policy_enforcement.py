@@ -44,6 +44,7 @@ from metadata.policies import NamespacePolicies
 if TYPE_CHECKING:
     from broker.producer import Producer
     from broker.topic import PersistentTopic
+    from subscriptions.subscription import Subscription
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +155,7 @@ async def enforce(topic: "PersistentTopic", policies: NamespacePolicies, counter
     now_ms = int(time.time() * 1000)
     ttl_s = policies.message_ttl_in_seconds or 0
     if ttl_s > 0:
-        counters.messages_expired += await _expire_before(topic, now_ms - ttl_s * 1000)
+        counters.messages_expired += await expire_before(topic, now_ms - ttl_s * 1000)
     exceeded = await exceeded_quota(topic, policies)
     if exceeded is None:
         return
@@ -166,21 +167,17 @@ async def enforce(topic: "PersistentTopic", policies: NamespacePolicies, counter
         close_producer(topic, producer, reason, counters)
 
 
-async def _expire_before(topic: "PersistentTopic", cutoff_ms: int) -> int:
-    """Acknowledges, for every durable subscription, what was published before
-    ``cutoff_ms``; returns the entries that this acknowledged."""
-    if not any(s.cursor.durable for s in topic.subscriptions.values()):
+async def expire_before(topic: "PersistentTopic", cutoff_ms: int,
+                        subscriptions: "list[Subscription] | None" = None) -> int:
+    """Acknowledges, for every durable subscription of ``subscriptions`` (default: all
+    of the topic's), what was published before ``cutoff_ms``; returns the entries that
+    this acknowledged."""
+    chosen = [s for s in (subscriptions if subscriptions is not None else topic.subscriptions.values())
+              if s.cursor.durable]
+    if not chosen:
         return 0
     first_kept = await topic.find_position_by_time(cutoff_ms)
-    return _skip_before(topic, first_kept)
-
-
-def _skip_before(topic: "PersistentTopic", first_kept: Position) -> int:
-    skipped = 0
-    for subscription in list(topic.subscriptions.values()):
-        if subscription.cursor.durable:
-            skipped += subscription.skip_before(first_kept, topic.entries_between)
-    return skipped
+    return sum(subscription.skip_before(first_kept, topic.entries_between) for subscription in chosen)
 
 
 async def _evict(topic: "PersistentTopic", policies: NamespacePolicies, now_ms: int) -> int:
@@ -199,7 +196,7 @@ async def _evict(topic: "PersistentTopic", policies: NamespacePolicies, now_ms: 
                 evicted += subscription.skip_before(first_kept, topic.entries_between)
     age = _age_limit(policies)
     if age is not None and age[1] == EVICTION:
-        evicted += await _expire_before(topic, now_ms - age[0] * 1000)
+        evicted += await expire_before(topic, now_ms - age[0] * 1000)
     if evicted:
         log.info("backlog evicted by quota: topic=%s entries=%d", topic.full_name, evicted)
     return evicted

@@ -13,6 +13,9 @@ each operation applies to every partition, as in Pulsar):
     POST   {topic}/subscription/{sub}/skip/{count}               acknowledge the next count unacknowledged entries
     POST   {topic}/subscription/{sub}/resetcursor/{timestamp}    move to the first message published at
                                                                  or after timestamp (ms)
+    POST   {topic}/subscription/{sub}/expireMessages/{seconds}   acknowledge what was published more than
+                                                                 seconds ago (message expiry, at once)
+    POST   {topic}/all_subscription/expireMessages/{seconds}     the same for every durable subscription
     POST   {topic}/subscription/{sub}/resetcursor[?isExcluded=true]
                                                                  move to a message id (body); on a
                                                                  partitioned topic the body names the
@@ -27,11 +30,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Awaitable, Callable
 from urllib.parse import quote
 
 from aiohttp import web
 
+from broker import policy_enforcement
 from broker.admin import fanout, topic_access
 from broker.admin.common import flag, json_body, message_id_of, path_integer, no_content, topic_of
 from broker.admin.policy_codec import subscription_name_of
@@ -45,6 +50,8 @@ from subscriptions.subscription import Subscription
 log = logging.getLogger(__name__)
 
 INT64_MAX = 2**63 - 1
+# The longest expiry asked for: a century (a larger one expires nothing anyway).
+EXPIRY_SECONDS_MAX = 100 * 365 * 24 * 3600
 # A skip walks entries one by one (to step over those acknowledged individually); it
 # yields to the event loop this often so a large skip does not stall other work.
 _SKIP_STEPS_PER_YIELD = 10_000
@@ -74,6 +81,13 @@ async def skip_entries(topic: PersistentTopic, subscription: Subscription, count
             await asyncio.sleep(0)
     cursor.ack_cumulative(position)   # a no-op if acknowledgements overtook the walk
     return skipped
+
+
+async def expire_older_than(topic: PersistentTopic, subscriptions: list[Subscription], seconds: int) -> int:
+    """Acknowledges, for each durable subscription of ``subscriptions``, every message
+    published more than ``seconds`` ago (Pulsar's expire-messages; the namespace's
+    message TTL does the same on a timer); returns the entries this acknowledged."""
+    return await policy_enforcement.expire_before(topic, int(time.time() * 1000) - seconds * 1000, subscriptions)
 
 
 def reset(subscription: Subscription, position: Position) -> None:
@@ -209,6 +223,40 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
                              f"resetcursor/{timestamp_ms}")
         return no_content()
 
+    async def expire_messages(request: web.Request) -> web.Response:
+        seconds = path_integer(request, "seconds", minimum=0, maximum=EXPIRY_SECONDS_MAX)
+
+        async def expire_here(topic: PersistentTopic, subscription: Subscription) -> None:
+            expired = await expire_older_than(topic, [subscription], seconds)
+            log.info("subscription messages expired by admin: topic=%s subscription=%s older_than_s=%d entries=%d",
+                     topic.full_name, subscription.name, seconds, expired)
+
+        await each_partition(request, f"expiring messages older than {seconds} s", expire_here, "POST",
+                             f"expireMessages/{seconds}")
+        return no_content()
+
+    async def expire_all_subscriptions(request: web.Request) -> web.Response:
+        """Every durable subscription of the topic (each partition's, wherever it is
+        served) acknowledges what was published more than ``seconds`` ago."""
+        seconds = path_integer(request, "seconds", minimum=0, maximum=EXPIRY_SECONDS_MAX)
+        name = topic_of(request)
+        targets = await topic_access.targets(service, name, request)
+        outcomes = fanout.Outcomes(f"expiring messages older than {seconds} s on {name}")
+
+        async def expire_here(topic: PersistentTopic) -> None:
+            expired = await expire_older_than(topic, list(topic.subscriptions.values()), seconds)
+            log.info("messages expired by admin: topic=%s older_than_s=%d entries=%d", topic.full_name, seconds,
+                     expired)
+
+        for topic in targets.local:
+            await outcomes.run(topic.name, expire_here(topic))
+        async with fanout.PartitionCalls(service, request) as remote:
+            for partition, owner in targets.remote:
+                await outcomes.run(partition, remote.call("POST", owner, partition,
+                                                          f"all_subscription/expireMessages/{seconds}"))
+        outcomes.raise_failure()
+        return no_content()
+
     async def reset_by_message_id(request: web.Request) -> web.Response:
         name, subscription_name = named(request)
         body = await json_body(request, required=True)
@@ -244,6 +292,8 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
     app.router.add_post(f"{subscription_path}/skip/{{count}}", skip)
     app.router.add_post(f"{subscription_path}/resetcursor/{{timestamp}}", reset_by_time)
     app.router.add_post(f"{subscription_path}/resetcursor", reset_by_message_id)
+    app.router.add_post(f"{subscription_path}/expireMessages/{{seconds}}", expire_messages)
+    app.router.add_post(f"{topic_path}/all_subscription/expireMessages/{{seconds}}", expire_all_subscriptions)
 
 
 def _consumers_of(topic_stats: object, subscription: str) -> int:

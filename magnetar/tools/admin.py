@@ -154,6 +154,14 @@ def namespaces_set_retention(client, args):
     return client.request("POST", _namespace(args.namespace, "retention"), body=body)
 
 
+def namespaces_set_deduplication(client, args):
+    return client.request("POST", _namespace(args.namespace, "deduplication"), body=args.enable)
+
+
+def namespaces_get_deduplication(client, args):
+    return client.get(_namespace(args.namespace, "deduplication"))
+
+
 def namespaces_get_retention(client, args):
     return client.get(_namespace(args.namespace, "retention"))
 
@@ -285,6 +293,27 @@ def topics_skip(client, args):
     return client.request("POST", _topic(args.topic, "subscription", args.subscription, "skip", str(args.count)))
 
 
+def topics_expire_messages(client, args):
+    return client.request("POST", _topic(args.topic, "subscription", args.subscription, "expireMessages",
+                                         str(args.expire_time)))
+
+
+def topics_expire_messages_all(client, args):
+    return client.request("POST", _topic(args.topic, "all_subscription", "expireMessages", str(args.expire_time)))
+
+
+def topics_compact(client, args):
+    return client.request("PUT", _topic(args.topic, "compaction"))
+
+
+def topics_compaction_status(client, args):
+    return client.get(_topic(args.topic, "compaction"))
+
+
+def topics_terminate_partitioned(client, args):
+    return client.request("POST", _topic(args.topic, "terminate", "partitions"))
+
+
 def topics_unload(client, args):
     return client.request("PUT", _topic(args.topic, "unload"))
 
@@ -381,6 +410,14 @@ def _add_namespaces(resources) -> None:
     retention.add_argument("--size-mb", type=int, required=True, help="-1: no size limit")
     _action(actions, "get-retention", namespaces_get_retention, "the retention policy").add_argument(
         "namespace", metavar="TENANT/NAMESPACE")
+    deduplication = _action(actions, "set-deduplication", namespaces_set_deduplication,
+                            "drop a producer's resends by sequence id (idempotent produce)")
+    deduplication.add_argument("namespace", metavar="TENANT/NAMESPACE")
+    switch = deduplication.add_mutually_exclusive_group(required=True)
+    switch.add_argument("--enable", dest="enable", action="store_true")
+    switch.add_argument("--disable", dest="enable", action="store_false")
+    _action(actions, "get-deduplication", namespaces_get_deduplication, "the deduplication policy").add_argument(
+        "namespace", metavar="TENANT/NAMESPACE")
     persistence = _action(actions, "set-persistence", namespaces_set_persistence,
                           "ensemble size and quorums of the namespace's ledgers")
     persistence.add_argument("namespace", metavar="TENANT/NAMESPACE")
@@ -464,6 +501,16 @@ def _add_topics(resources) -> None:
     topic_action("skip-all", topics_skip_all, "acknowledge a subscription's whole backlog", subscription=True)
     topic_action("skip", topics_skip, "acknowledge the next N messages of a subscription",
                  subscription=True).add_argument("-n", "--count", type=int, required=True)
+    topic_action("expire-messages", topics_expire_messages, "acknowledge a subscription's messages older than "
+                 "a time", subscription=True).add_argument("-t", "--expire-time", type=int, required=True,
+                                                           help="seconds")
+    topic_action("expire-messages-all-subscriptions", topics_expire_messages_all,
+                 "acknowledge every subscription's messages older than a time").add_argument(
+        "-t", "--expire-time", type=int, required=True, help="seconds")
+    topic_action("compact", topics_compact, "start compacting the topic (every partition of a partitioned one)")
+    topic_action("compaction-status", topics_compaction_status, "the last compaction's status")
+    topic_action("terminate-partitioned", topics_terminate_partitioned,
+                 "seal every partition of a partitioned topic; their last message ids")
     topic_action("unload", topics_unload, "close the topic on its broker (clients reconnect)")
     topic_action("terminate", topics_terminate, "seal the topic: no more messages")
     topic_action("last-message-id", topics_last_message_id, "the id of the topic's last message")

@@ -7,7 +7,7 @@ Proves, with every call asked of one broker and its effect read from the other:
   broker redirected the call to the other for the partition it did not serve, and the
   client's redirects went round for ever);
 - subscription operations on the partitioned name (create, list, skip, clear, reset,
-  delete) reach every partition; one refused (the subscription exists, consumers are
+  expire, delete) reach every partition; one refused (the subscription exists, consumers are
   attached) changes nothing on any partition;
 - unload, compaction and termination reach every partition (before, unload left the
   other broker's partitions loaded, and compaction and termination were refused);
@@ -112,6 +112,14 @@ async def test_partitioned_admin_calls_with_partitions_on_two_brokers(etcd_proce
             http_json("POST", f"{other}/subscription/audit/resetcursor/0")
             assert _backlogs(first.web_service_url, namespace, "audit") == {i: PER_PARTITION for i in range(PARTITIONS)}
             _refused("POST", f"{one}/subscription/nobody/skip_all", 404)
+            http_json("POST", f"{other}/subscription/audit/expireMessages/3600")     # nothing is that old
+            assert _backlogs(first.web_service_url, namespace, "audit") == {i: PER_PARTITION for i in range(PARTITIONS)}
+            http_json("POST", f"{one}/subscription/audit/expireMessages/0")          # everything until now
+            assert _backlogs(second.web_service_url, namespace, "audit") == {i: 0 for i in range(PARTITIONS)}
+            http_json("POST", f"{other}/subscription/audit/resetcursor/0")
+            http_json("POST", f"{one}/all_subscription/expireMessages/0")
+            assert _backlogs(second.web_service_url, namespace, "audit") == {i: 0 for i in range(PARTITIONS)}
+            http_json("POST", f"{other}/subscription/audit/resetcursor/0")
 
             consumer = client.subscribe(topic, "audit")        # one consumer on every partition
             assert "consumers attached" in _refused("DELETE", f"{other}/subscription/audit", 412)

@@ -249,6 +249,9 @@ def test_admin_tenant_and_namespace_policies(urls):
     assert policies["persistence"]["bookkeeperEnsemble"] == 2
     assert policies["persistence"]["bookkeeperAckQuorum"] == 1
     assert policies["autoTopicCreationOverride"]["allowAutoTopicCreation"] is False
+    assert admin(web_url, "namespaces", "get-deduplication", namespace) is None       # unset: off
+    admin(web_url, "namespaces", "set-deduplication", namespace, "--enable")
+    assert admin(web_url, "namespaces", "get-deduplication", namespace) is True
     admin(web_url, "namespaces", "delete", namespace)
     admin(web_url, "tenants", "delete", tenant)
     assert tenant not in admin(web_url, "tenants", "list")
@@ -288,7 +291,8 @@ def test_admin_topics_stats_subscriptions_and_cursor(urls):
     """Proves the topic actions on a topic with 5 messages: it is listed; stats count the
     messages in and show a subscription created at the earliest position with a backlog
     of 5; skip -n 2 leaves 3; skip-all leaves 0; reset-cursor to 1 h ago brings the 5
-    back; internal stats and the last message id name the same ledger as produce did;
+    back; expiring what is older than an hour leaves them, expiring everything (all
+    subscriptions) clears them; internal stats and the last message id name the same ledger as produce did;
     the subscription and the topic are deleted again."""
     service_url, web_url = urls
     topic = unique("cli-stats")
@@ -312,6 +316,12 @@ def test_admin_topics_stats_subscriptions_and_cursor(urls):
     assert backlog() == 0
     admin(web_url, "topics", "reset-cursor", topic, "-s", "stats-sub", "--time", "1h")
     assert backlog() == 5
+    admin(web_url, "topics", "expire-messages", topic, "-s", "stats-sub", "-t", "3600")
+    assert backlog() == 5                   # none is an hour old
+    admin(web_url, "topics", "expire-messages-all-subscriptions", topic, "-t", "0")
+    assert backlog() == 0
+    admin(web_url, "topics", "reset-cursor", topic, "-s", "stats-sub", "--time", "1h")
+    assert backlog() == 5
     internal = admin(web_url, "topics", "internal-stats", topic)
     assert internal["ledgers"][-1]["ledgerId"] == last_id["ledgerId"]
     assert "stats-sub" in internal["cursors"]
@@ -324,7 +334,8 @@ def test_admin_topics_stats_subscriptions_and_cursor(urls):
 
 def test_admin_partitioned_topic(urls):
     """Proves the partitioned-topic actions: create with 2 partitions, read the count
-    back (Pulsar's {"partitions": n}), grow it to 3, see it listed, delete it."""
+    back (Pulsar's {"partitions": n}), grow it to 3, see it listed, compact and
+    terminate every partition, delete it."""
     _, web_url = urls
     topic = unique("cli-partitioned")
     admin(web_url, "topics", "create-partitioned", topic, "--partitions", "2")
@@ -332,6 +343,12 @@ def test_admin_partitioned_topic(urls):
     admin(web_url, "topics", "update-partitioned", topic, "--partitions", "3")
     assert admin(web_url, "topics", "get-partitioned", topic) == {"partitions": 3}
     assert f"persistent://public/default/{topic}" in admin(web_url, "topics", "list-partitioned", "public/default")
+    for index in range(3):                  # a partition exists once something made it
+        admin(web_url, "topics", "create", f"{topic}-partition-{index}")
+    admin(web_url, "topics", "compact", topic)
+    assert admin(web_url, "topics", "compaction-status", f"{topic}-partition-0")["status"] in ("RUNNING", "SUCCESS")
+    ended = admin(web_url, "topics", "terminate-partitioned", topic)
+    assert sorted(ended) == ["0", "1", "2"] and ended["2"]["partitionIndex"] == 2
     admin(web_url, "topics", "delete-partitioned", topic)
 
 
