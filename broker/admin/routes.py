@@ -12,6 +12,7 @@ from broker.admin import (
     bundles,
     clusters,
     lookup,
+    messages,
     namespaces,
     permissions,
     schemas,
@@ -32,5 +33,6 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
     namespaces.add_routes(app, service)
     topics.add_routes(app, service)
     subscriptions.add_routes(app, service)
+    messages.add_routes(app, service)
     archive.add_routes(app, service)
     schemas.add_routes(app, service)

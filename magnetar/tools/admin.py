@@ -20,12 +20,16 @@ Topic names are full (``persistent://t/ns/x``), ``t/ns/x``, or short (``x``, whi
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import re
 import sys
 import time
+import urllib.parse
 
 from magnetar.tools.admin_client import AdminClient, AdminError, Response, path
+from protocol.batch import parse_batch
+from protocol.proto import pulsar_api_pb2 as pb
 
 API = ("admin", "v2")
 DEFAULT_TENANT, DEFAULT_NAMESPACE = "public", "default"
@@ -314,6 +318,70 @@ def topics_terminate_partitioned(client, args):
     return client.request("POST", _topic(args.topic, "terminate", "partitions"))
 
 
+def messages_of(response: Response) -> list[dict]:
+    """The messages of one entry as ``GET .../position/{n}`` or ``.../ledger/{l}/entry/{e}``
+    answer it (the payload uncompressed, the metadata in X-Pulsar-* headers): a batch
+    entry is split into its messages. Payloads print as text when they are UTF-8, else
+    as base64."""
+    headers = {name.lower(): value for name, value in response.headers.items()}
+    entry_id = headers.get("x-pulsar-message-id", "")
+    common = {"publish_time": headers.get("x-pulsar-publish-time"),
+              "producer_name": urllib.parse.unquote(headers.get("x-pulsar-producer-name", "")),
+              "sequence_id": int(headers.get("x-pulsar-sequence-id", "0"))}
+    properties = json.loads(headers.get("x-pulsar-property") or "{}")
+    if "x-pulsar-num-batch-message" not in headers:
+        key = headers.get("x-pulsar-partition-key")
+        return [{"message_id": entry_id, **common, "properties": properties,
+                 **({"key": urllib.parse.unquote(key)} if key is not None else {}), **_payload(response.body)}]
+    metadata = pb.MessageMetadata(producer_name="", sequence_id=0, publish_time=0,
+                                  num_messages_in_batch=int(headers["x-pulsar-num-batch-message"]))
+    messages = []
+    for single in parse_batch(metadata, response.body):
+        messages.append({"message_id": f"{entry_id}:{single.batch_index}", **common,
+                         "properties": {kv.key: kv.value for kv in single.metadata.properties},
+                         **({"key": single.metadata.partition_key} if single.metadata.HasField("partition_key") else {}),
+                         **_payload(bytes(single.payload))})
+    return messages
+
+
+def _payload(data: bytes) -> dict:
+    try:
+        return {"payload": data.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {"payload": base64.b64encode(data).decode("ascii"), "encoding": "base64"}
+
+
+def _json_response(document) -> Response:
+    return Response(200, "application/json", json.dumps(document).encode())
+
+
+def topics_peek_messages(client, args):
+    """The subscription's next ``count`` unacknowledged entries, their messages one by
+    one (the cursor does not move)."""
+    messages = []
+    for position in range(1, args.count + 1):
+        try:
+            response = client.get(_topic(args.topic, "subscription", args.subscription, "position", str(position)))
+        except AdminError as error:
+            if error.status == 404 and position > 1:
+                break                                   # the backlog is shorter
+            raise
+        messages += messages_of(response)
+    return _json_response(messages)
+
+
+def topics_get_message_by_id(client, args):
+    ledger_id, entry_id = _ledger_entry(args.message_id)
+    return _json_response(messages_of(client.get(_topic(args.topic, "ledger", str(ledger_id), "entry", str(entry_id)))))
+
+
+def _ledger_entry(text: str) -> tuple[int, int]:
+    parts = text.split(":")
+    if len(parts) < 2 or not all(part.lstrip("-").isdigit() for part in parts[:2]):
+        raise UsageError(f"a message id is ledger:entry, not {text!r}")
+    return int(parts[0]), int(parts[1])
+
+
 def topics_unload(client, args):
     return client.request("PUT", _topic(args.topic, "unload"))
 
@@ -507,6 +575,10 @@ def _add_topics(resources) -> None:
     topic_action("expire-messages-all-subscriptions", topics_expire_messages_all,
                  "acknowledge every subscription's messages older than a time").add_argument(
         "-t", "--expire-time", type=int, required=True, help="seconds")
+    topic_action("peek-messages", topics_peek_messages, "the next messages of a subscription, without consuming "
+                 "them", subscription=True).add_argument("-n", "--count", type=int, default=1)
+    topic_action("get-message-by-id", topics_get_message_by_id, "the message(s) of the entry at ledger:entry"
+                 ).add_argument("-m", "--message-id", required=True, help="ledger:entry")
     topic_action("compact", topics_compact, "start compacting the topic (every partition of a partitioned one)")
     topic_action("compaction-status", topics_compaction_status, "the last compaction's status")
     topic_action("terminate-partitioned", topics_terminate_partitioned,

@@ -15,7 +15,7 @@ import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # Pulsar's own admin client follows a handful of redirects (one hop to the owner is the
 # norm; more means brokers disagree about ownership).
@@ -38,6 +38,7 @@ class Response:
     status: int
     content_type: str
     body: bytes
+    headers: dict[str, str] = field(default_factory=dict)
 
     def document(self):
         """The body as JSON when it is JSON, else as text; None when empty."""
@@ -107,7 +108,8 @@ class AdminClient:
                 request.add_header("Content-Type", "application/json")
             try:
                 with self._opener.open(request, timeout=self.timeout_s) as reply:
-                    return Response(reply.status, reply.headers.get("Content-Type", ""), reply.read())
+                    return Response(reply.status, reply.headers.get("Content-Type", ""), reply.read(),
+                                    dict(reply.headers.items()))
             except urllib.error.HTTPError as error:
                 location = error.headers.get("Location") if error.headers else None
                 if error.code in (301, 302, 303, 307, 308) and location:

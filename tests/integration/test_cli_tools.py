@@ -378,3 +378,84 @@ def test_admin_errors_are_clear(urls):
                      "--ensemble", "1", "--write-quorum", "2", "--ack-quorum", "1")
     assert usage.returncode == 2
     assert "ensemble >= write-quorum >= ack-quorum" in usage.stderr.decode()
+
+
+def test_admin_peek_and_get_message_by_id(urls):
+    """Proves looking at stored messages without consuming them (Pulsar's
+    .../subscription/{sub}/position/{n} and .../ledger/{l}/entry/{e}): a subscription's
+    first unacknowledged entries come back with payload and metadata — a message stored
+    alone with its key and properties, an LZ4-compressed batch of three split into its
+    messages, an individually acknowledged entry stepped over — and the backlog does not
+    move; the raw REST answer carries Pulsar's headers and the uncompressed payload;
+    past the backlog is 404, a partitioned topic's name 403."""
+    import urllib.error
+    import urllib.request
+
+    import pulsar
+
+    service_url, web_url = urls
+    topic = unique("cli-peek")
+    full_name = f"persistent://public/default/{topic}"
+    admin(web_url, "topics", "create-subscription", topic, "-s", "look", "--message-id", "earliest")
+    client = pulsar.Client(service_url, operation_timeout_seconds=30)
+    try:
+        plain = client.create_producer(full_name, producer_name="plain-writer", batching_enabled=False)
+        first = plain.send(b"gone", properties={"n": "0"})
+        plain.send("héllo".encode(), partition_key="k1", properties={"trace": "t-1", "n": "1"})
+        batched = client.create_producer(full_name, batching_enabled=True, batching_max_messages=3,
+                                         batching_max_publish_delay_ms=5000,
+                                         compression_type=pulsar.CompressionType.LZ4)
+        for i in range(3):
+            batched.send_async(f"batched-{i}".encode() * 20, None, properties={"i": str(i)})
+        batched.flush()
+        plain.send(b"\xff\xfe binary")
+        consumer = client.subscribe(full_name, "look", consumer_type=pulsar.ConsumerType.Shared)
+        received = consumer.receive(10_000)
+        assert received.message_id() == first
+        consumer.acknowledge(received)             # entry 0 acknowledged on its own
+        consumer.close()
+    finally:
+        client.close()
+
+    def backlog() -> int:
+        return admin(web_url, "topics", "stats", topic)["subscriptions"]["look"]["msgBacklog"]
+
+    before = backlog()
+    peeked = admin(web_url, "topics", "peek-messages", topic, "-s", "look", "-n", "10")
+    assert [m["payload"] for m in peeked] == ["héllo"] + [f"batched-{i}" * 20 for i in range(3)] + [
+        base64.b64encode(b"\xff\xfe binary").decode()]
+    assert peeked[0]["key"] == "k1" and peeked[0]["properties"] == {"trace": "t-1", "n": "1"}
+    assert peeked[0]["producer_name"] == "plain-writer"
+    assert [m["properties"] for m in peeked[1:4]] == [{"i": "0"}, {"i": "1"}, {"i": "2"}]
+    assert [m["message_id"].count(":") for m in peeked] == [1, 2, 2, 2, 1]   # batch messages carry an index
+    assert peeked[4]["encoding"] == "base64"
+    assert backlog() == before                      # looking consumed nothing
+
+    ledger_id, entry_id = peeked[1]["message_id"].split(":")[:2]
+    by_id = admin(web_url, "topics", "get-message-by-id", topic, "-m", f"{ledger_id}:{entry_id}")
+    assert [m["payload"] for m in by_id] == [f"batched-{i}" * 20 for i in range(3)]
+
+    base = f"{web_url}/admin/v2/persistent/public/default/{topic}"
+    with urllib.request.urlopen(f"{base}/subscription/look/position/1", timeout=30) as response:
+        assert response.headers["Content-Type"] == "application/octet-stream"
+        assert response.headers["X-Pulsar-Message-ID"] == peeked[0]["message_id"]
+        assert json.loads(response.headers["X-Pulsar-PROPERTY"]) == {"trace": "t-1", "n": "1"}
+        assert response.headers["X-Pulsar-publish-time"].endswith("+0000")
+        assert "X-Pulsar-num-batch-message" not in response.headers
+        assert response.read() == "héllo".encode()
+    with urllib.request.urlopen(f"{base}/subscription/look/position/2", timeout=30) as response:
+        assert response.headers["X-Pulsar-num-batch-message"] == "3"
+        assert b"batched-2" in response.read()        # uncompressed
+    for url, status in [(f"{base}/subscription/look/position/6", 404), (f"{base}/ledger/{ledger_id}/entry/999", 404),
+                        (f"{base}/subscription/nobody/position/1", 404)]:
+        try:
+            urllib.request.urlopen(url, timeout=30)
+            raise AssertionError(f"{url} answered")
+        except urllib.error.HTTPError as error:
+            assert error.code == status, (url, error.code)
+    admin(web_url, "topics", "create-partitioned", f"{topic}-p", "--partitions", "2")
+    try:
+        urllib.request.urlopen(f"{base}-p/subscription/look/position/1", timeout=30)
+        raise AssertionError("a partitioned topic's name was peeked")
+    except urllib.error.HTTPError as error:
+        assert error.code == 403

@@ -1,0 +1,158 @@
+"""Admin REST for looking at stored messages without consuming them, as Pulsar's paths
+(``{topic}`` is ``/admin/v2/persistent/{tenant}/{namespace}/{topic}``, a topic or one
+partition; a partitioned topic's name is refused: ask a partition):
+
+    GET {topic}/subscription/{sub}/position/{n}      the n-th (from 1) unacknowledged entry
+                                                     of the subscription ("peek"; the cursor
+                                                     does not move)
+    GET {topic}/ledger/{ledgerId}/entry/{entryId}    the entry at that position
+
+The answer is the entry's payload, uncompressed, as ``application/octet-stream`` — a
+batch entry's whole batch payload, each message with its own metadata, for the client
+to split (bench/ and ``magnetar admin topics peek-messages`` do) — with the entry's
+metadata in headers as Pulsar's brokers write them: ``X-Pulsar-Message-ID``
+(``ledger:entry``), ``X-Pulsar-publish-time`` and ``X-Pulsar-event-time`` (ISO 8601,
+UTC), ``X-Pulsar-num-batch-message``, ``X-Pulsar-batch-size`` (payload bytes),
+``X-Pulsar-producer-name`` (percent-encoded outside ASCII), ``X-Pulsar-sequence-id``,
+``X-Pulsar-PROPERTY`` (the properties as one JSON object, as Pulsar's newer brokers
+send them: a header per property cannot carry every key) and, when set,
+``X-Pulsar-partition-key`` (percent-encoded outside ASCII),
+``X-Pulsar-Base64-ordering-key`` and ``X-Pulsar-deliver-at-time``. No such entry: 404.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime
+import json
+import logging
+from urllib.parse import quote
+
+from aiohttp import web
+
+from broker.admin import topic_access
+from broker.admin.common import path_integer, topic_of
+from broker.admin.policy_codec import subscription_name_of
+from broker.service import BrokerService
+from broker.topic import PersistentTopic
+from client.compression import CODECS, decompress
+from common.errors import BrokerError, MalformedFrame, NotAllowed, NotFound
+from common.position import Position
+from protocol.codec import decode_stored
+from subscriptions.subscription import Subscription
+
+log = logging.getLogger(__name__)
+
+# The furthest a peek looks into a backlog (each step is an entry; it yields to the
+# event loop every _STEPS_PER_YIELD of them).
+PEEK_POSITION_MAX = 1_000_000
+_STEPS_PER_YIELD = 10_000
+# One entry is read, at most this large.
+_ENTRY_BYTES_MAX = 64 * 1024 * 1024
+_ID_MAX = 2**63 - 1
+# Printable ASCII kept as is in a header value; anything else is percent-encoded.
+_HEADER_SAFE = " !#$&'()*+,/:;=?@[]~-._"
+
+
+async def nth_unacknowledged(topic: PersistentTopic, subscription: Subscription, n: int) -> Position | None:
+    """The position of the n-th entry after the subscription's mark-delete position
+    that it has not acknowledged (individually acknowledged entries are stepped over);
+    None past the last confirmed entry."""
+    cursor = subscription.cursor
+    ledger = topic.ledger
+    position = cursor.mark_delete_position
+    found = 0
+    steps = 0
+    while True:
+        position = ledger.next_position(position)
+        if position > ledger.last_confirmed:
+            return None
+        if not cursor.is_acked(position):
+            found += 1
+            if found == n:
+                return position
+        steps += 1
+        if steps % _STEPS_PER_YIELD == 0:
+            await asyncio.sleep(0)
+
+
+def _time_header(ms: int) -> str:
+    moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}+0000"
+
+
+def entry_response(position: Position, stored: bytes | memoryview) -> web.Response:
+    """The HTTP answer for one stored entry: its payload uncompressed, its metadata in
+    Pulsar's headers."""
+    try:
+        section = decode_stored(stored)
+        metadata = section.metadata
+        payload = bytes(section.payload)
+        if metadata.compression:
+            if metadata.compression not in CODECS:
+                raise MalformedFrame(f"unknown compression {metadata.compression}")
+            payload = decompress(metadata.compression, payload, metadata.uncompressed_size)
+    except MalformedFrame as error:
+        # A stored entry that does not parse (or whose checksum does not match) is the
+        # store's problem, not the caller's: a broker error that names it.
+        raise BrokerError(f"entry {position} does not decode: {error.message}") from None
+    headers = {"X-Pulsar-Message-ID": f"{position.ledger_id}:{position.entry_id}",
+               "X-Pulsar-batch-size": str(len(payload)),
+               "X-Pulsar-PROPERTY": json.dumps({kv.key: kv.value for kv in metadata.properties}),
+               "X-Pulsar-producer-name": quote(metadata.producer_name, safe=_HEADER_SAFE),
+               "X-Pulsar-sequence-id": str(metadata.sequence_id)}
+    if metadata.publish_time:
+        headers["X-Pulsar-publish-time"] = _time_header(metadata.publish_time)
+    if metadata.event_time:
+        headers["X-Pulsar-event-time"] = _time_header(metadata.event_time)
+    if metadata.HasField("num_messages_in_batch"):
+        headers["X-Pulsar-num-batch-message"] = str(metadata.num_messages_in_batch)
+    if metadata.HasField("deliver_at_time"):
+        headers["X-Pulsar-deliver-at-time"] = _time_header(metadata.deliver_at_time)
+    if metadata.HasField("partition_key"):
+        headers["X-Pulsar-partition-key"] = quote(metadata.partition_key, safe=_HEADER_SAFE)
+        if metadata.partition_key_b64_encoded:
+            headers["X-Pulsar-partition-key-b64-encoded"] = "true"
+    if metadata.HasField("ordering_key"):
+        headers["X-Pulsar-Base64-ordering-key"] = base64.b64encode(metadata.ordering_key).decode("ascii")
+    return web.Response(body=payload, headers=headers, content_type="application/octet-stream")
+
+
+async def _entry(topic: PersistentTopic, position: Position) -> web.Response:
+    entries = await topic.ledger.read(position, 1, _ENTRY_BYTES_MAX)
+    if not entries or entries[0].position != position:
+        raise NotFound(f"no entry at {position} of {topic.full_name}")
+    return entry_response(position, entries[0].data)
+
+
+def add_routes(app: web.Application, service: BrokerService) -> None:
+    async def loaded(request: web.Request) -> PersistentTopic:
+        name = topic_of(request)
+        if await topic_access.partition_count(service, name) > 0:
+            raise NotAllowed(f"{name} is a partitioned topic: look at the messages of one of its partitions")
+        return await topic_access.load(service, name, request)
+
+    async def peek(request: web.Request) -> web.Response:
+        n = path_integer(request, "position", minimum=1, maximum=PEEK_POSITION_MAX)
+        subscription_name = subscription_name_of(request.match_info["subscription"])
+        topic = await loaded(request)
+        subscription = topic_access.subscription_of(topic, subscription_name)
+        position = await nth_unacknowledged(topic, subscription, n)
+        if position is None:
+            raise NotFound(f"subscription {subscription_name} of {topic.full_name} has fewer than {n} "
+                           "unacknowledged entries")
+        return await _entry(topic, position)
+
+    async def by_id(request: web.Request) -> web.Response:
+        ledger_id = path_integer(request, "ledger", minimum=0, maximum=_ID_MAX)
+        entry_id = path_integer(request, "entry", minimum=0, maximum=_ID_MAX)
+        topic = await loaded(request)
+        position = Position(ledger_id, entry_id)
+        if position > topic.ledger.last_confirmed or position < topic.ledger.first_position:
+            raise NotFound(f"no entry at {position} of {topic.full_name}")
+        return await _entry(topic, position)
+
+    topic_path = "/admin/v2/persistent/{tenant}/{namespace}/{topic}"
+    app.router.add_get(f"{topic_path}/subscription/{{subscription}}/position/{{position}}", peek)
+    app.router.add_get(f"{topic_path}/ledger/{{ledger}}/entry/{{entry}}", by_id)
