@@ -6,6 +6,9 @@ partition; a partitioned topic's name is refused: ask a partition):
                                                      of the subscription ("peek"; the cursor
                                                      does not move)
     GET {topic}/ledger/{ledgerId}/entry/{entryId}    the entry at that position
+    GET {topic}/examinemessage?initialPosition=earliest|latest&messagePosition=n
+                                                     the n-th entry from the oldest stored
+                                                     one, or back from the newest (default)
 
 The answer is the entry's payload, uncompressed, as ``application/octet-stream`` — a
 batch entry's whole batch payload, each message with its own metadata, for the client
@@ -37,7 +40,7 @@ from broker.admin.policy_codec import subscription_name_of
 from broker.service import BrokerService
 from broker.topic import PersistentTopic
 from client.compression import CODECS, decompress
-from common.errors import BrokerError, MalformedFrame, NotAllowed, NotFound
+from common.errors import BrokerError, InvalidArgument, MalformedFrame, NotAllowed, NotFound
 from common.position import Position
 from protocol.codec import decode_stored
 from subscriptions.subscription import Subscription
@@ -126,6 +129,19 @@ async def _entry(topic: PersistentTopic, position: Position) -> web.Response:
     return entry_response(position, entries[0].data)
 
 
+def _query_integer(request: web.Request, name: str, *, default: int, minimum: int, maximum: int) -> int:
+    text = request.query.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise InvalidArgument(f"{name} must be an integer, not {text!r}") from None
+    if not minimum <= value <= maximum:
+        raise InvalidArgument(f"{name} must be in [{minimum}, {maximum}], not {value}")
+    return value
+
+
 def add_routes(app: web.Application, service: BrokerService) -> None:
     async def loaded(request: web.Request) -> PersistentTopic:
         name = topic_of(request)
@@ -153,6 +169,24 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
             raise NotFound(f"no entry at {position} of {topic.full_name}")
         return await _entry(topic, position)
 
+    async def examine(request: web.Request) -> web.Response:
+        """The n-th message from the topic's oldest stored entry (``initialPosition=
+        earliest``) or back from its newest (``latest``, the default; 1 is the last)."""
+        initial = request.query.get("initialPosition", "latest")
+        if initial not in ("earliest", "latest"):
+            raise InvalidArgument(f"initialPosition must be earliest or latest, not {initial!r}")
+        n = _query_integer(request, "messagePosition", default=1, minimum=1, maximum=PEEK_POSITION_MAX)
+        topic = await loaded(request)
+        ledger = topic.ledger
+        first = ledger.first_position
+        before_first = Position(first.ledger_id, first.entry_id - 1)
+        stored = topic.entries_between(before_first, ledger.last_confirmed) if ledger.last_confirmed >= first else 0
+        if n > stored:
+            raise NotFound(f"{topic.full_name} holds {stored} entries, fewer than {n}")
+        position = topic.position_after(before_first, n if initial == "earliest" else stored - n + 1)
+        return await _entry(topic, position)
+
     topic_path = "/admin/v2/persistent/{tenant}/{namespace}/{topic}"
+    app.router.add_get(f"{topic_path}/examinemessage", examine)
     app.router.add_get(f"{topic_path}/subscription/{{subscription}}/position/{{position}}", peek)
     app.router.add_get(f"{topic_path}/ledger/{{ledger}}/entry/{{entry}}", by_id)

@@ -375,6 +375,11 @@ def topics_get_message_by_id(client, args):
     return _json_response(messages_of(client.get(_topic(args.topic, "ledger", str(ledger_id), "entry", str(entry_id)))))
 
 
+def topics_examine_message(client, args):
+    return _json_response(messages_of(client.get(_topic(args.topic, "examinemessage"), query={
+        "initialPosition": args.initial_position, "messagePosition": str(args.message_position)})))
+
+
 def _ledger_entry(text: str) -> tuple[int, int]:
     parts = text.split(":")
     if len(parts) < 2 or not all(part.lstrip("-").isdigit() for part in parts[:2]):
@@ -579,6 +584,10 @@ def _add_topics(resources) -> None:
                  "them", subscription=True).add_argument("-n", "--count", type=int, default=1)
     topic_action("get-message-by-id", topics_get_message_by_id, "the message(s) of the entry at ledger:entry"
                  ).add_argument("-m", "--message-id", required=True, help="ledger:entry")
+    examine = topic_action("examine-message", topics_examine_message,
+                           "the n-th message from the oldest stored, or back from the newest")
+    examine.add_argument("-i", "--initial-position", choices=["earliest", "latest"], default="latest")
+    examine.add_argument("-m", "--message-position", type=int, default=1)
     topic_action("compact", topics_compact, "start compacting the topic (every partition of a partitioned one)")
     topic_action("compaction-status", topics_compaction_status, "the last compaction's status")
     topic_action("terminate-partitioned", topics_terminate_partitioned,

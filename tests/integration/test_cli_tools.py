@@ -386,7 +386,8 @@ def test_admin_peek_and_get_message_by_id(urls):
     first unacknowledged entries come back with payload and metadata — a message stored
     alone with its key and properties, an LZ4-compressed batch of three split into its
     messages, an individually acknowledged entry stepped over — and the backlog does not
-    move; the raw REST answer carries Pulsar's headers and the uncompressed payload;
+    move; examine-message counts from the oldest entry or back from the newest; the raw
+    REST answer carries Pulsar's headers and the uncompressed payload;
     past the backlog is 404, a partitioned topic's name 403."""
     import urllib.error
     import urllib.request
@@ -435,7 +436,15 @@ def test_admin_peek_and_get_message_by_id(urls):
     by_id = admin(web_url, "topics", "get-message-by-id", topic, "-m", f"{ledger_id}:{entry_id}")
     assert [m["payload"] for m in by_id] == [f"batched-{i}" * 20 for i in range(3)]
 
+    assert [m["payload"] for m in admin(web_url, "topics", "examine-message", topic, "-i", "earliest")] == ["gone"]
+    assert admin(web_url, "topics", "examine-message", topic, "-m", "2")[0]["payload"] == "batched-0" * 20
+    assert admin(web_url, "topics", "examine-message", topic)[0]["encoding"] == "base64"    # the newest
+
     base = f"{web_url}/admin/v2/persistent/public/default/{topic}"
+    for query, body in (("initialPosition=earliest&messagePosition=4", b"\xff\xfe binary"),
+                        ("initialPosition=latest&messagePosition=4", b"gone")):
+        with urllib.request.urlopen(f"{base}/examinemessage?{query}", timeout=30) as response:
+            assert response.read() == body, query
     with urllib.request.urlopen(f"{base}/subscription/look/position/1", timeout=30) as response:
         assert response.headers["Content-Type"] == "application/octet-stream"
         assert response.headers["X-Pulsar-Message-ID"] == peeked[0]["message_id"]
@@ -447,7 +456,9 @@ def test_admin_peek_and_get_message_by_id(urls):
         assert response.headers["X-Pulsar-num-batch-message"] == "3"
         assert b"batched-2" in response.read()        # uncompressed
     for url, status in [(f"{base}/subscription/look/position/6", 404), (f"{base}/ledger/{ledger_id}/entry/999", 404),
-                        (f"{base}/subscription/nobody/position/1", 404)]:
+                        (f"{base}/subscription/nobody/position/1", 404), (f"{base}/examinemessage?messagePosition=5", 404),
+                        (f"{base}/examinemessage?initialPosition=middle", 400),
+                        (f"{base}/examinemessage?messagePosition=0", 400)]:
         try:
             urllib.request.urlopen(url, timeout=30)
             raise AssertionError(f"{url} answered")
