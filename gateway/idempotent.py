@@ -97,7 +97,7 @@ class IdempotentProducers:
                    ) -> list[MessageId | Duplicate | MagnetarError]:
         """Stores each message at most once for its (producer, sequence id); per message
         of the request, its id, DUPLICATE, or the error that kept it from being stored."""
-        await self._check_policy(topic)
+        await self.check_policy(topic)
         partitions = await self._partitions(topic)
         groups: dict[str, list[int]] = {}
         keyless = partition_for_key(sequenced.producer, partitions) if partitions else 0
@@ -118,7 +118,8 @@ class IdempotentProducers:
                     outcomes[index] = result[position]
         return outcomes  # type: ignore[return-value]
 
-    async def _check_policy(self, topic: str) -> None:
+    async def check_policy(self, topic: str) -> None:
+        """PreconditionFailed unless the topic's namespace deduplicates."""
         namespace = TopicName.parse(topic).namespace_name
         key = str(namespace)
         cached = self._policies.get(key)

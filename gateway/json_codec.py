@@ -226,6 +226,21 @@ def parse_one(body: Any, *, bytes_max: int, now_unix_ms: int) -> tuple[OutgoingM
     return parse_message(rest, "body", bytes_max=bytes_max, now_unix_ms=now_unix_ms), sequenced
 
 
+def parse_producer_name(value: str | None) -> str | None:
+    """A ``producer`` query parameter (the NDJSON stream's idempotent form), checked as
+    the body field is; None when absent."""
+    return None if value is None else _producer_name({"producer": value}, "query")
+
+
+def parse_sequenced_line(document: Any, path: str, *, bytes_max: int, now_unix_ms: int,
+                         ) -> tuple[OutgoingMessage, int]:
+    """One line of an idempotent stream: a message with its ``sequence_id``."""
+    obj = _object(document, path)
+    sequence_id = _sequence_id(obj, path)
+    rest = {name: value for name, value in obj.items() if name != "sequence_id"}
+    return parse_message(rest, path, bytes_max=bytes_max, now_unix_ms=now_unix_ms), sequence_id
+
+
 def parse_batch(body: Any, *, messages_max: int, bytes_max: int, now_unix_ms: int,
                 ) -> tuple[list[OutgoingMessage], Sequenced | None]:
     """The body of ``POST /messages``; with ``producer``, every message carries a

@@ -60,6 +60,11 @@ SUBSCRIPTION_PARAMETERS = TOPIC_PARAMETERS + [
     _path_parameter("subscription", {"type": "string", "pattern": r"^[^/:\x00-\x1f\x7f]{1,256}$"},
                     "the subscription's name"),
 ]
+PRODUCER_QUERY = {"name": "producer", "in": "query", "required": False,
+                  "schema": {"type": "string", "minLength": 1, "maxLength": PRODUCER_NAME_CHARS_MAX,
+                             "pattern": "^[^\\x00-\\x1f\\x7f]+$"},
+                  "description": "idempotent produce: every line then carries an increasing sequence_id, and a "
+                                 "line the broker had stored already is answered duplicate"}
 MEMBER_QUERY = {"name": "member", "in": "query", "required": False,
                 "schema": {"type": "string", "minLength": 1, "maxLength": NAME_CHARS_MAX, "pattern": "^[^:]+$"},
                 "description": "a broadcast subscription's member"}
@@ -247,7 +252,7 @@ OPERATIONS: dict[tuple[str, str], dict] = {
         "ProduceBatchRequest", description="Stored as one batch entry per partition touched; with producer "
                                            "(idempotent), one entry per message."),
     ("POST", f"{TOPIC_BASE}/messages/stream"): _operation(
-        "Produce a stream of NDJSON lines", TOPIC_PARAMETERS,
+        "Produce a stream of NDJSON lines", TOPIC_PARAMETERS + [PRODUCER_QUERY],
         {"200": {"description": "one NDJSON result line per input line, as each is stored",
                  "content": {"application/x-ndjson": {"schema": {"type": "string"}}}}},
         request_content={"application/x-ndjson": {"schema": {"type": "string"}}}),

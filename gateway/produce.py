@@ -128,26 +128,39 @@ async def produce_stream(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     config = service.config
     topic = topic_of(request)
+    # ?producer=NAME: the idempotent form; every line then carries a sequence_id, and
+    # they increase through the stream (gateway/idempotent.py).
+    producer = json_codec.parse_producer_name(request.query.get("producer"))
+    if producer is not None:
+        await service.idempotent.check_policy(topic)
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     await response.prepare(request)
     reader = request.content
     line_number = 0
+    last_sequence_id = -1
     pending: list[tuple[int, OutgoingMessage]] = []
+    sequence_ids: list[int] = []
     pending_bytes = 0
     errors: list[dict] = []
 
     async def flush() -> None:
-        nonlocal pending, pending_bytes
+        nonlocal pending, pending_bytes, sequence_ids
         if pending:
             batch, pending, pending_bytes = pending, [], 0
+            ids, sequence_ids = sequence_ids, []
+            outcomes: Sequence[MessageId | Duplicate | MagnetarError]
             try:
-                entries = await service.producers.send(topic, [message for _, message in batch], batch=True)
-                outcomes = await _stored(service, entries, len(batch))
+                if producer is not None:
+                    outcomes = await service.idempotent.send(topic, [message for _, message in batch],
+                                                             json_codec.Sequenced(producer, ids))
+                else:
+                    entries = await service.producers.send(topic, [message for _, message in batch], batch=True)
+                    outcomes = await _stored(service, entries, len(batch))
             except MagnetarError as error:
                 outcomes = [error] * len(batch)
             lines = []
             for (number, _), outcome in zip(batch, outcomes):
-                if not isinstance(outcome, MagnetarError):
+                if not isinstance(outcome, (MagnetarError, Duplicate)):
                     service.messages_produced += 1
                 lines.append({"line": number, **_result(outcome)})
             await _write_lines(response, sorted(errors + lines, key=lambda line: line["line"]))
@@ -157,7 +170,7 @@ async def produce_stream(request: web.Request) -> web.StreamResponse:
             errors.clear()
 
     def take_line(line: bytes) -> None:
-        nonlocal line_number, pending_bytes
+        nonlocal line_number, pending_bytes, last_sequence_id
         line_number += 1
         text = line.strip()
         if not text:
@@ -167,8 +180,19 @@ async def produce_stream(request: web.Request) -> web.StreamResponse:
                 document = json.loads(text)
             except (ValueError, RecursionError):
                 raise json_codec.InvalidArgument("line is not valid JSON") from None
-            message = json_codec.parse_message(document, f"line {line_number}", bytes_max=config.message_bytes_max,
-                                               now_unix_ms=now_unix_ms())
+            path = f"line {line_number}"
+            if producer is None:
+                message = json_codec.parse_message(document, path, bytes_max=config.message_bytes_max,
+                                                   now_unix_ms=now_unix_ms())
+            else:
+                message, sequence_id = json_codec.parse_sequenced_line(
+                    document, path, bytes_max=config.message_bytes_max, now_unix_ms=now_unix_ms())
+                if sequence_id <= last_sequence_id:
+                    raise json_codec.InvalidArgument(f"{path}.sequence_id {sequence_id} is not above the one "
+                                                     f"before it ({last_sequence_id}): a producer's sequence ids "
+                                                     "increase")
+                last_sequence_id = sequence_id
+                sequence_ids.append(sequence_id)
         except MagnetarError as error:
             errors.append({"line": line_number, "status": "error", "error": error_document(error)})
             return

@@ -10,6 +10,8 @@ What it proves:
   twice (the broker's deduplication state came back);
 - on a partitioned topic a producer's keyless messages all go to one partition, so a
   resend finds them;
+- an NDJSON stream with ``?producer=`` sent again from where it broke stores only
+  what was not stored; bad lines are answered line by line;
 - on a namespace without deduplication the gateway refuses (412) rather than promise
   what the broker would not keep; bad sequence ids and names are 400s.
 """
@@ -17,6 +19,7 @@ What it proves:
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 
 import aiohttp
@@ -170,6 +173,45 @@ async def test_a_partitioned_topic_keeps_a_producers_keyless_messages_on_one_par
         assert len({result["message_id"].split(":")[2] for result in document["results"]}) > 1   # keys spread
         status, document = await _call(session, "POST", f"{gateway}{path}/messages", keyed)
         assert _statuses(document) == ["duplicate"] * 12
+
+
+async def _stream(session: aiohttp.ClientSession, url: str, lines: list[dict]) -> tuple[int, list[dict]]:
+    body = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    async with session.post(url, data=body, headers={"Content-Type": "application/x-ndjson"}) as response:
+        text = await response.text()
+        if response.status != 200:
+            return response.status, [json.loads(text)]
+        return response.status, [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+async def test_an_ndjson_stream_that_names_a_producer_is_safe_to_send_again(cluster):
+    gateway = cluster.gateways[0].url
+    admin = cluster.brokers[0].web_service_url
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        namespace = await _dedup_namespace(session, admin)
+        url = f"{gateway}/v1/topics/persistent/{namespace}/lines/messages/stream?producer=loader"
+        lines = [{"payload": f"l{i}", "sequence_id": i} for i in range(8)]
+        status, results = await _stream(session, url, lines)
+        assert status == 200 and [r["status"] for r in results] == ["stored"] * 8, results
+        # The stream broke after line 5 (say): sent again from line 4 on, plus two new.
+        status, results = await _stream(session, url, lines[4:] + [{"payload": f"l{i}", "sequence_id": i}
+                                                                     for i in (8, 9)])
+        assert [r["status"] for r in results] == ["duplicate"] * 4 + ["stored"] * 2, results
+        # Bad lines are answered line by line, the others go on.
+        status, results = await _stream(session, url, [{"payload": "x", "sequence_id": 20},
+                                                       {"payload": "y", "sequence_id": 19},
+                                                       {"payload": "z"}, {"payload": "w", "sequence_id": 21}])
+        assert [r["status"] for r in results] == ["stored", "error", "error", "stored"], results
+        assert "is not above" in results[1]["error"]["message"]
+        assert "sequence_id is required" in results[2]["error"]["message"]
+        topic = f"persistent://{namespace}/lines"
+        expected = sorted([f"l{i}" for i in range(10)] + ["x", "w"])
+        assert sorted(_read_all(cluster.brokers[0].service_url, topic, len(expected))) == expected
+        # Without deduplication, refused before anything is read.
+        status, results = await _stream(
+            session, f"{gateway}/v1/topics/persistent/public/default/lines-{uuid.uuid4().hex[:6]}/messages/stream"
+                     "?producer=loader", lines[:1])
+        assert status == 412, results
 
 
 async def test_without_deduplication_an_idempotent_produce_is_refused(cluster):

@@ -116,9 +116,17 @@ def test_one_idempotent_message_needs_both_producer_and_sequence_id():
         json_codec.parse_one({"payload": "a", "sequence_id": 0}, bytes_max=10, now_unix_ms=0)
     with pytest.raises(InvalidArgument, match="sequence_id is required"):
         json_codec.parse_one({"payload": "a", "producer": "p"}, bytes_max=10, now_unix_ms=0)
-    # The stream has no idempotent form: the fields are unknown there.
+    # A message of the plain forms knows neither field; a stream names its producer in
+    # the query, and its lines then carry a sequence_id each.
     with pytest.raises(InvalidArgument, match="unknown field 'producer'"):
         parse_message({"payload": "a", "producer": "p"})
+    assert json_codec.parse_sequenced_line({"payload": "a", "sequence_id": 3}, "line 1", bytes_max=10,
+                                           now_unix_ms=0)[1] == 3
+    with pytest.raises(InvalidArgument, match="line 1.sequence_id is required"):
+        json_codec.parse_sequenced_line({"payload": "a"}, "line 1", bytes_max=10, now_unix_ms=0)
+    assert json_codec.parse_producer_name(None) is None
+    with pytest.raises(InvalidArgument, match="control character"):
+        json_codec.parse_producer_name("a\x00b")
 
 
 PULL_LIMITS = dict(messages_max=100, wait_ms_max=30_000, lease_ms_min=100, lease_ms_max=60_000,
