@@ -431,6 +431,13 @@ def _csv(text: str) -> list[str]:
     return [item for item in text.split(",") if item]
 
 
+def _add_switch(parser: argparse.ArgumentParser) -> None:
+    """--enable / --disable, one of them required (``args.enable``)."""
+    switch = parser.add_mutually_exclusive_group(required=True)
+    switch.add_argument("--enable", dest="enable", action="store_true")
+    switch.add_argument("--disable", dest="enable", action="store_false")
+
+
 def _action(actions, name: str, handler, summary: str) -> argparse.ArgumentParser:
     parser = actions.add_parser(name, help=summary, description=summary)
     parser.set_defaults(admin_action=handler)
@@ -486,9 +493,7 @@ def _add_namespaces(resources) -> None:
     deduplication = _action(actions, "set-deduplication", namespaces_set_deduplication,
                             "drop a producer's resends by sequence id (idempotent produce)")
     deduplication.add_argument("namespace", metavar="TENANT/NAMESPACE")
-    switch = deduplication.add_mutually_exclusive_group(required=True)
-    switch.add_argument("--enable", dest="enable", action="store_true")
-    switch.add_argument("--disable", dest="enable", action="store_false")
+    _add_switch(deduplication)
     _action(actions, "get-deduplication", namespaces_get_deduplication, "the deduplication policy").add_argument(
         "namespace", metavar="TENANT/NAMESPACE")
     persistence = _action(actions, "set-persistence", namespaces_set_persistence,
@@ -503,9 +508,7 @@ def _add_namespaces(resources) -> None:
     auto = _action(actions, "set-auto-topic-creation", namespaces_set_auto_topic_creation,
                    "whether producers and consumers may create topics by using them")
     auto.add_argument("namespace", metavar="TENANT/NAMESPACE")
-    switch = auto.add_mutually_exclusive_group(required=True)
-    switch.add_argument("--enable", dest="enable", action="store_true")
-    switch.add_argument("--disable", dest="enable", action="store_false")
+    _add_switch(auto)
     auto.add_argument("--type", default="non-partitioned", choices=["non-partitioned", "partitioned"])
     auto.add_argument("--num-partitions", type=int, default=1, help="with --type partitioned")
     unload = _action(actions, "unload", namespaces_unload,
