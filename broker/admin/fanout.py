@@ -12,8 +12,9 @@ How: ``partition_owners`` says who serves each partition (assigning a bundle nob
 owns, as a lookup does); ``PartitionCalls.call`` asks one owner with the caller's
 ``Authorization`` header (the owner authenticates and authorizes the caller, as for a
 direct call), over the owner's HTTPS URL and this broker's trust store when plain ports
-are off; one session (and TLS context) per admin request, one partition at a time, each
-call bounded by ``PARTITION_CALL_TIMEOUT_S``; a partition (or subscription) that does
+are off; one session (and TLS context) per admin request, at most
+``CALLS_AT_ONCE_MAX`` calls in flight (``bounded_gather``), each bounded by
+``PARTITION_CALL_TIMEOUT_S``; a partition (or subscription) that does
 not exist there answers ``ABSENT``; any other failure is raised as the owner's error
 (its catalogue code when it sent one, else its HTTP status). A partition-level path
 converges on its owner, so a forwarded call that meets a moved bundle follows one more
@@ -29,8 +30,9 @@ already made on other brokers is not undone (Pulsar's brokers answer the same wa
 from __future__ import annotations
 
 import asyncio
+import inspect
 import ssl
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Iterable, TypeVar
 
 import aiohttp
 from aiohttp import web
@@ -42,12 +44,39 @@ from common.topic_name import TopicName
 
 # One partition's answer from another broker, at most this long.
 PARTITION_CALL_TIMEOUT_S = 30.0
+# Calls to other brokers one admin request has in flight at once.
+CALLS_AT_ONCE_MAX = 16
 # The caller's headers passed on: its credentials, nothing else.
 _FORWARDED_HEADERS = ("Authorization",)
 _STATUS_ERRORS: dict[int, type[web.HTTPException]] = {
     400: web.HTTPBadRequest, 401: web.HTTPUnauthorized, 403: web.HTTPForbidden, 409: web.HTTPConflict,
     412: web.HTTPPreconditionFailed, 429: web.HTTPTooManyRequests, 503: web.HTTPServiceUnavailable,
 }
+
+
+T = TypeVar("T")
+
+
+async def bounded_gather(steps: Iterable[Awaitable[T]]) -> list[T]:
+    """Awaits ``steps``, at most ``CALLS_AT_ONCE_MAX`` at once; their answers in order.
+    The first step to fail stops the others (none outlives the request) and its
+    exception is raised as itself."""
+    semaphore = asyncio.Semaphore(CALLS_AT_ONCE_MAX)
+
+    async def one(step: Awaitable[T]) -> T:
+        async with semaphore:
+            return await step
+
+    pending = list(steps)
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(one(step)) for step in pending]
+    except BaseExceptionGroup as failed:
+        for step in pending:     # those the failure stopped before they began: not left unawaited
+            if inspect.iscoroutine(step) and inspect.getcoroutinestate(step) == inspect.CORO_CREATED:
+                step.close()
+        raise failed.exceptions[0] from None
+    return [task.result() for task in tasks]
 
 
 class _Absent:
@@ -57,6 +86,15 @@ class _Absent:
 
 # What a call answers when the partition, or what it names on it, does not exist (404).
 ABSENT = _Absent()
+
+
+class _Failed:
+    def __repr__(self) -> str:
+        return "FAILED"
+
+
+# What ``Outcomes.run`` answers for a step that failed (its error is kept).
+FAILED = _Failed()
 
 
 async def partition_owners(service: BrokerService, name: TopicName, count: int) -> list[tuple[TopicName, OwnerInfo]]:
@@ -157,14 +195,14 @@ class Outcomes:
         self.failed: list[tuple[TopicName, Exception]] = []
 
     async def run(self, partition: TopicName, step: Awaitable[object]) -> object:
-        """Awaits one partition's step and returns its answer (None if it failed); a
+        """Awaits one partition's step and returns its answer (FAILED if it failed); a
         catalogue or HTTP error is kept, not raised, so the change goes on to the next
         partition."""
         try:
             answer = await step
         except (MagnetarError, web.HTTPException) as failure:
             self.failed.append((partition, failure))
-            return None
+            return FAILED
         (self.absent if answer is ABSENT else self.applied).append(partition)
         return answer
 
@@ -173,8 +211,9 @@ class Outcomes:
         when every partition answered."""
         if not self.failed:
             return
-        partition, first = self.failed[0]
-        applied = ", ".join(str(p.partition_index) for p in self.applied) or "none"
+        # Steps may finish in any order: name them by partition.
+        partition, first = min(self.failed, key=lambda failed: failed[0].partition_index)
+        applied = ", ".join(str(index) for index in sorted(p.partition_index for p in self.applied)) or "none"
         message = (f"{self.what}: failed on {len(self.failed)} partition(s), first {partition}: "
                    f"{reason_of(first)}; applied to partitions: {applied}")
         if isinstance(first, MagnetarError):
@@ -186,16 +225,22 @@ class Outcomes:
 async def apply_to_partitions(remote: PartitionCalls, owners: list[tuple[TopicName, OwnerInfo]], what: str,
                               here: Callable[[TopicName], Awaitable[object]], method: str, suffix: str = "", *,
                               query: dict[str, str] | None = None) -> dict[TopicName, object]:
-    """One change on every partition: ``here`` for this broker's, ``method`` on the
-    partition path's ``suffix`` at the others' owners. Returns each answer that is not
-    ABSENT, by partition; raises the first failure (``Outcomes``) after trying all."""
+    """One change on every partition: ``here`` for this broker's (one after another),
+    ``method`` on the partition path's ``suffix`` at the others' owners (at most
+    ``CALLS_AT_ONCE_MAX`` at once). Returns each answer that is not ABSENT, by
+    partition; raises the first failure (``Outcomes``) after trying all."""
     outcomes = Outcomes(what)
     answers: dict[TopicName, object] = {}
-    for partition, owner in owners:
-        applied = len(outcomes.applied)
-        answer = await outcomes.run(partition, here(partition) if owner.is_self
-                                    else remote.call(method, owner, partition, suffix, query=query))
-        if len(outcomes.applied) > applied:
+
+    async def step(partition: TopicName, change: Awaitable[object]) -> None:
+        answer = await outcomes.run(partition, change)
+        if answer is not FAILED and answer is not ABSENT:
             answers[partition] = answer
+
+    for partition, owner in owners:
+        if owner.is_self:
+            await step(partition, here(partition))
+    await bounded_gather(step(partition, remote.call(method, owner, partition, suffix, query=query))
+                         for partition, owner in owners if not owner.is_self)
     outcomes.raise_failure()
-    return answers
+    return {partition: answers[partition] for partition, _ in owners if partition in answers}

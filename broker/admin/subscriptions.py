@@ -117,8 +117,9 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
         if targets.remote:
             path = f"subscription/{quote(subscription, safe='')}" + (f"/{suffix}" if suffix else "")
             async with fanout.PartitionCalls(service, request) as remote:
-                for partition, owner in targets.remote:
-                    await outcomes.run(partition, remote.call(method, owner, partition, path, query=query))
+                await fanout.bounded_gather(outcomes.run(partition, remote.call(method, owner, partition, path,
+                                                                                query=query))
+                                            for partition, owner in targets.remote)
         outcomes.raise_failure()
         if not outcomes.applied:
             raise SubscriptionNotFound(f"subscription {subscription} does not exist on {name}")
@@ -127,10 +128,11 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
         targets = await topic_access.targets(service, topic_of(request), request)
         names = {name for t in targets.local for name in t.subscriptions}
         async with fanout.PartitionCalls(service, request) as remote:
-            for partition, owner in targets.remote:
-                answer = await remote.json(owner, partition, "subscriptions")
-                if isinstance(answer, list):
-                    names.update(str(n) for n in answer)
+            answers = await fanout.bounded_gather(remote.json(owner, partition, "subscriptions")
+                                                  for partition, owner in targets.remote)
+        for answer in answers:
+            if isinstance(answer, list):
+                names.update(str(n) for n in answer)
         return web.json_response(sorted(names))
 
     async def create_subscription(request: web.Request) -> web.Response:
@@ -145,8 +147,9 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
             for topic in targets.local:
                 if subscription in topic.subscriptions:
                     raise AlreadyExists(f"subscription {subscription} already exists on {topic.full_name}")
-            for partition, owner in targets.remote:
-                names = await remote.json(owner, partition, "subscriptions")
+            remote_names = await fanout.bounded_gather(remote.json(owner, partition, "subscriptions")
+                                                       for partition, owner in targets.remote)
+            for (partition, _), names in zip(targets.remote, remote_names):
                 if isinstance(names, list) and subscription in names:
                     raise AlreadyExists(f"subscription {subscription} already exists on {partition}")
             outcomes = fanout.Outcomes(f"creating subscription {subscription} on {name}")
@@ -154,8 +157,8 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
                 start = topic.ledger.first_position if kind == "earliest" else position
                 await outcomes.run(topic.name, topic.create_subscription(subscription, start))
             path = f"subscription/{quote(subscription, safe='')}"
-            for partition, owner in targets.remote:
-                await outcomes.run(partition, remote.call("PUT", owner, partition, path, body=body))
+            await fanout.bounded_gather(outcomes.run(partition, remote.call("PUT", owner, partition, path, body=body))
+                                        for partition, owner in targets.remote)
         outcomes.raise_failure()
         log.info("subscription created by admin: topic=%s subscription=%s start=%s partitions_elsewhere=%d",
                  name, subscription, position if position is not None else kind, len(targets.remote))
@@ -173,12 +176,13 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
                     raise PreconditionFailed(f"subscription {subscription} on {topic.full_name} has "
                                              f"{len(attached.consumers)} consumers attached")
             async with fanout.PartitionCalls(service, request) as remote:
-                for partition, owner in targets.remote:
-                    partition_stats = await remote.json(owner, partition, "stats")
-                    consumers = _consumers_of(partition_stats, subscription)
-                    if consumers:
-                        raise PreconditionFailed(f"subscription {subscription} on {partition} has "
-                                                 f"{consumers} consumers attached")
+                remote_stats = await fanout.bounded_gather(remote.json(owner, partition, "stats")
+                                                           for partition, owner in targets.remote)
+            for (partition, _), partition_stats in zip(targets.remote, remote_stats):
+                consumers = _consumers_of(partition_stats, subscription)
+                if consumers:
+                    raise PreconditionFailed(f"subscription {subscription} on {partition} has "
+                                             f"{consumers} consumers attached")
 
         async def delete_here(topic: PersistentTopic, attached: Subscription) -> None:
             disconnected = attached.disconnect_consumers() if force else 0
@@ -251,9 +255,9 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
         for topic in targets.local:
             await outcomes.run(topic.name, expire_here(topic))
         async with fanout.PartitionCalls(service, request) as remote:
-            for partition, owner in targets.remote:
-                await outcomes.run(partition, remote.call("POST", owner, partition,
-                                                          f"all_subscription/expireMessages/{seconds}"))
+            await fanout.bounded_gather(outcomes.run(partition, remote.call(
+                "POST", owner, partition, f"all_subscription/expireMessages/{seconds}"))
+                for partition, owner in targets.remote)
         outcomes.raise_failure()
         return no_content()
 

@@ -143,14 +143,16 @@ async def delete_partitioned(service: BrokerService, name: TopicName, request: w
     owners = await fanout.partition_owners(service, name, count)
     async with fanout.PartitionCalls(service, request) as remote:
         if not force:
-            for partition, owner in owners:
-                if owner.is_self:
-                    loaded = service.loaded_topic(partition)
-                    attached = loaded is not None and has_clients(loaded)
-                else:
-                    attached = _stats_show_clients(await remote.json(owner, partition, "stats"))
-                if attached:
-                    raise PreconditionFailed(f"partition {partition} has connected producers or consumers")
+            elsewhere = [(partition, owner) for partition, owner in owners if not owner.is_self]
+            remote_stats = await fanout.bounded_gather(remote.json(owner, partition, "stats")
+                                                       for partition, owner in elsewhere)
+            attached = [partition for partition, owner in owners if owner.is_self
+                        and (loaded := service.loaded_topic(partition)) is not None and has_clients(loaded)]
+            attached += [partition for (partition, _), answer in zip(elsewhere, remote_stats)
+                         if _stats_show_clients(answer)]
+            if attached:
+                raise PreconditionFailed(f"partition {min(attached, key=lambda p: p.partition_index)} has "
+                                         "connected producers or consumers")
         await _delete_partitions(service, remote, owners, force=force, what=f"deleting {name}")
         await service.resources.delete_partitioned(name)
         # A client still connected when its partition went reconnects by the partition's

@@ -45,6 +45,7 @@ from broker.admin import fanout, topic_access
 from broker.admin.common import flag, integer, json_body, namespace_of, no_content, topic_of
 from broker.service import BrokerService
 from broker.topic import PersistentTopic
+from common.topic_name import TopicName
 from common.errors import AlreadyExists, NotAllowed, PreconditionFailed, TopicNotFound
 
 log = logging.getLogger(__name__)
@@ -129,17 +130,19 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
         count = await topic_access.partition_count(service, name)
         if count == 0:
             raise TopicNotFound(f"partitioned topic {name} does not exist")
-        by_partition: dict[str, dict] = {}
+        owners = await fanout.partition_owners(service, name, count)
+        found: dict[TopicName, dict] = {}
+        for partition, owner in owners:
+            if owner.is_self:
+                try:
+                    found[partition] = local(await service.get_topic(partition, create=False))
+                except TopicNotFound:
+                    continue
+        elsewhere = [(partition, owner) for partition, owner in owners if not owner.is_self]
         async with fanout.PartitionCalls(service, request) as remote:
-            for partition, owner in await fanout.partition_owners(service, name, count):
-                if owner.is_self:
-                    try:
-                        by_partition[str(partition)] = local(await service.get_topic(partition, create=False))
-                    except TopicNotFound:
-                        continue
-                elif (answer := await remote.json(owner, partition, suffix)) is not None:
-                    by_partition[str(partition)] = answer
-        return count, by_partition
+            answers = await fanout.bounded_gather(remote.json(owner, partition, suffix) for partition, owner in elsewhere)
+        found.update((partition, answer) for (partition, _), answer in zip(elsewhere, answers) if answer is not None)
+        return count, {str(partition): found[partition] for partition, _ in owners if partition in found}
 
     async def topic_stats(request: web.Request) -> web.Response:
         topic = await non_partitioned(request)

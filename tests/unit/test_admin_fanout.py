@@ -8,11 +8,13 @@ empty answer None; an owner's catalogue error comes back as the same typed error
 the owner named, an error without a code as the HTTP error of its status, a refused
 connection as 502; a change's outcomes go on past a failed partition and then raise the
 first failure as its own type naming the partitions it was applied to, and raise
-nothing when all answered.
+nothing when all answered; calls to other brokers run at most CALLS_AT_ONCE_MAX at
+once and answer in order, and a change applied here and elsewhere answers by partition.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from types import SimpleNamespace
 
@@ -139,3 +141,50 @@ async def test_outcomes_raise_an_http_failure_as_its_type_and_nothing_when_all_a
     fine = fanout.Outcomes("unloading orders")
     await fine.run(TOPIC.partition(0), _ok())
     fine.raise_failure()
+
+
+async def test_calls_to_other_brokers_run_a_bounded_number_at_once_and_answer_in_order():
+    running = [0]
+    most = [0]
+
+    async def call(index: int) -> int:
+        running[0] += 1
+        most[0] = max(most[0], running[0])
+        await asyncio.sleep(0.001 * (index % 3))
+        running[0] -= 1
+        return index
+
+    assert await fanout.bounded_gather(call(i) for i in range(50)) == list(range(50))
+    assert most[0] == fanout.CALLS_AT_ONCE_MAX
+
+
+async def test_a_change_applied_here_and_elsewhere_answers_by_partition(owner):
+    info, seen = owner
+    here = OwnerInfo("me", "pulsar://127.0.0.1:2", "http://127.0.0.1:2", True)
+    owners = [(TOPIC.partition(i), here if i % 2 == 0 else info) for i in range(6)]
+
+    async def local(partition: TopicName) -> object:
+        return fanout.ABSENT if partition.partition_index == 4 else {"here": partition.partition_index}
+
+    async with fanout.PartitionCalls(_service(), _caller({})) as calls:
+        answers = await fanout.apply_to_partitions(calls, owners, "terminating orders", local, "POST", "terminate")
+    assert [p.partition_index for p in answers] == [0, 1, 2, 3, 5]                  # 4 is absent
+    assert answers[TOPIC.partition(1)] == {"ok": "terminate"} and answers[TOPIC.partition(2)] == {"here": 2}
+    assert sorted(request["path"] for request in seen) == [
+        f"/admin/v2/persistent/public/default/orders-partition-{i}/terminate" for i in (1, 3, 5)]
+
+
+async def test_the_first_failure_stops_the_other_calls_and_is_raised_as_itself():
+    finished = []
+
+    async def call(index: int) -> int:
+        if index == 3:
+            raise AlreadyExists("partition 3 has it")
+        await asyncio.sleep(0.05)
+        finished.append(index)
+        return index
+
+    with pytest.raises(AlreadyExists, match="partition 3 has it"):
+        await fanout.bounded_gather(call(i) for i in range(40))
+    await asyncio.sleep(0.1)
+    assert finished == []                  # cancelled with the failure, none left running
