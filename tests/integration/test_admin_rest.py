@@ -164,6 +164,9 @@ def test_brokers_endpoints(admin, pulsar_cluster):
     broker = pulsar_cluster.brokers[0]
     address = broker.web_service_url.split("://", 1)[1]
     assert admin.ok("GET", "/admin/v2/brokers/standalone") == [address]
+    # The election runs beside serving: a broker that just became ready may not have
+    # won it yet (503 "no leader elected right now" until it has).
+    wait_until(lambda: admin.call("GET", "/admin/v2/brokers/leaderBroker")[0] == 200, 30, "a leader to be elected")
     leader = admin.ok("GET", "/admin/v2/brokers/leaderBroker")
     assert leader["serviceUrl"] == broker.web_service_url
     assert leader["brokerId"] == broker.broker_id
