@@ -8,7 +8,7 @@ import json
 
 import aiohttp
 
-from common.errors import OperationTimeout, ServiceNotReady, error_for_code
+from common.errors import NotFound, OperationTimeout, ServiceNotReady, error_for_code
 
 
 async def admin_call(http: aiohttp.ClientSession, admin_url: str, method: str, path: str) -> tuple[int, object]:
@@ -35,3 +35,30 @@ async def admin_call(http: aiohttp.ClientSession, admin_url: str, method: str, p
             raise error_for_code(document["code"], str(document.get("reason") or document.get("message") or ""))
         raise ServiceNotReady(f"the broker's admin API answered {status}")
     return status, document
+
+
+async def admin_entry(http: aiohttp.ClientSession, admin_url: str, path: str) -> tuple[dict[str, str], bytes] | None:
+    """``GET`` of an admin path that answers a stored entry (the payload as the body, its
+    metadata in X-Pulsar-* headers): (headers, body), or None when there is no entry
+    there. A missing topic or subscription raises its catalogue error."""
+    try:
+        async with http.get(f"{admin_url}{path}") as response:
+            body = await response.read()
+            status = response.status
+            headers = dict(response.headers.items())
+    except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as error:
+        raise ServiceNotReady(f"the broker's admin API ({admin_url}) cannot be reached: {error}") from None
+    except (TimeoutError, aiohttp.ClientError) as error:
+        raise OperationTimeout(f"the broker's admin API did not answer: {error!r}") from None
+    if status < 400:
+        return headers, body
+    try:
+        document = json.loads(body) if body else None
+    except ValueError:
+        document = None
+    code = document.get("code") if isinstance(document, dict) else None
+    if status == 404 and code == NotFound.code:
+        return None                        # past the last entry
+    if isinstance(code, int):
+        raise error_for_code(code, str(document.get("reason") or document.get("message") or ""))
+    raise ServiceNotReady(f"the broker's admin API answered {status}")

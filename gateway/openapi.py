@@ -25,6 +25,7 @@ from gateway.json_codec import (
     RECEIPTS_PER_REQUEST_MAX,
     TIME_MS_MAX,
 )
+from gateway.peek import PEEK_MESSAGES_MAX
 from gateway.receipts import MODES
 
 TOPIC_BASE = "/v1/topics/persistent/{tenant}/{namespace}/{topic}"
@@ -218,6 +219,16 @@ def schemas(config: GatewayConfig) -> dict:
             "properties": {"topic": {"type": "string"}, "subscription": {"type": "string"},
                            "member": {"type": "string"}, "backlog": {"type": "integer"},
                            "unacked": {"type": "integer"}, "consumers": {"type": "integer"}}},
+        "PeekedMessage": {
+            "type": "object", "required": ["message_id", "payload", "encoding", "properties"],
+            "properties": {"message_id": {"type": "string"}, "payload": {"type": "string"},
+                           "encoding": {"type": "string", "enum": ["text", "base64"]},
+                           "key": {"type": "string"}, "properties": {"type": "object"},
+                           "publish_time_ms": {"type": ["integer", "null"]}, "event_time_ms": {"type": "integer"},
+                           "producer": {"type": "string"}}},
+        "PeekResponse": {
+            "type": "object", "required": ["messages"],
+            "properties": {"messages": {"type": "array", "items": _ref("PeekedMessage")}}},
         "TopicStats": {"type": "object", "description": "the broker's topic stats (Pulsar's field names)"},
         "Health": {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}},
     }
@@ -265,6 +276,14 @@ OPERATIONS: dict[tuple[str, str], dict] = {
         _ok("Subscription")),
     ("GET", f"{SUBSCRIPTION_BASE}/backlog"): _operation(
         "Messages not acknowledged yet", SUBSCRIPTION_PARAMETERS + [MEMBER_QUERY], _ok("Backlog")),
+    ("GET", f"{SUBSCRIPTION_BASE}/peek"): _operation(
+        "The next messages not acknowledged yet, without taking them (no lease, no delivery)",
+        SUBSCRIPTION_PARAMETERS + [
+            {"name": "max_messages", "in": "query", "required": False,
+             "schema": {"type": "integer", "minimum": 1, "maximum": PEEK_MESSAGES_MAX}},
+            {"name": "encoding", "in": "query", "required": False,
+             "schema": {"type": "string", "enum": ["text", "base64"]}}],
+        _ok("PeekResponse")),
     ("POST", f"{SUBSCRIPTION_BASE}/pull"): _operation(
         "Receive messages, each with a leased receipt (long polling)", SUBSCRIPTION_PARAMETERS,
         _ok("PullResponse"), "PullRequest", request_required=False,

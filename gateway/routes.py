@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gateway import consume, produce, push, stats
+from gateway import consume, peek, produce, push, stats
 from gateway.keys import OPENAPI
 from gateway.openapi import SUBSCRIPTION_BASE, TOPIC_BASE
 
@@ -24,6 +24,7 @@ def add_routes(app: web.Application) -> None:
     router.add_put(SUBSCRIPTION_BASE, consume.create_subscription)
     router.add_delete(SUBSCRIPTION_BASE, consume.delete_subscription)
     router.add_get(f"{SUBSCRIPTION_BASE}/backlog", stats.backlog, allow_head=False)
+    router.add_get(f"{SUBSCRIPTION_BASE}/peek", peek.peek, allow_head=False)
     router.add_post(f"{SUBSCRIPTION_BASE}/pull", consume.pull)
     router.add_post(f"{SUBSCRIPTION_BASE}/ack", consume.ack)
     router.add_post(f"{SUBSCRIPTION_BASE}/nack", consume.nack)

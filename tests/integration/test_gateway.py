@@ -386,3 +386,45 @@ async def test_topic_unload_moves_producers_and_consumers_without_loss(gw_cluste
     assert set(redelivered) == {m["payload"] for m in held}
     results = await gateway.settle(path, "s", "extend", [held[0]["receipt"]], lease_ms=1000)
     assert results[0]["error"]["code"] == LeaseExpired.code, results
+
+
+async def test_peek_shows_the_next_messages_without_taking_them(gw_cluster, gateways):
+    """GET .../peek: the subscription's next unacknowledged messages (a batch entry split
+    into its messages, keys and properties kept), nothing leased or delivered — a pull
+    after it still gets them — and once some are acked they are gone from the peek; a
+    partitioned topic is read across its partitions; bad input is 400, an unknown
+    subscription 404."""
+    gateway = gateways[1]
+    _, path = new_topic_path("peek")
+    await gateway.subscribe(path, "s")
+    await gateway.produce(path, [{"payload": f"b{i}", "properties": {"i": str(i)}} for i in range(5)])
+    await gateway.call("POST", f"{gateway.topic_url(path)}/message",
+                       {"payload": base64.b64encode(b"\xff\x00").decode(), "encoding": "base64", "key": "k"})
+    url = f"{gateway.topic_url(path)}/subscriptions/s/peek"
+    _, document = await gateway.call("GET", f"{url}?max_messages=3")
+    assert [m["payload"] for m in document["messages"]] == ["b0", "b1", "b2"]
+    assert document["messages"][1]["properties"] == {"i": "1"}
+    assert document["messages"][0]["publish_time_ms"] > 0
+    _, document = await gateway.call("GET", f"{url}?max_messages=10")
+    assert [m["payload"] for m in document["messages"][:5]] == [f"b{i}" for i in range(5)]
+    last = document["messages"][5]
+    assert (last["encoding"], last["payload"], last["key"]) == ("base64", base64.b64encode(b"\xff\x00").decode(), "k")
+    pulled = await gateway.pull(path, "s", max_messages=6, wait_ms=5000)
+    assert [m["payload"] for m in pulled[:5]] == [f"b{i}" for i in range(5)]      # peeking took nothing
+    await gateway.ack(path, "s", pulled)
+    _, document = await gateway.call("GET", url)
+    assert document["messages"] == []
+    await gateway.call("GET", f"{url}?max_messages=0", expect=400)
+    await gateway.call("GET", f"{url}?encoding=hex", expect=400)
+    await gateway.call("GET", f"{gateway.topic_url(path)}/subscriptions/nobody/peek", expect=404)
+
+    _, partitioned = new_topic_path("peek-partitioned")
+    admin = gw_cluster.brokers[0].web_service_url
+    async with gateway.session.put(f"{admin}/admin/v2/{partitioned}/partitions", data=b"3",
+                                   headers={"Content-Type": "application/json"}) as response:
+        assert response.status in (200, 204), await response.text()
+    await gateway.subscribe(partitioned, "s")
+    await gateway.produce(partitioned, [{"payload": f"k{i}", "key": f"key-{i}"} for i in range(12)])
+    _, document = await gateway.call("GET", f"{gateway.topic_url(partitioned)}/subscriptions/s/peek?max_messages=20")
+    assert sorted(m["payload"] for m in document["messages"]) == sorted(f"k{i}" for i in range(12))
+    assert len({m["message_id"].split(":")[2] for m in document["messages"]}) > 1
