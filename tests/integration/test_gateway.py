@@ -343,16 +343,21 @@ async def test_server_sent_events_push_with_credits(gateways):
     assert sorted(m["payload"] for m in received + more) == [f"p{i}" for i in range(5)]
 
 
+async def _create_partitioned(gw_cluster, gateway: Gateway, path: str, partitions: int) -> None:
+    """A partitioned topic, through the broker's admin API."""
+    admin = gw_cluster.brokers[0].web_service_url
+    async with gateway.session.put(f"{admin}/admin/v2/{path}/partitions", data=str(partitions).encode(),
+                                   headers={"Content-Type": "application/json"}) as response:
+        assert response.status in (200, 204), await response.text()
+
+
 async def test_partitioned_topic_over_http(gw_cluster, gateways):
     """A topic of 3 partitions: keyed messages land on the partition of their key
     (message ids name it), keyless ones on one partition per request; a pull drains all
     partitions, and receipts of partitions settle through the topic's path."""
     gateway = gateways[0]
     topic, path = new_topic_path("partitioned")
-    admin = gw_cluster.brokers[0].web_service_url
-    async with gateway.session.put(f"{admin}/admin/v2/{path}/partitions", data=b"3",
-                                   headers={"Content-Type": "application/json"}) as response:
-        assert response.status in (200, 204), await response.text()
+    await _create_partitioned(gw_cluster, gateway, path, 3)
     await gateway.subscribe(path, "s")
     ids = await gateway.produce(path, [{"payload": f"k{i % 6}:{i}", "key": f"k{i % 6}"} for i in range(60)])
     partition_of_key = {}
@@ -419,10 +424,7 @@ async def test_peek_shows_the_next_messages_without_taking_them(gw_cluster, gate
     await gateway.call("GET", f"{gateway.topic_url(path)}/subscriptions/nobody/peek", expect=404)
 
     _, partitioned = new_topic_path("peek-partitioned")
-    admin = gw_cluster.brokers[0].web_service_url
-    async with gateway.session.put(f"{admin}/admin/v2/{partitioned}/partitions", data=b"3",
-                                   headers={"Content-Type": "application/json"}) as response:
-        assert response.status in (200, 204), await response.text()
+    await _create_partitioned(gw_cluster, gateway, partitioned, 3)
     await gateway.subscribe(partitioned, "s")
     await gateway.produce(partitioned, [{"payload": f"k{i}", "key": f"key-{i}"} for i in range(12)])
     _, document = await gateway.call("GET", f"{gateway.topic_url(partitioned)}/subscriptions/s/peek?max_messages=20")
