@@ -134,6 +134,8 @@ class BrokerService:
         # One task per topic being loaded (each catches and hands on its own failure):
         # cancelled and awaited by close, after the background tasks.
         self._loads: set[asyncio.Task[None]] = set()
+        # Loads in progress that may create their topic (see get_topic).
+        self._creating_loads: set[asyncio.Future] = set()
         self.topics_preloaded = 0
         # The retention loop, the archiver and the load reporter: cancelled and awaited
         # by hand_over or close.
@@ -452,7 +454,9 @@ class BrokerService:
     async def get_topic(self, name: TopicName, *, create: bool) -> PersistentTopic:
         """The loaded topic (loading it if needed). Raises TopicNotFound if it does not
         exist and may not be created here. A caller joining a load in progress gets
-        that load's outcome (``create`` is the first caller's)."""
+        that load's outcome — except a caller that may create the topic, joining a load
+        that might not and found no topic (an admin stats call racing a producer's first
+        use): it loads again, creating."""
         key = str(name)
         for _attempt in range(_TOPIC_LOAD_ATTEMPTS_MAX):
             if self.shutting_down:
@@ -460,11 +464,14 @@ class BrokerService:
             loading = self.topics.get(key)
             if loading is None:
                 loading = self._start_load(name, create=create, previous=None)
+            load_creates = loading in self._creating_loads
             try:
                 topic = await asyncio.shield(loading)
-            except MagnetarError:
+            except MagnetarError as error:
                 if self.topics.get(key) is loading:
                     self.topics.pop(key, None)
+                if isinstance(error, TopicNotFound) and create and not load_creates:
+                    continue
                 raise
             if not topic.closing:
                 return topic
@@ -479,6 +486,9 @@ class BrokerService:
         """Registers the topic's load and starts it as a task of the service."""
         future: asyncio.Future[PersistentTopic] = asyncio.get_running_loop().create_future()
         self.topics[str(name)] = future
+        if create:
+            self._creating_loads.add(future)
+            future.add_done_callback(self._creating_loads.discard)
         task = asyncio.get_running_loop().create_task(self._run_load(name, create, previous, future))
         self._loads.add(task)
         task.add_done_callback(self._loads.discard)

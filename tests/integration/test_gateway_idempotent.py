@@ -7,7 +7,8 @@ What it proves:
   ``duplicate``; an overlapping request stores only its new messages; the official
   client reads every message exactly once;
 - after kill -9 of the broker and a restart, resending everything still stores nothing
-  twice (the broker's deduplication state came back);
+  twice (the broker's deduplication state came back); after kill -9 of a gateway in the
+  middle of a request, its retry through the other gateway stores each message once;
 - on a partitioned topic a producer's keyless messages all go to one partition, so a
   resend finds them;
 - an NDJSON stream with ``?producer=`` sent again from where it broke stores only
@@ -223,3 +224,47 @@ async def test_without_deduplication_an_idempotent_produce_is_refused(cluster):
         status, document = await _call(session, "POST", f"{gateway}{path}/messages",
                                        {"messages": [{"payload": "plain"}]})
         assert status == 200 and _statuses(document) == ["stored"], document
+
+
+async def test_a_gateway_killed_mid_request_then_a_retry_through_another_stores_each_once(cluster):
+    """kill -9 of the gateway while it writes an idempotent request of 1,000 messages;
+    the client sends the same request through the other gateway until it is answered
+    (409 busy while the broker still holds the dead gateway's producer, then stored or
+    duplicate per message): every message is stored exactly once."""
+    victim, survivor = cluster.gateways[0], cluster.gateways[1]
+    admin = cluster.brokers[0].web_service_url
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        namespace = await _dedup_namespace(session, admin)
+        path = f"/v1/topics/persistent/{namespace}/crash"
+        request = {"producer": "crash-writer",
+                   "messages": [{"payload": f"c{i}", "sequence_id": i} for i in range(1000)]}
+        first = asyncio.ensure_future(_call(session, "POST", f"{victim.url}{path}/messages", request))
+        stats_url = f"{admin}/admin/v2/persistent/{namespace}/crash/internalStats"
+        written = 0
+        for _ in range(2000):                     # until the producer is writing: some stored, most not
+            status, stats = await _call(session, "GET", stats_url)
+            written = stats.get("entriesAddedCounter", 0) if status == 200 else 0
+            if written >= 20:
+                break
+            await asyncio.sleep(0.002)
+        victim.kill9()
+        assert 20 <= written < 1000, written
+        try:
+            await first
+        except aiohttp.ClientError:
+            pass                                  # the connection died with the gateway
+        deadline = asyncio.get_running_loop().time() + 60
+        while True:
+            status, document = await _call(session, "POST", f"{survivor.url}{path}/messages", request)
+            if status == 200 or asyncio.get_running_loop().time() > deadline:
+                break
+            assert document["retriable"], document
+            await asyncio.sleep(0.2)
+        assert status == 200, document
+        statuses = _statuses(document)
+        assert statuses.count("duplicate") >= written, (written, statuses.count("duplicate"))   # the first copy's
+        assert set(statuses) <= {"stored", "duplicate"}, document
+        expected = sorted(f"c{i}" for i in range(1000))
+        assert sorted(_read_all(cluster.brokers[0].service_url, f"persistent://{namespace}/crash",
+                                len(expected))) == expected
+    await victim.start()                          # the module's other tests keep two gateways

@@ -31,7 +31,7 @@ from broker.managed_ledger import ManagedLedgerConfig
 from broker.service import BrokerService
 from broker.stats import internal_stats
 from common.topic_name import TopicName
-from common.errors import AlreadyExists, ConfigError, ServiceNotReady, TopicFenced
+from common.errors import AlreadyExists, ConfigError, ServiceNotReady, TopicFenced, TopicNotFound
 from metadata import keys
 from metadata.memory_store import MemoryStore
 from tests.unit.fake_ledger_client import FakeLedgerClient
@@ -100,6 +100,25 @@ async def test_concurrent_first_uses_share_one_load():
         topics = await asyncio.gather(first, second)
     assert topics[0] is topics[1]
     assert client.created == 1
+    await service.close()
+
+
+async def test_a_use_that_may_create_is_not_refused_by_a_lookup_that_may_not():
+    """An admin stats call (may not create) starts the load of a topic that does not
+    exist; a producer (may create) joins it while it runs: the producer gets the topic,
+    created, and the stats call its TopicNotFound (before the fix both got the first
+    caller's TopicNotFound, and the official client's producer failed for good)."""
+    service = await started()
+    service.topic_ownership.gate.clear()
+    looking = spawn(service.get_topic(TOPIC, create=False))
+    await until(lambda: service.topic_ownership.waiting >= 1, "the lookup's load waits for ownership")
+    producing = spawn(service.get_topic(TOPIC, create=True))
+    await asyncio.sleep(0.01)
+    service.topic_ownership.gate.set()
+    async with asyncio.timeout(TIMEOUT_S):
+        results = await asyncio.gather(looking, producing, return_exceptions=True)
+    assert isinstance(results[0], TopicNotFound), results
+    assert not results[1].closing and service.loaded_topic(TOPIC) is results[1]
     await service.close()
 
 
