@@ -76,6 +76,18 @@ def path_integer(request: web.Request, name: str, *, minimum: int, maximum: int)
     return integer(value, name, minimum=minimum, maximum=maximum)
 
 
+def query_integer(request: web.Request, name: str, *, default: int, minimum: int, maximum: int) -> int:
+    """An integer query parameter (``default`` when absent)."""
+    text = request.query.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise InvalidArgument(f"{name} must be an integer, not {text!r}") from None
+    return integer(value, name, minimum=minimum, maximum=maximum)
+
+
 def message_id_of(doc: object) -> tuple[str, Position | None]:
     """A message id body ``{"ledgerId": L, "entryId": E, ...}`` as ("earliest", None),
     ("latest", None) or ("position", Position)."""

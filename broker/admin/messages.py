@@ -25,7 +25,6 @@ send them: a header per property cannot carry every key) and, when set,
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import datetime
 import json
@@ -35,7 +34,8 @@ from urllib.parse import quote
 from aiohttp import web
 
 from broker.admin import topic_access
-from broker.admin.common import path_integer, topic_of
+from broker.admin.common import path_integer, query_integer, topic_of
+from broker.admin.subscriptions import nth_unacknowledged
 from broker.admin.policy_codec import subscription_name_of
 from broker.service import BrokerService
 from broker.topic import PersistentTopic
@@ -43,41 +43,16 @@ from client.compression import CODECS, decompress
 from common.errors import BrokerError, InvalidArgument, MalformedFrame, NotAllowed, NotFound
 from common.position import Position
 from protocol.codec import decode_stored
-from subscriptions.subscription import Subscription
 
 log = logging.getLogger(__name__)
 
-# The furthest a peek looks into a backlog (each step is an entry; it yields to the
-# event loop every _STEPS_PER_YIELD of them).
+# The furthest a peek looks into a backlog (a walk of entries, subscriptions.nth_unacknowledged).
 PEEK_POSITION_MAX = 1_000_000
-_STEPS_PER_YIELD = 10_000
 # One entry is read, at most this large.
 _ENTRY_BYTES_MAX = 64 * 1024 * 1024
 _ID_MAX = 2**63 - 1
 # Printable ASCII kept as is in a header value; anything else is percent-encoded.
 _HEADER_SAFE = " !#$&'()*+,/:;=?@[]~-._"
-
-
-async def nth_unacknowledged(topic: PersistentTopic, subscription: Subscription, n: int) -> Position | None:
-    """The position of the n-th entry after the subscription's mark-delete position
-    that it has not acknowledged (individually acknowledged entries are stepped over);
-    None past the last confirmed entry."""
-    cursor = subscription.cursor
-    ledger = topic.ledger
-    position = cursor.mark_delete_position
-    found = 0
-    steps = 0
-    while True:
-        position = ledger.next_position(position)
-        if position > ledger.last_confirmed:
-            return None
-        if not cursor.is_acked(position):
-            found += 1
-            if found == n:
-                return position
-        steps += 1
-        if steps % _STEPS_PER_YIELD == 0:
-            await asyncio.sleep(0)
 
 
 def _time_header(ms: int) -> str:
@@ -129,19 +104,6 @@ async def _entry(topic: PersistentTopic, position: Position) -> web.Response:
     return entry_response(position, entries[0].data)
 
 
-def _query_integer(request: web.Request, name: str, *, default: int, minimum: int, maximum: int) -> int:
-    text = request.query.get(name)
-    if text is None:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        raise InvalidArgument(f"{name} must be an integer, not {text!r}") from None
-    if not minimum <= value <= maximum:
-        raise InvalidArgument(f"{name} must be in [{minimum}, {maximum}], not {value}")
-    return value
-
-
 def add_routes(app: web.Application, service: BrokerService) -> None:
     async def loaded(request: web.Request) -> PersistentTopic:
         name = topic_of(request)
@@ -175,7 +137,7 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
         initial = request.query.get("initialPosition", "latest")
         if initial not in ("earliest", "latest"):
             raise InvalidArgument(f"initialPosition must be earliest or latest, not {initial!r}")
-        n = _query_integer(request, "messagePosition", default=1, minimum=1, maximum=PEEK_POSITION_MAX)
+        n = query_integer(request, "messagePosition", default=1, minimum=1, maximum=PEEK_POSITION_MAX)
         topic = await loaded(request)
         ledger = topic.ledger
         first = ledger.first_position

@@ -52,35 +52,48 @@ log = logging.getLogger(__name__)
 INT64_MAX = 2**63 - 1
 # The longest expiry asked for: a century (a larger one expires nothing anyway).
 EXPIRY_SECONDS_MAX = 100 * 365 * 24 * 3600
-# A skip walks entries one by one (to step over those acknowledged individually); it
-# yields to the event loop this often so a large skip does not stall other work.
+# A skip or a peek walks entries one by one (to step over those acknowledged
+# individually); it yields to the event loop this often so a long walk does not stall
+# other work.
 _SKIP_STEPS_PER_YIELD = 10_000
+
+
+async def nth_unacknowledged(topic: PersistentTopic, subscription: Subscription, n: int) -> Position | None:
+    """The position of the n-th (n >= 1) entry after the subscription's mark-delete
+    position that it has not acknowledged (individually acknowledged entries are
+    stepped over); None past the last confirmed entry."""
+    cursor = subscription.cursor
+    ledger = topic.ledger
+    position = cursor.mark_delete_position
+    found = 0
+    steps = 0
+    while True:
+        position = ledger.next_position(position)
+        if position > ledger.last_confirmed:
+            return None
+        if not cursor.is_acked(position):
+            found += 1
+            if found == n:
+                return position
+        steps += 1
+        if steps % _SKIP_STEPS_PER_YIELD == 0:
+            await asyncio.sleep(0)
 
 
 async def skip_entries(topic: PersistentTopic, subscription: Subscription, count: int) -> int:
     """Acknowledges the next ``count`` unacknowledged entries after the mark-delete
     position (all of the backlog if it is shorter); returns how many were skipped."""
     cursor = subscription.cursor
-    ledger = topic.ledger
     backlog = cursor.backlog_entries(topic.entries_between)
     if count >= backlog:
-        cursor.ack_cumulative(ledger.last_confirmed)
+        cursor.ack_cumulative(topic.ledger.last_confirmed)
         return backlog
-    position = cursor.mark_delete_position
-    skipped = 0
-    steps = 0
-    while skipped < count:
-        following = ledger.next_position(position)
-        if following > ledger.last_confirmed:
-            break
-        position = following
-        if not cursor.is_acked(position):
-            skipped += 1
-        steps += 1
-        if steps % _SKIP_STEPS_PER_YIELD == 0:
-            await asyncio.sleep(0)
-    cursor.ack_cumulative(position)   # a no-op if acknowledgements overtook the walk
-    return skipped
+    if count == 0:
+        return 0
+    position = await nth_unacknowledged(topic, subscription, count)
+    # None: acknowledgements overtook the walk and fewer than count are left: all of them.
+    cursor.ack_cumulative(position if position is not None else topic.ledger.last_confirmed)
+    return count
 
 
 async def expire_older_than(topic: PersistentTopic, subscriptions: list[Subscription], seconds: int) -> int:
