@@ -11,65 +11,34 @@ partition after another until ``max_messages``. At most ``PEEK_MESSAGES_MAX`` me
 
 from __future__ import annotations
 
-import datetime
-import json
-from urllib.parse import quote, unquote
+from urllib.parse import quote
 
 from aiohttp import web
 
 from client.messages import MessageId
-from common.errors import InvalidArgument, SubscriptionNotFound, TopicNotFound
+from common.errors import BrokerError, InvalidArgument, MalformedFrame, SubscriptionNotFound, TopicNotFound
 from common.topic_name import TopicName
 from gateway.admin_client import admin_entry
 from gateway.http_common import ok, subscription_of, topic_of
 from gateway.json_codec import ENCODINGS, render_payload
 from gateway.keys import SERVICE
-from protocol.batch import parse_batch
-from protocol.proto import pulsar_api_pb2 as pb
+from protocol.admin_entry import PeekedMessage, entry_messages
 
 PEEK_MESSAGES_MAX = 100
 
 
-def _time_ms(text: str | None) -> int | None:
-    if not text:
-        return None
-    try:
-        return int(datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%f%z").timestamp() * 1000)
-    except ValueError:
-        return None
-
-
-def messages_of_entry(partition: int, headers: dict[str, str], body: bytes, encoding: str) -> list[dict]:
-    """The messages of one entry as the broker's admin API answers it, rendered as the
-    gateway renders pulled messages (without receipt and lease)."""
-    lower = {name.lower(): value for name, value in headers.items()}
-    ledger_id, entry_id = (int(part) for part in lower["x-pulsar-message-id"].split(":")[:2])
-    common = {"publish_time_ms": _time_ms(lower.get("x-pulsar-publish-time")),
-              "producer": unquote(lower.get("x-pulsar-producer-name", ""))}
-    event_time_ms = _time_ms(lower.get("x-pulsar-event-time"))
-    if event_time_ms:
-        common["event_time_ms"] = event_time_ms
-    if "x-pulsar-num-batch-message" not in lower:
-        payload, used = render_payload(body, encoding)
-        rendered = {"message_id": str(MessageId(ledger_id, entry_id, partition)), "payload": payload,
-                    "encoding": used, "properties": json.loads(lower.get("x-pulsar-property") or "{}"), **common}
-        if "x-pulsar-partition-key" in lower:
-            rendered["key"] = unquote(lower["x-pulsar-partition-key"])
-        return [rendered]
-    count = int(lower["x-pulsar-num-batch-message"])
-    metadata = pb.MessageMetadata(producer_name="", sequence_id=0, publish_time=0, num_messages_in_batch=count)
-    messages = []
-    for single in parse_batch(metadata, body):
-        payload, used = render_payload(bytes(single.payload), encoding)
-        rendered = {"message_id": str(MessageId(ledger_id, entry_id, partition, single.batch_index, count)),
-                    "payload": payload, "encoding": used,
-                    "properties": {kv.key: kv.value for kv in single.metadata.properties}, **common}
-        if single.metadata.HasField("partition_key"):
-            rendered["key"] = single.metadata.partition_key
-        if single.metadata.HasField("event_time") and single.metadata.event_time:
-            rendered["event_time_ms"] = single.metadata.event_time
-        messages.append(rendered)
-    return messages
+def render(message: PeekedMessage, partition: int, encoding: str) -> dict:
+    """A peeked message as the gateway renders pulled ones (without receipt and lease)."""
+    payload, used = render_payload(message.payload, encoding)
+    rendered = {"message_id": str(MessageId(message.ledger_id, message.entry_id, partition, message.batch_index,
+                                            message.batch_size)),
+                "payload": payload, "encoding": used, "properties": message.properties,
+                "publish_time_ms": message.publish_time_ms, "producer": message.producer}
+    if message.key is not None:
+        rendered["key"] = message.key
+    if message.event_time_ms:
+        rendered["event_time_ms"] = message.event_time_ms
+    return rendered
 
 
 async def peek(request: web.Request) -> web.Response:
@@ -102,7 +71,11 @@ async def peek(request: web.Request) -> web.Response:
             found = True
             if entry is None:
                 break
-            messages += messages_of_entry(name.partition_index, *entry, encoding)
+            try:
+                peeked = entry_messages(*entry)
+            except (MalformedFrame, ValueError, KeyError) as error:
+                raise BrokerError(f"the broker's answer for {path} does not parse: {error}") from None
+            messages += [render(message, name.partition_index, encoding) for message in peeked]
             position += 1
     if not found:
         raise SubscriptionNotFound(f"subscription {subscription} does not exist on {topic}")

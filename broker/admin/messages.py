@@ -10,26 +10,15 @@ partition; a partitioned topic's name is refused: ask a partition):
                                                      the n-th entry from the oldest stored
                                                      one, or back from the newest (default)
 
-The answer is the entry's payload, uncompressed, as ``application/octet-stream`` — a
-batch entry's whole batch payload, each message with its own metadata, for the client
-to split (bench/ and ``magnetar admin topics peek-messages`` do) — with the entry's
-metadata in headers as Pulsar's brokers write them: ``X-Pulsar-Message-ID``
-(``ledger:entry``), ``X-Pulsar-publish-time`` and ``X-Pulsar-event-time`` (ISO 8601,
-UTC), ``X-Pulsar-num-batch-message``, ``X-Pulsar-batch-size`` (payload bytes),
-``X-Pulsar-producer-name`` (percent-encoded outside ASCII), ``X-Pulsar-sequence-id``,
-``X-Pulsar-PROPERTY`` (the properties as one JSON object, as Pulsar's newer brokers
-send them: a header per property cannot carry every key) and, when set,
-``X-Pulsar-partition-key`` (percent-encoded outside ASCII),
-``X-Pulsar-Base64-ordering-key`` and ``X-Pulsar-deliver-at-time``. No such entry: 404.
+The answer is the entry's payload, uncompressed, as ``application/octet-stream``, with
+its metadata in Pulsar's ``X-Pulsar-*`` headers (protocol/admin_entry.py has the
+format; ``magnetar admin topics peek-messages`` and the gateway's peek read it back).
+No such entry: 404.
 """
 
 from __future__ import annotations
 
-import base64
-import datetime
-import json
 import logging
-from urllib.parse import quote
 
 from aiohttp import web
 
@@ -42,6 +31,7 @@ from broker.topic import PersistentTopic
 from client.compression import CODECS, decompress
 from common.errors import BrokerError, InvalidArgument, MalformedFrame, NotAllowed, NotFound
 from common.position import Position
+from protocol.admin_entry import entry_headers
 from protocol.codec import decode_stored
 
 log = logging.getLogger(__name__)
@@ -51,13 +41,6 @@ PEEK_POSITION_MAX = 1_000_000
 # One entry is read, at most this large.
 _ENTRY_BYTES_MAX = 64 * 1024 * 1024
 _ID_MAX = 2**63 - 1
-# Printable ASCII kept as is in a header value; anything else is percent-encoded.
-_HEADER_SAFE = " !#$&'()*+,/:;=?@[]~-._"
-
-
-def _time_header(ms: int) -> str:
-    moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}+0000"
 
 
 def entry_response(position: Position, stored: bytes | memoryview) -> web.Response:
@@ -75,25 +58,7 @@ def entry_response(position: Position, stored: bytes | memoryview) -> web.Respon
         # A stored entry that does not parse (or whose checksum does not match) is the
         # store's problem, not the caller's: a broker error that names it.
         raise BrokerError(f"entry {position} does not decode: {error.message}") from None
-    headers = {"X-Pulsar-Message-ID": f"{position.ledger_id}:{position.entry_id}",
-               "X-Pulsar-batch-size": str(len(payload)),
-               "X-Pulsar-PROPERTY": json.dumps({kv.key: kv.value for kv in metadata.properties}),
-               "X-Pulsar-producer-name": quote(metadata.producer_name, safe=_HEADER_SAFE),
-               "X-Pulsar-sequence-id": str(metadata.sequence_id)}
-    if metadata.publish_time:
-        headers["X-Pulsar-publish-time"] = _time_header(metadata.publish_time)
-    if metadata.event_time:
-        headers["X-Pulsar-event-time"] = _time_header(metadata.event_time)
-    if metadata.HasField("num_messages_in_batch"):
-        headers["X-Pulsar-num-batch-message"] = str(metadata.num_messages_in_batch)
-    if metadata.HasField("deliver_at_time"):
-        headers["X-Pulsar-deliver-at-time"] = _time_header(metadata.deliver_at_time)
-    if metadata.HasField("partition_key"):
-        headers["X-Pulsar-partition-key"] = quote(metadata.partition_key, safe=_HEADER_SAFE)
-        if metadata.partition_key_b64_encoded:
-            headers["X-Pulsar-partition-key-b64-encoded"] = "true"
-    if metadata.HasField("ordering_key"):
-        headers["X-Pulsar-Base64-ordering-key"] = base64.b64encode(metadata.ordering_key).decode("ascii")
+    headers = entry_headers(position.ledger_id, position.entry_id, metadata, len(payload))
     return web.Response(body=payload, headers=headers, content_type="application/octet-stream")
 
 

@@ -25,11 +25,9 @@ import json
 import re
 import sys
 import time
-import urllib.parse
 
 from magnetar.tools.admin_client import AdminClient, AdminError, Response, path
-from protocol.batch import parse_batch
-from protocol.proto import pulsar_api_pb2 as pb
+from protocol.admin_entry import entry_messages, time_text
 
 API = ("admin", "v2")
 DEFAULT_TENANT, DEFAULT_NAMESPACE = "public", "default"
@@ -320,28 +318,17 @@ def topics_terminate_partitioned(client, args):
 
 def messages_of(response: Response) -> list[dict]:
     """The messages of one entry as ``GET .../position/{n}`` or ``.../ledger/{l}/entry/{e}``
-    answer it (the payload uncompressed, the metadata in X-Pulsar-* headers): a batch
-    entry is split into its messages. Payloads print as text when they are UTF-8, else
-    as base64."""
-    headers = {name.lower(): value for name, value in response.headers.items()}
-    entry_id = headers.get("x-pulsar-message-id", "")
-    common = {"publish_time": headers.get("x-pulsar-publish-time"),
-              "producer_name": urllib.parse.unquote(headers.get("x-pulsar-producer-name", "")),
-              "sequence_id": int(headers.get("x-pulsar-sequence-id", "0"))}
-    properties = json.loads(headers.get("x-pulsar-property") or "{}")
-    if "x-pulsar-num-batch-message" not in headers:
-        key = headers.get("x-pulsar-partition-key")
-        return [{"message_id": entry_id, **common, "properties": properties,
-                 **({"key": urllib.parse.unquote(key)} if key is not None else {}), **_payload(response.body)}]
-    metadata = pb.MessageMetadata(producer_name="", sequence_id=0, publish_time=0,
-                                  num_messages_in_batch=int(headers["x-pulsar-num-batch-message"]))
-    messages = []
-    for single in parse_batch(metadata, response.body):
-        messages.append({"message_id": f"{entry_id}:{single.batch_index}", **common,
-                         "properties": {kv.key: kv.value for kv in single.metadata.properties},
-                         **({"key": single.metadata.partition_key} if single.metadata.HasField("partition_key") else {}),
-                         **_payload(bytes(single.payload))})
-    return messages
+    answer it (protocol/admin_entry.py): a batch entry is split into its messages.
+    Payloads print as text when they are UTF-8, else as base64."""
+    printed = []
+    for message in entry_messages(response.headers, response.body):
+        message_id = f"{message.ledger_id}:{message.entry_id}"
+        printed.append({"message_id": message_id if message.batch_index < 0 else f"{message_id}:{message.batch_index}",
+                        "publish_time": time_text(message.publish_time_ms) if message.publish_time_ms else None,
+                        "producer_name": message.producer, "sequence_id": message.sequence_id,
+                        "properties": message.properties,
+                        **({"key": message.key} if message.key is not None else {}), **_payload(message.payload)})
+    return printed
 
 
 def _payload(data: bytes) -> dict:
