@@ -45,7 +45,7 @@ from common.errors import (
 )
 from common.topic_name import TopicName
 from gateway.json_codec import Sequenced
-from gateway.producers import SentEntry, partition_for_key, partition_topic
+from gateway.producers import partition_for_key, partition_topic
 
 log = logging.getLogger(__name__)
 
@@ -167,22 +167,22 @@ class IdempotentProducers:
             except ProducerBusy as busy:
                 raise ProducerNameInUse(f"producer {name!r} is registered on {topic} by another connection (an "
                                         f"earlier request still being written?): {busy.message}") from None
-            entries = []
+            futures = []
             for message, sequence_id in zip(messages, sequence_ids):
                 producer.set_next_sequence_id(sequence_id)
-                entries.append(SentEntry([len(entries)], producer.send(message)))
+                futures.append(producer.send(message))
             await producer.drain()
-            await asyncio.wait([entry.future for entry in entries])
+            await asyncio.wait(futures)
             outcomes: list[MessageId | Duplicate | MagnetarError] = []
-            for entry in entries:
-                error = entry.future.exception()
+            for future in futures:
+                error = future.exception()
                 if error is not None:
                     outcomes.append(error if isinstance(error, MagnetarError) else OperationTimeout(str(error)))
-                elif entry.future.result().ledger_id == _NO_ENTRY:
+                elif future.result().ledger_id == _NO_ENTRY:
                     self.duplicates += 1
                     outcomes.append(DUPLICATE)
                 else:
-                    outcomes.append(entry.future.result())
+                    outcomes.append(future.result())
             return outcomes
         finally:
             self.open_producers -= 1
