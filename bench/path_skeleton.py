@@ -17,6 +17,18 @@ benchmark builds that path with nothing on it:
 - ``one_process``: client → store process writing and fdatasyncing on its loop's thread
   before replying (what Redis does with ``appendfsync always``).
 
+And the end-to-end path's shape (``e2e_skeleton``): a producer sends at a fixed rate
+(1,000/s) to the relay, which passes each message to the store and, once the store
+says it is durable, answers the producer and forwards the message to a consumer
+connected to it — Pulsar's rule, a message is dispatched only once it is persisted. The
+consumer (the same process, the same clock) takes receive time minus the message's due
+time (no coordinated omission). With ``hold_ms`` each message leaves that long after it
+is due, as the official client's batch timer holds a message that starts a batch
+(bench/latency_client.py uses 1 ms); the producer and the consumer are plain threads
+with blocking sockets so the hold is timed by ``clock_nanosleep``, not by the event
+loop's millisecond poll. This is the floor of the e2e row: the design's hops, the
+fdatasync before dispatch and the client's batch wait, with nothing else on the way.
+
 Both use the standard asyncio loop (the servers' default), TCP over loopback with
 TCP_NODELAY, 1 KiB requests and 8-byte replies, the client an asyncio process of its own
 (the caller's), one request at a time with ``rest_ms`` between; the two are interleaved in
@@ -43,6 +55,8 @@ REQUEST_BYTES = 1024
 REPLY = b"durable!"
 # Requests per round and skeleton; rounds alternate the two skeletons.
 ROUND_REQUESTS = 250
+# e2e: messages sent and not counted at the start of each round (connections warming).
+E2E_WARMUP = 20
 # A child process prints its port within this long, or the benchmark gives up.
 CHILD_START_S = 20.0
 
@@ -99,21 +113,36 @@ async def _store(directory: str, inline: bool) -> None:
 
 
 async def _relay(store_port: int) -> None:
-    """Passes each request to the store and its reply back, as a broker passes an add."""
+    """Passes each request to the store and its reply back, as a broker passes an add;
+    once the store has it, the request also goes to every consumer connected to the
+    second port (printed after the first), as a broker dispatches a persisted entry."""
     loop = asyncio.get_running_loop()
-    waiting: list[asyncio.Transport] = []
+    waiting: list[tuple[asyncio.Transport, bytes]] = []
+    consumers: list[asyncio.Transport] = []
 
     def on_reply(_protocol: _Requests, reply: bytes) -> None:
-        waiting.pop(0).write(reply)
+        producer, request = waiting.pop(0)
+        producer.write(reply)
+        for consumer in consumers:
+            consumer.write(request)
 
     _, upstream = await loop.create_connection(lambda: _Requests(len(REPLY), on_reply), "127.0.0.1", store_port)
 
     def on_request(protocol: _Requests, request: bytes) -> None:
-        waiting.append(protocol.transport)
+        waiting.append((protocol.transport, request))
         upstream.transport.write(request)
 
+    class _Consumer(_Requests):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            consumers.append(transport)
+
+        def connection_lost(self, exc) -> None:
+            consumers.remove(self.transport)
+
     server = await loop.create_server(lambda: _Requests(REQUEST_BYTES, on_request), "127.0.0.1", 0)
-    print(server.sockets[0].getsockname()[1], flush=True)
+    consumer_server = await loop.create_server(lambda: _Consumer(1, lambda *_: None), "127.0.0.1", 0)
+    print(server.sockets[0].getsockname()[1], consumer_server.sockets[0].getsockname()[1], flush=True)
     await _until_stdin_closes()
 
 
@@ -129,7 +158,8 @@ class _Child:
         self.process = subprocess.Popen([sys.executable, os.path.abspath(__file__), *args],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         line = _readline_within(self.process.stdout, CHILD_START_S)
-        self.port = int(line)
+        self.ports = [int(word) for word in line.split()]
+        self.port = self.ports[0]
 
     def cpu_s(self) -> float:
         """The child's CPU time so far (user + system), from /proc."""
@@ -174,13 +204,18 @@ async def _timed_requests(port: int, count: int, rest_s: float) -> list[int]:
     return samples
 
 
-def _summary_ms(samples: list[int]) -> dict:
+def _summary_ms(samples: list[int], p999: bool = False) -> dict:
     ordered = sorted(samples)
+    if not ordered:
+        raise RuntimeError("a skeleton run measured nothing")
 
     def at(fraction: float) -> float:
         return round(ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] / 1000, 3)
 
-    return {"count": len(ordered), "p50": at(0.5), "p90": at(0.9), "p99": at(0.99)}
+    summary = {"count": len(ordered), "p50": at(0.5), "p90": at(0.9), "p99": at(0.99)}
+    if p999:
+        summary["p999"] = at(0.999)
+    return summary
 
 
 def skeleton_baseline(directory: str, requests: int = 1000, rest_ms: float = 1.0) -> dict:
@@ -211,6 +246,83 @@ def skeleton_baseline(directory: str, requests: int = 1000, rest_ms: float = 1.0
     return {**{name: _summary_ms(values) for name, values in samples.items()}, "cpu_ms_per_request": cpu}
 
 
+def _e2e_samples(relay: _Child, messages: int, rate: float, hold_s: float) -> list[int]:
+    """Microseconds from each message's due time to its arrival at the consumer, the
+    first ``E2E_WARMUP`` left out; the producer sends message i at t0 + i / rate +
+    ``hold_s`` (sleeping until then, or at once when late)."""
+    producer = socket.create_connection(("127.0.0.1", relay.ports[0]), timeout=10)
+    consumer = socket.create_connection(("127.0.0.1", relay.ports[1]), timeout=10)
+    samples: list[int] = []
+    try:
+        for sock in (producer, consumer):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        time.sleep(0.05)    # the relay has registered the consumer
+        total = E2E_WARMUP + messages
+
+        def consume() -> None:
+            buffer = bytearray()
+            seen = 0
+            while seen < total:
+                chunk = consumer.recv(1 << 16)
+                now = time.perf_counter_ns()
+                if not chunk:
+                    return
+                buffer += chunk
+                while len(buffer) >= REQUEST_BYTES:
+                    due = int.from_bytes(buffer[:8], "big")
+                    del buffer[:REQUEST_BYTES]
+                    seen += 1
+                    if seen > E2E_WARMUP:
+                        samples.append((now - due) // 1000)
+
+        def drain_receipts() -> None:
+            expected = total * len(REPLY)
+            while expected > 0:
+                chunk = producer.recv(1 << 16)
+                if not chunk:
+                    return
+                expected -= len(chunk)
+
+        readers = [threading.Thread(target=consume, daemon=True), threading.Thread(target=drain_receipts, daemon=True)]
+        for reader in readers:
+            reader.start()
+        filler = os.urandom(REQUEST_BYTES - 8)
+        interval_ns = int(1e9 / rate)
+        hold_ns = int(hold_s * 1e9)
+        started = time.perf_counter_ns() + 5_000_000
+        for index in range(total):
+            due = started + index * interval_ns
+            delay_ns = due + hold_ns - time.perf_counter_ns()
+            if delay_ns > 0:
+                time.sleep(delay_ns / 1e9)
+            producer.sendall(due.to_bytes(8, "big") + filler)
+        for reader in readers:
+            reader.join(10)
+    finally:
+        producer.close()
+        consumer.close()
+    return samples
+
+
+def e2e_skeleton(directory: str, seconds: float = 4.0, rate: float = 1000.0,
+                 holds_ms: tuple[float, ...] = (1.0, 0.0)) -> dict:
+    """The end-to-end path's shape at ``rate`` for ``seconds`` per hold: {"hold_<ms>ms":
+    {count, p50, p90, p99, p999} in ms}. The holds alternate in rounds of a second."""
+    store = _Child("--role", "store", "--dir", directory)
+    relay = _Child("--role", "relay", "--store-port", str(store.port))
+    samples: dict[float, list[int]] = {hold: [] for hold in holds_ms}
+    try:
+        _e2e_samples(relay, 200, rate, 0.0)     # not kept: connections, page cache, first blocks
+        per_round = int(rate)
+        for _ in range(max(1, round(seconds))):
+            for hold in holds_ms:
+                samples[hold] += _e2e_samples(relay, per_round, rate, hold / 1000)
+    finally:
+        for child in (relay, store):
+            child.stop()
+    return {f"hold_{hold:g}ms": _summary_ms(values, p999=True) for hold, values in samples.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--role", choices=["client", "store", "store-inline", "relay"], default="client")
@@ -218,6 +330,7 @@ def main() -> int:
     parser.add_argument("--store-port", type=int, default=0)
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--rest-ms", type=float, default=1.0)
+    parser.add_argument("--e2e-seconds", type=float, default=4.0, help="per hold, for the end-to-end shape")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     if args.role == "store":
@@ -228,7 +341,8 @@ def main() -> int:
         asyncio.run(_relay(args.store_port))
     else:
         result = {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "rest_ms": args.rest_ms,
-                  **skeleton_baseline(args.dir, args.requests, args.rest_ms)}
+                  **skeleton_baseline(args.dir, args.requests, args.rest_ms),
+                  "e2e_at_1000_per_s": e2e_skeleton(args.dir, args.e2e_seconds)}
         text = json.dumps(result, indent=2)
         if args.out:
             with open(args.out, "w") as out:

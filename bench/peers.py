@@ -99,6 +99,14 @@ def _median_or_none(values) -> float | None:
     return statistics.median(values) if values else None
 
 
+# The end-to-end skeleton (bench/path_skeleton.py) per repeat: seconds per hold, and the
+# hold that stands for the official client's batch timer (bench/latency_client.py's
+# --batch-delay-ms default, which the Magnetar runs use).
+SKELETON_E2E_SECONDS = 3.0
+CLIENT_BATCH_DELAY_MS = 1
+SKELETON_HOLD_KEY = f"hold_{CLIENT_BATCH_DELAY_MS:g}ms"
+
+
 def best_peer(values: dict[str, float | None], higher_is_better: bool) -> tuple[str, float] | None:
     """The best of the peers' values (Magnetar's are not among them)."""
     candidates = [(value, name) for name, value in values.items() if name not in MAGNETAR and value is not None]
@@ -172,12 +180,37 @@ def summarize(runs: list[dict]) -> dict:
                      if "fdatasync_after_1ms_idle_ms" in run["baselines"]),
                  **{f"path_skeleton_{shape}_p50_ms": _median_or_none(
                      run["baselines"]["path_skeleton_ms"][shape]["p50"] for run in runs
-                     if "path_skeleton_ms" in run["baselines"]) for shape in ("three_process", "one_process")}}
+                     if "path_skeleton_ms" in run["baselines"]) for shape in ("three_process", "one_process")},
+                 **{f"path_skeleton_e2e_{hold}_{quantile}_ms": _median_or_none(
+                     run["baselines"]["path_skeleton_e2e_ms"][hold][quantile] for run in runs
+                     if "path_skeleton_e2e_ms" in run["baselines"])
+                    for hold in (SKELETON_HOLD_KEY, "hold_0ms") for quantile in ("p50", "p99")}}
     skipped = [f"repeat {run['repeat']}: {name}: {reason}" for run in runs for name, reason in run["skipped"].items()]
     invalid = [f"repeat {run['repeat']}: {problem}" for run in runs for system in run["systems"].values()
                for problem in system.get("problems", [])]
     return {"systems": names, "medians": medians, "rows": rows, "aims": from_medians, "baselines": baselines,
-            "skipped": skipped, "invalid": invalid}
+            "e2e_floor": e2e_floor(runs), "skipped": skipped, "invalid": invalid}
+
+
+def e2e_floor(runs: list[dict]) -> list[dict]:
+    """Per repeat, the e2e aim's reference (the best peer's e2e p99) against the
+    floor of Magnetar's path in the same repeat: the end-to-end skeleton's p99 with the
+    official client's batch hold (what the harness's Magnetar producer does) and
+    without it."""
+    floors = []
+    for run in runs:
+        skeleton = run["baselines"].get("path_skeleton_e2e_ms")
+        if not skeleton:
+            continue
+        best = best_peer({name: valid_headline(system).get("e2e_p99_ms") for name, system in run["systems"].items()},
+                         False)
+        floors.append({"repeat": run["repeat"], "best_peer": best[0] if best else None,
+                       "best_peer_e2e_p99_ms": best[1] if best else None,
+                       "skeleton_hold_p99_ms": skeleton[SKELETON_HOLD_KEY]["p99"],
+                       "skeleton_no_hold_p99_ms": skeleton["hold_0ms"]["p99"],
+                       "magnetar_1x1_e2e_p99_ms": valid_headline(run["systems"]["magnetar-1x1"]).get("e2e_p99_ms")
+                       if "magnetar-1x1" in run["systems"] else None})
+    return floors
 
 
 def _cell(value) -> str:
@@ -211,6 +244,12 @@ def report_markdown(results: dict) -> str:
                 f"(Magnetar's shape) p50 {base['path_skeleton_three_process_p50_ms']} ms; client → one process "
                 f"fdatasyncing on its loop (Redis's shape) p50 {base['path_skeleton_one_process_p50_ms']} ms.", ""]
                if base.get("path_skeleton_three_process_p50_ms") is not None else []),
+             *([f"The end-to-end path with no work in it (bench/path_skeleton.py: producer → relay → store "
+                f"fdatasync → relay → consumer, at {settings['rate']:,}/s): with the official client's "
+                f"{CLIENT_BATCH_DELAY_MS} ms batch hold p50 {base[f'path_skeleton_e2e_{SKELETON_HOLD_KEY}_p50_ms']} / "
+                f"p99 {base[f'path_skeleton_e2e_{SKELETON_HOLD_KEY}_p99_ms']} ms; without it p50 "
+                f"{base['path_skeleton_e2e_hold_0ms_p50_ms']} / p99 {base['path_skeleton_e2e_hold_0ms_p99_ms']} ms.", ""]
+               if base.get(f"path_skeleton_e2e_{SKELETON_HOLD_KEY}_p99_ms") is not None else []),
              *([f"Peer servers: {'; '.join(f'{name}: {text}' for name, text in results['servers'].items())}.", ""]
                if results.get("servers") else [])]
     for line in summary["skipped"]:
@@ -238,6 +277,18 @@ def report_markdown(results: dict) -> str:
         met = {True: "yes", False: "**no**", None: "-"}[aim["met"]]
         lines.append(f"| {aim['aim']} | {_cell(aim['value'])} | {_cell(aim['reference'])} | {met} | "
                      f"{aim['met_in_repeats']} |")
+    if summary.get("e2e_floor"):
+        lines += ["", "### The e2e aim against the floor of Magnetar's path, per repeat", "",
+                  "The end-to-end skeleton's p99 (the design's hops and the fdatasync before dispatch, nothing "
+                  "else) with and without the client's batch hold, beside the aim's reference:", "",
+                  "| repeat | best peer's e2e p99 ms | skeleton p99, batch hold | skeleton p99, no hold | "
+                  "Magnetar 1x1 e2e p99 | floor above the reference |", "|---|---|---|---|---|---|"]
+        for floor in summary["e2e_floor"]:
+            reference = floor["best_peer_e2e_p99_ms"]
+            above = "-" if reference is None else ("**yes**" if floor["skeleton_hold_p99_ms"] > reference else "no")
+            lines.append(f"| {floor['repeat']} | {_cell(reference)} ({LABELS.get(floor['best_peer'], '-')}) | "
+                         f"{_cell(floor['skeleton_hold_p99_ms'])} | {_cell(floor['skeleton_no_hold_p99_ms'])} | "
+                         f"{_cell(floor['magnetar_1x1_e2e_p99_ms'])} | {above} |")
     last = results["runs"][-1]
     lines += ["", "## CPU per process (last repeat; % of one core over each workload's window)", ""]
     for name in names:
@@ -385,7 +436,10 @@ async def main_async(args: argparse.Namespace) -> dict:
                          "fdatasync_after_1ms_idle_ms": await asyncio.to_thread(
                              latency.fdatasync_baseline, probe_dir, idle_s=latency.FSYNC_IDLE_S),
                          "tcp_echo_ms": await asyncio.to_thread(latency.tcp_echo_baseline),
-                         "path_skeleton_ms": await asyncio.to_thread(path_skeleton.skeleton_baseline, probe_dir)}
+                         "path_skeleton_ms": await asyncio.to_thread(path_skeleton.skeleton_baseline, probe_dir),
+                         "path_skeleton_e2e_ms": await asyncio.to_thread(
+                             path_skeleton.e2e_skeleton, probe_dir, SKELETON_E2E_SECONDS, args.rate,
+                             (float(CLIENT_BATCH_DELAY_MS), 0.0))}
         finally:
             shutil.rmtree(probe_dir, ignore_errors=True)
         run = {"repeat": repeat, "baselines": baselines, "order": order_for(repeat, args.systems),

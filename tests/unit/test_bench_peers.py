@@ -131,7 +131,9 @@ def run(repeat, systems, skipped=None, fsync_p50=0.2):
     return {"repeat": repeat, "baselines": {"fdatasync_ms": {"p50": fsync_p50, "p99": 1.0},
                                             "tcp_echo_ms": {"p50": 0.01},
                                             "path_skeleton_ms": {"three_process": {"p50": 0.8 + repeat / 10},
-                                                                 "one_process": {"p50": 0.5}}},
+                                                                 "one_process": {"p50": 0.5}},
+                                            "path_skeleton_e2e_ms": {"hold_1ms": {"p50": 1.7, "p99": (2.6, 2.7, 2.8)[repeat]},
+                                                                     "hold_0ms": {"p50": 0.7, "p99": 1.3}}},
             "systems": {name: {"headline": row} for name, row in systems.items()}, "skipped": skipped or {}}
 
 
@@ -189,6 +191,13 @@ def test_summary_ratios_and_aims_from_the_medians_with_a_count_per_repeat():
     assert summary["baselines"]["fdatasync_p50_ms"] == 0.2
     assert summary["baselines"]["path_skeleton_three_process_p50_ms"] == 0.9      # median of 0.8, 0.9, 1.0
     assert summary["baselines"]["path_skeleton_one_process_p50_ms"] == 0.5
+    assert summary["baselines"]["path_skeleton_e2e_hold_1ms_p99_ms"] == 2.7      # median of 2.6, 2.7, 2.8
+    assert summary["baselines"]["path_skeleton_e2e_hold_0ms_p50_ms"] == 0.7
+    # Per repeat: the best peer's e2e p99 of that repeat (redis 2.0, 3.0, 2.5) against
+    # the skeleton's with the batch hold (2.6, 2.7, 2.8).
+    assert [(floor["best_peer"], floor["best_peer_e2e_p99_ms"], floor["skeleton_hold_p99_ms"])
+            for floor in summary["e2e_floor"]] == [("redis", 2.0, 2.6), ("redis", 3.0, 2.7), ("redis", 2.5, 2.8)]
+    assert [floor["magnetar_1x1_e2e_p99_ms"] for floor in summary["e2e_floor"]] == [8.0, 6.0, 7.0]
 
     results = {"date": "2026-11-26T20:00:00", "cpus": 2, "runs": runs, "summary": summary,
                "settings": {"repeat": 3, "max_pending": 1000, "rate": 1000, "e2e_seconds": 5.0,
@@ -200,6 +209,9 @@ def test_summary_ratios_and_aims_from_the_medians_with_a_count_per_repeat():
     assert "| durable ack p50 <= 1.0 ms (1x1) | 1 | 1 | yes | 2 of 3 |" in report
     assert "fdatasync p50 0.2 ms" in report
     assert "(Magnetar's shape) p50 0.9 ms" in report and "(Redis's shape) p50 0.5 ms" in report
+    assert "1 ms batch hold p50 1.7 / p99 2.7 ms; without it p50 0.7 / p99 1.3 ms" in report
+    assert "| 0 | 2 (Redis AOF always) | 2.6 | 1.3 | 8 | **yes** |" in report
+    assert "| 1 | 3 (Redis AOF always) | 2.7 | 1.3 | 6 | no |" in report
 
 
 def test_problems_name_errors_and_incomplete_workloads():
