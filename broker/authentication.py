@@ -80,6 +80,12 @@ class AuthConfig:
     basic_auth_file: str = ""
     # The role of a client that presents no credentials ("": such clients are refused).
     anonymous_role: str = ""
+    # A file holding the token this broker presents to the other brokers when an admin
+    # request it authorized reaches partitions they serve (broker/admin/fanout.py): of
+    # a superuser role there (Pulsar's brokerClientAuthenticationParameters). Read again
+    # when it changes. Empty: the caller's own Authorization is passed on, which a
+    # caller known only by its client certificate does not have.
+    broker_client_token_file: str = ""
     # How often connected producers and consumers are checked against their role's
     # current permissions and their token's expiry: a revoke on another broker acts
     # within this (a revoke on this broker acts at once). A connection whose token has
@@ -127,6 +133,7 @@ class AuthConfig:
                 f"token_key={'secret' if self.token_secret_key else 'public' if self.token_public_key else 'none'}, "
                 f"basic_auth_file={'set' if self.basic_auth_file else 'none'}, "
                 f"anonymous_role={self.anonymous_role!r}, "
+                f"broker_client_token_file={self.broker_client_token_file!r}, "
                 f"permission_check_interval_s={self.permission_check_interval_s})")
 
 

@@ -126,6 +126,9 @@ OPTIONS: list[ConfigOption] = [
     ConfigOption("--token-public-key", AuthConfig, "token_public_key", "RS256 public key: file:///path"),
     ConfigOption("--anonymous-role", AuthConfig, "anonymous_role",
                  "role of clients presenting no credentials (empty: refuse them)"),
+    ConfigOption("--broker-client-token-file", AuthConfig, "broker_client_token_file",
+                 "a file holding the token (of a superuser role) this broker presents to other brokers for "
+                 "an admin request's calls on the partitions they serve; empty: the caller's own is passed on"),
     ConfigOption("--permission-check-interval-s", AuthConfig, "permission_check_interval_s",
                  "how often connected producers and consumers are checked against current permissions"),
     # TLS (common/tls.py): pulsar+ssl:// and HTTPS beside (or instead of) the plain ports.

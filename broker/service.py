@@ -64,6 +64,7 @@ from common.errors import (
     TopicNotFound,
 )
 from common.tasks import TaskSet, cancel_and_wait
+from common.tokens import TokenFile
 from metadata.policies import NamespacePolicies, PersistencePolicies, TenantInfo
 from metadata.store import MetadataStore
 
@@ -126,6 +127,11 @@ class BrokerService:
         # Who a client is and what its role may do (both pass everything when off).
         self.authenticator = Authenticator(config.auth)
         self.authorizer = Authorizer(config.auth, self.resources)
+        # What this broker presents to the others for an admin request's calls on their
+        # partitions (broker/admin/fanout.py): the token in that file as it is now, or
+        # None (the caller's own credentials go on). Read at start: a missing file fails it.
+        self.broker_client_token: Callable[[], str] | None = (
+            TokenFile(config.auth.broker_client_token_file).current if config.auth.broker_client_token_file else None)
         # Set by a grant or revoke through this broker: the permission loop checks every
         # connection at once instead of at its next interval.
         self._recheck_permissions = asyncio.Event()

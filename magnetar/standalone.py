@@ -27,7 +27,8 @@ Layout of the data directory:
     gateway.secret             the secret that signs the gateway's receipts (made once, 0600)
     auth/secret.key            with --auth and no key given: the token secret key (made once, 0600)
     auth/superuser.token       with --auth: a token of the superuser role (0600), also printed
-    auth/broker.token          with --auth: the brokers' service token toward the bookies (0600)
+    auth/broker.token          with --auth: the brokers' service token toward the bookies and
+                               each other (0600)
     *.log                      each process's log
 
 The broker keeps no data of its own (everything is in etcd and the bookies).
@@ -233,8 +234,12 @@ class Standalone:
         broker_token_path = self._private_file("broker.token", signer.create(STANDALONE_BROKER_ROLE).encode(),
                                                replace=True)
         bookie_flags = ["--authentication-enabled", *key_flags, "--allowed-roles", STANDALONE_BROKER_ROLE]
-        broker_flags = ["--authentication-enabled", "--authorization-enabled", "--superuser-roles", role,
-                        *key_flags, "--bookie-auth-token-file", broker_token_path, *self.provider_flags()]
+        # The brokers' role is also a superuser of theirs, and its token what they present
+        # to each other (an admin request's calls on partitions another broker serves).
+        broker_flags = ["--authentication-enabled", "--authorization-enabled",
+                        "--superuser-roles", f"{role},{STANDALONE_BROKER_ROLE}", *key_flags,
+                        "--bookie-auth-token-file", broker_token_path, "--broker-client-token-file", broker_token_path,
+                        *self.provider_flags()]
         if args.basic_auth_file:
             broker_flags += ["--basic-auth-file", "file://" + os.path.abspath(args.basic_auth_file)]
         return bookie_flags, broker_flags, token_path, broker_token_path

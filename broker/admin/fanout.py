@@ -9,9 +9,12 @@ partition, and the client's redirects went round for ever once the partitions we
 split between brokers.
 
 How: ``partition_owners`` says who serves each partition (assigning a bundle nobody
-owns, as a lookup does); ``PartitionCalls.call`` asks one owner with the caller's
-``Authorization`` header (the owner authenticates and authorizes the caller, as for a
-direct call), over the owner's HTTPS URL and this broker's trust store when plain ports
+owns, as a lookup does); ``PartitionCalls.call`` asks one owner with this broker's
+own token when it has one (``--broker-client-token-file``, of a superuser role on the
+others: the request was authorized here, as Pulsar's brokers call each other), else
+with the caller's ``Authorization`` header (the owner authenticates and authorizes the
+caller, as for a direct call; a caller known only by its client certificate has none
+to pass on), over the owner's HTTPS URL and this broker's trust store when plain ports
 are off; one session (and TLS context) per admin request, at most
 ``CALLS_AT_ONCE_MAX`` calls in flight (``bounded_gather``), each bounded by
 ``PARTITION_CALL_TIMEOUT_S``; a partition (or subscription) that does
@@ -114,8 +117,12 @@ class PartitionCalls:
 
     def __init__(self, service: BrokerService, request: web.Request) -> None:
         self._service = service
-        self._headers = {header: request.headers[header] for header in _FORWARDED_HEADERS
-                         if header in request.headers}
+        # The request was authorized here: the other brokers are asked with this broker's
+        # own token when it has one (a superuser there, as Pulsar's brokers call each
+        # other), else with the caller's credentials.
+        token = service.broker_client_token() if service.broker_client_token is not None else None
+        self._headers = {"Authorization": f"Bearer {token}"} if token is not None else {
+            header: request.headers[header] for header in _FORWARDED_HEADERS if header in request.headers}
         self._session: aiohttp.ClientSession | None = None
         self._ssl_context: ssl.SSLContext | None = None
 

@@ -3,7 +3,8 @@
 other broker.
 
 Proves that: a call sends the method, body, query and the caller's Authorization (and
-nothing else of the caller's headers) to the partition's own path; a 404 is ABSENT, an
+nothing else of the caller's headers) to the partition's own path, or this broker's own
+token instead when it has one (read again when its file changes); a 404 is ABSENT, an
 empty answer None; an owner's catalogue error comes back as the same typed error with
 the owner named, an error without a code as the HTTP error of its status, a refused
 connection as 502; a change's outcomes go on past a failed partition and then raise the
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -24,14 +27,15 @@ from aiohttp.test_utils import TestServer, make_mocked_request
 
 from broker.admin import fanout
 from broker.service import OwnerInfo
-from common.errors import AlreadyExists, PreconditionFailed
+from common.errors import AlreadyExists, ConfigError, PreconditionFailed
+from common.tokens import TokenFile
 from common.topic_name import TopicName
 
 TOPIC = TopicName.parse("persistent://public/default/orders")
 
 
-def _service() -> SimpleNamespace:
-    return SimpleNamespace(config=SimpleNamespace(plain_ports_enabled=True))
+def _service(broker_client_token=None) -> SimpleNamespace:
+    return SimpleNamespace(config=SimpleNamespace(plain_ports_enabled=True), broker_client_token=broker_client_token)
 
 
 def _caller(headers: dict[str, str]) -> web.Request:
@@ -188,3 +192,28 @@ async def test_the_first_failure_stops_the_other_calls_and_is_raised_as_itself()
         await fanout.bounded_gather(call(i) for i in range(40))
     await asyncio.sleep(0.1)
     assert finished == []                  # cancelled with the failure, none left running
+
+
+async def test_a_broker_with_a_client_token_asks_with_it_instead_of_the_callers(owner, tmp_path):
+    info, seen = owner
+    token_file = tmp_path / "broker.token"
+    token_file.write_text("broker-t0ken\n")
+    tokens = TokenFile(str(token_file), recheck_s=0.0)
+    service = _service(tokens.current)
+    async with fanout.PartitionCalls(service, _caller({"Authorization": "Basic dXNlcjpwdw=="})) as calls:
+        await calls.call("GET", info, TOPIC.partition(0), "stats")
+    # A caller known by its client certificate only (no Authorization) is covered too.
+    async with fanout.PartitionCalls(service, _caller({})) as calls:
+        await calls.call("GET", info, TOPIC.partition(1), "stats")
+    assert [entry["headers"]["Authorization"] for entry in seen] == ["Bearer broker-t0ken"] * 2
+    # A renewed token (a Secret replaced in place) is used by the next request.
+    token_file.write_text("renewed-t0ken\n")
+    os.utime(token_file, ns=(time.time_ns() + 10**9, time.time_ns() + 10**9))
+    async with fanout.PartitionCalls(service, _caller({"Authorization": "Bearer caller"})) as calls:
+        await calls.call("GET", info, TOPIC.partition(2), "stats")
+    assert seen[-1]["headers"]["Authorization"] == "Bearer renewed-t0ken"
+
+
+def test_a_missing_broker_client_token_file_fails_the_start(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read token file"):
+        TokenFile(str(tmp_path / "absent.token"))

@@ -714,7 +714,10 @@ def test_secured_overlay_every_hop_is_tls_with_service_identities():
         if args.process == "broker":
             config, ledger = broker_config(args), ledger_config_from_args(args)
             assert config.auth.authentication_enabled and config.auth.authorization_enabled, where
-            assert set(config.auth.superuser_roles.split(",")) == {"admin", "magnetar-gateway"}
+            assert set(config.auth.superuser_roles.split(",")) == {"admin", "magnetar-gateway", "magnetar-broker"}
+            # What a broker presents to the others (an admin request's calls on their
+            # partitions): the token of its own role, mounted with the bookies' one.
+            assert config.auth.broker_client_token_file == ledger.bookie_auth_token_file, where
             assert config.auth.token_secret_key.startswith("file:///")
             mutual_to_bookies(ledger, "broker.token")
             client_cert_to_etcd(args)

@@ -1,0 +1,140 @@
+"""Admin calls on a partitioned topic split between two secured brokers (token and
+client-certificate authentication, authorization on): what the broker that was asked
+presents to the other one.
+
+Proves that:
+- a broker given ``--broker-client-token-file`` (a token of a role the other brokers
+  list as superuser, as Pulsar's brokerClientAuthentication) reaches the partitions the
+  other broker serves for a caller known only by its client certificate — over plain
+  HTTP, where that certificate cannot go along: the subscription is created on every
+  partition and the list comes back whole;
+- a broker without one passes the caller's credentials on: a token caller is served,
+  and a certificate-only caller is refused with 401 naming the partition and the owner
+  (the limit the option removes), and nothing is half done by the refused list;
+- the request itself is still authorized as the caller: a role that is no superuser and
+  has no grant is refused (403) by the broker that was asked, before any partition is
+  touched, although that broker holds a superuser token for the others.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import ssl
+import urllib.error
+import urllib.request
+
+import pulsar
+
+from common.tokens import TokenSigner, create_secret_key
+from tests.cluster import Cluster, unique
+from tests.tls_certs import make_pki
+
+PARTITIONS = 8
+CERT_ROLE = "split-client"        # the CN make_pki gives the client certificate of CA "split"
+BROKER_ROLE = "magnetar-broker"
+_TLS_URLS = re.compile(r"service_url_tls=(\S+) web_service_url_tls=(\S+)")
+
+
+def _call(method: str, url: str, *, pki=None, token: str | None = None, body: object = None,
+          certificate: bool = False) -> tuple[int, object]:
+    """(status, JSON answer or None); over HTTPS with the test CA (and the client
+    certificate when asked), a GET following redirects with the same credentials."""
+    context = None
+    if url.startswith("https://"):
+        context = ssl.create_default_context(cafile=pki.ca_file)
+        if certificate:
+            context.load_cert_chain(pki.client_cert_file, pki.client_key_file)
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30, context=context) as response:
+            text = response.read()
+            return response.status, (json.loads(text) if text.strip() else None)
+    except urllib.error.HTTPError as error:
+        text = error.read()
+        return error.code, (json.loads(text) if text.strip() else None)
+
+
+def _owner(broker_url: str, namespace: str, index: int, token: str) -> str:
+    request = urllib.request.Request(f"{broker_url}/admin/v2/persistent/{namespace}/orders-partition-{index}/stats",
+                                     headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return response.geturl().split("/admin/")[0]
+
+
+async def test_a_broker_reaches_the_other_brokers_partitions_with_its_own_token(etcd_process, tmp_path):
+    base = str(tmp_path)
+    pki = make_pki(os.path.join(base, "pki"), "split")
+    key = create_secret_key()
+    key_path = os.path.join(base, "secret.key")
+    with open(key_path, "wb") as handle:
+        handle.write(key)
+    signer = TokenSigner.with_secret_key(key)
+    broker_token_path = os.path.join(base, "broker.token")
+    with open(broker_token_path, "w") as handle:
+        handle.write(signer.create(BROKER_ROLE))
+    caller_token = signer.create(CERT_ROLE)
+    secured = ["--tls-cert-file", pki.cert_file, "--tls-key-file", pki.key_file, "--tls-port", "0",
+               "--http-tls-port", "0", "--tls-trust-certs-file", pki.ca_file,
+               "--authentication-enabled", "--authentication-providers", "token,tls", "--authorization-enabled",
+               "--superuser-roles", f"{CERT_ROLE},{BROKER_ROLE}", "--token-secret-key", f"file://{key_path}"]
+    cluster = Cluster(etcd_process, base)
+    try:
+        await cluster.start_bookies(2)
+        with_token = cluster.broker(extra_args=[*secured, "--broker-client-token-file", broker_token_path])
+        without = cluster.broker(extra_args=secured)
+        await with_token.start()
+        await without.start()
+        https = {broker: _TLS_URLS.search(broker.log_text()).group(2) for broker in (with_token, without)}
+        namespace = f"public/{unique('secured-split')}"
+        topic = f"persistent://{namespace}/orders"
+        assert _call("PUT", f"{https[with_token]}/admin/v2/namespaces/{namespace}", pki=pki, certificate=True,
+                     body={"bundles": {"numBundles": 8}})[0] in (200, 204)
+        assert _call("PUT", f"{https[with_token]}/admin/v2/persistent/{namespace}/orders/partitions", pki=pki,
+                     certificate=True, body=PARTITIONS)[0] in (200, 204)
+        client = pulsar.Client(with_token.service_url, operation_timeout_seconds=30,
+                               authentication=pulsar.AuthenticationToken(caller_token))
+        try:
+            producer = client.create_producer(topic, batching_enabled=False,
+                                              message_routing_mode=pulsar.PartitionsRoutingMode.RoundRobinDistribution)
+            for i in range(2 * PARTITIONS):
+                producer.send(f"m{i}".encode())
+            owners = [_owner(with_token.web_service_url, namespace, i, caller_token) for i in range(PARTITIONS)]
+            assert len(set(owners)) == 2, owners      # the test's premise: the partitions are split
+        finally:
+            client.close()
+
+        # A certificate-only caller, asking the broker that has a token of its own.
+        asked = f"{https[with_token]}/admin/v2/persistent/{namespace}/orders"
+        status, answer = _call("PUT", f"{asked}/subscription/audit", pki=pki, certificate=True,
+                               body={"ledgerId": -1, "entryId": -1})
+        assert status in (200, 204), (status, answer)
+        for index, owner in enumerate(owners):
+            assert _call("GET", f"{owner}/admin/v2/persistent/{namespace}/orders-partition-{index}/subscriptions",
+                         token=caller_token) == (200, ["audit"]), (index, owner)
+        assert _call("GET", f"{asked}/subscriptions", pki=pki, certificate=True) == (200, ["audit"])
+
+        # The same caller asking the broker without one: its certificate cannot go along.
+        other = f"{https[without]}/admin/v2/persistent/{namespace}/orders"
+        status, answer = _call("GET", f"{other}/subscriptions", pki=pki, certificate=True)
+        assert status == 401, (status, answer)
+        assert "partition" in answer["reason"] and with_token.web_service_url in answer["reason"], answer
+        # A token caller is passed on as itself.
+        assert _call("GET", f"{other}/subscriptions", pki=pki, token=caller_token) == (200, ["audit"])
+
+        # The request is authorized as its caller, whatever the broker presents onwards.
+        nobody = signer.create("nobody-granted")
+        status, answer = _call("DELETE", f"{asked}/subscription/audit", pki=pki, token=nobody)
+        assert status == 403, (status, answer)
+        for index, owner in enumerate(owners):
+            assert _call("GET", f"{owner}/admin/v2/persistent/{namespace}/orders-partition-{index}/subscriptions",
+                         token=caller_token) == (200, ["audit"]), (index, owner)
+        assert _call("DELETE", f"{asked}/subscription/audit", pki=pki, certificate=True)[0] in (200, 204)
+        assert _call("GET", f"{other}/subscriptions", pki=pki, token=caller_token) == (200, [])
+    finally:
+        await cluster.stop()
