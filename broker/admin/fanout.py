@@ -47,7 +47,8 @@ from common.topic_name import TopicName
 
 # One partition's answer from another broker, at most this long.
 PARTITION_CALL_TIMEOUT_S = 30.0
-# Calls to other brokers one admin request has in flight at once.
+# Partitions one admin request changes or asks about at once (this broker's own steps
+# and calls to other brokers together).
 CALLS_AT_ONCE_MAX = 16
 # The caller's headers passed on: its credentials, nothing else.
 _FORWARDED_HEADERS = ("Authorization",)
@@ -61,7 +62,8 @@ T = TypeVar("T")
 
 
 async def bounded_gather(steps: Iterable[Awaitable[T]]) -> list[T]:
-    """Awaits ``steps``, at most ``CALLS_AT_ONCE_MAX`` at once; their answers in order.
+    """Awaits ``steps`` (a partition's change here or a call to its owner), at most
+    ``CALLS_AT_ONCE_MAX`` at once; their answers in order.
     The first step to fail stops the others (none outlives the request) and its
     exception is raised as itself."""
     semaphore = asyncio.Semaphore(CALLS_AT_ONCE_MAX)
@@ -232,10 +234,10 @@ class Outcomes:
 async def apply_to_partitions(remote: PartitionCalls, owners: list[tuple[TopicName, OwnerInfo]], what: str,
                               here: Callable[[TopicName], Awaitable[object]], method: str, suffix: str = "", *,
                               query: dict[str, str] | None = None) -> dict[TopicName, object]:
-    """One change on every partition: ``here`` for this broker's (one after another),
-    ``method`` on the partition path's ``suffix`` at the others' owners (at most
-    ``CALLS_AT_ONCE_MAX`` at once). Returns each answer that is not ABSENT, by
-    partition; raises the first failure (``Outcomes``) after trying all."""
+    """One change on every partition: ``here`` for this broker's, ``method`` on the
+    partition path's ``suffix`` at the others' owners; at most ``CALLS_AT_ONCE_MAX``
+    partitions at once, here and elsewhere together. Returns each answer that is not
+    ABSENT, by partition; raises the first failure (``Outcomes``) after trying all."""
     outcomes = Outcomes(what)
     answers: dict[TopicName, object] = {}
 
@@ -244,10 +246,8 @@ async def apply_to_partitions(remote: PartitionCalls, owners: list[tuple[TopicNa
         if answer is not FAILED and answer is not ABSENT:
             answers[partition] = answer
 
-    for partition, owner in owners:
-        if owner.is_self:
-            await step(partition, here(partition))
-    await bounded_gather(step(partition, remote.call(method, owner, partition, suffix, query=query))
-                         for partition, owner in owners if not owner.is_self)
+    await bounded_gather(step(partition, here(partition) if owner.is_self
+                              else remote.call(method, owner, partition, suffix, query=query))
+                         for partition, owner in owners)
     outcomes.raise_failure()
     return {partition: answers[partition] for partition, _ in owners if partition in answers}

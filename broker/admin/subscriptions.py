@@ -124,15 +124,13 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
         name, subscription = named(request)
         targets = await topic_access.targets(service, name, request)
         outcomes = fanout.Outcomes(f"{what} of subscription {subscription} on {name}")
-        for topic in targets.local:
-            if subscription in topic.subscriptions:
-                await outcomes.run(topic.name, local(topic, topic.subscriptions[subscription]))
-        if targets.remote:
-            path = f"subscription/{quote(subscription, safe='')}" + (f"/{suffix}" if suffix else "")
-            async with fanout.PartitionCalls(service, request) as remote:
-                await fanout.bounded_gather(outcomes.run(partition, remote.call(method, owner, partition, path,
-                                                                                query=query))
-                                            for partition, owner in targets.remote)
+        path = f"subscription/{quote(subscription, safe='')}" + (f"/{suffix}" if suffix else "")
+        async with fanout.PartitionCalls(service, request) as remote:
+            await fanout.bounded_gather(
+                [outcomes.run(topic.name, local(topic, topic.subscriptions[subscription]))
+                 for topic in targets.local if subscription in topic.subscriptions]
+                + [outcomes.run(partition, remote.call(method, owner, partition, path, query=query))
+                   for partition, owner in targets.remote])
         outcomes.raise_failure()
         if not outcomes.applied:
             raise SubscriptionNotFound(f"subscription {subscription} does not exist on {name}")
@@ -166,12 +164,13 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
                 if isinstance(names, list) and subscription in names:
                     raise AlreadyExists(f"subscription {subscription} already exists on {partition}")
             outcomes = fanout.Outcomes(f"creating subscription {subscription} on {name}")
-            for topic in targets.local:
-                start = topic.ledger.first_position if kind == "earliest" else position
-                await outcomes.run(topic.name, topic.create_subscription(subscription, start))
             path = f"subscription/{quote(subscription, safe='')}"
-            await fanout.bounded_gather(outcomes.run(partition, remote.call("PUT", owner, partition, path, body=body))
-                                        for partition, owner in targets.remote)
+            await fanout.bounded_gather(
+                [outcomes.run(topic.name, topic.create_subscription(
+                    subscription, topic.ledger.first_position if kind == "earliest" else position))
+                 for topic in targets.local]
+                + [outcomes.run(partition, remote.call("PUT", owner, partition, path, body=body))
+                   for partition, owner in targets.remote])
         outcomes.raise_failure()
         log.info("subscription created by admin: topic=%s subscription=%s start=%s partitions_elsewhere=%d",
                  name, subscription, position if position is not None else kind, len(targets.remote))
@@ -265,12 +264,12 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
             log.info("messages expired by admin: topic=%s older_than_s=%d entries=%d", topic.full_name, seconds,
                      expired)
 
-        for topic in targets.local:
-            await outcomes.run(topic.name, expire_here(topic))
         async with fanout.PartitionCalls(service, request) as remote:
-            await fanout.bounded_gather(outcomes.run(partition, remote.call(
-                "POST", owner, partition, f"all_subscription/expireMessages/{seconds}"))
-                for partition, owner in targets.remote)
+            await fanout.bounded_gather(
+                [outcomes.run(topic.name, expire_here(topic)) for topic in targets.local]
+                + [outcomes.run(partition, remote.call("POST", owner, partition,
+                                                       f"all_subscription/expireMessages/{seconds}"))
+                   for partition, owner in targets.remote])
         outcomes.raise_failure()
         return no_content()
 

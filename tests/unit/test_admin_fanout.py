@@ -9,8 +9,9 @@ empty answer None; an owner's catalogue error comes back as the same typed error
 the owner named, an error without a code as the HTTP error of its status, a refused
 connection as 502; a change's outcomes go on past a failed partition and then raise the
 first failure as its own type naming the partitions it was applied to, and raise
-nothing when all answered; calls to other brokers run at most CALLS_AT_ONCE_MAX at
-once and answer in order, and a change applied here and elsewhere answers by partition.
+nothing when all answered; a partition's steps here and calls to other brokers run
+side by side, at most CALLS_AT_ONCE_MAX at once, and answer in order; a change applied
+here and elsewhere answers by partition.
 """
 
 from __future__ import annotations
@@ -176,6 +177,27 @@ async def test_a_change_applied_here_and_elsewhere_answers_by_partition(owner):
     assert answers[TOPIC.partition(1)] == {"ok": "terminate"} and answers[TOPIC.partition(2)] == {"here": 2}
     assert sorted(request["path"] for request in seen) == [
         f"/admin/v2/persistent/public/default/orders-partition-{i}/terminate" for i in (1, 3, 5)]
+
+
+async def test_this_brokers_own_partitions_change_side_by_side_too(owner):
+    """Each local step waits until four have begun: one after another they could not
+    finish (the timeout would fail the test)."""
+    info, _ = owner
+    here = OwnerInfo("me", "pulsar://127.0.0.1:2", "http://127.0.0.1:2", True)
+    owners = [(TOPIC.partition(i), here) for i in range(4)] + [(TOPIC.partition(4), info)]
+    begun = [0]
+    all_begun = asyncio.Event()
+
+    async def local(partition: TopicName) -> object:
+        begun[0] += 1
+        if begun[0] == 4:
+            all_begun.set()
+        await asyncio.wait_for(all_begun.wait(), 5)
+        return {"here": partition.partition_index}
+
+    async with fanout.PartitionCalls(_service(), _caller({})) as calls:
+        answers = await fanout.apply_to_partitions(calls, owners, "unloading orders", local, "PUT", "unload")
+    assert [p.partition_index for p in answers] == [0, 1, 2, 3, 4]
 
 
 async def test_the_first_failure_stops_the_other_calls_and_is_raised_as_itself():
