@@ -88,6 +88,7 @@ def register_broker_metrics(service: BrokerService, registry: CollectorRegistry)
     if stages is not None:
         registry.register(StagesCollector(stages, "magnetar_broker", _STAGE_HELP))
     registry.register(_PolicyCollector(service))
+    registry.register(_PartitionCallsCollector(service))
 
 
 class _PolicyCollector(Collector):
@@ -116,6 +117,23 @@ class _PolicyCollector(Collector):
         yield CounterMetricFamily("magnetar_broker_compactions_started_by_threshold",
                                   "Compactions started because a namespace's compactionThreshold was passed",
                                   value=counters.compactions_started)
+
+
+class _PartitionCallsCollector(Collector):
+    """The admin calls this broker made on partitions other brokers serve
+    (broker/admin/fanout.py), by outcome: a broker that cannot reach another's admin
+    port (a network policy, a wrong advertised address) shows as ``unreachable``."""
+
+    def __init__(self, service: BrokerService) -> None:
+        self._service = service
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        calls = CounterMetricFamily("magnetar_broker_partition_calls",
+                                    "Admin calls made on partitions other brokers serve, by outcome (ok; absent: "
+                                    "404; refused: the owner's error; unreachable: no answer)", labels=["outcome"])
+        for outcome, count in self._service.partition_calls.items():
+            calls.add_metric([outcome], count)
+        yield calls
 
 
 class _PublishLimitsCollector(Collector):

@@ -86,6 +86,10 @@ def _log_publish_blocked(gate: ReadGate, scope: PendingSends) -> None:
                 scope.size_bytes, gate.scope.name)
 
 
+# What became of an admin call on a partition another broker serves (metrics).
+PARTITION_CALL_OUTCOMES = ("ok", "absent", "refused", "unreachable")
+
+
 @dataclass(frozen=True)
 class OwnerInfo:
     broker_id: str
@@ -143,6 +147,9 @@ class BrokerService:
         # Loads in progress that may create their topic (see get_topic).
         self._creating_loads: set[asyncio.Future] = set()
         self.topics_preloaded = 0
+        # Admin calls this broker made on partitions other brokers serve, by outcome
+        # (broker/admin/fanout.py: ok, absent, refused, unreachable), since start.
+        self.partition_calls: dict[str, int] = dict.fromkeys(PARTITION_CALL_OUTCOMES, 0)
         # The retention loop, the archiver and the load reporter: cancelled and awaited
         # by hand_over or close.
         self._background = TaskSet("broker service")

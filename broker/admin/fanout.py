@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import ssl
 from typing import Awaitable, Callable, Iterable, TypeVar
 
@@ -57,6 +58,8 @@ _STATUS_ERRORS: dict[int, type[web.HTTPException]] = {
     412: web.HTTPPreconditionFailed, 429: web.HTTPTooManyRequests, 503: web.HTTPServiceUnavailable,
 }
 
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -156,18 +159,27 @@ class PartitionCalls:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PARTITION_CALL_TIMEOUT_S))
         url = f"{base}/admin/v2/{partition.rest_path}" + (f"/{suffix}" if suffix else "")
+        counts = self._service.partition_calls
         try:
             async with self._session.request(method, url, headers=self._headers, ssl=ssl_context,
                                              json=body, params=query) as response:
                 if response.status == 404:
+                    counts["absent"] += 1
                     return ABSENT
                 if response.status >= 400:
+                    counts["refused"] += 1
                     raise await _owner_error(response, f"{partition} on {base}")
                 text = await response.text()
-                return None if not text.strip() else await response.json(content_type=None)
+                answer = None if not text.strip() else await response.json(content_type=None)
+                counts["ok"] += 1
+                return answer
         except (aiohttp.ClientError, asyncio.TimeoutError) as failure:
+            counts["unreachable"] += 1
+            log.warning("another broker not reachable for an admin call: partition=%s owner=%s error=%s: %s",
+                        partition, base, type(failure).__name__, failure)
             raise web.HTTPBadGateway(reason=f"{partition} on {base}: {type(failure).__name__}: {failure}") from None
         except ValueError as failure:   # an answer that is not JSON
+            counts["refused"] += 1
             raise web.HTTPBadGateway(reason=f"{partition} on {base}: not JSON: {failure}") from None
 
 

@@ -2,6 +2,8 @@
 (a cluster of its own: etcd, two bookies, two brokers, a namespace of 8 bundles).
 
 Proves, with every call asked of one broker and its effect read from the other:
+- each broker counts its calls on the other's partitions in /metrics
+  (``magnetar_broker_partition_calls_total`` by outcome);
 - partitioned-stats and partitioned-internalStats answer for every partition — this
   broker's from here, the other's asked of it — with the same totals (before, each
   broker redirected the call to the other for the partition it did not serve, and the
@@ -18,6 +20,7 @@ Proves, with every call asked of one broker and its effect read from the other:
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.error
 import urllib.request
@@ -120,6 +123,14 @@ async def test_partitioned_admin_calls_with_partitions_on_two_brokers(etcd_proce
             http_json("POST", f"{one}/all_subscription/expireMessages/0")
             assert _backlogs(second.web_service_url, namespace, "audit") == {i: 0 for i in range(PARTITIONS)}
             http_json("POST", f"{other}/subscription/audit/resetcursor/0")
+
+            # Each broker counts its calls on the other's partitions (/metrics).
+            for broker in (first, second):
+                with urllib.request.urlopen(f"{broker.web_service_url}/metrics", timeout=30) as response:
+                    text = response.read().decode()
+                ok = re.search(r'^magnetar_broker_partition_calls_total\{outcome="ok"\} (\S+)$', text, re.M)
+                assert ok is not None and float(ok.group(1)) >= PARTITIONS // 2, broker.name
+                assert 'magnetar_broker_partition_calls_total{outcome="unreachable"} 0.0' in text
 
             consumer = client.subscribe(topic, "audit")        # one consumer on every partition
             assert "consumers attached" in _refused("DELETE", f"{other}/subscription/audit", 412)

@@ -27,7 +27,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer, make_mocked_request
 
 from broker.admin import fanout
-from broker.service import OwnerInfo
+from broker.service import PARTITION_CALL_OUTCOMES, OwnerInfo
 from common.errors import AlreadyExists, ConfigError, PreconditionFailed
 from common.tokens import TokenFile
 from common.topic_name import TopicName
@@ -36,7 +36,8 @@ TOPIC = TopicName.parse("persistent://public/default/orders")
 
 
 def _service(broker_client_token=None) -> SimpleNamespace:
-    return SimpleNamespace(config=SimpleNamespace(plain_ports_enabled=True), broker_client_token=broker_client_token)
+    return SimpleNamespace(config=SimpleNamespace(plain_ports_enabled=True), broker_client_token=broker_client_token,
+                           partition_calls=dict.fromkeys(PARTITION_CALL_OUTCOMES, 0))
 
 
 def _caller(headers: dict[str, str]) -> web.Request:
@@ -88,7 +89,8 @@ async def test_a_call_goes_to_the_partition_path_with_the_callers_credentials(ow
 async def test_absent_empty_and_errors(owner):
     info, _ = owner
     partition = TOPIC.partition(0)
-    async with fanout.PartitionCalls(_service(), _caller({})) as calls:
+    service = _service()
+    async with fanout.PartitionCalls(service, _caller({})) as calls:
         assert await calls.call("DELETE", info, partition, "missing") is fanout.ABSENT
         assert await calls.json(info, partition, "missing") is None
         assert await calls.call("PUT", info, partition, "empty") is None
@@ -98,14 +100,20 @@ async def test_absent_empty_and_errors(owner):
         with pytest.raises(web.HTTPPreconditionFailed) as teapot:
             await calls.call("PUT", info, partition, "teapot")
         assert "not json" in teapot.value.reason
+    # What the metrics say (magnetar_broker_partition_calls by outcome).
+    assert service.partition_calls == {"ok": 1, "absent": 2, "refused": 2, "unreachable": 0}
 
 
-async def test_an_owner_that_does_not_answer_is_a_bad_gateway():
+async def test_an_owner_that_does_not_answer_is_a_bad_gateway(caplog):
     info = OwnerInfo("gone", "pulsar://127.0.0.1:1", "http://127.0.0.1:1", False)
-    async with fanout.PartitionCalls(_service(), _caller({})) as calls:
+    service = _service()
+    async with fanout.PartitionCalls(service, _caller({})) as calls:
         with pytest.raises(web.HTTPBadGateway) as refused:
             await calls.call("GET", info, TOPIC.partition(1), "stats")
     assert "orders-partition-1" in refused.value.reason
+    assert service.partition_calls["unreachable"] == 1
+    assert any("not reachable" in record.getMessage() and "http://127.0.0.1:1" in record.getMessage()
+               for record in caplog.records)
 
 
 async def _ok() -> None:
