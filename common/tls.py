@@ -104,6 +104,36 @@ def client_context(config: TlsConfig, *, verify_hostname: bool = True) -> ssl.SS
     return context
 
 
+def usable_as_client_certificate(cert_file: str) -> bool:
+    """Whether the first certificate of ``cert_file`` may authenticate a TLS client: it
+    names no extended key usage, or one that includes clientAuth. A server that checks
+    client certificates refuses the handshake of one made for servers only."""
+    from cryptography import x509
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    try:
+        with open(cert_file, "rb") as handle:
+            certificate = x509.load_pem_x509_certificate(handle.read())
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"cannot read TLS certificate {cert_file}: {error}") from None
+    try:
+        usages = certificate.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except x509.ExtensionNotFound:
+        return True
+    return ExtendedKeyUsageOID.CLIENT_AUTH in usages or ExtendedKeyUsageOID.ANY_EXTENDED_KEY_USAGE in usages
+
+
+def peer_client_context(config: TlsConfig) -> ssl.SSLContext:
+    """A server's context for calling its peers (a broker another broker's HTTPS):
+    the peers' certificates checked against ``trust_certs_file`` (or the system's CAs),
+    not against the host name (peers are reached at the addresses they advertise, pod IPs
+    in Kubernetes, which their certificates do not name — as the gateway reaches
+    brokers); its own certificate presented only when it may serve as a client's."""
+    present = bool(config.cert_file) and usable_as_client_certificate(config.cert_file)
+    own = config if present else TlsConfig(trust_certs_file=config.trust_certs_file)
+    return client_context(own, verify_hostname=False)
+
+
 class CertificateReloader:
     """Keeps a server context's certificate in step with its files."""
 

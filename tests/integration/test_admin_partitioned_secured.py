@@ -13,7 +13,12 @@ Proves that:
   (the limit the option removes), and nothing is half done by the refused list;
 - the request itself is still authorized as the caller: a role that is no superuser and
   has no grant is refused (403) by the broker that was asked, before any partition is
-  touched, although that broker holds a superuser token for the others.
+  touched, although that broker holds a superuser token for the others;
+- brokers without plain ports reach each other over HTTPS with certificates made for
+  servers only (no clientAuth usage) that do not name the address the brokers advertise:
+  the owner's certificate is checked against the CA, not the host name (pod IPs in
+  Kubernetes), and a broker does not present a server-only certificate as a client's
+  (the other broker, which checks client certificates, refused that handshake before).
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ def _call(method: str, url: str, *, pki=None, token: str | None = None, body: ob
     context = None
     if url.startswith("https://"):
         context = ssl.create_default_context(cafile=pki.ca_file)
+        context.check_hostname = False     # brokers advertise 127.0.0.1; some test certificates do not name it
         if certificate:
             context.load_cert_chain(pki.client_cert_file, pki.client_key_file)
     headers = {"Content-Type": "application/json"}
@@ -60,10 +66,14 @@ def _call(method: str, url: str, *, pki=None, token: str | None = None, body: ob
         return error.code, (json.loads(text) if text.strip() else None)
 
 
-def _owner(broker_url: str, namespace: str, index: int, token: str) -> str:
+def _owner(broker_url: str, namespace: str, index: int, token: str, pki=None) -> str:
+    context = None
+    if broker_url.startswith("https://"):
+        context = ssl.create_default_context(cafile=pki.ca_file)
+        context.check_hostname = False
     request = urllib.request.Request(f"{broker_url}/admin/v2/persistent/{namespace}/orders-partition-{index}/stats",
                                      headers={"Authorization": f"Bearer {token}"})
-    with urllib.request.urlopen(request, timeout=30) as response:
+    with urllib.request.urlopen(request, timeout=30, context=context) as response:
         return response.geturl().split("/admin/")[0]
 
 
@@ -136,5 +146,61 @@ async def test_a_broker_reaches_the_other_brokers_partitions_with_its_own_token(
                          token=caller_token) == (200, ["audit"]), (index, owner)
         assert _call("DELETE", f"{asked}/subscription/audit", pki=pki, certificate=True)[0] in (200, 204)
         assert _call("GET", f"{other}/subscriptions", pki=pki, token=caller_token) == (200, [])
+    finally:
+        await cluster.stop()
+
+
+async def test_brokers_without_plain_ports_reach_each_other_over_https(etcd_process, tmp_path):
+    base = str(tmp_path)
+    # Server certificates only (serverAuth), naming a host the brokers are not reached at.
+    pki = make_pki(os.path.join(base, "pki"), "https", server_names=("broker.example",))
+    key = create_secret_key()
+    key_path = os.path.join(base, "secret.key")
+    with open(key_path, "wb") as handle:
+        handle.write(key)
+    signer = TokenSigner.with_secret_key(key)
+    broker_token_path = os.path.join(base, "broker.token")
+    with open(broker_token_path, "w") as handle:
+        handle.write(signer.create(BROKER_ROLE))
+    caller_token = signer.create("https-admin")
+    cluster = Cluster(etcd_process, base)
+    try:
+        await cluster.start_bookies(2)
+        brokers = await cluster.start_brokers(2, extra_args=[
+            "--tls-cert-file", pki.cert_file, "--tls-key-file", pki.key_file, "--tls-port", "0",
+            "--http-tls-port", "0", "--no-plain-ports", "--tls-trust-certs-file", pki.ca_file,
+            "--authentication-enabled", "--authentication-providers", "token,tls", "--authorization-enabled",
+            "--superuser-roles", f"https-admin,{BROKER_ROLE}", "--token-secret-key", f"file://{key_path}",
+            "--broker-client-token-file", broker_token_path])
+        first, second = brokers
+        assert first.web_service_url.startswith("https://"), first.web_service_url
+        namespace = f"public/{unique('https-split')}"
+        topic = f"persistent://{namespace}/orders"
+        assert _call("PUT", f"{first.web_service_url}/admin/v2/namespaces/{namespace}", pki=pki,
+                     token=caller_token, body={"bundles": {"numBundles": 8}})[0] in (200, 204)
+        assert _call("PUT", f"{first.web_service_url}/admin/v2/persistent/{namespace}/orders/partitions", pki=pki,
+                     token=caller_token, body=PARTITIONS)[0] in (200, 204)
+        client = pulsar.Client(first.service_url, operation_timeout_seconds=30, tls_trust_certs_file_path=pki.ca_file,
+                               authentication=pulsar.AuthenticationToken(caller_token))
+        try:
+            producer = client.create_producer(topic, batching_enabled=False,
+                                              message_routing_mode=pulsar.PartitionsRoutingMode.RoundRobinDistribution)
+            for i in range(2 * PARTITIONS):
+                producer.send(f"m{i}".encode())
+            owners = [_owner(first.web_service_url, namespace, i, caller_token, pki) for i in range(PARTITIONS)]
+            assert len(set(owners)) == 2, owners      # the test's premise: the partitions are split
+        finally:
+            client.close()
+        for asked, other in ((first, second), (second, first)):
+            base_url = f"{asked.web_service_url}/admin/v2/persistent/{namespace}/orders"
+            status, answer = _call("PUT", f"{base_url}/subscription/from-{asked.name}", pki=pki, token=caller_token,
+                                   body={"ledgerId": -1, "entryId": -1})
+            assert status in (200, 204), (asked.name, status, answer)
+            listed = _call("GET", f"{other.web_service_url}/admin/v2/persistent/{namespace}/orders/subscriptions",
+                           pki=pki, token=caller_token)
+            assert listed[0] == 200 and f"from-{asked.name}" in listed[1], listed
+        for index, owner in enumerate(owners):
+            assert _call("GET", f"{owner}/admin/v2/persistent/{namespace}/orders-partition-{index}/subscriptions",
+                         pki=pki, token=caller_token) == (200, sorted(f"from-{b.name}" for b in brokers)), index
     finally:
         await cluster.stop()
