@@ -16,9 +16,10 @@ with the caller's ``Authorization`` header (the owner authenticates and authoriz
 caller, as for a direct call; a caller known only by its client certificate has none
 to pass on), over the owner's HTTPS URL when plain ports are off (its certificate
 checked against this broker's trust store, not its host name: owners are reached at
-advertised addresses, pod IPs in Kubernetes; this broker's certificate presented only if
-it may serve as a client's, ``common/tls.py``'s ``peer_client_context``); one session (and TLS context) per admin request, at most
-``CALLS_AT_ONCE_MAX`` calls in flight (``bounded_gather``), each bounded by
+advertised addresses, pod IPs in Kubernetes; this broker's certificate presented only
+if it may serve as a client's, ``common/tls.py``'s ``peer_client_context``); one
+session (and TLS context) per admin request, at most ``CALLS_AT_ONCE_MAX`` partitions
+in flight, here and at other brokers together (``bounded_gather``), each call bounded by
 ``PARTITION_CALL_TIMEOUT_S``; a partition (or subscription) that does
 not exist there answers ``ABSENT``; any other failure is raised as the owner's error
 (its catalogue code when it sent one, else its HTTP status). A partition-level path
