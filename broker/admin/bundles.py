@@ -18,6 +18,7 @@ import json
 
 from aiohttp import web
 
+from broker.admin.common import redirect_base
 from broker.service import BrokerService
 from common.topic_name import NamespaceName
 from bundles.hashing import BundleRange
@@ -64,7 +65,8 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
             raise PreconditionFailed(f"bundle {bundle_key(str(namespace), bundle)} has no owner right now")
         owner = OwnerRecord.decode(record.value)
         if owner.broker_id != service.broker_id:
-            raise web.HTTPTemporaryRedirect(location=f"{owner.web_service_url}{request.path_qs}")
+            base = redirect_base(request, owner.web_service_url, service.broker_tls_urls(owner.broker_id)[1])
+            raise web.HTTPTemporaryRedirect(location=f"{base}{request.path_qs}")
 
     def destination() -> str | None:
         if service.broker_reports is None:

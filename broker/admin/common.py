@@ -25,6 +25,13 @@ def no_content() -> web.Response:
     return web.Response(status=204)
 
 
+def redirect_base(request: web.Request, web_service_url: str, web_service_url_tls: str) -> str:
+    """Where a redirect to another broker points: its HTTPS URL for a request that came
+    over HTTPS (the caller follows with its credentials, which must not go on in the
+    clear), else the URL it advertises."""
+    return web_service_url_tls if request.secure and web_service_url_tls else web_service_url
+
+
 def namespace_of(request: web.Request) -> NamespaceName:
     return NamespaceName.parse(f"{request.match_info['tenant']}/{request.match_info['namespace']}")
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from broker.admin import fanout
+from broker.admin.common import redirect_base
 from broker.service import BrokerService, OwnerInfo
 from broker.topic import PersistentTopic
 from common.topic_name import NamespaceName, TopicName
@@ -33,7 +34,8 @@ log = logging.getLogger(__name__)
 async def redirect_unless_owner(service: BrokerService, name: TopicName, request: web.Request) -> None:
     owner = await service.owner_of(name)
     if not owner.is_self:
-        raise web.HTTPTemporaryRedirect(location=f"{owner.web_service_url}{request.path_qs}")
+        base = redirect_base(request, owner.web_service_url, owner.web_service_url_tls)
+        raise web.HTTPTemporaryRedirect(location=f"{base}{request.path_qs}")
 
 
 async def load(service: BrokerService, name: TopicName, request: web.Request, *, create: bool = False,

@@ -8,6 +8,8 @@ Proves that:
   other broker serves for a caller known only by its client certificate — over plain
   HTTP, where that certificate cannot go along: the subscription is created on every
   partition and the list comes back whole;
+- a request that came over HTTPS is redirected to the owner's HTTPS URL (before, to
+  its plain one: the caller's token followed in the clear), a plain one to plain;
 - a broker without one passes the caller's credentials on: a token caller is served,
   and a certificate-only caller is refused with 401 naming the partition and the owner
   (the limit the option removes), and nothing is half done by the refused list;
@@ -66,6 +68,27 @@ def _call(method: str, url: str, *, pki=None, token: str | None = None, body: ob
         return error.code, (json.loads(text) if text.strip() else None)
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *_args, **_kwargs):
+        return None      # the 307 comes back as an HTTPError to look at
+
+
+def _redirect_location(url: str, token: str, pki) -> str:
+    """Where a broker redirects a GET of ``url`` (asserting it does)."""
+    handlers: list = [_NoRedirect()]
+    if url.startswith("https://"):
+        context = ssl.create_default_context(cafile=pki.ca_file)
+        context.check_hostname = False
+        handlers.append(urllib.request.HTTPSHandler(context=context))
+    opener = urllib.request.build_opener(*handlers)
+    try:
+        opener.open(urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"}), timeout=30).close()
+    except urllib.error.HTTPError as redirect:
+        assert redirect.code == 307, redirect.code
+        return redirect.headers["Location"]
+    raise AssertionError(f"{url} was not redirected")
+
+
 def _owner(broker_url: str, namespace: str, index: int, token: str, pki=None) -> str:
     context = None
     if broker_url.startswith("https://"):
@@ -118,6 +141,15 @@ async def test_a_broker_reaches_the_other_brokers_partitions_with_its_own_token(
             assert len(set(owners)) == 2, owners      # the test's premise: the partitions are split
         finally:
             client.close()
+
+        # A partition the other broker serves: a request that came over HTTPS is sent to
+        # the owner's HTTPS (its token must not follow in the clear), a plain one to plain.
+        served_there = owners.index(with_token.web_service_url)
+        partition_path = f"/admin/v2/persistent/{namespace}/orders-partition-{served_there}/stats"
+        location = _redirect_location(f"{https[without]}{partition_path}", caller_token, pki)
+        assert location == f"{https[with_token]}{partition_path}", location
+        location = _redirect_location(f"{without.web_service_url}{partition_path}", caller_token, pki)
+        assert location == f"{with_token.web_service_url}{partition_path}", location
 
         # A certificate-only caller, asking the broker that has a token of its own.
         asked = f"{https[with_token]}/admin/v2/persistent/{namespace}/orders"
