@@ -113,7 +113,11 @@ class AdminClient:
             except urllib.error.HTTPError as error:
                 location = error.headers.get("Location") if error.headers else None
                 if error.code in (301, 302, 303, 307, 308) and location:
-                    url = urllib.parse.urljoin(url, location)
+                    target = urllib.parse.urljoin(url, location)
+                    if self._token and url.startswith("https://") and not target.startswith("https://"):
+                        raise AdminError(method, url, error.code, f"not following a redirect from https to "
+                                         f"{target}: the token would travel in the clear") from None
+                    url = target
                     continue
                 raise AdminError(method, url, error.code, _reason(error.code, error.reason, error.read())) from None
             except (urllib.error.URLError, OSError) as error:

@@ -70,15 +70,16 @@ def test_gateway_hostname_verification_switch():
     assert config_from_args(off).broker_tls_hostname_verification is False
 
 
-async def _https_site(cert_file: str, key_file: str) -> tuple[web.AppRunner, str]:
-    """An HTTPS server answering GET /admin/v2/clusters; (runner, its https://127.0.0.1 URL)."""
+async def _https_site(cert_file: str, key_file: str, handler=None) -> tuple[web.AppRunner, str]:
+    """An HTTPS server answering GET /admin/v2/clusters (with ``handler``, or the list of
+    clusters); (runner, its https://127.0.0.1 URL)."""
     async def clusters(request: web.Request) -> web.Response:
         return web.json_response(["magnetar"])
 
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(cert_file, key_file)
     app = web.Application()
-    app.router.add_get("/admin/v2/clusters", clusters)
+    app.router.add_get("/admin/v2/clusters", handler or clusters)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
@@ -121,6 +122,45 @@ async def test_admin_over_https_with_the_brokers_ca(tmp_path):
             await asyncio.to_thread(get, url, parse(url, pki.ca_file, "--no-tls-hostname-verification"))
     finally:
         await runner.cleanup()
+
+
+async def test_admin_does_not_follow_an_https_redirect_to_plain_http_with_its_token(tmp_path):
+    """A server answering an HTTPS request with a redirect to plain HTTP (an older
+    broker did for a topic another broker owns): with a token the client stops there
+    and says why; the plain server never sees the token."""
+    from magnetar.tools.admin_client import AdminClient, AdminError
+
+    seen: list[str | None] = []
+
+    async def plain(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Authorization"))
+        return web.json_response(["magnetar"])
+
+    plain_app = web.Application()
+    plain_app.router.add_get("/admin/v2/clusters", plain)
+    plain_runner = web.AppRunner(plain_app)
+    await plain_runner.setup()
+    plain_site = web.TCPSite(plain_runner, "127.0.0.1", 0)
+    await plain_site.start()
+    plain_url = f"http://127.0.0.1:{plain_site._server.sockets[0].getsockname()[1]}"
+
+    async def redirect(request: web.Request) -> web.Response:
+        raise web.HTTPTemporaryRedirect(location=f"{plain_url}{request.path_qs}")
+
+    pki = make_pki(str(tmp_path), "redirect")
+    runner, url = await _https_site(pki.cert_file, pki.key_file, handler=redirect)
+    try:
+        client = AdminClient(url, token="s3cret", tls_trust_certs_file=pki.ca_file)
+        with pytest.raises(AdminError, match="in the clear") as refused:
+            await asyncio.to_thread(client.get, "/admin/v2/clusters")
+        assert "s3cret" not in str(refused.value)
+        assert seen == []
+        # Without a token there is nothing to protect: followed.
+        answer = await asyncio.to_thread(AdminClient(url, tls_trust_certs_file=pki.ca_file).get, "/admin/v2/clusters")
+        assert json.loads(answer.body) == ["magnetar"] and seen == [None]
+    finally:
+        await runner.cleanup()
+        await plain_runner.cleanup()
 
 
 async def _connected_server(cert_file: str, key_file: str) -> asyncio.Server:
