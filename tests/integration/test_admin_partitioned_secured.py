@@ -100,9 +100,9 @@ def _owner(broker_url: str, namespace: str, index: int, token: str, pki=None) ->
         return response.geturl().split("/admin/")[0]
 
 
-async def test_a_broker_reaches_the_other_brokers_partitions_with_its_own_token(etcd_process, tmp_path):
-    base = str(tmp_path)
-    pki = make_pki(os.path.join(base, "pki"), "split")
+def _keys(base: str) -> tuple[str, TokenSigner, str]:
+    """(the token secret key's file, a signer with it, a file holding a token of
+    BROKER_ROLE) under ``base``."""
     key = create_secret_key()
     key_path = os.path.join(base, "secret.key")
     with open(key_path, "wb") as handle:
@@ -111,6 +111,39 @@ async def test_a_broker_reaches_the_other_brokers_partitions_with_its_own_token(
     broker_token_path = os.path.join(base, "broker.token")
     with open(broker_token_path, "w") as handle:
         handle.write(signer.create(BROKER_ROLE))
+    return key_path, signer, broker_token_path
+
+
+def _split_topic(admin_url: str, lookup_url: str, service_url: str, namespace: str, client_token: str, pki,
+                 **credentials) -> list[str]:
+    """Creates ``namespace`` (8 bundles) and its partitioned topic ``orders`` through
+    ``admin_url`` (with ``credentials`` as ``_call`` takes them), has every partition
+    written with ``client_token`` (so each is owned), and returns each partition's owner
+    URL as ``lookup_url``'s redirects say, asserting the test's premise: the partitions
+    are split between the two brokers."""
+    token = client_token
+    assert _call("PUT", f"{admin_url}/admin/v2/namespaces/{namespace}", pki=pki,
+                 body={"bundles": {"numBundles": 8}}, **credentials)[0] in (200, 204)
+    assert _call("PUT", f"{admin_url}/admin/v2/persistent/{namespace}/orders/partitions", pki=pki,
+                 body=PARTITIONS, **credentials)[0] in (200, 204)
+    client = pulsar.Client(service_url, operation_timeout_seconds=30, tls_trust_certs_file_path=pki.ca_file,
+                           authentication=pulsar.AuthenticationToken(token))
+    try:
+        producer = client.create_producer(f"persistent://{namespace}/orders", batching_enabled=False,
+                                          message_routing_mode=pulsar.PartitionsRoutingMode.RoundRobinDistribution)
+        for i in range(2 * PARTITIONS):
+            producer.send(f"m{i}".encode())
+    finally:
+        client.close()
+    owners = [_owner(lookup_url, namespace, i, token, pki) for i in range(PARTITIONS)]
+    assert len(set(owners)) == 2, owners      # the test's premise: the partitions are split
+    return owners
+
+
+async def test_a_broker_reaches_the_other_brokers_partitions_with_its_own_token(etcd_process, tmp_path):
+    base = str(tmp_path)
+    pki = make_pki(os.path.join(base, "pki"), "split")
+    key_path, signer, broker_token_path = _keys(base)
     caller_token = signer.create(CERT_ROLE)
     secured = ["--tls-cert-file", pki.cert_file, "--tls-key-file", pki.key_file, "--tls-port", "0",
                "--http-tls-port", "0", "--tls-trust-certs-file", pki.ca_file,
@@ -125,22 +158,8 @@ async def test_a_broker_reaches_the_other_brokers_partitions_with_its_own_token(
         await without.start()
         https = {broker: _TLS_URLS.search(broker.log_text()).group(2) for broker in (with_token, without)}
         namespace = f"public/{unique('secured-split')}"
-        topic = f"persistent://{namespace}/orders"
-        assert _call("PUT", f"{https[with_token]}/admin/v2/namespaces/{namespace}", pki=pki, certificate=True,
-                     body={"bundles": {"numBundles": 8}})[0] in (200, 204)
-        assert _call("PUT", f"{https[with_token]}/admin/v2/persistent/{namespace}/orders/partitions", pki=pki,
-                     certificate=True, body=PARTITIONS)[0] in (200, 204)
-        client = pulsar.Client(with_token.service_url, operation_timeout_seconds=30,
-                               authentication=pulsar.AuthenticationToken(caller_token))
-        try:
-            producer = client.create_producer(topic, batching_enabled=False,
-                                              message_routing_mode=pulsar.PartitionsRoutingMode.RoundRobinDistribution)
-            for i in range(2 * PARTITIONS):
-                producer.send(f"m{i}".encode())
-            owners = [_owner(with_token.web_service_url, namespace, i, caller_token) for i in range(PARTITIONS)]
-            assert len(set(owners)) == 2, owners      # the test's premise: the partitions are split
-        finally:
-            client.close()
+        owners = _split_topic(https[with_token], with_token.web_service_url, with_token.service_url, namespace,
+                              caller_token, pki, certificate=True)
 
         # A partition the other broker serves: a request that came over HTTPS is sent to
         # the owner's HTTPS (its token must not follow in the clear), a plain one to plain.
@@ -186,14 +205,7 @@ async def test_brokers_without_plain_ports_reach_each_other_over_https(etcd_proc
     base = str(tmp_path)
     # Server certificates only (serverAuth), naming a host the brokers are not reached at.
     pki = make_pki(os.path.join(base, "pki"), "https", server_names=("broker.example",))
-    key = create_secret_key()
-    key_path = os.path.join(base, "secret.key")
-    with open(key_path, "wb") as handle:
-        handle.write(key)
-    signer = TokenSigner.with_secret_key(key)
-    broker_token_path = os.path.join(base, "broker.token")
-    with open(broker_token_path, "w") as handle:
-        handle.write(signer.create(BROKER_ROLE))
+    key_path, signer, broker_token_path = _keys(base)
     caller_token = signer.create("https-admin")
     cluster = Cluster(etcd_process, base)
     try:
@@ -207,22 +219,8 @@ async def test_brokers_without_plain_ports_reach_each_other_over_https(etcd_proc
         first, second = brokers
         assert first.web_service_url.startswith("https://"), first.web_service_url
         namespace = f"public/{unique('https-split')}"
-        topic = f"persistent://{namespace}/orders"
-        assert _call("PUT", f"{first.web_service_url}/admin/v2/namespaces/{namespace}", pki=pki,
-                     token=caller_token, body={"bundles": {"numBundles": 8}})[0] in (200, 204)
-        assert _call("PUT", f"{first.web_service_url}/admin/v2/persistent/{namespace}/orders/partitions", pki=pki,
-                     token=caller_token, body=PARTITIONS)[0] in (200, 204)
-        client = pulsar.Client(first.service_url, operation_timeout_seconds=30, tls_trust_certs_file_path=pki.ca_file,
-                               authentication=pulsar.AuthenticationToken(caller_token))
-        try:
-            producer = client.create_producer(topic, batching_enabled=False,
-                                              message_routing_mode=pulsar.PartitionsRoutingMode.RoundRobinDistribution)
-            for i in range(2 * PARTITIONS):
-                producer.send(f"m{i}".encode())
-            owners = [_owner(first.web_service_url, namespace, i, caller_token, pki) for i in range(PARTITIONS)]
-            assert len(set(owners)) == 2, owners      # the test's premise: the partitions are split
-        finally:
-            client.close()
+        owners = _split_topic(first.web_service_url, first.web_service_url, first.service_url, namespace,
+                              caller_token, pki, token=caller_token)
         for asked, other in ((first, second), (second, first)):
             base_url = f"{asked.web_service_url}/admin/v2/persistent/{namespace}/orders"
             status, answer = _call("PUT", f"{base_url}/subscription/from-{asked.name}", pki=pki, token=caller_token,
