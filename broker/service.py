@@ -64,6 +64,7 @@ from common.errors import (
     TopicNotFound,
 )
 from common.tasks import TaskSet, cancel_and_wait
+from common.tls import PeerClientContexts
 from common.tokens import TokenFile
 from metadata.policies import NamespacePolicies, PersistencePolicies, TenantInfo
 from metadata.store import MetadataStore
@@ -136,6 +137,9 @@ class BrokerService:
         # None (the caller's own credentials go on). Read at start: a missing file fails it.
         self.broker_client_token: Callable[[], str] | None = (
             TokenFile(config.auth.broker_client_token_file).current if config.auth.broker_client_token_file else None)
+        # The TLS context of those calls over HTTPS (built at the first, kept until the
+        # certificate files change).
+        self.peer_tls = PeerClientContexts(config.tls)
         # Set by a grant or revoke through this broker: the permission loop checks every
         # connection at once instead of at its next interval.
         self._recheck_permissions = asyncio.Event()

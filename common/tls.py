@@ -134,6 +134,27 @@ def peer_client_context(config: TlsConfig) -> ssl.SSLContext:
     return client_context(own, verify_hostname=False)
 
 
+class PeerClientContexts:
+    """``peer_client_context(config)`` built once and kept: built again only when one of
+    its files changed (a stat per file each time it is asked for, as the token files are
+    looked at), so a server's calls to its peers neither parse certificates on every
+    request nor keep using a rotated one."""
+
+    def __init__(self, config: TlsConfig) -> None:
+        self.config = config
+        self._stamp: tuple | None = None
+        self._context: ssl.SSLContext | None = None
+        self.builds = 0
+
+    def current(self) -> ssl.SSLContext:
+        stamp = file_stamp(self.config.files())
+        if self._context is None or stamp != self._stamp:
+            self._context = peer_client_context(self.config)
+            self._stamp = stamp
+            self.builds += 1
+        return self._context
+
+
 class CertificateReloader:
     """Keeps a server context's certificate in step with its files."""
 

@@ -17,10 +17,10 @@ caller, as for a direct call; a caller known only by its client certificate has 
 to pass on), over the owner's HTTPS URL when plain ports are off (its certificate
 checked against this broker's trust store, not its host name: owners are reached at
 advertised addresses, pod IPs in Kubernetes; this broker's certificate presented only
-if it may serve as a client's, ``common/tls.py``'s ``peer_client_context``); one
-session (and TLS context) per admin request, at most ``CALLS_AT_ONCE_MAX`` partitions
-in flight, here and at other brokers together (``bounded_gather``), each call bounded by
-``PARTITION_CALL_TIMEOUT_S``; a partition (or subscription) that does
+if it may serve as a client's, ``common/tls.py``'s ``peer_client_context``, built once
+per broker and again when its files change); one session per admin request, at most
+``CALLS_AT_ONCE_MAX`` partitions in flight, here and at other brokers together
+(``bounded_gather``), each call bounded by ``PARTITION_CALL_TIMEOUT_S``; a partition (or subscription) that does
 not exist there answers ``ABSENT``; any other failure is raised as the owner's error
 (its catalogue code when it sent one, else its HTTP status). A partition-level path
 converges on its owner, so a forwarded call that meets a moved bundle follows one more
@@ -46,7 +46,6 @@ from aiohttp import web
 
 from broker.service import BrokerService, OwnerInfo
 from common.errors import MagnetarError, UnknownError, error_class_for_code, error_for_code
-from common.tls import peer_client_context
 from common.topic_name import TopicName
 
 # One partition's answer from another broker, at most this long.
@@ -157,7 +156,7 @@ class PartitionCalls:
             base, ssl_context = owner.web_service_url, None
         else:
             if self._ssl_context is None:
-                self._ssl_context = peer_client_context(config.tls)
+                self._ssl_context = self._service.peer_tls.current()
             base, ssl_context = owner.web_service_url_tls, self._ssl_context
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PARTITION_CALL_TIMEOUT_S))

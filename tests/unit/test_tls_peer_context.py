@@ -8,19 +8,22 @@ presented — presented, the server refuses the handshake, which is what the pla
 context does with it —; a dual-use certificate is presented and the server sees its CN;
 the peer's certificate is checked against the CA but not against the host name the
 peer is reached at (an address its certificate does not name); a peer whose certificate
-another CA signed is refused.
+another CA signed is refused; the context is built once and again only when its
+certificate files change.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import ssl
+import time
 
 import pytest
 
 from common.errors import ConfigError
-from common.tls import (TlsConfig, certificate_common_name, client_context, peer_client_context, server_context,
-                        usable_as_client_certificate)
+from common.tls import (PeerClientContexts, TlsConfig, certificate_common_name, client_context,
+                        peer_client_context, server_context, usable_as_client_certificate)
 from tests.tls_certs import make_pki
 
 
@@ -83,3 +86,26 @@ async def test_the_peer_is_checked_against_the_ca_not_the_address_it_is_reached_
 def test_an_unreadable_certificate_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="cannot read TLS certificate"):
         usable_as_client_certificate(str(tmp_path / "absent.pem"))
+
+
+async def test_the_peer_context_is_built_once_and_again_when_its_files_change(tmp_path):
+    pki = make_pki(str(tmp_path / "first"), "kept", dual_use=True, server_cn="broker-a")
+    broker = TlsConfig(cert_file=pki.cert_file, key_file=pki.key_file, trust_certs_file=pki.ca_file)
+    contexts = PeerClientContexts(broker)
+    first = contexts.current()
+    assert contexts.current() is first and contexts.builds == 1
+    # A rotated certificate (new files in place, as a mounted Secret is replaced): the
+    # next call builds a context that presents it.
+    rotated = make_pki(str(tmp_path / "second"), "kept", dual_use=True, server_cn="broker-b")
+    for source, target in ((rotated.cert_file, pki.cert_file), (rotated.key_file, pki.key_file),
+                           (rotated.ca_file, pki.ca_file)):
+        with open(source, "rb") as handle:
+            data = handle.read()
+        with open(target, "wb") as handle:
+            handle.write(data)
+        os.utime(target, ns=(time.time_ns() + 10**9, time.time_ns() + 10**9))
+    second = contexts.current()
+    assert second is not first and contexts.builds == 2
+    server = TlsConfig(cert_file=rotated.cert_file, key_file=rotated.key_file, trust_certs_file=rotated.ca_file)
+    assert await _exchange(server, second) == (b"ok", "broker-b")
+    assert contexts.current() is second and contexts.builds == 2
