@@ -57,9 +57,8 @@ def urls(pulsar_cluster):
 def admin(web_url: str, *args: str):
     """Runs `magnetar admin …` in this process (the same parser and handler as the
     command; the admin tool is plain urllib, and a process per call would cost ~0.4 s),
-    asserts it succeeded; returns the printed JSON, the text when it is not JSON, or None
-    when the server sent an empty body. Exit codes and stderr of real processes are
-    checked by test_admin_errors_are_clear."""
+    asserts it succeeded and printed JSON (every action does); returns it. Exit codes and
+    stderr of real processes are checked by test_admin_errors_are_clear."""
     argv = ["admin", "--admin-url", web_url, *args]
     parsed = build_parser(argv).parse_args(argv)
     stdout, stderr = io.StringIO(), io.StringIO()
@@ -67,12 +66,10 @@ def admin(web_url: str, *args: str):
         returncode = parsed.handler(parsed)
     assert returncode == 0, f"admin {' '.join(args)}: {stderr.getvalue()}"
     text = stdout.getvalue().strip()
-    if not text:
-        return None
     try:
         return json.loads(text)
     except json.JSONDecodeError:
-        return text
+        raise AssertionError(f"admin {' '.join(args)} printed no JSON: {text!r}") from None
 
 
 def test_produce_then_consume_round_trip_with_keys_and_properties(urls, tmp_path):
@@ -220,7 +217,7 @@ def test_admin_brokers_health_list_and_leader(urls):
     _, web_url = urls
     health = magnetar("admin", "--admin-url", web_url, "brokers", "health")
     assert health.returncode == 0, health.stderr.decode()
-    assert health.stdout.decode().strip() == "ok"
+    assert json.loads(health.stdout) == "ok"           # every action prints JSON, a text answer too
     host_port = web_url.removeprefix("http://")
     assert host_port in admin(web_url, "brokers", "list")
     assert admin(web_url, "brokers", "leader")["serviceUrl"] == web_url
@@ -235,7 +232,8 @@ def test_admin_tenant_and_namespace_policies(urls):
     _, web_url = urls
     tenant = unique("tenant")
     namespace = f"{tenant}/ns"
-    assert admin(web_url, "tenants", "create", tenant) is None
+    assert admin(web_url, "tenants", "create", tenant) == {
+        "ok": True, "action": "tenants create", "method": "PUT", "path": f"/admin/v2/tenants/{tenant}", "status": 204}
     assert tenant in admin(web_url, "tenants", "list")
     assert admin(web_url, "tenants", "get", tenant)["allowedClusters"] == admin(web_url, "clusters", "list")
     admin(web_url, "namespaces", "create", namespace)
@@ -368,16 +366,19 @@ def test_admin_errors_are_clear(urls):
     _, web_url = urls
     unreachable = magnetar("admin", "--admin-url", "http://127.0.0.1:1", "tenants", "list")
     assert unreachable.returncode == 1
-    assert "GET http://127.0.0.1:1/admin/v2/tenants: no response: cannot reach the server" in \
-        unreachable.stderr.decode()
+    last_line = unreachable.stderr.decode().strip().splitlines()[-1]
+    assert "GET http://127.0.0.1:1/admin/v2/tenants: no response: cannot reach the server" in last_line
+    assert last_line.endswith("[ServiceNotReady, code 5003]"), last_line
     missing = magnetar("admin", "--admin-url", web_url, "clusters", "get", "no-such-cluster")
     assert missing.returncode == 1
     assert missing.stderr.decode().strip() == (f"magnetar admin: GET {web_url}/admin/v2/clusters/no-such-cluster: "
-                                               "HTTP 404: cluster no-such-cluster does not exist")
+                                               "HTTP 404: cluster no-such-cluster does not exist "
+                                               "[NotFound, code 1006]")
     usage = magnetar("admin", "--admin-url", web_url, "namespaces", "set-persistence", "public/default",
                      "--ensemble", "1", "--write-quorum", "2", "--ack-quorum", "1")
     assert usage.returncode == 2
     assert "ensemble >= write-quorum >= ack-quorum" in usage.stderr.decode()
+    assert usage.stderr.decode().strip().endswith("[InvalidArgument, code 1002]")
 
 
 def test_admin_peek_and_get_message_by_id(urls):
