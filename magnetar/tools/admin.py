@@ -30,7 +30,7 @@ import re
 import time
 
 from magnetar.tools.admin_client import AdminClient, AdminError, Response, path
-from magnetar.tools.failure import class_for_status, print_failure, usage_failure
+from magnetar.tools.failure import report_admin_error, usage_failure
 from protocol.admin_entry import entry_messages, time_text
 
 API = ("admin", "v2")
@@ -648,13 +648,7 @@ def main(args: argparse.Namespace) -> int:
         usage_failure("admin", str(error))
         return 2
     except AdminError as error:
-        where = f"HTTP {error.status}" if error.status is not None else "no response"
-        if error.code is not None and error.error is not None:
-            name, code = error.error, error.code
-        else:
-            cls = class_for_status(error.status)
-            name, code = cls.__name__, cls.code
-        print_failure("admin", f"{error.method} {error.url}: {where}", error.reason, name, code)
+        report_admin_error("admin", error)
         return 1
     print(render(response, args), flush=True)
     return 0

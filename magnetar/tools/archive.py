@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 
 from magnetar.tools.admin import UsageError, topic_parts
 from magnetar.tools.admin_client import AdminClient, AdminError, path
+from magnetar.tools.failure import print_failure, report_admin_error, usage_failure
 
 # How often `run --wait-s` asks for the status.
 _POLL_INTERVAL_S = 0.5
@@ -58,7 +58,14 @@ def _run(client: AdminClient, args: argparse.Namespace) -> int:
             break
         time.sleep(_POLL_INTERVAL_S)
     _print(status)
-    return 0 if status.get("status") == "SUCCESS" else 1
+    if status.get("status") == "SUCCESS":
+        return 0
+    from common.errors import ArchiveError, OperationTimeout
+
+    cls = ArchiveError if status.get("status") == "ERROR" else OperationTimeout
+    reason = status.get("lastError") or f"status {status.get('status')} after {args.wait_s:g} s"
+    print_failure("archive", f"run {args.topic}", str(reason), cls.__name__, cls.code)
+    return 1
 
 
 def _status(client: AdminClient, args: argparse.Namespace) -> int:
@@ -94,7 +101,14 @@ def _verify(client: AdminClient, args: argparse.Namespace) -> int:
             failures += 1
             results.append({"url": url, "ok": False, "error": str(error)})
     _print({"files": results, "corrupt": failures})
-    return 1 if failures else 0
+    if failures:
+        from common.errors import ArchiveCorrupt
+
+        first = next(result for result in results if not result["ok"])
+        print_failure("archive", f"verify: {failures} of {len(results)} files corrupt", first["error"],
+                      ArchiveCorrupt.__name__, ArchiveCorrupt.code)
+        return 1
+    return 0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -123,8 +137,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         return args.archive_handler(client, args)
     except UsageError as error:
-        print(f"magnetar archive: {error}", file=sys.stderr)
+        usage_failure("archive", str(error))
         return 2
     except AdminError as error:
-        print(f"magnetar archive: {error}", file=sys.stderr)
+        report_admin_error("archive", error)
         return 1

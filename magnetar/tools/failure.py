@@ -63,3 +63,15 @@ def print_failure(tool: str, what: str, reason: str, error_name: str, code: int)
 def usage_failure(tool: str, reason: str) -> None:
     """A command line the tool refuses before asking any server."""
     print_failure(tool, "", reason, errors.InvalidArgument.__name__, errors.InvalidArgument.code)
+
+
+def report_admin_error(tool: str, error) -> None:
+    """The last line for an admin REST call that failed (an ``AdminError``): the body's
+    catalogue code when a Magnetar broker sent one, else the class for the status."""
+    where = f"HTTP {error.status}" if error.status is not None else "no response"
+    if error.code is not None and error.error is not None:
+        name, code = error.error, error.code
+    else:
+        cls = class_for_status(error.status)
+        name, code = cls.__name__, cls.code
+    print_failure(tool, f"{error.method} {error.url}: {where}", error.reason, name, code)
