@@ -17,6 +17,7 @@ import selectors
 import subprocess
 import time
 
+import pulsar
 import pytest
 
 from magnetar.cli import build_parser
@@ -143,6 +144,47 @@ def test_produce_fails_loudly_without_a_broker():
     assert result.returncode == 1
     assert result.stdout.decode().strip() == ""
     assert "magnetar produce:" in result.stderr.decode()
+
+
+def test_client_failures_end_with_the_brokers_reason_and_a_catalogue_code(urls):
+    """Proves the last stderr line of a failed produce or consume names the broker's own
+    reason (not only the official client's result) and a catalogue code, and stdout
+    stays empty: a subscription held Shared refuses an Exclusive consumer (the broker's
+    "is Shared, not Exclusive"); a topic of a tenant that does not exist (the broker's
+    "tenant ... does not exist"); a topic name with a space (refused by the broker's
+    name check, naming the character); an unreachable broker."""
+    service_url, _ = urls
+    topic = unique("held")
+    client = pulsar.Client(service_url, operation_timeout_seconds=30)
+    try:
+        client.subscribe(topic, "billing", consumer_type=pulsar.ConsumerType.Shared)    # held Shared
+        exclusive = magnetar("consume", "--service-url", service_url, topic, "-s", "billing", "-t", "exclusive",
+                             "--timeout-s", "2", "--operation-timeout-s", "10")
+    finally:
+        client.close()
+    last = exclusive.stderr.decode().strip().splitlines()[-1]
+    assert exclusive.returncode == 1, exclusive.stderr.decode()
+    assert exclusive.stdout.decode().strip() == ""
+    assert last.startswith(f"magnetar consume: subscribing to {topic}: subscription billing is Shared, "
+                           "not Exclusive"), last
+    assert last.endswith("[NotAllowed, code 4006]"), last
+
+    missing = magnetar("produce", "--service-url", service_url, "no-such-tenant/ns/t", "-m", "x",
+                       "--operation-timeout-s", "5")
+    last = missing.stderr.decode().strip().splitlines()[-1]
+    assert missing.returncode == 1 and missing.stdout.decode().strip() == ""
+    assert "tenant no-such-tenant does not exist" in last and last.endswith("[TopicNotFound, code 4001]"), last
+
+    spaced = magnetar("produce", "--service-url", service_url, "my topic", "-m", "x", "--operation-timeout-s", "5")
+    last = spaced.stderr.decode().strip().splitlines()[-1]
+    assert spaced.returncode == 1
+    assert "may not hold whitespace" in last and last.endswith("[InvalidArgument, code 1002]"), last
+
+    nowhere = magnetar("consume", "--service-url", "pulsar://127.0.0.1:1", "t", "-s", "s",
+                       "--operation-timeout-s", "2", "--timeout-s", "2")
+    last = nowhere.stderr.decode().strip().splitlines()[-1]
+    assert nowhere.returncode == 1 and last.startswith("magnetar consume: subscribing to t:"), last
+    assert last.endswith("[ServiceNotReady, code 5003]") or last.endswith("[OperationTimeout, code 5002]"), last
 
 
 def test_perf_consume_and_paced_produce_report_sane_json(urls, tmp_path):
