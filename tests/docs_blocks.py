@@ -34,7 +34,7 @@ from pathlib import Path
 RUNNABLE = {"sh": "sh", "bash": "sh", "python": "python"}
 SKIP_MARKER = re.compile(r"^<!-- docs-test: skip: (?P<reason>\S.*?) -->$")
 OUTPUT_MARKER = "<!-- docs-test: output -->"
-_ANY_MARKER = re.compile(r"<!--\s*docs-test")
+_ANY_MARKER = re.compile(r"^\s*<!--\s*docs-test")
 _FENCE = re.compile(r"^(?P<fence>```+)(?P<info>[^`]*)$")
 _EXPECTATION = re.compile(r"^\s*#\s*→\s?(?P<text>.*)$")
 

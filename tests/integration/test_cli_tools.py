@@ -151,7 +151,7 @@ def test_client_failures_end_with_the_brokers_reason_and_a_catalogue_code(urls):
     reason (not only the official client's result) and a catalogue code, and stdout
     stays empty: a subscription held Shared refuses an Exclusive consumer (the broker's
     "is Shared, not Exclusive"); a topic of a tenant that does not exist (the broker's
-    "tenant ... does not exist"); a topic name with a space (refused by the broker's
+    "namespace ... does not exist"); a topic name with a space (refused by the broker's
     name check, naming the character); an unreachable broker."""
     service_url, _ = urls
     topic = unique("held")
@@ -173,7 +173,7 @@ def test_client_failures_end_with_the_brokers_reason_and_a_catalogue_code(urls):
                        "--operation-timeout-s", "5")
     last = missing.stderr.decode().strip().splitlines()[-1]
     assert missing.returncode == 1 and missing.stdout.decode().strip() == ""
-    assert "tenant no-such-tenant does not exist" in last and last.endswith("[TopicNotFound, code 4001]"), last
+    assert "namespace no-such-tenant/ns does not exist" in last and last.endswith("[TopicNotFound, code 4001]"), last
 
     spaced = magnetar("produce", "--service-url", service_url, "my topic", "-m", "x", "--operation-timeout-s", "5")
     last = spaced.stderr.decode().strip().splitlines()[-1]

@@ -29,24 +29,27 @@ perf run's 5 s and one Spark JVM are most of it).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
 import socket
 import subprocess
 import sys
+import signal
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
 from tests.docs_blocks import Block, blocks_of, documents, find_in_order, with_ports
-from tests.integration.test_standalone import standalone_ports, start_standalone, stop_standalone
+from tests.cluster import python_command
+from tests.integration.test_standalone import standalone_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 BLOCK_TIMEOUT_S = 240.0
+READY_TIMEOUT_S = 120.0
 # The ports the README documents for `make run`, by what listens on them.
 DEFAULT_PORTS = {"etcd": 2379, "peer": 2380, "bookie": 3181, "http": 8001, "broker": 6650, "broker_http": 8080,
                  "gateway": 8081, "autorecovery": 8010}
@@ -147,17 +150,49 @@ class Docs:
                 self._runner.wait()
 
 
+def _start(workdir: Path, ports: dict[str, int]) -> subprocess.Popen:
+    """``magnetar standalone`` on ``ports``, its output to a file (never a pipe that
+    could fill while the examples run), once it says it is ready."""
+    data_dir = workdir / "data" / "standalone"
+    log_path = workdir / "standalone.out"
+    process = subprocess.Popen(
+        python_command("standalone", "--data-dir", str(data_dir), "--etcd-port", str(ports["etcd"]),
+                       "--etcd-peer-port", str(ports["peer"]), "--bookie-port-base", str(ports["bookie"]),
+                       "--bookie-http-port-base", str(ports["http"]), "--broker-port", str(ports["broker"]),
+                       "--broker-http-port", str(ports["broker_http"]), "--gateway-port", str(ports["gateway"]),
+                       "--autorecovery-http-port", str(ports["autorecovery"])),
+        stdout=open(log_path, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while b"standalone ready" not in log_path.read_bytes():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError("the standalone did not start:\n" + log_path.read_text(errors="replace")[-3000:])
+        time.sleep(0.2)
+    return process
+
+
+def _stop(process: subprocess.Popen) -> None:
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
 @pytest.fixture(scope="module")
 def docs(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("docs")
     ports = _choose_ports()
-    process = asyncio.run(start_standalone(str(workdir / "data" / "standalone"), ports))
+    process = _start(workdir, ports)
     docs = Docs(workdir, ports)
     try:
         yield docs
     finally:
-        docs.close()
-        asyncio.run(stop_standalone(process))
+        try:
+            docs.close()
+        finally:
+            _stop(process)
 
 
 @pytest.mark.parametrize("block", _examples(), ids=lambda block: block.name)
