@@ -23,8 +23,9 @@ data directory (the README's relative paths hold), with ``.venv/bin`` first on t
 for shell examples (as after ``source .venv/bin/activate``). Examples that cannot run
 here carry a skip marker; tests/unit/test_docs_blocks.py checks their count.
 
-Wall time: about 60-90 s on the shared 2-core machine (the standalone's start, the
-perf run's 5 s and one Spark JVM are most of it).
+Wall time: see docs/glossary.md's "docs test" for what was measured; the standalone's
+start, the CLI walk-through (about 25 commands, the perf run's 5 s) and the one Spark
+JVM are most of it.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from pathlib import Path
 import pytest
 
 from tests.docs_blocks import Block, blocks_of, documents, find_in_order, with_ports
+from spark.session import SETTINGS as SPARK_SETTINGS
 from tests.cluster import python_command
 from tests.integration.test_standalone import standalone_ports
 
@@ -99,7 +101,16 @@ class Docs:
         # Without the virtual environment on the PATH, as a user running .venv/bin/python.
         plain_path = os.pathsep.join(entry for entry in base.get("PATH", "").split(os.pathsep)
                                      if entry and Path(entry).resolve() != VENV_BIN.resolve())
-        self.python_env = {**base, "PATH": plain_path, "PYTHONPATH": str(ROOT)}
+        # Spark's own configuration file for the machine, not the examples' text: the
+        # settings every Spark test here runs with (spark/session.py: two shuffle
+        # partitions on two cores, no UI, Python worker timeouts that survive a loaded
+        # machine); the examples set the rest themselves.
+        spark_conf_dir = workdir / "spark-conf"
+        spark_conf_dir.mkdir(exist_ok=True)
+        (spark_conf_dir / "spark-defaults.conf").write_text("".join(
+            f"{key} {value}\n" for key, value in SPARK_SETTINGS.items()
+            if key not in ("spark.master", "spark.driver.host", "spark.driver.bindAddress")))
+        self.python_env = {**base, "PATH": plain_path, "PYTHONPATH": str(ROOT), "SPARK_CONF_DIR": str(spark_conf_dir)}
         self.shell_env = {**base, "PATH": f"{VENV_BIN}{os.pathsep}{plain_path}",
                           "MAGNETAR_SERVICE_URL": f"pulsar://127.0.0.1:{ports['broker']}",
                           "MAGNETAR_ADMIN_URL": f"http://127.0.0.1:{ports['broker_http']}",
