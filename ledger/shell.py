@@ -363,6 +363,10 @@ async def _run(args: argparse.Namespace) -> int:
         raise AssertionError(command)
     except MagnetarError as error:
         _emit({"error": error.message, "error_code": error.code})
+        # The last line on stderr, as every magnetar tool ends a failure: what failed, the
+        # reason, the catalogue class and code (magnetar/tools/failure.py's shape).
+        print(f"magnetar shell: {args.shell_command}: {' '.join(error.message.split())} "
+              f"[{type(error).__name__}, code {error.code}]", file=sys.stderr, flush=True)
         return 1
     finally:
         await client.close()

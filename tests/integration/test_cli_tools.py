@@ -187,6 +187,16 @@ def test_client_failures_end_with_the_brokers_reason_and_a_catalogue_code(urls):
     assert last.endswith("[ServiceNotReady, code 5003]") or last.endswith("[OperationTimeout, code 5002]"), last
 
 
+def test_shell_failures_end_with_the_reason_and_a_catalogue_code():
+    """Proves `magnetar shell` ends a failure the same way: its JSON on stdout, then on
+    stderr one line with the reason and the catalogue tag (etcd unreachable here)."""
+    result = magnetar("--log-level", "error", "shell", "--metadata", "etcd://127.0.0.1:1", "listbookies")
+    assert result.returncode == 1
+    assert json.loads(result.stdout.decode().strip().splitlines()[-1])["error_code"] == 3001
+    last = result.stderr.decode().strip().splitlines()[-1]
+    assert last.startswith("magnetar shell: listbookies: ") and last.endswith("[MetadataUnavailable, code 3001]"), last
+
+
 def test_perf_consume_and_paced_produce_report_sane_json(urls, tmp_path):
     """Proves the perf pair measures what it claims: a consumer subscribes first (it says
     so on stderr), a producer paced at 2,000 msgs/s sends 4,000 messages; the producer's
