@@ -23,9 +23,10 @@ data directory (the README's relative paths hold), with ``.venv/bin`` first on t
 for shell examples (as after ``source .venv/bin/activate``). Examples that cannot run
 here carry a skip marker; tests/unit/test_docs_blocks.py checks their count.
 
-Wall time: see docs/glossary.md's "docs test" for what was measured; the standalone's
-start, the CLI walk-through (about 25 commands, the perf run's 5 s) and the one Spark
-JVM are most of it.
+Wall time, measured 2026-12-07 on the shared 2-core machine at load average 11-17:
+250-350 s, of which the two Spark examples took 156-290 s (the JVM's start 48-70 s, the
+first Python workers most of the rest) and the standalone's start plus the shell
+examples 45-60 s. Not measured on a quiet machine.
 """
 
 from __future__ import annotations
