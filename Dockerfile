@@ -26,15 +26,15 @@ COPY broker/ broker/
 COPY gateway/ gateway/
 COPY spark/ spark/
 # The generated protobuf modules are not in the source tree: make them here, then
-# install the package (not editable) with its runtime dependencies only. The Pulsar
-# client (for `magnetar produce|consume|perf`) is a dev dependency; add it if the
-# image should carry those tools.
+# install the package (not editable) with its runtime dependencies and the `tools` extra:
+# the official Pulsar client, so `magnetar produce|consume|perf` work in a pod
+# (`kubectl exec deploy/magnetar-broker -- magnetar produce ...`).
 RUN /opt/magnetar/bin/pip install "grpcio-tools>=1.66,<2" \
  && for proto in protocol/proto/*.proto; do \
       /opt/magnetar/bin/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. "$proto"; \
     done \
  && /opt/magnetar/bin/pip uninstall -y grpcio-tools \
- && /opt/magnetar/bin/pip install .
+ && /opt/magnetar/bin/pip install ".[tools]"
 
 # --- run: the environment only, as a user without privileges ---------------------------------
 FROM python:3.11-slim

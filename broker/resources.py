@@ -111,6 +111,14 @@ class Resources:
         self._policies[key] = (now, policies)
         return policies
 
+    def forget_policies(self, namespace: NamespaceName | None = None) -> None:
+        """Drops the cached policies of ``namespace`` (of every namespace when None): they
+        changed in etcd (broker/policy_watch.py), the next read is fresh."""
+        if namespace is None:
+            self._policies.clear()
+        else:
+            self._policies.pop(str(namespace), None)
+
     async def create_namespace(self, namespace: NamespaceName, policies: NamespacePolicies | None = None,
                                default_bundles: int | None = None) -> None:
         """Creates the namespace with its bundles (``policies.bundles.numBundles`` or

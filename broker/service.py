@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from broker import policy_enforcement
+from broker import policy_enforcement, policy_watch
 from broker.archiver import Archiver, ArchiverConfig
 from broker.authentication import Authenticator
 from broker.authorization import Authorizer
@@ -342,6 +342,9 @@ class BrokerService:
             pass
         self._background.spawn(self._run_retention(), name="retention")
         self._background.spawn(self._run_policies(), name="policies")
+        # Policy changes applied when they happen (a set-deduplication at once).
+        self._background.spawn(policy_watch.follow(self.resources.store, self.resources, self.loaded_topics),
+                               name="policy watch")
         self._background.spawn(self._run_dispatch_watch(), name="dispatch watch")
         if self.authenticator.enabled:
             self._background.spawn(self._run_permission_checks(), name="permission checks")

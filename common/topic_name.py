@@ -23,8 +23,12 @@ DEFAULT_NAMESPACE = "default"
 
 # Pulsar allows these characters in tenant and namespace names.
 _NAME_PART = re.compile(r"^[-=:.\w]+$")
-# Local names may not be empty and may not hold control characters or '/'.
-_LOCAL_NAME_BAD = re.compile(r"[\x00-\x1f/]")
+# Local names may not be empty and may not hold '/', control characters or whitespace
+# (a space, a tab, U+00A0, ...): a name with a space is almost always a quoting mistake
+# in a shell, it cannot be typed back into a URL or a command line as it was printed,
+# and Pulsar's own tools split on whitespace. Everything else (``:``, ``%``, ``?``,
+# ``#``, non-ASCII letters) is allowed and percent-encoded where a name becomes a path.
+_LOCAL_NAME_BAD = re.compile(r"[\x00-\x1f\x7f/\s]")
 _PARTITIONED = re.compile(r"^(?P<base>.+)-partition-(?P<index>0|[1-9][0-9]*)$")
 NAME_BYTES_MAX = 1024
 
@@ -72,8 +76,11 @@ class TopicName:
         tenant, namespace, local_name = parts
         validate_name_part(tenant, "tenant")
         validate_name_part(namespace, "namespace")
-        if not local_name or _LOCAL_NAME_BAD.search(local_name):
-            raise InvalidArgument(f"bad local topic name {local_name!r}")
+        if not local_name:
+            raise InvalidArgument(f"topic name {text!r} has an empty local name")
+        if bad := _LOCAL_NAME_BAD.search(local_name):
+            raise InvalidArgument(f"bad topic name {local_name!r}: it holds {bad.group()!r}; a topic's local name "
+                                  "may not hold whitespace, control characters or '/'")
         return cls(domain, tenant, namespace, local_name)
 
     @classmethod

@@ -44,10 +44,26 @@ def error_response(error: MagnetarError, retry_after_s: int) -> web.Response:
     return web.json_response(error_document(error), status=status, headers=headers)
 
 
-def _from_http_exception(exception: web.HTTPException) -> MagnetarError:
+# What a 404 tells the caller: the shape every topic path has, so a path that lost a
+# segment (most often the namespace: /v1/topics/persistent/public/orders/message) says
+# what was expected instead of a bare "not found".
+_TOPIC_PATH_SHAPE = "/v1/topics/persistent/{tenant}/{namespace}/{topic}"
+_TOPIC_PATH_EXAMPLE = "/v1/topics/persistent/public/default/orders/message"
+
+
+def _not_found(path: str) -> MagnetarError:
+    if path.startswith("/v1/topics/"):
+        return errors.NotFound(
+            f"no such resource: {path}; topic paths are {_TOPIC_PATH_SHAPE}/<operation> (the tenant and "
+            f"namespace are both needed, e.g. {_TOPIC_PATH_EXAMPLE}); /v1/openapi.json lists every path")
+    return errors.NotFound(f"no such resource: {path}; /v1/openapi.json lists every path "
+                           f"(topics are under {_TOPIC_PATH_SHAPE})")
+
+
+def _from_http_exception(exception: web.HTTPException, path: str) -> MagnetarError:
     """The catalogue error standing for one of aiohttp's refusals."""
     if exception.status == 404:
-        return errors.NotFound(f"no such resource: {exception.reason}")
+        return _not_found(path)
     if exception.status == 413:
         error: MagnetarError = errors.LimitExceeded.__new__(errors.LimitExceeded)
         MagnetarError.__init__(error, f"request body exceeds the limit: {exception.text or exception.reason}")
@@ -70,7 +86,7 @@ def errors_middleware(retry_after_s: int):
         except web.HTTPException as exception:
             if exception.status < 400:
                 raise
-            error = _from_http_exception(exception)
+            error = _from_http_exception(exception, request.path)
             response = web.json_response(error_document(error), status=exception.status)
             if exception.status == 405 and "Allow" in exception.headers:
                 response.headers["Allow"] = exception.headers["Allow"]

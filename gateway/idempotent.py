@@ -8,8 +8,11 @@ Theory of operation:
   or below it is answered with message id (-1, -1) and not stored; the gateway reports
   it as ``duplicate``. The gateway only names and routes; the broker decides.
 - The policy must be on, or a resend would be stored again: the gateway reads the
-  namespace's ``deduplication`` from a broker's admin API (cached ``POLICY_TTL_S``) and
-  refuses an idempotent produce with 412 when it is off.
+  namespace's ``deduplication`` from a broker's admin API and refuses an idempotent
+  produce with 412 when it is off. Only "on" is cached (``POLICY_TTL_S``): "off" is
+  asked again on every idempotent request, so turning the policy on takes effect at
+  the next request (the owner broker applies it at once too: broker/policy_watch.py).
+  The refusals are what is not cached, and each costs one small admin call.
 - One entry per message: the broker counts a batch entry by its lowest sequence id, so
   a resent batch that overlaps messages already stored would be dropped whole, new
   messages with it.
@@ -49,7 +52,9 @@ from gateway.producers import partition_for_key, partition_topic
 
 log = logging.getLogger(__name__)
 
-# How long a namespace's deduplication policy is trusted (a change applies after this).
+# How long a namespace's deduplication policy, once seen on, is trusted (turning it
+# off applies to this gateway's requests after this; the broker stops deduplicating at
+# once, so a resend in that window may be stored twice: at-least-once, as without it).
 POLICY_TTL_S = 10.0
 # Namespaces whose policy is remembered (a cache, not a registry: cleared when full).
 POLICIES_MAX = 10_000
@@ -124,7 +129,7 @@ class IdempotentProducers:
         key = str(namespace)
         cached = self._policies.get(key)
         now_s = time.monotonic()
-        if cached is None or now_s - cached[1] >= POLICY_TTL_S:
+        if cached is None or not cached[0] or now_s - cached[1] >= POLICY_TTL_S:
             if len(self._policies) >= POLICIES_MAX:
                 self._policies.clear()
             cached = (await self._read_policy(key), now_s)

@@ -427,7 +427,13 @@ class BookieClient:
     def _break(self, stream: _AddStream, error: MagnetarError) -> None:
         if stream.broken is None:
             stream.broken = error
-            log.info("add stream broken: bookie_id=%s error=%s", self.bookie_id, error)
+            if self._closed and not stream.inflight:
+                # Our own close with nothing in flight: not a break, nothing to report
+                # (it read as a failure at the end of every successful shell run).
+                log.debug("add stream closed: bookie_id=%s", self.bookie_id)
+            else:
+                log.info("add stream broken: bookie_id=%s error=%s in_flight=%d", self.bookie_id, error,
+                         len(stream.inflight))
             if isinstance(stream.call, AddSocketConnection):
                 stream.call.close()
             else:

@@ -216,11 +216,21 @@ async def _read_ledger(client: LedgerClient, args: argparse.Namespace) -> int:
                 if entry.payload != expected:
                     pattern_errors.append(entry.entry_id)
         entry_id = end + 1
-    _emit({"ledger_id": args.ledger, "state": metadata.state.value if metadata.is_closed else "OPEN",
-           "entries": good, "last_entry_id": last_entry_id, "digest_errors": reader.stats.digest_errors,
-           "digest_error_entries": sorted(reader.stats.digest_error_entries)[:100],
-           "unreadable": len(unreadable), "unreadable_entries": unreadable[:100],
-           "pattern_errors": len(pattern_errors), "error": first_error})
+    document = {"ledger_id": args.ledger, "state": metadata.state.value if metadata.is_closed else "OPEN",
+                "entries": good, "last_entry_id": last_entry_id, "digest_errors": reader.stats.digest_errors,
+                "digest_error_entries": sorted(reader.stats.digest_error_entries)[:100],
+                "unreadable": len(unreadable), "unreadable_entries": unreadable[:100],
+                "pattern_errors": len(pattern_errors), "error": first_error}
+    if not metadata.is_closed and not args.recover:
+        # An open ledger is read up to the last-add-confirmed the bookies know, which the
+        # writer piggybacks on its next add: up to its last few entries behind the
+        # writer's own (what `magnetar admin topics internal-stats` shows for a topic's
+        # ledger). Not a loss: read again later, or close it with --recover (which
+        # fences the writer).
+        document["note"] = ("ledger is open: read up to the last-add-confirmed the bookies know, which may lag "
+                            "the writer's own by its latest entries (internal-stats shows the writer's); "
+                            "--recover closes it first (and fences the writer)")
+    _emit(document)
     return 0 if not unreadable and not pattern_errors and reader.stats.digest_errors == 0 else 1
 
 
@@ -353,6 +363,10 @@ async def _run(args: argparse.Namespace) -> int:
         raise AssertionError(command)
     except MagnetarError as error:
         _emit({"error": error.message, "error_code": error.code})
+        # The last line on stderr, as every magnetar tool ends a failure: what failed, the
+        # reason, the catalogue class and code (magnetar/tools/failure.py's shape).
+        print(f"magnetar shell: {args.shell_command}: {' '.join(error.message.split())} "
+              f"[{type(error).__name__}, code {error.code}]", file=sys.stderr, flush=True)
         return 1
     finally:
         await client.close()

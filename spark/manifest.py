@@ -120,6 +120,19 @@ def position_at_time(admin_url: str, topic: str, timestamp_ms: int) -> tuple[int
     return int(ledger_id), int(entry_id)
 
 
+def service_url_of(admin_url: str, topic: str) -> str:
+    """A broker's Pulsar-protocol URL, from the admin URL's lookup of ``topic`` (Pulsar's
+    ``/lookup/v2/topic/...``: ``brokerUrl``, else ``brokerUrlTls``)."""
+    name = TopicName.parse(topic)
+    answer = _get_json(f"{admin_url}/lookup/v2/topic/{name.rest_path}")
+    assert isinstance(answer, dict), answer
+    url = answer.get("brokerUrl") or answer.get("brokerUrlTls")
+    if not isinstance(url, str) or not url.startswith(("pulsar://", "pulsar+ssl://")):
+        raise ConfigError(f"the lookup of {topic} at {admin_url} named no pulsar:// URL ({answer}); "
+                          "give option serviceUrl")
+    return url
+
+
 def partition_count(admin_url: str, topic: str) -> int:
     name = TopicName.parse(topic)
     answer = _get_json(f"{admin_url}/admin/v2/{name.rest_path}/partitions")
@@ -127,4 +140,4 @@ def partition_count(admin_url: str, topic: str) -> int:
     return int(answer.get("partitions", 0))
 
 
-__all__ = ["ledgers", "resolve_topics", "last_message_position", "partition_count", "position_at_time", "topic_ledgers", "urllib"]
+__all__ = ["service_url_of", "ledgers", "resolve_topics", "last_message_position", "partition_count", "position_at_time", "topic_ledgers", "urllib"]

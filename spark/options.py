@@ -8,13 +8,15 @@ Reads:
                                the three)
     namespace                  tenant/namespace that ``pattern`` searches
     adminUrl                   a broker's HTTP URL: topic lists and archive manifests
-    serviceUrl                 a broker's pulsar:// URL: the live tail, and writes
+    serviceUrl                 a broker's pulsar:// URL: the live tail, and writes (reads
+                               that need it and lack it ask adminUrl's lookup for one)
     startingOffsets            "earliest" (default) or "LEDGER:ENTRY" (inclusive)
     endingOffsets              "latest" (default) or "LEDGER:ENTRY" (exclusive)
     startingTimestamp          publish time in ms since the epoch (inclusive)
     endingTimestamp            publish time in ms since the epoch (exclusive)
-    includeUnarchived          "true": also the entries not yet archived, read through a
-                               broker as a non-durable reader (default "false")
+    includeUnarchived          "true" (default): the whole topic, the archive and the
+                               entries not yet archived, read through a broker as a
+                               non-durable reader; "false": only the archive's files
     rowsPerPartition           files holding more rows are split by record batches into
                                partitions of about this many rows (default 1,000,000)
     metricsDir                 a local directory where each planning and each task
@@ -130,9 +132,9 @@ def parse_read_options(options: Mapping[str, str]) -> ReadOptions:
     service_url = _get(options, "serviceUrl")
     if service_url is not None and not service_url.startswith(("pulsar://", "pulsar+ssl://")):
         raise ConfigError(f"option serviceUrl must be a pulsar:// URL, not {service_url!r}")
-    include_unarchived = _boolean(options, "includeUnarchived", False)
-    if include_unarchived and service_url is None:
-        raise ConfigError("option includeUnarchived needs option serviceUrl")
+    # The whole topic by default, as a user (and Spark's Kafka source) expects: an
+    # archive-only read of a topic nothing was archived of yet is an empty table.
+    include_unarchived = _boolean(options, "includeUnarchived", True)
     starting = _get(options, "startingOffsets")
     ending = _get(options, "endingOffsets")
     starting_position = None if starting in (None, "earliest") else parse_position(starting, "startingOffsets")

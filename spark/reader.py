@@ -23,6 +23,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
 
 from archive.reader import ArchiveFile
+from common.errors import ConfigError
 from spark import manifest, metrics, plan_guard
 from spark.bounds import Bounds, option_bounds, translate
 from spark.options import ReadOptions
@@ -53,15 +54,19 @@ class TailPartition(InputPartition):
     start_after: tuple[int, int] | None
     end: tuple[int, int]
     token: str | None
+    # The broker URL the tail is read through: the serviceUrl option, or the one the
+    # admin URL's lookup named when the option was not given (found once, at planning).
+    service_url: str = ""
 
     def __post_init__(self) -> None:
         InputPartition.__init__(self, self.topic)
 
 
 def plan_tail(options: ReadOptions, base: Bounds, token: str | None, topic: str, partitions: int,
-              ledgers: list[dict], last_position) -> list[TailPartition]:
+              ledgers: list[dict], last_position, service_url_for=None) -> list[TailPartition]:
     """The tail partitions of a topic: for each of its partitions (or itself), from
-    after the last archived entry to ``last_position(name)``."""
+    after the last archived entry to ``last_position(name)``, read through the
+    serviceUrl option's broker or, without it, ``service_url_for(name)``'s."""
     names = [f"{topic}-partition-{index}" for index in range(partitions)] if partitions > 0 else [topic]
     planned = []
     for name in names:
@@ -72,7 +77,11 @@ def plan_tail(options: ReadOptions, base: Bounds, token: str | None, topic: str,
             continue
         if base.position_end is not None and start_after is not None and start_after >= base.position_end:
             continue
-        planned.append(TailPartition(name, start_after, end, token))
+        service_url = options.service_url or (service_url_for(name) if service_url_for is not None else None)
+        if not service_url:
+            raise ConfigError("reading the topic's tail needs option serviceUrl (a broker's pulsar:// URL), "
+                              "or includeUnarchived=false for the archive only")
+        planned.append(TailPartition(name, start_after, end, token, service_url))
     return planned
 
 
@@ -154,10 +163,19 @@ class MagnetarBatchReader(DataSourceReader):
                                             _footer_batch_count)
         if self.options.include_unarchived:
             admin_url = self.options.admin_url
+            found: list[str] = []
+
+            def service_url_for(name: str) -> str:
+                # Asked once per read, and only when there is a tail to read: any
+                # broker's URL will do (the tail reader looks its topic up itself).
+                if not found:
+                    found.append(manifest.service_url_of(admin_url, name))
+                return found[0]
+
             for topic in topics:
                 tails = plan_tail(self.options, self.base, self.token, topic, manifest.partition_count(admin_url, topic),
                                   ledgers_by_topic[topic],
-                                  lambda name: manifest.last_message_position(admin_url, name))
+                                  lambda name: manifest.last_message_position(admin_url, name), service_url_for)
                 partitions.extend(tails)
                 counters["tail_partitions"] = counters.get("tail_partitions", 0) + len(tails)
         metrics.record(self.options.metrics_dir, "plan", token=self.token, topics=topics, **counters)
@@ -193,12 +211,12 @@ class MagnetarBatchReader(DataSourceReader):
     def _read_tail(self, partition: TailPartition) -> Iterator[pa.RecordBatch]:
         from spark.tail import TailReader
 
-        assert self.options.service_url is not None
+        assert partition.service_url, partition
         bounds = self.base
         if self._planned_execution(partition.token):
             assert self.pushed is not None
             bounds = bounds.intersect(self.pushed)
-        reader = TailReader(self.options.service_url, partition.topic, partition.start_after, partition.end,
+        reader = TailReader(partition.service_url, partition.topic, partition.start_after, partition.end,
                             self.options.tail_timeout_ms)
         rows = 0
         for batch in reader.batches():

@@ -10,6 +10,9 @@ Options: spark/options.py. Rows: spark/schema.py (README: "Spark").
 
 from __future__ import annotations
 
+import os
+import sys
+
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceWriter
 from pyspark.sql.types import StructType
 
@@ -49,5 +52,16 @@ class MagnetarDataSource(DataSource):
 
 
 def register(session) -> None:
-    """Registers the ``magnetar`` format with a SparkSession."""
+    """Registers the ``magnetar`` format with a SparkSession, and points the session's
+    Python workers at this interpreter unless ``PYSPARK_PYTHON`` chose one.
+
+    Spark starts its Python workers (which plan and read this source) with
+    ``PYSPARK_PYTHON``, else whatever ``python3`` is first on the PATH: usually not the
+    virtual environment that has pyarrow and this project, and the first read fails
+    inside a worker with ModuleNotFoundError. The interpreter is fixed per function when
+    it is registered (``SparkContext.pythonExec``), so setting it here, before
+    registering, is enough; the user's explicit choice wins."""
+    context = session.sparkContext
+    if "PYSPARK_PYTHON" not in os.environ and getattr(context, "pythonExec", None) != sys.executable:
+        context.pythonExec = sys.executable
     session.dataSource.register(MagnetarDataSource)

@@ -1,8 +1,12 @@
 """``magnetar admin``: a thin command-line client over Pulsar's admin REST paths, in the
 manner of ``pulsar-admin``. Each action is one (or, for a few, two) HTTP requests; the
-tool prints what the server returned (JSON pretty-printed, text as is, nothing for an
-empty body) and exits 0, or prints ``magnetar admin: METHOD URL: HTTP status: reason``
-on stderr and exits 1.
+tool prints JSON on stdout and exits 0: what the server returned (pretty-printed; a
+text answer as a JSON string), or, when the server answered with an empty body (most
+actions that change something: set-retention, reset-cursor, expire-messages, ...),
+``{"ok": true, "action": ..., "method": ..., "path": ..., "status": ...}``. On failure
+its last line on stderr is ``magnetar admin: METHOD URL: HTTP status: reason [Error,
+code N]`` with the broker's reason and catalogue code (magnetar/tools/failure.py), and
+it exits 1 (2 for a command line refused before any request).
 
     magnetar admin --admin-url http://127.0.0.1:8080 tenants list
     magnetar admin namespaces create my-tenant/my-ns
@@ -23,10 +27,10 @@ import argparse
 import base64
 import json
 import re
-import sys
 import time
 
 from magnetar.tools.admin_client import AdminClient, AdminError, Response, path
+from magnetar.tools.failure import report_admin_error, usage_failure
 from protocol.admin_entry import entry_messages, time_text
 
 API = ("admin", "v2")
@@ -617,12 +621,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_brokers(resources)
 
 
-def render(response: Response) -> str | None:
+def render(response: Response, args: argparse.Namespace | None = None) -> str:
+    """The JSON the tool prints for a successful action: the server's document, or for
+    an empty answer a short record of what was done."""
     document = response.document()
+    if document is None and response.method == "GET":
+        return "null"                       # read: nothing set (get-deduplication of a new namespace)
     if document is None:
-        return None
-    if isinstance(document, str):
-        return document
+        action = f"{args.resource} {args.action}" if args is not None else None
+        document = {"ok": True, "action": action, "method": response.method, "path": response.path,
+                    "status": response.status}
     return json.dumps(document, indent=2, sort_keys=False)
 
 
@@ -637,12 +645,10 @@ def main(args: argparse.Namespace) -> int:
     try:
         response = args.admin_action(client, args)
     except UsageError as error:
-        print(f"magnetar admin: {error}", file=sys.stderr)
+        usage_failure("admin", str(error))
         return 2
     except AdminError as error:
-        print(f"magnetar admin: {error}", file=sys.stderr)
+        report_admin_error("admin", error)
         return 1
-    text = render(response)
-    if text is not None:
-        print(text, flush=True)
+    print(render(response, args), flush=True)
     return 0

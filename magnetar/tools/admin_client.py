@@ -24,13 +24,21 @@ REQUEST_TIMEOUT_S = 30.0
 
 
 class AdminError(Exception):
-    def __init__(self, method: str, url: str, status: int | None, reason: str) -> None:
+    """A refused or failed request: the status, the server's reason and, when the server
+    is a Magnetar broker, the catalogue code and class name of the error
+    (common/errors.py). ``str()`` is one line naming all of them."""
+
+    def __init__(self, method: str, url: str, status: int | None, reason: str, *,
+                 code: int | None = None, error: str | None = None) -> None:
         self.method = method
         self.url = url
         self.status = status
         self.reason = reason
+        self.code = code
+        self.error = error
         where = f"HTTP {status}" if status is not None else "no response"
-        super().__init__(f"{method} {url}: {where}: {reason}")
+        catalogue = f" [{error} {code}]" if code is not None else ""
+        super().__init__(f"{method} {url}: {where}: {reason}{catalogue}")
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,9 @@ class Response:
     content_type: str
     body: bytes
     headers: dict[str, str] = field(default_factory=dict)
+    # What was asked (the first request's path; a redirect's target is not shown).
+    method: str = ""
+    path: str = ""
 
     def document(self):
         """The body as JSON when it is JSON, else as text; None when empty."""
@@ -62,18 +73,23 @@ def path(*segments: str) -> str:
     return "/" + "/".join(urllib.parse.quote(str(segment), safe="") for segment in segments)
 
 
-def _reason(status: int, phrase: str, body: bytes) -> str:
+def _reason(status: int, phrase: str, body: bytes) -> tuple[str, int | None, str | None]:
+    """(reason, catalogue code, error class name) of an error body; the code and name are
+    None when the body has none (a Pulsar broker, a proxy's error page)."""
     text = body.decode("utf-8", errors="replace").strip()
     try:
         document = json.loads(text)
     except json.JSONDecodeError:
         # aiohttp's own error pages read "404: Not Found": drop the repeated status.
-        return text.removeprefix(f"{status}: ") or phrase
+        return text.removeprefix(f"{status}: ") or phrase, None, None
     if isinstance(document, dict):
         reason = document.get("reason") or document.get("message") or document.get("error")
+        code = document.get("code")
+        name = document.get("error")
         if reason:
-            return str(reason)
-    return text or phrase
+            return (str(reason), code if isinstance(code, int) and not isinstance(code, bool) else None,
+                    str(name) if isinstance(name, str) else None)
+    return text or phrase, None, None
 
 
 class AdminClient:
@@ -109,7 +125,7 @@ class AdminClient:
             try:
                 with self._opener.open(request, timeout=self.timeout_s) as reply:
                     return Response(reply.status, reply.headers.get("Content-Type", ""), reply.read(),
-                                    dict(reply.headers.items()))
+                                    dict(reply.headers.items()), method=method, path=request_path)
             except urllib.error.HTTPError as error:
                 location = error.headers.get("Location") if error.headers else None
                 if error.code in (301, 302, 303, 307, 308) and location:
@@ -119,7 +135,8 @@ class AdminClient:
                                          f"{target}: the token would travel in the clear") from None
                     url = target
                     continue
-                raise AdminError(method, url, error.code, _reason(error.code, error.reason, error.read())) from None
+                reason, code, name = _reason(error.code, error.reason, error.read())
+                raise AdminError(method, url, error.code, reason, code=code, error=name) from None
             except (urllib.error.URLError, OSError) as error:
                 reason = getattr(error, "reason", error)
                 raise AdminError(method, url, None, f"cannot reach the server: {reason}") from None

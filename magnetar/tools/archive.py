@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 
 from magnetar.tools.admin import UsageError, topic_parts
 from magnetar.tools.admin_client import AdminClient, AdminError, path
+from magnetar.tools.failure import print_failure, report_admin_error, usage_failure
 
 # How often `run --wait-s` asks for the status.
 _POLL_INTERVAL_S = 0.5
@@ -58,7 +58,14 @@ def _run(client: AdminClient, args: argparse.Namespace) -> int:
             break
         time.sleep(_POLL_INTERVAL_S)
     _print(status)
-    return 0 if status.get("status") == "SUCCESS" else 1
+    if status.get("status") == "SUCCESS":
+        return 0
+    from common.errors import ArchiveError, OperationTimeout
+
+    cls = ArchiveError if status.get("status") == "ERROR" else OperationTimeout
+    reason = status.get("lastError") or f"status {status.get('status')} after {args.wait_s:g} s"
+    print_failure("archive", f"run {args.topic}", str(reason), cls.__name__, cls.code)
+    return 1
 
 
 def _status(client: AdminClient, args: argparse.Namespace) -> int:
@@ -84,6 +91,7 @@ def _verify(client: AdminClient, args: argparse.Namespace) -> int:
         manifest = client.get(_topic_path(args.topic, "archive")).document()
         targets = [(f["url"], f["size_bytes"], f["crc32c"]) for ledger in manifest["ledgers"] for f in ledger["files"]]
     failures = 0
+    first_failure: ArchiveError | None = None
     for url, size_bytes, checksum in targets:
         try:
             metadata = verify_file(url, size_bytes=size_bytes, crc32c_expected=checksum)
@@ -92,9 +100,14 @@ def _verify(client: AdminClient, args: argparse.Namespace) -> int:
                             "entries": [metadata.first_entry_id, metadata.last_entry_id]})
         except ArchiveError as error:
             failures += 1
+            first_failure = first_failure or error
             results.append({"url": url, "ok": False, "error": str(error)})
     _print({"files": results, "corrupt": failures})
-    return 1 if failures else 0
+    if first_failure is not None:
+        print_failure("archive", f"verify: {failures} of {len(results)} files failed", first_failure.message,
+                      type(first_failure).__name__, first_failure.code)
+        return 1
+    return 0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -123,8 +136,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         return args.archive_handler(client, args)
     except UsageError as error:
-        print(f"magnetar archive: {error}", file=sys.stderr)
+        usage_failure("archive", str(error))
         return 2
     except AdminError as error:
-        print(f"magnetar archive: {error}", file=sys.stderr)
+        report_admin_error("archive", error)
         return 1

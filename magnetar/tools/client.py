@@ -121,3 +121,25 @@ def message_json(message: pulsar.Message) -> dict:
 def client_error_text(error: BaseException) -> str:
     """``TopicNotFound: ...`` from a pulsar exception, without the C++ wrapper noise."""
     return f"{type(error).__name__}: {error}"
+
+
+def report_client_failure(tool: str, args: argparse.Namespace, error: BaseException, *,
+                          subscribe: dict | None = None, created: bool = False) -> None:
+    """The last line of a tool whose official client failed: the broker's reason and the
+    catalogue code. Before the producer or consumer existed (``created`` False), the
+    broker is asked again for its reason (magnetar/tools/diagnosis.py); after, the
+    client's result stands for it."""
+    from magnetar.tools import diagnosis
+    from magnetar.tools.failure import print_failure
+
+    official = client_error_text(error)
+    if created:
+        explanation = diagnosis.from_result(type(error).__name__, official)
+    else:
+        token = ""
+        if getattr(args, "token_file", None):
+            with open(args.token_file, encoding="ascii") as handle:
+                token = handle.read().strip()
+        explanation = diagnosis.explain(args.service_url, token, args.topic, subscribe, official)
+    what = f"{'subscribing to' if subscribe is not None else 'producing to'} {args.topic}"
+    print_failure(tool, what, explanation.reason, explanation.error_name, explanation.code)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 
 import pulsar
@@ -27,10 +26,12 @@ from magnetar.tools.client import (
     INITIAL_POSITIONS,
     SUBSCRIPTION_TYPES,
     add_service_url_argument,
-    client_error_text,
     message_json,
     open_client,
+    report_client_failure,
 )
+from magnetar.tools.failure import print_failure, usage_failure
+from common.errors import OperationTimeout
 
 # receive() wakes at least this often to check the deadline.
 _RECEIVE_SLICE_MS = 200
@@ -53,17 +54,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     if args.count < 0 or args.timeout_s <= 0:
-        print("magnetar consume: --count must be >= 0 and --timeout-s > 0", file=sys.stderr)
+        usage_failure("consume", "--count must be >= 0 and --timeout-s > 0")
         return 2
     received = 0
     started = time.monotonic()
     deadline = started + args.timeout_s
     client = open_client(args)
+    created = False
     try:
         consumer = client.subscribe(
             args.topic, args.subscription, consumer_type=SUBSCRIPTION_TYPES[args.subscription_type],
             initial_position=INITIAL_POSITIONS[args.initial_position],
             receiver_queue_size=args.receiver_queue_size)
+        created = True
         try:
             while args.count == 0 or received < args.count:
                 remaining_ms = int((deadline - time.monotonic()) * 1000)
@@ -82,7 +85,9 @@ def main(args: argparse.Namespace) -> int:
             pass  # Ctrl-C ends a tail (-n 0) cleanly: what was printed is acknowledged below
         consumer.close()  # flushes the grouped acknowledgements
     except pulsar.PulsarException as error:
-        print(f"magnetar consume: {client_error_text(error)}", file=sys.stderr)
+        report_client_failure("consume", args, error, created=created, subscribe={
+            "subscription": args.subscription, "sub_type": args.subscription_type,
+            "initial_position": args.initial_position})
         return 1
     finally:
         client.close()
@@ -90,7 +95,7 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps({"topic": args.topic, "subscription": args.subscription, "received": received,
                           "seconds": round(time.monotonic() - started, 3)}), flush=True)
     if args.count and received < args.count:
-        print(f"magnetar consume: timed out after {args.timeout_s:g} s with {received} of {args.count} messages",
-              file=sys.stderr)
+        print_failure("consume", f"timed out after {args.timeout_s:g} s", f"{received} of {args.count} messages "
+                      "came", OperationTimeout.__name__, OperationTimeout.code)
         return EXIT_TIMED_OUT
     return 0

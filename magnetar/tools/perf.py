@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
 import pulsar
 
@@ -32,9 +31,12 @@ from magnetar.tools.client import (
     INITIAL_POSITIONS,
     SUBSCRIPTION_TYPES,
     add_service_url_argument,
-    client_error_text,
     open_client,
+    report_client_failure,
 )
+from magnetar.tools.diagnosis import result_class
+from magnetar.tools.failure import print_failure, usage_failure
+from common.errors import OperationTimeout
 from magnetar.tools.perf_consumer import PerfConsumer
 from magnetar.tools.perf_producer import PerfProducer
 
@@ -86,13 +88,17 @@ def main(args: argparse.Namespace) -> int:
     runner_class = args.perf_runner
     problem = runner_class.check_arguments(args)
     if problem is not None:
-        print(f"magnetar perf {args.perf_mode}: {problem}", file=sys.stderr)
+        usage_failure(f"perf {args.perf_mode}", problem)
         return 2
     client = open_client(args)
     try:
         summary = runner_class(client, args).run()
     except pulsar.PulsarException as error:
-        print(f"magnetar perf {args.perf_mode}: {client_error_text(error)}", file=sys.stderr)
+        subscribe = None
+        if args.perf_mode == "consume":
+            subscribe = {"subscription": args.subscription, "sub_type": args.subscription_type,
+                         "initial_position": args.initial_position}
+        report_client_failure(f"perf {args.perf_mode}", args, error, subscribe=subscribe)
         return 1
     finally:
         client.close()
@@ -102,16 +108,18 @@ def main(args: argparse.Namespace) -> int:
         with open(args.out, "w") as handle:
             json.dump(summary, handle, indent=2)
     if summary["errors"]:
-        print(f"magnetar perf {args.perf_mode}: {summary['errors']} errors; first: {summary['first_error']}",
-              file=sys.stderr)
+        cls = result_class(str(summary["first_error"]).rsplit(".", 1)[-1])
+        print_failure(f"perf {args.perf_mode}", f"{summary['errors']} errors", f"first: {summary['first_error']}",
+                      cls.__name__, cls.code)
         return 1
     if args.perf_mode == "produce" and not summary["drained"]:
         unresolved = summary["sent"] - summary["messages"] - summary["errors"]
-        print(f"magnetar perf produce: {unresolved} sends neither acknowledged nor failed when the run gave up "
-              f"waiting for them", file=sys.stderr)
+        print_failure("perf produce", f"{unresolved} sends neither acknowledged nor failed",
+                      "the run gave up waiting for them", OperationTimeout.__name__, OperationTimeout.code)
         return 1
     if args.perf_mode == "consume" and args.messages is not None and summary["messages"] < args.messages:
-        print(f"magnetar perf consume: {summary['messages']} of {args.messages} messages in {args.seconds:g} s",
-              file=sys.stderr)
+        print_failure("perf consume", f"timed out after {args.seconds:g} s",
+                      f"{summary['messages']} of {args.messages} messages came", OperationTimeout.__name__,
+                      OperationTimeout.code)
         return EXIT_TIMED_OUT
     return 0

@@ -27,10 +27,12 @@ import pulsar
 from magnetar.tools.client import (
     PENDING_BYTES_MAX,
     add_service_url_argument,
-    client_error_text,
     message_id_json,
     open_client,
+    report_client_failure,
 )
+from magnetar.tools.diagnosis import result_class
+from magnetar.tools.failure import print_failure, usage_failure
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,6 +84,7 @@ class _Outcome:
         self.acknowledged = 0
         self.failed = 0
         self.first_error: str | None = None
+        self.first_result: str | None = None
         self.first_message_id: dict | None = None
         self.last_message_id: dict | None = None
         self.completed = threading.Condition(self.lock)
@@ -101,6 +104,7 @@ class _Outcome:
                 else:
                     self.failed += 1
                     self.first_error = self.first_error or f"message {index}: {result}"
+                    self.first_result = self.first_result or str(result).rsplit(".", 1)[-1]
                 self.outstanding -= 1
                 self.completed.notify_all()
         except BaseException as error:  # noqa: BLE001 - an escaping exception kills the process
@@ -114,13 +118,13 @@ def main(args: argparse.Namespace) -> int:
         properties = _parse_properties(args.properties)
         payloads = _payloads(args)
     except (ValueError, OSError) as error:
-        print(f"magnetar produce: {error}", file=sys.stderr)
+        usage_failure("produce", str(error))
         return 2
     if not payloads:
-        print("magnetar produce: nothing to send (give -m MESSAGE or --file F)", file=sys.stderr)
+        usage_failure("produce", "nothing to send (give -m MESSAGE or --file F)")
         return 2
     if args.count < 1 or args.max_pending < 1:
-        print("magnetar produce: --count and --max-pending must be at least 1", file=sys.stderr)
+        usage_failure("produce", "--count and --max-pending must be at least 1")
         return 2
     outcome = _Outcome(args.quiet)
     # The window bounds bytes as well as messages (client.py): big files go fewer at a time.
@@ -128,12 +132,14 @@ def main(args: argparse.Namespace) -> int:
     window = threading.BoundedSemaphore(window_size)
     started = time.monotonic()
     client = open_client(args)
+    created = False
     try:
         producer = client.create_producer(
             args.topic, batching_enabled=args.batching, send_timeout_millis=args.send_timeout_s * 1000,
             # Our window bounds what is pending; the client's queue, twice as large, only
             # has to hold it (whatever order it frees a slot and calls back in).
             max_pending_messages=2 * window_size, block_if_queue_full=False)
+        created = True
         send_options = {"properties": properties}
         if args.key is not None:
             send_options["partition_key"] = args.key
@@ -154,7 +160,7 @@ def main(args: argparse.Namespace) -> int:
             outcome.completed.wait_for(lambda: outcome.outstanding == 0, timeout=args.send_timeout_s + 10)
         producer.close()
     except pulsar.PulsarException as error:
-        print(f"magnetar produce: {client_error_text(error)}", file=sys.stderr)
+        report_client_failure("produce", args, error, created=created)
         return 1
     finally:
         client.close()
@@ -164,7 +170,10 @@ def main(args: argparse.Namespace) -> int:
                           "seconds": round(elapsed_s, 3), "first_message_id": outcome.first_message_id,
                           "last_message_id": outcome.last_message_id}), flush=True)
     if outcome.failed or outcome.acknowledged != len(payloads) * args.count:
-        print(f"magnetar produce: {outcome.failed} of {len(payloads) * args.count} messages failed; "
-              f"first error: {outcome.first_error}", file=sys.stderr)
+        # A send's refusal reaches the client as its result only (SEND_ERROR's text is
+        # not passed on): the result names the catalogue class.
+        cls = result_class(outcome.first_result or "Timeout")
+        print_failure("produce", f"{outcome.failed} of {len(payloads) * args.count} messages failed",
+                      f"first error: {outcome.first_error}", cls.__name__, cls.code)
         return 1
     return 0

@@ -308,16 +308,20 @@ def test_broadcast_subscriptions_extension(admin):
 def test_non_partitioned_topic_lifecycle(admin, client):
     """PUT creates a non-partitioned topic even where auto-creation is off (its managed
     ledger exists: internal stats show an open ledger), a second PUT is 409, names are
-    URL-decoded, the topic is listed with partitions metadata 0; DELETE refuses while
+    URL-decoded, a name with a space is refused (400), the topic is listed with
+    partitions metadata 0; DELETE refuses while
     a producer is attached (412), and with force disconnects it and deletes the topic
     (404 after). A partitioned topic's name, or a partition beyond its count, cannot
     be created this way."""
     namespace = new_namespace(admin)
     admin.ok("POST", f"/admin/v2/namespaces/{namespace}/autoTopicCreation", {"allowAutoTopicCreation": False})
     base = f"/admin/v2/persistent/{namespace}"
-    local = "events:v1 raw"
+    local = "events:v1+raw"
     path = f"{base}/{urllib.parse.quote(local, safe='')}"
     assert admin.call("PUT", path) == (204, None)
+    # A name with whitespace is refused, naming the character (issue 39).
+    refused = admin.error(400, "PUT", f"{base}/{urllib.parse.quote('events v1', safe='')}")
+    assert "may not hold whitespace" in refused["reason"], refused
     admin.error(409, "PUT", path)
     assert admin.ok("GET", base) == [f"persistent://{namespace}/{local}"]
     assert admin.ok("GET", f"{path}/partitions") == {"partitions": 0}

@@ -17,6 +17,7 @@ import selectors
 import subprocess
 import time
 
+import pulsar
 import pytest
 
 from magnetar.cli import build_parser
@@ -57,9 +58,8 @@ def urls(pulsar_cluster):
 def admin(web_url: str, *args: str):
     """Runs `magnetar admin …` in this process (the same parser and handler as the
     command; the admin tool is plain urllib, and a process per call would cost ~0.4 s),
-    asserts it succeeded; returns the printed JSON, the text when it is not JSON, or None
-    when the server sent an empty body. Exit codes and stderr of real processes are
-    checked by test_admin_errors_are_clear."""
+    asserts it succeeded and printed JSON (every action does); returns it. Exit codes and
+    stderr of real processes are checked by test_admin_errors_are_clear."""
     argv = ["admin", "--admin-url", web_url, *args]
     parsed = build_parser(argv).parse_args(argv)
     stdout, stderr = io.StringIO(), io.StringIO()
@@ -67,12 +67,10 @@ def admin(web_url: str, *args: str):
         returncode = parsed.handler(parsed)
     assert returncode == 0, f"admin {' '.join(args)}: {stderr.getvalue()}"
     text = stdout.getvalue().strip()
-    if not text:
-        return None
     try:
         return json.loads(text)
     except json.JSONDecodeError:
-        return text
+        raise AssertionError(f"admin {' '.join(args)} printed no JSON: {text!r}") from None
 
 
 def test_produce_then_consume_round_trip_with_keys_and_properties(urls, tmp_path):
@@ -148,6 +146,57 @@ def test_produce_fails_loudly_without_a_broker():
     assert "magnetar produce:" in result.stderr.decode()
 
 
+def test_client_failures_end_with_the_brokers_reason_and_a_catalogue_code(urls):
+    """Proves the last stderr line of a failed produce or consume names the broker's own
+    reason (not only the official client's result) and a catalogue code, and stdout
+    stays empty: a subscription held Shared refuses an Exclusive consumer (the broker's
+    "is Shared, not Exclusive"); a topic of a tenant that does not exist (the broker's
+    "namespace ... does not exist"); a topic name with a space (refused by the broker's
+    name check, naming the character); an unreachable broker."""
+    service_url, _ = urls
+    topic = unique("held")
+    client = pulsar.Client(service_url, operation_timeout_seconds=30)
+    try:
+        client.subscribe(topic, "billing", consumer_type=pulsar.ConsumerType.Shared)    # held Shared
+        exclusive = magnetar("consume", "--service-url", service_url, topic, "-s", "billing", "-t", "exclusive",
+                             "--timeout-s", "2", "--operation-timeout-s", "10")
+    finally:
+        client.close()
+    last = exclusive.stderr.decode().strip().splitlines()[-1]
+    assert exclusive.returncode == 1, exclusive.stderr.decode()
+    assert exclusive.stdout.decode().strip() == ""
+    assert last.startswith(f"magnetar consume: subscribing to {topic}: subscription billing is Shared, "
+                           "not Exclusive"), last
+    assert last.endswith("[NotAllowed, code 4006]"), last
+
+    missing = magnetar("produce", "--service-url", service_url, "no-such-tenant/ns/t", "-m", "x",
+                       "--operation-timeout-s", "5")
+    last = missing.stderr.decode().strip().splitlines()[-1]
+    assert missing.returncode == 1 and missing.stdout.decode().strip() == ""
+    assert "namespace no-such-tenant/ns does not exist" in last and last.endswith("[TopicNotFound, code 4001]"), last
+
+    spaced = magnetar("produce", "--service-url", service_url, "my topic", "-m", "x", "--operation-timeout-s", "5")
+    last = spaced.stderr.decode().strip().splitlines()[-1]
+    assert spaced.returncode == 1
+    assert "may not hold whitespace" in last and last.endswith("[InvalidArgument, code 1002]"), last
+
+    nowhere = magnetar("consume", "--service-url", "pulsar://127.0.0.1:1", "t", "-s", "s",
+                       "--operation-timeout-s", "2", "--timeout-s", "2")
+    last = nowhere.stderr.decode().strip().splitlines()[-1]
+    assert nowhere.returncode == 1 and last.startswith("magnetar consume: subscribing to t:"), last
+    assert last.endswith("[ServiceNotReady, code 5003]") or last.endswith("[OperationTimeout, code 5002]"), last
+
+
+def test_shell_failures_end_with_the_reason_and_a_catalogue_code():
+    """Proves `magnetar shell` ends a failure the same way: its JSON on stdout, then on
+    stderr one line with the reason and the catalogue tag (etcd unreachable here)."""
+    result = magnetar("--log-level", "error", "shell", "--metadata", "etcd://127.0.0.1:1", "listbookies")
+    assert result.returncode == 1
+    assert json.loads(result.stdout.decode().strip().splitlines()[-1])["error_code"] == 3001
+    last = result.stderr.decode().strip().splitlines()[-1]
+    assert last.startswith("magnetar shell: listbookies: ") and last.endswith("[MetadataUnavailable, code 3001]"), last
+
+
 def test_perf_consume_and_paced_produce_report_sane_json(urls, tmp_path):
     """Proves the perf pair measures what it claims: a consumer subscribes first (it says
     so on stderr), a producer paced at 2,000 msgs/s sends 4,000 messages; the producer's
@@ -220,7 +269,7 @@ def test_admin_brokers_health_list_and_leader(urls):
     _, web_url = urls
     health = magnetar("admin", "--admin-url", web_url, "brokers", "health")
     assert health.returncode == 0, health.stderr.decode()
-    assert health.stdout.decode().strip() == "ok"
+    assert json.loads(health.stdout) == "ok"           # every action prints JSON, a text answer too
     host_port = web_url.removeprefix("http://")
     assert host_port in admin(web_url, "brokers", "list")
     assert admin(web_url, "brokers", "leader")["serviceUrl"] == web_url
@@ -235,7 +284,8 @@ def test_admin_tenant_and_namespace_policies(urls):
     _, web_url = urls
     tenant = unique("tenant")
     namespace = f"{tenant}/ns"
-    assert admin(web_url, "tenants", "create", tenant) is None
+    assert admin(web_url, "tenants", "create", tenant) == {
+        "ok": True, "action": "tenants create", "method": "PUT", "path": f"/admin/v2/tenants/{tenant}", "status": 204}
     assert tenant in admin(web_url, "tenants", "list")
     assert admin(web_url, "tenants", "get", tenant)["allowedClusters"] == admin(web_url, "clusters", "list")
     admin(web_url, "namespaces", "create", namespace)
@@ -368,16 +418,19 @@ def test_admin_errors_are_clear(urls):
     _, web_url = urls
     unreachable = magnetar("admin", "--admin-url", "http://127.0.0.1:1", "tenants", "list")
     assert unreachable.returncode == 1
-    assert "GET http://127.0.0.1:1/admin/v2/tenants: no response: cannot reach the server" in \
-        unreachable.stderr.decode()
+    last_line = unreachable.stderr.decode().strip().splitlines()[-1]
+    assert "GET http://127.0.0.1:1/admin/v2/tenants: no response: cannot reach the server" in last_line
+    assert last_line.endswith("[ServiceNotReady, code 5003]"), last_line
     missing = magnetar("admin", "--admin-url", web_url, "clusters", "get", "no-such-cluster")
     assert missing.returncode == 1
     assert missing.stderr.decode().strip() == (f"magnetar admin: GET {web_url}/admin/v2/clusters/no-such-cluster: "
-                                               "HTTP 404: cluster no-such-cluster does not exist")
+                                               "HTTP 404: cluster no-such-cluster does not exist "
+                                               "[NotFound, code 1006]")
     usage = magnetar("admin", "--admin-url", web_url, "namespaces", "set-persistence", "public/default",
                      "--ensemble", "1", "--write-quorum", "2", "--ack-quorum", "1")
     assert usage.returncode == 2
     assert "ensemble >= write-quorum >= ack-quorum" in usage.stderr.decode()
+    assert usage.stderr.decode().strip().endswith("[InvalidArgument, code 1002]")
 
 
 def test_admin_peek_and_get_message_by_id(urls):

@@ -40,6 +40,7 @@ from common.errors import (
     InvalidReceipt,
     LeaseExpired,
     LimitExceeded,
+    NotFound,
     ReceiptForeign,
     ReceiptForged,
     TooManyRequests,
@@ -119,6 +120,15 @@ async def test_bad_requests_get_clear_4xx_and_change_nothing(gateway, gw_cluster
     for method, suffix, body, status, code, words in cases:
         got_status, document, _ = await raw(gateway, method, f"{topic_url}{suffix}", body)
         assert_error(got_status, document, status, code, words)
+    # A path without its namespace, and a topic name with a space: a 404 naming the
+    # path's shape and a 400 naming the character (issue 39).
+    base = gateway.topic_url(path).split("/v1/", 1)[0]
+    status, document, _ = await raw(gateway, "POST", f"{base}/v1/topics/persistent/public/orders/message",
+                                    b'{"payload": "x"}')
+    assert_error(status, document, 404, NotFound.code, "/v1/topics/persistent/{tenant}/{namespace}/{topic}")
+    status, document, _ = await raw(gateway, "POST", f"{base}/v1/topics/persistent/public/default/my%20topic/message",
+                                    b'{"payload": "x"}')
+    assert_error(status, document, 400, INVALID, "may not hold whitespace")
     # What was accepted: three messages.
     await gateway.call("POST", f"{topic_url}/message", {"payload": "good-1"})
     await gateway.produce(path, [{"payload": "good-2"}, {"payload": "Z29vZC0z", "encoding": "base64"}])

@@ -229,6 +229,29 @@ async def test_without_deduplication_an_idempotent_produce_is_refused(cluster):
         assert status == 200 and _statuses(document) == ["stored"], document
 
 
+async def test_deduplication_turned_on_applies_to_the_very_next_request(cluster):
+    """A namespace without deduplication: an idempotent produce is refused (412; the
+    gateway has now seen the policy off). The policy turned on through the admin API:
+    the very next request, with no wait, is stored, and sent again is answered
+    duplicate (issue 39: it was refused for another 5-15 s, the gateway's and the
+    brokers' policy caches)."""
+    gateway = cluster.gateways[0].url
+    admin = cluster.brokers[0].web_service_url
+    namespace = f"public/late-{uuid.uuid4().hex[:6]}"
+    path = f"/v1/topics/persistent/{namespace}/orders"
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        status, _ = await _call(session, "PUT", f"{admin}/admin/v2/namespaces/{namespace}")
+        assert status in (200, 204)
+        status, document = await _call(session, "POST", f"{gateway}{path}/messages", _batch("late", range(3)))
+        assert status == 412, document
+        status, _ = await _call(session, "POST", f"{admin}/admin/v2/namespaces/{namespace}/deduplication", True)
+        assert status in (200, 204)
+        status, document = await _call(session, "POST", f"{gateway}{path}/messages", _batch("late", range(3)))
+        assert status == 200 and _statuses(document) == ["stored"] * 3, document
+        status, document = await _call(session, "POST", f"{gateway}{path}/messages", _batch("late", range(3)))
+        assert status == 200 and _statuses(document) == ["duplicate"] * 3, document
+
+
 async def test_a_gateway_killed_mid_request_then_a_retry_through_another_stores_each_once(cluster):
     """kill -9 of the gateway while it writes an idempotent request of 1,000 messages;
     the client sends the same request through the other gateway until it is answered

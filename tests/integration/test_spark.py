@@ -212,7 +212,9 @@ def test_include_unarchived_adds_the_tail_without_duplicates(spark_session, arch
     """A topic with archived ledgers and a tail the archiver has not reached (the open
     ledger): with includeUnarchived every produced message is one row, some from
     archive files and some through the broker (the reader's counters), none twice;
-    without it, only archived rows."""
+    the default (no includeUnarchived, no serviceUrl: the broker found through the
+    admin URL's lookup) reads the same whole topic; includeUnarchived=false only the
+    archived rows."""
     cluster, _topic, _sent = archived
     topic = f"persistent://public/default/spark-tail-{uuid.uuid4().hex[:8]}"
     holder = cluster.client.subscribe(topic, "holder", initial_position=pulsar.InitialPosition.Earliest)
@@ -238,7 +240,9 @@ def test_include_unarchived_adds_the_tail_without_duplicates(spark_session, arch
         archive_rows = sum(t["rows"] for t in metrics.collect(metrics_dir, "task"))
         assert tail_rows >= 3 and archive_rows > 0
         assert tail_rows + archive_rows == len(sent)
-        archived_only = read(spark_session, cluster, topic).count()
+        whole = [(r.ledger_id, r.entry_id, r.batch_index) for r in read(spark_session, cluster, topic).collect()]
+        assert sorted(whole) == sorted(ids)
+        archived_only = read(spark_session, cluster, topic, includeUnarchived="false").count()
         assert 0 < archived_only < len(sent)
     finally:
         holder.close()

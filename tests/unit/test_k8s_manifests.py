@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import tomllib
 import os
 import re
 import subprocess
@@ -502,6 +503,10 @@ def test_dockerfile_runs_the_cli():
     copied = set(re.findall(r"^COPY (\w+)/ \1/$", text, re.M))
     packages = {p.name for p in k8s.ROOT.iterdir() if (p / "__init__.py").exists() and p.name != "tests"}
     assert copied == packages
+    # The client tools work in the image: the official client comes with the `tools` extra.
+    assert re.search(r'pip install "\.\[tools\]"', text)
+    extras = tomllib.loads((k8s.ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(requirement.startswith("pulsar-client") for requirement in extras["tools"])
 
 
 # --- the secured overlays (k8s/components/security) -----------------------------------------

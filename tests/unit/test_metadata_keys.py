@@ -78,7 +78,7 @@ def test_negative_ledger_ids_are_a_programming_error():
 
 # Look-alike local names: prefixes of each other, '%' that looks like an encoding,
 # characters that mean something in URLs and key paths.
-LOOK_ALIKE_TOPICS = ["a", "a-b", "ab", "a b", "a%2Fb", "a%252Fb", "a.b", "a:b", "a?b", "a#b", "é", "a-partition-1"]
+LOOK_ALIKE_TOPICS = ["a", "a-b", "ab", "a+b", "a%2Fb", "a%252Fb", "a.b", "a:b", "a?b", "a#b", "é", "a-partition-1"]
 LOOK_ALIKE_SUBSCRIPTIONS = ["s", "s-2", "s/x", "s%2Fx", "s x", "", "/", "é", "..", "s/"]
 
 

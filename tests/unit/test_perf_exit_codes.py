@@ -64,13 +64,15 @@ def test_undrained_produce_exits_1(monkeypatch, capsys):
     code, _, err = _run(monkeypatch, capsys, ["perf", "produce", "t"], _produced(messages=90, drained=False))
     assert code == 1
     assert "10 sends neither acknowledged nor failed" in err
+    assert err.strip().endswith("[OperationTimeout, code 5002]"), err
 
 
 def test_errors_exit_1(monkeypatch, capsys):
     code, _, err = _run(monkeypatch, capsys, ["perf", "produce", "t"],
                         _produced(messages=97, errors=3, first_error="Timeout"))
     assert code == 1
-    assert "3 errors; first: Timeout" in err
+    assert "3 errors: first: Timeout" in err
+    assert err.strip().endswith("[OperationTimeout, code 5002]"), err     # the catalogue tag ends the line
 
 
 @pytest.mark.parametrize("received, expected", [(50, 0), (49, perf.EXIT_TIMED_OUT)])

@@ -26,13 +26,16 @@ def test_options_parse_and_name_the_bad_one():
     assert parsed.topics == ("persistent://public/default/clicks",)
     assert parsed.starting_position == (5, 10) and parsed.ending_position is None
     assert parsed.ending_timestamp_ms == 99
+    # The whole topic (archive and live tail) unless the reader asks for the archive only.
+    assert parsed.include_unarchived is True and parsed.service_url is None
+    assert parse_read_options({**ADMIN, "topic": "a", "includeUnarchived": "false"}).include_unarchived is False
     assert parse_read_options({**ADMIN, "topics": "a, b,a"}).topics == (
         "persistent://public/default/a", "persistent://public/default/b")
     for options, named in [({**ADMIN}, "topic"), ({**ADMIN, "topic": "a", "topics": "b"}, "topic"),
                            ({"topic": "a"}, "adminUrl"), ({**ADMIN, "topic": "a", "startingOffsets": "x"},
                                                           "startingOffsets"),
                            ({**ADMIN, "pattern": "a.*"}, "namespace"),
-                           ({**ADMIN, "topic": "a", "includeUnarchived": "true"}, "serviceUrl"),
+                           ({**ADMIN, "topic": "a", "serviceUrl": "http://x:8080"}, "serviceUrl"),
                            ({**ADMIN, "topic": "a", "rowsPerPartition": "0"}, "rowsPerPartition")]:
         with pytest.raises(ConfigError, match=named):
             parse_read_options(options)

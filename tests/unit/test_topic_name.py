@@ -29,8 +29,8 @@ from common.errors import InvalidArgument, MagnetarError
     ("persistent://public/default/t-partition-7", ("persistent", "public", "default", "t-partition-7")),
     # Pulsar's tenant/namespace alphabet: word characters and - = : .
     ("persistent://a-b_c=d:e.f/n.s-1/t", ("persistent", "a-b_c=d:e.f", "n.s-1", "t")),
-    # Local names are free-form apart from '/' and control characters.
-    ("persistent://t/ns/with space?and#hash%and:colon", ("persistent", "t", "ns", "with space?and#hash%and:colon")),
+    # Local names are free-form apart from '/', whitespace and control characters.
+    ("persistent://t/ns/with+plus?and#hash%and:colon", ("persistent", "t", "ns", "with+plus?and#hash%and:colon")),
     ("persistent://t/ns/ünïcödé", ("persistent", "t", "ns", "ünïcödé")),
 ])
 def test_names_parse_into_their_parts(text: str, expected: tuple[str, str, str, str]):
@@ -51,7 +51,7 @@ def test_short_forms_complete_to_the_full_name_and_compare_equal():
 
 @pytest.mark.parametrize("text", [
     "persistent://acme/orders/created",
-    "persistent://t/ns/with space?and#hash%and:colon",
+    "persistent://t/ns/with+plus?and#hash%and:colon",
     "persistent://t/ns/x-partition-12",
 ])
 def test_full_names_print_back_unchanged(text: str):
@@ -74,6 +74,10 @@ def test_full_names_print_back_unchanged(text: str):
     "persistent://public/def/ault/t",       # too many parts
     "persistent://public/default/t\x00",    # control characters in the local name
     "persistent://public/default/line\nbreak",
+    "persistent://public/default/my topic",  # whitespace in the local name (issue 39)
+    "my topic",
+    "persistent://public/default/tab\tbed",
+    "persistent://public/default/no\u00a0break",
     "persistent://pub*lic/default/t",       # '*' is not in the tenant alphabet
     "persistent://public/de%fault/t",       # nor '%'
 ])
@@ -188,7 +192,7 @@ def test_namespace_names(text: str, ok: bool):
 
 @pytest.mark.parametrize("local_name, encoded", [
     ("plain-name_1.2", "plain-name_1.2"),
-    ("with space", "with%20space"),
+    ("with+plus", "with%2Bplus"),
     ("a%b", "a%25b"),
     ("a%25b", "a%2525b"),
     ("q?x=1#f", "q%3Fx%3D1%23f"),
@@ -209,7 +213,7 @@ def test_key_path_encodes_the_local_name_as_one_segment(local_name: str, encoded
 def test_key_paths_are_injective():
     """Distinct topics never share a key path, even when one name looks like another's
     encoding."""
-    local_names = ["a", "a b", "a%20b", "a%2520b", "a+b", "A", "a-b", "a.b", "a%", "%", "%25", "é", "%C3%A9"]
+    local_names = ["a", "a=b", "a%20b", "a%2520b", "a+b", "A", "a-b", "a.b", "a%", "%", "%25", "é", "%C3%A9"]
     names = [TopicName.from_parts("t", "ns", n) for n in local_names]
     names += [TopicName.from_parts("t", "ns2", "a"), TopicName.from_parts("t2", "ns", "a")]
     assert len({n.key_path for n in names}) == len(names)
