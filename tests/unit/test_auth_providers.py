@@ -143,6 +143,37 @@ async def test_authenticator_with_three_providers(tmp_path):
         await only_basic.authenticate_http(None, _certificate("cert-role"))
 
 
+async def test_the_none_method_is_anonymous_when_an_anonymous_role_is_set(tmp_path):
+    """The official clients configured without authentication send the method name
+    ``none`` (AuthenticationDisabled): like no method at all (and an HTTP request with no
+    Authorization header), it gets the anonymous role when one is set, and is refused,
+    naming the providers to use, when not. Other unknown methods stay refused."""
+    key = create_secret_key()
+    key_path = tmp_path / "secret.key"
+    key_path.write_bytes(key)
+    settings = dict(authentication_enabled=True, authentication_providers="token,tls",
+                    token_secret_key=f"file://{key_path}")
+    with_anonymous = Authenticator(AuthConfig(**settings, anonymous_role="anonymous"))
+    for method, data in (("none", None), ("none", b""), ("", None), ("", b"")):
+        identity = await with_anonymous.authenticate(method, data)
+        assert (identity.role, identity.method, identity.expires_at_s) == ("anonymous", "", None)
+    assert (await with_anonymous.authenticate_http(None)).role == "anonymous"
+    # Real credentials still name their own role, and a bad token is not anonymous.
+    token = TokenSigner.with_secret_key(key).create("token-role")
+    assert (await with_anonymous.authenticate("token", token)).role == "token-role"
+    assert (await with_anonymous.authenticate_http(f"Bearer {token}")).role == "token-role"
+    with pytest.raises(AuthenticationFailed):
+        await with_anonymous.authenticate("token", b"not-a-token")
+    with pytest.raises(AuthenticationFailed, match="unsupported.*'kerberos'"):
+        await with_anonymous.authenticate("kerberos", b"x")
+    without = Authenticator(AuthConfig(**settings))
+    for method in ("none", ""):
+        with pytest.raises(AuthenticationFailed, match="no credentials.*no anonymous role.*tls, token"):
+            await without.authenticate(method, None)
+    with pytest.raises(AuthenticationFailed, match="no anonymous role"):
+        await without.authenticate_http(None)
+
+
 def test_config_refuses_incomplete_provider_settings(tmp_path):
     with pytest.raises(ConfigError, match="unknown"):
         AuthConfig(authentication_enabled=True, authentication_providers="token,kerberos", token_secret_key="k")
