@@ -609,6 +609,8 @@ class ServerConnection(asyncio.Protocol):
         except MagnetarError as error:
             self._write_error(request.request_id, error)
             return
+        if request.mode == pb.CommandGetTopicsOfNamespace.NON_PERSISTENT:
+            topics = []   # only persistent topics exist here (common/topic_name.py)
         result = topic_list.answer(topics, request.topics_pattern if request.HasField("topics_pattern") else None,
                                    request.topics_hash if request.HasField("topics_hash") else None)
         self.write_command(commands.topics_of_namespace_response(
