@@ -952,6 +952,46 @@ def test_json_schema_evolution_under_backward(pulsar_cluster, client):
         closable.close()
 
 
+def _paint_class(symbols: list[str]):
+    """A record class ``Paint`` whose ``color`` is an Avro enum ``Color`` of ``symbols``
+    (each version a class of its own, with the same Avro names)."""
+    from enum import Enum
+
+    from pulsar.schema import CustomEnum
+
+    color = Enum("Color", symbols)
+    return type("Paint", (Record,), {"name": String(), "color": CustomEnum(color)}), color
+
+
+def test_avro_enum_evolution_is_checked_by_avro_rules(pulsar_cluster, client):
+    """Under BACKWARD, with the official client's AvroSchema: a version whose enum gains
+    a symbol is registered (its readers know every old symbol), one that loses a symbol
+    is refused with IncompatibleSchema (old data may hold it) for a producer and by the
+    admin compatibility check; the typed value still reads back."""
+    from pulsar.schema import AvroSchema
+
+    namespace = _schema_namespace(pulsar_cluster, "BACKWARD")
+    local = unique("paints")
+    topic = f"persistent://public/{namespace}/{local}"
+    path = f"/admin/v2/schemas/public/{namespace}/{local}"
+    (v1, color_v1), (more, _), (fewer, _) = (_paint_class(["red", "green"]), _paint_class(["red", "green", "blue"]),
+                                             _paint_class(["red"]))
+    consumer = client.subscribe(topic, "sub", schema=AvroSchema(v1))
+    producer = client.create_producer(topic, schema=AvroSchema(v1))
+    producer.send(v1(name="wall", color=color_v1.green))
+    evolved = client.create_producer(topic, schema=AvroSchema(more))
+    assert [v["version"] for v in _admin(pulsar_cluster, "GET", f"{path}/schemas")["getSchemaResponses"]] == [0, 1]
+    with pytest.raises(pulsar.IncompatibleSchema):
+        client.create_producer(topic, schema=AvroSchema(fewer))
+    check = _admin(pulsar_cluster, "POST", f"{path}/compatibility",
+                   {"type": "AVRO", "schema": AvroSchema(fewer).schema_info().schema(), "properties": {}})
+    assert check == {"isCompatible": False, "schemaCompatibilityStrategy": "BACKWARD"}
+    value = consumer.receive(timeout_millis=RECEIVE_TIMEOUT_MS).value()
+    assert (value.name, value.color.name) == ("wall", "green")
+    for closable in (consumer, producer, evolved):
+        closable.close()
+
+
 def _protobuf_order_class(fields: list[tuple[str, int, int]]):
     """A protobuf message class demo.Order with the given (name, number, type) optional
     fields, built at run time in a pool of its own (each version has the same name)."""
