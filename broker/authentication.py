@@ -82,7 +82,7 @@ class AuthConfig:
     # token provider on.
     token_secret_key: str = ""
     token_public_key: str = ""
-    # The basic provider's users: an htpasswd file (bcrypt, $apr1$ or {SHA} hashes) as a
+    # The basic provider's users: an htpasswd file (bcrypt hashes, htpasswd -B) as a
     # path, file:///path or data:;base64,... (Pulsar's basicAuthConf). Needed with basic on.
     basic_auth_file: str = ""
     # The role of a client that presents no credentials ("": such clients are refused).

@@ -133,7 +133,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "signs the superuser token with it; brokers get only the public key")
     parser.add_argument("--token-public-key", default=None, help="with --auth and --token-private-key")
     parser.add_argument("--basic-auth-file", default=None,
-                        help="with --auth: an htpasswd file (bcrypt, $apr1$ or {SHA} hashes): brokers and the "
+                        help="with --auth: an htpasswd file (bcrypt hashes, htpasswd -B): brokers and the "
                              "gateway accept its users (basic authentication) beside tokens")
     parser.add_argument("--superuser-roles", default="",
                         help="with --auth: more comma-separated superuser roles beside --superuser-role (e.g. "
