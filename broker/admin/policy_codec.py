@@ -78,6 +78,17 @@ def compaction_threshold_of(doc: object) -> int:
     return integer(doc, "compaction threshold in bytes", minimum=0, maximum=2**63 - 1)
 
 
+# A per-topic producer or consumer limit: Pulsar takes any int; the broker's own bound
+# (producers_per_topic_max / consumers_per_topic_max, at most 1,000,000) caps what is
+# enforced anyway.
+CLIENTS_PER_TOPIC_MAX = 1_000_000
+
+
+def clients_per_topic_of(doc: object) -> int:
+    """maxProducers / maxConsumers (per topic): 0 leaves the next level's limit in force."""
+    return integer(doc, "the limit per topic", minimum=0, maximum=CLIENTS_PER_TOPIC_MAX)
+
+
 def message_ttl_of(doc: object) -> int:
     return integer(doc, "message TTL in seconds", minimum=0, maximum=INT32_MAX)
 
