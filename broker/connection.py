@@ -84,6 +84,7 @@ from common.errors import (
     AuthenticationFailed,
     ChecksumError,
     ConsumerBusy,
+    EncryptionRequired,
     ProducerBusy,
     InvalidArgument,
     MagnetarError,
@@ -719,9 +720,12 @@ class ServerConnection(asyncio.Protocol):
             topic_name = TopicName.parse(request.topic)
             await self.service.authorizer.check(self.role, topic_name, PRODUCE)
             topic = await self.service.get_topic(topic_name, create=True)
-            producers_max = topic_policies.limit(
-                (await self.service.resources.effective_policies(topic.name)).max_producers_per_topic,
-                self.config.producers_per_topic_max)
+            policies = await self.service.resources.effective_policies(topic.name)
+            if policies.encryption_required and not request.encrypted:
+                raise EncryptionRequired(f"encryption is required in {topic.name.namespace_name}: "
+                                         "the producer must encrypt its messages")
+            producers_max = topic_policies.limit(policies.max_producers_per_topic,
+                                                 self.config.producers_per_topic_max)
             if len(topic.producers) >= producers_max:
                 raise ProducerBusy(f"topic {topic.full_name} has {len(topic.producers)} producers, the most allowed "
                                    f"({producers_max}: maxProducers, else the namespace's, else "

@@ -140,6 +140,9 @@ class NamespacePolicies:
     # consumers_per_topic_max, which also bound any value set here.
     max_producers_per_topic: int | None = None
     max_consumers_per_topic: int | None = None
+    # Producers must encrypt their messages (Pulsar's encryption_required): a PRODUCER
+    # that does not announce encryption is refused.
+    encryption_required: bool | None = None
 
     def encode(self) -> bytes:
         return json_record.encode(self)

@@ -68,6 +68,7 @@ _SIMPLE_POLICIES: dict[str, tuple[str, Callable[[object], object]]] = {
     # Overridden per topic by .../{topic}/maxProducers and maxConsumers (broker/admin/topic_policies.py).
     "maxProducersPerTopic": ("max_producers_per_topic", policy_codec.clients_per_topic_of),
     "maxConsumersPerTopic": ("max_consumers_per_topic", policy_codec.clients_per_topic_of),
+    "encryptionRequired": ("encryption_required", policy_codec.encryption_required_of),
 }
 
 

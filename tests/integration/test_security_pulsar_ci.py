@@ -14,8 +14,12 @@ role is granted, AuthorizationError on ``private/auth`` where it is not; the cli
 ``https://`` (its lookups over HTTPS) with its certificate produces and consumes; a wrong
 password is an AuthenticationError. The admin REST over HTTPS answers each provider as
 its role (certificate: 200 where its CN is tenant admin, 403 on superuser paths; token
-and basic superusers: 200; no credentials: 403 as anonymous, not 401; a wrong password:
-401).
+and basic superusers: 200; no credentials: anonymous, 200 on ``public`` which it
+administers — a partitioned topic made and read back — and 403 elsewhere, never 401; a
+wrong password: 401). ``public/default-4`` (created with its grant and
+``encryption_required`` in the body) refuses a plain producer with MetadataError (the
+client retries it until its operation timeout, as against Pulsar) and
+takes an encrypting one, whose message a consumer with the key reads.
 """
 
 from __future__ import annotations
@@ -36,11 +40,13 @@ import pytest
 
 from common.tokens import TokenSigner, create_secret_key
 from tests.cluster import free_port, python_command, unique
+from tests.raw_pulsar import RawConnection
 from tests.tls_certs import make_pki
 
 BASIC_PASSWORD = "123456"   # Pulsar's CI user 'admin' has this password too; a test value
 CERT_ROLE = "ci-client"     # the CN make_pki gives the client certificate of CA "ci"
 SUPERUSERS = "localhost,superUser,admin"
+TOKEN_ROLE = "token-principal"   # the CI's token subject, granted on private/auth only
 
 
 @pytest.fixture(scope="module")
@@ -128,17 +134,29 @@ def _https(setup: dict, method: str, path: str, *, token: str | None = None, bas
 
 
 def _ci_tenants(setup: dict) -> None:
-    """What the CI puts in before its tests, through the admin REST over HTTPS as the
-    token superuser: tenant ``private`` (its admin: the certificate's role) with
-    namespace ``private/auth``, and the anonymous role's grant on ``public/default``."""
+    """What the CI puts in before its tests (its setup script), through the admin REST
+    over HTTPS as the token superuser: tenant ``public`` administered by ``anonymous``,
+    ``public/default`` granted to ``anonymous``; ``public/default-4`` created with its
+    grant and ``encryption_required`` in the creation body (the JSON form of the CI's
+    setup); tenant ``private`` with ``private/auth`` granted to the token role
+    ``token-principal`` — and, beyond the CI's, to the client certificate's role, which
+    also administers ``private`` here (so its admin calls have something to be allowed)."""
     superuser = setup["superuser"]
+    assert _https(setup, "POST", "/admin/v2/tenants/public", token=superuser,
+                  body={"adminRoles": ["anonymous"], "allowedClusters": ["standalone"]})[0] == 204
+    assert _https(setup, "POST", "/admin/v2/namespaces/public/default/permissions/anonymous", token=superuser,
+                  body=["produce", "consume"])[0] == 204
+    assert _https(setup, "PUT", "/admin/v2/namespaces/public/default-4", token=superuser, body={
+        "auth_policies": {"namespace_auth": {"anonymous": ["produce", "consume"]}},
+        "encryption_required": True, "replication_clusters": ["standalone"]})[0] == 204
+    assert _https(setup, "GET", "/admin/v2/namespaces/public/default-4/encryptionRequired",
+                  token=superuser) == (200, True)
     assert _https(setup, "PUT", "/admin/v2/tenants/private", token=superuser,
                   body={"adminRoles": [CERT_ROLE], "allowedClusters": ["standalone"]})[0] == 204
     assert _https(setup, "PUT", "/admin/v2/namespaces/private/auth", token=superuser)[0] == 204
-    assert _https(setup, "POST", "/admin/v2/namespaces/private/auth/permissions/" + CERT_ROLE, token=superuser,
-                  body=["produce", "consume"])[0] == 204
-    assert _https(setup, "POST", "/admin/v2/namespaces/public/default/permissions/anonymous", token=superuser,
-                  body=["produce", "consume"])[0] == 204
+    for role in (TOKEN_ROLE, CERT_ROLE):
+        assert _https(setup, "POST", f"/admin/v2/namespaces/private/auth/permissions/{role}", token=superuser,
+                      body=["produce", "consume"])[0] == 204
 
 
 def _client(setup: dict, authentication, service_url: str | None = None) -> pulsar.Client:
@@ -157,12 +175,14 @@ def _round_trip(client: pulsar.Client, topic: str, payload: bytes) -> None:
 
 
 def test_each_provider_over_pulsar_ssl(ci_standalone):
-    """tls (certificate), token and basic each produce and consume as their role on
-    private/auth, over pulsar+ssl:// and, with the certificate, over https:// lookups."""
+    """tls (certificate), token (token-principal) and basic (the superuser admin) each
+    produce and consume as their role on private/auth, over pulsar+ssl:// and, with the
+    certificate, over https:// lookups; the token role, granted nothing on
+    public/default-4, is refused there."""
     pki = ci_standalone["pki"]
     providers = {
         "tls": pulsar.AuthenticationTLS(pki.client_cert_file, pki.client_key_file),
-        "token": pulsar.AuthenticationToken(ci_standalone["superuser"]),
+        "token": pulsar.AuthenticationToken(ci_standalone["signer"].create(TOKEN_ROLE)),
         "basic": pulsar.AuthenticationBasic("admin", BASIC_PASSWORD),
     }
     for name, authentication in providers.items():
@@ -175,6 +195,12 @@ def test_each_provider_over_pulsar_ssl(ci_standalone):
                      service_url=ci_standalone["ready"]["admin_url_tls"])
     try:
         _round_trip(client, f"persistent://private/auth/{unique('ci-https-lookup')}", b"via https lookups")
+    finally:
+        client.close()
+    client = _client(ci_standalone, pulsar.AuthenticationToken(ci_standalone["signer"].create(TOKEN_ROLE)))
+    try:
+        with pytest.raises(pulsar.AuthorizationError):
+            client.create_producer(f"persistent://public/default-4/{unique('ci-token')}")
     finally:
         client.close()
     client = _client(ci_standalone, pulsar.AuthenticationBasic("admin", "wrong"))
@@ -199,6 +225,56 @@ def test_no_authentication_is_the_anonymous_role_over_pulsar_ssl(ci_standalone):
         client.close()
 
 
+def _rsa_key_files(directory) -> tuple[str, str]:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    public_path, private_path = str(directory / "rsa-public.pem"), str(directory / "rsa-private.pem")
+    with open(public_path, "wb") as handle:
+        handle.write(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                   serialization.PublicFormat.SubjectPublicKeyInfo))
+    with open(private_path, "wb") as handle:
+        handle.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
+                                       serialization.NoEncryption()))
+    return public_path, private_path
+
+
+def test_encryption_required_refuses_a_plain_producer(ci_standalone, tmp_path):
+    """public/default-4 requires encryption: the anonymous client's plain producer is
+    refused (MetadataError, as Pulsar answers, which the client retries until its
+    operation timeout),
+    one encrypting with an RSA key reader produces, and a consumer with the private key
+    reads the message back."""
+    topic = f"persistent://public/default-4/{unique('ci-encrypted')}"
+    impatient = pulsar.Client(ci_standalone["ready"]["service_url_tls"],
+                              tls_trust_certs_file_path=ci_standalone["pki"].ca_file, operation_timeout_seconds=3)
+    try:
+        # The client retries a MetadataError until its operation timeout (so it does
+        # against Pulsar, which answers the same).
+        with pytest.raises(pulsar.Timeout):
+            impatient.create_producer(topic)
+    finally:
+        impatient.close()
+    raw = RawConnection(ci_standalone["ready"]["service_url"])   # plain port, no credentials: anonymous
+    try:
+        raw.send(raw.pb.CommandProducer(topic=topic, producer_id=1, request_id=1))
+        answer = raw.next_command()
+        assert answer.error.error == raw.pb.MetadataError and "encryption is required" in answer.error.message, \
+            answer
+    finally:
+        raw.close()
+    client = _client(ci_standalone, None)
+    try:
+        keys = pulsar.CryptoKeyReader(*_rsa_key_files(tmp_path))
+        consumer = client.subscribe(topic, "enc-sub", crypto_key_reader=keys,
+                                    initial_position=pulsar.InitialPosition.Earliest)
+        client.create_producer(topic, encryption_key="ci-key", crypto_key_reader=keys).send(b"sealed")
+        assert consumer.receive(timeout_millis=10_000).data() == b"sealed"
+    finally:
+        client.close()
+
+
 def test_admin_rest_over_https_with_each_provider(ci_standalone):
     """Each provider over HTTPS is its role: the certificate administers ``private``
     (its tenant) but not the cluster; the token and basic superusers list tenants; no
@@ -211,6 +287,12 @@ def test_admin_rest_over_https_with_each_provider(ci_standalone):
         assert status == 200 and {"public", "private"} <= set(tenants), (credentials.keys(), status, tenants)
     assert _https(ci_standalone, "GET", "/admin/v2/tenants")[0] == 403
     assert _https(ci_standalone, "GET", "/admin/v2/namespaces/private")[0] == 403
+    # Anonymous administers public (as the CI sets it up): the suites' own admin calls
+    # without credentials, such as making a partitioned topic, are allowed there.
+    parted = unique("ci-parted")
+    assert _https(ci_standalone, "PUT", f"/admin/v2/persistent/public/default/{parted}/partitions", body=3)[0] == 204
+    assert _https(ci_standalone, "GET", f"/admin/v2/persistent/public/default/{parted}/partitions") == \
+        (200, {"partitions": 3})
     assert _https(ci_standalone, "GET", "/admin/v2/tenants", basic=("admin", "wrong"))[0] == 401
     # A token of a role that is no superuser is authenticated, then refused.
     assert _https(ci_standalone, "GET", "/admin/v2/tenants",

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
 import urllib.error
@@ -34,6 +33,7 @@ import pytest
 
 from metadata import keys, open_store
 from tests.cluster import Cluster, unique
+from tests.raw_pulsar import RawConnection
 
 POLICY_CHECK_INTERVAL_S = 0.5
 
@@ -200,41 +200,6 @@ def test_topic_message_ttl_expires_only_that_topics_backlog(policy_cluster, poli
     assert _backlog(cluster, kept_path) == 3
 
 
-class _RawConnection:
-    """A bare Pulsar-protocol connection through our own codec: to see the ServerError a
-    request is answered with (the official client retries ServiceNotReady inside)."""
-
-    def __init__(self, service_url: str) -> None:
-        from protocol.codec import CommandDecoder, NEED_DATA, encode_command, wrap
-        from protocol.proto import pulsar_api_pb2 as pb
-
-        self.pb, self._encode, self._wrap, self._need_data = pb, encode_command, wrap, NEED_DATA
-        self._decoder = CommandDecoder(frame_bytes_max=5 * 1024 * 1024 + 10 * 1024)
-        host, port = service_url.removeprefix("pulsar://").rsplit(":", 1)
-        self._socket = socket.create_connection((host, int(port)), timeout=15)
-        self.send(pb.CommandConnect(client_version="raw-policies", protocol_version=20))
-        assert self.next_command().type == pb.BaseCommand.CONNECTED
-
-    def send(self, body) -> None:
-        self._socket.sendall(self._encode(self._wrap(body)))
-
-    def next_command(self):
-        while True:
-            frame = self._decoder.next_command()
-            if frame is self._need_data:
-                chunk = self._socket.recv(65536)
-                assert chunk, "the broker closed the connection"
-                self._decoder.feed(chunk)
-                continue
-            if frame.command.type == self.pb.BaseCommand.PING:
-                self.send(self.pb.CommandPong())
-                continue
-            return frame.command
-
-    def close(self) -> None:
-        self._socket.close()
-
-
 async def _write_raw(cluster, key: str, value: bytes) -> None:
     store = open_store(cluster.metadata_url)
     try:
@@ -257,7 +222,7 @@ def test_unreadable_topic_policies_refuse_the_topic_until_written_again(policy_c
     local = topic.rsplit("/", 1)[1]
     asyncio.run(_write_raw(cluster, keys.topic_policies(f"persistent/{namespace}/{local}"), b"{garbage"))
 
-    raw = _RawConnection(cluster.brokers[0].service_url)
+    raw = RawConnection(cluster.brokers[0].service_url)
     try:
         pb = raw.pb
         raw.send(pb.CommandProducer(topic=topic, producer_id=1, request_id=1))
