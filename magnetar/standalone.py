@@ -490,6 +490,12 @@ class Standalone:
             print(f"Authentication is on. Superuser role {self.args.superuser_role!r}, token (also in "
                   f"{token_path}):\n  {token}\nClients: pulsar.AuthenticationToken(token); tools: "
                   f"--token-file {token_path}; HTTP: Authorization: Bearer <token>.", flush=True)
+            print(f"Providers: {', '.join(self.broker_providers())}; clients without credentials: "
+                  + (f"role {self.args.anonymous_role!r} (its grants apply)." if self.args.anonymous_role
+                     else "refused (no --anonymous-role)."), flush=True)
+        if tls_urls:
+            print(f"TLS: {tls_urls['service_url_tls']} and {tls_urls['admin_url_tls']} (beside the plain ports); "
+                  f"clients trust {self.args.tls_trust_certs_file or 'the CA of --tls-cert-file'}.", flush=True)
         print(f"Magnetar standalone is up: {service_url} (Pulsar clients), {admin_url} (admin REST), "
               f"{gateway_url} (HTTP gateway). Try:\n"
               f"  magnetar produce --service-url {service_url} my-topic -m hello\n"
