@@ -203,6 +203,9 @@ class TopicPolicies:
     compaction_threshold: int | None = None
     max_producers_per_topic: int | None = None
     max_consumers_per_topic: int | None = None
+    schema_compatibility_strategy: str | None = None
+    # Ensemble and quorums of the topic's new ledgers (read at the topic's next load).
+    persistence: dict | None = None
 
     def encode(self) -> bytes:
         return json_record.encode(self)

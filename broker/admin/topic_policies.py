@@ -15,6 +15,9 @@ says how they are stored and resolved):
     GET/POST/DELETE .../{topic}/maxConsumers             body N
     GET/POST/DELETE .../{topic}/deduplicationEnabled     body true|false
     GET/POST/DELETE .../{topic}/compactionThreshold      body bytes
+    GET/POST|PUT/DELETE .../{topic}/schemaCompatibilityStrategy  body "BACKWARD", ...
+    GET/POST/DELETE .../{topic}/persistence              body PersistencePolicies (the
+                                                         topic's ledgers from its next load)
 
 A GET answers the topic's own value (``null`` when it has none); with
 ``?applied=true`` the value in force: the topic's, else the namespace's, else the
@@ -35,6 +38,7 @@ from aiohttp import web
 
 from broker.admin import policy_codec, topic_access
 from broker.admin.common import flag, json_body, no_content, topic_of
+from broker.schema_compatibility import DEFAULT_STRATEGY
 from broker.service import BrokerService
 from broker.topic_policies import limit
 from common.errors import InvalidArgument, TopicNotFound
@@ -51,6 +55,8 @@ _SIMPLE: dict[str, tuple[str, Callable[[object], object]]] = {
     "maxConsumers": ("max_consumers_per_topic", policy_codec.clients_per_topic_of),
     "deduplicationEnabled": ("deduplicationEnabled", policy_codec.deduplication_of),
     "compactionThreshold": ("compaction_threshold", policy_codec.compaction_threshold_of),
+    "schemaCompatibilityStrategy": ("schema_compatibility_strategy", policy_codec.schema_compatibility_strategy_of),
+    "persistence": ("persistence", policy_codec.persistence_of),
 }
 
 
@@ -65,8 +71,13 @@ def _applied(service: BrokerService, attribute: str, effective: NamespacePolicie
         return limit(value, config.consumers_per_topic_max)
     if value is not None:
         return value
+    base = config.managed_ledger
     defaults = {"retention_policies": {"retentionTimeInMinutes": 0, "retentionSizeInMB": 0},
-                "message_ttl_in_seconds": 0, "deduplicationEnabled": False, "compaction_threshold": 0}
+                "message_ttl_in_seconds": 0, "deduplicationEnabled": False, "compaction_threshold": 0,
+                "schema_compatibility_strategy": DEFAULT_STRATEGY,
+                "persistence": {"bookkeeperEnsemble": base.ensemble_size, "bookkeeperWriteQuorum":
+                                base.write_quorum_size, "bookkeeperAckQuorum": base.ack_quorum_size,
+                                "managedLedgerMaxMarkDeleteRate": 0.0}}
     return defaults.get(attribute)
 
 
@@ -114,6 +125,8 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
         route = f"/admin/v2/persistent/{{tenant}}/{{namespace}}/{{topic}}/{path}"
         app.router.add_get(route, get_policy)
         app.router.add_post(route, set_policy)
+        if path == "schemaCompatibilityStrategy":
+            app.router.add_put(route, set_policy)      # Pulsar's verb for this one
         app.router.add_delete(route, remove_policy)
 
     async def get_backlog_quotas(request: web.Request) -> web.Response:

@@ -12,7 +12,9 @@ overridden by a topic's ``maxProducers`` of 1 refuses the second producer with
 ProducerBusy, and removing the topic's lets it in; ``maxConsumers`` refuses a second
 Shared consumer with ConsumerBusy; a topic ``messageTTL`` of 1 s expires that topic's
 backlog while a sibling topic under the namespace (no TTL) keeps its own; a partitioned
-topic's policy holds on its partitions. And the failure rule: with the topic's policy
+topic's policy holds on its partitions; a topic's ``schemaCompatibilityStrategy``
+(ALWAYS_INCOMPATIBLE) refuses with IncompatibleSchema the evolution its namespace's
+BACKWARD lets a sibling topic make; ``persistence`` reads back. And the failure rule: with the topic's policy
 record unreadable in etcd, the broker refuses to serve the topic — PRODUCER answered
 ServiceNotReady (retriable) on the wire, the applied GET 503 — and an official client
 that keeps retrying gets in once an operator writes the policy again, under that policy
@@ -257,3 +259,36 @@ def test_unreadable_topic_policies_refuse_the_topic_until_written_again(policy_c
     finally:
         creator.join(timeout=40)
         retrying.close()
+
+
+def test_topic_schema_strategy_overrides_the_namespaces(policy_cluster, policy_client):
+    """A topic's schemaCompatibilityStrategy (PUT, as Pulsar) of ALWAYS_INCOMPATIBLE
+    refuses a second schema that the namespace's BACKWARD accepts on a sibling topic
+    (a dropped field); removed, the namespace's applies to it again. Persistence reads
+    back, and a bad one is refused."""
+    from pulsar.schema import Integer, JsonSchema, Record, String
+
+    cluster, client = policy_cluster, policy_client
+    first = type("Item", (Record,), {"name": String(), "qty": Integer()})
+    evolved = type("Item", (Record,), {"name": String()})
+    namespace = _namespace(cluster)
+    assert http(cluster, "PUT", f"/admin/v2/namespaces/{namespace}/schemaCompatibilityStrategy", "BACKWARD")[0] == 204
+    strict, strict_path = _topic(cluster, namespace)
+    sibling, _ = _topic(cluster, namespace)
+    assert http(cluster, "PUT", f"{strict_path}/schemaCompatibilityStrategy", "ALWAYS_INCOMPATIBLE")[0] == 204
+    assert ok(cluster, "GET", f"{strict_path}/schemaCompatibilityStrategy") == "ALWAYS_INCOMPATIBLE"
+    for name in (strict, sibling):
+        client.create_producer(name, schema=JsonSchema(first)).close()
+    client.create_producer(sibling, schema=JsonSchema(evolved)).close()       # BACKWARD: a dropped field
+    with pytest.raises(pulsar.IncompatibleSchema):
+        client.create_producer(strict, schema=JsonSchema(evolved))
+    ok(cluster, "DELETE", f"{strict_path}/schemaCompatibilityStrategy")
+    assert ok(cluster, "GET", f"{strict_path}/schemaCompatibilityStrategy?applied=true") == "BACKWARD"
+    client.create_producer(strict, schema=JsonSchema(evolved)).close()
+
+    persistence = {"bookkeeperEnsemble": 1, "bookkeeperWriteQuorum": 1, "bookkeeperAckQuorum": 1,
+                   "managedLedgerMaxMarkDeleteRate": 0.0}
+    ok(cluster, "POST", f"{strict_path}/persistence", persistence)
+    assert ok(cluster, "GET", f"{strict_path}/persistence?applied=true") == persistence
+    assert http(cluster, "POST", f"{strict_path}/persistence", {"bookkeeperEnsemble": 1,
+                                                              "bookkeeperWriteQuorum": 2})[0] == 400
