@@ -117,3 +117,12 @@ async def test_deleting_a_partitioned_topic_or_namespace_drops_its_policies(reso
     await resources.topic_policies.update(lone, lambda p: setattr(p, "compaction_threshold", 100))
     await resources.delete_namespace(NamespaceName("t", "ns"))
     assert await resources.store.get_prefix(keys.TOPIC_POLICIES) == []
+
+
+def test_every_topic_policy_is_a_namespace_policy_of_the_same_name():
+    """overlay sets NamespacePolicies fields by TopicPolicies' names: a topic field
+    without a namespace twin would be laid over nothing."""
+    from dataclasses import fields
+
+    namespace_fields = {f.name for f in fields(NamespacePolicies)}
+    assert {f.name for f in fields(TopicPolicies)} <= namespace_fields
