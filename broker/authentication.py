@@ -12,7 +12,11 @@ checked by the provider named by its auth method, and only those listed in
 
 An HTTP request with no Authorization header but a verified client certificate is a
 ``tls`` one when that provider is on. A client that presents nothing gets the anonymous
-role if one is configured, and is refused otherwise.
+role if one is configured (Pulsar's ``anonymousUserRole``), and is refused otherwise.
+"Nothing" is what the official clients send when configured without authentication:
+the method name ``none`` (their ``AuthenticationDisabled``), or no method at all (older
+clients, our own); on HTTP, a request without an Authorization header (and without a
+client certificate the tls provider accepts).
 
 Tokens are checked against a secret key (HS256) or a public key (RS256), read from the
 key value given (``file:///path`` or ``data:;base64,...``). A key file is read again
@@ -45,6 +49,9 @@ TOKEN_METHOD = "token"
 TLS_METHOD = "tls"
 BASIC_METHOD = "basic"
 METHODS = (TOKEN_METHOD, TLS_METHOD, BASIC_METHOD)
+# The method name of the official clients' AuthenticationDisabled (a client configured
+# without authentication): never a provider, always "no credentials".
+NONE_METHOD = "none"
 # How often a key file's modification time is looked at (a stat per this, not per check).
 KEY_RECHECK_S = 2.0
 # bcrypt checks at once, in threads: each holds a core for tens of milliseconds, so a few
@@ -75,7 +82,7 @@ class AuthConfig:
     # token provider on.
     token_secret_key: str = ""
     token_public_key: str = ""
-    # The basic provider's users: an htpasswd file (bcrypt, $apr1$ or {SHA} hashes) as a
+    # The basic provider's users: an htpasswd file (bcrypt hashes, htpasswd -B) as a
     # path, file:///path or data:;base64,... (Pulsar's basicAuthConf). Needed with basic on.
     basic_auth_file: str = ""
     # The role of a client that presents no credentials ("": such clients are refused).
@@ -186,10 +193,15 @@ class Authenticator:
         """The identity for ``method`` and its auth data ("" and None: nothing presented);
         ``peer_certificate``: the verified client certificate of a TLS connection."""
         assert self.enabled
-        if not method and not data:
+        if method == NONE_METHOD or (not method and not data):
+            # The credentials themselves (if any came with "none") are not looked at:
+            # the client said it presents none.
             if self.config.anonymous_role:
                 return Identity(self.config.anonymous_role)
-            raise AuthenticationFailed("authentication is required: no credentials were presented")
+            raise AuthenticationFailed(
+                "authentication is required: the client presented no credentials "
+                f"(auth method {method or 'absent'!r}) and this broker has no anonymous role; "
+                f"configure the client with one of: {', '.join(sorted(self.providers))}")
         if method not in self.providers:
             raise AuthenticationFailed(f"unsupported authentication method {method[:METHOD_NAME_BYTES_MAX]!r} "
                                        f"(supported: {', '.join(sorted(self.providers))})")

@@ -68,7 +68,7 @@ from typing import TYPE_CHECKING, Callable
 from protocol import commands
 from protocol.batch import message_count
 from protocol.codec import NEED_DATA, CommandDecoder, Frame, PayloadChecksumMismatch, command_name, encode_command
-from broker import policy_enforcement, schemas, topic_list
+from broker import policy_enforcement, schemas, topic_list, topic_policies
 from broker.authentication import TOKEN_METHOD, Identity
 from broker.authorization import CONSUME, PRODUCE
 from broker.consumer import Consumer
@@ -84,6 +84,7 @@ from common.errors import (
     AuthenticationFailed,
     ChecksumError,
     ConsumerBusy,
+    EncryptionRequired,
     ProducerBusy,
     InvalidArgument,
     MagnetarError,
@@ -609,6 +610,8 @@ class ServerConnection(asyncio.Protocol):
         except MagnetarError as error:
             self._write_error(request.request_id, error)
             return
+        if request.mode == pb.CommandGetTopicsOfNamespace.NON_PERSISTENT:
+            topics = []   # only persistent topics exist here (common/topic_name.py)
         result = topic_list.answer(topics, request.topics_pattern if request.HasField("topics_pattern") else None,
                                    request.topics_hash if request.HasField("topics_hash") else None)
         self.write_command(commands.topics_of_namespace_response(
@@ -717,9 +720,16 @@ class ServerConnection(asyncio.Protocol):
             topic_name = TopicName.parse(request.topic)
             await self.service.authorizer.check(self.role, topic_name, PRODUCE)
             topic = await self.service.get_topic(topic_name, create=True)
-            if len(topic.producers) >= self.config.producers_per_topic_max:
+            policies = await self.service.resources.effective_policies(topic.name)
+            if policies.encryption_required and not request.encrypted:
+                raise EncryptionRequired(f"encryption is required in {topic.name.namespace_name}: "
+                                         "the producer must encrypt its messages")
+            producers_max = topic_policies.limit(policies.max_producers_per_topic,
+                                                 self.config.producers_per_topic_max)
+            if len(topic.producers) >= producers_max:
                 raise ProducerBusy(f"topic {topic.full_name} has {len(topic.producers)} producers, the most allowed "
-                                   "(producers_per_topic_max)")
+                                   f"({producers_max}: maxProducers, else the namespace's, else "
+                                   "producers_per_topic_max)")
             if request.HasField("schema"):
                 schema_version = schemas.encode_version(
                     await self._register_schema(topic.name, request.schema, consumer=False))
@@ -964,9 +974,13 @@ class ServerConnection(asyncio.Protocol):
             await self.service.authorizer.check(self.role, topic_name, CONSUME)
             topic = await self.service.get_topic(topic_name, create=request.force_topic_creation)
             consumers = sum(len(s.consumers) for s in topic.subscriptions.values())
-            if consumers >= self.config.consumers_per_topic_max:
+            consumers_max = topic_policies.limit(
+                (await self.service.resources.effective_policies(topic.name)).max_consumers_per_topic,
+                self.config.consumers_per_topic_max)
+            if consumers >= consumers_max:
                 raise ConsumerBusy(f"topic {topic.full_name} has {consumers} consumers, the most allowed "
-                                   "(consumers_per_topic_max)")
+                                   f"({consumers_max}: maxConsumers, else the namespace's, else "
+                                   "consumers_per_topic_max)")
             if request.HasField("schema"):
                 await self._register_schema(topic.name, request.schema, consumer=True)
             consumer = Consumer(request.consumer_id, request.consumer_name or f"consumer-{request.consumer_id}",

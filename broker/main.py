@@ -115,7 +115,7 @@ OPTIONS: list[ConfigOption] = [
                  "comma-separated providers accepted at once: token, tls (client certificate CN; needs "
                  "--tls-trust-certs-file), basic (needs --basic-auth-file)"),
     ConfigOption("--basic-auth-file", AuthConfig, "basic_auth_file",
-                 "htpasswd file of the basic provider (bcrypt, $apr1$ or {SHA} hashes): a path or file:///path"),
+                 "htpasswd file of the basic provider (bcrypt hashes, htpasswd -B): a path or file:///path"),
     ConfigOption("--proxy-roles", AuthConfig, "proxy_roles",
                  "comma-separated roles that may ask a permission check for another role (the gateway's)"),
     ConfigOption("--authorization-enabled", AuthConfig, "authorization_enabled",

@@ -1,16 +1,14 @@
 """Basic authentication's user file: htpasswd lines ``user:hash``, as Pulsar's
 AuthenticationProviderBasic reads them (its ``basicAuthConf``).
 
-Hashes understood (what ``htpasswd`` writes):
-
-| prefix | scheme | htpasswd flag |
-|---|---|---|
-| ``$2y$`` / ``$2b$`` / ``$2a$`` | bcrypt | ``-B`` |
-| ``$apr1$`` | Apache's MD5-crypt (1000 rounds) | ``-m`` (its default) |
-| ``{SHA}`` | base64 of the password's SHA-1 | ``-s`` |
-
-Plain-text passwords and DES crypt are refused at load (the line number is named,
-never its content). Blank lines and ``#`` comments are skipped.
+Hashes understood: bcrypt only (``$2y$`` / ``$2b$`` / ``$2a$``, what ``htpasswd -B``
+writes), checked by the ``bcrypt`` package. Apache's MD5-crypt (``$apr1$``, htpasswd's
+``-m`` and its default), SHA-1 (``{SHA}``, ``-s``), DES crypt and plain text are refused at
+load with an error naming the line (never its content) and the command that makes a
+bcrypt hash instead: those schemes are fast to brute-force, and checking them would
+need either an unmaintained library or hash code of our own. (Pulsar's provider also
+takes MD5-crypt; a file made for it is re-made here with ``htpasswd -B``.) Blank lines
+and ``#`` comments are skipped.
 
 The file is read again when its modification time changes (at most every
 ``RECHECK_S``), so users are added or removed without a restart; a file that does not
@@ -26,9 +24,7 @@ memory at once. No password or hash is ever logged.
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import hmac
 import logging
 import os
 import threading
@@ -50,78 +46,24 @@ VERIFIED_TTL_S = 300.0
 USER_BYTES_MAX = 256
 PASSWORD_BYTES_MAX = 1_024
 
-_ITOA64 = b"./0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+# The refused schemes, recognised so the error can say what was found.
+_WEAK_SCHEMES = ((b"$apr1$", "Apache MD5-crypt ($apr1$, htpasswd -m)"), (b"{SHA}", "SHA-1 ({SHA}, htpasswd -s)"),
+                 (b"$1$", "MD5-crypt ($1$)"))
 
 
-def _to64(value: int, count: int) -> bytes:
-    out = bytearray()
-    for _ in range(count):
-        out.append(_ITOA64[value & 0x3F])
-        value >>= 6
-    return bytes(out)
-
-
-def apr1_hash(password: bytes, salt: bytes) -> bytes:
-    """Apache's MD5-crypt (``$apr1$salt$digest``): the md5crypt algorithm with magic
-    ``$apr1$``, up to 8 salt characters."""
-    magic = b"$apr1$"
-    salt = salt[:8]
-    context = hashlib.md5(password + magic + salt)
-    alternate = hashlib.md5(password + salt + password).digest()
-    remaining = len(password)
-    while remaining > 0:
-        context.update(alternate[:min(16, remaining)])
-        remaining -= 16
-    length = len(password)
-    while length:
-        context.update(b"\x00" if length & 1 else password[:1])
-        length >>= 1
-    final = context.digest()
-    for round_index in range(1000):
-        step = hashlib.md5()
-        step.update(password if round_index & 1 else final)
-        if round_index % 3:
-            step.update(salt)
-        if round_index % 7:
-            step.update(password)
-        step.update(final if round_index & 1 else password)
-        final = step.digest()
-    encoded = b"".join(_to64((final[a] << 16) | (final[b] << 8) | final[c], 4)
-                       for a, b, c in ((0, 6, 12), (1, 7, 13), (2, 8, 14), (3, 9, 15), (4, 10, 5)))
-    encoded += _to64(final[11], 2)
-    return magic + salt + b"$" + encoded
-
-
-def sha_hash(password: bytes) -> bytes:
-    """htpasswd -s: ``{SHA}`` and the base64 of the SHA-1 digest."""
-    return b"{SHA}" + base64.b64encode(hashlib.sha1(password).digest())
-
-
-def _scheme_of(stored: bytes) -> str | None:
-    if stored.startswith((b"$2y$", b"$2b$", b"$2a$")):
-        return "bcrypt"
-    if stored.startswith(b"$apr1$"):
-        return "apr1"
-    if stored.startswith(b"{SHA}"):
-        return "sha"
-    return None
+def _is_bcrypt(stored: bytes) -> bool:
+    return stored.startswith((b"$2y$", b"$2b$", b"$2a$"))
 
 
 def verify(password: bytes, stored: bytes) -> bool:
-    """Whether ``password`` matches the stored hash (constant-time comparisons)."""
-    scheme = _scheme_of(stored)
-    if scheme == "bcrypt":
-        try:
-            # The bcrypt package reads $2b$; $2y$ (PHP's and htpasswd's name) is the same.
-            return bcrypt.checkpw(password, b"$2b$" + stored[4:])
-        except ValueError:
-            return False
-    if scheme == "apr1":
-        salt = stored[len(b"$apr1$"):].split(b"$", 1)[0]
-        return hmac.compare_digest(apr1_hash(password, salt), stored)
-    if scheme == "sha":
-        return hmac.compare_digest(sha_hash(password), stored)
-    return False
+    """Whether ``password`` matches the stored bcrypt hash (False for anything else)."""
+    if not _is_bcrypt(stored):
+        return False
+    try:
+        # The bcrypt package reads $2b$; $2y$ (PHP's and htpasswd's name) is the same.
+        return bcrypt.checkpw(password, b"$2b$" + stored[4:])
+    except ValueError:
+        return False
 
 
 def parse(text: bytes) -> dict[str, bytes]:
@@ -134,9 +76,11 @@ def parse(text: bytes) -> dict[str, bytes]:
         user, separator, stored = line.partition(b":")
         if not separator or not user or not stored:
             raise ConfigError(f"basic auth file, line {number}: not 'user:hash'")
-        if _scheme_of(stored) is None:
-            raise ConfigError(f"basic auth file, line {number}: unsupported hash (use bcrypt, $apr1$ or {{SHA}}; "
-                              "plain text and DES crypt are refused)")
+        if not _is_bcrypt(stored):
+            weak = next((name for prefix, name in _WEAK_SCHEMES if stored.startswith(prefix)), None)
+            found = f"a weak hash, refused: {weak}" if weak else "no bcrypt hash (plain text or DES crypt?)"
+            raise ConfigError(f"basic auth file, line {number}: {found}; only bcrypt hashes are accepted: "
+                              "make the line again with 'htpasswd -B <file> <user>'")
         try:
             name = user.decode()
         except UnicodeDecodeError:

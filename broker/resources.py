@@ -19,6 +19,7 @@ from common.errors import (
     PreconditionFailed,
     TenantNotFound,
 )
+from broker.topic_policies import PolicyResolver, TopicPolicyStore
 from metadata import keys
 from metadata.policies import NamespacePolicies, TenantInfo
 from metadata.store import MetadataStore
@@ -30,6 +31,17 @@ class Resources:
         self.default_bundles = default_bundles
         self._cache_ttl_s = cache_ttl_s
         self._policies: dict[str, tuple[float, NamespacePolicies | None]] = {}
+        # Topics' own policies and the one resolver of a topic's effective policies
+        # (broker/topic_policies.py): what every enforcement reads.
+        self.topic_policies = TopicPolicyStore(store, cache_ttl_s=cache_ttl_s)
+        self._resolver = PolicyResolver(self.policies, self.topic_policies)
+
+    async def effective_policies(self, topic: TopicName, *, fresh: bool = False) -> NamespacePolicies:
+        """The policies ``topic`` is served under: topic over namespace (broker defaults
+        are applied where each is enforced). ServiceNotReady if the topic's own policies
+        cannot be read; NamespaceNotFound as ``policies``. ``fresh``: the topic's own
+        record read from etcd, not the cache."""
+        return await self._resolver.effective(topic, fresh=fresh)
 
     # --- clusters ---------------------------------------------------------------------------
 
@@ -162,6 +174,7 @@ class Resources:
     async def delete_namespace(self, namespace: NamespaceName) -> None:
         await self.policies(namespace, fresh=True)
         await self.store.delete_prefix(f"{keys.NAMESPACES}{namespace.tenant}/{namespace.namespace}/")
+        await self.store.delete_prefix(keys.topic_policies(f"persistent/{namespace.tenant}/{namespace.namespace}/"))
         self._policies.pop(str(namespace), None)
 
     # --- partitioned topics -------------------------------------------------------------------
@@ -196,6 +209,7 @@ class Resources:
     async def delete_partitioned(self, topic: TopicName) -> None:
         if not await self.store.delete(self._partitioned_key(topic)):
             raise NotFound(f"partitioned topic {topic} does not exist")
+        await self.topic_policies.delete(topic)
 
     async def partitioned_topics(self, namespace: NamespaceName) -> list[str]:
         from urllib.parse import unquote

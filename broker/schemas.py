@@ -132,8 +132,8 @@ class SchemaRegistry:
             for existing in versions:
                 if existing.type == schema_type and existing.data == data:
                     return existing.version
-            if not schema_compatibility.compatible(strategy, (schema_type, data),
-                                                   [(v.type, v.data) for v in versions]):
+            if not schema_compatibility.compatible(strategy, (schema_type, data, properties),
+                                                   [(v.type, v.data, v.properties) for v in versions]):
                 raise IncompatibleSchema(f"schema of type {schema_type} is not compatible with the schema of "
                                          f"{topic} under strategy {strategy}")
             if only_if_empty_or_compatible and versions:

@@ -376,7 +376,7 @@ class BrokerService:
             await asyncio.sleep(self.config.retention_check_interval_s)
             for topic in self.loaded_topics():
                 try:
-                    policies = await self.resources.policies(topic.name.namespace_name)
+                    policies = await self.resources.effective_policies(topic.name)
                     if not policies.deduplicationEnabled and not topic.closing:
                         # A snapshot left from when it was on holds entries: let it go.
                         await topic.set_deduplication(False)
@@ -395,7 +395,7 @@ class BrokerService:
                 if topic.closing:
                     continue
                 try:
-                    policies = await self.resources.policies(topic.name.namespace_name)
+                    policies = await self.resources.effective_policies(topic.name)
                     topic.backlog_size_quota = policy_enforcement.size_quota(policies)
                     if policy_enforcement.has_time_policies(policies):
                         await policy_enforcement.enforce(topic, policies, self.policy_counters)
@@ -406,7 +406,7 @@ class BrokerService:
 
     async def check_producer_quota(self, topic: PersistentTopic) -> None:
         """Refuses a new producer while a producer-blocking backlog quota is exceeded."""
-        policies = await self.resources.policies(topic.name.namespace_name)
+        policies = await self.resources.effective_policies(topic.name)
         topic.backlog_size_quota = policy_enforcement.size_quota(policies)
         if policies.backlog_quota_map:
             await policy_enforcement.check_producer_allowed(topic, policies, self.policy_counters)
@@ -550,7 +550,10 @@ class BrokerService:
     async def _load_topic(self, name: TopicName, *, create: bool) -> PersistentTopic:
         namespace = name.namespace_name
         try:
-            policies = await self.resources.policies(namespace)
+            # Fresh: the topic's own policies are read from etcd at every load, and a
+            # topic whose policies cannot be read is not served (ServiceNotReady,
+            # broker/topic_policies.py), rather than served under its namespace's alone.
+            policies = await self.resources.effective_policies(name, fresh=True)
         except NamespaceNotFound:
             try:
                 await self.resources.tenant(name.tenant)
@@ -641,15 +644,17 @@ class BrokerService:
     async def delete_topic(self, name: TopicName, *, force: bool) -> None:
         topic = await self.get_topic(name, create=False)
         await topic.delete(force=force)   # closing it took it off self.topics
+        if not name.is_partition:
+            await self.resources.topic_policies.delete(name)   # a partition's are its parent's
 
     async def schema_strategy(self, name: TopicName) -> str:
         """The namespace's schema compatibility strategy (FULL when unset)."""
-        policies = await self.resources.policies(name.namespace_name)
+        policies = await self.resources.effective_policies(name)
         return policies.schema_compatibility_strategy or DEFAULT_STRATEGY
 
     async def deduplication_enabled(self, name: TopicName) -> bool:
         """The namespace policy ``deduplication`` (off when unset)."""
-        policies = await self.resources.policies(name.namespace_name)
+        policies = await self.resources.effective_policies(name)
         return bool(policies.deduplicationEnabled)
 
     async def is_broadcast(self, name: TopicName, subscription: str, consumer_metadata: dict[str, str]) -> bool:
@@ -659,7 +664,7 @@ class BrokerService:
 
         if consumer_metadata.get(BROADCAST_PROPERTY, "").lower() == "broadcast":
             return True
-        policies = await self.resources.policies(name.namespace_name)
+        policies = await self.resources.effective_policies(name)
         return subscription in policies.broadcast_subscriptions
 
     # --- lookups ---------------------------------------------------------------------------

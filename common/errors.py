@@ -397,6 +397,13 @@ class ProducerNameInUse(BrokerError):
     code, retriable, http_status = 4018, True, 409
 
 
+class EncryptionRequired(BrokerError):
+    """A producer that does not encrypt, on a topic whose namespace requires encryption
+    (Pulsar's ``encryption_required``; Pulsar answers it MetadataError)."""
+
+    code, http_status = 4041, 412
+
+
 class NotSupported(BrokerError):
     """A feature Magnetar does not offer (e.g. topic compaction): said plainly."""
 

@@ -14,9 +14,10 @@ import re
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from common.errors import InvalidArgument
+from common.errors import InvalidArgument, NotAllowed
 
 PERSISTENT = "persistent"
+NON_PERSISTENT = "non-persistent"
 PARTITION_SUFFIX = "-partition-"
 DEFAULT_TENANT = "public"
 DEFAULT_NAMESPACE = "default"
@@ -68,6 +69,11 @@ class TopicName:
             domain, rest = PERSISTENT, text
             if "/" not in rest:
                 rest = f"{DEFAULT_TENANT}/{DEFAULT_NAMESPACE}/{rest}"
+        if domain == NON_PERSISTENT:
+            # NotAllowed, not InvalidArgument: the official C++-based clients retry a lookup
+            # answered InvalidTopicName until their operation timeout (30 s by default),
+            # while NotAllowedError fails at once.
+            raise NotAllowed("non-persistent:// topics are not served by Magnetar (only persistent://)")
         if domain != PERSISTENT:
             raise InvalidArgument(f"only persistent:// topics are served, not {domain}://")
         parts = rest.split("/", 2)

@@ -133,8 +133,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "signs the superuser token with it; brokers get only the public key")
     parser.add_argument("--token-public-key", default=None, help="with --auth and --token-private-key")
     parser.add_argument("--basic-auth-file", default=None,
-                        help="with --auth: an htpasswd file (bcrypt, $apr1$ or {SHA} hashes): brokers and the "
+                        help="with --auth: an htpasswd file (bcrypt hashes, htpasswd -B): brokers and the "
                              "gateway accept its users (basic authentication) beside tokens")
+    parser.add_argument("--superuser-roles", default="",
+                        help="with --auth: more comma-separated superuser roles beside --superuser-role (e.g. "
+                             "the CN of an operator's client certificate, a basic user)")
+    parser.add_argument("--anonymous-role", default="",
+                        help="with --auth: the role of clients presenting no credentials (Pulsar's "
+                             "anonymousUserRole; the official clients without authentication send the method "
+                             "'none'); default: such clients are refused")
+    parser.add_argument("--authentication-providers", default=None,
+                        help="with --auth: the brokers' providers, comma-separated among token, basic, tls "
+                             "(default: token, plus basic with --basic-auth-file, plus tls with "
+                             "--tls-trust-certs-file)")
+    # TLS on the brokers' listeners, beside the plain ones (as Pulsar's brokerServicePortTls
+    # and webServicePortTls beside brokerServicePort and webServicePort).
+    parser.add_argument("--tls-cert-file", default=None,
+                        help="a PEM certificate (chain) for the brokers: turns on pulsar+ssl:// and HTTPS beside "
+                             "the plain ports")
+    parser.add_argument("--tls-key-file", default=None, help="with --tls-cert-file: its PEM private key")
+    parser.add_argument("--tls-trust-certs-file", default=None,
+                        help="with --tls-cert-file: the CA certificates client certificates are checked against "
+                             "(needed by the tls provider)")
+    parser.add_argument("--broker-tls-port", type=int, default=6651,
+                        help="with --tls-cert-file: pulsar+ssl:// (broker n on this + n)")
+    parser.add_argument("--broker-https-port", type=int, default=8443,
+                        help="with --tls-cert-file: HTTPS admin REST and lookups (broker n on this + n)")
 
 
 class StartFailed(Exception):
@@ -237,16 +261,66 @@ class Standalone:
         # The brokers' role is also a superuser of theirs, and its token what they present
         # to each other (an admin request's calls on partitions another broker serves).
         broker_flags = ["--authentication-enabled", "--authorization-enabled",
-                        "--superuser-roles", f"{role},{STANDALONE_BROKER_ROLE}", *key_flags,
-                        "--bookie-auth-token-file", broker_token_path, "--broker-client-token-file", broker_token_path,
-                        *self.provider_flags()]
+                        "--superuser-roles", self.superuser_roles(), *key_flags,
+                        "--bookie-auth-token-file", broker_token_path, "--broker-client-token-file", broker_token_path]
         if args.basic_auth_file:
             broker_flags += ["--basic-auth-file", "file://" + os.path.abspath(args.basic_auth_file)]
+        if args.anonymous_role:
+            broker_flags += ["--anonymous-role", args.anonymous_role]
+        broker_flags += ["--authentication-providers", ",".join(self.broker_providers())]
         return bookie_flags, broker_flags, token_path, broker_token_path
 
+    def superuser_roles(self) -> str:
+        extra = [role.strip() for role in self.args.superuser_roles.split(",") if role.strip()]
+        return ",".join(dict.fromkeys([self.args.superuser_role, STANDALONE_BROKER_ROLE, *extra]))
+
+    def broker_providers(self) -> list[str]:
+        """The brokers' authentication providers (--auth): as given, or token plus what
+        the files given make possible."""
+        args = self.args
+        if args.authentication_providers:
+            providers = [name.strip() for name in args.authentication_providers.split(",") if name.strip()]
+            if "token" not in providers:
+                # The standalone's own parts (gateway, brokers toward each other) use tokens.
+                raise StartFailed("--authentication-providers must include token (the standalone's gateway and "
+                                  "brokers present tokens)")
+            if "basic" in providers and not args.basic_auth_file:
+                raise StartFailed("the basic provider needs --basic-auth-file")
+            if "tls" in providers and not args.tls_trust_certs_file:
+                raise StartFailed("the tls provider needs --tls-cert-file, --tls-key-file and --tls-trust-certs-file")
+            return providers
+        return ["token", *(["basic"] if args.basic_auth_file else []),
+                *(["tls"] if args.tls_trust_certs_file else [])]
+
     def provider_flags(self) -> list[str]:
-        """The authentication providers of brokers and the gateway (--auth)."""
-        return ["--authentication-providers", "token,basic" if self.args.basic_auth_file else "token"]
+        """The gateway's authentication providers (--auth): the brokers' but tls (the
+        gateway the standalone starts serves plain HTTP, where no client certificate is)."""
+        return ["--authentication-providers", ",".join(name for name in self.broker_providers() if name != "tls")]
+
+    def tls_flags(self, n: int) -> list[str]:
+        """Broker n's TLS flags (--tls-cert-file): pulsar+ssl:// and HTTPS beside the plain ports."""
+        args = self.args
+        if not args.tls_cert_file:
+            return []
+        flags = ["--tls-cert-file", os.path.abspath(args.tls_cert_file),
+                 "--tls-key-file", os.path.abspath(args.tls_key_file),
+                 "--tls-port", str(args.broker_tls_port + n), "--http-tls-port", str(args.broker_https_port + n)]
+        if args.tls_trust_certs_file:
+            flags += ["--tls-trust-certs-file", os.path.abspath(args.tls_trust_certs_file)]
+        return flags
+
+    def check_tls_arguments(self) -> None:
+        args = self.args
+        if bool(args.tls_cert_file) != bool(args.tls_key_file):
+            raise ConfigError("--tls-cert-file and --tls-key-file go together")
+        if args.tls_trust_certs_file and not args.tls_cert_file:
+            raise ConfigError("--tls-trust-certs-file needs --tls-cert-file and --tls-key-file")
+        for flag, value in (("--tls-cert-file", args.tls_cert_file), ("--tls-key-file", args.tls_key_file),
+                            ("--tls-trust-certs-file", args.tls_trust_certs_file)):
+            if value and not os.path.isfile(value):
+                raise ConfigError(f"{flag} {value}: no such file")
+        if not args.auth and (args.anonymous_role or args.superuser_roles or args.authentication_providers):
+            raise ConfigError("--anonymous-role, --superuser-roles and --authentication-providers need --auth")
 
     async def _spawn(self, child: Child) -> asyncio.subprocess.Process:
         log_path = os.path.join(self.data_dir, f"{child.name}.log")
@@ -303,6 +377,9 @@ class Standalone:
         for n in range(args.brokers):
             ports += [(f"broker-{n}", args.broker_port + n, "--broker-port"),
                       (f"broker-{n} http", self.broker_http_port(n), "--broker-http-port")]
+            if args.tls_cert_file:
+                ports += [(f"broker-{n} tls", args.broker_tls_port + n, "--broker-tls-port"),
+                          (f"broker-{n} https", args.broker_https_port + n, "--broker-https-port")]
         ports.append(("gateway", args.gateway_port, "--gateway-port"))
         ports.append(("autorecovery", args.autorecovery_http_port, "--autorecovery-http-port"))
         return ports
@@ -324,6 +401,7 @@ class Standalone:
                                                              "etcd running?")
 
     async def start(self) -> None:
+        self.check_tls_arguments()
         os.makedirs(self.data_dir, exist_ok=True)
         self._check_ports_free()
         await self._start_child(Child(
@@ -359,7 +437,7 @@ class Standalone:
                 "--broker-id", f"broker-{n}", "--bookie-add-transport", "socket",
                 "--ensemble-size", str(copies), "--write-quorum", str(copies), "--ack-quorum", str(copies),
                 # Where namespaces with an offload policy archive closed ledgers (docs/archive.md).
-                "--archive-url", os.path.join(self.data_dir, "archive"), *auth_flags],
+                "--archive-url", os.path.join(self.data_dir, "archive"), *auth_flags, *self.tls_flags(n)],
                 f"http://127.0.0.1:{self.broker_http_port(n)}/health")
             await self._spawn(child)
             brokers.append(child)
@@ -376,6 +454,11 @@ class Standalone:
         service_url = "pulsar://" + ",".join(f"127.0.0.1:{self.args.broker_port + n}"
                                              for n in range(self.args.brokers))
         admin_url = f"http://127.0.0.1:{self.args.broker_http_port}"
+        tls_urls = {}
+        if self.args.tls_cert_file:
+            tls_urls = {"service_url_tls": "pulsar+ssl://" + ",".join(
+                            f"localhost:{self.args.broker_tls_port + n}" for n in range(self.args.brokers)),
+                        "admin_url_tls": f"https://localhost:{self.args.broker_https_port}"}
         gateway_url = f"http://127.0.0.1:{self.args.gateway_port}"
         # The secret goes in the environment, never on the command line (ps shows that).
         await self._start_child(Child("gateway", [
@@ -391,11 +474,14 @@ class Standalone:
             "bookies": [f"127.0.0.1:{self.args.bookie_port_base + n}" for n in range(self.args.bookies)],
             "service_url": service_url,
             "admin_url": admin_url,
+            **tls_urls,
             "gateway_url": gateway_url,
             "autorecovery_url": f"http://127.0.0.1:{self.args.autorecovery_http_port}",
             "archive_url": os.path.join(self.data_dir, "archive"),
             "data_dir": self.data_dir,
             "auth": bool(token_path),
+            "authentication_providers": self.broker_providers() if token_path else [],
+            "anonymous_role": self.args.anonymous_role,
             "superuser_token_file": token_path,
         }), flush=True)
         if token_path:
@@ -404,6 +490,12 @@ class Standalone:
             print(f"Authentication is on. Superuser role {self.args.superuser_role!r}, token (also in "
                   f"{token_path}):\n  {token}\nClients: pulsar.AuthenticationToken(token); tools: "
                   f"--token-file {token_path}; HTTP: Authorization: Bearer <token>.", flush=True)
+            print(f"Providers: {', '.join(self.broker_providers())}; clients without credentials: "
+                  + (f"role {self.args.anonymous_role!r} (its grants apply)." if self.args.anonymous_role
+                     else "refused (no --anonymous-role)."), flush=True)
+        if tls_urls:
+            print(f"TLS: {tls_urls['service_url_tls']} and {tls_urls['admin_url_tls']} (beside the plain ports); "
+                  f"clients trust {self.args.tls_trust_certs_file or 'the CA of --tls-cert-file'}.", flush=True)
         print(f"Magnetar standalone is up: {service_url} (Pulsar clients), {admin_url} (admin REST), "
               f"{gateway_url} (HTTP gateway). Try:\n"
               f"  magnetar produce --service-url {service_url} my-topic -m hello\n"

@@ -118,6 +118,14 @@ def schema(topic_key_path: str) -> str:
     return f"{SCHEMAS}{topic_key_path}"
 
 
+TOPIC_POLICIES = "/topic-policies/"
+
+
+def topic_policies(topic_key_path: str) -> str:
+    """A topic's own policies (broker/topic_policies.py); a partition uses its parent's."""
+    return f"{TOPIC_POLICIES}{topic_key_path}"
+
+
 ARCHIVE = "/archive/"
 
 

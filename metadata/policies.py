@@ -135,6 +135,14 @@ class NamespacePolicies:
     # {topic: {role: [...]}} for one topic; read by broker/authorization.py.
     auth_policies: dict = field(default_factory=lambda: {"namespace_auth": {}, "destination_auth": {},
                                                          "subscription_auth_roles": {}})
+    # Producers and consumers one topic may have (Pulsar's max_producers_per_topic and
+    # max_consumers_per_topic); None or 0: the broker's producers_per_topic_max /
+    # consumers_per_topic_max, which also bound any value set here.
+    max_producers_per_topic: int | None = None
+    max_consumers_per_topic: int | None = None
+    # Producers must encrypt their messages (Pulsar's encryption_required): a PRODUCER
+    # that does not announce encryption is refused.
+    encryption_required: bool | None = None
 
     def encode(self) -> bytes:
         return json_record.encode(self)
@@ -176,3 +184,35 @@ class NamespacePolicies:
         if isinstance(override, dict) and "allowAutoTopicCreation" in override:
             return bool(override["allowAutoTopicCreation"])
         return broker_default
+
+
+@dataclass
+class TopicPolicies:
+    """A topic's own policies (Pulsar's topic-level policies), kept in etcd under
+    ``/topic-policies/<topic>`` (a partitioned topic's apply to all its partitions).
+    Each field set here overrides the namespace's field of the same meaning; None (or,
+    for the backlog quotas, a type not in the map) leaves the namespace's in force. The
+    field names are NamespacePolicies' where the meaning is the same, so the effective
+    policies of a topic are its namespace's with these laid over (broker/topic_policies.py).
+    """
+
+    retention_policies: dict | None = None
+    message_ttl_in_seconds: int | None = None
+    backlog_quota_map: dict = field(default_factory=dict)
+    deduplicationEnabled: bool | None = None
+    compaction_threshold: int | None = None
+    max_producers_per_topic: int | None = None
+    max_consumers_per_topic: int | None = None
+    schema_compatibility_strategy: str | None = None
+    # Ensemble and quorums of the topic's new ledgers (read at the topic's next load).
+    persistence: dict | None = None
+
+    def encode(self) -> bytes:
+        return json_record.encode(self)
+
+    @classmethod
+    def decode(cls, data: bytes) -> "TopicPolicies":
+        return json_record.decode(cls, data, "topic policies")
+
+    def is_empty(self) -> bool:
+        return self == TopicPolicies()

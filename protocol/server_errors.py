@@ -13,6 +13,8 @@ _TABLE: list[tuple[type[errors.MagnetarError], int]] = [
     (errors.Unauthorized, pb.AuthenticationError),
     (errors.AuthorizationDenied, pb.AuthorizationError),
     (errors.ConnectionLimit, pb.TooManyRequests),
+    # As Pulsar answers a producer that does not encrypt where encryption is required.
+    (errors.EncryptionRequired, pb.MetadataError),
     (errors.TopicNotFound, pb.TopicNotFound),
     (errors.NamespaceNotFound, pb.TopicNotFound),
     (errors.TenantNotFound, pb.TopicNotFound),

@@ -65,6 +65,10 @@ _SIMPLE_POLICIES: dict[str, tuple[str, Callable[[object], object]]] = {
     "autoTopicCreation": ("autoTopicCreationOverride", policy_codec.auto_topic_creation_of),
     "offloadPolicies": ("offload_policies", policy_codec.offload_policies_of),
     "schemaCompatibilityStrategy": ("schema_compatibility_strategy", policy_codec.schema_compatibility_strategy_of),
+    # Overridden per topic by .../{topic}/maxProducers and maxConsumers (broker/admin/topic_policies.py).
+    "maxProducersPerTopic": ("max_producers_per_topic", policy_codec.clients_per_topic_of),
+    "maxConsumersPerTopic": ("max_consumers_per_topic", policy_codec.clients_per_topic_of),
+    "encryptionRequired": ("encryption_required", policy_codec.encryption_required_of),
 }
 
 

@@ -66,6 +66,52 @@ def deduplication_of(doc: object) -> bool:
     return doc
 
 
+# Grants in a namespace creation's auth_policies, as the permission endpoints bound them
+# (broker/admin/permissions.py: 10,000 per namespace or topic, role names of 256 bytes).
+GRANTS_MAX = 10_000
+ROLE_BYTES_MAX = 256
+
+
+def _grants_of(doc: object, what: str) -> dict[str, list[str]]:
+    from broker.authorization import ACTIONS
+
+    grants = _object(doc, what)
+    if len(grants) > GRANTS_MAX:
+        raise InvalidArgument(f"{what} has more than {GRANTS_MAX} roles")
+    checked: dict[str, list[str]] = {}
+    for role, actions in grants.items():
+        if not role or len(role.encode()) > ROLE_BYTES_MAX:
+            raise InvalidArgument(f"{what}: a role name must have 1 to {ROLE_BYTES_MAX} bytes")
+        if not isinstance(actions, list) or not all(isinstance(a, str) for a in actions):
+            raise InvalidArgument(f"{what}: the actions of {role!r} must be a list of strings")
+        unknown = sorted(set(actions) - ACTIONS)
+        if unknown:
+            raise InvalidArgument(f"{what}: unknown actions {unknown}; known: {sorted(ACTIONS)}")
+        checked[role] = sorted(set(actions))
+    return checked
+
+
+def auth_policies_of(doc: object) -> dict:
+    """AuthPolicies in a namespace creation's body (Pulsar's setup scripts create a
+    namespace with its grants this way): ``namespace_auth`` {role: actions} and
+    ``destination_auth`` {topic: {role: actions}}, checked as the permission endpoints
+    check a grant."""
+    doc = _object(doc, "auth_policies")
+    destinations = _object(doc.get("destination_auth") or {}, "destination_auth")
+    if len(destinations) > GRANTS_MAX:
+        raise InvalidArgument(f"destination_auth has more than {GRANTS_MAX} topics")
+    return {"namespace_auth": _grants_of(doc.get("namespace_auth") or {}, "namespace_auth"),
+            "destination_auth": {str(topic): _grants_of(grants, f"destination_auth of {topic}")
+                                 for topic, grants in destinations.items()},
+            "subscription_auth_roles": {}}
+
+
+def encryption_required_of(doc: object) -> bool:
+    if not isinstance(doc, bool):
+        raise InvalidArgument("encryptionRequired must be true or false")
+    return doc
+
+
 def schema_compatibility_strategy_of(doc: object) -> str:
     from broker.schema_compatibility import STRATEGIES
 
@@ -76,6 +122,17 @@ def schema_compatibility_strategy_of(doc: object) -> str:
 
 def compaction_threshold_of(doc: object) -> int:
     return integer(doc, "compaction threshold in bytes", minimum=0, maximum=2**63 - 1)
+
+
+# A per-topic producer or consumer limit: Pulsar takes any int; the broker's own bound
+# (producers_per_topic_max / consumers_per_topic_max, at most 1,000,000) caps what is
+# enforced anyway.
+CLIENTS_PER_TOPIC_MAX = 1_000_000
+
+
+def clients_per_topic_of(doc: object) -> int:
+    """maxProducers / maxConsumers (per topic): 0 leaves the next level's limit in force."""
+    return integer(doc, "the limit per topic", minimum=0, maximum=CLIENTS_PER_TOPIC_MAX)
 
 
 def message_ttl_of(doc: object) -> int:
@@ -168,6 +225,10 @@ def namespace_policies_of(doc: object) -> NamespacePolicies:
         policies.persistence = persistence_of(doc["persistence"])
     if doc.get("deduplicationEnabled") is not None:
         policies.deduplicationEnabled = deduplication_of(doc["deduplicationEnabled"])
+    if doc.get("encryption_required") is not None:
+        policies.encryption_required = encryption_required_of(doc["encryption_required"])
+    if doc.get("auth_policies") is not None:
+        policies.auth_policies = auth_policies_of(doc["auth_policies"])
     if doc.get("message_ttl_in_seconds") is not None:
         policies.message_ttl_in_seconds = message_ttl_of(doc["message_ttl_in_seconds"])
     if doc.get("autoTopicCreationOverride") is not None:

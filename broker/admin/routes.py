@@ -18,6 +18,7 @@ from broker.admin import (
     schemas,
     subscriptions,
     tenants,
+    topic_policies,
     topics,
 )
 from broker.service import BrokerService
@@ -32,6 +33,7 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
     tenants.add_routes(app, service)
     namespaces.add_routes(app, service)
     topics.add_routes(app, service)
+    topic_policies.add_routes(app, service)
     subscriptions.add_routes(app, service)
     messages.add_routes(app, service)
     archive.add_routes(app, service)

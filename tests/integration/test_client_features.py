@@ -341,6 +341,54 @@ def test_pattern_subscription(pulsar_cluster, client):
         producer.close()
 
 
+def test_regex_subscription_finds_topics_created_before_and_after_it(pulsar_cluster, client):
+    """The shape of the official client's own test_regex_subscription: a Shared pattern
+    subscription in RegexSubscriptionMode.AllTopics receives from every matching topic
+    that existed when it subscribed and from one created after (found by its next
+    GET_TOPICS_OF_NAMESPACE poll, every second here), and nothing from a topic that does
+    not match. A non-persistent topic (which Magnetar does not serve) is refused at once
+    with NotAllowedError, not after the client's 30 s of retries, and the poll in
+    NON_PERSISTENT mode finds none. The pattern consumer goes through the client's
+    binding because the Python wrapper drops pattern_auto_discovery_period (its 60 s
+    default would make the test wait a minute)."""
+    import _pulsar
+
+    namespace = _namespace_with(pulsar_cluster)
+    prefix = f"persistent://public/{namespace}"
+    started = time.monotonic()
+    with pytest.raises(pulsar.NotAllowedError):
+        client.create_producer(f"non-persistent://public/{namespace}/regex-np")
+    assert time.monotonic() - started < 10, "a non-persistent topic must be refused at once, not retried"
+    before = [client.create_producer(f"{prefix}/regex-{i}", batching_enabled=False) for i in (1, 2)]
+    unmatched = client.create_producer(f"{prefix}/no-match-regex-3", batching_enabled=False)
+    conf = _pulsar.ConsumerConfiguration()
+    conf.consumer_type(pulsar.ConsumerType.Shared)
+    conf.regex_subscription_mode(pulsar.RegexSubscriptionMode.AllTopics)
+    conf.subscription_initial_position(pulsar.InitialPosition.Earliest)
+    conf.pattern_auto_discovery_period(1)
+    consumer = client._client.subscribe_pattern(f"{prefix}/regex-.*", "regex-sub", conf)
+    try:
+        for i in range(5):
+            for n, producer in enumerate(before, start=1):
+                producer.send(f"{n}-{i}".encode())
+            unmatched.send(f"no-match-{i}".encode())
+        after = client.create_producer(f"{prefix}/regex-3", batching_enabled=False)
+        for i in range(5):
+            after.send(f"3-{i}".encode())
+        got = []
+        for _ in range(15):
+            message = consumer.receive(RECEIVE_TIMEOUT_MS)
+            consumer.acknowledge(message)
+            got.append(message.data().decode())
+        assert sorted(got) == sorted(f"{n}-{i}" for n in (1, 2, 3) for i in range(5)), got
+        with pytest.raises(pulsar.Timeout):
+            consumer.receive(1000)
+    finally:
+        consumer.close()
+    for producer in (*before, unmatched, after):
+        producer.close()
+
+
 class _RawWatcherConnection:
     """A bare Pulsar-protocol connection (the official C++-based client never sends
     WATCH_TOPIC_LIST: it only polls), speaking through our own codec."""
@@ -900,6 +948,46 @@ def test_json_schema_evolution_under_backward(pulsar_cluster, client):
     check = _admin(pulsar_cluster, "POST", f"{path}/compatibility",
                    {"type": "JSON", "schema": JsonSchema(qty_text).schema_info().schema(), "properties": {}})
     assert check == {"isCompatible": False, "schemaCompatibilityStrategy": "BACKWARD"}
+    for closable in (consumer, producer, evolved):
+        closable.close()
+
+
+def _paint_class(symbols: list[str]):
+    """A record class ``Paint`` whose ``color`` is an Avro enum ``Color`` of ``symbols``
+    (each version a class of its own, with the same Avro names)."""
+    from enum import Enum
+
+    from pulsar.schema import CustomEnum
+
+    color = Enum("Color", symbols)
+    return type("Paint", (Record,), {"name": String(), "color": CustomEnum(color)}), color
+
+
+def test_avro_enum_evolution_is_checked_by_avro_rules(pulsar_cluster, client):
+    """Under BACKWARD, with the official client's AvroSchema: a version whose enum gains
+    a symbol is registered (its readers know every old symbol), one that loses a symbol
+    is refused with IncompatibleSchema (old data may hold it) for a producer and by the
+    admin compatibility check; the typed value still reads back."""
+    from pulsar.schema import AvroSchema
+
+    namespace = _schema_namespace(pulsar_cluster, "BACKWARD")
+    local = unique("paints")
+    topic = f"persistent://public/{namespace}/{local}"
+    path = f"/admin/v2/schemas/public/{namespace}/{local}"
+    (v1, color_v1), (more, _), (fewer, _) = (_paint_class(["red", "green"]), _paint_class(["red", "green", "blue"]),
+                                             _paint_class(["red"]))
+    consumer = client.subscribe(topic, "sub", schema=AvroSchema(v1))
+    producer = client.create_producer(topic, schema=AvroSchema(v1))
+    producer.send(v1(name="wall", color=color_v1.green))
+    evolved = client.create_producer(topic, schema=AvroSchema(more))
+    assert [v["version"] for v in _admin(pulsar_cluster, "GET", f"{path}/schemas")["getSchemaResponses"]] == [0, 1]
+    with pytest.raises(pulsar.IncompatibleSchema):
+        client.create_producer(topic, schema=AvroSchema(fewer))
+    check = _admin(pulsar_cluster, "POST", f"{path}/compatibility",
+                   {"type": "AVRO", "schema": AvroSchema(fewer).schema_info().schema(), "properties": {}})
+    assert check == {"isCompatible": False, "schemaCompatibilityStrategy": "BACKWARD"}
+    value = consumer.receive(timeout_millis=RECEIVE_TIMEOUT_MS).value()
+    assert (value.name, value.color.name) == ("wall", "green")
     for closable in (consumer, producer, evolved):
         closable.close()
 

@@ -1,9 +1,10 @@
 """Several authentication providers at once (broker/authentication.py) and the basic
 provider's htpasswd file (broker/password_file.py).
 
-Proves: the htpasswd hashes (bcrypt $2y$/$2b$, $apr1$ as openssl writes it, {SHA})
-verify the right password and refuse others; a file with a plain-text or DES line is
-refused naming the line, never its content; unknown user and wrong password fail
+Proves: bcrypt htpasswd hashes ($2y$/$2b$) verify the right password and refuse others;
+a file with a weak hash ($apr1$ MD5-crypt, {SHA}, $1$), a plain-text or a DES line is
+refused naming the line and the scheme, never its content, and saying how to make a
+bcrypt line; the weak hashes never verify; unknown user and wrong password fail
 alike, without the password in the message; a changed file is picked up and a
 half-written one leaves the old users in force; the authenticator picks the provider
 by method (token, tls from the verified certificate's CN, basic from user:password) and
@@ -25,14 +26,15 @@ import pytest
 import broker.password_file as password_file
 from broker.authentication import AuthConfig, Authenticator
 from broker.config import BrokerConfig
-from broker.password_file import PasswordFile, apr1_hash, parse, sha_hash, verify
+from broker.password_file import PasswordFile, parse, verify
 from common.errors import AuthenticationFailed, ConfigError
 from common.tls import TlsConfig, certificate_common_name
 from common.tokens import TokenSigner, create_secret_key
 
-# Written by `openssl passwd -apr1 -salt abcdefgh 'pass word'` (and htpasswd -m alike).
+# Written by `openssl passwd -apr1 -salt abcdefgh 'pass word'` (and htpasswd -m alike):
+# refused as weak.
 APR1_PASS_WORD = b"$apr1$abcdefgh$NriZ3KceyQFy368Ufp8U./"
-# `htpasswd -s` of "password".
+# `htpasswd -s` of "password": refused as weak.
 SHA_PASSWORD = b"{SHA}W6ph5Mm5Pz8GgiULbPgzG37mj9g="
 
 
@@ -41,34 +43,44 @@ def _bcrypt(password: bytes) -> bytes:
     return b"$2y$" + bcrypt.hashpw(password, bcrypt.gensalt(rounds=4))[4:]
 
 
+BCRYPT_PASSWORD = _bcrypt(b"password")
+
+
 def _certificate(common_name: str) -> dict:
     return {"subject": ((("countryName", "XX"),), (("commonName", common_name),))}
 
 
 def test_hashes_verify_only_their_password():
-    assert apr1_hash(b"pass word", b"abcdefgh") == APR1_PASS_WORD
-    assert verify(b"pass word", APR1_PASS_WORD) and not verify(b"pass wore", APR1_PASS_WORD)
-    assert sha_hash(b"password") == SHA_PASSWORD
-    assert verify(b"password", SHA_PASSWORD) and not verify(b"Password", SHA_PASSWORD)
     stored = _bcrypt(b"s3cret")
     assert stored.startswith(b"$2y$")
     assert verify(b"s3cret", stored) and not verify(b"s3cret!", stored)
     assert verify(b"s3cret", b"$2b$" + stored[4:])
     assert not verify(b"x", b"$2y$garbage") and not verify(b"x", b"plain")
+    # The weak schemes never verify, even with their right password.
+    assert not verify(b"pass word", APR1_PASS_WORD) and not verify(b"password", SHA_PASSWORD)
 
 
-def test_file_refuses_plain_text_naming_the_line_only():
-    users = parse(b"# users\n\nalice:" + SHA_PASSWORD + b"\nbob:" + APR1_PASS_WORD + b"\n")
-    assert users == {"alice": SHA_PASSWORD, "bob": APR1_PASS_WORD}
-    for text in (b"alice:" + SHA_PASSWORD + b"\ncarol:hunter2\n", b"dave:abJnggxhB/yWI\n", b"nocolon\n"):
-        with pytest.raises(ConfigError, match="line") as refused:
+def test_file_refuses_weak_and_plain_hashes_naming_the_line_only():
+    users = parse(b"# users\n\nalice:" + BCRYPT_PASSWORD + b"\n")
+    assert users == {"alice": BCRYPT_PASSWORD}
+    for text, scheme in ((b"alice:" + BCRYPT_PASSWORD + b"\nbob:" + APR1_PASS_WORD + b"\n", "line 2: a weak hash, refused: Apache MD5"),
+                         (b"carol:" + SHA_PASSWORD + b"\n", "line 1: a weak hash, refused: SHA-1"),
+                         (b"erin:$1$salt$qJH7.N4xYta3aEG/dfqo/0\n", r"line 1: a weak hash, refused: MD5-crypt \(\$1\$\)"),
+                         (b"alice:" + BCRYPT_PASSWORD + b"\ncarol:hunter2\n", "line 2: no bcrypt"),
+                         (b"dave:abJnggxhB/yWI\n", "line 1: no bcrypt")):
+        with pytest.raises(ConfigError, match=scheme) as refused:
             parse(text)
-        assert b"hunter2" not in str(refused.value).encode() and "abJnggxhB" not in str(refused.value)
+        message = str(refused.value)
+        assert "htpasswd -B" in message
+        for secret in ("hunter2", "abJnggxhB", "NriZ3Kce", "W6ph5Mm5", "qJH7"):
+            assert secret not in message
+    with pytest.raises(ConfigError, match="line 1: not 'user:hash'"):
+        parse(b"nocolon\n")
 
 
 def test_password_file_checks_reloads_and_remembers(tmp_path, monkeypatch):
     path = tmp_path / "users.htpasswd"
-    path.write_bytes(b"alice:" + _bcrypt(b"wonder land") + b"\nbob:" + SHA_PASSWORD + b"\n")
+    path.write_bytes(b"alice:" + _bcrypt(b"wonder land") + b"\nbob:" + BCRYPT_PASSWORD + b"\n")
     users = PasswordFile(f"file://{path}")
     assert users.check(b"alice:wonder land") == "alice"
     assert users.check(b"alice:wonder land") == "alice"   # remembered: no second bcrypt
@@ -84,7 +96,7 @@ def test_password_file_checks_reloads_and_remembers(tmp_path, monkeypatch):
             users.check(credentials)
     # Users change without a restart; a broken rewrite keeps the previous users.
     monkeypatch.setattr(password_file, "RECHECK_S", 0.0)
-    path.write_bytes(b"carol:" + SHA_PASSWORD + b"\n")
+    path.write_bytes(b"carol:" + BCRYPT_PASSWORD + b"\n")
     os.utime(path, ns=(time.time_ns(), time.time_ns() + 10_000_000))
     assert users.check(b"carol:password") == "carol"
     with pytest.raises(AuthenticationFailed):
@@ -92,7 +104,7 @@ def test_password_file_checks_reloads_and_remembers(tmp_path, monkeypatch):
     path.write_bytes(b"carol:plaintext\n")
     os.utime(path, ns=(time.time_ns(), time.time_ns() + 20_000_000))
     assert users.check(b"carol:password") == "carol"
-    inline = PasswordFile("data:;base64," + base64.b64encode(b"dan:" + SHA_PASSWORD).decode())
+    inline = PasswordFile("data:;base64," + base64.b64encode(b"dan:" + BCRYPT_PASSWORD).decode())
     assert inline.check(b"dan:password") == "dan"
     with pytest.raises(ConfigError):
         PasswordFile(str(tmp_path / "missing"))
@@ -143,6 +155,37 @@ async def test_authenticator_with_three_providers(tmp_path):
         await only_basic.authenticate_http(None, _certificate("cert-role"))
 
 
+async def test_the_none_method_is_anonymous_when_an_anonymous_role_is_set(tmp_path):
+    """The official clients configured without authentication send the method name
+    ``none`` (AuthenticationDisabled): like no method at all (and an HTTP request with no
+    Authorization header), it gets the anonymous role when one is set, and is refused,
+    naming the providers to use, when not. Other unknown methods stay refused."""
+    key = create_secret_key()
+    key_path = tmp_path / "secret.key"
+    key_path.write_bytes(key)
+    settings = dict(authentication_enabled=True, authentication_providers="token,tls",
+                    token_secret_key=f"file://{key_path}")
+    with_anonymous = Authenticator(AuthConfig(**settings, anonymous_role="anonymous"))
+    for method, data in (("none", None), ("none", b""), ("", None), ("", b"")):
+        identity = await with_anonymous.authenticate(method, data)
+        assert (identity.role, identity.method, identity.expires_at_s) == ("anonymous", "", None)
+    assert (await with_anonymous.authenticate_http(None)).role == "anonymous"
+    # Real credentials still name their own role, and a bad token is not anonymous.
+    token = TokenSigner.with_secret_key(key).create("token-role")
+    assert (await with_anonymous.authenticate("token", token)).role == "token-role"
+    assert (await with_anonymous.authenticate_http(f"Bearer {token}")).role == "token-role"
+    with pytest.raises(AuthenticationFailed):
+        await with_anonymous.authenticate("token", b"not-a-token")
+    with pytest.raises(AuthenticationFailed, match="unsupported.*'kerberos'"):
+        await with_anonymous.authenticate("kerberos", b"x")
+    without = Authenticator(AuthConfig(**settings))
+    for method in ("none", ""):
+        with pytest.raises(AuthenticationFailed, match="no credentials.*no anonymous role.*tls, token"):
+            await without.authenticate(method, None)
+    with pytest.raises(AuthenticationFailed, match="no anonymous role"):
+        await without.authenticate_http(None)
+
+
 def test_config_refuses_incomplete_provider_settings(tmp_path):
     with pytest.raises(ConfigError, match="unknown"):
         AuthConfig(authentication_enabled=True, authentication_providers="token,kerberos", token_secret_key="k")
@@ -158,9 +201,9 @@ def test_config_refuses_incomplete_provider_settings(tmp_path):
     cert = tmp_path / "c.pem"
     BrokerConfig(metadata_url="etcd://127.0.0.1:2379", auth=tls_only,
                  tls=TlsConfig(cert_file=str(cert), key_file=str(cert), trust_certs_file=str(cert)))
-    inline = "data:;base64," + base64.b64encode(b"u:" + SHA_PASSWORD).decode()
+    inline = "data:;base64," + base64.b64encode(b"u:" + BCRYPT_PASSWORD).decode()
     config = AuthConfig(authentication_enabled=True, authentication_providers="basic", basic_auth_file=inline)
-    assert inline not in repr(config) and "W6ph5" not in repr(config)
+    assert inline not in repr(config) and BCRYPT_PASSWORD[10:30].decode() not in repr(config)
 
 
 def test_the_new_flags_come_from_the_environment_too():

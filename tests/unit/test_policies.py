@@ -366,3 +366,26 @@ def test_good_bundle_counts_are_kept(num_bundles):
     """1..1024 ranges; 0 or null means "the broker's default", as before."""
     policies = policy_codec.namespace_policies_of({"bundles": {"numBundles": num_bundles}})
     assert policies.bundles == {"numBundles": num_bundles}
+
+
+def test_namespace_creation_body_takes_grants_and_encryption_required():
+    """A creation body as Pulsar's setup scripts send it: ``auth_policies`` grants
+    (checked as the permission endpoints check them) and ``encryption_required``; fields
+    Magnetar does not keep (``replication_clusters``) are ignored."""
+    from broker.admin.policy_codec import namespace_policies_of
+
+    policies = namespace_policies_of({
+        "auth_policies": {"namespace_auth": {"anonymous": ["produce", "consume", "produce"]},
+                          "destination_auth": {"persistent://t/ns/x": {"app": ["consume"]}}},
+        "encryption_required": True, "replication_clusters": ["standalone"]})
+    assert policies.encryption_required is True
+    assert policies.granted_actions("anonymous") == {"produce", "consume"}
+    assert policies.granted_actions("app", "persistent://t/ns/x") == {"consume"}
+    assert policies.auth_policies["namespace_auth"] == {"anonymous": ["consume", "produce"]}
+    for bad, message in (({"auth_policies": {"namespace_auth": {"r": ["fly"]}}}, "unknown actions"),
+                         ({"auth_policies": {"namespace_auth": {"r": "produce"}}}, "list of strings"),
+                         ({"auth_policies": {"namespace_auth": {"": ["produce"]}}}, "role name"),
+                         ({"auth_policies": []}, "JSON object"),
+                         ({"encryption_required": "yes"}, "true or false")):
+        with pytest.raises(InvalidArgument, match=message):
+            namespace_policies_of(bad)
