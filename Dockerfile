@@ -22,6 +22,7 @@ COPY archive/ archive/
 COPY client/ client/
 COPY bundles/ bundles/
 COPY subscriptions/ subscriptions/
+COPY managed_ledger/ managed_ledger/
 COPY broker/ broker/
 COPY gateway/ gateway/
 COPY spark/ spark/

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from protocol.codec import FRAME_PADDING_BYTES, MAX_MESSAGE_SIZE_DEFAULT
 from broker.authentication import AuthConfig
-from broker.managed_ledger import ManagedLedgerConfig
+from managed_ledger.managed_ledger import ManagedLedgerConfig
 from common.entry import ENTRY_HEADER_SIZE
 from common.errors import ConfigError
 from common.tls import TlsConfig
@@ -163,7 +163,7 @@ class BrokerConfig:
     policy_check_interval_s: float = 5.0
     # Tests only (hidden --compaction-pause-at): a compaction stops at this point of
     # its run and waits for ever, so that a test can kill -9 the broker there
-    # (broker/compaction.py PAUSE_POINTS).
+    # (managed_ledger/compaction.py PAUSE_POINTS).
     compaction_pause_at: str = ""
 
     def __post_init__(self) -> None:

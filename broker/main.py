@@ -18,11 +18,11 @@ from prometheus_client import CollectorRegistry, Histogram
 from broker.admin.app import build_admin_app
 from broker.archiver import STEPS as ARCHIVE_STEPS
 from broker.archiver import ArchiverConfig
-from broker.compaction import PAUSE_POINTS as COMPACTION_PAUSE_POINTS
+from managed_ledger.compaction import PAUSE_POINTS as COMPACTION_PAUSE_POINTS
 from broker.authentication import AuthConfig
 from broker.config import HTTP_PORT_OFFSET, BrokerConfig
 from broker.connection import ServerConnection
-from broker.managed_ledger import ManagedLedgerConfig
+from managed_ledger.managed_ledger import ManagedLedgerConfig
 from broker.metrics import BROKER_STAGES, register_broker_metrics
 from broker.service import BrokerService
 from bundles.config import BundlesConfig

@@ -34,7 +34,7 @@ from broker.archiver import Archiver, ArchiverConfig
 from broker.authentication import Authenticator
 from broker.authorization import Authorizer
 from broker.config import BrokerConfig
-from broker.managed_ledger import ManagedLedger, ManagedLedgerConfig
+from managed_ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from broker.publish_limits import Limit, PendingSends, PublishLimits, ReadGate
 from broker.redirect import Destination
 from broker.resources import Resources

@@ -124,7 +124,7 @@ class WriteHandle:
     def metadata_version(self) -> int:
         """The etcd version of the metadata as this handle last wrote or read it: what a
         recorder compares to prove the ledger still exists as it knows it
-        (broker/ledger_gc.py, the race analysis)."""
+        (managed_ledger/ledger_gc.py, the race analysis)."""
         return self._versioned.version
 
     @property

@@ -103,7 +103,7 @@ class FakeWriteHandle:
         self._closed = False
         self.failure: MagnetarError | None = None
         # The fake keeps no ledger metadata in the metadata store, so a guard on the
-        # ledger's key (broker/managed_ledger.py _write_info) compares "absent" (0).
+        # ledger's key (managed_ledger/managed_ledger.py _write_info) compares "absent" (0).
         self.metadata_version = 0
 
     def fail(self, error: MagnetarError) -> None:

@@ -29,7 +29,7 @@ from protocol.codec import NEED_DATA, CommandDecoder, encode_command, encode_pay
 from broker.config import BrokerConfig
 from common import write_batch
 from broker.connection import ServerConnection
-from broker.managed_ledger import ManagedLedgerConfig
+from managed_ledger.managed_ledger import ManagedLedgerConfig
 from protocol.proto import pulsar_api_pb2 as pb
 from broker.service import BrokerService
 from common.topic_name import TopicName

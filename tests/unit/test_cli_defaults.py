@@ -35,7 +35,7 @@ from bookie.config import BookieConfig, JournalConfig, LedgerStorageConfig
 from broker import main as broker_main
 from broker.config import BrokerConfig
 from broker.connection import ServerConnection
-from broker.managed_ledger import ManagedLedgerConfig
+from managed_ledger.managed_ledger import ManagedLedgerConfig
 from broker.service import BrokerService
 from bundles.config import BundlesConfig
 from common.config_options import flag_default

@@ -67,6 +67,9 @@ BROKEN_IMPORTS = [
     ("common/upward.py", "import broker.service\n", "Packages import downwards only"),
     ("metadata/upward.py", "from ledger.client import LedgerClient\n", "Packages import downwards only"),
     ("subscriptions/sibling.py", "import bundles.ownership\n", "Packages import downwards only"),
+    ("managed_ledger/sibling.py", "import subscriptions.ack_set\n", "Packages import downwards only"),
+    ("subscriptions/managed.py", "import managed_ledger.managed_ledger\n", "Packages import downwards only"),
+    ("managed_ledger/upward.py", "import broker.topic\n", "Packages import downwards only"),
     ("subscriptions/typing_only.py",
      "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from broker.consumer import Consumer\n",
      "Packages import downwards only"),
@@ -74,6 +77,9 @@ BROKEN_IMPORTS = [
     ("gateway/sibling.py", "import broker.topic\n", "Packages import downwards only"),
     ("client/sibling.py", "import ledger.client\n", "Packages import downwards only"),
     ("spark/reach.py", "import broker.topic\n", "Spark reaches data through brokers"),
+    ("spark/reach_ledgers.py", "import managed_ledger.archive_reads\n", "Spark reaches data through brokers"),
+    ("gateway/reach_ledgers.py", "import managed_ledger.managed_ledger\n",
+     "The gateway reaches data only through brokers"),
     ("protocol/cycle_a.py", "import protocol.cycle_b\n", "No import cycles"),
 ]
 
