@@ -14,6 +14,7 @@ RUN python -m venv /opt/magnetar
 COPY pyproject.toml README.md ./
 COPY magnetar/ magnetar/
 COPY common/ common/
+COPY runtime/ runtime/
 COPY protocol/ protocol/
 COPY metadata/ metadata/
 COPY ledger/ ledger/

@@ -30,19 +30,19 @@ from protocol.proto import bookie_pb2_grpc
 from bookie.registration import Registration, check_cookie
 from bookie.add_socket import AddSocketServer
 from bookie.server import BookieServicer
-from common.config_options import ConfigOption, add_config_options, config_overrides
+from runtime.config_options import ConfigOption, add_config_options, config_overrides
 from common.errors import MagnetarError
 from common.version import __version__
-from common.listen import bind_failure, probe_bind
-from common.loop_monitor import LoopMonitor
-from common.ops_http import add_ready_route, build_ops_app, start_ops_server
-from common.tasks import stop_on_signals
+from runtime.listen import bind_failure, probe_bind
+from runtime.loop_monitor import LoopMonitor
+from runtime.ops_http import add_ready_route, build_ops_app, start_ops_server
+from runtime.tasks import stop_on_signals
 from metadata import open_store
 from metadata.etcd_tls import ETCD_TLS_OPTIONS, etcd_tls_from_args
 from metadata.start_retry import while_unavailable
 from metadata.bookie_record import BookieRecord
 from bookie.security import BookieSecurityConfig, TokenInterceptor, server_credentials
-from common.tls import CertificateReloader, TlsConfig, server_context
+from runtime.tls import CertificateReloader, TlsConfig, server_context
 
 log = logging.getLogger(__name__)
 

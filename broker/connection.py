@@ -92,9 +92,9 @@ from common.errors import (
     SubscriptionNotFound,
     TooManyRequests,
 )
-from common import write_batch
-from common.eager_future import call_when_done
-from common.tasks import log_failure
+from runtime import write_batch
+from runtime.eager_future import call_when_done
+from runtime.tasks import log_failure
 from common.version import __version__
 
 from subscriptions.mode import SubscriptionMode
@@ -214,7 +214,7 @@ class ServerConnection(asyncio.Protocol):
     # --- asyncio.Protocol --------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # A stream transport: asyncio's own, or uvloop's (common/event_loop.py), which
+        # A stream transport: asyncio's own, or uvloop's (runtime/event_loop.py), which
         # is not a subclass of asyncio.Transport.
         assert callable(getattr(transport, "write", None)), transport
         assert callable(getattr(transport, "pause_reading", None)), transport
@@ -818,7 +818,7 @@ class ServerConnection(asyncio.Protocol):
         producer_id = send.producer_id
         arrived = time.perf_counter()
         name = producer.name
-        # Inside the managed ledger's settling of the append (common/eager_future.py):
+        # Inside the managed ledger's settling of the append (runtime/eager_future.py):
         # the receipt leaves in the turn the bookie's reply was read.
         call_when_done(future, lambda f: self._on_send_done(producer_id, sequence_id, highest, f, arrived, scopes,
                                                             size_bytes, topic=topic, producer_name=name))

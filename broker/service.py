@@ -63,9 +63,9 @@ from common.errors import (
     TenantNotFound,
     TopicNotFound,
 )
-from common.tasks import TaskSet, cancel_and_wait
-from common.tls import PeerClientContexts
-from common.tokens import TokenFile
+from runtime.tasks import TaskSet, cancel_and_wait
+from runtime.tls import PeerClientContexts
+from runtime.tokens import TokenFile
 from metadata.policies import NamespacePolicies, PersistencePolicies, TenantInfo
 from metadata.store import MetadataStore
 

@@ -66,7 +66,7 @@ from common.errors import (
     TopicFenced,
     TopicTerminated,
 )
-from common.tasks import log_failure
+from runtime.tasks import log_failure
 from metadata import keys
 from metadata.store import MetadataStore
 from subscriptions.cursor import CursorState, ManagedCursor

@@ -74,7 +74,7 @@ from common.errors import (
     PreconditionFailed,
     ServiceNotReady,
 )
-from common.tasks import TaskSet
+from runtime.tasks import TaskSet
 from metadata import keys
 from metadata.prefix_cache import PrefixCache
 from metadata.store import Compare, Delete, Lease, MetadataStore, Put, Record

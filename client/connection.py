@@ -31,7 +31,7 @@ from typing import Protocol
 
 from common.errors import MagnetarError, MalformedFrame, OperationTimeout, ServiceNotReady, TooManyRequests
 from common.version import __version__
-from common.tls import TlsConfig, client_context
+from runtime.tls import TlsConfig, client_context
 from protocol.codec import NEED_DATA, CommandDecoder, Frame, command_name, encode_command, wrap
 from protocol.proto import pulsar_api_pb2 as pb
 from protocol.server_errors import error_for_server_error
@@ -143,7 +143,7 @@ class ClientConnection(asyncio.Protocol):
     # --- asyncio.Protocol --------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # A stream transport: asyncio's own, or uvloop's (common/event_loop.py), which
+        # A stream transport: asyncio's own, or uvloop's (runtime/event_loop.py), which
         # is not a subclass of asyncio.Transport.
         assert callable(getattr(transport, "write", None)), transport
         assert callable(getattr(transport, "pause_reading", None)), transport

@@ -35,8 +35,8 @@ import functools
 import logging
 from dataclasses import dataclass
 
-from common.eager_future import call_when_done, new_eager_future
-from common.tasks import cancel_and_wait, log_failure
+from runtime.eager_future import call_when_done, new_eager_future
+from runtime.tasks import cancel_and_wait, log_failure
 from ledger.context import LedgerContext
 from common.entry import ENTRY_HEADER_SIZE, encode_entry
 from common.errors import (
@@ -192,7 +192,7 @@ class WriteHandle:
         for index in indices:
             bookie_id = self._ensemble[index]
             reply = pool.get(bookie_id).add(self.ledger_id, pending.entry_id, pending.data)
-            # Run inside the bookie client's settling of the reply (common/eager_future.py);
+            # Run inside the bookie client's settling of the reply (runtime/eager_future.py);
             # _on_reply does not call back into the bookie client.
             call_when_done(reply, lambda f, entry_id=pending.entry_id, index=index, bookie_id=bookie_id:
                            self._on_reply(entry_id, index, bookie_id, f))

@@ -28,9 +28,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from common.config_options import ConfigOption, add_config_options, config_overrides
-from common.ops_http import HealthCheck, add_ready_route, build_ops_app, start_ops_server
-from common.tasks import stop_on_signals
+from runtime.config_options import ConfigOption, add_config_options, config_overrides
+from runtime.ops_http import HealthCheck, add_ready_route, build_ops_app, start_ops_server
+from runtime.tasks import stop_on_signals
 from managed_ledger.ledger_gc import LedgerCollector, LedgerGcConfig
 from ledger.auditor import Auditor
 from ledger.client import LedgerClient

@@ -57,7 +57,7 @@ from managed_ledger.managed_ledger_info import PURPOSE_LEDGER, LedgerInfo, Manag
 from common.position import ENTRIES_PER_LEDGER_MAX, ManagedEntry, Position, entries_between, normalize
 from common.topic_name import TopicName
 from ledger.client import LedgerClient
-from common.eager_future import call_when_done, new_eager_future
+from runtime.eager_future import call_when_done, new_eager_future
 from common.entry import ENTRY_HEADER_SIZE
 from common.entry_cache import EntryCache
 from common.errors import (
@@ -77,7 +77,7 @@ from common.errors import (
     TopicNotFound,
     TopicTerminated,
 )
-from common.tasks import log_failure
+from runtime.tasks import log_failure
 from ledger.handle import WriteHandle
 from ledger.reader import LedgerReader
 from metadata import keys
@@ -528,7 +528,7 @@ class ManagedLedger:
     def _settle(self, outcomes: list[tuple[asyncio.Future[Position], Position | MagnetarError]], confirmed: bool,
                 now: float) -> None:
         """Wakes the readers when entries were confirmed, then settles the appends in
-        order. Both are eager futures (common/eager_future.py): a caught-up dispatcher
+        order. Both are eager futures (runtime/eager_future.py): a caught-up dispatcher
         sends the entries here, and then the connections write the receipts, in this
         turn; the dispatch does not wait behind the receipts of its own entries (step 7
         of docs/performance.md). The handle completes entries one by one, so a reply

@@ -35,7 +35,7 @@ from typing import Callable, Protocol
 
 from common.position import Position
 from common.errors import MagnetarError, TopicFenced
-from common.tasks import cancel_and_wait
+from runtime.tasks import cancel_and_wait
 from subscriptions.ack_set import AckSet
 from subscriptions.ports import PositionSource
 

@@ -42,10 +42,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator, Protocol
 
-from common.eager_future import call_when_done
+from runtime.eager_future import call_when_done
 from common.errors import MagnetarError
 from common.position import ManagedEntry, Position
-from common.tasks import cancel_and_wait
+from runtime.tasks import cancel_and_wait
 from protocol.batch import message_count
 from protocol.codec import stored_metadata
 from subscriptions.compacted_view import CompactedSource
@@ -289,7 +289,7 @@ class Dispatcher(abc.ABC):
                 self.wake()
 
         # Inside the managed ledger's settling of the entries, before their receipts
-        # (common/eager_future.py); on_entries does not call back into the appends.
+        # (runtime/eager_future.py); on_entries does not call back into the appends.
         call_when_done(waiter, on_entries)
         if self.subscription.ledger.last_confirmed != self._confirmed_at_read:
             # Entries were confirmed while the read that came back empty was in flight,

@@ -313,7 +313,7 @@ async def test_the_managed_ledger_never_records_a_collected_ledger():
 def test_the_collector_flags_from_the_command_line_and_the_environment():
     """``magnetar autorecovery`` builds LedgerGcConfig from its --ledger-gc-* flags, and
     from MAGNETAR_<FLAG> like every option; a flag on the command line wins."""
-    from common.config_options import config_overrides
+    from runtime.config_options import config_overrides
     from magnetar.autorecovery import OPTIONS
     from magnetar.cli import parse_command_line
 

@@ -29,7 +29,7 @@ import pytest
 
 from managed_ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from managed_ledger.managed_ledger_info import LedgerInfo, ManagedLedgerInfo
-from common.eager_future import call_when_done
+from runtime.eager_future import call_when_done
 from common.position import Position
 from common.topic_name import TopicName
 from common.entry_cache import EntryCache
@@ -510,7 +510,7 @@ async def test_confirmed_appends_wake_readers_before_their_receipts_in_append_or
 
 
 async def test_eager_callbacks_dispatch_then_receipt_inside_the_settling():
-    """The waiter and the appends are EagerFutures (common/eager_future.py): callbacks
+    """The waiter and the appends are EagerFutures (runtime/eager_future.py): callbacks
     registered with call_when_done run inside the settling, the reader's before the
     receipts (in append order), and before any ordinary done-callback of the same
     futures, which waits for the next turn."""

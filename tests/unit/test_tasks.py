@@ -1,4 +1,4 @@
-"""Stopping background tasks (common/tasks.py: cancel_and_wait).
+"""Stopping background tasks (runtime/tasks.py: cancel_and_wait).
 
 What it proves: every task given is cancelled and has finished when the call returns
 (None entries are skipped); a task that had already crashed with an operating error is
@@ -23,7 +23,7 @@ import logging
 import pytest
 
 from common.errors import MetadataUnavailable
-from common.tasks import STOP_ATTEMPTS_MAX, cancel_and_wait
+from runtime.tasks import STOP_ATTEMPTS_MAX, cancel_and_wait
 
 
 async def _forever() -> None:
@@ -48,7 +48,7 @@ async def test_a_task_that_crashed_with_an_operating_error_is_logged_with_its_tr
     task = asyncio.create_task(crash(), name="crasher")
     await asyncio.sleep(0)
     assert task.done()
-    with caplog.at_level(logging.DEBUG, logger="common.tasks"):
+    with caplog.at_level(logging.DEBUG, logger="runtime.tasks"):
         await cancel_and_wait(task)
     records = [r for r in caplog.records if "crasher" in r.getMessage()]
     assert len(records) == 1
@@ -146,7 +146,7 @@ async def test_a_task_that_ignores_every_cancellation_raises_instead_of_hanging(
 
     task = asyncio.create_task(stubborn(), name="stubborn")
     await asyncio.sleep(0)
-    with caplog.at_level(logging.WARNING, logger="common.tasks"):
+    with caplog.at_level(logging.WARNING, logger="runtime.tasks"):
         with pytest.raises(AssertionError, match="stubborn"):
             async with asyncio.timeout(5.0):
                 await cancel_and_wait(task, stop_wait_s=0.05)
