@@ -16,9 +16,10 @@ Theory of operation:
   ever close).
 - Once the connection is closing (``close``, or the peer went away) no further frame
   of the data already received is handled.
-- Until CONNECT only CONNECT is accepted. A malformed frame closes this connection
-  only; a SEND whose payload checksum is wrong gets SEND_ERROR(ChecksumError) and the
-  connection goes on (Pulsar's behaviour).
+- Until CONNECT only CONNECT is accepted (the session's rules, the keep-alive's too,
+  are ``protocol/session.py``'s, shared with the client's connection). A malformed
+  frame closes this connection only; a SEND whose payload checksum is wrong gets
+  SEND_ERROR(ChecksumError) and the connection goes on (Pulsar's behaviour).
 - Back-pressure: each SEND is counted, until it is answered, against this connection,
   its topic and the broker (``broker/publish_limits.py``); when it fills one of them
   (``pending_sends_per_connection_max``, ``pending_sends_per_topic_max`` and bytes,
@@ -79,6 +80,7 @@ from broker.publish_limits import PendingSends, ReadGate
 from broker.topic_list_watchers import TopicListWatcher
 from protocol.proto import pulsar_api_pb2 as pb
 from protocol.server_errors import server_error_for
+from protocol.session import Due, Role, Session, Verdict
 from common.topic_name import NamespaceName, TopicName
 from common.errors import (
     AuthenticationFailed,
@@ -94,7 +96,7 @@ from common.errors import (
 )
 from runtime import write_batch
 from runtime.eager_future import call_when_done
-from runtime.tasks import log_failure
+from runtime.tasks import every, log_failure
 from common.version import __version__
 
 from subscriptions.mode import SubscriptionMode
@@ -134,7 +136,6 @@ class ServerConnection(asyncio.Protocol):
         self.decoder = CommandDecoder(frame_bytes_max=self.config.frame_bytes_max)
         self.transport: asyncio.Transport | None = None
         self.peer = ""
-        self.connected = False
         self.closed = False
         self.protocol_version = 0
         self.client_version = ""
@@ -169,7 +170,10 @@ class ServerConnection(asyncio.Protocol):
         # Created with the transport (connection_made): this connection's pending sends
         # and its reading switch.
         self._read_gate: ReadGate | None = None
-        self._last_received = time.monotonic()
+        # The session's rules (protocol/session.py): what may come first, the CONNECT
+        # deadline, keep-alive and silence.
+        self.session = Session(Role.SERVER, keepalive_interval_s=self.config.keepalive_interval_s,
+                               handshake_timeout_s=self.config.connect_timeout_s, now_s=time.monotonic())
         # time.perf_counter() of the latest read, and the broker's stage histograms
         # (None: not timed) for the "send_decode" stage.
         self._received_at = time.perf_counter()
@@ -187,8 +191,6 @@ class ServerConnection(asyncio.Protocol):
         self._address = ""
         self._handlers: dict[int, Callable[[Frame], None]] = {
             T.CONNECT: self._on_connect,
-            T.PING: self._on_ping,
-            T.PONG: self._on_pong,
             T.AUTH_RESPONSE: self._on_auth_response,
             T.PARTITIONED_METADATA: self._spawn(self._on_partitioned_metadata),
             T.LOOKUP: self._spawn(self._on_lookup),
@@ -229,11 +231,12 @@ class ServerConnection(asyncio.Protocol):
             transport.abort()
             return
         self.service.connections.add(self)
-        self._connect_deadline = asyncio.get_running_loop().call_later(self.config.connect_timeout_s,
+        self._connect_deadline = asyncio.get_running_loop().call_later(self.session.handshake_timeout_s,
                                                                        self._on_connect_deadline)
         self._read_gate = self.service.publish_limits.gate(self.peer, self._pause_reading, self._resume_reading)
         # Owned by the connection: cancelled in connection_lost, its failure logged.
-        self._keepalive = asyncio.get_running_loop().create_task(self._keep_alive())
+        self._keepalive = asyncio.get_running_loop().create_task(every(self.session.check_interval_s,
+                                                                       self._on_keepalive_check))
         self._keepalive.add_done_callback(functools.partial(log_failure, owner=f"connection {self.peer}"))
         log.debug("connection opened: peer=%s", self.peer)
 
@@ -246,7 +249,7 @@ class ServerConnection(asyncio.Protocol):
                 write_batch.end()
 
     def _on_data(self, data: bytes) -> None:
-        self._last_received = time.monotonic()
+        self.session.traffic(time.monotonic())
         self._received_at = time.perf_counter()
         try:
             self.decoder.feed(data)
@@ -292,10 +295,14 @@ class ServerConnection(asyncio.Protocol):
 
     def _on_connect_deadline(self) -> None:
         self._connect_deadline = None
-        if not self.connected and not self.is_closing:
-            log.info("no CONNECT in time, closing: peer=%s connect_timeout_s=%s", self.peer,
-                     self.config.connect_timeout_s)
-            self.close()
+        left_s = self.session.handshake_left_s(time.monotonic())
+        if left_s is None or self.is_closing:
+            return
+        if left_s > 0:   # the timer's clock ran a little ahead of ours
+            self._connect_deadline = asyncio.get_running_loop().call_later(left_s, self._on_connect_deadline)
+            return
+        log.info("no CONNECT in time, closing: peer=%s connect_timeout_s=%s", self.peer, self.config.connect_timeout_s)
+        self.close()
 
     def pause_writing(self) -> None:
         self.writable = False
@@ -311,8 +318,14 @@ class ServerConnection(asyncio.Protocol):
         are not handled (a frame that closed the connection ends the conversation)."""
         return self.closed or (self.transport is not None and self.transport.is_closing())
 
+    @property
+    def connected(self) -> bool:
+        """CONNECTED was written: the session is open."""
+        return self.session.is_open
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.session.closed()
         if self in self.service.connections:
             self.service.connections.discard(self)
             self.service.release_connection(self._address)
@@ -412,12 +425,19 @@ class ServerConnection(asyncio.Protocol):
 
     def _handle(self, frame: Frame) -> None:
         command_type = frame.command.type
-        if not self.connected and command_type != T.CONNECT:
+        verdict = self.session.received(command_type)
+        if verdict is Verdict.REFUSE:
             log.info("command before CONNECT, closing: peer=%s command=%s", self.peer, command_name(command_type))
             self.write_command(commands.error(0, pb.NotAllowedError, "the first command must be CONNECT"))
             self.close()
             return
-        if self._authentication_failure is not None and command_type not in (T.CONNECT, T.PING, T.PONG):
+        if verdict is Verdict.PONG:
+            self.write_command(commands.pong())
+            return
+        if verdict is Verdict.DROP:
+            return   # a PONG: the session counted its bytes as traffic
+        assert verdict is Verdict.HANDLE, verdict   # a server ignores nothing: it refuses
+        if self._authentication_failure is not None and command_type != T.CONNECT:
             self._refuse(frame, self._authentication_failure)
             self.close()
             return
@@ -471,7 +491,7 @@ class ServerConnection(asyncio.Protocol):
         self.protocol_version = commands.negotiated_protocol_version(connect.protocol_version)
         self.supports_partial_producer = connect.feature_flags.supports_partial_producer
         self.supports_auth_refresh = connect.feature_flags.supports_auth_refresh
-        self.connected = True
+        self.session.handshake_done()
         # Announced because this broker serves WATCH_TOPIC_LIST: a client that knows the
         # flag (the Java one) watches instead of polling for its pattern consumers.
         self.write_command(commands.connected(SERVER_VERSION, self.protocol_version, self.config.max_message_size,
@@ -551,23 +571,16 @@ class ServerConnection(asyncio.Protocol):
                     self._detach_consumer(consumer_id)
                     self.write_command(commands.close_consumer(consumer_id))
 
-    def _on_ping(self, frame: Frame) -> None:
-        self.write_command(commands.pong())
-
-    def _on_pong(self, frame: Frame) -> None:
-        pass  # _last_received was updated when it arrived
-
-    async def _keep_alive(self) -> None:
-        interval = self.config.keepalive_interval_s
-        while not self.closed:
-            await asyncio.sleep(interval / 2)
-            silent = time.monotonic() - self._last_received
-            if silent > 2 * interval:
-                log.info("connection idle past keep-alive, closing: peer=%s silent_s=%.1f", self.peer, silent)
-                self.close()
-                return
-            if silent > interval and self.connected:
-                self.write_command(commands.ping())
+    def _on_keepalive_check(self, now_s: float) -> bool:
+        """What the session's keep-alive asks for now; False once it is over."""
+        due = self.session.due(now_s)
+        if due is Due.PING:
+            self.write_command(commands.ping())
+        elif due is Due.CLOSE_SILENT:
+            log.info("connection idle past keep-alive, closing: peer=%s silent_s=%.1f", self.peer,
+                     self.session.silent_s(now_s))
+            self.close()
+        return not self.closed and due is not Due.CLOSE_SILENT
 
     # --- lookups ----------------------------------------------------------------------------------
 

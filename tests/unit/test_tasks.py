@@ -1,4 +1,5 @@
-"""Stopping background tasks (runtime/tasks.py: cancel_and_wait).
+"""Stopping background tasks (runtime/tasks.py: cancel_and_wait), and the periodic
+check (every).
 
 What it proves: every task given is cancelled and has finished when the call returns
 (None entries are skipped); a task that had already crashed with an operating error is
@@ -155,3 +156,23 @@ async def test_a_task_that_ignores_every_cancellation_raises_instead_of_hanging(
     release.set()
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_every_checks_after_each_interval_until_the_check_says_stop():
+    """``every`` (the connections' keep-alive driver) waits one interval before each
+    check, passes the monotonic time, and returns when a check returns False."""
+    import time
+
+    from runtime.tasks import every
+
+    started_s = time.monotonic()
+    seen: list[float] = []
+
+    def check(now_s: float) -> bool:
+        seen.append(now_s)
+        return len(seen) < 3
+
+    await asyncio.wait_for(every(0.01, check), timeout=5)
+    assert len(seen) == 3
+    assert seen == sorted(seen)
+    assert seen[0] - started_s >= 0.009
