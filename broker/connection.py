@@ -80,7 +80,8 @@ from broker.publish_limits import PendingSends, ReadGate
 from broker.topic_list_watchers import TopicListWatcher
 from protocol.proto import pulsar_api_pb2 as pb
 from protocol.server_errors import server_error_for
-from protocol.session import Due, Role, Session, Verdict
+from protocol.session import Due, Role, Session
+from protocol.session import Verdict as SessionVerdict
 from common.topic_name import NamespaceName, TopicName
 from common.errors import (
     AuthenticationFailed,
@@ -426,17 +427,17 @@ class ServerConnection(asyncio.Protocol):
     def _handle(self, frame: Frame) -> None:
         command_type = frame.command.type
         verdict = self.session.received(command_type)
-        if verdict is Verdict.REFUSE:
+        if verdict is SessionVerdict.REFUSE:
             log.info("command before CONNECT, closing: peer=%s command=%s", self.peer, command_name(command_type))
             self.write_command(commands.error(0, pb.NotAllowedError, "the first command must be CONNECT"))
             self.close()
             return
-        if verdict is Verdict.PONG:
+        if verdict is SessionVerdict.PONG:
             self.write_command(commands.pong())
             return
-        if verdict is Verdict.DROP:
+        if verdict is SessionVerdict.DROP:
             return   # a PONG: the session counted its bytes as traffic
-        assert verdict is Verdict.HANDLE, verdict   # a server ignores nothing: it refuses
+        assert verdict is SessionVerdict.HANDLE, verdict   # a server ignores nothing: it refuses
         if self._authentication_failure is not None and command_type != T.CONNECT:
             self._refuse(frame, self._authentication_failure)
             self.close()
