@@ -244,12 +244,20 @@ class WriteHandle:
         done = self._tracker.complete(self._change_start)
         if not done:
             return
+        # last_add_confirmed never passes an entry an ack quorum has not acknowledged: it
+        # moved to the last entry completed now, every entry up to it in order.
+        last_add_confirmed = self._tracker.last_add_confirmed
+        assert done[-1] == last_add_confirmed, (done, last_add_confirmed)
+        assert next(iter(self._pending)) == done[0], (next(iter(self._pending)), done[0])
         for entry_id in done:
             pending = self._pending.pop(entry_id)
             self._pending_bytes -= len(pending.data)
             self._length_bytes += len(pending.data) - ENTRY_HEADER_SIZE
             if not pending.future.done():
                 pending.future.set_result(entry_id)
+        # What is still pending lies after it (entries are kept in submission order).
+        assert not self._pending or next(iter(self._pending)) == last_add_confirmed + 1, \
+            (next(iter(self._pending)), last_add_confirmed)
         self._room.set()
         if not self._pending:
             self._idle.set()
