@@ -14,6 +14,7 @@ RUN python -m venv /opt/magnetar
 COPY pyproject.toml README.md ./
 COPY magnetar/ magnetar/
 COPY common/ common/
+COPY runtime/ runtime/
 COPY protocol/ protocol/
 COPY metadata/ metadata/
 COPY ledger/ ledger/
@@ -22,6 +23,7 @@ COPY archive/ archive/
 COPY client/ client/
 COPY bundles/ bundles/
 COPY subscriptions/ subscriptions/
+COPY managed_ledger/ managed_ledger/
 COPY broker/ broker/
 COPY gateway/ gateway/
 COPY spark/ spark/

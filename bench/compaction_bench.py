@@ -1,9 +1,9 @@
-"""Memory of one compaction (broker/compaction.py) as the number of keys grows: an
+"""Memory of one compaction (managed_ledger/compaction.py) as the number of keys grows: an
 in-memory topic of batches (100 messages each, every key written twice, one key in 20
 then deleted by a tombstone) is compacted into an in-memory side ledger, and the peak
 of the Python allocations made during the run (tracemalloc) is compared across key
 counts. The latest-key table lives in SQLite (its page cache, 8 MiB at most, is outside
-tracemalloc's view and bounded by broker/compaction_keys.py), so the traced peak must
+tracemalloc's view and bounded by managed_ledger/compaction_keys.py), so the traced peak must
 not grow with the keys: the run fails if, from the middle key count to the largest
 (three times as many), the peak grows by more than half, or if any peak passes 16 MiB. The compacted output itself (the survivors' copies) is not
 counted: it is the result, held by the fake ledger. Each size is also compacted once
@@ -24,7 +24,7 @@ import tracemalloc
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from broker.compaction import compact  # noqa: E402
+from managed_ledger.compaction import compact  # noqa: E402
 from common.position import ManagedEntry, Position  # noqa: E402
 from protocol.batch import encode_batch  # noqa: E402
 from protocol.codec import encode_stored  # noqa: E402

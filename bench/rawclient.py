@@ -331,7 +331,7 @@ class RawConnection(asyncio.Protocol):
     # asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # A stream transport: asyncio's, or uvloop's (common/event_loop.py), which is not a
+        # A stream transport: asyncio's, or uvloop's (runtime/event_loop.py), which is not a
         # subclass of asyncio.Transport (an isinstance check here refused every connection).
         transport = cast(asyncio.Transport, transport)
         self.transport = transport

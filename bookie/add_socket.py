@@ -41,9 +41,9 @@ from typing import Callable, cast
 import grpc
 
 from bookie.server import STREAM_BATCHES_IN_FLIGHT_MAX, BookieServicer, PendingBatch, add_items
-from common.eager_future import call_when_done
+from runtime.eager_future import call_when_done
 from common.errors import AuthenticationFailed, AuthorizationDenied, MagnetarError, MalformedFrame
-from common.tasks import log_failure
+from runtime.tasks import log_failure
 from protocol.add_socket import MessageDecoder, encode_message, parse
 from protocol.proto import bookie_pb2
 
@@ -134,7 +134,7 @@ class _AddConnection(asyncio.Protocol):
     # --- asyncio.Protocol -----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # A stream transport: asyncio's, or uvloop's (common/event_loop.py), which is not a
+        # A stream transport: asyncio's, or uvloop's (runtime/event_loop.py), which is not a
         # subclass of asyncio.Transport (an isinstance check here refused every connection).
         transport = cast(asyncio.Transport, transport)
         self._transport = transport

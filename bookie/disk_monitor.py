@@ -2,7 +2,10 @@
 
 ``decide_read_only`` is the pure rule: turn read-only when any directory's filesystem is
 past ``usage_threshold``; turn writable again only when every one is below the low
-water mark, so a bookie near the line does not flap. ``measure`` does the IO.
+water mark, so a bookie near the line does not flap. ``check`` adds the republish
+policy: a read-only flip is published in the bookie's registration at once, free space
+only when it moved by more than 1% of the disk since the record last written, so an idle
+cluster does not write etcd every tick. ``measure`` does the IO.
 """
 
 from __future__ import annotations
@@ -28,6 +31,26 @@ def decide_read_only(currently_read_only: bool, ratio: float, threshold: float, 
     if currently_read_only and ratio >= lwm_threshold:
         return True
     return False
+
+
+@dataclass(frozen=True)
+class DiskCheck:
+    """What one disk check decided."""
+
+    read_only: bool     # the decision now
+    flipped: bool       # it differs from the bookie's state before the check
+    republish: bool     # the registration record should be written again
+
+
+def check(usage: DiskUsage, currently_read_only: bool, published_free_bytes: int | None, threshold: float,
+          lwm_threshold: float) -> DiskCheck:
+    """The read-only decision for ``usage`` and whether to republish the registration
+    (``published_free_bytes``: the free space of the record last written, None if
+    none was)."""
+    read_only = decide_read_only(currently_read_only, usage.ratio, threshold, lwm_threshold)
+    flipped = read_only != currently_read_only
+    moved = published_free_bytes is None or abs(published_free_bytes - usage.free_bytes) > usage.total_bytes // 100
+    return DiskCheck(read_only=read_only, flipped=flipped, republish=flipped or moved)
 
 
 def _device_of(directory: str) -> int:

@@ -157,8 +157,8 @@ class IndexWriter:
 
     def ledger_rows(self) -> list[LedgerRow]:
         return [
-            LedgerRow(ledger_id, bool(fenced), lac, last)
-            for ledger_id, fenced, lac, last in self._db.execute(
+            LedgerRow(ledger_id, bool(fenced), last_add_confirmed, last)
+            for ledger_id, fenced, last_add_confirmed, last in self._db.execute(
                 "SELECT ledger_id, fenced, last_add_confirmed, last_entry_id FROM ledgers")
         ]
 

@@ -69,7 +69,7 @@ from bookie.format import (
     parse_file_id,
 )
 from bookie.io_thread import IoThread
-from common.eager_future import new_eager_future, settle_all
+from runtime.eager_future import new_eager_future, settle_all
 from common.errors import BookieStorageError, MalformedFrame, ShuttingDown
 from common.histograms import WeightedHistogram
 

@@ -30,19 +30,19 @@ from protocol.proto import bookie_pb2_grpc
 from bookie.registration import Registration, check_cookie
 from bookie.add_socket import AddSocketServer
 from bookie.server import BookieServicer
-from common.config_options import ConfigOption, add_config_options, config_overrides
+from runtime.config_options import ConfigOption, add_config_options, config_overrides
 from common.errors import MagnetarError
 from common.version import __version__
-from common.listen import bind_failure, probe_bind
-from common.loop_monitor import LoopMonitor
-from common.ops_http import add_ready_route, build_ops_app, start_ops_server
-from common.tasks import stop_on_signals
+from runtime.listen import bind_failure, probe_bind
+from runtime.loop_monitor import LoopMonitor
+from runtime.ops_http import add_ready_route, build_ops_app, start_ops_server
+from runtime.tasks import stop_on_signals
 from metadata import open_store
 from metadata.etcd_tls import ETCD_TLS_OPTIONS, etcd_tls_from_args
 from metadata.start_retry import while_unavailable
 from metadata.bookie_record import BookieRecord
 from bookie.security import BookieSecurityConfig, TokenInterceptor, server_credentials
-from common.tls import CertificateReloader, TlsConfig, server_context
+from runtime.tls import CertificateReloader, TlsConfig, server_context
 
 log = logging.getLogger(__name__)
 
@@ -295,19 +295,16 @@ class BookieProcess:
                 await asyncio.sleep(config.disk.check_interval_s)
                 usage = await asyncio.to_thread(disk_monitor.measure, directories)
                 node.disk_usage = usage
-                read_only = disk_monitor.decide_read_only(node.read_only, usage.ratio, config.disk.usage_threshold,
-                                                          config.disk.usage_lwm_threshold)
-                flipped = read_only != node.read_only
-                if flipped:
-                    node.read_only = read_only
-                    log.warning("bookie %s: bookie_id=%s disk_usage_ratio=%.4f directory=%s",
-                                "turned read-only" if read_only else "writable again", bookie_id,
-                                usage.ratio, usage.worst_directory)
-                # Publish a read-only flip at once; free space only when it moved by more
-                # than 1% of the disk, so an idle cluster does not write etcd every tick.
                 published = registration.record
-                moved = published is None or abs(published.free_bytes - usage.free_bytes) > usage.total_bytes // 100
-                if flipped or moved:
+                checked = disk_monitor.check(usage, node.read_only,
+                                             published.free_bytes if published is not None else None,
+                                             config.disk.usage_threshold, config.disk.usage_lwm_threshold)
+                if checked.flipped:
+                    node.read_only = checked.read_only
+                    log.warning("bookie %s: bookie_id=%s disk_usage_ratio=%.4f directory=%s",
+                                "turned read-only" if checked.read_only else "writable again", bookie_id,
+                                usage.ratio, usage.worst_directory)
+                if checked.republish:   # the policy: bookie/disk_monitor.py
                     registration.update(self._record(node, address, http_address, started_at_ms))
 
         gc_trigger = asyncio.Event()

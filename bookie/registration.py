@@ -16,7 +16,7 @@ import uuid
 
 from bookie.fileio import replace_file
 from common.errors import ConfigError, MagnetarError
-from common.tasks import cancel_and_wait
+from runtime.tasks import cancel_and_wait
 from metadata import keys
 from metadata.bookie_record import BookieRecord, Cookie
 from metadata.store import Lease, MetadataStore

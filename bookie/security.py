@@ -2,7 +2,7 @@
 
 With ``authentication_enabled`` every RPC (each add stream, each read, fence, LAC and
 info call) must carry gRPC metadata ``authorization: Bearer <token>``, a token made
-with the cluster's token key (common/tokens.py) whose role is one of
+with the cluster's token key (runtime/tokens.py) whose role is one of
 ``allowed_roles`` (the brokers' service role); anything else is answered
 UNAUTHENTICATED (no token, bad token) or PERMISSION_DENIED (a role not allowed) before
 the servicer runs, so an unauthenticated peer can neither add nor read. The last
@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 import grpc
 
 from common.errors import AuthenticationFailed, ConfigError
-from common.tls import TlsConfig
-from common.tokens import KeyFileVerifier
+from runtime.tls import TlsConfig
+from runtime.tokens import KeyFileVerifier
 
 log = logging.getLogger(__name__)
 

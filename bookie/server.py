@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, AsyncIterator
 import grpc
 
 from bookie.node import AddItem, BookieNode
-from common.tasks import cancel_and_wait
+from runtime.tasks import cancel_and_wait
 from protocol.bookie_rpc import error_code_metadata
 from protocol.proto import bookie_pb2, bookie_pb2_grpc
 from common.errors import (

@@ -46,7 +46,7 @@ from archive.manifest import FileRecord, LedgerRecord, Manifest
 from archive.policy import ArchivedLedger, LedgerState, ledgers_to_archive, ledgers_to_collect, ledgers_to_release
 from archive.reader import verify_file
 from archive.writer import SliceBuilder, WriterConfig, publish, write_temp
-from broker.archive_reads import ArchiveReads
+from managed_ledger.archive_reads import ArchiveReads
 from broker.topic import PersistentTopic
 from common.errors import (
     ArchiveError,

@@ -23,7 +23,7 @@ key value given (``file:///path`` or ``data:;base64,...``). A key file is read a
 when its modification time changes, so a key is rotated without a restart (checked at
 most every ``KEY_RECHECK_S``); the basic auth file likewise (broker/password_file.py).
 Client certificates are verified by the TLS handshake against the listener's
-``trust_certs_file`` (common/tls.py) before any provider sees them. A bcrypt check runs
+``trust_certs_file`` (runtime/tls.py) before any provider sees them. A bcrypt check runs
 in a worker thread, at most ``BASIC_CHECKS_IN_FLIGHT_MAX`` at a time, never on the
 event loop.
 
@@ -40,8 +40,8 @@ import time
 from dataclasses import dataclass
 from broker.password_file import PasswordFile
 from common.errors import AuthenticationFailed, ConfigError
-from common.tls import certificate_common_name
-from common.tokens import KeyFileVerifier, TokenVerifier
+from runtime.tls import certificate_common_name
+from runtime.tokens import KeyFileVerifier, TokenVerifier
 
 # The auth method names the official clients send (AuthenticationToken, AuthenticationTLS,
 # AuthenticationBasic), which are also the provider names of authentication_providers.

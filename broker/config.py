@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 
 from protocol.codec import FRAME_PADDING_BYTES, MAX_MESSAGE_SIZE_DEFAULT
 from broker.authentication import AuthConfig
-from broker.managed_ledger import ManagedLedgerConfig
+from managed_ledger.managed_ledger import ManagedLedgerConfig
 from common.entry import ENTRY_HEADER_SIZE
 from common.errors import ConfigError
-from common.tls import TlsConfig
+from runtime.tls import TlsConfig
 from metadata.etcd_tls import EtcdTlsConfig
 
 MIB = 1024 * 1024
@@ -66,7 +66,7 @@ class BrokerConfig:
     managed_ledger: ManagedLedgerConfig = field(default_factory=ManagedLedgerConfig)
     # Authentication and authorization (broker/authentication.py); off by default.
     auth: AuthConfig = field(default_factory=AuthConfig)
-    # TLS (common/tls.py): with a certificate the broker also listens on tls_port
+    # TLS (runtime/tls.py): with a certificate the broker also listens on tls_port
     # (pulsar+ssl://, Pulsar's 6651) and http_tls_port (HTTPS, Pulsar's 8443); with
     # plain_ports_enabled off it listens only there, and advertises only TLS URLs.
     tls: TlsConfig = field(default_factory=TlsConfig)
@@ -163,7 +163,7 @@ class BrokerConfig:
     policy_check_interval_s: float = 5.0
     # Tests only (hidden --compaction-pause-at): a compaction stops at this point of
     # its run and waits for ever, so that a test can kill -9 the broker there
-    # (broker/compaction.py PAUSE_POINTS).
+    # (managed_ledger/compaction.py PAUSE_POINTS).
     compaction_pause_at: str = ""
 
     def __post_init__(self) -> None:

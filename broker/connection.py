@@ -1,5 +1,11 @@
 """One client connection speaking Pulsar's binary protocol (the shell around the
-sans-IO codec).
+sans-IO codec): the router. It owns the socket, the timers, the session's rules
+(``protocol/session.py``) and the connection's state, and sends each command to its
+handler; the handlers live in one module per concern, mixed into ``ServerConnection``:
+``connection_lookups.py`` (lookups, partition metadata, topic lists and their watchers),
+``connection_producing.py`` (producers and sends), ``connection_consuming.py``
+(subscriptions, flow, acks, seeks) and ``connection_admin.py`` (credential refresh,
+permission rechecks, schemas, consumer stats).
 
 Theory of operation:
 - Bytes go into the ``CommandDecoder``; every complete frame is handled in arrival
@@ -16,9 +22,10 @@ Theory of operation:
   ever close).
 - Once the connection is closing (``close``, or the peer went away) no further frame
   of the data already received is handled.
-- Until CONNECT only CONNECT is accepted. A malformed frame closes this connection
-  only; a SEND whose payload checksum is wrong gets SEND_ERROR(ChecksumError) and the
-  connection goes on (Pulsar's behaviour).
+- Until CONNECT only CONNECT is accepted (the session's rules, the keep-alive's too,
+  are ``protocol/session.py``'s, shared with the client's connection). A malformed
+  frame closes this connection only; a SEND whose payload checksum is wrong gets
+  SEND_ERROR(ChecksumError) and the connection goes on (Pulsar's behaviour).
 - Back-pressure: each SEND is counted, until it is answered, against this connection,
   its topic and the broker (``broker/publish_limits.py``); when it fills one of them
   (``pending_sends_per_connection_max``, ``pending_sends_per_topic_max`` and bytes,
@@ -66,76 +73,48 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from protocol import commands
-from protocol.batch import message_count
 from protocol.codec import NEED_DATA, CommandDecoder, Frame, PayloadChecksumMismatch, command_name, encode_command
-from broker import policy_enforcement, schemas, topic_list, topic_policies
-from broker.authentication import TOKEN_METHOD, Identity
-from broker.authorization import CONSUME, PRODUCE
-from broker.consumer import Consumer
-from broker.deduplication import Verdict
-from common.position import Position
+from broker.authentication import Identity
+from broker.connection_admin import SERVER_VERSION, AdminHandlers
+from broker.connection_consuming import AttachedConsumer, ConsumingHandlers
+from broker.connection_lookups import LookupHandlers
+from broker.connection_producing import ProducingHandlers
 from broker.producer import Producer
-from broker.publish_limits import PendingSends, ReadGate
+from broker.publish_limits import ReadGate
 from broker.topic_list_watchers import TopicListWatcher
 from protocol.proto import pulsar_api_pb2 as pb
 from protocol.server_errors import server_error_for
-from common.topic_name import NamespaceName, TopicName
+from protocol.session import Due, Role, Session
+from protocol.session import Verdict as SessionVerdict
 from common.errors import (
     AuthenticationFailed,
-    ChecksumError,
-    ConsumerBusy,
-    EncryptionRequired,
-    ProducerBusy,
-    InvalidArgument,
     MagnetarError,
     MalformedFrame,
-    NotAllowed,
-    SubscriptionNotFound,
     TooManyRequests,
 )
-from common import write_batch
-from common.eager_future import call_when_done
-from common.tasks import log_failure
-from common.version import __version__
-
-from subscriptions.mode import SubscriptionMode
-from subscriptions.ports import AckedMessage
+from runtime import write_batch
+from runtime.tasks import every, log_failure
 
 if TYPE_CHECKING:
     from broker.service import BrokerService
     from broker.topic import PersistentTopic
-    from subscriptions.subscription import Subscription
 
 log = logging.getLogger(__name__)
 
-SERVER_VERSION = f"Magnetar {__version__}"
-# Producers closed by the broker whose late SENDs a connection drops silently (a client
-# has at most a few producers per connection; older ones get NotAllowed errors again).
-CLOSED_PRODUCERS_REMEMBERED = 1000
-# A listener name longer than this is kept cut (it then matches no listener).
-LISTENER_NAME_BYTES_MAX = 256
 T = pb.BaseCommand
 
 
-class _AttachedConsumer:
-    __slots__ = ("consumer", "topic", "subscription", "durable")
+class ServerConnection(LookupHandlers, ProducingHandlers, ConsumingHandlers, AdminHandlers, asyncio.Protocol):
+    """The router: the connection's state, its socket and timers, the session, the
+    dispatch of each command to its handler; the handlers live in one module per
+    concern (mixed in above)."""
 
-    def __init__(self, consumer: Consumer, topic: "PersistentTopic", subscription: "Subscription",
-                 durable: bool) -> None:
-        self.consumer = consumer
-        self.topic = topic
-        self.subscription = subscription
-        self.durable = durable
-
-
-class ServerConnection(asyncio.Protocol):
     def __init__(self, service: "BrokerService") -> None:
         self.service = service
         self.config = service.config
         self.decoder = CommandDecoder(frame_bytes_max=self.config.frame_bytes_max)
         self.transport: asyncio.Transport | None = None
         self.peer = ""
-        self.connected = False
         self.closed = False
         self.protocol_version = 0
         self.client_version = ""
@@ -162,7 +141,7 @@ class ServerConnection(asyncio.Protocol):
         # client resends them after reconnecting) instead of answered with an error.
         self._closed_by_broker: collections.OrderedDict[int, None] = collections.OrderedDict()
         self._pending_producers: dict[int, asyncio.Task[None]] = {}
-        self.consumers: dict[int, _AttachedConsumer] = {}
+        self.consumers: dict[int, AttachedConsumer] = {}
         self.topic_list_watchers: dict[int, TopicListWatcher] = {}
         self._pending_consumers: dict[int, asyncio.Task[None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -170,7 +149,10 @@ class ServerConnection(asyncio.Protocol):
         # Created with the transport (connection_made): this connection's pending sends
         # and its reading switch.
         self._read_gate: ReadGate | None = None
-        self._last_received = time.monotonic()
+        # The session's rules (protocol/session.py): what may come first, the CONNECT
+        # deadline, keep-alive and silence.
+        self.session = Session(Role.SERVER, keepalive_interval_s=self.config.keepalive_interval_s,
+                               handshake_timeout_s=self.config.connect_timeout_s, now_s=time.monotonic())
         # time.perf_counter() of the latest read, and the broker's stage histograms
         # (None: not timed) for the "send_decode" stage.
         self._received_at = time.perf_counter()
@@ -188,8 +170,6 @@ class ServerConnection(asyncio.Protocol):
         self._address = ""
         self._handlers: dict[int, Callable[[Frame], None]] = {
             T.CONNECT: self._on_connect,
-            T.PING: self._on_ping,
-            T.PONG: self._on_pong,
             T.AUTH_RESPONSE: self._on_auth_response,
             T.PARTITIONED_METADATA: self._spawn(self._on_partitioned_metadata),
             T.LOOKUP: self._spawn(self._on_lookup),
@@ -215,7 +195,7 @@ class ServerConnection(asyncio.Protocol):
     # --- asyncio.Protocol --------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # A stream transport: asyncio's own, or uvloop's (common/event_loop.py), which
+        # A stream transport: asyncio's own, or uvloop's (runtime/event_loop.py), which
         # is not a subclass of asyncio.Transport.
         assert callable(getattr(transport, "write", None)), transport
         assert callable(getattr(transport, "pause_reading", None)), transport
@@ -230,11 +210,12 @@ class ServerConnection(asyncio.Protocol):
             transport.abort()
             return
         self.service.connections.add(self)
-        self._connect_deadline = asyncio.get_running_loop().call_later(self.config.connect_timeout_s,
+        self._connect_deadline = asyncio.get_running_loop().call_later(self.session.handshake_timeout_s,
                                                                        self._on_connect_deadline)
         self._read_gate = self.service.publish_limits.gate(self.peer, self._pause_reading, self._resume_reading)
         # Owned by the connection: cancelled in connection_lost, its failure logged.
-        self._keepalive = asyncio.get_running_loop().create_task(self._keep_alive())
+        self._keepalive = asyncio.get_running_loop().create_task(every(self.session.check_interval_s,
+                                                                       self._on_keepalive_check))
         self._keepalive.add_done_callback(functools.partial(log_failure, owner=f"connection {self.peer}"))
         log.debug("connection opened: peer=%s", self.peer)
 
@@ -247,7 +228,7 @@ class ServerConnection(asyncio.Protocol):
                 write_batch.end()
 
     def _on_data(self, data: bytes) -> None:
-        self._last_received = time.monotonic()
+        self.session.traffic(time.monotonic())
         self._received_at = time.perf_counter()
         try:
             self.decoder.feed(data)
@@ -293,10 +274,14 @@ class ServerConnection(asyncio.Protocol):
 
     def _on_connect_deadline(self) -> None:
         self._connect_deadline = None
-        if not self.connected and not self.is_closing:
-            log.info("no CONNECT in time, closing: peer=%s connect_timeout_s=%s", self.peer,
-                     self.config.connect_timeout_s)
-            self.close()
+        left_s = self.session.handshake_left_s(time.monotonic())
+        if left_s is None or self.is_closing:
+            return
+        if left_s > 0:   # the timer's clock ran a little ahead of ours
+            self._connect_deadline = asyncio.get_running_loop().call_later(left_s, self._on_connect_deadline)
+            return
+        log.info("no CONNECT in time, closing: peer=%s connect_timeout_s=%s", self.peer, self.config.connect_timeout_s)
+        self.close()
 
     def pause_writing(self) -> None:
         self.writable = False
@@ -312,8 +297,14 @@ class ServerConnection(asyncio.Protocol):
         are not handled (a frame that closed the connection ends the conversation)."""
         return self.closed or (self.transport is not None and self.transport.is_closing())
 
+    @property
+    def connected(self) -> bool:
+        """CONNECTED was written: the session is open."""
+        return self.session.is_open
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.session.closed()
         if self in self.service.connections:
             self.service.connections.discard(self)
             self.service.release_connection(self._address)
@@ -413,12 +404,19 @@ class ServerConnection(asyncio.Protocol):
 
     def _handle(self, frame: Frame) -> None:
         command_type = frame.command.type
-        if not self.connected and command_type != T.CONNECT:
+        verdict = self.session.received(command_type)
+        if verdict is SessionVerdict.REFUSE:
             log.info("command before CONNECT, closing: peer=%s command=%s", self.peer, command_name(command_type))
             self.write_command(commands.error(0, pb.NotAllowedError, "the first command must be CONNECT"))
             self.close()
             return
-        if self._authentication_failure is not None and command_type not in (T.CONNECT, T.PING, T.PONG):
+        if verdict is SessionVerdict.PONG:
+            self.write_command(commands.pong())
+            return
+        if verdict is SessionVerdict.DROP:
+            return   # a PONG: the session counted its bytes as traffic
+        assert verdict is SessionVerdict.HANDLE, verdict   # a server ignores nothing: it refuses
+        if self._authentication_failure is not None and command_type != T.CONNECT:
             self._refuse(frame, self._authentication_failure)
             self.close()
             return
@@ -472,7 +470,7 @@ class ServerConnection(asyncio.Protocol):
         self.protocol_version = commands.negotiated_protocol_version(connect.protocol_version)
         self.supports_partial_producer = connect.feature_flags.supports_partial_producer
         self.supports_auth_refresh = connect.feature_flags.supports_auth_refresh
-        self.connected = True
+        self.session.handshake_done()
         # Announced because this broker serves WATCH_TOPIC_LIST: a client that knows the
         # flag (the Java one) watches instead of polling for its pattern consumers.
         self.write_command(commands.connected(SERVER_VERSION, self.protocol_version, self.config.max_message_size,
@@ -481,383 +479,22 @@ class ServerConnection(asyncio.Protocol):
                   self.client_version, self.protocol_version, self.role,
                   self.identity.method if self.identity is not None else "-")
 
-    def _on_auth_response(self, frame: Frame) -> None:
-        if self.identity is None:
-            return   # authentication is off (or failed, and then this never arrives here)
-        if self._refuse_if_too_many(frame):
-            return   # bounded like any request that runs as a task (it has no answer to refuse with)
-        self._start_task(self._refresh_identity(frame.command.authResponse))
-
-    async def _refresh_identity(self, response: pb.CommandAuthResponse) -> None:
-        """Takes a client's fresh credentials (the answer to AUTH_CHALLENGE): the same
-        role must come back, verified, or the connection ends."""
-        assert self.identity is not None
-        method = response.response.auth_method_name or self.identity.method
-        data = response.response.auth_data if response.response.HasField("auth_data") else None
-        try:
-            identity = await self.service.authenticator.authenticate(method, data, self._peer_certificate())
-        except AuthenticationFailed as error:
-            log.info("credential refresh failed, closing connection: peer=%s role=%s method=%s error=%s",
-                     self.peer, self.role, method[:32], error.message)
-            self.close()
-            return
-        if identity.role != self.identity.role:
-            log.info("credential refresh names another role, closing connection: peer=%s role=%s new_role=%s",
-                     self.peer, self.role, identity.role)
-            self.close()
-            return
-        self.identity = identity
-        self._challenged = False
-        self.auth_refreshes += 1
-        log.info("credential refreshed: peer=%s role=%s method=%s expires_at_s=%s", self.peer, self.role,
-                 identity.method, identity.expires_at_s)
-
     @property
     def role(self) -> str | None:
         return self.identity.role if self.identity is not None else None
 
-    async def recheck_permissions(self) -> None:
-        """Closes the connection if its credential expired, and each producer or
-        consumer whose role may no longer produce or consume on its topic (CLOSE_*: the
-        client looks the topic up again and is refused)."""
-        if self.closed or self.identity is None:
-            return
-        if not self.service.authenticator.still_valid(self.identity):
-            if self._challenged or not self.supports_auth_refresh or self.identity.method != TOKEN_METHOD:
-                log.info("credential expired, closing connection: peer=%s role=%s challenged=%s", self.peer,
-                         self.role, self._challenged)
-                self.close()
-                return
-            # Pulsar's refresh: the client answers with fresh credentials (its token
-            # supplier's) before the next check, or the connection ends then.
-            self._challenged = True
-            self.write_command(commands.auth_challenge(SERVER_VERSION, self.protocol_version, TOKEN_METHOD))
-            log.info("credential expired, challenging the client: peer=%s role=%s", self.peer, self.role)
-        authorizer = self.service.authorizer
-        if not authorizer.enabled:
-            return
-        for producer_id, topic in list(self._producer_topics.items()):
-            if not await authorizer.allowed(self.role, topic.name, PRODUCE):
-                producer = self.producers.get(producer_id)
-                if producer is not None and self._producer_topics.get(producer_id) is topic:
-                    log.info("producer closed, permission revoked: peer=%s role=%s topic=%s", self.peer,
-                             self.role, topic.full_name)
-                    self._detach_producer(producer_id)
-                    self.write_command(commands.close_producer(producer_id))
-        for consumer_id, attached in list(self.consumers.items()):
-            if not await authorizer.allowed(self.role, attached.topic.name, CONSUME):
-                if self.consumers.get(consumer_id) is attached:
-                    log.info("consumer closed, permission revoked: peer=%s role=%s topic=%s", self.peer,
-                             self.role, attached.topic.full_name)
-                    self._detach_consumer(consumer_id)
-                    self.write_command(commands.close_consumer(consumer_id))
+    def _on_keepalive_check(self, now_s: float) -> bool:
+        """What the session's keep-alive asks for now; False once it is over."""
+        due = self.session.due(now_s)
+        if due is Due.PING:
+            self.write_command(commands.ping())
+        elif due is Due.CLOSE_SILENT:
+            log.info("connection idle past keep-alive, closing: peer=%s silent_s=%.1f", self.peer,
+                     self.session.silent_s(now_s))
+            self.close()
+        return not self.closed and due is not Due.CLOSE_SILENT
 
-    def _on_ping(self, frame: Frame) -> None:
-        self.write_command(commands.pong())
-
-    def _on_pong(self, frame: Frame) -> None:
-        pass  # _last_received was updated when it arrived
-
-    async def _keep_alive(self) -> None:
-        interval = self.config.keepalive_interval_s
-        while not self.closed:
-            await asyncio.sleep(interval / 2)
-            silent = time.monotonic() - self._last_received
-            if silent > 2 * interval:
-                log.info("connection idle past keep-alive, closing: peer=%s silent_s=%.1f", self.peer, silent)
-                self.close()
-                return
-            if silent > interval and self.connected:
-                self.write_command(commands.ping())
-
-    # --- lookups ----------------------------------------------------------------------------------
-
-    async def _on_partitioned_metadata(self, frame: Frame) -> None:
-        request = frame.command.partitionMetadata
-        try:
-            name = TopicName.parse(request.topic)
-            await self.service.authorizer.check_lookup(self.role, name)
-            partitions = await self.service.partitioned_metadata(name)
-        except MagnetarError as error:
-            self.write_command(commands.partitioned_metadata_failure(request.request_id, server_error_for(error),
-                                                                     error.message))
-            return
-        self.write_command(commands.partitioned_metadata_response(request.request_id, partitions))
-
-    async def _on_lookup(self, frame: Frame) -> None:
-        request = frame.command.lookupTopic
-        try:
-            name = TopicName.parse(request.topic)
-            await self.service.authorizer.check_lookup(self.role, name)
-            if request.advertised_listener_name:
-                self.listener_name = request.advertised_listener_name[:LISTENER_NAME_BYTES_MAX]
-            owner = await self.service.lookup(name, request.advertised_listener_name)
-        except MagnetarError as error:
-            self.write_command(commands.lookup_failure(request.request_id, server_error_for(error), error.message))
-            return
-        # authoritative: the answer comes from the owner's record, so a client that is
-        # redirected connects straight to the owner.
-        self.write_command(commands.lookup_response(request.request_id, owner.service_url, authoritative=True,
-                                                    redirect=not owner.is_self,
-                                                    broker_service_url_tls=owner.service_url_tls))
-
-    async def _on_get_topics_of_namespace(self, frame: Frame) -> None:
-        request = frame.command.getTopicsOfNamespace
-        try:
-            namespace = NamespaceName.parse(request.namespace)
-            await self.service.authorizer.check_namespace_access(self.role, namespace)
-            topics = await self.service.topics_of_namespace(namespace)
-        except MagnetarError as error:
-            self._write_error(request.request_id, error)
-            return
-        if request.mode == pb.CommandGetTopicsOfNamespace.NON_PERSISTENT:
-            topics = []   # only persistent topics exist here (common/topic_name.py)
-        result = topic_list.answer(topics, request.topics_pattern if request.HasField("topics_pattern") else None,
-                                   request.topics_hash if request.HasField("topics_hash") else None)
-        self.write_command(commands.topics_of_namespace_response(
-            request.request_id, result.topics, filtered=result.filtered, topics_hash=result.topics_hash,
-            changed=result.changed))
-
-    async def _on_watch_topic_list(self, frame: Frame) -> None:
-        request = frame.command.watchTopicList
-        watcher_id = request.watcher_id
-        if watcher_id in self.topic_list_watchers:
-            self.write_command(commands.error(request.request_id, pb.NotAllowedError,
-                                              f"topic-list watcher {watcher_id} exists already"))
-            return
-
-        def on_update(new_topics: list[str], deleted_topics: list[str], digest: str) -> None:
-            self.write_command(commands.watch_topic_update(watcher_id, new_topics, deleted_topics, digest))
-
-        try:
-            namespace = NamespaceName.parse(request.namespace)
-            await self.service.authorizer.check_namespace_access(self.role, namespace)
-            await self.service.resources.policies(namespace)   # TopicNotFound-like error if it does not exist
-            watcher = await self.service.topic_list_watchers.watch(
-                namespace, request.topics_pattern, on_update, len(self.topic_list_watchers))
-        except MagnetarError as error:
-            self._write_error(request.request_id, error)
-            return
-        if self.is_closing or watcher_id in self.topic_list_watchers:
-            self.service.topic_list_watchers.unwatch(watcher)   # the connection went, or a twin won the race
-            if not self.is_closing:
-                self.write_command(commands.error(request.request_id, pb.NotAllowedError,
-                                                  f"topic-list watcher {watcher_id} exists already"))
-            return
-        self.topic_list_watchers[watcher_id] = watcher
-        self.write_command(commands.watch_topic_list_success(request.request_id, watcher_id,
-                                                             sorted(watcher.topics), watcher.topics_hash))
-        log.debug("topic-list watcher opened: peer=%s watcher_id=%d namespace=%s", self.peer, watcher_id, namespace)
-
-    def _on_watch_topic_list_close(self, frame: Frame) -> None:
-        request = frame.command.watchTopicListClose
-        watcher = self.topic_list_watchers.pop(request.watcher_id, None)
-        if watcher is not None:
-            self.service.topic_list_watchers.unwatch(watcher)
-        self.write_command(commands.success(request.request_id))
-
-    async def _on_get_schema(self, frame: Frame) -> None:
-        request = frame.command.getSchema
-        try:
-            name = TopicName.parse(request.topic)
-            version = schemas.decode_version(request.schema_version) if request.HasField("schema_version") \
-                and request.schema_version else None
-            found = await self.service.schemas.get(name, version)
-        except MagnetarError as error:
-            self.write_command(commands.wrap(pb.CommandGetSchemaResponse(
-                request_id=request.request_id, error_code=server_error_for(error), error_message=error.message)))
-            return
-        if found is None:
-            self.write_command(commands.wrap(pb.CommandGetSchemaResponse(
-                request_id=request.request_id, error_code=pb.TopicNotFound,
-                error_message=f"no schema for {request.topic}")))
-            return
-        self.write_command(commands.wrap(pb.CommandGetSchemaResponse(
-            request_id=request.request_id, schema=found.to_wire(request.topic),
-            schema_version=schemas.encode_version(found.version))))
-
-    async def _on_get_or_create_schema(self, frame: Frame) -> None:
-        request = frame.command.getOrCreateSchema
-        try:
-            version = await self._register_schema(TopicName.parse(request.topic), request.schema, consumer=False)
-        except MagnetarError as error:
-            self.write_command(commands.wrap(pb.CommandGetOrCreateSchemaResponse(
-                request_id=request.request_id, error_code=server_error_for(error), error_message=error.message)))
-            return
-        self.write_command(commands.wrap(pb.CommandGetOrCreateSchemaResponse(
-            request_id=request.request_id, schema_version=schemas.encode_version(version))))
-
-    async def _register_schema(self, name: TopicName, schema: pb.Schema, *, consumer: bool) -> int:
-        """The version of ``schema`` for the topic (registered if new and compatible;
-        a consumer's only when the topic has none). IncompatibleSchema otherwise."""
-        schema_type = schemas.TYPE_NAMES.get(schema.type)
-        if schema_type is None:
-            raise InvalidArgument(f"unknown schema type {schema.type}")
-        return await self.service.schemas.put(
-            name, schema_type, bytes(schema.schema_data), {kv.key: kv.value for kv in schema.properties},
-            await self.service.schema_strategy(name), only_if_empty_or_compatible=consumer)
-
-    # --- producers ----------------------------------------------------------------------------------
-
-    def _on_producer(self, frame: Frame) -> None:
-        request = frame.command.producer
-        if request.producer_id in self.producers:
-            # A retry of a request that succeeded: answer it again.
-            producer = self.producers[request.producer_id]
-            self.write_command(commands.producer_success(request.request_id, producer.name))
-            return
-        if request.producer_id in self._pending_producers:
-            return  # still being created; its answer will come
-        if self._refuse_if_too_many(frame):
-            return
-        task = self._start_task(self._create_producer(request))
-        self._pending_producers[request.producer_id] = task
-        task.add_done_callback(lambda t, pid=request.producer_id: _forget_pending(self._pending_producers, pid, t))
-
-    async def _create_producer(self, request: pb.CommandProducer) -> None:
-        schema_version = None
-        try:
-            topic_name = TopicName.parse(request.topic)
-            await self.service.authorizer.check(self.role, topic_name, PRODUCE)
-            topic = await self.service.get_topic(topic_name, create=True)
-            policies = await self.service.resources.effective_policies(topic.name)
-            if policies.encryption_required and not request.encrypted:
-                raise EncryptionRequired(f"encryption is required in {topic.name.namespace_name}: "
-                                         "the producer must encrypt its messages")
-            producers_max = topic_policies.limit(policies.max_producers_per_topic,
-                                                 self.config.producers_per_topic_max)
-            if len(topic.producers) >= producers_max:
-                raise ProducerBusy(f"topic {topic.full_name} has {len(topic.producers)} producers, the most allowed "
-                                   f"({producers_max}: maxProducers, else the namespace's, else "
-                                   "producers_per_topic_max)")
-            if request.HasField("schema"):
-                schema_version = schemas.encode_version(
-                    await self._register_schema(topic.name, request.schema, consumer=False))
-            name = request.producer_name or topic.generate_producer_name()
-            producer = Producer(request.producer_id, name, topic.full_name, self,
-                                user_provided_name=bool(request.producer_name),
-                                access_mode=request.producer_access_mode,
-                                metadata={kv.key: kv.value for kv in request.metadata})
-
-            def on_queued() -> None:
-                # WaitForExclusive: the client learns it is queued, and waits.
-                self.write_command(commands.producer_success(request.request_id, name, producer_ready=False,
-                                                             schema_version=schema_version))
-
-            await topic.set_deduplication(await self.service.deduplication_enabled(topic.name))
-            await self.service.check_producer_quota(topic)
-            epoch = await topic.acquire_access(
-                producer, request.topic_epoch if request.HasField("topic_epoch") else None, on_queued)
-            # No await from here to the registration below: CLOSE_PRODUCER cancels
-            # this task, and a cancellation must find the producer either not added
-            # or registered (then detached), never added alone.
-            try:
-                topic.add_producer(producer)
-            except MagnetarError:
-                topic.release_access(producer)
-                raise
-        except MagnetarError as error:
-            log.info("producer refused: peer=%s topic=%s error=%s", self.peer, request.topic, error)
-            self._write_error(request.request_id, error)
-            return
-        if self.closed:
-            topic.remove_producer(producer)
-            return
-        self.producers[request.producer_id] = producer
-        self._producer_topics[request.producer_id] = topic
-        self._closed_by_broker.pop(request.producer_id, None)
-        last_sequence_id = -1
-        if topic.dedup is not None:
-            last_sequence_id = topic.dedup.last_sequence_id(name)
-        self.write_command(commands.producer_success(request.request_id, name, schema_version=schema_version,
-                                                     topic_epoch=epoch, last_sequence_id=last_sequence_id))
-        log.info("producer created: peer=%s topic=%s producer=%s", self.peer, topic.full_name, name)
-
-    def _on_send(self, frame: Frame) -> None:
-        send = frame.command.send
-        producer = self.producers.get(send.producer_id)
-        topic = self._producer_topics.get(send.producer_id)
-        if producer is None or topic is None:
-            if send.producer_id in self._closed_by_broker:
-                log.debug("send for a producer the broker closed, dropped: peer=%s producer_id=%d", self.peer,
-                          send.producer_id)
-                return
-            self.write_command(commands.send_error(send.producer_id, send.sequence_id, pb.NotAllowedError,
-                                                   "no such producer on this connection"))
-            return
-        assert frame.payload is not None
-        if producer.closing:
-            return   # the broker is closing it: the client resends this after reconnecting
-        try:
-            message_count(frame.payload.metadata)
-        except MalformedFrame as error:
-            # Refused before it is stored: an entry no consumer could be sent.
-            log.info("send refused, invalid message metadata: peer=%s producer_id=%d sequence_id=%d error=%s",
-                     self.peer, send.producer_id, send.sequence_id, error.message)
-            self.write_command(commands.send_error(send.producer_id, send.sequence_id, pb.MetadataError,
-                                                   f"invalid message metadata: {error.message}"))
-            return
-        if topic.backlog_size_quota is not None:
-            refusal = policy_enforcement.send_refusal(topic, len(frame.payload.stored))
-            if refusal is not None:
-                # Before deduplication counts it: the SEND is neither stored nor seen.
-                self.service.policy_counters.sends_refused += 1
-                policy_enforcement.close_producer(topic, producer, refusal, self.service.policy_counters)
-                return
-        if topic.dedup is not None:
-            verdict = topic.dedup.check(producer.name, send.sequence_id, send.highest_sequence_id)
-            if verdict is not Verdict.NEW:
-                self._answer_duplicate(producer, topic, send.sequence_id, send.highest_sequence_id)
-                return
-        # Copy out of the socket buffer once: this bytes object is the entry stored,
-        # cached and dispatched from then on.
-        payload = bytes(frame.payload.stored)
-        future = topic.publish(producer, payload, send.num_messages)
-        stages = self._stages
-        if stages is not None:
-            # From the bytes' arrival to the append: decoding, checks, and the frames
-            # of the same read handled before this one.
-            stages.observe("send_decode", time.perf_counter() - self._received_at)
-        producer.last_send = future
-        assert self._read_gate is not None, "a SEND before connection_made"
-        size_bytes = len(payload)
-        # Counted until answered; may stop reading this connection (never refuses it).
-        scopes = self.service.publish_limits.on_send(self._read_gate, topic.full_name, size_bytes)
-        sequence_id = send.sequence_id
-        highest = send.highest_sequence_id
-        producer_id = send.producer_id
-        arrived = time.perf_counter()
-        name = producer.name
-        # Inside the managed ledger's settling of the append (common/eager_future.py):
-        # the receipt leaves in the turn the bookie's reply was read.
-        call_when_done(future, lambda f: self._on_send_done(producer_id, sequence_id, highest, f, arrived, scopes,
-                                                            size_bytes, topic=topic, producer_name=name))
-
-    def _answer_duplicate(self, producer: Producer, topic: "PersistentTopic", sequence_id: int,
-                          highest: int) -> None:
-        """Deduplication: a SEND already stored gets a receipt with message id (-1, -1)
-        and is not stored again. The answer waits for the producer's earlier sends, so
-        receipts keep their order; a duplicate of a send whose outcome was unknown
-        (still being written when it came) is answered by that outcome."""
-        producer_id = producer.producer_id
-
-        def answer(_previous: object = None) -> None:
-            if producer_id not in self.producers:
-                return
-            dedup = topic.dedup
-            if dedup is not None and sequence_id <= dedup.last_sequence_id(producer.name):
-                self.write_command(commands.send_receipt(producer_id, sequence_id, 2**64 - 1, 2**64 - 1,
-                                                         highest_sequence_id=highest))
-            else:
-                # The original failed: the client reconnects and sends it again.
-                self.write_command(commands.send_error(producer_id, sequence_id, pb.PersistenceError,
-                                                       "the earlier copy of this message was not stored"))
-
-        previous = producer.last_send
-        if isinstance(previous, asyncio.Future) and not previous.done():
-            previous.add_done_callback(answer)
-        else:
-            answer()
+    # --- reading switch (publish back-pressure) ---------------------------------------------------
 
     def _pause_reading(self) -> None:
         if self.transport is not None:
@@ -872,317 +509,12 @@ class ServerConnection(asyncio.Protocol):
         """True while publish back-pressure keeps this connection from being read."""
         return self._read_gate is not None and self._read_gate.paused
 
-    def _on_send_done(self, producer_id: int, sequence_id: int, highest: int, future: asyncio.Future[Position],
-                      arrived: float, scopes: tuple[PendingSends, ...], size_bytes: int, *,
-                      topic: "PersistentTopic | None" = None, producer_name: str = "") -> None:
-        observe = self.service.on_publish_latency
-        if observe is not None:
-            observe(time.perf_counter() - arrived)
-        self.service.publish_limits.on_send_done(scopes, size_bytes)
-        if topic is not None and topic.dedup is not None:
-            if not future.cancelled() and future.exception() is None:
-                topic.on_stored(producer_name, sequence_id, highest, future.result())
-            else:
-                topic.dedup.on_store_failed(producer_name)
-        if producer_id not in self.producers:
-            return  # closed meanwhile (the client resends what it did not get receipts for)
-        error = future.exception()
-        if error is None:
-            position = future.result()
-            self.write_command(commands.send_receipt(producer_id, sequence_id, position.ledger_id,
-                                                     position.entry_id, highest_sequence_id=highest))
-        else:
-            message = error.message if isinstance(error, MagnetarError) else str(error)
-            self.write_command(commands.send_error(producer_id, sequence_id, server_error_for(error), message))
-
-    def _on_checksum_mismatch(self, error: PayloadChecksumMismatch) -> None:
-        command = error.command
-        if command is None or command.type != T.SEND:
-            raise MalformedFrame(str(error))
-        send = command.send
-        log.info("payload checksum mismatch on send: peer=%s producer_id=%d sequence_id=%d",
-                 self.peer, send.producer_id, send.sequence_id)
-        self.write_command(commands.send_error(send.producer_id, send.sequence_id, server_error_for(
-            ChecksumError("")), "payload checksum mismatch"))
-
-    def _on_close_producer(self, frame: Frame) -> None:
-        request = frame.command.close_producer
-        pending = self._pending_producers.pop(request.producer_id, None)
-        if pending is not None:
-            # Still being created: stop that (as Pulsar fails the producer's future);
-            # the PRODUCER request is not answered, the client gave up on it.
-            pending.cancel()
-        self._detach_producer(request.producer_id)
-        self.write_command(commands.success(request.request_id))
-
-    def _detach_producer(self, producer_id: int) -> None:
-        producer = self.producers.pop(producer_id, None)
-        topic = self._producer_topics.pop(producer_id, None)
-        if producer is not None and topic is not None:
-            producer.closed = True
-            topic.remove_producer(producer)
-
-    def close_producer_after_sends(self, producer: Producer, on_closed: Callable[[], None]) -> None:
-        """Closes ``producer`` from the broker's side once its earlier SENDs are
-        answered, so their receipts reach the client before CLOSE_PRODUCER; SENDs that
-        arrive meanwhile are dropped unanswered (the client resends them after it
-        reconnects). ``on_closed`` runs when CLOSE_PRODUCER is written."""
-        producer.closing = True
-
-        def close(_previous: object = None) -> None:
-            if self.producers.get(producer.producer_id) is not producer:
-                return   # closed by the client or the connection meanwhile
-            self.write_command(commands.close_producer(producer.producer_id))
-            self.forget_producer(producer)
-            on_closed()
-
-        previous = producer.last_send
-        if isinstance(previous, asyncio.Future) and not previous.done():
-            previous.add_done_callback(close)   # after _on_send_done, which wrote the receipt
-        else:
-            close()
-
-    def forget_producer(self, producer: Producer) -> None:
-        """The broker closed this producer (CLOSE_PRODUCER was sent)."""
-        self.producers.pop(producer.producer_id, None)
-        self._producer_topics.pop(producer.producer_id, None)
-        self._closed_by_broker[producer.producer_id] = None
-        while len(self._closed_by_broker) > CLOSED_PRODUCERS_REMEMBERED:
-            self._closed_by_broker.popitem(last=False)
-
-    # --- consumers ----------------------------------------------------------------------------------
-
-    def _on_subscribe(self, frame: Frame) -> None:
-        request = frame.command.subscribe
-        if request.consumer_id in self.consumers:
-            self.write_command(commands.success(request.request_id))
-            return
-        if request.consumer_id in self._pending_consumers:
-            return
-        if self._refuse_if_too_many(frame):
-            return
-        task = self._start_task(self._subscribe(request))
-        self._pending_consumers[request.consumer_id] = task
-        task.add_done_callback(lambda t, cid=request.consumer_id: _forget_pending(self._pending_consumers, cid, t))
-
-    async def _subscribe(self, request: pb.CommandSubscribe) -> None:
-        durable = request.durable
-        try:
-            if not request.subscription:
-                raise InvalidArgument("subscription name must not be empty")
-            topic_name = TopicName.parse(request.topic)
-            await self.service.authorizer.check(self.role, topic_name, CONSUME)
-            topic = await self.service.get_topic(topic_name, create=request.force_topic_creation)
-            consumers = sum(len(s.consumers) for s in topic.subscriptions.values())
-            consumers_max = topic_policies.limit(
-                (await self.service.resources.effective_policies(topic.name)).max_consumers_per_topic,
-                self.config.consumers_per_topic_max)
-            if consumers >= consumers_max:
-                raise ConsumerBusy(f"topic {topic.full_name} has {consumers} consumers, the most allowed "
-                                   f"({consumers_max}: maxConsumers, else the namespace's, else "
-                                   "consumers_per_topic_max)")
-            if request.HasField("schema"):
-                await self._register_schema(topic.name, request.schema, consumer=True)
-            consumer = Consumer(request.consumer_id, request.consumer_name or f"consumer-{request.consumer_id}",
-                                request.subscription, topic.full_name, SubscriptionMode.from_wire(request.subType),
-                                self,
-                                priority_level=request.priority_level,
-                                partition_index=topic.name.partition_index,
-                                metadata={kv.key: kv.value for kv in request.metadata})
-            start = request.start_message_id if request.HasField("start_message_id") else None
-            broadcast = await self.service.is_broadcast(topic.name, request.subscription, consumer.metadata)
-            # No await from the consumer's addition (inside subscribe) to the
-            # registration below: CLOSE_CONSUMER cancels this task (see _create_producer).
-            subscription = await topic.subscribe(
-                consumer, durable=durable, initial_position=request.initialPosition,
-                start_message_id=start, rollback_duration_s=request.start_message_rollback_duration_sec,
-                broadcast=broadcast, read_compacted=request.read_compacted)
-        except MagnetarError as error:
-            log.info("subscribe refused: peer=%s topic=%s subscription=%s error=%s", self.peer, request.topic,
-                     request.subscription, error)
-            self._write_error(request.request_id, error)
-            return
-        if self.closed:
-            subscription.remove_consumer(consumer)
-            return
-        self.consumers[request.consumer_id] = _AttachedConsumer(consumer, topic, subscription, durable)
-        self.write_command(commands.success(request.request_id))
-        log.info("consumer subscribed: peer=%s topic=%s subscription=%s mode=%s consumer=%s", self.peer,
-                 topic.full_name, subscription.name, subscription.type_name, consumer.name)
-
-    def _attached(self, consumer_id: int) -> _AttachedConsumer | None:
-        return self.consumers.get(consumer_id)
-
-    def _on_flow(self, frame: Frame) -> None:
-        flow = frame.command.flow
-        attached = self._attached(flow.consumer_id)
-        if attached is None:
-            return
-        attached.consumer.permits += flow.messagePermits
-        attached.subscription.dispatcher.on_flow(attached.consumer)
-
-    def _on_ack(self, frame: Frame) -> None:
-        ack = frame.command.ack
-        attached = self._attached(ack.consumer_id)
-        if attached is None:
-            if ack.HasField("request_id"):
-                self.write_command(commands.error(ack.request_id, pb.ConsumerNotFound, "no such consumer"))
-            return
-        if any(_out_of_range(m) for m in ack.message_id):
-            # No entry has such an id (positions are Java longs): an ack of one is a
-            # client's bug or hostile, and the cursor could not persist it.
-            if ack.HasField("request_id"):
-                self._write_error(ack.request_id, InvalidArgument("acknowledged message id out of range"))
-            return
-        try:
-            attached.subscription.acknowledge(attached.consumer, [_acked_message(m) for m in ack.message_id],
-                                              cumulative=ack.ack_type == pb.CommandAck.Cumulative)
-        except MagnetarError as error:
-            if ack.HasField("request_id"):
-                self._write_error(ack.request_id, error)
-            return
-        if ack.HasField("request_id"):
-            self.write_command(commands.ack_response(ack.consumer_id, ack.request_id))
-
-    def _on_redeliver(self, frame: Frame) -> None:
-        request = frame.command.redeliverUnacknowledgedMessages
-        attached = self._attached(request.consumer_id)
-        if attached is not None:
-            attached.subscription.redeliver(attached.consumer,
-                                            [Position(m.ledgerId, m.entryId) for m in request.message_ids])
-
-    async def _on_unsubscribe(self, frame: Frame) -> None:
-        request = frame.command.unsubscribe
-        attached = self._attached(request.consumer_id)
-        if attached is None:
-            self.write_command(commands.error(request.request_id, pb.ConsumerNotFound, "no such consumer"))
-            return
-        try:
-            await attached.topic.unsubscribe(attached.subscription.name, attached.consumer)
-        except MagnetarError as error:
-            self._write_error(request.request_id, error)
-            return
-        self.consumers.pop(request.consumer_id, None)
-        attached.consumer.closed = True
-        self.write_command(commands.success(request.request_id))
-
-    def _on_close_consumer(self, frame: Frame) -> None:
-        request = frame.command.close_consumer
-        pending = self._pending_consumers.pop(request.consumer_id, None)
-        if pending is not None:
-            pending.cancel()   # still subscribing: stop that (see _on_close_producer)
-        self._detach_consumer(request.consumer_id)
-        self.write_command(commands.success(request.request_id))
-
-    def _detach_consumer(self, consumer_id: int) -> None:
-        attached = self.consumers.pop(consumer_id, None)
-        if attached is None:
-            return
-        attached.consumer.closed = True
-        attached.subscription.remove_consumer(attached.consumer)
-        if not attached.durable and not attached.subscription.consumers:
-            # A reader's subscription lives only as long as its consumer.
-            self._start_task(self._drop_subscription(attached))
-
-    async def _drop_subscription(self, attached: _AttachedConsumer) -> None:
-        try:
-            await attached.topic.unsubscribe(attached.subscription.name, None)
-        except (MagnetarError, SubscriptionNotFound):
-            pass
-
-    def forget_consumer(self, consumer: Consumer) -> None:
-        """The broker closed this consumer (CLOSE_CONSUMER was sent)."""
-        self.consumers.pop(consumer.consumer_id, None)
-
-    async def _on_seek(self, frame: Frame) -> None:
-        request = frame.command.seek
-        attached = self._attached(request.consumer_id)
-        if attached is None:
-            self.write_command(commands.error(request.request_id, pb.ConsumerNotFound, "no such consumer"))
-            return
-        if request.HasField("message_id") and _out_of_range(request.message_id) and not _is_earliest(
-                request.message_id):
-            self._write_error(request.request_id, InvalidArgument("seek message id out of range"))
-            return
-        subscription = attached.subscription
-        try:
-            if request.HasField("message_id"):
-                target = attached.topic.seek_position(request.message_id, read_compacted=subscription.read_compacted)
-            elif request.HasField("message_publish_time"):
-                target = await attached.topic.find_position_by_time(request.message_publish_time)
-            else:
-                raise NotAllowed("seek needs a message id or a publish time")
-        except MagnetarError as error:
-            self._write_error(request.request_id, error)
-            return
-        # As Pulsar does: disconnect the subscription's consumers (each client drops what
-        # it had queued and subscribes again), move the cursor, and only then answer.
-        # The order matters to the official clients: a seek answered while the consumer
-        # is still connected makes the C++ client skip the sought message itself.
-        subscription.disconnect_consumers()
-        subscription.reset_cursor(target)
-        self.write_command(commands.success(request.request_id))
-        log.info("subscription seek: topic=%s subscription=%s position=%s", attached.topic.full_name,
-                 subscription.name, target)
-
-    async def _on_get_last_message_id(self, frame: Frame) -> None:
-        request = frame.command.getLastMessageId
-        attached = self._attached(request.consumer_id)
-        if attached is None:
-            self.write_command(commands.error(request.request_id, pb.ConsumerNotFound, "no such consumer"))
-            return
-        try:
-            position, batch_index = await attached.topic.last_message_id(
-                read_compacted=attached.subscription.read_compacted)
-        except MagnetarError as error:
-            self._write_error(request.request_id, error)
-            return
-        command = commands.get_last_message_id_response(
-            request.request_id, position.ledger_id, position.entry_id,
-            mark_delete=tuple(attached.subscription.cursor.mark_delete_position))
-        if batch_index >= 0:
-            command.getLastMessageIdResponse.last_message_id.batch_index = batch_index
-        self.write_command(command)
-
-    def _on_consumer_stats(self, frame: Frame) -> None:
-        request = frame.command.consumerStats
-        attached = self._attached(request.consumer_id)
-        if attached is None:
-            self.write_command(commands.wrap(pb.CommandConsumerStatsResponse(
-                request_id=request.request_id, error_code=pb.ConsumerNotFound, error_message="no such consumer")))
-            return
-        consumer = attached.consumer
-        self.write_command(commands.wrap(pb.CommandConsumerStatsResponse(
-            request_id=request.request_id, consumerName=consumer.name, availablePermits=max(consumer.permits, 0),
-            unackedMessages=attached.subscription.dispatcher.unacked_messages(consumer), address=self.peer,
-            type=attached.subscription.type_name)))
-
-
-# The largest ledger or entry id a position can have: ids are Java longs on the wire
-# (sent as uint64), and the cursor's records store them as signed 64-bit integers.
-_POSITION_ID_MAX = 2**63 - 1
-
-
-def _out_of_range(message_id: pb.MessageIdData) -> bool:
-    return message_id.ledgerId > _POSITION_ID_MAX or message_id.entryId > _POSITION_ID_MAX
-
-
-def _is_earliest(message_id: pb.MessageIdData) -> bool:
-    """The clients' MessageId.earliest: (-1, -1) as uint64s."""
-    return message_id.ledgerId == 2**64 - 1 and message_id.entryId == 2**64 - 1
-
-
-def _acked_message(message_id: pb.MessageIdData) -> AckedMessage:
-    return AckedMessage(Position(message_id.ledgerId, message_id.entryId),
-                        tuple(message_id.ack_set) or None,
-                        message_id.batch_size if message_id.HasField("batch_size") else 0)
-
-
-def _forget_pending(pending: dict[int, asyncio.Task[None]], key: int, task: asyncio.Task[None]) -> None:
-    """Drops a finished creation task, unless a newer one took its id meanwhile (a
-    close cancelled it and the client asked again with the same id)."""
-    if pending.get(key) is task:
-        del pending[key]
+    @staticmethod
+    def _forget_pending(pending: dict[int, asyncio.Task[None]], key: int, task: asyncio.Task[None]) -> None:
+        """Drops a finished creation task, unless a newer one took its id meanwhile (a
+        close cancelled it and the client asked again with the same id)."""
+        if pending.get(key) is task:
+            del pending[key]
 
 
 def _request_id_of(command: pb.BaseCommand) -> int | None:

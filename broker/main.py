@@ -18,22 +18,22 @@ from prometheus_client import CollectorRegistry, Histogram
 from broker.admin.app import build_admin_app
 from broker.archiver import STEPS as ARCHIVE_STEPS
 from broker.archiver import ArchiverConfig
-from broker.compaction import PAUSE_POINTS as COMPACTION_PAUSE_POINTS
+from managed_ledger.compaction import PAUSE_POINTS as COMPACTION_PAUSE_POINTS
 from broker.authentication import AuthConfig
 from broker.config import HTTP_PORT_OFFSET, BrokerConfig
 from broker.connection import ServerConnection
-from broker.managed_ledger import ManagedLedgerConfig
+from managed_ledger.managed_ledger import ManagedLedgerConfig
 from broker.metrics import BROKER_STAGES, register_broker_metrics
 from broker.service import BrokerService
 from bundles.config import BundlesConfig
-from common.config_options import ConfigOption, add_config_options, config_overrides
+from runtime.config_options import ConfigOption, add_config_options, config_overrides
 from common.histograms import LATENCY_BUCKETS_S, LatencyStages
-from common.listen import bind_failure
-from common.loop_monitor import LoopMonitor
+from runtime.listen import bind_failure
+from runtime.loop_monitor import LoopMonitor
 from common.errors import PortInUse
-from common.ops_http import bind_listener
-from common.tls import CertificateReloader, TlsConfig, server_context
-from common.tasks import TaskSet, stop_on_signals
+from runtime.ops_http import bind_listener
+from runtime.tls import CertificateReloader, TlsConfig, server_context
+from runtime.tasks import TaskSet, stop_on_signals
 from ledger.client import LedgerClient
 from ledger.config import BOOKIE_CLIENT_SECURITY_OPTIONS, LedgerClientConfig, bookie_client_security
 from metadata import open_store
@@ -131,7 +131,7 @@ OPTIONS: list[ConfigOption] = [
                  "an admin request's calls on the partitions they serve; empty: the caller's own is passed on"),
     ConfigOption("--permission-check-interval-s", AuthConfig, "permission_check_interval_s",
                  "how often connected producers and consumers are checked against current permissions"),
-    # TLS (common/tls.py): pulsar+ssl:// and HTTPS beside (or instead of) the plain ports.
+    # TLS (runtime/tls.py): pulsar+ssl:// and HTTPS beside (or instead of) the plain ports.
     ConfigOption("--tls-cert-file", TlsConfig, "cert_file", "PEM certificate chain; turns TLS on"),
     ConfigOption("--tls-key-file", TlsConfig, "key_file", "PEM private key of the certificate"),
     ConfigOption("--tls-trust-certs-file", TlsConfig, "trust_certs_file", "CA certificates for client certificates"),

@@ -34,7 +34,7 @@ from collections import OrderedDict
 import bcrypt
 
 from common.errors import AuthenticationFailed, ConfigError
-from common.tokens import read_key_value
+from runtime.tokens import read_key_value
 
 log = logging.getLogger(__name__)
 

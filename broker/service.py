@@ -34,7 +34,7 @@ from broker.archiver import Archiver, ArchiverConfig
 from broker.authentication import Authenticator
 from broker.authorization import Authorizer
 from broker.config import BrokerConfig
-from broker.managed_ledger import ManagedLedger, ManagedLedgerConfig
+from managed_ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from broker.publish_limits import Limit, PendingSends, PublishLimits, ReadGate
 from broker.redirect import Destination
 from broker.resources import Resources
@@ -63,9 +63,9 @@ from common.errors import (
     TenantNotFound,
     TopicNotFound,
 )
-from common.tasks import TaskSet, cancel_and_wait
-from common.tls import PeerClientContexts
-from common.tokens import TokenFile
+from runtime.tasks import TaskSet, cancel_and_wait
+from runtime.tls import PeerClientContexts
+from runtime.tokens import TokenFile
 from metadata.policies import NamespacePolicies, PersistencePolicies, TenantInfo
 from metadata.store import MetadataStore
 

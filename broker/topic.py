@@ -44,11 +44,11 @@ from protocol import commands
 from protocol.batch import message_count
 from protocol.codec import stored_metadata
 from broker.config import BrokerConfig
-from broker.compaction import TopicCompaction
-from broker.managed_ledger_info import PURPOSE_CURSOR, ownership_tags
+from managed_ledger.compaction import TopicCompaction
+from managed_ledger.managed_ledger_info import PURPOSE_CURSOR, ownership_tags
 from broker.consumer import Consumer
 from broker.deduplication import SNAPSHOT_PROPERTY, Deduplication, snapshot_position
-from broker.managed_ledger import ManagedLedger
+from managed_ledger.managed_ledger import ManagedLedger
 from common.position import Position
 from broker.producer import Producer, generated_producer_name
 from protocol.proto import pulsar_api_pb2 as pb
@@ -66,7 +66,7 @@ from common.errors import (
     TopicFenced,
     TopicTerminated,
 )
-from common.tasks import log_failure
+from runtime.tasks import log_failure
 from metadata import keys
 from metadata.store import MetadataStore
 from subscriptions.cursor import CursorState, ManagedCursor
@@ -142,7 +142,7 @@ class PersistentTopic:
         epoch = ledger.properties.get(TOPIC_EPOCH_PROPERTY)
         self.topic_epoch: int | None = int(epoch) if epoch is not None else None
         self._promotions: set[asyncio.Task[None]] = set()
-        # Compaction (broker/compaction.py): the compacted ledger and the last run's status.
+        # Compaction (managed_ledger/compaction.py): the compacted ledger and the last run's status.
         self.compaction = TopicCompaction(ledger, pause_at=config.compaction_pause_at)
         self._compaction_task: asyncio.Task[None] | None = None
         # The namespace's destination_storage backlog quota (limit bytes, policy), as the
@@ -928,12 +928,12 @@ class PersistentTopic:
     async def trim_ledgers(self, retention_minutes: int, retention_mb: int,
                            may_delete: Callable[[int], bool] | None = None) -> list[int]:
         """Deletes the ledgers every durable cursor has passed that retention no longer
-        protects (see broker/retention.py), oldest first and, given ``may_delete`` (the
+        protects (see managed_ledger/retention.py), oldest first and, given ``may_delete`` (the
         archive's gate: archived ledgers only), no further than the first it refuses.
         None holding entries after the last deduplication snapshot written (a quiet
         topic's stale snapshot is renewed here) or after the compaction horizon.
         Returns their ids."""
-        from broker.retention import LedgerSpan, ledgers_to_delete
+        from managed_ledger.retention import LedgerSpan, ledgers_to_delete
 
         if self.closing:
             return []

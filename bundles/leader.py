@@ -34,7 +34,7 @@ from bundles.hashing import Bundles
 from bundles.ownership import BrokerIdentity, OwnershipManager, assignments_from, bundle_key, owners_from
 from bundles.records import AssignmentRecord, BundlesRecord, LeaderRecord, LoadReport, TransferRecord, decode_reports
 from common.errors import MagnetarError, MalformedFrame, MetadataKeyExists
-from common.tasks import cancel_and_wait
+from runtime.tasks import cancel_and_wait
 from metadata import keys
 from metadata.prefix_cache import PrefixCache
 from metadata.store import Compare, Delete, Lease, MetadataStore, Put, Record

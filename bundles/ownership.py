@@ -74,7 +74,7 @@ from common.errors import (
     PreconditionFailed,
     ServiceNotReady,
 )
-from common.tasks import TaskSet
+from runtime.tasks import TaskSet
 from metadata import keys
 from metadata.prefix_cache import PrefixCache
 from metadata.store import Compare, Delete, Lease, MetadataStore, Put, Record
@@ -501,6 +501,10 @@ class OwnershipManager:
             self._changed.set()
 
     def _start_serving(self, namespace: str, bundle_name: str) -> None:
+        # A bundle is served only while its owner key lives under this broker's lease
+        # (one owner per bundle per lease): taken by a compare-and-swap under the lease, or
+        # found ours again when the lease is confirmed after an outage.
+        assert self.lease is not None, "serving a bundle with no lease"
         bkey = bundle_key(namespace, bundle_name)
         self._serving[bkey] = time.time()
         log.info("bundle serving started: bundle=%s broker_id=%s wall_time=%.6f", bkey, self.identity.broker_id,

@@ -14,9 +14,11 @@ Theory of operation:
 - Frames for one producer or consumer (SEND_RECEIPT, SEND_ERROR, MESSAGE,
   CLOSE_PRODUCER, CLOSE_CONSUMER, ...) go to the handler registered under its id, in
   arrival order, synchronously: a handler must not block.
-- Keep-alive: the broker's PINGs are answered; after ``keepalive_interval_s`` without
-  traffic this side pings, and after twice that it closes the connection. The task doing
-  it belongs to the connection and ends with it.
+- Keep-alive: the broker's PINGs are answered; once connected, after
+  ``keepalive_interval_s`` without traffic this side pings, and after twice that it
+  closes the connection. The task doing it belongs to the connection and ends with it.
+  These rules, and what may come before CONNECTED, are the session's
+  (``protocol/session.py``), shared with the broker's connection.
 - When the connection goes (either side), every waiting request fails with
   ServiceNotReady (retriable) and every handler is told, so producers and consumers can
   reconnect. A malformed frame from the broker closes the connection the same way.
@@ -31,10 +33,12 @@ from typing import Protocol
 
 from common.errors import MagnetarError, MalformedFrame, OperationTimeout, ServiceNotReady, TooManyRequests
 from common.version import __version__
-from common.tls import TlsConfig, client_context
+from runtime.tasks import every
+from runtime.tls import TlsConfig, client_context
 from protocol.codec import NEED_DATA, CommandDecoder, Frame, command_name, encode_command, wrap
 from protocol.proto import pulsar_api_pb2 as pb
 from protocol.server_errors import error_for_server_error
+from protocol.session import Due, Role, Session, Verdict
 
 from client.config import ClientConfig
 
@@ -106,7 +110,10 @@ class ClientConnection(asyncio.Protocol):
         self._next_handler_id = 1
         self._writable = asyncio.Event()
         self._writable.set()
-        self._last_received = time.monotonic()
+        # The session's rules (protocol/session.py); the handshake's own deadline is
+        # open()'s bound on the whole opening.
+        self.session = Session(Role.CLIENT, keepalive_interval_s=config.keepalive_interval_s,
+                               handshake_timeout_s=config.connect_timeout_s, now_s=time.monotonic())
         self._keepalive: asyncio.Task[None] | None = None
         self.closed = False
 
@@ -143,16 +150,16 @@ class ClientConnection(asyncio.Protocol):
     # --- asyncio.Protocol --------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # A stream transport: asyncio's own, or uvloop's (common/event_loop.py), which
+        # A stream transport: asyncio's own, or uvloop's (runtime/event_loop.py), which
         # is not a subclass of asyncio.Transport.
         assert callable(getattr(transport, "write", None)), transport
         assert callable(getattr(transport, "pause_reading", None)), transport
         self.transport = transport
-        self._keepalive = asyncio.get_running_loop().create_task(self._keep_alive(),
-                                                                 name=f"keepalive {self.address}")
+        self._keepalive = asyncio.get_running_loop().create_task(
+            every(self.session.check_interval_s, self._on_keepalive_check), name=f"keepalive {self.address}")
 
     def data_received(self, data: bytes) -> None:
-        self._last_received = time.monotonic()
+        self.session.traffic(time.monotonic())
         try:
             self.decoder.feed(data)
             while not self.closed:
@@ -172,6 +179,7 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.session.closed()
         self._writable.set()
         if self._keepalive is not None:
             self._keepalive.cancel()
@@ -195,6 +203,16 @@ class ClientConnection(asyncio.Protocol):
     def _on_frame(self, frame: Frame) -> None:
         command = frame.command
         kind = command.type
+        verdict = self.session.received(kind)
+        if verdict is Verdict.PONG:
+            self._write(encode_command(wrap(pb.CommandPong())))
+            return
+        if verdict is Verdict.DROP:
+            return   # a PONG: the session counted its bytes as traffic
+        if verdict is Verdict.IGNORE:
+            log.debug("command before CONNECTED ignored: address=%s command=%s", self.address, command_name(kind))
+            return
+        assert verdict is Verdict.HANDLE, verdict   # a client refuses nothing: it ignores
         if kind in _RESPONSES:
             request_id = getattr(command, _RESPONSES[kind]).request_id
             future = self._requests.pop(request_id, None)
@@ -215,15 +233,11 @@ class ClientConnection(asyncio.Protocol):
             if not self._connected.done():
                 self.server_version = command.connected.server_version
                 self.max_message_size = command.connected.max_message_size
+                self.session.handshake_done()
                 self._connected.set_result(None)
-            return
-        if kind == T.PING:
-            self._write(encode_command(wrap(pb.CommandPong())))
             return
         if kind == T.AUTH_CHALLENGE:
             self._answer_auth_challenge(command.authChallenge)
-            return
-        if kind == T.PONG:
             return
         log.debug("unexpected command from broker ignored: address=%s command=%s", self.address,
                   command_name(kind))
@@ -251,17 +265,16 @@ class ClientConnection(asyncio.Protocol):
 
     # --- keep-alive ------------------------------------------------------------------------------
 
-    async def _keep_alive(self) -> None:
-        interval = self.config.keepalive_interval_s
-        while not self.closed:
-            await asyncio.sleep(interval / 2)
-            silent = time.monotonic() - self._last_received
-            if silent > 2 * interval:
-                log.warning("broker silent past keep-alive, closing: address=%s silent_s=%.1f", self.address, silent)
-                self.close()
-                return
-            if silent > interval:
-                self._write(encode_command(wrap(pb.CommandPing())))
+    def _on_keepalive_check(self, now_s: float) -> bool:
+        """What the session's keep-alive asks for now; False once it is over."""
+        due = self.session.due(now_s)
+        if due is Due.PING:
+            self._write(encode_command(wrap(pb.CommandPing())))
+        elif due is Due.CLOSE_SILENT:
+            log.warning("broker silent past keep-alive, closing: address=%s silent_s=%.1f", self.address,
+                        self.session.silent_s(now_s))
+            self.close()
+        return not self.closed and due is not Due.CLOSE_SILENT
 
     # --- frames out ------------------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ import time
 from typing import Callable, Mapping, Protocol, Sequence
 
 from common.errors import ConsumerBusy, InvalidArgument, MagnetarError, ServiceNotReady
-from common.tasks import cancel_and_wait
+from runtime.tasks import cancel_and_wait
 from common.topic_name import TopicName
 from protocol.batch import message_count
 from protocol.codec import Frame, wrap

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from common.errors import InvalidArgument, MagnetarError, ProducerBusy, ServiceNotReady, ShuttingDown, TooManyRequests
-from common.tasks import cancel_and_wait
+from runtime.tasks import cancel_and_wait
 from common.topic_name import TopicName
 from protocol.codec import Frame, encode_payload_command, wrap
 from protocol.proto import pulsar_api_pb2 as pb

@@ -37,7 +37,7 @@ ENTRY_MAGIC = 0x4D45
 FORMAT_VERSION = 1
 FORMAT_VERSION_MIN = 1
 
-_HEADER = struct.Struct(">HBBQQqQI")  # magic, version, flags, ledger, entry, lac, length, payload size
+_HEADER = struct.Struct(">HBBQQqQI")  # magic, version, flags, ledger, entry, last add confirmed, length, payload size
 _DIGEST = struct.Struct(">I")
 ENTRY_HEADER_SIZE = _HEADER.size + _DIGEST.size
 assert ENTRY_HEADER_SIZE == 44
@@ -79,7 +79,8 @@ def decode_header(data: bytes | memoryview) -> EntryHeader:
     """Parses and checks the header only (magic, version, size); not the digest."""
     if len(data) < ENTRY_HEADER_SIZE:
         raise MalformedFrame(f"entry of {len(data)} bytes is shorter than its {ENTRY_HEADER_SIZE}-byte header")
-    magic, version, _flags, ledger_id, entry_id, lac, length_bytes, payload_size = _HEADER.unpack_from(data, 0)
+    magic, version, _flags, ledger_id, entry_id, last_add_confirmed, length_bytes, payload_size = \
+        _HEADER.unpack_from(data, 0)
     if magic != ENTRY_MAGIC:
         raise MalformedFrame(f"entry magic {magic:#06x} is not {ENTRY_MAGIC:#06x}")
     if not FORMAT_VERSION_MIN <= version <= FORMAT_VERSION:
@@ -88,11 +89,11 @@ def decode_header(data: bytes | memoryview) -> EntryHeader:
         raise MalformedFrame(
             f"entry payload_size {payload_size} does not match {len(data) - ENTRY_HEADER_SIZE} bytes present"
         )
-    if lac < NO_ENTRY or lac >= entry_id:
-        raise MalformedFrame(f"entry last_add_confirmed {lac} is not below entry_id {entry_id}")
+    if last_add_confirmed < NO_ENTRY or last_add_confirmed >= entry_id:
+        raise MalformedFrame(f"entry last_add_confirmed {last_add_confirmed} is not below entry_id {entry_id}")
     if length_bytes < payload_size:
         raise MalformedFrame(f"entry length_bytes {length_bytes} is below its payload size {payload_size}")
-    return EntryHeader(ledger_id, entry_id, lac, length_bytes, payload_size)
+    return EntryHeader(ledger_id, entry_id, last_add_confirmed, length_bytes, payload_size)
 
 
 def verify_entry(data: bytes | memoryview) -> EntryHeader:

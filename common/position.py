@@ -1,4 +1,5 @@
-"""A position in a managed ledger: (ledger_id, entry_id), and the entry found there. Pure.
+"""A position in a managed ledger: (ledger_id, entry_id), the entry found there, and the
+compacted copy of one. Pure.
 
 Positions order by ledger id, then entry id; a managed ledger's ledgers get increasing
 ids from the cluster-wide counter, so that order is the order of the topic.
@@ -26,6 +27,12 @@ class Position(NamedTuple):
 
 EARLIEST = Position(-1, -1)
 
+# A ledger of a topic holds at most this many entries: a cursor's ack bitmap
+# (subscriptions/ack_set.py) covers at most this many per ledger, and a managed ledger
+# refuses a rollover bound above it (managed ledgers roll over at 50,000 entries by
+# default; this allows generous overrides): 16 Mi entries = a 2 MiB bitmap.
+ENTRIES_PER_LEDGER_MAX = 16 * 1024 * 1024
+
 
 @dataclass(frozen=True, slots=True)
 class ManagedEntry:
@@ -35,6 +42,17 @@ class ManagedEntry:
 
     position: Position
     data: bytes | memoryview
+
+
+@dataclass(frozen=True)
+class CompactedEntry:
+    """One entry of a compacted ledger: what compaction (managed_ledger/compaction.py)
+    writes and a ``read_compacted`` subscription reads (subscriptions/compacted_view.py)."""
+
+    position: Position          # where it is in the topic (its message id)
+    batch_size: int             # 0: deliver it whole
+    keep_bits: int              # with batch_size: the messages to deliver (bit i: message i)
+    stored: memoryview          # the topic entry's stored bytes, unchanged
 
 
 def normalize(position: Position, ledger_ids: Collection[int], last_entry_of: Callable[[int], int],

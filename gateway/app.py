@@ -12,8 +12,8 @@ from typing import AsyncIterator
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from common.ops_http import add_ops_routes
-from common.tasks import cancel_and_wait
+from runtime.ops_http import add_ops_routes
+from runtime.tasks import cancel_and_wait
 from gateway import openapi
 from gateway.auth import PermissionCache, auth_middleware
 from gateway.config import GatewayConfig

@@ -47,7 +47,7 @@ from common.errors import (
     ServiceNotReady,
     error_for_code,
 )
-from common.tls import certificate_common_name
+from runtime.tls import certificate_common_name
 from common.topic_name import TopicName
 from gateway.http_common import topic_of
 from gateway.keys import SERVICE

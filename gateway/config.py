@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from common.errors import ConfigError
-from common.tls import TlsConfig
+from runtime.tls import TlsConfig
 from gateway.receipts import ReceiptKeys
 
 MIB = 1024 * 1024
@@ -98,7 +98,7 @@ class GatewayConfig:
     # gateway's callers within it. Bounded to this many (token, topic, action) entries.
     permission_cache_ms: int = 2_000
     permission_cache_entries_max: int = 10_000
-    # HTTPS (common/tls.py): with a certificate the gateway serves only HTTPS, the
+    # HTTPS (runtime/tls.py): with a certificate the gateway serves only HTTPS, the
     # certificate read again when its files change.
     tls: TlsConfig = field(default_factory=TlsConfig)
     # The CA of the brokers' certificates, for a pulsar+ssl:// service URL and an

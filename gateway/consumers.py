@@ -42,7 +42,7 @@ from client.consumer import Consumer
 from client.messages import MessageId, ReceivedEntry
 from client.pool import BrokerPool
 from common.errors import MagnetarError, ServiceNotReady, ShuttingDown, TooManyRequests
-from common.tasks import cancel_and_wait
+from runtime.tasks import cancel_and_wait
 from gateway.config import GatewayConfig
 from gateway.leases import LeaseTable, Slot
 

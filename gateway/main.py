@@ -25,11 +25,11 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from common.errors import ConfigError
-from common.listen import bind_failure
-from common.loop_monitor import LoopMonitor
-from common.ops_http import bind_listener
-from common.tasks import cancel_and_wait, stop_on_signals
-from common.tls import CertificateReloader, TlsConfig, server_context
+from runtime.listen import bind_failure
+from runtime.loop_monitor import LoopMonitor
+from runtime.ops_http import bind_listener
+from runtime.tasks import cancel_and_wait, stop_on_signals
+from runtime.tls import CertificateReloader, TlsConfig, server_context
 from gateway import openapi
 from gateway.app import default_config, init_app
 from gateway.config import GatewayConfig

@@ -27,7 +27,7 @@ from client.messages import OutgoingMessage
 from client.pool import BrokerPool
 from client.producer import Producer
 from common.errors import ShuttingDown, TooManyRequests
-from common.tasks import cancel_and_wait
+from runtime.tasks import cancel_and_wait
 from gateway.config import GatewayConfig
 
 log = logging.getLogger(__name__)

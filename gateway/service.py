@@ -23,8 +23,8 @@ from client.messages import OutgoingMessage, ReceivedEntry
 from client.pool import BrokerPool
 from common.errors import InvalidArgument, NotFound
 from common.topic_name import TopicName
-from common.tls import TlsConfig, client_context
-from common.tokens import TokenFile
+from runtime.tls import TlsConfig, client_context
+from runtime.tokens import TokenFile
 from gateway.admin_client import admin_call
 from gateway.config import GatewayConfig
 from gateway.consumers import ConsumerKey, ConsumerPool, DeadLetterPolicy, GatewayConsumer

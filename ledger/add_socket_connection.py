@@ -28,7 +28,7 @@ import logging
 import ssl
 from typing import Callable, cast
 
-from common import write_batch
+from runtime import write_batch
 from common.errors import BookieUnavailable, MagnetarError, MalformedFrame, error_for_code
 from protocol.add_socket import MessageDecoder, encode_message, parse
 from protocol.proto import bookie_pb2
@@ -95,7 +95,7 @@ class AddSocketConnection(asyncio.Protocol):
     # --- asyncio.Protocol -----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # A stream transport: asyncio's, or uvloop's (common/event_loop.py), which is not a
+        # A stream transport: asyncio's, or uvloop's (runtime/event_loop.py), which is not a
         # subclass of asyncio.Transport (an isinstance check here refused every connection).
         transport = cast(asyncio.Transport, transport)
         if self._ended:                     # closed while connecting
@@ -110,7 +110,7 @@ class AddSocketConnection(asyncio.Protocol):
             return
         self._decoder.feed(data)
         # What the confirmed entries cause (dispatch, receipts) leaves once per client
-        # connection when this read's replies have been handled (common/write_batch.py).
+        # connection when this read's replies have been handled (runtime/write_batch.py).
         opened = write_batch.begin()
         try:
             self._on_replies()

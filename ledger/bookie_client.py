@@ -34,7 +34,7 @@ import grpc
 from protocol.bookie_rpc import error_code_from_metadata
 from protocol.proto import bookie_pb2, bookie_pb2_grpc
 from ledger.config import LedgerClientConfig
-from common.eager_future import new_eager_future
+from runtime.eager_future import new_eager_future
 from common.errors import (
     AddTimeout,
     AuthenticationFailed,
@@ -46,8 +46,8 @@ from common.errors import (
     error_for_code,
 )
 from common.histograms import LatencyStages
-from common.tasks import TaskSet
-from common.tls import TlsConfig, client_context, file_stamp
+from runtime.tasks import TaskSet
+from runtime.tls import TlsConfig, client_context, file_stamp
 from ledger.add_socket_connection import AddSocketConnection
 
 log = logging.getLogger(__name__)

@@ -6,10 +6,10 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.config_options import ConfigOption, config_overrides
+from runtime.config_options import ConfigOption, config_overrides
 from common.entry import ENTRY_BYTES_MAX_DEFAULT
 from common.errors import ConfigError
-from common.tls import TlsConfig
+from runtime.tls import TlsConfig
 
 KIB = 1024
 MIB = 1024 * KIB

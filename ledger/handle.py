@@ -35,8 +35,8 @@ import functools
 import logging
 from dataclasses import dataclass
 
-from common.eager_future import call_when_done, new_eager_future
-from common.tasks import cancel_and_wait, log_failure
+from runtime.eager_future import call_when_done, new_eager_future
+from runtime.tasks import cancel_and_wait, log_failure
 from ledger.context import LedgerContext
 from common.entry import ENTRY_HEADER_SIZE, encode_entry
 from common.errors import (
@@ -124,7 +124,7 @@ class WriteHandle:
     def metadata_version(self) -> int:
         """The etcd version of the metadata as this handle last wrote or read it: what a
         recorder compares to prove the ledger still exists as it knows it
-        (broker/ledger_gc.py, the race analysis)."""
+        (managed_ledger/ledger_gc.py, the race analysis)."""
         return self._versioned.version
 
     @property
@@ -192,7 +192,7 @@ class WriteHandle:
         for index in indices:
             bookie_id = self._ensemble[index]
             reply = pool.get(bookie_id).add(self.ledger_id, pending.entry_id, pending.data)
-            # Run inside the bookie client's settling of the reply (common/eager_future.py);
+            # Run inside the bookie client's settling of the reply (runtime/eager_future.py);
             # _on_reply does not call back into the bookie client.
             call_when_done(reply, lambda f, entry_id=pending.entry_id, index=index, bookie_id=bookie_id:
                            self._on_reply(entry_id, index, bookie_id, f))
@@ -244,12 +244,20 @@ class WriteHandle:
         done = self._tracker.complete(self._change_start)
         if not done:
             return
+        # last_add_confirmed never passes an entry an ack quorum has not acknowledged: it
+        # moved to the last entry completed now, every entry up to it in order.
+        last_add_confirmed = self._tracker.last_add_confirmed
+        assert done[-1] == last_add_confirmed, (done, last_add_confirmed)
+        assert next(iter(self._pending)) == done[0], (next(iter(self._pending)), done[0])
         for entry_id in done:
             pending = self._pending.pop(entry_id)
             self._pending_bytes -= len(pending.data)
             self._length_bytes += len(pending.data) - ENTRY_HEADER_SIZE
             if not pending.future.done():
                 pending.future.set_result(entry_id)
+        # What is still pending lies after it (entries are kept in submission order).
+        assert not self._pending or next(iter(self._pending)) == last_add_confirmed + 1, \
+            (next(iter(self._pending)), last_add_confirmed)
         self._room.set()
         if not self._pending:
             self._idle.set()

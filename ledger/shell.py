@@ -24,7 +24,7 @@ import struct
 import sys
 import time
 
-from common.config_options import add_config_options
+from runtime.config_options import add_config_options
 from common.errors import MagnetarError
 from ledger.client import LedgerClient
 from ledger.config import BOOKIE_CLIENT_SECURITY_OPTIONS, AutoRecoveryConfig, LedgerClientConfig, bookie_client_security

@@ -7,7 +7,7 @@ Run one or more anywhere (their own processes rather than threads inside the boo
 so that re-replication scales and fails apart from the storage nodes, restarts without
 touching a bookie, and is one Kubernetes Deployment with probes of its own). Exactly
 one of them is the auditor at a time (elected through etcd); all of them replicate.
-The auditor also runs the ledger collector (broker/ledger_gc.py): orphan ledgers of
+The auditor also runs the ledger collector (managed_ledger/ledger_gc.py): orphan ledgers of
 topics, deleted after a grace period. It lives here rather than in a broker task
 because this election already exists, the process already holds a ledger client and
 reads every ledger's metadata each audit, and its passes then cost the brokers'
@@ -28,10 +28,10 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from common.config_options import ConfigOption, add_config_options, config_overrides
-from common.ops_http import HealthCheck, add_ready_route, build_ops_app, start_ops_server
-from common.tasks import stop_on_signals
-from broker.ledger_gc import LedgerCollector, LedgerGcConfig
+from runtime.config_options import ConfigOption, add_config_options, config_overrides
+from runtime.ops_http import HealthCheck, add_ready_route, build_ops_app, start_ops_server
+from runtime.tasks import stop_on_signals
+from managed_ledger.ledger_gc import LedgerCollector, LedgerGcConfig
 from ledger.auditor import Auditor
 from ledger.client import LedgerClient
 from ledger.config import BOOKIE_CLIENT_SECURITY_OPTIONS, AutoRecoveryConfig, LedgerClientConfig, bookie_client_security
@@ -50,7 +50,7 @@ OPTIONS: list[ConfigOption] = [
                  "a dead auditor or worker is replaced this long after it died"),
     ConfigOption("--rate-bytes-per-s", AutoRecoveryConfig, "rate_bytes_per_s",
                  "re-replication bytes per second per worker"),
-    # The ledger collector (broker/ledger_gc.py), run by the elected auditor.
+    # The ledger collector (managed_ledger/ledger_gc.py), run by the elected auditor.
     ConfigOption("--no-ledger-gc", LedgerGcConfig, "enabled", "never collect orphan ledgers", switch_to=False),
     ConfigOption("--ledger-gc-grace-s", LedgerGcConfig, "grace_s",
                  "a ledger no topic references is deleted once older than this"),

@@ -67,7 +67,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"magnetar {__version__}")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", default="text", choices=["text", "json"])
-    # common/event_loop.py (docs/performance.md steps 2 and 24: uvloop measured twice, no
+    # runtime/event_loop.py (docs/performance.md steps 2 and 24: uvloop measured twice, no
     # gain that holds for both standalone shapes).
     parser.add_argument("--event-loop", default="asyncio", choices=["asyncio", "uvloop"],
                         help="the asyncio event loop implementation")
@@ -118,7 +118,7 @@ def parse_command_line(argv: Sequence[str], environ: Mapping[str, str]) -> argpa
 def main(argv: list[str] | None = None) -> int:
     args = parse_command_line(sys.argv[1:] if argv is None else argv, os.environ)
     logs.configure(args.log_level, args.log_format, process=args.process)
-    from common.event_loop import install as install_event_loop
+    from runtime.event_loop import install as install_event_loop
 
     install_event_loop(args.event_loop)
     from common.errors import ConfigError, PortInUse

@@ -59,7 +59,7 @@ from typing import Callable
 
 from magnetar.etcd_server import etcd_command, etcd_is_healthy
 from common.errors import ConfigError, PortInUse
-from common.tasks import stop_on_signals
+from runtime.tasks import stop_on_signals
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +240,7 @@ class Standalone:
         the brokers' service token file) for --auth. Brokers (and the auto-recovery
         process) reach the bookies with a service token of the brokers' role.
         Keys and tokens are passed as files, never on a command line or in a log."""
-        from common.tokens import TokenSigner, create_secret_key, read_key_value
+        from runtime.tokens import TokenSigner, create_secret_key, read_key_value
 
         args = self.args
         role = args.superuser_role

@@ -69,7 +69,7 @@ import aetcd.utils
 
 from common.errors import ConfigError, InvalidArgument, MagnetarError, MetadataLeaseExpired, MetadataUnavailable
 from metadata.etcd_tls import CredentialFiles, EtcdTlsConfig, SecureClient
-from common.tasks import TaskSet, cancel_and_wait, log_failure
+from runtime.tasks import TaskSet, cancel_and_wait, log_failure
 from metadata.store import Compare, Delete, Lease, MetadataStore, Put, Record, Watch, WatchEvent
 
 log = logging.getLogger(__name__)

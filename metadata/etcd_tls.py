@@ -28,7 +28,7 @@ import aetcd
 import grpc
 from aetcd import rpc, watcher
 
-from common.config_options import ConfigOption, add_config_options, config_overrides
+from runtime.config_options import ConfigOption, add_config_options, config_overrides
 from common.errors import ConfigError
 
 
@@ -103,7 +103,7 @@ class SecureClient(aetcd.Client):
         self._connected.set()
 
 
-# The flags, as rows of a server's options table (common/config_options.py).
+# The flags, as rows of a server's options table (runtime/config_options.py).
 ETCD_TLS_OPTIONS = [
     ConfigOption("--etcd-tls-trust-certs-file", EtcdTlsConfig, "trust_certs_file",
                  "PEM CA of etcd's server certificate: talk to etcd over TLS"),

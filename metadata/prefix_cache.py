@@ -10,7 +10,7 @@ import logging
 from typing import Callable
 
 from common.errors import MagnetarError
-from common.tasks import cancel_and_wait
+from runtime.tasks import cancel_and_wait
 from metadata.store import MetadataStore, Record
 
 log = logging.getLogger(__name__)

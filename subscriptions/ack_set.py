@@ -20,10 +20,9 @@ import zlib
 from typing import Iterator
 
 from common.errors import MalformedFrame
-
-# A bitmap grows to cover at most this many entries per ledger (managed ledgers roll
-# over at 50,000 entries by default; this allows generous overrides): 16 Mi entries = 2 MiB.
-ENTRIES_PER_LEDGER_MAX = 16 * 1024 * 1024
+# A bitmap grows to cover at most this many entries per ledger (the vocabulary's bound
+# on a ledger of a topic).
+from common.position import ENTRIES_PER_LEDGER_MAX
 # A decoded ack set is refused past this size (a record that decompresses to more is
 # corrupt or hostile, not a cursor: 1,000,000 holes take under 200 KiB).
 DECODED_BYTES_MAX = 256 * 1024 * 1024

@@ -1,6 +1,6 @@
 """What a ``read_compacted`` subscription reads of the compacted part of a topic: the
 port through which the dispatcher asks the topic's compaction (implemented by
-``broker/compaction.py``, which reads the compacted ledger). Pure.
+``managed_ledger/compaction.py``, which reads the compacted ledger). Pure.
 
 Up to the compaction horizon a ``read_compacted`` consumer is served the compacted
 ledger's entries — each a copy of a topic entry with its original position, and for a
@@ -10,20 +10,13 @@ deliver) — and after the horizon the topic itself.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
-from common.position import Position
+# The entry itself is vocabulary (common/position.py): the managed ledger's compaction
+# writes it without importing this sibling package.
+from common.position import CompactedEntry, Position
 
-
-@dataclass(frozen=True)
-class CompactedEntry:
-    """One entry of a compacted ledger."""
-
-    position: Position          # where it is in the topic (its message id)
-    batch_size: int             # 0: deliver it whole
-    keep_bits: int              # with batch_size: the messages to deliver (bit i: message i)
-    stored: memoryview          # the topic entry's stored bytes, unchanged
+__all__ = ["CompactedEntry", "CompactedSource"]
 
 
 class CompactedSource(Protocol):

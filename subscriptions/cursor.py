@@ -35,7 +35,7 @@ from typing import Callable, Protocol
 
 from common.position import Position
 from common.errors import MagnetarError, TopicFenced
-from common.tasks import cancel_and_wait
+from runtime.tasks import cancel_and_wait
 from subscriptions.ack_set import AckSet
 from subscriptions.ports import PositionSource
 
@@ -238,9 +238,12 @@ class ManagedCursor:
             if following > last or not acked.contains(following.ledger_id, following.entry_id):
                 break
             end = acked.first_unset(following.ledger_id, following.entry_id) - 1
+            assert end >= following.entry_id, (following, end)   # ``following`` is acknowledged
             if following.ledger_id == last.ledger_id:
                 end = min(end, last.entry_id)
             mark = Position(following.ledger_id, end)
+            # The mark moves over acknowledged entries only: it never passes a hole.
+            assert following <= mark <= last, (following, mark, last)
             # If ``end`` is past the ledger's last entry, next_position moves to the next
             # ledger on the next round; an entry beyond a ledger's end is never marked.
         if mark != self._state.mark_delete:

@@ -71,7 +71,7 @@ class LedgerCursorStore:
         self._key = key
         # The custom metadata of the cursor ledgers this store creates: the pointer's
         # key, plus the owner's tags (the topic and purpose, which the broker's ledger
-        # collector reads: broker/ledger_gc.py).
+        # collector reads: managed_ledger/ledger_gc.py).
         self._ledger_custom = {**(ledger_tags or {}), "cursor": key}
         self._client = ledger_client
         self._quorums = quorums
@@ -189,7 +189,7 @@ class LedgerCursorStore:
         try:
             # The pointer names the ledger only while its metadata is as the handle
             # knows it: a ledger the broker's ledger collector deleted (this save came
-            # after its grace period, broker/ledger_gc.py) is never pointed at.
+            # after its grace period, managed_ledger/ledger_gc.py) is never pointed at.
             await self._write_pointer({
                 "mark_delete": list(state.mark_delete), "cursor_ledger": handle.ledger_id,
                 "snapshot_entry": entry_id, "inline": None},

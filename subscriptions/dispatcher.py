@@ -42,10 +42,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator, Protocol
 
-from common.eager_future import call_when_done
+from runtime.eager_future import call_when_done
 from common.errors import MagnetarError
 from common.position import ManagedEntry, Position
-from common.tasks import cancel_and_wait
+from runtime.tasks import cancel_and_wait
 from protocol.batch import message_count
 from protocol.codec import stored_metadata
 from subscriptions.compacted_view import CompactedSource
@@ -289,7 +289,7 @@ class Dispatcher(abc.ABC):
                 self.wake()
 
         # Inside the managed ledger's settling of the entries, before their receipts
-        # (common/eager_future.py); on_entries does not call back into the appends.
+        # (runtime/eager_future.py); on_entries does not call back into the appends.
         call_when_done(waiter, on_entries)
         if self.subscription.ledger.last_confirmed != self._confirmed_at_read:
             # Entries were confirmed while the read that came back empty was in flight,
@@ -368,6 +368,9 @@ class SingleActiveDispatcher(Dispatcher):
 
     def add_consumer(self, consumer: ConsumerPort) -> None:
         self._attach(consumer)
+        # Exclusive: one consumer at a time (Subscription.add_consumer refuses a second
+        # with ConsumerBusy), so no entry can go to two consumers of the subscription.
+        assert self.failover or len(self.consumers) == 1, [c.name for c in self.consumers]
         if self.failover and self.active is not None:
             consumer.notify_active(False)
         self._update_active()
@@ -474,10 +477,14 @@ class SingleActiveDispatcher(Dispatcher):
         """Sends ``entries`` (read from the cursor's read position) while the consumer has
         permits, and moves the read position past the last one sent or skipped."""
         subscription = self.subscription
+        # A round's entries go to the active consumer alone, each once, in topic order
+        # (the read position then moves past them: the next round starts after).
+        assert consumer is self.active, consumer.name
         done = None
         for entry in entries:
             if consumer.permits <= 0:
                 break   # the rest is read again when permits come (from the cache)
+            assert done is None or entry.position > done.position, (done.position, entry.position)
             done = entry
             prepared = self._prepare(entry)
             if prepared is None:

@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 from common.errors import ConsumerBusy, MagnetarError, NotAllowed
 from common.position import Position
-from common.tasks import cancel_and_wait
+from runtime.tasks import cancel_and_wait
 from subscriptions.compacted_view import CompactedSource
 from subscriptions.cursor import ManagedCursor
 from subscriptions.dispatcher import Dispatcher, SingleActiveDispatcher

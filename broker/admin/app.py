@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from broker.service import BrokerService
 from common.errors import BrokerError, InvalidArgument, MagnetarError, NotFound
-from common.ops_http import add_ready_route, build_ops_app
+from runtime.ops_http import add_ready_route, build_ops_app
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ caller, as for a direct call; a caller known only by its client certificate has 
 to pass on), over the owner's HTTPS URL when plain ports are off (its certificate
 checked against this broker's trust store, not its host name: owners are reached at
 advertised addresses, pod IPs in Kubernetes; this broker's certificate presented only
-if it may serve as a client's, ``common/tls.py``'s ``peer_client_context``, built once
+if it may serve as a client's, ``runtime/tls.py``'s ``peer_client_context``, built once
 per broker and again when its files change); one session per admin request, at most
 ``CALLS_AT_ONCE_MAX`` partitions in flight, here and at other brokers together
 (``bounded_gather``), each call bounded by ``PARTITION_CALL_TIMEOUT_S``; a partition (or subscription) that does

@@ -22,7 +22,7 @@ import os
 import sys
 
 from common.errors import AuthenticationFailed
-from common.tokens import (
+from runtime.tokens import (
     TokenSigner,
     TokenVerifier,
     create_key_pair,

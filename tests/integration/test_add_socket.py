@@ -22,7 +22,7 @@ import struct
 import pytest
 
 from common.errors import AuthenticationFailed, AuthorizationDenied
-from common.tokens import TokenSigner, create_secret_key
+from runtime.tokens import TokenSigner, create_secret_key
 from protocol.add_socket import encode_message
 from protocol.proto import bookie_pb2
 from tests.integration.test_ledger_client import make_client  # noqa: F401 - the fixture

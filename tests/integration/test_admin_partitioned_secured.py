@@ -34,7 +34,7 @@ import urllib.request
 
 import pulsar
 
-from common.tokens import TokenSigner, create_secret_key
+from runtime.tokens import TokenSigner, create_secret_key
 from tests.cluster import Cluster, unique
 from tests.tls_certs import make_pki
 

@@ -20,7 +20,7 @@ from datetime import timedelta
 import pulsar
 
 from broker.deduplication import SNAPSHOT_INTERVAL_ENTRIES, SNAPSHOT_PROPERTY
-from broker.managed_ledger_info import ManagedLedgerInfo
+from managed_ledger.managed_ledger_info import ManagedLedgerInfo
 from common.topic_name import TopicName
 from metadata import keys, open_store
 from tests.cluster import Cluster, unique, unique_topic

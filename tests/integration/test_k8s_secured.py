@@ -41,7 +41,7 @@ import pulsar
 import pytest
 
 from common.errors import AuthenticationFailed, AuthorizationDenied
-from common.tokens import TokenSigner, create_secret_key
+from runtime.tokens import TokenSigner, create_secret_key
 from tests import k8s_render as k8s
 from protocol.add_socket import LENGTH_BYTES, encode_message
 from protocol.codec import encode_command, wrap

@@ -19,9 +19,9 @@ import uuid
 
 import pulsar
 
-from broker.compacted_ledger import CompactionRecord
-from broker.compaction import COMPACTION_PROPERTY
-from broker.managed_ledger_info import ManagedLedgerInfo
+from managed_ledger.compacted_ledger import CompactionRecord
+from managed_ledger.compaction import COMPACTION_PROPERTY
+from managed_ledger.managed_ledger_info import ManagedLedgerInfo
 from common.topic_name import TopicName
 from ledger.metadata import LedgerMetadata
 from metadata import keys, open_store

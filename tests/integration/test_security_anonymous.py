@@ -28,7 +28,7 @@ import urllib.request
 import pulsar
 import pytest
 
-from common.tokens import TokenSigner, create_secret_key
+from runtime.tokens import TokenSigner, create_secret_key
 from tests.cluster import Cluster, unique
 
 SUPERUSER = "admin-role"

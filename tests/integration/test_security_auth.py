@@ -31,7 +31,7 @@ import urllib.request
 import pulsar
 import pytest
 
-from common.tokens import TokenSigner, create_secret_key
+from runtime.tokens import TokenSigner, create_secret_key
 from protocol import commands
 from protocol.codec import encode_command
 from protocol.proto import pulsar_api_pb2 as pb

@@ -38,7 +38,7 @@ import bcrypt
 import pulsar
 import pytest
 
-from common.tokens import TokenSigner, create_secret_key
+from runtime.tokens import TokenSigner, create_secret_key
 from tests.cluster import free_port, python_command, unique
 from tests.raw_pulsar import RawConnection
 from tests.tls_certs import make_pki

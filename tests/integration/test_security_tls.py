@@ -47,7 +47,7 @@ import pytest
 from common.entry import encode_entry
 from common.errors import (AuthorizationDenied, BookieUnavailable, ConfigError, MagnetarError, MetadataUnavailable,
                            NotEnoughBookies)
-from common.tokens import TokenSigner, create_secret_key
+from runtime.tokens import TokenSigner, create_secret_key
 from ledger.bookie_client import BookieClient
 from ledger.client import LedgerClient
 from metadata import open_store

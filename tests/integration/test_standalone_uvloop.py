@@ -1,5 +1,5 @@
 """``magnetar standalone`` with every server on uvloop (``MAGNETAR_EVENT_LOOP=uvloop``,
-common/event_loop.py), the option the performance work keeps for measuring.
+runtime/event_loop.py), the option the performance work keeps for measuring.
 
 Proves: the broker's adds reach the bookies through the add socket on uvloop's
 transports (which are not subclasses of asyncio.Transport: an isinstance check there once

@@ -9,7 +9,7 @@ encoded with the real entry format (common/entry.py) so readers slice the same h
 
 Tests steer it: ``hold_adds`` keeps add futures pending until ``release_adds``;
 ``eager_adds`` makes add futures EagerFutures, settled callbacks and all inside
-``complete_pending``, as the real write handle's are (common/eager_future.py);
+``complete_pending``, as the real write handle's are (runtime/eager_future.py);
 ``entry_bytes_max`` makes ``submit_nowait`` refuse larger entries with EntryTooLarge
 (what the ledger client does once it knows the bookies' limit); ``fail`` fails a handle
 the way a bookie's refusal does; ``close_error`` makes
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from common.entry import ENTRY_BYTES_MAX_DEFAULT
 from common.entry import ENTRY_HEADER_SIZE, encode_entry
-from common.eager_future import new_eager_future
+from runtime.eager_future import new_eager_future
 from common.errors import EntryTooLarge, LedgerClosed, LedgerFenced, MagnetarError, NoSuchEntry, NoSuchLedger
 from ledger.reader import LedgerEntry
 
@@ -103,7 +103,7 @@ class FakeWriteHandle:
         self._closed = False
         self.failure: MagnetarError | None = None
         # The fake keeps no ledger metadata in the metadata store, so a guard on the
-        # ledger's key (broker/managed_ledger.py _write_info) compares "absent" (0).
+        # ledger's key (managed_ledger/managed_ledger.py _write_info) compares "absent" (0).
         self.metadata_version = 0
 
     def fail(self, error: MagnetarError) -> None:

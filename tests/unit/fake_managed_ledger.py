@@ -1,4 +1,4 @@
-"""An in-memory stand-in for broker.managed_ledger.ManagedLedger, for the subscription
+"""An in-memory stand-in for managed_ledger.managed_ledger.ManagedLedger, for the subscription
 unit tests (test_cursor.py, test_dispatcher_selection.py).
 
 It provides only what a cursor (``subscriptions.ports.PositionSource``), a subscription

@@ -19,8 +19,8 @@ import struct
 
 import pytest
 
-from common import write_batch
-from common.eager_future import call_when_done
+from runtime import write_batch
+from runtime.eager_future import call_when_done
 from common.errors import AddTimeout, AuthenticationFailed, BookieUnavailable
 from ledger.bookie_client import BookieClient, BookieClientPool
 from ledger.config import LedgerClientConfig
@@ -158,7 +158,7 @@ class RecordingTransport:
 
 
 async def test_what_one_read_of_replies_causes_is_written_once(bookie, make_client) -> None:
-    """Replies read together are handled in one write batch (common/write_batch.py): the
+    """Replies read together are handled in one write batch (runtime/write_batch.py): the
     writes their adds' eager callbacks make to one transport (a broker's receipts and
     dispatch to a client) leave in one write when the read is handled."""
     client = make_client()

@@ -29,7 +29,7 @@ from aiohttp.test_utils import TestServer, make_mocked_request
 from broker.admin import fanout
 from broker.service import PARTITION_CALL_OUTCOMES, OwnerInfo
 from common.errors import AlreadyExists, ConfigError, PreconditionFailed
-from common.tokens import TokenFile
+from runtime.tokens import TokenFile
 from common.topic_name import TopicName
 
 TOPIC = TopicName.parse("persistent://public/default/orders")

@@ -1,4 +1,4 @@
-"""The archive inside a broker (broker/archiver.py, broker/managed_ledger.py,
+"""The archive inside a broker (broker/archiver.py, managed_ledger/managed_ledger.py,
 broker/topic.py), on the in-memory metadata store, the fake ledger client and fsspec's
 in-memory filesystem.
 
@@ -18,7 +18,7 @@ import uuid
 
 from broker.archiver import ArchiverConfig
 from broker.config import BrokerConfig
-from broker.managed_ledger import ManagedLedgerConfig
+from managed_ledger.managed_ledger import ManagedLedgerConfig
 from broker.service import BrokerService
 from common.position import Position
 from common.topic_name import NamespaceName, TopicName

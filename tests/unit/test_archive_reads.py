@@ -1,4 +1,4 @@
-"""Reads of archived ledgers as the broker serves them (broker/archive_reads.py), from
+"""Reads of archived ledgers as the broker serves them (managed_ledger/archive_reads.py), from
 files on fsspec's in-memory filesystem, decoded in a worker thread.
 
 Proves: any entry range of an archived ledger (across record batches and files) comes
@@ -20,7 +20,7 @@ from archive.format import FORMAT_VERSION
 from archive.location import ArchiveLocation
 from archive.manifest import FileRecord, LedgerRecord
 from archive.writer import SliceBuilder, WriterConfig, publish, write_temp
-from broker.archive_reads import ArchiveReads
+from managed_ledger.archive_reads import ArchiveReads
 from common.errors import ArchiveCorrupt
 from tests.unit import archive_entries
 

@@ -28,8 +28,8 @@ from broker.authentication import AuthConfig, Authenticator
 from broker.config import BrokerConfig
 from broker.password_file import PasswordFile, parse, verify
 from common.errors import AuthenticationFailed, ConfigError
-from common.tls import TlsConfig, certificate_common_name
-from common.tokens import TokenSigner, create_secret_key
+from runtime.tls import TlsConfig, certificate_common_name
+from runtime.tokens import TokenSigner, create_secret_key
 
 # Written by `openssl passwd -apr1 -salt abcdefgh 'pass word'` (and htpasswd -m alike):
 # refused as weak.

@@ -21,9 +21,9 @@ import time
 from broker.authentication import AuthConfig
 from broker.config import BrokerConfig
 from broker.connection import ServerConnection
-from broker.managed_ledger import ManagedLedgerConfig
+from managed_ledger.managed_ledger import ManagedLedgerConfig
 from broker.service import BrokerService
-from common.tokens import TokenSigner, create_secret_key
+from runtime.tokens import TokenSigner, create_secret_key
 from metadata.memory_store import MemoryStore
 from protocol.proto import pulsar_api_pb2 as pb
 from tests.unit.fake_ledger_client import FakeLedgerClient

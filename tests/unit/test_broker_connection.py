@@ -27,9 +27,9 @@ import asyncio
 from protocol import commands
 from protocol.codec import NEED_DATA, CommandDecoder, encode_command, encode_payload_command
 from broker.config import BrokerConfig
-from common import write_batch
+from runtime import write_batch
 from broker.connection import ServerConnection
-from broker.managed_ledger import ManagedLedgerConfig
+from managed_ledger.managed_ledger import ManagedLedgerConfig
 from protocol.proto import pulsar_api_pb2 as pb
 from broker.service import BrokerService
 from common.topic_name import TopicName
@@ -239,7 +239,7 @@ async def test_a_read_s_entries_are_flushed_to_the_bookies_once_at_its_end():
 
 
 async def test_what_one_read_causes_leaves_in_one_write():
-    """Three PINGs in one socket read: three PONGs in one write (common/write_batch.py)."""
+    """Three PINGs in one socket read: three PONGs in one write (runtime/write_batch.py)."""
     service, client = await connected()
     writes = client.transport.writes
     client.send(pb.CommandPing(), pb.CommandPing(), pb.CommandPing())

@@ -27,7 +27,7 @@ import pytest
 
 from common.entry import ENTRY_BYTES_MAX_DEFAULT
 from broker.config import BrokerConfig
-from broker.managed_ledger import ManagedLedgerConfig
+from managed_ledger.managed_ledger import ManagedLedgerConfig
 from broker.service import BrokerService
 from broker.stats import internal_stats
 from common.topic_name import TopicName

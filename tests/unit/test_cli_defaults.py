@@ -1,6 +1,6 @@
 """One source of defaults: ``magnetar bookie`` and ``magnetar broker`` take every
 default from their config dataclasses (bookie/main.py, broker/main.py,
-common/config_options.py).
+runtime/config_options.py).
 
 What it proves:
 - with only the required flags, the config the CLI builds equals the dataclasses'
@@ -35,10 +35,10 @@ from bookie.config import BookieConfig, JournalConfig, LedgerStorageConfig
 from broker import main as broker_main
 from broker.config import BrokerConfig
 from broker.connection import ServerConnection
-from broker.managed_ledger import ManagedLedgerConfig
+from managed_ledger.managed_ledger import ManagedLedgerConfig
 from broker.service import BrokerService
 from bundles.config import BundlesConfig
-from common.config_options import flag_default
+from runtime.config_options import flag_default
 from metadata.memory_store import MemoryStore
 from protocol.codec import encode_payload_command, wrap
 from protocol.proto import pulsar_api_pb2 as pb

@@ -1,5 +1,5 @@
-"""Compaction (broker/compaction.py, broker/compacted_ledger.py,
-broker/compaction_keys.py) over an in-memory topic and in-memory side ledgers: the
+"""Compaction (managed_ledger/compaction.py, managed_ledger/compacted_ledger.py,
+managed_ledger/compaction_keys.py) over an in-memory topic and in-memory side ledgers: the
 latest value of each key survives, a tombstone (null value or empty payload) drops its
 key, keyless messages stay, a partly surviving batch keeps the bits of its survivors;
 a second compaction reads the previous compacted ledger, so keys whose topic entries
@@ -17,9 +17,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from broker.compacted_ledger import CompactionRecord, decode_entry, encode_entry
-from broker import compaction_keys
-from broker.compaction import COMPACTION_PROPERTY, TopicCompaction, compact
+from managed_ledger.compacted_ledger import CompactionRecord, decode_entry, encode_entry
+from managed_ledger import compaction_keys
+from managed_ledger.compaction import COMPACTION_PROPERTY, TopicCompaction, compact
 from common.errors import MalformedFrame, NoSuchLedger
 from common.position import ManagedEntry, Position
 from protocol.batch import encode_batch

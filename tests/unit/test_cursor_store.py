@@ -379,7 +379,7 @@ async def test_a_pointer_never_names_a_ledger_whose_metadata_is_gone():
     """The pointer write compares the cursor ledger's metadata (as the handle knows it)
     in the same transaction: when the ledger collector deleted it, or it changed, the
     pointer is not written, the save fails (its changes kept for the next) and the next
-    save starts a new ledger, which the pointer then names (broker/ledger_gc.py)."""
+    save starts a new ledger, which the pointer then names (managed_ledger/ledger_gc.py)."""
     metadata, ledgers = FailingStore(), FakeLedgerClient()
     ledger = FakeManagedLedger(10)
     ledger.append_many(20)

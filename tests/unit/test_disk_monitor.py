@@ -3,7 +3,9 @@
 What it proves: decide_read_only turns read-only at or above the threshold, stays
 read-only until usage drops below the low water mark (hysteresis, so a bookie near the
 line does not flap), and a writable bookie between the two marks stays writable;
-measure() reports the worst directory's ratio and counts a shared filesystem once.
+measure() reports the worst directory's ratio and counts a shared filesystem once;
+check() republishes the registration on a flip at once, and on free space only when it
+moved by more than 1% of the disk (or nothing was published yet).
 
 How: a table of (currently_read_only, ratio) -> decision, a usage trace walked through
 the rule, and measure() over a stubbed shutil.disk_usage (no real disk numbers, which
@@ -105,3 +107,24 @@ def test_measure_on_a_real_directory(tmp_path):
     assert 0.0 <= usage.ratio <= 1.0
     assert 0 <= usage.free_bytes <= usage.total_bytes
     assert usage.worst_directory == str(tmp_path)
+
+
+GIB = 1024**3
+
+
+@pytest.mark.parametrize("read_only, ratio, published_free, free, expected", [
+    # (bookie read-only now, usage ratio, free bytes last published, free bytes now,
+    #  (read_only, flipped, republish))
+    (False, 0.50, None, 50 * GIB, (False, False, True)),         # nothing published yet
+    (False, 0.50, 50 * GIB, 50 * GIB, (False, False, False)),    # idle: no etcd write
+    (False, 0.50, 50 * GIB, 49 * GIB, (False, False, False)),    # moved exactly 1%: not more
+    (False, 0.50, 50 * GIB, 48 * GIB, (False, False, True)),     # moved more than 1%
+    (False, 0.96, 4 * GIB, 4 * GIB, (True, True, True)),         # a flip is published at once
+    (True, 0.92, 8 * GIB, 8 * GIB, (True, False, False)),        # inside the band: no flap
+    (True, 0.80, 20 * GIB, 20 * GIB, (False, True, True)),       # writable again
+])
+def test_check_republishes_flips_at_once_and_free_space_past_one_percent(read_only, ratio, published_free, free,
+                                                                         expected):
+    usage = disk_monitor.DiskUsage(total_bytes=100 * GIB, free_bytes=free, ratio=ratio, worst_directory="/d")
+    checked = disk_monitor.check(usage, read_only, published_free, THRESHOLD, LWM)
+    assert (checked.read_only, checked.flipped, checked.republish) == expected

@@ -1,4 +1,4 @@
-"""common/eager_future.py: callbacks run inside the call that settles the future."""
+"""runtime/eager_future.py: callbacks run inside the call that settles the future."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from common.eager_future import EagerFuture, call_when_done, new_eager_future, settle_all
+from runtime.eager_future import EagerFuture, call_when_done, new_eager_future, settle_all
 
 
 async def test_callback_runs_inside_set_result() -> None:

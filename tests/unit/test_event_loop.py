@@ -1,4 +1,4 @@
-"""The event-loop choice (common/event_loop.py, ``--event-loop``), with no sockets.
+"""The event-loop choice (runtime/event_loop.py, ``--event-loop``), with no sockets.
 
 Proves that: the command line takes ``--event-loop`` (and MAGNETAR_EVENT_LOOP from the
 environment) before the command, the standard loop by default; installing uvloop makes
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-from common.event_loop import install
+from runtime.event_loop import install
 from magnetar.cli import parse_command_line
 
 

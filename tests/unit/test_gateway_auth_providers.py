@@ -17,7 +17,7 @@ import pytest
 from aiohttp.test_utils import make_mocked_request
 
 from common.errors import AuthenticationFailed, ConfigError
-from common.tls import TlsConfig
+from runtime.tls import TlsConfig
 from gateway.app import default_config
 from gateway.auth import caller_of
 

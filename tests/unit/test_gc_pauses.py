@@ -1,4 +1,4 @@
-"""The garbage collector's pauses (common/gc_pauses.py), measured in this process.
+"""The garbage collector's pauses (runtime/gc_pauses.py), measured in this process.
 
 Proves that: while installed, every collection is observed once in the histogram of
 its generation; removing stops it and leaves other callbacks alone; installing twice
@@ -13,8 +13,8 @@ import gc
 
 from prometheus_client import CollectorRegistry
 
-from common.gc_pauses import GcPauses
-from common.loop_monitor import LoopMonitor
+from runtime.gc_pauses import GcPauses
+from runtime.loop_monitor import LoopMonitor
 
 
 def _count(registry: CollectorRegistry, generation: int, prefix: str = "test") -> float:

@@ -8,13 +8,13 @@ dials, and names the broker and gateway Service names and ``localhost`` (the pre
 drain); while gRPC refuses a two-label pod name
 (``magnetar-bookie-0.magnetar-bookie``, which the security component moved away from);
 and the bookies' add socket, dialled at the host of the same advertised address with
-Python's ssl (ledger/bookie_client.py's ``_SocketCall``: ``common.tls.client_context``,
+Python's ssl (ledger/bookie_client.py's ``_SocketCall``: ``runtime.tls.client_context``,
 the host name checked), passes with that certificate too, the short name failing there
 as well.
 How: the README's openssl extension text parsed; the certificate issued with
 ``cryptography``; a local gRPC server with it, dialled with
 ``grpc.ssl_target_name_override`` set to each name; a local TLS socket server with it
-(``common.tls.server_context``, as the add socket's), handshaken with each name as
+(``runtime.tls.server_context``, as the add socket's), handshaken with each name as
 ``server_hostname``.
 """
 
@@ -139,7 +139,7 @@ def test_readme_certificate_names_the_services_and_localhost():
 
 
 def test_readme_certificate_names_pass_the_add_sockets_host_name_check(tmp_path):
-    from common.tls import TlsConfig, client_context, server_context
+    from runtime.tls import TlsConfig, client_context, server_context
     from ledger.config import BookieTlsConfig
 
     ca, cert, key = _certificate(_readme_names())

@@ -53,7 +53,7 @@ def rendered(request) -> tuple[str, list[dict]]:
 def _served_paths() -> dict[str, set[str]]:
     """The GET paths each role's HTTP server routes, from the apps' own factories."""
     from broker.admin.app import build_admin_app
-    from common.ops_http import add_ready_route, build_ops_app
+    from runtime.ops_http import add_ready_route, build_ops_app
     from gateway.app import default_config, init_app
     from magnetar.autorecovery import build_app as build_autorecovery_app
 

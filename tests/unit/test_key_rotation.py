@@ -15,9 +15,9 @@ import grpc
 import pytest
 
 from bookie.security import BookieSecurityConfig, TokenInterceptor
-from common import tokens
+from runtime import tokens
 from common.errors import AuthenticationFailed, ConfigError
-from common.tokens import KeyFileVerifier, TokenSigner, create_secret_key
+from runtime.tokens import KeyFileVerifier, TokenSigner, create_secret_key
 
 
 class _Clock:

@@ -1,5 +1,5 @@
-"""The ledger collector (broker/ledger_gc.py) and its reference sources
-(broker/ledger_references.py).
+"""The ledger collector (managed_ledger/ledger_gc.py) and its reference sources
+(managed_ledger/ledger_references.py).
 
 Proves: the pure decision — untagged, unknown purpose, unknown owner, no creation
 time, young, referenced, unreadable owner, deleted topic, unreferenced — and, over an
@@ -17,9 +17,9 @@ import json
 
 import pytest
 
-from broker.compacted_ledger import CompactionRecord
-from broker.compaction import COMPACTION_PROPERTY
-from broker.ledger_gc import (
+from managed_ledger.compacted_ledger import CompactionRecord
+from managed_ledger.compaction import COMPACTION_PROPERTY
+from managed_ledger.ledger_gc import (
     Candidate,
     LedgerCollector,
     LedgerGcConfig,
@@ -27,9 +27,9 @@ from broker.ledger_gc import (
     judge_metadata,
     judge_references,
 )
-from broker.ledger_references import GUARDS_MAX, References, read_references
-from broker.managed_ledger import ManagedLedger, ManagedLedgerConfig
-from broker.managed_ledger_info import (
+from managed_ledger.ledger_references import GUARDS_MAX, References, read_references
+from managed_ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
+from managed_ledger.managed_ledger_info import (
     PURPOSE_COMPACTED,
     PURPOSE_CURSOR,
     PURPOSE_LEDGER,
@@ -210,7 +210,7 @@ async def test_a_ledger_recorded_before_the_second_look_is_kept():
             await _put_topic(store, TOPIC, [1, 2])
         return await real(s, topic, **kwargs)
 
-    import broker.ledger_gc as ledger_gc
+    import managed_ledger.ledger_gc as ledger_gc
     original, ledger_gc.read_references = ledger_gc.read_references, recording_meanwhile
     try:
         collector = _collector(store)
@@ -313,7 +313,7 @@ async def test_the_managed_ledger_never_records_a_collected_ledger():
 def test_the_collector_flags_from_the_command_line_and_the_environment():
     """``magnetar autorecovery`` builds LedgerGcConfig from its --ledger-gc-* flags, and
     from MAGNETAR_<FLAG> like every option; a flag on the command line wins."""
-    from common.config_options import config_overrides
+    from runtime.config_options import config_overrides
     from magnetar.autorecovery import OPTIONS
     from magnetar.cli import parse_command_line
 

@@ -1,4 +1,4 @@
-"""Turning bind failures into one operator error (common/listen.py, common/ops_http.py).
+"""Turning bind failures into one operator error (runtime/listen.py, runtime/ops_http.py).
 
 What it proves: probing a port another socket listens on finds EADDRINUSE, a free port
 None; the error built from it is a PortInUse (a ConfigError, code 1009) whose message
@@ -17,8 +17,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from common.errors import ConfigError, PortInUse, error_for_code
-from common.listen import bind_failure, probe_bind
-from common.ops_http import build_ops_app, start_ops_server
+from runtime.listen import bind_failure, probe_bind
+from runtime.ops_http import build_ops_app, start_ops_server
 
 
 def _listener() -> tuple[socket.socket, int]:

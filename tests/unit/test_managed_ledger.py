@@ -1,5 +1,5 @@
-"""The managed ledger (broker/managed_ledger.py) and its record
-(broker/managed_ledger_info.py): termination, refused entries, failed ledger closes,
+"""The managed ledger (managed_ledger/managed_ledger.py) and its record
+(managed_ledger/managed_ledger_info.py): termination, refused entries, failed ledger closes,
 close times, cache-miss reads, and the end position.
 
 What it proves: appends that arrive while a termination waits for pending appends are
@@ -27,9 +27,9 @@ import asyncio
 
 import pytest
 
-from broker.managed_ledger import ManagedLedger, ManagedLedgerConfig
-from broker.managed_ledger_info import LedgerInfo, ManagedLedgerInfo
-from common.eager_future import call_when_done
+from managed_ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
+from managed_ledger.managed_ledger_info import LedgerInfo, ManagedLedgerInfo
+from runtime.eager_future import call_when_done
 from common.position import Position
 from common.topic_name import TopicName
 from common.entry_cache import EntryCache
@@ -327,7 +327,7 @@ async def test_a_rollover_that_cannot_create_a_ledger_is_deferred_and_appends_go
     waiting for it, and later ones, go to the current ledger (it is healthy) instead of
     failing; the rollover is tried again after ROLL_RETRY_S (not on every append), and
     once a ledger can be created again the topic rolls over. Receipts stay in order."""
-    from broker import managed_ledger as managed_ledger_module
+    from managed_ledger import managed_ledger as managed_ledger_module
     from common.errors import MetadataUnavailable
 
     now = [0.0]
@@ -510,7 +510,7 @@ async def test_confirmed_appends_wake_readers_before_their_receipts_in_append_or
 
 
 async def test_eager_callbacks_dispatch_then_receipt_inside_the_settling():
-    """The waiter and the appends are EagerFutures (common/eager_future.py): callbacks
+    """The waiter and the appends are EagerFutures (runtime/eager_future.py): callbacks
     registered with call_when_done run inside the settling, the reader's before the
     receipts (in append order), and before any ordinary done-callback of the same
     futures, which waits for the next turn."""

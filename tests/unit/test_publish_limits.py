@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from broker.config import BrokerConfig
-from broker.managed_ledger import ManagedLedgerConfig
+from managed_ledger.managed_ledger import ManagedLedgerConfig
 from broker.metrics import register_broker_metrics
 from broker.publish_limits import BROKER, CONNECTION, TOPIC, Limit, PublishLimits
 from broker.connection import ServerConnection

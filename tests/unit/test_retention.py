@@ -1,10 +1,10 @@
-"""The retention rule (broker/retention.py): which consumed ledgers go, by table."""
+"""The retention rule (managed_ledger/retention.py): which consumed ledgers go, by table."""
 
 from __future__ import annotations
 
 import pytest
 
-from broker.retention import LedgerSpan, ledgers_to_delete
+from managed_ledger.retention import LedgerSpan, ledgers_to_delete
 
 MIB = 1024 * 1024
 NOW = 10_000_000_000

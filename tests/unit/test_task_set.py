@@ -1,4 +1,4 @@
-"""The owner of background tasks (common/tasks.py: TaskSet, log_failure).
+"""The owner of background tasks (runtime/tasks.py: TaskSet, log_failure).
 
 What it proves: a spawned task is held until it ends and then dropped; a task that
 fails is logged once, when it ends (an operating error at WARNING, another exception
@@ -22,7 +22,7 @@ import warnings
 import pytest
 
 from common.errors import MetadataUnavailable, ShuttingDown
-from common.tasks import TaskSet, log_failure
+from runtime.tasks import TaskSet, log_failure
 
 
 async def _forever() -> None:
@@ -59,7 +59,7 @@ async def test_a_failure_is_logged_once_when_the_task_ends(caplog):
     async def unexpected() -> None:
         raise KeyError("bug")
 
-    with caplog.at_level(logging.DEBUG, logger="common.tasks"):
+    with caplog.at_level(logging.DEBUG, logger="runtime.tasks"):
         tasks.spawn(operating(), name="op")
         tasks.spawn(unexpected(), name="bug")
         for _ in range(3):
@@ -156,7 +156,7 @@ async def test_log_failure_as_a_done_callback(caplog):
     async def fails() -> None:
         raise MetadataUnavailable("gone")
 
-    with caplog.at_level(logging.DEBUG, logger="common.tasks"):
+    with caplog.at_level(logging.DEBUG, logger="runtime.tasks"):
         failing = asyncio.ensure_future(fails())
         failing.add_done_callback(log_failure)
         fine = asyncio.ensure_future(asyncio.sleep(0))

@@ -1,4 +1,5 @@
-"""Stopping background tasks (common/tasks.py: cancel_and_wait).
+"""Stopping background tasks (runtime/tasks.py: cancel_and_wait), and the periodic
+check (every).
 
 What it proves: every task given is cancelled and has finished when the call returns
 (None entries are skipped); a task that had already crashed with an operating error is
@@ -23,7 +24,7 @@ import logging
 import pytest
 
 from common.errors import MetadataUnavailable
-from common.tasks import STOP_ATTEMPTS_MAX, cancel_and_wait
+from runtime.tasks import STOP_ATTEMPTS_MAX, cancel_and_wait
 
 
 async def _forever() -> None:
@@ -48,7 +49,7 @@ async def test_a_task_that_crashed_with_an_operating_error_is_logged_with_its_tr
     task = asyncio.create_task(crash(), name="crasher")
     await asyncio.sleep(0)
     assert task.done()
-    with caplog.at_level(logging.DEBUG, logger="common.tasks"):
+    with caplog.at_level(logging.DEBUG, logger="runtime.tasks"):
         await cancel_and_wait(task)
     records = [r for r in caplog.records if "crasher" in r.getMessage()]
     assert len(records) == 1
@@ -146,7 +147,7 @@ async def test_a_task_that_ignores_every_cancellation_raises_instead_of_hanging(
 
     task = asyncio.create_task(stubborn(), name="stubborn")
     await asyncio.sleep(0)
-    with caplog.at_level(logging.WARNING, logger="common.tasks"):
+    with caplog.at_level(logging.WARNING, logger="runtime.tasks"):
         with pytest.raises(AssertionError, match="stubborn"):
             async with asyncio.timeout(5.0):
                 await cancel_and_wait(task, stop_wait_s=0.05)
@@ -155,3 +156,23 @@ async def test_a_task_that_ignores_every_cancellation_raises_instead_of_hanging(
     release.set()
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_every_checks_after_each_interval_until_the_check_says_stop():
+    """``every`` (the connections' keep-alive driver) waits one interval before each
+    check, passes the monotonic time, and returns when a check returns False."""
+    import time
+
+    from runtime.tasks import every
+
+    started_s = time.monotonic()
+    seen: list[float] = []
+
+    def check(now_s: float) -> bool:
+        seen.append(now_s)
+        return len(seen) < 3
+
+    await asyncio.wait_for(every(0.01, check), timeout=5)
+    assert len(seen) == 3
+    assert seen == sorted(seen)
+    assert seen[0] - started_s >= 0.009

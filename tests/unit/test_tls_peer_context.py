@@ -1,4 +1,4 @@
-"""The context a server calls its peers with (common/tls.py ``peer_client_context``:
+"""The context a server calls its peers with (runtime/tls.py ``peer_client_context``:
 a broker reaching another broker's HTTPS for an admin call on its partitions), against
 a real TLS server on loopback that checks client certificates when offered (what a
 broker's HTTPS does with ``--tls-trust-certs-file``).
@@ -22,7 +22,7 @@ import time
 import pytest
 
 from common.errors import ConfigError
-from common.tls import (PeerClientContexts, TlsConfig, certificate_common_name, client_context,
+from runtime.tls import (PeerClientContexts, TlsConfig, certificate_common_name, client_context,
                         peer_client_context, server_context, usable_as_client_certificate)
 from tests.tls_certs import make_pki
 

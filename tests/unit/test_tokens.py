@@ -1,4 +1,4 @@
-"""Tokens (common/tokens.py) and the broker's authenticator (broker/authentication.py).
+"""Tokens (runtime/tokens.py) and the broker's authenticator (broker/authentication.py).
 
 Proves: HS256 and RS256 tokens round-trip to their role; a wrong key, a wrong
 algorithm, an expired token, garbage, an over-long token and a token without a subject
@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives import serialization
 import broker.authentication as authentication
 from broker.authentication import AuthConfig, Authenticator
 from common.errors import AuthenticationFailed, ConfigError
-from common.tokens import (
+from runtime.tokens import (
     TOKEN_BYTES_MAX,
     TokenSigner,
     TokenVerifier,

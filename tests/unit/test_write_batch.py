@@ -1,4 +1,4 @@
-"""common/write_batch.py: writes held in a scope leave once per transport, in order, when
+"""runtime/write_batch.py: writes held in a scope leave once per transport, in order, when
 the outermost scope ends; outside a scope they leave at once; a transport released
 before its close gets what was held for it; a closed transport gets nothing; the scope
 ends (and writes) even when its work raises; a transport whose write fails does not cost
@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from common import write_batch
+from runtime import write_batch
 
 
 class RecordingTransport:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from typing import Any, Coroutine, TypeVar
+import time
+from typing import Any, Callable, Coroutine, TypeVar
 
 from common.errors import MagnetarError, ShuttingDown
 
@@ -179,6 +180,17 @@ async def cancel_and_wait(*tasks: asyncio.Task | None, stop_wait_s: float = STOP
                              f"{stop_wait_s:g} s apart")
     if broken is not None:
         raise broken
+
+
+async def every(interval_s: float, check: Callable[[float], bool]) -> None:
+    """Calls ``check(now_s)`` (``time.monotonic()``) every ``interval_s``, first after one
+    interval, until it returns False: a periodic check (a connection's keep-alive) in a
+    task its caller owns."""
+    assert interval_s > 0, interval_s
+    while True:
+        await asyncio.sleep(interval_s)
+        if not check(time.monotonic()):
+            return
 
 
 def stop_on_signals(stopping: asyncio.Event) -> None:

@@ -13,7 +13,7 @@ from typing import Awaitable, Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from common.listen import bind_failure
+from runtime.listen import bind_failure
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ stopped half-way.
 Conservative above all: **a live ledger must never be deleted** (that loses data);
 leaking one is the lesser harm. So a ledger is deleted only if every one of these holds:
 1. its metadata is tagged with an owner (``managed-ledger``: a topic name) and a
-   purpose this module knows (broker/ledger_references.py ``KNOWN_PURPOSES``);
+   purpose this module knows (managed_ledger/ledger_references.py ``KNOWN_PURPOSES``);
    untagged ledgers (older ones, other clients, ``magnetar shell``) are never touched;
 2. it has a creation time (``created_ms``) and is older than the grace period
    (``grace_s``, 1 h by default) — far longer than any create-to-record window;
@@ -69,8 +69,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, TypeVar
 
-from broker.ledger_references import GUARDS_MAX, KNOWN_PURPOSES, References, owner_topic, read_references
-from broker.managed_ledger_info import OWNER_TAG, PURPOSE_TAG
+from managed_ledger.ledger_references import GUARDS_MAX, KNOWN_PURPOSES, References, owner_topic, read_references
+from managed_ledger.managed_ledger_info import OWNER_TAG, PURPOSE_TAG
 from common.errors import ConfigError, MagnetarError
 from common.topic_name import TopicName
 from ledger.client import LedgerClient

@@ -9,7 +9,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Histogram
 
-from common.gc_pauses import GcPauses
+from runtime.gc_pauses import GcPauses
 
 # The monitor wakes this often; its own cost is one timer per interval.
 INTERVAL_S = 0.01

@@ -1,15 +1,15 @@
 """Where ledgers are recorded: every place a topic (a managed ledger) keeps the id of a
 ledger it created, read from etcd in one function, ``read_references``. The ledger
-collector (broker/ledger_gc.py) keeps every ledger named here.
+collector (managed_ledger/ledger_gc.py) keeps every ledger named here.
 
 Every ledger a broker creates is tagged in its metadata's ``custom`` with its owner and
-purpose (``ownership_tags`` in broker/managed_ledger_info.py). The sources, checked
+purpose (``ownership_tags`` in managed_ledger/managed_ledger_info.py). The sources, checked
 for every ledger of the owner whatever its purpose (a ledger named anywhere is kept):
 
 | purpose     | created by                                   | recorded in (etcd)                                          |
 |-------------|----------------------------------------------|-------------------------------------------------------------|
 | `ledger`    | `ManagedLedger._start_new_ledger` (open, rollover) | `/managed-ledgers/<topic>`: the ledger list            |
-| `compacted` | `compact` (broker/compaction.py) via `create_side_ledger` | the same record's property `magnetar.compaction`  |
+| `compacted` | `compact` (managed_ledger/compaction.py) via `create_side_ledger` | the same record's property `magnetar.compaction`  |
 | `cursor`    | `LedgerCursorStore._save_snapshot` (subscriptions/cursor_store.py) | `/cursors/<topic>/<subscription>`: `cursor_ledger` |
 | any         | —                                            | `/archive/<topic>/<ledger id>`: an archive manifest record  |
 
@@ -23,7 +23,7 @@ the topic epoch (a property), schemas (`/schemas/<topic>`, in etcd), delayed del
 and its overflow (in memory, over the topic's own entries), retention and TTL (they
 delete the topic's ledgers), `magnetar shell simpletest` (untagged ledgers).
 
-A new kind of ledger must get a purpose in broker/managed_ledger_info.py and a row
+A new kind of ledger must get a purpose in managed_ledger/managed_ledger_info.py and a row
 here: the collector refuses purposes it does not know (``KNOWN_PURPOSES``), so a ledger
 kind nobody taught it about leaks instead of being deleted.
 
@@ -32,7 +32,7 @@ come to name any ledger of the owner, as read (0: absent): the managed-ledger re
 and each cursor pointer (archive records name only their own ledger; the delete
 compares that one's absence). The collector deletes a ledger in one transaction with these
 compares, so a record changed after the references were read (a reference added)
-makes the delete fail. See broker/ledger_gc.py for the whole race analysis.
+makes the delete fail. See managed_ledger/ledger_gc.py for the whole race analysis.
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ import asyncio
 import json
 from dataclasses import dataclass
 
-from broker.compacted_ledger import CompactionRecord
-from broker.compaction import COMPACTION_PROPERTY
-from broker.managed_ledger_info import PURPOSE_COMPACTED, PURPOSE_CURSOR, PURPOSE_LEDGER, ManagedLedgerInfo
+from managed_ledger.compacted_ledger import CompactionRecord
+from managed_ledger.compaction import COMPACTION_PROPERTY
+from managed_ledger.managed_ledger_info import PURPOSE_COMPACTED, PURPOSE_CURSOR, PURPOSE_LEDGER, ManagedLedgerInfo
 from common.errors import InvalidArgument, MalformedFrame
 from common.topic_name import TopicName
 from metadata import keys

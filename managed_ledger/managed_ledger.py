@@ -53,14 +53,13 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Generator, Protocol, Sequence
 
-from broker.managed_ledger_info import PURPOSE_LEDGER, LedgerInfo, ManagedLedgerInfo, ownership_tags
-from common.position import ManagedEntry, Position, entries_between, normalize
+from managed_ledger.managed_ledger_info import PURPOSE_LEDGER, LedgerInfo, ManagedLedgerInfo, ownership_tags
+from common.position import ENTRIES_PER_LEDGER_MAX, ManagedEntry, Position, entries_between, normalize
 from common.topic_name import TopicName
 from ledger.client import LedgerClient
-from common.eager_future import call_when_done, new_eager_future
+from runtime.eager_future import call_when_done, new_eager_future
 from common.entry import ENTRY_HEADER_SIZE
 from common.entry_cache import EntryCache
-from subscriptions.ack_set import ENTRIES_PER_LEDGER_MAX
 from common.errors import (
     ConfigError,
     EntryTooLarge,
@@ -78,7 +77,7 @@ from common.errors import (
     TopicNotFound,
     TopicTerminated,
 )
-from common.tasks import log_failure
+from runtime.tasks import log_failure
 from ledger.handle import WriteHandle
 from ledger.reader import LedgerReader
 from metadata import keys
@@ -313,7 +312,7 @@ class ManagedLedger:
         ``guards`` are further conditions of the same transaction: a write that records
         a ledger also requires the ledger's metadata to be as its handle knows it, so a
         ledger the ledger collector deleted meanwhile is never recorded
-        (broker/ledger_gc.py, the race analysis). A failed guard, with the record as we
+        (managed_ledger/ledger_gc.py, the race analysis). A failed guard, with the record as we
         left it, raises MetadataVersionConflict and does not fence."""
         async with self._metadata_lock:
             encoded = self._info.encode()
@@ -369,7 +368,7 @@ class ManagedLedger:
         ``recording``: ledgers the new properties name (a compacted ledger). The write
         then also requires each one's metadata to exist at the version read just
         before, in the same transaction, so a ledger the ledger collector deleted is
-        never recorded (broker/ledger_gc.py, the race analysis): NoSuchLedger if one is
+        never recorded (managed_ledger/ledger_gc.py, the race analysis): NoSuchLedger if one is
         gone, MetadataVersionConflict if one changed meanwhile."""
         guards: list[Compare] = []
         for ledger_id in recording:
@@ -529,7 +528,7 @@ class ManagedLedger:
     def _settle(self, outcomes: list[tuple[asyncio.Future[Position], Position | MagnetarError]], confirmed: bool,
                 now: float) -> None:
         """Wakes the readers when entries were confirmed, then settles the appends in
-        order. Both are eager futures (common/eager_future.py): a caught-up dispatcher
+        order. Both are eager futures (runtime/eager_future.py): a caught-up dispatcher
         sends the entries here, and then the connections write the receipts, in this
         turn; the dispatch does not wait behind the receipts of its own entries (step 7
         of docs/performance.md). The handle completes entries one by one, so a reply

@@ -26,8 +26,8 @@ FORMAT_VERSION = 1
 
 # Who owns a ledger, written into its metadata's ``custom`` when it is created: the
 # managed ledger (topic name, as ``str(TopicName)``) and what the ledger is for. The
-# ledger collector (broker/ledger_gc.py) deletes only ledgers tagged with both, with a
-# purpose it knows the references of (broker/ledger_references.py): a ledger kind
+# ledger collector (managed_ledger/ledger_gc.py) deletes only ledgers tagged with both, with a
+# purpose it knows the references of (managed_ledger/ledger_references.py): a ledger kind
 # added without teaching the collector where it is recorded is never collected.
 OWNER_TAG = "managed-ledger"
 PURPOSE_TAG = "purpose"

@@ -6,7 +6,7 @@ What survives: each message's key is its partition key; a message with a null va
 (or an empty payload) is a tombstone that drops its key; messages without a key are
 all kept (Pulsar leaves them alone). Batches are split to find each message's key; a
 batch of which only some messages survive is copied whole with the bits of its
-survivors (``broker/compacted_ledger.py``). A compressed batch or message is
+survivors (``managed_ledger/compacted_ledger.py``). A compressed batch or message is
 decompressed to find its keys (the copy stays as stored: the consumer decompresses it
 and skips what its ack set marks, as from Pulsar's compactor); an encrypted batch cannot
 be split: the run fails with status ERROR and the previous compaction stays.
@@ -14,7 +14,7 @@ be split: the run fails with status ERROR and the previous compaction stays.
 Two passes over the input, with bounded memory whatever the number of keys:
 1. Phase one reads the input in topic order and notes, per key, the position of its
    latest value (a tombstone deletes the key) in a temporary SQLite table
-   (``broker/compaction_keys.py``: an 8 MiB page cache, the rest on disk).
+   (``managed_ledger/compaction_keys.py``: an 8 MiB page cache, the rest on disk).
 2. Phase two reads the input again and copies into a new ledger every entry holding
    some key's latest value or a keyless message, asking the table entry range by
    entry range; then closes the ledger.
@@ -42,19 +42,18 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, AsyncIterator
 
-from broker.compacted_ledger import CompactionRecord, decode_entry, encode_entry
+from managed_ledger.compacted_ledger import CompactionRecord, decode_entry, encode_entry
 from client.compression import CODECS, decompress
-from broker.compaction_keys import LatestKeys
-from broker.managed_ledger_info import PURPOSE_COMPACTED
+from managed_ledger.compaction_keys import LatestKeys
+from managed_ledger.managed_ledger_info import PURPOSE_COMPACTED
 from common.errors import MagnetarError
-from common.position import Position
+from common.position import CompactedEntry, Position
 from protocol.batch import SingleMessage, is_batch, parse_batch
 from protocol.codec import decode_stored, stored_metadata
 from protocol.proto import pulsar_api_pb2 as pb
-from subscriptions.compacted_view import CompactedEntry
 
 if TYPE_CHECKING:
-    from broker.managed_ledger import ManagedLedger
+    from managed_ledger.managed_ledger import ManagedLedger
     from ledger.reader import LedgerReader
 
 log = logging.getLogger(__name__)
@@ -243,7 +242,7 @@ class TopicCompaction:
                 try:
                     # Recorded only while its metadata exists: a run outliving the
                     # ledger collector's grace fails here rather than commit a record
-                    # of a collected ledger (broker/ledger_gc.py).
+                    # of a collected ledger (managed_ledger/ledger_gc.py).
                     await self._ledger.set_properties({COMPACTION_PROPERTY: record.encode()},
                                                       recording=(record.ledger_id,))
                 except BaseException:

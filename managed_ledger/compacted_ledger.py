@@ -1,7 +1,7 @@
 """The byte layout of a compacted ledger's entries, and the compaction record kept in
 the managed-ledger properties. Pure.
 
-A compacted ledger (written by ``broker/compaction.py``) holds, in topic order, a copy
+A compacted ledger (written by ``managed_ledger/compaction.py``) holds, in topic order, a copy
 of every topic entry that still carries a latest value (or a message without a key)
 as of the compaction horizon. Each of its entries is one such topic entry, stored
 unchanged, behind a header naming where it came from and — for a batch of which only
@@ -37,8 +37,7 @@ import struct
 from dataclasses import dataclass
 
 from common.errors import MalformedFrame
-from common.position import Position
-from subscriptions.compacted_view import CompactedEntry
+from common.position import CompactedEntry, Position
 
 MAGIC = 0x0C0E
 FORMAT_VERSION = 1
