@@ -107,6 +107,13 @@ OPTIONS: list[ConfigOption] = [
                  "named listeners, name:pulsar://host:port[,...] (Pulsar's advertisedListeners)"),
     ConfigOption("--policy-check-interval-s", BrokerConfig, "policy_check_interval_s",
                  "how often message TTL and backlog quotas are applied"),
+    ConfigOption("--no-topic-level-metrics", BrokerConfig, "metrics_topic_level",
+                 "write per-namespace aggregates instead of per-topic series in /metrics (Pulsar's "
+                 "exposeTopicLevelMetricsInPrometheus=false)", switch_to=False),
+    ConfigOption("--metrics-topics-max", BrokerConfig, "metrics_topics_max",
+                 "topics with series of their own in /metrics; the rest are folded into namespace series"),
+    ConfigOption("--metrics-subscriptions-max", BrokerConfig, "metrics_subscriptions_max",
+                 "subscriptions with series of their own in /metrics"),
     # Security (broker/authentication.py, broker/authorization.py): off by default.
     ConfigOption("--authentication-enabled", AuthConfig, "authentication_enabled",
                  "clients must present credentials of one of --authentication-providers",

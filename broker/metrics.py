@@ -4,13 +4,17 @@ made by the wiring and handed to the service (broker/main.py)."""
 
 from __future__ import annotations
 
+import time
 from typing import Iterator
 
 from prometheus_client import CollectorRegistry, Gauge
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from broker.service import BrokerService
+from broker.stats import RateMeter
+from broker.topic_metrics import TopicMetricsLimits, collect_topic_metrics
 from common.histograms import LatencyStages
 from ledger.bookie_client import LEDGER_STAGES
 
@@ -62,6 +66,10 @@ def register_broker_metrics(service: BrokerService, registry: CollectorRegistry)
         # broker's lease for a while and only loaded topics are served.
         ("magnetar_broker_metadata_degraded", "1 while etcd is away and only loaded topics are served",
          lambda: int(service.ownership is not None and service.ownership.metadata_degraded)),
+        # 1 while this broker holds a confirmed ownership lease (always 1 without the
+        # bundles layer): 0 means its bundles are about to move or it cannot take any.
+        ("magnetar_broker_lease_held", "1 while this broker's ownership lease is held and confirmed by etcd",
+         lambda: lease_held(service)),
         ("magnetar_broker_metadata_outages", "Metadata outages this broker rode through or fenced in (since start)",
          lambda: service.ownership.outages if service.ownership is not None else 0),
         ("magnetar_broker_entry_cache_bytes", "Bytes in the entry cache", lambda: service.cache.size_bytes),
@@ -89,6 +97,39 @@ def register_broker_metrics(service: BrokerService, registry: CollectorRegistry)
         registry.register(StagesCollector(stages, "magnetar_broker", _STAGE_HELP))
     registry.register(_PolicyCollector(service))
     registry.register(_PartitionCallsCollector(service))
+    registry.register(TopicSeriesCollector(service))
+
+
+def lease_held(service: BrokerService) -> int:
+    ownership = service.ownership
+    if ownership is None:
+        return 1
+    lease = ownership.lease
+    return int(lease is not None and not lease.is_lost and not ownership.fenced and not ownership.metadata_degraded)
+
+
+class TopicSeriesCollector(Collector):
+    """Pulsar's per-topic and per-subscription series (broker/topic_metrics.py), with
+    the limits of the broker's config, and what the limits held back."""
+
+    def __init__(self, service: BrokerService) -> None:
+        self._service = service
+        config = service.config
+        self._limits = TopicMetricsLimits(topic_level=config.metrics_topic_level,
+                                          topics_max=config.metrics_topics_max,
+                                          subscriptions_max=config.metrics_subscriptions_max)
+        # Rates between scrapes, apart from the admin stats' meter.
+        self._meter = RateMeter()
+
+    def collect(self) -> Iterator[Metric]:
+        families, folded, omitted = collect_topic_metrics(
+            self._service.loaded_topics(), self._service.config.cluster, self._limits, self._meter, time.monotonic())
+        yield from families
+        yield GaugeMetricFamily("magnetar_broker_metrics_topics_folded",
+                                "Topics without series of their own because of metrics_topics_max "
+                                "(folded into their namespace's series)", value=folded)
+        yield GaugeMetricFamily("magnetar_broker_metrics_subscriptions_omitted",
+                                "Subscriptions without series because of the metrics limits", value=omitted)
 
 
 class _PolicyCollector(Collector):
