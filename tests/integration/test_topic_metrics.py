@@ -57,6 +57,7 @@ async def test_topic_and_subscription_series_follow_official_client_traffic(clus
         assert value(families, "pulsar_msg_backlog", **topic_labels) == 35
         assert value(families, "pulsar_topics_count", cluster="standalone", namespace=namespace) >= 1
         assert value(families, "magnetar_broker_metrics_topics_folded") == 0
+        assert value(families, "magnetar_broker_lease_held") == 1
 
         # Rates: measured between scrapes at least a second apart, while sending.
         started = time.monotonic()
