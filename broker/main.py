@@ -114,6 +114,17 @@ OPTIONS: list[ConfigOption] = [
                  "topics with series of their own in /metrics; the rest are folded into namespace series"),
     ConfigOption("--metrics-subscriptions-max", BrokerConfig, "metrics_subscriptions_max",
                  "subscriptions with series of their own in /metrics"),
+    ConfigOption("--subscription-expiration-time-minutes", BrokerConfig, "subscription_expiration_time_minutes",
+                 "delete durable subscriptions without a consumer for this long, where the namespace sets no "
+                 "time of its own (0: never)"),
+    ConfigOption("--delete-inactive-topics", BrokerConfig, "delete_inactive_topics_enabled",
+                 "delete topics without producers and subscriptions after --delete-inactive-topics-max-inactive-s, "
+                 "where the namespace's inactive topic policies do not say otherwise", switch_to=True),
+    ConfigOption("--delete-inactive-topics-max-inactive-s", BrokerConfig, "delete_inactive_topics_max_inactive_s"),
+    ConfigOption("--delete-inactive-topics-mode", BrokerConfig, "delete_inactive_topics_mode",
+                 "delete_when_no_subscriptions or delete_when_subscriptions_caught_up"),
+    ConfigOption("--inactivity-check-interval-s", BrokerConfig, "inactivity_check_interval_s",
+                 "how often inactive subscriptions and topics are looked for"),
     # Security (broker/authentication.py, broker/authorization.py): off by default.
     ConfigOption("--authentication-enabled", AuthConfig, "authentication_enabled",
                  "clients must present credentials of one of --authentication-providers",

@@ -155,6 +155,12 @@ class _PolicyCollector(Collector):
         yield CounterMetricFamily("magnetar_broker_backlog_quota_sends_refused",
                                   "SENDs not stored because a producer-blocking size quota was passed",
                                   value=counters.sends_refused)
+        inactivity = self._service.inactivity.counters
+        yield CounterMetricFamily("magnetar_broker_subscriptions_expired",
+                                  "Subscriptions deleted after going without a consumer for their expiration time",
+                                  value=inactivity.subscriptions_expired)
+        yield CounterMetricFamily("magnetar_broker_inactive_topics_deleted",
+                                  "Topics deleted by the inactive topic policies", value=inactivity.topics_deleted)
         yield CounterMetricFamily("magnetar_broker_compactions_started_by_threshold",
                                   "Compactions started because a namespace's compactionThreshold was passed",
                                   value=counters.compactions_started)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from broker import policy_enforcement
+from broker.inactivity import InactivitySweeper
 from broker.archiver import Archiver, ArchiverConfig
 from broker.authentication import Authenticator
 from broker.authorization import Authorizer
@@ -207,6 +208,8 @@ class BrokerService:
         self.schemas = SchemaRegistry(store)
         # What message TTL and backlog quotas did (shown in /metrics).
         self.policy_counters = policy_enforcement.PolicyCounters()
+        # Subscription expiry and inactive-topic deletion (broker/inactivity.py).
+        self.inactivity = InactivitySweeper(self)
         self.archiver = Archiver(archiver_config or ArchiverConfig(), store, ledger_client, self.resources.policies)
 
     def broker_urls(self, broker_id: str) -> tuple[str, str] | None:
@@ -346,6 +349,7 @@ class BrokerService:
         if self.authenticator.enabled:
             self._background.spawn(self._run_permission_checks(), name="permission checks")
         self._background.spawn(self.archiver.run(self.loaded_topics), name="archiver")
+        self._background.spawn(self.inactivity.run(), name="inactivity")
 
     async def _run_dispatch_watch(self) -> None:
         """Checks the dispatcher invariant of every loaded subscription on an interval

@@ -901,6 +901,7 @@ class PersistentTopic:
         for name, subscription in list(self.subscriptions.items()):
             await subscription.cursor.delete()
         await self._store.delete_prefix(keys.cursors_of_topic(self.name.key_path))
+        await self._store.delete(keys.topic_activity(self.name.key_path))
         await self.compaction.delete()
         await self.ledger.delete()
         log.info("topic deleted: topic=%s", self.full_name)
