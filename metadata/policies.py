@@ -130,6 +130,10 @@ class NamespacePolicies:
     # Pulsar's InactiveTopicPolicies {"inactiveTopicDeleteMode", "maxInactiveDurationSeconds",
     # "deleteWhileInactive"}; None: the broker's settings.
     inactive_topic_policies: dict | None = None
+    # Rate limits of each topic, by cluster as Pulsar keeps them: {cluster: PublishRate}
+    # and {cluster: DispatchRate} (broker/rate_limits.py, broker/admin/rates.py).
+    publishMaxMessageRate: dict | None = None
+    topicDispatchRate: dict | None = None
     # Automatic compaction: a topic is compacted once more than this many bytes were
     # written since its last compaction (Pulsar's compaction_threshold); None or 0: off.
     compaction_threshold: int | None = None

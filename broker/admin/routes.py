@@ -15,6 +15,7 @@ from broker.admin import (
     messages,
     namespaces,
     permissions,
+    rates,
     schemas,
     subscriptions,
     tenants,
@@ -31,6 +32,7 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
     clusters.add_routes(app, service)
     tenants.add_routes(app, service)
     namespaces.add_routes(app, service)
+    rates.add_routes(app, service)
     topics.add_routes(app, service)
     subscriptions.add_routes(app, service)
     messages.add_routes(app, service)
