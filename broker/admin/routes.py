@@ -8,9 +8,11 @@ from aiohttp import web
 
 from broker.admin import (
     archive,
+    bookies,
     brokers,
     bundles,
     clusters,
+    console,
     lookup,
     messages,
     namespaces,
@@ -28,6 +30,7 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
     lookup.add_routes(app, service)
     permissions.add_routes(app, service)
     brokers.add_routes(app, service)
+    bookies.add_routes(app, service)
     bundles.add_routes(app, service)
     clusters.add_routes(app, service)
     tenants.add_routes(app, service)
@@ -38,3 +41,4 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
     messages.add_routes(app, service)
     archive.add_routes(app, service)
     schemas.add_routes(app, service)
+    console.add_routes(app, service)
