@@ -285,11 +285,12 @@ class BrokerProcess:
                                     buckets=LATENCY_BUCKETS_S, registry=registry)
         service = BrokerService(config, store, ledger_client, bundles_config=self.bundles_config,
                                 on_publish_latency=publish_latency.observe, archiver_config=self.archiver_config)
-        register_broker_metrics(service, registry)
+        topic_series = register_broker_metrics(service, registry)
         # The loop monitor: cancelled and awaited at shutdown.
         background = TaskSet("broker process")
         background.spawn(LoopMonitor(registry, "magnetar_broker").run(), name="loop-monitor")
-        runner = web.AppRunner(build_admin_app(service, registry), access_log=None)
+        runner = web.AppRunner(build_admin_app(service, registry, extra_metrics=topic_series),
+                            access_log=None)
         await runner.setup()
         for listener, context in http_listeners:
             await web.SockSite(runner, listener, ssl_context=context).start()

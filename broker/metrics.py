@@ -9,12 +9,10 @@ from typing import Iterator
 
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
-from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from broker.service import BrokerService
-from broker.stats import RateMeter
-from broker.topic_metrics import TopicMetricsLimits, collect_topic_metrics
+from broker.topic_metrics import ScrapeResult, TopicMetricsLimits, TopicSeries
 from common.histograms import LatencyStages
 from ledger.bookie_client import LEDGER_STAGES
 
@@ -37,8 +35,9 @@ _STAGE_HELP = {
 assert set(_STAGE_HELP) == set(BROKER_STAGES)
 
 
-def register_broker_metrics(service: BrokerService, registry: CollectorRegistry) -> None:
-    """Registers the service's gauges and counters (read when scraped) in ``registry``."""
+def register_broker_metrics(service: BrokerService, registry: CollectorRegistry) -> "TopicSeriesText":
+    """Registers the service's gauges and counters (read when scraped) in ``registry``;
+    returns the writer of the per-topic series, for /metrics (build_admin_app)."""
     def topics():
         return service.loaded_topics()
 
@@ -97,7 +96,9 @@ def register_broker_metrics(service: BrokerService, registry: CollectorRegistry)
         registry.register(StagesCollector(stages, "magnetar_broker", _STAGE_HELP))
     registry.register(_PolicyCollector(service))
     registry.register(_PartitionCallsCollector(service))
-    registry.register(TopicSeriesCollector(service))
+    topic_series = TopicSeriesText(service)
+    registry.register(_TopicSeriesStats(topic_series))
+    return topic_series
 
 
 def lease_held(service: BrokerService) -> int:
@@ -108,28 +109,47 @@ def lease_held(service: BrokerService) -> int:
     return int(lease is not None and not lease.is_lost and not ownership.fenced and not ownership.metadata_degraded)
 
 
-class TopicSeriesCollector(Collector):
-    """Pulsar's per-topic and per-subscription series (broker/topic_metrics.py), with
-    the limits of the broker's config, and what the limits held back."""
+class TopicSeriesText:
+    """Pulsar's per-topic and per-subscription series (broker/topic_metrics.py), written
+    as text into /metrics (common/ops_http.py ``extra_metrics``), with the limits of the
+    broker's config; remembers what the last scrape held back and how long it took."""
 
     def __init__(self, service: BrokerService) -> None:
         self._service = service
         config = service.config
-        self._limits = TopicMetricsLimits(topic_level=config.metrics_topic_level,
-                                          topics_max=config.metrics_topics_max,
-                                          subscriptions_max=config.metrics_subscriptions_max)
-        # Rates between scrapes, apart from the admin stats' meter.
-        self._meter = RateMeter()
+        self._series = TopicSeries(config.cluster, TopicMetricsLimits(
+            topic_level=config.metrics_topic_level, topics_max=config.metrics_topics_max,
+            subscriptions_max=config.metrics_subscriptions_max))
+        self.last: ScrapeResult | None = None
+        self.last_seconds = 0.0
 
-    def collect(self) -> Iterator[Metric]:
-        families, folded, omitted = collect_topic_metrics(
-            self._service.loaded_topics(), self._service.config.cluster, self._limits, self._meter, time.monotonic())
-        yield from families
+    def __call__(self) -> bytes:
+        started = time.perf_counter()
+        self.last = self._series.scrape(self._service.loaded_topics(), time.monotonic())
+        text = self.last.text.encode()
+        self.last_seconds = time.perf_counter() - started
+        return text
+
+
+class _TopicSeriesStats(Collector):
+    def __init__(self, text: TopicSeriesText) -> None:
+        self._text = text
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        last = self._text.last
         yield GaugeMetricFamily("magnetar_broker_metrics_topics_folded",
                                 "Topics without series of their own because of metrics_topics_max "
-                                "(folded into their namespace's series)", value=folded)
+                                "(folded into their namespace's series), at the last scrape",
+                                value=last.topics_folded if last is not None else 0)
         yield GaugeMetricFamily("magnetar_broker_metrics_subscriptions_omitted",
-                                "Subscriptions without series because of the metrics limits", value=omitted)
+                                "Subscriptions without series because of the metrics limits, at the last scrape",
+                                value=last.subscriptions_omitted if last is not None else 0)
+        yield GaugeMetricFamily("magnetar_broker_metrics_topic_samples",
+                                "Per-topic and per-subscription samples written at the last scrape",
+                                value=last.samples if last is not None else 0)
+        yield GaugeMetricFamily("magnetar_broker_metrics_topics_seconds",
+                                "Time the last scrape spent writing the per-topic series",
+                                value=self._text.last_seconds)
 
 
 class _PolicyCollector(Collector):

@@ -95,11 +95,14 @@ function sparkline(points, field, label) {
 
 async function overview(main) {
   const rows = [];
+  const namespaces = [];
   const tenants = await api("/admin/v2/tenants");
   let fetched = 0;
   for (const tenant of tenants) {
     for (const namespace of await api(`/admin/v2/namespaces/${tenant}`)) {
-      for (const topic of await api(`/admin/v2/namespaces/${namespace}/topics`)) {
+      const topics = await api(`/admin/v2/namespaces/${namespace}/topics`);
+      namespaces.push(h("li", {"data-namespace": namespace}, `${namespace}: ${topics.length} topics`));
+      for (const topic of topics) {
         if (fetched >= OVERVIEW_TOPICS_MAX) break;
         fetched += 1;
         let stats = null;
@@ -126,6 +129,7 @@ async function overview(main) {
           h("td", {"class": "number"}, (stats.publishers || []).length),
           h("td", {"class": "number"}, Object.keys(stats.subscriptions || {}).length))));
   main.replaceChildren(
+    h("h2", {}, `Tenants and namespaces (${tenants.length} tenants)`), h("ul", {id: "namespaces"}, namespaces),
     h("h2", {}, `Topics, most behind first (${rows.length}${fetched >= OVERVIEW_TOPICS_MAX ? ", the first " +
       OVERVIEW_TOPICS_MAX : ""})`), table);
 }

@@ -99,6 +99,7 @@ async def test_console_shows_backlog_and_moves_a_cursor(cluster, browser):
         row = f'tr[data-topic="{topic}"]'
         _wait_for(browser, lambda d: _text_of(d, f'{row} td[data-field="backlog"]') == str(30 + 30),
                   "the topic with its backlog of 60 (two subscriptions of 30)")
+        assert "public/default:" in _text_of(browser, 'li[data-namespace="public/default"]')
         _screenshot(browser, "topics")
         browser.find_element("css selector", f"{row} a").click()
         sub_row = 'tr[data-subscription="sub"]'
