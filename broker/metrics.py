@@ -38,24 +38,8 @@ assert set(_STAGE_HELP) == set(BROKER_STAGES)
 def register_broker_metrics(service: BrokerService, registry: CollectorRegistry) -> "TopicSeriesText":
     """Registers the service's gauges and counters (read when scraped) in ``registry``;
     returns the writer of the per-topic series, for /metrics (build_admin_app)."""
-    def topics():
-        return service.loaded_topics()
-
     gauges = [
-        ("magnetar_broker_topics", "Topics loaded on this broker", lambda: len(topics())),
         ("magnetar_broker_connections", "Client connections", lambda: len(service.connections)),
-        ("magnetar_broker_producers", "Producers attached",
-         lambda: sum(len(t.producers) for t in topics())),
-        ("magnetar_broker_consumers", "Consumers attached",
-         lambda: sum(len(s.consumers) for t in topics() for s in t.subscriptions.values())),
-        ("magnetar_broker_subscriptions", "Subscriptions of loaded topics",
-         lambda: sum(len(t.subscriptions) for t in topics())),
-        ("magnetar_broker_messages_in", "Messages published to loaded topics (since load)",
-         lambda: sum(t.messages_in for t in topics())),
-        ("magnetar_broker_bytes_in", "Bytes published to loaded topics (since load)",
-         lambda: sum(t.bytes_in for t in topics())),
-        ("magnetar_broker_messages_out", "Messages dispatched by loaded topics (since load)",
-         lambda: sum(s.dispatcher.messages_dispatched for t in topics() for s in t.subscriptions.values())),
         # The dispatcher invariant (subscriptions/dispatch_watch.py): a consumer with
         # permits and a subscription with backlog get a read within the bound.
         ("magnetar_dispatcher_wait_seconds_max",
@@ -77,9 +61,6 @@ def register_broker_metrics(service: BrokerService, registry: CollectorRegistry)
         ("magnetar_broker_topics_preloaded",
          "Topics loaded ahead of their clients when a bundle was handed to this broker (since start)",
          lambda: service.topics_preloaded),
-        ("magnetar_broker_read_ahead_entries",
-         "Entries read from the bookies ahead of catching-up readers by loaded topics (since load)",
-         lambda: sum(t.ledger.read_ahead_entries for t in topics())),
         # Publish back-pressure (broker/publish_limits.py).
         ("magnetar_broker_pending_sends", "Sends accepted and not yet answered (whole broker)",
          lambda: service.publish_limits.broker.sends),
@@ -96,6 +77,7 @@ def register_broker_metrics(service: BrokerService, registry: CollectorRegistry)
         registry.register(StagesCollector(stages, "magnetar_broker", _STAGE_HELP))
     registry.register(_PolicyCollector(service))
     registry.register(_PartitionCallsCollector(service))
+    registry.register(_TopicTotalsCollector(service))
     topic_series = TopicSeriesText(service)
     registry.register(_TopicSeriesStats(topic_series))
     return topic_series
@@ -129,6 +111,44 @@ class TopicSeriesText:
         text = self.last.text.encode()
         self.last_seconds = time.perf_counter() - started
         return text
+
+
+# The loaded topics' totals, summed in one pass per scrape (each gauge walking the
+# topics on its own took half of a 10,000-topic scrape): (name, help) in the order of
+# _TopicTotalsCollector's sums.
+_TOPIC_TOTALS = (
+    ("magnetar_broker_topics", "Topics loaded on this broker"),
+    ("magnetar_broker_producers", "Producers attached"),
+    ("magnetar_broker_consumers", "Consumers attached"),
+    ("magnetar_broker_subscriptions", "Subscriptions of loaded topics"),
+    ("magnetar_broker_messages_in", "Messages published to loaded topics (since load)"),
+    ("magnetar_broker_bytes_in", "Bytes published to loaded topics (since load)"),
+    ("magnetar_broker_messages_out", "Messages dispatched by loaded topics (since load)"),
+    ("magnetar_broker_read_ahead_entries",
+     "Entries read from the bookies ahead of catching-up readers by loaded topics (since load)"),
+)
+
+
+class _TopicTotalsCollector(Collector):
+    def __init__(self, service: BrokerService) -> None:
+        self._service = service
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        topics = self._service.loaded_topics()
+        producers = consumers = subscriptions = messages_in = bytes_in = messages_out = read_ahead = 0
+        for topic in topics:
+            producers += len(topic.producers)
+            subscriptions += len(topic.subscriptions)
+            messages_in += topic.messages_in
+            bytes_in += topic.bytes_in
+            read_ahead += topic.ledger.read_ahead_entries
+            for subscription in topic.subscriptions.values():
+                dispatcher = subscription.dispatcher
+                consumers += len(dispatcher.consumers)
+                messages_out += dispatcher.messages_dispatched
+        values = (len(topics), producers, consumers, subscriptions, messages_in, bytes_in, messages_out, read_ahead)
+        for (name, help_text), value in zip(_TOPIC_TOTALS, values):
+            yield GaugeMetricFamily(name, help_text, value=value)
 
 
 class _TopicSeriesStats(Collector):
