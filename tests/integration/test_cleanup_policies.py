@@ -36,6 +36,8 @@ async def _restart(broker) -> float:
 
 
 async def test_subscription_expiry_keeps_its_clock_across_a_restart(cluster):
+    """A consumerless subscription expires about 9 s after its consumer left, a broker
+    restart in between; one with a consumer stays."""
     import pulsar
 
     expiry_s = 9.0
@@ -71,6 +73,8 @@ async def test_subscription_expiry_keeps_its_clock_across_a_restart(cluster):
 
 
 async def test_inactive_topics_go_after_their_time_across_a_restart(cluster):
+    """A namespace's inactiveTopicPolicies delete a topic about 8 s after its producer
+    left, a broker restart in between; active topics and other namespaces' stay."""
     import pulsar
 
     inactive_s = 8.0

@@ -76,6 +76,8 @@ def _backlog(admin: str, path: str, subscription: str) -> int:
 
 
 async def test_console_shows_backlog_and_moves_a_cursor(cluster, browser):
+    """The pages show the produced topic's backlog and who holds unacked messages; skip
+    all, reset cursor and peek work from the page; the cluster page lists bookies."""
     import pulsar
 
     await cluster.start_bookies(2)

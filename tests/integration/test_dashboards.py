@@ -52,6 +52,7 @@ def _generator():
 
 
 def test_dashboard_files_are_what_the_generator_writes():
+    """The committed JSON cannot drift from ops/grafana/generate.py."""
     for name, text in _generator().rendered().items():
         with open(os.path.join(GRAFANA_DIR, name), encoding="utf-8") as handle:
             assert handle.read() == text, f"ops/grafana/{name} is stale: run python ops/grafana/generate.py"
@@ -121,6 +122,8 @@ async def prometheus_server(tmp_path):
 
 
 async def test_every_panel_returns_series_from_a_real_prometheus(cluster, prometheus_server, tmp_path):
+    """Every panel and variable of ops/grafana/*.json has data in a real Prometheus
+    after real traffic, and the alert rules load there and read existing series."""
     import pulsar
 
     bookies = await cluster.start_bookies(2)
