@@ -16,9 +16,25 @@ TEST_WORKERS ?= 3
 
 .PHONY: bench-journal bench-ack-state setup proto run test test-unit test-integration test-archive-full test-client-full bench bench-bookie \
 	bench-pulsar bench-subscriptions bench-archive bench-gateway fuzz-gateway fuzz fuzz-broker clean sim chaos fanout-check \
-	pipeline bench-spark test-spark-full bench-compaction bench-latency bench-peers-setup bench-peers bench-thread-hop
+	pipeline bench-spark test-spark-full bench-compaction bench-latency bench-peers-setup bench-peers bench-thread-hop ops-tools
 
-setup: $(STAMP) proto
+setup: $(STAMP) proto ops-tools
+
+# Debian packages the operators' tests need, installed once (as root, like
+# bench-peers-setup): prometheus (promtool for the alert rules' tests, the server for the
+# dashboards' test) and chromium with its chromedriver (the console's browser test). apt
+# is told not to start the prometheus service (a policy-rc.d answering 101, removed after
+# unless one was there already): the tests start their own server on a free port.
+OPS_TOOLS := promtool prometheus chromium chromedriver
+ops-tools:
+	@missing=; for tool in $(OPS_TOOLS); do command -v $$tool >/dev/null || missing=1; done; \
+	if [ -n "$$missing" ]; then \
+		created=; if [ ! -e /usr/sbin/policy-rc.d ]; then printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; \
+			chmod +x /usr/sbin/policy-rc.d; created=1; fi; \
+		echo "installing Debian's prometheus, chromium and chromium-driver packages"; \
+		apt-get update -q >/dev/null; DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+			prometheus chromium chromium-driver >/dev/null; status=$$?; \
+		if [ -n "$$created" ]; then rm -f /usr/sbin/policy-rc.d; fi; exit $$status; fi
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || { \

@@ -22,6 +22,8 @@ class DiskUsage:
     # The highest used share among the bookie's directories' filesystems.
     ratio: float
     worst_directory: str
+    # Each directory's own (used share of its filesystem, free bytes), in the order given.
+    directories: tuple[tuple[str, float, int], ...] = ()
 
 
 def decide_read_only(currently_read_only: bool, ratio: float, threshold: float, lwm_threshold: float) -> bool:
@@ -65,9 +67,11 @@ def measure(directories: list[str]) -> DiskUsage:
     total_free = 0
     total_size = 0
     seen_devices: set[int] = set()
+    each: list[tuple[str, float, int]] = []
     for directory in directories:
         usage = shutil.disk_usage(directory)
         ratio = (usage.total - usage.free) / usage.total if usage.total else 1.0
+        each.append((directory, ratio, usage.free))
         if ratio > worst_ratio:
             worst_ratio, worst = ratio, directory
         device = _device_of(directory)
@@ -75,4 +79,5 @@ def measure(directories: list[str]) -> DiskUsage:
             seen_devices.add(device)
             total_free += usage.free
             total_size += usage.total
-    return DiskUsage(total_bytes=total_size, free_bytes=total_free, ratio=worst_ratio, worst_directory=worst)
+    return DiskUsage(total_bytes=total_size, free_bytes=total_free, ratio=worst_ratio, worst_directory=worst,
+                     directories=tuple(each))

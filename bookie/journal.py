@@ -191,6 +191,16 @@ class Journal:
 
     # --- lifecycle --------------------------------------------------------------------
 
+
+    @property
+    def queued_records(self) -> int:
+        """Appends waiting for the writer (not yet in a group): the journal's queue depth."""
+        return len(self._queue)
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes appended and not yet written (the group being written included)."""
+        return self._queued_bytes
     def open(self) -> None:
         """Creates the first file of this journal (blocking; call before serving)."""
         os.makedirs(self.config.journal_dir, exist_ok=True)

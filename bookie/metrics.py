@@ -165,6 +165,25 @@ class _NodeCollector(Collector):
             yield GaugeMetricFamily(name, help_text, value=value(node, journal_stats, storage_stats))
         # Kept by the journal per record (one bisect per append, not one observe per
         # add) and exposed here as a histogram.
+        journal = node.journal
+        yield GaugeMetricFamily("magnetar_bookie_journal_queue_records",
+                                "Adds (and fences) waiting in the journal queue for a group",
+                                value=journal.queued_records if journal is not None else 0)
+        yield GaugeMetricFamily("magnetar_bookie_journal_queue_bytes",
+                                "Bytes appended to the journal and not yet written",
+                                value=journal.queued_bytes if journal is not None else 0)
+        usage = node.disk_usage
+        ratio = GaugeMetricFamily("magnetar_bookie_directory_usage_ratio",
+                                  "Used share of the filesystem holding each journal or ledger directory",
+                                  labels=["directory"])
+        free = GaugeMetricFamily("magnetar_bookie_directory_free_bytes",
+                                 "Free bytes of the filesystem holding each journal or ledger directory",
+                                 labels=["directory"])
+        for directory, used_share, free_bytes in (usage.directories if usage is not None else ()):
+            ratio.add_metric([directory], used_share)
+            free.add_metric([directory], free_bytes)
+        yield ratio
+        yield free
         queue_wait = journal_stats.queue_wait
         yield HistogramMetricFamily(
             "magnetar_bookie_journal_queue_wait_seconds",

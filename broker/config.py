@@ -165,6 +165,35 @@ class BrokerConfig:
     # its run and waits for ever, so that a test can kill -9 the broker there
     # (managed_ledger/compaction.py PAUSE_POINTS).
     compaction_pause_at: str = ""
+    # Per-topic Prometheus series (broker/topic_metrics.py). metrics_topic_level is
+    # Pulsar's exposeTopicLevelMetricsInPrometheus (true there too): off, topics are
+    # folded into one series per namespace. At most metrics_topics_max topics get series
+    # of their own (the rest are folded per namespace, counted in
+    # magnetar_broker_metrics_topics_folded): 1,000 topics are 15,000 samples with their
+    # subscriptions, about 2 MB of /metrics; writing them for 10,000 loaded topics took
+    # 0.12 s in-process (bench/metrics_bench.py measures whole scrapes).
+    # Subscription series (6 each) stop at metrics_subscriptions_max.
+    metrics_topic_level: bool = True
+    metrics_topics_max: int = 1000
+    metrics_subscriptions_max: int = 5000
+    # Cleaning up (broker/inactivity.py). A durable subscription with no consumer for
+    # this many minutes is deleted, unless its namespace sets its own
+    # subscription_expiration_time_minutes (Pulsar's subscriptionExpirationTimeMinutes,
+    # whose default 0 means never, as here; fractions of a minute are for tests).
+    subscription_expiration_time_minutes: float = 0.0
+    # Topics with no producer and no subscription (or, in mode
+    # delete_when_subscriptions_caught_up, none with a backlog or a consumer) are deleted
+    # after delete_inactive_topics_max_inactive_s, unless their namespace's
+    # inactive_topic_policies says otherwise (Pulsar's brokerDeleteInactiveTopicsEnabled,
+    # ...MaxInactiveDurationSeconds, ...Mode). Off by default, unlike Pulsar (on, 60 s):
+    # deleting data is opt-in here.
+    delete_inactive_topics_enabled: bool = False
+    delete_inactive_topics_max_inactive_s: float = 60.0
+    delete_inactive_topics_mode: str = "delete_when_no_subscriptions"
+    # How often the sweep runs (Pulsar's brokerDeleteInactiveTopicsFrequencySeconds, 60,
+    # and subscriptionExpiryCheckIntervalInMinutes, 5): a topic or subscription goes at
+    # most this long after its time.
+    inactivity_check_interval_s: float = 60.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -232,6 +261,20 @@ class BrokerConfig:
             raise ConfigError("unacked_per_consumer_max must be in [1, 10000000]")
         if not 1 <= self.delayed_delivery_entries_max <= 10_000_000:
             raise ConfigError("delayed_delivery_entries_max must be in [1, 10000000]")
+        if not 0 <= self.subscription_expiration_time_minutes <= 2**31 - 1:
+            raise ConfigError("subscription_expiration_time_minutes must be in [0, 2147483647] (0: never)")
+        if not 1 <= self.delete_inactive_topics_max_inactive_s <= 2**31 - 1:
+            raise ConfigError("delete_inactive_topics_max_inactive_s must be in [1, 2147483647]")
+        if self.delete_inactive_topics_mode not in ("delete_when_no_subscriptions",
+                                                    "delete_when_subscriptions_caught_up"):
+            raise ConfigError("delete_inactive_topics_mode must be delete_when_no_subscriptions or "
+                              "delete_when_subscriptions_caught_up")
+        if not 0.05 <= self.inactivity_check_interval_s <= 3600:
+            raise ConfigError("inactivity_check_interval_s must be in [0.05, 3600]")
+        if not 0 <= self.metrics_topics_max <= 1_000_000:
+            raise ConfigError("metrics_topics_max must be in [0, 1000000]")
+        if not 0 <= self.metrics_subscriptions_max <= 10_000_000:
+            raise ConfigError("metrics_subscriptions_max must be in [0, 10000000]")
         if not 0 < self.write_buffer_low_bytes < self.write_buffer_high_bytes:
             raise ConfigError("write_buffer_low_bytes must be in (0, write_buffer_high_bytes)")
 

@@ -176,6 +176,9 @@ class ProducingHandlers:
         size_bytes = len(payload)
         # Counted until answered; may stop reading this connection (never refuses it).
         scopes = self.service.publish_limits.on_send(self._read_gate, topic.full_name, size_bytes)
+        if topic.publish_rate is not None:
+            # The namespace's publish rate: stored all the same; reading waits out the debt.
+            topic.publish_rate.on_publish(self._read_gate, max(1, send.num_messages), size_bytes)
         sequence_id = send.sequence_id
         highest = send.highest_sequence_id
         producer_id = send.producer_id

@@ -107,6 +107,24 @@ OPTIONS: list[ConfigOption] = [
                  "named listeners, name:pulsar://host:port[,...] (Pulsar's advertisedListeners)"),
     ConfigOption("--policy-check-interval-s", BrokerConfig, "policy_check_interval_s",
                  "how often message TTL and backlog quotas are applied"),
+    ConfigOption("--no-topic-level-metrics", BrokerConfig, "metrics_topic_level",
+                 "write per-namespace aggregates instead of per-topic series in /metrics (Pulsar's "
+                 "exposeTopicLevelMetricsInPrometheus=false)", switch_to=False),
+    ConfigOption("--metrics-topics-max", BrokerConfig, "metrics_topics_max",
+                 "topics with series of their own in /metrics; the rest are folded into namespace series"),
+    ConfigOption("--metrics-subscriptions-max", BrokerConfig, "metrics_subscriptions_max",
+                 "subscriptions with series of their own in /metrics"),
+    ConfigOption("--subscription-expiration-time-minutes", BrokerConfig, "subscription_expiration_time_minutes",
+                 "delete durable subscriptions without a consumer for this long, where the namespace sets no "
+                 "time of its own (0: never)"),
+    ConfigOption("--delete-inactive-topics", BrokerConfig, "delete_inactive_topics_enabled",
+                 "delete topics without producers and subscriptions after --delete-inactive-topics-max-inactive-s, "
+                 "where the namespace's inactive topic policies do not say otherwise", switch_to=True),
+    ConfigOption("--delete-inactive-topics-max-inactive-s", BrokerConfig, "delete_inactive_topics_max_inactive_s"),
+    ConfigOption("--delete-inactive-topics-mode", BrokerConfig, "delete_inactive_topics_mode",
+                 "delete_when_no_subscriptions or delete_when_subscriptions_caught_up"),
+    ConfigOption("--inactivity-check-interval-s", BrokerConfig, "inactivity_check_interval_s",
+                 "how often inactive subscriptions and topics are looked for"),
     # Security (broker/authentication.py, broker/authorization.py): off by default.
     ConfigOption("--authentication-enabled", AuthConfig, "authentication_enabled",
                  "clients must present credentials of one of --authentication-providers",
@@ -267,11 +285,12 @@ class BrokerProcess:
                                     buckets=LATENCY_BUCKETS_S, registry=registry)
         service = BrokerService(config, store, ledger_client, bundles_config=self.bundles_config,
                                 on_publish_latency=publish_latency.observe, archiver_config=self.archiver_config)
-        register_broker_metrics(service, registry)
+        topic_series = register_broker_metrics(service, registry)
         # The loop monitor: cancelled and awaited at shutdown.
         background = TaskSet("broker process")
         background.spawn(LoopMonitor(registry, "magnetar_broker").run(), name="loop-monitor")
-        runner = web.AppRunner(build_admin_app(service, registry), access_log=None)
+        runner = web.AppRunner(build_admin_app(service, registry, extra_metrics=topic_series),
+                            access_log=None)
         await runner.setup()
         for listener, context in http_listeners:
             await web.SockSite(runner, listener, ssl_context=context).start()

@@ -35,7 +35,10 @@ from typing import Callable
 CONNECTION = "connection"
 TOPIC = "topic"
 BROKER = "broker"
-KINDS = (CONNECTION, TOPIC, BROKER)
+# A topic's publish rate limit in debt (broker/rate_limits.py): not a PendingSends, but
+# it blocks gates the same way, through block() and unblock().
+PUBLISH_RATE = "publish_rate"
+KINDS = (CONNECTION, TOPIC, BROKER, PUBLISH_RATE)
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,24 @@ class PublishLimits:
         topic = scopes[1]
         if topic.sends == 0 and not topic.blocked and self._topics.get(topic.name) is topic:
             del self._topics[topic.name]
+
+    def block(self, gate: ReadGate, scope) -> None:
+        """Blocks (and pauses) ``gate`` on ``scope``, something other than pending sends
+        that holds the connection back (a publish rate in debt) until ``unblock``."""
+        if scope in gate.blocked_on:
+            return
+        was_paused = gate.paused
+        scope.blocked.add(gate)
+        gate.blocked_on.add(scope)
+        self.stats.blocks_by_kind[scope.kind] += 1   # type: ignore[index]
+        if not was_paused:
+            self.stats.reading_pauses += 1
+            gate._pause()
+
+    def unblock(self, scope) -> None:
+        """Every gate blocked on ``scope`` stops being so (read again if nothing else
+        blocks it)."""
+        self._unblock(scope)
 
     def _unblock(self, scope: PendingSends) -> None:
         blocked, scope.blocked = scope.blocked, set()

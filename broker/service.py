@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from broker import policy_enforcement, policy_watch
+from broker import rate_limits
+from broker.inactivity import InactivitySweeper
 from broker.archiver import Archiver, ArchiverConfig
 from broker.authentication import Authenticator
 from broker.authorization import Authorizer
@@ -143,6 +145,7 @@ class BrokerService:
         # Set by a grant or revoke through this broker: the permission loop checks every
         # connection at once instead of at its next interval.
         self._recheck_permissions = asyncio.Event()
+        self._policies_changed = asyncio.Event()
         self.cache = EntryCache(config.entry_cache_bytes_max)
         self.topics: dict[str, asyncio.Future[PersistentTopic]] = {}
         # One task per topic being loaded (each catches and hands on its own failure):
@@ -207,6 +210,8 @@ class BrokerService:
         self.schemas = SchemaRegistry(store)
         # What message TTL and backlog quotas did (shown in /metrics).
         self.policy_counters = policy_enforcement.PolicyCounters()
+        # Subscription expiry and inactive-topic deletion (broker/inactivity.py).
+        self.inactivity = InactivitySweeper(self)
         self.archiver = Archiver(archiver_config or ArchiverConfig(), store, ledger_client, self.resources.policies)
 
     def broker_urls(self, broker_id: str) -> tuple[str, str] | None:
@@ -349,6 +354,7 @@ class BrokerService:
         if self.authenticator.enabled:
             self._background.spawn(self._run_permission_checks(), name="permission checks")
         self._background.spawn(self.archiver.run(self.loaded_topics), name="archiver")
+        self._background.spawn(self.inactivity.run(), name="inactivity")
 
     async def _run_dispatch_watch(self) -> None:
         """Checks the dispatcher invariant of every loaded subscription on an interval
@@ -387,15 +393,23 @@ class BrokerService:
                     log.warning("retention check failed: topic=%s error=%s", topic.full_name, error)
 
     async def _run_policies(self) -> None:
-        """Applies message TTL, backlog quotas and the compaction threshold to the loaded
-        topics whose namespace sets them (broker/policy_enforcement.py)."""
+        """Applies message TTL, backlog quotas, the compaction threshold and the rate
+        limits to the loaded topics whose namespace sets them
+        (broker/policy_enforcement.py, broker/rate_limits.py); at once after a policy
+        change through this broker's admin API (apply_rate_limits_soon)."""
         while not self.shutting_down:
-            await asyncio.sleep(self.config.policy_check_interval_s)
+            try:
+                async with asyncio.timeout(self.config.policy_check_interval_s):
+                    await self._policies_changed.wait()
+            except TimeoutError:
+                pass
+            self._policies_changed.clear()
             for topic in self.loaded_topics():
                 if topic.closing:
                     continue
                 try:
                     policies = await self.resources.effective_policies(topic.name)
+                    self.apply_rate_limits(topic, policies)
                     topic.backlog_size_quota = policy_enforcement.size_quota(policies)
                     if policy_enforcement.has_time_policies(policies):
                         await policy_enforcement.enforce(topic, policies, self.policy_counters)
@@ -403,6 +417,28 @@ class BrokerService:
                         self.policy_counters.compactions_started += 1
                 except MagnetarError as error:
                     log.warning("policy check failed: topic=%s error=%s", topic.full_name, error)
+
+    def apply_rate_limits_soon(self) -> None:
+        """A namespace's rate limits changed here: the policy loop applies them now."""
+        self._policies_changed.set()
+
+    def apply_rate_limits(self, topic: PersistentTopic, policies: NamespacePolicies) -> None:
+        """Sets the topic's publish and dispatch rate limits from its namespace's policies
+        (this cluster's entries); a limit that did not change keeps its buckets."""
+        cluster = self.config.cluster
+        publish = rate_limits.publish_limit((policies.publishMaxMessageRate or {}).get(cluster))
+        current = topic.publish_rate.limit if topic.publish_rate is not None else None
+        if publish != current:
+            if topic.publish_rate is not None:
+                topic.publish_rate.close()
+            topic.publish_rate = rate_limits.PublishRateScope(topic.full_name, publish, self.publish_limits) \
+                if publish is not None else None
+            log.info("publish rate limit set: topic=%s limit=%s", topic.full_name, publish)
+        dispatch = rate_limits.dispatch_limit((policies.topicDispatchRate or {}).get(cluster))
+        current = topic.dispatch_throttle.limit if topic.dispatch_throttle is not None else None
+        if dispatch != current:
+            topic.set_dispatch_throttle(rate_limits.DispatchRateThrottle(dispatch) if dispatch is not None else None)
+            log.info("dispatch rate limit set: topic=%s limit=%s", topic.full_name, dispatch)
 
     async def check_producer_quota(self, topic: PersistentTopic) -> None:
         """Refuses a new producer while a producer-blocking backlog quota is exceeded."""
@@ -580,6 +616,7 @@ class BrokerService:
             raise
         topic = PersistentTopic(name, ledger, self.store, self.config, self.ledger_client)
         topic.on_closed = self._on_topic_closed
+        self.apply_rate_limits(topic, policies)
         try:
             await topic.load_subscriptions()
         except MagnetarError:

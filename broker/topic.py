@@ -164,6 +164,11 @@ class PersistentTopic:
         # Counters for rates (broker/stats.py measures rates from them).
         self.messages_in = 0
         self.bytes_in = 0
+        # Rate limits from the namespace's policies (broker/rate_limits.py; set by the
+        # service): the publish rate's scope, and the dispatch throttle every
+        # subscription of the topic shares.
+        self.publish_rate = None
+        self.dispatch_throttle = None
 
     # --- loading ---------------------------------------------------------------------------
 
@@ -198,7 +203,15 @@ class PersistentTopic:
                             unacked_per_consumer_max=self.config.unacked_per_consumer_max,
                             delayed_entries_max=self.config.delayed_delivery_entries_max)
         subscription.compacted_source_of = self.compaction.source
+        subscription.dispatch_throttle = self.dispatch_throttle
         return subscription
+
+    def set_dispatch_throttle(self, throttle) -> None:
+        """A new dispatch rate limit (None: none) for every subscription, now and later."""
+        self.dispatch_throttle = throttle
+        for subscription in self.subscriptions.values():
+            subscription.dispatch_throttle = throttle
+            subscription.dispatcher.wake()
 
     # --- producers ----------------------------------------------------------------------------
 
@@ -856,6 +869,8 @@ class PersistentTopic:
 
     async def _close(self, disconnect_clients: bool, redirect: Redirect | None = None) -> None:
         assert self.closing
+        if self.publish_rate is not None:
+            self.publish_rate.close()   # nothing stays paused on a topic that is gone
         waiting, self._waiting_exclusive = self._waiting_exclusive, collections.deque()
         for _producer, granted in waiting:
             if not granted.done():
@@ -901,6 +916,7 @@ class PersistentTopic:
         for name, subscription in list(self.subscriptions.items()):
             await subscription.cursor.delete()
         await self._store.delete_prefix(keys.cursors_of_topic(self.name.key_path))
+        await self._store.delete(keys.topic_activity(self.name.key_path))
         await self.compaction.delete()
         await self.ledger.delete()
         log.info("topic deleted: topic=%s", self.full_name)

@@ -58,6 +58,10 @@ class GatewayConfig:
     deferral_ms_max: int = 3_600_000
     # How often leases are checked for expiry: the precision of a lease's end.
     lease_tick_ms: int = 50
+    # Subscriptions with /metrics series of their own (magnetar_gateway_subscription_*);
+    # later ones share the series labelled _other (gateway/subscription_counts.py). Six
+    # series each: 1,000 subscriptions are 6,000 series.
+    metrics_subscriptions_max: int = 1000
     # A gateway consumer nobody pulled from for this long, holding nothing, is closed.
     consumer_idle_ms: int = 60_000
     producer_idle_ms: int = 300_000
@@ -122,7 +126,7 @@ class GatewayConfig:
                      "consumer_idle_ms", "producer_idle_ms", "producers_max", "consumers_max",
                      "requests_in_flight_max", "produce_timeout_ms", "forward_timeout_ms", "forwards_in_flight_max",
                      "sse_credits_max", "sse_keepalive_ms", "retry_after_s", "permission_cache_ms",
-                     "permission_cache_entries_max"):
+                     "permission_cache_entries_max", "metrics_subscriptions_max"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0")
         unknown = sorted(set(self.providers) - {"token", "basic", "tls"})

@@ -172,6 +172,7 @@ async def pull(request: web.Request) -> web.StreamResponse:
     # Written: the leases start now (the receipts promise no earlier end).
     _start_leases(taken, spec.lease_ms / 1000)
     service.messages_pulled += len(taken)
+    service.subscription_counts.add(topic, subscription, "pulled", len(taken))
     return response
 
 

@@ -123,6 +123,8 @@ class GatewayConsumer:
         self.closed = False
         self.messages_delivered = 0
         self.messages_returned = 0
+        # Told (key, messages) when leases end without an ack (counted per subscription).
+        self.on_leases_ended: Callable[[ConsumerKey, int], None] | None = None
 
     async def start(self, initial_position: str) -> None:
         self.consumer = Consumer(self._pool, self.key.topic, self.key.subscription, listener=self,
@@ -231,7 +233,11 @@ class GatewayConsumer:
     # --- leases --------------------------------------------------------------------------------------
 
     def tick(self, now_s: float) -> None:
+        ended_before = self.table.leases_ended
         positions = self.table.expire(now_s)
+        ended = self.table.leases_ended - ended_before
+        if ended and self.on_leases_ended is not None:
+            self.on_leases_ended(self.key, ended)
         if positions:
             self.messages_returned += len(positions)
             if self.consumer is not None:
@@ -275,6 +281,7 @@ class ConsumerPool:
         self.consumers: dict[ConsumerKey, GatewayConsumer] = {}
         self._starting: dict[ConsumerKey, asyncio.Task[GatewayConsumer]] = {}
         self.closed = False
+        self.on_leases_ended: Callable[[ConsumerKey, int], None] | None = None
 
     async def get(self, key: ConsumerKey, initial_position: str = "latest") -> GatewayConsumer:
         if self.closed:
@@ -296,6 +303,7 @@ class ConsumerPool:
     async def _start(self, key: ConsumerKey, initial_position: str) -> GatewayConsumer:
         try:
             consumer = GatewayConsumer(key, self._pool, self.config, self.instance_name, self._dead_letter_sink)
+            consumer.on_leases_ended = self.on_leases_ended
             await consumer.start(initial_position)
             self.consumers[key] = consumer
             return consumer

@@ -98,6 +98,8 @@ class LeaseTable:
         self.ready_hold_s = ready_hold_s
         self.deferral_s_max = deferral_s_max
         self._held: dict[Position, Held] = {}
+        # Leases that ended without an ack (ran out, or a nack came due), ever: for stats.
+        self.leases_ended = 0
         # Entries with READY messages, oldest first (by when they became ready).
         self._ready: collections.OrderedDict[Position, Held] = collections.OrderedDict()
         self._deadlines: list[tuple[float, int, Slot]] = []
@@ -246,6 +248,7 @@ class LeaseTable:
                 continue   # stale: extended since, or its entry is gone
             if slot.state == State.LEASED:
                 self._set(slot, State.RETURNING)
+                self.leases_ended += 1
                 touched[slot.held.position] = slot.held
             elif slot.state == State.DEFERRED:
                 self._set(slot, State.READY)

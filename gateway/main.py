@@ -60,6 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lease-ms-default", type=int, default=30_000)
     parser.add_argument("--leases-per-subscription-max", type=int, default=10_000)
     parser.add_argument("--ready-hold-ms", type=int, default=2_000)
+    parser.add_argument("--metrics-subscriptions-max", type=int, default=GatewayConfig.metrics_subscriptions_max,
+                        help="subscriptions with /metrics series of their own (the rest share _other)")
     parser.add_argument("--body-mib-max", type=int, default=8)
     parser.add_argument("--requests-in-flight-max", type=int, default=4_096)
     parser.add_argument("--authentication-enabled", action="store_true",
@@ -122,7 +124,8 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         # A pull or a stream never asks for more than the leases allow.
         pull_messages_max=min(GatewayConfig.pull_messages_max, max(leases, 1)),
         sse_credits_max=min(GatewayConfig.sse_credits_max, max(leases, 1)),
-        ready_hold_ms=args.ready_hold_ms, body_bytes_max=args.body_mib_max * 1024 * 1024,
+        ready_hold_ms=args.ready_hold_ms, metrics_subscriptions_max=args.metrics_subscriptions_max,
+        body_bytes_max=args.body_mib_max * 1024 * 1024,
         requests_in_flight_max=args.requests_in_flight_max,
         authentication_enabled=args.authentication_enabled, service_token=service_token_from(args),
         service_token_file=args.service_token_file,

@@ -12,6 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from common.histograms import LATENCY_BUCKETS_S
 from gateway.service import GatewayService
+from gateway.subscription_counts import KINDS
 
 
 class _ServiceCollector:
@@ -37,6 +38,39 @@ class _ServiceCollector:
                  service.idempotent.open_producers),
                 ("requests_in_flight", "HTTP requests being handled", service.requests_in_flight[0])):
             yield GaugeMetricFamily(f"magnetar_gateway_{name}", help_text, value=value)
+        yield from _subscription_families(service)
+
+
+_SUBSCRIPTION_HELP = {
+    "pulled": "Messages handed out by pulls and pushes, by subscription",
+    "acked": "Messages acknowledged through the gateway, by subscription",
+    "nacked": "Messages given back by nack, by subscription",
+    "extended": "Lease extensions, by subscription",
+    "lease_ended": "Leases that ended without an ack (ran out, or a nack came due: the message goes back to "
+                   "its subscription), by subscription",
+}
+
+
+def _subscription_families(service: GatewayService):
+    """Per-subscription counters and leases held, labelled (topic, subscription) with
+    the bounded label set of gateway/subscription_counts.py."""
+    counts = service.subscription_counts
+    families = {kind: CounterMetricFamily(f"magnetar_gateway_subscription_{kind}", _SUBSCRIPTION_HELP[kind],
+                                          labels=["topic", "subscription"]) for kind in KINDS}
+    leases: dict[tuple[str, str], int] = {}
+    for key, consumer in list(service.consumers.consumers.items()):
+        label = counts.label(key.topic, key.subscription)
+        leases[label] = leases.get(label, 0) + consumer.table.active
+    for label, values in counts.items():
+        for kind, value in zip(KINDS, values):
+            families[kind].add_metric(list(label), value)
+    yield from families.values()
+    active = GaugeMetricFamily("magnetar_gateway_subscription_leases_active",
+                               "Messages leased to HTTP clients and not yet settled, by subscription",
+                               labels=["topic", "subscription"])
+    for label, count in sorted(leases.items()):
+        active.add_metric(list(label), count)
+    yield active
 
 
 def register_gateway_metrics(service: GatewayService, registry: CollectorRegistry):

@@ -103,6 +103,7 @@ async def events(request: web.Request) -> web.StreamResponse:
             raise
         _start_leases(taken, spec.lease_ms / 1000)
         service.messages_pulled += len(taken)
+        service.subscription_counts.add(topic, subscription, "pulled", len(taken))
         issued.extend(slot for _, slot in taken)
     await response.write_eof()
     return response

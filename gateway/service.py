@@ -25,6 +25,7 @@ from common.errors import InvalidArgument, NotFound
 from common.topic_name import TopicName
 from runtime.tls import TlsConfig, client_context
 from runtime.tokens import TokenFile
+from gateway.subscription_counts import SubscriptionCounts
 from gateway.admin_client import admin_call
 from gateway.config import GatewayConfig
 from gateway.consumers import ConsumerKey, ConsumerPool, DeadLetterPolicy, GatewayConsumer
@@ -63,6 +64,10 @@ class GatewayService:
         self.messages_acked = 0
         self.messages_nacked = 0
         self.leases_extended = 0
+        # The same per subscription, with a bounded label set (gateway/subscription_counts.py).
+        self.subscription_counts = SubscriptionCounts(config.metrics_subscriptions_max)
+        self.consumers.on_leases_ended = lambda key, count: self.subscription_counts.add(
+            key.topic, key.subscription, "lease_ended", count)
 
     async def start(self) -> None:
         # The service token on every admin request (stats, backlog), as it is at the

@@ -122,6 +122,7 @@ async def ack(service: GatewayService, topic: str, subscription: str, handles: l
             if item.receipt.deadline_ms < now_ms:
                 item.result["late"] = True
         service.messages_acked += len(group)
+        service.subscription_counts.add(key.topic, key.subscription, "acked", len(group))
     await _forward_groups(service, remote, path, {}, "acked")
     for issuer_url, group in hints.items():
         service.spawn_forward(_forward(service, issuer_url, path, [item.handle for item in group], {}))
@@ -146,6 +147,7 @@ async def nack(service: GatewayService, topic: str, subscription: str, handles: 
             continue
         item.result = {"status": "nacked"}
         service.messages_nacked += 1
+        service.subscription_counts.add(topic, subscription, "nacked")
         if delay_ms == 0:
             consumer.tick(now_s)   # give it back now, not at the next tick
     await _forward_groups(service, remote, path, {"delay_ms": delay_ms}, "nacked")
@@ -173,6 +175,7 @@ async def extend(service: GatewayService, topic: str, subscription: str, handles
                        "receipt": service.receipt(consumer, _message_id(receipt), receipt.attempt, deadline_ms),
                        "lease_deadline_ms": deadline_ms}
         service.leases_extended += 1
+        service.subscription_counts.add(topic, subscription, "extended")
     await _forward_groups(service, remote, path, {"lease_ms": lease_ms}, "extended")
     return _results(items)
 

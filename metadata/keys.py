@@ -72,6 +72,19 @@ def cursors_of_topic(topic_key_path: str) -> str:
     return f"{CURSORS}{topic_key_path}/"
 
 
+# When a topic, and each of its subscriptions, last became inactive (broker/inactivity.py):
+# a JSON record per topic, written only when something turns inactive or active again.
+TOPIC_ACTIVITY = "/topic-activity/"
+
+
+def topic_activity(topic_key_path: str) -> str:
+    return f"{TOPIC_ACTIVITY}{topic_key_path}"
+
+
+def topic_activity_of_namespace(tenant_name: str, namespace: str) -> str:
+    return f"{TOPIC_ACTIVITY}persistent/{tenant_name}/{namespace}/"
+
+
 def cluster(name: str) -> str:
     return f"{CLUSTERS}{name}"
 

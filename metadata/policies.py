@@ -124,7 +124,16 @@ class NamespacePolicies:
     # Magnetar: subscriptions in this namespace that run in broadcast mode (every
     # consumer gets every message, each keeps its own cursor); see subscriptions/.
     broadcast_subscriptions: list[str] = field(default_factory=list)
-    subscription_expiration_time_minutes: int = 0
+    # Durable subscriptions without a consumer for this long are deleted
+    # (broker/inactivity.py); 0 or None: the broker's default.
+    subscription_expiration_time_minutes: int | None = 0
+    # Pulsar's InactiveTopicPolicies {"inactiveTopicDeleteMode", "maxInactiveDurationSeconds",
+    # "deleteWhileInactive"}; None: the broker's settings.
+    inactive_topic_policies: dict | None = None
+    # Rate limits of each topic, by cluster as Pulsar keeps them: {cluster: PublishRate}
+    # and {cluster: DispatchRate} (broker/rate_limits.py, broker/admin/rates.py).
+    publishMaxMessageRate: dict | None = None
+    topicDispatchRate: dict | None = None
     # Automatic compaction: a topic is compacted once more than this many bytes were
     # written since its last compaction (Pulsar's compaction_threshold); None or 0: off.
     compaction_threshold: int | None = None

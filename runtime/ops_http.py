@@ -24,23 +24,32 @@ HealthCheck = Callable[[], Awaitable[tuple[bool, dict]]]
 BODY_BYTES_MAX_DEFAULT = 1024 * 1024
 
 
+# Text a server writes into /metrics itself (Prometheus text format), after the
+# registry's: for series too many for prometheus_client's generic writer (the broker's
+# per-topic series). Called first, so the registry's collectors see what it did.
+ExtraMetrics = Callable[[], bytes]
+
+
 def build_ops_app(registry: CollectorRegistry, health: HealthCheck, *,
-                  body_bytes_max: int = BODY_BYTES_MAX_DEFAULT) -> web.Application:
+                  body_bytes_max: int = BODY_BYTES_MAX_DEFAULT, extra_metrics: ExtraMetrics | None = None,
+                  ) -> web.Application:
     """The app with /health and /metrics; request bodies over ``body_bytes_max`` are
     refused with 413 before a handler runs."""
     app = web.Application(client_max_size=body_bytes_max)
-    add_ops_routes(app, registry, health)
+    add_ops_routes(app, registry, health, extra_metrics=extra_metrics)
     return app
 
 
-def add_ops_routes(app: web.Application, registry: CollectorRegistry, health: HealthCheck) -> None:
+def add_ops_routes(app: web.Application, registry: CollectorRegistry, health: HealthCheck, *,
+                   extra_metrics: ExtraMetrics | None = None) -> None:
     """Adds ``/health`` and ``/metrics`` to an application that serves more (the gateway)."""
     async def health_handler(_request: web.Request) -> web.Response:
         ok, details = await health()
         return web.json_response({"status": "ok" if ok else "unavailable", **details}, status=200 if ok else 503)
 
     async def metrics_handler(_request: web.Request) -> web.Response:
-        body = generate_latest(registry)
+        extra = extra_metrics() if extra_metrics is not None else b""
+        body = generate_latest(registry) + extra
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def live_handler(_request: web.Request) -> web.Response:

@@ -117,6 +117,8 @@ class Dispatcher(abc.ABC):
         self._confirmed_at_read: Position | None = None
         # Running mean of the messages an entry holds (batches), sizing reads to permits.
         self.messages_per_entry = 1.0
+        # The wake-up set while a dispatch rate limit holds this dispatcher back.
+        self._throttle_timer: asyncio.TimerHandle | None = None
 
     # --- events ---------------------------------------------------------------------------
 
@@ -167,6 +169,9 @@ class Dispatcher(abc.ABC):
         """Sends the given unacknowledged entries again (None: all of the consumer's)."""
 
     async def close(self) -> None:
+        if self._throttle_timer is not None:
+            self._throttle_timer.cancel()
+            self._throttle_timer = None
         self._closed = True
         task, self._task = self._task, None
         await cancel_and_wait(task)
@@ -247,6 +252,37 @@ class Dispatcher(abc.ABC):
 
     def _count_entry(self, message_count: int) -> None:
         self.messages_per_entry += _MEAN_WEIGHT * (max(1, message_count) - self.messages_per_entry)
+
+    # --- the dispatch rate limit (ports.DispatchThrottle) ------------------------------------------
+
+    def _throttle(self):
+        return getattr(self.subscription, "dispatch_throttle", None)
+
+    def _permits_now(self, permits: int) -> int:
+        """``permits``, or fewer while a dispatch rate limit allows fewer."""
+        throttle = self._throttle()
+        return permits if throttle is None else min(permits, throttle.allowance())
+
+    def _throttled(self) -> bool:
+        """True (and a wake-up is set for when it allows some) while a dispatch rate
+        limit allows nothing; the watch does not count that as a stall (has_work)."""
+        throttle = self._throttle()
+        if throttle is None or throttle.allowance() > 0:
+            return False
+        if self._throttle_timer is None and not self._closed:
+            self._throttle_timer = asyncio.get_running_loop().call_later(throttle.retry_after_s(),
+                                                                        self._on_throttle_timer)
+        return True
+
+    def _on_throttle_timer(self) -> None:
+        self._throttle_timer = None
+        self.wake()
+
+    def _count_dispatch(self, count: int, size_bytes: int) -> None:
+        self.messages_dispatched += count
+        throttle = self._throttle()
+        if throttle is not None:
+            throttle.consume(count, size_bytes)
 
     # --- the invariant ------------------------------------------------------------------------
 
@@ -398,7 +434,7 @@ class SingleActiveDispatcher(Dispatcher):
     def has_work(self) -> bool:
         consumer = self.active
         return (consumer is not None and consumer.permits > 0 and consumer.writable
-                and self._backlog_to_read())
+                and self._backlog_to_read() and not self._throttled())
 
     async def _dispatch_round(self) -> None:
         subscription = self.subscription
@@ -407,12 +443,14 @@ class SingleActiveDispatcher(Dispatcher):
             consumer = self.active
             if consumer is None or consumer.permits <= 0 or not consumer.writable:
                 return
+            if self._throttled():
+                return   # its timer wakes the task when the rate allows more
             start = cursor.read_position
             compacted = self._compacted_from(start)
             if compacted is not None:
                 await self._dispatch_compacted(consumer, *compacted, start)
                 continue
-            entries = await self._read(start, self._entries_for(consumer.permits))
+            entries = await self._read(start, self._entries_for(self._permits_now(consumer.permits)))
             if consumer is not self.active or cursor.read_position != start:
                 continue  # the consumer changed or the cursor moved while reading
             if not entries:
@@ -493,7 +531,7 @@ class SingleActiveDispatcher(Dispatcher):
             self._count_entry(count)
             consumer.send_entry(entry, count, redelivery_count=subscription.redelivery_count(entry.position),
                                 ack_set=ack_set)
-            self.messages_dispatched += count
+            self._count_dispatch(count, len(entry.data))
         assert done is not None, "a round with permits sent nothing of what it read"
         self._time_tail(done.position)
         subscription.cursor.skip_next_read(subscription.ledger.next_position(done.position))
@@ -509,6 +547,8 @@ class SingleActiveDispatcher(Dispatcher):
         consumer = self.active
         if consumer is None or consumer.permits <= 0 or not consumer.writable:
             return False
+        if self._throttle() is not None:
+            return False   # rate limited: the task's rounds pace it
         ledger = self.subscription.ledger
         start = self.subscription.cursor.read_position
         if self._compacted_from(start) is not None:
@@ -583,7 +623,7 @@ class SingleActiveDispatcher(Dispatcher):
                     ack_set = int_to_ack_set_words(compacted.keep_bits, compacted.batch_size)
                 consumer.send_entry(entry, count, redelivery_count=subscription.redelivery_count(entry.position),
                                     ack_set=ack_set)
-                self.messages_dispatched += count
+                self._count_dispatch(count, len(entry.data))
             # Not ledger.next_position: the entry's topic ledger may be trimmed already,
             # and moving to the next stored ledger would skip compacted entries of it.
             cursor.skip_next_read(Position(compacted.position.ledger_id, compacted.position.entry_id + 1))

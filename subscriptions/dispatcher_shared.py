@@ -291,7 +291,7 @@ class SharedDispatcher(Dispatcher):
         state.pending[position] = count
         state.unacked_messages += count
         self.pending[position] = consumer
-        self.messages_dispatched += count
+        self._count_dispatch(count, len(entry.data))
 
     # --- the round ------------------------------------------------------------------------------
 
@@ -300,7 +300,7 @@ class SharedDispatcher(Dispatcher):
         # not for a read: only new entries with a consumer free to take them count. A
         # full delayed-delivery tracker overflows to the topic and reads on.
         return (bool(self._available()) and len(self._replay) < REPLAY_ENTRIES_MAX
-                and self._backlog_to_read())
+                and self._backlog_to_read() and not self._throttled())
 
     async def _dispatch_round(self) -> None:
         subscription = self.subscription
@@ -320,8 +320,10 @@ class SharedDispatcher(Dispatcher):
                 return
             if len(self._replay) >= REPLAY_ENTRIES_MAX:
                 return  # too much held back: wait for acknowledgements
+            if self._throttled():
+                return  # its timer wakes the task when the rate allows more
             start = cursor.read_position
-            total_permits = sum(c.permits for c in available)
+            total_permits = self._permits_now(sum(c.permits for c in available))
             entries = await self._read(start, self._entries_for(total_permits))
             if cursor.read_position != start:
                 continue  # the cursor moved (reset) while reading

@@ -105,3 +105,16 @@ class AckedMessage:
     position: Position
     ack_set: tuple[int, ...] | None = None
     batch_size: int = 0
+
+
+class DispatchThrottle(Protocol):
+    """A dispatch rate limit a subscription's dispatcher obeys (the broker's
+    broker/rate_limits.py): it reads at most ``allowance()`` messages, none while that
+    is 0 (then it tries again ``retry_after_s()`` later), and reports what it sent."""
+
+    def allowance(self) -> int: ...
+
+    def consume(self, messages: int, size_bytes: int) -> None: ...
+
+    def retry_after_s(self) -> float: ...
+

@@ -46,6 +46,9 @@ class Subscription:
         self._delayed_entries_max = delayed_entries_max
         self.dispatcher: Dispatcher = self._make_dispatcher(mode)
         self.messages_acked = 0
+        # The topic's dispatch rate limit (a ports.DispatchThrottle), shared by its
+        # subscriptions' dispatchers; None: no limit.
+        self.dispatch_throttle = None
         # Compaction: whether the consumers read compacted (read_compacted, exclusive
         # and failover only), and the topic's compaction that serves it.
         self.read_compacted = False

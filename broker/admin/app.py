@@ -6,6 +6,7 @@ read it)."""
 from __future__ import annotations
 
 import json
+from typing import Callable
 import logging
 
 from aiohttp import web
@@ -48,14 +49,16 @@ async def errors_middleware(request: web.Request, handler):
         return error_response(BrokerError(f"internal error: {type(error).__name__}: {error}"))
 
 
-def build_admin_app(service: BrokerService, registry: CollectorRegistry) -> web.Application:
+def build_admin_app(service: BrokerService, registry: CollectorRegistry, *,
+                    extra_metrics: Callable[[], bytes] | None = None) -> web.Application:
     async def health() -> tuple[bool, dict]:
         # Ready once the binary protocol accepts connections (the HTTP server starts
         # first), until shutdown begins: what the standalone and probes wait for.
         return service.serving and not service.shutting_down, {"broker_id": service.broker_id,
                                                                 "serving": service.serving}
 
-    app = build_ops_app(registry, health, body_bytes_max=service.config.http_body_bytes_max)
+    app = build_ops_app(registry, health, body_bytes_max=service.config.http_body_bytes_max,
+                        extra_metrics=extra_metrics)
 
     async def ready() -> tuple[bool, dict]:
         # Readiness (Kubernetes): owns bundles or can be given some; /health is liveness.

@@ -22,6 +22,10 @@ A GET answers the namespace's own setting, ``null`` when it has none:
     /admin/v2/namespaces/{ns}/schemaCompatibilityStrategy  "FULL" | "BACKWARD" | ... (PUT too)
     /admin/v2/namespaces/{ns}/offloadPolicies     OffloadPolicies: when closed ledgers are archived
                                                   as Arrow files (docs/archive.md)
+    /admin/v2/namespaces/{ns}/subscriptionExpirationTime   minutes without a consumer after which
+                                                  a subscription is deleted (0: the broker's default)
+    /admin/v2/namespaces/{ns}/inactiveTopicPolicies {"inactiveTopicDeleteMode", "maxInactiveDurationSeconds",
+                                                  "deleteWhileInactive"} (broker/inactivity.py)
     GET    /admin/v2/namespaces/{ns}/backlogQuotaMap               {type: BacklogQuota}
     POST   /admin/v2/namespaces/{ns}/backlogQuota[?backlogQuotaType=destination_storage|message_age]
     DELETE /admin/v2/namespaces/{ns}/backlogQuota[?backlogQuotaType=...]
@@ -46,6 +50,7 @@ from typing import Callable
 
 from aiohttp import web
 
+from broker import inactivity
 from broker.admin import policy_codec, topic_access
 from broker.admin.common import flag, json_body, namespace_of, no_content
 from broker.service import BrokerService
@@ -69,6 +74,9 @@ _SIMPLE_POLICIES: dict[str, tuple[str, Callable[[object], object]]] = {
     "maxProducersPerTopic": ("max_producers_per_topic", policy_codec.clients_per_topic_of),
     "maxConsumersPerTopic": ("max_consumers_per_topic", policy_codec.clients_per_topic_of),
     "encryptionRequired": ("encryption_required", policy_codec.encryption_required_of),
+    # broker/inactivity.py
+    "subscriptionExpirationTime": ("subscription_expiration_time_minutes", inactivity.subscription_expiration_of),
+    "inactiveTopicPolicies": ("inactive_topic_policies", inactivity.inactive_topic_policy_of),
 }
 
 

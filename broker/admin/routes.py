@@ -8,13 +8,16 @@ from aiohttp import web
 
 from broker.admin import (
     archive,
+    bookies,
     brokers,
     bundles,
     clusters,
+    console,
     lookup,
     messages,
     namespaces,
     permissions,
+    rates,
     schemas,
     subscriptions,
     tenants,
@@ -28,13 +31,16 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
     lookup.add_routes(app, service)
     permissions.add_routes(app, service)
     brokers.add_routes(app, service)
+    bookies.add_routes(app, service)
     bundles.add_routes(app, service)
     clusters.add_routes(app, service)
     tenants.add_routes(app, service)
     namespaces.add_routes(app, service)
+    rates.add_routes(app, service)
     topics.add_routes(app, service)
     topic_policies.add_routes(app, service)
     subscriptions.add_routes(app, service)
     messages.add_routes(app, service)
     archive.add_routes(app, service)
     schemas.add_routes(app, service)
+    console.add_routes(app, service)

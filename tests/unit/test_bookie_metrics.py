@@ -45,6 +45,8 @@ class _Storage:
 class _Journal:
     stats: JournalStats
     on_group_written: object = None
+    queued_records: int = 0
+    queued_bytes: int = 0
 
 
 class _Node:

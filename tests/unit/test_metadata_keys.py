@@ -25,7 +25,7 @@ from metadata import keys
 
 TOP_LEVEL = [keys.BOOKIES, keys.LEDGERS, keys.LEDGER_ID_COUNTER, keys.COOKIES, keys.TENANTS, keys.NAMESPACES,
              keys.PARTITIONED_TOPICS, keys.MANAGED_LEDGERS, keys.CURSORS, keys.CLUSTERS, keys.BROKERS,
-             keys.BUNDLE_OWNERS, keys.BUNDLE_ASSIGNMENTS, keys.BUNDLE_TRANSFERS, keys.LEADER]
+             keys.BUNDLE_OWNERS, keys.BUNDLE_ASSIGNMENTS, keys.BUNDLE_TRANSFERS, keys.LEADER, keys.TOPIC_ACTIVITY]
 
 
 def test_top_level_prefixes_never_overlap():
@@ -50,6 +50,7 @@ def test_every_key_lands_under_its_own_prefix_only():
         keys.PARTITIONED_TOPICS: keys.partitioned_topic("t", "ns", "topic"),
         keys.MANAGED_LEDGERS: keys.managed_ledger(topic.key_path),
         keys.CURSORS: keys.cursor(topic.key_path, "sub"),
+        keys.TOPIC_ACTIVITY: keys.topic_activity(topic.key_path),
         keys.CLUSTERS: keys.cluster("standalone"),
         keys.BROKERS: keys.broker("broker-1"),
         keys.BUNDLE_OWNERS: keys.bundle_owner("t/ns", "0x00000000_0x40000000"),

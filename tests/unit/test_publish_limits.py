@@ -33,7 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from broker.config import BrokerConfig
 from managed_ledger.managed_ledger import ManagedLedgerConfig
 from broker.metrics import register_broker_metrics
-from broker.publish_limits import BROKER, CONNECTION, TOPIC, Limit, PublishLimits
+from broker.publish_limits import BROKER, CONNECTION, PUBLISH_RATE, TOPIC, Limit, PublishLimits
 from broker.connection import ServerConnection
 from broker.service import BrokerService
 from common.errors import ConfigError
@@ -85,7 +85,7 @@ def test_the_connection_bound_pauses_once_and_resumes_at_half():
     assert limits.broker.sends == 0 and limits.broker.size_bytes == 0
     assert limits.topic_count == 0
     assert limits.stats.reading_pauses == 1 and limits.stats.reading_resumes == 1
-    assert limits.stats.blocks_by_kind == {CONNECTION: 1, TOPIC: 0, BROKER: 0}
+    assert limits.stats.blocks_by_kind == {CONNECTION: 1, TOPIC: 0, BROKER: 0, PUBLISH_RATE: 0}
 
 
 def test_a_full_topic_blocks_every_connection_that_sends_to_it_and_releases_them_together():

@@ -1,0 +1,137 @@
+"""How long a broker's /metrics takes, and how big it is, with many topics loaded
+(issue 35: 10,000 topics on one broker answer in <= 1 s, and the size is bounded by
+the configured limit).
+
+    python bench/metrics_bench.py [--topics 10000] [--limits 1000,20000] [--out FILE]
+
+For each limit in ``--limits`` a broker is started with ``--metrics-topics-max LIMIT``
+on a fresh cluster (etcd, 2 bookies), ``--topics`` topics are created and loaded
+through the admin API by creating a subscription on each (so each has a subscription
+series too; nothing is published: that would measure the publish path, not this), then
+/metrics is scraped ``--scrapes`` times, a second apart. Written: per limit, the scrape time
+(median and max, seconds), the body size (bytes), the samples (lines that are not
+comments), the pulsar_* samples, the topics folded into namespace series, and the
+broker's own time writing the per-topic series.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+
+import aiohttp
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.harness import bench_cluster  # noqa: E402
+
+
+async def _create_topics(admin: str, count: int, concurrency: int) -> float:
+    started = time.monotonic()
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for index in range(count):
+        queue.put_nowait(index)
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        while True:
+            try:
+                index = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            topic = f"{admin}/admin/v2/persistent/public/default/metrics-bench-{index:06d}"
+            for attempt in range(5):
+                async with session.put(f"{topic}/subscription/s") as response:
+                    if response.status in (204, 409):
+                        break
+                    if attempt == 4:
+                        raise RuntimeError(f"creating {topic}: {response.status} {await response.text()}")
+                await asyncio.sleep(0.5)
+
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+    return time.monotonic() - started
+
+
+async def _scrape(url: str) -> tuple[float, bytes]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        started = time.monotonic()
+        async with session.get(f"{url}/metrics") as response:
+            body = await response.read()
+        return time.monotonic() - started, body
+
+
+def _value(body: bytes, name: str) -> float | None:
+    for line in body.decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
+async def run_case(args: argparse.Namespace, limit: int) -> dict:
+    async with bench_cluster("metrics-bench", directory=args.data_dir, keep_data=False) as cluster:
+        await cluster.start_bookies(2)
+        (broker,) = await cluster.start_brokers(1, extra_args=["--metrics-topics-max", str(limit),
+                                                               "--metrics-subscriptions-max", str(limit)])
+        created_s = await _create_topics(broker.web_service_url, args.topics, args.concurrency)
+        await _scrape(broker.web_service_url)   # the first scrape starts the rate meters
+        times, sizes = [], []
+        body = b""
+        for _ in range(args.scrapes):
+            await asyncio.sleep(1.0)
+            seconds, body = await _scrape(broker.web_service_url)
+            times.append(seconds)
+            sizes.append(len(body))
+        lines = [line for line in body.decode().splitlines() if line and not line.startswith("#")]
+        loaded = _value(body, "magnetar_broker_topics")
+        result = {
+            "topics_max": limit,
+            "topics_loaded": loaded,
+            "topics_created_s": round(created_s, 1),
+            "scrape_s_median": round(statistics.median(times), 3),
+            "scrape_s_max": round(max(times), 3),
+            "body_bytes": sizes[-1],
+            "samples": len(lines),
+            "pulsar_samples": sum(1 for line in lines if line.startswith("pulsar_")),
+            "topics_folded": _value(body, "magnetar_broker_metrics_topics_folded"),
+            # The broker's own time writing the per-topic series (the rest of a scrape's
+            # time is the registry's other series, HTTP, and waiting for the event loop).
+            "topic_series_s": _value(body, "magnetar_broker_metrics_topics_seconds"),
+        }
+        print(json.dumps(result), flush=True)
+        return result
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    results = [await run_case(args, int(limit)) for limit in args.limits.split(",")]
+    document = {"bench": "metrics_bench", "topics": args.topics, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                                      time.gmtime()),
+                "cases": results}
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as handle:
+        json.dump(document, handle, indent=2)
+        handle.write("\n")
+    slow = [r for r in results if r["scrape_s_max"] > 1.0]
+    print(f"written {args.out}; scrapes over 1 s: {len(slow)}")
+    return 1 if slow else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--topics", type=int, default=10_000)
+    parser.add_argument("--limits", default="1000,20000",
+                        help="comma-separated --metrics-topics-max values, one broker run each")
+    parser.add_argument("--scrapes", type=int, default=5)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--out", default="bench/results/metrics_bench.json")
+    return asyncio.run(main_async(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,270 @@
+// Magnetar's operator console: a client of the broker's admin REST (/admin/v2/...), the
+// same API the CLI uses, with no endpoint of its own. Each page answers one question:
+//   #/                 which topics and subscriptions are falling behind (backlog, rates)
+//   #/topic/<path>     one topic: rates and backlog over time, its subscriptions, who holds
+//                      their unacknowledged messages; peek, skip, reset a cursor
+//   #/cluster          brokers and bundle ownership, bookies' disks and read-only state,
+//                      under-replicated ledgers
+// The token (when the cluster asks for one) stays in this tab's sessionStorage and goes
+// in the Authorization header of each request: what the role may not see, the broker
+// refuses (403) and the page says so. Numbers carry their unit; pages say how old they are.
+"use strict";
+
+const REFRESH_MS = 2000;             // how often the open page reloads what it shows
+const HISTORY_SAMPLES_MAX = 150;     // points kept per sparkline (5 minutes at 2 s)
+const OVERVIEW_TOPICS_MAX = 200;     // topics whose stats the overview fetches
+
+let timer = null;
+let history = {};                    // topic -> [{t, backlog, rateIn, rateOut}]
+let updatedAt = null;
+let peeked = {path: "", text: ""};   // the last peek, shown until another page is opened
+
+function h(tag, attributes, ...children) {
+  const element = document.createElement(tag);
+  for (const [name, value] of Object.entries(attributes || {})) {
+    if (name === "onclick") element.addEventListener("click", value);
+    else if (value !== undefined && value !== null) element.setAttribute(name, value);
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined) continue;
+    element.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return element;
+}
+
+async function api(path, options = {}) {
+  const headers = {"Content-Type": "application/json"};
+  const token = sessionStorage.getItem("magnetar.token");
+  if (token) headers["Authorization"] = "Bearer " + token;
+  const response = await fetch(path, {method: options.method || "GET", headers,
+                                      body: options.body === undefined ? undefined : JSON.stringify(options.body)});
+  if (!response.ok) {
+    let reason = response.statusText;
+    try { reason = (await response.json()).reason || reason; } catch (e) { /* not JSON */ }
+    throw new Error(`${response.status} ${reason} (${options.method || "GET"} ${path})`);
+  }
+  if (options.raw) return response;
+  const text = await response.text();
+  return text ? JSON.parse(text) : null;
+}
+
+function rate(value, unit) { return `${Number(value || 0).toFixed(1)} ${unit}/s`; }
+function bytes(value) {
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let amount = Number(value || 0), index = 0;
+  while (amount >= 1024 && index < units.length - 1) { amount /= 1024; index += 1; }
+  return `${amount.toFixed(index ? 1 : 0)} ${units[index]}`;
+}
+function restPath(topic) { return topic.replace("://", "/"); }
+function topicLink(topic) { return h("a", {href: "#/topic/" + restPath(topic)}, topic); }
+function backlogOf(stats) {
+  return Object.values(stats.subscriptions || {}).reduce((sum, s) => sum + (s.msgBacklog || 0), 0);
+}
+
+function setStatus(text, isError, isMessage) {
+  const footer = document.getElementById("status");
+  footer.textContent = text;
+  footer.className = isError ? "error" : "";
+  footer.dataset.kind = isError || isMessage ? "message" : "age";
+}
+function showUpdated() {
+  // An error or an action's outcome stays until the next successful refresh.
+  const footer = document.getElementById("status");
+  if (updatedAt !== null && footer.dataset.kind !== "message") {
+    setStatus(`updated ${Math.round((Date.now() - updatedAt) / 1000)} s ago`);
+  }
+}
+
+function sparkline(points, field, label) {
+  const width = 300, height = 40;
+  const values = points.map(p => p[field]);
+  const top = Math.max(1, ...values);
+  const coordinates = values.map((v, i) =>
+    `${(i / Math.max(1, HISTORY_SAMPLES_MAX - 1)) * width},${height - (v / top) * (height - 2) - 1}`).join(" ");
+  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+  svg.setAttribute("class", "spark");
+  svg.setAttribute("width", width);
+  svg.setAttribute("height", height);
+  const line = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
+  line.setAttribute("points", coordinates);
+  svg.append(line);
+  return h("div", {}, h("span", {"class": "muted"}, `${label} (max ${top.toFixed(1)}) `), svg);
+}
+
+// --- pages ---------------------------------------------------------------------------------------
+
+async function overview(main) {
+  const rows = [];
+  const namespaces = [];
+  const tenants = await api("/admin/v2/tenants");
+  let fetched = 0;
+  for (const tenant of tenants) {
+    for (const namespace of await api(`/admin/v2/namespaces/${tenant}`)) {
+      const topics = await api(`/admin/v2/namespaces/${namespace}/topics`);
+      namespaces.push(h("li", {"data-namespace": namespace}, `${namespace}: ${topics.length} topics`));
+      for (const topic of topics) {
+        if (fetched >= OVERVIEW_TOPICS_MAX) break;
+        fetched += 1;
+        let stats = null;
+        try { stats = await api(`/admin/v2/${restPath(topic)}/stats`); } catch (e) { stats = {error: e.message}; }
+        rows.push({topic, namespace, stats});
+      }
+    }
+  }
+  rows.sort((a, b) => (b.stats.error ? -1 : backlogOf(b.stats)) - (a.stats.error ? -1 : backlogOf(a.stats)));
+  const table = h("table", {id: "topics"},
+    h("tr", {}, h("th", {}, "topic"), h("th", {"class": "number"}, "backlog (entries)"),
+      h("th", {"class": "number"}, "in"), h("th", {"class": "number"}, "out"),
+      h("th", {"class": "number"}, "storage"), h("th", {"class": "number"}, "producers"),
+      h("th", {"class": "number"}, "subscriptions")),
+    rows.map(({topic, stats}) => stats.error
+      ? h("tr", {"data-topic": topic}, h("td", {}, topicLink(topic)), h("td", {"class": "error", colspan: 6}, stats.error))
+      : h("tr", {"data-topic": topic},
+          h("td", {}, topicLink(topic)),
+          h("td", {"class": "number" + (backlogOf(stats) > 0 ? " behind" : ""), "data-field": "backlog"},
+            backlogOf(stats)),
+          h("td", {"class": "number"}, rate(stats.msgRateIn, "msg")),
+          h("td", {"class": "number"}, rate(stats.msgRateOut, "msg")),
+          h("td", {"class": "number"}, bytes(stats.storageSize)),
+          h("td", {"class": "number"}, (stats.publishers || []).length),
+          h("td", {"class": "number"}, Object.keys(stats.subscriptions || {}).length))));
+  main.replaceChildren(
+    h("h2", {}, `Tenants and namespaces (${tenants.length} tenants)`), h("ul", {id: "namespaces"}, namespaces),
+    h("h2", {}, `Topics, most behind first (${rows.length}${fetched >= OVERVIEW_TOPICS_MAX ? ", the first " +
+      OVERVIEW_TOPICS_MAX : ""})`), table);
+}
+
+async function topicPage(main, path) {
+  const topic = path.replace(/^persistent\//, "persistent://");
+  const stats = await api(`/admin/v2/${path}/stats`);
+  const points = history[topic] = (history[topic] || []).concat(
+    [{t: Date.now(), backlog: backlogOf(stats), rateIn: stats.msgRateIn || 0, rateOut: stats.msgRateOut || 0}])
+    .slice(-HISTORY_SAMPLES_MAX);
+  const subscriptions = Object.entries(stats.subscriptions || {});
+  const subscriptionRows = subscriptions.map(([name, sub]) => {
+    const consumers = [...(sub.consumers || [])].sort((a, b) => (b.unackedMessages || 0) - (a.unackedMessages || 0));
+    return h("tr", {"data-subscription": name},
+      h("td", {}, name), h("td", {}, sub.type || ""),
+      h("td", {"class": "number" + (sub.msgBacklog > 0 ? " behind" : ""), "data-field": "backlog"}, sub.msgBacklog),
+      h("td", {"class": "number"}, rate(sub.msgRateOut, "msg")),
+      h("td", {"class": "number", "data-field": "unacked"}, sub.unackedMessages || 0),
+      h("td", {}, consumers.length
+        ? consumers.map(c => h("div", {}, `${c.consumerName || "?"}: ${c.unackedMessages || 0} unacked, ` +
+                                          `${c.availablePermits} permits, ${c.address || ""}`))
+        : h("span", {"class": "behind"}, "no consumer")),
+      h("td", {},
+        h("button", {"data-action": "peek", onclick: () => peek(path, name)}, "Peek"), " ",
+        h("button", {"data-action": "skip-all", onclick: () => act(`/admin/v2/${path}/subscription/${encodeURIComponent(name)}/skip_all`,
+                                                                   `skipped the backlog of ${name}`)}, "Skip all"), " ",
+        h("input", {"data-field": "reset-minutes", type: "number", min: "0", value: "60", size: "4",
+                    title: "minutes back"}),
+        h("button", {"data-action": "reset", onclick: (event) => {
+          const minutes = Number(event.target.previousSibling.value || 0);
+          const timestamp = Date.now() - minutes * 60 * 1000;
+          act(`/admin/v2/${path}/subscription/${encodeURIComponent(name)}/resetcursor/${timestamp}`,
+              `reset ${name} to ${minutes} min ago`);
+        }}, "min ago: reset cursor")));
+  });
+  main.replaceChildren(
+    h("h2", {}, topic),
+    h("p", {}, `in ${rate(stats.msgRateIn, "msg")} (${bytes(stats.msgThroughputIn)}/s), out ${rate(stats.msgRateOut, "msg")}, ` +
+      `storage ${bytes(stats.storageSize)}, ${(stats.publishers || []).length} producers`),
+    sparkline(points, "backlog", "backlog (entries)"), sparkline(points, "rateIn", "in (msg/s)"),
+    sparkline(points, "rateOut", "out (msg/s)"),
+    h("h2", {}, "Subscriptions"),
+    h("table", {id: "subscriptions"},
+      h("tr", {}, h("th", {}, "subscription"), h("th", {}, "type"), h("th", {"class": "number"}, "backlog (entries)"),
+        h("th", {"class": "number"}, "out"), h("th", {"class": "number"}, "unacked (msg)"),
+        h("th", {}, "consumers (most unacked first)"), h("th", {}, "")),
+      subscriptionRows),
+    h("pre", {"class": "peek", id: "peek"}, peeked.path === path ? peeked.text : ""));
+}
+
+async function peek(path, subscription) {
+  try {
+    const response = await api(`/admin/v2/${path}/subscription/${encodeURIComponent(subscription)}/position/1`, {raw: true});
+    const text = await response.text();
+    peeked = {path, text: `next unacknowledged message of ${subscription} (message id ` +
+      `${response.headers.get("X-Pulsar-Message-ID") || "?"}):\n${text.slice(0, 4096)}`};
+    document.getElementById("peek").textContent = peeked.text;
+  } catch (error) { setStatus(error.message, true); }
+}
+
+async function act(path, done) {
+  try {
+    await api(path, {method: "POST"});
+    await render();
+    setStatus(done, false, true);
+  } catch (error) { setStatus(error.message, true); }
+}
+
+async function cluster(main) {
+  const sections = [];
+  for (const name of await api("/admin/v2/clusters")) {
+    const brokers = await api(`/admin/v2/brokers/${name}`);
+    let leader = null;
+    try { leader = await api("/admin/v2/brokers/leaderBroker"); } catch (e) { /* no bundles layer */ }
+    sections.push(h("h2", {}, `Cluster ${name}`),
+      h("p", {}, `brokers (admin addresses): ${brokers.join(", ")}` +
+        (leader ? `; leader ${leader.brokerId || leader.serviceUrl}` : "")));
+  }
+  const owners = [];
+  for (const tenant of await api("/admin/v2/tenants")) {
+    for (const namespace of await api(`/admin/v2/namespaces/${tenant}`)) {
+      let bundles = {};
+      try { bundles = await api(`/admin/v2/namespaces/${namespace}/bundleOwners`); } catch (e) { continue; }
+      for (const [bundle, owner] of Object.entries(bundles)) {
+        owners.push(h("tr", {}, h("td", {}, namespace), h("td", {}, bundle), h("td", {}, owner.broker || ""),
+                            h("td", {}, owner.state || "")));
+      }
+    }
+  }
+  const bookies = (await api("/admin/v2/bookies/all")).bookies;
+  const underReplicated = await api("/admin/v2/bookies/underReplicatedLedgers");
+  main.replaceChildren(...sections,
+    h("h2", {}, "Bundle ownership"),
+    h("table", {id: "bundles"}, h("tr", {}, h("th", {}, "namespace"), h("th", {}, "bundle"), h("th", {}, "broker"),
+                                  h("th", {}, "state")), owners),
+    h("h2", {}, "Bookies"),
+    h("table", {id: "bookies"},
+      h("tr", {}, h("th", {}, "bookie"), h("th", {}, "state"), h("th", {}, "disk used"), h("th", {"class": "number"}, "free")),
+      bookies.map(b => h("tr", {"data-bookie": b.bookieId},
+        h("td", {}, b.bookieId), h("td", {"class": b.readOnly ? "behind" : ""}, b.readOnly ? "read-only" : "writable"),
+        h("td", {}, h("span", {"class": "bar"}, h("span", {"class": b.diskUsageRatio > 0.85 ? "full" : "",
+                                                       style: `width: ${Math.round(b.diskUsageRatio * 100)}%`})),
+          ` ${(b.diskUsageRatio * 100).toFixed(1)} %`),
+        h("td", {"class": "number"}, bytes(b.freeBytes))))),
+    h("h2", {}, "Under-replicated ledgers"),
+    h("p", {id: "under-replicated", "class": underReplicated.count ? "behind" : ""},
+      `${underReplicated.count} ledgers` + (underReplicated.count ? `: ${underReplicated.ledgers.slice(0, 20).join(", ")}` : "")));
+}
+
+// --- routing -------------------------------------------------------------------------------------
+
+async function render() {
+  clearTimeout(timer);
+  const main = document.getElementById("main");
+  const route = location.hash.replace(/^#/, "") || "/";
+  try {
+    if (route.startsWith("/topic/")) await topicPage(main, route.slice("/topic/".length));
+    else if (route === "/cluster") await cluster(main);
+    else await overview(main);
+    updatedAt = Date.now();
+    const footer = document.getElementById("status");
+    if (footer.className === "error") footer.dataset.kind = "age";   // recovered: the age again
+    showUpdated();
+  } catch (error) {
+    setStatus(error.message, true);
+  }
+  timer = setTimeout(render, REFRESH_MS);
+}
+
+document.getElementById("token").value = sessionStorage.getItem("magnetar.token") || "";
+document.getElementById("token-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  sessionStorage.setItem("magnetar.token", document.getElementById("token").value.trim());
+  render();
+});
+window.addEventListener("hashchange", () => { peeked = {path: "", text: ""}; setStatus(""); render(); });
+setInterval(showUpdated, 1000);
+render();

@@ -1,0 +1,171 @@
+"""The operator console (broker/console/, served at /console/) in a real headless browser
+(Debian's chromium driven through its chromedriver by Selenium; nothing downloaded),
+against a real broker: the overview lists a topic the official client produced to with
+its backlog; the topic page shows the subscription's backlog and who holds unacked
+messages; "Skip all" and "Reset to min ago" clicked on the page move the cursor (the
+admin REST confirms); "Peek" shows the next message; the cluster page lists the
+bookies and the under-replicated count. With authentication on, the page shows the
+broker's refusal until a token is given, then the data.
+
+MAGNETAR_CONSOLE_SCREENSHOTS=<dir> saves the pages as PNGs there (docs/ has them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+
+import pytest
+
+from tests.cluster import http_json, unique
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+WAIT_S = 20.0
+
+
+@pytest.fixture
+def browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    assert shutil.which("chromium") and os.path.exists(CHROMEDRIVER), \
+        "chromium and chromedriver are missing: run `make setup` (Debian's chromium and chromium-driver)"
+    os.environ["SE_OFFLINE"] = "true"   # Selenium Manager must not fetch drivers or browsers
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                     "--window-size=1400,1000", "--no-first-run", "--disable-extensions"):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _wait_for(driver, predicate, what: str):
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        try:
+            value = predicate(driver)
+        except Exception:   # an element replaced by a refresh between find and read
+            value = None
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"the page did not show {what} within {WAIT_S:g} s; " \
+                                            f"status: {driver.find_element('id', 'status').text!r}"
+        time.sleep(0.2)
+
+
+def _text_of(driver, selector: str) -> str:
+    return driver.find_element("css selector", selector).text
+
+
+def _screenshot(driver, name: str) -> None:
+    directory = os.environ.get("MAGNETAR_CONSOLE_SCREENSHOTS")
+    if directory:
+        driver.save_screenshot(os.path.join(directory, f"console-{name}.png"))
+
+
+def _backlog(admin: str, path: str, subscription: str) -> int:
+    return http_json("GET", f"{admin}/admin/v2/{path}/stats")["subscriptions"][subscription]["msgBacklog"]
+
+
+async def test_console_shows_backlog_and_moves_a_cursor(cluster, browser):
+    """The pages show the produced topic's backlog and who holds unacked messages; skip
+    all, reset cursor and peek work from the page; the cluster page lists bookies."""
+    import pulsar
+
+    await cluster.start_bookies(2)
+    (broker,) = await cluster.start_brokers(1)
+    admin = broker.web_service_url
+    name = unique("console")
+    topic, path = f"persistent://public/default/{name}", f"persistent/public/default/{name}"
+    client = pulsar.Client(broker.service_url, operation_timeout_seconds=30)
+    try:
+        client.subscribe(topic, "sub").close()
+        holder = client.subscribe(topic, "work", consumer_type=pulsar.ConsumerType.Shared,
+                                  consumer_name="holder")
+        producer = client.create_producer(topic, batching_enabled=False)
+        for index in range(30):
+            producer.send(f"m-{index}".encode())
+        for _ in range(4):
+            holder.receive(timeout_millis=10_000)   # held unacknowledged
+        time.sleep(0.5)   # the client's prefetch settles
+
+        browser.get(f"{admin}/console/")
+        row = f'tr[data-topic="{topic}"]'
+        _wait_for(browser, lambda d: _text_of(d, f'{row} td[data-field="backlog"]') == str(30 + 30),
+                  "the topic with its backlog of 60 (two subscriptions of 30)")
+        assert "public/default:" in _text_of(browser, 'li[data-namespace="public/default"]')
+        _screenshot(browser, "topics")
+        browser.find_element("css selector", f"{row} a").click()
+        sub_row = 'tr[data-subscription="sub"]'
+        _wait_for(browser, lambda d: _text_of(d, f'{sub_row} td[data-field="backlog"]') == "30",
+                  "the subscription's backlog of 30")
+        # What the broker dispatched to the holder and was not acknowledged (the 4 it
+        # received and what its client prefetched), as the admin REST counts it.
+        unacked = http_json("GET", f"{admin}/admin/v2/{path}/stats")["subscriptions"]["work"]["unackedMessages"]
+        assert unacked >= 4
+        _wait_for(browser, lambda d: f"holder: {unacked} unacked" in _text_of(d, 'tr[data-subscription="work"]'),
+                  f"the consumer holding {unacked} unacked messages")
+        _screenshot(browser, "topic")
+
+        browser.find_element("css selector", f'{sub_row} button[data-action="skip-all"]').click()
+        _wait_for(browser, lambda d: _backlog(admin, path, "sub") == 0, "the skip to take effect (admin REST)")
+        _wait_for(browser, lambda d: _text_of(d, f'{sub_row} td[data-field="backlog"]') == "0", "backlog 0")
+
+        minutes = browser.find_element("css selector", f'{sub_row} input[data-field="reset-minutes"]')
+        minutes.clear()
+        minutes.send_keys("60")
+        browser.find_element("css selector", f'{sub_row} button[data-action="reset"]').click()
+        _wait_for(browser, lambda d: _backlog(admin, path, "sub") == 30, "the reset to take effect (admin REST)")
+        _wait_for(browser, lambda d: _text_of(d, f'{sub_row} td[data-field="backlog"]') == "30", "backlog 30")
+
+        browser.find_element("css selector", f'{sub_row} button[data-action="peek"]').click()
+        _wait_for(browser, lambda d: "m-0" in _text_of(d, "#peek"), "the peeked first message")
+
+        browser.get(f"{admin}/console/#/cluster")
+        _wait_for(browser, lambda d: len(d.find_elements("css selector", "tr[data-bookie]")) == 2, "two bookies")
+        assert _text_of(browser, "#under-replicated").startswith("0 ledgers")
+        _screenshot(browser, "cluster")
+        producer.close()
+        holder.close()
+    finally:
+        client.close()
+
+
+async def test_console_needs_the_token_the_admin_api_needs(cluster, browser, tmp_path):
+    """Authentication and authorization on (bookies open, the broker checking tokens):
+    without a token the page shows the broker's 401; with a token of a role that is no
+    superuser, the tenants list is refused (403) and shown as such; with a superuser's,
+    the topics appear."""
+    from runtime.tokens import TokenSigner, create_secret_key
+
+    key = create_secret_key()
+    key_path = tmp_path / "secret.key"
+    key_path.write_bytes(key)
+    signer = TokenSigner.with_secret_key(key)
+    await cluster.start_bookies(2)
+    (broker,) = await cluster.start_brokers(1, extra_args=[
+        "--authentication-enabled", "--authorization-enabled", "--superuser-roles", "ops-admin",
+        "--token-secret-key", f"file://{key_path}"])
+    browser.get(f"{broker.web_service_url}/console/")
+    _wait_for(browser, lambda d: "401" in _text_of(d, "#status"), "the broker's 401 without a token")
+
+    def use_token(token: str) -> None:
+        field = browser.find_element("id", "token")
+        field.clear()
+        field.send_keys(token)
+        browser.find_element("css selector", "#token-form button").click()
+
+    use_token(signer.create("someone"))
+    _wait_for(browser, lambda d: "403" in _text_of(d, "#status"), "the broker's 403 for a role that is no superuser")
+    assert not browser.find_elements("css selector", "tr[data-topic]")
+    use_token(signer.create("ops-admin"))
+    _wait_for(browser, lambda d: d.find_elements("css selector", "table#topics") and
+              "updated" in _text_of(d, "#status"), "the topics table for the superuser")
