@@ -1,0 +1,225 @@
+"""Validation, Jepsen-style: reads only what was recorded — the clients' histories
+(tests/hosts/workload.py), the nemesis's fault log and the brokers' own log lines of
+when they served which bundle — and says what went wrong. Pure functions over those
+records, no servers asked.
+
+Checks:
+- every acknowledged send (a receipt) reaches every subscription (lost = receipts that
+  a subscription never delivered); duplicates are counted (at-least-once delivery
+  allows them in every mode after a consumer or broker moves; they are reported, and
+  a redelivery of the same message id is told apart from a second copy stored);
+- receipts of one producer name strictly increasing message ids in send order;
+- per producer, messages first delivered in send order where the mode promises it
+  (failover: the whole producer's stream; key-shared: per key; shared: no promise);
+- never two writers: per bundle, no two brokers' serving intervals overlap
+  ("bundle serving started/stopped" lines with wall-clock times);
+- figures per fault: the longest gap between receipts (publish stall) and between
+  deliveries (consumers' stall) that overlaps the fault's window.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+ORDERED_MODES = {"failover": "producer", "key_shared": "key"}
+_SERVING = re.compile(r"bundle serving (started|stopped): bundle=(\S+) broker_id=(\S+)(?: reason=.*?)? wall_time=([0-9.]+)")
+
+
+def read_history(path: str) -> list[dict]:
+    events = []
+    with open(path) as handle:
+        for line in handle:
+            line = line.strip()
+            if line:
+                events.append(json.loads(line))
+    return events
+
+
+@dataclass
+class Verdict:
+    acknowledged: int = 0
+    failed_sends: int = 0
+    lost: dict[str, list[str]] = field(default_factory=dict)          # subscription -> payload ids
+    duplicates: dict[str, int] = field(default_factory=dict)          # subscription -> count
+    stored_twice: dict[str, int] = field(default_factory=dict)        # subscription -> count
+    order_violations: list[str] = field(default_factory=list)
+    receipt_order_violations: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    two_writers: list[str] = field(default_factory=list)
+
+    @property
+    def lost_count(self) -> int:
+        return sum(len(items) for items in self.lost.values())
+
+    @property
+    def ok(self) -> bool:
+        return not (self.lost_count or self.order_violations or self.receipt_order_violations or self.unexpected
+                    or self.two_writers)
+
+    def summary(self) -> dict:
+        return {"acknowledged": self.acknowledged, "failed_sends": self.failed_sends, "lost": self.lost_count,
+                "lost_examples": {sub: items[:5] for sub, items in self.lost.items() if items},
+                "duplicates": self.duplicates, "stored_twice": self.stored_twice,
+                "order_violations": len(self.order_violations), "order_examples": self.order_violations[:5],
+                "receipt_order_violations": len(self.receipt_order_violations),
+                "unexpected": len(self.unexpected), "two_writers": self.two_writers[:10]}
+
+
+def check_histories(produced: list[dict], consumed: list[dict]) -> Verdict:
+    verdict = Verdict()
+    acked: dict[tuple[str, int], dict] = {}
+    invoked: set[tuple[str, int]] = set()
+    for event in produced:
+        if event.get("f") != "send":
+            continue
+        ident = (event["producer"], event["seq"])
+        if event["type"] == "invoke":
+            invoked.add(ident)
+        elif event["type"] == "ok":
+            acked[ident] = event
+        elif event["type"] == "fail":
+            verdict.failed_sends += 1
+    verdict.acknowledged = len(acked)
+    # Receipts: a producer's acknowledged message ids increase with its sequence.
+    by_producer: dict[str, list[dict]] = defaultdict(list)
+    for ident, event in acked.items():
+        by_producer[ident[0]].append(event)
+    for producer, events in by_producer.items():
+        events.sort(key=lambda e: e["seq"])
+        for before, after in zip(events, events[1:]):
+            if (after["ledger"], after["entry"]) <= (before["ledger"], before["entry"]):
+                verdict.receipt_order_violations.append(
+                    f"{producer}: seq {after['seq']} at {after['ledger']}:{after['entry']} not after seq "
+                    f"{before['seq']} at {before['ledger']}:{before['entry']}")
+    # Deliveries per subscription.
+    receives: dict[str, list[dict]] = defaultdict(list)
+    for event in consumed:
+        if event["type"] == "receive":
+            receives[event["subscription"]].append(event)
+    subscriptions = sorted({e["subscription"] for e in consumed if e["type"] == "receive"})
+    topic_of_producer = {producer: producer.removeprefix("p") for producer in by_producer}
+    all_subscriptions = sorted(set(subscriptions))
+    for subscription in all_subscriptions:
+        events = sorted(receives[subscription], key=lambda e: e["t"])
+        topic = subscription.rsplit("-t", 1)[1]
+        first: dict[tuple[str, int], dict] = {}
+        duplicates = stored_twice = 0
+        for event in events:
+            ident = (event["producer"], event["seq"])
+            if ident not in invoked:
+                verdict.unexpected.append(f"{subscription}: {ident} was never sent")
+                continue
+            if ident in first:
+                duplicates += 1
+                if (first[ident]["ledger"], first[ident]["entry"]) != (event["ledger"], event["entry"]):
+                    stored_twice += 1
+                continue
+            first[ident] = event
+        verdict.duplicates[subscription] = duplicates
+        verdict.stored_twice[subscription] = stored_twice
+        wanted = [ident for ident in acked if topic_of_producer.get(ident[0]) == topic]
+        lost = sorted(f"{p}|{s}" for p, s in wanted if (p, s) not in first)
+        verdict.lost[subscription] = lost
+        mode = events[0]["mode"] if events else ""
+        scope = ORDERED_MODES.get(mode)
+        if scope is None:
+            continue
+        # First deliveries of acknowledged messages, in delivery order, per scope.
+        last_seq: dict[tuple, int] = {}
+        for event in sorted(first.values(), key=lambda e: e["t"]):
+            ident = (event["producer"], event["seq"])
+            if ident not in acked:
+                continue
+            group = (event["producer"],) if scope == "producer" else (event["producer"], event["key"])
+            if group in last_seq and event["seq"] < last_seq[group]:
+                verdict.order_violations.append(
+                    f"{subscription} ({mode}): {event['producer']} seq {event['seq']} after {last_seq[group]}")
+            last_seq[group] = max(event["seq"], last_seq.get(group, -1))
+    return verdict
+
+
+def serving_intervals(broker_logs: dict[str, str]) -> dict[str, list[tuple[float, float, str]]]:
+    """bundle -> [(start, end, broker)]; an interval still open ends at +inf."""
+    intervals: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
+    for broker, text in broker_logs.items():
+        open_since: dict[str, float] = {}
+        for match in _SERVING.finditer(text):
+            what, bundle, broker_id, wall_time = match.group(1), match.group(2), match.group(3), float(match.group(4))
+            if what == "started":
+                open_since.setdefault(bundle, wall_time)
+            elif bundle in open_since:
+                intervals[bundle].append((open_since.pop(bundle), wall_time, broker_id))
+        for bundle, start in open_since.items():
+            intervals[bundle].append((start, float("inf"), broker))
+    return intervals
+
+
+def check_single_writer(broker_logs: dict[str, str]) -> list[str]:
+    """Overlaps of two brokers' serving intervals of one bundle."""
+    overlaps = []
+    for bundle, spans in serving_intervals(broker_logs).items():
+        spans.sort()
+        for index, (start, end, broker) in enumerate(spans):
+            for other_start, other_end, other in spans[index + 1:]:
+                if other_start >= end:
+                    break
+                if other != broker:
+                    overlaps.append(f"{bundle}: {broker} [{start:.3f}, {end:.3f}] and {other} "
+                                    f"[{other_start:.3f}, {other_end:.3f}]")
+    return overlaps
+
+
+def longest_gap(times: list[float], window_start: float, window_end: float) -> float:
+    """The longest interval between consecutive ``times`` (sorted) that overlaps
+    [window_start, window_end]; the window's edges count as events when nothing falls
+    before or after it."""
+    longest = 0.0
+    previous = None
+    for t in times:
+        if previous is not None and t >= window_start and previous <= window_end:
+            longest = max(longest, t - previous)
+        previous = t
+    return longest
+
+
+def fault_figures(faults: list[dict], produced: list[dict], consumed: list[dict],
+                  settle_s: float = 2.0) -> list[dict]:
+    """Per fault: the longest publish stall (receipts of any one producer) and the
+    longest delivery stall (any one subscription) overlapping its window."""
+    acks: dict[str, list[float]] = defaultdict(list)
+    for event in produced:
+        if event.get("type") == "ok":
+            acks[event["producer"]].append(event["t"])
+    deliveries: dict[str, list[float]] = defaultdict(list)
+    for event in consumed:
+        if event.get("type") == "receive":
+            deliveries[event["subscription"]].append(event["t"])
+    for times in list(acks.values()) + list(deliveries.values()):
+        times.sort()
+    figures = []
+    for fault in faults:
+        start, end = fault["start"], fault["end"] + settle_s
+        figures.append({
+            "kind": fault["kind"], "target": fault.get("target", ""), "start": start,
+            "duration_s": round(fault["end"] - fault["start"], 3),
+            "publish_stall_s": round(max((longest_gap(t, start, end) for t in acks.values()), default=0.0), 3),
+            "consume_stall_s": round(max((longest_gap(t, start, end) for t in deliveries.values()), default=0.0), 3),
+        })
+    return figures
+
+
+def per_kind(figures: list[dict]) -> dict[str, dict]:
+    kinds: dict[str, dict] = {}
+    for figure in figures:
+        entry = kinds.setdefault(figure["kind"], {"count": 0, "publish_stall_s_max": 0.0, "consume_stall_s_max": 0.0,
+                                                  "publish_stall_s_sum": 0.0})
+        entry["count"] += 1
+        entry["publish_stall_s_max"] = max(entry["publish_stall_s_max"], figure["publish_stall_s"])
+        entry["consume_stall_s_max"] = max(entry["consume_stall_s_max"], figure["consume_stall_s"])
+        entry["publish_stall_s_sum"] += figure["publish_stall_s"]
+    for entry in kinds.values():
+        entry["publish_stall_s_mean"] = round(entry.pop("publish_stall_s_sum") / entry["count"], 3)
+    return kinds
