@@ -141,26 +141,41 @@ def check_histories(produced: list[dict], consumed: list[dict]) -> Verdict:
     return verdict
 
 
-def serving_intervals(broker_logs: dict[str, str]) -> dict[str, list[tuple[float, float, str]]]:
-    """bundle -> [(start, end, broker)]; an interval still open ends at +inf."""
+_LISTENING = re.compile(r"broker listening: ")
+
+
+def serving_intervals(broker_logs: dict[str, str], deaths: dict[str, list[float]] | None = None
+                      ) -> dict[str, list[tuple[float, float, str]]]:
+    """bundle -> [(start, end, broker)]. A broker's log holds one life per start
+    ("broker listening"); an interval still open when a life ends by kill -9 ends at
+    that kill (``deaths``: each broker's kill times, in order, from the fault log); one
+    still open at the end of the log ends at +inf."""
+    deaths = deaths or {}
     intervals: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
     for broker, text in broker_logs.items():
-        open_since: dict[str, float] = {}
-        for match in _SERVING.finditer(text):
-            what, bundle, broker_id, wall_time = match.group(1), match.group(2), match.group(3), float(match.group(4))
-            if what == "started":
-                open_since.setdefault(bundle, wall_time)
-            elif bundle in open_since:
-                intervals[bundle].append((open_since.pop(bundle), wall_time, broker_id))
-        for bundle, start in open_since.items():
-            intervals[bundle].append((start, float("inf"), broker))
+        starts = [match.start() for match in _LISTENING.finditer(text)]
+        lives = [text[begin:end] for begin, end in zip([0] + starts[1:], starts[1:] + [len(text)])]
+        kill_times = list(deaths.get(broker, []))
+        for index, life in enumerate(lives):
+            open_since: dict[str, float] = {}
+            for match in _SERVING.finditer(life):
+                what, bundle, broker_id = match.group(1), match.group(2), match.group(3)
+                wall_time = float(match.group(4))
+                if what == "started":
+                    open_since.setdefault(bundle, wall_time)
+                elif bundle in open_since:
+                    intervals[bundle].append((open_since.pop(bundle), wall_time, broker_id))
+            last_life = index == len(lives) - 1
+            end = float("inf") if last_life or index >= len(kill_times) else kill_times[index]
+            for bundle, start in open_since.items():
+                intervals[bundle].append((start, end, broker))
     return intervals
 
 
-def check_single_writer(broker_logs: dict[str, str]) -> list[str]:
+def check_single_writer(broker_logs: dict[str, str], deaths: dict[str, list[float]] | None = None) -> list[str]:
     """Overlaps of two brokers' serving intervals of one bundle."""
     overlaps = []
-    for bundle, spans in serving_intervals(broker_logs).items():
+    for bundle, spans in serving_intervals(broker_logs, deaths).items():
         spans.sort()
         for index, (start, end, broker) in enumerate(spans):
             for other_start, other_end, other in spans[index + 1:]:
@@ -170,6 +185,15 @@ def check_single_writer(broker_logs: dict[str, str]) -> list[str]:
                     overlaps.append(f"{bundle}: {broker} [{start:.3f}, {end:.3f}] and {other} "
                                     f"[{other_start:.3f}, {other_end:.3f}]")
     return overlaps
+
+
+def broker_deaths(faults: list[dict]) -> dict[str, list[float]]:
+    """Each broker's kill -9 times, in order, from the nemesis's log."""
+    deaths: dict[str, list[float]] = defaultdict(list)
+    for fault in sorted(faults, key=lambda f: f["start"]):
+        if fault["kind"] == "kill-broker":
+            deaths[fault["target"]].append(fault["start"])
+    return deaths
 
 
 def longest_gap(times: list[float], window_start: float, window_end: float) -> float:

@@ -171,7 +171,9 @@ class Nemesis:
                 if remaining < min(hold_s_range):
                     break
                 self.inject(fault)
-                time.sleep(min(hold, max(remaining, 0.5)))
+                # The hold counts from the injection (what inject did, a probe, counts).
+                held = time.time() - self._active_start
+                time.sleep(max(0.0, min(hold, max(remaining, 0.5)) - held))
                 self.heal()
                 time.sleep(self.random.uniform(*gap_s_range))
                 index += 1

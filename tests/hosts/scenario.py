@@ -160,7 +160,7 @@ def run(topology: Topology, config: RunConfig, run_dir: str) -> RunResult:
     consumed = checker.read_history(consumed_path)
     verdict = checker.check_histories(produced, consumed)
     broker_logs = {name: topology.processes[name].log_text() for name in topology.broker_names}
-    verdict.two_writers = checker.check_single_writer(broker_logs)
+    verdict.two_writers = checker.check_single_writer(broker_logs, checker.broker_deaths(nemesis.log))
     figures = checker.fault_figures(nemesis.log, produced, consumed)
     complete = any(e.get("type") == "done" and e.get("complete") for e in consumed)
     return RunResult(verdict, figures, nemesis.log, probes, complete, run_dir)
