@@ -52,6 +52,7 @@ class RunResult:
     majority_probes: list[dict] = field(default_factory=list)
     consumers_complete: bool = False
     run_dir: str = ""
+    probe_namespace: str = ""
 
     def summary(self) -> dict:
         return {"verdict": self.verdict.summary(), "faults": len(self.faults),
@@ -163,7 +164,7 @@ def run(topology: Topology, config: RunConfig, run_dir: str) -> RunResult:
     verdict.two_writers = checker.check_single_writer(broker_logs, checker.broker_deaths(nemesis.log))
     figures = checker.fault_figures(nemesis.log, produced, consumed)
     complete = any(e.get("type") == "done" and e.get("complete") for e in consumed)
-    return RunResult(verdict, figures, nemesis.log, probes, complete, run_dir)
+    return RunResult(verdict, figures, nemesis.log, probes, complete, run_dir, f"public/probe-{token}")
 
 
 def probe_new_ownership(topology: Topology, token: str) -> dict:
