@@ -99,10 +99,16 @@ def check_histories(produced: list[dict], consumed: list[dict]) -> Verdict:
     for event in consumed:
         if event["type"] == "receive":
             receives[event["subscription"]].append(event)
-    subscriptions = sorted({e["subscription"] for e in consumed if e["type"] == "receive"})
+    # Every subscription the consumers opened (their "ready" event names them), also one
+    # that never delivered anything.
+    modes: dict[str, str] = {}
+    for event in consumed:
+        if event["type"] == "ready":
+            modes.update(event.get("subscriptions", {}))
+        elif event["type"] == "receive":
+            modes.setdefault(event["subscription"], event["mode"])
     topic_of_producer = {producer: producer.removeprefix("p") for producer in by_producer}
-    all_subscriptions = sorted(set(subscriptions))
-    for subscription in all_subscriptions:
+    for subscription in sorted(modes):
         events = sorted(receives[subscription], key=lambda e: e["t"])
         topic = subscription.rsplit("-t", 1)[1]
         first: dict[tuple[str, int], dict] = {}
@@ -123,7 +129,7 @@ def check_histories(produced: list[dict], consumed: list[dict]) -> Verdict:
         wanted = [ident for ident in acked if topic_of_producer.get(ident[0]) == topic]
         lost = sorted(f"{p}|{s}" for p, s in wanted if (p, s) not in first)
         verdict.lost[subscription] = lost
-        mode = events[0]["mode"] if events else ""
+        mode = modes[subscription]
         scope = ORDERED_MODES.get(mode)
         if scope is None:
             continue

@@ -10,7 +10,8 @@ History events (Jepsen's shape: an operation is invoked, then ok or fail):
 - ``{"type": "fail", "f": "send", … "error"}`` — indeterminate: may or may not be stored
 - ``{"type": "receive", "subscription", "mode", "consumer", "producer", "key", "seq",
   "ledger", "entry", "redelivery", "t"}``
-- ``{"type": "ready", "t"}`` once every consumer is subscribed; ``{"type": "done"}``.
+- ``{"type": "ready", "subscriptions": {name: mode}, "t"}`` once every consumer is
+  subscribed (the producers' has no subscriptions); ``{"type": "done"}``.
 
 A payload is ``producer|key|seq`` (plus padding), so a received message names the send
 it came from. Producers send at a fixed rate (``--rate`` per producer, at most
@@ -152,6 +153,7 @@ def consume(args: argparse.Namespace) -> int:
     received: dict[str, set[str]] = {}
     lock = threading.Lock()
     consumers = []
+    modes: dict[str, str] = {}
     setup_deadline = time.monotonic() + 60
 
     def listener(subscription: str, mode: str, consumer_name: str):
@@ -171,13 +173,14 @@ def consume(args: argparse.Namespace) -> int:
         for mode in MODES:
             subscription = f"{mode}-t{topic_index}"
             received[subscription] = set()
+            modes[subscription] = mode
             for copy in range(args.consumers_per_subscription):
                 consumer_name = f"{subscription}-c{copy}"
                 consumers.append(created(lambda: pulsar_client.subscribe(
                     topic, subscription, consumer_type=types[mode], consumer_name=consumer_name,
                     receiver_queue_size=100, initial_position=pulsar.InitialPosition.Earliest,
                     message_listener=listener(subscription, mode, consumer_name)), setup_deadline))
-    history.write(type="ready")
+    history.write(type="ready", subscriptions={sub: mode for sub, mode in modes.items()})
     deadline = time.monotonic() + args.deadline_s
     expected_by_topic: dict[int, set[str]] | None = None
     while time.monotonic() < deadline:
