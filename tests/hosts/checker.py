@@ -12,7 +12,8 @@ Checks:
 - per producer, messages first delivered in send order where the mode promises it
   (failover: the whole producer's stream; key-shared: per key; shared: no promise);
 - never two writers: per bundle, no two brokers' serving intervals overlap
-  ("bundle serving started/stopped" lines with wall-clock times);
+  ("bundle serving started/stopped" lines with wall-clock times), and a ledger fenced
+  and recovered by a new owner ends at or after its last acknowledged entry;
 - figures per fault: the longest gap between receipts (publish stall) and between
   deliveries (consumers' stall) that overlaps the fault's window.
 """
@@ -49,6 +50,7 @@ class Verdict:
     receipt_order_violations: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
     two_writers: list[str] = field(default_factory=list)
+    recovery_short: list[str] = field(default_factory=list)   # a recovered ledger missing an acked entry
 
     @property
     def lost_count(self) -> int:
@@ -57,7 +59,7 @@ class Verdict:
     @property
     def ok(self) -> bool:
         return not (self.lost_count or self.order_violations or self.receipt_order_violations or self.unexpected
-                    or self.two_writers)
+                    or self.two_writers or self.recovery_short)
 
     def summary(self) -> dict:
         return {"acknowledged": self.acknowledged, "failed_sends": self.failed_sends, "lost": self.lost_count,
@@ -65,7 +67,8 @@ class Verdict:
                 "duplicates": self.duplicates, "stored_twice": self.stored_twice,
                 "order_violations": len(self.order_violations), "order_examples": self.order_violations[:5],
                 "receipt_order_violations": len(self.receipt_order_violations),
-                "unexpected": len(self.unexpected), "two_writers": self.two_writers[:10]}
+                "unexpected": len(self.unexpected), "two_writers": self.two_writers[:10],
+                "recovery_short": self.recovery_short[:10]}
 
 
 def check_histories(produced: list[dict], consumed: list[dict]) -> Verdict:
@@ -200,6 +203,28 @@ def broker_deaths(faults: list[dict]) -> dict[str, list[float]]:
         if fault["kind"] == "kill-broker":
             deaths[fault["target"]].append(fault["start"])
     return deaths
+
+
+_RECOVERED = re.compile(r"ledger recovered: ledger_id=(\d+) last_entry_id=(-?\d+)")
+
+
+def check_recovered_ledgers(produced: list[dict], server_logs: dict[str, str]) -> list[str]:
+    """A ledger recovered (fenced and closed by a new owner, or by auto-recovery) ends
+    at or after the last entry acknowledged in it: recovery may keep entries whose
+    receipt never reached the client (indeterminate sends), never drop an
+    acknowledged one."""
+    acked_last: dict[int, int] = {}
+    for event in produced:
+        if event.get("type") == "ok":
+            acked_last[event["ledger"]] = max(event["entry"], acked_last.get(event["ledger"], -1))
+    problems = []
+    for server, text in server_logs.items():
+        for match in _RECOVERED.finditer(text):
+            ledger_id, last_entry_id = int(match.group(1)), int(match.group(2))
+            if ledger_id in acked_last and last_entry_id < acked_last[ledger_id]:
+                problems.append(f"{server} recovered ledger {ledger_id} to entry {last_entry_id}, but entry "
+                                f"{acked_last[ledger_id]} was acknowledged")
+    return problems
 
 
 def longest_gap(times: list[float], window_start: float, window_end: float) -> float:

@@ -162,6 +162,9 @@ def run(topology: Topology, config: RunConfig, run_dir: str) -> RunResult:
     verdict = checker.check_histories(produced, consumed)
     broker_logs = {name: topology.processes[name].log_text() for name in topology.broker_names}
     verdict.two_writers = checker.check_single_writer(broker_logs, checker.broker_deaths(nemesis.log))
+    server_logs = {name: process.log_text() for name, process in topology.processes.items()
+                   if name in topology.broker_names or name == "autorecovery"}
+    verdict.recovery_short = checker.check_recovered_ledgers(produced, server_logs)
     figures = checker.fault_figures(nemesis.log, produced, consumed)
     complete = any(e.get("type") == "done" and e.get("complete") for e in consumed)
     return RunResult(verdict, figures, nemesis.log, probes, complete, run_dir, f"public/probe-{token}")

@@ -103,6 +103,7 @@ def test_faults_of_every_kind_lose_nothing_acknowledged(topology, tmp_path):
     assert not verdict.receipt_order_violations, verdict.receipt_order_violations[:5]
     assert not verdict.unexpected, verdict.unexpected[:5]
     assert not verdict.two_writers, f"two writers (seed {SEED}): {verdict.two_writers}"
+    assert not verdict.recovery_short, verdict.recovery_short
     assert result.consumers_complete, summary
     kinds_seen = {fault["kind"] for fault in result.faults}
     assert {"isolate-broker", "kill-bookie", "etcd-minority", "etcd-majority"} <= kinds_seen, kinds_seen

@@ -4,7 +4,8 @@ What it proves: it can fail — a receipt never delivered is lost (per subscript
 failover or key-shared first delivery out of send order is a violation (shared
 promises none), a receipt whose message id goes backwards is one, a delivery of
 something never sent is one; redeliveries are counted as duplicates, told apart from a
-second stored copy; two brokers' serving intervals of one bundle that overlap are two
+second stored copy; a recovered ledger ending before an acknowledged entry is a
+violation; two brokers' serving intervals of one bundle that overlap are two
 writers, also across a broker's kill -9 and restart (the interval open at the kill
 ends there), and back-to-back hand-overs are not; a stall is the longest gap between
 receipts that overlaps the fault. How: pure functions over lists of events and log
@@ -104,3 +105,10 @@ def test_the_stall_is_the_longest_gap_overlapping_the_fault():
                                     [{"type": "ok", "producer": "p0", "t": t} for t in (0, 1, 2, 9, 10)],
                                     [{"type": "receive", "subscription": "s", "t": t} for t in (0, 8)])
     assert figures[0]["publish_stall_s"] == 7 and figures[0]["consume_stall_s"] == 8
+
+
+def test_a_recovered_ledger_shorter_than_its_receipts_is_a_violation():
+    produced = send(0, 7, 0) + send(1, 7, 1)
+    assert checker.check_recovered_ledgers(produced, {"b1": "ledger recovered: ledger_id=7 last_entry_id=1 x"}) == []
+    assert checker.check_recovered_ledgers(produced, {"b1": "ledger recovered: ledger_id=7 last_entry_id=2 x"}) == []
+    assert checker.check_recovered_ledgers(produced, {"b1": "ledger recovered: ledger_id=7 last_entry_id=0 x"})
