@@ -205,11 +205,11 @@ sim: setup
 
 # Partitions (issue 32; docs/hosts.md): each part on a host of its own (network
 # namespaces, as root), a long seeded schedule of network and process faults (about
-# 100+ in 12 minutes; 15 in all with start and drain), every acknowledged message
+# 110 in 12.5 minutes; about 14 in all with start and drain), every acknowledged message
 # checked; per fault kind the longest publish stall and consumers' stall, into
 # bench/results/partitions.json and .md. make test runs a short one (tests/hosts/).
 PARTITIONS_SEED ?= 1
-PARTITIONS_MINUTES ?= 12
+PARTITIONS_MINUTES ?= 12.5
 partitions: setup
 	$(TEST_PYTHON_ENV) $(PY) bench/partitions.py --seed $(PARTITIONS_SEED) --minutes $(PARTITIONS_MINUTES) \
 		--out bench/results/partitions.json --report bench/results/partitions.md

@@ -3,8 +3,9 @@ network namespace), real network faults between them, and nothing acknowledged l
 
 What it proves:
 - every server (3 etcd members, 4 bookies, 3 brokers, 2 gateways, auto-recovery)
-  listens on its own host's address only, never on loopback or the wildcard, and
-  what the brokers answer to lookups is an address a client host can reach;
+  listens on its own host's address only, never on loopback or the wildcard, what
+  the brokers answer to lookups is an address a client host can reach, and each
+  gateway publishes through the brokers from its own host;
 - through a seeded schedule of faults, one of each kind in turn — a broker's host
   isolated, a broker's packets to a bookie dropped one way, a bookie killed -9, a
   broker paused (SIGSTOP), a bookie cut from every broker but not from etcd, an etcd
@@ -38,7 +39,7 @@ import pytest
 
 from tests.hosts import scenario
 from tests.hosts.network import Network
-from tests.hosts.topology import BROKER_HTTP_PORT, Topology
+from tests.hosts.topology import BROKER_HTTP_PORT, GATEWAY_PORT, Topology
 
 SEED = int(os.environ.get("HOSTS_SEED", "32"))
 SHORT_KINDS = ["isolate-broker", "broker-to-bookie-one-way", "kill-bookie", "pause-broker",
@@ -87,6 +88,12 @@ def test_every_server_listens_on_its_own_host_address(topology):
     assert status == 200, (status, body)
     broker_addresses = {topology.address(name) for name in topology.broker_names}
     assert any(f"pulsar://{address}:" in body.decode() for address in broker_addresses), body
+    # Each gateway, on its own host, publishes through the brokers on theirs.
+    for name in topology.gateway_names:
+        status, body = topology.http("POST", f"http://{topology.address(name)}:{GATEWAY_PORT}/v1/topics/persistent/"
+                                             f"public/default/through-{name}/message", body={"payload": "hello"},
+                                     timeout_s=30)
+        assert status == 200, (name, status, body[:300])
 
 
 def test_faults_of_every_kind_lose_nothing_acknowledged(topology, tmp_path):
