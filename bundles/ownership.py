@@ -41,7 +41,9 @@ Theory of operation:
   anew). etcd can only hand the bundles to another broker after the full TTL, so two
   brokers never serve one bundle at once; ledger fencing backs this up regardless.
 - Every start and end of serving a bundle is logged with wall-clock times
-  ("bundle serving started/stopped"), which is what the tests check for overlaps.
+  ("bundle serving started/stopped"; the end is when its topics' closes began, that
+  is when it stopped accepting publishes, with how long the closes then took), which
+  is what the tests check for overlaps (tests/hosts/checker.py).
 """
 
 from __future__ import annotations
@@ -542,11 +544,17 @@ class OwnershipManager:
 
     async def _close_bundle_topics(self, bkey: str, topics: list[TopicName], reason: str,
                                    destination: str | None = None) -> None:
+        # The bundle stopped being served when its topics' closes began: each close
+        # tells the topic's producers first, before any await, so nothing is accepted
+        # for the bundle from here on; what was accepted before may still be
+        # acknowledged while the close waits for it (an old owner's in-flight
+        # appends, which fencing of its ledgers bounds). The line says both times.
+        began = time.time()
         try:
             await self._close_topics(topics, reason, destination)
         finally:
-            log.info("bundle serving stopped: bundle=%s broker_id=%s reason=%s wall_time=%.6f", bkey,
-                     self.identity.broker_id, reason, time.time())
+            log.info("bundle serving stopped: bundle=%s broker_id=%s reason=%s wall_time=%.6f closed_s=%.3f", bkey,
+                     self.identity.broker_id, reason, began, time.time() - began)
 
     def _topics_by_bundle(self, bundle_keys: list[str]) -> dict[str, list[TopicName]]:
         """The loaded topics of each of the given bundles, in one pass."""

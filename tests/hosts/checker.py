@@ -26,6 +26,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 ORDERED_MODES = {"failover": "producer", "key_shared": "key"}
+# "stopped" carries when the bundle's topics began closing (producers told, nothing
+# accepted after); acknowledgements of appends accepted before may come later, which
+# check_recovered_ledgers covers (the next owner's recovery keeps them).
 _SERVING = re.compile(r"bundle serving (started|stopped): bundle=(\S+) broker_id=(\S+)(?: reason=.*?)? wall_time=([0-9.]+)")
 
 
