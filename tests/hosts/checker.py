@@ -231,14 +231,14 @@ def check_recovered_ledgers(produced: list[dict], server_logs: dict[str, str]) -
 
 
 def longest_gap(times: list[float], window_start: float, window_end: float) -> float:
-    """The longest interval between consecutive ``times`` (sorted) that overlaps
-    [window_start, window_end]; the window's edges count as events when nothing falls
-    before or after it."""
+    """The longest wait, from the window's start on, between consecutive ``times``
+    (sorted) that overlaps [window_start, window_end]: a gap already under way when
+    the window opens counts from its start (what came before is an earlier fault's)."""
     longest = 0.0
     previous = None
     for t in times:
         if previous is not None and t >= window_start and previous <= window_end:
-            longest = max(longest, t - previous)
+            longest = max(longest, t - max(previous, window_start))
         previous = t
     return longest
 

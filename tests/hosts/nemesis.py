@@ -58,6 +58,9 @@ class Nemesis:
         self.log: list[dict] = []
         self.active: Fault | None = None
         self._active_start = 0.0
+        # When set: the broker a broker fault targets (say, the owner of a topic the
+        # traffic uses) instead of one chosen by the seed.
+        self.broker_target = None
 
     def _write(self, record: dict) -> None:
         with open(self.log_path, "a") as handle:
@@ -69,7 +72,8 @@ class Nemesis:
         t = self.topology
         pick = self.random.choice
         if kind in ("isolate-broker", "broker-from-etcd", "kill-broker", "pause-broker"):
-            return Fault(kind, pick(t.broker_names))
+            chosen = pick(t.broker_names)
+            return Fault(kind, (self.broker_target() or chosen) if self.broker_target is not None else chosen)
         if kind in ("isolate-bookie", "kill-bookie", "pause-bookie", "bookie-from-broker-only"):
             return Fault(kind, pick(t.bookie_names))
         if kind in ("broker-from-bookie", "broker-to-bookie-one-way"):

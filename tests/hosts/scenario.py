@@ -42,6 +42,8 @@ class RunConfig:
     long_hold_s_range: tuple[float, float] = (12.0, 16.0)
     drain_deadline_s: float = 180.0
     probe_majority: bool = True
+    # Broker faults hit the owner of the first topic (else a broker the seed picks).
+    target_owner: bool = False
 
 
 @dataclass
@@ -115,6 +117,8 @@ def run(topology: Topology, config: RunConfig, run_dir: str) -> RunResult:
                          "--expect-file", expect_path, "--deadline-s", str(total_s + config.drain_deadline_s + 120))
     producer = None
     nemesis = Nemesis(topology, config.seed, faults_path)
+    if config.target_owner:
+        nemesis.broker_target = lambda: owner_of(topology, topics[0])
     probes: list[dict] = []
     try:
         if config.probe_majority:
@@ -180,3 +184,17 @@ def probe_new_ownership(topology: Topology, token: str) -> dict:
                                         f"public/probe-{token}/{topic}", timeout_s=4)
     return {"t": started, "status": status, "answered_owner": status == 200 and b"brokerUrl" in body,
             "body": body[:200].decode(errors="replace")}
+
+
+def owner_of(topology: Topology, topic: str) -> str | None:
+    """The broker (host name) a lookup names as the topic's owner; None if none answers."""
+    path = topic.replace("persistent://", "persistent/")
+    for broker in topology.broker_names:
+        status, body = topology.http("GET", f"{topology.web_url(broker)}/lookup/v2/topic/{path}", timeout_s=3)
+        if status != 200:
+            continue
+        url = json.loads(body).get("brokerUrl", "")
+        for name in topology.broker_names:
+            if f"//{topology.address(name)}:" in url:
+                return name
+    return None

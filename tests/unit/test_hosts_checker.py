@@ -8,7 +8,7 @@ second stored copy; a recovered ledger ending before an acknowledged entry is a
 violation; two brokers' serving intervals of one bundle that overlap are two
 writers, also across a broker's kill -9 and restart (the interval open at the kill
 ends there), and back-to-back hand-overs are not; a stall is the longest gap between
-receipts that overlaps the fault. How: pure functions over lists of events and log
+receipts that overlaps the fault, counted from its start. How: pure functions over lists of events and log
 text; no processes.
 """
 
@@ -99,12 +99,13 @@ def test_an_interval_open_at_a_kill_ends_at_the_kill():
 
 
 def test_the_stall_is_the_longest_gap_overlapping_the_fault():
-    assert checker.longest_gap([0, 1, 2, 9, 10], 3, 4) == 7
+    assert checker.longest_gap([0, 1, 2, 9, 10], 1.5, 4) == 7
+    assert checker.longest_gap([0, 1, 2, 9, 10], 3, 4) == 6, "counted from the window's start"
     assert checker.longest_gap([0, 1, 2, 9, 10], 11, 12) == 0
     figures = checker.fault_figures([{"kind": "isolate-broker", "target": "b", "start": 3, "end": 4}],
                                     [{"type": "ok", "producer": "p0", "t": t} for t in (0, 1, 2, 9, 10)],
                                     [{"type": "receive", "subscription": "s", "t": t} for t in (0, 8)])
-    assert figures[0]["publish_stall_s"] == 7 and figures[0]["consume_stall_s"] == 8
+    assert figures[0]["publish_stall_s"] == 6 and figures[0]["consume_stall_s"] == 5
 
 
 def test_a_recovered_ledger_shorter_than_its_receipts_is_a_violation():
