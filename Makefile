@@ -15,10 +15,10 @@ DATA_DIR ?= data/standalone
 TEST_WORKERS ?= 3
 
 .PHONY: bench-journal bench-ack-state setup proto run test test-unit test-integration test-archive-full test-client-full bench bench-bookie \
-	bench-pulsar bench-subscriptions bench-archive bench-gateway fuzz-gateway fuzz fuzz-broker clean sim chaos fanout-check \
+	bench-pulsar partitions bench-subscriptions bench-archive bench-gateway fuzz-gateway fuzz fuzz-broker clean sim chaos fanout-check \
 	pipeline bench-spark test-spark-full bench-compaction bench-latency bench-peers-setup bench-peers bench-thread-hop ops-tools
 
-setup: $(STAMP) proto ops-tools
+setup: $(STAMP) proto system-packages ops-tools
 
 # Debian packages the operators' tests need, installed once (as root, like
 # bench-peers-setup): prometheus (promtool for the alert rules' tests, the server for the
@@ -35,6 +35,17 @@ ops-tools:
 		apt-get update -q >/dev/null; DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
 			prometheus chromium chromium-driver >/dev/null; status=$$?; \
 		if [ -n "$$created" ]; then rm -f /usr/sbin/policy-rc.d; fi; exit $$status; fi
+
+# Debian packages the tests need beyond Python's: iproute2 (`ip`, `ss`) for the hosts
+# harness (tests/hosts/: network namespaces, veth pairs, a bridge). Installed only when
+# missing (a fresh Debian image may lack it); where apt-get cannot run, a warning, and
+# the hosts tests then fail saying what is missing.
+.PHONY: system-packages
+system-packages:
+	@dpkg -s iproute2 >/dev/null 2>&1 || { \
+		(apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+			--no-install-recommends iproute2 >/dev/null) || \
+		echo "make setup: could not install iproute2 (apt-get, as root); tests/hosts/ needs it" >&2; }
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || { \
@@ -207,6 +218,17 @@ fuzz-gateway: setup
 SEEDS ?= 10000
 sim: setup
 	PYTHONHASHSEED=0 $(PY) -m tests.sim.run --seeds $(SEEDS)
+
+# Partitions (issue 32; docs/hosts.md): each part on a host of its own (network
+# namespaces, as root), a long seeded schedule of network and process faults (about
+# 110 in 12.5 minutes; about 14 in all with start and drain), every acknowledged message
+# checked; per fault kind the longest publish stall and consumers' stall, into
+# bench/results/partitions.json and .md. make test runs a short one (tests/hosts/).
+PARTITIONS_SEED ?= 1
+PARTITIONS_MINUTES ?= 12.5
+partitions: setup
+	$(TEST_PYTHON_ENV) $(PY) bench/partitions.py --seed $(PARTITIONS_SEED) --minutes $(PARTITIONS_MINUTES) \
+		--out bench/results/partitions.json --report bench/results/partitions.md
 
 # A chaos run (not in make test): 3 brokers + 4 bookies under official-client load,
 # seeded faults one at a time, every acknowledged message id checked against those

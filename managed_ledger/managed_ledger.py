@@ -25,8 +25,15 @@ Theory of operation:
   ``ROLL_RETRY_S_MAX``. That overrun is bounded by the outage: past the lease's fence
   the broker closes its topics. A rollover after a write failure (no healthy ledger to
   go on with) is retried a few times and then fails the appends, as before.
-- A write failure that is not fencing fails the affected appends (the producer
-  retries) and rolls over to a new ledger. An entry the ledger client refuses as
+- A write failure that is not fencing rolls over to a new ledger, and the appends in
+  flight on the failed one go to the new ledger first, in order, ahead of those
+  queued meanwhile (as Pulsar's managed ledger re-sends its pending adds): failing
+  them while later appends went on to the new ledger would store a producer's later
+  messages before an earlier one, which its client then sends again after them (the
+  hosts harness saw a failover consumer get a producer's message n+1 before n). An
+  append is moved on at most ``WRITE_ATTEMPTS_MAX`` times; then it fails together
+  with every append behind it (the producer retries, in order). An entry the ledger
+  client refuses as
   invalid (too large) fails only its own append, in order: no ledger would take it,
   and rolling over for it would create ledgers without end. Fencing (LedgerFenced, or
   a lost compare-and-swap of the ledger list) means another broker took the topic:
@@ -101,6 +108,11 @@ ROLL_RETRY_S_MAX = 8.0
 READ_AHEAD_CACHE_SHARE = 1 / 8
 # Attempts at creating a ledger when the current one failed (no ledger to go on with).
 _ROLL_ATTEMPTS_MAX = 5
+# Ledgers an append may be tried on after write failures (its first and two more):
+# each is a new ledger on a new ensemble, so a third failure in a row means the
+# bookies or etcd are away for longer than a retry is worth; the producer's own send
+# timeout (30 s by default) bounds the wait in any case.
+WRITE_ATTEMPTS_MAX = 3
 # Record writes with an unknown outcome remembered until one is answered (_write_info).
 UNANSWERED_WRITES_MAX = 64
 
@@ -154,8 +166,14 @@ class _ReadAhead:
     task: asyncio.Task[None]
 
 
+def _consume_outcome(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 class _Append:
-    __slots__ = ("payload", "future", "ledger_id", "add_future", "refused", "appended_at", "submitted_at")
+    __slots__ = ("payload", "future", "ledger_id", "add_future", "refused", "appended_at", "submitted_at",
+                 "attempts")
 
     def __init__(self, payload: bytes, future: asyncio.Future[Position]) -> None:
         self.payload = payload
@@ -167,6 +185,8 @@ class _Append:
         self.add_future: asyncio.Future[int] | None = None
         # The ledger client refused the entry itself (the ledger is fine).
         self.refused = False
+        # Ledgers it was submitted to (more than one after write failures).
+        self.attempts = 0
 
 
 class ManagedLedger:
@@ -464,6 +484,7 @@ class ManagedLedger:
             return
         append.ledger_id = handle.ledger_id
         append.add_future = add_future
+        append.attempts += 1
         self._inflight.append(append)
         # Inside the handle's completion of the entry: _on_add_done does not call back
         # into the handle.
@@ -515,6 +536,20 @@ class ManagedLedger:
                 if stages is not None:
                     stages.observe("ledger_add", now - head.submitted_at)
             else:
+                # What completed before ``head`` is settled first, whatever comes of it.
+                self._settle(outcomes, confirmed, now)
+                confirmed = False
+                outcomes = []
+                if self._retry_on_next_ledger(head, error):
+                    # ``head`` and the rest of its ledger's in-flight appends are queued
+                    # for the next ledger; nothing behind them can complete first.
+                    if self._handle is not None and self._handle.ledger_id == head.ledger_id:
+                        self._on_write_failure(self._handle, error)
+                    else:
+                        self._ensure_rolling()
+                        while self._queued and self._rolling is None and self._handle is not None:
+                            self._submit(self._queued.popleft())
+                    return
                 outcomes.append((head.future, self._classify(error)))
                 # Settled before the failure is handled: a fence fails the appends
                 # behind this one, whose errors must not overtake it.
@@ -524,6 +559,45 @@ class ManagedLedger:
                 if not head.refused and self._handle is not None and self._handle.ledger_id == head.ledger_id:
                     self._on_write_failure(self._handle, error)
         self._settle(outcomes, confirmed, now)
+
+    def _retry_on_next_ledger(self, head: _Append, error: BaseException) -> bool:
+        """After ``head`` (just taken off the in-flight queue) failed: if the failure is
+        its current ledger's (not a fence, not the entry refused) and it may be tried
+        again, moves it and every append still in flight on that ledger, in order, to
+        the front of the queue for the next ledger, and returns True. Past
+        ``WRITE_ATTEMPTS_MAX`` every append in flight and queued fails instead, in
+        order (so none behind the failed one is stored before it), and it returns False
+        for the caller to fail ``head``."""
+        # The failed ledger's handle (the current one, or already replaced: a submit
+        # may have met its failure first and started the rollover).
+        failed = self._open_handles.get(head.ledger_id)
+        if head.refused or isinstance(error, (LedgerFenced, TopicFenced) + _INVALID_ENTRY_ERRORS) or failed is None \
+                or failed.failure is None or self.fenced_error is not None:
+            return False
+        if any(append.ledger_id != head.ledger_id for append in self._inflight):
+            return False   # a later ledger took appends already: retried ones would come after them
+        if head.attempts >= WRITE_ATTEMPTS_MAX:
+            failure = self._classify(error)
+            behind = list(self._inflight) + list(self._queued)
+            self._inflight.clear()
+            self._queued.clear()
+            log.warning("appends failed after %d ledgers: topic=%s count=%d error=%s", head.attempts, self.name,
+                        len(behind) + 1, error)
+            self._settle([(head.future, failure)] + [(append.future, failure) for append in behind], False,
+                         time.perf_counter())
+            return False
+        retried = [head] + list(self._inflight)
+        self._inflight.clear()
+        for append in reversed(retried):
+            if append.add_future is not None:
+                # Its outcome on the failed ledger no longer matters (retrieved, so
+                # asyncio does not report it as never retrieved).
+                append.add_future.add_done_callback(_consume_outcome)
+            append.add_future = None
+            self._queued.appendleft(append)
+        log.info("appends moved to the next ledger after a write failure: topic=%s ledger_id=%d count=%d",
+                 self.name, head.ledger_id, len(retried))
+        return True
 
     def _settle(self, outcomes: list[tuple[asyncio.Future[Position], Position | MagnetarError]], confirmed: bool,
                 now: float) -> None:

@@ -89,7 +89,7 @@ def pytest_runtest_makereport(item, call):
 # hand to run one, so the one-test test_spark_stream.py is given the fourth module at
 # once, and test_spark.py is that fourth.
 LONG_MODULES = (
-    "integration/test_spark_stream.py", "integration/test_bundles.py", "integration/test_k8s_dev.py",
+    "integration/test_spark_stream.py", "hosts/test_hosts.py", "integration/test_bundles.py", "integration/test_k8s_dev.py",
     "integration/test_spark.py", "integration/test_archive.py", "integration/test_standalone.py",
     "integration/test_subscriptions.py", "integration/test_retention_and_cursors.py",
     "integration/test_autorecovery.py", "integration/test_ledger_client.py",

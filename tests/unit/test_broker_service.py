@@ -217,6 +217,49 @@ async def test_no_subscription_is_created_once_the_topic_began_closing():
     await service.close()
 
 
+async def test_a_close_tells_every_consumer_before_any_subscription_closes():
+    """A topic closing (a broker fencing itself while etcd is unreachable) sends
+    CLOSE_CONSUMER to the consumers of every subscription before it waits for any
+    subscription's close (which persists the cursor, and so may hang on etcd). Before
+    the fix the consumers of the subscriptions after a hanging one were never told:
+    they stayed attached to a topic that no longer served them and never resumed (the
+    hosts harness found it, tests/hosts/: shared and key-shared consumers silent after
+    an etcd majority loss while the failover ones, first in order, moved on)."""
+    from broker.consumer import Consumer
+    from subscriptions.mode import SubscriptionMode
+    from tests.unit.test_broker_consumer import RecordingConnection
+
+    service = await started()
+    topic = await service.get_topic(TOPIC, create=True)
+    connection = RecordingConnection()
+    consumers = []
+    for index, (name, mode) in enumerate([("a-failover", SubscriptionMode.FAILOVER),
+                                          ("b-shared", SubscriptionMode.SHARED),
+                                          ("c-key-shared", SubscriptionMode.KEY_SHARED)]):
+        consumer = Consumer(index, f"consumer-{index}", name, str(TOPIC), mode, connection, permits=10)
+        await topic.subscribe(consumer, durable=True, initial_position=0, start_message_id=None)
+        consumers.append(consumer)
+    hang = asyncio.Event()
+    first = topic.subscriptions["a-failover"]
+    original_close = first.close
+
+    async def hanging_close() -> None:
+        await hang.wait()
+        await original_close()
+
+    first.close = hanging_close
+    closing = spawn(topic.close())
+    await until(lambda: all(consumer.closed for consumer in consumers), "every consumer told")
+    closes = [frame for frame in connection.frames if frame.command.type == frame.command.CLOSE_CONSUMER]
+    assert sorted(frame.command.close_consumer.consumer_id for frame in closes) == [0, 1, 2]
+    assert not closing.done()
+    hang.set()
+    async with asyncio.timeout(TIMEOUT_S):
+        await closing
+    assert topic.closed
+    await service.close()
+
+
 async def test_service_close_stops_a_load_in_progress():
     """Closing the service cancels and awaits a load waiting for ownership; its caller
     is told ServiceNotReady."""

@@ -6,7 +6,9 @@ What it proves: appends that arrive while a termination waits for pending append
 refused with TopicTerminated, so nothing is acknowledged past the terminated position,
 which a reload finds again; an entry the ledger client refuses as too large fails only
 its own append, in append order, without creating ledgers, while a handle that
-failed and repeats that error to every entry is rolled over; a rolled-over ledger whose
+failed and repeats that error to every entry is rolled over; appends in flight on a
+ledger that fails are stored in the next one, in order, before later appends, and fail
+together in order only after several ledgers failed in a row; a rolled-over ledger whose
 close fails is recorded with what its handle confirmed and no longer counts as open
 (trimming can delete it); a closed ledger's close time is recorded and survives the
 record's encoding, and records written before it existed read a closed ledger's
@@ -27,13 +29,14 @@ import asyncio
 
 import pytest
 
+import managed_ledger.managed_ledger as managed_ledger_module
 from managed_ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from managed_ledger.managed_ledger_info import LedgerInfo, ManagedLedgerInfo
 from runtime.eager_future import call_when_done
 from common.position import Position
 from common.topic_name import TopicName
 from common.entry_cache import EntryCache
-from common.errors import EntryTooLarge, LedgerError, TopicTerminated
+from common.errors import EntryTooLarge, LedgerError, PersistenceError, TopicTerminated
 from metadata.memory_store import MemoryStore
 from tests.unit.fake_ledger_client import FakeLedgerClient
 
@@ -158,6 +161,53 @@ async def test_a_handle_failed_by_a_refused_entry_still_rolls_over():
     assert position.ledger_id != old_id
     assert position.entry_id == 0
     assert client.created == 2
+    await ledger.close()
+
+
+async def test_appends_in_flight_on_a_failed_ledger_go_first_to_the_next():
+    """A ledger that fails (a bookie gone, no ensemble change possible) with appends in
+    flight: they are stored in the next ledger, in append order, before the appends
+    that came after the failure (the bug: they failed, the later ones went on to the
+    next ledger, and the producer's client sent the failed one again after them — a
+    failover consumer got message n+1 before n; found by the hosts harness)."""
+    store, client = MemoryStore(), FakeLedgerClient()
+    ledger = await opened(store, client)
+    old_id = ledger.current_ledger_id
+    client.hold_adds = True
+    first, second = ledger.append(b"first"), ledger.append(b"second")
+    await asyncio.sleep(0)
+    client.handles[old_id].fail(LedgerError("bookie unavailable"))
+    third = ledger.append(b"third")
+    client.hold_adds = False
+    async with asyncio.timeout(TIMEOUT_S):
+        positions = [await first, await second, await third]
+    new_id = ledger.current_ledger_id
+    assert positions == [Position(new_id, 0), Position(new_id, 1), Position(new_id, 2)]
+    await ledger.close()
+
+
+async def test_appends_failing_on_every_ledger_fail_together_in_order():
+    """Past WRITE_ATTEMPTS_MAX ledgers failing in a row, an append fails, and every
+    append behind it with it, in append order: none is stored after one that failed."""
+    store, client = MemoryStore(), FakeLedgerClient()
+    ledger = await opened(store, client)
+    client.hold_adds = True
+    appends = [ledger.append(f"m{i}".encode()) for i in range(3)]
+    order: list[int] = []
+    for index, future in enumerate(appends):
+        call_when_done(future, lambda _f, index=index: order.append(index))
+    failed: set[int] = set()
+    async with asyncio.timeout(TIMEOUT_S):
+        while not all(future.done() for future in appends):
+            current = ledger.current_ledger_id
+            if current != -1 and current not in failed and client.handles[current]._pending:
+                failed.add(current)
+                client.handles[current].fail(LedgerError("bookie unavailable"))
+            await asyncio.sleep(0.001)
+    assert len(failed) == managed_ledger_module.WRITE_ATTEMPTS_MAX
+    assert order == [0, 1, 2]
+    for future in appends:
+        assert isinstance(future.exception(), PersistenceError), future.exception()
     await ledger.close()
 
 
