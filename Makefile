@@ -20,13 +20,16 @@ TEST_WORKERS ?= 3
 
 setup: $(STAMP) proto
 
+# --no-compile: pip would byte-compile every installed module (some 4,000 files, ~13
+# CPU-s), into __pycache__ directories that make test never reads (it keeps its bytecode
+# in .venv/pycache, below); Python compiles what a process imports on first use.
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || { \
 		echo "Magnetar needs Python 3.11; $(PYTHON) is $$($(PYTHON) --version 2>&1)." \
 		     "Install python3.11 or run: make PYTHON=/path/to/python3.11 ..." >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -e '.[dev]'
+	$(PIP) install --quiet --no-compile -e '.[dev]'
 	touch $(STAMP)
 
 proto: $(STAMP) $(PROTO_OUT)
@@ -176,6 +179,7 @@ bench-archive: setup
 # latency against the official client in the same run (bench/results/gateway.json), then
 # locust headless, 50 users for 60 s, produce + pull + ack (bench/results/gateway_locust.json).
 bench-gateway: setup
+	$(PIP) install --quiet -e '.[dev,load]'
 	$(PY) bench/gateway_bench.py --out bench/results/gateway.json
 	$(PY) bench/gateway_load.py --out bench/results/gateway_locust.json
 
