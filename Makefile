@@ -14,7 +14,7 @@ DATA_DIR ?= data/standalone
 # make test: pytest-xdist workers (files are spread over them; TEST_WORKERS=0 runs in one process).
 TEST_WORKERS ?= 3
 
-.PHONY: bench-journal bench-ack-state setup proto run test test-unit test-integration test-archive-full test-client-full bench bench-bookie \
+.PHONY: bench-journal bench-ack-state setup proto run test test-unit test-integration test-archive-full test-client-full test-subscriptions-full bench bench-bookie \
 	bench-pulsar bench-subscriptions bench-archive bench-gateway fuzz-gateway fuzz fuzz-broker clean sim chaos fanout-check \
 	pipeline bench-spark test-spark-full bench-compaction bench-latency bench-peers-setup bench-peers bench-thread-hop
 
@@ -71,6 +71,11 @@ test-archive-full: setup
 # tests/integration/test_pulsar_client.py says why that keeps the test's point).
 test-client-full: setup
 	PULSAR_CLIENT_TEST_MESSAGES=100000 $(PY) -m pytest -q tests/integration/test_pulsar_client.py -k in_order
+
+# The shared subscription's exactly-once round at the issue's size: 50,000 messages over
+# 4 consumer processes (`make test` runs 10,000: tests/integration/test_subscriptions.py).
+test-subscriptions-full: setup
+	SUBSCRIPTIONS_TEST_MESSAGES=50000 $(PY) -m pytest -q tests/integration/test_subscriptions.py -k shared_exactly_once
 
 # Issue 14's fan-out case at full size (about 10-15 minutes): 4 exclusive subscriptions,
 # 50,000 batched 1 KiB messages drained at once, 20 runs in a row on one standalone;
