@@ -14,7 +14,7 @@ DATA_DIR ?= data/standalone
 # make test: pytest-xdist workers (files are spread over them; TEST_WORKERS=0 runs in one process).
 TEST_WORKERS ?= 3
 
-.PHONY: bench-journal bench-ack-state setup proto run test test-unit test-integration test-archive-full test-client-full test-subscriptions-full bench bench-bookie \
+.PHONY: bench-journal bench-ack-state setup proto run test test-times test-unit test-integration test-archive-full test-client-full test-subscriptions-full bench bench-bookie \
 	bench-pulsar bench-subscriptions bench-archive bench-gateway fuzz-gateway fuzz fuzz-broker clean sim chaos fanout-check \
 	pipeline bench-spark test-spark-full bench-compaction bench-latency bench-peers-setup bench-peers bench-thread-hop
 
@@ -53,6 +53,15 @@ TEST_PYTHON_ENV := env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(CURDIR)/
 test: setup
 	$(VENV)/bin/lint-imports --no-cache
 	$(TEST_PYTHON_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not spark_full" tests
+
+# make test, recording each test's wall and CPU time (its own and its child processes')
+# per xdist worker (tests/timings.py), then the modules longest first:
+# build/test-times/*.json. For finding where make test spends its time.
+test-times: setup
+	rm -rf build/test-times
+	$(TEST_PYTHON_ENV) MAGNETAR_TEST_TIMES=$(CURDIR)/build/test-times $(PY) -m pytest -q -p tests.timings \
+		-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not spark_full" tests; \
+		status=$$?; $(PY) -m tests.timings build/test-times 40; exit $$status
 
 test-unit: setup
 	$(VENV)/bin/lint-imports --no-cache

@@ -1,0 +1,88 @@
+"""Per-test wall and CPU time, for finding where `make test` spends its time.
+
+Loaded with ``-p tests.timings`` and a path in ``MAGNETAR_TEST_TIMES`` (a directory):
+each pytest process (each xdist worker) writes ``<dir>/<worker>.json`` with one row per
+test: its module, wall seconds (set-up + call + teardown, so a module fixture's start
+and stop count to the test that paid for them), the CPU-s of the pytest process itself
+and of the processes it started and reaped meanwhile (bookies, brokers, CLI runs, Spark's
+JVM: they count once waited for, normally in the same test's or module's teardown; a
+process reaped later, as pyspark's JVM is, counts to whichever test reaps it), and the
+test's start offset on its worker. `python -m tests.timings DIR` prints per-module sums, longest
+first, and each worker's timeline."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import pytest
+
+_rows: list[dict] = []
+_started = time.monotonic()
+
+
+def _cpu() -> tuple[float, float]:
+    times = os.times()
+    return times.user + times.system, times.children_user + times.children_system
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    start = time.monotonic()
+    own, children = _cpu()
+    yield
+    own_after, children_after = _cpu()
+    path = str(item.fspath).replace(os.sep, "/")
+    _rows.append({
+        "module": "/".join(path.rsplit("/", 2)[-2:]), "test": item.nodeid,
+        "start": round(start - _started, 3), "wall": round(time.monotonic() - start, 3),
+        "cpu": round(own_after - own, 3), "children_cpu": round(children_after - children, 3),
+    })
+
+
+def pytest_sessionfinish(session):
+    directory = os.environ.get("MAGNETAR_TEST_TIMES")
+    if not directory:
+        return
+    os.makedirs(directory, exist_ok=True)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    own, children = _cpu()
+    with open(os.path.join(directory, f"{worker}.json"), "w") as handle:
+        json.dump({"worker": worker, "session_wall": round(time.monotonic() - _started, 3),
+                   "session_cpu": round(own, 3), "session_children_cpu": round(children, 3),
+                   "tests": _rows}, handle, indent=0)
+
+
+def _report(directory: str, top: int) -> None:
+    modules: dict[str, dict] = {}
+    workers = []
+    for name in sorted(os.listdir(directory)):
+        if not name.endswith(".json"):
+            continue
+        with open(os.path.join(directory, name)) as handle:
+            data = json.load(handle)
+        workers.append(data)
+        for row in data["tests"]:
+            entry = modules.setdefault(row["module"], {"wall": 0.0, "cpu": 0.0, "tests": 0, "worker": data["worker"],
+                                                      "start": row["start"]})
+            entry["wall"] += row["wall"]
+            entry["cpu"] += row["cpu"] + row["children_cpu"]
+            entry["tests"] += 1
+            entry["start"] = min(entry["start"], row["start"])
+    total_wall = sum(m["wall"] for m in modules.values())
+    total_cpu = sum(m["cpu"] for m in modules.values())
+    print(f"{'module':55} {'tests':>5} {'wall s':>8} {'CPU s':>8} {'worker':>6} {'start':>7}")
+    for name, entry in sorted(modules.items(), key=lambda kv: -kv[1]["wall"])[:top]:
+        print(f"{name:55} {entry['tests']:5d} {entry['wall']:8.1f} {entry['cpu']:8.1f} {entry['worker']:>6} "
+              f"{entry['start']:7.1f}")
+    print(f"{'all ' + str(len(modules)) + ' modules':55} {sum(m['tests'] for m in modules.values()):5d} "
+          f"{total_wall:8.1f} {total_cpu:8.1f}")
+    for data in workers:
+        print(f"{data['worker']}: session {data['session_wall']:.1f} s wall, {data['session_cpu']:.1f} CPU-s own, "
+              f"{data['session_children_cpu']:.1f} CPU-s of its children")
+
+
+if __name__ == "__main__":
+    _report(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 40)
