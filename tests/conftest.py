@@ -40,8 +40,11 @@ def pulsar_cluster(etcd_process, tmp_path_factory):
     cluster = Cluster(etcd_process, str(tmp_path_factory.mktemp("pulsar-cluster")))
     try:
         # Inside the try: a broker that fails to start must not leave the bookies running.
-        asyncio.run(cluster.start_bookies(3))
-        asyncio.run(cluster.start_brokers(1))
+        # Side by side: a broker needs no bookie until its first ledger, after this.
+        async def start() -> None:
+            await asyncio.gather(cluster.start_bookies(3), cluster.start_brokers(1))
+
+        asyncio.run(start())
         yield cluster
     finally:
         asyncio.run(cluster.stop())
