@@ -7,13 +7,17 @@ and stop count to the test that paid for them), the CPU-s of the pytest process 
 and of the processes it started and reaped meanwhile (bookies, brokers, CLI runs, Spark's
 JVM: they count once waited for, normally in the same test's or module's teardown; a
 process reaped later, as pyspark's JVM is, counts to whichever test reaps it), and the
-test's start offset on its worker. `python -m tests.timings DIR` prints per-module sums, longest
+test's start offset on its worker, and the processes the test process started, by kind
+(``magnetar broker`` is "broker"; a standalone's own children are not seen). `python -m
+tests.timings DIR` prints per-module sums, longest
 first, and each worker's timeline."""
 
 from __future__ import annotations
 
+import collections
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -21,6 +25,31 @@ import pytest
 
 _rows: list[dict] = []
 _started = time.monotonic()
+_spawned: collections.Counter = collections.Counter()     # this test's processes, by kind
+
+
+def _kind(argv) -> str:
+    """``magnetar broker`` -> "broker"; ``python -m tests.x`` -> "tests.x"; else the program."""
+    args = [str(a) for a in (argv if isinstance(argv, (list, tuple)) else [argv])]
+    for flag in ("-m",):
+        if flag in args and args.index(flag) + 1 < len(args):
+            module = args[args.index(flag) + 1]
+            if module == "magnetar":
+                rest = [a for a in args[args.index(flag) + 2:] if not a.startswith("-")]
+                return rest[0] if rest else "magnetar"
+            return module
+    return os.path.basename(args[0]) if args else "?"
+
+
+_popen_init = subprocess.Popen.__init__
+
+
+def _counting_init(self, args, *rest, **kwargs):
+    _spawned[_kind(args)] += 1
+    return _popen_init(self, args, *rest, **kwargs)
+
+
+subprocess.Popen.__init__ = _counting_init
 
 
 def _cpu() -> tuple[float, float]:
@@ -32,6 +61,7 @@ def _cpu() -> tuple[float, float]:
 def pytest_runtest_protocol(item, nextitem):
     start = time.monotonic()
     own, children = _cpu()
+    _spawned.clear()
     yield
     own_after, children_after = _cpu()
     path = str(item.fspath).replace(os.sep, "/")
@@ -39,6 +69,7 @@ def pytest_runtest_protocol(item, nextitem):
         "module": "/".join(path.rsplit("/", 2)[-2:]), "test": item.nodeid,
         "start": round(start - _started, 3), "wall": round(time.monotonic() - start, 3),
         "cpu": round(own_after - own, 3), "children_cpu": round(children_after - children, 3),
+        "spawned": dict(_spawned),
     })
 
 
@@ -71,14 +102,21 @@ def _report(directory: str, top: int) -> None:
             entry["cpu"] += row["cpu"] + row["children_cpu"]
             entry["tests"] += 1
             entry["start"] = min(entry["start"], row["start"])
+            for kind, count in row.get("spawned", {}).items():
+                entry.setdefault("spawned", collections.Counter())[kind] += count
     total_wall = sum(m["wall"] for m in modules.values())
     total_cpu = sum(m["cpu"] for m in modules.values())
     print(f"{'module':55} {'tests':>5} {'wall s':>8} {'CPU s':>8} {'worker':>6} {'start':>7}")
     for name, entry in sorted(modules.items(), key=lambda kv: -kv[1]["wall"])[:top]:
+        spawned = ", ".join(f"{kind} {count}" for kind, count in entry.get("spawned", {}).most_common(5))
         print(f"{name:55} {entry['tests']:5d} {entry['wall']:8.1f} {entry['cpu']:8.1f} {entry['worker']:>6} "
-              f"{entry['start']:7.1f}")
+              f"{entry['start']:7.1f}  {spawned}")
     print(f"{'all ' + str(len(modules)) + ' modules':55} {sum(m['tests'] for m in modules.values()):5d} "
           f"{total_wall:8.1f} {total_cpu:8.1f}")
+    spawned = collections.Counter()
+    for entry in modules.values():
+        spawned.update(entry.get("spawned", {}))
+    print("processes started:", ", ".join(f"{kind} {count}" for kind, count in spawned.most_common(12)))
     for data in workers:
         print(f"{data['worker']}: session {data['session_wall']:.1f} s wall, {data['session_cpu']:.1f} CPU-s own, "
               f"{data['session_children_cpu']:.1f} CPU-s of its children")
