@@ -108,7 +108,7 @@ def _report(directory: str, top: int) -> None:
     total_cpu = sum(m["cpu"] for m in modules.values())
     print(f"{'module':55} {'tests':>5} {'wall s':>8} {'CPU s':>8} {'worker':>6} {'start':>7}")
     for name, entry in sorted(modules.items(), key=lambda kv: -kv[1]["wall"])[:top]:
-        spawned = ", ".join(f"{kind} {count}" for kind, count in entry.get("spawned", {}).most_common(5))
+        spawned = ", ".join(f"{kind} {count}" for kind, count in collections.Counter(entry.get("spawned", {})).most_common(5))
         print(f"{name:55} {entry['tests']:5d} {entry['wall']:8.1f} {entry['cpu']:8.1f} {entry['worker']:>6} "
               f"{entry['start']:7.1f}  {spawned}")
     print(f"{'all ' + str(len(modules)) + ' modules':55} {sum(m['tests'] for m in modules.values()):5d} "
