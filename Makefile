@@ -52,8 +52,8 @@ TEST_PYTHON_ENV := env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(CURDIR)/
 # The package layers first (.importlinter; a second of work), then every test.
 # What bounds it (make test-times, 2026-12-07): the run is ~750 CPU-s of work (650 of it
 # in the bookies, brokers, etcd and tools the tests start), so on 2 cores CPU alone is
-# 5-6 minutes; the three workers end within seconds of each other, so the order of the
-# files no longer matters much. Cut CPU to cut time (notes: tests/timings.py).
+# 5-6 minutes; in the runs measured the three workers ended within seconds of each other
+# (bin-packing was not the bound). Cut CPU to cut time (tests/timings.py).
 test: setup
 	$(VENV)/bin/lint-imports --no-cache
 	$(TEST_PYTHON_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not spark_full" tests
