@@ -15,10 +15,10 @@ from common.gc_pauses import GcPauses
 # The monitor wakes this often; its own cost is one timer per interval (about 1 % of a
 # core at 10 ms on the 2-core test machine, idle or not).
 INTERVAL_S = 0.01
-# Another interval for every server this process starts (their environment): the test
-# suite (tests/conftest.py) sets 0.1 s, since it keeps hundreds of idle bookies and
-# brokers alive over a run and their monitors' wake-ups were CPU the tests competed
-# for. Lag is measured the same way, just sampled ten times less often.
+# Another interval, from the server's environment. The test suite (tests/conftest.py)
+# sets 0.1 s for every server it starts: it keeps many idle bookies and brokers alive
+# over a run, and their monitors' wake-ups were CPU the tests competed for. Lag is
+# measured the same way, just sampled ten times less often.
 INTERVAL_ENV = "MAGNETAR_LOOP_MONITOR_INTERVAL_S"
 INTERVAL_S_RANGE = (0.001, 10.0)
 

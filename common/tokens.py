@@ -28,7 +28,8 @@ from typing import Any, Callable
 
 # jwt (PyJWT) and cryptography are imported where a token or key is made or checked:
 # together about 0.1 CPU-s at import, paid by every bookie and broker start even where
-# no authentication is configured (the test suite starts hundreds of them).
+# no authentication is configured (the test suite starts a great many of them:
+# tests/integration/test_ledger_client.py alone starts 22 bookies).
 
 from common.errors import AuthenticationFailed, ConfigError
 
