@@ -35,8 +35,9 @@ def _kind(argv) -> str:
         if flag in args and args.index(flag) + 1 < len(args):
             module = args[args.index(flag) + 1]
             if module == "magnetar":
-                rest = [a for a in args[args.index(flag) + 2:] if not a.startswith("-")]
-                return rest[0] if rest else "magnetar"
+                from magnetar.cli import COMMANDS
+
+                return next((a for a in args[args.index(flag) + 2:] if a in COMMANDS), "magnetar")
             return module
     return os.path.basename(args[0]) if args else "?"
 
