@@ -14,7 +14,7 @@ DATA_DIR ?= data/standalone
 # make test: pytest-xdist workers (files are spread over them; TEST_WORKERS=0 runs in one process).
 TEST_WORKERS ?= 3
 
-.PHONY: bench-journal bench-ack-state setup proto run test test-unit test-integration test-archive-full test-client-full bench bench-bookie \
+.PHONY: bench-journal bench-ack-state setup proto run test test-times test-unit test-integration test-archive-full test-client-full test-subscriptions-full bench bench-bookie \
 	bench-pulsar partitions bench-subscriptions bench-archive bench-gateway fuzz-gateway fuzz fuzz-broker clean sim chaos fanout-check \
 	pipeline bench-spark test-spark-full bench-compaction bench-latency bench-peers-setup bench-peers bench-thread-hop ops-tools
 
@@ -47,13 +47,16 @@ system-packages:
 			--no-install-recommends iproute2 >/dev/null) || \
 		echo "make setup: could not install iproute2 (apt-get, as root); tests/hosts/ needs it" >&2; }
 
+# --no-compile: pip would byte-compile every installed module (some 4,000 files, ~13
+# CPU-s), into __pycache__ directories that make test never reads (it keeps its bytecode
+# in .venv/pycache, below); Python compiles what a process imports on first use.
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || { \
 		echo "Magnetar needs Python 3.11; $(PYTHON) is $$($(PYTHON) --version 2>&1)." \
 		     "Install python3.11 or run: make PYTHON=/path/to/python3.11 ..." >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -e '.[dev]'
+	$(PIP) install --quiet --no-compile -e '.[dev]'
 	touch $(STAMP)
 
 proto: $(STAMP) $(PROTO_OUT)
@@ -74,9 +77,22 @@ run: setup
 TEST_PYTHON_ENV := env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(CURDIR)/$(VENV)/pycache
 
 # The package layers first (.importlinter; a second of work), then every test.
+# What bounds it (make test-times, 2026-12-07): the run is ~750 CPU-s of work (650 of it
+# in the bookies, brokers, etcd and tools the tests start), so on 2 cores CPU alone is
+# 5-6 minutes; in the runs measured the three workers ended within seconds of each other
+# (bin-packing was not the bound). Cut CPU to cut time (tests/timings.py).
 test: setup
 	$(VENV)/bin/lint-imports --no-cache
 	$(TEST_PYTHON_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not spark_full" tests
+
+# make test, recording each test's wall and CPU time (its own and its child processes')
+# per xdist worker (tests/timings.py), then the modules longest first:
+# build/test-times/*.json. For finding where make test spends its time.
+test-times: setup
+	rm -rf build/test-times
+	$(TEST_PYTHON_ENV) MAGNETAR_TEST_TIMES=$(CURDIR)/build/test-times $(PY) -m pytest -q -p tests.timings \
+		-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not spark_full" tests; \
+		status=$$?; $(PY) -m tests.timings build/test-times 40; exit $$status
 
 test-unit: setup
 	$(VENV)/bin/lint-imports --no-cache
@@ -95,6 +111,11 @@ test-archive-full: setup
 # tests/integration/test_pulsar_client.py says why that keeps the test's point).
 test-client-full: setup
 	PULSAR_CLIENT_TEST_MESSAGES=100000 $(PY) -m pytest -q tests/integration/test_pulsar_client.py -k in_order
+
+# The shared subscription's exactly-once round at the issue's size: 50,000 messages over
+# 4 consumer processes (`make test` runs 10,000: tests/integration/test_subscriptions.py).
+test-subscriptions-full: setup
+	SUBSCRIPTIONS_TEST_MESSAGES=50000 $(PY) -m pytest -q tests/integration/test_subscriptions.py -k shared_exactly_once
 
 # Issue 14's fan-out case at full size (about 10-15 minutes): 4 exclusive subscriptions,
 # 50,000 batched 1 KiB messages drained at once, 20 runs in a row on one standalone;
@@ -203,6 +224,7 @@ bench-archive: setup
 # latency against the official client in the same run (bench/results/gateway.json), then
 # locust headless, 50 users for 60 s, produce + pull + ack (bench/results/gateway_locust.json).
 bench-gateway: setup
+	$(PIP) install --quiet -e '.[dev,load]'
 	$(PY) bench/gateway_bench.py --out bench/results/gateway.json
 	$(PY) bench/gateway_load.py --out bench/results/gateway_locust.json
 

@@ -25,10 +25,10 @@ import errno
 import os
 import posixpath
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
-import fsspec
-from fsspec.implementations.local import LocalFileSystem
+if TYPE_CHECKING:
+    import fsspec
 
 from common.errors import ArchiveNotFound, ArchiveUnavailable, ConfigError
 
@@ -47,7 +47,11 @@ class FileInfo:
 
 
 def filesystem(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
-    """The filesystem and path of a URL (fsspec caches filesystem instances)."""
+    """The filesystem and path of a URL (fsspec caches filesystem instances). fsspec is
+    imported here, on first use: a tenth of a CPU-second that every broker start paid,
+    archive or not."""
+    import fsspec
+
     try:
         return fsspec.core.url_to_fs(url)
     except (ValueError, ImportError) as error:
@@ -55,6 +59,8 @@ def filesystem(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
 
 
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    from fsspec.implementations.local import LocalFileSystem
+
     return isinstance(fs, LocalFileSystem)
 
 

@@ -26,9 +26,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import jwt
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
+# jwt (PyJWT) and cryptography are imported where a token or key is made or checked:
+# together about 0.1 CPU-s at import, paid by every bookie and broker start even where
+# no authentication is configured (the test suite starts a great many of them:
+# tests/integration/test_ledger_client.py alone starts 22 bookies).
 
 from common.errors import AuthenticationFailed, ConfigError
 
@@ -69,6 +70,9 @@ def create_secret_key() -> bytes:
 def create_key_pair() -> tuple[bytes, bytes]:
     """(private key, public key) of a new RSA pair, DER encoded like Pulsar's
     (PKCS#8 private key, X.509 SubjectPublicKeyInfo public key)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
     private = rsa.generate_private_key(public_exponent=65537, key_size=RSA_KEY_BITS)
     private_der = private.private_bytes(serialization.Encoding.DER, serialization.PrivateFormat.PKCS8,
                                         serialization.NoEncryption())
@@ -78,6 +82,8 @@ def create_key_pair() -> tuple[bytes, bytes]:
 
 
 def _private_key(data: bytes) -> Any:
+    from cryptography.hazmat.primitives import serialization
+
     try:
         if data.lstrip().startswith(b"-----"):
             return serialization.load_pem_private_key(data, password=None)
@@ -87,6 +93,8 @@ def _private_key(data: bytes) -> Any:
 
 
 def _public_key(data: bytes) -> Any:
+    from cryptography.hazmat.primitives import serialization
+
     try:
         if data.lstrip().startswith(b"-----"):
             return serialization.load_pem_public_key(data)
@@ -122,6 +130,8 @@ class TokenSigner:
         claims: dict[str, Any] = {"sub": subject}
         if expiry_s is not None:
             claims["exp"] = int((time.time() if now_s is None else now_s) + expiry_s)
+        import jwt
+
         return jwt.encode(claims, self.key, algorithm=self.algorithm)
 
 
@@ -153,6 +163,8 @@ class TokenVerifier:
             raise AuthenticationFailed("no token")
         if len(token) > TOKEN_BYTES_MAX:
             raise AuthenticationFailed(f"the token is longer than {TOKEN_BYTES_MAX} bytes")
+        import jwt
+
         try:
             claims = jwt.decode(token, self.key, algorithms=[self.algorithm], leeway=LEEWAY_S,
                                 options={"require": ["sub"], "verify_exp": now_s is None})
@@ -181,6 +193,8 @@ class TokenVerifier:
 
 def unverified_parts(token: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(header, claims) of a token without checking it (``magnetar tokens show``)."""
+    import jwt
+
     try:
         return jwt.get_unverified_header(token), jwt.decode(token, options={"verify_signature": False})
     except jwt.PyJWTError as error:

@@ -128,10 +128,12 @@ class Traffic:
 
 
 async def start_cluster(etcd: EtcdProcess, base_dir: str, brokers: int, *extra: str) -> Cluster:
+    """Three bookies, then ``brokers`` brokers started side by side (a start is mostly
+    the process's own imports and set-up: one after the other, each waited for the
+    previous one's)."""
     cluster = Cluster(etcd, base_dir)
     await cluster.start_bookies(3)
-    for _ in range(brokers):
-        await cluster.broker(extra_args=[*FAST, *extra]).start()
+    await cluster.start_brokers(brokers, extra_args=[*FAST, *extra])
     return cluster
 
 
@@ -363,8 +365,7 @@ async def test_scale_out_spreads_ownership(etcd_process, tmp_path):
         loader = threading.Thread(target=load, daemon=True)
         loader.start()
         started = time.monotonic()
-        for _ in range(2):
-            await cluster.broker(extra_args=[*FAST, "--default-bundles", "8"]).start()
+        await cluster.start_brokers(2, extra_args=[*FAST, "--default-bundles", "8"])
         spread = False
         while time.monotonic() - started < 60:
             owners = admin(cluster, "GET", "/admin/v2/namespaces/public/scale/bundleOwners")

@@ -50,8 +50,7 @@ async def test_etcd_outage_shorter_than_the_lease_is_not_noticed_by_traffic(tmp_
     traffics: list[Traffic] = []
     try:
         await cluster.start_bookies(2)
-        for _ in range(3):
-            await cluster.broker(extra_args=BROKER_ARGS).start()
+        await cluster.start_brokers(3, extra_args=BROKER_ARGS)     # side by side
         url = service_url(cluster)
         traffics = [Traffic(url, f"ride-through-{index}-{uuid.uuid4().hex[:8]}").start() for index in range(2)]
         for traffic in traffics:
