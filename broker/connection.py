@@ -458,6 +458,10 @@ class ServerConnection(asyncio.Protocol):
         data = connect.auth_data if connect.HasField("auth_data") else None
         try:
             self.identity = await self.service.authenticator.authenticate(method, data, self._peer_certificate())
+            if connect.HasField("original_principal"):
+                # A proxy connecting for its client (proxy roles only).
+                self.identity = self.service.authenticator.on_behalf_of(
+                    self.identity, connect.original_principal, connect.original_auth_method)
         except AuthenticationFailed as error:
             # The reason, never the credential. The first request gets the error and
             # the connection ends (see the module's docstring).
@@ -514,6 +518,14 @@ class ServerConnection(asyncio.Protocol):
     @property
     def role(self) -> str | None:
         return self.identity.role if self.identity is not None else None
+
+    def _requesting_role(self, request) -> str | None:
+        """The role a lookup is checked for: the ``original_principal`` a proxy role
+        names for its client (AuthenticationFailed from any other role), else this
+        connection's."""
+        if self.identity is None or not request.HasField("original_principal"):
+            return self.role
+        return self.service.authenticator.on_behalf_of(self.identity, request.original_principal).role
 
     async def recheck_permissions(self) -> None:
         """Closes the connection if its credential expired, and each producer or
@@ -575,7 +587,7 @@ class ServerConnection(asyncio.Protocol):
         request = frame.command.partitionMetadata
         try:
             name = TopicName.parse(request.topic)
-            await self.service.authorizer.check_lookup(self.role, name)
+            await self.service.authorizer.check_lookup(self._requesting_role(request), name)
             partitions = await self.service.partitioned_metadata(name)
         except MagnetarError as error:
             self.write_command(commands.partitioned_metadata_failure(request.request_id, server_error_for(error),
@@ -587,7 +599,7 @@ class ServerConnection(asyncio.Protocol):
         request = frame.command.lookupTopic
         try:
             name = TopicName.parse(request.topic)
-            await self.service.authorizer.check_lookup(self.role, name)
+            await self.service.authorizer.check_lookup(self._requesting_role(request), name)
             if request.advertised_listener_name:
                 self.listener_name = request.advertised_listener_name[:LISTENER_NAME_BYTES_MAX]
             owner = await self.service.lookup(name, request.advertised_listener_name)

@@ -1,0 +1,97 @@
+"""The proxy as the only door: a client host whose one route is to the proxy's host
+produces and consumes through it (issue 34).
+
+Hosts: ``ctl``, ``etcd-0``, ``bookie-0..2``, ``broker-0..2`` (E=3, Qw=2, Qa=2),
+``proxy`` and ``client-0``. After start, ``client-0`` is partitioned from every etcd
+member, bookie and broker: it reaches only the proxy (checked both ways: a broker's
+port is unreachable from it, the proxy's is). The official client on ``client-0``,
+whose service URL names only the proxy, runs the harness's workload (3 topics, one
+keyed producer each; shared, failover and key-shared subscriptions, 2 consumers each)
+while the owner of the first topic is killed -9 and restarted: 0 failed sends, 0 lost,
+nothing out of order, no two writers.
+
+Time: about 35-40 s of wall time on the 2-core machine (start ~12 s, traffic 14 s,
+drain and teardown ~8 s).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+
+import pytest
+
+from tests.hosts import scenario
+from tests.hosts.network import Network
+from tests.hosts.topology import Topology, magnetar
+
+PROXY_PORT = 6650
+PROXY_HTTP_PORT = 8082
+SEED = int(os.environ.get("HOSTS_SEED", "34"))
+
+
+@dataclass
+class ProxiedTopology(Topology):
+    """A topology whose clients are told the proxy's URL, not the brokers'."""
+    client_url: str = ""
+
+    @property
+    def service_url(self) -> str:
+        if self.client_url:
+            return self.client_url
+        return super().service_url
+
+
+@pytest.fixture(scope="module")
+def topology(request):
+    base_dir = tempfile.mkdtemp(prefix="magnetar-proxy-hosts-")
+    failed_before = request.session.testsfailed
+    network = Network()
+    topology = None
+    try:
+        network.create()
+        topology = ProxiedTopology(network, base_dir, etcd_count=1, bookie_count=3, broker_count=3,
+                                   gateway_count=0, client_count=1, autorecovery=False)
+        topology.start()
+        network.add_host("proxy")
+        address = topology.address("proxy")
+        topology._process("proxy", magnetar(
+            "proxy", "--metadata", topology.metadata_url, "--host", address, "--port", str(PROXY_PORT),
+            "--http-port", str(PROXY_HTTP_PORT))).spawn()
+        topology.wait_http("proxy", f"http://{address}:{PROXY_HTTP_PORT}/health")
+        network.partition(["client-0"], topology.broker_names + topology.bookie_names + topology.etcd_names)
+        topology.client_url = f"pulsar://{address}:{PROXY_PORT}"
+        yield topology
+    finally:
+        try:
+            if topology is not None:
+                topology.stop()
+        finally:
+            network.destroy()
+            if request.session.testsfailed > failed_before:
+                print(f"proxy hosts test failed: server logs kept in {base_dir}")
+            else:
+                shutil.rmtree(base_dir, ignore_errors=True)
+
+
+def test_a_client_that_reaches_only_the_proxy_loses_nothing(topology, tmp_path):
+    network = topology.network
+    assert not network.reachable("client-0", "broker-0"), "client-0 must not reach a broker"
+    assert network.reachable("client-0", "proxy"), "client-0 must reach the proxy"
+    assert topology.listening_sockets("proxy"), "the proxy listens on nothing"
+    config = scenario.RunConfig(seed=SEED, kinds=["kill-broker"], nemesis_s=6.0, warmup_s=3.0, cooldown_s=5.0,
+                                rate_per_producer=30.0, hold_s_range=(2.0, 3.0), gap_s_range=(1.0, 1.5),
+                                drain_deadline_s=60.0, probe_majority=False, target_owner=True)
+    result = scenario.run(topology, config, str(tmp_path / "run"))
+    summary = result.summary()
+    print(f"through the proxy only: {summary['verdict']} faults={summary['faults']}")
+    verdict = result.verdict
+    assert result.faults, "the owner was never killed"
+    assert verdict.acknowledged > 0, summary
+    assert verdict.failed_sends == 0, summary
+    assert verdict.lost_count == 0, summary
+    assert verdict.ok, summary
+    assert result.consumers_complete, summary
+    assert "Traceback" not in topology.processes["proxy"].log_text()
