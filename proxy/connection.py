@@ -62,6 +62,8 @@ class ClientSide(asyncio.Protocol):
         self.broker_name = ""
         # The client the proxy authenticated (None with authentication off).
         self.client = None
+        # CONNECT named a broker: nothing more is read as frames (the rest is piped).
+        self._piping = False
 
     # --- asyncio.Protocol -------------------------------------------------------------
 
@@ -95,7 +97,7 @@ class ClientSide(asyncio.Protocol):
             return
         self._buffer += data
         try:
-            while self.phase in (Phase.HANDSHAKE, Phase.LOOKUP) and self._broker is None:
+            while self.phase in (Phase.HANDSHAKE, Phase.LOOKUP) and not self._piping:
                 frame = take_frame(self._buffer, self.config.frame_bytes_max)
                 if frame is None:
                     break
@@ -105,7 +107,7 @@ class ClientSide(asyncio.Protocol):
             log.info("malformed frame, closing: peer=%s phase=%s error=%s", self.peer, self.phase.value, error)
             self.close()
             return
-        if self._broker is None and len(self._buffer) > self.config.frame_bytes_max + 4:
+        if not self._piping and len(self._buffer) > self.config.frame_bytes_max + 4:
             self.close()
 
     def pause_writing(self) -> None:
@@ -198,6 +200,7 @@ class ClientSide(asyncio.Protocol):
             self.close()
             return
         self.broker_name = f"{address.host}:{address.port}"
+        self._piping = True
         forwarded = self.server.auth.for_broker(connect, self.client)
         # Nothing more is read from the client until the broker is there.
         self.transport.pause_reading()

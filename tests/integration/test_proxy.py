@@ -28,27 +28,43 @@ import urllib.request
 import uuid
 
 import pulsar
+import pytest
 
 from magnetar.tools.admin_client import AdminClient
 from protocol.codec import encode_command, wrap
 from protocol.proto import pulsar_api_pb2 as pb
 from tests import fuzz_inputs
-from tests.cluster import Cluster, EtcdProcess, created_retrying
+from tests.cluster import Cluster, created_retrying
 
 FAST = ["--lease-ttl-s", "4", "--load-report-interval-s", "0.5", "--leader-interval-s", "0.3",
         "--shedding-cooldown-s", "3"]
 
 
-async def start_cluster(etcd: EtcdProcess, base_dir: str, brokers: int = 3, proxies: int = 1) -> Cluster:
-    cluster = Cluster(etcd, base_dir)
+async def start_cluster(cluster: Cluster, brokers: int = 3, proxies: int = 2) -> Cluster:
     await cluster.start_bookies(3)
     await asyncio.gather(*(cluster.broker(extra_args=FAST).start() for _ in range(brokers)))
     await asyncio.gather(*(cluster.proxy().start() for _ in range(proxies)))
     return cluster
 
 
+@pytest.fixture(scope="module")
+def proxied(etcd_process, tmp_path_factory):
+    """3 bookies, 3 brokers and 2 proxies shared by this module's tests, in file order:
+    the later tests kill a proxy, then a broker."""
+    cluster = Cluster(etcd_process, str(tmp_path_factory.mktemp("proxied")))
+    try:
+        asyncio.run(start_cluster(cluster))
+        yield cluster
+    finally:
+        asyncio.run(cluster.stop())
+
+
 def proxy_url(cluster: Cluster) -> str:
-    return "pulsar://" + ",".join(p.service_url.removeprefix("pulsar://") for p in cluster.proxies)
+    return "pulsar://" + ",".join(p.service_url.removeprefix("pulsar://") for p in cluster.proxies if p.running)
+
+
+def running_proxy(cluster: Cluster):
+    return next(p for p in cluster.proxies if p.running)
 
 
 def metric(proxy, name: str, labels: str = "") -> float:
@@ -165,81 +181,33 @@ def produce_consume(url: str, topic: str, count: int, subscription_type) -> tupl
         client.close()
 
 
-async def test_exclusive_shared_and_partitioned_through_one_proxy(etcd_process, tmp_path):
-    cluster = await start_cluster(etcd_process, str(tmp_path))
-    try:
-        proxy = cluster.proxies[0]
-        url = proxy.service_url
-        for kind in (pulsar.ConsumerType.Exclusive, pulsar.ConsumerType.Shared):
-            topic = f"persistent://public/default/proxy-{kind.name}-{uuid.uuid4().hex[:6]}"
-            missing, _ = await asyncio.to_thread(produce_consume, url, topic, 200, kind)
-            assert not missing, f"{kind.name}: {len(missing)} messages never came back"
-        assert metric(proxy, "magnetar_proxy_lookups_total", '{command="lookup",outcome="ok"}') >= 2
-        assert metric(proxy, "magnetar_proxy_bytes_total", '{direction="client_to_broker"}') > 200 * 5
-        assert metric(proxy, "magnetar_proxy_bytes_total", '{direction="broker_to_client"}') > 200 * 5
+async def test_exclusive_shared_and_partitioned_through_one_proxy(proxied):
+    cluster = proxied
+    proxy = running_proxy(cluster)
+    url = proxy.service_url
+    for kind in (pulsar.ConsumerType.Exclusive, pulsar.ConsumerType.Shared):
+        topic = f"persistent://public/default/proxy-{kind.name}-{uuid.uuid4().hex[:6]}"
+        missing, _ = await asyncio.to_thread(produce_consume, url, topic, 200, kind)
+        assert not missing, f"{kind.name}: {len(missing)} messages never came back"
+    assert metric(proxy, "magnetar_proxy_lookups_total", '{command="lookup",outcome="ok"}') >= 2
+    assert metric(proxy, "magnetar_proxy_bytes_total", '{direction="client_to_broker"}') > 200 * 5
+    assert metric(proxy, "magnetar_proxy_bytes_total", '{direction="broker_to_client"}') > 200 * 5
 
-        # A partitioned topic with more partitions than brokers, in a namespace of
-        # several bundles: its partitions are served by more than one broker.
-        namespace = f"public/proxy-{uuid.uuid4().hex[:6]}"
-        admin(cluster, "PUT", f"/admin/v2/namespaces/{namespace}", {"bundles": {"numBundles": 16}})
-        name = f"parts-{uuid.uuid4().hex[:6]}"
-        admin(cluster, "PUT", f"/admin/v2/persistent/{namespace}/{name}/partitions", 9)
-        topic = f"persistent://{namespace}/{name}"
-        missing, duplicates = await asyncio.to_thread(produce_consume, url, topic, 270, pulsar.ConsumerType.Shared)
-        assert not missing, f"{len(missing)} messages of the partitioned topic never came back"
-        owners = set()
-        for index in range(9):
-            lookup = admin(cluster, "GET", f"/lookup/v2/topic/persistent/{namespace}/{name}-partition-{index}")
-            owners.add(lookup["brokerUrl"])
-        assert len(owners) >= 2, f"every partition on one broker: {owners}"
-        print(f"partitions served by {len(owners)} brokers through one proxy ({duplicates} redelivered)")
-    finally:
-        await cluster.stop()
-
-
-async def test_owner_killed_during_traffic_through_the_proxy(etcd_process, tmp_path):
-    cluster = await start_cluster(etcd_process, str(tmp_path))
-    try:
-        topic = f"proxy-failover-{uuid.uuid4().hex[:8]}"
-        traffic = Traffic(proxy_url(cluster), topic).start()
-        await asyncio.to_thread(traffic.wait_acked, 200, 30)
-        owner = owner_of(cluster, topic)
-        before = len(traffic.acked)
-        owner.kill9()
-        killed_at = time.monotonic()
-        await asyncio.to_thread(traffic.wait_acked, before + 200, 60)
-        resumed_after = time.monotonic() - killed_at
-        assert owner_of(cluster, topic) is not owner
-        await asyncio.to_thread(traffic.finish)
-        assert not traffic.lost(), f"{len(traffic.lost())} acknowledged messages never consumed"
-        assert not traffic.errors, traffic.errors[:3]
-        print(f"through the proxy, clients reached the new owner in {resumed_after:.1f}s")
-    finally:
-        await cluster.stop()
-
-
-async def test_a_proxy_killed_during_traffic_the_other_takes_over(etcd_process, tmp_path):
-    cluster = await start_cluster(etcd_process, str(tmp_path), proxies=2)
-    try:
-        first, second = cluster.proxies
-        topic = f"proxy-death-{uuid.uuid4().hex[:8]}"
-        traffic = Traffic(proxy_url(cluster), topic, pulsar.ConsumerType.Shared).start()
-        await asyncio.to_thread(traffic.wait_acked, 200, 30)
-        # Kill the proxy piping the producer's and consumer's connections (both, if
-        # the client spread them).
-        piped = [p for p in cluster.proxies if metric(p, "magnetar_proxy_connections_open", '{phase="piped"}') > 0]
-        assert piped, "no proxy pipes the client's connections"
-        victim = piped[0]
-        survivor = second if victim is first else first
-        before = len(traffic.acked)
-        victim.kill9()
-        await asyncio.to_thread(traffic.wait_acked, before + 200, 60)
-        await asyncio.to_thread(traffic.finish)
-        assert not traffic.lost(), f"{len(traffic.lost())} acknowledged messages never consumed"
-        assert not traffic.errors, traffic.errors[:3]
-        assert metric(survivor, "magnetar_proxy_connections_accepted_total") > 0
-    finally:
-        await cluster.stop()
+    # A partitioned topic with more partitions than brokers, in a namespace of
+    # several bundles: its partitions are served by more than one broker.
+    namespace = f"public/proxy-{uuid.uuid4().hex[:6]}"
+    admin(cluster, "PUT", f"/admin/v2/namespaces/{namespace}", {"bundles": {"numBundles": 16}})
+    name = f"parts-{uuid.uuid4().hex[:6]}"
+    admin(cluster, "PUT", f"/admin/v2/persistent/{namespace}/{name}/partitions", 9)
+    topic = f"persistent://{namespace}/{name}"
+    missing, duplicates = await asyncio.to_thread(produce_consume, url, topic, 270, pulsar.ConsumerType.Shared)
+    assert not missing, f"{len(missing)} messages of the partitioned topic never came back"
+    owners = set()
+    for index in range(9):
+        lookup = admin(cluster, "GET", f"/lookup/v2/topic/persistent/{namespace}/{name}-partition-{index}")
+        owners.add(lookup["brokerUrl"])
+    assert len(owners) >= 2, f"every partition on one broker: {owners}"
+    print(f"partitions served by {len(owners)} brokers through one proxy ({duplicates} redelivered)")
 
 
 def _exchange(port: int, data: bytes, timeout_s: float = 5.0) -> bytes:
@@ -257,45 +225,81 @@ def _exchange(port: int, data: bytes, timeout_s: float = 5.0) -> bytes:
         return b"".join(chunks)
 
 
-async def test_no_open_relay_and_bad_input_never_crashes_it(etcd_process, tmp_path):
-    cluster = await start_cluster(etcd_process, str(tmp_path), brokers=1)
+async def test_no_open_relay_and_bad_input_never_crashes_it(proxied):
+    cluster = proxied
+    proxy = running_proxy(cluster)
+    port = int(proxy.service_url.rsplit(":", 1)[1])
+    # An address that is not a registered broker: a listener of ours that must
+    # never see a connection.
+    bait = socket.create_server(("127.0.0.1", 0))
+    bait.settimeout(0.5)
+    bait_url = f"pulsar://127.0.0.1:{bait.getsockname()[1]}"
+    for named in (bait_url, bait_url.removeprefix("pulsar://"), "pulsar://example.invalid:6650", "garbage"):
+        connect = pb.CommandConnect(client_version="relay-test", protocol_version=20,
+                                    proxy_to_broker_url=named)
+        answer = await asyncio.to_thread(_exchange, port, encode_command(wrap(connect)))
+        assert b"is not a broker of this cluster" in answer, (named, answer[:200])
     try:
-        proxy = cluster.proxies[0]
-        port = int(proxy.service_url.rsplit(":", 1)[1])
-        # An address that is not a registered broker: a listener of ours that must
-        # never see a connection.
-        bait = socket.create_server(("127.0.0.1", 0))
-        bait.settimeout(0.5)
-        bait_url = f"pulsar://127.0.0.1:{bait.getsockname()[1]}"
-        for named in (bait_url, bait_url.removeprefix("pulsar://"), "pulsar://example.invalid:6650", "garbage"):
-            connect = pb.CommandConnect(client_version="relay-test", protocol_version=20,
-                                        proxy_to_broker_url=named)
-            answer = await asyncio.to_thread(_exchange, port, encode_command(wrap(connect)))
-            assert b"is not a broker of this cluster" in answer, (named, answer[:200])
-        try:
-            bait.accept()
-            raise AssertionError("the proxy connected to an address that is no broker")
-        except socket.timeout:
-            pass
-        finally:
-            bait.close()
-
-        rng = random.Random(34)
-        seeds = fuzz_inputs.seed_frames()
-        connect = seeds[0]
-        for round_index in range(300):
-            seed = rng.choice(seeds)
-            mutated = fuzz_inputs.mutate(rng, seed, seeds) if round_index % 2 else \
-                fuzz_inputs.mutate_fields(rng, seed)
-            # Half the streams start with a valid CONNECT, so the lookup phase sees them too.
-            data = (connect + mutated) if round_index % 3 else mutated
-            await asyncio.to_thread(_exchange, port, data, 0.3)
-        assert proxy.running, proxy.log_text()[-3000:]
-        health = urllib.request.urlopen(f"{proxy.http_url}/health", timeout=10)
-        assert health.status == 200
-        topic = f"persistent://public/default/after-fuzz-{uuid.uuid4().hex[:6]}"
-        missing, _ = await asyncio.to_thread(produce_consume, proxy.service_url, topic, 20, pulsar.ConsumerType.Shared)
-        assert not missing
-        assert "Traceback" not in proxy.log_text(), proxy.log_text()[-3000:]
+        bait.accept()
+        raise AssertionError("the proxy connected to an address that is no broker")
+    except socket.timeout:
+        pass
     finally:
-        await cluster.stop()
+        bait.close()
+
+    rng = random.Random(34)
+    seeds = fuzz_inputs.seed_frames()
+    connect = seeds[0]
+    for round_index in range(200):
+        seed = rng.choice(seeds)
+        mutated = fuzz_inputs.mutate(rng, seed, seeds) if round_index % 2 else \
+            fuzz_inputs.mutate_fields(rng, seed)
+        # Half the streams start with a valid CONNECT, so the lookup phase sees them too.
+        data = (connect + mutated) if round_index % 3 else mutated
+        await asyncio.to_thread(_exchange, port, data, 0.1)
+    assert proxy.running, proxy.log_text()[-3000:]
+    health = urllib.request.urlopen(f"{proxy.http_url}/health", timeout=10)
+    assert health.status == 200
+    topic = f"persistent://public/default/after-fuzz-{uuid.uuid4().hex[:6]}"
+    missing, _ = await asyncio.to_thread(produce_consume, proxy.service_url, topic, 20, pulsar.ConsumerType.Shared)
+    assert not missing
+    assert "Traceback" not in proxy.log_text(), proxy.log_text()[-3000:]
+
+
+async def test_a_proxy_killed_during_traffic_the_other_takes_over(proxied):
+    cluster = proxied
+    first, second = cluster.proxies
+    topic = f"proxy-death-{uuid.uuid4().hex[:8]}"
+    traffic = Traffic(proxy_url(cluster), topic, pulsar.ConsumerType.Shared).start()
+    await asyncio.to_thread(traffic.wait_acked, 200, 30)
+    # Kill a proxy piping the client's connections.
+    piped = [p for p in cluster.proxies if metric(p, "magnetar_proxy_connections_open", '{phase="piped"}') > 0]
+    assert piped, "no proxy pipes the client's connections"
+    victim = piped[0]
+    survivor = second if victim is first else first
+    before = len(traffic.acked)
+    victim.kill9()
+    await asyncio.to_thread(traffic.wait_acked, before + 200, 60)
+    # Everything the client does now goes through the survivor.
+    assert metric(survivor, "magnetar_proxy_connections_open", '{phase="piped"}') > 0
+    await asyncio.to_thread(traffic.finish)
+    assert not traffic.lost(), f"{len(traffic.lost())} acknowledged messages never consumed"
+    assert not traffic.errors, traffic.errors[:3]
+
+
+async def test_owner_killed_during_traffic_through_the_proxy(proxied):
+    cluster = proxied
+    topic = f"proxy-failover-{uuid.uuid4().hex[:8]}"
+    traffic = Traffic(proxy_url(cluster), topic).start()
+    await asyncio.to_thread(traffic.wait_acked, 200, 30)
+    owner = owner_of(cluster, topic)
+    before = len(traffic.acked)
+    owner.kill9()
+    killed_at = time.monotonic()
+    await asyncio.to_thread(traffic.wait_acked, before + 200, 60)
+    resumed_after = time.monotonic() - killed_at
+    assert owner_of(cluster, topic) is not owner
+    await asyncio.to_thread(traffic.finish)
+    assert not traffic.lost(), f"{len(traffic.lost())} acknowledged messages never consumed"
+    assert not traffic.errors, traffic.errors[:3]
+    print(f"through the proxy, clients reached the new owner in {resumed_after:.1f}s")
