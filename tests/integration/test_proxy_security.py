@@ -185,3 +185,44 @@ def test_no_client_can_claim_another_identity(secured):
     frames = exchange(proxy_port, [connect_frame(signer.create(alice),
                                                  proxy_to_broker_url=cluster.brokers[0].service_url), producer], 2)
     assert [f.command.type for f in frames] == [T.CONNECTED, T.PRODUCER_SUCCESS], frames
+
+
+def test_tls_from_the_client_to_the_proxy_and_from_the_proxy_to_the_broker(etcd_process, tmp_path):
+    """The broker listens on TLS only (``--no-plain-ports``): the proxy can reach it
+    only over TLS; the official client reaches the proxy over TLS, verifying its
+    certificate and host name."""
+    from tests.tls_certs import make_pki
+
+    pki = make_pki(str(tmp_path / "pki"))
+    cluster = Cluster(etcd_process, str(tmp_path))
+
+    async def start() -> None:
+        await cluster.start_bookies(1)
+        await cluster.broker(extra_args=[
+            "--ensemble-size", "1", "--write-quorum", "1", "--ack-quorum", "1",
+            "--tls-cert-file", pki.cert_file, "--tls-key-file", pki.key_file, "--tls-port", "0",
+            "--http-tls-port", "0", "--no-plain-ports"]).start()
+        await cluster.proxy(extra_args=["--tls-port", "0", "--tls-cert-file", pki.cert_file,
+                                        "--tls-key-file", pki.key_file, "--broker-tls",
+                                        "--broker-tls-trust-certs-file", pki.ca_file]).start()
+
+    try:
+        asyncio.run(start())
+        proxy = cluster.proxies[0]
+        assert proxy.service_url_tls.startswith("pulsar+ssl://")
+        url = proxy.service_url_tls.replace("127.0.0.1", "localhost")
+        client = pulsar.Client(url, tls_trust_certs_file_path=pki.ca_file, tls_validate_hostname=True,
+                               operation_timeout_seconds=30)
+        try:
+            topic = f"persistent://public/default/tls-{uuid.uuid4().hex[:6]}"
+            consumer = client.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+            producer = client.create_producer(topic, batching_enabled=False)
+            for index in range(20):
+                producer.send(f"m{index}".encode())
+            got = {consumer.receive(timeout_millis=20_000).data() for _ in range(20)}
+            assert got == {f"m{index}".encode() for index in range(20)}
+        finally:
+            client.close()
+        assert "Traceback" not in proxy.log_text(), proxy.log_text()[-3000:]
+    finally:
+        asyncio.run(cluster.stop())
