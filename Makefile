@@ -186,6 +186,11 @@ bench-archive: setup
 # The HTTP gateway (about 6 minutes): batched produce, pull + ack and single-produce
 # latency against the official client in the same run (bench/results/gateway.json), then
 # locust headless, 50 users for 60 s, produce + pull + ack (bench/results/gateway_locust.json).
+# The proxy's cost against direct connections, in one run (bench/results/proxy.json).
+.PHONY: bench-proxy
+bench-proxy: setup
+	$(PY) bench/proxy_bench.py --out bench/results/proxy.json
+
 bench-gateway: setup
 	$(PY) bench/gateway_bench.py --out bench/results/gateway.json
 	$(PY) bench/gateway_load.py --out bench/results/gateway_locust.json
