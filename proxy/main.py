@@ -28,6 +28,7 @@ from proxy.auth import ProxyAuthConfig, ProxyAuthenticator
 from proxy.brokers import BrokerDirectory
 from proxy.config import ProxyConfig
 from proxy.connection import ClientSide
+from proxy.http_forward import add_forward_routes
 from proxy.metrics import ProxyMetrics
 from proxy.server import ProxyServer
 
@@ -101,7 +102,9 @@ class ProxyProcess:
             count = brokers.count()
             return count > 0, {"brokers": count, "connections": len(server.connections)}
 
-        runner, http_port = await start_ops_server(build_ops_app(registry, health), config.host, config.http_port)
+        app = build_ops_app(registry, health)
+        add_forward_routes(app, brokers, metrics)
+        runner, http_port = await start_ops_server(app, config.host, config.http_port)
         listeners = []
         try:
             plain = await loop.create_server(lambda: ClientSide(server), config.host, config.port)

@@ -17,6 +17,8 @@ class ProxyMetrics:
                              ["direction"], registry=registry)
         self.lookups = Counter("magnetar_proxy_lookups_total", "Lookup-phase requests forwarded to a broker",
                                ["command", "outcome"], registry=registry)
+        self.http = Counter("magnetar_proxy_http_requests_total", "Admin and lookup HTTP requests forwarded",
+                            ["outcome"], registry=registry)
         self.paused = Counter("magnetar_proxy_read_pauses_total",
                               "Times reading one side paused because the other side's buffer was full",
                               ["side"], registry=registry)

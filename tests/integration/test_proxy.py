@@ -19,11 +19,13 @@ Proves:
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import re
 import socket
 import threading
 import time
+import urllib.error
 import urllib.request
 import uuid
 
@@ -264,6 +266,43 @@ async def test_no_open_relay_and_bad_input_never_crashes_it(proxied):
     missing, _ = await asyncio.to_thread(produce_consume, proxy.service_url, topic, 20, pulsar.ConsumerType.Shared)
     assert not missing
     assert "Traceback" not in proxy.log_text(), proxy.log_text()[-3000:]
+
+
+def _http(method: str, url: str, body=None) -> tuple[int, object]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            text = response.read()
+            return response.status, json.loads(text) if text else None
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+async def test_admin_and_lookup_http_through_the_proxy(proxied):
+    """/admin/v2 and /lookup on the proxy's HTTP port reach the brokers; a broker's
+    redirect to a topic's owner is followed by the proxy (the caller only ever talks
+    to the proxy)."""
+    cluster = proxied
+    proxy = running_proxy(cluster)
+    base = proxy.http_url
+    namespace = f"public/http-{uuid.uuid4().hex[:6]}"
+    assert (await asyncio.to_thread(_http, "PUT", f"{base}/admin/v2/namespaces/{namespace}", {}))[0] in (200, 204)
+    assert (await asyncio.to_thread(_http, "PUT", f"{base}/admin/v2/persistent/{namespace}/orders/partitions",
+                                    3))[0] in (200, 204)
+    status, body = await asyncio.to_thread(_http, "GET", f"{base}/admin/v2/persistent/{namespace}/orders/partitions")
+    assert (status, body) == (200, {"partitions": 3})
+    topic = f"persistent://{namespace}/stats-{uuid.uuid4().hex[:6]}"
+    missing, _ = await asyncio.to_thread(produce_consume, proxy.service_url, topic, 10, pulsar.ConsumerType.Shared)
+    assert not missing
+    # Served by the owner only: the other brokers answer 307, which the proxy follows.
+    path = topic.replace("persistent://", "persistent/")
+    for _ in range(6):
+        status, body = await asyncio.to_thread(_http, "GET", f"{base}/admin/v2/{path}/stats")
+        assert status == 200 and body["msgInCounter"] == 10, (status, body)
+        status, body = await asyncio.to_thread(_http, "GET", f"{base}/lookup/v2/topic/{path}")
+        assert status == 200 and body["brokerUrl"].startswith("pulsar://"), (status, body)
+    assert metric(proxy, "magnetar_proxy_http_requests_total", '{outcome="ok"}') >= 15
 
 
 async def test_a_proxy_killed_during_traffic_the_other_takes_over(proxied):
