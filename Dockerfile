@@ -24,6 +24,7 @@ COPY bundles/ bundles/
 COPY subscriptions/ subscriptions/
 COPY broker/ broker/
 COPY gateway/ gateway/
+COPY proxy/ proxy/
 COPY spark/ spark/
 # The generated protobuf modules are not in the source tree: make them here, then
 # install the package (not editable) with its runtime dependencies only. The Pulsar
