@@ -33,8 +33,11 @@ from tests.hosts.topology import Topology
 FAULT_KINDS = (
     "isolate-broker", "isolate-bookie", "broker-from-etcd", "broker-from-bookie", "broker-to-bookie-one-way",
     "bookie-from-broker-only", "kill-broker", "kill-bookie", "pause-broker", "pause-bookie", "etcd-minority",
-    "etcd-majority", "kill-proxy",
+    "etcd-majority",
 )
+# Kinds that need hosts only some topologies have (not in FAULT_KINDS, which make
+# partitions draws from): proxies (tests/hosts/test_proxy_hosts.py).
+PROXY_FAULT_KINDS = ("kill-proxy",)
 # A broker fences itself 9 s after its lease was last confirmed (bundles/config.py,
 # TTL 10 s); an etcd majority loss held under that shows owned topics publishing on.
 ETCD_MAJORITY_HOLD_S_MAX = 6.0
