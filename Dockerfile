@@ -26,6 +26,7 @@ COPY subscriptions/ subscriptions/
 COPY managed_ledger/ managed_ledger/
 COPY broker/ broker/
 COPY gateway/ gateway/
+COPY proxy/ proxy/
 COPY spark/ spark/
 # The generated protobuf modules are not in the source tree: make them here, then
 # install the package (not editable) with its runtime dependencies and the `tools` extra:

@@ -83,7 +83,7 @@ TEST_PYTHON_ENV := env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(CURDIR)/
 # (bin-packing was not the bound). Cut CPU to cut time (tests/timings.py).
 test: setup
 	$(VENV)/bin/lint-imports --no-cache
-	$(TEST_PYTHON_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not spark_full" tests
+	$(TEST_PYTHON_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not spark_full and not hosts_proxy" tests
 
 # make test, recording each test's wall and CPU time (its own and its child processes')
 # per xdist worker (tests/timings.py), then the modules longest first:
@@ -223,6 +223,11 @@ bench-archive: setup
 # The HTTP gateway (about 6 minutes): batched produce, pull + ack and single-produce
 # latency against the official client in the same run (bench/results/gateway.json), then
 # locust headless, 50 users for 60 s, produce + pull + ack (bench/results/gateway_locust.json).
+# The proxy's cost against direct connections, in one run (bench/results/proxy.json).
+.PHONY: bench-proxy
+bench-proxy: setup
+	$(PY) bench/proxy_bench.py --out bench/results/proxy.json
+
 bench-gateway: setup
 	$(PIP) install --quiet -e '.[dev,load]'
 	$(PY) bench/gateway_bench.py --out bench/results/gateway.json
@@ -248,6 +253,12 @@ sim: setup
 # bench/results/partitions.json and .md. make test runs a short one (tests/hosts/).
 PARTITIONS_SEED ?= 1
 PARTITIONS_MINUTES ?= 12.5
+# The proxy as the only door (tests/hosts/test_proxy_hosts.py, about 70 s: longer than
+# make test's 40 s allowance for it): a client host that reaches only the proxy's host.
+.PHONY: hosts-proxy
+hosts-proxy: setup
+	$(TEST_PYTHON_ENV) $(PY) -m pytest -q -p no:cacheprovider -n 0 -m hosts_proxy tests/hosts/test_proxy_hosts.py
+
 partitions: setup
 	$(TEST_PYTHON_ENV) $(PY) bench/partitions.py --seed $(PARTITIONS_SEED) --minutes $(PARTITIONS_MINUTES) \
 		--out bench/results/partitions.json --report bench/results/partitions.md

@@ -61,6 +61,10 @@ BASIC_CHECKS_IN_FLIGHT_MAX = 2
 METHOD_NAME_BYTES_MAX = 64
 
 
+# The longest role a proxy may name for its client.
+ROLE_BYTES_MAX = 1024
+
+
 @dataclass(frozen=True)
 class AuthConfig:
     # Clients must prove a role (CONNECT auth data, HTTP Authorization, a client certificate).
@@ -234,6 +238,18 @@ class Authenticator:
                 raise AuthenticationFailed("the Basic credentials are not valid base64") from None
             return await self.authenticate(BASIC_METHOD, decoded)
         raise AuthenticationFailed("the Authorization header must be 'Bearer <token>' or 'Basic <base64>'")
+
+    def on_behalf_of(self, proxy: Identity, original_principal: str, original_method: str = "") -> Identity:
+        """The identity a proxy names (CONNECT's or a lookup's ``original_principal``):
+        honoured only from a role of ``proxy_roles`` (Pulsar's proxyRoles), so that no
+        client can claim another's identity by talking to a broker directly."""
+        if proxy.role not in self.config.proxies:
+            raise AuthenticationFailed(f"role {proxy.role!r} is not a proxy role: it may not name an "
+                                       "original_principal")
+        if not original_principal:
+            raise AuthenticationFailed("the proxy named an empty original_principal")
+        return Identity(original_principal[:ROLE_BYTES_MAX], proxy.expires_at_s,
+                        (original_method or proxy.method)[:METHOD_NAME_BYTES_MAX])
 
     def still_valid(self, identity: Identity, now_s: float | None = None) -> bool:
         return identity.expires_at_s is None or identity.expires_at_s > (time.time() if now_s is None else now_s)

@@ -457,6 +457,10 @@ class ServerConnection(LookupHandlers, ProducingHandlers, ConsumingHandlers, Adm
         data = connect.auth_data if connect.HasField("auth_data") else None
         try:
             self.identity = await self.service.authenticator.authenticate(method, data, self._peer_certificate())
+            if connect.HasField("original_principal"):
+                # A proxy connecting for its client (proxy roles only).
+                self.identity = self.service.authenticator.on_behalf_of(
+                    self.identity, connect.original_principal, connect.original_auth_method)
         except AuthenticationFailed as error:
             # The reason, never the credential. The first request gets the error and
             # the connection ends (see the module's docstring).
@@ -482,6 +486,14 @@ class ServerConnection(LookupHandlers, ProducingHandlers, ConsumingHandlers, Adm
     @property
     def role(self) -> str | None:
         return self.identity.role if self.identity is not None else None
+
+    def _requesting_role(self, request) -> str | None:
+        """The role a lookup is checked for: the ``original_principal`` a proxy role
+        names for its client (AuthenticationFailed from any other role), else this
+        connection's."""
+        if self.identity is None or not request.HasField("original_principal"):
+            return self.role
+        return self.service.authenticator.on_behalf_of(self.identity, request.original_principal).role
 
     def _on_keepalive_check(self, now_s: float) -> bool:
         """What the session's keep-alive asks for now; False once it is over."""

@@ -33,7 +33,7 @@ class LookupHandlers:
         request = frame.command.partitionMetadata
         try:
             name = TopicName.parse(request.topic)
-            await self.service.authorizer.check_lookup(self.role, name)
+            await self.service.authorizer.check_lookup(self._requesting_role(request), name)
             partitions = await self.service.partitioned_metadata(name)
         except MagnetarError as error:
             self.write_command(commands.partitioned_metadata_failure(request.request_id, server_error_for(error),
@@ -45,7 +45,7 @@ class LookupHandlers:
         request = frame.command.lookupTopic
         try:
             name = TopicName.parse(request.topic)
-            await self.service.authorizer.check_lookup(self.role, name)
+            await self.service.authorizer.check_lookup(self._requesting_role(request), name)
             if request.advertised_listener_name:
                 self.listener_name = request.advertised_listener_name[:LISTENER_NAME_BYTES_MAX]
             owner = await self.service.lookup(name, request.advertised_listener_name)

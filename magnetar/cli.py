@@ -3,6 +3,7 @@
     magnetar bookie …        a bookie (storage node)
     magnetar shell …         BookKeeper-style tools: listbookies, simpletest, readledger …
     magnetar gateway …       an HTTP gateway (produce and consume over HTTP)
+    magnetar proxy …         the binary protocol's front door: lookups and connections piped to brokers
     magnetar standalone …    etcd + bookies + brokers + a gateway on this machine
     magnetar produce …       send messages with the official Pulsar client
     magnetar consume …       receive and acknowledge messages
@@ -37,6 +38,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bookie": ("bookie.main", "run a bookie"),
     "broker": ("broker.main", "run a broker"),
     "gateway": ("gateway.main", "run an HTTP gateway"),
+    "proxy": ("proxy.main", "run a proxy: the binary protocol's front door for clients outside the cluster"),
     "shell": ("ledger.shell", "ledger and bookie tools"),
     "standalone": ("magnetar.standalone", "a whole cluster on this machine"),
     "produce": ("magnetar.tools.produce", "send messages to a topic"),

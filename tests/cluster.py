@@ -350,6 +350,32 @@ class GatewayProcess(ManagedProcess):
         return self
 
 
+_PROXY_READY = re.compile(r"proxy listening: service_url=(\S+) service_url_tls=(\S+) http_url=(\S+)")
+
+
+class ProxyProcess(ManagedProcess):
+    """``magnetar proxy`` on free ports, finding the brokers through ``metadata_url``."""
+
+    def __init__(self, name: str, base_dir: str, metadata_url: str, *, extra_args: list[str] | None = None,
+                 port: int = 0) -> None:
+        self.metadata_url = metadata_url
+        self.extra_args = list(extra_args or [])
+        # Restarts bind the same port again (a client's service URL names it).
+        self.port = port or free_port()
+        self.service_url = ""
+        self.service_url_tls = ""
+        self.http_url = ""
+        super().__init__(name, [], os.path.join(base_dir, name, "proxy.log"))
+
+    async def start(self) -> "ProxyProcess":
+        self.argv = python_command("proxy", "--metadata", self.metadata_url, "--port", str(self.port),
+                                   "--http-port", "0", *self.extra_args)
+        self.spawn()
+        match = await self.wait_for_log(_PROXY_READY)
+        self.service_url, self.service_url_tls, self.http_url = match.group(1), match.group(2), match.group(3)
+        return self
+
+
 class Cluster:
     """etcd (shared per session) plus bookies of one test, under a unique root."""
 
@@ -361,6 +387,7 @@ class Cluster:
         self.bookies: list[BookieProcess] = []
         self.brokers: list[BrokerProcess] = []
         self.gateways: list[GatewayProcess] = []
+        self.proxies: list[ProxyProcess] = []
         self.gateway_secret = f"test:{uuid.uuid4().hex}{uuid.uuid4().hex}"
 
     def bookie(self, name: str | None = None, **kwargs) -> BookieProcess:
@@ -399,7 +426,19 @@ class Cluster:
         await asyncio.gather(*(g.start() for g in started))
         return started
 
+    def proxy(self, name: str | None = None, **kwargs) -> ProxyProcess:
+        name = name or f"proxy-{len(self.proxies)}"
+        process = ProxyProcess(name, self.base_dir, self.metadata_url, **kwargs)
+        self.proxies.append(process)
+        return process
+
     async def stop(self) -> None:
+        for proxy in self.proxies:
+            if proxy.running:
+                try:
+                    await proxy.terminate(timeout_s=20)
+                except TimeoutError:
+                    proxy.kill9()
         for gateway in self.gateways:
             if gateway.running:
                 try:

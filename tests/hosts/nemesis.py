@@ -12,6 +12,8 @@ Kinds (``FAULT_KINDS``):
 - ``bookie-from-broker-only``: a bookie cut from every broker, still reaching etcd (it
   stays registered; writers must replace it in their ensembles);
 - ``kill-broker`` / ``kill-bookie``: kill -9, restarted on heal;
+- ``kill-proxy``: a proxy (a host named ``proxy*``, test_proxy_hosts.py) killed -9,
+  restarted on heal;
 - ``pause-broker`` / ``pause-bookie``: SIGSTOP, SIGCONT on heal;
 - ``etcd-minority``: one etcd member killed (restarted on heal);
 - ``etcd-majority``: two members isolated (healed together), held shorter than a
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -32,6 +35,9 @@ FAULT_KINDS = (
     "bookie-from-broker-only", "kill-broker", "kill-bookie", "pause-broker", "pause-bookie", "etcd-minority",
     "etcd-majority",
 )
+# Kinds that need hosts only some topologies have (not in FAULT_KINDS, which make
+# partitions draws from): proxies (tests/hosts/test_proxy_hosts.py).
+PROXY_FAULT_KINDS = ("kill-proxy",)
 # A broker fences itself 9 s after its lease was last confirmed (bundles/config.py,
 # TTL 10 s); an etcd majority loss held under that shows owned topics publishing on.
 ETCD_MAJORITY_HOLD_S_MAX = 6.0
@@ -43,6 +49,9 @@ class Fault:
     kind: str
     target: str
     details: dict = field(default_factory=dict)
+
+
+_PROXY_READY = re.compile(r"proxy listening: ")
 
 
 class Nemesis:
@@ -81,6 +90,8 @@ class Nemesis:
             return Fault(kind, f"{broker}~{bookie}", {"broker": broker, "bookie": bookie})
         if kind == "etcd-minority":
             return Fault(kind, pick(t.etcd_names))
+        if kind == "kill-proxy":
+            return Fault(kind, pick(sorted(name for name in t.processes if name.startswith("proxy"))))
         if kind == "etcd-majority":
             members = sorted(self.random.sample(t.etcd_names, 2))
             return Fault(kind, "+".join(members), {"members": members})
@@ -100,7 +111,7 @@ class Nemesis:
             net.cut(fault.details["broker"], fault.details["bookie"])
         elif kind == "bookie-from-broker-only":
             net.partition([fault.target], t.broker_names)
-        elif kind in ("kill-broker", "kill-bookie", "etcd-minority"):
+        elif kind in ("kill-broker", "kill-bookie", "etcd-minority", "kill-proxy"):
             t.processes[fault.target].kill9()
         elif kind in ("pause-broker", "pause-bookie"):
             t.processes[fault.target].pause()
@@ -117,7 +128,7 @@ class Nemesis:
         assert fault is not None
         t, kind = self.topology, fault.kind
         healed_at = time.time()
-        if kind in ("kill-broker", "kill-bookie", "etcd-minority"):
+        if kind in ("kill-broker", "kill-bookie", "etcd-minority", "kill-proxy"):
             process = t.processes[fault.target]
             process.spawn()
         elif kind in ("pause-broker", "pause-bookie"):
@@ -132,6 +143,8 @@ class Nemesis:
 
             t.processes[fault.target].wait_for_log(_BROKER_READY if kind == "kill-broker" else _BOOKIE_READY,
                                                    timeout_s=RESTART_READY_TIMEOUT_S)
+        if kind == "kill-proxy":
+            t.processes[fault.target].wait_for_log(_PROXY_READY, timeout_s=RESTART_READY_TIMEOUT_S)
         self.active = None
         self.log.append(record)
         return record

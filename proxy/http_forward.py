@@ -1,0 +1,82 @@
+"""HTTP through the proxy: ``/admin/v2/...``, ``/admin/...`` and ``/lookup/...`` on the
+proxy's HTTP port are forwarded to a registered broker's web service, so admin tools
+work from where only the proxy is reachable.
+
+A broker's redirect (307 to the owner of a topic or bundle) is followed by the proxy
+itself, at most ``REDIRECTS_MAX`` times and only to a registered broker's web address:
+the caller never gets a broker address it cannot reach, and the proxy never fetches an
+address that is no broker. A redirect elsewhere is answered 502.
+
+Headers passed on: Authorization, Content-Type, Accept (the broker authenticates the
+caller); ``X-Original-Principal`` from a caller is dropped (only a proxy role may name
+one, and this proxy does not). Bodies are bounded by the app's body limit."""
+
+from __future__ import annotations
+
+import logging
+import random
+from urllib.parse import urljoin, urlsplit
+
+import aiohttp
+from aiohttp import web
+
+from proxy.brokers import BrokerDirectory
+from proxy.metrics import ProxyMetrics
+
+log = logging.getLogger(__name__)
+
+REDIRECTS_MAX = 5
+PASSED_HEADERS = ("Authorization", "Content-Type", "Accept")
+ANSWER_HEADERS = ("Content-Type",)
+TIMEOUT_S = 60.0
+
+
+def _origin(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{(parts.hostname or '').lower()}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
+
+
+def add_forward_routes(app: web.Application, brokers: BrokerDirectory, metrics: ProxyMetrics) -> None:
+    session: dict[str, aiohttp.ClientSession] = {}
+
+    async def on_cleanup(_app: web.Application) -> None:
+        if "s" in session:
+            await session["s"].close()
+
+    app.on_cleanup.append(on_cleanup)
+
+    async def forward(request: web.Request) -> web.StreamResponse:
+        urls = brokers.web_urls()
+        if not urls:
+            return web.json_response({"reason": "no broker is registered"}, status=503)
+        if "s" not in session:
+            session["s"] = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_S))
+        allowed = {_origin(url) for url in urls}
+        body = await request.read()
+        headers = {name: request.headers[name] for name in PASSED_HEADERS if name in request.headers}
+        url = random.choice(urls).rstrip("/") + request.rel_url.raw_path_qs
+        for _ in range(REDIRECTS_MAX + 1):
+            try:
+                async with session["s"].request(request.method, url, data=body or None, headers=headers,
+                                                allow_redirects=False) as answer:
+                    if answer.status in (301, 302, 303, 307, 308) and "Location" in answer.headers:
+                        url = urljoin(url, answer.headers["Location"])
+                        if _origin(url) not in allowed:
+                            metrics.http.labels("bad_redirect").inc()
+                            log.warning("broker redirect to an address that is no broker, refused: location=%s",
+                                        url[:200])
+                            return web.json_response({"reason": "redirect to an address that is not a broker"},
+                                                     status=502)
+                        continue
+                    payload = await answer.read()
+                    metrics.http.labels("ok" if answer.status < 500 else "error").inc()
+                    return web.Response(status=answer.status, body=payload,
+                                        headers={name: answer.headers[name] for name in ANSWER_HEADERS
+                                                 if name in answer.headers})
+            except (aiohttp.ClientError, TimeoutError) as error:
+                metrics.http.labels("unavailable").inc()
+                return web.json_response({"reason": f"broker unreachable: {type(error).__name__}"}, status=503)
+        return web.json_response({"reason": f"more than {REDIRECTS_MAX} redirects"}, status=502)
+
+    for prefix in ("/admin/", "/lookup/"):
+        app.router.add_route("*", prefix + "{tail:.*}", forward)
