@@ -41,7 +41,10 @@ async def run_round(coroutine: Coroutine[Any, Any, Any], *, what: str, bound_s: 
                     log.error("%s round still running after it was cancelled: seconds=%.1f", what,
                               time.monotonic() - started)
     except asyncio.CancelledError:
+        # The loop is stopping: its round stops with it, before the loop's owner goes on
+        # (bounded: a round that ignores its cancellation is left behind after bound_s).
         task.cancel()
+        await asyncio.wait({task}, timeout=bound_s)
         raise
     if task.cancelled():
         if not timed_out:

@@ -71,3 +71,22 @@ def test_a_round_that_ignores_its_cancellation_is_logged_again(caplog):
 def test_a_broken_invariant_reaches_the_loops_owner():
     with pytest.raises(AssertionError):
         asyncio.run(run_round(_fails_with(AssertionError("broken")), what="leader", bound_s=1))
+
+
+def test_stopping_the_loop_stops_its_round():
+    async def scenario():
+        inner_cancelled = asyncio.Event()
+
+        async def round_():
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                inner_cancelled.set()
+                raise
+        loop_task = asyncio.ensure_future(run_round(round_(), what="leader", bound_s=5))
+        await asyncio.sleep(0.05)
+        loop_task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await loop_task
+        return inner_cancelled.is_set()
+    assert asyncio.run(scenario())
