@@ -30,6 +30,10 @@ class BundlesConfig:
     # Load reports are written this often; the leader decides this often.
     report_interval_s: float = 5.0
     leader_interval_s: float = 1.0
+    # A leader round or a load report taking longer than this is logged and cancelled
+    # (bundles/rounds.py). A round is a few metadata calls (5 s each at most) in the
+    # usual case; one per unowned bundle after many brokers died.
+    round_timeout_s: float = 30.0
     # How long a request for a topic waits for its bundle to come to this broker (a
     # transfer or assignment in flight) before answering ServiceNotReady.
     ownership_wait_s: float = 10.0
@@ -60,6 +64,8 @@ class BundlesConfig:
             raise ConfigError("lease_ttl_s must be in [2, 300]")
         if not 0.2 <= self.fence_fraction <= 0.95:
             raise ConfigError("fence_fraction must be in [0.2, 0.95]")
+        if not 1 <= self.round_timeout_s <= 600:
+            raise ConfigError("round_timeout_s must be in [1, 600]")
         if not 0.1 <= self.report_interval_s <= 600 or not 0.05 <= self.leader_interval_s <= 600:
             raise ConfigError("report_interval_s and leader_interval_s must be positive and sane")
         if not 0.5 <= self.ownership_wait_s <= 120:

@@ -33,8 +33,9 @@ from bundles.config import BundlesConfig
 from bundles.hashing import Bundles
 from bundles.ownership import BrokerIdentity, OwnershipManager, assignments_from, bundle_key, owners_from
 from bundles.records import AssignmentRecord, BundlesRecord, LeaderRecord, LoadReport, TransferRecord, decode_reports
+from bundles.rounds import run_round
 from common.errors import MagnetarError, MalformedFrame, MetadataKeyExists
-from runtime.tasks import cancel_and_wait
+from runtime.tasks import cancel_and_wait, log_failure
 from metadata import keys
 from metadata.prefix_cache import PrefixCache
 from metadata.store import Compare, Delete, Lease, MetadataStore, Put, Record
@@ -64,6 +65,9 @@ class Leader:
         self._unsettled: dict[str, balancer.PendingMove] = {}
         self._task: asyncio.Task[None] | None = None
         self.moves = 0
+        # Rounds run, and when the last one that ended well ended (monotonic).
+        self.rounds = 0
+        self.last_good_round = 0.0
 
     async def start(self) -> None:
         await self._leader.start()
@@ -71,7 +75,12 @@ class Leader:
             await self._campaign()   # a lone broker leads as soon as it serves
         except MagnetarError as error:
             log.warning("first leader campaign failed: error=%s", error)
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="leader rounds")
+        self._task.add_done_callback(lambda task: log_failure(task, owner="leader"))
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
 
     async def close(self) -> None:
         await cancel_and_wait(self._task)
@@ -114,13 +123,17 @@ class Leader:
             except TimeoutError:
                 pass
             self._wake.clear()
-            try:
-                if not self.is_leader:
-                    await self._campaign()
-                if self.is_leader:
-                    await self._decide()
-            except MagnetarError as error:
-                log.warning("leader round failed: error=%s", error)
+            self.rounds += 1
+            # Bounded and logged (bundles/rounds.py): a round that waited for ever on etcd
+            # once left bundles unowned for minutes without a line in the log.
+            if await run_round(self._round(), what="leader", bound_s=self.config.round_timeout_s):
+                self.last_good_round = time.monotonic()
+
+    async def _round(self) -> None:
+        if not self.is_leader:
+            await self._campaign()
+        if self.is_leader:
+            await self._decide()
 
     async def _campaign(self) -> None:
         lease = self._lease()

@@ -13,8 +13,8 @@ from typing import Callable
 from bundles.config import BundlesConfig
 from bundles.hashing import BundleIndex
 from bundles.ownership import OwnershipManager
+from bundles.rounds import run_round
 from bundles.records import LoadReport
-from common.errors import MagnetarError
 from metadata import keys
 from metadata.store import MetadataStore
 
@@ -32,6 +32,9 @@ class LoadReporter:
         self._started_ms = int(time.time() * 1000)
         self._last: tuple[float, float, dict[str, tuple[int, int]]] | None = None
         self.last_report: LoadReport | None = None
+        # Rounds run, and when the last one that ended well ended (monotonic).
+        self.rounds = 0
+        self.last_good_round = 0.0
 
     def build(self) -> LoadReport:
         now = time.monotonic()
@@ -74,8 +77,9 @@ class LoadReporter:
 
     async def run(self) -> None:
         while True:
-            try:
-                await self.publish()
-            except MagnetarError as error:
-                log.warning("load report failed: error=%s", error)
+            self.rounds += 1
+            # Bounded and logged (bundles/rounds.py): "load report round failed" names a
+            # failed round, a stalled one is logged and cancelled at its bound.
+            if await run_round(self.publish(), what="load report", bound_s=self.config.round_timeout_s):
+                self.last_good_round = time.monotonic()
             await asyncio.sleep(self.config.report_interval_s)

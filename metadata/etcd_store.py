@@ -41,6 +41,15 @@ Theory of operation:
   watch's next try (so a creation that timed out keeps its stream). The connection is
   closed (bounded by ``call_timeout_s``) when the stream fails or the iteration ends,
   and after a failure the next one goes to the next endpoint.
+- A call whose channel is closed under it (the store moved to the next endpoint and
+  closes the old client while other calls are still in flight on it) gets a
+  ``CancelledError`` from grpc.aio although nobody cancelled its task: the channel's
+  close cancels its calls "locally", and grpc.aio reports that as a cancellation. Passed
+  on, the callers took it for their own cancellation: in issue 32's partitions run the
+  leader's loop and the load reporter ended silently after an etcd majority loss (two
+  bundles without an owner for 8+ minutes), and a rollover ended with its appends
+  queued, so a topic close waited on them for ever. ``_call`` turns a CancelledError
+  that no cancellation of the calling task explains into ``MetadataUnavailable``.
 - Stopping a watch must not depend on the cancellation reaching it. aetcd waits for
   etcd's "created" reply with ``asyncio.wait_for``, which on Python 3.11 returns the
   result instead of raising when the reply and the cancellation land in the same loop
@@ -174,6 +183,10 @@ def parse_metadata_url(url: str, *, root: str = "/magnetar/standalone",
             raise ConfigError(f"metadata endpoint must be host:port: {item!r}")
         endpoints.append((host, int(port_text)))
     return EtcdStoreConfig(endpoints=tuple(endpoints), root=root, tls=tls)
+
+
+class _ConnectionClosed(Exception):
+    """A call ended by the close of its channel (grpc.aio raises CancelledError then)."""
 
 
 def _cancellation_pending() -> bool:
@@ -374,7 +387,21 @@ class EtcdStore(MetadataStore):
         client = await self._client_now()
         try:
             async with asyncio.timeout(timeout_s or self.config.call_timeout_s):
-                return await coroutine_factory(client)
+                try:
+                    return await coroutine_factory(client)
+                except asyncio.CancelledError:
+                    if _cancellation_pending():
+                        raise   # ours (the timeout above) or the caller's: a real cancellation
+                    # Nobody cancelled this task: grpc.aio raises a fresh CancelledError from
+                    # every call still in flight on a channel that is closed (its close
+                    # cancels them "locally"), here the client _rotate_endpoint replaced.
+                    # Passed on, it looked like a cancellation to the caller: the leader's
+                    # rounds and the load reporter ended without a word, a rollover ended
+                    # with its appends queued for ever (module docstring). It is a failed
+                    # call on a dead connection: retriable, like any other.
+                    raise _ConnectionClosed() from None
+        except _ConnectionClosed:
+            raise MetadataUnavailable("etcd call failed: its connection was closed under it") from None
         except (aetcd.exceptions.ClientError, etcd_rpc.AioRpcError, TimeoutError) as error:
             translated, endpoint_failed = _translate(error)
             if endpoint_failed:

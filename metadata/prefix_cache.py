@@ -10,7 +10,7 @@ import logging
 from typing import Callable
 
 from common.errors import MagnetarError
-from runtime.tasks import cancel_and_wait
+from runtime.tasks import cancel_and_wait, log_failure
 from metadata.store import MetadataStore, Record
 
 log = logging.getLogger(__name__)
@@ -34,7 +34,8 @@ class PrefixCache:
 
     async def start(self) -> None:
         await self._reload()
-        self._task = asyncio.get_running_loop().create_task(self._follow())
+        self._task = asyncio.get_running_loop().create_task(self._follow(), name=f"follow {self.prefix}")
+        self._task.add_done_callback(lambda task: log_failure(task, owner="prefix cache"))
 
     async def _reload(self) -> None:
         records, revision = await self._store.get_prefix_at(self.prefix)
@@ -79,8 +80,14 @@ class PrefixCache:
                     self.changed.set()
                 else:
                     return
-            except MagnetarError as error:
-                log.warning("prefix watch failed, reloading: prefix=%s error=%s", self.prefix, error)
+            except AssertionError:
+                raise                    # a broken invariant: logged by the done-callback, critical
+            except Exception as error:   # an operating error, or a foreign one: never end silently
+                if isinstance(error, MagnetarError):
+                    log.warning("prefix watch failed, reloading: prefix=%s error=%s", self.prefix, error)
+                else:
+                    log.error("prefix watch failed, reloading: prefix=%s error=%r", self.prefix, error,
+                              exc_info=error)
                 await asyncio.sleep(_RELOAD_PAUSE_S)
                 try:
                     await self._reload()
