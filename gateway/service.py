@@ -62,6 +62,7 @@ class GatewayService:
         self.messages_pulled = 0
         self.messages_acked = 0
         self.messages_nacked = 0
+        self.messages_rejected = 0
         self.leases_extended = 0
 
     async def start(self) -> None:
@@ -137,8 +138,8 @@ class GatewayService:
         name = self.consumer_name(spec.mode, spec.member, spec.consumer)
         policy = None
         if spec.max_deliveries is not None:
-            dead_letter_topic = spec.dead_letter_topic or f"{topic}-{subscription}-DLQ"
-            policy = DeadLetterPolicy(spec.max_deliveries, str(_parse_topic(dead_letter_topic)))
+            policy = DeadLetterPolicy(spec.max_deliveries, dead_letter_topic(topic, subscription,
+                                                                             spec.dead_letter_topic))
         consumers = []
         for partition in await self.partition_topics(topic):
             consumer = await self.consumers.get(ConsumerKey(partition, subscription, spec.mode, name),
@@ -148,13 +149,16 @@ class GatewayService:
         return consumers
 
     async def _dead_letter(self, topic: str, origin_topic: str, entry: ReceivedEntry) -> None:
-        """Publishes an entry's messages to the dead-letter topic, with the properties
-        Pulsar's clients add (REAL_TOPIC, ORIGIN_MESSAGE_ID)."""
+        await self.dead_letter(topic, origin_topic, entry.messages)
+
+    async def dead_letter(self, topic: str, origin_topic: str, received: list) -> None:
+        """Publishes messages to the dead-letter topic, with the properties Pulsar's
+        clients add (REAL_TOPIC, ORIGIN_MESSAGE_ID); returns once they are stored."""
         messages = [OutgoingMessage(m.payload, key=m.key, ordering_key=m.ordering_key,
                                     properties={**m.properties, "REAL_TOPIC": origin_topic,
                                                 "ORIGIN_MESSAGE_ID": str(m.message_id)},
                                     event_time_ms=m.event_time_ms)
-                    for m in entry.messages]
+                    for m in received]
         entries = await self.producers.send(topic, messages, batch=True)
         async with asyncio.timeout(self.config.produce_timeout_ms / 1000):
             await asyncio.gather(*(entry.future for entry in entries))
@@ -190,6 +194,11 @@ class GatewayService:
         self.forward_tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.debug("background forward failed: error=%r", task.exception())
+
+
+def dead_letter_topic(topic: str, subscription: str, named: str | None) -> str:
+    """The dead-letter topic: the one named, or Pulsar's default {topic}-{subscription}-DLQ."""
+    return str(_parse_topic(named or f"{topic}-{subscription}-DLQ"))
 
 
 def _parse_topic(text: str) -> TopicName:

@@ -37,8 +37,10 @@ import aiohttp
 from client.messages import MessageId
 from common.errors import LeaseExpired, MagnetarError, OperationTimeout, error_for_code
 from gateway.errors import error_document
+from gateway.leases import State
 from gateway.receipts import Receipt, decode
 from gateway.service import GatewayService, now_unix_ms
+from gateway.service import dead_letter_topic as service_dead_letter_topic
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +176,44 @@ async def extend(service: GatewayService, topic: str, subscription: str, handles
                        "lease_deadline_ms": deadline_ms}
         service.leases_extended += 1
     await _forward_groups(service, remote, path, {"lease_ms": lease_ms}, "extended")
+    return _results(items)
+
+
+# --- reject -------------------------------------------------------------------------------------
+
+async def reject(service: GatewayService, topic: str, subscription: str, handles: list[str],
+                 dead_letter_topic: str | None, *, path: str, forwarded: bool) -> list[dict]:
+    """Sends leased messages straight to the dead-letter topic (named, or Pulsar's
+    default ``{topic}-{subscription}-DLQ``), then acknowledges them: SQS's and Pub/Sub's
+    "this one will never work", without waiting for ``max_deliveries``. Only the issuing
+    instance holds the message, so others forward it there."""
+    items = _checked(service, topic, subscription, handles)
+    remote = _split_remote(service, items, forwarded)
+    target = service_dead_letter_topic(topic, subscription, dead_letter_topic)
+    groups: dict[Any, tuple[Any, list[tuple[Item, Any]]]] = {}
+    for item in items:
+        if item.result is not None or item.receipt is None or not service.is_ours(item.receipt):
+            continue
+        receipt = item.receipt
+        consumer = service.consumers.find(service.key_of(receipt))
+        slot = None if consumer is None else consumer.table.find(receipt.position, receipt.batch_index)
+        if slot is None or slot.state != State.LEASED or slot.attempt != receipt.attempt:
+            item.fail(_lease_gone(receipt))
+            continue
+        groups.setdefault(consumer.key, (consumer, []))[1].append((item, slot))
+    for consumer, pairs in groups.values():
+        try:
+            await service.dead_letter(target, consumer.key.topic, [slot.message for _, slot in pairs])
+            await consumer.ack([slot.message.message_id for _, slot in pairs])
+        except MagnetarError as error:
+            for item, _ in pairs:
+                item.fail(error)
+            continue
+        for item, _ in pairs:
+            item.result = {"status": "rejected", "dead_letter_topic": target}
+        service.messages_rejected += len(pairs)
+    extra = {} if dead_letter_topic is None else {"dead_letter_topic": dead_letter_topic}
+    await _forward_groups(service, remote, path, extra, "rejected")
     return _results(items)
 
 

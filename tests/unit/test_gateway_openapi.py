@@ -87,3 +87,14 @@ def test_a_route_without_an_operation_fails_the_build():
     app.router.add_get("/v1/secret", undocumented)
     with pytest.raises(AssertionError, match="has no OpenAPI operation"):
         openapi.build(app, config)
+
+
+def test_the_documents_whitespace_is_pythons():
+    """The document spells whitespace out (ECMAScript's \\s and Python's differ); it must
+    be exactly what common/topic_name.py refuses."""
+    import re
+
+    from gateway.json_codec import WHITESPACE_CLASS
+    spelled = re.compile(f"[{WHITESPACE_CLASS}]")
+    python = re.compile(r"\s")
+    assert all(bool(spelled.match(chr(c))) == bool(python.match(chr(c))) for c in range(0x110000))
