@@ -18,10 +18,12 @@ and subscription) and gets its own result, in request order. Then:
   address), its broker connection went with it and the broker has redelivered what it
   held: the lease is lost (LeaseExpired). A timeout is retriable.
 
-An ack after the lease's deadline is still applied (the broker may not have redelivered
-the message yet; if it has, the ack changes nothing and the message may be processed
-twice - at-least-once). A nack or extension after the deadline is refused: the message is
-back in the subscription.
+An ack, nack, extension or reject after the lease ended is refused with a per-receipt
+LeaseExpired and changes nothing: the message went back to its subscription and may be
+another worker's now, and a stale receipt never settles someone else's lease. An ack
+after the receipt's own deadline is decided by the issuing instance (forwarded there),
+which applies it only while the lease still holds (extended); its result says
+``late: true``.
 """
 
 from __future__ import annotations
@@ -90,11 +92,28 @@ async def ack(service: GatewayService, topic: str, subscription: str, handles: l
     direct: dict[Any, list[Item]] = {}
     remote: dict[str, list[Item]] = {}
     hints: dict[str, list[Item]] = {}
+    now_ms = now_unix_ms()
     for item in items:
         receipt = item.receipt
         if receipt is None:
             continue
         ours = service.is_ours(receipt)
+        if receipt.deadline_ms < now_ms:
+            # Past the receipt's deadline only the issuing instance knows whether the
+            # lease still holds (extended): if it ended, the message went back to the
+            # subscription and may be another worker's now, so the ack must not apply.
+            if ours:
+                if not _still_leased(service, receipt):
+                    item.fail(LeaseExpired("the lease ended before this ack; the message went back to its "
+                                           "subscription (it may be another worker's now) and was not acknowledged"))
+                    continue
+                direct.setdefault(service.key_of(receipt), []).append(item)
+            elif forwarded:
+                item.fail(LeaseExpired("receipt was issued by another gateway instance, which is gone; the message "
+                                       "is back in its subscription"))
+            else:
+                remote.setdefault(receipt.issuer_url, []).append(item)
+            continue
         if ours or receipt.mode in _ACK_ANYWHERE_MODES:
             direct.setdefault(service.key_of(receipt), []).append(item)
             if not ours and not forwarded:
@@ -117,7 +136,6 @@ async def ack(service: GatewayService, topic: str, subscription: str, handles: l
             for item in group:
                 item.fail(error)
             continue
-        now_ms = now_unix_ms()
         for item in group:
             assert item.receipt is not None
             item.result = {"status": "acked"}
@@ -128,6 +146,12 @@ async def ack(service: GatewayService, topic: str, subscription: str, handles: l
     for issuer_url, group in hints.items():
         service.spawn_forward(_forward(service, issuer_url, path, [item.handle for item in group], {}))
     return _results(items)
+
+
+def _still_leased(service: GatewayService, receipt: Receipt) -> bool:
+    consumer = service.consumers.find(service.key_of(receipt))
+    slot = None if consumer is None else consumer.table.find(receipt.position, receipt.batch_index)
+    return slot is not None and slot.state == State.LEASED and slot.attempt == receipt.attempt
 
 
 # --- nack and extend ------------------------------------------------------------------------------

@@ -308,6 +308,61 @@ async def test_dead_letter_after_max_deliveries(gateways, pulsar_client):
     dead_letter.close()
 
 
+async def test_a_stale_receipt_never_settles_another_workers_lease(gateways):
+    """Worker A's lease (1 s) ends; the message goes to worker B (attempt 2). A's late
+    ack, through either gateway, answers LeaseExpired per receipt and changes nothing:
+    B's lease still holds (B extends and acks it), and the message is not delivered a
+    third time."""
+    _, path = new_topic_path("stale")
+    first, second = gateways
+    await first.subscribe(path, "s")
+    await first.produce(path, [{"payload": "once"}])
+    (held_by_a,) = await first.pull(path, "s", max_messages=1, wait_ms=5000, lease_ms=1000)
+    await asyncio.sleep(1.5)
+    held_by_b = []
+    while not held_by_b:
+        held_by_b = await first.pull(path, "s", max_messages=1, wait_ms=5000, lease_ms=30_000)
+    assert held_by_b[0]["delivery_attempt"] == 2 and held_by_b[0]["payload"] == "once"
+    for gateway in (first, second):
+        (result,) = await gateway.settle(path, "s", "ack", [held_by_a["receipt"]])
+        assert result["status"] == "error" and result["error"]["error"] == "LeaseExpired", result
+        assert "not acknowledged" in result["error"]["message"], result
+    (extended,) = await second.settle(path, "s", "extend", [held_by_b[0]["receipt"]], lease_ms=30_000)
+    assert extended["status"] == "extended", extended
+    await second.ack(path, "s", held_by_b)
+    assert await first.pull(path, "s", max_messages=1, wait_ms=1500) == []
+
+
+async def test_reject_sends_straight_to_the_dead_letter_topic(gateways, pulsar_client):
+    """reject, sent through the gateway that did not issue the receipt (so forwarded to
+    the one holding the lease), publishes the message to the dead-letter topic at its
+    first delivery and acknowledges it: a result per receipt, the other message of the
+    pull is untouched, and the same receipt again is a clear per-message error."""
+    topic, path = new_topic_path("reject")
+    first, second = gateways
+    await first.subscribe(path, "s")
+    dead_letter = pulsar_client.subscribe(f"{topic}-s-DLQ", "dlq-reader",
+                                          initial_position=__import__("pulsar").InitialPosition.Earliest)
+    await first.produce(path, [{"payload": "poison", "properties": {"a": "1"}}, {"payload": "fine"}])
+    messages = []
+    while len(messages) < 2:
+        messages += await first.pull(path, "s", max_messages=2, wait_ms=5000)
+    poison = next(m for m in messages if m["payload"] == "poison")
+    fine = next(m for m in messages if m["payload"] == "fine")
+    assert poison["delivery_attempt"] == 1
+    results = await second.settle(path, "s", "reject", [poison["receipt"], "not-a-receipt"])
+    assert results[0] == {"status": "rejected", "dead_letter_topic": f"{topic}-s-DLQ"}, results
+    assert results[1]["status"] == "error" and results[1]["error"]["error"] == "InvalidReceipt", results
+    message = await asyncio.to_thread(dead_letter.receive, 10_000)
+    assert message.data() == b"poison"
+    assert message.properties()["a"] == "1" and message.properties()["REAL_TOPIC"] == topic
+    again = await first.settle(path, "s", "reject", [poison["receipt"]])
+    assert again[0]["status"] == "error" and again[0]["error"]["error"] == "LeaseExpired", again
+    await first.ack(path, "s", [fine])
+    assert await first.pull(path, "s", max_messages=2, wait_ms=1500) == []
+    dead_letter.close()
+
+
 async def test_server_sent_events_push_with_credits(gateways):
     """An SSE stream with 3 credits delivers 3 messages, then nothing until they are
     acked; acks free credits and the rest arrives; each event carries receipts."""
