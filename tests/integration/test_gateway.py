@@ -28,6 +28,7 @@ import aiohttp
 import pytest
 
 from common.errors import LeaseExpired
+from gateway.receipts import ReceiptKeys, decode
 from tests.cluster import Cluster
 from tests.integration.gateway_helpers import Gateway, drain, new_topic_path, payload_bytes, start_gateway_cluster
 
@@ -331,6 +332,52 @@ async def test_a_stale_receipt_never_settles_another_workers_lease(gateways):
     assert extended["status"] == "extended", extended
     await second.ack(path, "s", held_by_b)
     assert await first.pull(path, "s", max_messages=1, wait_ms=1500) == []
+
+
+async def test_two_processes_serve_one_port_and_settle_at_the_lease_holder(gw_cluster):
+    """--processes 2: both processes answer on the one port (receipts name two settle
+    addresses), and a nack or extension arriving at the process that does not hold the
+    lease is forwarded to the one that does: over fresh connections, every one of them
+    succeeds, and the nacked messages come back."""
+    # No read-ahead here: one process reading the whole backlog ahead would serve it all.
+    multi = gw_cluster.gateway("gateway-multi", extra_args=["--processes", "2", "--ready-hold-ms", "1000",
+                                                           "--read-ahead-messages", "0"])
+    await multi.start()
+    try:
+        _, path = new_topic_path("processes")
+        async with aiohttp.ClientSession() as session:
+            await Gateway(multi.url, session).subscribe(path, "s", initial_position="earliest")
+            for i in range(40):   # one entry each (a batch entry goes to one consumer whole)
+                await Gateway(multi.url, session).call("POST", f"{Gateway(multi.url, session).topic_url(path)}/message",
+                                                       {"payload": f"p{i}"})
+        held, issuers = [], set()
+        for _ in range(40):
+            if len(held) >= 40:
+                break
+            # A fresh connection each time: the kernel spreads them over the processes.
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+                got = await Gateway(multi.url, session).pull(path, "s", max_messages=5, wait_ms=2000)
+            held += got
+            issuers |= {decode(m["receipt"], _keys(gw_cluster)).issuer_url for m in got}
+        assert len(held) == 40 and len(issuers) == 2, (len(held), issuers)
+        assert multi.url not in issuers   # each process is named by its own settle address
+        for message in held:
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+                gateway = Gateway(multi.url, session)
+                (extended,) = await gateway.settle(path, "s", "extend", [message["receipt"]], lease_ms=30_000)
+                assert extended["status"] == "extended", extended
+                (nacked,) = await gateway.settle(path, "s", "nack", [extended["receipt"]])
+                assert nacked["status"] == "nacked", nacked
+        async with aiohttp.ClientSession() as session:
+            again = await drain(Gateway(multi.url, session), path, "s")
+        assert sorted(m["payload"] for m in again) == sorted(f"p{i}" for i in range(40))
+    finally:
+        await multi.terminate()
+
+
+def _keys(cluster) -> ReceiptKeys:
+    kid, secret = cluster.gateway_secret.split(":", 1)
+    return ReceiptKeys("standalone", {kid: secret.encode()}, kid)
 
 
 async def test_reject_sends_straight_to_the_dead_letter_topic(gateways, pulsar_client):
