@@ -86,12 +86,12 @@ def _quote(text: str) -> str:
 
 # --- pulls ------------------------------------------------------------------------------------------
 
-async def wait_for_messages(consumers: list[GatewayConsumer], want: int, wait_s: float
+async def wait_for_messages(consumers: list[GatewayConsumer], want: int, wait_s: float, ordered: bool = False
                             ) -> list[tuple[GatewayConsumer, Slot]]:
     """Registers a waiter on every consumer and returns what it collected: up to
     ``want`` messages, once full, or once something came and the round is over, or when
     ``wait_s`` passed. TooManyRequests when the leases are at their limit."""
-    waiter = Waiter(want, consumers)
+    waiter = Waiter(want, consumers, ordered=ordered)
     deadline = time.monotonic() + max(wait_s, SHORT_POLL_S)
     gather_deadline = None
     try:
@@ -160,7 +160,7 @@ async def pull(request: web.Request) -> web.StreamResponse:
                                  wait_ms_max=config.wait_ms_max, lease_ms_min=config.lease_ms_min,
                                  lease_ms_max=config.lease_ms_max, lease_ms_default=config.lease_ms_default)
     consumers = await service.pull_consumers(topic, subscription, spec)
-    taken = await wait_for_messages(consumers, spec.max_messages, spec.wait_ms / 1000)
+    taken = await wait_for_messages(consumers, spec.max_messages, spec.wait_ms / 1000, spec.ordered)
     try:
         body = dumps({"messages": render(service, taken, spec.encoding, spec.lease_ms)})
         response = web.Response(body=body, content_type="application/json")

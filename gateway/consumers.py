@@ -88,6 +88,7 @@ class Waiter:
 
     want: int
     consumers: list["GatewayConsumer"]
+    ordered: bool = False
     taken: list[tuple["GatewayConsumer", Slot]] = field(default_factory=list)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     failure: MagnetarError | None = None
@@ -168,7 +169,7 @@ class GatewayConsumer:
         """Hands READY messages to waiters, oldest waiter first."""
         while self.waiters and self.table.ready and self.table.room > 0:
             waiter = self.waiters[0]
-            slots = self.table.take(waiter.remaining)
+            slots = self.table.take(waiter.remaining, waiter.ordered)
             if not slots:
                 break
             waiter.taken.extend((self, slot) for slot in slots)

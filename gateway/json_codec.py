@@ -359,10 +359,11 @@ class PullSpec:
     initial_position: str
     max_deliveries: int | None
     dead_letter_topic: str | None
+    ordered: bool = False
 
 
 PULL_FIELDS = ("mode", "member", "consumer", "max_messages", "wait_ms", "lease_ms", "encoding", "initial_position",
-               "max_deliveries", "dead_letter_topic")
+               "max_deliveries", "dead_letter_topic", "ordered")
 
 
 def parse_pull(body: Any, *, messages_max: int, wait_ms_max: int, lease_ms_min: int, lease_ms_max: int,
@@ -384,9 +385,14 @@ def parse_pull(body: Any, *, messages_max: int, wait_ms_max: int, lease_ms_min: 
     dead_letter_topic = _dead_letter_topic(obj, "body")
     if dead_letter_topic is not None and max_deliveries is None:
         raise InvalidArgument("body.dead_letter_topic needs body.max_deliveries")
+    ordered = obj.get("ordered", False)
+    if ordered is None:
+        ordered = False
+    if not isinstance(ordered, bool):
+        raise InvalidArgument("body.ordered must be true or false")
     assert max_messages is not None and wait_ms is not None and lease_ms is not None
     return PullSpec(mode, member, consumer, max_messages, wait_ms, lease_ms, encoding, position, max_deliveries,
-                    dead_letter_topic)
+                    dead_letter_topic, ordered)
 
 
 # --- settling ------------------------------------------------------------------------------------------

@@ -224,7 +224,11 @@ def schemas(config: GatewayConfig) -> dict:
                 "max_deliveries": {"type": "integer", "minimum": 1, "maximum": 1_000_000,
                                    "description": "dead-letter a message instead of delivering it again"},
                 "dead_letter_topic": {**DEAD_LETTER_TOPIC,
-                                      "description": "default: {topic}-{subscription}-DLQ"}},
+                                      "description": "default: {topic}-{subscription}-DLQ"},
+                "ordered": {"type": "boolean", "default": False,
+                            "description": "ordering keys: at most one message per key (ordering_key, else key), "
+                                           "and none of a key while one of it is leased through this gateway "
+                                           "consumer"}},
             "dependentRequired": {"dead_letter_topic": ["max_deliveries"]},
             **MODE_RULES},
         "EventsQuery": {

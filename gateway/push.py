@@ -37,7 +37,7 @@ _INTEGER_PARAMETERS = ("credits", "lease_ms", "max_deliveries", "duration_ms")
 DURATION_MS_MAX = SSE_DURATION_MS_MAX
 # What a pull's body has that a stream's query has not (credits stands for max_messages;
 # a stream waits as long as it lasts).
-_NOT_IN_QUERY = ("max_messages", "wait_ms")
+_NOT_IN_QUERY = ("max_messages", "wait_ms", "ordered")
 _LIVE = (State.WRITING, State.LEASED)
 # While a stream has no credit left, it looks again this often.
 _NO_CREDIT_SLEEP_S = 0.05

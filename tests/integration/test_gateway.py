@@ -380,6 +380,42 @@ def _keys(cluster) -> ReceiptKeys:
     return ReceiptKeys("standalone", {kid: secret.encode()}, kid)
 
 
+async def test_ordered_pulls_hold_back_a_leased_keys_later_messages(gateways):
+    """ordered: true (Pub/Sub's ordering keys, within a gateway consumer): a pull gets
+    one message per key, every key at once (throughput across keys is not held back),
+    and no later message of a key while one of it is leased; acking releases the next.
+    Two workers see each key's messages strictly in order, never two of a key at once."""
+    _, path = new_topic_path("ordered")
+    gateway = gateways[0]
+    await gateway.subscribe(path, "s")
+    await gateway.produce(path, [{"payload": f"{key}-{n}", "key": key} for n in range(4) for key in "wxyz"])
+    first = []
+    while not first:
+        first = await gateway.pull(path, "s", max_messages=16, wait_ms=5000, ordered=True)
+    assert sorted(m["payload"] for m in first) == ["w-0", "x-0", "y-0", "z-0"], first
+    assert await gateway.pull(path, "s", max_messages=16, wait_ms=300, ordered=True) == []
+    seen: dict[str, list[int]] = collections.defaultdict(list)
+    held: set[str] = set()
+
+    async def worker(initial: list[dict]) -> None:
+        batch = initial
+        while True:
+            keys = [m["key"] for m in batch]
+            assert len(keys) == len(set(keys)) and not held & set(keys), (keys, held)
+            held.update(keys)
+            for m in batch:
+                seen[m["key"]].append(int(m["payload"].split("-")[1]))
+            await asyncio.sleep(0.05)
+            held.difference_update(keys)
+            await gateway.ack(path, "s", batch)
+            if sum(len(v) for v in seen.values()) >= 16:
+                return
+            batch = await gateway.pull(path, "s", max_messages=3, wait_ms=500, ordered=True)
+
+    await asyncio.gather(worker(first), worker([]))
+    assert dict(seen) == {key: [0, 1, 2, 3] for key in "wxyz"}, seen
+
+
 async def test_reject_sends_straight_to_the_dead_letter_topic(gateways, pulsar_client):
     """reject, sent through the gateway that did not issue the receipt (so forwarded to
     the one holding the lease), publishes the message to the dead-letter topic at its
