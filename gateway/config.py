@@ -62,8 +62,10 @@ class GatewayConfig:
     # Read-ahead: while pulls are waiting, a gateway consumer asks the broker for this
     # many messages beyond what they want, so the next pull finds them here instead of
     # paying a broker round trip. What is read ahead is not leased: it waits under the
-    # ready_hold_ms rule above like any message no pull took, then goes back. 0: none.
-    read_ahead_messages: int = 500
+    # ready_hold_ms rule above like any message no pull took, then goes back - and the
+    # broker counts that as a delivery (delivery_attempt, max_deliveries), so it is off
+    # by default (0): for steady consumers of a backlog, not for occasional pulls.
+    read_ahead_messages: int = 0
     # A message with a deliver-at time is held until then, at most this long (then it
     # goes back to the subscription and comes round again).
     deferral_ms_max: int = 3_600_000
@@ -154,8 +156,8 @@ class GatewayConfig:
             raise ConfigError("wait_ms_max must be >= 20000 (long polls of 20 s are promised)")
         if self.pull_messages_max > self.leases_per_subscription_max:
             raise ConfigError("pull_messages_max must be <= leases_per_subscription_max")
-        if not 0 <= self.read_ahead_messages <= self.leases_per_subscription_max:
-            raise ConfigError("read_ahead_messages must be in [0, leases_per_subscription_max]")
+        if self.read_ahead_messages < 0:
+            raise ConfigError("read_ahead_messages must be >= 0 (it is bounded by the leases' room)")
         if self.lease_tick_ms >= self.lease_ms_min:
             raise ConfigError("lease_tick_ms must be < lease_ms_min")
         if self.sse_credits_max > self.leases_per_subscription_max:

@@ -64,9 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lease-ms-default", type=int, default=30_000)
     parser.add_argument("--leases-per-subscription-max", type=int, default=10_000)
     parser.add_argument("--ready-hold-ms", type=int, default=2_000)
-    parser.add_argument("--read-ahead-messages", type=int, default=500,
+    parser.add_argument("--read-ahead-messages", type=int, default=0,
                         help="messages asked of the broker beyond what waiting pulls want (not leased; they go "
-                             "back after --ready-hold-ms); 0: none")
+                             "back after --ready-hold-ms, which the broker counts as a delivery); 0: none")
     parser.add_argument("--body-mib-max", type=int, default=8)
     parser.add_argument("--requests-in-flight-max", type=int, default=4_096)
     parser.add_argument("--authentication-enabled", action="store_true",

@@ -339,9 +339,7 @@ async def test_two_processes_serve_one_port_and_settle_at_the_lease_holder(gw_cl
     addresses), and a nack or extension arriving at the process that does not hold the
     lease is forwarded to the one that does: over fresh connections, every one of them
     succeeds, and the nacked messages come back."""
-    # No read-ahead here: one process reading the whole backlog ahead would serve it all.
-    multi = gw_cluster.gateway("gateway-multi", extra_args=["--processes", "2", "--ready-hold-ms", "1000",
-                                                           "--read-ahead-messages", "0"])
+    multi = gw_cluster.gateway("gateway-multi", extra_args=["--processes", "2", "--ready-hold-ms", "1000"])
     await multi.start()
     try:
         _, path = new_topic_path("processes")
