@@ -11,6 +11,7 @@ and receipts carry everything another instance needs.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import time
@@ -22,7 +23,7 @@ from client.config import ClientConfig
 from client.messages import OutgoingMessage, ReceivedEntry
 from client.pool import BrokerPool
 from common.errors import InvalidArgument, NotFound
-from common.topic_name import TopicName
+from common.topic_name import NAME_BYTES_MAX, TopicName
 from common.tls import TlsConfig, client_context
 from common.tokens import TokenFile
 from gateway.admin_client import admin_call
@@ -197,8 +198,23 @@ class GatewayService:
 
 
 def dead_letter_topic(topic: str, subscription: str, named: str | None) -> str:
-    """The dead-letter topic: the one named, or Pulsar's default {topic}-{subscription}-DLQ."""
-    return str(_parse_topic(named or f"{topic}-{subscription}-DLQ"))
+    """The dead-letter topic: the one named, or Pulsar's default {topic}-{subscription}-DLQ.
+    When that default is no topic name (a subscription name with whitespace, or a name
+    past 1,024 bytes - names the document allows), it is {topic}-{digest}-DLQ instead:
+    the first 16 hex digits of the subscription name's SHA-256, the topic's local name
+    cut to fit."""
+    if named:
+        return str(_parse_topic(named))
+    try:
+        return str(TopicName.parse(f"{topic}-{subscription}-DLQ"))
+    except InvalidArgument:
+        pass
+    name = TopicName.parse(topic)
+    digest = hashlib.sha256(subscription.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    suffix = f"-{digest}-DLQ"
+    room = NAME_BYTES_MAX - len(f"{name.domain}://{name.tenant}/{name.namespace}/".encode()) - len(suffix)
+    local = name.local_name.encode()[:room].decode("utf-8", "ignore")
+    return str(TopicName.parse(f"{name.domain}://{name.tenant}/{name.namespace}/{local}{suffix}"))
 
 
 def _parse_topic(text: str) -> TopicName:
