@@ -196,12 +196,14 @@ async def main_async(args: argparse.Namespace) -> dict:
     async with bench_cluster("magnetar-bench-gateway-", directory=args.dir, keep_data=args.keep_data) as cluster:
         await cluster.start_bookies(3)
         (broker,) = await cluster.start_brokers(1)
-        (gateway,) = await cluster.start_gateways(1)
+        (gateway,) = await cluster.start_gateways(1, extra_args=["--processes", str(args.gateway_processes),
+                                                                "--read-ahead-messages", str(args.read_ahead)])
         service_url, url = broker.service_url, gateway.url
         print(f"cluster up: broker={service_url} gateway={url} gateway_pid={gateway.process.pid}",
               file=sys.stderr, flush=True)
         results: dict = {"payload_bytes": len(PAYLOAD), "seconds_per_case": args.seconds,
-                         "concurrency": args.concurrency, "gateway_pid": gateway.process.pid}
+                         "concurrency": args.concurrency, "gateway_pid": gateway.process.pid,
+                         "gateway_processes": args.gateway_processes, "read_ahead_messages": args.read_ahead}
 
         # Batched produce.
         topic = unique("bench-native-produce")
@@ -250,6 +252,10 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=4, help="HTTP requests in flight / pull workers")
     parser.add_argument("--drain-messages", type=int, default=50_000)
     parser.add_argument("--single-requests", type=int, default=2_000)
+    parser.add_argument("--gateway-processes", type=int, default=2,
+                        help="gateway processes on the one port (--processes; 2 uses both cores of a 2-core machine)")
+    parser.add_argument("--read-ahead", type=int, default=500,
+                        help="the gateway's --read-ahead-messages (a steady drain is what it is for)")
     parser.add_argument("--dir", default=None)
     parser.add_argument("--keep-data", action="store_true")
     args = parser.parse_args()

@@ -25,6 +25,12 @@ class GatewayConfig:
     # extension made through another instance reaches the one holding the lease).
     # Empty: http://{host}:{port} once the port is bound.
     advertised_url: str = ""
+    # Processes serving the port (gateway/processes.py): more than 1 binds it with
+    # SO_REUSEPORT and gives each process a settle address of its own (the advertised
+    # URL's host, a free port) for the receipts it issues. reuse_port: this process is
+    # one of them, started by the first.
+    processes: int = 1
+    reuse_port: bool = False
     # Bytes of one request body. A batch of 1,000 messages of 4 KiB in base64 is about
     # 5.5 MiB; Pulsar's largest message (5 MiB) in base64 is 6.7 MiB.
     body_bytes_max: int = 8 * MIB
@@ -53,6 +59,13 @@ class GatewayConfig:
     # remainder) waits this long for the next pull, without a lease, then goes back to
     # the subscription for others.
     ready_hold_ms: int = 2_000
+    # Read-ahead: while pulls are waiting, a gateway consumer asks the broker for this
+    # many messages beyond what they want, so the next pull finds them here instead of
+    # paying a broker round trip. What is read ahead is not leased: it waits under the
+    # ready_hold_ms rule above like any message no pull took, then goes back - and the
+    # broker counts that as a delivery (delivery_attempt, max_deliveries), so it is off
+    # by default (0): for steady consumers of a backlog, not for occasional pulls.
+    read_ahead_messages: int = 0
     # A message with a deliver-at time is held until then, at most this long (then it
     # goes back to the subscription and comes round again).
     deferral_ms_max: int = 3_600_000
@@ -139,12 +152,16 @@ class GatewayConfig:
             if not self.service_token:
                 raise ConfigError("the tls provider needs a service token (of a role the brokers list in "
                                   "--proxy-roles)")
+        if not 1 <= self.processes <= 64:
+            raise ConfigError("processes must be in [1, 64]")
         if not self.lease_ms_min <= self.lease_ms_default <= self.lease_ms_max:
             raise ConfigError("lease_ms_default must be in [lease_ms_min, lease_ms_max]")
         if self.wait_ms_max < 20_000:
             raise ConfigError("wait_ms_max must be >= 20000 (long polls of 20 s are promised)")
         if self.pull_messages_max > self.leases_per_subscription_max:
             raise ConfigError("pull_messages_max must be <= leases_per_subscription_max")
+        if self.read_ahead_messages < 0:
+            raise ConfigError("read_ahead_messages must be >= 0 (it is bounded by the leases' room)")
         if self.lease_tick_ms >= self.lease_ms_min:
             raise ConfigError("lease_tick_ms must be < lease_ms_min")
         if self.sse_credits_max > self.leases_per_subscription_max:

@@ -10,7 +10,6 @@ away), they are handed to the next pull as if never sent.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from urllib.parse import quote
@@ -21,7 +20,7 @@ from client.consumer import Consumer
 from common.errors import ConsumerBusy, InvalidArgument, NotAllowed, SubscriptionNotFound, TooManyRequests
 from gateway import json_codec, settle
 from gateway.consumers import BROADCAST_PROPERTY, GATHER_S, SHORT_POLL_S, SUB_TYPES, GatewayConsumer, Waiter
-from gateway.http_common import json_body, ok, subscription_of, topic_of
+from gateway.http_common import dumps, json_body, ok, subscription_of, topic_of
 from gateway.keys import SERVICE
 from gateway.leases import Slot
 from gateway.service import GatewayService, now_unix_ms
@@ -69,8 +68,10 @@ async def delete_subscription(request: web.Request) -> web.Response:
     topic = topic_of(request)
     subscription = subscription_of(request)
     member = request.query.get("member")
-    if member is not None and (not member or "::" in member or len(member) > json_codec.NAME_CHARS_MAX):
-        raise InvalidArgument("member must be a non-empty name without '::'")
+    if member is not None:
+        if not member or len(member) > json_codec.NAME_CHARS_MAX:
+            raise InvalidArgument(f"member must be 1-{json_codec.NAME_CHARS_MAX} characters")
+        json_codec.check_consumer_name(member, "query.member")
     cursor = f"{subscription}{MEMBER_SEPARATOR}{member}" if member else subscription
     await service.consumers.close_subscription(subscription, member)
     status, document = await admin_request(service, "DELETE", topic, f"/subscription/{_quote(cursor)}")
@@ -85,12 +86,12 @@ def _quote(text: str) -> str:
 
 # --- pulls ------------------------------------------------------------------------------------------
 
-async def wait_for_messages(consumers: list[GatewayConsumer], want: int, wait_s: float
+async def wait_for_messages(consumers: list[GatewayConsumer], want: int, wait_s: float, ordered: bool = False
                             ) -> list[tuple[GatewayConsumer, Slot]]:
     """Registers a waiter on every consumer and returns what it collected: up to
     ``want`` messages, once full, or once something came and the round is over, or when
     ``wait_s`` passed. TooManyRequests when the leases are at their limit."""
-    waiter = Waiter(want, consumers)
+    waiter = Waiter(want, consumers, ordered=ordered)
     deadline = time.monotonic() + max(wait_s, SHORT_POLL_S)
     gather_deadline = None
     try:
@@ -159,10 +160,9 @@ async def pull(request: web.Request) -> web.StreamResponse:
                                  wait_ms_max=config.wait_ms_max, lease_ms_min=config.lease_ms_min,
                                  lease_ms_max=config.lease_ms_max, lease_ms_default=config.lease_ms_default)
     consumers = await service.pull_consumers(topic, subscription, spec)
-    taken = await wait_for_messages(consumers, spec.max_messages, spec.wait_ms / 1000)
+    taken = await wait_for_messages(consumers, spec.max_messages, spec.wait_ms / 1000, spec.ordered)
     try:
-        body = json.dumps({"messages": render(service, taken, spec.encoding, spec.lease_ms)},
-                          separators=(",", ":"), ensure_ascii=False).encode()
+        body = dumps({"messages": render(service, taken, spec.encoding, spec.lease_ms)})
         response = web.Response(body=body, content_type="application/json")
         await response.prepare(request)
         await response.write_eof()
@@ -208,5 +208,14 @@ async def extend(request: web.Request) -> web.Response:
                                                 lease_ms_max=config.lease_ms_max,
                                                 lease_ms_default=config.lease_ms_default)
     results = await settle.extend(service, topic, subscription, handles, lease_ms, path=request.raw_path,
+                                  forwarded=_forwarded(request))
+    return ok({"results": results})
+
+
+async def reject(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    topic, subscription = topic_of(request), subscription_of(request)
+    handles, dead_letter_topic = json_codec.parse_reject(await json_body(request))
+    results = await settle.reject(service, topic, subscription, handles, dead_letter_topic, path=request.raw_path,
                                   forwarded=_forwarded(request))
     return ok({"results": results})

@@ -88,6 +88,7 @@ class Waiter:
 
     want: int
     consumers: list["GatewayConsumer"]
+    ordered: bool = False
     taken: list[tuple["GatewayConsumer", Slot]] = field(default_factory=list)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     failure: MagnetarError | None = None
@@ -145,19 +146,23 @@ class GatewayConsumer:
         self.last_used_s = time.monotonic()
         self.waiters.append(waiter)
         self._feed()
-        self._grant()
+        self._grant(pulled=True)
 
     def unregister(self, waiter: Waiter) -> None:
         # Checked first: a failed deque.remove formats the repr of what it looked for.
         if waiter in self.waiters:
             self.waiters.remove(waiter)
 
-    def _grant(self) -> None:
+    def _grant(self, pulled: bool = False) -> None:
         """Asks the broker for what waiters still want beyond the permits outstanding."""
         consumer = self.consumer
         if consumer is None or not consumer.ready:
             return
         demand = sum(waiter.share() for waiter in self.waiters)
+        if demand or pulled:
+            # Read-ahead (config.read_ahead_messages), topped up by each pull: not
+            # leased, given back under the ready_hold_ms rule when no pull takes it.
+            demand += max(0, self.config.read_ahead_messages - self.table.ready)
         demand = min(demand, self.table.room - self.table.ready)
         if demand > consumer.permits_outstanding:
             consumer.flow(demand - consumer.permits_outstanding)
@@ -166,7 +171,7 @@ class GatewayConsumer:
         """Hands READY messages to waiters, oldest waiter first."""
         while self.waiters and self.table.ready and self.table.room > 0:
             waiter = self.waiters[0]
-            slots = self.table.take(waiter.remaining)
+            slots = self.table.take(waiter.remaining, waiter.ordered)
             if not slots:
                 break
             waiter.taken.extend((self, slot) for slot in slots)

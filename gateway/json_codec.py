@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import base64
 import binascii
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from typing import Any
 
 from client.messages import OutgoingMessage, ReceivedMessage
@@ -35,6 +36,25 @@ RECEIPTS_PER_REQUEST_MAX = 1_000
 NACK_DELAY_MS_MAX = 12 * 3600 * 1000
 # Deliver-at and event times are Unix ms; beyond year 9999 is surely a mistake.
 TIME_MS_MAX = 253_402_300_799_999
+
+
+# Whitespace as Python's str.isspace (and so common/topic_name.py) has it, spelled out
+# for the document's patterns: a regex's \s differs between ECMAScript and Python
+# (U+0085, U+001C-U+001F). tests/unit/test_gateway_openapi.py checks the two agree.
+WHITESPACE_CLASS = r"\x09-\x0d\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+_TENANT_CHARS = r"[-=:.A-Za-z0-9_]+"
+DEAD_LETTER_TOPIC_PATTERN = (f"^(?:(?:persistent://)?{_TENANT_CHARS}/{_TENANT_CHARS}/)?"
+                             f"[^/{WHITESPACE_CLASS}\\x00-\\x1f\\x7f]+$")
+DEAD_LETTER_TOPIC_CHARS_MAX = 255
+_DEAD_LETTER_TOPIC = re.compile(DEAD_LETTER_TOPIC_PATTERN)
+
+
+def _dead_letter_topic(obj: dict, path: str) -> str | None:
+    name = _string(obj, "dead_letter_topic", path, chars_max=DEAD_LETTER_TOPIC_CHARS_MAX)
+    if name is not None and not _DEAD_LETTER_TOPIC.fullmatch(name):
+        raise InvalidArgument(f"{path}.dead_letter_topic {name[:64]!r} is not a topic name: name, "
+                              "tenant/namespace/name or persistent://tenant/namespace/name")
+    return name
 
 
 _KNOWN_SETS: dict[tuple[str, ...], frozenset[str]] = {}
@@ -75,6 +95,8 @@ def _integer(obj: dict, name: str, path: str, *, default: int | None, minimum: i
     if name not in obj or obj[name] is None:
         return default
     value = obj[name]
+    if type(value) is float and value.is_integer():
+        value = int(value)   # JSON Schema's integer: 5.0 is one
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgument(f"{path}.{name} must be an integer")
     if value < minimum:
@@ -195,6 +217,9 @@ class Sequenced:
 
     producer: str
     sequence_ids: list[int]
+    # Messages of a batch whose sequence id is not above the one before it: each answers
+    # its own error, the others are stored (the document cannot say "increasing").
+    refused: dict[int, InvalidArgument] = field(default_factory=dict)
 
 
 def _producer_name(obj: dict, path: str) -> str:
@@ -260,17 +285,20 @@ def parse_batch(body: Any, *, messages_max: int, bytes_max: int, now_unix_ms: in
     producer = _producer_name(obj, "body")
     parsed: list[OutgoingMessage] = []
     sequence_ids: list[int] = []
+    refused: dict[int, InvalidArgument] = {}
+    highest = -1
     for index, item in enumerate(messages):
         path = f"messages[{index}]"
         item = _object(item, path)
         sequence_id = _sequence_id(item, path)
-        if sequence_ids and sequence_id <= sequence_ids[-1]:
-            raise InvalidArgument(f"{path}.sequence_id {sequence_id} is not above the one before it "
-                                  f"({sequence_ids[-1]}): a producer's sequence ids increase")
+        if sequence_id <= highest:
+            refused[index] = InvalidArgument(f"{path}.sequence_id {sequence_id} is not above the one before it "
+                                             f"({highest}): a producer's sequence ids increase; not stored")
+        highest = max(highest, sequence_id)
         sequence_ids.append(sequence_id)
         rest = {name: value for name, value in item.items() if name != "sequence_id"}
         parsed.append(parse_message(rest, path, bytes_max=bytes_max, now_unix_ms=now_unix_ms))
-    return parsed, Sequenced(producer, sequence_ids)
+    return parsed, Sequenced(producer, sequence_ids, refused)
 
 
 # --- subscriptions and pulls ---------------------------------------------------------------------
@@ -305,9 +333,18 @@ def _check_consumer(mode: str, member: str | None, consumer: str | None, path: s
                               "its keys or its turn)")
     for name in (member, consumer):
         if name is not None:
-            _check_unicode(name, path)
-            if "::" in name:
-                raise InvalidArgument(f"{path}: consumer and member names may not contain '::'")
+            check_consumer_name(name, path)
+
+
+_CONSUMER_NAME_BAD = re.compile(r"[:\x00-\x1f\x7f]")
+
+
+def check_consumer_name(name: str, path: str) -> None:
+    """A consumer or member name: no ':' (names are joined with it) and no control
+    characters, as the document says."""
+    _check_unicode(name, path)
+    if _CONSUMER_NAME_BAD.search(name):
+        raise InvalidArgument(f"{path}: consumer and member names may not contain ':' or control characters")
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,10 +359,11 @@ class PullSpec:
     initial_position: str
     max_deliveries: int | None
     dead_letter_topic: str | None
+    ordered: bool = False
 
 
 PULL_FIELDS = ("mode", "member", "consumer", "max_messages", "wait_ms", "lease_ms", "encoding", "initial_position",
-               "max_deliveries", "dead_letter_topic")
+               "max_deliveries", "dead_letter_topic", "ordered")
 
 
 def parse_pull(body: Any, *, messages_max: int, wait_ms_max: int, lease_ms_min: int, lease_ms_max: int,
@@ -344,12 +382,17 @@ def parse_pull(body: Any, *, messages_max: int, wait_ms_max: int, lease_ms_min: 
     encoding = _choice(obj, "encoding", "body", ENCODINGS, "text")
     position = _choice(obj, "initial_position", "body", INITIAL_POSITIONS, "latest")
     max_deliveries = _integer(obj, "max_deliveries", "body", default=None, minimum=1, maximum=1_000_000)
-    dead_letter_topic = _string(obj, "dead_letter_topic", "body", chars_max=1024)
+    dead_letter_topic = _dead_letter_topic(obj, "body")
     if dead_letter_topic is not None and max_deliveries is None:
         raise InvalidArgument("body.dead_letter_topic needs body.max_deliveries")
+    ordered = obj.get("ordered", False)
+    if ordered is None:
+        ordered = False
+    if not isinstance(ordered, bool):
+        raise InvalidArgument("body.ordered must be true or false")
     assert max_messages is not None and wait_ms is not None and lease_ms is not None
     return PullSpec(mode, member, consumer, max_messages, wait_ms, lease_ms, encoding, position, max_deliveries,
-                    dead_letter_topic)
+                    dead_letter_topic, ordered)
 
 
 # --- settling ------------------------------------------------------------------------------------------
@@ -375,6 +418,11 @@ def parse_nack(body: Any) -> tuple[list[str], int]:
     delay_ms = _integer(obj, "delay_ms", "body", default=0, minimum=0, maximum=NACK_DELAY_MS_MAX, limit="delay_ms")
     assert delay_ms is not None
     return receipts, delay_ms
+
+
+def parse_reject(body: Any) -> tuple[list[str], str | None]:
+    receipts, obj = parse_receipts(body, ("dead_letter_topic",))
+    return receipts, _dead_letter_topic(obj, "body")
 
 
 def parse_extend(body: Any, *, lease_ms_min: int, lease_ms_max: int, lease_ms_default: int) -> tuple[list[str], int]:

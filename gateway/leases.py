@@ -90,6 +90,11 @@ class Held:
         return any(slot.state in _ACTIVE for slot in self.slots)
 
 
+def ordering_key(message: ReceivedMessage) -> bytes | str | None:
+    """What orders a message: its ordering key, else its (partition) key."""
+    return message.ordering_key or message.key
+
+
 class LeaseTable:
     def __init__(self, leases_max: int, ready_hold_s: float, deferral_s_max: float) -> None:
         assert leases_max >= 1, leases_max
@@ -105,6 +110,9 @@ class LeaseTable:
         self._deadlines: list[tuple[float, int, Slot]] = []
         self._sequence = itertools.count()
         self._counts = [0] * len(State)
+        # Ordering keys (the message's ordering key, else its key) with a message
+        # leased, being written or deferred: an ordered take skips their later messages.
+        self._active_keys: collections.Counter = collections.Counter()
 
     # --- counts ----------------------------------------------------------------------------------
 
@@ -133,7 +141,14 @@ class LeaseTable:
     def _set(self, slot: Slot, state: State) -> None:
         self._counts[slot.state] -= 1
         self._counts[state] += 1
+        was_active, now_active = slot.state in _ACTIVE, state in _ACTIVE
         slot.state = state
+        if was_active != now_active:
+            key = ordering_key(slot.message)
+            if key is not None:
+                self._active_keys[key] += 1 if now_active else -1
+                if not self._active_keys[key]:
+                    del self._active_keys[key]
 
     # --- arrivals and hand-outs --------------------------------------------------------------------
 
@@ -160,11 +175,14 @@ class LeaseTable:
         elif any(slot.state == State.READY for slot in held.slots):
             self._ready[entry.position] = held
 
-    def take(self, count_max: int) -> list[Slot]:
+    def take(self, count_max: int, ordered: bool = False) -> list[Slot]:
         """Up to ``count_max`` READY messages, oldest first, now WRITING; never more
-        than the room left under ``leases_max``."""
+        than the room left under ``leases_max``. ``ordered``: at most one message per
+        ordering key, and none of a key with a message leased, being written or
+        deferred (Pub/Sub's ordering keys; keyless messages are not held back)."""
         count_max = min(count_max, self.room)
         taken: list[Slot] = []
+        blocked = set(self._active_keys) if ordered else None
         for position in list(self._ready):
             if len(taken) >= count_max:
                 break
@@ -173,6 +191,12 @@ class LeaseTable:
                 if len(taken) >= count_max:
                     break
                 if slot.state == State.READY:
+                    if blocked is not None:
+                        key = ordering_key(slot.message)
+                        if key is not None:
+                            if key in blocked:
+                                continue
+                            blocked.add(key)
                     self._set(slot, State.WRITING)
                     taken.append(slot)
             if not any(slot.state == State.READY for slot in held.slots):
@@ -293,6 +317,7 @@ class LeaseTable:
         self._ready.clear()
         self._deadlines.clear()
         self._counts = [0] * len(State)
+        self._active_keys.clear()
         return held_count
 
     # --- internals ------------------------------------------------------------------------------------
@@ -305,6 +330,8 @@ class LeaseTable:
         del self._held[held.position]
         self._ready.pop(held.position, None)
         for slot in held.slots:
+            if slot.state in _ACTIVE:
+                self._set(slot, State.RETURNING)
             self._counts[slot.state] -= 1
         assert all(count >= 0 for count in self._counts), self._counts
 

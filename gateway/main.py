@@ -34,6 +34,7 @@ from gateway import openapi
 from gateway.app import default_config, init_app
 from gateway.config import GatewayConfig
 from gateway.keys import SERVICE
+from gateway.processes import Workers, announce_ready, bind_shared, settle_url
 from gateway.receipts import ReceiptKeys
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8081, help="HTTP port (0: any)")
     parser.add_argument("--advertised-url", default="",
                         help="how other gateway instances reach this one (default http://host:port)")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="gateway processes serving --port (SO_REUSEPORT), each with its own settle address")
+    parser.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--cluster", default="standalone", help="the cluster name receipts are bound to")
     parser.add_argument("--receipt-secret-file", default="",
                         help=f"file holding kid:secret[,kid:secret...] (else ${SECRET_ENV})")
@@ -62,6 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ready-hold-ms", type=int, default=2_000)
     parser.add_argument("--metrics-subscriptions-max", type=int, default=GatewayConfig.metrics_subscriptions_max,
                         help="subscriptions with /metrics series of their own (the rest share _other)")
+    parser.add_argument("--read-ahead-messages", type=int, default=0,
+                        help="messages asked of the broker beyond what waiting pulls want (not leased; they go "
+                             "back after --ready-hold-ms, which the broker counts as a delivery); 0: none")
     parser.add_argument("--body-mib-max", type=int, default=8)
     parser.add_argument("--requests-in-flight-max", type=int, default=4_096)
     parser.add_argument("--authentication-enabled", action="store_true",
@@ -120,12 +127,13 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     return GatewayConfig(
         service_url=args.service_url, admin_url=args.admin_url.rstrip("/"), receipt_keys=receipt_keys_from(args),
         host=args.host, port=args.port, advertised_url=args.advertised_url.rstrip("/"),
+        processes=args.processes, reuse_port=args.reuse_port,
         lease_ms_default=args.lease_ms_default, leases_per_subscription_max=leases,
         # A pull or a stream never asks for more than the leases allow.
         pull_messages_max=min(GatewayConfig.pull_messages_max, max(leases, 1)),
         sse_credits_max=min(GatewayConfig.sse_credits_max, max(leases, 1)),
         ready_hold_ms=args.ready_hold_ms, metrics_subscriptions_max=args.metrics_subscriptions_max,
-        body_bytes_max=args.body_mib_max * 1024 * 1024,
+        read_ahead_messages=args.read_ahead_messages, body_bytes_max=args.body_mib_max * 1024 * 1024,
         requests_in_flight_max=args.requests_in_flight_max,
         authentication_enabled=args.authentication_enabled, service_token=service_token_from(args),
         service_token_file=args.service_token_file,
@@ -145,13 +153,20 @@ class GatewayProcess:
         config = self.config
         # Bound first: a port in use is one line naming its flag (PortInUse), and the
         # receipts this instance issues carry its URL, which needs the real port.
+        shared = config.processes > 1 or config.reuse_port
         try:
-            listener = bind_listener(config.host, config.port)
+            listener = bind_shared(config.host, config.port) if shared else bind_listener(config.host, config.port)
         except OSError as error:
             raise bind_failure("--port", config.host, config.port, error) from None
         port = listener.getsockname()[1]
         scheme = "https" if config.tls.enabled else "http"
         issuer_url = config.advertised_url or f"{scheme}://{config.host}:{port}"
+        settle_listener = None
+        if shared:
+            # Receipts name this process by an address of its own (gateway/processes.py).
+            settle_listener = bind_listener(config.host, 0)
+            issuer_url = settle_url(issuer_url, settle_listener.getsockname()[1])
+        workers = Workers(config.processes - 1, port) if config.processes > 1 else None
         tls_context = server_context(config.tls) if config.tls.enabled else None
         registry = CollectorRegistry()
         app = init_app(config, issuer_url=issuer_url, registry=registry)
@@ -163,15 +178,29 @@ class GatewayProcess:
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
         await runner.setup()
         await web.SockSite(runner, listener, ssl_context=tls_context).start()
+        if settle_listener is not None:
+            await web.SockSite(runner, settle_listener, ssl_context=tls_context).start()
+        watcher = None
+        announce_ready()
+        if workers is not None:
+            await workers.start()
+            watcher = asyncio.get_running_loop().create_task(workers.watch(self.stopping), name="workers")
         reloader = asyncio.get_running_loop().create_task(CertificateReloader(config.tls, tls_context).run(),
                                                           name="tls reload") if tls_context else None
-        log.info("gateway listening: url=%s instance=%s service_url=%s cluster=%s", issuer_url,
-                 service.instance_name, config.service_url, config.receipt_keys.cluster)
+        public_url = (config.advertised_url or f"{scheme}://{config.host}:{port}") if shared else issuer_url
+        log.info("gateway listening: url=%s instance=%s settle_url=%s service_url=%s cluster=%s", public_url,
+                 service.instance_name, issuer_url, config.service_url, config.receipt_keys.cluster)
         log.info("gateway config: %s", {name: value for name, value in vars(config).items()
                                         if name not in ("receipt_keys", "service_token")})
+        code = 0
         try:
-            await self.stopping.wait()
+            if watcher is not None:
+                code = await watcher
+            else:
+                await self.stopping.wait()
         finally:
+            if workers is not None:
+                await workers.stop(SHUTDOWN_TIMEOUT_S)
             log.info("gateway stopping: instance=%s", service.instance_name)
             service.stopping = True
             await cancel_and_wait(monitor)
@@ -179,7 +208,7 @@ class GatewayProcess:
                 await cancel_and_wait(reloader)
             await runner.cleanup()
             log.info("gateway stopped: instance=%s", service.instance_name)
-        return 0
+        return code
 
 
 def main(args: argparse.Namespace) -> int:

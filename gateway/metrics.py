@@ -28,6 +28,7 @@ class _ServiceCollector:
                 ("messages_pulled", "Messages handed out by pulls and pushes", service.messages_pulled),
                 ("messages_acked", "Messages acknowledged through the gateway", service.messages_acked),
                 ("messages_nacked", "Messages given back by nack", service.messages_nacked),
+                ("messages_rejected", "Messages sent to the dead-letter topic by reject", service.messages_rejected),
                 ("leases_extended", "Lease extensions", service.leases_extended)):
             yield CounterMetricFamily(f"magnetar_gateway_{name}", help_text, value=value)
         for name, help_text, value in (

@@ -16,6 +16,9 @@ from aiohttp import web
 from common.version import __version__
 from gateway.config import GatewayConfig
 from gateway.json_codec import (
+    DEAD_LETTER_TOPIC_CHARS_MAX,
+    DEAD_LETTER_TOPIC_PATTERN,
+    WHITESPACE_CLASS,
     NACK_DELAY_MS_MAX,
     NAME_CHARS_MAX,
     PRODUCER_NAME_CHARS_MAX,
@@ -27,6 +30,9 @@ from gateway.json_codec import (
 )
 from gateway.peek import PEEK_MESSAGES_MAX
 from gateway.receipts import MODES
+
+# A stream ends after at most this long (gateway/push.py; clients reconnect).
+SSE_DURATION_MS_MAX = 3_600_000
 
 TOPIC_BASE = "/v1/topics/persistent/{tenant}/{namespace}/{topic}"
 SUBSCRIPTION_BASE = f"{TOPIC_BASE}/subscriptions/{{subscription}}"
@@ -50,35 +56,72 @@ def _path_parameter(name: str, schema: dict, description: str) -> dict:
     return {"name": name, "in": "path", "required": True, "schema": schema, "description": description}
 
 
-_NAME_PART = {"type": "string", "pattern": r"^[-=:.\w]+$", "maxLength": 128}
+# What the server refuses in names, said here so a client generated from the document
+# refuses it too (gateway/http_common.py and common/topic_name.py check the same):
+# "." and ".." are not names (a URL client folds them away), a topic's local name may
+# not hold whitespace or name one of a partitioned topic's partitions, and the whole
+# name stays under common/topic_name.py's 1,024 bytes (128 + 128 ASCII + 188 characters
+# of at most 4 bytes each).
+_DOT_SEGMENTS = {"enum": [".", ".."]}
+_WHITESPACE = WHITESPACE_CLASS
+TENANT_CHARS_MAX = 128
+TOPIC_CHARS_MAX = 188
+_NAME_PART = {"type": "string", "pattern": r"^[-=:.A-Za-z0-9_]+$", "maxLength": TENANT_CHARS_MAX,
+              "not": _DOT_SEGMENTS}
 TOPIC_PARAMETERS = [
     _path_parameter("tenant", _NAME_PART, "Pulsar tenant, e.g. public"),
     _path_parameter("namespace", _NAME_PART, "Pulsar namespace, e.g. default"),
-    _path_parameter("topic", {"type": "string", "pattern": r"^[^/\x00-\x1f]+$", "maxLength": 200},
-                    "the topic's local name"),
+    _path_parameter("topic", {"type": "string", "pattern": f"^[^/{_WHITESPACE}\\x00-\\x1f\\x7f]+$",
+                              "maxLength": TOPIC_CHARS_MAX,
+                              "not": {"anyOf": [_DOT_SEGMENTS, {"pattern": r"-partition-(0|[1-9][0-9]*)$"}]}},
+                    "the topic's local name (the topic, not one of its partitions)"),
 ]
 SUBSCRIPTION_PARAMETERS = TOPIC_PARAMETERS + [
-    _path_parameter("subscription", {"type": "string", "pattern": r"^[^/:\x00-\x1f\x7f]{1,256}$"},
-                    "the subscription's name"),
+    _path_parameter("subscription", {"type": "string", "pattern": r"^[^/\x00-\x1f\x7f]+$", "minLength": 1,
+                                     "maxLength": 256, "not": {"anyOf": [_DOT_SEGMENTS, {"pattern": "::"}]}},
+                    "the subscription's name (no '::': it separates a broadcast member's cursor)"),
 ]
+# A dead-letter topic: a local name (public/default), tenant/namespace/name or the full
+# persistent://tenant/namespace/name; short enough for common/topic_name.py's 1,024 bytes.
+DEAD_LETTER_TOPIC = {"type": "string", "minLength": 1, "maxLength": DEAD_LETTER_TOPIC_CHARS_MAX,
+                     "pattern": DEAD_LETTER_TOPIC_PATTERN}
+# Consumer and member names: no ':' (the gateway joins names with it) and no control characters.
+CONSUMER_NAME = {"type": "string", "minLength": 1, "maxLength": NAME_CHARS_MAX, "pattern": r"^[^:\x00-\x1f\x7f]+$"}
 PRODUCER_QUERY = {"name": "producer", "in": "query", "required": False,
                   "schema": {"type": "string", "minLength": 1, "maxLength": PRODUCER_NAME_CHARS_MAX,
                              "pattern": "^[^\\x00-\\x1f\\x7f]+$"},
                   "description": "idempotent produce: every line then carries an increasing sequence_id, and a "
                                  "line the broker had stored already is answered duplicate"}
-MEMBER_QUERY = {"name": "member", "in": "query", "required": False,
-                "schema": {"type": "string", "minLength": 1, "maxLength": NAME_CHARS_MAX, "pattern": "^[^:]+$"},
+MEMBER_QUERY = {"name": "member", "in": "query", "required": False, "schema": CONSUMER_NAME,
                 "description": "a broadcast subscription's member"}
 
 # Answers every operation may give besides its own.
 COMMON_ERRORS = {
     "400": _error("malformed request: bad JSON, a field of the wrong type or out of range, a bad name"),
+    "401": _error("authentication is on and the request carries no valid credentials"),
+    "403": _error("authentication is on and the caller may not produce or consume on this topic"),
     "404": _error("no such topic, subscription or route"),
     "413": _error("a limit was exceeded: body bytes, messages per request, max_messages, wait_ms, lease_ms"),
     "429": _error("too many requests or leases in flight: retry after Retry-After seconds"),
+    "502": _error("a broker failed the request (the gateway itself worked)"),
     "503": _error("the brokers cannot serve this now (retriable; Retry-After)"),
+    "504": _error("the broker did not answer in time (retriable; a produce may or may not have been stored)"),
     "default": _error("any other failure, as a catalogue error"),
 }
+
+
+# Which names a mode needs, as the server checks them (gateway/json_codec.py): broadcast
+# names its member, key_shared, exclusive and failover name their consumer, and only
+# broadcast has members. Exactly one of these holds for a valid request.
+MODE_RULES = {"oneOf": [
+    {"title": "shared", "properties": {"mode": {"const": "shared"}}, "not": {"required": ["member"]}},
+    {"title": "broadcast", "required": ["mode", "member"], "properties": {"mode": {"const": "broadcast"}}},
+    {"title": "named consumer", "required": ["mode", "consumer"],
+     "properties": {"mode": {"enum": ["key_shared", "exclusive", "failover"]}}, "not": {"required": ["member"]}},
+]}
+
+
+BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 
 
 def schemas(config: GatewayConfig) -> dict:
@@ -91,12 +134,17 @@ def schemas(config: GatewayConfig) -> dict:
         "ordering_key": {"type": "string", "minLength": 1, "maxLength": PROPERTY_CHARS_MAX,
                          "description": "key-shared dispatch key, when not the key"},
         "properties": {"type": "object", "maxProperties": PROPERTIES_MAX,
+                       "propertyNames": {"minLength": 1, "maxLength": NAME_CHARS_MAX},
                        "additionalProperties": {"type": "string", "maxLength": PROPERTY_CHARS_MAX}},
         "event_time_ms": {"type": "integer", "minimum": 0, "maximum": TIME_MS_MAX},
         "deliver_at_ms": {"type": "integer", "minimum": 0, "maximum": TIME_MS_MAX,
                           "description": "not handed out by gateway pulls before this Unix time"},
         "deliver_after_ms": {"type": "integer", "minimum": 0, "maximum": TIME_MS_MAX,
-                             "description": "deliver_at_ms as a delay from now"}}
+                             "description": "deliver_at_ms as a delay from now (not with deliver_at_ms)"}}
+    # Only one deliver time; a base64 payload is base64 (standard alphabet, padded).
+    message_rules = {"not": {"required": ["deliver_at_ms", "deliver_after_ms"]},
+                     "if": {"required": ["encoding"], "properties": {"encoding": {"const": "base64"}}},
+                     "then": {"properties": {"payload": {"pattern": BASE64_PATTERN}}}}
     producer = {"type": "string", "minLength": 1, "maxLength": PRODUCER_NAME_CHARS_MAX,
                 "pattern": "^[^\\x00-\\x1f\\x7f]+$",
                 "description": "idempotent produce: the producer whose sequence ids the broker's deduplication "
@@ -112,20 +160,23 @@ def schemas(config: GatewayConfig) -> dict:
                            "retriable": {"type": "boolean"}}},
         "OutgoingMessage": {
             "type": "object", "required": ["payload"], "additionalProperties": False,
-            "properties": message_properties},
+            "properties": message_properties, **message_rules},
         "ProduceOneRequest": {
             "type": "object", "required": ["payload"], "additionalProperties": False,
-            "properties": {**message_properties, "producer": producer, "sequence_id": sequence_id},
+            "properties": {**message_properties, "producer": producer, "sequence_id": sequence_id}, **message_rules,
             "dependentRequired": {"producer": ["sequence_id"], "sequence_id": ["producer"]}},
         "BatchMessage": {
             "type": "object", "required": ["payload"], "additionalProperties": False,
-            "properties": {**message_properties, "sequence_id": sequence_id}},
+            "properties": {**message_properties, "sequence_id": sequence_id}, **message_rules},
         "ProduceBatchRequest": {
             "type": "object", "required": ["messages"], "additionalProperties": False,
             "properties": {"messages": {"type": "array", "minItems": 1, "maxItems": config.batch_messages_max,
                                         "items": _ref("BatchMessage")},
                            "producer": producer},
-            "dependentSchemas": {"producer": {"properties": {"messages": {"items": {"required": ["sequence_id"]}}}}}},
+            # With a producer every message has its sequence_id; without, none has.
+            "if": {"required": ["producer"]},
+            "then": {"properties": {"messages": {"items": {"required": ["sequence_id"]}}}},
+            "else": {"properties": {"messages": {"items": {"not": {"required": ["sequence_id"]}}}}}},
         "Stored": {"type": "object", "required": ["message_id"],
                    "properties": {"message_id": {"type": ["string", "null"],
                                                  "description": "ledger:entry:partition:batch (null: a duplicate)"},
@@ -144,10 +195,12 @@ def schemas(config: GatewayConfig) -> dict:
             "properties": {"mode": {"type": "string", "enum": list(MODES), "default": "shared"},
                            "initial_position": {"type": "string", "enum": ["earliest", "latest"],
                                                 "default": "latest"},
-                           "member": {**name, "pattern": "^[^:]+$",
-                                      "description": "broadcast: the member whose cursor to create"},
-                           "consumer": {**name, "pattern": "^[^:]+$",
-                                        "description": "key_shared, exclusive, failover: the consumer's name"}}},
+                           "member": {**CONSUMER_NAME,
+                                      "description": "broadcast (and only broadcast): the member whose cursor "
+                                                     "to create"},
+                           "consumer": {**CONSUMER_NAME,
+                                        "description": "key_shared, exclusive, failover: the consumer's name"}},
+            **MODE_RULES},
         "Subscription": {
             "type": "object", "required": ["topic", "subscription"],
             "properties": {"topic": {"type": "string"}, "subscription": {"type": "string"},
@@ -157,8 +210,9 @@ def schemas(config: GatewayConfig) -> dict:
             "type": "object", "additionalProperties": False,
             "properties": {
                 "mode": {"type": "string", "enum": list(MODES), "default": "shared"},
-                "member": {**name, "pattern": "^[^:]+$"},
-                "consumer": {**name, "pattern": "^[^:]+$"},
+                "member": {**CONSUMER_NAME, "description": "broadcast (and only broadcast): the member pulling"},
+                "consumer": {**CONSUMER_NAME, "description": "key_shared, exclusive, failover: the consumer "
+                                                             "keeping its keys or turn"},
                 "max_messages": {"type": "integer", "minimum": 1, "maximum": config.pull_messages_max, "default": 1},
                 "wait_ms": {"type": "integer", "minimum": 0, "maximum": config.wait_ms_max, "default": 0,
                             "description": "long poll: wait up to this long for the first message"},
@@ -169,8 +223,32 @@ def schemas(config: GatewayConfig) -> dict:
                 "initial_position": {"type": "string", "enum": ["earliest", "latest"], "default": "latest"},
                 "max_deliveries": {"type": "integer", "minimum": 1, "maximum": 1_000_000,
                                    "description": "dead-letter a message instead of delivering it again"},
-                "dead_letter_topic": {"type": "string", "minLength": 1, "maxLength": 1024,
-                                      "description": "default: {topic}-{subscription}-DLQ"}}},
+                "dead_letter_topic": {**DEAD_LETTER_TOPIC,
+                                      "description": "default: {topic}-{subscription}-DLQ"},
+                "ordered": {"type": "boolean", "default": False,
+                            "description": "ordering keys: at most one message per key (ordering_key, else key), "
+                                           "and none of a key while one of it is leased through this gateway "
+                                           "consumer"}},
+            "dependentRequired": {"dead_letter_topic": ["max_deliveries"]},
+            **MODE_RULES},
+        "EventsQuery": {
+            "type": "object", "additionalProperties": False,
+            "properties": {
+                "mode": {"type": "string", "enum": list(MODES), "default": "shared"},
+                "member": {**CONSUMER_NAME, "description": "broadcast (and only broadcast): the member"},
+                "consumer": {**CONSUMER_NAME, "description": "key_shared, exclusive, failover: the consumer"},
+                "credits": {"type": "integer", "minimum": 1, "maximum": config.sse_credits_max, "default": 10,
+                            "description": "messages leased and not settled at most"},
+                "lease_ms": {"type": "integer", "minimum": config.lease_ms_min, "maximum": config.lease_ms_max,
+                             "default": config.lease_ms_default},
+                "duration_ms": {"type": "integer", "minimum": 1, "maximum": SSE_DURATION_MS_MAX,
+                                "default": SSE_DURATION_MS_MAX},
+                "encoding": {"type": "string", "enum": ["text", "base64"], "default": "text"},
+                "initial_position": {"type": "string", "enum": ["earliest", "latest"], "default": "latest"},
+                "max_deliveries": {"type": "integer", "minimum": 1, "maximum": 1_000_000},
+                "dead_letter_topic": DEAD_LETTER_TOPIC},
+            "dependentRequired": {"dead_letter_topic": ["max_deliveries"]},
+            **MODE_RULES},
         "ReceivedMessage": {
             "type": "object",
             "required": ["message_id", "payload", "encoding", "properties", "publish_time_ms", "delivery_attempt",
@@ -206,9 +284,16 @@ def schemas(config: GatewayConfig) -> dict:
                                         "items": {"type": "string"}},
                            "lease_ms": {"type": "integer", "minimum": config.lease_ms_min,
                                         "maximum": config.lease_ms_max, "default": config.lease_ms_default}}},
+        "RejectRequest": {
+            "type": "object", "required": ["receipts"], "additionalProperties": False,
+            "properties": {"receipts": {"type": "array", "minItems": 1, "maxItems": RECEIPTS_PER_REQUEST_MAX,
+                                        "items": {"type": "string"}},
+                           "dead_letter_topic": {**DEAD_LETTER_TOPIC,
+                                                 "description": "default: {topic}-{subscription}-DLQ"}}},
         "SettleResult": {
             "type": "object", "required": ["status"],
-            "properties": {"status": {"type": "string", "enum": ["acked", "nacked", "extended", "error"]},
+            "properties": {"status": {"type": "string", "enum": ["acked", "nacked", "extended", "rejected", "error"]},
+                           "dead_letter_topic": {"type": "string", "description": "rejected: where it went"},
                            "late": {"type": "boolean"}, "receipt": {"type": "string"},
                            "lease_deadline_ms": {"type": "integer"}, "error": _ref("Error")}},
         "SettleResponse": {
@@ -247,6 +332,16 @@ def _operation(summary: str, parameters: list, responses: dict, request: str | N
     return operation
 
 
+# Idempotent produce's own answers (gateway/idempotent.py).
+PRODUCE_ERRORS = {
+    "409": _error("idempotent produce: another gateway still holds this producer (retriable)"),
+    "412": _error("idempotent produce: the namespace does not deduplicate (policy deduplication is off)"),
+}
+SUBSCRIPTION_ERRORS = {
+    "409": _error("the subscription exists in another mode, or its exclusive consumer is busy"),
+}
+
+
 def _ok(schema: str, description: str = "OK") -> dict:
     return {"200": {"description": description, "content": _json(_ref(schema))}}
 
@@ -255,21 +350,22 @@ OPERATIONS: dict[tuple[str, str], dict] = {
     ("GET", "/v1/openapi.json"): _operation(
         "This document", [], {"200": {"description": "OpenAPI 3.1", "content": _json({"type": "object"})}}),
     ("POST", f"{TOPIC_BASE}/message"): _operation(
-        "Produce one message", TOPIC_PARAMETERS, _ok("Stored", "stored on the bookies"), "ProduceOneRequest",
+        "Produce one message", TOPIC_PARAMETERS, {**_ok("Stored", "stored on the bookies"), **PRODUCE_ERRORS}, "ProduceOneRequest",
         description="Answers once the broker's receipt says the message is durable. With producer and "
                     "sequence_id, sending it again is safe: a message stored already is answered duplicate."),
     ("POST", f"{TOPIC_BASE}/messages"): _operation(
-        "Produce a batch", TOPIC_PARAMETERS, _ok("ProduceBatchResponse", "a result per message, in order"),
+        "Produce a batch", TOPIC_PARAMETERS, {**_ok("ProduceBatchResponse", "a result per message, in order"), **PRODUCE_ERRORS},
         "ProduceBatchRequest", description="Stored as one batch entry per partition touched; with producer "
                                            "(idempotent), one entry per message."),
     ("POST", f"{TOPIC_BASE}/messages/stream"): _operation(
         "Produce a stream of NDJSON lines", TOPIC_PARAMETERS + [PRODUCER_QUERY],
         {"200": {"description": "one NDJSON result line per input line, as each is stored",
-                 "content": {"application/x-ndjson": {"schema": {"type": "string"}}}}},
+                 "content": {"application/x-ndjson": {"schema": {"type": "string"}}}}, **PRODUCE_ERRORS},
         request_content={"application/x-ndjson": {"schema": {"type": "string"}}}),
     ("GET", f"{TOPIC_BASE}/stats"): _operation("Topic stats (the broker's)", TOPIC_PARAMETERS, _ok("TopicStats")),
     ("PUT", SUBSCRIPTION_BASE): _operation(
-        "Create a subscription (or a broadcast member's cursor)", SUBSCRIPTION_PARAMETERS, _ok("Subscription"),
+        "Create a subscription (or a broadcast member's cursor)", SUBSCRIPTION_PARAMETERS,
+        {**_ok("Subscription"), **SUBSCRIPTION_ERRORS},
         "SubscriptionRequest", request_required=False),
     ("DELETE", SUBSCRIPTION_BASE): _operation(
         "Delete a subscription (or, with member, a member's cursor)", SUBSCRIPTION_PARAMETERS + [MEMBER_QUERY],
@@ -296,17 +392,14 @@ OPERATIONS: dict[tuple[str, str], dict] = {
     ("POST", f"{SUBSCRIPTION_BASE}/extend"): _operation(
         "Extend leases; each result carries a new receipt", SUBSCRIPTION_PARAMETERS, _ok("SettleResponse"),
         "ExtendRequest"),
+    ("POST", f"{SUBSCRIPTION_BASE}/reject"): _operation(
+        "Send leased messages straight to the dead-letter topic, then acknowledge them", SUBSCRIPTION_PARAMETERS,
+        _ok("SettleResponse"), "RejectRequest"),
     ("GET", f"{SUBSCRIPTION_BASE}/events"): _operation(
         "Push: Server-Sent Events with receipts, credit-based", SUBSCRIPTION_PARAMETERS + [
-            {"name": name, "in": "query", "required": False, "schema": schema}
-            for name, schema in (("mode", {"type": "string", "enum": list(MODES)}),
-                                 ("member", {"type": "string", "minLength": 1, "pattern": "^[^:]+$"}),
-                                 ("consumer", {"type": "string", "minLength": 1, "pattern": "^[^:]+$"}),
-                                 ("credits", {"type": "integer", "minimum": 1}),
-                                 ("lease_ms", {"type": "integer"}),
-                                 ("duration_ms", {"type": "integer", "minimum": 1, "maximum": 3_600_000}),
-                                 ("encoding", {"type": "string", "enum": ["text", "base64"]}),
-                                 ("initial_position", {"type": "string", "enum": ["earliest", "latest"]}))],
+            {"name": "stream", "in": "query", "required": False, "style": "form", "explode": True,
+             "schema": _ref("EventsQuery"),
+             "description": "the query parameters, each its own (?mode=broadcast&member=m&credits=10)"}],
         {"200": {"description": "an event stream", "content": {"text/event-stream": {"schema": {"type": "string"}}}}}),
     ("GET", "/health"): _operation("200 while serving, 503 when stopping", [], _ok("Health")),
     ("GET", "/live"): _operation("200 while the process answers (a liveness probe)", [], _ok("Health")),
@@ -338,5 +431,21 @@ def build(app: web.Application, config: GatewayConfig) -> dict:
                                 "any gateway instance can settle. Errors are {code, error, message, retriable} "
                                 "with catalogue codes."},
         "paths": dict(sorted(paths.items())),
-        "components": {"schemas": schemas(config)},
+        "components": {"schemas": schemas(config), "securitySchemes": SECURITY_SCHEMES},
+        **({"security": [{PROVIDER_SCHEMES[name]: []} for name in config.providers]}
+           if config.authentication_enabled else {}),
     }
+
+
+# How callers authenticate when the gateway runs with --authentication-enabled
+# (gateway/auth.py): the document then requires one of the schemes of its providers.
+SECURITY_SCHEMES = {
+    "token": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT",
+              "description": "provider token: a Pulsar token (JWT) the brokers accept"},
+    "basic": {"type": "http", "scheme": "basic",
+              "description": "provider basic: a user and password of the brokers' password file"},
+    "clientCertificate": {"type": "mutualTLS",
+                          "description": "provider tls: an HTTPS client certificate signed by "
+                                         "--tls-trust-certs-file; its CN is the role"},
+}
+PROVIDER_SCHEMES = {"token": "token", "basic": "basic", "tls": "clientCertificate"}

@@ -16,7 +16,6 @@ sending it again safe: what was stored is answered ``duplicate``, not stored aga
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from typing import Sequence
 
@@ -26,7 +25,7 @@ from client.messages import MessageId, OutgoingMessage
 from common.errors import LimitExceeded, MagnetarError, OperationTimeout
 from gateway import json_codec
 from gateway.errors import error_document
-from gateway.http_common import json_body, ok, topic_of
+from gateway.http_common import dumps, json_body, loads, ok, topic_of
 from gateway.idempotent import DUPLICATE, Duplicate
 from gateway.keys import SERVICE
 from gateway.producers import SentEntry
@@ -101,7 +100,13 @@ async def produce_batch(request: web.Request) -> web.Response:
                                                  bytes_max=config.message_bytes_max, now_unix_ms=now_unix_ms())
     _check_batch_bytes(messages, config.message_bytes_max)
     outcomes: Sequence[MessageId | Duplicate | MagnetarError]
-    if sequenced is not None:
+    if sequenced is not None and sequenced.refused:
+        kept = [index for index in range(len(messages)) if index not in sequenced.refused]
+        sent = await service.idempotent.send(topic, [messages[index] for index in kept], json_codec.Sequenced(
+            sequenced.producer, [sequenced.sequence_ids[index] for index in kept])) if kept else []
+        sent_by_index = dict(zip(kept, sent))
+        outcomes = [sequenced.refused.get(index) or sent_by_index[index] for index in range(len(messages))]
+    elif sequenced is not None:
         outcomes = await service.idempotent.send(topic, messages, sequenced)
     else:
         entries = await service.producers.send(topic, messages, batch=True)
@@ -177,7 +182,7 @@ async def produce_stream(request: web.Request) -> web.StreamResponse:
             return
         try:
             try:
-                document = json.loads(text)
+                document = loads(text)
             except (ValueError, RecursionError):
                 raise json_codec.InvalidArgument("line is not valid JSON") from None
             path = f"line {line_number}"
@@ -244,4 +249,4 @@ async def produce_stream(request: web.Request) -> web.StreamResponse:
 
 async def _write_lines(response: web.StreamResponse, lines: list[dict]) -> None:
     if lines:
-        await response.write("".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines).encode())
+        await response.write(b"".join(dumps(line) + b"\n" for line in lines))

@@ -17,7 +17,6 @@ through another gateway instance give credits back only when the lease would hav
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 
@@ -26,15 +25,19 @@ from aiohttp import web
 from common.errors import InvalidArgument, TooManyRequests
 from gateway import json_codec
 from gateway.consume import _give_back, _start_leases, render, wait_for_messages
-from gateway.http_common import subscription_of, topic_of
+from gateway.http_common import dumps, subscription_of, topic_of
 from gateway.keys import SERVICE
 from gateway.leases import State
+from gateway.openapi import SSE_DURATION_MS_MAX
 
 log = logging.getLogger(__name__)
 
 _INTEGER_PARAMETERS = ("credits", "lease_ms", "max_deliveries", "duration_ms")
 # A stream ends after at most this long (clients reconnect, as SSE clients do).
-DURATION_MS_MAX = 3_600_000
+DURATION_MS_MAX = SSE_DURATION_MS_MAX
+# What a pull's body has that a stream's query has not (credits stands for max_messages;
+# a stream waits as long as it lasts).
+_NOT_IN_QUERY = ("max_messages", "wait_ms", "ordered")
 _LIVE = (State.WRITING, State.LEASED)
 # While a stream has no credit left, it looks again this often.
 _NO_CREDIT_SLEEP_S = 0.05
@@ -45,6 +48,8 @@ def _query_spec(request: web.Request, credits_max: int, config) -> tuple[json_co
     for name, value in request.query.items():
         if name in raw:
             raise InvalidArgument(f"query parameter {name!r} is given twice")
+        if name in _NOT_IN_QUERY:
+            raise InvalidArgument(f"unknown query parameter {name!r}")
         if name in _INTEGER_PARAMETERS:
             try:
                 raw[name] = int(value)
@@ -96,8 +101,9 @@ async def events(request: web.Request) -> web.StreamResponse:
             continue
         try:
             messages = render(service, taken, spec.encoding, spec.lease_ms)
-            data = json.dumps({"messages": messages}, separators=(",", ":"), ensure_ascii=False)
-            await response.write(f"event: messages\nid: {messages[0]['message_id']}\ndata: {data}\n\n".encode())
+            data = dumps({"messages": messages})
+            await response.write(b"event: messages\nid: " + messages[0]["message_id"].encode() + b"\ndata: " + data
+                                 + b"\n\n")
         except BaseException:
             _give_back(taken)
             raise

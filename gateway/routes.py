@@ -29,4 +29,5 @@ def add_routes(app: web.Application) -> None:
     router.add_post(f"{SUBSCRIPTION_BASE}/ack", consume.ack)
     router.add_post(f"{SUBSCRIPTION_BASE}/nack", consume.nack)
     router.add_post(f"{SUBSCRIPTION_BASE}/extend", consume.extend)
+    router.add_post(f"{SUBSCRIPTION_BASE}/reject", consume.reject)
     router.add_get(f"{SUBSCRIPTION_BASE}/events", push.events, allow_head=False)

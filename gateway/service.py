@@ -11,6 +11,7 @@ and receipts carry everything another instance needs.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import time
@@ -22,7 +23,7 @@ from client.config import ClientConfig
 from client.messages import OutgoingMessage, ReceivedEntry
 from client.pool import BrokerPool
 from common.errors import InvalidArgument, NotFound
-from common.topic_name import TopicName
+from common.topic_name import NAME_BYTES_MAX, TopicName
 from runtime.tls import TlsConfig, client_context
 from runtime.tokens import TokenFile
 from gateway.subscription_counts import SubscriptionCounts
@@ -63,6 +64,7 @@ class GatewayService:
         self.messages_pulled = 0
         self.messages_acked = 0
         self.messages_nacked = 0
+        self.messages_rejected = 0
         self.leases_extended = 0
         # The same per subscription, with a bounded label set (gateway/subscription_counts.py).
         self.subscription_counts = SubscriptionCounts(config.metrics_subscriptions_max)
@@ -142,8 +144,8 @@ class GatewayService:
         name = self.consumer_name(spec.mode, spec.member, spec.consumer)
         policy = None
         if spec.max_deliveries is not None:
-            dead_letter_topic = spec.dead_letter_topic or f"{topic}-{subscription}-DLQ"
-            policy = DeadLetterPolicy(spec.max_deliveries, str(_parse_topic(dead_letter_topic)))
+            policy = DeadLetterPolicy(spec.max_deliveries, dead_letter_topic(topic, subscription,
+                                                                             spec.dead_letter_topic))
         consumers = []
         for partition in await self.partition_topics(topic):
             consumer = await self.consumers.get(ConsumerKey(partition, subscription, spec.mode, name),
@@ -153,13 +155,16 @@ class GatewayService:
         return consumers
 
     async def _dead_letter(self, topic: str, origin_topic: str, entry: ReceivedEntry) -> None:
-        """Publishes an entry's messages to the dead-letter topic, with the properties
-        Pulsar's clients add (REAL_TOPIC, ORIGIN_MESSAGE_ID)."""
+        await self.dead_letter(topic, origin_topic, entry.messages)
+
+    async def dead_letter(self, topic: str, origin_topic: str, received: list) -> None:
+        """Publishes messages to the dead-letter topic, with the properties Pulsar's
+        clients add (REAL_TOPIC, ORIGIN_MESSAGE_ID); returns once they are stored."""
         messages = [OutgoingMessage(m.payload, key=m.key, ordering_key=m.ordering_key,
                                     properties={**m.properties, "REAL_TOPIC": origin_topic,
                                                 "ORIGIN_MESSAGE_ID": str(m.message_id)},
                                     event_time_ms=m.event_time_ms)
-                    for m in entry.messages]
+                    for m in received]
         entries = await self.producers.send(topic, messages, batch=True)
         async with asyncio.timeout(self.config.produce_timeout_ms / 1000):
             await asyncio.gather(*(entry.future for entry in entries))
@@ -195,6 +200,26 @@ class GatewayService:
         self.forward_tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.debug("background forward failed: error=%r", task.exception())
+
+
+def dead_letter_topic(topic: str, subscription: str, named: str | None) -> str:
+    """The dead-letter topic: the one named, or Pulsar's default {topic}-{subscription}-DLQ.
+    When that default is no topic name (a subscription name with whitespace, or a name
+    past 1,024 bytes - names the document allows), it is {topic}-{digest}-DLQ instead:
+    the first 16 hex digits of the subscription name's SHA-256, the topic's local name
+    cut to fit."""
+    if named:
+        return str(_parse_topic(named))
+    try:
+        return str(TopicName.parse(f"{topic}-{subscription}-DLQ"))
+    except InvalidArgument:
+        pass
+    name = TopicName.parse(topic)
+    digest = hashlib.sha256(subscription.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    suffix = f"-{digest}-DLQ"
+    room = NAME_BYTES_MAX - len(f"{name.domain}://{name.tenant}/{name.namespace}/".encode()) - len(suffix)
+    local = name.local_name.encode()[:room].decode("utf-8", "ignore")
+    return str(TopicName.parse(f"{name.domain}://{name.tenant}/{name.namespace}/{local}{suffix}"))
 
 
 def _parse_topic(text: str) -> TopicName:

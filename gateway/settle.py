@@ -18,10 +18,12 @@ and subscription) and gets its own result, in request order. Then:
   address), its broker connection went with it and the broker has redelivered what it
   held: the lease is lost (LeaseExpired). A timeout is retriable.
 
-An ack after the lease's deadline is still applied (the broker may not have redelivered
-the message yet; if it has, the ack changes nothing and the message may be processed
-twice - at-least-once). A nack or extension after the deadline is refused: the message is
-back in the subscription.
+An ack, nack, extension or reject after the lease ended is refused with a per-receipt
+LeaseExpired and changes nothing: the message went back to its subscription and may be
+another worker's now, and a stale receipt never settles someone else's lease. An ack
+after the receipt's own deadline is decided by the issuing instance (forwarded there),
+which applies it only while the lease still holds (extended); its result says
+``late: true``.
 """
 
 from __future__ import annotations
@@ -37,8 +39,10 @@ import aiohttp
 from client.messages import MessageId
 from common.errors import LeaseExpired, MagnetarError, OperationTimeout, error_for_code
 from gateway.errors import error_document
+from gateway.leases import State
 from gateway.receipts import Receipt, decode
 from gateway.service import GatewayService, now_unix_ms
+from gateway.service import dead_letter_topic as service_dead_letter_topic
 
 log = logging.getLogger(__name__)
 
@@ -88,11 +92,28 @@ async def ack(service: GatewayService, topic: str, subscription: str, handles: l
     direct: dict[Any, list[Item]] = {}
     remote: dict[str, list[Item]] = {}
     hints: dict[str, list[Item]] = {}
+    now_ms = now_unix_ms()
     for item in items:
         receipt = item.receipt
         if receipt is None:
             continue
         ours = service.is_ours(receipt)
+        if receipt.deadline_ms < now_ms:
+            # Past the receipt's deadline only the issuing instance knows whether the
+            # lease still holds (extended): if it ended, the message went back to the
+            # subscription and may be another worker's now, so the ack must not apply.
+            if ours:
+                if not _still_leased(service, receipt):
+                    item.fail(LeaseExpired("the lease ended before this ack; the message went back to its "
+                                           "subscription (it may be another worker's now) and was not acknowledged"))
+                    continue
+                direct.setdefault(service.key_of(receipt), []).append(item)
+            elif forwarded:
+                item.fail(LeaseExpired("receipt was issued by another gateway instance, which is gone; the message "
+                                       "is back in its subscription"))
+            else:
+                remote.setdefault(receipt.issuer_url, []).append(item)
+            continue
         if ours or receipt.mode in _ACK_ANYWHERE_MODES:
             direct.setdefault(service.key_of(receipt), []).append(item)
             if not ours and not forwarded:
@@ -115,7 +136,6 @@ async def ack(service: GatewayService, topic: str, subscription: str, handles: l
             for item in group:
                 item.fail(error)
             continue
-        now_ms = now_unix_ms()
         for item in group:
             assert item.receipt is not None
             item.result = {"status": "acked"}
@@ -127,6 +147,12 @@ async def ack(service: GatewayService, topic: str, subscription: str, handles: l
     for issuer_url, group in hints.items():
         service.spawn_forward(_forward(service, issuer_url, path, [item.handle for item in group], {}))
     return _results(items)
+
+
+def _still_leased(service: GatewayService, receipt: Receipt) -> bool:
+    consumer = service.consumers.find(service.key_of(receipt))
+    slot = None if consumer is None else consumer.table.find(receipt.position, receipt.batch_index)
+    return slot is not None and slot.state == State.LEASED and slot.attempt == receipt.attempt
 
 
 # --- nack and extend ------------------------------------------------------------------------------
@@ -177,6 +203,44 @@ async def extend(service: GatewayService, topic: str, subscription: str, handles
         service.leases_extended += 1
         service.subscription_counts.add(topic, subscription, "extended")
     await _forward_groups(service, remote, path, {"lease_ms": lease_ms}, "extended")
+    return _results(items)
+
+
+# --- reject -------------------------------------------------------------------------------------
+
+async def reject(service: GatewayService, topic: str, subscription: str, handles: list[str],
+                 dead_letter_topic: str | None, *, path: str, forwarded: bool) -> list[dict]:
+    """Sends leased messages straight to the dead-letter topic (named, or Pulsar's
+    default ``{topic}-{subscription}-DLQ``), then acknowledges them: SQS's and Pub/Sub's
+    "this one will never work", without waiting for ``max_deliveries``. Only the issuing
+    instance holds the message, so others forward it there."""
+    items = _checked(service, topic, subscription, handles)
+    remote = _split_remote(service, items, forwarded)
+    target = service_dead_letter_topic(topic, subscription, dead_letter_topic)
+    groups: dict[Any, tuple[Any, list[tuple[Item, Any]]]] = {}
+    for item in items:
+        if item.result is not None or item.receipt is None or not service.is_ours(item.receipt):
+            continue
+        receipt = item.receipt
+        consumer = service.consumers.find(service.key_of(receipt))
+        slot = None if consumer is None else consumer.table.find(receipt.position, receipt.batch_index)
+        if slot is None or slot.state != State.LEASED or slot.attempt != receipt.attempt:
+            item.fail(_lease_gone(receipt))
+            continue
+        groups.setdefault(consumer.key, (consumer, []))[1].append((item, slot))
+    for consumer, pairs in groups.values():
+        try:
+            await service.dead_letter(target, consumer.key.topic, [slot.message for _, slot in pairs])
+            await consumer.ack([slot.message.message_id for _, slot in pairs])
+        except MagnetarError as error:
+            for item, _ in pairs:
+                item.fail(error)
+            continue
+        for item, _ in pairs:
+            item.result = {"status": "rejected", "dead_letter_topic": target}
+        service.messages_rejected += len(pairs)
+    extra = {} if dead_letter_topic is None else {"dead_letter_topic": dead_letter_topic}
+    await _forward_groups(service, remote, path, extra, "rejected")
     return _results(items)
 
 

@@ -28,6 +28,7 @@ import aiohttp
 import pytest
 
 from common.errors import LeaseExpired
+from gateway.receipts import ReceiptKeys, decode
 from tests.cluster import Cluster
 from tests.integration.gateway_helpers import Gateway, drain, new_topic_path, payload_bytes, start_gateway_cluster
 
@@ -305,6 +306,141 @@ async def test_dead_letter_after_max_deliveries(gateways, pulsar_client):
     assert message.data() == b"poison"
     assert message.properties()["a"] == "1"
     assert message.properties()["REAL_TOPIC"] == topic
+    dead_letter.close()
+
+
+async def test_a_stale_receipt_never_settles_another_workers_lease(gateways):
+    """Worker A's lease (1 s) ends; the message goes to worker B (attempt 2). A's late
+    ack, through either gateway, answers LeaseExpired per receipt and changes nothing:
+    B's lease still holds (B extends and acks it), and the message is not delivered a
+    third time."""
+    _, path = new_topic_path("stale")
+    first, second = gateways
+    await first.subscribe(path, "s")
+    await first.produce(path, [{"payload": "once"}])
+    (held_by_a,) = await first.pull(path, "s", max_messages=1, wait_ms=5000, lease_ms=1000)
+    await asyncio.sleep(1.5)
+    held_by_b = []
+    while not held_by_b:
+        held_by_b = await first.pull(path, "s", max_messages=1, wait_ms=5000, lease_ms=30_000)
+    assert held_by_b[0]["delivery_attempt"] == 2 and held_by_b[0]["payload"] == "once"
+    for gateway in (first, second):
+        (result,) = await gateway.settle(path, "s", "ack", [held_by_a["receipt"]])
+        assert result["status"] == "error" and result["error"]["error"] == "LeaseExpired", result
+        assert "not acknowledged" in result["error"]["message"], result
+    (extended,) = await second.settle(path, "s", "extend", [held_by_b[0]["receipt"]], lease_ms=30_000)
+    assert extended["status"] == "extended", extended
+    await second.ack(path, "s", held_by_b)
+    assert await first.pull(path, "s", max_messages=1, wait_ms=1500) == []
+
+
+async def test_two_processes_serve_one_port_and_settle_at_the_lease_holder(gw_cluster):
+    """--processes 2: both processes answer on the one port (receipts name two settle
+    addresses), and a nack or extension arriving at the process that does not hold the
+    lease is forwarded to the one that does: over fresh connections, every one of them
+    succeeds, and the nacked messages come back."""
+    multi = gw_cluster.gateway("gateway-multi", extra_args=["--processes", "2", "--ready-hold-ms", "1000"])
+    await multi.start()
+    try:
+        _, path = new_topic_path("processes")
+        async with aiohttp.ClientSession() as session:
+            await Gateway(multi.url, session).subscribe(path, "s", initial_position="earliest")
+            for i in range(40):   # one entry each (a batch entry goes to one consumer whole)
+                await Gateway(multi.url, session).call("POST", f"{Gateway(multi.url, session).topic_url(path)}/message",
+                                                       {"payload": f"p{i}"})
+        held, issuers = [], set()
+        for _ in range(40):
+            if len(held) >= 40:
+                break
+            # A fresh connection each time: the kernel spreads them over the processes.
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+                got = await Gateway(multi.url, session).pull(path, "s", max_messages=5, wait_ms=2000)
+            held += got
+            issuers |= {decode(m["receipt"], _keys(gw_cluster)).issuer_url for m in got}
+        assert len(held) == 40 and len(issuers) == 2, (len(held), issuers)
+        assert multi.url not in issuers   # each process is named by its own settle address
+        for message in held:
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+                gateway = Gateway(multi.url, session)
+                (extended,) = await gateway.settle(path, "s", "extend", [message["receipt"]], lease_ms=30_000)
+                assert extended["status"] == "extended", extended
+                (nacked,) = await gateway.settle(path, "s", "nack", [extended["receipt"]])
+                assert nacked["status"] == "nacked", nacked
+        async with aiohttp.ClientSession() as session:
+            again = await drain(Gateway(multi.url, session), path, "s")
+        assert sorted(m["payload"] for m in again) == sorted(f"p{i}" for i in range(40))
+    finally:
+        await multi.terminate()
+
+
+def _keys(cluster) -> ReceiptKeys:
+    kid, secret = cluster.gateway_secret.split(":", 1)
+    return ReceiptKeys("standalone", {kid: secret.encode()}, kid)
+
+
+async def test_ordered_pulls_hold_back_a_leased_keys_later_messages(gateways):
+    """ordered: true (Pub/Sub's ordering keys, within a gateway consumer): a pull gets
+    one message per key, every key at once (throughput across keys is not held back),
+    and no later message of a key while one of it is leased; acking releases the next.
+    Two workers see each key's messages strictly in order, never two of a key at once."""
+    _, path = new_topic_path("ordered")
+    gateway = gateways[0]
+    await gateway.subscribe(path, "s")
+    await gateway.produce(path, [{"payload": f"{key}-{n}", "key": key} for n in range(4) for key in "wxyz"])
+    first = []
+    while not first:
+        first = await gateway.pull(path, "s", max_messages=16, wait_ms=5000, ordered=True)
+    assert sorted(m["payload"] for m in first) == ["w-0", "x-0", "y-0", "z-0"], first
+    assert await gateway.pull(path, "s", max_messages=16, wait_ms=300, ordered=True) == []
+    seen: dict[str, list[int]] = collections.defaultdict(list)
+    held: set[str] = set()
+
+    async def worker(initial: list[dict]) -> None:
+        batch = initial
+        while True:
+            keys = [m["key"] for m in batch]
+            assert len(keys) == len(set(keys)) and not held & set(keys), (keys, held)
+            held.update(keys)
+            for m in batch:
+                seen[m["key"]].append(int(m["payload"].split("-")[1]))
+            await asyncio.sleep(0.05)
+            held.difference_update(keys)
+            await gateway.ack(path, "s", batch)
+            if sum(len(v) for v in seen.values()) >= 16:
+                return
+            batch = await gateway.pull(path, "s", max_messages=3, wait_ms=500, ordered=True)
+
+    await asyncio.gather(worker(first), worker([]))
+    assert dict(seen) == {key: [0, 1, 2, 3] for key in "wxyz"}, seen
+
+
+async def test_reject_sends_straight_to_the_dead_letter_topic(gateways, pulsar_client):
+    """reject, sent through the gateway that did not issue the receipt (so forwarded to
+    the one holding the lease), publishes the message to the dead-letter topic at its
+    first delivery and acknowledges it: a result per receipt, the other message of the
+    pull is untouched, and the same receipt again is a clear per-message error."""
+    topic, path = new_topic_path("reject")
+    first, second = gateways
+    await first.subscribe(path, "s")
+    dead_letter = pulsar_client.subscribe(f"{topic}-s-DLQ", "dlq-reader",
+                                          initial_position=__import__("pulsar").InitialPosition.Earliest)
+    await first.produce(path, [{"payload": "poison", "properties": {"a": "1"}}, {"payload": "fine"}])
+    messages = []
+    while len(messages) < 2:
+        messages += await first.pull(path, "s", max_messages=2, wait_ms=5000)
+    poison = next(m for m in messages if m["payload"] == "poison")
+    fine = next(m for m in messages if m["payload"] == "fine")
+    assert poison["delivery_attempt"] == 1
+    results = await second.settle(path, "s", "reject", [poison["receipt"], "not-a-receipt"])
+    assert results[0] == {"status": "rejected", "dead_letter_topic": f"{topic}-s-DLQ"}, results
+    assert results[1]["status"] == "error" and results[1]["error"]["error"] == "InvalidReceipt", results
+    message = await asyncio.to_thread(dead_letter.receive, 10_000)
+    assert message.data() == b"poison"
+    assert message.properties()["a"] == "1" and message.properties()["REAL_TOPIC"] == topic
+    again = await first.settle(path, "s", "reject", [poison["receipt"]])
+    assert again[0]["status"] == "error" and again[0]["error"]["error"] == "LeaseExpired", again
+    await first.ack(path, "s", [fine])
+    assert await first.pull(path, "s", max_messages=2, wait_ms=1500) == []
     dead_letter.close()
 
 

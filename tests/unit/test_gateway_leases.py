@@ -207,3 +207,27 @@ def test_random_operations_keep_the_counts_consistent(seed):
         live = [slot for held in leases._held.values() for slot in held.slots]   # noqa: SLF001
         for state in State:
             assert leases.count(state) == sum(1 for slot in live if slot.state == state), state
+
+
+def test_ordered_take_hands_out_no_later_message_of_a_leased_key():
+    """Ordering keys (Pub/Sub's rule): an ordered take gives at most one message per key
+    and none of a key while one of it is leased; keyless messages are not held back;
+    once the key's message is acked the next one of that key comes; an unordered take
+    ignores keys."""
+    leases = table()
+    keys = ["a", "a", "b", None, "a", "b"]
+    messages = tuple(
+        ReceivedMessage(MessageId(1, 0, -1, i, len(keys)), f"m{i}".encode(), key, None, {}, 0, 0, "p", i)
+        for i, key in enumerate(keys))
+    leases.add(ReceivedEntry(1, 0, -1, 0, len(keys), messages), now_s=0, now_unix_ms=0)
+    first = leases.take(10, ordered=True)
+    assert [slot.message.payload for slot in first] == [b"m0", b"m2", b"m3"]
+    leases.written(first, lease_s=30, now_s=0)
+    assert leases.take(10, ordered=True) == []          # a and b are leased
+    assert leases.ack((1, 0), 0)                        # the first "a" is done
+    (second,) = leases.take(10, ordered=True)
+    assert second.message.payload == b"m1"
+    leases.written([second], lease_s=30, now_s=0)
+    assert leases.ack((1, 0), 2)                        # the first "b" is done
+    assert [slot.message.payload for slot in leases.take(10, ordered=True)] == [b"m5"]
+    assert [slot.message.payload for slot in leases.take(10)] == [b"m4"]   # unordered: keys ignored

@@ -87,3 +87,30 @@ def test_a_route_without_an_operation_fails_the_build():
     app.router.add_get("/v1/secret", undocumented)
     with pytest.raises(AssertionError, match="has no OpenAPI operation"):
         openapi.build(app, config)
+
+
+def test_the_documents_whitespace_is_pythons():
+    """The document spells whitespace out (ECMAScript's \\s and Python's differ); it must
+    be exactly what common/topic_name.py refuses."""
+    import re
+
+    from gateway.json_codec import WHITESPACE_CLASS
+    spelled = re.compile(f"[{WHITESPACE_CLASS}]")
+    python = re.compile(r"\s")
+    assert all(bool(spelled.match(chr(c))) == bool(python.match(chr(c))) for c in range(0x110000))
+
+
+def test_every_subscription_name_the_document_allows_has_a_dead_letter_topic():
+    """Pulsar's default {topic}-{subscription}-DLQ when it is a topic name; otherwise
+    (whitespace in the subscription name, or past 1,024 bytes) a digest of the
+    subscription name in its place, still a valid topic name (schemathesis found it)."""
+    from common.topic_name import NAME_BYTES_MAX, TopicName
+    from gateway.service import dead_letter_topic
+
+    assert dead_letter_topic("persistent://public/default/t", "s", None) == "persistent://public/default/t-s-DLQ"
+    for topic, subscription in [("persistent://public/default/t", "a\x85b"),
+                                ("persistent://" + "t" * 128 + "/" + "n" * 128 + "/" + "\U00046b57" * 188,
+                                 "\u00e9" * 256)]:
+        name = dead_letter_topic(topic, subscription, None)
+        assert TopicName.parse(name) and len(name.encode()) <= NAME_BYTES_MAX and name.endswith("-DLQ"), name
+        assert dead_letter_topic(topic, subscription, None) == name   # the same every time
