@@ -115,6 +115,7 @@ class MagnetarStreamReader(DataSourceStreamReader):
         self.options = parse_read_options(batch_options)
         if self.options.service_url is None:
             raise ConfigError("option serviceUrl is required for streaming reads")
+        self.options.use_archive_endpoint()
         starting = _get(options, "startingOffsets") or "earliest"
         if starting not in ("earliest", "latest"):
             raise ConfigError("option startingOffsets of a stream must be earliest or latest")
@@ -285,6 +286,7 @@ class MagnetarStreamReader(DataSourceStreamReader):
         yield from self._read_partition(partition, check=True)
 
     def _read_partition(self, partition: InputPartition, *, check: bool) -> Iterator[pa.RecordBatch]:
+        self.options.use_archive_endpoint()
         rows = 0
         if isinstance(partition, StreamArchivePartition):
             bounds = partition.bounds

@@ -16,6 +16,7 @@ from broker.admin import (
     namespaces,
     permissions,
     schemas,
+    spark_plans,
     subscriptions,
     tenants,
     topic_policies,
@@ -38,3 +39,4 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
     messages.add_routes(app, service)
     archive.add_routes(app, service)
     schemas.add_routes(app, service)
+    spark_plans.add_routes(app, service)
