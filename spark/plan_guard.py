@@ -22,6 +22,10 @@ ever a saving: a task that cannot be sure it is the plan's first execution (no
 execution id, a broker that does not answer, a plan older than ``CLAIM_WINDOW_MS``)
 reads every row and is still right. The claim window is shorter than a claim's life
 in the store (7 days), so an expired claim is never taken for an unclaimed plan.
+
+Not covered: two queries running at the same time on one DataFrame share pyspark's
+cached plan, and the one that did not plan it may claim it first (docs/spark.md, "Not
+done yet").
 """
 
 from __future__ import annotations
