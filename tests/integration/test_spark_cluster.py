@@ -39,7 +39,8 @@ from tests.integration.test_archive import produce
 from tests.object_store import ObjectStore
 from tests.spark_standalone import SparkStandalone
 
-pytestmark = pytest.mark.spark_full
+# Three Spark JVMs, a driver and two executors start on a loaded 2-core machine.
+pytestmark = [pytest.mark.spark_full, pytest.mark.timeout(900)]
 
 LEDGER_ENTRIES_MAX = 40
 DRIVER = os.path.join(os.path.dirname(__file__), "spark_cluster_driver.py")
