@@ -64,7 +64,7 @@ class SparkStandalone:
     def alive_workers(self) -> int:
         try:
             return sum(1 for w in self.state().get("workers", []) if w.get("state") == "ALIVE")
-        except OSError:
+        except (OSError, ValueError):       # not up yet (its UI answers HTML while starting)
             return 0
 
     def start(self) -> "SparkStandalone":
