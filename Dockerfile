@@ -37,7 +37,7 @@ RUN /opt/magnetar/bin/pip install "grpcio-tools>=1.66,<2" \
       /opt/magnetar/bin/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. "$proto"; \
     done \
  && /opt/magnetar/bin/pip uninstall -y grpcio-tools \
- && /opt/magnetar/bin/pip install ".[tools]"
+ && /opt/magnetar/bin/pip install ".[tools,s3]"
 
 # --- run: the environment only, as a user without privileges ---------------------------------
 FROM python:3.11-slim

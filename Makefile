@@ -16,7 +16,7 @@ TEST_WORKERS ?= 3
 
 .PHONY: bench-journal bench-ack-state setup proto run test test-times test-unit test-integration test-archive-full test-client-full test-subscriptions-full bench bench-bookie \
 	bench-pulsar partitions bench-subscriptions bench-archive bench-gateway fuzz-gateway fuzz fuzz-broker clean sim chaos fanout-check \
-	pipeline bench-spark test-spark-full bench-compaction bench-latency bench-peers-setup bench-peers bench-thread-hop ops-tools
+	pipeline bench-spark test-spark-full test-spark-cluster bench-compaction bench-latency bench-peers-setup bench-peers bench-thread-hop ops-tools
 
 setup: $(STAMP) proto system-packages ops-tools
 
@@ -130,6 +130,13 @@ fanout-check: setup
 # the streaming writer).
 test-spark-full: setup
 	SPARK_TEST_MESSAGES=100000 $(PY) -m pytest -q tests/integration/test_spark.py tests/integration/test_spark_stream.py
+
+# The Spark source on a Spark standalone cluster (tests/integration/test_spark_cluster.py,
+# marker spark_full): a master and two workers (pyspark's spark-class, small JVMs) on
+# loopback, the archive on SeaweedFS, the tail on a broker; several minutes, mostly JVM
+# starts on a loaded machine.
+test-spark-cluster: setup
+	$(TEST_PYTHON_ENV) $(PY) -m pytest -q -p no:cacheprovider tests/integration/test_spark_cluster.py
 
 # A pipeline you can run (about 3-5 minutes, README "Spark"): a cluster, click events
 # produced and archived, a Spark batch aggregation and a streaming query writing to a topic.

@@ -14,6 +14,13 @@ name is either absent or names the complete file (POSIX rename is atomic). Other
 filesystems have no fsync; a rename there is the store's own (an object store's copy
 then delete, which publishes the whole object at once).
 
+An object store's endpoint (an S3-compatible store other than AWS: SeaweedFS, MinIO,
+Ceph) is ``MAGNETAR_ARCHIVE_ENDPOINT_URL`` in the environment, or ``use_endpoint`` (the
+broker's ``--archive-endpoint-url``, the Spark source's ``archiveEndpointUrl``); its
+credentials are never options or flags: botocore's own chain finds them
+(``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``AWS_SHARED_CREDENTIALS_FILE``, an
+instance role), so they appear in no command line, plan or log.
+
 Errors: a missing file is ArchiveNotFound, any other IO failure ArchiveUnavailable
 (retriable); the message names the URL.
 """
@@ -46,6 +53,34 @@ class FileInfo:
     modified_s: float       # seconds since the epoch (0: the store does not say)
 
 
+ENDPOINT_ENV = "MAGNETAR_ARCHIVE_ENDPOINT_URL"
+# Protocols that take an S3 endpoint (s3fs registers both).
+_S3_PROTOCOLS = ("s3://", "s3a://")
+_endpoint_url = [""]
+
+
+def use_endpoint(endpoint_url: str) -> None:
+    """Sets this process's S3 endpoint ("": the environment's, else AWS's own)."""
+    if endpoint_url and not endpoint_url.startswith(("http://", "https://")):
+        raise ConfigError(f"archive endpoint URL must be http:// or https://: {endpoint_url!r}")
+    _endpoint_url[0] = endpoint_url
+
+
+def endpoint_url() -> str:
+    return _endpoint_url[0] or os.environ.get(ENDPOINT_ENV, "")
+
+
+def _storage_options(url: str) -> dict:
+    if not url.startswith(_S3_PROTOCOLS):
+        return {}
+    # No listing cache: the garbage collector and the tools must see what is there now,
+    # not what this process listed before.
+    options: dict = {"use_listings_cache": False}
+    if endpoint_url():
+        options["endpoint_url"] = endpoint_url()
+    return options
+
+
 def filesystem(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
     """The filesystem and path of a URL (fsspec caches filesystem instances). fsspec is
     imported here, on first use: a tenth of a CPU-second that every broker start paid,
@@ -53,9 +88,11 @@ def filesystem(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
     import fsspec
 
     try:
-        return fsspec.core.url_to_fs(url)
+        return fsspec.core.url_to_fs(url, **_storage_options(url))
     except (ValueError, ImportError) as error:
-        raise ConfigError(f"archive location {url!r} is not usable: {error}") from None
+        hint = " (an s3:// location needs the s3 extra: pip install 'magnetar[s3]')" \
+            if url.startswith(_S3_PROTOCOLS) and isinstance(error, ImportError) else ""
+        raise ConfigError(f"archive location {url!r} is not usable: {error}{hint}") from None
 
 
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:
@@ -127,8 +164,11 @@ class ArchiveLocation:
                     raise
         return path
 
-    def publish(self, temp_path: str, final_path: str) -> None:
-        """Renames a written temporary file to its final name, durably."""
+    def publish(self, temp_path: str, final_path: str, *, between: Callable[[], None] | None = None) -> None:
+        """Renames a written temporary file to its final name, durably. On an object
+        store the rename is a server-side copy (the final object appears whole, at once)
+        then the temporary object's delete; ``between`` (tests' crash point) runs between
+        the two."""
         assert posixpath.dirname(temp_path) == posixpath.dirname(final_path), (temp_path, final_path)
         with _io(self.url_of(final_path)):
             if self.local:
@@ -138,7 +178,10 @@ class ArchiveLocation:
                 os.rename(temp_path, final_path)
                 _fsync_directory(posixpath.dirname(final_path))
             else:
-                self.fs.mv(temp_path, final_path)
+                self.fs.copy(temp_path, final_path)
+                if between is not None:
+                    between()
+                self.fs.rm(temp_path)
 
     # --- listing and deleting ---------------------------------------------------------------
 
@@ -155,10 +198,12 @@ class ArchiveLocation:
                             stat = entry.stat()
                             found.append(FileInfo(entry.name, self.url_of(entry.path), stat.st_size, stat.st_mtime))
                 return sorted(found, key=lambda info: info.name)
-            if not self.fs.exists(directory):
+            try:
+                listed = self.fs.ls(directory, detail=True, refresh=True)
+            except FileNotFoundError:
                 return []
             found = []
-            for info in self.fs.ls(directory, detail=True):
+            for info in listed:
                 if info.get("type") != "file":
                     continue
                 path = info["name"]

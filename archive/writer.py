@@ -33,6 +33,7 @@ from __future__ import annotations
 import posixpath
 import secrets
 from dataclasses import dataclass, field
+from typing import Callable
 
 import crc32c
 import pyarrow as pa
@@ -204,6 +205,7 @@ def write_temp(location: ArchiveLocation, topic_path: str, batches: list[pa.Reco
     return WrittenFile(location.url_of(path), path, temp_path, sink.size_bytes, sink.crc32c, metadata)
 
 
-def publish(location: ArchiveLocation, written: WrittenFile) -> None:
-    """Renames the temporary file to its final name, durably."""
-    location.publish(written.temp_path, written.path)
+def publish(location: ArchiveLocation, written: WrittenFile, *, between: Callable[[], None] | None = None) -> None:
+    """Renames the temporary file to its final name, durably (``between``: see
+    ``ArchiveLocation.publish``)."""
+    location.publish(written.temp_path, written.path, between=between)

@@ -34,14 +34,16 @@ Theory of operation:
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 from archive.format import FORMAT_VERSION, is_temp_name
-from archive.location import ArchiveLocation, delete_file
+from archive.location import ArchiveLocation, delete_file, endpoint_url, use_endpoint
 from archive.manifest import FileRecord, LedgerRecord, Manifest
 from archive.policy import ArchivedLedger, LedgerState, ledgers_to_archive, ledgers_to_collect, ledgers_to_release
 from archive.reader import verify_file
@@ -60,13 +62,18 @@ from common.position import ManagedEntry, Position
 from common.topic_name import NamespaceName, TopicName
 from ledger.client import LedgerClient
 from metadata.policies import NamespacePolicies, OffloadPolicies
+from metadata import keys
 from metadata.store import MetadataStore
 
 log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
+# Deleted topics' archives looked at per pass (the rest wait for the next).
+DELETED_TOPICS_PER_PASS = 64
 # The named points of an archive where a test may stop the broker (pause_at_step).
-STEPS = ("before-rename", "after-rename", "before-manifest", "before-bookie-delete")
+# "mid-rename" is reached on object stores only, where a rename is a copy then a delete:
+# between the two (a local rename is one atomic step).
+STEPS = ("before-rename", "mid-rename", "after-rename", "before-manifest", "before-bookie-delete")
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,9 @@ class ArchiverConfig:
     # The archive location when the namespace policy names none ("": none; then a
     # policy must name one). Standalone passes data/standalone/archive.
     location_url: str = ""
+    # An S3-compatible store's endpoint ("": MAGNETAR_ARCHIVE_ENDPOINT_URL, else AWS).
+    # Its credentials come from botocore's chain (environment, credentials file), never here.
+    endpoint_url: str = ""
     check_interval_s: float = 5.0
     # One slice (file) of a ledger is built in memory before it is written: this bounds it.
     file_bytes_max: int = 128 * MIB
@@ -174,6 +184,8 @@ class Archiver:
         self._ledger_client = ledger_client
         self._policies = policies
         self._clock = clock
+        if config.endpoint_url:
+            use_endpoint(config.endpoint_url)
         self.manifest = Manifest(store)
         self._executor = ThreadPoolExecutor(max_workers=config.threads, thread_name_prefix="archive")
         self.reads = ArchiveReads(self._executor, cache_bytes_max=config.read_cache_bytes_max,
@@ -183,9 +195,10 @@ class Archiver:
         self._wake: asyncio.Event | None = None
         # Names of files this broker is writing (never orphans while listed).
         self._writing: set[str] = set()
-        log.info("archiver configured: location_url=%s check_interval_s=%g file_bytes_max=%d threads=%d "
+        self._deleted_checked_at = 0.0
+        log.info("archiver configured: location_url=%s endpoint_url=%s check_interval_s=%g file_bytes_max=%d threads=%d "
                  "read_cache_bytes_max=%d read_ahead_batches=%d orphan_grace_s=%g gc_interval_s=%g pause_at_step=%s",
-                 config.location_url or "-", config.check_interval_s, config.file_bytes_max, config.threads,
+                 config.location_url or "-", endpoint_url() or "-", config.check_interval_s, config.file_bytes_max, config.threads,
                  config.read_cache_bytes_max, config.read_ahead_batches, config.orphan_grace_s, config.gc_interval_s,
                  config.pause_at_step or "-")
 
@@ -243,6 +256,78 @@ class Archiver:
                 if topic.closing:
                     continue
                 await self.check_topic(topic)
+            if time.monotonic() - self._deleted_checked_at >= self.config.gc_interval_s:
+                self._deleted_checked_at = time.monotonic()
+                await self._collect_deleted_topics()
+
+    # --- deleted topics ------------------------------------------------------------------------
+
+    async def topic_deleted(self, name: TopicName) -> None:
+        """After a topic's deletion: its archive is collected once the namespace's archive
+        retention has passed since now (at once when that retention is -1, "as long as
+        the topic keeps it", or 0), by whichever broker looks first (records go by
+        compare-and-delete, so two brokers collecting at once delete each file once)."""
+        if not await self.manifest.ledgers(name.key_path):
+            return
+        policy = (await self._policies(name.namespace_name)).offload() or OffloadPolicies()
+        now_ms = self._now_ms()
+        collect_at_ms = now_ms + max(policy.archiveRetentionTimeInMinutes, 0) * 60_000
+        marker = {"topic": str(name), "deleted_ms": now_ms, "collect_at_ms": collect_at_ms,
+                  "location_url": policy.managedLedgerOffloadLocation or self.config.location_url}
+        await self._store.put(keys.archive_deleted_topic(name.key_path), json.dumps(marker).encode())
+        log.info("archive of a deleted topic to be collected: topic=%s collect_at_ms=%d", name, collect_at_ms)
+        if self._wake is not None and collect_at_ms <= now_ms:
+            self._deleted_checked_at = 0.0
+            self._wake.set()
+
+    async def _collect_deleted_topics(self) -> None:
+        try:
+            markers = await self._store.get_prefix(keys.ARCHIVE_DELETED, limit=DELETED_TOPICS_PER_PASS)
+        except MagnetarError as error:
+            log.warning("listing deleted topics' archives failed: error=%s", error)
+            return
+        now_ms = self._now_ms()
+        for marker_record in markers:
+            try:
+                marker = json.loads(marker_record.value)
+                if marker["collect_at_ms"] > now_ms:
+                    continue
+                await self._collect_deleted_topic(marker_record.key[len(keys.ARCHIVE_DELETED):], marker)
+                await self._store.compare_and_delete(marker_record.key, expected_version=marker_record.version)
+            except MetadataVersionConflict:
+                continue            # another broker collected it, or the topic was deleted again
+            except (MagnetarError, ValueError, KeyError) as error:
+                log.warning("collecting a deleted topic's archive failed: key=%s error=%s", marker_record.key, error)
+
+    async def _collect_deleted_topic(self, topic_path: str, marker: dict) -> None:
+        records = await self.manifest.ledgers(topic_path)
+        collected = 0
+        for ledger_id, record in records.items():
+            if record.archived_ms > marker["deleted_ms"]:
+                continue            # a topic of the same name, created again since
+            try:
+                await self.manifest.remove(topic_path, record)
+            except MetadataVersionConflict:
+                continue
+            await self._delete_files([f.url for f in record.files])
+            collected += 1
+        # Files no record names (a write the deletion interrupted), unless the topic
+        # exists again: then its owner's GC judges its directory.
+        orphans = 0
+        if marker.get("location_url") and await self._store.get(keys.managed_ledger(topic_path)) is None:
+            loop = asyncio.get_running_loop()
+            location = self._location_of(marker["location_url"])
+            directory = location.topic_directory(topic_path)
+            listed = await loop.run_in_executor(self._executor, location.list_directory, directory)
+            named = {f.url for r in (await self.manifest.ledgers(topic_path)).values() for f in r.files}
+            doomed = [info.url for info in listed if info.url not in named
+                      and (info.name.endswith(".arrow") or is_temp_name(info.name))
+                      and (int(info.modified_s * 1000) <= marker["deleted_ms"]
+                           or self._clock() - info.modified_s >= self.config.orphan_grace_s)]
+            await self._delete_files(doomed)
+            orphans = len(doomed)
+        log.info("archive of a deleted topic collected: topic=%s ledgers=%d orphan_files=%d",
+                 marker.get("topic", topic_path), collected, orphans)
 
     async def check_topic(self, topic: PersistentTopic) -> None:
         """One pass over a topic: archive, release bookie copies, collect garbage."""
@@ -274,6 +359,9 @@ class Archiver:
         if not url:
             raise ConfigError("no archive location: set the namespace's managedLedgerOffloadLocation or the "
                               "broker's --archive-url")
+        return self._location_of(url)
+
+    def _location_of(self, url: str) -> ArchiveLocation:
         location = self._locations.get(url)
         if location is None:
             location = ArchiveLocation(url)
@@ -389,7 +477,13 @@ class Archiver:
         self._writing.add(name)
         written_urls.append(written.url)
         await self._step("before-rename", None, metadata.ledger_id, written.url)
-        await loop.run_in_executor(self._executor, publish, location, written)
+        between = None
+        if self.config.pause_at_step == "mid-rename":
+            def between() -> None:
+                log.warning("archive paused at step: step=mid-rename topic=- ledger_id=%d url=%s",
+                            metadata.ledger_id, written.url)
+                threading.Event().wait()        # tests only: the broker is killed here
+        await loop.run_in_executor(self._executor, lambda: publish(location, written, between=between))
         await self._step("after-rename", None, metadata.ledger_id, written.url)
         await loop.run_in_executor(self._executor, lambda: verify_file(written.url, size_bytes=written.size_bytes,
                                                                        crc32c_expected=written.crc32c))

@@ -174,6 +174,10 @@ OPTIONS: list[ConfigOption] = [
     # policy names no location, and how the archiver works.
     ConfigOption("--archive-url", ArchiverConfig, "location_url",
                  "archive location (a directory or fsspec URL) for namespaces whose offload policy names none"),
+    ConfigOption("--archive-endpoint-url", ArchiverConfig, "endpoint_url",
+                 "an S3-compatible store's endpoint for s3:// archive locations (default: "
+                 "MAGNETAR_ARCHIVE_ENDPOINT_URL, else AWS); credentials come from the AWS environment "
+                 "variables or credentials file, never a flag"),
     ConfigOption("--archive-check-interval-s", ArchiverConfig, "check_interval_s"),
     ConfigOption("--archive-file-mib", ArchiverConfig, "file_bytes_max", "bytes of a ledger per archive file",
                  unit=MIB),

@@ -681,6 +681,7 @@ class BrokerService:
     async def delete_topic(self, name: TopicName, *, force: bool) -> None:
         topic = await self.get_topic(name, create=False)
         await topic.delete(force=force)   # closing it took it off self.topics
+        await self.archiver.topic_deleted(name)
         if not name.is_partition:
             await self.resources.topic_policies.delete(name)   # a partition's are its parent's
 

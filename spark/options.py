@@ -56,6 +56,18 @@ class ReadOptions:
     rows_per_partition: int
     metrics_dir: str | None
     tail_timeout_ms: int
+    # An S3-compatible store's endpoint for s3:// archive files ("": the executors'
+    # MAGNETAR_ARCHIVE_ENDPOINT_URL, else AWS); credentials come from the executors'
+    # environment or credentials file, never from an option (plans get logged).
+    archive_endpoint_url: str = ""
+
+    def use_archive_endpoint(self) -> None:
+        """Points this process's s3:// reads at the option's endpoint (on every task:
+        executors are other processes)."""
+        if self.archive_endpoint_url:
+            from archive.location import use_endpoint
+
+            use_endpoint(self.archive_endpoint_url)
 
 
 def _get(options: Mapping[str, str], name: str) -> str | None:
@@ -148,4 +160,12 @@ def parse_read_options(options: Mapping[str, str]) -> ReadOptions:
         include_unarchived=include_unarchived,
         rows_per_partition=_integer(options, "rowsPerPartition", ROWS_PER_PARTITION_DEFAULT, 1),
         metrics_dir=_get(options, "metricsDir"),
-        tail_timeout_ms=_integer(options, "tailTimeoutMs", TAIL_TIMEOUT_MS_DEFAULT, 1))
+        tail_timeout_ms=_integer(options, "tailTimeoutMs", TAIL_TIMEOUT_MS_DEFAULT, 1),
+        archive_endpoint_url=archive_endpoint_option(options))
+
+
+def archive_endpoint_option(options: Mapping[str, str]) -> str:
+    endpoint = _get(options, "archiveEndpointUrl") or ""
+    if endpoint and not endpoint.startswith(("http://", "https://")):
+        raise ConfigError(f"option archiveEndpointUrl must be an http:// or https:// URL, not {endpoint!r}")
+    return endpoint

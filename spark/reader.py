@@ -15,7 +15,6 @@ returned.
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -144,18 +143,19 @@ class MagnetarBatchReader(DataSourceReader):
                                   options.starting_timestamp_ms, options.ending_timestamp_ms)
         self.pushed: Bounds | None = None
         self.token: str | None = None
-        self.plan_state_dir = plan_guard.default_directory()
         self.pushFilters = _PushFilters(self)
 
     def push_filters(self, filters: list[Filter]) -> list[Filter]:
-        """Bounds from the filters the reader handles; returns the others."""
-        bounds, unhandled = translate(filters)
+        """Bounds from the filters the reader can prune with; returns every filter, so
+        Spark evaluates them all again: pruning is a saving, never what makes a row
+        right (a task unsure of its plan reads every row: spark/plan_guard.py)."""
+        bounds, _unhandled = translate(filters)
         # Each pushdown is a new plan: a new token (spark/plan_guard.py).
-        self.pushed, self.token = (None, None) if bounds.empty else (bounds, uuid.uuid4().hex)
-        kept = {id(f) for f in unhandled}
-        return [f for f in filters if id(f) in kept]
+        self.pushed, self.token = (None, None) if bounds.empty else (bounds, plan_guard.new_token())
+        return list(filters)
 
     def partitions(self) -> Sequence[InputPartition]:
+        self.options.use_archive_endpoint()
         topics = manifest.resolve_topics(self.options.admin_url, self.options.topics, self.options.pattern,
                                          self.options.namespace)
         ledgers_by_topic = {topic: manifest.ledgers(self.options.admin_url, topic) for topic in topics}
@@ -184,13 +184,15 @@ class MagnetarBatchReader(DataSourceReader):
             partitions = [ArchivePartition("", -1, "", 0, 0, 0, True, None)]
         return partitions
 
-    def _planned_execution(self, token: str | None) -> bool:
+    def _planned_execution(self, token: str | None, topic: str) -> bool:
         """Whether this task may apply the pushed filters (spark/plan_guard.py)."""
         if token is None or self.pushed is None:
             return False
-        return plan_guard.is_planned_execution(self.plan_state_dir, token, plan_guard.current_execution_id())
+        return plan_guard.is_planned_execution(self.options.admin_url, topic, token,
+                                               plan_guard.current_execution_id())
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        self.options.use_archive_endpoint()
         if isinstance(partition, TailPartition):
             yield from self._read_tail(partition)
             return
@@ -199,7 +201,7 @@ class MagnetarBatchReader(DataSourceReader):
             return
         bounds = self.base
         if partition.token is not None and self.pushed is not None:
-            planned = self._planned_execution(partition.token)
+            planned = self._planned_execution(partition.token, partition.topic)
             if planned:
                 if partition.filter_prunes:
                     metrics.record(self.options.metrics_dir, "task", token=partition.token, url=partition.url,
@@ -213,7 +215,7 @@ class MagnetarBatchReader(DataSourceReader):
 
         assert partition.service_url, partition
         bounds = self.base
-        if self._planned_execution(partition.token):
+        if self._planned_execution(partition.token, partition.topic):
             assert self.pushed is not None
             bounds = bounds.intersect(self.pushed)
         reader = TailReader(partition.service_url, partition.topic, partition.start_after, partition.end,

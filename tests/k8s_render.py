@@ -108,6 +108,9 @@ def resolve_env(container: dict, objects: list[dict], *, pod_name: str, pod_ip: 
             value = _config_value(objects, "ConfigMap", ref["name"], ref["key"])
         elif "secretKeyRef" in source:
             ref = source["secretKeyRef"]
+            if ref.get("optional") and not [o for o in objects if o["kind"] == "Secret"
+                                            and o["metadata"]["name"] == ref["name"]]:
+                continue        # an optional Secret the operator did not create: unset
             value = _config_value(objects, "Secret", ref["name"], ref["key"])
         else:
             raise AssertionError(f"unsupported valueFrom: {source}")

@@ -96,7 +96,7 @@ def service_address(cluster: LocalCluster, service: str, port: int) -> str:
 def test_every_probe_and_scrape_target_answers(cluster):
     assert sorted(cluster.pods) == ["magnetar-autorecovery-00000", "magnetar-bookie-0", "magnetar-bookie-1",
                                     "magnetar-bookie-2", "magnetar-broker-00000", "magnetar-broker-00001",
-                                    "magnetar-etcd-0", "magnetar-gateway-00000"]
+                                    "magnetar-etcd-0", "magnetar-gateway-00000", "magnetar-objectstore-0"]
     for pod in cluster.pods.values():
         for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
             assert pod.probe(kind) == 200, (pod.name, kind, pod.probe_url(kind))

@@ -337,3 +337,36 @@ def test_a_streaming_write_replayed_from_its_checkpoint_stores_each_row_once(spa
     finally:
         check.close()
         holder.close()
+
+
+@pytest.mark.spark_full
+def test_trigger_available_now_reads_what_is_stored_and_stops(spark_session, archived, tmp_path):
+    """Trigger.AvailableNow (the reader's prepareForTriggerAvailableNow) with
+    maxMessagesPerTrigger 70: the query reads every message stored when it started, in
+    several micro-batches, then stops by itself."""
+    cluster, _topic, _sent = archived
+    topic = f"persistent://public/default/spark-available-now-{uuid.uuid4().hex[:8]}"
+    holder = cluster.client.subscribe(topic, "holder", initial_position=pulsar.InitialPosition.Earliest)
+    try:
+        sent = produce(cluster.client, topic, 200, batching=False)
+        batches: list[int] = []
+        read: set = set()
+
+        def sink(batch, _batch_id) -> None:
+            rows = [tuple(row) for row in batch.collect()]
+            batches.append(len(rows))
+            read.update(rows)
+
+        stream = (spark_session.readStream.format("magnetar").option("adminUrl", cluster.admin_url)
+                  .option("serviceUrl", cluster.brokers[0].service_url).option("topic", topic)
+                  .option("maxMessagesPerTrigger", "70").load())
+        query = (stream.select("ledger_id", "entry_id", "batch_index").writeStream.foreachBatch(sink)
+                 .option("checkpointLocation", str(tmp_path / "checkpoint")).trigger(availableNow=True).start())
+        try:
+            assert query.awaitTermination(300), "an AvailableNow query did not stop by itself"
+        finally:
+            query.stop()
+        assert read == set(sent)
+        assert len([n for n in batches if n]) >= 3 and max(batches) <= 70, batches
+    finally:
+        holder.close()

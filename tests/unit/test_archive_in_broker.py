@@ -112,3 +112,52 @@ async def test_an_operator_request_archives_and_keeps_the_bookie_copy_by_default
     assert set(closed) <= set(service.ledger_client.ledgers)
     assert archive.status.to_json(-1)["status"] == "SUCCESS"
     await service.close()
+
+
+async def test_a_deleted_topics_archive_is_collected_after_its_retention():
+    """Deleting a topic keeps its archive for the archive retention (here 10 minutes,
+    counted from the deletion), then the records and every file go, orphans (a write
+    the deletion interrupted) too; a topic with retention -1 is collected at once."""
+    import fsspec
+
+    from metadata import keys
+
+    service = await started()
+    topic, _stored = await topic_with_closed_ledgers(service)
+    await set_policy(service, managedLedgerOffloadThresholdInBytes=0, managedLedgerOffloadDeletionLagInMillis=0,
+                     archiveRetentionTimeInMinutes=10)
+    await service.archiver.check_topic(topic)
+    records = dict(service.archiver.topic_archive(TOPIC).records)
+    assert records
+    urls = [f.url for r in records.values() for f in r.files]
+    fs, _ = fsspec.core.url_to_fs(urls[0])
+    orphan = urls[0].rsplit("/", 1)[0] + "/.00000000000000000099-00000000000000000000-orphan.arrow.tmp"
+    fs.pipe(orphan, b"half a file")
+    assert all(fs.exists(u) for u in [*urls, orphan])
+
+    now = [service.archiver._clock()]
+    service.archiver._clock = lambda: now[0]
+    await service.delete_topic(TOPIC, force=True)
+    assert await service.store.get(keys.archive_deleted_topic(TOPIC.key_path)) is not None
+    await service.archiver._collect_deleted_topics()
+    assert await service.archiver.manifest.ledgers(TOPIC.key_path)          # kept: within retention
+    assert all(fs.exists(u) for u in urls)
+
+    now[0] += 11 * 60
+    await service.archiver._collect_deleted_topics()
+    assert await service.archiver.manifest.ledgers(TOPIC.key_path) == {}
+    assert not any(fs.exists(u) for u in [*urls, orphan])
+    assert await service.store.get(keys.archive_deleted_topic(TOPIC.key_path)) is None
+
+    # Retention -1 ("as long as the topic keeps it"): collected with the topic.
+    await set_policy(service, managedLedgerOffloadThresholdInBytes=0, managedLedgerOffloadDeletionLagInMillis=0,
+                     archiveRetentionTimeInMinutes=-1)
+    topic, _stored = await topic_with_closed_ledgers(service)
+    await service.archiver.check_topic(topic)
+    urls = [f.url for r in service.archiver.topic_archive(TOPIC).records.values() for f in r.files]
+    assert urls
+    await service.delete_topic(TOPIC, force=True)
+    await service.archiver._collect_deleted_topics()
+    assert await service.archiver.manifest.ledgers(TOPIC.key_path) == {}
+    assert not any(fs.exists(u) for u in urls)
+    await service.close()

@@ -35,12 +35,13 @@ from magnetar import cli, env_flags
 from tests import k8s_render as k8s
 
 EXPECTED_REPLICAS = {
-    "dev": {"etcd": 1, "bookie": 3, "broker": 2, "gateway": 1, "autorecovery": 1},
+    "dev": {"etcd": 1, "bookie": 3, "broker": 2, "gateway": 1, "autorecovery": 1, "objectstore": 1},
     # Two auto-recovery processes: one is the elected auditor, both replicate.
     "prod": {"etcd": 3, "bookie": 4, "broker": 3, "gateway": 2, "autorecovery": 2},
 }
 # Secrets the operator creates before applying an overlay (k8s/README.md says how).
-OPERATOR_SECRETS = {"prod": {"magnetar-gateway", "magnetar-auth", "magnetar-tls"}, "dev": set()}
+OPERATOR_SECRETS = {"prod": {"magnetar-gateway", "magnetar-auth", "magnetar-tls", "magnetar-archive-credentials"},
+                    "dev": set()}
 # Overlays that include k8s/components/security.
 SECURED = ("prod",)
 
@@ -67,7 +68,10 @@ def _served_paths() -> dict[str, set[str]]:
             "bookie": paths(bookie_app),
             "autorecovery": paths(build_autorecovery_app(CollectorRegistry(), mock.AsyncMock(), mock.AsyncMock())),
             # etcd's own (3.5): /health, and /health?serializable=true (no quorum needed).
-            "etcd": {"/health", "/metrics"}}
+            "etcd": {"/health", "/metrics"},
+            # dev's SeaweedFS (4.48): its S3 gateway's and master's health, its metrics
+            # port (tests/integration/test_k8s_dev.py probes them on the real binary).
+            "objectstore": {"/healthz", "/cluster/healthz", "/metrics"}}
 
 
 def _probes(container: dict) -> dict[str, dict]:
@@ -164,7 +168,10 @@ def test_resources_and_security(rendered):
             assert security["allowPrivilegeEscalation"] is False
             assert security["readOnlyRootFilesystem"] is True
             assert security["capabilities"]["drop"] == ["ALL"]
-            assert container["image"] == f"magnetar:{__version__}"     # pinned, never :latest
+            if k8s.component(workload) == "objectstore":    # dev's SeaweedFS: its own image, pinned
+                assert re.fullmatch(r"chrislusf/seaweedfs:\d+\.\d+", container["image"]), container["image"]
+            else:
+                assert container["image"] == f"magnetar:{__version__}"     # pinned, never :latest
             # Writable places are volumes: /tmp an emptyDir with a size limit.
             mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
             tmp = [v for v in spec["volumes"] if v["name"] == mounts["/tmp"]][0]
@@ -242,6 +249,9 @@ def _magnetar_command_lines(objects: list[dict]):
         if argv[0] == "etcd":
             assert k8s.component(workload) == "etcd" and kind == "command"
             continue
+        if argv[0] == "weed":
+            assert k8s.component(workload) == "objectstore" and kind == "command"
+            continue
         assert argv[0] == "magnetar", argv
         yield f"{pod.name} {kind}", argv[1:], env
 
@@ -291,6 +301,19 @@ def test_variables_reach_the_config(rendered):
                 assert config.service_url == "pulsar://10.0.0.1:6650"
                 assert config.web_service_url == "http://10.0.0.1:8080"
             assert config.metadata_url == env["MAGNETAR_METADATA"]
+            # The archive: an object store location, dev's own store or AWS (endpoint "").
+            from broker.main import archiver_config_from_args
+
+            archiver = archiver_config_from_args(args)
+            assert archiver.location_url == "s3://magnetar-archive/archive"
+            assert archiver.endpoint_url == ("http://magnetar-objectstore:8333" if overlay == "dev" else "")
+            # Its credentials: a file from the Secret (never a variable or a flag).
+            pod_spec = k8s.named(objects, "Deployment", "magnetar-broker")["spec"]["template"]["spec"]
+            credentials = [v for v in pod_spec["volumes"] if v["name"] == "archive-credentials"][0]["secret"]
+            assert credentials["secretName"].startswith("magnetar-archive-credentials")   # dev: a hash suffix
+            mount = [m for m in pod_spec["containers"][0]["volumeMounts"] if m["name"] == "archive-credentials"][0]
+            assert env["AWS_SHARED_CREDENTIALS_FILE"] == f"{mount['mountPath']}/credentials"
+            assert not any(name.startswith("AWS_") and name != "AWS_SHARED_CREDENTIALS_FILE" for name in env)
         elif args.process == "autorecovery":
             # Reachable by the kubelet's probes and scrapers; named after its pod.
             assert (args.host, args.http_port) == ("0.0.0.0", 8010)
@@ -420,7 +443,8 @@ def test_network_policies_say_who_talks_to_whom(rendered):
     overlay, objects = rendered
     policies = {p["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"]: p
                 for p in k8s.by_kind(objects, "NetworkPolicy")}
-    assert set(policies) == {"etcd", "bookie", "broker", "gateway", "autorecovery"}
+    assert set(policies) == {"etcd", "bookie", "broker", "gateway", "autorecovery"} | (
+        {"objectstore"} if overlay == "dev" else set())
 
     def ingress_from(target: str, port: int) -> set[str] | None:
         """Components allowed to reach ``target`` on ``port``; None: anyone."""
@@ -453,6 +477,10 @@ def test_network_policies_say_who_talks_to_whom(rendered):
 
     assert egress_to("autorecovery") == {("etcd", 2379), ("bookie", 3181), ("bookie", 3182)}
     assert {("bookie", 3181), ("bookie", 3182)} <= egress_to("broker")
+    # The archive's object store: dev's own pod, or HTTPS anywhere (AWS S3).
+    assert (("objectstore", 8333) in egress_to("broker")) == (overlay == "dev")
+    assert any("to" not in rule and [p["port"] for p in rule["ports"]] == [443]
+               for rule in policies["broker"]["spec"]["egress"])
     assert not {peer for peer, port in egress_to("gateway") if peer == "bookie"}
     for policy in policies.values():
         assert set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"}
@@ -504,7 +532,7 @@ def test_dockerfile_runs_the_cli():
     packages = {p.name for p in k8s.ROOT.iterdir() if (p / "__init__.py").exists() and p.name != "tests"}
     assert copied == packages
     # The client tools work in the image: the official client comes with the `tools` extra.
-    assert re.search(r'pip install "\.\[tools\]"', text)
+    assert re.search(r'pip install "\.\[tools,s3\]"', text)     # the archive's S3 plugin too
     extras = tomllib.loads((k8s.ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert any(requirement.startswith("pulsar-client") for requirement in extras["tools"])
 
@@ -523,7 +551,7 @@ def _pods_with_args(objects: list[dict]):
     """(workload, pod, container, env, args or None for etcd, where) of every container's
     command and preStop hook."""
     for workload, pod, kind, argv, env in _command_lines(objects):
-        args = None if argv[0] == "etcd" else cli.parse_command_line(argv[1:], env)
+        args = None if argv[0] in ("etcd", "weed") else cli.parse_command_line(argv[1:], env)
         yield workload, pod, pod.container, env, args, f"{pod.name} {kind}"
 
 
