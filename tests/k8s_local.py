@@ -301,7 +301,14 @@ class LocalCluster:
                 volume = volumes[name]
                 if "secret" in volume:
                     directory.mkdir(parents=True)
-                    data = self._secret_data(volume["secret"]["secretName"])
+                    secret_name = volume["secret"]["secretName"]
+                    if volume["secret"].get("optional") and not self._has_secret(secret_name):
+                        # Kubernetes mounts an optional Secret that does not exist as an
+                        # empty volume (k8s/README.md: the archive's credentials).
+                        directory.mkdir(parents=True, exist_ok=True)
+                        pod.mounts[mount["mountPath"]] = str(directory)
+                        continue
+                    data = self._secret_data(secret_name)
                     items = volume["secret"].get("items") or [{"key": key, "path": key} for key in data]
                     for item in items:
                         (directory / item["path"]).write_bytes(data[item["key"]])
@@ -309,6 +316,10 @@ class LocalCluster:
                     assert "emptyDir" in volume, volume
             directory.mkdir(parents=True, exist_ok=True)
             pod.mounts[mount["mountPath"]] = str(directory)
+
+    def _has_secret(self, name: str) -> bool:
+        return name in self.secrets or any(
+            s["metadata"]["name"] == name for s in k8s.by_kind(self.objects, "Secret"))
 
     def _secret_data(self, name: str) -> dict[str, bytes]:
         rendered = [s for s in k8s.by_kind(self.objects, "Secret") if s["metadata"]["name"] == name]
