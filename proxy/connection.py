@@ -48,7 +48,29 @@ class Phase(enum.Enum):
     CLOSED = "closed"
 
 
-class ClientSide(asyncio.Protocol):
+class _Side(asyncio.Protocol):
+    """What both ends of a pipe do with their transport: nothing once it is closing."""
+
+    transport: asyncio.Transport | None = None
+
+    def write_bytes(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def pause_reading(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+class ClientSide(_Side):
     def __init__(self, server: "ProxyServer") -> None:
         self.server = server
         self.config = server.config
@@ -90,7 +112,7 @@ class ClientSide(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.phase is Phase.PIPED:
             assert self._broker is not None
-            self.server.metrics.bytes.labels("client_to_broker").inc(len(data))
+            self.server.metrics.bytes_client_to_broker.inc(len(data))
             self._broker.write(data)
             return
         if self.phase is Phase.CLOSED:
@@ -231,7 +253,7 @@ class ClientSide(asyncio.Protocol):
         broker.write(encode_command(wrap(connect)))
         if self._buffer:
             rest, self._buffer = bytes(self._buffer), bytearray()
-            self.server.metrics.bytes.labels("client_to_broker").inc(len(rest))
+            self.server.metrics.bytes_client_to_broker.inc(len(rest))
             broker.write(rest)
         log.debug("piping: peer=%s broker=%s", self.peer, self.broker_name)
         self.transport.resume_reading()
@@ -289,24 +311,9 @@ class ClientSide(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(encode_command(command))
 
-    def write_bytes(self, data: bytes) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(data)
-
-    def pause_reading(self) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.pause_reading()
-
-    def resume_reading(self) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.resume_reading()
-
-    def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
 
 
-class BrokerSide(asyncio.Protocol):
+class BrokerSide(_Side):
     """The proxy's connection to the broker a piped client named."""
 
     def __init__(self, client: ClientSide) -> None:
@@ -319,7 +326,7 @@ class BrokerSide(asyncio.Protocol):
         self.transport.set_write_buffer_limits(high=limit, low=limit // 4)
 
     def data_received(self, data: bytes) -> None:
-        self.client.server.metrics.bytes.labels("broker_to_client").inc(len(data))
+        self.client.server.metrics.bytes_broker_to_client.inc(len(data))
         self.client.write_bytes(data)
 
     def pause_writing(self) -> None:
@@ -334,17 +341,4 @@ class BrokerSide(asyncio.Protocol):
         self.client.close()
 
     def write(self, data: bytes) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(data)
-
-    def pause_reading(self) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.pause_reading()
-
-    def resume_reading(self) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.resume_reading()
-
-    def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
+        self.write_bytes(data)

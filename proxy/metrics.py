@@ -24,5 +24,6 @@ class ProxyMetrics:
                               ["side"], registry=registry)
         for phase in ("handshake", "lookup", "piped"):
             self.connections.labels(phase)
-        for direction in ("client_to_broker", "broker_to_client"):
-            self.bytes.labels(direction)
+        # The piped bytes' two children, looked up once: counted on every chunk piped.
+        self.bytes_client_to_broker = self.bytes.labels("client_to_broker")
+        self.bytes_broker_to_client = self.bytes.labels("broker_to_client")
