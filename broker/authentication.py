@@ -21,7 +21,7 @@ client certificate the tls provider accepts).
 Tokens are checked against a secret key (HS256) or a public key (RS256), read from the
 key value given (``file:///path`` or ``data:;base64,...``). A key file is read again
 when its modification time changes, so a key is rotated without a restart (checked at
-most every ``KEY_RECHECK_S``); the basic auth file likewise (broker/password_file.py).
+most every ``KEY_RECHECK_S``); the basic auth file likewise (runtime/password_file.py).
 Client certificates are verified by the TLS handshake against the listener's
 ``trust_certs_file`` (runtime/tls.py) before any provider sees them. A bcrypt check runs
 in a worker thread, at most ``BASIC_CHECKS_IN_FLIGHT_MAX`` at a time, never on the
@@ -38,7 +38,7 @@ import base64
 import binascii
 import time
 from dataclasses import dataclass
-from broker.password_file import PasswordFile
+from runtime.password_file import PasswordFile
 from common.errors import AuthenticationFailed, ConfigError
 from runtime.tls import certificate_common_name
 from runtime.tokens import KeyFileVerifier, TokenVerifier

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from common.errors import ConfigError
 from protocol.codec import FRAME_BYTES_MAX_DEFAULT
+from runtime.tls import TlsConfig
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,17 @@ class ProxyConfig:
     # piped in plain).
     broker_tls_only: bool = False
     broker_tls_trust_certs_file: str = ""
+    # Brokers' certificates checked against their host names too (off in Kubernetes,
+    # where brokers advertise pod IPs: the CA is still checked).
+    broker_tls_hostname_verification: bool = True
+    # False: ``port`` and ``http_port`` do not listen (clients on the TLS ports only).
+    plain_ports_enabled: bool = True
+    # The binary protocol over TLS and the HTTP port over HTTPS (-1: none); both use ``tls``.
+    tls_port: int = -1
+    http_tls_port: int = -1
+    # The certificate presented to clients; a CA to verify clients' certificates with
+    # (tls authentication), required or not.
+    tls: TlsConfig = TlsConfig()
 
     def __post_init__(self) -> None:
         if self.connections_max < 1:
@@ -47,5 +59,9 @@ class ProxyConfig:
             raise ConfigError("handshake_timeout_s must be in [0.1, 600]")
         if not 4096 <= self.buffer_bytes_max <= 256 * 1024 * 1024:
             raise ConfigError("buffer_bytes_max must be in [4 KiB, 256 MiB]")
+        if (self.tls_port >= 0 or self.http_tls_port >= 0) and not self.tls.enabled:
+            raise ConfigError("tls_port and http_tls_port need a TLS certificate (--tls-cert-file, --tls-key-file)")
+        if not self.plain_ports_enabled and self.tls_port < 0:
+            raise ConfigError("with the plain ports off (--no-plain-ports), tls_port must be set: clients need a port")
         if self.pending_lookups_max < 1 or self.lookup_attempts_max < 1:
             raise ConfigError("pending_lookups_max and lookup_attempts_max must be at least 1")

@@ -86,6 +86,13 @@ class ClientSide(_Side):
         self.client = None
         # CONNECT named a broker: nothing more is read as frames (the rest is piped).
         self._piping = False
+        # The client's credentials are being checked (reading paused until then).
+        self._authenticating = False
+        # Why the client's CONNECT failed authentication: answered CONNECTED all the same,
+        # its first request gets this error (AuthenticationError) and the connection ends,
+        # as a broker does (broker/connection.py: the official clients retry an ERROR in
+        # place of CONNECTED until their timeout, but fail at once on a refused request).
+        self._authentication_failure: AuthenticationFailed | None = None
 
     # --- asyncio.Protocol -------------------------------------------------------------
 
@@ -118,8 +125,12 @@ class ClientSide(_Side):
         if self.phase is Phase.CLOSED:
             return
         self._buffer += data
+        self._read_frames()
+
+    def _read_frames(self) -> None:
+        """Handles the buffered frames, until the pipe starts or a check is under way."""
         try:
-            while self.phase in (Phase.HANDSHAKE, Phase.LOOKUP) and not self._piping:
+            while self.phase in (Phase.HANDSHAKE, Phase.LOOKUP) and not self._piping and not self._authenticating:
                 frame = take_frame(self._buffer, self.config.frame_bytes_max)
                 if frame is None:
                     break
@@ -185,6 +196,9 @@ class ClientSide(_Side):
             self.write(commands.pong())
         elif kind == T.PONG:
             pass
+        elif self._authentication_failure is not None:
+            self._refuse(frame.command, self._authentication_failure)
+            self.close()
         elif kind in FORWARDED:
             self._forward(frame.command)
         else:
@@ -195,22 +209,57 @@ class ClientSide(_Side):
                                       "broker (CONNECT.proxy_to_broker_url, from a lookup's answer)"))
 
     def _on_connect(self, connect: pb.CommandConnect) -> None:
+        if not self.server.auth.enabled:
+            self._after_authentication(connect)
+            return
+        # Providers may take a while (bcrypt runs in a thread): nothing more is read from
+        # the client until the check is done (it sends nothing before CONNECTED anyway).
+        self._authenticating = True
+        self.transport.pause_reading()
+        self._spawn(self._authenticate(connect))
+
+    async def _authenticate(self, connect: pb.CommandConnect) -> None:
+        certificate = self.transport.get_extra_info("peercert") if self.transport is not None else None
         try:
-            self.client = self.server.auth.authenticate(connect)
+            self.client = await self.server.auth.authenticate(connect, certificate)
         except AuthenticationFailed as error:
             # The reason, never the credential.
             self.server.metrics.refused.labels("authentication").inc()
             log.info("authentication failed: peer=%s error=%s", self.peer, error.message)
-            self.write(commands.error(0, pb.AuthenticationError, error.message))
-            self.close()
+            self._authentication_failure = error
+        self._authenticating = False
+        if self.phase is Phase.CLOSED:
             return
+        if self._authentication_failure is not None:
+            self._answer_connected(connect)
+        else:
+            self._after_authentication(connect)
+        if not self._piping:
+            self.transport.resume_reading()
+            self._read_frames()
+
+    def _answer_connected(self, connect: pb.CommandConnect) -> None:
+        """The proxy answers CONNECTED itself: a lookup connection (or a refused one)."""
+        self._set_phase(Phase.LOOKUP)
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self.write(commands.connected(PROXY_VERSION, commands.negotiated_protocol_version(connect.protocol_version),
+                                      self.config.frame_bytes_max - 10 * 1024))
+
+    def _refuse(self, command: pb.BaseCommand, error: AuthenticationFailed) -> None:
+        """Answers a request with ``error`` in the answer its command expects (the broker's shapes)."""
+        body = command_body(command)
+        request_id = getattr(body, "request_id", 0) if body is not None else 0
+        if command.type == T.LOOKUP:
+            self.write(commands.lookup_failure(request_id, pb.AuthenticationError, error.message))
+        elif command.type == T.PARTITIONED_METADATA:
+            self.write(commands.partitioned_metadata_failure(request_id, pb.AuthenticationError, error.message))
+        else:
+            self.write(commands.error(request_id, pb.AuthenticationError, error.message))
+
+    def _after_authentication(self, connect: pb.CommandConnect) -> None:
         if not connect.proxy_to_broker_url:
-            self._set_phase(Phase.LOOKUP)
-            if self._deadline is not None:
-                self._deadline.cancel()
-            self.write(commands.connected(PROXY_VERSION,
-                                          commands.negotiated_protocol_version(connect.protocol_version),
-                                          self.config.frame_bytes_max - 10 * 1024))
+            self._answer_connected(connect)
             return
         address = self.server.brokers.resolve(connect.proxy_to_broker_url)
         if address is None:
@@ -224,7 +273,8 @@ class ClientSide(_Side):
         self.broker_name = f"{address.host}:{address.port}"
         self._piping = True
         forwarded = self.server.auth.for_broker(connect, self.client)
-        # Nothing more is read from the client until the broker is there.
+        # Nothing more is read from the client until the broker is there (pausing twice,
+        # after an authenticating proxy's check, is harmless).
         self.transport.pause_reading()
         self._spawn(self._open_broker(address, forwarded))
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import random
+import ssl
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
@@ -36,7 +37,10 @@ def _origin(url: str) -> str:
     return f"{parts.scheme}://{(parts.hostname or '').lower()}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
 
 
-def add_forward_routes(app: web.Application, brokers: BrokerDirectory, metrics: ProxyMetrics) -> None:
+def add_forward_routes(app: web.Application, brokers: BrokerDirectory, metrics: ProxyMetrics, *,
+                       tls_context: ssl.SSLContext | None = None) -> None:
+    """``tls_context``: how brokers' https:// web addresses are checked (the CA of
+    --broker-tls-trust-certs-file); None: the system's CAs."""
     session: dict[str, aiohttp.ClientSession] = {}
 
     async def on_cleanup(_app: web.Application) -> None:
@@ -58,7 +62,8 @@ def add_forward_routes(app: web.Application, brokers: BrokerDirectory, metrics: 
         for _ in range(REDIRECTS_MAX + 1):
             try:
                 async with session["s"].request(request.method, url, data=body or None, headers=headers,
-                                                allow_redirects=False) as answer:
+                                                allow_redirects=False,
+                                                ssl=tls_context if tls_context is not None else True) as answer:
                     if answer.status in (301, 302, 303, 307, 308) and "Location" in answer.headers:
                         url = urljoin(url, answer.headers["Location"])
                         if _origin(url) not in allowed:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 from typing import Awaitable, Callable
 
 from aiohttp import web
@@ -73,12 +74,14 @@ def add_ready_route(app: web.Application, ready: HealthCheck) -> None:
 
 
 async def start_ops_server(app: web.Application, host: str, port: int,
-                           flag: str = "--http-port") -> tuple[web.AppRunner, int]:
-    """Starts the app; returns the runner (to clean up) and the bound port. A port that
-    cannot be bound raises PortInUse naming ``flag`` (the runner is cleaned up)."""
+                           flag: str = "--http-port", *, ssl_context: ssl.SSLContext | None = None,
+                           ) -> tuple[web.AppRunner, int]:
+    """Starts the app (over HTTPS with ``ssl_context``); returns the runner (to clean up)
+    and the bound port. A port that cannot be bound raises PortInUse naming ``flag``
+    (the runner is cleaned up)."""
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
     try:
         await site.start()
     except OSError as error:

@@ -1,5 +1,5 @@
 """Several authentication providers at once (broker/authentication.py) and the basic
-provider's htpasswd file (broker/password_file.py).
+provider's htpasswd file (runtime/password_file.py).
 
 Proves: bcrypt htpasswd hashes ($2y$/$2b$) verify the right password and refuse others;
 a file with a weak hash ($apr1$ MD5-crypt, {SHA}, $1$), a plain-text or a DES line is
@@ -23,10 +23,10 @@ import time
 import bcrypt
 import pytest
 
-import broker.password_file as password_file
+import runtime.password_file as password_file
 from broker.authentication import AuthConfig, Authenticator
 from broker.config import BrokerConfig
-from broker.password_file import PasswordFile, parse, verify
+from runtime.password_file import PasswordFile, parse, verify
 from common.errors import AuthenticationFailed, ConfigError
 from runtime.tls import TlsConfig, certificate_common_name
 from runtime.tokens import TokenSigner, create_secret_key

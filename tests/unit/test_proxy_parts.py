@@ -5,6 +5,8 @@ authenticated client is named by the proxy)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import json
 
 import pytest
@@ -65,7 +67,7 @@ def test_without_authentication_the_clients_connect_goes_on_without_original_fie
     connect = pb.CommandConnect(client_version="t", protocol_version=20, auth_method_name="token",
                                 auth_data=b"client-token", proxy_to_broker_url="pulsar://b:6650",
                                 original_principal="someone-else", original_auth_method="token")
-    assert auth.authenticate(connect) is None
+    assert asyncio.run(auth.authenticate(connect)) is None
     forwarded = auth.for_broker(connect, None)
     assert not forwarded.HasField("proxy_to_broker_url") and not forwarded.HasField("original_principal")
     assert not forwarded.HasField("original_auth_method")
@@ -84,7 +86,7 @@ def test_an_authenticating_proxy_names_the_client_it_verified(tmp_path):
                                               broker_token_file=str(tmp_path / "proxy.token")))
     connect = pb.CommandConnect(client_version="t", protocol_version=20, auth_method_name="token",
                                 auth_data=signer.create("bob").encode(), original_principal="alice")
-    client = auth.authenticate(connect)
+    client = asyncio.run(auth.authenticate(connect))
     assert client.role == "bob"
     forwarded = auth.for_broker(connect, client)
     assert forwarded.original_principal == "bob" and forwarded.original_auth_method == "token"
@@ -99,6 +101,42 @@ def test_an_authenticating_proxy_names_the_client_it_verified(tmp_path):
                 pb.CommandConnect(client_version="t", protocol_version=20, auth_method_name="basic",
                                   auth_data=b"u:p")):
         with pytest.raises(AuthenticationFailed):
-            auth.authenticate(bad)
+            asyncio.run(auth.authenticate(bad))
     with pytest.raises(ConfigError):
         ProxyAuthConfig(authentication_enabled=True, token_secret_key="data:;base64,AA==")
+
+
+def test_basic_and_tls_clients_are_named_by_their_user_and_certificate(tmp_path):
+    """The basic method checks ``user:password`` against an htpasswd file (bcrypt), the
+    tls method takes the verified client certificate's CN; a method not configured, a
+    wrong password, and tls without a certificate are refused."""
+    import bcrypt
+
+    (tmp_path / "users").write_bytes(b"carol:" + bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)) + b"\n")
+    (tmp_path / "proxy.token").write_text("proxy-token")
+    auth = ProxyAuthenticator(ProxyAuthConfig(authentication_enabled=True, authentication_providers="basic,tls",
+                                              basic_auth_file=str(tmp_path / "users"),
+                                              broker_token_file=str(tmp_path / "proxy.token"),
+                                              forward_auth_data=True))
+
+    def connect(method: str, data: bytes = b"") -> pb.CommandConnect:
+        return pb.CommandConnect(client_version="t", protocol_version=20, auth_method_name=method, auth_data=data)
+
+    carol = asyncio.run(auth.authenticate(connect("basic", b"carol:s3cret")))
+    assert (carol.role, carol.method) == ("carol", "basic")
+    forwarded = auth.for_broker(connect("basic", b"carol:s3cret"), carol)
+    assert (forwarded.original_principal, forwarded.original_auth_method) == ("carol", "basic")
+    assert (forwarded.auth_method_name, forwarded.auth_data) == ("token", b"proxy-token")
+    certificate = {"subject": ((("organizationName", "x"),), (("commonName", "dave"),))}
+    dave = asyncio.run(auth.authenticate(connect("tls"), certificate))
+    assert (dave.role, dave.method) == ("dave", "tls")
+    assert not auth.for_broker(connect("tls"), dave).HasField("original_auth_data")     # nothing to forward
+    for bad, peer in ((connect("basic", b"carol:wrong"), None), (connect("basic", b"nobody:s3cret"), None),
+                      (connect("tls"), None), (connect("token", b"x.y.z"), None), (connect(""), certificate)):
+        with pytest.raises(AuthenticationFailed):
+            asyncio.run(auth.authenticate(bad, peer))
+    with pytest.raises(ConfigError):
+        ProxyAuthConfig(authentication_enabled=True, authentication_providers="basic",
+                        broker_token_file=str(tmp_path / "proxy.token"))
+    with pytest.raises(ConfigError):
+        ProxyAuthConfig(authentication_providers="kerberos")
