@@ -4,7 +4,7 @@ prod pods dial.
 What it proves: a certificate with exactly the README's subjectAltName line (and both
 extended key usages) passes gRPC's host-name check (the bookie client's and the etcd
 client's) for every bookie address and every etcd endpoint the rendered prod overlay
-dials, and names the broker and gateway Service names and ``localhost`` (the preStop
+dials, and names the broker, gateway and proxy Service names and ``localhost`` (the preStop
 drain); while gRPC refuses a two-label pod name
 (``magnetar-bookie-0.magnetar-bookie``, which the security component moved away from);
 and the bookies' add socket, dialled at the host of the same advertised address with
@@ -132,7 +132,7 @@ def test_readme_certificate_names_the_services_and_localhost():
     names = set(_readme_names())
     # The names clients and the preStop drain use, each named exactly (no wildcard needed).
     for name in ("magnetar-broker.magnetar", "magnetar-broker.magnetar.svc", "magnetar-gateway.magnetar",
-                 "magnetar-gateway.magnetar.svc", "localhost"):
+                 "magnetar-gateway.magnetar.svc", "magnetar-proxy.magnetar", "magnetar-proxy.magnetar.svc", "localhost"):
         assert name in names, name
     # etcd checks a peer's address by reverse lookup, which answers the cluster.local name.
     assert "*.magnetar-etcd.magnetar.svc.cluster.local" in names

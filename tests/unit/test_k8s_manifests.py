@@ -35,9 +35,10 @@ from magnetar import cli, env_flags
 from tests import k8s_render as k8s
 
 EXPECTED_REPLICAS = {
-    "dev": {"etcd": 1, "bookie": 3, "broker": 2, "gateway": 1, "autorecovery": 1, "objectstore": 1},
-    # Two auto-recovery processes: one is the elected auditor, both replicate.
-    "prod": {"etcd": 3, "bookie": 4, "broker": 3, "gateway": 2, "autorecovery": 2},
+    "dev": {"etcd": 1, "bookie": 3, "broker": 2, "gateway": 1, "proxy": 2, "autorecovery": 1, "objectstore": 1},
+    # Two auto-recovery processes: one is the elected auditor, both replicate. Two
+    # proxies at least: one may die (or be rolled) while clients reconnect to the other.
+    "prod": {"etcd": 3, "bookie": 4, "broker": 3, "gateway": 2, "proxy": 2, "autorecovery": 2},
 }
 # Secrets the operator creates before applying an overlay (k8s/README.md says how).
 OPERATOR_SECRETS = {"prod": {"magnetar-gateway", "magnetar-auth", "magnetar-tls", "magnetar-archive-credentials"},
@@ -57,15 +58,20 @@ def _served_paths() -> dict[str, set[str]]:
     from runtime.ops_http import add_ready_route, build_ops_app
     from gateway.app import default_config, init_app
     from magnetar.autorecovery import build_app as build_autorecovery_app
+    from proxy.http_forward import add_forward_routes
+    from proxy.metrics import ProxyMetrics
 
     def paths(app) -> set[str]:
         return {r.resource.canonical for r in app.router.routes() if r.method == "GET"}
 
     bookie_app = build_ops_app(CollectorRegistry(), mock.AsyncMock())
     add_ready_route(bookie_app, mock.AsyncMock())     # what bookie/main.py builds
+    proxy_app = build_ops_app(CollectorRegistry(), mock.AsyncMock())
+    add_forward_routes(proxy_app, mock.MagicMock(), ProxyMetrics(CollectorRegistry()))    # what proxy/main.py builds
     return {"broker": paths(build_admin_app(mock.MagicMock(), CollectorRegistry())),
             "gateway": paths(init_app(default_config())),
             "bookie": paths(bookie_app),
+            "proxy": paths(proxy_app),
             "autorecovery": paths(build_autorecovery_app(CollectorRegistry(), mock.AsyncMock(), mock.AsyncMock())),
             # etcd's own (3.5): /health, and /health?serializable=true (no quorum needed).
             "etcd": {"/health", "/metrics"},
@@ -124,7 +130,7 @@ def test_overlay_sizes(rendered):
         assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] >= 300
         assert all(p["type"] == "Pods" and p["value"] == 1 for p in hpa["spec"]["behavior"]["scaleDown"]["policies"])
     assert {k8s.component(k8s.named(objects, "Deployment", h["spec"]["scaleTargetRef"]["name"]))
-            for h in k8s.by_kind(objects, "HorizontalPodAutoscaler")} == {"broker", "gateway"}
+            for h in k8s.by_kind(objects, "HorizontalPodAutoscaler")} == {"broker", "gateway", "proxy"}
 
 
 def test_probes_on_paths_the_code_serves(rendered):
@@ -274,7 +280,7 @@ def test_every_flag_and_variable_is_the_clis(rendered):
         # Every MAGNETAR_* variable sets a flag of the command (a misspelt one would be
         # silently ignored otherwise).
         assert variables <= mapped, f"{where}: {sorted(variables - mapped)} are no flags of magnetar {args.process}"
-    assert seen_commands == {"bookie", "broker", "gateway", "autorecovery", "admin"}
+    assert seen_commands == {"bookie", "broker", "gateway", "proxy", "autorecovery", "admin"}
 
 
 def test_variables_reach_the_config(rendered):
@@ -314,6 +320,15 @@ def test_variables_reach_the_config(rendered):
             mount = [m for m in pod_spec["containers"][0]["volumeMounts"] if m["name"] == "archive-credentials"][0]
             assert env["AWS_SHARED_CREDENTIALS_FILE"] == f"{mount['mountPath']}/credentials"
             assert not any(name.startswith("AWS_") and name != "AWS_SHARED_CREDENTIALS_FILE" for name in env)
+        elif args.process == "proxy":
+            from proxy.main import config_from_args as proxy_config
+
+            config = proxy_config(args)
+            assert config.host == "0.0.0.0" and config.metadata_url == env["MAGNETAR_METADATA"], where
+            if overlay in SECURED:
+                assert (config.plain_ports_enabled, config.tls_port, config.http_tls_port) == (False, 6651, 8443)
+            else:
+                assert (config.plain_ports_enabled, config.port, config.http_port) == (True, 6650, 8080)
         elif args.process == "autorecovery":
             # Reachable by the kubelet's probes and scrapers; named after its pod.
             assert (args.host, args.http_port) == ("0.0.0.0", 8010)
@@ -443,7 +458,7 @@ def test_network_policies_say_who_talks_to_whom(rendered):
     overlay, objects = rendered
     policies = {p["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"]: p
                 for p in k8s.by_kind(objects, "NetworkPolicy")}
-    assert set(policies) == {"etcd", "bookie", "broker", "gateway", "autorecovery"} | (
+    assert set(policies) == {"etcd", "bookie", "broker", "gateway", "proxy", "autorecovery"} | (
         {"objectstore"} if overlay == "dev" else set())
 
     def ingress_from(target: str, port: int) -> set[str] | None:
@@ -457,7 +472,8 @@ def test_network_policies_say_who_talks_to_whom(rendered):
             allowed |= {peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for peer in rule["from"]}
         return allowed
 
-    assert ingress_from("etcd", 2379) == {"broker", "bookie", "etcd", "autorecovery"}
+    # Proxies read the brokers' registrations (and nothing else) in etcd.
+    assert ingress_from("etcd", 2379) == {"broker", "bookie", "etcd", "autorecovery", "proxy"}
     assert ingress_from("etcd", 2380) == {"etcd"}
     assert ingress_from("bookie", 3181) == {"broker", "autorecovery"}
     assert ingress_from("bookie", 3182) == {"broker", "autorecovery"}     # the add socket: writers only
@@ -465,8 +481,11 @@ def test_network_policies_say_who_talks_to_whom(rendered):
         assert ingress_from("broker", 6651) is None and ingress_from("broker", 8443) is None
         assert ingress_from("broker", 6650) == set() and ingress_from("broker", 8080) == set()
         assert ingress_from("etcd", 2381) is None      # /health and /metrics only
+        assert ingress_from("proxy", 6651) is None and ingress_from("proxy", 8443) is None
+        assert ingress_from("proxy", 6650) == set() and ingress_from("proxy", 8080) == set()
     else:
         assert ingress_from("broker", 6650) is None       # clients, gateways
+        assert ingress_from("proxy", 6650) is None and ingress_from("proxy", 8080) is None     # clients outside
     assert ingress_from("gateway", 8081) is None      # clients
     assert ingress_from("autorecovery", 8010) is None     # scrapers
 
@@ -476,6 +495,10 @@ def test_network_policies_say_who_talks_to_whom(rendered):
                 for port in rule["ports"]}
 
     assert egress_to("autorecovery") == {("etcd", 2379), ("bookie", 3181), ("bookie", 3182)}
+    # Proxies reach brokers (lookups, piped connections, the forwarded admin REST) and
+    # etcd, never a bookie.
+    broker_ports = (6651, 8443) if overlay in SECURED else (6650, 8080)
+    assert egress_to("proxy") == {("broker", broker_ports[0]), ("broker", broker_ports[1]), ("etcd", 2379)}
     assert {("bookie", 3181), ("bookie", 3182)} <= egress_to("broker")
     # The archive's object store: dev's own pod, or HTTPS anywhere (AWS S3).
     assert (("objectstore", 8333) in egress_to("broker")) == (overlay == "dev")
@@ -544,7 +567,8 @@ OPS_PORTS = {("bookie", 8000), ("autorecovery", 8010), ("etcd", 2381)}
 OPS_PATHS = {"/health", "/live", "/ready", "/metrics"}
 # Paths the brokers and gateways ask a token for (broker/admin/permissions.py's
 # middleware; gateway/auth.py's): the probes must stay outside them.
-AUTHENTICATED_PREFIXES = {"broker": ("/admin/", "/lookup/"), "gateway": ("/v1/",)}
+AUTHENTICATED_PREFIXES = {"broker": ("/admin/", "/lookup/"), "gateway": ("/v1/",),
+                          "proxy": ("/admin/", "/lookup/")}     # forwarded to brokers, which ask
 
 
 def _pods_with_args(objects: list[dict]):
@@ -682,6 +706,13 @@ def _check_no_plain_client_port(objects: list[dict]) -> None:
         elif component == "gateway":
             assert args.tls_cert_file, where        # HTTPS only on its one port
             secure = {args.port}
+        elif component == "proxy":
+            from proxy.main import config_from_args as proxy_config
+
+            config = proxy_config(args)
+            assert config.tls.enabled and not config.plain_ports_enabled, where
+            secure = {config.tls_port, config.http_tls_port}
+            assert secure == {6651, 8443}
         elif component == "bookie":
             config = bookie_config(args)
             assert config.security.tls.enabled and config.security.tls.require_client_cert, where
@@ -700,7 +731,7 @@ def _check_no_plain_client_port(objects: list[dict]) -> None:
             scheme = probe["httpGet"].get("scheme", "HTTP")
             assert (scheme == "HTTPS") == (port in secure), (where, port, scheme)
             assert not probe["httpGet"]["path"].startswith(AUTHENTICATED_PREFIXES.get(component, ("//",))), where
-    assert tls_ports["broker"] == {6651, 8443}
+    assert tls_ports["broker"] == {6651, 8443} and tls_ports["proxy"] == {6651, 8443}
     for service in k8s.by_kind(objects, "Service"):
         component = service["spec"]["selector"]["app.kubernetes.io/component"]
         workload = next(w for w in k8s.workloads(objects) if k8s.component(w) == component)
@@ -748,6 +779,8 @@ def test_secured_overlay_every_hop_is_tls_with_service_identities():
             config, ledger = broker_config(args), ledger_config_from_args(args)
             assert config.auth.authentication_enabled and config.auth.authorization_enabled, where
             assert set(config.auth.superuser_roles.split(",")) == {"admin", "magnetar-gateway", "magnetar-broker"}
+            # The proxies' role may name a client (original_principal); it is no superuser.
+            assert config.auth.proxies == {"magnetar-proxy"} and not config.auth.proxies & config.auth.superusers
             # What a broker presents to the others (an admin request's calls on their
             # partitions): the token of its own role, mounted with the bookies' one.
             assert config.auth.broker_client_token_file == ledger.bookie_auth_token_file, where
@@ -775,11 +808,20 @@ def test_secured_overlay_every_hop_is_tls_with_service_identities():
             assert args.admin_url == "https://magnetar-broker:8443"
             assert args.broker_tls_trust_certs_file and args.broker_tls_hostname_verification is False
             assert args.tls_cert_file and args.advertised_url == "https://10.0.0.1:8081"
+        elif args.process == "proxy":
+            from proxy.main import auth_config_from_args, config_from_args as proxy_config
+
+            config, auth = proxy_config(args), auth_config_from_args(args)
+            assert auth.authentication_enabled and auth.providers == ("token",), where
+            assert auth.token_secret_key.startswith("file:///") and auth.broker_token_file.endswith("/proxy.token")
+            assert config.broker_tls_only and config.broker_tls_trust_certs_file, where
+            assert config.broker_tls_hostname_verification is False       # lookups name pod IPs
+            client_cert_to_etcd(args)
         elif args.process == "admin":
             assert args.admin_url.startswith("https://") and args.tls_trust_certs_file, where
             assert args.token_file.endswith("/superuser.token"), where
         seen.add(args.process)
-    assert seen == {"etcd", "bookie", "broker", "gateway", "autorecovery", "admin"}
+    assert seen == {"etcd", "bookie", "broker", "gateway", "proxy", "autorecovery", "admin"}
     # The etcd endpoints every process dials are names the certificate's wildcard covers.
     config = k8s.by_kind(objects, "ConfigMap")[0]["data"]
     for endpoint in config["metadata"].removeprefix("etcd://").split("/", 1)[0].split(","):
@@ -788,7 +830,7 @@ def test_secured_overlay_every_hop_is_tls_with_service_identities():
 
 def test_dev_stays_plain():
     for workload, pod, container, env, args, where in _pods_with_args(k8s.render("dev")):
-        if args is not None and args.process in ("broker", "gateway", "bookie"):
+        if args is not None and args.process in ("broker", "gateway", "bookie", "proxy"):
             assert not args.tls_cert_file, where
 
 
