@@ -411,7 +411,7 @@ class LocalCluster:
 
     async def start_all(self) -> None:
         """In dependency order (Kubernetes would restart the early ones until etcd answers)."""
-        for component in ("objectstore", "etcd", "bookie", "autorecovery", "broker", "gateway"):
+        for component in ("objectstore", "etcd", "bookie", "autorecovery", "broker", "gateway", "proxy"):
             for name, workload in self.workloads.items():
                 if k8s.component(workload) == component:
                     await self.start_workload(name)
@@ -425,7 +425,7 @@ class LocalCluster:
             except TimeoutError:
                 pass
 
-        for component in ("gateway", "broker", "autorecovery", "bookie", "etcd", "objectstore"):   # a tier at a time
+        for component in ("proxy", "gateway", "broker", "autorecovery", "bookie", "etcd", "objectstore"):   # a tier at a time
             await asyncio.gather(*(terminate(pod) for pod in list(self.pods.values())
                                    if pod.pod.component == component and pod.running))
 

@@ -1,10 +1,12 @@
 """The dev overlay, run: every pod of ``kubectl kustomize k8s/overlays/dev`` as a local process.
 
 What it proves: the exact commands, arguments and environment of the rendered pods (1 etcd,
-3 bookies, 2 brokers, 1 gateway, 1 auto-recovery) make a working cluster; every probe of every pod (startup,
+3 bookies, 2 brokers, 1 gateway, 2 proxies, 1 auto-recovery) make a working cluster; every probe of every pod (startup,
 liveness, readiness) and every scrape target answers 200 on the path it names; messages
 produced through the rendered broker Service with the official client, and through the
-rendered gateway over HTTP, are consumed back whole; the brokers advertise the addresses
+rendered gateway over HTTP, and through the proxies' LoadBalancer Service as a client
+outside the cluster would (lookups answered and connections piped by the proxy pods; the
+admin REST on its HTTP port), are consumed back whole; the brokers advertise the addresses
 and ids the manifests give them, and the bookies register under their pod DNS names, with
 their add sockets (3182) at the same names; every add of the run (brokers', shell's,
 auto-recovery's copies) reaches the bookies on the add socket, none over gRPC (the
@@ -96,7 +98,8 @@ def service_address(cluster: LocalCluster, service: str, port: int) -> str:
 def test_every_probe_and_scrape_target_answers(cluster):
     assert sorted(cluster.pods) == ["magnetar-autorecovery-00000", "magnetar-bookie-0", "magnetar-bookie-1",
                                     "magnetar-bookie-2", "magnetar-broker-00000", "magnetar-broker-00001",
-                                    "magnetar-etcd-0", "magnetar-gateway-00000", "magnetar-objectstore-0"]
+                                    "magnetar-etcd-0", "magnetar-gateway-00000", "magnetar-objectstore-0",
+                                    "magnetar-proxy-00000", "magnetar-proxy-00001"]
     for pod in cluster.pods.values():
         for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
             assert pod.probe(kind) == 200, (pod.name, kind, pod.probe_url(kind))
@@ -147,6 +150,55 @@ async def test_produce_and_consume_through_the_rendered_brokers_and_gateway(clus
         await gateway.produce(path, [{"payload": p} for p in payloads])
         got = await drain(gateway, path, "work", mode="shared")
         assert sorted(payload_bytes(m).decode() for m in got) == sorted(payloads)
+
+
+def proxy_metric(pod, name: str) -> float:
+    """The sum of a proxy pod's samples named ``name`` (any labels), from its /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{pod.local_port('http')}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return sum(float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+
+
+async def test_clients_outside_go_through_the_proxies_load_balancer(cluster):
+    """The rendered magnetar-proxy Service (type LoadBalancer; on loopback a proxy to its
+    ready pods, round robin) is the one address a client outside knows: the official
+    client's lookups are answered through it, its producers' and consumers' connections
+    are piped by the proxy pods to the owner brokers, and the admin REST answers on the
+    Service's HTTP port."""
+    service = cluster.workloads["magnetar-proxy"]
+    lb = next(s for s in k8s.by_kind(cluster.objects, "Service") if s["metadata"]["name"] == "magnetar-proxy")
+    assert lb["spec"]["type"] == "LoadBalancer" and service["kind"] == "Deployment"
+    proxies = [cluster.pods["magnetar-proxy-00000"], cluster.pods["magnetar-proxy-00001"]]
+    before = [proxy_metric(p, "magnetar_proxy_bytes_total") for p in proxies]
+    client = pulsar.Client(f"pulsar://{service_address(cluster, 'magnetar-proxy', 6650)}", operation_timeout_seconds=30)
+    topics = [unique_topic("k8s-proxy") for _ in range(6)]
+    try:
+        consumers = [client.subscribe(t, "k8s", initial_position=pulsar.InitialPosition.Earliest) for t in topics]
+        sent = {}
+        for topic in topics:
+            producer = client.create_producer(topic)
+            sent[topic] = [f"{topic}-{i}".encode() for i in range(50)]
+            for payload in sent[topic]:
+                producer.send(payload)
+            producer.close()
+        for topic, consumer in zip(topics, consumers):
+            await receive_in_order(consumer, sent[topic], 10_000)
+    finally:
+        client.close()
+    # Every byte went through the proxy pods: lookups answered there, connections piped.
+    payload_bytes_sent = sum(len(p) for payloads in sent.values() for p in payloads)
+    piped = sum(proxy_metric(p, "magnetar_proxy_bytes_total") for p in proxies) - sum(before)
+    assert piped >= 2 * payload_bytes_sent, (piped, payload_bytes_sent)      # in, and out again
+    assert sum(proxy_metric(p, "magnetar_proxy_lookups_total") for p in proxies) >= len(topics)
+    # The admin REST through the Service's HTTP port (forwarded to a broker, a redirect to
+    # the owner followed by the proxy).
+    base = f"http://{service_address(cluster, 'magnetar-proxy', 8080)}"
+    with urllib.request.urlopen(f"{base}/admin/v2/persistent/public/default", timeout=15) as response:
+        listed = set(json.loads(response.read()))
+    assert set(topics) <= listed, sorted(set(topics) - listed)
+    path = topics[0].replace("persistent://", "persistent/")
+    with urllib.request.urlopen(f"{base}/admin/v2/{path}/stats", timeout=15) as response:
+        assert json.loads(response.read())["msgInCounter"] == 50
 
 
 def bookie_adds(pod) -> tuple[float, float]:

@@ -6,13 +6,17 @@ What it proves, with a throwaway PKI and token key standing in for the operator'
 ``magnetar-tls`` and ``magnetar-auth`` (files written into each pod's mount directories, as
 the kubelet writes a Secret volume's items): 3 etcd members (client and peer TLS, client
 certificates required), 3 bookies (gRPC mutual TLS, service tokens), 1 broker (6651 and
-8443 only; tokens and authorization) and 1 gateway (HTTPS; pulsar+ssl:// and https:// to
-the broker with its own token) start from the rendered specs and every probe of each
+8443 only; tokens and authorization), 1 gateway (HTTPS; pulsar+ssl:// and https:// to
+the broker with its own token) and 1 proxy (pulsar+ssl:// 6651 and HTTPS 8443 only; the
+clients' tokens checked, its own token of the proxy role toward the broker) start from the
+rendered specs and every probe of each
 answers 200, HTTPS ones included, without a token; the official pulsar-client over
 ``pulsar+ssl://`` (the rendered broker Service) with a token of a role granted
 produce/consume (granted over HTTPS by the superuser token) produces and consumes; a
 client with no token is refused (AuthenticationError) and a role without the grant gets
-AuthorizationError; HTTPS produce and pull through the rendered gateway work with a token,
+AuthorizationError; the same through the proxies' load balancer Service (the proxy's
+own token, a role with no grant, is refused too), and the admin REST through its HTTPS
+port; HTTPS produce and pull through the rendered gateway work with a token,
 and are refused (401) without one; a plain Pulsar connection and plain HTTP to the
 broker's ports fail, and the broker advertises only TLS URLs; `magnetar shell simpletest`
 run in the broker pod (its environment: bookie mutual TLS and service token, etcd client
@@ -56,7 +60,7 @@ pytestmark = pytest.mark.timeout(240)
 
 # What starts: enough for prod's quorums (3 etcd members, ensemble 3), one of the rest.
 COUNTS = {"magnetar-etcd": 3, "magnetar-bookie": 3, "magnetar-autorecovery": 1, "magnetar-broker": 1,
-          "magnetar-gateway": 1}
+          "magnetar-gateway": 1, "magnetar-proxy": 1}
 SUPERUSER = "admin"
 
 
@@ -75,7 +79,8 @@ def _secrets(directory: str) -> tuple[dict[str, dict[str, bytes]], TokenSigner, 
             "superuser.token": signer.create(SUPERUSER).encode(),
             "broker.token": signer.create("magnetar-broker").encode(),
             "gateway.token": signer.create("magnetar-gateway").encode(),
-            "autorecovery.token": signer.create("magnetar-autorecovery").encode()}
+            "autorecovery.token": signer.create("magnetar-autorecovery").encode(),
+            "proxy.token": signer.create("magnetar-proxy").encode()}
     gateway = {"secret": b"k1:" + os.urandom(32).hex().encode()}
     return {"magnetar-tls": tls, "magnetar-auth": auth, "magnetar-gateway": gateway}, signer, pki.ca_file
 
@@ -92,7 +97,7 @@ def secured():
             for name in ("magnetar-etcd", "magnetar-bookie"):
                 await local.start_workload(name, COUNTS[name])
             recovery = await local.start("magnetar-autorecovery-00000", wait_ready=False)
-            for name in ("magnetar-broker", "magnetar-gateway"):
+            for name in ("magnetar-broker", "magnetar-gateway", "magnetar-proxy"):
                 await local.start_workload(name, COUNTS[name])
             await local.wait_ready(recovery.name)
 
@@ -165,6 +170,60 @@ async def test_token_client_over_tls_produces_and_consumes(secured):
                 refused.create_producer(topic)
         finally:
             refused.close()
+
+
+def _proxy_client(secured, token: str | None) -> pulsar.Client:
+    """A client outside the cluster: its service URL names the proxies' load balancer
+    (the rendered magnetar-proxy Service's 6651), the certificate's names checked."""
+    url = f"pulsar+ssl://{_service(secured['cluster'], 'magnetar-proxy', 6651)}"
+    return pulsar.Client(url, tls_trust_certs_file_path=secured["ca"], tls_validate_hostname=True,
+                         operation_timeout_seconds=15, connection_timeout_ms=5_000,
+                         authentication=pulsar.AuthenticationToken(token) if token else None)
+
+
+async def test_clients_outside_through_the_proxy_over_tls_with_a_token(secured):
+    """The proxy pod serves pulsar+ssl:// and HTTPS only; a client with a token of a
+    granted role produces and consumes through it (the broker authorized that role, named
+    by the proxy: the proxy's own role magnetar-proxy has no permission); no token, a role
+    without the grant, and the proxy's own token are refused; the admin REST answers
+    through the proxy's HTTPS port with a token (401 without)."""
+    cluster, signer, ca_file = secured["cluster"], secured["signer"], secured["ca"]
+    proxy = cluster.pods["magnetar-proxy-00000"]
+    assert {p["containerPort"] for p in proxy.pod.container["ports"]} == {6651, 8443}
+    broker = cluster.pods["magnetar-broker-00000"]
+    web = f"https://127.0.0.1:{broker.local_port('https')}"
+    assert _https(f"{web}/admin/v2/namespaces/public/default/permissions/app", ca_file,
+                  token=signer.create(SUPERUSER), method="POST", body=["produce", "consume"]) in (200, 204)
+    topic = unique_topic("k8s-proxy")
+    client = _proxy_client(secured, signer.create("app"))
+    try:
+        consumer = client.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+        producer = client.create_producer(topic)
+        sent = [f"outside-{i}".encode() for i in range(20)]
+        for payload in sent:
+            producer.send(payload)
+        await receive_in_order(consumer, sent, 10_000)
+    finally:
+        client.close()
+    with open(os.path.join(proxy.mounts["/etc/magnetar/auth"], "proxy.token")) as handle:
+        proxy_token = handle.read().strip()
+    for token, error in ((None, pulsar.AuthenticationError), (signer.create("stranger"), pulsar.AuthorizationError),
+                         (proxy_token, pulsar.AuthorizationError)):
+        refused = _proxy_client(secured, token)
+        try:
+            with pytest.raises(error):
+                refused.create_producer(topic)
+        finally:
+            refused.close()
+    # The admin REST on the proxy's HTTPS port (the Service's 8443), the broker deciding.
+    base = f"https://{_service(cluster, 'magnetar-proxy', 8443)}"
+    listing = f"{base}/admin/v2/persistent/public/default"
+    assert _https(listing, ca_file, token=signer.create(SUPERUSER)) == 200
+    assert _https(listing, ca_file) == 401
+    # Plain HTTP to the HTTPS port fails; nothing is served in clear text.
+    with pytest.raises((urllib.error.URLError, ConnectionError)) as raised:
+        urllib.request.urlopen(f"http://127.0.0.1:{proxy.local_port('https')}/health", timeout=5).read()
+    assert not isinstance(raised.value, urllib.error.HTTPError)
 
 
 # An HTTP/2 preface and an empty SETTINGS frame: gRPC's first bytes.

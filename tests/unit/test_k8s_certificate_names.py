@@ -132,7 +132,9 @@ def test_readme_certificate_names_the_services_and_localhost():
     names = set(_readme_names())
     # The names clients and the preStop drain use, each named exactly (no wildcard needed).
     for name in ("magnetar-broker.magnetar", "magnetar-broker.magnetar.svc", "magnetar-gateway.magnetar",
-                 "magnetar-gateway.magnetar.svc", "magnetar-proxy.magnetar", "magnetar-proxy.magnetar.svc", "localhost"):
+                 "magnetar-gateway.magnetar.svc", "magnetar-proxy.magnetar", "magnetar-proxy.magnetar.svc",
+                 "proxy.example.com",     # the proxies' load balancer as clients outside dial it
+                 "localhost"):
         assert name in names, name
     # etcd checks a peer's address by reverse lookup, which answers the cluster.local name.
     assert "*.magnetar-etcd.magnetar.svc.cluster.local" in names
