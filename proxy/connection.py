@@ -343,6 +343,14 @@ class ClientSide(_Side):
             body.response = pb.CommandLookupTopicResponse.Connect
             body.authoritative = True
             body.proxy_through_service_url = True
+            # A client takes the URL of its own scheme (pulsar+ssl:// to us: the TLS one)
+            # and only names it back to us in proxy_to_broker_url. An owner without that
+            # listener is still piped to by its other address (over TLS or not as that
+            # address is): without this, a TLS client of a plain broker got an empty URL.
+            if not body.brokerServiceUrlTls:
+                body.brokerServiceUrlTls = body.brokerServiceUrl
+            elif not body.brokerServiceUrl:
+                body.brokerServiceUrl = body.brokerServiceUrlTls
         failed = (answer.type == T.ERROR
                   or (answer.type == T.LOOKUP_RESPONSE and body.response == pb.CommandLookupTopicResponse.Failed)
                   or (answer.type == T.PARTITIONED_METADATA_RESPONSE
