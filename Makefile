@@ -234,6 +234,7 @@ bench-archive: setup
 .PHONY: bench-proxy
 bench-proxy: setup
 	$(PY) bench/proxy_bench.py --out bench/results/proxy.json
+	$(PY) bench/proxy_bench.py --rate 200 --out bench/results/proxy-200.json
 
 bench-gateway: setup
 	$(PIP) install --quiet -e '.[dev,load]'
