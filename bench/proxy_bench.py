@@ -251,7 +251,9 @@ async def run(args: argparse.Namespace) -> dict:
             "params": vars(args), "rounds": rounds, "summary": summary,
             "throughput_ratio": round(ratio, 3), "added_ms": added, "p99_added_ms": added["e2e_p99_ms"],
             "aims": {"throughput_ratio_min": 0.8, "p99_added_ms_max": 1.0,
-                     "throughput_met": ratio >= 0.8, "p99_met": added["e2e_p99_ms"] <= 1.0},
+                     "throughput_met": ratio >= 0.8,
+                     # Not judged on a saturated run (queues of seconds on both paths).
+                     "p99_met": None if saturated else added["e2e_p99_ms"] <= 1.0},
             "saturated": saturated,
             "saturated_note": (f"direct p50 over {SATURATED_P50_MS} ms: this machine does not sustain the rate; the "
                                "latency figures measure queueing, not the proxy" if saturated else ""),
