@@ -204,6 +204,38 @@ def test_every_workload_has_a_disruption_budget(rendered):
         assert covering[0]["spec"]["maxUnavailable"] == 1
 
 
+def test_the_proxies_are_the_front_door(rendered):
+    """The proxies: one Service of type LoadBalancer for clients outside, its ports the
+    binary protocol and HTTP (6650/8080; secured 6651/8443 only), each leading to a port
+    the proxy container declares; at least two pods, spread over nodes, rolled one new
+    pod before an old one goes, autoscaled from two."""
+    overlay, objects = rendered
+    proxies = k8s.named(objects, "Deployment", "magnetar-proxy")
+    pod = k8s.pods(proxies)[0]
+    container_ports = {p["name"]: p["containerPort"] for p in pod.container["ports"]}
+    service = k8s.named(objects, "Service", "magnetar-proxy")
+    assert service["spec"]["type"] == "LoadBalancer"
+    assert service["spec"]["selector"].items() <= proxies["spec"]["template"]["metadata"]["labels"].items()
+    ports = {p["port"]: container_ports[p["targetPort"]] for p in service["spec"]["ports"]}
+    assert ports == ({6651: 6651, 8443: 8443} if overlay in SECURED else {6650: 6650, 8080: 8080})
+    # No other Service reaches the proxy pods (the front door is the load balancer).
+    assert [s["metadata"]["name"] for s in k8s.by_kind(objects, "Service")
+            if s["spec"].get("selector", {}).get("app.kubernetes.io/component") == "proxy"] == ["magnetar-proxy"]
+    spread = pod.spec["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert spread[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert spread[0]["podAffinityTerm"]["labelSelector"]["matchLabels"].items() <= \
+        proxies["spec"]["template"]["metadata"]["labels"].items()
+    assert proxies["spec"]["replicas"] >= 2
+    assert proxies["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    hpa = next(h for h in k8s.by_kind(objects, "HorizontalPodAutoscaler")
+               if h["spec"]["scaleTargetRef"]["name"] == "magnetar-proxy")
+    assert hpa["spec"]["minReplicas"] >= 2 and hpa["spec"]["maxReplicas"] > hpa["spec"]["minReplicas"]
+    # Probes on the proxy's own paths (served without a broker call): ready once a broker
+    # is registered, alive while its loop answers.
+    assert pod.container["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert pod.container["livenessProbe"]["httpGet"]["path"] == "/live"
+
+
 def test_bookies_keep_journal_and_ledgers_on_separate_claims(rendered):
     overlay, objects = rendered
     bookies = k8s.named(objects, "StatefulSet", "magnetar-bookie")
