@@ -20,6 +20,8 @@ Then the scaling procedures of k8s/README.md, run as written on the same pods:
   acknowledged message is received;
 - restart the brokers (a rolling update, one new broker ready before an old one drains)
   under traffic: every bundle ends on the new brokers, no client error, nothing lost;
+- restart the proxies the same way under traffic that goes through their Service only:
+  each old one exits 0, no client error, nothing lost;
 - add a bookie: it registers under its pod name and takes part in new ledgers (the check's
   ledger deleted after);
 - recover a bookie whose volumes were lost: it refuses to start on its cookie; the
@@ -395,6 +397,33 @@ async def test_rolling_restart_of_the_brokers_under_traffic(cluster):
         traffic.finish()
     assert traffic.errors == []
     assert not traffic.acknowledged - traffic.received
+
+
+async def test_rolling_restart_of_the_proxies_under_traffic(cluster):
+    """Clients outside, through the proxies' load balancer only, while the README's
+    procedure replaces both proxy pods: each old one exits 0 at SIGTERM, the new ones
+    pipe the traffic, no client error, every acknowledged message received."""
+    traffic = Traffic("pulsar://" + service_address(cluster, "magnetar-proxy", 6650))
+    traffic.start()
+    try:
+        await until(lambda: len(traffic.acknowledged) >= 100, 60, "traffic flowing")
+        old = {p.name for p in cluster.running_pods("magnetar-proxy")}
+        stops_before = len(cluster.stops)
+        for line in procedure("Restart proxies"):
+            await cluster.run_kubectl(line)
+        new = cluster.running_pods("magnetar-proxy")
+        assert len(new) == 2 and not {p.name for p in new} & old
+        stops = cluster.stops[stops_before:]
+        assert sorted(s["pod"] for s in stops) == sorted(old)
+        assert all(s["exit_code"] == 0 for s in stops), stops
+        acknowledged = len(traffic.acknowledged)
+        await until(lambda: len(traffic.acknowledged) >= acknowledged + 100, 60, "traffic after the restart")
+    finally:
+        traffic.finish()
+    assert traffic.errors == []
+    assert not traffic.acknowledged - traffic.received
+    # The traffic after the restart went through the new pods.
+    assert sum(proxy_metric(p, "magnetar_proxy_bytes_total") for p in new) > 0
 
 
 async def test_add_a_bookie(cluster):

@@ -548,8 +548,8 @@ def test_procedure_commands_are_the_clis():
 
     text = (k8s.K8S / "README.md").read_text()
     titles = re.findall(r"^### (.+?)\s*$", text.split("## Procedures", 1)[1].split("\n## ", 1)[0], re.M)
-    assert set(titles) == {"Add brokers", "Remove brokers", "Restart brokers", "Add bookies", "Decommission a bookie",
-                           "Recover a bookie whose volume was lost"}
+    assert set(titles) == {"Add brokers", "Remove brokers", "Restart brokers", "Restart proxies", "Add bookies",
+                           "Decommission a bookie", "Recover a bookie whose volume was lost"}
     objects = k8s.render("dev")
     checked = 0
     for title in titles:
