@@ -129,8 +129,8 @@ class WireConnection:
         if answer.type == T.ERROR:
             raise TxnError(answer.error.error, answer.error.message)
         inner = getattr(answer, _ANSWER_FIELDS[answer.type])
-        if answer.type != T.LOOKUP_RESPONSE and answer.type != T.PARTITIONED_METADATA_RESPONSE \
-                and inner.HasField("error"):
+        if answer.type not in (T.LOOKUP_RESPONSE, T.PARTITIONED_METADATA_RESPONSE) \
+                and "error" in inner.DESCRIPTOR.fields_by_name and inner.HasField("error"):
             raise TxnError(inner.error, inner.message)
         return answer
 
@@ -252,3 +252,9 @@ class WireConsumer:
         if txn is not None:
             ack.txnid_most_bits, ack.txnid_least_bits = txn.most, txn.least
         await connection.request(ack)
+
+    async def close(self) -> None:
+        connection = self.connection
+        await connection.request(pb.CommandCloseConsumer(consumer_id=self.consumer_id,
+                                                         request_id=next(connection.request_ids)))
+        connection.messages.pop(self.consumer_id, None)
