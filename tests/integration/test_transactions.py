@@ -154,3 +154,65 @@ async def test_a_transaction_past_its_timeout_is_aborted(wire, client):
     with pytest.raises(TxnError) as refused:
         await wire.end(txn, commit=True)
     assert "InvalidTxnStatus" in str(refused.value) or "TransactionNotFound" in str(refused.value)
+
+
+async def transform(connection: WireConnection, consumer, producer, message, timeout_ms: int = 60_000) -> bool:
+    """One step of consume-transform-produce: the output sent and the input acknowledged
+    in one transaction, committed. False when the input is held by another open
+    transaction (TransactionConflict): this one is aborted, its output never seen."""
+    txn = await connection.new_txn(timeout_ms=timeout_ms)
+    await producer.send(b"out-" + message.payload, txn)
+    try:
+        await consumer.ack(message, txn)
+    except TxnError as error:
+        assert "TransactionConflict" in str(error), error
+        await connection.end(txn, commit=False)
+        return False
+    await connection.end(txn, commit=True)
+    return True
+
+
+async def test_consume_transform_produce_is_exactly_once_when_a_worker_dies(standalone, wire, client):
+    """Worker A transforms 5 inputs, then dies (its connection dropped) in the middle of
+    the 6th transaction: output sent, input acknowledged, no commit. Worker B gets every
+    input A had not committed (the 6th too: A's consumer left); its transaction on the
+    6th conflicts with A's and is aborted; once A's transaction times out (3 s) the 6th
+    is delivered again and B commits it. Every output is read exactly once."""
+    _process, ready = standalone
+    source, sink = topic_name("ctp-in"), topic_name("ctp-out")
+    inputs = [f"in{i:02d}".encode() for i in range(20)]
+    plain = client.create_producer(source)
+    worker_a = await WireConnection(ready["service_url"]).open()
+    await worker_a.connect_coordinators()
+    consumer_a = await worker_a.subscribe(source, "transform", permits=1000)
+    producer_a = await worker_a.producer(sink)
+    for payload in inputs:
+        plain.send(payload)
+    for _ in range(5):
+        assert await transform(worker_a, consumer_a, producer_a, await consumer_a.receive())
+    dying = await worker_a.new_txn(timeout_ms=3000)
+    sixth = await consumer_a.receive()
+    await producer_a.send(b"out-" + sixth.payload, dying)
+    await consumer_a.ack(sixth, dying)
+    await worker_a.close()   # dies: no END_TXN; the coordinator's timeout ends it
+
+    consumer_b = await wire.subscribe(source, "transform", permits=1000)
+    producer_b = await wire.producer(sink)
+    done: set[bytes] = set()
+    conflicts = 0
+    while len(done) < 15:
+        message = await consumer_b.receive(timeout_s=20)
+        if message.payload in done:
+            continue
+        if await transform(wire, consumer_b, producer_b, message):
+            done.add(message.payload)
+        else:
+            conflicts += 1
+    assert conflicts >= 1 and sixth.payload in done
+    reader = client.subscribe(sink, "check", initial_position=pulsar.InitialPosition.Earliest)
+    outputs = await asyncio.to_thread(receive_all, reader, 3000)
+    assert sorted(outputs) == [b"out-" + p for p in inputs], outputs
+    # Every input is acknowledged on the subscription: a new consumer gets nothing.
+    await consumer_b.close()
+    leftover = client.subscribe(source, "transform", consumer_type=pulsar.ConsumerType.Shared)
+    assert await asyncio.to_thread(receive_all, leftover, 2000) == []
