@@ -17,7 +17,8 @@ pending in transactions.
   is appended, and the coordinator is answered once the marker is stored (Qa fsyncs).
 - **Recovery**: a topic that a transaction named (etcd key
   ``/transactions/topics/<topic>``, written by the coordinator at
-  ADD_PARTITION_TO_TXN, before the client may send) is replayed on load from the
+  ADD_PARTITION_TO_TXN and ADD_SUBSCRIPTION_TO_TXN, before the client may send or
+  acknowledge) has its pending acknowledgements loaded and is replayed on load from the
   slowest cursor's first unacknowledged entry: transactional entries with no marker
   after them are open again, aborted ones hidden again. Entries before the slowest
   cursor are acknowledged by every subscription, so their outcome no longer matters.

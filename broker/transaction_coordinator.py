@@ -129,9 +129,13 @@ class TransactionCoordinators:
             pass
 
     async def run_sweeps(self) -> None:
-        """Aborts transactions past their deadline, on every coordinator served here."""
+        """Aborts transactions past their deadline, on every coordinator served here;
+        first loads each coordinator whose assign partition this broker serves but no
+        client has asked for yet (after a restart or a failover the timeouts and the
+        ending transactions must go on without waiting for a client)."""
         while True:
             await asyncio.sleep(self._config.transaction_sweep_interval_s)
+            await self._load_served()
             for coordinator in list(self._coordinators.values()):
                 if not await self._still_serving(coordinator):
                     continue
@@ -144,6 +148,17 @@ class TransactionCoordinators:
                         except MagnetarError as error:
                             log.warning("timed-out transaction not aborted yet: txn=%s error=%s", record.txn_id,
                                         error)
+
+    async def _load_served(self) -> None:
+        ownership = self._service.topic_ownership
+        for coordinator_id in range(self.count):
+            if coordinator_id in self._coordinators or coordinator_id in self._loading:
+                continue
+            try:
+                if ownership is None or await ownership.is_serving(assign_partition(coordinator_id)):
+                    await self.coordinator(coordinator_id)
+            except MagnetarError as error:
+                log.info("transaction coordinator not loaded yet: coordinator=%d error=%s", coordinator_id, error)
 
     async def _still_serving(self, coordinator: Coordinator) -> bool:
         try:
@@ -262,6 +277,10 @@ class TransactionCoordinators:
             record = coordinator.record(txn_id)
             updated = record.with_subscriptions(pairs)
             if updated != record:
+                # Marked as a partition's topic is: its new owner must load the
+                # acknowledgements pending in transactions when it loads the topic.
+                for topic, _name in pairs:
+                    await self._mark_topic(topic)
                 await coordinator.store.write(updated)
                 coordinator.records[txn_id] = updated
 
