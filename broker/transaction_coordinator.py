@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
 import time
 from typing import Any
 
@@ -58,6 +59,26 @@ END_RETRY_DELAY_S_MAX = 5.0
 # Ended transactions remembered per coordinator, so a retried END_TXN (its answer was
 # lost) gets the outcome instead of TransactionNotFound.
 ENDED_REMEMBERED = 10_000
+
+
+# Tests only: the path of a file. The first transaction carried out after its decision
+# while the file does not exist creates it and stops there for ever (the decision
+# written, no participant told), so that a test can kill -9 the broker at that point; a
+# restarted broker finds the file and goes on.
+PAUSE_FILE_ENV = "MAGNETAR_TRANSACTION_PAUSE_FILE"
+
+
+async def _pause_once_if_asked(txn_id: TxnId) -> None:
+    path = os.environ.get(PAUSE_FILE_ENV)
+    if not path:
+        return
+    try:
+        with open(path, "x"):
+            pass
+    except FileExistsError:
+        return
+    log.warning("transaction paused after its decision (%s): txn=%s", PAUSE_FILE_ENV, txn_id)
+    await asyncio.Event().wait()
 
 
 def assign_partition(coordinator_id: int) -> TopicName:
@@ -324,6 +345,7 @@ class TransactionCoordinators:
 
     async def _carry_out(self, coordinator: Coordinator, record: TxnRecord) -> None:
         commit = record.committing
+        await _pause_once_if_asked(record.txn_id)
         # Acknowledgements first, then the partitions: a consume-transform-produce
         # transaction's input is consumed before its output becomes visible.
         for topic, subscription in record.subscriptions:
