@@ -127,8 +127,8 @@ class TxnRecord:
     def decode(cls, data: bytes) -> "TxnRecord":
         try:
             body = json.loads(data)
-            if body.get("version") != FORMAT_VERSION:
-                raise ValueError(f"version {body.get('version')!r}")
+            if not isinstance(body, dict) or body.get("version") != FORMAT_VERSION:
+                raise ValueError(f"not a version {FORMAT_VERSION} record")
             return cls(TxnId.parse(body["txn"]), TxnStatus(body["status"]), int(body["deadline_ms"]),
                        tuple(str(p) for p in body["partitions"]),
                        tuple((str(t), str(s)) for t, s in body["subscriptions"]))
