@@ -60,6 +60,21 @@ REPLAY_BYTES_PER_READ = 8 * 1024 * 1024
 MARKER_PRODUCER = "__transaction_marker"
 
 
+# Transactional sends that may wait at once for a topic's mark to be read.
+DEFERRED_SENDS_MAX = 10_000
+
+
+def _pass_on(done: asyncio.Future[Position], waiting: asyncio.Future[Position]) -> None:
+    if waiting.done():
+        return
+    if done.cancelled():
+        waiting.cancel()
+    elif done.exception() is not None:
+        waiting.set_exception(done.exception())
+    else:
+        waiting.set_result(done.result())
+
+
 def txn_of(metadata: pb.MessageMetadata) -> TxnId | None:
     if not metadata.HasField("txnid_most_bits") and not metadata.HasField("txnid_least_bits"):
         return None
@@ -156,6 +171,8 @@ class TopicTransactions:
         # A coordinator named this topic in a transaction (the etcd key exists).
         self.marked = False
         self._marking: asyncio.Task[None] | None = None
+        # Transactional sends waiting for the mark to be read (``publish``).
+        self._deferred: list[tuple[Any, bytes, int, TxnId, asyncio.Future[Position]]] = []
         self.waiters: set[asyncio.Future[None]] = set()
 
     def entries_for(self, cursor: "ManagedCursor") -> TransactionalEntries:
@@ -170,13 +187,24 @@ class TopicTransactions:
 
     def publish(self, producer: "Producer", payload: bytes, num_messages: int, txn_id: TxnId) -> asyncio.Future[Position]:
         """Appends a transactional send (raises what refuses it: the caller answers
-        SEND_ERROR)."""
-        if not self.marked:
-            # No coordinator has named this topic in a transaction yet, as far as this
-            # broker knows: read the mark again; the client retries the send.
-            self._refresh_mark()
-            raise ServiceNotReady(f"topic {self._topic.full_name} is not part of transaction {txn_id} yet "
-                                  "(ADD_PARTITION_TO_TXN first)")
+        SEND_ERROR).
+
+        The topic must be marked (ADD_PARTITION_TO_TXN came first: its coordinator
+        wrote the mark to etcd before answering). A coordinator on another broker cannot
+        tell this one, so a send to a topic not known here as marked waits for the mark
+        to be read from etcd; sends arriving meanwhile queue behind it, in order, and
+        are appended in that order once it is read (or all refused if it is absent)."""
+        if self.marked and not self._deferred:
+            return self._append(producer, payload, num_messages, txn_id)
+        if len(self._deferred) >= DEFERRED_SENDS_MAX:
+            raise ServiceNotReady(f"topic {self._topic.full_name}: {len(self._deferred)} transactional sends wait "
+                                  "for its transaction mark to be read")
+        future: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
+        self._deferred.append((producer, payload, num_messages, txn_id, future))
+        self._refresh_mark()
+        return future
+
+    def _append(self, producer: "Producer", payload: bytes, num_messages: int, txn_id: TxnId) -> asyncio.Future[Position]:
         self.buffer.begin(txn_id, self._topic.ledger.last_confirmed)
         return self._topic.publish(producer, stamped(payload, txn_id), num_messages)
 
@@ -185,7 +213,28 @@ class TopicTransactions:
             return
 
         async def refresh() -> None:
-            self.marked = await self._store.get(keys.transactional_topic(self._topic.name.key_path)) is not None
+            error: MagnetarError | None = None
+            try:
+                self.marked = await self._store.get(keys.transactional_topic(self._topic.name.key_path)) is not None
+            except MagnetarError as failure:
+                error = ServiceNotReady(f"the transaction mark of topic {self._topic.full_name} could not be "
+                                        f"read: {failure}")
+            deferred, self._deferred = self._deferred, []
+            for producer, payload, num_messages, txn_id, future in deferred:
+                if future.done():
+                    continue
+                if error is None and not self.marked:
+                    error = NotAllowed(f"topic {self._topic.full_name} is not part of transaction {txn_id} "
+                                       "(ADD_PARTITION_TO_TXN first)")
+                if error is not None:
+                    future.set_exception(error)
+                    continue
+                try:
+                    stored = self._append(producer, payload, num_messages, txn_id)
+                except MagnetarError as failure:
+                    future.set_exception(failure)
+                    continue
+                call_when_done(stored, lambda done, waiting=future: _pass_on(done, waiting))
 
         self._marking = asyncio.get_running_loop().create_task(refresh())
 

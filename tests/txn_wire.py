@@ -62,11 +62,15 @@ class Transaction:
     least: int
     partitions: set[str] = field(default_factory=set)
     subscriptions: set[tuple[str, str]] = field(default_factory=set)
+    # The connection to the coordinator's broker (ADD_*_TO_TXN go there, as the Java
+    # client sends them: sends and acks go to the topic's owner, which may be another).
+    via: "WireConnection | None" = None
 
 
 class WireConnection:
     def __init__(self, service_url: str) -> None:
         url = urlparse(service_url)
+        self.url = service_url
         self.host, self.port = url.hostname, url.port
         self.request_ids = itertools.count(1)
         self.ids = itertools.count(1)
@@ -147,18 +151,27 @@ class WireConnection:
                                                                        request_id=next(self.request_ids)))
         count = answer.partitionMetadataResponse.partitions
         for coordinator_id in range(count):
-            lookup = await self.request(pb.CommandLookupTopic(topic=f"{ASSIGN_TOPIC}-partition-{coordinator_id}",
-                                                              request_id=next(self.request_ids)))
-            self.transactions[coordinator_id] = lookup.lookupTopicResponse.brokerServiceUrl
-            await self.request(pb.CommandTcClientConnectRequest(request_id=next(self.request_ids),
-                                                                tc_id=coordinator_id))
+            self.transactions[coordinator_id] = await self.lookup(f"{ASSIGN_TOPIC}-partition-{coordinator_id}")
+            if self.transactions[coordinator_id] == self.url:
+                await self.request(pb.CommandTcClientConnectRequest(request_id=next(self.request_ids),
+                                                                    tc_id=coordinator_id))
         return count
+
+    async def lookup(self, topic: str) -> str:
+        """The owner's service URL (a Connect answer; the broker answers lookups of
+        topics others own with their URL)."""
+        answer = await self.request(pb.CommandLookupTopic(topic=topic, request_id=next(self.request_ids),
+                                                          authoritative=True))
+        body = answer.lookupTopicResponse
+        if body.response == pb.CommandLookupTopicResponse.Failed:
+            raise TxnError(body.error, body.message)
+        return body.brokerServiceUrl
 
     async def new_txn(self, timeout_ms: int, coordinator_id: int = 0) -> Transaction:
         answer = await self.request(pb.CommandNewTxn(request_id=next(self.request_ids), txn_ttl_seconds=timeout_ms,
                                                      tc_id=coordinator_id))
         body = answer.newTxnResponse
-        return Transaction(body.txnid_most_bits, body.txnid_least_bits)
+        return Transaction(body.txnid_most_bits, body.txnid_least_bits, via=self)
 
     async def add_partition(self, txn: Transaction, topic: str) -> None:
         await self.request(pb.CommandAddPartitionToTxn(request_id=next(self.request_ids), txnid_most_bits=txn.most,
@@ -208,7 +221,7 @@ class WireProducer:
         does) and returns its message id; TxnError when refused."""
         connection = self.connection
         if txn is not None and self.topic not in txn.partitions:
-            await connection.add_partition(txn, self.topic)
+            await (txn.via or connection).add_partition(txn, self.topic)
         sequence_id = next(self.sequence_ids)
         send = pb.CommandSend(producer_id=self.producer_id, sequence_id=sequence_id, num_messages=1)
         metadata = pb.MessageMetadata(producer_name=f"wire-{self.producer_id}", sequence_id=sequence_id,
@@ -245,7 +258,7 @@ class WireConsumer:
     async def ack(self, message: Received, txn: Transaction | None = None) -> None:
         connection = self.connection
         if txn is not None and (self.topic, self.subscription) not in txn.subscriptions:
-            await connection.add_subscription(txn, self.topic, self.subscription)
+            await (txn.via or connection).add_subscription(txn, self.topic, self.subscription)
         ack = pb.CommandAck(consumer_id=self.consumer_id, ack_type=pb.CommandAck.Individual,
                             message_id=[pb.MessageIdData(ledgerId=message.ledger_id, entryId=message.entry_id)],
                             request_id=next(connection.request_ids))
