@@ -218,7 +218,8 @@ class BrokerService:
         # Transaction coordinators served here, and the connections on which they tell
         # other brokers' topics the outcome (broker/transaction_coordinator.py).
         self.transactions = TransactionCoordinators(self) if config.transactions_enabled else None
-        self.transaction_peers = TransactionPeers(config.transaction_end_timeout_s)
+        self.transaction_peers = TransactionPeers(config.transaction_end_timeout_s, token=self.broker_client_token,
+                                                  tls=self.peer_tls.current if config.tls.cert_file else None)
 
     def broker_urls(self, broker_id: str) -> tuple[str, str] | None:
         """(service URL, web service URL) of a live broker, from its load report."""

@@ -131,31 +131,25 @@ class TransactionalEntries:
         return None if entries is None else self._visible(entries)
 
     def _visible(self, entries: list[ManagedEntry]) -> list[ManagedEntry]:
+        buffer = self._buffer
+        if not buffer.used:
+            return entries   # no transaction ever touched the topic: the ledger's own read
         limit = self.last_confirmed
-        kept = [entry for entry in entries if entry.position <= limit]
-        if self._buffer.used:
-            for entry in kept:
-                try:
-                    metadata = stored_metadata(entry.data)
-                except MagnetarError:
-                    continue   # the dispatcher logs and skips it
-                if self._buffer.hides(txn_of(metadata), metadata.marker_type):
-                    self._cursor.ack(entry.position)
+        kept = [entry for entry in entries if entry.position <= limit] if buffer.open else entries
+        for entry in kept:
+            try:
+                metadata = stored_metadata(entry.data)
+            except MagnetarError:
+                continue   # the dispatcher logs and skips it
+            if buffer.hides(txn_of(metadata), metadata.marker_type):
+                self._cursor.ack(entry.position)
         return kept
 
     def wait_for_entries(self) -> asyncio.Future[None]:
-        """Resolves when the ledger confirms more entries or a transaction ends here
-        (either may move the max read position)."""
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        def wake(_future: object = None) -> None:
-            if not waiter.done():
-                waiter.set_result(None)
-
-        call_when_done(self._ledger.wait_for_entries(), wake)
-        self._owner.waiters.add(waiter)
-        waiter.add_done_callback(self._owner.waiters.discard)
-        return waiter
+        """The ledger's own wait (settled eagerly, in the turn the entries are
+        confirmed): a transaction that ends here moves the max read position and then
+        appends its marker, whose confirmation wakes the readers."""
+        return self._ledger.wait_for_entries()
 
 
 class TopicTransactions:
@@ -173,15 +167,9 @@ class TopicTransactions:
         self._marking: asyncio.Task[None] | None = None
         # Transactional sends waiting for the mark to be read (``publish``).
         self._deferred: list[tuple[Any, bytes, int, TxnId, asyncio.Future[Position]]] = []
-        self.waiters: set[asyncio.Future[None]] = set()
 
     def entries_for(self, cursor: "ManagedCursor") -> TransactionalEntries:
         return TransactionalEntries(self._topic.ledger, self, cursor)
-
-    def _wake_readers(self) -> None:
-        for waiter in list(self.waiters):
-            if not waiter.done():
-                waiter.set_result(None)
 
     # --- sends -----------------------------------------------------------------------------------
 
@@ -242,7 +230,6 @@ class TopicTransactions:
 
     async def end(self, txn_id: TxnId, *, commit: bool) -> None:
         self.buffer.end(txn_id, commit=commit)
-        self._wake_readers()
         position = await self._topic.ledger.append(marker_entry(txn_id, commit=commit))
         self.buffer.marker_stored(txn_id, position)
         self.buffer.forget_trimmed(self._topic.ledger.first_position)

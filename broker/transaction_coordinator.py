@@ -377,11 +377,18 @@ class TransactionCoordinators:
 
     # --- participants ------------------------------------------------------------------------------
 
+    def _peer_url(self, owner: Any) -> str:
+        """Where another broker is told an outcome: its plain URL, or its TLS one when
+        this cluster's brokers serve TLS only (``--no-plain-ports``)."""
+        if owner.service_url_tls and (not self._config.plain_ports_enabled or not owner.service_url):
+            return owner.service_url_tls
+        return owner.service_url
+
     async def _end_on_partition(self, topic: str, txn_id: TxnId, commit: bool) -> None:
         name = TopicName.parse(topic)
         owner = await self._service.owner_of(name)
         if not owner.is_self:
-            await self._service.transaction_peers.end_on_partition(owner.service_url, txn_id, topic, commit)
+            await self._service.transaction_peers.end_on_partition(self._peer_url(owner), txn_id, topic, commit)
             return
         try:
             loaded = await self._service.get_topic(name, create=False)
@@ -394,7 +401,7 @@ class TransactionCoordinators:
         name = TopicName.parse(topic)
         owner = await self._service.owner_of(name)
         if not owner.is_self:
-            await self._service.transaction_peers.end_on_subscription(owner.service_url, txn_id, topic,
+            await self._service.transaction_peers.end_on_subscription(self._peer_url(owner), txn_id, topic,
                                                                       subscription, commit)
             return
         await self.end_locally_on_subscription(name, subscription, txn_id, commit)

@@ -5,9 +5,11 @@ kept while it works; a request waits at most ``request_timeout_s``. The caller
 (transaction_coordinator.py) retries failures; a broken connection is dropped and
 opened again on the next request. Connections are few: one per broker of the cluster.
 
-Not done: authentication. A cluster with authentication on needs the brokers to
-present a role of their own here (docs/transactions.md says so); the owner answers
-AuthenticationError, the coordinator keeps retrying, and the transaction stays ending.
+Authentication: with ``--broker-client-token-file`` (the token of a superuser role,
+the one this broker presents to the others for admin calls too) the CONNECT carries
+it as method ``token``; the owner lets only a superuser send END_TXN_ON_*. Without it
+nothing is presented (a cluster with authentication off). A ``pulsar+ssl://`` owner is
+reached over TLS with the broker's peer context (runtime/tls.py).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import ssl
+from typing import Callable
 from urllib.parse import urlparse
 
 from common.errors import MagnetarError, ServiceNotReady
@@ -73,8 +77,13 @@ class _Peer:
 
 
 class TransactionPeers:
-    def __init__(self, request_timeout_s: float) -> None:
+    def __init__(self, request_timeout_s: float, *, token: Callable[[], str] | None = None,
+                 tls: Callable[[], ssl.SSLContext] | None = None) -> None:
+        """``token``: the current broker client token, or None; ``tls``: the current
+        client context toward other brokers, or None (TLS peers refused)."""
         self._request_timeout_s = request_timeout_s
+        self._token = token
+        self._tls = tls
         self._peers: dict[str, _Peer] = {}
         self._request_ids = itertools.count(1)
 
@@ -83,12 +92,20 @@ class TransactionPeers:
         if peer is not None and not peer.closed:
             return peer
         url = urlparse(service_url)
-        if url.scheme != "pulsar":
-            raise ServiceNotReady(f"transaction outcome to {service_url}: only pulsar:// peers are supported")
+        if url.scheme == "pulsar":
+            context = None
+        elif url.scheme == "pulsar+ssl" and self._tls is not None:
+            context = self._tls()
+        else:
+            raise ServiceNotReady(f"transaction outcome to {service_url}: no way to reach that broker "
+                                  "(pulsar://, or pulsar+ssl:// with TLS configured)")
+        connect = pb.CommandConnect(client_version="magnetar-broker", protocol_version=pb.v20)
+        if self._token is not None:
+            connect.auth_method_name = "token"
+            connect.auth_data = self._token().encode()
         async with asyncio.timeout(self._request_timeout_s):
-            reader, writer = await asyncio.open_connection(url.hostname, url.port)
-            writer.write(encode_command(wrap(pb.CommandConnect(client_version="magnetar-broker",
-                                                                protocol_version=pb.v20))))
+            reader, writer = await asyncio.open_connection(url.hostname, url.port, ssl=context)
+            writer.write(encode_command(wrap(connect)))
             decoder = CommandDecoder(frame_bytes_max=_FRAME_BYTES_MAX)
             while True:
                 chunk = await reader.read(65536)
@@ -99,8 +116,10 @@ class TransactionPeers:
                 if frame is not NEED_DATA:
                     if frame.command.type != T.CONNECTED:
                         writer.close()
+                        detail = (f": {pb.ServerError.Name(frame.command.error.error)} {frame.command.error.message}"
+                                  if frame.command.type == T.ERROR else "")
                         raise ServiceNotReady(f"{service_url} answered CONNECT with "
-                                              f"{T.Type.Name(frame.command.type)}")
+                                              f"{T.Type.Name(frame.command.type)}{detail}")
                     break
         peer = _Peer(reader, writer)
         peer.task = asyncio.get_running_loop().create_task(peer.read_loop())

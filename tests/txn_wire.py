@@ -68,7 +68,9 @@ class Transaction:
 
 
 class WireConnection:
-    def __init__(self, service_url: str) -> None:
+    def __init__(self, service_url: str, token: str | None = None) -> None:
+        """``token``: presented in CONNECT (method ``token``) when given."""
+        self.token = token
         url = urlparse(service_url)
         self.url = service_url
         self.host, self.port = url.hostname, url.port
@@ -83,14 +85,22 @@ class WireConnection:
 
     async def open(self) -> "WireConnection":
         reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        self.writer.write(encode_command(wrap(pb.CommandConnect(client_version="txn-wire-test",
-                                                                protocol_version=pb.v20))))
+        connect = pb.CommandConnect(client_version="txn-wire-test", protocol_version=pb.v20)
+        if self.token is not None:
+            connect.auth_method_name = "token"
+            connect.auth_data = self.token.encode()
+        self.writer.write(encode_command(wrap(connect)))
         decoder = CommandDecoder(frame_bytes_max=5 * 1024 * 1024)
         while True:
-            decoder.feed(await reader.read(65536))
+            chunk = await reader.read(65536)
+            if not chunk:
+                raise ConnectionError("the broker closed the connection before CONNECTED")
+            decoder.feed(chunk)
             frame = decoder.next_command()
             if frame is not NEED_DATA:
-                assert frame.command.type == T.CONNECTED, frame.command
+                if frame.command.type != T.CONNECTED:
+                    raise TxnError(frame.command.error.error, frame.command.error.message) \
+                        if frame.command.type == T.ERROR else ConnectionError(str(frame.command))
                 break
         self.reader_task = asyncio.get_running_loop().create_task(self._read(reader, decoder))
         return self
@@ -149,7 +159,11 @@ class WireConnection:
     async def connect_coordinators(self) -> int:
         answer = await self.request(pb.CommandPartitionedTopicMetadata(topic=ASSIGN_TOPIC,
                                                                        request_id=next(self.request_ids)))
-        count = answer.partitionMetadataResponse.partitions
+        metadata = answer.partitionMetadataResponse
+        if metadata.response == pb.CommandPartitionedTopicMetadataResponse.Failed:
+            raise TxnError(metadata.error, metadata.message)
+        count = metadata.partitions
+        assert count > 0, f"{ASSIGN_TOPIC} has no partitions: no transaction coordinators"
         for coordinator_id in range(count):
             self.transactions[coordinator_id] = await self.lookup(f"{ASSIGN_TOPIC}-partition-{coordinator_id}")
             if self.transactions[coordinator_id] == self.url:

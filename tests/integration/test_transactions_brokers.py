@@ -1,14 +1,15 @@
-"""Transactions across two brokers (``magnetar standalone --brokers 2``): the coordinator
-on one, the topics on the other, so the outcome travels between brokers
-(END_TXN_ON_PARTITION / END_TXN_ON_SUBSCRIPTION, broker/transaction_peers.py); then the
-coordinator's broker is killed with SIGKILL and the coordinator moves.
+"""Transactions across two brokers of a secured cluster (``magnetar standalone --brokers 2
+--auth``: token authentication and authorization on): the coordinator on one, the
+topics on the other, so the outcome travels between brokers (END_TXN_ON_PARTITION /
+END_TXN_ON_SUBSCRIPTION, broker/transaction_peers.py, presenting the brokers' own
+token); then the coordinator's broker is killed with SIGKILL and the coordinator moves.
 
 Transactional commands through tests/txn_wire.py (the official Python client has no
 transaction API): ADD_*_TO_TXN and END_TXN to the coordinator's broker, sends and acks
 to the topics' owner, as the Java client sends them. What others see is read with the
 official client.
 
-Proves: a commit made on broker X delivers the outputs stored on broker Y and applies
+Proves: a client without credentials is refused; a commit made on broker X delivers the outputs stored on broker Y and applies
 the acknowledgement made on Y; an abort on X hides Y's outputs; a transaction open when
 X is killed is committed afterwards through whichever broker serves its coordinator
 then (its record was in etcd), and its outputs are delivered.
@@ -42,12 +43,23 @@ async def owner_not(connection: WireConnection, avoid: str, prefix: str) -> str:
 
 
 async def test_a_transaction_whose_coordinator_and_topics_are_on_different_brokers(tmp_path):
-    async with running_standalone(str(tmp_path / "standalone"), bookies=1, copies=1, brokers=2) as (process, ready):
+    async with running_standalone(str(tmp_path / "standalone"), bookies=1, copies=1, brokers=2,
+                                  extra=["--auth"]) as (process, ready):
         hosts = ready["service_url"].removeprefix("pulsar://").split(",")
         urls = [f"pulsar://{host}" for host in hosts]
-        assert len(urls) == 2, ready
-        connections = {url: await WireConnection(url).open() for url in urls}
-        client = pulsar.Client(ready["service_url"], operation_timeout_seconds=30)
+        assert len(urls) == 2 and ready["auth"], ready
+        with open(ready["superuser_token_file"], encoding="ascii") as handle:
+            token = handle.read().strip()
+        stranger = await WireConnection(urls[0]).open()   # no credentials: its first request refused
+        try:
+            with pytest.raises((TxnError, ConnectionError)) as refused:
+                await stranger.connect_coordinators()
+            assert isinstance(refused.value, ConnectionError) or "Authentication" in str(refused.value)
+        finally:
+            await stranger.close()
+        connections = {url: await WireConnection(url, token).open() for url in urls}
+        client = pulsar.Client(ready["service_url"], authentication=pulsar.AuthenticationToken(token),
+                               operation_timeout_seconds=30)
         try:
             first = connections[urls[0]]
             coordinator_id = 0
@@ -99,11 +111,11 @@ async def test_a_transaction_whose_coordinator_and_topics_are_on_different_broke
             while True:
                 again = None
                 try:
-                    again = await WireConnection(y).open()
+                    again = await WireConnection(y, token).open()
                     owner = await again.lookup(f"{ASSIGN_TOPIC}-partition-{coordinator_id}")
                     if owner != y:
                         await again.close()
-                        again = await WireConnection(owner).open()
+                        again = await WireConnection(owner, token).open()
                     await again.end(t3, commit=True)
                     break
                 except (TxnError, OSError, ConnectionError, TimeoutError) as error:
