@@ -66,7 +66,8 @@ class TransactionHandlers:
     async def _on_new_txn(self, frame: Frame) -> None:
         request = frame.command.newTxn
         try:
-            txn_id = await self._coordinators().new_txn(request.tc_id, request.txn_ttl_seconds)
+            txn_id = await self._coordinators().new_txn(request.tc_id, request.txn_ttl_seconds,
+                                                         owner=self.role if self.identity is not None else None)
         except MagnetarError as error:
             self.write_command(txn_commands.new_txn_response(request.request_id, None, *_failure(error)))
             return
@@ -78,7 +79,7 @@ class TransactionHandlers:
         try:
             for topic in request.partitions:
                 await self.service.authorizer.check(self.role, TopicName.parse(topic), _PRODUCE)
-            await self._coordinators().add_partitions(txn_id, list(request.partitions))
+            await self._coordinators().add_partitions(txn_id, list(request.partitions), role=self.role)
         except MagnetarError as error:
             self.write_command(txn_commands.add_partition_response(request.request_id, (txn_id.most, txn_id.least),
                                                                    *_failure(error)))
@@ -92,7 +93,7 @@ class TransactionHandlers:
             for subscription in request.subscription:
                 await self.service.authorizer.check(self.role, TopicName.parse(subscription.topic), _CONSUME)
             await self._coordinators().add_subscriptions(
-                txn_id, [(s.topic, s.subscription) for s in request.subscription])
+                txn_id, [(s.topic, s.subscription) for s in request.subscription], role=self.role)
         except MagnetarError as error:
             self.write_command(txn_commands.add_subscription_response(
                 request.request_id, (txn_id.most, txn_id.least), *_failure(error)))
@@ -103,7 +104,7 @@ class TransactionHandlers:
         request = frame.command.endTxn
         txn_id = _txn(request)
         try:
-            await self._coordinators().end(txn_id, commit=request.txn_action == pb.COMMIT)
+            await self._coordinators().end(txn_id, commit=request.txn_action == pb.COMMIT, role=self.role)
         except MagnetarError as error:
             self.write_command(txn_commands.end_txn_response(request.request_id, (txn_id.most, txn_id.least),
                                                              *_failure(error)))

@@ -34,6 +34,7 @@ from typing import Any
 
 from common.errors import (
     AlreadyExists,
+    AuthorizationDenied,
     MagnetarError,
     MetadataVersionConflict,
     NotOwner,
@@ -248,7 +249,13 @@ class TransactionCoordinators:
 
     # --- requests ----------------------------------------------------------------------------------
 
-    async def new_txn(self, coordinator_id: int, txn_ttl: int) -> TxnId:
+    def _check_owner(self, record: TxnRecord, role: str | None) -> None:
+        """Only the role that opened a transaction, or a superuser, may add to it or
+        end it (authentication off: every record's owner is None, anyone may)."""
+        if not record.owned_by(role) and not self._service.authorizer.is_superuser(role):
+            raise AuthorizationDenied(f"role {role!r} did not open transaction {record.txn_id}")
+
+    async def new_txn(self, coordinator_id: int, txn_ttl: int, owner: str | None = None) -> TxnId:
         coordinator = await self.coordinator(coordinator_id)
         if len(coordinator.records) >= self._config.transactions_per_coordinator_max:
             from common.errors import Overloaded
@@ -256,18 +263,19 @@ class TransactionCoordinators:
             raise Overloaded(f"coordinator {coordinator_id} has {len(coordinator.records)} open transactions, "
                              "the most allowed")
         txn_id = await coordinator.store.next_txn_id()
-        record = TxnRecord(txn_id, TxnStatus.OPEN, int(time.time() * 1000) + timeout_ms_for(txn_ttl))
+        record = TxnRecord(txn_id, TxnStatus.OPEN, int(time.time() * 1000) + timeout_ms_for(txn_ttl), owner=owner)
         async with coordinator.lock(txn_id):
             await coordinator.store.write(record)
             coordinator.records[txn_id] = record
         log.debug("transaction opened: txn=%s deadline_ms=%d", txn_id, record.deadline_ms)
         return txn_id
 
-    async def add_partitions(self, txn_id: TxnId, topics: list[str]) -> None:
+    async def add_partitions(self, txn_id: TxnId, topics: list[str], role: str | None = None) -> None:
         names = [str(TopicName.parse(topic)) for topic in topics]
         coordinator = await self.coordinator(self._coordinator_of(txn_id))
         async with coordinator.lock(txn_id):
             record = coordinator.record(txn_id)
+            self._check_owner(record, role)
             updated = record.with_partitions(names)
             if updated != record:
                 # The topics' marks first: a send may follow this answer at once, and
@@ -291,11 +299,13 @@ class TransactionCoordinators:
         while len(self._marked_topics) > ENDED_REMEMBERED:
             self._marked_topics.popitem(last=False)
 
-    async def add_subscriptions(self, txn_id: TxnId, subscriptions: list[tuple[str, str]]) -> None:
+    async def add_subscriptions(self, txn_id: TxnId, subscriptions: list[tuple[str, str]],
+                                role: str | None = None) -> None:
         pairs = [(str(TopicName.parse(topic)), name) for topic, name in subscriptions]
         coordinator = await self.coordinator(self._coordinator_of(txn_id))
         async with coordinator.lock(txn_id):
             record = coordinator.record(txn_id)
+            self._check_owner(record, role)
             updated = record.with_subscriptions(pairs)
             if updated != record:
                 # Marked as a partition's topic is: its new owner must load the
@@ -305,7 +315,7 @@ class TransactionCoordinators:
                 await coordinator.store.write(updated)
                 coordinator.records[txn_id] = updated
 
-    async def end(self, txn_id: TxnId, *, commit: bool) -> None:
+    async def end(self, txn_id: TxnId, *, commit: bool, role: str | None = None) -> None:
         """END_TXN: decides, then returns once every participant has been told (within
         ``transaction_end_timeout_s``; past it the client gets an error and the outcome
         is still carried out)."""
@@ -316,6 +326,9 @@ class TransactionCoordinators:
             from common.errors import InvalidTxnStatus
 
             raise InvalidTxnStatus(f"transaction {txn_id} was {'committed' if coordinator.ended[txn_id] else 'aborted'}")
+        record = coordinator.records.get(txn_id)
+        if record is not None:
+            self._check_owner(record, role)
         task = await self._decide(coordinator, txn_id, commit=commit)
         try:
             async with asyncio.timeout(self._config.transaction_end_timeout_s):

@@ -73,6 +73,12 @@ class TxnRecord:
     deadline_ms: int
     partitions: tuple[str, ...] = ()
     subscriptions: tuple[tuple[str, str], ...] = ()
+    # The role that opened it (None with authentication off): only that role, or a
+    # superuser, may add to it or end it (Pulsar's verifyTxnOwnership).
+    owner: str | None = None
+
+    def owned_by(self, role: str | None) -> bool:
+        return self.owner is None or self.owner == role
 
     @property
     def ending(self) -> bool:
@@ -120,7 +126,7 @@ class TxnRecord:
         return json.dumps({
             "version": FORMAT_VERSION, "txn": self.txn_id.text, "status": self.status.value,
             "deadline_ms": self.deadline_ms, "partitions": list(self.partitions),
-            "subscriptions": [list(pair) for pair in self.subscriptions],
+            "subscriptions": [list(pair) for pair in self.subscriptions], "owner": self.owner,
         }, separators=(",", ":")).encode()
 
     @classmethod
@@ -131,7 +137,8 @@ class TxnRecord:
                 raise ValueError(f"not a version {FORMAT_VERSION} record")
             return cls(TxnId.parse(body["txn"]), TxnStatus(body["status"]), int(body["deadline_ms"]),
                        tuple(str(p) for p in body["partitions"]),
-                       tuple((str(t), str(s)) for t, s in body["subscriptions"]))
+                       tuple((str(t), str(s)) for t, s in body["subscriptions"]),
+                       None if body.get("owner") is None else str(body["owner"]))
         except (ValueError, KeyError, TypeError, AssertionError) as error:
             raise MetadataError(f"undecodable transaction record: {error}") from None
 

@@ -9,7 +9,9 @@ transaction API): ADD_*_TO_TXN and END_TXN to the coordinator's broker, sends an
 to the topics' owner, as the Java client sends them. What others see is read with the
 official client.
 
-Proves: a client without credentials is refused; a commit made on broker X delivers the outputs stored on broker Y and applies
+Proves: a client without credentials is refused; a role that did not open a
+transaction may not end it (AuthorizationError; Pulsar's ownership rule); a commit made
+on broker X delivers the outputs stored on broker Y and applies
 the acknowledgement made on Y; an abort on X hides Y's outputs; a transaction open when
 X is killed is committed afterwards through whichever broker serves its coordinator
 then (its record was in etcd), and its outputs are delivered.
@@ -26,6 +28,7 @@ import pulsar
 import pytest
 
 from bench.fanout_check import running_standalone
+from runtime.tokens import TokenSigner, read_key_value
 from tests.integration.test_standalone_supervision import broker_pid
 from tests.integration.test_transactions import receive_all, topic_name
 from tests.txn_wire import ASSIGN_TOPIC, TxnError, WireConnection
@@ -86,6 +89,18 @@ async def test_a_transaction_whose_coordinator_and_topics_are_on_different_broke
             assert await asyncio.to_thread(receive_all, reader, 1000) == []
             await on_x.end(t1, commit=True)
             assert await asyncio.to_thread(receive_all, reader, 3000) == [b"t1-0", b"t1-1"]
+
+            # Another role may not end (or add to) a transaction it did not open.
+            signer = TokenSigner.with_secret_key(read_key_value(os.path.join(ready["data_dir"], "auth", "secret.key")))
+            intruder = await WireConnection(x, signer.create("intruder")).open()
+            try:
+                theirs = await on_x.new_txn(timeout_ms=120_000, coordinator_id=coordinator_id)
+                with pytest.raises(TxnError) as denied:
+                    await intruder.end(theirs, commit=True)
+                assert "AuthorizationError" in str(denied.value)
+                await on_x.end(theirs, commit=False)
+            finally:
+                await intruder.close()
 
             t2 = await on_x.new_txn(timeout_ms=120_000, coordinator_id=coordinator_id)
             await producer.send(b"t2-0", t2)

@@ -162,3 +162,12 @@ def test_a_message_is_acknowledged_in_one_transaction_at_a_time():
 def test_undecodable_pending_acks_are_a_metadata_error():
     with pytest.raises(MetadataError):
         decode_acks(b"[[1]]")
+
+
+def test_the_opener_owns_a_transaction():
+    record = TxnRecord(A, TxnStatus.OPEN, 0, owner="alice")
+    assert record.owned_by("alice") and not record.owned_by("bob") and not record.owned_by(None)
+    assert TxnRecord.decode(record.encode()) == record
+    anyone = TxnRecord(A, TxnStatus.OPEN, 0)   # authentication off
+    assert anyone.owned_by("bob") and anyone.owned_by(None)
+    assert TxnRecord.decode(anyone.encode()).owner is None
