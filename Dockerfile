@@ -24,6 +24,7 @@ COPY client/ client/
 COPY bundles/ bundles/
 COPY subscriptions/ subscriptions/
 COPY managed_ledger/ managed_ledger/
+COPY transactions/ transactions/
 COPY broker/ broker/
 COPY gateway/ gateway/
 COPY proxy/ proxy/

@@ -14,7 +14,7 @@ DATA_DIR ?= data/standalone
 # make test: pytest-xdist workers (files are spread over them; TEST_WORKERS=0 runs in one process).
 TEST_WORKERS ?= 3
 
-.PHONY: bench-journal bench-ack-state setup proto run test test-times test-unit test-integration test-archive-full test-client-full test-subscriptions-full bench bench-bookie \
+.PHONY: bench-journal bench-ack-state bench-transactions setup proto run test test-times test-unit test-integration test-archive-full test-client-full test-subscriptions-full bench bench-bookie \
 	bench-pulsar partitions bench-subscriptions bench-archive bench-gateway fuzz-gateway fuzz fuzz-broker clean sim chaos fanout-check \
 	pipeline bench-spark test-spark-full test-spark-cluster bench-compaction bench-latency bench-peers-setup bench-peers bench-thread-hop ops-tools
 
@@ -154,6 +154,12 @@ bench: bench-bookie bench-pulsar bench-subscriptions bench-archive bench-gateway
 # to a plain set in the same run (speed is measured here, not in the unit tests).
 bench-ack-state: setup
 	$(PY) bench/ack_state_bench.py --out bench/results/ack_state.json
+
+# Consume-transform-produce in transactions under 20 seeded kills of a client, the
+# broker or a bookie (bench/transactions_chaos.py, a few minutes): fails unless every
+# output is read exactly once. TXN_CHAOS_ARGS="--seed 2 --kills 40" for another draw.
+bench-transactions: setup
+	$(PY) bench/transactions_chaos.py --out bench/results/transactions_chaos.json $(TXN_CHAOS_ARGS)
 
 # The delayed-delivery tracker holding 1,000,000 entries: traced memory against the
 # stated 32 MiB bound (subscriptions/delayed_delivery.py).

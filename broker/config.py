@@ -165,6 +165,22 @@ class BrokerConfig:
     # its run and waits for ever, so that a test can kill -9 the broker there
     # (managed_ledger/compaction.py PAUSE_POINTS).
     compaction_pause_at: str = ""
+    # Transactions (docs/transactions.md). Coordinators: partitions of
+    # pulsar/system/transaction_coordinator_assign (Pulsar's default is 16; one serves a
+    # small cluster, and the count is fixed when the assign topic is first created).
+    transactions_enabled: bool = True
+    transaction_coordinators: int = 4
+    # Open transactions a coordinator keeps (each an etcd record of a few hundred bytes).
+    transactions_per_coordinator_max: int = 10_000
+    # A timed-out transaction is aborted within this interval after its deadline.
+    transaction_sweep_interval_s: float = 1.0
+    # END_TXN waits this long for every participant to be told; past it the client is
+    # answered ServiceNotReady and the outcome is still carried out.
+    transaction_end_timeout_s: float = 30.0
+    # Per topic: transactions open at once, and aborted ones remembered until their
+    # entries are trimmed (an id and a position each).
+    transactions_open_per_topic_max: int = 10_000
+    transactions_aborted_per_topic_max: int = 100_000
     # Per-topic Prometheus series (broker/topic_metrics.py). metrics_topic_level is
     # Pulsar's exposeTopicLevelMetricsInPrometheus (true there too): off, topics are
     # folded into one series per namespace. At most metrics_topics_max topics get series
@@ -252,6 +268,18 @@ class BrokerConfig:
             raise ConfigError("dispatch_entries_max must be in [1, 10000]")
         if not 0.01 <= self.cursor_flush_interval_s <= 60:
             raise ConfigError("cursor_flush_interval_s must be in [0.01, 60]")
+        if not 1 <= self.transaction_coordinators <= 256:
+            raise ConfigError("transaction_coordinators must be in [1, 256]")
+        if not 0.05 <= self.transaction_sweep_interval_s <= 60:
+            raise ConfigError("transaction_sweep_interval_s must be in [0.05, 60]")
+        if not 1 <= self.transaction_end_timeout_s <= 600:
+            raise ConfigError("transaction_end_timeout_s must be in [1, 600]")
+        if not 1 <= self.transactions_per_coordinator_max <= 1_000_000:
+            raise ConfigError("transactions_per_coordinator_max must be in [1, 1000000]")
+        if not 1 <= self.transactions_open_per_topic_max <= 1_000_000:
+            raise ConfigError("transactions_open_per_topic_max must be in [1, 1000000]")
+        if not 1 <= self.transactions_aborted_per_topic_max <= 10_000_000:
+            raise ConfigError("transactions_aborted_per_topic_max must be in [1, 10000000]")
         parse_listeners(self.advertised_listeners)   # raises ConfigError when malformed
         if not 0.05 <= self.policy_check_interval_s <= 3600:
             raise ConfigError("policy_check_interval_s must be in [0.05, 3600]")

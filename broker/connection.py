@@ -79,6 +79,7 @@ from broker.connection_admin import SERVER_VERSION, AdminHandlers
 from broker.connection_consuming import AttachedConsumer, ConsumingHandlers
 from broker.connection_lookups import LookupHandlers
 from broker.connection_producing import ProducingHandlers
+from broker.connection_transactions import TransactionHandlers
 from broker.producer import Producer
 from broker.publish_limits import ReadGate
 from broker.topic_list_watchers import TopicListWatcher
@@ -104,7 +105,8 @@ log = logging.getLogger(__name__)
 T = pb.BaseCommand
 
 
-class ServerConnection(LookupHandlers, ProducingHandlers, ConsumingHandlers, AdminHandlers, asyncio.Protocol):
+class ServerConnection(LookupHandlers, ProducingHandlers, ConsumingHandlers, AdminHandlers, TransactionHandlers,
+                       asyncio.Protocol):
     """The router: the connection's state, its socket and timers, the session, the
     dispatch of each command to its handler; the handlers live in one module per
     concern (mixed in above)."""
@@ -190,6 +192,13 @@ class ServerConnection(LookupHandlers, ProducingHandlers, ConsumingHandlers, Adm
             T.WATCH_TOPIC_LIST_CLOSE: self._on_watch_topic_list_close,
             T.GET_OR_CREATE_SCHEMA: self._spawn(self._on_get_or_create_schema),
             T.CONSUMER_STATS: self._on_consumer_stats,
+            T.TC_CLIENT_CONNECT_REQUEST: self._spawn(self._on_tc_client_connect),
+            T.NEW_TXN: self._spawn(self._on_new_txn),
+            T.ADD_PARTITION_TO_TXN: self._spawn(self._on_add_partition_to_txn),
+            T.ADD_SUBSCRIPTION_TO_TXN: self._spawn(self._on_add_subscription_to_txn),
+            T.END_TXN: self._spawn(self._on_end_txn),
+            T.END_TXN_ON_PARTITION: self._spawn(self._on_end_txn_on_partition),
+            T.END_TXN_ON_SUBSCRIPTION: self._spawn(self._on_end_txn_on_subscription),
         }
 
     # --- asyncio.Protocol --------------------------------------------------------------------

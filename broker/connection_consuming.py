@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from protocol import commands
 from protocol.codec import Frame
+from broker.connection_transactions import has_txn
 from broker import topic_policies
 from broker.authorization import CONSUME
 from broker.consumer import Consumer
@@ -128,6 +129,9 @@ class ConsumingHandlers:
 
     def _on_ack(self, frame: Frame) -> None:
         ack = frame.command.ack
+        if has_txn(ack):
+            self._on_txn_ack(frame)   # pending until the transaction ends (connection_transactions.py)
+            return
         attached = self._attached(ack.consumer_id)
         if attached is None:
             if ack.HasField("request_id"):

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable
 from protocol import commands
 from protocol.batch import message_count
 from protocol.codec import Frame, PayloadChecksumMismatch
+from broker.connection_transactions import has_txn
 from broker import policy_enforcement, schemas, topic_policies
 from broker.authorization import PRODUCE
 from broker.deduplication import Verdict
@@ -165,7 +166,17 @@ class ProducingHandlers:
         # Copy out of the socket buffer once: this bytes object is the entry stored,
         # cached and dispatched from then on.
         payload = bytes(frame.payload.stored)
-        future = topic.publish(producer, payload, send.num_messages)
+        if has_txn(send):
+            try:
+                future = self._publish_in_txn(producer, topic, payload, send)
+            except MagnetarError as error:
+                if topic.dedup is not None:
+                    topic.dedup.on_store_failed(producer.name)
+                self.write_command(commands.send_error(send.producer_id, send.sequence_id, server_error_for(error),
+                                                       error.message))
+                return
+        else:
+            future = topic.publish(producer, payload, send.num_messages)
         stages = self._stages
         if stages is not None:
             # From the bytes' arrival to the append: decoding, checks, and the frames

@@ -42,6 +42,8 @@ from broker.redirect import Destination
 from broker.resources import Resources
 from broker.schema_compatibility import DEFAULT_STRATEGY
 from broker.schemas import SchemaRegistry
+from broker.transaction_coordinator import TransactionCoordinators
+from broker.transaction_peers import TransactionPeers
 from broker.topic import PersistentTopic
 from broker.topic_list_watchers import TopicListWatchers
 from bundles.config import BundlesConfig
@@ -213,6 +215,11 @@ class BrokerService:
         # Subscription expiry and inactive-topic deletion (broker/inactivity.py).
         self.inactivity = InactivitySweeper(self)
         self.archiver = Archiver(archiver_config or ArchiverConfig(), store, ledger_client, self.resources.policies)
+        # Transaction coordinators served here, and the connections on which they tell
+        # other brokers' topics the outcome (broker/transaction_coordinator.py).
+        self.transactions = TransactionCoordinators(self) if config.transactions_enabled else None
+        self.transaction_peers = TransactionPeers(config.transaction_end_timeout_s, token=self.broker_client_token,
+                                                  tls=self.peer_tls.current if config.tls.cert_file else None)
 
     def broker_urls(self, broker_id: str) -> tuple[str, str] | None:
         """(service URL, web service URL) of a live broker, from its load report."""
@@ -345,6 +352,9 @@ class BrokerService:
             await self.resources.create_namespace(NamespaceName(DEFAULT_TENANT, DEFAULT_NAMESPACE))
         except AlreadyExists:
             pass
+        if self.transactions is not None:
+            await self.transactions.start()
+            self._background.spawn(self.transactions.run_sweeps(), name="transaction timeouts")
         self._background.spawn(self._run_retention(), name="retention")
         self._background.spawn(self._run_policies(), name="policies")
         # Policy changes applied when they happen (a set-deduplication at once).
@@ -627,6 +637,15 @@ class BrokerService:
             await ledger.close()
             self.archiver.close_topic(name, archive)
             raise
+        if self.transactions is not None:
+            try:
+                await topic.transactions.recover()
+            except MagnetarError:
+                for subscription in list(topic.subscriptions.values()):
+                    await subscription.close()
+                await ledger.close()
+                self.archiver.close_topic(name, archive)
+                raise
         log.info("topic loaded: topic=%s subscriptions=%d", name, len(topic.subscriptions))
         return topic
 
@@ -800,6 +819,9 @@ class BrokerService:
             await asyncio.gather(self._hand_over_task, return_exceptions=True)
         await self._background.close()
         await cancel_and_wait(*self._loads)
+        if self.transactions is not None:
+            await self.transactions.close()
+        await self.transaction_peers.close()
         if self.leader is not None:
             await self.leader.close()
         if self.ownership is not None:

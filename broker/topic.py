@@ -51,6 +51,7 @@ from broker.deduplication import SNAPSHOT_PROPERTY, Deduplication, snapshot_posi
 from managed_ledger.managed_ledger import ManagedLedger
 from common.position import Position
 from broker.producer import Producer, generated_producer_name
+from broker.topic_transactions import TopicTransactions
 from protocol.proto import pulsar_api_pb2 as pb
 from common.topic_name import TopicName
 from ledger.client import LedgerClient
@@ -169,6 +170,9 @@ class PersistentTopic:
         # subscription of the topic shares.
         self.publish_rate = None
         self.dispatch_throttle = None
+        # Transactions (broker/topic_transactions.py): the buffer, pending acks.
+        self.transactions = TopicTransactions(self, store, open_max=config.transactions_open_per_topic_max,
+                                              aborted_max=config.transactions_aborted_per_topic_max)
 
     # --- loading ---------------------------------------------------------------------------
 
@@ -196,7 +200,10 @@ class PersistentTopic:
                                flush_interval_s=self.config.cursor_flush_interval_s, durable=store is not None)
         if store is not None:
             self._cursor_stores[name] = store
-        subscription = Subscription(name, self.full_name, self.ledger, cursor, mode,
+        # With transactions on, a subscription reads through the topic's transaction
+        # buffer (the max read position; aborted entries and markers skipped).
+        entries = self.transactions.entries_for(cursor) if self.config.transactions_enabled else self.ledger
+        subscription = Subscription(name, self.full_name, entries, cursor, mode,
                             partition_index=self.name.partition_index,
                             entries_max=self.config.dispatch_entries_max, bytes_max=self.config.dispatch_bytes_max,
                             redelivery_counts_max=self.config.redelivery_counts_max,

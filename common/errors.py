@@ -404,6 +404,35 @@ class EncryptionRequired(BrokerError):
     code, http_status = 4041, 412
 
 
+# Transactions (4070-4079): Pulsar's transaction ServerErrors, in our catalogue.
+class TransactionNotFound(BrokerError):
+    """No open transaction has this id: it never existed, or it ended (committed,
+    aborted, timed out) and its record is gone."""
+
+    code, http_status = 4070, 404
+
+
+class InvalidTxnStatus(BrokerError):
+    """The transaction is not in a state that allows the request (a send after commit
+    began, a commit of an aborted transaction)."""
+
+    code, http_status = 4071, 409
+
+
+class TransactionConflict(BrokerError):
+    """A message is acknowledged in one open transaction already, and another
+    transaction acknowledges it too."""
+
+    code, http_status = 4072, 409
+
+
+class TransactionCoordinatorNotFound(BrokerError):
+    """The transaction coordinator asked for does not exist, or this broker does not
+    serve it (the client looks the coordinator's topic up again)."""
+
+    code, retriable, http_status = 4073, True, 503
+
+
 class NotSupported(BrokerError):
     """A feature Magnetar does not offer (e.g. topic compaction): said plainly."""
 

@@ -195,3 +195,38 @@ def replication_lock(ledger_id: int) -> str:
 
 def decommissioned(bookie_id: str) -> str:
     return f"{DECOMMISSIONED}{bookie_id}"
+
+
+# Transactions (transactions/): each coordinator's id counter and one record per open
+# or ending transaction; each subscription's acknowledgements pending in a transaction.
+TRANSACTION_COORDINATORS = "/transactions/coordinators/"
+TRANSACTION_PENDING_ACKS = "/transactions/pending-acks/"
+
+
+def transaction_id_counter(coordinator_id: int) -> str:
+    return f"{TRANSACTION_COORDINATORS}{coordinator_id}/next-id"
+
+
+def transactions_of_coordinator(coordinator_id: int) -> str:
+    return f"{TRANSACTION_COORDINATORS}{coordinator_id}/txns/"
+
+
+def transaction(coordinator_id: int, sequence: int) -> str:
+    assert sequence >= 0, sequence
+    return f"{transactions_of_coordinator(coordinator_id)}{sequence:020d}"
+
+
+def pending_acks_of_topic(topic_key_path: str) -> str:
+    return f"{TRANSACTION_PENDING_ACKS}{topic_key_path}/"
+
+
+def pending_acks(topic_key_path: str, subscription: str, txn_text: str) -> str:
+    from urllib.parse import quote
+
+    return f"{pending_acks_of_topic(topic_key_path)}{quote(subscription, safe='')}/{txn_text}"
+
+
+def transactional_topic(topic_key_path: str) -> str:
+    """Present once a transaction named the topic (ADD_PARTITION_TO_TXN): its owner
+    then rebuilds the topic's transaction buffer when it loads it."""
+    return f"/transactions/topics/{topic_key_path}"

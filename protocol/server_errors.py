@@ -25,6 +25,10 @@ _TABLE: list[tuple[type[errors.MagnetarError], int]] = [
     (errors.TopicTerminated, pb.TopicTerminatedError),
     (errors.TopicFenced, pb.ServiceNotReady),
     (errors.NotOwner, pb.ServiceNotReady),
+    (errors.TransactionNotFound, pb.TransactionNotFound),
+    (errors.InvalidTxnStatus, pb.InvalidTxnStatus),
+    (errors.TransactionConflict, pb.TransactionConflict),
+    (errors.TransactionCoordinatorNotFound, pb.TransactionCoordinatorNotFound),
     (errors.ServiceNotReady, pb.ServiceNotReady),
     (errors.ShuttingDown, pb.ServiceNotReady),
     (errors.NotAllowed, pb.NotAllowedError),
@@ -76,6 +80,10 @@ _BY_SERVER_ERROR: dict[int, type[errors.MagnetarError]] = {
     pb.MetadataError: errors.MetadataError,
     pb.AuthenticationError: errors.AuthenticationFailed,
     pb.AuthorizationError: errors.AuthorizationDenied,
+    pb.TransactionNotFound: errors.TransactionNotFound,
+    pb.InvalidTxnStatus: errors.InvalidTxnStatus,
+    pb.TransactionConflict: errors.TransactionConflict,
+    pb.TransactionCoordinatorNotFound: errors.TransactionCoordinatorNotFound,
 }
 
 

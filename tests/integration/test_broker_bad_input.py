@@ -175,12 +175,13 @@ def test_command_before_connect_is_refused(pulsar_cluster, steady):
 
 
 def test_unknown_command_type_gets_an_error(pulsar_cluster, steady):
-    """A command type the broker does not serve (a transaction command) is answered
-    with ERROR for its request id; the connection still serves lookups afterwards."""
+    """A command type the broker does not serve (TOPIC_MIGRATED, which only brokers
+    send) is answered with ERROR for its request id; the connection still serves lookups
+    afterwards."""
     sock = connect_raw(pulsar_cluster.brokers[0].service_url)
     handshake(sock)
-    # NEW_TXN (type 50) carries its body in a field our .proto does not model.
-    body = bytes([0x08, 0x32]) + bytes([0x92, 0x03, 0x02, 0x08, 0x07])  # type=50, field 50: {request_id: 7}
+    # TOPIC_MIGRATED (type 68) carries its body in a field our .proto does not model.
+    body = bytes([0x08, 0x44]) + bytes([0xA2, 0x04, 0x02, 0x08, 0x07])  # type=68, field 68: {field 1: 7}
     sock.sendall(struct.pack(">II", len(body) + 4, len(body)) + body)
     frames = read_frames(sock, 1)
     assert frames and frames[0].command.type == pb.BaseCommand.ERROR, frames

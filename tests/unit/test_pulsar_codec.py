@@ -199,6 +199,31 @@ SAMPLE_BODIES = {
                                                       deleted_topics=["persistent://t/n/orders-a"],
                                                       topics_hash="4e5f6a7b"),
     BC.WATCH_TOPIC_LIST_CLOSE: pb.CommandWatchTopicListClose(request_id=2, watcher_id=3),
+    # Transactions (PIP-31).
+    BC.TC_CLIENT_CONNECT_REQUEST: pb.CommandTcClientConnectRequest(request_id=1, tc_id=2),
+    BC.TC_CLIENT_CONNECT_RESPONSE: pb.CommandTcClientConnectResponse(request_id=1),
+    BC.NEW_TXN: pb.CommandNewTxn(request_id=1, txn_ttl_seconds=60_000, tc_id=2),
+    BC.NEW_TXN_RESPONSE: pb.CommandNewTxnResponse(request_id=1, txnid_most_bits=2, txnid_least_bits=7),
+    BC.ADD_PARTITION_TO_TXN: pb.CommandAddPartitionToTxn(request_id=1, txnid_most_bits=2, txnid_least_bits=7,
+                                                         partitions=["persistent://t/n/out"]),
+    BC.ADD_PARTITION_TO_TXN_RESPONSE: pb.CommandAddPartitionToTxnResponse(request_id=1, txnid_most_bits=2,
+                                                                          txnid_least_bits=7),
+    BC.ADD_SUBSCRIPTION_TO_TXN: pb.CommandAddSubscriptionToTxn(
+        request_id=1, txnid_most_bits=2, txnid_least_bits=7,
+        subscription=[pb.Subscription(topic="persistent://t/n/in", subscription="work")]),
+    BC.ADD_SUBSCRIPTION_TO_TXN_RESPONSE: pb.CommandAddSubscriptionToTxnResponse(
+        request_id=1, txnid_most_bits=2, txnid_least_bits=7, error=pb.TransactionConflict, message="held"),
+    BC.END_TXN: pb.CommandEndTxn(request_id=1, txnid_most_bits=2, txnid_least_bits=7, txn_action=pb.COMMIT),
+    BC.END_TXN_RESPONSE: pb.CommandEndTxnResponse(request_id=1, txnid_most_bits=2, txnid_least_bits=7),
+    BC.END_TXN_ON_PARTITION: pb.CommandEndTxnOnPartition(request_id=1, txnid_most_bits=2, txnid_least_bits=7,
+                                                         topic="persistent://t/n/out", txn_action=pb.ABORT),
+    BC.END_TXN_ON_PARTITION_RESPONSE: pb.CommandEndTxnOnPartitionResponse(request_id=1, txnid_most_bits=2,
+                                                                          txnid_least_bits=7),
+    BC.END_TXN_ON_SUBSCRIPTION: pb.CommandEndTxnOnSubscription(
+        request_id=1, txnid_most_bits=2, txnid_least_bits=7,
+        subscription=pb.Subscription(topic="persistent://t/n/in", subscription="work"), txn_action=pb.COMMIT),
+    BC.END_TXN_ON_SUBSCRIPTION_RESPONSE: pb.CommandEndTxnOnSubscriptionResponse(request_id=1, txnid_most_bits=2,
+                                                                                txnid_least_bits=7),
 }
 
 _METADATA = pb.MessageMetadata(producer_name="standalone-0-1", sequence_id=2, publish_time=1700000000000,
@@ -231,12 +256,12 @@ def test_every_modelled_command_round_trips(command_type):
 
 
 def test_unmodelled_command_type_passes_through():
-    """A known type whose body this codec does not model (NEW_TXN) decodes; its body
-    stays in unknown fields and the broker decides what to answer."""
-    body = h("0801 1002")                                     # a NewTxn-like body
-    command = h("0832 9203") + bytes([len(body)]) + body      # type=50, field 50
+    """A known type whose body this codec does not model (TOPIC_MIGRATED) decodes; its
+    body stays in unknown fields and the broker decides what to answer."""
+    body = h("0801 1002")                                     # a TopicMigrated-like body
+    command = h("0844 a204") + bytes([len(body)]) + body      # type=68, field 68
     frame = decode_frame(struct.pack(">II", len(command) + 4, len(command)) + command)
-    assert frame.command.type == BC.NEW_TXN
+    assert frame.command.type == BC.TOPIC_MIGRATED
     assert codec.command_body(frame.command) is None
 
 

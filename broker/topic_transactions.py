@@ -1,0 +1,306 @@
+"""A topic's part in transactions (the shell around transactions/buffer.py and
+transactions/pending_acks.py): transactional sends, the markers that end a
+transaction on the topic, what each subscription may read, and acknowledgements
+pending in transactions.
+
+- **Sends**: a SEND with a transaction id opens the transaction in the topic's buffer
+  (its bound: the last confirmed position then) and is appended like any entry, its
+  MessageMetadata carrying the id (stamped here if the client left it out), so the
+  outcome can be matched to entries after a restart.
+- **Reading**: each subscription reads through ``TransactionalEntries``, a view of the
+  managed ledger whose ``last_confirmed`` is the buffer's max read position; entries of
+  aborted transactions and markers are acknowledged on that subscription's cursor as
+  they are read, so the dispatcher skips them as acknowledged (and the cursor moves
+  past them: retention is not held back).
+- **END_TXN_ON_PARTITION**: the decision is applied to the buffer first (an abort hides
+  the entries from that moment; a commit lets readers past them), then a marker entry
+  is appended, and the coordinator is answered once the marker is stored (Qa fsyncs).
+- **Recovery**: a topic that a transaction named (etcd key
+  ``/transactions/topics/<topic>``, written by the coordinator at
+  ADD_PARTITION_TO_TXN and ADD_SUBSCRIPTION_TO_TXN, before the client may send or
+  acknowledge) has its pending acknowledgements loaded and is replayed on load from the
+  slowest cursor's first unacknowledged entry: transactional entries with no marker
+  after them are open again, aborted ones hidden again. Entries before the slowest
+  cursor are acknowledged by every subscription, so their outcome no longer matters.
+- **Acknowledgements in a transaction** are checked for conflicts, written to etcd
+  (transactions/store.py) and only then answered; commit applies them to the cursor and
+  flushes it before the coordinator is answered; abort drops them and asks the
+  dispatcher to deliver them again. Loading the topic restores them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from common.errors import MagnetarError, NotAllowed, ServiceNotReady
+from common.position import ManagedEntry, Position
+from metadata import keys
+from protocol.codec import decode_stored, encode_stored, stored_metadata
+from protocol.proto import pulsar_api_pb2 as pb
+from runtime.eager_future import call_when_done
+from subscriptions.ports import AckedMessage
+from transactions.buffer import MARKER_TXN_ABORT, MARKER_TXN_COMMIT, TransactionBuffer
+from transactions.pending_acks import PendingAck, PendingAcks
+from transactions.records import TxnId
+from transactions.store import PendingAckStore
+
+if TYPE_CHECKING:
+    from broker.producer import Producer
+    from subscriptions.cursor import ManagedCursor
+    from subscriptions.subscription import Subscription
+
+log = logging.getLogger(__name__)
+
+# Entries read per round when a new owner replays a transactional topic.
+REPLAY_ENTRIES_PER_READ = 500
+REPLAY_BYTES_PER_READ = 8 * 1024 * 1024
+MARKER_PRODUCER = "__transaction_marker"
+
+
+# Transactional sends that may wait at once for a topic's mark to be read.
+DEFERRED_SENDS_MAX = 10_000
+
+
+def _pass_on(done: asyncio.Future[Position], waiting: asyncio.Future[Position]) -> None:
+    if waiting.done():
+        return
+    if done.cancelled():
+        waiting.cancel()
+    elif done.exception() is not None:
+        waiting.set_exception(done.exception())
+    else:
+        waiting.set_result(done.result())
+
+
+def txn_of(metadata: pb.MessageMetadata) -> TxnId | None:
+    if not metadata.HasField("txnid_most_bits") and not metadata.HasField("txnid_least_bits"):
+        return None
+    return TxnId(metadata.txnid_most_bits, metadata.txnid_least_bits)
+
+
+def marker_entry(txn_id: TxnId, *, commit: bool) -> bytes:
+    metadata = pb.MessageMetadata(producer_name=MARKER_PRODUCER, sequence_id=0,
+                                  publish_time=int(time.time() * 1000),
+                                  marker_type=MARKER_TXN_COMMIT if commit else MARKER_TXN_ABORT,
+                                  txnid_most_bits=txn_id.most, txnid_least_bits=txn_id.least)
+    return encode_stored(metadata, b"")
+
+
+def stamped(payload: bytes, txn_id: TxnId) -> bytes:
+    """The stored payload with the transaction id in its metadata (the Java client puts
+    it there; a client that does not gets it added, with a new checksum)."""
+    section = decode_stored(payload)
+    if txn_of(section.metadata) == txn_id:
+        return payload
+    metadata = pb.MessageMetadata()
+    metadata.CopyFrom(section.metadata)
+    metadata.txnid_most_bits, metadata.txnid_least_bits = txn_id.most, txn_id.least
+    return encode_stored(metadata, bytes(section.payload))
+
+
+class TransactionalEntries:
+    """What one subscription reads of its topic (subscriptions/ports.EntrySource): the
+    managed ledger up to the max read position, with hidden entries acknowledged on
+    this subscription's cursor as they are read. Everything else is the ledger's."""
+
+    def __init__(self, ledger: Any, owner: "TopicTransactions", cursor: "ManagedCursor") -> None:
+        self._ledger = ledger
+        self._owner = owner
+        self._buffer = owner.buffer
+        self._cursor = cursor
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ledger, name)
+
+    @property
+    def last_confirmed(self) -> Position:
+        return self._buffer.max_read_position(self._ledger.last_confirmed)
+
+    async def read(self, start: Position, count_max: int, bytes_max: int) -> list[ManagedEntry]:
+        if start > self.last_confirmed:
+            return []
+        return self._visible(await self._ledger.read(start, count_max, bytes_max))
+
+    def read_cached(self, start: Position, count_max: int, bytes_max: int) -> list[ManagedEntry] | None:
+        if start > self.last_confirmed:
+            return []
+        entries = self._ledger.read_cached(start, count_max, bytes_max)
+        return None if entries is None else self._visible(entries)
+
+    def _visible(self, entries: list[ManagedEntry]) -> list[ManagedEntry]:
+        buffer = self._buffer
+        if not buffer.used:
+            return entries   # no transaction ever touched the topic: the ledger's own read
+        limit = self.last_confirmed
+        kept = [entry for entry in entries if entry.position <= limit] if buffer.open else entries
+        for entry in kept:
+            try:
+                metadata = stored_metadata(entry.data)
+            except MagnetarError:
+                continue   # the dispatcher logs and skips it
+            if buffer.hides(txn_of(metadata), metadata.marker_type):
+                self._cursor.ack(entry.position)
+        return kept
+
+    def wait_for_entries(self) -> asyncio.Future[None]:
+        """The ledger's own wait (settled eagerly, in the turn the entries are
+        confirmed): a transaction that ends here moves the max read position and then
+        appends its marker, whose confirmation wakes the readers."""
+        return self._ledger.wait_for_entries()
+
+
+class TopicTransactions:
+    """One topic's transactions; ``topic`` is its PersistentTopic (broker/topic.py, which
+    owns this object: not imported here, so the two modules stay acyclic)."""
+
+    def __init__(self, topic: Any, store: Any, *, open_max: int, aborted_max: int) -> None:
+        self._topic = topic
+        self._store = store
+        self.buffer = TransactionBuffer(open_max=open_max, aborted_max=aborted_max)
+        self.pending: dict[str, PendingAcks] = {}
+        self._ack_store = PendingAckStore(store, topic.name.key_path)
+        # A coordinator named this topic in a transaction (the etcd key exists).
+        self.marked = False
+        self._marking: asyncio.Task[None] | None = None
+        # Transactional sends waiting for the mark to be read (``publish``).
+        self._deferred: list[tuple[Any, bytes, int, TxnId, asyncio.Future[Position]]] = []
+
+    def entries_for(self, cursor: "ManagedCursor") -> TransactionalEntries:
+        return TransactionalEntries(self._topic.ledger, self, cursor)
+
+    # --- sends -----------------------------------------------------------------------------------
+
+    def publish(self, producer: "Producer", payload: bytes, num_messages: int, txn_id: TxnId) -> asyncio.Future[Position]:
+        """Appends a transactional send (raises what refuses it: the caller answers
+        SEND_ERROR).
+
+        The topic must be marked (ADD_PARTITION_TO_TXN came first: its coordinator
+        wrote the mark to etcd before answering). A coordinator on another broker cannot
+        tell this one, so a send to a topic not known here as marked waits for the mark
+        to be read from etcd; sends arriving meanwhile queue behind it, in order, and
+        are appended in that order once it is read (or all refused if it is absent)."""
+        if self.marked and not self._deferred:
+            return self._append(producer, payload, num_messages, txn_id)
+        if len(self._deferred) >= DEFERRED_SENDS_MAX:
+            raise ServiceNotReady(f"topic {self._topic.full_name}: {len(self._deferred)} transactional sends wait "
+                                  "for its transaction mark to be read")
+        future: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
+        self._deferred.append((producer, payload, num_messages, txn_id, future))
+        self._refresh_mark()
+        return future
+
+    def _append(self, producer: "Producer", payload: bytes, num_messages: int, txn_id: TxnId) -> asyncio.Future[Position]:
+        self.buffer.begin(txn_id, self._topic.ledger.last_confirmed)
+        return self._topic.publish(producer, stamped(payload, txn_id), num_messages)
+
+    def _refresh_mark(self) -> None:
+        if self._marking is not None and not self._marking.done():
+            return
+
+        async def refresh() -> None:
+            error: MagnetarError | None = None
+            try:
+                self.marked = await self._store.get(keys.transactional_topic(self._topic.name.key_path)) is not None
+            except MagnetarError as failure:
+                error = ServiceNotReady(f"the transaction mark of topic {self._topic.full_name} could not be "
+                                        f"read: {failure}")
+            deferred, self._deferred = self._deferred, []
+            for producer, payload, num_messages, txn_id, future in deferred:
+                if future.done():
+                    continue
+                if error is None and not self.marked:
+                    error = NotAllowed(f"topic {self._topic.full_name} is not part of transaction {txn_id} "
+                                       "(ADD_PARTITION_TO_TXN first)")
+                if error is not None:
+                    future.set_exception(error)
+                    continue
+                try:
+                    stored = self._append(producer, payload, num_messages, txn_id)
+                except MagnetarError as failure:
+                    future.set_exception(failure)
+                    continue
+                call_when_done(stored, lambda done, waiting=future: _pass_on(done, waiting))
+
+        self._marking = asyncio.get_running_loop().create_task(refresh())
+
+    # --- END_TXN_ON_PARTITION ---------------------------------------------------------------------
+
+    async def end(self, txn_id: TxnId, *, commit: bool) -> None:
+        self.buffer.end(txn_id, commit=commit)
+        position = await self._topic.ledger.append(marker_entry(txn_id, commit=commit))
+        self.buffer.marker_stored(txn_id, position)
+        self.buffer.forget_trimmed(self._topic.ledger.first_position)
+        log.info("transaction ended on topic: topic=%s txn=%s action=%s marker=%s", self._topic.full_name, txn_id,
+                 "commit" if commit else "abort", position)
+
+    # --- acknowledgements -------------------------------------------------------------------------
+
+    async def acknowledge(self, subscription: "Subscription", txn_id: TxnId, acks: list[AckedMessage],
+                          *, cumulative: bool) -> None:
+        if cumulative:
+            raise NotAllowed("cumulative acknowledgement in a transaction is not supported")
+        pending = self.pending.setdefault(subscription.name, PendingAcks())
+        entries: list[PendingAck] = [(a.position, a.ack_set, a.batch_size) for a in acks]
+        pending.add(txn_id, entries)
+        try:
+            await self._ack_store.write(subscription.name, txn_id, pending.encode(txn_id))
+        except BaseException:
+            # Not durable: not pending either (the client is told it failed). An
+            # acknowledgement of the same transaction made durable before stays.
+            pending.remove(txn_id, [position for position, _a, _s in entries])
+            raise
+
+    async def end_on_subscription(self, subscription: "Subscription | None", name: str, txn_id: TxnId,
+                                  *, commit: bool) -> None:
+        pending = self.pending.get(name)
+        acks = pending.take(txn_id) if pending is not None else []
+        if subscription is not None and acks:
+            acked = [AckedMessage(position, ack_set, size) for position, ack_set, size in acks]
+            if commit:
+                subscription.acknowledge(None, acked, cumulative=False)
+                # Durable before the coordinator hears it: after this the acknowledgement
+                # survives any crash, and the pending record may go.
+                await subscription.cursor.flush()
+            else:
+                positions = [a.position for a in acked]
+                for consumer in subscription.consumers:
+                    subscription.redeliver(consumer, positions)
+        await self._ack_store.delete(name, txn_id)
+        log.info("transaction ended on subscription: topic=%s subscription=%s txn=%s action=%s acks=%d",
+                 self._topic.full_name, name, txn_id, "commit" if commit else "abort", len(acks))
+
+    # --- recovery -----------------------------------------------------------------------------------
+
+    async def recover(self) -> None:
+        """Rebuilds the buffer and the pending acknowledgements of a topic a
+        transaction named (nothing to do, one etcd read, for any other)."""
+        self.marked = await self._store.get(keys.transactional_topic(self._topic.name.key_path)) is not None
+        if not self.marked:
+            return
+        started = time.monotonic()
+        ledger = self._topic.ledger
+        cursors = [s.cursor.mark_delete_position for s in self._topic.subscriptions.values()]
+        position = ledger.next_position(min(cursors)) if cursors else ledger.first_position
+        before = min(cursors) if cursors else Position(position.ledger_id, position.entry_id - 1)
+        read = 0
+        end = ledger.last_confirmed
+        while position <= end:
+            entries = await ledger.read(position, REPLAY_ENTRIES_PER_READ, REPLAY_BYTES_PER_READ)
+            if not entries:
+                break
+            for entry in entries:
+                metadata = stored_metadata(entry.data)
+                self.buffer.replay(txn_of(metadata), metadata.marker_type, entry.position, before)
+                before = entry.position
+            read += len(entries)
+            position = ledger.next_position(entries[-1].position)
+        for name, by_txn in (await self._ack_store.load()).items():
+            pending = self.pending.setdefault(name, PendingAcks())
+            for txn_id, acks in by_txn.items():
+                pending.add(txn_id, acks)
+        log.info("transaction buffer recovered: topic=%s entries_read=%d open=%d aborted=%d pending_ack_txns=%d "
+                 "seconds=%.3f", self._topic.full_name, read, len(self.buffer.open), len(self.buffer.aborted),
+                 sum(len(p.by_txn) for p in self.pending.values()), time.monotonic() - started)
