@@ -127,7 +127,8 @@ class ClientConnection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(config.connect_timeout_s):
-                context = client_context(TlsConfig(trust_certs_file=config.tls_trust_certs_file),
+                context = client_context(TlsConfig(trust_certs_file=config.tls_trust_certs_file,
+                                                   cert_file=config.tls_cert_file, key_file=config.tls_key_file),
                                          verify_hostname=config.tls_hostname_verification) \
                     if config.tls_enabled else None
                 _, connection = await loop.create_connection(lambda: cls(address, config), host, port, ssl=context,
@@ -139,6 +140,11 @@ class ClientConnection(asyncio.Protocol):
                     connect.auth_data = token.encode()
                     # The broker may then ask for a fresh token when this one expires.
                     connect.feature_flags.supports_auth_refresh = True
+                elif config.auth_basic:
+                    connect.auth_method_name = "basic"
+                    connect.auth_data = config.auth_basic.encode()
+                elif config.tls_cert_file and context is not None:
+                    connect.auth_method_name = "tls"   # the role is the certificate's
                 connection._write(encode_command(wrap(connect)))
                 await connection._connected
         except TimeoutError:

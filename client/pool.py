@@ -97,6 +97,15 @@ class BrokerPool:
             topic=topic, request_id=request_id)), request_id)
         return frame.command.partitionMetadataResponse.partitions
 
+    async def topics_of_namespace(self, namespace: str) -> list[str]:
+        """The persistent topics of ``namespace`` (tenant/namespace), partitions by
+        their partition names (GET_TOPICS_OF_NAMESPACE)."""
+        connection = await self.connection(next(self._next_service))
+        request_id = connection.new_request_id()
+        frame = await connection.request(wrap(pb.CommandGetTopicsOfNamespace(
+            request_id=request_id, namespace=namespace, mode=pb.CommandGetTopicsOfNamespace.PERSISTENT)), request_id)
+        return list(frame.command.getTopicsOfNamespaceResponse.topics)
+
     async def connection_for(self, topic: str) -> ClientConnection:
         return await self.connection(await self.lookup(topic))
 
