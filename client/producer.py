@@ -84,6 +84,10 @@ class Producer:
         self._connection: ClientConnection | None = None
         self._producer_id = 0
         self._next_sequence_id = 0
+        # The version the broker gave this producer's schema (PRODUCER_SUCCESS), written
+        # into every message's metadata as Pulsar's clients do: a consumer reads a
+        # message with the writer's schema of that version.
+        self.schema_version = b""
         self._pending: collections.OrderedDict[int, _PendingSend] = collections.OrderedDict()
         self._pending_messages = 0
         self._reconnect_task: asyncio.Task[None] | None = None
@@ -114,6 +118,7 @@ class Producer:
             raise
         success = frame.command.producer_success
         self.producer_name = success.producer_name
+        self.schema_version = success.schema_version if success.HasField("schema_version") else b""
         if self.resume_sequence_ids and success.last_sequence_id >= 0 and self._next_sequence_id == 0 \
                 and not self._pending:
             self._next_sequence_id = success.last_sequence_id + 1
@@ -195,6 +200,8 @@ class Producer:
         # created without one learns only from PRODUCER_SUCCESS.
         if pending.metadata.producer_name != self.producer_name:
             pending.metadata.producer_name = self.producer_name
+        if self.schema_version and pending.metadata.schema_version != self.schema_version:
+            pending.metadata.schema_version = self.schema_version
         send = pb.CommandSend(producer_id=self._producer_id, sequence_id=pending.sequence_id,
                               num_messages=pending.count)
         if pending.batched:

@@ -11,7 +11,12 @@ one consumer); receive, batch_receive and ``async for``; individual, cumulative 
 negative acknowledgements, the ack timeout and the dead-letter policy; readers seeking
 by id and by time; partitioned topics with key routing; pattern subscriptions;
 schemas; deliver-after; exclusive producers; the producer and consumer carrying on
-after the broker restarts.
+after the broker restarts. Then interoperability with the official client
+(``pulsar-client``), both ways: batches, every codec, keys, ordering keys, properties,
+event times, string/JSON/Avro schemas.
+
+About 65 s for the 78 tests on the loaded 2-core machine (one Magnetar cluster and two
+pulsar-lite processes per module).
 """
 
 from __future__ import annotations
@@ -42,6 +47,12 @@ PULSAR_LITE_GAPS: dict[str, str] = {
                "so no pattern subscription (the official client fails with LookupError)",
     "delay": "deliver_at / deliver_after are ignored: delayed messages are delivered at once",
     "access_mode": "producer access modes are ignored: a second Exclusive producer is accepted",
+    "schema_by_version": "GET_SCHEMA is not answered: the official client's Avro consumer, asking for "
+                         "the writer schema of a message's schema version, waits out its operation "
+                         "timeout, then decodes with its own schema",
+    "redispatch": "now and then an entry is dispatched to a consumer two or three times over, "
+                  "redelivery count 0, no reconnection (the official client's consumer gets the "
+                  "copies as well, seen in 1 of 15 runs of 60 batched messages)",
 }
 
 
@@ -115,6 +126,29 @@ def target(request, tmp_path_factory):
         parted.kill9()
 
 
+# The current test's target and the message ids its consumers got (first_time).
+_CURRENT: dict = {"target": "", "ids": set(), "redispatched": 0}
+
+
+@pytest.fixture(autouse=True)
+def _current_target(request):
+    name = request.getfixturevalue("target").name if "target" in request.fixturenames else ""
+    _CURRENT.update(target=name, ids=set(), redispatched=0)
+    yield
+
+
+def first_time(message) -> bool:
+    """False for a copy of a message this test already received, which only pulsar-lite
+    may send (PULSAR_LITE_GAPS["redispatch"]); against Magnetar every message counts,
+    so a duplicate fails the test's own checks."""
+    key = (message.topic_name(), str(message.message_id()))   # ours or the official client's
+    if key in _CURRENT["ids"] and message.redelivery_count() == 0 and _CURRENT["target"] == "pulsar-lite":
+        _CURRENT["redispatched"] += 1
+        return False
+    _CURRENT["ids"].add(key)
+    return True
+
+
 @pytest.fixture
 async def client(target):
     client = Client(target.service_url, operation_timeout_seconds=15)
@@ -127,6 +161,8 @@ async def drain(consumer, count: int, timeout_s: float = 10.0, ack: bool = True)
     async with asyncio.timeout(timeout_s):
         while len(received) < count:
             message = await consumer.receive()
+            if not first_time(message):
+                continue
             received.append(message)
             if ack:
                 await consumer.acknowledge(message)
@@ -138,6 +174,8 @@ async def nothing_more(consumer, wait_ms: int = 300) -> None:
     receive = consumer.read_next if isinstance(consumer, Reader) else consumer.receive
     with pytest.raises(Timeout):
         message = await receive(timeout_millis=wait_ms)
+        while not first_time(message):
+            message = await receive(timeout_millis=wait_ms)
         raise AssertionError(f"unexpected message {message.data()!r}")
 
 
@@ -196,8 +234,12 @@ async def test_receive_batch_receive_and_async_for(client):
     first = await consumer.receive()
     batch = await consumer.batch_receive(max_num_messages=10, timeout_ms=2_000)
     assert len(batch) == 10
+    for message in (first, *batch):
+        first_time(message)
     rest = []
     async for message in consumer:
+        if not first_time(message):
+            continue
         rest.append(message)
         if len(rest) == 19:
             break
@@ -232,6 +274,8 @@ async def test_shared_splits_exactly_once(client):
                 message = await consumers[index].receive(timeout_millis=500)
             except Timeout:
                 continue
+            if not first_time(message):
+                continue
             seen.append(int(message.data()))
             per_consumer[index] += 1
             await consumers[index].acknowledge(message)
@@ -254,8 +298,9 @@ async def test_failover_gives_one_consumer_everything(client):
         got = 0
         while True:
             try:
-                await consumer.acknowledge(await consumer.receive(timeout_millis=1_000))
-                got += 1
+                message = await consumer.receive(timeout_millis=1_000)
+                await consumer.acknowledge(message)
+                got += first_time(message)
             except Timeout:
                 break
         counts.append(got)
@@ -273,6 +318,8 @@ async def test_key_shared_keeps_each_key_on_one_consumer(client):
         while total < 80:
             for index, consumer in enumerate(consumers):
                 for message in await consumer.batch_receive(max_num_messages=100, timeout_ms=100):
+                    if not first_time(message):
+                        continue
                     owners.setdefault(message.partition_key(), set()).add(index)
                     await consumer.acknowledge(message)
                     total += 1
@@ -509,3 +556,144 @@ async def test_carries_on_after_the_broker_restarts(target, client):
     while got.data() == b"before":     # unacknowledged: delivered again after the restart
         got = await consumer.receive(timeout_millis=30_000)
     assert got.data() == b"after"
+
+
+# --- interoperability with the official client (pulsar-client) ----------------------------
+# One client produces, the other consumes, both ways: batches, each codec, keys, ordering
+# keys, properties, event times, schemas. The official client is threaded (C++): its
+# blocking calls run in a thread so this loop keeps serving ours.
+
+OFFICIAL_CODECS = {
+    CompressionType.NONE: "NONE", CompressionType.LZ4: "LZ4", CompressionType.ZLIB: "ZLib",
+    CompressionType.ZSTD: "ZSTD", CompressionType.SNAPPY: "SNAPPY",
+}
+
+
+@pytest.fixture
+def official(target):
+    import pulsar
+
+    # Against pulsar-lite a short operation timeout: its unanswered GET_SCHEMA
+    # (PULSAR_LITE_GAPS["schema_by_version"]) costs the official consumer that long.
+    timeout_s = 2 if target.name == "pulsar-lite" else 15
+    official = pulsar.Client(target.service_url, operation_timeout_seconds=timeout_s)
+    yield official
+    official.close()
+
+
+def official_send_all(producer, count: int) -> None:
+    """``count`` messages through the official producer's batching (send_async), flushed."""
+    import pulsar
+
+    failures = []
+    for i in range(count):
+        producer.send_async(b"official %d" % i, lambda result, _id: failures.append(result)
+                            if result != pulsar.Result.Ok else None,
+                            properties={"i": str(i)}, partition_key=f"k{i % 4}", ordering_key=f"o{i % 2}",
+                            event_timestamp=5_000 + i)
+    producer.flush()
+    assert failures == []
+
+
+@pytest.mark.parametrize("codec", list(OFFICIAL_CODECS), ids=[c.name for c in OFFICIAL_CODECS])
+async def test_official_produces_ours_consumes(client, official, codec):
+    import pulsar
+
+    topic = unique_topic("interop-in")
+    consumer = await client.subscribe(topic, "ours", initial_position=InitialPosition.Earliest)
+    producer = await asyncio.to_thread(
+        official.create_producer, topic, batching_enabled=True, batching_max_messages=20,
+        batching_max_publish_delay_ms=50, compression_type=getattr(pulsar.CompressionType, OFFICIAL_CODECS[codec]))
+    await asyncio.to_thread(official_send_all, producer, 60)
+    received = await drain(consumer, 60)
+    assert [m.data() for m in received] == [b"official %d" % i for i in range(60)]
+    assert [m.properties() for m in received] == [{"i": str(i)} for i in range(60)]
+    assert [m.partition_key() for m in received] == [f"k{i % 4}" for i in range(60)]
+    assert [m.ordering_key() for m in received] == [f"o{i % 2}" for i in range(60)]
+    assert [m.event_timestamp() for m in received] == [5_000 + i for i in range(60)]
+    assert sum(1 for m in received if m.message_id().batch_index >= 0) >= 40, "the official client batched"
+    await asyncio.to_thread(producer.close)
+    await nothing_more(consumer)
+
+
+@pytest.mark.parametrize("codec", list(OFFICIAL_CODECS), ids=[c.name for c in OFFICIAL_CODECS])
+async def test_ours_produces_official_consumes(client, official, codec):
+    import pulsar
+
+    topic = unique_topic("interop-out")
+    theirs = await asyncio.to_thread(official.subscribe, topic, "theirs",
+                                     initial_position=pulsar.InitialPosition.Earliest)
+    producer = await client.create_producer(topic, compression_type=codec, batching_max_messages=20)
+    ids = await asyncio.gather(*(producer.send(b"ours %d" % i, properties={"i": str(i)}, partition_key=f"k{i % 4}",
+                                               ordering_key=f"o{i % 2}", event_timestamp=7_000 + i)
+                                 for i in range(60)))
+    assert sum(1 for i in ids if i.batch_index >= 0) >= 40, "ours batched"
+
+    def receive_all() -> list:
+        got = []
+        while len(got) < 60:
+            message = theirs.receive(10_000)
+            theirs.acknowledge(message)
+            if first_time(message):
+                got.append(message)
+        return got
+
+    received = await asyncio.to_thread(receive_all)
+    assert [m.data() for m in received] == [b"ours %d" % i for i in range(60)]
+    assert [m.properties() for m in received] == [{"i": str(i)} for i in range(60)]
+    assert [m.partition_key() for m in received] == [f"k{i % 4}" for i in range(60)]
+    assert [m.ordering_key() for m in received] == [f"o{i % 2}" for i in range(60)]
+    assert [m.event_timestamp() for m in received] == [7_000 + i for i in range(60)]
+    assert [(m.message_id().ledger_id(), m.message_id().entry_id(), m.message_id().batch_index())
+            for m in received] == [(i.ledger_id, i.entry_id, i.batch_index) for i in ids]
+    await asyncio.to_thread(theirs.close)
+
+
+@pytest.mark.parametrize("kind", ["string", "json", "avro"])
+async def test_schemas_across_clients(client, official, kind):
+    """A value written by one client's schema is read by the other's, both ways."""
+    import pulsar
+    from pulsar.schema import AvroSchema as OfficialAvro, Double, JsonSchema as OfficialJson, Record, String
+    from pulsar.schema import StringSchema as OfficialString
+
+    class Reading(Record):
+        sensor = String()
+        value = Double()
+
+    ours_schema, theirs_schema = {
+        "string": (StringSchema(), OfficialString()),
+        "json": (JsonSchema(Reading), OfficialJson(Reading)),
+        "avro": (AvroSchema(Reading), OfficialAvro(Reading)),
+    }[kind]
+    topic = unique_topic(f"interop-{kind}")
+    theirs_consumer = await asyncio.to_thread(official.subscribe, topic, "theirs", schema=theirs_schema,
+                                              initial_position=pulsar.InitialPosition.Earliest)
+    ours_consumer = await client.subscribe(topic, "ours", schema=ours_schema,
+                                           initial_position=InitialPosition.Earliest)
+    theirs_producer = await asyncio.to_thread(official.create_producer, topic, schema=theirs_schema)
+    ours_producer = await client.create_producer(topic, schema=ours_schema)
+    if kind == "string":
+        sent = ["from theirs: é", "from ours: ü"]
+        await asyncio.to_thread(theirs_producer.send, sent[0])
+        await ours_producer.send(sent[1])
+    else:
+        sent = [{"sensor": "theirs", "value": 1.5}, {"sensor": "ours", "value": -2.25}]
+        await asyncio.to_thread(theirs_producer.send, Reading(**sent[0]))
+        await ours_producer.send(sent[1])
+    ours_got = [m.value() for m in await drain(ours_consumer, 2)]
+
+    def receive_two() -> list:
+        values = []
+        while len(values) < 2:
+            message = theirs_consumer.receive(10_000)
+            theirs_consumer.acknowledge(message)
+            if not first_time(message):
+                continue
+            value = message.value()
+            values.append(value if kind == "string" else {"sensor": value.sensor, "value": value.value})
+        return values
+
+    assert ours_got == sent
+    assert await asyncio.to_thread(receive_two) == sent
+    await asyncio.to_thread(theirs_producer.close)
+    await asyncio.to_thread(theirs_consumer.close)
