@@ -41,7 +41,7 @@ from client.schema import AvroSchema, BytesSchema, JsonSchema, Schema, StringSch
 __all__ = [
     "Client", "Producer", "Consumer", "Reader", "Message", "MessageId", "ConsumerType", "InitialPosition",
     "CompressionType", "PartitionsRoutingMode", "ProducerAccessMode", "DeadLetterPolicy", "AuthenticationToken",
-    "AuthenticationBasic", "AuthenticationTLS", "Schema", "BytesSchema", "StringSchema", "JsonSchema", "AvroSchema",
+    "AuthenticationBasic", "AuthenticationTLS", "TLS", "Schema", "BytesSchema", "StringSchema", "JsonSchema", "AvroSchema",
     "PulsarException", "Timeout", "TopicNotFound", "ProducerBusy", "ConsumerBusy", "ProducerQueueIsFull",
     "AuthenticationError", "AuthorizationError", "IncompatibleSchema", "AlreadyClosed", "NotConnected",
     "ProducerFenced", "TopicTerminated", "InvalidConfiguration", "SubscriptionNotFound",
@@ -106,20 +106,42 @@ class AuthenticationTLS:
         return dataclasses.replace(config, tls_cert_file=self.certificate_path, tls_key_file=self.private_key_path)
 
 
+@dataclasses.dataclass(frozen=True)
+class TLS:
+    """TLS toward brokers (with a ``pulsar+ssl://`` service URL): the CA file that signs
+    their certificates (None: the system's trust store), whether their host names are
+    checked, and for mutual TLS this client's certificate and key (PEM files)."""
+
+    trust_certs_file: str | None = None
+    validate_hostname: bool = False
+    certificate_file: str | None = None
+    private_key_file: str | None = None
+
+
 def _schema(schema: Schema | None) -> Schema:
     return schema if schema is not None else BytesSchema()
 
 
 class Client:
-    def __init__(self, service_url: str, authentication: Any = None, *, operation_timeout_seconds: float = 30,
+    def __init__(self, service_url: str, authentication: Any = None, *, auth: Any = None, tls: TLS | None = None,
+                 operation_timeout_seconds: float = 30,
                  connection_timeout_ms: int = 10_000, tls_trust_certs_file_path: str | None = None,
                  tls_validate_hostname: bool = False, tls_certificate_file_path: str | None = None,
                  tls_private_key_file_path: str | None = None, keep_alive_interval_seconds: float = 30,
                  config: ClientConfig | None = None) -> None:
         """``service_url``: pulsar://host:port[,host:port] (brokers or a proxy), or
-        pulsar+ssl:// for TLS. ``authentication``: AuthenticationToken,
-        AuthenticationBasic or AuthenticationTLS. ``config`` sets every other limit
-        (client/config.py)."""
+        pulsar+ssl:// for TLS. ``auth`` (or ``authentication``, the official client's
+        name): AuthenticationToken, AuthenticationBasic or AuthenticationTLS. ``tls``:
+        a TLS (or the official client's tls_* arguments). ``config`` sets every other
+        limit (client/config.py)."""
+        if auth is not None and authentication is not None:
+            raise InvalidArgument("give auth or authentication, not both")
+        authentication = auth if auth is not None else authentication
+        if tls is not None:
+            tls_trust_certs_file_path = tls.trust_certs_file or tls_trust_certs_file_path
+            tls_validate_hostname = tls.validate_hostname
+            tls_certificate_file_path = tls.certificate_file or tls_certificate_file_path
+            tls_private_key_file_path = tls.private_key_file or tls_private_key_file_path
         config = config or ClientConfig()
         config = dataclasses.replace(
             config, operation_timeout_ms=int(operation_timeout_seconds * 1000), connect_timeout_ms=connection_timeout_ms,
