@@ -12,6 +12,9 @@ Theory of operation:
   per entry.
 - ``send`` returns the message id once the broker's receipt says the entry is durable;
   ``send_async`` takes a callback ``(error or None, message_id)`` instead. A message
+  without a receipt ``send_timeout_millis`` after it was queued fails with
+  OperationTimeout (pulsar's Timeout): one periodic check over the messages in queue
+  order, not a timer per message (it may still be stored). A message
   with an explicit ``sequence_id`` starts a new batch unless it follows the previous
   one's id (the broker deduplicates by producer name and sequence id).
 - At most ``max_pending_messages`` messages await receipts across the partitions:
@@ -25,6 +28,7 @@ Theory of operation:
 from __future__ import annotations
 
 import asyncio
+import collections
 import enum
 import random
 import time
@@ -32,6 +36,7 @@ from typing import Any, Callable, Mapping
 
 from common.errors import InvalidArgument, MagnetarError, OperationTimeout, ShuttingDown, TooManyRequests
 from protocol.proto import pulsar_api_pb2 as pb
+from runtime.tasks import cancel_and_wait, every
 
 from client.messages import MessageId, OutgoingMessage
 from client.producer import Producer as PartitionProducer
@@ -111,6 +116,22 @@ class Producer:
         self._room.set()
         self._on_closed = on_closed
         self._closed = False
+        # (deadline, future) of each message awaiting its receipt, in the order queued.
+        self._deadlines: collections.deque[tuple[float, asyncio.Future]] = collections.deque()
+        self._expiry: asyncio.Task | None = None
+        if self.send_timeout_s is not None:
+            self._expiry = asyncio.get_running_loop().create_task(
+                every(min(0.1, self.send_timeout_s / 4), self._expire), name=f"send timeouts {topic}")
+
+    def _expire(self, now_s: float) -> bool:
+        deadlines = self._deadlines
+        while deadlines and (deadlines[0][1].done() or deadlines[0][0] <= now_s):
+            _, future = deadlines.popleft()
+            if not future.done():
+                future.set_exception(OperationTimeout(
+                    f"no receipt for a message on {self._topic} within {self.send_timeout_s:g} s "
+                    "(it may still be stored)"))
+        return not self._closed
 
     # --- about ------------------------------------------------------------------------------
 
@@ -141,16 +162,8 @@ class Producer:
         while self._pending >= self.max_pending_messages and self.block_if_queue_full and not self._closed:
             self._room.clear()
             await self._room.wait()
-        future = self._submit(content, properties, partition_key, ordering_key, sequence_id, event_timestamp,
-                              deliver_at, deliver_after)
-        if self.send_timeout_s is None:
-            return await future
-        try:
-            async with asyncio.timeout(self.send_timeout_s):
-                return await asyncio.shield(future)
-        except TimeoutError:
-            raise OperationTimeout(f"no receipt for a message on {self._topic} within "
-                                   f"{self.send_timeout_s:g} s (it may still be stored)") from None
+        return await self._submit(content, properties, partition_key, ordering_key, sequence_id, event_timestamp,
+                                  deliver_at, deliver_after)
 
     def send_async(self, content: Any, callback: SendCallback | None = None, **options) -> asyncio.Future:
         """Queues one message without waiting; ``callback(error, message_id)`` is called
@@ -185,6 +198,12 @@ class Producer:
         future = asyncio.get_running_loop().create_future()
         future.add_done_callback(self._on_done)
         self._pending += 1
+        if self._expiry is not None:
+            deadlines = self._deadlines
+            if len(deadlines) > 2 * self.max_pending_messages + 1_000:
+                # Receipts came out of queue order (partitions): drop the settled ones.
+                self._deadlines = deadlines = collections.deque(d for d in deadlines if not d[1].done())
+            deadlines.append((time.monotonic() + self.send_timeout_s, future))
         if sequence_id is not None:
             expected = partition._next_sequence_id + len(batch.messages)
             if sequence_id != expected:
@@ -288,6 +307,8 @@ class Producer:
         finally:
             self._closed = True
             self._room.set()
+            if self._expiry is not None:
+                await cancel_and_wait(self._expiry)
             self._on_closed(self)
             for partition in self._partitions:
                 await partition.close()

@@ -1,0 +1,240 @@
+"""The public asyncio client (magnetar.client) against the official client's asyncio
+API (``pulsar.asyncio``, pulsar-client) in one run, against two brokers: Magnetar (etcd,
+one bookie, one broker, one copy) and pulsar-lite (a Pulsar-protocol broker compiled
+from Rust). ``make bench-client`` writes bench/results/client_bench.json.
+
+Workloads, each in a client process of its own (the client is what is measured: one
+process, one event loop, as an asyncio service would run it):
+
+- produce: MESSAGES messages of MESSAGE_BYTES to a fresh topic, WINDOW sends in flight
+  (``await producer.send`` gathered in windows: the only send the official asyncio API
+  has; ours the same, so the call pattern is equal), batching on with each client's
+  defaults; the rate counts until the last receipt.
+- drain: a backlog of MESSAGES messages (written beforehand, batched) read from the
+  earliest position by one exclusive consumer, ``await receive()`` then
+  ``await acknowledge(message)`` per message; the rate counts from subscribing to the
+  last message.
+
+Reported per broker and workload: each client's msgs/s and the client process's CPU
+seconds per 100,000 messages, and ours / official as a ratio (the issue's aims: drain
+>= 5x, publish >= 2x). Both clients run the same case back to back, alternating which
+goes first over the repeats, and the ratio is of the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+MESSAGES = 50_000
+MESSAGE_BYTES = 256
+WINDOW = 1_000
+CASE_TIMEOUT_S = 300
+
+
+# --- the client processes --------------------------------------------------------------------
+
+async def _produce_ours(url: str, topic: str, count: int, size: int, window: int) -> float:
+    from magnetar.client import Client
+
+    payload = b"x" * size
+    async with Client(url) as client:
+        producer = await client.create_producer(topic, max_pending_messages=max(window, 1_000))
+        start = time.perf_counter()
+        for base in range(0, count, window):
+            await asyncio.gather(*(producer.send(payload) for _ in range(min(window, count - base))))
+        elapsed = time.perf_counter() - start
+        await producer.close()
+    return elapsed
+
+
+async def _produce_official(url: str, topic: str, count: int, size: int, window: int) -> float:
+    import pulsar.asyncio
+
+    payload = b"x" * size
+    client = pulsar.asyncio.Client(url)
+    try:
+        producer = await client.create_producer(topic, max_pending_messages=max(window, 1_000))
+        start = time.perf_counter()
+        for base in range(0, count, window):
+            await asyncio.gather(*(producer.send(payload) for _ in range(min(window, count - base))))
+        elapsed = time.perf_counter() - start
+        await producer.close()
+    finally:
+        await client.close()
+    return elapsed
+
+
+async def _drain_ours(url: str, topic: str, count: int) -> float:
+    from magnetar.client import Client, InitialPosition
+
+    async with Client(url) as client:
+        start = time.perf_counter()
+        consumer = await client.subscribe(topic, "drain", initial_position=InitialPosition.Earliest)
+        for _ in range(count):
+            message = await consumer.receive()
+            await consumer.acknowledge(message)
+        elapsed = time.perf_counter() - start
+        await consumer.close()
+    return elapsed
+
+
+async def _drain_official(url: str, topic: str, count: int) -> float:
+    import pulsar
+    import pulsar.asyncio
+
+    client = pulsar.asyncio.Client(url)
+    try:
+        start = time.perf_counter()
+        consumer = await client.subscribe(topic, "drain", initial_position=pulsar.InitialPosition.Earliest)
+        for _ in range(count):
+            message = await consumer.receive()
+            await consumer.acknowledge(message)
+        elapsed = time.perf_counter() - start
+        await consumer.close()
+    finally:
+        await client.close()
+    return elapsed
+
+
+async def _fill(url: str, topic: str, count: int, size: int) -> None:
+    """A backlog for a drain, written by our client (batched, fast)."""
+    from magnetar.client import Client
+
+    payload = b"y" * size
+    async with Client(url) as client:
+        producer = await client.create_producer(topic, max_pending_messages=10_000, batching_max_messages=1_000)
+        for base in range(0, count, 5_000):
+            await asyncio.gather(*(producer.send(payload) for _ in range(min(5_000, count - base))))
+        await producer.close()
+
+
+def worker(args: argparse.Namespace) -> None:
+    cpu_start = time.process_time()
+    if args.workload == "produce":
+        run = _produce_ours if args.client == "ours" else _produce_official
+        elapsed = asyncio.run(run(args.url, args.topic, args.messages, args.message_bytes, args.window))
+    elif args.workload == "drain":
+        run = _drain_ours if args.client == "ours" else _drain_official
+        elapsed = asyncio.run(run(args.url, args.topic, args.messages))
+    else:
+        asyncio.run(_fill(args.url, args.topic, args.messages, args.message_bytes))
+        elapsed = 0.0
+    cpu_s = time.process_time() - cpu_start
+    print(json.dumps({"elapsed_s": elapsed, "cpu_s": cpu_s}), flush=True)
+
+
+def run_worker(client: str, workload: str, url: str, topic: str, args: argparse.Namespace) -> dict:
+    command = [sys.executable, os.path.abspath(__file__), "--worker", "--client", client, "--workload", workload,
+               "--url", url, "--topic", topic, "--messages", str(args.messages),
+               "--message-bytes", str(args.message_bytes), "--window", str(args.window)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=CASE_TIMEOUT_S)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"{client} {workload} against {url} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    result = json.loads(lines[-1])
+    if workload != "fill":
+        result["msgs_per_s"] = args.messages / result["elapsed_s"]
+        result["cpu_s_per_100k"] = result["cpu_s"] * 100_000 / args.messages
+    return result
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+def measure(broker: str, url: str, args: argparse.Namespace) -> dict:
+    results: dict = {}
+    for workload in ("produce", "drain"):
+        runs: dict[str, list[dict]] = {"ours": [], "official": []}
+        for repeat in range(args.repeat):
+            order = ("ours", "official") if repeat % 2 == 0 else ("official", "ours")
+            for client in order:
+                topic = f"persistent://public/default/bench-{workload}-{client}-{uuid.uuid4().hex[:8]}"
+                if workload == "drain":
+                    run_worker("ours", "fill", url, topic, args)
+                result = run_worker(client, workload, url, topic, args)
+                runs[client].append(result)
+                print(f"{broker} {workload} {client}: {result['msgs_per_s']:,.0f} msgs/s, "
+                      f"{result['cpu_s_per_100k']:.1f} CPU-s per 100k", file=sys.stderr, flush=True)
+        summary = {client: {"msgs_per_s_median": statistics.median(r["msgs_per_s"] for r in client_runs),
+                            "cpu_s_per_100k_median": statistics.median(r["cpu_s_per_100k"] for r in client_runs),
+                            "runs": client_runs}
+                   for client, client_runs in runs.items()}
+        summary["ratio_ours_to_official"] = (summary["ours"]["msgs_per_s_median"]
+                                             / summary["official"]["msgs_per_s_median"])
+        results[workload] = summary
+    return results
+
+
+async def with_magnetar(args: argparse.Namespace) -> dict:
+    from bench.harness import bench_cluster
+
+    async with bench_cluster("client-bench-", directory=None, keep_data=False) as cluster:
+        await cluster.start_bookies(1)
+        await cluster.start_brokers(1, extra_args=["--ensemble-size", "1", "--write-quorum", "1",
+                                                   "--ack-quorum", "1"])
+        return await asyncio.to_thread(measure, "magnetar", cluster.brokers[0].service_url, args)
+
+
+async def with_pulsar_lite(args: argparse.Namespace) -> dict:
+    from tests.pulsar_lite import PulsarLiteProcess
+
+    base = tempfile.mkdtemp(prefix="client-bench-lite-")
+    lite = PulsarLiteProcess(base)
+    try:
+        await lite.start()
+        return await asyncio.to_thread(measure, "pulsar-lite", lite.service_url, args)
+    finally:
+        lite.kill9()
+        import shutil
+
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="bench/results/client_bench.json")
+    parser.add_argument("--messages", type=int, default=MESSAGES)
+    parser.add_argument("--message-bytes", type=int, default=MESSAGE_BYTES)
+    parser.add_argument("--window", type=int, default=WINDOW)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--brokers", default="magnetar,pulsar-lite")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--client", choices=["ours", "official"], help=argparse.SUPPRESS)
+    parser.add_argument("--workload", choices=["produce", "drain", "fill"], help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
+    parser.add_argument("--topic", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return 0
+    report: dict = {"what": "magnetar.client against pulsar.asyncio (pulsar-client), same run",
+                    "messages": args.messages, "message_bytes": args.message_bytes, "window": args.window,
+                    "repeat": args.repeat, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "load_average_at_start": os.getloadavg(), "brokers": {}}
+    for broker in args.brokers.split(","):
+        run = {"magnetar": with_magnetar, "pulsar-lite": with_pulsar_lite}[broker]
+        report["brokers"][broker] = asyncio.run(run(args))
+    report["load_average_at_end"] = os.getloadavg()
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as handle:
+        json.dump(report, handle, indent=2)
+    for broker, results in report["brokers"].items():
+        for workload, summary in results.items():
+            print(f"{broker:12} {workload:8} ours {summary['ours']['msgs_per_s_median']:>9,.0f} msgs/s  "
+                  f"official {summary['official']['msgs_per_s_median']:>9,.0f} msgs/s  "
+                  f"ratio {summary['ratio_ours_to_official']:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
