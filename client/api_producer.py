@@ -178,6 +178,11 @@ class Producer:
                                      else callback(None, done.result()))
         return future
 
+    def send_nowait(self, content: Any, **options) -> asyncio.Future:
+        """``send_async`` without a callback: queues one message and returns the future
+        of its id (awaiting it later gives the id or the failure)."""
+        return self.send_async(content, None, **options)
+
     def _submit(self, content: Any, properties, partition_key, ordering_key, sequence_id, event_timestamp,
                 deliver_at, deliver_after) -> asyncio.Future:
         if self._closed:

@@ -220,10 +220,14 @@ async def test_send_async_callbacks_and_flush(client):
     results = []
     for i in range(10):
         producer.send_async(b"%d" % i, lambda error, message_id: results.append((error, message_id)))
+    later = [producer.send_nowait(b"nowait %d" % i, properties={"n": str(i)}) for i in range(5)]
     await producer.flush()
     assert len(results) == 10 and all(error is None for error, _ in results)
     assert len({message_id for _, message_id in results}) == 10
-    assert len(await drain(consumer, 10)) == 10
+    assert len({await future for future in later}) == 5
+    received = await drain(consumer, 15)
+    assert [m.data() for m in received[10:]] == [b"nowait %d" % i for i in range(5)]
+    assert [m.properties() for m in received[10:]] == [{"n": str(i)} for i in range(5)]
 
 
 async def test_receive_batch_receive_and_async_for(client):
