@@ -167,7 +167,7 @@ bench-compaction: setup
 	$(PY) bench/compaction_bench.py --out bench/results/compaction.json
 
 # The public asyncio client (magnetar.client) against the official client's asyncio API
-# (pulsar.asyncio) in one run, against Magnetar and pulsar-lite (about 5-10 minutes):
+# (pulsar.asyncio) in one run, against Magnetar and pulsar-lite (about 10-15 minutes here):
 # produce and drain rates, client CPU per message, ours / official as ratios
 # (bench/client_bench.py, docs/client.md "Speed").
 CLIENT_BENCH_ARGS ?=
