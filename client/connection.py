@@ -120,9 +120,11 @@ class ClientConnection(asyncio.Protocol):
     # --- opening ---------------------------------------------------------------------------
 
     @classmethod
-    async def open(cls, address: str, config: ClientConfig) -> "ClientConnection":
+    async def open(cls, address: str, config: ClientConfig, proxy_to_broker_url: str = "") -> "ClientConnection":
         """Connects and completes the handshake, both within ``connect_timeout_ms``.
-        Raises ServiceNotReady (retriable) when the broker cannot be reached."""
+        Raises ServiceNotReady (retriable) when the broker cannot be reached. With
+        ``proxy_to_broker_url``, ``address`` is a proxy and the CONNECT names the broker
+        it is to pipe this connection to."""
         host, port = parse_address(address)
         loop = asyncio.get_running_loop()
         try:
@@ -134,6 +136,8 @@ class ClientConnection(asyncio.Protocol):
                 _, connection = await loop.create_connection(lambda: cls(address, config), host, port, ssl=context,
                                                              server_hostname=host if context else None)
                 connect = pb.CommandConnect(client_version=CLIENT_VERSION, protocol_version=PROTOCOL_VERSION)
+                if proxy_to_broker_url:
+                    connect.proxy_to_broker_url = proxy_to_broker_url
                 token = connection._token()
                 if token:
                     connect.auth_method_name = "token"
