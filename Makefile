@@ -14,7 +14,7 @@ DATA_DIR ?= data/standalone
 # make test: pytest-xdist workers (files are spread over them; TEST_WORKERS=0 runs in one process).
 TEST_WORKERS ?= 3
 
-.PHONY: bench-journal bench-ack-state bench-transactions setup proto run test test-times test-unit test-integration test-archive-full test-client-full test-subscriptions-full bench bench-bookie \
+.PHONY: bench-journal bench-ack-state bench-transactions bench-client setup proto run test test-times test-unit test-integration test-archive-full test-client-full test-subscriptions-full bench bench-bookie \
 	bench-pulsar partitions bench-subscriptions bench-archive bench-gateway fuzz-gateway fuzz fuzz-broker clean sim chaos fanout-check \
 	pipeline bench-spark test-spark-full test-spark-cluster bench-compaction bench-latency bench-peers-setup bench-peers bench-thread-hop ops-tools
 
@@ -171,6 +171,14 @@ bench-delayed-delivery: setup
 # latest-key table spills to SQLite).
 bench-compaction: setup
 	$(PY) bench/compaction_bench.py --out bench/results/compaction.json
+
+# The public asyncio client (magnetar.client) against the official client's asyncio API
+# (pulsar.asyncio) in one run, against Magnetar and pulsar-lite (about 10-15 minutes here):
+# produce and drain rates, client CPU per message, ours / official as ratios
+# (bench/client_bench.py, docs/client.md "Speed").
+CLIENT_BENCH_ARGS ?=
+bench-client: setup
+	$(PY) bench/client_bench.py --out bench/results/client_bench.json $(CLIENT_BENCH_ARGS)
 
 bench-bookie: setup
 	$(PY) bench/bookie_bench.py --out bench/results/bookie.json

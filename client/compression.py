@@ -1,4 +1,4 @@
-"""Payloads compressed by a producer, decompressed for a consumer: the four codecs of
+"""Payloads compressed for a producer (``compress``), decompressed for a consumer: the four codecs of
 Pulsar's ``CompressionType`` in the forms the official clients write them — ZLIB (a
 zlib stream), LZ4 (a raw LZ4 block, no frame), ZSTD (a zstd frame) and SNAPPY (raw
 snappy, no framing). Pure: bytes in, bytes out.
@@ -58,3 +58,18 @@ def decompress(codec: int, payload: bytes | memoryview, size: int) -> bytes:
     if written != size:
         raise MalformedFrame(f"{name} payload decompresses to {written} bytes, not uncompressed_size {size}")
     return bytes(output[:size])
+
+
+def compress(codec: int, payload: bytes) -> bytes:
+    """``payload`` compressed with ``codec`` (one of CODECS) in the form the official
+    clients write it, so their consumers (and ``decompress``) read it."""
+    assert codec in CODECS, codec
+    if codec == pb.ZLIB:
+        return zlib.compress(payload)
+    import cramjam
+
+    if codec == pb.LZ4:
+        return bytes(cramjam.lz4.compress_block(payload, store_size=False))
+    if codec == pb.ZSTD:
+        return bytes(cramjam.zstd.compress(payload))
+    return bytes(cramjam.snappy.compress_raw(payload))

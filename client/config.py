@@ -51,6 +51,9 @@ class ClientConfig:
     # Where the token comes from when it can change (a file read again when renewed):
     # asked at every CONNECT and every AUTH_CHALLENGE; takes the place of auth_token.
     auth_token_source: Callable[[], str] | None = field(default=None, repr=False, compare=False)
+    # Basic authentication (auth method "basic", Pulsar's AuthenticationBasic): the
+    # "user:password" the broker checks against its password file. Kept out of repr.
+    auth_basic: str = field(default="", repr=False)
     # TLS toward brokers (a pulsar+ssl:// service URL turns it on): the CA file that
     # signs the brokers' certificates ("" : the system's trust store).
     tls_enabled: bool = False
@@ -60,6 +63,11 @@ class ClientConfig:
     # verified against the CA, but a lookup's answer (a broker pod's IP in Kubernetes)
     # need not be in the certificate.
     tls_hostname_verification: bool = True
+    # Mutual TLS: this client's certificate chain and key (PEM). With them the client
+    # also authenticates with method "tls" (the broker takes the role from the
+    # certificate's common name) unless a token or basic credentials are given.
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
 
     def __post_init__(self) -> None:
         for name in ("connect_timeout_ms", "operation_timeout_ms", "lookup_redirects_max", "pending_requests_max",
@@ -73,6 +81,10 @@ class ClientConfig:
             raise ConfigError("reconnect_backoff_ms_min must be <= reconnect_backoff_ms_max")
         if self.frame_bytes_max < 64 * 1024:
             raise ConfigError("frame_bytes_max must be >= 64 KiB")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ConfigError("tls_cert_file and tls_key_file go together")
+        if self.auth_basic and ":" not in self.auth_basic:
+            raise ConfigError("auth_basic must be user:password")
         if self.batch_bytes_max >= self.frame_bytes_max:
             raise ConfigError("batch_bytes_max must be < frame_bytes_max")
 
@@ -88,3 +100,10 @@ class ClientConfig:
         """The wait before reconnection attempt ``attempt`` (0-based)."""
         assert attempt >= 0, attempt
         return min(self.reconnect_backoff_ms_min * (2 ** min(attempt, 30)), self.reconnect_backoff_ms_max) / 1000
+
+    def backoff_jittered_s(self, attempt: int, fraction: float) -> float:
+        """``backoff_s(attempt)`` spread by ``fraction`` (a uniform draw in [0, 1), the
+        caller's): between 50 % and 100 % of it, so clients that lost the same broker
+        do not all come back in the same millisecond."""
+        assert 0.0 <= fraction <= 1.0, fraction
+        return self.backoff_s(attempt) * (0.5 + 0.5 * fraction)

@@ -120,25 +120,35 @@ class ClientConnection(asyncio.Protocol):
     # --- opening ---------------------------------------------------------------------------
 
     @classmethod
-    async def open(cls, address: str, config: ClientConfig) -> "ClientConnection":
+    async def open(cls, address: str, config: ClientConfig, proxy_to_broker_url: str = "") -> "ClientConnection":
         """Connects and completes the handshake, both within ``connect_timeout_ms``.
-        Raises ServiceNotReady (retriable) when the broker cannot be reached."""
+        Raises ServiceNotReady (retriable) when the broker cannot be reached. With
+        ``proxy_to_broker_url``, ``address`` is a proxy and the CONNECT names the broker
+        it is to pipe this connection to."""
         host, port = parse_address(address)
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(config.connect_timeout_s):
-                context = client_context(TlsConfig(trust_certs_file=config.tls_trust_certs_file),
+                context = client_context(TlsConfig(trust_certs_file=config.tls_trust_certs_file,
+                                                   cert_file=config.tls_cert_file, key_file=config.tls_key_file),
                                          verify_hostname=config.tls_hostname_verification) \
                     if config.tls_enabled else None
                 _, connection = await loop.create_connection(lambda: cls(address, config), host, port, ssl=context,
                                                              server_hostname=host if context else None)
                 connect = pb.CommandConnect(client_version=CLIENT_VERSION, protocol_version=PROTOCOL_VERSION)
+                if proxy_to_broker_url:
+                    connect.proxy_to_broker_url = proxy_to_broker_url
                 token = connection._token()
                 if token:
                     connect.auth_method_name = "token"
                     connect.auth_data = token.encode()
                     # The broker may then ask for a fresh token when this one expires.
                     connect.feature_flags.supports_auth_refresh = True
+                elif config.auth_basic:
+                    connect.auth_method_name = "basic"
+                    connect.auth_data = config.auth_basic.encode()
+                elif config.tls_cert_file and context is not None:
+                    connect.auth_method_name = "tls"   # the role is the certificate's
                 connection._write(encode_command(wrap(connect)))
                 await connection._connected
         except TimeoutError:

@@ -21,6 +21,7 @@ Theory of operation:
 from __future__ import annotations
 
 import asyncio
+import random
 import logging
 import time
 from typing import Callable, Mapping, Protocol, Sequence
@@ -84,6 +85,7 @@ class Consumer:
                  consumer_name: str = "", initial_position: str = "latest",
                  properties: Mapping[str, str] | None = None, durable: bool = True,
                  start_message_id: MessageId | None = None,
+                 schema: pb.Schema | None = None, read_compacted: bool = False,
                  listener: ConsumerListener | None = None,
                  on_closed: Callable[["Consumer"], None] | None = None) -> None:
         if sub_type not in SUB_TYPES:
@@ -107,6 +109,8 @@ class Consumer:
         if start_message_id is not None and durable:
             raise InvalidArgument("start_message_id is for non-durable subscriptions (readers)")
         self.start_message_id = start_message_id
+        self.schema = schema
+        self.read_compacted = read_compacted
         self.listener: ConsumerListener = listener or _NoListener()
         self._on_closed = on_closed
         self._connection: ClientConnection | None = None
@@ -135,6 +139,10 @@ class Consumer:
             metadata=[pb.KeyValue(key=k, value=v) for k, v in self.properties.items()])
         if self.consumer_name:
             body.consumer_name = self.consumer_name
+        if self.schema is not None:
+            body.schema.CopyFrom(self.schema)
+        if self.read_compacted:
+            body.readCompacted = True
         if self.start_message_id is not None:
             body.start_message_id.CopyFrom(pb.MessageIdData(ledgerId=self.start_message_id.ledger_id,
                                                             entryId=self.start_message_id.entry_id))
@@ -201,6 +209,22 @@ class Consumer:
         self.last_used_s = time.monotonic()
         await connection.request(wrap(body), request_id)
 
+    def ack_nowait(self, message_ids: Sequence[MessageId], *, cumulative: bool = False) -> bool:
+        """Acknowledges ``message_ids`` without asking for a receipt (the official
+        clients' default): one ACK written, nothing awaited. False when not connected
+        (the broker then redelivers them: at-least-once)."""
+        if not message_ids or not self.ready:
+            return False
+        if cumulative and len(message_ids) != 1:
+            raise InvalidArgument("a cumulative acknowledgement names one message")
+        assert self._connection is not None
+        ack_type = pb.CommandAck.Cumulative if cumulative else pb.CommandAck.Individual
+        ids = [message_ids[0].to_proto()] if cumulative else ack_message_ids(message_ids)
+        self._connection.write_command(wrap(pb.CommandAck(consumer_id=self._consumer_id, ack_type=ack_type,
+                                                          message_id=ids)))
+        self.last_used_s = time.monotonic()
+        return True
+
     def redeliver(self, positions: Sequence[tuple[int, int]]) -> bool:
         """Asks the broker to deliver these entries again (to any consumer, in shared
         modes). False when not connected (the broker redelivers everything this consumer
@@ -216,6 +240,26 @@ class Consumer:
             consumer_id=self._consumer_id, message_ids=ids)))
         return True
 
+    def redeliver_all(self) -> bool:
+        """Asks the broker to deliver again everything this consumer holds
+        unacknowledged (what exclusive and failover subscriptions do on a negative
+        acknowledgement). False when not connected."""
+        if not self.ready:
+            return False
+        assert self._connection is not None
+        self._connection.write_command(wrap(pb.CommandRedeliverUnacknowledgedMessages(consumer_id=self._consumer_id)))
+        return True
+
+    async def last_message_id(self) -> MessageId:
+        """The id of the topic's last stored entry (GET_LAST_MESSAGE_ID)."""
+        connection = self._connected()
+        request_id = connection.new_request_id()
+        frame = await connection.request(wrap(pb.CommandGetLastMessageId(consumer_id=self._consumer_id,
+                                                                         request_id=request_id)), request_id)
+        last = frame.command.getLastMessageIdResponse.last_message_id
+        batch_index = last.batch_index if last.HasField("batch_index") else -1
+        return MessageId(last.ledgerId, last.entryId, self.partition, batch_index)
+
     async def seek(self, *, message_id: MessageId | None = None, publish_time_ms: int | None = None) -> None:
         """Moves the subscription (the broker disconnects its consumers, which subscribe
         again). Exactly one of the two is given."""
@@ -226,6 +270,10 @@ class Consumer:
         body = pb.CommandSeek(consumer_id=self._consumer_id, request_id=request_id)
         if message_id is not None:
             body.message_id.CopyFrom(pb.MessageIdData(ledgerId=message_id.ledger_id, entryId=message_id.entry_id))
+            if not self.durable:
+                # A reader's subscription goes with its consumer: subscribing again
+                # after the seek's disconnection must start where the seek said.
+                self.start_message_id = message_id
         else:
             body.message_publish_time = publish_time_ms
         await connection.request(wrap(body), request_id)
@@ -268,7 +316,7 @@ class Consumer:
         error: MagnetarError = ServiceNotReady(f"consumer of {self.topic} could not reconnect")
         try:
             for attempt in range(self.config.reconnect_attempts_max):
-                await asyncio.sleep(self.config.backoff_s(attempt))
+                await asyncio.sleep(self.config.backoff_jittered_s(attempt, random.random()))
                 try:
                     await self._subscribe()
                 except MagnetarError as failure:

@@ -22,6 +22,8 @@ from client.config import ClientConfig
 from client.connection import ClientConnection, parse_address
 
 log = logging.getLogger(__name__)
+# Joins a proxy's address and the broker URL it pipes to in one connection key.
+PROXIED = ">"
 
 
 def service_addresses(service_url: str) -> list[str]:
@@ -51,7 +53,9 @@ class BrokerPool:
     # --- connections ---------------------------------------------------------------------------
 
     async def connection(self, address: str) -> ClientConnection:
-        """The shared connection to ``address`` (host:port), opened if needed."""
+        """The shared connection to ``address`` (host:port), opened if needed.
+        ``proxy-host:port>broker-url`` (what ``lookup`` returns behind a proxy) is a
+        connection to the proxy piped to that broker."""
         if self.closed:
             raise ServiceNotReady("the client is closed")
         connection = self._connections.get(address)
@@ -61,7 +65,8 @@ class BrokerPool:
         async with lock:
             connection = self._connections.get(address)
             if connection is None or connection.closed:
-                connection = await ClientConnection.open(address, self.config)
+                physical, _, proxy_to = address.partition(PROXIED)
+                connection = await ClientConnection.open(physical, self.config, proxy_to)
                 self._connections[address] = connection
                 log.debug("connected: address=%s server=%s", address, connection.server_version)
         return connection
@@ -69,7 +74,9 @@ class BrokerPool:
     # --- discovery -------------------------------------------------------------------------------
 
     async def lookup(self, topic: str) -> str:
-        """The address (host:port) of the broker serving ``topic``."""
+        """The address (host:port) of the broker serving ``topic``; behind a proxy
+        (an answer with ``proxy_through_service_url``), the proxy's address and the
+        owner's URL joined by PROXIED, as ``connection`` takes it."""
         address = next(self._next_service)
         authoritative = False
         for _ in range(self.config.lookup_redirects_max + 1):
@@ -81,7 +88,7 @@ class BrokerPool:
             url = answer.brokerServiceUrlTls if self.config.tls_enabled else answer.brokerServiceUrl
             if answer.response == pb.CommandLookupTopicResponse.Connect:
                 if answer.proxy_through_service_url:
-                    return address
+                    return f"{address.partition(PROXIED)[0]}{PROXIED}{url}"
                 host, port = parse_address(url)
                 return f"{host}:{port}"
             host, port = parse_address(url)
@@ -96,6 +103,15 @@ class BrokerPool:
         frame = await connection.request(wrap(pb.CommandPartitionedTopicMetadata(
             topic=topic, request_id=request_id)), request_id)
         return frame.command.partitionMetadataResponse.partitions
+
+    async def topics_of_namespace(self, namespace: str) -> list[str]:
+        """The persistent topics of ``namespace`` (tenant/namespace), partitions by
+        their partition names (GET_TOPICS_OF_NAMESPACE)."""
+        connection = await self.connection(next(self._next_service))
+        request_id = connection.new_request_id()
+        frame = await connection.request(wrap(pb.CommandGetTopicsOfNamespace(
+            request_id=request_id, namespace=namespace, mode=pb.CommandGetTopicsOfNamespace.PERSISTENT)), request_id)
+        return list(frame.command.getTopicsOfNamespaceResponse.topics)
 
     async def connection_for(self, topic: str) -> ClientConnection:
         return await self.connection(await self.lookup(topic))

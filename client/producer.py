@@ -23,6 +23,7 @@ Theory of operation:
 from __future__ import annotations
 
 import asyncio
+import random
 import collections
 import logging
 import time
@@ -36,6 +37,7 @@ from protocol.codec import Frame, encode_payload_command, wrap
 from protocol.proto import pulsar_api_pb2 as pb
 from protocol.server_errors import error_for_server_error
 
+from client.compression import CODECS, compress
 from client.connection import ClientConnection
 from client.pool import BrokerPool
 from client.messages import MessageId, OutgoingMessage, batch_payload, single_metadata
@@ -60,16 +62,32 @@ class _PendingSend:
 
 class Producer:
     def __init__(self, pool: BrokerPool, topic: str, *, producer_name: str = "",
+                 access_mode: int = pb.Shared, schema: pb.Schema | None = None, compression: int = pb.NONE,
+                 resume_sequence_ids: bool = False,
                  on_closed: Callable[["Producer"], None] | None = None) -> None:
+        if compression != pb.NONE and compression not in CODECS:
+            raise InvalidArgument(f"unknown compression type {compression}")
         self.pool = pool
         self.config = pool.config
         self.topic = topic
         self.partition = TopicName.parse(topic).partition_index
         self.producer_name = producer_name
+        # How this producer shares the topic (Shared, Exclusive, WaitForExclusive,
+        # ExclusiveWithFencing), the schema it registers, and the codec of its entries.
+        self.access_mode = access_mode
+        self.schema = schema
+        self.compression = compression
+        # Whether a producer that has sent nothing yet numbers its messages on from the
+        # last sequence id the broker stored under its name (deduplication on).
+        self.resume_sequence_ids = resume_sequence_ids
         self._on_closed = on_closed
         self._connection: ClientConnection | None = None
         self._producer_id = 0
         self._next_sequence_id = 0
+        # The version the broker gave this producer's schema (PRODUCER_SUCCESS), written
+        # into every message's metadata as Pulsar's clients do: a consumer reads a
+        # message with the writer's schema of that version.
+        self.schema_version = b""
         self._pending: collections.OrderedDict[int, _PendingSend] = collections.OrderedDict()
         self._pending_messages = 0
         self._reconnect_task: asyncio.Task[None] | None = None
@@ -89,12 +107,21 @@ class Producer:
         body = pb.CommandProducer(topic=self.topic, producer_id=producer_id, request_id=request_id)
         if self.producer_name:
             body.producer_name = self.producer_name
+        if self.access_mode != pb.Shared:
+            body.producer_access_mode = self.access_mode
+        if self.schema is not None:
+            body.schema.CopyFrom(self.schema)
         try:
             frame = await connection.request(wrap(body), request_id)
         except BaseException:
             connection.unregister_producer(producer_id)
             raise
-        self.producer_name = frame.command.producer_success.producer_name
+        success = frame.command.producer_success
+        self.producer_name = success.producer_name
+        self.schema_version = success.schema_version if success.HasField("schema_version") else b""
+        if self.resume_sequence_ids and success.last_sequence_id >= 0 and self._next_sequence_id == 0 \
+                and not self._pending:
+            self._next_sequence_id = success.last_sequence_id + 1
         self._connection, self._producer_id = connection, producer_id
         for pending in self._pending.values():
             connection.write_frame(self._frame(pending))
@@ -123,7 +150,7 @@ class Producer:
         self._check_can_send(1)
         sequence_id = self._next_sequence_id
         metadata = single_metadata(self.producer_name, sequence_id, _now_ms(), message)
-        return self._enqueue(sequence_id, 1, False, metadata, message.payload)
+        return self._enqueue(sequence_id, 1, False, metadata, self._compressed(metadata, message.payload))
 
     def send_batch(self, messages: Sequence[OutgoingMessage]) -> asyncio.Future[list[MessageId]]:
         """Stores ``messages`` as one batch entry; the future gives their ids, which
@@ -137,7 +164,14 @@ class Producer:
         metadata, payload = batch_payload(self.producer_name, sequence_id, _now_ms(), messages)
         if len(payload) > self.config.batch_bytes_max:
             raise InvalidArgument(f"a batch of {len(payload)} bytes exceeds {self.config.batch_bytes_max}")
-        return self._enqueue(sequence_id, len(messages), True, metadata, payload)
+        return self._enqueue(sequence_id, len(messages), True, metadata, self._compressed(metadata, payload))
+
+    def _compressed(self, metadata: pb.MessageMetadata, payload: bytes) -> bytes:
+        if self.compression == pb.NONE:
+            return payload
+        metadata.compression = self.compression
+        metadata.uncompressed_size = len(payload)
+        return compress(self.compression, payload)
 
     def _check_can_send(self, count: int) -> None:
         if self.closed:
@@ -166,6 +200,8 @@ class Producer:
         # created without one learns only from PRODUCER_SUCCESS.
         if pending.metadata.producer_name != self.producer_name:
             pending.metadata.producer_name = self.producer_name
+        if self.schema_version and pending.metadata.schema_version != self.schema_version:
+            pending.metadata.schema_version = self.schema_version
         send = pb.CommandSend(producer_id=self._producer_id, sequence_id=pending.sequence_id,
                               num_messages=pending.count)
         if pending.batched:
@@ -245,7 +281,7 @@ class Producer:
         error: MagnetarError = ServiceNotReady(f"producer of {self.topic} could not reconnect")
         try:
             for attempt in range(self.config.reconnect_attempts_max):
-                await asyncio.sleep(self.config.backoff_s(attempt))
+                await asyncio.sleep(self.config.backoff_jittered_s(attempt, random.random()))
                 try:
                     await self._register()
                     return

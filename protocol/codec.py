@@ -35,7 +35,9 @@ around it (common/entry.py) carries Magnetar's magic, version and digest.
 Invariants of the decoder:
 - ``next_command`` returns a :class:`Frame` only when every size matched, every protobuf
   parsed, every required field is present, every string field holds valid UTF-8, the
-  command's body field matches its type, and the payload checksum matched.
+  command's body field matches its type, and the payload checksum matched (a MESSAGE's
+  payload may come without magic and checksum, which Pulsar allows: read unchecked;
+  a SEND's must have them, since the broker stores those bytes as they are).
 - An oversized ``total_size`` is refused as soon as its four bytes arrive, before any
   of the body is buffered.
 - Every invalid input raises :class:`MalformedFrame` (a subclass at most), nothing else.
@@ -311,8 +313,25 @@ def decode_stored(stored: bytes | memoryview) -> PayloadSection:
     return PayloadSection(metadata, view[metadata_end:], view, checksum)
 
 
-def decode_payload_section(section: bytes | memoryview) -> PayloadSection:
-    """Parses what follows the command in a SEND or MESSAGE frame."""
+def _decode_unchecked(view: memoryview) -> PayloadSection:
+    """A payload section sent without magic and checksum (metadata_size | metadata |
+    payload): Pulsar makes the checksum optional, and some brokers (pulsar-lite) leave
+    it out of MESSAGE frames. ``checksum`` is -1 and ``stored`` the bytes as they came."""
+    if len(view) < _U32.size:
+        raise MalformedFrame(f"payload section of {len(view)} bytes has no metadata_size")
+    (metadata_size,) = _U32.unpack_from(view, 0)
+    if metadata_size > len(view) - _U32.size:
+        raise MalformedFrame(f"metadata_size {metadata_size} exceeds the "
+                             f"{len(view) - _U32.size} bytes that follow it")
+    metadata_end = _U32.size + metadata_size
+    metadata = parse_proto(MessageMetadata, view[_U32.size:metadata_end], "MessageMetadata")
+    return PayloadSection(metadata, view[metadata_end:], view, -1)
+
+
+def decode_payload_section(section: bytes | memoryview, checksum_optional: bool = False) -> PayloadSection:
+    """Parses what follows the command in a SEND or MESSAGE frame. With
+    ``checksum_optional`` (MESSAGE frames: what a client reads), a section without the
+    0x0e01 magic is read unchecked, as the official clients do."""
     view = memoryview(section)
     broker_entry_metadata = None
     offset = 0
@@ -326,7 +345,11 @@ def decode_payload_section(section: bytes | memoryview) -> PayloadSection:
         offset = _BEM_HEAD_SIZE + size
         broker_entry_metadata = parse_proto(BrokerEntryMetadata, view[_BEM_HEAD_SIZE:offset],
                                             "BrokerEntryMetadata")
-    stored = decode_stored(view[offset:])
+    if checksum_optional and (len(view) - offset < _MAGIC.size
+                              or _MAGIC.unpack_from(view, offset)[0] != MAGIC_CHECKSUM):
+        stored = _decode_unchecked(view[offset:])
+    else:
+        stored = decode_stored(view[offset:])
     if broker_entry_metadata is None:
         return stored
     return PayloadSection(stored.metadata, stored.payload, stored.stored, stored.checksum,
@@ -358,7 +381,7 @@ def decode_frame(frame: bytes | memoryview) -> Frame:
     if not rest:
         raise MalformedFrame(f"{command_name(command.type)} frame has no payload section")
     try:
-        section = decode_payload_section(rest)
+        section = decode_payload_section(rest, checksum_optional=command.type == BaseCommand.MESSAGE)
     except PayloadChecksumMismatch as error:
         raise PayloadChecksumMismatch(error.checksum_stored, error.checksum_computed, command) from None
     return Frame(command, section, len(view))

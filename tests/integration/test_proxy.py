@@ -13,7 +13,9 @@ Proves:
 - the proxy is no open relay: CONNECT naming an address that is not a registered broker
   is refused and nothing connects there;
 - mutated frames (tests/fuzz_inputs.py) never crash it: afterwards it is healthy and
-  a client still produces and consumes through it.
+  a client still produces and consumes through it;
+- the public asyncio client (magnetar.client) works through it too: lookups, piped
+  connections, a partitioned topic served by several brokers.
 """
 
 from __future__ import annotations
@@ -305,6 +307,36 @@ async def test_admin_and_lookup_http_through_the_proxy(proxied):
     assert metric(proxy, "magnetar_proxy_http_requests_total", '{outcome="ok"}') >= 15
 
 
+async def test_magnetar_client_through_the_proxy(proxied):
+    """The public asyncio client (magnetar.client) with only proxies in its service URL:
+    lookups answered with proxy_through_service_url, each connection piped to the
+    topic's owner (CONNECT with proxy_to_broker_url), a partitioned topic whose
+    partitions several brokers serve."""
+    from magnetar.client import Client, ConsumerType, InitialPosition
+
+    cluster = proxied
+    namespace = f"public/ours-{uuid.uuid4().hex[:6]}"
+    admin(cluster, "PUT", f"/admin/v2/namespaces/{namespace}", {"bundles": {"numBundles": 16}})
+    name = f"parts-{uuid.uuid4().hex[:6]}"
+    admin(cluster, "PUT", f"/admin/v2/persistent/{namespace}/{name}/partitions", 6)
+    topic = f"persistent://{namespace}/{name}"
+    async with Client(proxy_url(cluster), operation_timeout_seconds=30) as client:
+        consumer = await client.subscribe(topic, "ours", consumer_type=ConsumerType.Shared,
+                                          initial_position=InitialPosition.Earliest)
+        producer = await client.create_producer(topic, batching_enabled=False)
+        await asyncio.gather(*(producer.send(b"%d" % i) for i in range(60)))
+        got = set()
+        async with asyncio.timeout(30):
+            while len(got) < 60:
+                message = await consumer.receive()
+                got.add(int(message.data()))
+                await consumer.acknowledge(message)
+    assert got == set(range(60))
+    owners = {admin(cluster, "GET", f"/lookup/v2/topic/persistent/{namespace}/{name}-partition-{index}")["brokerUrl"]
+              for index in range(6)}
+    assert len(owners) >= 2, f"every partition on one broker: {owners}"
+
+
 async def test_a_proxy_killed_during_traffic_the_other_takes_over(proxied):
     cluster = proxied
     first, second = cluster.proxies
@@ -342,3 +374,4 @@ async def test_owner_killed_during_traffic_through_the_proxy(proxied):
     assert not traffic.lost(), f"{len(traffic.lost())} acknowledged messages never consumed"
     assert not traffic.errors, traffic.errors[:3]
     print(f"through the proxy, clients reached the new owner in {resumed_after:.1f}s")
+

@@ -9,7 +9,8 @@ the connection closed, the broker still serving); the plain port is not listenin
 the admin API over HTTPS answers 200 with a superuser token, 401 without, 403 for
 another role; three authentication providers at once (token, tls, basic): the official
 client's AuthenticationTLS (role = certificate CN) and AuthenticationBasic are
-authorized as their roles, a wrong password is an AuthenticationError, HTTPS takes a
+authorized as their roles, a wrong password is an AuthenticationError (and the same
+with magnetar.client, the public asyncio client: token, mTLS, basic), HTTPS takes a
 client certificate or Basic credentials, and the gateway takes both (a certificate's
 CN asked for through X-Original-Principal, which only a proxy role may send); etcd
 serves only TLS with client certificates, and the bookie, the broker (options from
@@ -407,6 +408,40 @@ def test_client_certificate_and_basic_authentication(tls_broker):
     finally:
         for client in (*clients.values(), wrong):
             client.close()
+
+
+async def test_magnetar_client_over_tls_with_tokens_certificates_and_basic(tls_broker):
+    """The public asyncio client (magnetar.client) on the TLS port: a token, a client
+    certificate (mutual TLS, role = its CN) and Basic credentials, each authorized as
+    its role; a wrong password is an AuthenticationError."""
+    from magnetar.client import (TLS, AuthenticationBasic, AuthenticationError, AuthenticationTLS,
+                                 AuthenticationToken, AuthorizationError, Client)
+
+    pki, url = tls_broker["pki"], tls_broker["service_url"]
+    topic = f"persistent://public/default/{unique('ours-tls')}"
+    tls = TLS(trust_certs_file=pki.ca_file, validate_hostname=True)
+    by_token = Client(url, auth=AuthenticationToken(tls_broker["signer"].create(SUPERUSER)), tls=tls,
+                      operation_timeout_seconds=8)
+    by_certificate = Client(url, auth=AuthenticationTLS(pki.client_cert_file, pki.client_key_file),
+                            tls=TLS(trust_certs_file=pki.ca_file), operation_timeout_seconds=8)
+    by_password = Client(url, auth=AuthenticationBasic(BASIC_USER, BASIC_PASSWORD), tls=tls,
+                         operation_timeout_seconds=8)
+    wrong = Client(url, auth=AuthenticationBasic(BASIC_USER, "wrong"), tls=tls, operation_timeout_seconds=8)
+    try:
+        consumer = await by_token.subscribe(topic, "s")
+        await (await by_token.create_producer(topic)).send(b"token")
+        with pytest.raises(AuthorizationError):
+            await by_certificate.create_producer(topic)
+        await asyncio.to_thread(_grant, tls_broker, CERT_ROLE, topic, ["produce"])
+        await asyncio.to_thread(_grant, tls_broker, BASIC_USER, topic, ["produce"])
+        await (await by_certificate.create_producer(topic)).send(b"certificate")
+        await (await by_password.create_producer(topic)).send(b"basic")
+        assert [(await consumer.receive(10_000)).data() for _ in range(3)] == [b"token", b"certificate", b"basic"]
+        with pytest.raises(AuthenticationError):
+            await wrong.create_producer(topic)
+    finally:
+        for client in (by_token, by_certificate, by_password, wrong):
+            await client.close()
 
 
 def _https_as(url: str, pki, *, headers: dict | None = None, client_cert: bool = False) -> int:

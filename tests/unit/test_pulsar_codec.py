@@ -626,3 +626,19 @@ def test_the_utf_8_walk_skips_only_types_that_can_hold_no_string():
     assert bad != good
     with pytest.raises(MalformedFrame, match="UTF-8"):
         parse_proto(pb.BaseCommand, bad, "command")
+
+
+def test_a_message_without_magic_and_checksum_is_read_unchecked():
+    """Pulsar makes the payload checksum optional; pulsar-lite leaves it out of MESSAGE
+    frames. A client reads such a MESSAGE (metadata_size | metadata | payload); a SEND
+    without it is still refused (the broker stores those bytes as they are)."""
+    metadata = _METADATA.SerializeToString()
+    section = struct.pack(">I", len(metadata)) + metadata + b"no checksum here"
+    message = decode_frame(frame_of(wrap(SAMPLE_BODIES[BC.MESSAGE]).SerializeToString(), section))
+    assert message.payload is not None and message.payload.checksum == -1
+    assert bytes(message.payload.payload) == b"no checksum here"
+    assert message.payload.metadata == _METADATA
+    with pytest.raises(MalformedFrame, match="magic"):
+        decode_frame(frame_of(wrap(SAMPLE_BODIES[BC.SEND]).SerializeToString(), section))
+    with pytest.raises(MalformedFrame, match="metadata_size"):
+        decode_frame(frame_of(wrap(SAMPLE_BODIES[BC.MESSAGE]).SerializeToString(), struct.pack(">I", 999) + b"x"))
