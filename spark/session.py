@@ -35,7 +35,7 @@ SETTINGS: dict[str, str] = {
 
 # For short sessions (the tests): the driver's JVM (which runs the executors in local
 # mode) compiles with C1 only and collects with the serial collector. About half of a short
-# session's JVM CPU is the JIT's C2 compiler threads and the parallel collector's, which
+# session's JVM CPU is the JIT's C2 compiler threads and G1's collector threads, which
 # a few small queries never pay back: measured on the 2-core machine (a session, a
 # grouped sum of 200,000 rows and a Python UDF over 20,000), 27.0 -> 13.3 and 31.4 -> 18.9
 # CPU-s in the JVM. Not in SETTINGS: `make pipeline` and the benchmark run long enough for C2.
