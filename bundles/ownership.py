@@ -194,6 +194,10 @@ class OwnershipManager:
         self._bundles_reads_started: dict[str, int] = {}
         self._bundles_reads_done: dict[str, int] = {}
         self._serving: dict[str, float] = {}                 # bundle key -> wall time started
+        # bundle key -> the etcd revision from which this broker owns it (its take's, its
+        # split's, or its owner record's when serving resumes after a fence): an owner
+        # key event at or before it describes the bundle before it was ours.
+        self._serving_from: dict[str, int] = {}
         self._busy: set[str] = set()                         # bundle keys with an operation running
         self.fenced = False
         # True while etcd has not confirmed the lease for OUTAGE_NOTICE_FRACTION of the
@@ -423,6 +427,18 @@ class OwnershipManager:
                 mine = OwnerRecord.decode(new.value).broker_id == self.identity.broker_id
             except MalformedFrame:
                 pass
+        # The revision of the change: a put's own, a deletion's the mirror's (set to the
+        # event's revision, or to a reload's, before listeners are told).
+        revision = new.version if new is not None else self._owners.revision
+        if bkey in self._serving and not mine and revision <= self._serving_from.get(bkey, 0):
+            # A change from before we owned the bundle: the owner keys' watch is a
+            # stream of its own, and may tell of the previous owner's RELEASING record,
+            # or of its deletion, after our take's transaction has answered. Taken for
+            # our key vanishing, it stopped the new owner while its key lived on under
+            # its lease: "not served here yet" until the clients gave up.
+            log.info("owner key change from before this broker took the bundle, ignored: bundle=%s revision=%d "
+                     "owned_from=%d", bkey, revision, self._serving_from[bkey])
+            return
         if bkey in self._serving and not mine and bkey not in self._busy and not self._closing:
             # Our key vanished or changed hands without us releasing it (lease expired,
             # an operator deleted it): stop serving at once.
@@ -492,7 +508,7 @@ class OwnershipManager:
                 [Put(owner_key, record.encode(), self.lease.lease_id), Delete(assignment_key)])
             if taken is None:
                 return
-            self._start_serving(namespace, bundle_name)
+            self._start_serving(namespace, bundle_name, taken)
             topics = _handed_over_topics(assignment)
             if topics and self._preload_topics is not None:
                 self._preload_topics(topics)
@@ -502,13 +518,15 @@ class OwnershipManager:
             self._busy.discard(bkey)
             self._changed.set()
 
-    def _start_serving(self, namespace: str, bundle_name: str) -> None:
+    def _start_serving(self, namespace: str, bundle_name: str, revision: int) -> None:
         # A bundle is served only while its owner key lives under this broker's lease
         # (one owner per bundle per lease): taken by a compare-and-swap under the lease, or
-        # found ours again when the lease is confirmed after an outage.
+        # found ours again when the lease is confirmed after an outage. ``revision``: the
+        # etcd revision at which the key was ours.
         assert self.lease is not None, "serving a bundle with no lease"
         bkey = bundle_key(namespace, bundle_name)
         self._serving[bkey] = time.time()
+        self._serving_from[bkey] = revision
         log.info("bundle serving started: bundle=%s broker_id=%s wall_time=%.6f", bkey, self.identity.broker_id,
                  self._serving[bkey])
 
@@ -520,6 +538,7 @@ class OwnershipManager:
         if bkey not in self._serving:
             return []
         self._serving.pop(bkey, None)
+        self._serving_from.pop(bkey, None)
         self._changed.set()
         topics = self._topics_by_bundle([bkey]).get(bkey, [])
         await self._close_bundle_topics(bkey, topics, reason, destination)
@@ -531,6 +550,7 @@ class OwnershipManager:
         most FENCE_CLOSES_CONCURRENT_MAX bundles at a time)."""
         stopping = list(self._serving)
         self._serving.clear()
+        self._serving_from.clear()
         self._changed.set()
         topics = self._topics_by_bundle(stopping)
         slots = asyncio.Semaphore(FENCE_CLOSES_CONCURRENT_MAX)
@@ -727,8 +747,10 @@ class OwnershipManager:
                 raise PreconditionFailed(f"bundle {bkey} or its namespace changed during the split")
             self._bundles[ns] = (split, done)
             started = self._serving.pop(bkey)
-            self._serving[bundle_key(ns, low)] = started
-            self._serving[bundle_key(ns, high)] = started
+            self._serving_from.pop(bkey, None)
+            for half_key in (bundle_key(ns, low), bundle_key(ns, high)):
+                self._serving[half_key] = started
+                self._serving_from[half_key] = done
             log.info("bundle split: bundle=%s halves=%s,%s broker_id=%s", bkey, low.name, high.name,
                      self.identity.broker_id)
             return low.name, high.name
@@ -773,7 +795,7 @@ class OwnershipManager:
                     except MalformedFrame:
                         continue
                     if owner.broker_id == self.identity.broker_id and owner.state == OWNED:
-                        self._start_serving(namespace, bundle_name)
+                        self._start_serving(namespace, bundle_name, record.version)
                 self._changed.set()
 
     def _note_outage(self, unconfirmed: bool, unconfirmed_s: float) -> None:

@@ -187,10 +187,11 @@ def _official_clients_are_closed(request):
 @pytest.fixture(scope="session")
 def spark_session():
     """One local SparkSession for the whole run (its JVM starts in ~15-30 s; the
-    settings are spark/session.py's, shared with `make pipeline` and the benchmark),
+    settings are spark/session.py's, shared with `make pipeline` and the benchmark,
+    plus its SHORT_RUN_SETTINGS: C1 and the serial collector, half the JVM's CPU),
     with the ``magnetar`` source registered."""
-    from spark.session import local_session
+    from spark.session import SHORT_RUN_SETTINGS, local_session
 
-    session = local_session("magnetar-tests")
+    session = local_session("magnetar-tests", SHORT_RUN_SETTINGS)
     yield session
     session.stop()

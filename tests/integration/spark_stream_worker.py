@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import sys
 
-from spark.session import local_session
+from spark.session import SHORT_RUN_SETTINGS, local_session
 
 
 def main() -> None:
     admin_url, service_url, topic, sink, checkpoint, per_trigger = sys.argv[1:7]
-    spark = local_session("magnetar-stream-worker")
+    spark = local_session("magnetar-stream-worker", SHORT_RUN_SETTINGS)
     stream = (spark.readStream.format("magnetar").option("adminUrl", admin_url).option("serviceUrl", service_url)
               .option("topic", topic).option("maxMessagesPerTrigger", per_trigger).load())
     query = (stream.select("ledger_id", "entry_id", "batch_index", "key", "payload").writeStream

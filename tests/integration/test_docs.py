@@ -45,7 +45,7 @@ from pathlib import Path
 import pytest
 
 from tests.docs_blocks import Block, blocks_of, documents, find_in_order, with_ports
-from spark.session import SETTINGS as SPARK_SETTINGS
+from spark.session import SETTINGS as SPARK_SETTINGS, SHORT_RUN_SETTINGS
 from tests.cluster import python_command
 from tests.integration.test_standalone import standalone_ports
 
@@ -107,11 +107,12 @@ class Docs:
         # Spark's own configuration file for the machine, not the examples' text: the
         # settings every Spark test here runs with (spark/session.py: two shuffle
         # partitions on two cores, no UI, Python worker timeouts that survive a loaded
-        # machine); the examples set the rest themselves.
+        # machine, and the short-run JVM options: C1 and the serial collector); the
+        # examples set the rest themselves.
         spark_conf_dir = workdir / "spark-conf"
         spark_conf_dir.mkdir(exist_ok=True)
         (spark_conf_dir / "spark-defaults.conf").write_text("".join(
-            f"{key} {value}\n" for key, value in SPARK_SETTINGS.items()
+            f"{key} {value}\n" for key, value in {**SPARK_SETTINGS, **SHORT_RUN_SETTINGS}.items()
             if key not in ("spark.master", "spark.driver.host", "spark.driver.bindAddress")))
         self.python_env = {**base, "PATH": plain_path, "PYTHONPATH": str(ROOT), "SPARK_CONF_DIR": str(spark_conf_dir)}
         self.shell_env = {**base, "PATH": f"{VENV_BIN}{os.pathsep}{plain_path}",

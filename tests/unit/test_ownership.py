@@ -856,3 +856,85 @@ async def test_leader_clears_a_transfer_nobody_acted_on(stale: bool):
     finally:
         await brokers.close()
         await manager.close()
+
+
+class _OwnersWatchLagging:
+    """The store as one broker sees it, with its watch of the owner keys held back while
+    ``gate`` is clear (its events are delivered later, in order): etcd's watches are
+    streams of their own, and one may deliver a change after the broker has already
+    heard the reply to a later transaction on its main connection."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self._store = store
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def watch_prefix(self, prefix: str, *, start_version: int = 0):
+        inner = self._store.watch_prefix(prefix, start_version=start_version)
+        if prefix != keys.BUNDLE_OWNERS:
+            return inner
+        gate = self.gate
+
+        class Gated:
+            def __aiter__(self):
+                return self._events()
+
+            async def _events(self):
+                async for event in inner:
+                    await gate.wait()
+                    yield event
+
+            async def close(self) -> None:
+                await inner.close()
+
+        return Gated()
+
+
+async def test_a_late_event_from_before_the_take_does_not_stop_the_new_owner():
+    """a hands the namespace's bundle to b. b's watch of the owner keys lags: it hears
+    of a's RELEASING record and of its deletion only after b has taken the bundle (its
+    take's transaction answered on the main connection). Those events describe the
+    bundle before b owned it: b goes on serving, and a request for a topic of the
+    bundle is served (the bug: b took the old events for its own key vanishing, stopped
+    serving "owner key lost" while its key lived on under its lease, and answered "not
+    served here yet" until the client gave up: the hand-over test's 30 s timeout). A
+    deletion after the take still stops b."""
+    store = MemoryStore()
+    await _namespace(store, 1)
+    lagging = _OwnersWatchLagging(store)
+
+    async def close_topics(_names, _reason, _destination=None) -> None:
+        return None
+
+    a = OwnershipManager(store, BundlesConfig(), _identity("a"), loaded_topics=list, close_topics=close_topics)
+    b = OwnershipManager(lagging, BundlesConfig(ownership_wait_s=0.5), _identity("b"), loaded_topics=list,
+                         close_topics=close_topics)
+    await a.start()
+    await b.start()
+    try:
+        whole = BundleRange.parse("0x00000000_0xffffffff").name
+        bkey = f"{NAMESPACE}/{whole}"
+        await store.put(keys.bundle_assignment(str(NAMESPACE), whole), AssignmentRecord("a").encode())
+        await _until(lambda: a.serving() == [bkey] and b.owner_record(str(NAMESPACE), whole) is not None,
+                     "a serves the bundle and b knows it")
+        lagging.gate.clear()
+        await a.release(str(NAMESPACE), whole, to="b", reason="test")
+        await _until(lambda: b.serving() == [bkey], "b takes the bundle")
+        lagging.gate.set()
+        await _until(lambda: (record := b.owner_record(str(NAMESPACE), whole)) is not None
+                     and record.broker_id == "b", "b's mirror shows its own key")
+        await _settle()
+        assert b.serving() == [bkey], "b stopped serving a bundle it owns"
+        await asyncio.wait_for(b.ensure_serving(TopicName.parse("persistent://public/default/t")), 2.0)
+        owner = await store.get(keys.bundle_owner(str(NAMESPACE), whole))
+        assert owner is not None and OwnerRecord.decode(owner.value).broker_id == "b"
+        # A change after the take still counts: the key deleted (an operator, or the
+        # lease expired) stops b at once.
+        await store.delete(keys.bundle_owner(str(NAMESPACE), whole))
+        await _until(lambda: b.serving() == [], "b stops serving once its key is gone")
+    finally:
+        await b.close()
+        await a.close()
