@@ -45,6 +45,7 @@ from common.errors import MagnetarError, ServiceNotReady, ShuttingDown, TooManyR
 from runtime.tasks import cancel_and_wait
 from gateway.config import GatewayConfig
 from gateway.leases import LeaseTable, Slot
+from gateway.receipts import ReceiptContext
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +121,8 @@ class GatewayConsumer:
         self._dead_letter_sink = dead_letter_sink
         self._dead_letter_tasks: set[asyncio.Task[None]] = set()
         self.last_used_s = time.monotonic()
+        # Laid out on the first receipt this consumer's messages get (gateway/service.py).
+        self.receipt_context: ReceiptContext | None = None
         self.failure: MagnetarError | None = None
         self.closed = False
         self.messages_delivered = 0
@@ -239,7 +242,7 @@ class GatewayConsumer:
 
     def tick(self, now_s: float) -> None:
         ended_before = self.table.leases_ended
-        positions = self.table.expire(now_s)
+        positions, unused = self.table.expire_split(now_s)
         ended = self.table.leases_ended - ended_before
         if ended and self.on_leases_ended is not None:
             self.on_leases_ended(self.key, ended)
@@ -249,6 +252,10 @@ class GatewayConsumer:
                 self.consumer.redeliver(positions)
             log.debug("leases ended, entries given back: topic=%s subscription=%s entries=%d", self.key.topic,
                       self.key.subscription, len(positions))
+        if unused and self.consumer is not None:
+            # Never handed out (read ahead, or left by a pull that gave up): not a
+            # delivery attempt, so the broker keeps their redelivery counts.
+            self.consumer.redeliver(unused, unused=True)
         if self.waiters:
             self._feed()
             self._grant()
