@@ -61,6 +61,7 @@ DEAD_LETTERS_IN_FLIGHT_MAX = 64
 
 # The broker subscription type behind each gateway mode (broadcast members share their
 # member cursor like a shared subscription).
+READ_AHEAD_MODES = ("shared", "key_shared", "broadcast")
 SUB_TYPES = {"shared": "shared", "key_shared": "key_shared", "exclusive": "exclusive", "failover": "failover",
              "broadcast": "shared"}
 
@@ -129,6 +130,13 @@ class GatewayConsumer:
         self.messages_returned = 0
         # Told (key, messages) when leases end without an ack (counted per subscription).
         self.on_leases_ended: Callable[[ConsumerKey, int], None] | None = None
+        # Messages pulls took in the current and the previous half of ready_hold_ms:
+        # what pulls take meanwhile is all that is worth reading ahead.
+        self._taken_windows = [0, 0]
+        self._window_started_s = time.monotonic()
+        # Exclusive and failover give back by rewinding their cursor, which sends every
+        # message in flight again: no read-ahead there.
+        self.read_ahead_modes = key.mode in READ_AHEAD_MODES
 
     async def start(self, initial_position: str) -> None:
         self.consumer = Consumer(self._pool, self.key.topic, self.key.subscription, listener=self,
@@ -162,13 +170,26 @@ class GatewayConsumer:
         if consumer is None or not consumer.ready:
             return
         demand = sum(waiter.share() for waiter in self.waiters)
-        if demand or pulled:
-            # Read-ahead (config.read_ahead_messages), topped up by each pull: not
-            # leased, given back under the ready_hold_ms rule when no pull takes it.
-            demand += max(0, self.config.read_ahead_messages - self.table.ready)
+        if (demand or pulled) and self.read_ahead_modes:
+            # Read-ahead, topped up by each pull: not leased, given back unused (not a
+            # delivery) under the ready_hold_ms rule when no pull takes it.
+            demand += max(0, self.read_ahead_target() - self.table.ready)
         demand = min(demand, self.table.room - self.table.ready)
         if demand > consumer.permits_outstanding:
             consumer.flow(demand - consumer.permits_outstanding)
+
+    def read_ahead_target(self) -> int:
+        """How much to hold READY beyond what waiters want: what pulls took over the
+        last half hold (at least one window), at most config.read_ahead_messages - so
+        a read-ahead is taken before ready_hold_ms sends it back, and occasional pulls
+        read ahead nothing."""
+        now_s = time.monotonic()
+        window_s = self.config.ready_hold_ms / 2000
+        elapsed = now_s - self._window_started_s
+        if elapsed >= window_s:
+            self._taken_windows = [0, self._taken_windows[0]] if elapsed < 2 * window_s else [0, 0]
+            self._window_started_s = now_s
+        return min(self.config.read_ahead_messages, max(self._taken_windows))
 
     def _feed(self) -> None:
         """Hands READY messages to waiters, oldest waiter first."""
@@ -178,6 +199,7 @@ class GatewayConsumer:
             if not slots:
                 break
             waiter.taken.extend((self, slot) for slot in slots)
+            self._taken_windows[0] += len(slots)
             waiter.wake.set()
             if waiter.remaining <= 0:
                 self.waiters.popleft()
