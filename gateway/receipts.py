@@ -62,11 +62,15 @@ MODES = ("shared", "key_shared", "exclusive", "failover", "broadcast")
 KEY_BYTES_MIN = 16
 
 _HEAD = struct.Struct(">BB8sQQiiiIQBBHHHH")
-_digest = hmac.digest
+try:   # OpenSSL's one-shot HMAC, without hmac.digest's Python wrapper
+    from _hashlib import hmac_digest as _digest
+except ImportError:  # pragma: no cover - a Python built without OpenSSL
+    _digest = hmac.digest
 _b2a = binascii.b2a_base64
 _a2b = binascii.a2b_base64
 _TO_URLSAFE = bytes.maketrans(b"+/", b"-_")
-_FROM_URLSAFE = str.maketrans("-_", "+/")
+_FROM_URLSAFE = bytes.maketrans(b"-_", b"+/")
+_PADDING = (b"", b"===", b"==", b"=")
 assert _HEAD.size == 60
 _TEXT_SIZE_MAX = (255, 255, 65535, 65535, 65535, 65535)
 
@@ -193,8 +197,9 @@ def decode(handle: object, keys: ReceiptKeys) -> Receipt:
     if "+" in handle or "/" in handle:
         raise InvalidReceipt("receipt handle is not URL-safe base64")
     try:
-        raw = _a2b((handle + "=" * (-len(handle) % 4)).translate(_FROM_URLSAFE), strict_mode=True)
-    except (binascii.Error, ValueError):
+        text = handle.encode("ascii")
+        raw = _a2b((text + _PADDING[len(text) % 4]).translate(_FROM_URLSAFE), strict_mode=True)
+    except (binascii.Error, ValueError):   # UnicodeEncodeError is a ValueError
         raise InvalidReceipt("receipt handle is not URL-safe base64") from None
     if len(raw) < _HEAD.size + SIGNATURE_BYTES:
         raise InvalidReceipt("receipt handle is too short")
