@@ -128,6 +128,7 @@ class GatewayConsumer:
         self.closed = False
         self.messages_delivered = 0
         self.messages_returned = 0
+        self.entries_returned_unused = 0
         # Told (key, messages) when leases end without an ack (counted per subscription).
         self.on_leases_ended: Callable[[ConsumerKey, int], None] | None = None
         # Messages pulls took in the current and the previous half of ready_hold_ms:
@@ -278,6 +279,7 @@ class GatewayConsumer:
             # Never handed out (read ahead, or left by a pull that gave up): not a
             # delivery attempt, so the broker keeps their redelivery counts.
             self.consumer.redeliver(unused, unused=True)
+            self.entries_returned_unused += len(unused)
         if self.waiters:
             self._feed()
             self._grant()
@@ -316,6 +318,13 @@ class ConsumerPool:
         self._starting: dict[ConsumerKey, asyncio.Task[GatewayConsumer]] = {}
         self.closed = False
         self.on_leases_ended: Callable[[ConsumerKey, int], None] | None = None
+        # Entries given back unused by consumers closed since (the metric adds the open ones').
+        self.entries_returned_unused_closed = 0
+
+    @property
+    def entries_returned_unused(self) -> int:
+        return self.entries_returned_unused_closed + sum(consumer.entries_returned_unused
+                                                         for consumer in self.consumers.values())
 
     async def get(self, key: ConsumerKey, initial_position: str = "latest") -> GatewayConsumer:
         if self.closed:
@@ -357,6 +366,7 @@ class ConsumerPool:
     async def _close(self, key: ConsumerKey) -> None:
         consumer = self.consumers.pop(key, None)
         if consumer is not None:
+            self.entries_returned_unused_closed += consumer.entries_returned_unused
             await consumer.close()
 
     async def run(self) -> None:
@@ -376,6 +386,7 @@ class ConsumerPool:
                         log.info("gateway consumer closed: topic=%s subscription=%s reason=%s", key.topic,
                                  key.subscription, "failed" if consumer.failure else "idle")
                         del self.consumers[key]
+                        self.entries_returned_unused_closed += consumer.entries_returned_unused
                         task = asyncio.get_running_loop().create_task(consumer.close())
                         closing.add(task)
                         task.add_done_callback(closing.discard)
