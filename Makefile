@@ -256,11 +256,14 @@ bench-gateway: setup
 	$(PY) bench/gateway_load.py --out bench/results/gateway_locust.json
 
 # Property-based requests from the gateway's OpenAPI document with every schemathesis
-# check (positive and negative data), over 1,500 cases (a few minutes; make test runs
-# the same with 5 examples per operation and mode): bench/results/gateway_fuzz.json.
+# check (positive and negative data), over 1,500 cases, then the stateful scenarios over
+# the document's links (produce -> subscription -> pull -> settle by receipt), 100 of up
+# to 10 steps (a few minutes; make test runs the same with 5 examples per operation and
+# mode and 16 scenarios): bench/results/gateway_fuzz.json and gateway_fuzz_stateful.json.
 fuzz-gateway: setup
-	GATEWAY_FUZZ_EXAMPLES=45 GATEWAY_FUZZ_REPORT=bench/results/gateway_fuzz.json \
-		$(PY) -m pytest -q tests/integration/test_gateway_bad_input.py -k generated
+	GATEWAY_FUZZ_EXAMPLES=45 GATEWAY_STATEFUL_EXAMPLES=100 GATEWAY_STATEFUL_STEPS=10 \
+		GATEWAY_FUZZ_REPORT=bench/results/gateway_fuzz.json \
+		$(PY) -m pytest -q tests/integration/test_gateway_bad_input.py -k "generated or stateful"
 
 # The seeded simulation (tests/sim/) over many seeds: ledger client + bookie cores on an
 # in-memory network and disk with a virtual clock and a seeded fault plan. make test runs

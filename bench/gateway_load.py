@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -18,10 +19,16 @@ import aiohttp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from gateway_bench import cpu_seconds, tree_pids  # noqa: E402
 from harness import bench_cluster  # noqa: E402
 from tests.cluster import unique  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def summarize(stats: list[dict], seconds: float) -> dict:
@@ -56,8 +63,8 @@ def summarize(stats: list[dict], seconds: float) -> dict:
 
 async def main_async(args: argparse.Namespace) -> dict:
     async with bench_cluster("magnetar-bench-gateway-load-", directory=args.dir, keep_data=args.keep_data) as cluster:
-        await cluster.start_bookies(3)
-        await cluster.start_brokers(1)
+        bookies = await cluster.start_bookies(3)
+        (broker,) = await cluster.start_brokers(1)
         (gateway,) = await cluster.start_gateways(1)
         topic_path = f"persistent/public/default/{unique('locust')}"
         async with aiohttp.ClientSession() as session:
@@ -69,15 +76,26 @@ async def main_async(args: argparse.Namespace) -> dict:
                    os.path.join(HERE, "gateway_locustfile.py"), "--headless", "-u", str(args.users),
                    "-r", str(args.spawn_rate), "-t", f"{args.seconds}s", "--host", gateway.url, "--json",
                    "--only-summary", "--stop-timeout", "5"]
+        gateway_pids = tree_pids(gateway.process.pid)
+        gateway_cpu_s, locust_cpu_s = cpu_seconds(gateway_pids), _children_cpu_s()
+        others = {"broker": [broker.process.pid], "bookies": [bookie.process.pid for bookie in bookies]}
+        others_cpu_s = {name: cpu_seconds(pids) for name, pids in others.items()}
         started = time.monotonic()
         completed = await asyncio.to_thread(subprocess.run, command, env=env, capture_output=True, text=True,
                                             timeout=args.seconds + 120)
         elapsed = time.monotonic() - started
+        # CPU shares over the run, in % of one core: locust's own (the load generator on
+        # the same machine; near 100 it, not the gateway, sets the pace) and the gateway's.
+        cpu = {"locust_cpu_pct": round((_children_cpu_s() - locust_cpu_s) / elapsed * 100, 1),
+               "gateway_cpu_pct": round((cpu_seconds(gateway_pids) - gateway_cpu_s) / elapsed * 100, 1),
+               "gateway_processes": len(gateway_pids),
+               **{f"{name}_cpu_pct": round((cpu_seconds(pids) - others_cpu_s[name]) / elapsed * 100, 1)
+                  for name, pids in others.items()}}
         if completed.returncode not in (0, 1):   # 1: some requests failed (reported below)
             raise RuntimeError(f"locust failed ({completed.returncode}):\n{completed.stderr[-3000:]}")
         stats = json.loads(completed.stdout)
         result = {"users": args.users, "seconds": args.seconds, "wall_seconds": round(elapsed, 1),
-                  **summarize(stats, args.seconds), "unix_s": int(time.time())}
+                  **summarize(stats, args.seconds), **cpu, "unix_s": int(time.time())}
         return result
 
 

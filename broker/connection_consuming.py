@@ -158,7 +158,8 @@ class ConsumingHandlers:
         attached = self._attached(request.consumer_id)
         if attached is not None:
             attached.subscription.redeliver(attached.consumer,
-                                            [Position(m.ledgerId, m.entryId) for m in request.message_ids])
+                                            [Position(m.ledgerId, m.entryId) for m in request.message_ids],
+                                            counted=not request.magnetar_unused)
 
     async def _on_unsubscribe(self, frame: Frame) -> None:
         request = frame.command.unsubscribe

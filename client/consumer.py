@@ -225,10 +225,12 @@ class Consumer:
         self.last_used_s = time.monotonic()
         return True
 
-    def redeliver(self, positions: Sequence[tuple[int, int]]) -> bool:
+    def redeliver(self, positions: Sequence[tuple[int, int]], *, unused: bool = False) -> bool:
         """Asks the broker to deliver these entries again (to any consumer, in shared
         modes). False when not connected (the broker redelivers everything this consumer
-        held anyway when its connection went)."""
+        held anyway when its connection went). ``unused``: they were never handed to an
+        application (read ahead), so the broker does not count this as a delivery
+        (Magnetar's extension of the command; a broker without it counts them)."""
         if not positions or not self.ready:
             return False
         assert self._connection is not None
@@ -237,7 +239,7 @@ class Consumer:
             for message_id in ids:
                 message_id.partition = self.partition
         self._connection.write_command(wrap(pb.CommandRedeliverUnacknowledgedMessages(
-            consumer_id=self._consumer_id, message_ids=ids)))
+            consumer_id=self._consumer_id, message_ids=ids, magnetar_unused=unused)))
         return True
 
     def redeliver_all(self) -> bool:

@@ -59,13 +59,15 @@ class GatewayConfig:
     # remainder) waits this long for the next pull, without a lease, then goes back to
     # the subscription for others.
     ready_hold_ms: int = 2_000
-    # Read-ahead: while pulls are waiting, a gateway consumer asks the broker for this
-    # many messages beyond what they want, so the next pull finds them here instead of
-    # paying a broker round trip. What is read ahead is not leased: it waits under the
-    # ready_hold_ms rule above like any message no pull took, then goes back - and the
-    # broker counts that as a delivery (delivery_attempt, max_deliveries), so it is off
-    # by default (0): for steady consumers of a backlog, not for occasional pulls.
-    read_ahead_messages: int = 0
+    # Read-ahead: while pulls are waiting, a gateway consumer asks the broker for up to
+    # this many messages beyond what they want, so the next pull finds them here instead
+    # of paying a broker round trip. It adapts: never more than pulls took over the last
+    # half of ready_hold_ms, so occasional pulls read ahead nothing. What is read ahead is
+    # not leased: it waits under the ready_hold_ms rule above like any message no pull
+    # took, then goes back to the subscription marked unused, which the broker does not
+    # count as a delivery (delivery_attempt and max_deliveries are unchanged). Shared,
+    # key-shared and broadcast only (exclusive and failover give back by rewinding).
+    read_ahead_messages: int = 500
     # A message with a deliver-at time is held until then, at most this long (then it
     # goes back to the subscription and comes round again).
     deferral_ms_max: int = 3_600_000

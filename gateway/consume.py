@@ -179,7 +179,7 @@ async def pull(request: web.Request) -> web.StreamResponse:
 # --- ack, nack, extend ---------------------------------------------------------------------------
 
 def _forwarded(request: web.Request) -> bool:
-    return request.headers.get(settle.FORWARDED_HEADER) == "1"
+    return request.headers.get(settle.FORWARDED_HEADER) in ("1", settle.HINT)
 
 
 async def ack(request: web.Request) -> web.Response:
@@ -187,7 +187,8 @@ async def ack(request: web.Request) -> web.Response:
     topic, subscription = topic_of(request), subscription_of(request)
     handles, _ = json_codec.parse_receipts(await json_body(request))
     results = await settle.ack(service, topic, subscription, handles, path=request.raw_path,
-                               forwarded=_forwarded(request))
+                               forwarded=_forwarded(request),
+                               hint=request.headers.get(settle.FORWARDED_HEADER) == settle.HINT)
     return ok({"results": results})
 
 

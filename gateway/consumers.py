@@ -45,6 +45,7 @@ from common.errors import MagnetarError, ServiceNotReady, ShuttingDown, TooManyR
 from runtime.tasks import cancel_and_wait
 from gateway.config import GatewayConfig
 from gateway.leases import LeaseTable, Slot
+from gateway.receipts import ReceiptContext
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ DEAD_LETTERS_IN_FLIGHT_MAX = 64
 
 # The broker subscription type behind each gateway mode (broadcast members share their
 # member cursor like a shared subscription).
+READ_AHEAD_MODES = ("shared", "key_shared", "broadcast")
 SUB_TYPES = {"shared": "shared", "key_shared": "key_shared", "exclusive": "exclusive", "failover": "failover",
              "broadcast": "shared"}
 
@@ -120,12 +122,22 @@ class GatewayConsumer:
         self._dead_letter_sink = dead_letter_sink
         self._dead_letter_tasks: set[asyncio.Task[None]] = set()
         self.last_used_s = time.monotonic()
+        # Laid out on the first receipt this consumer's messages get (gateway/service.py).
+        self.receipt_context: ReceiptContext | None = None
         self.failure: MagnetarError | None = None
         self.closed = False
         self.messages_delivered = 0
         self.messages_returned = 0
+        self.entries_returned_unused = 0
         # Told (key, messages) when leases end without an ack (counted per subscription).
         self.on_leases_ended: Callable[[ConsumerKey, int], None] | None = None
+        # Messages pulls took in the current and the previous half of ready_hold_ms:
+        # what pulls take meanwhile is all that is worth reading ahead.
+        self._taken_windows = [0, 0]
+        self._window_started_s = time.monotonic()
+        # Exclusive and failover give back by rewinding their cursor, which sends every
+        # message in flight again: no read-ahead there.
+        self.read_ahead_modes = key.mode in READ_AHEAD_MODES
 
     async def start(self, initial_position: str) -> None:
         self.consumer = Consumer(self._pool, self.key.topic, self.key.subscription, listener=self,
@@ -159,13 +171,26 @@ class GatewayConsumer:
         if consumer is None or not consumer.ready:
             return
         demand = sum(waiter.share() for waiter in self.waiters)
-        if demand or pulled:
-            # Read-ahead (config.read_ahead_messages), topped up by each pull: not
-            # leased, given back under the ready_hold_ms rule when no pull takes it.
-            demand += max(0, self.config.read_ahead_messages - self.table.ready)
+        if (demand or pulled) and self.read_ahead_modes:
+            # Read-ahead, topped up by each pull: not leased, given back unused (not a
+            # delivery) under the ready_hold_ms rule when no pull takes it.
+            demand += max(0, self.read_ahead_target() - self.table.ready)
         demand = min(demand, self.table.room - self.table.ready)
         if demand > consumer.permits_outstanding:
             consumer.flow(demand - consumer.permits_outstanding)
+
+    def read_ahead_target(self) -> int:
+        """How much to hold READY beyond what waiters want: what pulls took over the
+        last half hold (at least one window), at most config.read_ahead_messages - so
+        a read-ahead is taken before ready_hold_ms sends it back, and occasional pulls
+        read ahead nothing."""
+        now_s = time.monotonic()
+        window_s = self.config.ready_hold_ms / 2000
+        elapsed = now_s - self._window_started_s
+        if elapsed >= window_s:
+            self._taken_windows = [0, self._taken_windows[0]] if elapsed < 2 * window_s else [0, 0]
+            self._window_started_s = now_s
+        return min(self.config.read_ahead_messages, max(self._taken_windows))
 
     def _feed(self) -> None:
         """Hands READY messages to waiters, oldest waiter first."""
@@ -175,6 +200,7 @@ class GatewayConsumer:
             if not slots:
                 break
             waiter.taken.extend((self, slot) for slot in slots)
+            self._taken_windows[0] += len(slots)
             waiter.wake.set()
             if waiter.remaining <= 0:
                 self.waiters.popleft()
@@ -239,7 +265,7 @@ class GatewayConsumer:
 
     def tick(self, now_s: float) -> None:
         ended_before = self.table.leases_ended
-        positions = self.table.expire(now_s)
+        positions, unused = self.table.expire_split(now_s)
         ended = self.table.leases_ended - ended_before
         if ended and self.on_leases_ended is not None:
             self.on_leases_ended(self.key, ended)
@@ -249,6 +275,11 @@ class GatewayConsumer:
                 self.consumer.redeliver(positions)
             log.debug("leases ended, entries given back: topic=%s subscription=%s entries=%d", self.key.topic,
                       self.key.subscription, len(positions))
+        if unused and self.consumer is not None:
+            # Never handed out (read ahead, or left by a pull that gave up): not a
+            # delivery attempt, so the broker keeps their redelivery counts.
+            self.consumer.redeliver(unused, unused=True)
+            self.entries_returned_unused += len(unused)
         if self.waiters:
             self._feed()
             self._grant()
@@ -287,6 +318,13 @@ class ConsumerPool:
         self._starting: dict[ConsumerKey, asyncio.Task[GatewayConsumer]] = {}
         self.closed = False
         self.on_leases_ended: Callable[[ConsumerKey, int], None] | None = None
+        # Entries given back unused by consumers closed since (the metric adds the open ones').
+        self.entries_returned_unused_closed = 0
+
+    @property
+    def entries_returned_unused(self) -> int:
+        return self.entries_returned_unused_closed + sum(consumer.entries_returned_unused
+                                                         for consumer in self.consumers.values())
 
     async def get(self, key: ConsumerKey, initial_position: str = "latest") -> GatewayConsumer:
         if self.closed:
@@ -328,6 +366,7 @@ class ConsumerPool:
     async def _close(self, key: ConsumerKey) -> None:
         consumer = self.consumers.pop(key, None)
         if consumer is not None:
+            self.entries_returned_unused_closed += consumer.entries_returned_unused
             await consumer.close()
 
     async def run(self) -> None:
@@ -347,6 +386,7 @@ class ConsumerPool:
                         log.info("gateway consumer closed: topic=%s subscription=%s reason=%s", key.topic,
                                  key.subscription, "failed" if consumer.failure else "idle")
                         del self.consumers[key]
+                        self.entries_returned_unused_closed += consumer.entries_returned_unused
                         task = asyncio.get_running_loop().create_task(consumer.close())
                         closing.add(task)
                         task.add_done_callback(closing.discard)

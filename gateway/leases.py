@@ -264,6 +264,14 @@ class LeaseTable:
     def expire(self, now_s: float) -> list[Position]:
         """Ends the leases and deferrals due; returns the entries to give back to the
         broker (they are forgotten here)."""
+        delivered, unused = self.expire_split(now_s)
+        return delivered + unused
+
+    def expire_split(self, now_s: float) -> tuple[list[Position], list[Position]]:
+        """``expire``, the entries in two lists: those with a message whose lease ended
+        (a delivery that failed: the broker counts it), and those none of whose messages
+        reached anyone (read ahead or left behind, held past ``ready_hold_s``: given
+        back without counting a delivery)."""
         touched: dict[Position, Held] = {}
         deadlines = self._deadlines
         while deadlines and deadlines[0][0] <= now_s:
@@ -279,7 +287,8 @@ class LeaseTable:
                 if slot.held.position not in self._ready:
                     slot.held.ready_since_s = now_s
                     self._ready[slot.held.position] = slot.held
-        returned = []
+        returned: list[Position] = []
+        unused: list[Position] = []
         for position, held in touched.items():
             if not held.has_active():
                 returned.append(position)
@@ -291,10 +300,11 @@ class LeaseTable:
             if held.ready_since_s > hold_limit_s:
                 continue
             if not held.has_active():
-                returned.append(position)
+                delivered = any(slot.state == State.RETURNING for slot in held.slots)
+                (returned if delivered else unused).append(position)
                 self._forget(held)
         self._compact()
-        return returned
+        return returned, unused
 
     def next_deadline_s(self) -> float | None:
         """The earliest moment ``expire`` may have something to do."""

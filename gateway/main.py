@@ -66,9 +66,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ready-hold-ms", type=int, default=2_000)
     parser.add_argument("--metrics-subscriptions-max", type=int, default=GatewayConfig.metrics_subscriptions_max,
                         help="subscriptions with /metrics series of their own (the rest share _other)")
-    parser.add_argument("--read-ahead-messages", type=int, default=0,
-                        help="messages asked of the broker beyond what waiting pulls want (not leased; they go "
-                             "back after --ready-hold-ms, which the broker counts as a delivery); 0: none")
+    parser.add_argument("--read-ahead-messages", type=int, default=500,
+                        help="at most this many messages asked of the broker beyond what waiting pulls want, "
+                             "never more than pulls took over the last half of --ready-hold-ms (not leased; "
+                             "unused ones go back after --ready-hold-ms without counting a delivery); 0: none")
     parser.add_argument("--body-mib-max", type=int, default=8)
     parser.add_argument("--requests-in-flight-max", type=int, default=4_096)
     parser.add_argument("--authentication-enabled", action="store_true",

@@ -29,7 +29,9 @@ class _ServiceCollector:
                 ("messages_acked", "Messages acknowledged through the gateway", service.messages_acked),
                 ("messages_nacked", "Messages given back by nack", service.messages_nacked),
                 ("messages_rejected", "Messages sent to the dead-letter topic by reject", service.messages_rejected),
-                ("leases_extended", "Lease extensions", service.leases_extended)):
+                ("leases_extended", "Lease extensions", service.leases_extended),
+                ("entries_returned_unused", "Entries given back to the broker unused (read ahead or left "
+                 "by a pull that gave up; not counted as deliveries)", service.consumers.entries_returned_unused)):
             yield CounterMetricFamily(f"magnetar_gateway_{name}", help_text, value=value)
         for name, help_text, value in (
                 ("leases_active", "Messages leased, deferred or being written", service.consumers.leases),

@@ -346,6 +346,16 @@ def _ok(schema: str, description: str = "OK") -> dict:
     return {"200": {"description": description, "content": _json(_ref(schema))}}
 
 
+# One Server-Sent Event as OpenAPI 3.1 tools read a text/event-stream schema (each event,
+# its fields as SSE names them): "messages" events, whose data is the JSON text of
+# {"messages": [...]} (PullResponse) and whose id is the first message's id.
+SSE_EVENT = {"type": "object", "required": ["event", "data"],
+             "properties": {"event": {"type": "string", "enum": ["messages"]},
+                            "data": {"type": "string", "contentMediaType": "application/json",
+                                     "contentSchema": _ref("PullResponse")},
+                            "id": {"type": "string"}, "retry": {"type": "integer", "minimum": 0}}}
+
+
 OPERATIONS: dict[tuple[str, str], dict] = {
     ("GET", "/v1/openapi.json"): _operation(
         "This document", [], {"200": {"description": "OpenAPI 3.1", "content": _json({"type": "object"})}}),
@@ -400,13 +410,95 @@ OPERATIONS: dict[tuple[str, str], dict] = {
             {"name": "stream", "in": "query", "required": False, "style": "form", "explode": True,
              "schema": _ref("EventsQuery"),
              "description": "the query parameters, each its own (?mode=broadcast&member=m&credits=10)"}],
-        {"200": {"description": "an event stream", "content": {"text/event-stream": {"schema": {"type": "string"}}}}}),
+        {"200": {"description": "an event stream", "content": {"text/event-stream": {"schema": SSE_EVENT}}}}),
     ("GET", "/health"): _operation("200 while serving, 503 when stopping", [], _ok("Health")),
     ("GET", "/live"): _operation("200 while the process answers (a liveness probe)", [], _ok("Health")),
     ("GET", "/metrics"): _operation(
         "Prometheus metrics", [], {"200": {"description": "Prometheus text format",
                                            "content": {"text/plain": {"schema": {"type": "string"}}}}}),
 }
+
+
+# operationIds: what OpenAPI links name, and what generated clients call their methods.
+OPERATION_IDS = {
+    ("GET", "/v1/openapi.json"): "getDocument",
+    ("POST", f"{TOPIC_BASE}/message"): "produceOne",
+    ("POST", f"{TOPIC_BASE}/messages"): "produceBatch",
+    ("POST", f"{TOPIC_BASE}/messages/stream"): "produceStream",
+    ("GET", f"{TOPIC_BASE}/stats"): "topicStats",
+    ("PUT", SUBSCRIPTION_BASE): "createSubscription",
+    ("DELETE", SUBSCRIPTION_BASE): "deleteSubscription",
+    ("GET", f"{SUBSCRIPTION_BASE}/backlog"): "backlog",
+    ("GET", f"{SUBSCRIPTION_BASE}/peek"): "peek",
+    ("POST", f"{SUBSCRIPTION_BASE}/pull"): "pull",
+    ("POST", f"{SUBSCRIPTION_BASE}/ack"): "ack",
+    ("POST", f"{SUBSCRIPTION_BASE}/nack"): "nack",
+    ("POST", f"{SUBSCRIPTION_BASE}/extend"): "extend",
+    ("POST", f"{SUBSCRIPTION_BASE}/reject"): "reject",
+    ("GET", f"{SUBSCRIPTION_BASE}/events"): "events",
+    ("GET", "/health"): "health",
+    ("GET", "/live"): "live",
+    ("GET", "/metrics"): "metrics",
+}
+assert set(OPERATION_IDS) == set(OPERATIONS)
+for _key, _operation_id in OPERATION_IDS.items():
+    OPERATIONS[_key]["operationId"] = _operation_id
+
+
+def _link(operation_id: str, description: str, names: tuple[str, ...], body: dict | None = None) -> dict:
+    """A link to ``operation_id`` with the path parameters ``names`` taken from this
+    request's path, and ``body`` (with runtime expressions) sent as the whole body
+    (x-schemathesis merge_body false: a generated body merged in could break the
+    mode rules the link's body keeps)."""
+    link: dict[str, Any] = {"operationId": operation_id, "description": description,
+                            "parameters": {f"path.{name}": f"$request.path.{name}" for name in names}}
+    if body is not None:
+        link["requestBody"] = body
+        link["x-schemathesis"] = {"merge_body": False}
+    return link
+
+
+_TOPIC_NAMES = ("tenant", "namespace", "topic")
+_SUBSCRIPTION_NAMES = _TOPIC_NAMES + ("subscription",)
+_RECEIPT = "$response.body#/messages/0/receipt"
+# The work-queue cycle as links (OpenAPI 3.1 "links"): produce, create a subscription at
+# the earliest position, pull, then settle the pulled message by its receipt (ack, nack,
+# extend - whose new receipt can be acked - or reject); a subscription's backlog, and
+# its deletion, after which its backlog is gone. schemathesis's stateful tests walk them
+# (tests/integration/test_gateway_bad_input.py).
+LINKS: dict[tuple[str, str], dict[str, dict]] = {
+    ("POST", f"{TOPIC_BASE}/message"): {
+        "CreateSubscription": _link("createSubscription", "a subscription that sees the message", _TOPIC_NAMES,
+                                    {"mode": "shared", "initial_position": "earliest"})},
+    ("POST", f"{TOPIC_BASE}/messages"): {
+        "CreateSubscription": _link("createSubscription", "a subscription that sees the messages", _TOPIC_NAMES,
+                                    {"mode": "shared", "initial_position": "earliest"})},
+    ("PUT", SUBSCRIPTION_BASE): {
+        "Pull": _link("pull", "pull from the subscription", _SUBSCRIPTION_NAMES,
+                      {"mode": "shared", "max_messages": 10, "wait_ms": 1_000, "lease_ms": 30_000}),
+        "Backlog": _link("backlog", "the subscription's backlog", _SUBSCRIPTION_NAMES),
+        "Delete": _link("deleteSubscription", "delete the subscription", _SUBSCRIPTION_NAMES),
+    },
+    ("DELETE", SUBSCRIPTION_BASE): {
+        "Backlog": _link("backlog", "a deleted subscription has no backlog (404)", _SUBSCRIPTION_NAMES)},
+    ("POST", f"{SUBSCRIPTION_BASE}/pull"): {
+        "Ack": _link("ack", "acknowledge the first message pulled", _SUBSCRIPTION_NAMES, {"receipts": [_RECEIPT]}),
+        "Nack": _link("nack", "give the first message pulled back", _SUBSCRIPTION_NAMES,
+                      {"receipts": [_RECEIPT], "delay_ms": 0}),
+        "Extend": _link("extend", "extend the first message's lease", _SUBSCRIPTION_NAMES,
+                        {"receipts": [_RECEIPT], "lease_ms": 60_000}),
+        "Reject": _link("reject", "dead-letter the first message pulled", _SUBSCRIPTION_NAMES,
+                        {"receipts": [_RECEIPT]}),
+    },
+    ("POST", f"{SUBSCRIPTION_BASE}/extend"): {
+        "Ack": _link("ack", "acknowledge by the extension's new receipt", _SUBSCRIPTION_NAMES,
+                     {"receipts": ["$response.body#/results/0/receipt"]})},
+    ("POST", f"{SUBSCRIPTION_BASE}/nack"): {
+        "Pull": _link("pull", "pull the message given back", _SUBSCRIPTION_NAMES,
+                      {"mode": "shared", "max_messages": 10, "wait_ms": 1_000})},
+}
+for _key, _links in LINKS.items():
+    OPERATIONS[_key]["responses"]["200"]["links"] = _links
 
 
 def build(app: web.Application, config: GatewayConfig) -> dict:

@@ -44,7 +44,6 @@ still worth applying, an extension is not.
 
 from __future__ import annotations
 
-import base64
 import binascii
 import hmac
 import struct
@@ -63,11 +62,20 @@ MODES = ("shared", "key_shared", "exclusive", "failover", "broadcast")
 KEY_BYTES_MIN = 16
 
 _HEAD = struct.Struct(">BB8sQQiiiIQBBHHHH")
+try:   # OpenSSL's one-shot HMAC, without hmac.digest's Python wrapper
+    from _hashlib import hmac_digest as _digest
+except ImportError:  # pragma: no cover - a Python built without OpenSSL
+    _digest = hmac.digest
+_b2a = binascii.b2a_base64
+_a2b = binascii.a2b_base64
+_TO_URLSAFE = bytes.maketrans(b"+/", b"-_")
+_FROM_URLSAFE = bytes.maketrans(b"-_", b"+/")
+_PADDING = (b"", b"===", b"==", b"=")
 assert _HEAD.size == 60
 _TEXT_SIZE_MAX = (255, 255, 65535, 65535, 65535, 65535)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Receipt:
     cluster: str
     instance_id: bytes
@@ -83,11 +91,6 @@ class Receipt:
     batch_size: int
     attempt: int
     deadline_ms: int
-
-    def __post_init__(self) -> None:
-        assert len(self.instance_id) == 8, self.instance_id
-        assert self.mode in MODES, self.mode
-        assert self.attempt >= 1, self.attempt
 
     @property
     def position(self) -> tuple[int, int]:
@@ -139,17 +142,49 @@ class ReceiptKeys:
         return cls(cluster, keys, first)
 
 
+class ReceiptContext:
+    """What every receipt of one gateway consumer shares (the key, the head's mode and
+    instance id, the text fields and their sizes), laid out once: ``handle`` then packs
+    only the per-message numbers, signs and encodes. A pull renders one receipt per
+    message, so this is on the gateway's hot path."""
+
+    __slots__ = ("_key", "_mode_index", "_instance_id", "_texts", "_sizes")
+
+    def __init__(self, keys: ReceiptKeys, instance_id: bytes, issuer_url: str, topic: str, subscription: str,
+                 consumer: str, mode: str) -> None:
+        assert len(instance_id) == 8, instance_id
+        texts = [keys.signing_key_id.encode(), keys.cluster.encode(), issuer_url.encode(), topic.encode(),
+                 subscription.encode(), consumer.encode()]
+        for text, size_max in zip(texts, _TEXT_SIZE_MAX):
+            assert len(text) <= size_max, (text[:64], size_max)
+        self._key = keys.keys[keys.signing_key_id]
+        self._mode_index = MODES.index(mode)
+        self._instance_id = instance_id
+        self._texts = b"".join(texts)
+        self._sizes = tuple(len(text) for text in texts)
+
+    def handle(self, ledger_id: int, entry_id: int, partition: int, batch_index: int, batch_size: int,
+               attempt: int, deadline_ms: int) -> str:
+        body = _HEAD.pack(FORMAT_VERSION, self._mode_index, self._instance_id, ledger_id, entry_id, partition,
+                          batch_index, batch_size, attempt, deadline_ms, *self._sizes) + self._texts
+        raw = body + _digest(self._key, body, "sha256")[:SIGNATURE_BYTES]
+        return _b2a(raw, newline=False).translate(_TO_URLSAFE).rstrip(b"=").decode("ascii")
+
+
 def encode(receipt: Receipt, keys: ReceiptKeys) -> str:
     assert receipt.cluster == keys.cluster, (receipt.cluster, keys.cluster)
-    texts = [keys.signing_key_id.encode(), receipt.cluster.encode(), receipt.issuer_url.encode(),
-             receipt.topic.encode(), receipt.subscription.encode(), receipt.consumer.encode()]
-    for text, size_max in zip(texts, _TEXT_SIZE_MAX):
-        assert len(text) <= size_max, (text[:64], size_max)
-    body = _HEAD.pack(FORMAT_VERSION, MODES.index(receipt.mode), receipt.instance_id, receipt.ledger_id,
-                      receipt.entry_id, receipt.partition, receipt.batch_index, receipt.batch_size, receipt.attempt,
-                      receipt.deadline_ms, *(len(text) for text in texts)) + b"".join(texts)
-    signature = hmac.digest(keys.keys[keys.signing_key_id], body, "sha256")[:SIGNATURE_BYTES]
-    return base64.urlsafe_b64encode(body + signature).rstrip(b"=").decode("ascii")
+    assert receipt.attempt >= 1, receipt.attempt
+    context = ReceiptContext(keys, receipt.instance_id, receipt.issuer_url, receipt.topic, receipt.subscription,
+                             receipt.consumer, receipt.mode)
+    return context.handle(receipt.ledger_id, receipt.entry_id, receipt.partition, receipt.batch_index,
+                          receipt.batch_size, receipt.attempt, receipt.deadline_ms)
+
+
+# The text fields of handles seen lately, parsed (the same few consumers' texts come back
+# on every acknowledgement): bytes -> (key_id, cluster, issuer_url, topic, subscription,
+# consumer). Bounded; emptied when full. Only what verified is kept.
+_TEXTS_SEEN: dict[bytes, tuple[str, ...]] = {}
+_TEXTS_SEEN_MAX = 1024
 
 
 def decode(handle: object, keys: ReceiptKeys) -> Receipt:
@@ -159,9 +194,12 @@ def decode(handle: object, keys: ReceiptKeys) -> Receipt:
         raise InvalidReceipt("a receipt handle is a non-empty string")
     if len(handle) > HANDLE_CHARS_MAX:
         raise InvalidReceipt(f"receipt handle longer than {HANDLE_CHARS_MAX} characters")
+    if "+" in handle or "/" in handle:
+        raise InvalidReceipt("receipt handle is not URL-safe base64")
     try:
-        raw = base64.urlsafe_b64decode(handle + "=" * (-len(handle) % 4))
-    except (binascii.Error, ValueError):
+        text = handle.encode("ascii")
+        raw = _a2b((text + _PADDING[len(text) % 4]).translate(_FROM_URLSAFE), strict_mode=True)
+    except (binascii.Error, ValueError):   # UnicodeEncodeError is a ValueError
         raise InvalidReceipt("receipt handle is not URL-safe base64") from None
     if len(raw) < _HEAD.size + SIGNATURE_BYTES:
         raise InvalidReceipt("receipt handle is too short")
@@ -172,25 +210,34 @@ def decode(handle: object, keys: ReceiptKeys) -> Receipt:
      deadline_ms, *sizes) = _HEAD.unpack_from(body)
     if _HEAD.size + sum(sizes) != len(body):
         raise InvalidReceipt("receipt handle is truncated or has trailing bytes")
-    texts = []
-    offset = _HEAD.size
-    try:
-        for size in sizes:
-            texts.append(body[offset:offset + size].decode())
-            offset += size
-    except UnicodeDecodeError:
-        raise InvalidReceipt("receipt has a text field that is not UTF-8") from None
+    text_bytes = body[_HEAD.size:]
+    texts = _TEXTS_SEEN.get(text_bytes)
+    known = texts is not None
+    if texts is None:
+        parsed = []
+        offset = 0
+        try:
+            for size in sizes:
+                parsed.append(text_bytes[offset:offset + size].decode())
+                offset += size
+        except UnicodeDecodeError:
+            raise InvalidReceipt("receipt has a text field that is not UTF-8") from None
+        texts = tuple(parsed)
     key_id, cluster, issuer_url, topic, subscription, consumer = texts
     if cluster != keys.cluster:
         raise ReceiptForeign(f"receipt was issued by cluster {cluster!r}, this is {keys.cluster!r}")
     key = keys.keys.get(key_id)
     if key is None:
         raise ReceiptForged(f"receipt is signed with key id {key_id!r}, which this cluster does not have")
-    expected = hmac.digest(key, body, "sha256")[:SIGNATURE_BYTES]
+    expected = _digest(key, body, "sha256")[:SIGNATURE_BYTES]
     if not hmac.compare_digest(expected, signature):
         raise ReceiptForged("receipt signature does not verify")
     # Signed by us, so the fields were valid when written; check anyway, cheaply.
     if mode_index >= len(MODES) or attempt < 1 or batch_index < -1 or batch_size < 0 or partition < -1:
         raise InvalidReceipt("receipt fields are out of range")
+    if not known:
+        if len(_TEXTS_SEEN) >= _TEXTS_SEEN_MAX:
+            _TEXTS_SEEN.clear()
+        _TEXTS_SEEN[text_bytes] = texts
     return Receipt(cluster, instance_id, issuer_url, topic, subscription, consumer, MODES[mode_index], ledger_id,
                    entry_id, partition, batch_index, batch_size, attempt, deadline_ms)

@@ -33,7 +33,7 @@ from gateway.consumers import ConsumerKey, ConsumerPool, DeadLetterPolicy, Gatew
 from gateway.json_codec import PullSpec
 from gateway.idempotent import IdempotentProducers
 from gateway.producers import ProducerPool, partition_topic
-from gateway.receipts import Receipt, encode
+from gateway.receipts import Receipt, ReceiptContext
 
 log = logging.getLogger(__name__)
 
@@ -172,12 +172,14 @@ class GatewayService:
     # --- receipts ------------------------------------------------------------------------------
 
     def receipt(self, consumer: GatewayConsumer, slot_message_id, attempt: int, deadline_ms: int) -> str:
-        key = consumer.key
-        return encode(Receipt(
-            self.config.receipt_keys.cluster, self.instance_id, self.issuer_url, key.topic, key.subscription,
-            key.name, key.mode, slot_message_id.ledger_id, slot_message_id.entry_id, slot_message_id.partition,
-            slot_message_id.batch_index, slot_message_id.batch_size, attempt, deadline_ms),
-            self.config.receipt_keys)
+        context = consumer.receipt_context
+        if context is None:
+            key = consumer.key
+            context = consumer.receipt_context = ReceiptContext(
+                self.config.receipt_keys, self.instance_id, self.issuer_url, key.topic, key.subscription, key.name,
+                key.mode)
+        return context.handle(slot_message_id.ledger_id, slot_message_id.entry_id, slot_message_id.partition,
+                              slot_message_id.batch_index, slot_message_id.batch_size, attempt, deadline_ms)
 
     def is_ours(self, receipt: Receipt) -> bool:
         return receipt.instance_id == self.instance_id

@@ -7,8 +7,9 @@ and subscription) and gets its own result, in request order. Then:
   subscription (any consumer of a subscription may acknowledge any of its messages; the
   broker settles the message wherever it is pending) - in shared and broadcast mode,
   where joining with a consumer that takes no permits changes nothing. Then, in the
-  background and best effort, the issuing instance is told too, so it frees the lease
-  at once instead of at its deadline. In key-shared, exclusive and failover mode a
+  background and best effort, the issuing instance is told too (a hint, marked so in
+  the forwarding header: it only ends its leases, without a second ack at the broker),
+  so it frees the lease at once instead of at its deadline. In key-shared, exclusive and failover mode a
   consumer joining would move keys or turns, so the ack is forwarded to the issuing
   instance instead.
 - nack and extend change a lease, which lives at the issuing instance only: they are
@@ -47,6 +48,9 @@ from gateway.service import dead_letter_topic as service_dead_letter_topic
 log = logging.getLogger(__name__)
 
 FORWARDED_HEADER = "X-Magnetar-Forwarded"
+# The header's value on the hint an acknowledging instance sends the issuing one: the
+# broker has applied the ack already, so the issuer only ends its leases (no second ack).
+HINT = "hint"
 # Modes where an instance may join the subscription just to acknowledge.
 _ACK_ANYWHERE_MODES = ("shared", "broadcast")
 
@@ -87,8 +91,10 @@ def _results(items: list[Item]) -> list[dict]:
 # --- ack -------------------------------------------------------------------------------------------
 
 async def ack(service: GatewayService, topic: str, subscription: str, handles: list[str], *, path: str,
-              forwarded: bool) -> list[dict]:
+              forwarded: bool, hint: bool = False) -> list[dict]:
     items = _checked(service, topic, subscription, handles)
+    if hint:
+        return _release(service, items)
     direct: dict[Any, list[Item]] = {}
     remote: dict[str, list[Item]] = {}
     hints: dict[str, list[Item]] = {}
@@ -145,7 +151,24 @@ async def ack(service: GatewayService, topic: str, subscription: str, handles: l
         service.subscription_counts.add(key.topic, key.subscription, "acked", len(group))
     await _forward_groups(service, remote, path, {}, "acked")
     for issuer_url, group in hints.items():
-        service.spawn_forward(_forward(service, issuer_url, path, [item.handle for item in group], {}))
+        service.spawn_forward(_forward(service, issuer_url, path, [item.handle for item in group], {}, header=HINT))
+    return _results(items)
+
+
+def _release(service: GatewayService, items: list[Item]) -> list[dict]:
+    """A hint from the instance that applied these acks at the broker: the leases held
+    here for them end (on the same delivery attempt only), without acking again."""
+    for item in items:
+        receipt = item.receipt
+        if receipt is None:
+            continue
+        consumer = service.consumers.find(service.key_of(receipt)) if service.is_ours(receipt) else None
+        slot = None if consumer is None else consumer.table.find(receipt.position, receipt.batch_index)
+        if slot is None or slot.attempt != receipt.attempt or not consumer.table.ack(receipt.position,  # type: ignore[union-attr]
+                                                                                      receipt.batch_index):
+            item.fail(_lease_gone(receipt))
+            continue
+        item.result = {"status": "acked"}
     return _results(items)
 
 
@@ -284,12 +307,13 @@ async def _forward_groups(service: GatewayService, remote: dict[str, list[Item]]
             item.result = result
 
 
-async def _forward(service: GatewayService, issuer_url: str, path: str, handles: list[str], extra: dict) -> list[dict]:
+async def _forward(service: GatewayService, issuer_url: str, path: str, handles: list[str], extra: dict,
+                   header: str = "1") -> list[dict]:
     """Posts ``handles`` to the issuing instance; its per-receipt results."""
     assert service.http is not None
     try:
         async with service.http.post(f"{issuer_url}{path}", json={"receipts": handles, **extra},
-                                     headers={FORWARDED_HEADER: "1"}) as response:
+                                     headers={FORWARDED_HEADER: header}) as response:
             document = await response.json(content_type=None)
     except aiohttp.ClientConnectorError:
         raise LeaseExpired("the gateway instance that issued this receipt is gone; its broker connection went "

@@ -165,8 +165,9 @@ class Dispatcher(abc.ABC):
         return iter(self._states.items())
 
     @abc.abstractmethod
-    def redeliver(self, consumer: ConsumerPort, positions: list[Position] | None) -> None:
-        """Sends the given unacknowledged entries again (None: all of the consumer's)."""
+    def redeliver(self, consumer: ConsumerPort, positions: list[Position] | None, *, counted: bool = True) -> None:
+        """Sends the given unacknowledged entries again (None: all of the consumer's),
+        their redelivery counts raised unless not ``counted``."""
 
     async def close(self) -> None:
         if self._throttle_timer is not None:
@@ -419,14 +420,16 @@ class SingleActiveDispatcher(Dispatcher):
         self._update_active()
         self.wake()
 
-    def redeliver(self, consumer: ConsumerPort, positions: list[Position] | None) -> None:
+    def redeliver(self, consumer: ConsumerPort, positions: list[Position] | None, *, counted: bool = True) -> None:
         """Exclusive and failover redeliver by rewinding to the first unacknowledged
-        entry (what Pulsar does); the counts of what was in flight go up."""
+        entry (what Pulsar does); the counts of what was in flight go up (if
+        ``counted``)."""
         if consumer is not self.active:
             return
         cursor = self.subscription.cursor
         start = self.subscription.ledger.next_position(cursor.mark_delete_position)
-        self.subscription.count_redelivery_range(start, cursor.read_position)
+        if counted:
+            self.subscription.count_redelivery_range(start, cursor.read_position)
         cursor.rewind()
         self._hold_compacted_start()
         self.wake()

@@ -237,7 +237,7 @@ class SharedDispatcher(Dispatcher):
         if woke:
             self.wake()
 
-    def redeliver(self, consumer: ConsumerPort, positions: list[Position] | None) -> None:
+    def redeliver(self, consumer: ConsumerPort, positions: list[Position] | None, *, counted: bool = True) -> None:
         if positions is None:
             chosen = [p for p, owner in self.pending.items() if owner is consumer]
         else:
@@ -247,7 +247,7 @@ class SharedDispatcher(Dispatcher):
             del self.pending[position]
             assert state is not None, "an entry is pending at a consumer that is not attached"
             state.unacked_messages -= state.pending.pop(position, 0)
-            self._add_replay(position, count=True)
+            self._add_replay(position, count=counted)
         if chosen:
             self.wake()
 

@@ -141,10 +141,11 @@ class Subscription:
         if on_acked is not None and done:
             on_acked(done)
 
-    def redeliver(self, consumer: ConsumerPort, positions: Sequence[Position]) -> None:
+    def redeliver(self, consumer: ConsumerPort, positions: Sequence[Position], *, counted: bool = True) -> None:
         """The client asks for ``positions`` again (negative ack, ack timeout); none:
-        everything it holds unacknowledged."""
-        self.dispatcher.redeliver(consumer, list(positions) or None)
+        everything it holds unacknowledged. ``counted=False``: it never used them (read
+        ahead), so their redelivery counts stay as they are."""
+        self.dispatcher.redeliver(consumer, list(positions) or None, counted=counted)
 
     # --- redelivery counts --------------------------------------------------------------------
 

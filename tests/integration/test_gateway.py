@@ -193,6 +193,44 @@ async def test_unacked_lease_goes_to_another_worker_and_extension_prevents_it(ga
     assert await gateway.pull(path, "s", max_messages=10, wait_ms=2500) == []
 
 
+async def _entries_returned_unused(gateway: Gateway) -> float:
+    async with gateway.session.get(f"{gateway.url}/metrics") as response:
+        text = await response.text()
+    (line,) = [line for line in text.splitlines() if line.startswith("magnetar_gateway_entries_returned_unused_total")]
+    return float(line.split()[-1])
+
+
+async def test_read_ahead_given_back_unused_is_not_a_delivery(gateways):
+    """A steady puller makes gateway 0 read ahead; when it stops, what it read ahead goes
+    back after the ready hold marked unused (its metrics count those entries), and pulled
+    then through gateway 1 every message is on its first delivery attempt: a message no
+    client got is not a delivery (before, the broker counted it, and max_deliveries could
+    dead-letter a message nobody ever pulled)."""
+    first, second = gateways
+    _, path = new_topic_path("read-ahead")
+    await first.subscribe(path, "s")
+    for i in range(30):                       # 30 entries of 5 messages
+        await first.produce(path, [{"payload": f"m{i}.{j}"} for j in range(5)])
+    unused_before = await _entries_returned_unused(first)
+    pulled: list[dict] = []
+    for _ in range(6):                        # the read-ahead grows to what these pulls take
+        messages = await first.pull(path, "s", max_messages=5, wait_ms=3000)
+        await first.ack(path, "s", messages)
+        pulled += messages
+    deadline = time.monotonic() + 20
+    while await _entries_returned_unused(first) == unused_before:
+        assert time.monotonic() < deadline, "gateway 0 gave nothing back unused: it read nothing ahead"
+        await asyncio.sleep(0.2)
+    while len(pulled) < 150:
+        assert time.monotonic() < deadline + 30, f"only {len(pulled)} of 150 messages came back"
+        messages = await second.pull(path, "s", max_messages=50, wait_ms=2000)
+        await second.ack(path, "s", messages)
+        pulled += messages
+    assert sorted(m["payload"] for m in pulled) == sorted(f"m{i}.{j}" for i in range(30) for j in range(5))
+    attempts = collections.Counter(m["delivery_attempt"] for m in pulled)
+    assert attempts == {1: 150}, attempts
+
+
 async def test_pull_from_one_gateway_settle_through_the_other(gateways):
     """Receipts from gateway 0 are acked, nacked and extended through gateway 1: acked
     messages never come back, a nack returns the message at once (with attempt 2), an

@@ -11,7 +11,12 @@ What it proves:
   invalid) never get a 5xx, and every response matches the document (status code,
   content type, headers, body schema). ``GATEWAY_FUZZ_EXAMPLES`` sets the examples per
   operation and mode (valid, invalid): 5 in ``make test`` (about 180 cases, every check), 45 in
-  ``make fuzz-gateway`` (over 1,000), whose counts go to bench/results/gateway_fuzz.json.
+  ``make fuzz-gateway`` (over 1,000), whose counts go to bench/results/gateway_fuzz.json;
+- stateful (schemathesis state machine over the document's OpenAPI links): produce,
+  subscribe at the earliest position, pull, then ack / nack / extend / reject by the
+  pulled receipt, every check on every step; some pull returns messages and some settle
+  by a pulled receipt succeeds (16 scenarios of up to 8 steps in ``make test``, about
+  50 s here; 100 of up to 10 in ``make fuzz-gateway``).
 How: etcd, 3 bookies, a broker and a gateway as processes; aiohttp for the explicit
 cases, schemathesis (requests) for the generated ones.
 """
@@ -284,3 +289,80 @@ def test_generated_requests_get_no_5xx_and_match_the_document(gateway_schema, gw
             run()
         except Unsatisfiable:
             assert mode == GenerationMode.NEGATIVE, f"no valid request can be generated for {method} {path}"
+
+
+# --- stateful: the document's links (produce -> subscription -> pull -> ack / nack / extend /
+# reject by the receipt pulled) walked as scenarios, every check on every step ------------------
+
+STATEFUL_EXAMPLES = int(os.environ.get("GATEWAY_STATEFUL_EXAMPLES", "16"))
+STATEFUL_STEPS = int(os.environ.get("GATEWAY_STATEFUL_STEPS", "8"))
+_stateful_counts: collections.Counter[str] = collections.Counter()
+
+
+def test_stateful_links_produce_pull_and_settle_by_receipt(gw_cluster):
+    """schemathesis's state machine over the document's OpenAPI links: produce, create
+    a subscription at the earliest position, pull, and ack, nack, extend (then ack by
+    the new receipt) or reject by the receipt the pull returned; a subscription's
+    backlog and its deletion. Every check on every step (including the stateful ones:
+    use_after_free, ensure_resource_availability), and the chain is really walked:
+    some pulls returned messages and some settles used their receipts."""
+    base_url = gw_cluster.gateways[0].url
+    # A namespace of its own, with deduplication on, so idempotent produces (a producer
+    # and sequence ids) are stored rather than refused with 412 as on public/default.
+    admin = gw_cluster.brokers[0].web_service_url
+    namespace = f"stateful-{os.getpid()}"
+    assert requests.put(f"{admin}/admin/v2/namespaces/public/{namespace}", timeout=30).status_code in (200, 204)
+    assert requests.post(f"{admin}/admin/v2/namespaces/public/{namespace}/deduplication", json=True,
+                         timeout=30).status_code in (200, 204)
+    schema = schemathesis.openapi.from_url(f"{base_url}/v1/openapi.json", config=FUZZ_CONFIG)
+    machine = schema.as_state_machine()
+
+    class Machine(machine):  # type: ignore[misc, valid-type]
+        def before_call(self, case) -> None:
+            # Scenarios start in a namespace that exists (generated tenants and
+            # namespaces are 404 - the stateless test covers that); links keep it.
+            if case.path_parameters and "tenant" in case.path_parameters:
+                case.path_parameters = {**case.path_parameters, "tenant": "public", "namespace": namespace}
+            # Generated waits are cut short; the links' pulls (10 messages, 1 s) keep theirs,
+            # long enough for a first pull to see what the scenario produced.
+            if isinstance(case.body, dict) and isinstance(case.body.get("wait_ms"), int) and not (
+                    case.body.get("wait_ms") == 1_000 and case.body.get("max_messages") == 10):
+                case.body["wait_ms"] = min(case.body["wait_ms"], FUZZ_WAIT_MS_MAX)
+            if case.path.endswith("/events"):
+                query = dict(case.query or {})
+                query["duration_ms"] = FUZZ_WAIT_MS_MAX
+                case.query = query
+            assume(not case.path.endswith("/messages/stream") or case.body is NOT_SET
+                   or isinstance(case.body, str))
+
+        def get_call_kwargs(self, case) -> dict:
+            return {"base_url": base_url, "timeout": 30}
+
+        def after_call(self, response, case) -> None:
+            super().after_call(response, case)
+            operation = case.operation.definition.raw.get("operationId", case.path)
+            _stateful_counts[f"{operation} {response.status_code}"] += 1
+            if operation == "pull" and response.status_code == 200 and response.json().get("messages"):
+                _stateful_counts["pull with messages"] += 1
+            if operation in ("ack", "nack", "extend", "reject") and response.status_code == 200:
+                statuses = {result["status"] for result in response.json()["results"]}
+                _stateful_counts.update(f"{operation} result {status}" for status in statuses)
+
+        def validate_response(self, response, case, additional_checks=None, **kwargs) -> None:
+            case.validate_response(response, checks=CHECKS, transport_kwargs=kwargs or None,
+                                   recorder=self.recorder)
+
+    Machine.run(settings=settings(max_examples=STATEFUL_EXAMPLES, stateful_step_count=STATEFUL_STEPS,
+                                  deadline=None, derandomize=True, database=None,
+                                  suppress_health_check=list(HealthCheck)))
+    print("stateful steps by operation and status:", dict(sorted(_stateful_counts.items())))
+    if FUZZ_REPORT:
+        stateful_report = FUZZ_REPORT.replace(".json", "_stateful.json")
+        with open(stateful_report, "w") as handle:
+            json.dump({"examples": STATEFUL_EXAMPLES, "steps_max": STATEFUL_STEPS,
+                       "by_operation_and_status": dict(sorted(_stateful_counts.items())),
+                       "unix_s": int(time.time())}, handle, indent=1)
+    settled = sum(count for key, count in _stateful_counts.items()
+                  if " result " in key and not key.endswith(" result error"))
+    assert _stateful_counts["pull with messages"] > 0 and settled > 0, (
+        f"the links were not walked to a settle by a pulled receipt: {dict(_stateful_counts)}")

@@ -212,6 +212,28 @@ def test_shared_negative_ack_redelivers_with_a_rising_count():
     run(scenario)
 
 
+@pytest.mark.parametrize("mode", [SHARED, KEY_SHARED, FAILOVER])
+def test_entries_given_back_unused_go_out_again_without_a_rising_count(mode):
+    """A redelivery with counted=False (Magnetar's magnetar_unused: read ahead, never
+    handed to an application) sends the entries again with their counts unchanged; a
+    counted one after it raises them."""
+    async def scenario() -> None:
+        harness = Harness(mode)
+        a = harness.consumer("a", 10)
+        harness.add(a)
+        published = harness.publish(["k"] * 2)
+        await harness.settle()
+        harness.subscription.redeliver(a, published, counted=False)
+        await harness.settle()
+        assert [s.redelivery_count for s in a.sent] == [0, 0, 0, 0]
+        harness.nack(a, published)
+        await harness.settle()
+        assert [s.redelivery_count for s in a.sent[4:]] == [1, 1]
+        await harness.close()
+
+    run(scenario)
+
+
 def test_shared_ack_through_another_consumer_settles_the_entry_where_it_is_pending():
     """What the HTTP gateway relies on (an ack through another gateway instance): B, a
     consumer of the same subscription with no permits, acknowledges entries A holds.

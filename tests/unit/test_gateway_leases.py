@@ -123,6 +123,33 @@ def test_ready_messages_nobody_pulls_go_back_after_the_hold():
     assert leases.next_deadline_s() is not None
 
 
+def test_what_nobody_got_goes_back_as_unused_and_failed_leases_as_delivered():
+    """expire_split: an entry none of whose messages reached anyone (read ahead, or made
+    READY again after an unwritten response) is given back as unused - the broker does
+    not count that as a delivery - while one with a lease that ended is a delivery,
+    even when it goes back by the ready-hold rule with a sibling never taken."""
+    leases = table(ready_hold_s=2)
+    leases.add(entry(0, 3), now_s=0, now_unix_ms=0)     # one lease ends, one acked, one left
+    leases.add(entry(1, 1), now_s=0, now_unix_ms=0)     # taken, response not written
+    leases.add(entry(2, 1), now_s=0, now_unix_ms=0)     # never taken
+    ending = leases.take(1)
+    leases.written(ending, lease_s=1, now_s=0)
+    acked = leases.take(1)
+    leases.written(acked, lease_s=5, now_s=0)
+    unwritten = leases.take(1)
+    assert unwritten[0].held.position == (1, 0)          # entry 0's third message
+    leases.unwritten(unwritten, now_s=0)
+    assert leases.expire_split(now_s=1) == ([], [])     # entry 0 still has a lease running
+    assert leases.ack((1, 0), 1)
+    assert leases.expire_split(now_s=1.5) == ([], [])
+    leases.add(entry(3, 1), now_s=1.5, now_unix_ms=0)
+    (taken,) = leases.take(1)
+    assert taken.held.position == (1, 0)                 # READY again, first in line
+    leases.unwritten([taken], now_s=1.5)
+    assert leases.expire_split(now_s=2) == ([], [(1, 1), (1, 2)])
+    assert leases.expire_split(now_s=3.5) == ([(1, 0)], [(1, 3)])   # its hold began again at 1.5
+
+
 def test_deliver_at_defers_without_counting_a_delivery():
     leases = table()
     leases.add(entry(0, deliver_at_ms=5_000), now_s=0, now_unix_ms=1_000)
