@@ -1,0 +1,357 @@
+"""Magnetar and pulsar-lite through every way a Python user calls a Pulsar client, in one
+run (issue 40, item 1): the workloads of bench/call_styles.py (publish, drain, work queue,
+fan-out to 4 subscriptions, end to end at 1,000 msgs/s) in each call style (official
+client blocking per message, blocking ``batch_receive``, ``pulsar.asyncio``, listener
+callbacks, and the project's own asyncio client), with the client process's and the
+servers' CPU per 1,000 messages beside each rate.
+
+Theory of operation:
+- Each repeat starts each system once: ``magnetar standalone --bookies 1 --copies 1``
+  (bench/latency.py's ``Standalone``, free loopback ports) and pulsar-lite (the binary
+  of the PyPI package, bench/peer_servers.py; RocksDB, no fsync per acknowledgement).
+  Every style then runs in a fresh client process on topics of its own, the styles'
+  order rotated by one each repeat.
+- bench/cpu_accounting.py samples every server process and the client over the run;
+  each workload's window (from the client's summary) gives CPU seconds per process.
+  "servers" is broker + bookies for Magnetar (etcd, the gateway and auto-recovery are
+  kept apart in the JSON: they are idle on this path), the one process for pulsar-lite.
+  Per 1,000 messages = CPU seconds x 1,000 / messages (fan-out: deliveries).
+- The report (``summarize``, ``report_markdown``; pure) shows medians over the repeats.
+
+    python bench/peers_calls.py --quick                  # about 3-4 minutes
+    python bench/peers_calls.py --repeat 3               # the full run
+    python bench/peers_calls.py --from-json bench/results/peers_calls.json   # report again
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.metadata
+import json
+import os
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO_DIR = os.path.dirname(BENCH_DIR)
+sys.path.insert(0, REPO_DIR)
+sys.path.insert(0, BENCH_DIR)
+
+from call_styles import STYLES, WORKLOADS  # noqa: E402
+from cpu_accounting import CpuSampler  # noqa: E402
+from harness import last_json_line  # noqa: E402
+
+SYSTEMS = ("magnetar", "pulsar-lite")
+LABELS = {"magnetar": "Magnetar 1x1 (fsync before every ack)", "pulsar-lite": "pulsar-lite 0.2.0 (no fsync)"}
+STYLE_LABELS = {"sync": "official, blocking, per message", "sync_batch": "official, blocking, batch_receive",
+                "asyncio": "official, pulsar.asyncio", "listener": "official, listener callbacks",
+                "magnetar": "own asyncio client (client/)"}
+CLIENT_TIMEOUT_S = 400.0
+QUICK = {"messages": 10_000, "e2e_seconds": 3.0}
+FULL = {"messages": 40_000, "e2e_seconds": 10.0}
+
+
+# --- the report (pure) -------------------------------------------------------------------------
+
+def server_cpu_s(processes: dict[str, dict], system: str) -> float | None:
+    """The servers' CPU seconds of one window: broker + bookies, or pulsar-lite's."""
+    if system == "magnetar":
+        names = [name for name in processes if name == "broker" or name.startswith("bookie")]
+    else:
+        names = [name for name in processes if name != "client"]
+    if not names:
+        return None
+    return sum(processes[name]["cpu_s"] for name in names)
+
+
+def per_thousand(cpu_s: float | None, messages: int | None) -> float | None:
+    if cpu_s is None or not messages:
+        return None
+    return round(cpu_s * 1000.0 / messages, 4)
+
+
+def cell_of(system: str, workload: str, measured: dict) -> dict:
+    """One (system, style, workload) as the report needs it."""
+    processes = (measured.get("cpu") or {}).get("processes") or {}
+    messages = measured.get("messages")
+    client = processes.get("client", {}).get("cpu_s")
+    cell = {"complete": measured.get("complete"), "error": measured.get("error"), "messages": messages,
+            "client_cpu_s_per_1k": per_thousand(client, messages),
+            "servers_cpu_s_per_1k": per_thousand(server_cpu_s(processes, system), messages),
+            "client_cpu_pct": processes.get("client", {}).get("cpu_pct"),
+            "other_load_pct": (measured.get("cpu") or {}).get("other_load_pct")}
+    if workload == "e2e":
+        latency = measured.get("latency_ms") or {}
+        cell.update(p50_ms=latency.get("p50"), p99_ms=latency.get("p99"), duplicates=measured.get("duplicates"))
+    else:
+        cell["msgs_per_s"] = measured.get("msgs_per_s")
+    return cell
+
+
+def _median(values) -> float | None:
+    values = [value for value in values if value is not None]
+    return round(statistics.median(values), 4) if values else None
+
+
+def summarize(runs: list[dict]) -> dict:
+    """Medians over the repeats per (system, style, workload); a cell that had an error
+    or did not read everything keeps its numbers out of the medians and says so."""
+    table: dict = {}
+    for system in SYSTEMS:
+        for style in STYLES:
+            for workload in WORKLOADS:
+                cells = [run["cells"][system][style][workload] for run in runs
+                         if workload in run.get("cells", {}).get(system, {}).get(style, {})]
+                if not cells:
+                    continue
+                valid = [cell for cell in cells if cell.get("complete") and not cell.get("error")]
+                keys = ("p50_ms", "p99_ms", "duplicates") if workload == "e2e" else ("msgs_per_s",)
+                summary = {key: _median(cell.get(key) for cell in valid)
+                           for key in keys + ("client_cpu_s_per_1k", "servers_cpu_s_per_1k", "client_cpu_pct")}
+                summary["valid"] = f"{len(valid)} of {len(cells)}"
+                summary["errors"] = sorted({cell["error"] for cell in cells if cell.get("error")})
+                table.setdefault(system, {}).setdefault(style, {})[workload] = summary
+    return table
+
+
+def _num(value, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.{digits}g}"
+
+
+def report_markdown(results: dict) -> str:
+    table = results["summary"]
+    settings = results["settings"]
+    lines = [f"# Every way of calling a client: Magnetar and pulsar-lite in one run ({results['date']}, "
+             f"{settings['repeat']} repeat(s), medians)", "",
+             f"1 KiB messages; publish {settings['messages']:,} messages (at most 1,000 awaiting receipts; the "
+             f"official producer batches with a 1 ms delay, the own client sends one entry per message), then "
+             f"drain (1 exclusive consumer, cumulative ack per 1,000), work queue (4 consumers on a shared "
+             f"subscription, an ack per message), fan-out (4 subscriptions, counted per delivery); e2e at "
+             f"{settings['rate']:,} msgs/s for {settings['e2e_seconds']} s with the producer's batching off. "
+             f"Magnetar: `magnetar standalone --bookies 1 --copies 1`; pulsar-lite {results.get('pulsar_lite')} "
+             f"(its own binary, no fsync). Machine: {results['cpus']} cores shared with other work (the "
+             f"'other load' column: % of one core used by processes not in the run).", "",
+             "CPU columns: CPU-seconds per 1,000 messages (delivered, for fan-out) over each workload's window; "
+             "servers = broker + bookie (Magnetar), the pulsar-lite process (pulsar-lite). `M/L` = Magnetar "
+             "over pulsar-lite.", ""]
+    for workload in WORKLOADS:
+        lines += [f"## {workload}", ""]
+        if workload == "e2e":
+            lines += ["| style | Magnetar p50 / p99 ms | pulsar-lite p50 / p99 ms | client CPU-s/1k M / L | "
+                      "servers CPU-s/1k M / L | valid M / L | notes |", "|---|---|---|---|---|---|---|"]
+        else:
+            lines += ["| style | Magnetar msgs/s | pulsar-lite msgs/s | M/L | client CPU-s/1k M / L | "
+                      "servers CPU-s/1k M / L | client % of a core M / L | valid M / L | notes |",
+                      "|---|---|---|---|---|---|---|---|---|"]
+        for style in STYLES:
+            mag = table.get("magnetar", {}).get(style, {}).get(workload, {})
+            lite = table.get("pulsar-lite", {}).get(style, {}).get(workload, {})
+            if not mag and not lite:
+                continue
+            notes = "; ".join([f"M: {error}" for error in mag.get("errors", [])[:1]]
+                              + [f"L: {error}" for error in lite.get("errors", [])[:1]]
+                              + ([f"L duplicates {_num(lite.get('duplicates'))}"] if lite.get("duplicates") else [])
+                              + ([f"M duplicates {_num(mag.get('duplicates'))}"] if mag.get("duplicates") else []))
+            cpu = (f"{_num(mag.get('client_cpu_s_per_1k'))} / {_num(lite.get('client_cpu_s_per_1k'))} | "
+                   f"{_num(mag.get('servers_cpu_s_per_1k'))} / {_num(lite.get('servers_cpu_s_per_1k'))}")
+            valid = f"{mag.get('valid', '-')} / {lite.get('valid', '-')}"
+            if workload == "e2e":
+                lines.append(f"| {STYLE_LABELS[style]} | {_num(mag.get('p50_ms'))} / {_num(mag.get('p99_ms'))} | "
+                             f"{_num(lite.get('p50_ms'))} / {_num(lite.get('p99_ms'))} | {cpu} | {valid} | {notes} |")
+            else:
+                ratio = (round(mag["msgs_per_s"] / lite["msgs_per_s"], 2)
+                         if mag.get("msgs_per_s") and lite.get("msgs_per_s") else None)
+                lines.append(f"| {STYLE_LABELS[style]} | {_num(mag.get('msgs_per_s'))} | "
+                             f"{_num(lite.get('msgs_per_s'))} | {_num(ratio)} | {cpu} | "
+                             f"{_num(mag.get('client_cpu_pct'))} / {_num(lite.get('client_cpu_pct'))} | {valid} | "
+                             f"{notes} |")
+        lines.append("")
+    other = [cell.get("other_load_pct") for run in results["runs"] for system in run["cells"].values()
+             for style in system.values() for cell in style.values()]
+    other = [value for value in other if value is not None]
+    if other:
+        lines.append(f"Other load on the machine during the windows: median {statistics.median(other):.0f} %, "
+                     f"max {max(other):.0f} % of one core.")
+    skipped = [f"repeat {run['repeat']}: {problem}" for run in results["runs"] for problem in run.get("skipped", [])]
+    if skipped:
+        lines += ["", "Not measured:", *[f"- {line}" for line in skipped]]
+    return "\n".join(lines) + "\n"
+
+
+# --- running (shell) ---------------------------------------------------------------------------
+
+class Server:
+    """One system's server processes, started once per repeat."""
+
+    def __init__(self, system: str, base_dir: str) -> None:
+        self.system = system
+        self.base_dir = base_dir
+        self.handle = None
+
+    def start(self) -> tuple[str, dict[str, int]]:
+        """Its service URL and its processes by name."""
+        if self.system == "magnetar":
+            import latency
+            self.handle = latency.Standalone(REPO_DIR, self.base_dir, 1, 1)
+            self.handle.start()
+            return self.handle.ready["service_url"], latency.children_of(self.handle.process.pid)
+        from peer_servers import PeerServer
+        self.handle = PeerServer("pulsar-lite", self.base_dir)
+        self.handle.start()
+        return f"pulsar://127.0.0.1:{self.handle.port}", {"pulsar-lite": pid for pid in self.handle.pids()}
+
+    def stop(self) -> None:
+        if self.handle is not None:
+            self.handle.stop()
+
+
+async def run_style(args: argparse.Namespace, url: str, style: str, sampler: CpuSampler, system: str) -> dict:
+    argv = [sys.executable, os.path.join(BENCH_DIR, "call_styles.py"), "--service-url", url, "--style", style,
+            "--messages", str(args.messages), "--rate", str(args.rate), "--e2e-seconds", str(args.e2e_seconds)]
+    client = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
+                                                  stderr=asyncio.subprocess.PIPE)
+    sampler.watch("client", client.pid)
+    try:
+        async with asyncio.timeout(CLIENT_TIMEOUT_S):
+            stdout, stderr = await client.communicate()
+    except TimeoutError:
+        client.kill()
+        await client.wait()
+        raise RuntimeError(f"the {style} client did not finish in {CLIENT_TIMEOUT_S:.0f}s") from None
+    summary = last_json_line(stdout.decode())
+    if client.returncode != 0 or not summary or not summary.get("summary"):
+        raise RuntimeError(f"{style} client exited {client.returncode}: {stderr.decode(errors='replace')[-800:]}")
+    raw, cells = {}, {}
+    for workload in WORKLOADS:
+        measured = summary.get(workload) or {"error": "not run", "complete": False}
+        start, end = measured.get("started_unix_s"), measured.get("ended_unix_s")
+        if start and end and end > start:
+            measured["cpu"] = sampler.report(start, end)
+        raw[workload] = measured
+        cells[workload] = cell_of(system, workload, measured)
+    return {"raw": raw, "cells": cells}
+
+
+async def run_repeat(args: argparse.Namespace, repeat: int) -> dict:
+    run: dict = {"repeat": repeat, "cells": {}, "raw": {}, "skipped": []}
+    shift = repeat % len(args.styles)
+    styles = args.styles[shift:] + args.styles[:shift]
+    for system in args.systems:
+        base_dir = tempfile.mkdtemp(prefix=f"magnetar-calls-{system}-", dir=args.dir)
+        server = Server(system, base_dir)
+        sampler = CpuSampler()
+        try:
+            try:
+                url, processes = await asyncio.to_thread(server.start)
+            except Exception as error:   # noqa: BLE001 - reported in the results
+                run["skipped"].append(f"{system}: did not start: {type(error).__name__}: {error}"[:600])
+                continue
+            for name, pid in processes.items():
+                sampler.watch(name, pid)
+            sampler.start()
+            for style in styles:
+                try:
+                    measured = await run_style(args, url, style, sampler, system)
+                except Exception as error:   # noqa: BLE001 - one style failing does not stop the others
+                    run["skipped"].append(f"{system} {style}: {type(error).__name__}: {error}"[:600])
+                    continue
+                run["cells"].setdefault(system, {})[style] = measured["cells"]
+                run["raw"].setdefault(system, {})[style] = measured["raw"]
+                print(json.dumps({"repeat": repeat, "system": system, "style": style,
+                                  **{workload: {k: v for k, v in cell.items() if v is not None}
+                                     for workload, cell in measured["cells"].items()}}), flush=True)
+        finally:
+            await sampler.stop()
+            await asyncio.to_thread(server.stop)
+            shutil.rmtree(base_dir, ignore_errors=True)
+    return run
+
+
+async def main_async(args: argparse.Namespace) -> dict:
+    started = time.monotonic()
+    runs = [await run_repeat(args, repeat) for repeat in range(args.repeat)]
+    try:
+        lite_version = importlib.metadata.version("pulsar-lite")
+    except importlib.metadata.PackageNotFoundError:
+        lite_version = None
+    results = {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "cpus": os.cpu_count(), "pulsar_lite": lite_version,
+               "pulsar_client": importlib.metadata.version("pulsar-client"),
+               "settings": {"messages": args.messages, "rate": args.rate, "e2e_seconds": args.e2e_seconds,
+                            "repeat": args.repeat, "systems": args.systems, "styles": args.styles,
+                            "quick": args.quick},
+               "runs": runs}
+    results["summary"] = summarize(runs)
+    results["total_seconds"] = round(time.monotonic() - started, 1)
+    return results
+
+
+def _interrupt(_signum, _frame) -> None:
+    raise KeyboardInterrupt
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="bench/results/peers_calls.json")
+    parser.add_argument("--report", default="bench/results/peers_calls.md")
+    parser.add_argument("--systems", type=lambda text: text.split(","), default=list(SYSTEMS))
+    parser.add_argument("--styles", type=lambda text: text.split(","), default=list(STYLES))
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--quick", action="store_true",
+                        help=f"{QUICK['messages']:,} messages and {QUICK['e2e_seconds']:g} s of e2e per style "
+                             f"(default {FULL['messages']:,} and {FULL['e2e_seconds']:g} s)")
+    parser.add_argument("--messages", type=int, default=None)
+    parser.add_argument("--rate", type=int, default=1000)
+    parser.add_argument("--e2e-seconds", type=float, default=None)
+    parser.add_argument("--dir", default=None, help="where data goes (default: the temp dir)")
+    parser.add_argument("--from-json", default=None, help="run nothing: write the report again from this file")
+    args = parser.parse_args()
+    if args.from_json:
+        with open(args.from_json) as handle:
+            results = json.load(handle)
+        results["summary"] = summarize(results["runs"])
+        with open(args.report, "w") as handle:
+            handle.write(report_markdown(results))
+        return 0
+    shape = QUICK if args.quick else FULL
+    args.messages = args.messages or shape["messages"]
+    args.e2e_seconds = args.e2e_seconds or shape["e2e_seconds"]
+    for system in args.systems:
+        if system not in SYSTEMS:
+            parser.error(f"--systems: {system} is not one of {', '.join(SYSTEMS)}")
+    for style in args.styles:
+        if style not in STYLES:
+            parser.error(f"--styles: {style} is not one of {', '.join(STYLES)}")
+    if "pulsar-lite" in args.systems:
+        from peer_servers import missing_binaries
+        if missing_binaries(["pulsar-lite"]):
+            print("bench/peers_calls.py: pulsar-lite is not installed: `make bench-peers-setup` (the bench extra)",
+                  file=sys.stderr)
+            return 2
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        results = asyncio.run(main_async(args))
+    finally:
+        from peer_servers import stop_all
+        stop_all()
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as handle:
+        json.dump(results, handle, indent=1)
+    report = report_markdown(results)
+    with open(args.report, "w") as handle:
+        handle.write(report)
+    print(report)
+    print(f"results written to {args.out} and {args.report} (total {results['total_seconds']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
