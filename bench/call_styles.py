@@ -17,9 +17,13 @@ Ways of calling (``--style``), as a Python user writes them:
   permits, granted again as they are used) and ``await consumer.ack``.
 
 Workloads, 1 KiB messages, in order on topics of their own:
-- ``publish``: ``--messages`` as fast as receipts come back, at most 1,000 awaiting; its
-  backlog is what the next three read (their subscriptions exist before it).
+- ``publish``: ``--messages`` as fast as receipts come back, at most 1,000 awaiting, the
+  producer's batching on (1 ms delay); its backlog is what the consuming workloads read
+  (their subscriptions exist before it).
+- ``publish_unbatched``: the same with the producer's batching off (one entry per
+  message), on a topic of its own with no subscription.
 - ``drain``: one exclusive consumer reads the backlog; a cumulative ack per 1,000.
+- ``drain_ack_each``: the same on a subscription of its own, an ack per message.
 - ``work_queue``: 4 consumers on one shared subscription, one ack per message.
 - ``fanout``: 4 subscriptions, one consumer each; counted: every delivery.
 - ``e2e``: ``--rate`` messages a second for ``--e2e-seconds``, the producer's batching
@@ -53,7 +57,7 @@ from load_shapes import (FANOUT_SUBSCRIPTIONS, MAX_PENDING, RECEIVE_IDLE_S, WARM
 from magnetar.tools.latency_histogram import LatencyHistogram  # noqa: E402
 
 STYLES = ("sync", "sync_batch", "asyncio", "listener", "magnetar")
-WORKLOADS = ("publish", "drain", "work_queue", "fanout", "e2e")
+WORKLOADS = ("publish", "publish_unbatched", "drain", "drain_ack_each", "work_queue", "fanout", "e2e")
 CUMULATIVE_EVERY = 1000
 BATCH_DELAY_MS = 1
 RECEIVE_TIMEOUT_MS = int(RECEIVE_IDLE_S * 1000)
@@ -132,10 +136,10 @@ class OfficialSync:
                                      initial_position=pulsar.InitialPosition.Earliest,
                                      batch_receive_policy=policy, message_listener=listener)
 
-    def publish(self, topic: str) -> dict:
-        subscriptions = self.backlog_subscriptions(topic)
+    def publish(self, topic: str, batching: bool = True) -> dict:
+        subscriptions = self.backlog_subscriptions(topic) if batching else []
         producer = self.client.create_producer(
-            topic, batching_enabled=True, batching_max_publish_delay_ms=BATCH_DELAY_MS,
+            topic, batching_enabled=batching, batching_max_publish_delay_ms=BATCH_DELAY_MS,
             max_pending_messages=MAX_PENDING, block_if_queue_full=True, send_timeout_millis=30_000)
         total = self.args.messages
         counter, errors = Counter(total), [0]
@@ -159,8 +163,8 @@ class OfficialSync:
         return result
 
     def backlog_subscriptions(self, topic: str) -> list:
-        return ([self.subscribe(topic, "drain", pulsar.ConsumerType.Exclusive),
-                 self.subscribe(topic, "work", pulsar.ConsumerType.Shared)]
+        return ([self.subscribe(topic, name, pulsar.ConsumerType.Exclusive) for name in ("drain", "drain-each")]
+                + [self.subscribe(topic, "work", pulsar.ConsumerType.Shared)]
                 + [self.subscribe(topic, f"fan-{index}", pulsar.ConsumerType.Exclusive)
                    for index in range(FANOUT_SUBSCRIPTIONS)])
 
@@ -316,7 +320,10 @@ def run_official_sync(args: argparse.Namespace, prefix: str, filler: bytes) -> d
         out["publish"] = guarded("publish", lambda: runner.publish(backlog))
         total = out["publish"].get("messages", 0)
         exclusive, shared = pulsar.ConsumerType.Exclusive, pulsar.ConsumerType.Shared
+        out["publish_unbatched"] = guarded("publish_unbatched", lambda: runner.publish(f"{prefix}-unbatched", False))
         out["drain"] = guarded("drain", lambda: runner.consume(backlog, ["drain"], exclusive, total, False))
+        out["drain_ack_each"] = guarded("drain_ack_each", lambda: runner.consume(
+            backlog, ["drain-each"], exclusive, total, True))
         out["work_queue"] = guarded("work_queue", lambda: runner.consume(
             backlog, ["work"] * WORK_QUEUE_CONSUMERS, shared, total, True))
         out["fanout"] = guarded("fanout", lambda: runner.consume(
@@ -456,11 +463,12 @@ class OwnClient(AsyncAdapter):
         await self.client.close()
 
 
-async def async_publish(client: AsyncAdapter, topic: str, total: int, filler: bytes) -> dict:
+async def async_publish(client: AsyncAdapter, topic: str, total: int, filler: bytes, batching: bool = True) -> dict:
+    """With ``batching`` the backlog's subscriptions are made first; without, the topic has none."""
     subscriptions = [await client.subscribe(topic, name, kind) for name, kind in
-                     [("drain", "exclusive"), ("work", "shared")]
-                     + [(f"fan-{index}", "exclusive") for index in range(FANOUT_SUBSCRIPTIONS)]]
-    producer = await client.producer(topic, batching=True)
+                     [("drain", "exclusive"), ("drain-each", "exclusive"), ("work", "shared")]
+                     + [(f"fan-{index}", "exclusive") for index in range(FANOUT_SUBSCRIPTIONS)]] if batching else []
+    producer = await client.producer(topic, batching=batching)
     data = payload(0, filler)
     pending: set = set()
     errors = done = 0
@@ -567,8 +575,12 @@ async def run_async_style(args: argparse.Namespace, prefix: str, filler: bytes) 
         backlog = f"{prefix}-backlog"
         out["publish"] = await guarded_async("publish", async_publish(client, backlog, args.messages, filler))
         total = out["publish"].get("messages", 0)
+        out["publish_unbatched"] = await guarded_async("publish_unbatched", async_publish(
+            client, f"{prefix}-unbatched", args.messages, filler, batching=False))
         out["drain"] = await guarded_async("drain", async_consume(client, backlog, ["drain"], "exclusive", total,
                                                                   False))
+        out["drain_ack_each"] = await guarded_async("drain_ack_each", async_consume(
+            client, backlog, ["drain-each"], "exclusive", total, True))
         out["work_queue"] = await guarded_async("work_queue", async_consume(
             client, backlog, ["work"] * WORK_QUEUE_CONSUMERS, "shared", total, True))
         out["fanout"] = await guarded_async("fanout", async_consume(

@@ -46,11 +46,33 @@ from call_styles import STYLES, WORKLOADS  # noqa: E402
 from cpu_accounting import CpuSampler  # noqa: E402
 from harness import last_json_line  # noqa: E402
 
-SYSTEMS = ("magnetar", "pulsar-lite")
-LABELS = {"magnetar": "Magnetar 1x1 (fsync before every ack)", "pulsar-lite": "pulsar-lite 0.2.0 (no fsync)"}
+SYSTEMS = ("magnetar", "pulsar-lite", "redis")
+# What each system promised when it acknowledged (stated beside every number).
+DURABILITY = {"magnetar": "fdatasync before every ack and before dispatch",
+              "pulsar-lite": "no fsync (acked from memory/RocksDB WAL unsynced)",
+              "redis": "AOF appendfsync always (fsync before the replies of a loop round)"}
+SHORT = {"magnetar": "Magnetar (fsync)", "pulsar-lite": "pulsar-lite (no fsync)", "redis": "Redis (fsync)"}
 STYLE_LABELS = {"sync": "official, blocking, per message", "sync_batch": "official, blocking, batch_receive",
                 "asyncio": "official, pulsar.asyncio", "listener": "official, listener callbacks",
-                "magnetar": "own asyncio client (client/)"}
+                "magnetar": "own asyncio client (client/)", "redis": "redis-py asyncio (Streams)"}
+# Redis is driven by its own usual client (bench/peer_clients.py), one "style".
+REDIS_STYLE = "redis"
+# The baseline of the ratio columns: the issue's harness, the official pulsar.asyncio
+# API against Magnetar, measured in the same run.
+BASELINE_STYLE = "asyncio"
+WORKLOAD_NOTES = {
+    "publish": "producer batching on (1 ms delay; the own client has no batching: one entry per message); "
+               "Redis: XADD pipelines of 100 on a bounded pool, 1,000 awaiting",
+    "publish_unbatched": "producer batching off, one entry per message (Redis: not applicable)",
+    "drain": "1 exclusive consumer, cumulative ack per 1,000 (batch_receive: per batch); "
+             "Redis: XREAD count 1,000, no ack exists for a plain reader",
+    "drain_ack_each": "1 exclusive consumer, an individual ack per message (Redis: not applicable)",
+    "work_queue": "4 consumers on a shared subscription, an ack per message; Redis: a consumer group, "
+                  "XREADGROUP count 1,000, XACK per message pipelined",
+    "fanout": "4 subscriptions, counted per delivery; Redis: 4 XREAD readers",
+    "e2e": "1,000 msgs/s, producer batching off, an ack per message; Redis: XADD pipelined as messages come, "
+           "XREAD BLOCK",
+}
 CLIENT_TIMEOUT_S = 400.0
 QUICK = {"messages": 10_000, "e2e_seconds": 3.0}
 FULL = {"messages": 40_000, "e2e_seconds": 10.0}
@@ -59,7 +81,7 @@ FULL = {"messages": 40_000, "e2e_seconds": 10.0}
 # --- the report (pure) -------------------------------------------------------------------------
 
 def server_cpu_s(processes: dict[str, dict], system: str) -> float | None:
-    """The servers' CPU seconds of one window: broker + bookies, or pulsar-lite's."""
+    """The servers' CPU seconds of one window: broker + bookies, or the peer's process."""
     if system == "magnetar":
         names = [name for name in processes if name == "broker" or name.startswith("bookie")]
     else:
@@ -80,7 +102,10 @@ def cell_of(system: str, workload: str, measured: dict) -> dict:
     processes = (measured.get("cpu") or {}).get("processes") or {}
     messages = measured.get("messages")
     client = processes.get("client", {}).get("cpu_s")
-    cell = {"complete": measured.get("complete"), "error": measured.get("error"), "messages": messages,
+    complete = measured.get("complete")
+    if complete is None:   # Redis' publish: a timed run; complete when every send was acknowledged
+        complete = bool(messages) and not measured.get("errors")
+    cell = {"complete": complete, "error": measured.get("error"), "messages": messages,
             "client_cpu_s_per_1k": per_thousand(client, messages),
             "servers_cpu_s_per_1k": per_thousand(server_cpu_s(processes, system), messages),
             "client_cpu_pct": processes.get("client", {}).get("cpu_pct"),
@@ -103,7 +128,7 @@ def summarize(runs: list[dict]) -> dict:
     or did not read everything keeps its numbers out of the medians and says so."""
     table: dict = {}
     for system in SYSTEMS:
-        for style in STYLES:
+        for style in STYLES + (REDIS_STYLE,):
             for workload in WORKLOADS:
                 cells = [run["cells"][system][style][workload] for run in runs
                          if workload in run.get("cells", {}).get(system, {}).get(style, {})]
@@ -127,51 +152,83 @@ def _num(value, digits: int = 3) -> str:
     return f"{value:.{digits}g}"
 
 
+def _ratio(value, reference) -> float | None:
+    return round(value / reference, 2) if value and reference else None
+
+
+def _notes(cells: dict[str, dict]) -> str:
+    notes = []
+    for system, cell in cells.items():
+        notes += [f"{SHORT[system].split(' ')[0]}: {error}" for error in cell.get("errors", [])[:1]]
+        if cell.get("duplicates"):
+            notes.append(f"{SHORT[system].split(' ')[0]} duplicates {_num(cell['duplicates'])}")
+    return "; ".join(notes)
+
+
 def report_markdown(results: dict) -> str:
     table = results["summary"]
     settings = results["settings"]
-    lines = [f"# Every way of calling a client: Magnetar and pulsar-lite in one run ({results['date']}, "
+    systems = settings.get("systems", list(SYSTEMS))
+    redis_measured = "redis" in systems
+    lines = [f"# Every way of calling a client: Magnetar, pulsar-lite and Redis in one run ({results['date']}, "
              f"{settings['repeat']} repeat(s), medians)", "",
-             f"1 KiB messages; publish {settings['messages']:,} messages (at most 1,000 awaiting receipts; the "
-             f"official producer batches with a 1 ms delay, the own client sends one entry per message), then "
-             f"drain (1 exclusive consumer, cumulative ack per 1,000), work queue (4 consumers on a shared "
-             f"subscription, an ack per message), fan-out (4 subscriptions, counted per delivery); e2e at "
-             f"{settings['rate']:,} msgs/s for {settings['e2e_seconds']} s with the producer's batching off. "
-             f"Magnetar: `magnetar standalone --bookies 1 --copies 1`; pulsar-lite {results.get('pulsar_lite')} "
-             f"(its own binary, no fsync). Machine: {results['cpus']} cores shared with other work (the "
-             f"'other load' column: % of one core used by processes not in the run).", "",
-             "CPU columns: CPU-seconds per 1,000 messages (delivered, for fan-out) over each workload's window; "
-             "servers = broker + bookie (Magnetar), the pulsar-lite process (pulsar-lite). `M/L` = Magnetar "
-             "over pulsar-lite.", ""]
+             f"1 KiB messages, {settings['messages']:,} per workload (fan-out: x4 deliveries), at most 1,000 "
+             f"awaiting receipts; e2e at {settings['rate']:,} msgs/s for {settings['e2e_seconds']} s. One client "
+             f"process per style, each against the same server of its system (started once a repeat). "
+             f"Machine: {results['cpus']} cores shared with other work (see the other-load line at the end).", "",
+             "What each system promised when it acknowledged (durability, beside every number below):", ""]
+    lines += [f"- **{SHORT[system]}**: {DURABILITY[system]}"
+              + {"magnetar": "; `magnetar standalone --bookies 1 --copies 1`",
+                 "pulsar-lite": f"; pulsar-lite {results.get('pulsar_lite')} (its PyPI package's native broker)",
+                 "redis": f"; redis-server {results.get('redis_version') or ''}, one process"}[system]
+              for system in systems]
+    lines += ["", "Ratios, all from this run: `M/L` Magnetar over pulsar-lite with the same client and call "
+              "style; `M/R` Magnetar over Redis (redis-py asyncio, Redis' usual client); `x base` this style "
+              f"over the baseline, the issue's harness ({STYLE_LABELS[BASELINE_STYLE]}) against Magnetar. CPU "
+              "columns: CPU-seconds per 1,000 messages (deliveries, for fan-out) over each workload's window; "
+              "servers = broker + bookie (Magnetar), the one server process (pulsar-lite, Redis).", ""]
     for workload in WORKLOADS:
-        lines += [f"## {workload}", ""]
+        lines += [f"## {workload}", "", WORKLOAD_NOTES.get(workload, ""), ""]
+        redis = table.get("redis", {}).get(REDIS_STYLE, {}).get(workload, {})
+        base = table.get("magnetar", {}).get(BASELINE_STYLE, {}).get(workload, {})
+        if redis_measured:
+            if workload == "e2e":
+                redis_text = f"{_num(redis.get('p50_ms'))} / {_num(redis.get('p99_ms'))} ms p50 / p99"
+            else:
+                redis_text = f"{_num(redis.get('msgs_per_s'))} msgs/s" if redis.get("msgs_per_s") else "-"
+            lines += [f"Redis (fsync), {STYLE_LABELS[REDIS_STYLE]}: {redis_text}; client "
+                      f"{_num(redis.get('client_cpu_s_per_1k'))}, server {_num(redis.get('servers_cpu_s_per_1k'))} "
+                      f"CPU-s/1k; valid {redis.get('valid', '-')}"
+                      + (f"; {redis['errors'][0]}" if redis.get("errors") else ""), ""]
         if workload == "e2e":
-            lines += ["| style | Magnetar p50 / p99 ms | pulsar-lite p50 / p99 ms | client CPU-s/1k M / L | "
-                      "servers CPU-s/1k M / L | valid M / L | notes |", "|---|---|---|---|---|---|---|"]
+            lines += ["| style | Magnetar (fsync) p50 / p99 ms | pulsar-lite (no fsync) p50 / p99 ms | M/R p50 / p99 | "
+                      "client CPU-s/1k M / L | servers CPU-s/1k M / L | valid M / L | notes |",
+                      "|---|---|---|---|---|---|---|---|"]
         else:
-            lines += ["| style | Magnetar msgs/s | pulsar-lite msgs/s | M/L | client CPU-s/1k M / L | "
-                      "servers CPU-s/1k M / L | client % of a core M / L | valid M / L | notes |",
-                      "|---|---|---|---|---|---|---|---|---|"]
+            lines += ["| style | Magnetar (fsync) msgs/s | pulsar-lite (no fsync) msgs/s | M/L | M/R | x base | "
+                      "client CPU-s/1k M / L | servers CPU-s/1k M / L | client % of a core M / L | valid M / L | "
+                      "notes |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for style in STYLES:
             mag = table.get("magnetar", {}).get(style, {}).get(workload, {})
             lite = table.get("pulsar-lite", {}).get(style, {}).get(workload, {})
             if not mag and not lite:
                 continue
-            notes = "; ".join([f"M: {error}" for error in mag.get("errors", [])[:1]]
-                              + [f"L: {error}" for error in lite.get("errors", [])[:1]]
-                              + ([f"L duplicates {_num(lite.get('duplicates'))}"] if lite.get("duplicates") else [])
-                              + ([f"M duplicates {_num(mag.get('duplicates'))}"] if mag.get("duplicates") else []))
+            notes = _notes({"magnetar": mag, "pulsar-lite": lite})
             cpu = (f"{_num(mag.get('client_cpu_s_per_1k'))} / {_num(lite.get('client_cpu_s_per_1k'))} | "
                    f"{_num(mag.get('servers_cpu_s_per_1k'))} / {_num(lite.get('servers_cpu_s_per_1k'))}")
             valid = f"{mag.get('valid', '-')} / {lite.get('valid', '-')}"
             if workload == "e2e":
+                vs_redis = (f"{_num(_ratio(mag.get('p50_ms'), redis.get('p50_ms')))} / "
+                            f"{_num(_ratio(mag.get('p99_ms'), redis.get('p99_ms')))}")
                 lines.append(f"| {STYLE_LABELS[style]} | {_num(mag.get('p50_ms'))} / {_num(mag.get('p99_ms'))} | "
-                             f"{_num(lite.get('p50_ms'))} / {_num(lite.get('p99_ms'))} | {cpu} | {valid} | {notes} |")
+                             f"{_num(lite.get('p50_ms'))} / {_num(lite.get('p99_ms'))} | {vs_redis} | {cpu} | "
+                             f"{valid} | {notes} |")
             else:
-                ratio = (round(mag["msgs_per_s"] / lite["msgs_per_s"], 2)
-                         if mag.get("msgs_per_s") and lite.get("msgs_per_s") else None)
-                lines.append(f"| {STYLE_LABELS[style]} | {_num(mag.get('msgs_per_s'))} | "
-                             f"{_num(lite.get('msgs_per_s'))} | {_num(ratio)} | {cpu} | "
+                rate = mag.get("msgs_per_s")
+                lines.append(f"| {STYLE_LABELS[style]} | {_num(rate)} | {_num(lite.get('msgs_per_s'))} | "
+                             f"{_num(_ratio(rate, lite.get('msgs_per_s')))} | "
+                             f"{_num(_ratio(rate, redis.get('msgs_per_s')))} | "
+                             f"{_num(_ratio(rate, base.get('msgs_per_s')))} | {cpu} | "
                              f"{_num(mag.get('client_cpu_pct'))} / {_num(lite.get('client_cpu_pct'))} | {valid} | "
                              f"{notes} |")
         lines.append("")
@@ -205,18 +262,31 @@ class Server:
             self.handle.start()
             return self.handle.ready["service_url"], latency.children_of(self.handle.process.pid)
         from peer_servers import PeerServer
-        self.handle = PeerServer("pulsar-lite", self.base_dir)
+        self.handle = PeerServer(self.system, self.base_dir)
         self.handle.start()
-        return f"pulsar://127.0.0.1:{self.handle.port}", {"pulsar-lite": pid for pid in self.handle.pids()}
+        processes = {(self.system if index == 0 else f"{self.system}-{pid}"): pid
+                     for index, pid in enumerate(sorted(self.handle.pids()))}
+        if self.system == "redis":
+            return str(self.handle.port), processes
+        return f"pulsar://127.0.0.1:{self.handle.port}", processes
 
     def stop(self) -> None:
         if self.handle is not None:
             self.handle.stop()
 
 
-async def run_style(args: argparse.Namespace, url: str, style: str, sampler: CpuSampler, system: str) -> dict:
-    argv = [sys.executable, os.path.join(BENCH_DIR, "call_styles.py"), "--service-url", url, "--style", style,
+def client_argv(args: argparse.Namespace, url: str, style: str) -> list[str]:
+    if style == REDIS_STYLE:
+        # Redis' publish runs for a time, not a count: about as long as Magnetar's best.
+        return [sys.executable, os.path.join(BENCH_DIR, "peer_clients.py"), "--system", "redis", "--port", url,
+                "--rate", str(args.rate), "--e2e-seconds", str(args.e2e_seconds),
+                "--publish-seconds", f"{max(1.0, args.messages / 20_000):g}", "--ack-messages", "200"]
+    return [sys.executable, os.path.join(BENCH_DIR, "call_styles.py"), "--service-url", url, "--style", style,
             "--messages", str(args.messages), "--rate", str(args.rate), "--e2e-seconds", str(args.e2e_seconds)]
+
+
+async def run_style(args: argparse.Namespace, url: str, style: str, sampler: CpuSampler, system: str) -> dict:
+    argv = client_argv(args, url, style)
     client = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
                                                   stderr=asyncio.subprocess.PIPE)
     sampler.watch("client", client.pid)
@@ -232,6 +302,8 @@ async def run_style(args: argparse.Namespace, url: str, style: str, sampler: Cpu
         raise RuntimeError(f"{style} client exited {client.returncode}: {stderr.decode(errors='replace')[-800:]}")
     raw, cells = {}, {}
     for workload in WORKLOADS:
+        if style == REDIS_STYLE and workload not in summary:
+            continue   # no such way of calling Redis (no batching switch, no per-message ack to a reader)
         measured = summary.get(workload) or {"error": "not run", "complete": False}
         start, end = measured.get("started_unix_s"), measured.get("ended_unix_s")
         if start and end and end > start:
@@ -258,7 +330,7 @@ async def run_repeat(args: argparse.Namespace, repeat: int) -> dict:
             for name, pid in processes.items():
                 sampler.watch(name, pid)
             sampler.start()
-            for style in styles:
+            for style in (styles if system != "redis" else [REDIS_STYLE]):
                 try:
                     measured = await run_style(args, url, style, sampler, system)
                 except Exception as error:   # noqa: BLE001 - one style failing does not stop the others
@@ -283,7 +355,12 @@ async def main_async(args: argparse.Namespace) -> dict:
         lite_version = importlib.metadata.version("pulsar-lite")
     except importlib.metadata.PackageNotFoundError:
         lite_version = None
+    redis_version = None
+    if "redis" in args.systems:
+        from peer_servers import server_versions
+        redis_version = server_versions().get("redis", "").split(" sha=")[0].replace("Redis server ", "")
     results = {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "cpus": os.cpu_count(), "pulsar_lite": lite_version,
+               "redis_version": redis_version,
                "pulsar_client": importlib.metadata.version("pulsar-client"),
                "settings": {"messages": args.messages, "rate": args.rate, "e2e_seconds": args.e2e_seconds,
                             "repeat": args.repeat, "systems": args.systems, "styles": args.styles,
@@ -330,12 +407,12 @@ def main() -> int:
     for style in args.styles:
         if style not in STYLES:
             parser.error(f"--styles: {style} is not one of {', '.join(STYLES)}")
-    if "pulsar-lite" in args.systems:
-        from peer_servers import missing_binaries
-        if missing_binaries(["pulsar-lite"]):
-            print("bench/peers_calls.py: pulsar-lite is not installed: `make bench-peers-setup` (the bench extra)",
-                  file=sys.stderr)
-            return 2
+    from peer_servers import missing_binaries
+    missing = missing_binaries([system for system in args.systems if system != "magnetar"])
+    if missing:
+        print(f"bench/peers_calls.py: missing {', '.join(missing)}: run `make bench-peers-setup` first "
+              f"(redis-server from apt, pulsar-lite from the bench extra)", file=sys.stderr)
+        return 2
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         results = asyncio.run(main_async(args))
