@@ -47,6 +47,9 @@ from cpu_accounting import CpuSampler  # noqa: E402
 from harness import last_json_line  # noqa: E402
 
 SYSTEMS = ("magnetar", "pulsar-lite", "redis")
+# Magnetar from another source tree (``--baseline-tree``), same harness, same run: the
+# "before" of a change to the servers' CPU per message.
+BASELINE = "magnetar-baseline"
 # What each system promised when it acknowledged (stated beside every number).
 DURABILITY = {"magnetar": "fdatasync before every ack and before dispatch",
               "pulsar-lite": "no fsync (acked from memory/RocksDB WAL unsynced)",
@@ -82,7 +85,7 @@ FULL = {"messages": 40_000, "e2e_seconds": 10.0}
 
 def server_cpu_s(processes: dict[str, dict], system: str) -> float | None:
     """The servers' CPU seconds of one window: broker + bookies, or the peer's process."""
-    if system == "magnetar":
+    if system.startswith("magnetar"):
         names = [name for name in processes if name == "broker" or name.startswith("bookie")]
     else:
         names = [name for name in processes if name != "client"]
@@ -127,7 +130,7 @@ def summarize(runs: list[dict]) -> dict:
     """Medians over the repeats per (system, style, workload); a cell that had an error
     or did not read everything keeps its numbers out of the medians and says so."""
     table: dict = {}
-    for system in SYSTEMS:
+    for system in SYSTEMS + (BASELINE,):
         for style in STYLES + (REDIS_STYLE,):
             for workload in WORKLOADS:
                 cells = [run["cells"][system][style][workload] for run in runs
@@ -165,6 +168,26 @@ def _notes(cells: dict[str, dict]) -> str:
     return "; ".join(notes)
 
 
+def server_cpu_section(table: dict, settings: dict) -> list[str]:
+    """Broker + bookie CPU-seconds per 1,000 messages, this tree against the baseline
+    tree, per workload and call style (same harness, same run)."""
+    styles = [style for style in STYLES if style in table.get("magnetar", {})]
+    lines = [f"## Servers' CPU per 1,000 messages: this tree against the baseline ({settings.get('baseline_rev')})",
+             "", "Broker + bookie CPU-seconds per 1,000 messages (deliveries, for fan-out), medians; "
+             "`now / before (change)`. Same harness, same run, the two servers one after the other.", "",
+             "| workload | " + " | ".join(STYLE_LABELS[style] for style in styles) + " |",
+             "|---|" + "---|" * len(styles)]
+    for workload in WORKLOADS:
+        cells = []
+        for style in styles:
+            now = table.get("magnetar", {}).get(style, {}).get(workload, {}).get("servers_cpu_s_per_1k")
+            before = table.get(BASELINE, {}).get(style, {}).get(workload, {}).get("servers_cpu_s_per_1k")
+            change = f" ({(now / before - 1) * 100:+.0f} %)" if now and before else ""
+            cells.append(f"{_num(now)} / {_num(before)}{change}")
+        lines.append(f"| {workload} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def report_markdown(results: dict) -> str:
     table = results["summary"]
     settings = results["settings"]
@@ -181,7 +204,7 @@ def report_markdown(results: dict) -> str:
               + {"magnetar": "; `magnetar standalone --bookies 1 --copies 1`",
                  "pulsar-lite": f"; pulsar-lite {results.get('pulsar_lite')} (its PyPI package's native broker)",
                  "redis": f"; redis-server {results.get('redis_version') or ''}, one process"}[system]
-              for system in systems]
+              for system in systems if system in SHORT]
     lines += ["", "Ratios, all from this run: `M/L` Magnetar over pulsar-lite with the same client and call "
               "style; `M/R` Magnetar over Redis (redis-py asyncio, Redis' usual client); `x base` this style "
               f"over the baseline, the issue's harness ({STYLE_LABELS[BASELINE_STYLE]}) against Magnetar. CPU "
@@ -232,6 +255,8 @@ def report_markdown(results: dict) -> str:
                              f"{_num(mag.get('client_cpu_pct'))} / {_num(lite.get('client_cpu_pct'))} | {valid} | "
                              f"{notes} |")
         lines.append("")
+    if BASELINE in table:
+        lines += server_cpu_section(table, settings)
     other = [cell.get("other_load_pct") for run in results["runs"] for system in run["cells"].values()
              for style in system.values() for cell in style.values()]
     other = [value for value in other if value is not None]
@@ -249,16 +274,17 @@ def report_markdown(results: dict) -> str:
 class Server:
     """One system's server processes, started once per repeat."""
 
-    def __init__(self, system: str, base_dir: str) -> None:
+    def __init__(self, system: str, base_dir: str, tree: str | None = None) -> None:
         self.system = system
         self.base_dir = base_dir
+        self.tree = tree
         self.handle = None
 
     def start(self) -> tuple[str, dict[str, int]]:
         """Its service URL and its processes by name."""
-        if self.system == "magnetar":
+        if self.system.startswith("magnetar"):
             import latency
-            self.handle = latency.Standalone(REPO_DIR, self.base_dir, 1, 1)
+            self.handle = latency.Standalone(self.tree or REPO_DIR, self.base_dir, 1, 1)
             self.handle.start()
             return self.handle.ready["service_url"], latency.children_of(self.handle.process.pid)
         from peer_servers import PeerServer
@@ -317,9 +343,10 @@ async def run_repeat(args: argparse.Namespace, repeat: int) -> dict:
     run: dict = {"repeat": repeat, "cells": {}, "raw": {}, "skipped": []}
     shift = repeat % len(args.styles)
     styles = args.styles[shift:] + args.styles[:shift]
-    for system in args.systems:
+    systems = args.systems[repeat % len(args.systems):] + args.systems[:repeat % len(args.systems)]
+    for system in systems:
         base_dir = tempfile.mkdtemp(prefix=f"magnetar-calls-{system}-", dir=args.dir)
-        server = Server(system, base_dir)
+        server = Server(system, base_dir, args.baseline_tree if system == BASELINE else None)
         sampler = CpuSampler()
         try:
             try:
@@ -364,11 +391,23 @@ async def main_async(args: argparse.Namespace) -> dict:
                "pulsar_client": importlib.metadata.version("pulsar-client"),
                "settings": {"messages": args.messages, "rate": args.rate, "e2e_seconds": args.e2e_seconds,
                             "repeat": args.repeat, "systems": args.systems, "styles": args.styles,
+                            "baseline_tree": args.baseline_tree, "baseline_rev": baseline_rev(args.baseline_tree),
                             "quick": args.quick},
                "runs": runs}
     results["summary"] = summarize(runs)
     results["total_seconds"] = round(time.monotonic() - started, 1)
     return results
+
+
+def baseline_rev(tree: str | None) -> str | None:
+    """What the baseline tree says it is (a file ``REV`` written beside its source)."""
+    if not tree:
+        return None
+    try:
+        with open(os.path.join(tree, "REV")) as handle:
+            return handle.read().strip()[:80]
+    except OSError:
+        return os.path.basename(os.path.normpath(tree))
 
 
 def _interrupt(_signum, _frame) -> None:
@@ -389,6 +428,10 @@ def main() -> int:
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--e2e-seconds", type=float, default=None)
     parser.add_argument("--dir", default=None, help="where data goes (default: the temp dir)")
+    parser.add_argument("--baseline-tree", default=None,
+                        help="also run Magnetar from this source tree (e.g. a `git archive` of the commit before "
+                             "a change, with its generated protobuf modules), as 'magnetar-baseline': the report "
+                             "then compares the servers' CPU per message")
     parser.add_argument("--from-json", default=None, help="run nothing: write the report again from this file")
     args = parser.parse_args()
     if args.from_json:
@@ -408,7 +451,9 @@ def main() -> int:
         if style not in STYLES:
             parser.error(f"--styles: {style} is not one of {', '.join(STYLES)}")
     from peer_servers import missing_binaries
-    missing = missing_binaries([system for system in args.systems if system != "magnetar"])
+    if args.baseline_tree:
+        args.systems.append(BASELINE)
+    missing = missing_binaries([system for system in args.systems if not system.startswith("magnetar")])
     if missing:
         print(f"bench/peers_calls.py: missing {', '.join(missing)}: run `make bench-peers-setup` first "
               f"(redis-server from apt, pulsar-lite from the bench extra)", file=sys.stderr)
