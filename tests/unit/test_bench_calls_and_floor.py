@@ -126,3 +126,12 @@ def test_floor_missing_figures_are_not_met_and_the_report_says_so() -> None:
                                     "settings": {"ack_messages": 1000, "rate": 1000, "e2e_seconds": 5.0}})
     assert "durable ack p50: met in 3 of 3 repeats" in report
     assert "e2e p50 (batching off): met in 0 of 3 repeats" in report and "aim NOT met" in report
+
+
+def test_floor_cpu_per_ack_counts_servers_and_the_warm_up() -> None:
+    run = _floor_run(1.0, 2.0, 4.0)
+    run["magnetar"]["durable_ack"].update(messages=800, cpu={"processes": {
+        "broker": {"cpu_s": 0.6}, "bookie-0": {"cpu_s": 0.4}, "etcd": {"cpu_s": 5.0}, "client": {"cpu_s": 5.0}}})
+    run["skeleton"]["ack"]["cpu_ms_per_request"] = {"relay": 0.1, "store": 0.15, "one_process_store": 0.2}
+    # 1.0 CPU-s over 800 measured + 200 warm-up messages: 1 ms each; the skeleton 0.25 ms.
+    assert floor.ack_cpu_ms(run) == (1.0, 0.25)
