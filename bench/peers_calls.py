@@ -1,16 +1,20 @@
-"""Magnetar and pulsar-lite through every way a Python user calls a Pulsar client, in one
-run (issue 40, item 1): the workloads of bench/call_styles.py (publish, drain, work queue,
-fan-out to 4 subscriptions, end to end at 1,000 msgs/s) in each call style (official
-client blocking per message, blocking ``batch_receive``, ``pulsar.asyncio``, listener
-callbacks, and the project's own asyncio client), with the client process's and the
-servers' CPU per 1,000 messages beside each rate.
+"""Magnetar, pulsar-lite and Redis through every way a Python user calls a client, in one
+run (issue 40, items 1-2): the workloads of bench/call_styles.py (publish with the
+producer's batching on and off, drain with a cumulative ack and with an ack per message,
+work queue, fan-out to 4 subscriptions, end to end at 1,000 msgs/s) in each call style
+(official client blocking per message, blocking ``batch_receive``, ``pulsar.asyncio``,
+listener callbacks, and the project's own asyncio client); Redis through redis-py
+asyncio (bench/peer_clients.py); with the client process's and the servers' CPU per
+1,000 messages beside each rate and each system's durability stated in the report.
 
 Theory of operation:
-- Each repeat starts each system once: ``magnetar standalone --bookies 1 --copies 1``
-  (bench/latency.py's ``Standalone``, free loopback ports) and pulsar-lite (the binary
-  of the PyPI package, bench/peer_servers.py; RocksDB, no fsync per acknowledgement).
-  Every style then runs in a fresh client process on topics of its own, the styles'
-  order rotated by one each repeat.
+- Each repeat starts each system once, in an order rotated by one each repeat:
+  ``magnetar standalone --bookies 1 --copies 1`` (bench/latency.py's ``Standalone``,
+  free loopback ports), pulsar-lite (the binary of the PyPI package,
+  bench/peer_servers.py; RocksDB, no fsync per acknowledgement), Redis (AOF
+  ``appendfsync always``) and, with ``--baseline-tree``, Magnetar from that tree. Every
+  style then runs in a fresh client process on topics of its own, the styles' order
+  rotated by one each repeat.
 - bench/cpu_accounting.py samples every server process and the client over the run;
   each workload's window (from the client's summary) gives CPU seconds per process.
   "servers" is broker + bookies for Magnetar (etcd, the gateway and auto-recovery are
@@ -18,8 +22,8 @@ Theory of operation:
   Per 1,000 messages = CPU seconds x 1,000 / messages (fan-out: deliveries).
 - The report (``summarize``, ``report_markdown``; pure) shows medians over the repeats.
 
-    python bench/peers_calls.py --quick                  # about 3-4 minutes
-    python bench/peers_calls.py --repeat 3               # the full run
+    python bench/peers_calls.py --quick                  # about 9-10 minutes a repeat (loaded machine)
+    python bench/peers_calls.py --repeat 3 --baseline-tree /tmp/before   # + servers' CPU before/after
     python bench/peers_calls.py --from-json bench/results/peers_calls.json   # report again
 """
 
