@@ -215,8 +215,9 @@ bench-peers: setup
 # the official client blocking per message, batch_receive, pulsar.asyncio, listener
 # callbacks and the project's own client, against Magnetar 1x1 and pulsar-lite (same
 # client), Redis (redis-py asyncio) beside, durability stated per system, servers' CPU
-# per 1,000 messages (bench/peers_calls.py; about 8 minutes with --quick, 3 repeats about
-# 40). CALLS_ARGS="--baseline-tree DIR" adds Magnetar from another tree for a before/after.
+# per 1,000 messages (bench/peers_calls.py; --quick with a baseline tree: 9-10 minutes a
+# repeat at load 15-23). CALLS_ARGS="--baseline-tree DIR" adds Magnetar from another tree
+# (a `git archive` of it with its generated protobuf modules) for a before/after.
 CALLS_ARGS ?= --quick --repeat 3
 bench-calls: setup
 	@command -v redis-server >/dev/null && $(PY) -c "import pulsar_lite, redis" 2>/dev/null || { \
