@@ -16,7 +16,7 @@ TEST_WORKERS ?= 3
 
 .PHONY: bench-journal bench-ack-state bench-transactions bench-client setup proto run test test-times test-unit test-integration test-archive-full test-client-full test-subscriptions-full bench bench-bookie \
 	bench-pulsar partitions bench-subscriptions bench-archive bench-gateway fuzz-gateway fuzz fuzz-broker clean sim chaos fanout-check \
-	pipeline bench-spark test-spark-full test-spark-cluster bench-compaction bench-latency bench-peers-setup bench-peers bench-thread-hop ops-tools
+	pipeline bench-spark test-spark-full test-spark-cluster bench-compaction bench-latency bench-peers-setup bench-peers bench-calls bench-floor bench-thread-hop ops-tools
 
 setup: $(STAMP) proto system-packages ops-tools
 
@@ -224,6 +224,26 @@ bench-peers: setup
 		[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || { \
 		echo "bench-peers: a peer's server is missing (redis-server, the venv's nats-server, rabbitmq-server): run 'make bench-peers-setup' first." >&2; exit 2; }
 	$(PY) bench/peers.py --out bench/results/peers.json --report bench/results/peers.md $(PEERS_ARGS)
+
+# Every way users call a client (issue 40, items 1-2; docs/performance.md "Call styles"):
+# the official client blocking per message, batch_receive, pulsar.asyncio, listener
+# callbacks and the project's own client, against Magnetar 1x1 and pulsar-lite (same
+# client), Redis (redis-py asyncio) beside, durability stated per system, servers' CPU
+# per 1,000 messages (bench/peers_calls.py; --quick with a baseline tree: 9-10 minutes a
+# repeat at load 15-23). CALLS_ARGS="--baseline-tree DIR" adds Magnetar from another tree
+# (a `git archive` of it with its generated protobuf modules) for a before/after.
+CALLS_ARGS ?= --quick --repeat 3
+bench-calls: setup
+	@command -v redis-server >/dev/null && $(PY) -c "import pulsar_lite, redis" 2>/dev/null || { \
+		echo "bench-calls: redis-server or the bench extra (pulsar-lite, redis) is missing: run 'make bench-peers-setup' first." >&2; exit 2; }
+	$(PY) bench/peers_calls.py --out bench/results/peers_calls.json --report bench/results/peers_calls.md $(CALLS_ARGS)
+
+# Latency at the path's floor (issue 40, item 3): durable ack and e2e (batching off, and
+# on) of `magnetar standalone` 1x1 against bench/path_skeleton.py in the same repeat, the
+# issue's aims read per repeat (bench/floor.py; about 1-2 minutes a repeat).
+FLOOR_ARGS ?= --repeat 3
+bench-floor: setup
+	$(PY) bench/floor.py --out bench/results/floor.json --report bench/results/floor.md $(FLOOR_ARGS)
 
 # End to end through the official Pulsar client (about 3 minutes): publish and drain
 # throughput, latency at fixed rates, against the same disk's raw bandwidth.

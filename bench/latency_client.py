@@ -8,7 +8,8 @@ Workloads (1 KiB messages, batching on with a 1 ms publish delay unless said):
   the send to the send's callback, i.e. to the broker's receipt, which Magnetar sends
   only once the ack quorum's journals fdatasynced the entry. The next message goes
   only after that: nothing else is in flight.
-- ``e2e``: end-to-end latency at a fixed rate. Message i is due at t0 + i / rate; the
+- ``e2e`` (and ``e2e_unbatched``, the producer's batching off; only with ``--only``):
+  end-to-end latency at a fixed rate. Message i is due at t0 + i / rate; the
   sender sleeps until then (or sends at once when late) and puts the due time in the
   payload. The consumer (same process, same clock: ``perf_counter_ns``) takes receive
   time minus due time, so a stall of the sender, the client or the servers counts
@@ -91,9 +92,9 @@ class Client:
         self.topic_prefix = f"persistent://public/default/latency-{run_id}"
         self.raw_backlog = 0     # messages raw_publish wrote, for the raw consumers
 
-    def producer(self, topic: str, *, queue_limit: int = 2000):
+    def producer(self, topic: str, *, queue_limit: int = 2000, batching: bool = True):
         return self.client.create_producer(
-            topic, batching_enabled=True, batching_max_publish_delay_ms=self.args.batch_delay_ms,
+            topic, batching_enabled=batching, batching_max_publish_delay_ms=self.args.batch_delay_ms,
             batching_max_messages=1000, batching_max_allowed_size_in_bytes=128 * 1024,
             max_pending_messages=queue_limit, block_if_queue_full=True,
             send_timeout_millis=30_000)
@@ -175,9 +176,14 @@ class Client:
         producer.close()
         return {"messages": histogram.count, "errors": errors, "latency_ms": summary_ms(histogram)}
 
-    def e2e(self) -> dict:
+    def e2e_unbatched(self) -> dict:
+        """``e2e`` with the producer's batching off (one entry per message, no batch
+        timer): what a latency-sensitive user runs (bench/floor.py)."""
+        return self.e2e(batching=False)
+
+    def e2e(self, batching: bool = True) -> dict:
         args = self.args
-        topic = f"{self.topic_prefix}-e2e"
+        topic = f"{self.topic_prefix}-e2e{'' if batching else '-unbatched'}"
         messages = int(args.rate * args.e2e_seconds)
         histogram = LatencyHistogram()
         received = [0]
@@ -198,7 +204,7 @@ class Client:
                     all_in.set()
 
         consumer = self.client.subscribe(topic, "e2e", message_listener=listener, receiver_queue_size=1000)
-        producer = self.producer(topic)
+        producer = self.producer(topic, batching=batching)
         errors = [0]
 
         def on_sent(result, _message_id) -> None:

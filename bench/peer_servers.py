@@ -51,8 +51,19 @@ def nats_server_binary() -> str:
 
 NATS_SERVER = nats_server_binary()
 
+def pulsar_lite_binary() -> str:
+    """The broker binary inside the ``pulsar-lite`` wheel (the ``bench`` extra), or a name
+    that is not there when the package is missing."""
+    try:
+        from pulsar_lite.binary_finder import find_pulsar_lite_binary
+        return str(find_pulsar_lite_binary())
+    except Exception:   # noqa: BLE001 - not installed, or its binary missing: reported by missing_binaries
+        return "pulsar-lite"
+
+
 # name -> what must be on the machine (`make bench-peers-setup` installs them).
-BINARIES = {"redis": ["redis-server"], "nats": [NATS_SERVER], "rabbitmq": [RABBITMQ_SERVER, "epmd"]}
+BINARIES = {"redis": ["redis-server"], "nats": [NATS_SERVER], "rabbitmq": [RABBITMQ_SERVER, "epmd"],
+            "pulsar-lite": [pulsar_lite_binary()]}
 
 
 def server_versions() -> dict[str, str]:
@@ -105,6 +116,18 @@ def nats_config(port: int, sync_always: bool) -> str:
 
 def nats_argv(port: int, data_dir: str, config_path: str) -> list[str]:
     return [NATS_SERVER, "-a", LOOPBACK, "-p", str(port), "-js", "-sd", data_dir, "-c", config_path]
+
+
+def pulsar_lite_config(metrics_port: int) -> str:
+    """Its metrics endpoint on the loopback (by default it binds 0.0.0.0:8080)."""
+    return f'[metrics]\naddr = "{LOOPBACK}:{metrics_port}"\n'
+
+
+def pulsar_lite_argv(port: int, data_dir: str, config_path: str) -> list[str]:
+    """pulsar-lite (the PyPI package's native broker, Pulsar's protocol) on the loopback,
+    its RocksDB in ``data_dir``."""
+    return [pulsar_lite_binary(), "--config", config_path, "--addr", f"{LOOPBACK}:{port}",
+            "--db-path", os.path.join(data_dir, "lite.db"), "--log-level", "warn"]
 
 
 def epmd_argv(port: int) -> list[str]:
@@ -226,7 +249,7 @@ class PeerServer:
     """One peer's server processes in ``base_dir``; ``start`` returns once it serves."""
 
     def __init__(self, system: str, base_dir: str) -> None:
-        assert system in ("redis", "nats", "nats-sync-always", "rabbitmq"), system
+        assert system in ("redis", "nats", "nats-sync-always", "rabbitmq", "pulsar-lite"), system
         self.system = system
         self.base_dir = base_dir
         self.processes: list[subprocess.Popen] = []
@@ -247,6 +270,11 @@ class PeerServer:
         os.makedirs(data_dir, exist_ok=True)
         if self.system == "redis":
             server = self._spawn(redis_argv(self.port, data_dir))
+        elif self.system == "pulsar-lite":
+            config_path = os.path.join(self.base_dir, "pulsar-lite.toml")
+            with open(config_path, "w") as handle:
+                handle.write(pulsar_lite_config(free_port()))
+            server = self._spawn(pulsar_lite_argv(self.port, data_dir, config_path))
         elif self.system.startswith("nats"):
             config_path = os.path.join(self.base_dir, "nats.conf")
             with open(config_path, "w") as handle:

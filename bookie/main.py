@@ -34,6 +34,7 @@ from runtime.config_options import ConfigOption, add_config_options, config_over
 from common.errors import MagnetarError
 from common.version import __version__
 from runtime.listen import bind_failure, probe_bind
+from runtime.gc_pauses import freeze_startup_heap
 from runtime.loop_monitor import LoopMonitor
 from runtime.ops_http import add_ready_route, build_ops_app, start_ops_server
 from runtime.tasks import stop_on_signals
@@ -279,8 +280,10 @@ class BookieProcess:
             if node.journal is not None:
                 node.journal.close_file()
             raise
-        log.info("bookie listening: bookie_id=%s address=%s http_address=%s add_address=%s read_only=%s replayed=%d",
-                 bookie_id, address, http_address, self.add_address or "-", node.read_only, node.replayed_records)
+        frozen = freeze_startup_heap()
+        log.info("bookie listening: bookie_id=%s address=%s http_address=%s add_address=%s read_only=%s replayed=%d "
+                 "frozen_objects=%d", bookie_id, address, http_address, self.add_address or "-", node.read_only,
+                 node.replayed_records, frozen)
 
         async def watch_journal() -> None:
             assert node.journal is not None

@@ -29,6 +29,7 @@ from bundles.config import BundlesConfig
 from runtime.config_options import ConfigOption, add_config_options, config_overrides
 from common.histograms import LATENCY_BUCKETS_S, LatencyStages
 from runtime.listen import bind_failure
+from runtime.gc_pauses import freeze_startup_heap
 from runtime.loop_monitor import LoopMonitor
 from common.errors import PortInUse
 from runtime.ops_http import bind_listener
@@ -311,9 +312,10 @@ class BrokerProcess:
         for server in servers:
             await server.start_serving()
         service.serving = True
+        frozen = freeze_startup_heap()
         log.info("broker listening: broker_id=%s service_url=%s web_service_url=%s service_url_tls=%s "
-                 "web_service_url_tls=%s", service.broker_id, config.service_url, config.web_service_url,
-                 config.service_url_tls or "-", config.web_service_url_tls or "-")
+                 "web_service_url_tls=%s frozen_objects=%d", service.broker_id, config.service_url,
+                 config.web_service_url, config.service_url_tls or "-", config.web_service_url_tls or "-", frozen)
         try:
             await self.stopping.wait()
         finally:

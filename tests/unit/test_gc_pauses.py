@@ -3,17 +3,20 @@
 Proves that: while installed, every collection is observed once in the histogram of
 its generation; removing stops it and leaves other callbacks alone; installing twice
 observes once; the loop monitor installs it while it runs and removes it when
-cancelled.
+cancelled; ``freeze_startup_heap`` collects garbage first and then takes every live
+object out of later collections' walks (a full collection then visits only what was
+made after it), while what was frozen is still freed by reference counting.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import weakref
 
 from prometheus_client import CollectorRegistry
 
-from runtime.gc_pauses import GcPauses
+from runtime.gc_pauses import GcPauses, freeze_startup_heap
 from runtime.loop_monitor import LoopMonitor
 
 
@@ -66,3 +69,26 @@ async def test_the_loop_monitor_measures_pauses_while_it_runs() -> None:
     gc.collect(2)
     assert _count(registry, 2, "test_loop") == 1
     assert monitor.gc_pauses._callback not in gc.callbacks
+
+
+class _Node:
+    pass
+
+
+def test_freeze_startup_heap_collects_first_then_keeps_the_live_heap_out_of_collections() -> None:
+    cycle = _Node()
+    cycle.self = cycle
+    garbage = weakref.ref(cycle)
+    del cycle
+    kept = _Node()
+    try:
+        frozen = freeze_startup_heap()
+        assert garbage() is None, "a garbage cycle alive before the freeze was frozen instead of collected"
+        assert frozen == gc.get_freeze_count() > 1000
+        assert not any(obj is kept for obj in gc.get_objects()), "a frozen object is still walked by collections"
+        # Frozen objects still die by reference counting.
+        alive = weakref.ref(kept)
+        del kept
+        assert alive() is None
+    finally:
+        gc.unfreeze()
