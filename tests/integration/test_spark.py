@@ -174,6 +174,53 @@ def test_filters_prune_files_and_never_leak_into_a_later_query(spark_session, ar
         spark_session.conf.set("spark.sql.python.filterPushdown.enabled", "true")
 
 
+def test_queries_planned_together_on_one_dataframe_each_get_exactly_their_own_rows(spark_session, archived):
+    """Two filtered queries and an unfiltered one on the same DataFrame, their plans
+    interleaved as concurrent queries' are: each query is planned (optimized, which is
+    when Spark pushes its filters into the source) before any of them runs. pyspark
+    keeps one planned read per DataFrame source, so the queries planned first run the
+    read planned last. Deterministic: the interleaving is forced through each query's
+    own QueryExecution, the order two threads can take at any time."""
+    cluster, topic, sent = archived
+    df = read(spark_session, cluster, topic)
+    wanted_a = {i for i, v in sent.items() if v[1] == "key-3"}
+    wanted_b = {i for i, v in sent.items() if v[1] == "key-11"}
+    assert wanted_a and wanted_b
+    query_a = df.filter(df.key == "key-3").select("ledger_id", "entry_id", "batch_index", "key")
+    query_b = df.filter(df.key == "key-11").select("ledger_id", "entry_id", "batch_index", "key")
+    query_all = df.select("ledger_id", "entry_id", "batch_index")
+    for query in (query_a, query_b, query_all):
+        query._jdf.queryExecution().optimizedPlan()          # filters pushed, read planned
+    # The unfiltered query runs first, then the filtered ones, the first planned first.
+    assert set(rows_by_id(query_all.collect())) == set(sent)
+    got_a = query_a.collect()
+    assert set(rows_by_id(got_a)) == wanted_a and len(got_a) == len(wanted_a), \
+        f"query A got {len(got_a)} rows of {len(wanted_a)}"
+    got_b = query_b.collect()
+    assert set(rows_by_id(got_b)) == wanted_b and len(got_b) == len(wanted_b)
+
+    # The same race with threads, many times: two filtered queries and a count at once.
+    import threading
+
+    results: dict = {}
+
+    def run(name, query) -> None:
+        try:
+            results[name] = len(query.collect())
+        except Exception as error:       # noqa: BLE001 - asserted below
+            results[name] = repr(error)
+
+    for _ in range(3):
+        threads = [threading.Thread(target=run, args=(name, query)) for name, query in
+                   (("a", df.filter(df.key == "key-3")), ("b", df.filter(df.key == "key-11")),
+                    ("all", df.select("ledger_id")))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=240)
+        assert results == {"a": len(wanted_a), "b": len(wanted_b), "all": len(sent)}, results
+
+
 def test_a_corrupt_or_truncated_file_fails_the_job_naming_the_file(spark_session, archived, tmp_path):
     """A copy of the archive with one file truncated, then one with a flipped byte:
     the Spark job fails with ArchiveCorrupt naming that file, and returns no rows."""
