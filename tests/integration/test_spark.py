@@ -22,6 +22,7 @@ import asyncio
 import datetime as dt
 import os
 import shutil
+import threading
 import uuid
 
 import pulsar
@@ -174,34 +175,46 @@ def test_filters_prune_files_and_never_leak_into_a_later_query(spark_session, ar
         spark_session.conf.set("spark.sql.python.filterPushdown.enabled", "true")
 
 
-def test_queries_planned_together_on_one_dataframe_each_get_exactly_their_own_rows(spark_session, archived):
-    """Two filtered queries and an unfiltered one on the same DataFrame, their plans
-    interleaved as concurrent queries' are: each query is planned (optimized, which is
-    when Spark pushes its filters into the source) before any of them runs. pyspark
-    keeps one planned read per DataFrame source, so the queries planned first run the
-    read planned last. Deterministic: the interleaving is forced through each query's
-    own QueryExecution, the order two threads can take at any time."""
+def test_queries_sharing_one_dataframe_each_get_exactly_their_own_rows(spark_session, archived):
+    """Queries with different filters on one DataFrame never get each other's rows.
+
+    pyspark (4.1-4.3) keeps one planned read per DataFrame source, replaced by every
+    filter pushdown and used by every scan of that source planned after it. So (1)
+    queries planned before any of them runs (as concurrent queries are: each is
+    optimized, which is when Spark pushes its filters, before the others run; forced
+    here through each query's own QueryExecution) all run the read planned last; (2) one
+    query scanning the DataFrame twice (a union of two filters, a filtered and an
+    unfiltered branch) runs one planned read in both scans; (3) the same with threads."""
     cluster, topic, sent = archived
     df = read(spark_session, cluster, topic)
     wanted_a = {i for i, v in sent.items() if v[1] == "key-3"}
     wanted_b = {i for i, v in sent.items() if v[1] == "key-11"}
     assert wanted_a and wanted_b
-    query_a = df.filter(df.key == "key-3").select("ledger_id", "entry_id", "batch_index", "key")
-    query_b = df.filter(df.key == "key-11").select("ledger_id", "entry_id", "batch_index", "key")
-    query_all = df.select("ledger_id", "entry_id", "batch_index")
+
+    wrong: list[str] = []             # every case is run; all wrong ones are reported
+
+    def exact(rows, wanted, what: str) -> None:
+        got = rows_by_id(rows)
+        if len(rows) != len(wanted) or set(got) != wanted:
+            wrong.append(f"{what}: {len(rows)} rows, {len(set(got) & wanted)} of the {len(wanted)} wanted")
+
+    columns = ("ledger_id", "entry_id", "batch_index", "key")
+    query_a = df.filter(df.key == "key-3").select(*columns)
+    query_b = df.filter(df.key == "key-11").select(*columns)
+    query_all = df.select(*columns)
     for query in (query_a, query_b, query_all):
         query._jdf.queryExecution().optimizedPlan()          # filters pushed, read planned
-    # The unfiltered query runs first, then the filtered ones, the first planned first.
-    assert set(rows_by_id(query_all.collect())) == set(sent)
-    got_a = query_a.collect()
-    assert set(rows_by_id(got_a)) == wanted_a and len(got_a) == len(wanted_a), \
-        f"query A got {len(got_a)} rows of {len(wanted_a)}"
-    got_b = query_b.collect()
-    assert set(rows_by_id(got_b)) == wanted_b and len(got_b) == len(wanted_b)
+    exact(query_all.collect(), set(sent), "unfiltered query planned with two filtered ones")
+    exact(query_a.collect(), wanted_a, "query A planned before query B")
+    exact(query_b.collect(), wanted_b, "query B")
 
-    # The same race with threads, many times: two filtered queries and a count at once.
-    import threading
+    # One query, two scans of the DataFrame.
+    exact(query_a.unionByName(query_b).collect(), wanted_a | wanted_b, "union of the two filters")
+    both = query_a.unionByName(query_all).collect()
+    if len(both) != len(wanted_a) + len(sent):
+        wrong.append(f"a filter's branch and the whole DataFrame: {len(both)} rows, not {len(wanted_a) + len(sent)}")
 
+    # Threads: two filtered queries and a count at once, three rounds.
     results: dict = {}
 
     def run(name, query) -> None:
@@ -210,7 +223,8 @@ def test_queries_planned_together_on_one_dataframe_each_get_exactly_their_own_ro
         except Exception as error:       # noqa: BLE001 - asserted below
             results[name] = repr(error)
 
-    for _ in range(3):
+    for round_ in range(3):
+        results.clear()
         threads = [threading.Thread(target=run, args=(name, query)) for name, query in
                    (("a", df.filter(df.key == "key-3")), ("b", df.filter(df.key == "key-11")),
                     ("all", df.select("ledger_id")))]
@@ -218,7 +232,9 @@ def test_queries_planned_together_on_one_dataframe_each_get_exactly_their_own_ro
             thread.start()
         for thread in threads:
             thread.join(timeout=240)
-        assert results == {"a": len(wanted_a), "b": len(wanted_b), "all": len(sent)}, results
+        if results != {"a": len(wanted_a), "b": len(wanted_b), "all": len(sent)}:
+            wrong.append(f"threads, round {round_}: {results}")
+    assert not wrong, wrong
 
 
 def test_a_corrupt_or_truncated_file_fails_the_job_naming_the_file(spark_session, archived, tmp_path):
