@@ -176,12 +176,13 @@ async def test_a_streaming_query_on_the_cluster_survives_a_worker_kill_and_a_dri
     stop_producing = threading.Event()
 
     def produce_slowly() -> None:
-        # 3,000 messages in chunks of 100, one chunk a second: arriving across the kills.
+        # 3,000 messages in chunks of 100, one chunk every two seconds from the first
+        # commit on: arriving across the worker's kill.
         for chunk in range(30):
             if stop_producing.is_set():
                 return
             sent.update(stream_produce(client, topic, 100, base=1_000 + chunk * 100))
-            time.sleep(1.0)
+            time.sleep(2.0)
 
     sink, checkpoint = str(tmp_path / "sink"), str(tmp_path / "checkpoint")
     metrics_dir = str(tmp_path / "metrics")
@@ -217,6 +218,7 @@ async def test_a_streaming_query_on_the_cluster_survives_a_worker_kill_and_a_dri
         await asyncio.to_thread(spark.start)
         config["master_url"] = spark.master_url
         first = start_driver(mode="run", executors=2)
+        await asyncio.to_thread(wait_for_commits, 1, first, "the first micro-batch")
         producing.start()
         await asyncio.to_thread(wait_for_commits, 2, first, "two micro-batches")
 
@@ -245,7 +247,7 @@ async def test_a_streaming_query_on_the_cluster_survives_a_worker_kill_and_a_dri
         os.killpg(first.pid, signal.SIGKILL)                  # the driver, mid-run
         first.wait(timeout=30)
         committed_by_first = _commits(checkpoint)
-        await asyncio.to_thread(producing.join, 180)
+        await asyncio.to_thread(producing.join, 300)
         assert not producing.is_alive() and len(sent) == 3_600
         second = start_driver(mode="available_now", executors=1)
         await asyncio.to_thread(second.wait, 900)
