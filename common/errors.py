@@ -520,6 +520,24 @@ class MessagesDeleted(ArchiveError):
                          f"(in neither the topic's ledgers nor its archive)")
 
 
+class TailGap(ArchiveError):
+    """A read through a broker of a fixed range of a topic partition went past the
+    range's last entry without delivering it: entries of the range were skipped (their
+    ledger moved to the archive while the read ran). The reader reads the rest from the
+    archive, or fails; it never returns the range short."""
+
+    code, retriable, http_status = 6006, True, 503
+
+    def __init__(self, topic: str, last_seen: tuple[int, int] | None, end: tuple[int, int],
+                 delivered: tuple[int, int]) -> None:
+        self.topic = topic
+        self.last_seen = last_seen
+        self.end = end
+        self.delivered = delivered
+        super().__init__(f"tail read of {topic} skipped entries: after {last_seen} the broker delivered "
+                         f"{delivered[0]}:{delivered[1]}, past the range's end {end[0]}:{end[1]} never delivered")
+
+
 # --- security (7000-7999) -------------------------------------------------------------
 
 

@@ -161,14 +161,6 @@ def archive_deleted_topic(topic_key_path: str) -> str:
     return f"{ARCHIVE_DELETED}{topic_key_path}"
 
 
-# Spark read plans' claims (broker/admin/spark_plans.py): the first execution of a plan.
-SPARK_PLANS = "/spark-plans/"
-
-
-def spark_plan(token: str) -> str:
-    return f"{SPARK_PLANS}{token}"
-
-
 # Auto-recovery (ledger/auditor.py, ledger/replication.py): the elected auditor's leased
 # key, one record per under-replicated ledger, a leased lock per ledger being
 # re-replicated, and the bookies an operator marked for decommissioning.

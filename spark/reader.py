@@ -4,13 +4,21 @@ record batches (archive/reader.py) and yielding them as ``pyarrow.RecordBatch`` 
 schema in spark/schema.py.
 
 Planning (``partitions``, on Spark's planning worker) reads the manifests through a
-broker's admin REST and drops the files the options exclude; the files pushed filters
-exclude are kept but marked (spark/plan_guard.py says why). A task opens its file with
+broker's admin REST and drops the files the options exclude. A task opens its file with
 the manifest's size (a truncated file fails before any read), skips the record batches
-the bounds exclude by their footer metadata, and trims rows at the edges. A corrupt
-file fails the task with ArchiveCorrupt naming the file: Spark retries the task, then
-fails the job with that message; no row of a batch that fails its checksum is ever
-returned.
+the options' bounds exclude by their footer metadata, and trims rows at the edges. A
+corrupt file fails the task with ArchiveCorrupt naming the file: Spark retries the
+task, then fails the job with that message; no row of a batch that fails its checksum
+is ever returned.
+
+Only the options prune; filters Spark could push down do not (the reader does not
+implement ``pushFilters``, so Spark evaluates every filter on the rows read). pyspark
+4.1-4.3 keeps one planned read per DataFrame source, replaced by each filter pushdown
+and run by every scan of that source planned after it: by another query's scan, by the
+other branch of a union, by a query running at the same time. A task cannot tell which
+scan it serves, so a read planned with one query's filters could prune rows another
+query needs. A plan that only the options shape is right for every scan of the
+DataFrame, whichever runs it (docs/spark.md, "Filters and pruning").
 """
 
 from __future__ import annotations
@@ -19,12 +27,12 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
+from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from archive.reader import ArchiveFile
 from common.errors import ConfigError
-from spark import manifest, metrics, plan_guard
-from spark.bounds import Bounds, option_bounds, translate
+from spark import manifest, metrics
+from spark.bounds import Bounds, option_bounds
 from spark.options import ReadOptions
 from spark.schema import to_spark_batch
 
@@ -37,8 +45,6 @@ class ArchivePartition(InputPartition):
     size_bytes: int
     batch_start: int | None          # None: every batch of the file
     batch_stop: int | None
-    filter_prunes: bool              # the pushed filters exclude the whole file
-    token: str | None                # the plan's token when filters were pushed
 
     def __post_init__(self) -> None:
         InputPartition.__init__(self, self.url)
@@ -52,7 +58,6 @@ class TailPartition(InputPartition):
     topic: str
     start_after: tuple[int, int] | None
     end: tuple[int, int]
-    token: str | None
     # The broker URL the tail is read through: the serviceUrl option, or the one the
     # admin URL's lookup named when the option was not given (found once, at planning).
     service_url: str = ""
@@ -61,7 +66,7 @@ class TailPartition(InputPartition):
         InputPartition.__init__(self, self.topic)
 
 
-def plan_tail(options: ReadOptions, base: Bounds, token: str | None, topic: str, partitions: int,
+def plan_tail(options: ReadOptions, base: Bounds, topic: str, partitions: int,
               ledgers: list[dict], last_position, service_url_for=None) -> list[TailPartition]:
     """The tail partitions of a topic: for each of its partitions (or itself), from
     after the last archived entry to ``last_position(name)``, read through the
@@ -80,16 +85,16 @@ def plan_tail(options: ReadOptions, base: Bounds, token: str | None, topic: str,
         if not service_url:
             raise ConfigError("reading the topic's tail needs option serviceUrl (a broker's pulsar:// URL), "
                               "or includeUnarchived=false for the archive only")
-        planned.append(TailPartition(name, start_after, end, token, service_url))
+        planned.append(TailPartition(name, start_after, end, service_url))
     return planned
 
 
-def plan_archive(options: ReadOptions, base: Bounds, pushed: Bounds | None, token: str | None,
-                 ledgers_by_topic: dict[str, list[dict]], footer_batch_count) -> tuple[list[ArchivePartition], dict]:
+def plan_archive(options: ReadOptions, base: Bounds, ledgers_by_topic: dict[str, list[dict]],
+                 footer_batch_count) -> tuple[list[ArchivePartition], dict]:
     """Partitions of the archive files (pure but for ``footer_batch_count(url, size)``,
     asked only for files to split). Returns (partitions, counters)."""
     partitions: list[ArchivePartition] = []
-    counters = {"files_listed": 0, "files_planned": 0, "files_pruned_by_options": 0, "files_pruned_by_filters": 0}
+    counters = {"files_listed": 0, "files_planned": 0, "files_pruned_by_options": 0}
     for topic, ledgers in ledgers_by_topic.items():
         for ledger in ledgers:
             ledger_id = ledger["ledger_id"]
@@ -98,8 +103,6 @@ def plan_archive(options: ReadOptions, base: Bounds, pushed: Bounds | None, toke
                 if not base.file_may_match(ledger_id, record):
                     counters["files_pruned_by_options"] += 1
                     continue
-                filter_prunes = pushed is not None and not pushed.file_may_match(ledger_id, record)
-                counters["files_pruned_by_filters"] += filter_prunes
                 counters["files_planned"] += 1
                 ranges: list[tuple[int | None, int | None]] = [(None, None)]
                 if record["row_count"] > options.rows_per_partition:
@@ -109,7 +112,7 @@ def plan_archive(options: ReadOptions, base: Bounds, pushed: Bounds | None, toke
                     ranges = [(start, min(start + step, batch_count)) for start in range(0, batch_count, step)]
                 for start, stop in ranges:
                     partitions.append(ArchivePartition(ledger["topic"], ledger_id, record["url"],
-                                                       record["size_bytes"], start, stop, filter_prunes, token))
+                                                       record["size_bytes"], start, stop))
     return partitions, counters
 
 
@@ -118,49 +121,18 @@ def _footer_batch_count(url: str, size_bytes: int) -> int:
         return archive_file.batch_count
 
 
-class _PushFilters:
-    """The reader's ``pushFilters``, as a callable the planner does not count as an
-    override. pyspark (4.1-4.3) refuses to plan a reader whose class overrides
-    ``pushFilters`` while ``spark.sql.python.filterPushdown.enabled`` is off ("do not
-    silently ignore pushFilters"); it tells an override by the method's ``__func__``.
-    This reader is right with the flag off too (Spark then evaluates every filter on
-    the rows it returns, and nothing is pruned), so with the flag off it should just
-    read: this callable reports the base method as its ``__func__`` and is called like
-    a method when the flag is on."""
-
-    def __init__(self, reader: "MagnetarBatchReader") -> None:
-        self.reader = reader
-        self.__func__ = DataSourceReader.pushFilters
-
-    def __call__(self, filters: list[Filter]):
-        return self.reader.push_filters(filters)
-
-
 class MagnetarBatchReader(DataSourceReader):
     def __init__(self, options: ReadOptions) -> None:
         self.options = options
         self.base = option_bounds(options.starting_position, options.ending_position,
                                   options.starting_timestamp_ms, options.ending_timestamp_ms)
-        self.pushed: Bounds | None = None
-        self.token: str | None = None
-        self.pushFilters = _PushFilters(self)
-
-    def push_filters(self, filters: list[Filter]) -> list[Filter]:
-        """Bounds from the filters the reader can prune with; returns every filter, so
-        Spark evaluates them all again: pruning is a saving, never what makes a row
-        right (a task unsure of its plan reads every row: spark/plan_guard.py)."""
-        bounds, _unhandled = translate(filters)
-        # Each pushdown is a new plan: a new token (spark/plan_guard.py).
-        self.pushed, self.token = (None, None) if bounds.empty else (bounds, plan_guard.new_token())
-        return list(filters)
 
     def partitions(self) -> Sequence[InputPartition]:
         self.options.use_archive_endpoint()
         topics = manifest.resolve_topics(self.options.admin_url, self.options.topics, self.options.pattern,
                                          self.options.namespace)
         ledgers_by_topic = {topic: manifest.ledgers(self.options.admin_url, topic) for topic in topics}
-        partitions, counters = plan_archive(self.options, self.base, self.pushed, self.token, ledgers_by_topic,
-                                            _footer_batch_count)
+        partitions, counters = plan_archive(self.options, self.base, ledgers_by_topic, _footer_batch_count)
         if self.options.include_unarchived:
             admin_url = self.options.admin_url
             found: list[str] = []
@@ -173,23 +145,16 @@ class MagnetarBatchReader(DataSourceReader):
                 return found[0]
 
             for topic in topics:
-                tails = plan_tail(self.options, self.base, self.token, topic, manifest.partition_count(admin_url, topic),
+                tails = plan_tail(self.options, self.base, topic, manifest.partition_count(admin_url, topic),
                                   ledgers_by_topic[topic],
                                   lambda name: manifest.last_message_position(admin_url, name), service_url_for)
                 partitions.extend(tails)
                 counters["tail_partitions"] = counters.get("tail_partitions", 0) + len(tails)
-        metrics.record(self.options.metrics_dir, "plan", token=self.token, topics=topics, **counters)
+        metrics.record(self.options.metrics_dir, "plan", topics=topics, **counters)
         if not partitions:
             # Spark needs at least one partition; an empty one reads nothing.
-            partitions = [ArchivePartition("", -1, "", 0, 0, 0, True, None)]
+            partitions = [ArchivePartition("", -1, "", 0, 0, 0)]
         return partitions
-
-    def _planned_execution(self, token: str | None, topic: str) -> bool:
-        """Whether this task may apply the pushed filters (spark/plan_guard.py)."""
-        if token is None or self.pushed is None:
-            return False
-        return plan_guard.is_planned_execution(self.options.admin_url, topic, token,
-                                               plan_guard.current_execution_id())
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         self.options.use_archive_endpoint()
@@ -199,37 +164,24 @@ class MagnetarBatchReader(DataSourceReader):
         assert isinstance(partition, ArchivePartition), type(partition)
         if not partition.url:
             return
-        bounds = self.base
-        if partition.token is not None and self.pushed is not None:
-            planned = self._planned_execution(partition.token, partition.topic)
-            if planned:
-                if partition.filter_prunes:
-                    metrics.record(self.options.metrics_dir, "task", token=partition.token, url=partition.url,
-                                   opened=False, batches_read=0, batches_skipped=0, rows=0, filtered=True)
-                    return
-                bounds = bounds.intersect(self.pushed)
-        yield from self._read_file(partition, bounds, filtered=bounds is not self.base)
+        yield from self._read_file(partition, self.base)
 
     def _read_tail(self, partition: TailPartition) -> Iterator[pa.RecordBatch]:
         from spark.tail import TailReader
 
         assert partition.service_url, partition
-        bounds = self.base
-        if self._planned_execution(partition.token, partition.topic):
-            assert self.pushed is not None
-            bounds = bounds.intersect(self.pushed)
         reader = TailReader(partition.service_url, partition.topic, partition.start_after, partition.end,
                             self.options.tail_timeout_ms)
         rows = 0
         for batch in reader.batches():
-            batch = bounds.keep(batch)
+            batch = self.base.keep(batch)
             if batch.num_rows:
                 rows += batch.num_rows
                 yield batch
-        metrics.record(self.options.metrics_dir, "tail", token=partition.token, topic=partition.topic,
+        metrics.record(self.options.metrics_dir, "tail", topic=partition.topic,
                        start_after=partition.start_after, end=partition.end, entries=reader.entries_read, rows=rows)
 
-    def _read_file(self, partition: ArchivePartition, bounds: Bounds, *, filtered: bool) -> Iterator[pa.RecordBatch]:
+    def _read_file(self, partition: ArchivePartition, bounds: Bounds) -> Iterator[pa.RecordBatch]:
         read = skipped = rows = 0
         with ArchiveFile.open(partition.url, size_bytes=partition.size_bytes) as archive_file:
             count = archive_file.batch_count
@@ -245,5 +197,5 @@ class MagnetarBatchReader(DataSourceReader):
                 if batch.num_rows:
                     rows += batch.num_rows
                     yield batch
-        metrics.record(self.options.metrics_dir, "task", token=partition.token, url=partition.url, opened=True,
-                       batches_read=read, batches_skipped=skipped, rows=rows, filtered=filtered)
+        metrics.record(self.options.metrics_dir, "task", url=partition.url, batches_read=read,
+                       batches_skipped=skipped, rows=rows)

@@ -43,7 +43,7 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
 from archive.reader import ArchiveFile
-from common.errors import ConfigError, MessagesDeleted
+from common.errors import ConfigError, MessagesDeleted, TailGap
 from common.topic_name import TopicName
 from spark import manifest, metrics
 from spark.bounds import Bounds
@@ -54,6 +54,8 @@ from spark.schema import to_spark_batch
 from spark.tail import TailReader
 
 NOTHING = "-1:-1"
+# A tail read that skipped entries (TailGap) plans the rest again at most this often.
+TAIL_GAP_REPLANS = 3
 
 
 @dataclass
@@ -280,7 +282,7 @@ class MagnetarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         archived_last = max(((ledger["ledger_id"], ledger["entry_count"] - 1) for ledger in ledgers), default=None)
         tail_after = begin if archived_last is None or (begin is not None and begin >= archived_last) else archived_last
         if tail_after is None or tail_after < end:
-            planned.append(TailPartition(name, tail_after, end, None))
+            planned.append(TailPartition(name, tail_after, end))
         return planned
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
@@ -317,14 +319,32 @@ class MagnetarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         assert isinstance(partition, TailPartition), type(partition)
         if check:
             self._check_data_loss(partition.topic, partition.start_after)
-        reader = TailReader(self.options.service_url, partition.topic, partition.start_after, partition.end,
-                            self.options.tail_timeout_ms)
-        for batch in reader.batches():
+        for batch in self._read_tail_range(partition.topic, partition.start_after, partition.end):
             rows += batch.num_rows
             yield batch
         if check:
             metrics.record(self.options.metrics_dir, "stream-tail", topic=partition.topic,
                            start_after=partition.start_after, end=partition.end, rows=rows)
+
+    def _read_tail_range(self, name: str, start_after: tuple[int, int] | None, end: tuple[int, int],
+                         depth: int = 0) -> Iterator[pa.RecordBatch]:
+        """Entries (start_after, end] of partition ``name`` through a broker; when the
+        broker skips some (their ledger moved to the archive while the read ran:
+        TailGap), the rest is planned again from the manifest as it is now and read from
+        the archive files (and the tail after them), at most TAIL_GAP_REPLANS times."""
+        reader = TailReader(self.options.service_url, name, start_after, end, self.options.tail_timeout_ms)
+        try:
+            yield from reader.batches()
+        except TailGap as gap:
+            if depth >= TAIL_GAP_REPLANS:
+                raise
+            log.warning("spark stream tail skipped entries, reading the rest from the archive: topic=%s "
+                        "after=%s end=%s delivered=%s", name, gap.last_seen, end, gap.delivered)
+            for part in self._plan(name, gap.last_seen, end):
+                if isinstance(part, TailPartition):
+                    yield from self._read_tail_range(name, part.start_after, end, depth + 1)
+                else:
+                    yield from self._read_partition(part, check=False)
 
     def commit(self, end: dict) -> None:
         pass

@@ -12,7 +12,10 @@ hands rows over in Arrow record batches of at most ``ROWS_PER_BATCH`` rows, drop
 entries at or before the start, and stops at the end. After a reconnection it resumes
 from the last entry it saw (the broker starts a non-durable reader at the entry named,
 and what was seen is dropped again). A read that gets nothing for ``timeout_ms`` fails
-naming the topic and position where it stalled.
+naming the topic and position where it stalled. A read the broker takes past the
+range's end without delivering the end (entries skipped: their ledger moved to the
+archive while the read ran) raises TailGap after the rows before the gap, with the last
+entry it saw: never a short range returned as whole.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import pyarrow as pa
 
 from client.client import PulsarClient
 from client.messages import MessageId, ReceivedEntry
-from common.errors import MagnetarError, OperationTimeout
+from common.errors import MagnetarError, OperationTimeout, TailGap
 from spark.schema import ARROW_SCHEMA
 
 Position = tuple[int, int]
@@ -91,6 +94,7 @@ class TailReader:
         self.timeout_s = timeout_ms / 1000
         self.last_seen: Position | None = start_after
         self.entries_read = 0
+        self._pending_gap: TailGap | None = None
 
     def batches(self) -> Iterator[pa.RecordBatch]:
         loop = asyncio.new_event_loop()
@@ -101,6 +105,8 @@ class TailReader:
                     rows, done = loop.run_until_complete(self._next_rows(consumer, listener))
                     if rows:
                         yield _rows_to_batch(self.topic, rows)
+                    if self._pending_gap is not None:
+                        raise self._pending_gap      # after the rows before the gap
                     if done:
                         return
             finally:
@@ -157,7 +163,13 @@ class TailReader:
             if self.last_seen is not None and position <= self.last_seen:
                 continue                       # before the start, or seen before a reconnection
             if position > self.end:
-                return rows, True
+                # ``end`` is a stored entry (the partition's last message when the range
+                # was planned): passing it unseen means the broker skipped entries of
+                # the range. Never a short range: the caller reads the rest elsewhere.
+                if rows:
+                    self._pending_gap = TailGap(self.topic, self.last_seen, self.end, position)
+                    return rows, True
+                raise TailGap(self.topic, self.last_seen, self.end, position)
             self.last_seen = position
             # A reconnection starts again from here (inclusive; dropped above).
             consumer.start_message_id = MessageId(*position)

@@ -19,7 +19,6 @@ from broker.admin import (
     permissions,
     rates,
     schemas,
-    spark_plans,
     subscriptions,
     tenants,
     topic_policies,
@@ -45,4 +44,3 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
     archive.add_routes(app, service)
     schemas.add_routes(app, service)
     console.add_routes(app, service)
-    spark_plans.add_routes(app, service)

@@ -49,22 +49,29 @@ def main() -> None:
     whole_s = time.monotonic() - t0
     ids = [[r.ledger_id, r.entry_id, r.batch_index] for r in rows]
 
-    # Two queries with different pushed filters at once (each on its own DataFrame:
-    # pyspark's cache of a planned read on one DataFrame is shared by concurrent
-    # queries, docs/spark.md "Not done yet"), then the trap in sequence: a filtered
-    # query, and an unfiltered one reusing its DataFrame.
+    # Two queries with different filters and an unfiltered count at once, all on the
+    # DataFrame just read (pyspark shares its planned read between them: the reader
+    # must not prune with one query's filters for another, spark/reader.py); then the
+    # trap in sequence: a filtered query, and an unfiltered one reusing its DataFrame.
     answers: dict[str, list] = {}
+    counts: list[int] = []
     errors: list = []
 
     def filtered(key: str) -> None:
         try:
-            own = reader()
-            found = own.filter(own.key == key).select("ledger_id", "entry_id", "batch_index", "key").collect()
+            found = df.filter(df.key == key).select("ledger_id", "entry_id", "batch_index", "key").collect()
             answers[key] = [[r.ledger_id, r.entry_id, r.batch_index, r.key] for r in found]
         except Exception as error:         # noqa: BLE001 - reported to the test
             errors.append(repr(error))
 
+    def count() -> None:
+        try:
+            counts.append(df.count())
+        except Exception as error:         # noqa: BLE001 - reported to the test
+            errors.append(repr(error))
+
     threads = [threading.Thread(target=filtered, args=(key,)) for key in config["keys"]]
+    threads.append(threading.Thread(target=count))
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -73,7 +80,7 @@ def main() -> None:
     trap_rows = trap.filter(trap.key == config["keys"][0]).count()
     after_filters_count = trap.count()
     print(json.dumps({"ids": ids, "whole_s": round(whole_s, 1), "executors_s": round(executors_s, 1),
-                      "filtered": answers, "errors": errors, "after_filters_count": after_filters_count,
+                      "filtered": answers, "concurrent_counts": counts, "errors": errors, "after_filters_count": after_filters_count,
                       "trap_rows": trap_rows,
                       "executors": len(context._jsc.sc().statusTracker().getExecutorInfos()) - 1}))
     spark.stop()

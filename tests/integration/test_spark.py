@@ -5,10 +5,12 @@ Proves:
 - messages produced with keys, properties and event times and archived are returned by
   ``spark.read.format("magnetar")`` exactly: one row per message, the same ids, keys,
   properties, payloads; start/end by position and by time select the right rows;
-- a publish-time filter opens only the files in range (the reader's own counters) and
-  returns the right rows; an unfiltered count on the same DataFrame afterwards returns
-  every row (pyspark reuses the filtered plan there: spark/plan_guard.py); the same
-  with filter pushdown off; ledger/entry and key filters return the right rows;
+- a publish-time range given as options opens only the files in range (the reader's
+  own counters); the same range as a filter returns the same rows (every file read:
+  pushed filters never prune, spark/reader.py); an unfiltered count on the same
+  DataFrame afterwards returns every row; the same with filter pushdown off;
+  ledger/entry and key filters return the right rows; queries sharing one DataFrame
+  (planned together, a union of two scans, threads) each get exactly their rows;
 - a truncated or corrupted archive file fails the Spark job with an error naming the
   file, never returning rows of it.
 
@@ -22,6 +24,7 @@ import asyncio
 import datetime as dt
 import os
 import shutil
+import threading
 import uuid
 
 import pulsar
@@ -116,11 +119,12 @@ def test_spark_returns_exactly_the_archived_messages(spark_session, archived):
     assert set(rows_by_id(by_time)) == expected and expected
 
 
-def test_filters_prune_files_and_never_leak_into_a_later_query(spark_session, archived, tmp_path):
-    """A publish-time filter opens only the files whose time range meets it (the
-    reader's counters), and returns exactly the rows in range; an unfiltered count on
-    the same DataFrame after it returns every row; then ledger/entry and key filters,
-    and all of it again with pushdown off."""
+def test_options_prune_files_and_filters_never_leak_into_a_later_query(spark_session, archived, tmp_path):
+    """A publish-time range given as options opens only the files whose time range
+    meets it (the reader's counters) and returns exactly the rows in range; the same
+    range as a filter returns the same rows, and an unfiltered count on the same
+    DataFrame after it returns every row; then ledger/entry and key filters, and all of
+    it again with pushdown off."""
     cluster, topic, sent = archived
     manifest = http("GET", f"{cluster.admin_url}/admin/v2/{topic.replace('://', '/')}/archive")
     files = [f for ledger in manifest["ledgers"] for f in ledger["files"]]
@@ -133,45 +137,108 @@ def test_filters_prune_files_and_never_leak_into_a_later_query(spark_session, ar
     low = dt.datetime.fromtimestamp(low_ms / 1000, dt.timezone.utc)
     high = dt.datetime.fromtimestamp(high_ms / 1000, dt.timezone.utc)
 
-    all_rows = rows_by_id(read(spark_session, cluster, topic).collect())
+    metrics_dir = str(tmp_path / "metrics")
+    # Only the columns the checks need: turning 10,000 whole rows into Python objects
+    # costs more than the reads on a loaded machine.
+    ids = ("ledger_id", "entry_id", "batch_index")
+    df = read(spark_session, cluster, topic, metricsDir=metrics_dir)
+    all_rows = rows_by_id(df.select(*ids, "publish_time").collect())
     expected = {i for i, r in all_rows.items()
                 if low <= r.publish_time.replace(tzinfo=dt.timezone.utc) <= high}
-    assert expected
+    assert expected and len(all_rows) == len(sent)
 
-    metrics_dir = str(tmp_path / "metrics")
-    df = read(spark_session, cluster, topic, metricsDir=metrics_dir)
-    filtered = df.filter((df.publish_time >= low) & (df.publish_time <= high))
-    assert set(rows_by_id(filtered.collect())) == expected
-    tasks = metrics.collect(metrics_dir, "task")
-    opened = {t["url"] for t in tasks if t["opened"]}
-    assert opened <= overlapping, "a file outside the time range was opened"
+    ranged_dir = str(tmp_path / "ranged")
+    ranged = read(spark_session, cluster, topic, metricsDir=ranged_dir, includeUnarchived="false",
+                  startingTimestamp=low_ms, endingTimestamp=high_ms + 1)
+    assert set(rows_by_id(ranged.select(*ids).collect())) == expected
+    opened = {t["url"] for t in metrics.collect(ranged_dir, "task")}
+    assert opened <= overlapping, "a file outside the options' time range was opened"
     assert len(opened) < len(files)
-    assert all(t["filtered"] for t in tasks)
+
+    shutil.rmtree(metrics_dir)
+    filtered = df.filter((df.publish_time >= low) & (df.publish_time <= high))
+    assert set(rows_by_id(filtered.select(*ids).collect())) == expected
+    assert {t["url"] for t in metrics.collect(metrics_dir, "task")} == {f["url"] for f in files}
     # The trap: the same DataFrame, no filter, after the filtered query.
     assert df.count() == len(sent)
-    assert len(df.collect()) == len(sent)
-    assert filtered.count() == len(expected)
-    # The other order on a fresh DataFrame: unfiltered first, then filtered.
-    other = read(spark_session, cluster, topic)
-    assert other.count() == len(sent)
-    assert other.filter((other.publish_time >= low) & (other.publish_time <= high)).count() == len(expected)
 
     # Ledger/entry ranges and keys.
     ledger_id = sorted(sent)[len(sent) // 2][0]
-    by_ledger = df.filter((df.ledger_id == ledger_id) & (df.entry_id >= 10) & (df.entry_id < 20)).collect()
+    by_ledger = df.filter((df.ledger_id == ledger_id) & (df.entry_id >= 10) & (df.entry_id < 20)).select(*ids).collect()
     assert set(rows_by_id(by_ledger)) == {i for i in sent if i[0] == ledger_id and 10 <= i[1] < 20}
-    by_key = df.filter(df.key == "key-7").collect()
+    by_key = df.filter(df.key == "key-7").select(*ids).collect()
     assert set(rows_by_id(by_key)) == {i for i, v in sent.items() if v[1] == "key-7"}
-    assert df.count() == len(sent)
 
     spark_session.conf.set("spark.sql.python.filterPushdown.enabled", "false")
     try:
         plain = read(spark_session, cluster, topic)
         assert plain.filter((plain.publish_time >= low) & (plain.publish_time <= high)).count() == len(expected)
-        assert plain.count() == len(sent)
         assert plain.filter(plain.key == "key-7").count() == len(by_key)
     finally:
         spark_session.conf.set("spark.sql.python.filterPushdown.enabled", "true")
+
+
+def test_queries_sharing_one_dataframe_each_get_exactly_their_own_rows(spark_session, archived):
+    """Queries with different filters on one DataFrame never get each other's rows.
+
+    pyspark (4.1-4.3) keeps one planned read per DataFrame source, replaced by every
+    filter pushdown and used by every scan of that source planned after it. So (1)
+    queries planned before any of them runs (as concurrent queries are: each is
+    optimized, which is when Spark pushes its filters, before the others run; forced
+    here through each query's own QueryExecution) all run the read planned last; (2) one
+    query scanning the DataFrame twice (a union of two filters, a filtered and an
+    unfiltered branch) runs one planned read in both scans; (3) three queries at once
+    on threads."""
+    cluster, topic, sent = archived
+    df = read(spark_session, cluster, topic)
+    wanted_a = {i for i, v in sent.items() if v[1] == "key-3"}
+    wanted_b = {i for i, v in sent.items() if v[1] == "key-11"}
+    assert wanted_a and wanted_b
+
+    wrong: list[str] = []             # every case is run; all wrong ones are reported
+
+    def exact(rows, wanted, what: str) -> None:
+        got = rows_by_id(rows)
+        if len(rows) != len(wanted) or set(got) != wanted:
+            wrong.append(f"{what}: {len(rows)} rows, {len(set(got) & wanted)} of the {len(wanted)} wanted")
+
+    columns = ("ledger_id", "entry_id", "batch_index", "key")
+    query_a = df.filter(df.key == "key-3").select(*columns)
+    query_b = df.filter(df.key == "key-11").select(*columns)
+    query_all = df.select(*columns)
+    for query in (query_a, query_b, query_all):
+        query._jdf.queryExecution().optimizedPlan()          # filters pushed, read planned
+    exact(query_all.collect(), set(sent), "unfiltered query planned with two filtered ones")
+    exact(query_a.collect(), wanted_a, "query A planned before query B")
+    exact(query_b.collect(), wanted_b, "query B")
+
+    # One query, two scans of the DataFrame.
+    exact(query_a.unionByName(query_b).collect(), wanted_a | wanted_b, "union of the two filters")
+    both = query_a.unionByName(query_all).collect()
+    if len(both) != len(wanted_a) + len(sent):
+        wrong.append(f"a filter's branch and the whole DataFrame: {len(both)} rows, not {len(wanted_a) + len(sent)}")
+
+    # Threads: two filtered queries and a count at once, two rounds.
+    results: dict = {}
+
+    def run(name, query) -> None:
+        try:
+            results[name] = len(query.collect())
+        except Exception as error:       # noqa: BLE001 - asserted below
+            results[name] = repr(error)
+
+    for round_ in range(2):
+        results.clear()
+        threads = [threading.Thread(target=run, args=(name, query)) for name, query in
+                   (("a", df.filter(df.key == "key-3")), ("b", df.filter(df.key == "key-11")),
+                    ("all", df.select("ledger_id")))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=240)
+        if results != {"a": len(wanted_a), "b": len(wanted_b), "all": len(sent)}:
+            wrong.append(f"threads, round {round_}: {results}")
+    assert not wrong, wrong
 
 
 def test_a_corrupt_or_truncated_file_fails_the_job_naming_the_file(spark_session, archived, tmp_path):

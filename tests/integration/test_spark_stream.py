@@ -20,7 +20,7 @@ import pytest
 from spark import metrics
 
 from tests.cluster import Cluster, wait_until
-from tests.integration.spark_helpers import BROKER_ARGS, POLICY, http, produce
+from tests.integration.spark_helpers import BROKER_ARGS, POLICY, committed_sink_ids, http, produce
 
 
 @pytest.fixture(scope="module")
@@ -45,41 +45,6 @@ def archived(etcd_process, tmp_path_factory):
         if client is not None:
             client.close()
         asyncio.run(cluster.stop())
-
-
-def committed_sink_ids(sink: str) -> list[tuple[int, int, int]]:
-    """(ledger_id, entry_id, batch_index) of every row in the file sink's committed
-    files, as Spark reads the sink: the files its ``_spark_metadata`` log adds (from
-    the latest compacted log file on), not the part files a killed batch left behind.
-    Read with pyarrow: no JVM in the test process, none polling while the stream runs."""
-    import json
-    import urllib.parse
-
-    import pyarrow.parquet as pq
-
-    log_dir = os.path.join(sink, "_spark_metadata")
-    try:
-        names = os.listdir(log_dir)
-    except FileNotFoundError:
-        return []
-    batches = sorted((int(n.split(".")[0]), n) for n in names if n.split(".")[0].isdigit())
-    compacted = [i for i, (_, n) in enumerate(batches) if n.endswith(".compact")]
-    files: set[str] = set()
-    for _, name in batches[compacted[-1] if compacted else 0:]:
-        with open(os.path.join(log_dir, name)) as handle:
-            lines = handle.read().splitlines()
-        for line in lines[1:]:                               # the first line is the log version
-            entry = json.loads(line)
-            path = urllib.parse.unquote(urllib.parse.urlparse(entry["path"]).path)    # file:/… or file:///…
-            if entry.get("action", "add") == "add":
-                files.add(path)
-            else:
-                files.discard(path)
-    ids: list[tuple[int, int, int]] = []
-    for path in sorted(files):
-        table = pq.read_table(path, columns=["ledger_id", "entry_id", "batch_index"])
-        ids.extend(zip(*(table.column(c).to_pylist() for c in ("ledger_id", "entry_id", "batch_index"))))
-    return ids
 
 
 @pytest.mark.spark_full        # two Spark processes, ~2 minutes: make test-spark-full

@@ -1,24 +1,19 @@
 """The Spark source's pure parts: options parsed with errors naming the option, and
-bounds from pushed filters pruning files, record batches and rows conservatively (a
-pruned batch never holds a matching row; rows are kept exactly)."""
+the options' bounds pruning files, record batches and rows conservatively (a pruned
+batch never holds a matching row; rows are kept exactly)."""
 
 from __future__ import annotations
 
-import datetime as dt
-
 import pyarrow as pa
 import pytest
-from pyspark.sql.datasource import (EqualTo, GreaterThan, GreaterThanOrEqual, In, IsNotNull, LessThan,
-                                    LessThanOrEqual, StringStartsWith)
 
 from archive.format import BatchMetadata, KeyFilter
 from common.errors import ConfigError
-from spark.bounds import Bounds, option_bounds, translate
+from spark.bounds import Bounds, option_bounds
 from spark.options import parse_read_options
 from spark.schema import ARROW_SCHEMA
 
 ADMIN = {"adminUrl": "http://127.0.0.1:8080"}
-UTC = dt.timezone.utc
 
 
 def test_options_parse_and_name_the_bad_one():
@@ -41,22 +36,6 @@ def test_options_parse_and_name_the_bad_one():
             parse_read_options(options)
 
 
-def test_filters_the_reader_handles_and_those_it_returns():
-    t = dt.datetime(2026, 1, 1, tzinfo=UTC)
-    t_us = int(t.timestamp()) * 1_000_000
-    handled = [GreaterThanOrEqual(("publish_time",), t), LessThan(("publish_time",), t + dt.timedelta(seconds=1)),
-               EqualTo(("ledger_id",), 7), GreaterThan(("entry_id",), 3), LessThanOrEqual(("entry_id",), 9),
-               In(("key",), ("a", "b")), EqualTo(("key",), "b")]
-    others = [IsNotNull(("key",)), StringStartsWith(("key",), "a"), EqualTo(("topic",), "x"),
-              EqualTo(("properties", "n"), "1")]
-    bounds, unhandled = translate(handled + others)
-    assert unhandled == others
-    assert (bounds.time_us_min, bounds.time_us_max) == (t_us, t_us + 999_999)
-    assert (bounds.ledger_id_min, bounds.ledger_id_max, bounds.entry_id_min, bounds.entry_id_max) == (7, 7, 4, 9)
-    assert bounds.keys == frozenset({"b"})
-    assert translate(others)[0].empty
-
-
 def batch(first: int, last: int, t_min: int, t_max: int, keys: list[str]) -> BatchMetadata:
     return BatchMetadata(row_count=last - first + 1, first_entry_id=first, last_entry_id=last,
                          publish_time_ms_min=t_min, publish_time_ms_max=t_max, key_min=min(keys), key_max=max(keys),
@@ -69,13 +48,9 @@ def test_batches_are_pruned_only_when_no_row_can_match():
     assert not Bounds(time_us_min=2_001_000).batch_may_match(3, b)
     assert Bounds(time_us_min=2_000_999).batch_may_match(3, b)          # 2000 ms holds up to 2000.999
     assert not Bounds(time_us_max=999_999).batch_may_match(3, b)
-    assert not Bounds(ledger_id_min=4).batch_may_match(3, b)
-    assert not Bounds(entry_id_min=20).batch_may_match(3, b)
     assert not Bounds(position_end=(3, 10)).batch_may_match(3, b)
     assert Bounds(position_end=(3, 11)).batch_may_match(3, b)
     assert not Bounds(position_min=(3, 20)).batch_may_match(3, b)
-    assert not Bounds(keys=frozenset({"k9"})).batch_may_match(3, b)
-    assert Bounds(keys=frozenset({"k5"})).batch_may_match(3, b)
     record = {"first_entry_id": 10, "last_entry_id": 19, "publish_time_ms_min": 1000, "publish_time_ms_max": 2000}
     assert option_bounds(None, None, 2000, None).file_may_match(3, record)
     assert not option_bounds(None, None, 2001, None).file_may_match(3, record)
@@ -99,5 +74,4 @@ def test_row_mask_keeps_exactly_the_rows_in_bounds():
 
     assert kept(Bounds(position_min=(1, 2), position_end=(2, 2))) == [2, 3, 4]
     assert kept(Bounds(time_us_min=2_000_000, time_us_max=4_000_000)) == [2, 3, 4]
-    assert kept(Bounds(keys=frozenset({"a", "c"}))) == [0, 3, 5]
-    assert kept(Bounds(ledger_id_min=2, entry_id_max=1)) == [3, 4]
+    assert kept(Bounds(position_min=(2, 0), time_us_max=4_000_000)) == [3, 4]
