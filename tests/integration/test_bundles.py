@@ -395,8 +395,10 @@ async def test_scale_out_spreads_ownership(etcd_process, tmp_path):
 _SERVING = re.compile(r"bundle serving (started|stopped): bundle=(\S+) broker_id=(\S+) .*wall_time=([0-9.]+)")
 
 
-def serving_intervals(cluster: Cluster) -> list[tuple[str, BundleRange, float, float]]:
-    """(broker, hash range, start, end) of every span a broker served a bundle."""
+def serving_intervals(cluster: Cluster) -> list[tuple[str, str, BundleRange, float, float]]:
+    """(broker, namespace, hash range, start, end) of every span a broker served a bundle.
+    Bundles of different namespaces share hash ranges (every namespace starts with the
+    same four), so only a namespace's own bundles can overlap."""
     intervals = []
     for broker in cluster.brokers:
         open_spans: dict[str, float] = {}
@@ -404,10 +406,12 @@ def serving_intervals(cluster: Cluster) -> list[tuple[str, BundleRange, float, f
             if kind == "started":
                 open_spans[bundle] = float(wall)
             elif bundle in open_spans:
-                intervals.append((broker_id, BundleRange.parse(bundle.rpartition("/")[2]),
+                namespace, _, bundle_range = bundle.rpartition("/")
+                intervals.append((broker_id, namespace, BundleRange.parse(bundle_range),
                                   open_spans.pop(bundle), float(wall)))
         for bundle, start in open_spans.items():
-            intervals.append((broker.broker_id, BundleRange.parse(bundle.rpartition("/")[2]), start, time.time()))
+            namespace, _, bundle_range = bundle.rpartition("/")
+            intervals.append((broker.broker_id, namespace, BundleRange.parse(bundle_range), start, time.time()))
     return intervals
 
 
@@ -428,15 +432,15 @@ async def test_etcd_outage_keeps_single_ownership(tmp_path):
         assert not traffic.lost(), f"{len(traffic.lost())} acknowledged messages never consumed"
         intervals = serving_intervals(cluster)
         assert intervals
-        for i, (broker_a, range_a, start_a, end_a) in enumerate(intervals):
-            for broker_b, range_b, start_b, end_b in intervals[i + 1:]:
-                if broker_a == broker_b:
+        for i, (broker_a, namespace_a, range_a, start_a, end_a) in enumerate(intervals):
+            for broker_b, namespace_b, range_b, start_b, end_b in intervals[i + 1:]:
+                if broker_a == broker_b or namespace_a != namespace_b:
                     continue
                 ranges_meet = range_a.lower < range_b.upper and range_b.lower < range_a.upper
                 times_meet = start_a < end_b and start_b < end_a
                 assert not (ranges_meet and times_meet), (
                     f"{broker_a} and {broker_b} served overlapping bundles at the same time: "
-                    f"{range_a.name} [{start_a}, {end_a}] and {range_b.name} [{start_b}, {end_b}]")
+                    f"{namespace_a}/{range_a.name} [{start_a}, {end_a}] and {range_b.name} [{start_b}, {end_b}]")
     finally:
         await cluster.stop()
         etcd.kill9()
