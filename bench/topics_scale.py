@@ -41,6 +41,8 @@ import asyncio
 import json
 import os
 import platform
+import signal
+import subprocess
 import sys
 import time
 import urllib.request
@@ -84,6 +86,28 @@ def rss_bytes(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (/proc/<pid>/stat)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start_profile(pid: int, path: str | None) -> subprocess.Popen | None:
+    """py-spy sampling ``pid`` into ``path`` (raw collapsed stacks) until stopped."""
+    if not path:
+        return None
+    spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    return subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", "200", "--format", "raw", "--nonblocking",
+                             "--output", path], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop_profile(process: subprocess.Popen | None) -> None:
+    if process is not None:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=60)
 
 
 def etcd_counters(port: int) -> dict[str, float]:
@@ -271,6 +295,10 @@ async def run(args: argparse.Namespace) -> dict:
                     raise RuntimeError("broker B never took the failover bundle")
                 await asyncio.sleep(0.05)
             owned = time.monotonic()
+            pids = {"broker": broker_b.process.pid, "bookie": cluster.bookies[0].process.pid,
+                    "etcd": cluster.etcd.process.pid}
+            cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+            profile = start_profile(broker_b.process.pid, args.profile_failover)
             loaded_at: list[float] = []
 
             async def load(connection: LookupConnection, topic: str) -> None:
@@ -287,13 +315,15 @@ async def run(args: argparse.Namespace) -> dict:
                 loaded_at.append(time.monotonic())
 
             load_s = await pool_b.run(failover_topics, load)
+            stop_profile(profile)
+            cpu = {name: round(cpu_seconds(pid) - cpu_before[name], 2) for name, pid in pids.items()}
             spent = time.monotonic() - killed
             result["failover"] = {
                 "lease_ttl_s": args.lease_ttl_s, "bundle_topics": len(failover_topics),
                 "detect_s": round(owned - killed, 2), "load_s": round(load_s, 2),
                 "load_p50_s": round(sorted(loaded_at)[len(loaded_at) // 2] - owned, 2),
                 "topics_per_s": round(len(failover_topics) / load_s, 1),
-                "kill_to_all_loaded_s": round(spent, 2),
+                "kill_to_all_loaded_s": round(spent, 2), "load_cpu_s": cpu,
                 "etcd": etcd_rates(before, etcd_counters(etcd_port), spent)}
             print(json.dumps({"failover": result["failover"]}), flush=True)
         finally:
@@ -312,6 +342,7 @@ def main() -> int:
     parser.add_argument("--lookup-rounds", type=int, default=2)
     parser.add_argument("--lease-ttl-s", type=int, default=10)
     parser.add_argument("--idle-s", type=float, default=10.0)
+    parser.add_argument("--profile-failover", default=None, help="py-spy raw profile of broker B's load here")
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--keep-data", action="store_true")
     parser.add_argument("--out", default=None)
