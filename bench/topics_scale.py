@@ -206,7 +206,7 @@ async def run(args: argparse.Namespace) -> dict:
                     "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": {
                         "cpus": os.cpu_count(), "load_avg_at_start": os.getloadavg(), "python": platform.python_version()}}
     broker_args = ["--ensemble-size", "1", "--write-quorum", "1", "--ack-quorum", "1", "--no-shedding",
-                   "--lease-ttl-s", str(args.lease_ttl_s), "--metrics-topics-max", "1000"]
+                   "--lease-ttl-s", str(args.lease_ttl_s), "--metrics-topics-max", "1000", *args.broker_arg]
     async with bench_cluster("topics-scale", directory=args.data_dir, keep_data=args.keep_data) as cluster:
         etcd_port = cluster.etcd.client_port
         await cluster.start_bookies(1)
@@ -343,6 +343,7 @@ def main() -> int:
     parser.add_argument("--lease-ttl-s", type=int, default=10)
     parser.add_argument("--idle-s", type=float, default=10.0)
     parser.add_argument("--profile-failover", default=None, help="py-spy raw profile of broker B's load here")
+    parser.add_argument("--broker-arg", action="append", default=[], help="an extra broker argument (repeatable)")
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--keep-data", action="store_true")
     parser.add_argument("--out", default=None)

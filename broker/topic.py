@@ -68,7 +68,7 @@ from common.errors import (
 )
 from runtime.tasks import log_failure
 from metadata import keys
-from metadata.store import MetadataStore
+from metadata.store import MetadataStore, Record
 from subscriptions.cursor import CursorState, ManagedCursor
 from subscriptions.cursor_store import LedgerCursorStore
 from subscriptions.mode import SubscriptionMode
@@ -175,19 +175,22 @@ class PersistentTopic:
     # --- loading ---------------------------------------------------------------------------
 
     async def load_subscriptions(self) -> None:
-        # Keys only: each cursor store reads its own record when it loads.
-        # Loaded side by side (CURSOR_LOADS_CONCURRENT_MAX at once): one by one, a topic
-        # of 10 subscriptions waited for 10 etcd round trips in a row at every load.
-        records = await self._store.get_prefix(keys.cursors_of_topic(self.name.key_path), keys_only=True)
+        # One prefix read brings every cursor's pointer record (small JSON); each store
+        # starts from its record, and those with a cursor ledger recover it side by side
+        # (CURSOR_LOADS_CONCURRENT_MAX at once). A read per cursor, one after the
+        # other, made a topic of 10 subscriptions wait for 11 etcd round trips at every
+        # load (bench/topics_scale.py: a bundle of such topics after a failover).
+        records = await self._store.get_prefix(keys.cursors_of_topic(self.name.key_path))
         names = [unquote(record.key.rsplit("/", 1)[1]) for record in records]
         stores = [self._cursor_store(name) for name in names]
         slots = asyncio.Semaphore(CURSOR_LOADS_CONCURRENT_MAX)
 
-        async def load(store: LedgerCursorStore) -> CursorState | None:
+        async def load(store: LedgerCursorStore, record: Record) -> CursorState | None:
             async with slots:
-                return await store.load()
+                return await store.load(record)
 
-        states = await asyncio.gather(*(load(store) for store in stores), return_exceptions=True)
+        states = await asyncio.gather(*(load(store, record) for store, record in zip(stores, records)),
+                                      return_exceptions=True)
         for state in states:
             if isinstance(state, BaseException):
                 raise state

@@ -44,7 +44,7 @@ from ledger.client import LedgerClient
 from common.errors import LedgerFenced, MagnetarError, MalformedFrame, MetadataVersionConflict, NoSuchLedger, TopicFenced
 from ledger.handle import WriteHandle
 from metadata import keys
-from metadata.store import Compare, Delete, MetadataStore, Put
+from metadata.store import Compare, Delete, MetadataStore, Put, Record
 from subscriptions.ack_set import AckSet
 from subscriptions.cursor import CursorState
 from subscriptions.cursor_record import (
@@ -88,8 +88,11 @@ class LedgerCursorStore:
 
     # --- loading -----------------------------------------------------------------------
 
-    async def load(self) -> CursorState | None:
-        record = await self._store.get(self._key)
+    async def load(self, record: Record | None = None) -> CursorState | None:
+        """The saved state (None: no pointer). ``record``: the pointer, already read
+        (a topic reads all its cursors' pointers in one prefix read)."""
+        if record is None:
+            record = await self._store.get(self._key)
         if record is None:
             return None
         try:
