@@ -38,8 +38,10 @@ Theory of operation:
 - **Idle**: the broker's CPU seconds per second and etcd operations/s over
   ``--idle-s`` with every topic and subscription loaded and no client, then three
   /metrics scrapes a second apart (bench/metrics_bench.py measures /metrics alone).
-- A request answered with a retriable ServiceNotReady is sent again (as clients do),
-  up to 20 times; ``retries_service_not_ready`` counts them.
+- A request answered with a retriable error (ServiceNotReady, MetadataError) is sent
+  again (as clients do), up to 30 times; ``retries`` counts them. On a machine
+  loaded far past its cores a broker may lose its lease (``--lease-ttl-s``, 30 s here)
+  and close its topics; the retries then reload them.
 - ``--quick`` scales everything down for a busy machine (2,000 topics, 5 subscriptions
   each, a bundle of 500); its results say ``quick: true``.
 """
@@ -183,22 +185,25 @@ class Pool:
         return time.monotonic() - started
 
 
-RETRIES_MAX = 20
+RETRIES_MAX = 30
+# Answers a client retries: the broker is not ready (a topic moving, its lease being
+# confirmed again) or etcd did not answer in time (a machine too loaded for its calls).
+RETRIABLE = (pb.ServiceNotReady, pb.MetadataError)
 retries = {"count": 0}
 
 
 async def retried(attempt) -> None:
-    """Runs ``attempt()`` again (up to RETRIES_MAX times, 0.1 s apart and counted in
-    ``retries``) when the broker answers with a retriable ServiceNotReady, as a client
+    """Runs ``attempt()`` again (up to RETRIES_MAX times, backing off from 0.1 to 2 s,
+    counted in ``retries``) when the broker answers with a retriable error, as a client
     would."""
     for tries in range(RETRIES_MAX + 1):
         try:
             return await attempt()
         except RequestFailed as error:
-            if error.server_error != pb.ServiceNotReady or tries == RETRIES_MAX:
+            if error.server_error not in RETRIABLE or tries == RETRIES_MAX:
                 raise
             retries["count"] += 1
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(min(0.1 * (tries + 1), 2.0))
 
 
 async def create_topic(pool: Pool, connection: LookupConnection, topic: str) -> None:
@@ -356,7 +361,7 @@ async def run(args: argparse.Namespace) -> dict:
                     except RequestFailed as error:
                         if attempt == 49:
                             raise
-                        if error.server_error not in (pb.ServiceNotReady, pb.TopicNotFound):
+                        if error.server_error not in (*RETRIABLE, pb.TopicNotFound):
                             raise
                         await asyncio.sleep(0.1)
                 loaded_at.append(time.monotonic())
@@ -375,7 +380,7 @@ async def run(args: argparse.Namespace) -> dict:
             print(json.dumps({"failover": result["failover"]}), flush=True)
         finally:
             pool_b.close()
-    result["retries_service_not_ready"] = retries["count"]
+    result["retries"] = retries["count"]
     result["aims"] = {"idle_topic_KiB_max": 20, "idle_topic_met": result["memory"]["idle_topic_KiB"] <= 20,
                       "bundle_load_s_max": 5, "bundle_load_met": result["failover"]["load_s"] <= 5}
     return result
@@ -388,7 +393,7 @@ def main() -> int:
     parser.add_argument("--subscriptions-per-topic", type=int, default=10)
     parser.add_argument("--bundle-topics", type=int, default=1_000)
     parser.add_argument("--lookup-rounds", type=int, default=2)
-    parser.add_argument("--lease-ttl-s", type=int, default=10)
+    parser.add_argument("--lease-ttl-s", type=int, default=30)
     parser.add_argument("--idle-s", type=float, default=10.0)
     parser.add_argument("--profile-failover", default=None, help="py-spy raw profile of broker B's load here")
     parser.add_argument("--ledgers", choices=("lazy", "eager"), default="lazy",

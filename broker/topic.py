@@ -109,7 +109,7 @@ ACCESS_SHARED, ACCESS_EXCLUSIVE, ACCESS_WAIT_FOR_EXCLUSIVE, ACCESS_EXCLUSIVE_WIT
 # WaitForExclusive producers queued per topic; more are refused with ProducerBusy (a
 # queue is for a handful of standby writers, not a crowd).
 WAITING_EXCLUSIVE_PRODUCERS_MAX = 100
-# Cursors of one topic read from etcd at once while it loads.
+# Cursors of one topic recovered at once while it loads (those with a cursor ledger).
 CURSOR_LOADS_CONCURRENT_MAX = 16
 # The managed-ledger property holding the topic epoch.
 TOPIC_EPOCH_PROPERTY = "magnetar.topic.epoch"

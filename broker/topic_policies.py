@@ -48,7 +48,7 @@ from metadata.store import MetadataStore
 # Topics whose policies are cached: a broker serves up to tens of thousands of topics;
 # each entry is a small record (or None).
 CACHED_TOPICS_MAX = 50_000
-# Namespaces whose last prefix read is remembered (see TopicPolicyStore._read_namespace).
+# Namespaces whose last prefix read is remembered (see TopicPolicyStore._namespace_records).
 CACHED_NAMESPACES_MAX = 10_000
 # A record of a namespace's prefix read that does not decode.
 _UNREADABLE = object()
