@@ -5,13 +5,17 @@ the configured limit).
     python bench/metrics_bench.py [--topics 10000] [--limits 1000,20000] [--out FILE]
 
 For each limit in ``--limits`` a broker is started with ``--metrics-topics-max LIMIT``
-on a fresh cluster (etcd, 2 bookies), ``--topics`` topics are created and loaded
-through the admin API by creating a subscription on each (so each has a subscription
-series too; nothing is published: that would measure the publish path, not this), then
-/metrics is scraped ``--scrapes`` times, a second apart. Written: per limit, the scrape time
-(median and max, seconds), the body size (bytes), the samples (lines that are not
-comments), the pulsar_* samples, the topics folded into namespace series, and the
-broker's own time writing the per-topic series.
+on a fresh cluster (etcd, 2 bookies), ``--topics`` topics are created and loaded over
+the binary protocol by a subscription on each (bench/topics_scale.py's client; so each
+has a subscription series too; nothing is published: that would measure the publish
+path, not this), then /metrics is scraped ``--scrapes`` times, a second apart.
+Written: per limit, the scrape time (median and max, seconds), the broker's CPU seconds
+per scrape (all its CPU during the scrape, an upper bound of the scrape's own, and its
+resting rate measured for 5 s before: on a machine loaded past its cores the wall time
+mostly measures waiting for a core), the
+body size (bytes), the samples (lines that are not comments), the pulsar_* samples, the
+topics folded into namespace series, the broker's own time writing the per-topic
+series, and the cardinality limit checked as documented (``_cardinality``).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import aiohttp
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.harness import bench_cluster  # noqa: E402
-from bench.topics_scale import Pool, subscribe_once  # noqa: E402
+from bench.topics_scale import Pool, cpu_seconds, subscribe_once  # noqa: E402
 
 
 async def _create_topics(service_url: str, count: int) -> float:
@@ -100,11 +104,19 @@ async def run_case(args: argparse.Namespace, limit: int) -> dict:
                                                                "--metrics-subscriptions-max", str(limit)])
         created_s = await _create_topics(broker.service_url, args.topics)
         await _scrape(broker.web_service_url)   # the first scrape starts the rate meters
-        times, sizes = [], []
+        # The broker's CPU at rest, then per scrape (less the resting rate): what a scrape
+        # costs, which a loaded machine does not change as much as the wall time.
+        pid = broker.process.pid
+        idle_before, idle_started = cpu_seconds(pid), time.monotonic()
+        await asyncio.sleep(5.0)
+        idle_rate = (cpu_seconds(pid) - idle_before) / (time.monotonic() - idle_started)
+        times, sizes, cpu = [], [], []
         body = b""
         for _ in range(args.scrapes):
             await asyncio.sleep(1.0)
+            cpu_before = cpu_seconds(pid)
             seconds, body = await _scrape(broker.web_service_url)
+            cpu.append(cpu_seconds(pid) - cpu_before)
             times.append(seconds)
             sizes.append(len(body))
         lines = [line for line in body.decode().splitlines() if line and not line.startswith("#")]
@@ -115,6 +127,11 @@ async def run_case(args: argparse.Namespace, limit: int) -> dict:
             "topics_created_s": round(created_s, 1),
             "scrape_s_median": round(statistics.median(times), 3),
             "scrape_s_max": round(max(times), 3),
+            # All the broker's CPU during the scrape, its resting work included (about
+            # idle_broker_cpu_s_per_s x scrape_s of it): an upper bound of the scrape's own.
+            "scrape_broker_cpu_s_median": round(statistics.median(cpu), 3),
+            "idle_broker_cpu_s_per_s": round(idle_rate, 3),
+            "load_avg": os.getloadavg(),
             "body_bytes": sizes[-1],
             "samples": len(lines),
             "pulsar_samples": sum(1 for line in lines if line.startswith("pulsar_")),
