@@ -180,20 +180,26 @@ class PersistentTopic:
         # (CURSOR_LOADS_CONCURRENT_MAX at once). A read per cursor, one after the
         # other, made a topic of 10 subscriptions wait for 11 etcd round trips at every
         # load (bench/topics_scale.py: a bundle of such topics after a failover).
+        # Inline cursors (no ledger) load without awaiting anything, and without a task.
         records = await self._store.get_prefix(keys.cursors_of_topic(self.name.key_path))
         names = [unquote(record.key.rsplit("/", 1)[1]) for record in records]
         stores = [self._cursor_store(name) for name in names]
-        slots = asyncio.Semaphore(CURSOR_LOADS_CONCURRENT_MAX)
+        states: list[CursorState | None | BaseException] = [
+            store.load_inline(record) for store, record in zip(stores, records)]
+        in_ledgers = [index for index, state in enumerate(states) if state is None]
+        if in_ledgers:
+            slots = asyncio.Semaphore(CURSOR_LOADS_CONCURRENT_MAX)
 
-        async def load(store: LedgerCursorStore, record: Record) -> CursorState | None:
-            async with slots:
-                return await store.load(record)
+            async def load(store: LedgerCursorStore, record: Record) -> CursorState | None:
+                async with slots:
+                    return await store.load(record)
 
-        states = await asyncio.gather(*(load(store, record) for store, record in zip(stores, records)),
-                                      return_exceptions=True)
-        for state in states:
-            if isinstance(state, BaseException):
-                raise state
+            recovered = await asyncio.gather(*(load(stores[i], records[i]) for i in in_ledgers),
+                                             return_exceptions=True)
+            for index, state in zip(in_ledgers, recovered):
+                if isinstance(state, BaseException):
+                    raise state
+                states[index] = state
         for name, store, state in zip(names, stores, states):
             if state is not None:
                 self.subscriptions[name] = self._make_subscription(name, state, store, SubscriptionMode.EXCLUSIVE)
