@@ -268,6 +268,23 @@ bench-subscriptions: setup
 bench-archive: setup
 	$(PY) bench/archive_bench.py --out bench/results/archive.json
 
+# Many topics on one broker (issue 40; about 10-20 minutes, most of it creating 100,000
+# subscriptions): 10,000 topics with 10 subscriptions each, memory per idle topic and
+# per subscription (RSS), lookups/s, etcd operations/s, idle broker CPU, /metrics, and a
+# bundle of 1,000 topics loaded on a second broker after the owner's kill -9
+# (bench/results/topics_scale.json). The brokers run with --lazy-ledgers (idle topics
+# hold no ledger); TOPICS_SCALE_ARGS="--ledgers eager" measures the default instead.
+TOPICS_SCALE_ARGS ?=
+.PHONY: bench-topics-scale bench-metrics
+bench-topics-scale: setup
+	$(PY) bench/topics_scale.py --out bench/results/topics_scale.json $(TOPICS_SCALE_ARGS)
+
+# A broker's /metrics with 10,000 loaded topics (issue 35; about 3-6 minutes): scrape time
+# and size at the default limit of 1,000 topics and with every topic exposed, and the
+# cardinality limit checked as documented (bench/results/metrics_bench.json).
+bench-metrics: setup
+	$(PY) bench/metrics_bench.py --out bench/results/metrics_bench.json
+
 # The HTTP gateway (about 6 minutes): batched produce, pull + ack and single-produce
 # latency against the official client in the same run (bench/results/gateway.json), then
 # locust headless, 50 users for 60 s, produce + pull + ack (bench/results/gateway_locust.json).

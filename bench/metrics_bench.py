@@ -5,13 +5,17 @@ the configured limit).
     python bench/metrics_bench.py [--topics 10000] [--limits 1000,20000] [--out FILE]
 
 For each limit in ``--limits`` a broker is started with ``--metrics-topics-max LIMIT``
-on a fresh cluster (etcd, 2 bookies), ``--topics`` topics are created and loaded
-through the admin API by creating a subscription on each (so each has a subscription
-series too; nothing is published: that would measure the publish path, not this), then
-/metrics is scraped ``--scrapes`` times, a second apart. Written: per limit, the scrape time
-(median and max, seconds), the body size (bytes), the samples (lines that are not
-comments), the pulsar_* samples, the topics folded into namespace series, and the
-broker's own time writing the per-topic series.
+on a fresh cluster (etcd, 2 bookies), ``--topics`` topics are created and loaded over
+the binary protocol by a subscription on each (bench/topics_scale.py's client; so each
+has a subscription series too; nothing is published: that would measure the publish
+path, not this), then /metrics is scraped ``--scrapes`` times, a second apart.
+Written: per limit, the scrape time (median and max, seconds), the broker's CPU seconds
+per scrape (all its CPU during the scrape, an upper bound of the scrape's own, and its
+resting rate measured for 5 s before: on a machine loaded past its cores the wall time
+mostly measures waiting for a core), the
+body size (bytes), the samples (lines that are not comments), the pulsar_* samples, the
+topics folded into namespace series, the broker's own time writing the per-topic
+series, and the cardinality limit checked as documented (``_cardinality``).
 """
 
 from __future__ import annotations
@@ -29,33 +33,19 @@ import aiohttp
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.harness import bench_cluster  # noqa: E402
+from bench.topics_scale import Pool, cpu_seconds, subscribe_once  # noqa: E402
 
 
-async def _create_topics(admin: str, count: int, concurrency: int) -> float:
-    started = time.monotonic()
-    queue: asyncio.Queue[int] = asyncio.Queue()
-    for index in range(count):
-        queue.put_nowait(index)
-
-    async def worker(session: aiohttp.ClientSession) -> None:
-        while True:
-            try:
-                index = queue.get_nowait()
-            except asyncio.QueueEmpty:
-                return
-            topic = f"{admin}/admin/v2/persistent/public/default/metrics-bench-{index:06d}"
-            for attempt in range(5):
-                async with session.put(f"{topic}/subscription/s") as response:
-                    if response.status in (204, 409):
-                        break
-                    if attempt == 4:
-                        raise RuntimeError(f"creating {topic}: {response.status} {await response.text()}")
-                await asyncio.sleep(0.5)
-
-    timeout = aiohttp.ClientTimeout(total=120)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
-    return time.monotonic() - started
+async def _create_topics(service_url: str, count: int) -> float:
+    """Creates ``count`` topics with one durable subscription each over the binary
+    protocol (a SUBSCRIBE then CLOSE_CONSUMER per topic, many in flight: the topic and
+    its cursor stay loaded, idle); returns the seconds it took."""
+    pool = await Pool.open(service_url)
+    try:
+        names = [f"persistent://public/default/metrics-bench-{index:06d}" for index in range(count)]
+        return await pool.run(names, lambda connection, topic: subscribe_once(pool, connection, topic, "s"))
+    finally:
+        pool.close()
 
 
 async def _scrape(url: str) -> tuple[float, bytes]:
@@ -73,18 +63,60 @@ def _value(body: bytes, name: str) -> float | None:
     return None
 
 
+def _cardinality(body: bytes, limit: int, loaded: int) -> dict:
+    """What the documented limit promises (broker/topic_metrics.py), checked on one
+    scrape: the first ``limit`` topics in name order have series of their own, the
+    others are folded into the namespace's series without a topic label and counted in
+    ..._topics_folded, subscription series stop at the subscription limit (one per
+    topic here), and summing by namespace still counts every topic's subscription once."""
+    topics_seen: set[str] = set()
+    subscription_series = 0
+    subscriptions_summed = 0.0
+    for line in body.decode().splitlines():
+        if line.startswith("pulsar_rate_in{"):
+            labels = line[line.index("{") + 1:line.rindex("}")]
+            for part in labels.split('",'):
+                if part.startswith("topic="):
+                    topics_seen.add(part.split('"', 1)[1].rstrip('"'))
+        elif line.startswith("pulsar_subscription_back_log{"):
+            subscription_series += 1
+        elif line.startswith("pulsar_subscriptions_count{") and 'namespace="public/default"' in line:
+            subscriptions_summed += float(line.rsplit(" ", 1)[1])
+    names = [f"persistent://public/default/metrics-bench-{index:06d}" for index in range(loaded)]
+    exposed_expected = min(limit, loaded)
+    folded = _value(body, "magnetar_broker_metrics_topics_folded")
+    checks = {
+        "topic_series": len(topics_seen), "topic_series_expected": exposed_expected,
+        "first_in_name_order": sorted(topics_seen) == names[:exposed_expected],
+        "folded": folded, "folded_expected": loaded - exposed_expected,
+        "subscription_series": subscription_series, "subscription_series_expected": exposed_expected,
+        "subscriptions_summed_by_namespace": subscriptions_summed, "subscriptions_expected": loaded}
+    checks["as_documented"] = (len(topics_seen) == exposed_expected and checks["first_in_name_order"]
+                               and folded == loaded - exposed_expected
+                               and subscription_series == exposed_expected and subscriptions_summed == loaded)
+    return checks
+
+
 async def run_case(args: argparse.Namespace, limit: int) -> dict:
     async with bench_cluster("metrics-bench", directory=args.data_dir, keep_data=False) as cluster:
         await cluster.start_bookies(2)
         (broker,) = await cluster.start_brokers(1, extra_args=["--metrics-topics-max", str(limit),
                                                                "--metrics-subscriptions-max", str(limit)])
-        created_s = await _create_topics(broker.web_service_url, args.topics, args.concurrency)
+        created_s = await _create_topics(broker.service_url, args.topics)
         await _scrape(broker.web_service_url)   # the first scrape starts the rate meters
-        times, sizes = [], []
+        # The broker's CPU at rest, then per scrape (less the resting rate): what a scrape
+        # costs, which a loaded machine does not change as much as the wall time.
+        pid = broker.process.pid
+        idle_before, idle_started = cpu_seconds(pid), time.monotonic()
+        await asyncio.sleep(5.0)
+        idle_rate = (cpu_seconds(pid) - idle_before) / (time.monotonic() - idle_started)
+        times, sizes, cpu = [], [], []
         body = b""
         for _ in range(args.scrapes):
             await asyncio.sleep(1.0)
+            cpu_before = cpu_seconds(pid)
             seconds, body = await _scrape(broker.web_service_url)
+            cpu.append(cpu_seconds(pid) - cpu_before)
             times.append(seconds)
             sizes.append(len(body))
         lines = [line for line in body.decode().splitlines() if line and not line.startswith("#")]
@@ -95,6 +127,11 @@ async def run_case(args: argparse.Namespace, limit: int) -> dict:
             "topics_created_s": round(created_s, 1),
             "scrape_s_median": round(statistics.median(times), 3),
             "scrape_s_max": round(max(times), 3),
+            # All the broker's CPU during the scrape, its resting work included (about
+            # idle_broker_cpu_s_per_s x scrape_s of it): an upper bound of the scrape's own.
+            "scrape_broker_cpu_s_median": round(statistics.median(cpu), 3),
+            "idle_broker_cpu_s_per_s": round(idle_rate, 3),
+            "load_avg": os.getloadavg(),
             "body_bytes": sizes[-1],
             "samples": len(lines),
             "pulsar_samples": sum(1 for line in lines if line.startswith("pulsar_")),
@@ -102,6 +139,7 @@ async def run_case(args: argparse.Namespace, limit: int) -> dict:
             # The broker's own time writing the per-topic series (the rest of a scrape's
             # time is the registry's other series, HTTP, and waiting for the event loop).
             "topic_series_s": _value(body, "magnetar_broker_metrics_topics_seconds"),
+            "cardinality": _cardinality(body, limit, int(loaded or 0)),
         }
         print(json.dumps(result), flush=True)
         return result
@@ -117,8 +155,9 @@ async def main_async(args: argparse.Namespace) -> int:
         json.dump(document, handle, indent=2)
         handle.write("\n")
     slow = [r for r in results if r["scrape_s_max"] > 1.0]
-    print(f"written {args.out}; scrapes over 1 s: {len(slow)}")
-    return 1 if slow else 0
+    wrong = [r for r in results if not r["cardinality"]["as_documented"] or r["topics_loaded"] != args.topics]
+    print(f"written {args.out}; scrapes over 1 s: {len(slow)}; limits not as documented: {len(wrong)}")
+    return 1 if slow or wrong else 0
 
 
 def main() -> int:
@@ -127,7 +166,6 @@ def main() -> int:
     parser.add_argument("--limits", default="1000,20000",
                         help="comma-separated --metrics-topics-max values, one broker run each")
     parser.add_argument("--scrapes", type=int, default=5)
-    parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--out", default="bench/results/metrics_bench.json")
     return asyncio.run(main_async(parser.parse_args()))

@@ -62,6 +62,9 @@ OPTIONS: list[ConfigOption] = [
     ConfigOption("--ledger-max-entries", ManagedLedgerConfig, "ledger_entries_max", "roll over past this"),
     ConfigOption("--ledger-max-mib", ManagedLedgerConfig, "ledger_bytes_max", "roll over past this", unit=MIB),
     ConfigOption("--ledger-max-age-s", ManagedLedgerConfig, "ledger_age_s_max", "roll over past this"),
+    ConfigOption("--lazy-ledgers", ManagedLedgerConfig, "ledger_on_open",
+                 "create a topic's ledger at its first publish, not when it loads (idle topics hold no open "
+                 "ledger, so a bundle of them moves without ledger recovery)", switch_to=False),
     ConfigOption("--entry-cache-mib", BrokerConfig, "entry_cache_bytes_max", "tailing reads' cache", unit=MIB),
     ConfigOption("--cursor-flush-interval-s", BrokerConfig, "cursor_flush_interval_s",
                  "acknowledgements are persisted this often"),

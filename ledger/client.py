@@ -23,6 +23,7 @@ from ledger.config import LedgerClientConfig
 from ledger.context import LedgerContext
 from common.errors import NoSuchLedger, NotEnoughBookies
 from ledger.handle import WriteHandle
+from ledger.ledger_ids import LedgerIdAllocator
 from ledger.metadata import Fragment, LedgerMetadata, LedgerState, VersionedMetadata, validate_quorums
 from ledger.placement import choose_ensemble
 from ledger.reader import LedgerReader
@@ -45,6 +46,8 @@ class LedgerClient:
         self.pool = BookieClientPool(self.config, self.registry.address_of, stages=stages,
                                      add_address_of=self.registry.add_address_of)
         self.context = LedgerContext(store, self.registry, self.pool, self.config, rng or random.Random())
+        # Ledger ids: concurrent creations of this process share one compare-and-swap.
+        self.ledger_ids = LedgerIdAllocator(store)
 
     async def start(self) -> None:
         await self.registry.start()
@@ -68,7 +71,7 @@ class LedgerClient:
         if len(writable) < ensemble_size:
             raise NotEnoughBookies(ensemble_size, len(writable))
         ensemble = choose_ensemble(writable, ensemble_size, self.context.rng)
-        ledger_id = await self.store.increment(keys.LEDGER_ID_COUNTER)
+        ledger_id = await self.ledger_ids.next_id()
         metadata = LedgerMetadata(
             ledger_id=ledger_id, ensemble_size=ensemble_size, write_quorum_size=write_quorum_size,
             ack_quorum_size=ack_quorum_size, state=LedgerState.OPEN,

@@ -132,6 +132,9 @@ class ManagedLedgerConfig:
     # Reads ahead of a catch-up reader (``_read_ahead``) in flight at once per managed
     # ledger (several subscriptions may catch up in different places); 0: none.
     read_aheads_max: int = 2
+    # False: no ledger is created when the managed ledger opens, only at the first
+    # append (broker flag --lazy-ledgers; see ``ManagedLedger.open``).
+    ledger_on_open: bool = True
 
     def __post_init__(self) -> None:
         if not self.ensemble_size >= self.write_quorum_size >= self.ack_quorum_size >= 1:
@@ -256,22 +259,33 @@ class ManagedLedger:
     # --- opening ----------------------------------------------------------------------
 
     async def open(self, *, create_if_missing: bool) -> None:
+        """Learns the ledgers (recovering any left open), then starts a new ledger.
+        With ``config.ledger_on_open`` False no ledger is created here: the first append
+        creates one (``append`` queues while it is made), so an idle topic holds no open
+        ledger, and a bundle of idle topics taken over after a crash has none to
+        recover. The record is still claimed — written once under its version, by the
+        recovery's own write or an unchanged one — so the previous owner is fenced as
+        before: its next write of the ledger list fails."""
         record = await self._store.get(self._key)
+        created = False
         if record is None:
             if not create_if_missing:
                 raise TopicNotFound(f"topic {self.name} does not exist")
             try:
                 self._info, self._version = await self.create_record(self._store, self.topic)
+                created = True
             except MetadataKeyExists:
                 return await self.open(create_if_missing=False)
         else:
             self._info = ManagedLedgerInfo.decode(record.value)
             self._version = record.version
-        await self._learn_ledgers()
+        written = await self._learn_ledgers()
         if self._info.terminated_position is not None:
             self.last_confirmed = self._info.terminated_position
-        else:
+        elif self.config.ledger_on_open:
             await self._start_new_ledger()
+        elif not (created or written):
+            await self._write_info()
         log.info("managed ledger opened: topic=%s ledgers=%d last_confirmed=%s",
                  self.name, len(self._ledgers), self.last_confirmed)
 
@@ -283,8 +297,9 @@ class ManagedLedger:
         version = await store.create(keys.managed_ledger(topic.key_path), info.encode())
         return info, version
 
-    async def _learn_ledgers(self) -> None:
-        """Recovers unclosed ledgers, learns entry counts, drops empty ledgers."""
+    async def _learn_ledgers(self) -> bool:
+        """Recovers unclosed ledgers, learns entry counts, drops empty ledgers; True if
+        it wrote the record."""
         changed = False
         kept: list[LedgerInfo] = []
         for info in self._info.ledgers:
@@ -312,6 +327,7 @@ class ManagedLedger:
         if kept:
             last = kept[-1]
             self.last_confirmed = Position(last.ledger_id, last.entries - 1)
+        return changed
 
     async def _delete_ledger_quietly(self, ledger_id: int) -> None:
         try:

@@ -44,7 +44,7 @@ from ledger.client import LedgerClient
 from common.errors import LedgerFenced, MagnetarError, MalformedFrame, MetadataVersionConflict, NoSuchLedger, TopicFenced
 from ledger.handle import WriteHandle
 from metadata import keys
-from metadata.store import Compare, Delete, MetadataStore, Put
+from metadata.store import Compare, Delete, MetadataStore, Put, Record
 from subscriptions.ack_set import AckSet
 from subscriptions.cursor import CursorState
 from subscriptions.cursor_record import (
@@ -88,23 +88,16 @@ class LedgerCursorStore:
 
     # --- loading -----------------------------------------------------------------------
 
-    async def load(self) -> CursorState | None:
-        record = await self._store.get(self._key)
+    async def load(self, record: Record | None = None) -> CursorState | None:
+        """The saved state (None: no pointer). ``record``: the pointer, already read
+        (a topic reads all its cursors' pointers in one prefix read)."""
+        if record is None:
+            record = await self._store.get(self._key)
         if record is None:
             return None
-        try:
-            pointer = json.loads(record.value)
-            ledger_id = int(pointer.get("cursor_ledger", -1))
-            snapshot_entry = int(pointer.get("snapshot_entry", -1))
-            inline = pointer.get("inline")
-        except (ValueError, TypeError, AttributeError) as error:
-            raise MalformedFrame(f"bad cursor pointer {self._key}: {error}") from None
-        self._ledger_id = ledger_id
-        self._version = record.version
+        ledger_id, snapshot_entry, inline = self._adopt_pointer(record)
         if ledger_id < 0:
-            if inline is None:
-                raise MalformedFrame(f"cursor pointer {self._key} has neither a ledger nor inline state")
-            return _state_of(decode_record(base64.b64decode(inline)))
+            return self._inline_state(inline)
         try:
             reader = await self._client.open_ledger(ledger_id, recovery=True)
         except NoSuchLedger:
@@ -136,6 +129,33 @@ class LedgerCursorStore:
         log.info("cursor recovered from its ledger: cursor=%s ledger_id=%d records=%d mark_delete=%s acked=%d",
                  self._key, ledger_id, last - snapshot_entry + 1, state.mark_delete, len(state.acked))
         return state
+
+    def load_inline(self, record: Record) -> CursorState | None:
+        """``load`` from a pointer already read that holds the state itself (a cursor
+        that never acknowledged past its start), with nothing awaited; None when the
+        state is in a cursor ledger: ``load`` recovers it. A topic loads its inline
+        cursors this way, without a task each (bench/topics_scale.py's failover)."""
+        ledger_id, _snapshot_entry, inline = self._adopt_pointer(record)
+        return self._inline_state(inline) if ledger_id < 0 else None
+
+    def _adopt_pointer(self, record: Record) -> tuple[int, int, str | None]:
+        """(cursor ledger, snapshot entry, inline state) of a pointer record, which
+        this store then writes over (its version)."""
+        try:
+            pointer = json.loads(record.value)
+            ledger_id = int(pointer.get("cursor_ledger", -1))
+            snapshot_entry = int(pointer.get("snapshot_entry", -1))
+            inline = pointer.get("inline")
+        except (ValueError, TypeError, AttributeError) as error:
+            raise MalformedFrame(f"bad cursor pointer {self._key}: {error}") from None
+        self._ledger_id = ledger_id
+        self._version = record.version
+        return ledger_id, snapshot_entry, inline
+
+    def _inline_state(self, inline: str | None) -> CursorState:
+        if inline is None:
+            raise MalformedFrame(f"cursor pointer {self._key} has neither a ledger nor inline state")
+        return _state_of(decode_record(base64.b64decode(inline)))
 
     # --- saving -------------------------------------------------------------------------
 

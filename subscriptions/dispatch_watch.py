@@ -28,6 +28,12 @@ class DispatchWatch:
     _reads_seen: int = -1
     _stalled: bool = False
 
+    @property
+    def resting(self) -> bool:
+        """No wait under way and no stall: a sample with no work would change nothing
+        but the read count it remembers."""
+        return self._waiting_since_s is None and not self._stalled
+
     def observe(self, now_s: float, *, has_work: bool, reading: bool, reads_started: int) -> bool:
         """Takes one sample; returns True when this sample begins a stall (the caller
         wakes the dispatcher and logs it)."""

@@ -130,3 +130,98 @@ async def test_topics_past_the_limit_fold_into_namespace_series_and_the_switch_f
     assert value(families, "pulsar_msg_backlog", **namespace_labels) == (1 + 2 + 3 + 4) + 4
     assert value(families, "pulsar_producers_count", **namespace_labels) == 0
     assert value(families, "magnetar_broker_metrics_topics_folded") == 0
+
+
+async def test_topic_and_subscription_rates_match_what_the_official_client_sent_and_received(cluster):
+    """Rates on a real broker, against what the official client saw between two scrapes.
+    A batching producer sends at about 150 msg/s (several messages per entry: the rates
+    count messages, as Pulsar's do, not entries) to a topic with two subscriptions: one
+    whose listener receives everything, one whose consumer holds a 10-message receiver
+    queue it never reads (so nothing is dispatched to it once that is full). Between
+    two scrapes the topic's pulsar_rate_in and the reading subscription's
+    pulsar_subscription_msg_rate_out lie within the bounds the client's own
+    timestamps give (messages stored, resp. received, inside the window, over the
+    window's length, with a small slack for the client's lag), the stalled
+    subscription's rate is 0, and the topic's pulsar_rate_out is the sum of its
+    subscriptions'."""
+    import threading
+
+    import pulsar
+
+    await cluster.start_bookies(2)
+    (broker,) = await cluster.start_brokers(1)
+    namespace = "public/default"
+    topic = f"persistent://{namespace}/{unique('rates')}"
+    labels = {"cluster": "standalone", "namespace": namespace, "topic": topic}
+    client = pulsar.Client(broker.service_url, operation_timeout_seconds=30)
+    stored_at: list[float] = []     # when each send's receipt came back (client clock)
+    received_at: list[float] = []   # when the reading listener got each message
+    lock = threading.Lock()
+
+    def on_message(consumer, message):
+        with lock:
+            received_at.append(time.monotonic())
+        consumer.acknowledge(message)
+
+    def on_stored(result, _message_id):
+        assert result == pulsar.Result.Ok, result
+        with lock:
+            stored_at.append(time.monotonic())
+
+    stop = threading.Event()
+    try:
+        reader = client.subscribe(topic, "reading", consumer_type=pulsar.ConsumerType.Shared,
+                                  message_listener=on_message)
+        stalled = client.subscribe(topic, "stalled", receiver_queue_size=10)
+        producer = client.create_producer(topic, batching_enabled=True, batching_max_publish_delay_ms=20)
+
+        def produce() -> None:
+            next_at = time.monotonic()
+            while not stop.is_set():
+                producer.send_async(b"r" * 100, on_stored)
+                next_at += 1 / 150
+                time.sleep(max(0.0, next_at - time.monotonic()))
+
+        sender = threading.Thread(target=produce, daemon=True)
+        sender.start()
+        time.sleep(1.5)                 # the stalled consumer's queue is full by now
+
+        def timed_scrape() -> tuple[float, float, dict]:
+            before = time.monotonic()
+            families = scrape(broker.web_service_url)
+            return before, time.monotonic(), families
+
+        first_before, first_after, _ = timed_scrape()
+        time.sleep(4.0)
+        second_before, second_after, families = timed_scrape()
+        stop.set()
+        sender.join(timeout=10)
+        producer.flush()
+        slack_s = 0.5
+
+        def bounds(times: list[float]) -> tuple[float, float]:
+            with lock:
+                inside = sum(1 for t in times if first_after + slack_s <= t <= second_before)
+                around = sum(1 for t in times if first_before <= t <= second_after + slack_s)
+            return inside / (second_after - first_before), around / (second_before - first_after)
+
+        rate_in = value(families, "pulsar_rate_in", **labels)
+        low, high = bounds(stored_at)
+        assert low > 100, f"the producer sent too slowly to measure anything: {low:.1f} msg/s"
+        assert rate_in is not None and low <= rate_in <= high, (low, rate_in, high)
+
+        reading_rate = value(families, "pulsar_subscription_msg_rate_out", **labels, subscription="reading")
+        low, high = bounds(received_at)
+        assert reading_rate is not None and low <= reading_rate <= high, (low, reading_rate, high)
+        assert value(families, "pulsar_subscription_msg_rate_out", **labels, subscription="stalled") == 0
+        assert value(families, "pulsar_subscription_msg_throughput_out", **labels, subscription="stalled") == 0
+        assert value(families, "pulsar_subscription_msg_throughput_out", **labels,
+                     subscription="reading") >= reading_rate * 100
+        assert value(families, "pulsar_rate_out", **labels) == reading_rate
+        assert value(families, "pulsar_throughput_in", **labels) >= rate_in * 100
+        stalled.close()
+        reader.close()
+        producer.close()
+    finally:
+        stop.set()
+        client.close()

@@ -401,3 +401,23 @@ async def test_a_pointer_never_names_a_ledger_whose_metadata_is_gone():
     restored = await _store(metadata, ledgers, owner="b").load()
     assert restored is not None
     assert restored.acked.contains(10, 3) and restored.acked.contains(10, 5)
+
+
+async def test_an_inline_pointer_loads_without_awaiting_and_a_ledger_one_is_left_to_load():
+    """``load_inline`` (a topic's load, from the pointer its prefix read brought): an
+    inline pointer gives the state at once, and the store then writes over that
+    pointer's version (a save is not a conflict); a pointer naming a cursor ledger gives
+    None, and ``load`` recovers the state from the ledger."""
+    metadata, ledgers = FailingStore(), FakeLedgerClient()
+    first = _store(metadata, ledgers)
+    await first.save(CursorState(P(10, -1)), None)
+    second = _store(metadata, ledgers, owner="b")
+    state = second.load_inline(await metadata.get(KEY))
+    assert state is not None and state.mark_delete == P(10, -1)
+    state.mark_delete = P(10, 3)
+    await second.save(state, AckSet())                  # moves the state to a cursor ledger
+    third = _store(metadata, ledgers, owner="c")
+    record = await metadata.get(KEY)
+    assert third.load_inline(record) is None
+    restored = await third.load(record)
+    assert restored is not None and restored.mark_delete == P(10, 3)

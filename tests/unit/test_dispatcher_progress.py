@@ -293,3 +293,21 @@ def test_a_tail_larger_than_one_read_is_finished_by_the_task_and_permits_still_b
         await dispatcher.close()
 
     asyncio.run(scenario())
+
+
+def test_a_resting_watch_may_skip_samples_without_making_up_a_stall():
+    """The broker skips the samples of a subscription with no consumer while its watch
+    rests (broker/service.py check_dispatchers: 100,000 idle subscriptions). A watch
+    rests only with no wait under way; after samples were skipped for a long time, the
+    first sample with work starts a wait afresh instead of counting the skipped time."""
+    watch = DispatchWatch(bound_s=1.0)
+    assert watch.resting
+    assert not watch.observe(0.0, has_work=True, reading=False, reads_started=3)
+    assert not watch.resting                      # a wait is under way: sampled, not skipped
+    assert not watch.observe(0.5, has_work=False, reading=False, reads_started=3)
+    assert watch.resting
+    # ... 100 s of skipped samples (no consumer), then a consumer with permits:
+    assert not watch.observe(100.0, has_work=True, reading=False, reads_started=3)
+    assert not watch.observe(100.9, has_work=True, reading=False, reads_started=3)
+    assert watch.observe(101.5, has_work=True, reading=False, reads_started=3)   # a real wait
+    assert not watch.resting and watch.stalls == 1

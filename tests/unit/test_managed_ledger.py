@@ -721,3 +721,42 @@ async def test_a_read_ahead_takes_at_most_an_eighth_of_the_cache():
         await asyncio.sleep(0.01)
     assert client.reads == [(tiny_id, 0, 3)]
     await tiny.close()
+
+
+async def test_lazy_ledgers_create_none_until_the_first_append_and_still_fence_the_previous_owner():
+    """With ``ledger_on_open`` False (broker flag --lazy-ledgers) opening a topic creates
+    no ledger; the first append creates one and is stored in it, and appends made while
+    it is being created follow in order. A second owner opening the idle topic claims
+    the record (a write under its version) although it has no ledger to recover, so the
+    first owner's first append — which must record a new ledger — fails fenced rather
+    than writing to a topic it no longer owns. Reopened, the topic has its entries."""
+    from common.errors import TopicFenced
+
+    store, client = MemoryStore(), FakeLedgerClient()
+    first = await opened(store, client, ledger_on_open=False)
+    assert client.created == 0 and first.ledger_ids() == []
+    assert first.end_position == first.first_position
+    positions = await asyncio.wait_for(asyncio.gather(first.append(b"a"), first.append(b"b")), TIMEOUT_S)
+    assert client.created == 1 and [p.entry_id for p in positions] == [0, 1]
+    assert first.last_confirmed == positions[1]
+
+    idle = ManagedLedger(TOPIC_IDLE, store, client, EntryCache(MIB), config(ledger_on_open=False))
+    await idle.open(create_if_missing=True)
+    second = ManagedLedger(TOPIC_IDLE, store, client, EntryCache(MIB), config(ledger_on_open=False))
+    version_before = (await store.get(idle._key)).version
+    await second.open(create_if_missing=False)
+    assert (await store.get(idle._key)).version > version_before, "the new owner claims the record"
+    assert client.created == 1, "neither owner of the idle topic made a ledger"
+    with pytest.raises(TopicFenced):
+        await asyncio.wait_for(idle.append(b"late"), TIMEOUT_S)
+    stored = await asyncio.wait_for(second.append(b"kept"), TIMEOUT_S)
+    assert stored.entry_id == 0
+
+    await first.close()
+    reopened = await opened(store, client, ledger_on_open=False)
+    assert reopened.last_confirmed == positions[1]
+    entries = await reopened.read(reopened.first_position, 10, MIB)
+    assert [e.data for e in entries] == [b"a", b"b"]
+
+
+TOPIC_IDLE = TopicName.parse("persistent://public/default/managed-idle")

@@ -126,3 +126,71 @@ def test_every_topic_policy_is_a_namespace_policy_of_the_same_name():
 
     namespace_fields = {f.name for f in fields(NamespacePolicies)}
     assert {f.name for f in fields(TopicPolicies)} <= namespace_fields
+
+
+async def test_expired_entries_are_renewed_by_one_prefix_read_per_namespace(monkeypatch):
+    """The broker's periodic passes ask for every loaded topic's policies: once the
+    cache runs out, 100 topics of a namespace cost one prefix read, not 100 reads (and
+    100 callers at once share it). A change made by another broker is seen after the
+    cache time, a record that does not decode still refuses its topic (and only it),
+    and a failing prefix read falls back to reading each topic alone."""
+    import asyncio
+
+    store = MemoryStore()
+    resources = Resources(store, cache_ttl_s=60.0)
+    await resources.create_tenant("t", TenantInfo())
+    await resources.create_namespace(NamespaceName("t", "ns"), NamespacePolicies(message_ttl_in_seconds=30))
+    topics = [TopicName.parse(f"persistent://t/ns/topic-{index}") for index in range(100)]
+    elsewhere = Resources(store, cache_ttl_s=60.0)     # another broker's view of the same store
+    await elsewhere.topic_policies.update(topics[7], lambda p: setattr(p, "message_ttl_in_seconds", 7))
+    for topic in topics:
+        await resources.effective_policies(topic, fresh=True)   # loaded: read alone
+    calls = {"get": 0, "get_prefix": 0}
+    real_get, real_get_prefix = store.get, store.get_prefix
+
+    async def counted_get(key: str):
+        if key.startswith(keys.TOPIC_POLICIES):
+            calls["get"] += 1
+        return await real_get(key)
+
+    async def counted_get_prefix(prefix: str, **options):
+        if prefix.startswith(keys.TOPIC_POLICIES):
+            calls["get_prefix"] += 1
+        return await real_get_prefix(prefix, **options)
+
+    monkeypatch.setattr(store, "get", counted_get)
+    monkeypatch.setattr(store, "get_prefix", counted_get_prefix)
+    import broker.topic_policies as topic_policies_module
+
+    clock = [topic_policies_module.time.monotonic()]
+
+    class Clock:
+        @staticmethod
+        def monotonic() -> float:
+            return clock[0]
+
+    monkeypatch.setattr(topic_policies_module, "time", Clock)
+    await elsewhere.topic_policies.update(topics[9], lambda p: setattr(p, "message_ttl_in_seconds", 9))
+    calls.update(get=0, get_prefix=0)
+    clock[0] += 61.0                                           # every entry expired
+    ttls = await asyncio.gather(*(resources.effective_policies(t) for t in topics))
+    assert calls == {"get": 0, "get_prefix": 1}, calls
+    assert [p.message_ttl_in_seconds for p in ttls] == [7 if i == 7 else 9 if i == 9 else 30 for i in range(100)]
+    clock[0] += 30.0                                           # within the cache time: no read at all
+    await asyncio.gather(*(resources.effective_policies(t) for t in topics))
+    assert calls == {"get": 0, "get_prefix": 1}, calls
+
+    await store.put(keys.topic_policies(topics[3].key_path), b"{not json")
+    clock[0] += 61.0
+    with pytest.raises(ServiceNotReady, match="not served without them"):
+        await resources.effective_policies(topics[3])
+    assert (await resources.effective_policies(topics[4])).message_ttl_in_seconds == 30
+    assert calls == {"get": 1, "get_prefix": 2}, calls
+
+    async def failing_get_prefix(prefix: str, **options):
+        raise MetadataUnavailable("etcd is unreachable")
+
+    monkeypatch.setattr(store, "get_prefix", failing_get_prefix)
+    clock[0] += 61.0
+    assert (await resources.effective_policies(topics[9])).message_ttl_in_seconds == 9
+    assert calls["get"] == 2
