@@ -521,10 +521,11 @@ class MessagesDeleted(ArchiveError):
 
 
 class TailGap(ArchiveError):
-    """A read through a broker of a fixed range of a topic partition went past the
-    range's last entry without delivering it: entries of the range were skipped (their
-    ledger moved to the archive while the read ran). The reader reads the rest from the
-    archive, or fails; it never returns the range short."""
+    """A read through a broker of a fixed range of a topic partition skipped entries of
+    the range: it went past the range's last entry without delivering it, or moved to a
+    later ledger with entries of the range not delivered (retention removed their ledger
+    from the topic once it was archived, while or before the read ran). The reader reads
+    the rest from the archive, or fails; it never returns the range short."""
 
     code, retriable, http_status = 6006, True, 503
 
@@ -534,8 +535,10 @@ class TailGap(ArchiveError):
         self.last_seen = last_seen
         self.end = end
         self.delivered = delivered
+        where = (f"past the range's end {end[0]}:{end[1]} never delivered" if delivered > end
+                 else f"in a later ledger, entries between them not delivered (range end {end[0]}:{end[1]})")
         super().__init__(f"tail read of {topic} skipped entries: after {last_seen} the broker delivered "
-                         f"{delivered[0]}:{delivered[1]}, past the range's end {end[0]}:{end[1]} never delivered")
+                         f"{delivered[0]}:{delivered[1]}, {where}")
 
 
 # --- security (7000-7999) -------------------------------------------------------------

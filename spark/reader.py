@@ -170,8 +170,11 @@ class MagnetarBatchReader(DataSourceReader):
         from spark.tail import TailReader
 
         assert partition.service_url, partition
-        reader = TailReader(partition.service_url, partition.topic, partition.start_after, partition.end,
-                            self.options.tail_timeout_ms)
+        admin_url, topic = self.options.admin_url, partition.topic
+        reader = TailReader(partition.service_url, topic, partition.start_after, partition.end,
+                            self.options.tail_timeout_ms,
+                            ledgers_now=lambda: (manifest.topic_ledgers(admin_url, topic),
+                                                 manifest.ledgers(admin_url, topic)))
         rows = 0
         for batch in reader.batches():
             batch = self.base.keep(batch)

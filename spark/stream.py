@@ -329,10 +329,14 @@ class MagnetarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _read_tail_range(self, name: str, start_after: tuple[int, int] | None, end: tuple[int, int],
                          depth: int = 0) -> Iterator[pa.RecordBatch]:
         """Entries (start_after, end] of partition ``name`` through a broker; when the
-        broker skips some (their ledger moved to the archive while the read ran:
-        TailGap), the rest is planned again from the manifest as it is now and read from
-        the archive files (and the tail after them), at most TAIL_GAP_REPLANS times."""
-        reader = TailReader(self.options.service_url, name, start_after, end, self.options.tail_timeout_ms)
+        broker skips some (retention removed their ledger from the topic once it was
+        archived: TailGap), the rest is planned again from the manifest as it is now
+        and read from the archive files (and the tail after them), at most
+        TAIL_GAP_REPLANS times."""
+        admin_url = self.options.admin_url
+        reader = TailReader(self.options.service_url, name, start_after, end, self.options.tail_timeout_ms,
+                            ledgers_now=lambda: (manifest.topic_ledgers(admin_url, name),
+                                                 manifest.ledgers(admin_url, name)))
         try:
             yield from reader.batches()
         except TailGap as gap:

@@ -12,10 +12,19 @@ hands rows over in Arrow record batches of at most ``ROWS_PER_BATCH`` rows, drop
 entries at or before the start, and stops at the end. After a reconnection it resumes
 from the last entry it saw (the broker starts a non-durable reader at the entry named,
 and what was seen is dropped again). A read that gets nothing for ``timeout_ms`` fails
-naming the topic and position where it stalled. A read the broker takes past the
-range's end without delivering the end (entries skipped: their ledger moved to the
-archive while the read ran) raises TailGap after the rows before the gap, with the last
-entry it saw: never a short range returned as whole.
+naming the topic and position where it stalled.
+
+Skipped entries. A non-durable reader holds no data back (Pulsar's rule): with no
+durable subscription, ack-based retention deletes a ledger from the topic as soon as it
+is archived, and a reader placed in it — at the start, or still reading it — goes on at
+the next ledger's first entry. The range's entries of that ledger are then only in the
+archive (tests/integration/test_reader_start_in_archived_ledger.py). So a read that the
+broker takes past the range's end without delivering the end, or to a later ledger
+without showing that nothing was skipped (``skips_entries``: the ledger it left ended
+at the last entry seen, and no archived ledger between them left the topic; asked of
+the admin API, ``ledgers_now``, only when the ledger changes, and at the first entry
+of a range from the partition's first entry), raises TailGap after the
+rows before the gap, with the last entry it saw: never a short range returned as whole.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import uuid
-from typing import Iterator
+from typing import Callable, Iterator, Sequence
 
 import pyarrow as pa
 
@@ -33,6 +42,10 @@ from common.errors import MagnetarError, OperationTimeout, TailGap
 from spark.schema import ARROW_SCHEMA
 
 Position = tuple[int, int]
+# The partition's ledgers now: the topic's, oldest first, as (ledger_id, entries or None
+# while unknown) (spark/manifest.py ``topic_ledgers``), and the archive manifest's
+# records (``manifest.ledgers``: JSON objects with topic, ledger_id, entry_count).
+LedgersNow = Callable[[], tuple[Sequence[tuple[int, int | None]], Sequence[dict]]]
 # Rows per record batch handed to Spark, and messages granted to the broker at once:
 # a few MiB of 1 KiB messages, and the official clients' receiver queue (1,000).
 ROWS_PER_BATCH = 8192
@@ -80,13 +93,44 @@ def _rows_of(topic: str, entry: ReceivedEntry) -> list[tuple]:
     return rows
 
 
+def skips_entries(topic: str, last_seen: Position | None, delivered: Position,
+                  topic_ledgers: Sequence[tuple[int, int | None]], archived: Sequence[dict]) -> bool:
+    """Whether the broker, delivering ``delivered`` (in a later ledger) right after
+    ``last_seen`` (None: as the first entry of a range from the partition's first
+    entry), may have skipped entries between them. Pure.
+
+    The broker leaves a ledger the topic still lists only after its last entry
+    (ManagedLedger.normalize), so a listed ``last_seen`` ledger skipped nothing; one the
+    topic no longer lists (retention removed it) skipped nothing only if the archive
+    shows ``last_seen`` was its last entry. A ledger between the two that the topic no
+    longer lists and the archive holds entries of was skipped whole (for a range from
+    the first entry: any such ledger before ``delivered``, archived after the range was
+    planned); a later ledger is entered at entry 0."""
+    listed = {ledger_id for ledger_id, _entries in topic_ledgers}
+    counts = {record["ledger_id"]: record["entry_count"] for record in archived if record["topic"] == topic}
+    if delivered[1] != 0:
+        return True
+    if last_seen is None:
+        ledger_id = -1
+    else:
+        assert delivered[0] > last_seen[0], (last_seen, delivered)
+        ledger_id, entry_id = last_seen
+        if ledger_id not in listed and (ledger_id not in counts or entry_id < counts[ledger_id] - 1):
+            return True
+    return any(ledger_id < other < delivered[0] and other not in listed and count > 0
+               for other, count in counts.items())
+
+
 class TailReader:
     """Reads one partition's tail between two positions; ``batches()`` yields record
     batches of spark/schema.py's ARROW_SCHEMA."""
 
     def __init__(self, service_url: str, topic: str, start_after: Position | None, end: Position,
-                 timeout_ms: int) -> None:
+                 timeout_ms: int, *, ledgers_now: LedgersNow | None = None) -> None:
+        """``ledgers_now`` (None: not checked) tells, when the broker moves the read to
+        another ledger, whether entries were skipped (``skips_entries``)."""
         assert start_after is None or start_after < end, (start_after, end)
+        self.ledgers_now = ledgers_now
         self.service_url = service_url
         self.topic = topic
         self.start_after = start_after
@@ -162,10 +206,11 @@ class TailReader:
             position = entry.position
             if self.last_seen is not None and position <= self.last_seen:
                 continue                       # before the start, or seen before a reconnection
-            if position > self.end:
-                # ``end`` is a stored entry (the partition's last message when the range
-                # was planned): passing it unseen means the broker skipped entries of
-                # the range. Never a short range: the caller reads the rest elsewhere.
+            # ``end`` is a stored entry (the partition's last message when the range was
+            # planned): passing it unseen means the broker skipped entries of the range;
+            # so may a move to another ledger. Never a short range: the caller reads the
+            # rest elsewhere.
+            if position > self.end or await self._skipped_to(position):
                 if rows:
                     self._pending_gap = TailGap(self.topic, self.last_seen, self.end, position)
                     return rows, True
@@ -178,3 +223,13 @@ class TailReader:
             if position == self.end:
                 return rows, True
         return rows, False
+
+    async def _skipped_to(self, position: Position) -> bool:
+        """Whether entries were skipped on the way to ``position`` from the last entry
+        seen, when that was in an earlier ledger, or to the first entry of a range from
+        the partition's first entry (asked of the admin API off the loop)."""
+        last_seen = self.last_seen
+        if self.ledgers_now is None or (last_seen is not None and position[0] == last_seen[0]):
+            return False
+        topic_ledgers, archived = await asyncio.to_thread(self.ledgers_now)
+        return skips_entries(self.topic, last_seen, position, topic_ledgers, archived)
