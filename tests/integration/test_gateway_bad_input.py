@@ -28,6 +28,7 @@ import collections
 import dataclasses
 import json
 import os
+import re
 import time
 
 from pathlib import Path
@@ -52,6 +53,7 @@ from common.errors import (
     ReceiptForged,
     TooManyRequests,
 )
+from gateway.json_codec import WHITESPACE_CLASS
 from gateway.receipts import ReceiptKeys, decode, encode
 from tests.cluster import Cluster
 from tests.integration.gateway_helpers import Gateway, drain, new_topic_path, start_gateway_cluster
@@ -299,6 +301,9 @@ STATEFUL_STEPS = int(os.environ.get("GATEWAY_STATEFUL_STEPS", "8"))
 _stateful_counts: collections.Counter[str] = collections.Counter()
 
 
+_DOCUMENTED_TOPIC = re.compile(f"[^/{WHITESPACE_CLASS}\\x00-\\x1f\\x7f]+")
+
+
 def test_stateful_links_produce_pull_and_settle_by_receipt(gw_cluster):
     """schemathesis's state machine over the document's OpenAPI links: produce, create
     a subscription at the earliest position, pull, and ack, nack, extend (then ack by
@@ -323,6 +328,12 @@ def test_stateful_links_produce_pull_and_settle_by_receipt(gw_cluster):
             # namespaces are 404 - the stateless test covers that); links keep it.
             if case.path_parameters and "tenant" in case.path_parameters:
                 case.path_parameters = {**case.path_parameters, "tenant": "public", "namespace": namespace}
+            # The state machine's generator now and then breaks the document's own topic
+            # pattern (seen: a topic holding U+0085, a whitespace the pattern excludes, in
+            # one fresh-clone run of make test); such a request is not schema-valid, so the
+            # server's 400 for it is right and the case is dropped, not judged.
+            topic = (case.path_parameters or {}).get("topic")
+            assume(not isinstance(topic, str) or _DOCUMENTED_TOPIC.fullmatch(topic))
             # Generated waits are cut short; the links' pulls (10 messages, 1 s) keep theirs,
             # long enough for a first pull to see what the scenario produced.
             if isinstance(case.body, dict) and isinstance(case.body.get("wait_ms"), int) and not (
