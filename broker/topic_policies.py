@@ -55,14 +55,18 @@ _UNREADABLE = object()
 # Compare-and-set attempts of one change before giving up (PreconditionFailed, retried
 # by the caller): each lost attempt means another change landed in between.
 CAS_ATTEMPTS_MAX = 16
-# TopicPolicies fields laid over NamespacePolicies fields of the same name.
-_OVERLAID = tuple(f.name for f in fields(TopicPolicies) if f.name != "backlog_quota_map")
+# TopicPolicies fields that are maps (backlog quota type -> quota, cluster -> rate): laid
+# over the namespace's map key by key.
+_MERGED = ("backlog_quota_map", "publishMaxMessageRate", "topicDispatchRate", "subscriptionDispatchRate")
+# TopicPolicies fields laid over NamespacePolicies fields of the same name, whole.
+_OVERLAID = tuple(f.name for f in fields(TopicPolicies) if f.name not in _MERGED)
 
 
 def overlay(namespace: NamespacePolicies, topic: TopicPolicies | None) -> NamespacePolicies:
     """The policies a topic is served under: its namespace's, with each field the topic
     sets taking their place (backlog quotas per quota type). Pure; neither argument
-    changes."""
+    changes. Maps (backlog quotas per quota type, rates per cluster) are laid over key by
+    key."""
     effective = copy.deepcopy(namespace)
     if topic is None:
         return effective
@@ -70,8 +74,10 @@ def overlay(namespace: NamespacePolicies, topic: TopicPolicies | None) -> Namesp
         value = getattr(topic, name)
         if value is not None:
             setattr(effective, name, copy.deepcopy(value))
-    if topic.backlog_quota_map:
-        effective.backlog_quota_map = {**effective.backlog_quota_map, **copy.deepcopy(topic.backlog_quota_map)}
+    for name in _MERGED:
+        value = getattr(topic, name)
+        if value:
+            setattr(effective, name, {**(getattr(effective, name) or {}), **copy.deepcopy(value)})
     return effective
 
 
