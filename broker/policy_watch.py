@@ -12,8 +12,9 @@ Theory of operation: one task per broker watches the ``/namespaces/`` prefix fro
 revision of a listing (nothing missed after it). On a change of a namespace's policies
 key it drops that namespace's cached policies (every later read is fresh) and applies
 the new deduplication setting to the namespace's loaded topics at once (turning it on
-restores the producers' last sequence ids before the next message is stored; the
-other policies are read fresh at their next use). When the watch breaks or etcd
+restores the producers' last sequence ids before the next message is stored), and
+wakes the broker's policy pass (rate limits; the other policies are read fresh at
+their next use). When the watch breaks or etcd
 compacted its history (a ``reset``), the whole cache is dropped and every loaded topic
 is brought in line, then the watch starts again from a new listing: a change is never
 lost, at worst applied twice, and applying is idempotent. The periodic checks stay as
@@ -66,8 +67,11 @@ async def apply_to_topics(resources, topics: Iterable, namespace: NamespaceName 
     return applied
 
 
-async def follow(store, resources, loaded_topics: Callable[[], list]) -> None:
-    """Runs until cancelled (the broker's background task set owns it)."""
+async def follow(store, resources, loaded_topics: Callable[[], list],
+                 on_change: Callable[[], None] | None = None) -> None:
+    """Runs until cancelled (the broker's background task set owns it). ``on_change``
+    is called after a namespace's policies changed (the broker wakes its policy pass,
+    which applies the rate limits)."""
     failing = False
     while True:
         try:
@@ -88,6 +92,8 @@ async def follow(store, resources, loaded_topics: Callable[[], list]) -> None:
                     resources.forget_policies(namespace)
                     if event.kind == "put":
                         count = await apply_to_topics(resources, loaded_topics(), namespace)
+                        if on_change is not None:
+                            on_change()
                         log.info("namespace policies changed, applied: namespace=%s topics=%d", namespace, count)
             finally:
                 await watch.close()

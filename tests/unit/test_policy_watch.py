@@ -3,7 +3,8 @@
 Proves: a namespace's policies changed through one broker (its own Resources) reach a
 second broker's loaded topics at once: the second broker's cached policies are dropped
 (it had them cached as "off") and its topics of that namespace have deduplication
-turned on, while a topic of another namespace is left alone; a namespace's other keys
+turned on and the broker's policy pass (rate limits) is woken, while a topic of
+another namespace is left alone; a namespace's other keys
 (bundles) are not taken for policies.
 """
 
@@ -53,7 +54,9 @@ async def test_a_change_through_another_broker_reaches_the_loaded_topics_at_once
     await here.create_namespace(other)
     topics = [_Topic(TopicName.parse("persistent://t/orders/a")), _Topic(TopicName.parse("persistent://t/other/b"))]
     assert not (await there.policies(watched)).deduplicationEnabled          # cached as off over there
-    task = asyncio.get_running_loop().create_task(policy_watch.follow(store, there, lambda: topics))
+    woken: list[bool] = []
+    task = asyncio.get_running_loop().create_task(
+        policy_watch.follow(store, there, lambda: topics, lambda: woken.append(True)))
     try:
         async with asyncio.timeout(5):
             while not all(topic.deduplication for topic in topics):          # brought in line at start
@@ -65,6 +68,7 @@ async def test_a_change_through_another_broker_reaches_the_loaded_topics_at_once
             while topics[0].deduplication[-1] is not True:
                 await asyncio.sleep(0.01)
         assert topics[1].deduplication == [False]                              # another namespace: untouched
+        assert woken                                      # the broker's policy pass (rate limits) woken
         # The cache over there was dropped: its next read sees the change (its TTL is 5 s).
         assert (await there.policies(watched)).deduplicationEnabled is True
     finally:
