@@ -207,13 +207,14 @@ def test_a_topics_publish_rate_overrides_its_namespaces_until_removed(pulsar_clu
 
 
 def test_a_subscription_dispatch_rate_limits_each_subscription_on_its_own(pulsar_cluster, client):
-    """subscriptionDispatchRate 100 msg/s on a topic with a backlog of 1,200 and two
-    subscriptions read at once: each gets ~100 msg/s (not 50: the limit is not shared);
-    once removed, the rest arrives (nothing was lost)."""
+    """subscriptionDispatchRate 100 msg/s on a topic (its namespace allows 1,000) with a
+    backlog of 1,200 and two subscriptions read at once: each gets ~100 msg/s (not 50:
+    the limit is not shared); once removed, the rest arrives (nothing was lost)."""
     import pulsar
 
     admin = pulsar_cluster.brokers[0].web_service_url
-    namespace = _namespace(admin)
+    namespace = _namespace(admin, subscriptionDispatchRate={"dispatchThrottlingRateInMsg": 1000,
+                                                            "dispatchThrottlingRateInByte": -1})
     names = ("a", "b")
 
     def subscribe_both(topic: str):
