@@ -19,6 +19,11 @@ compacted its history (a ``reset``), the whole cache is dropped and every loaded
 is brought in line, then the watch starts again from a new listing: a change is never
 lost, at worst applied twice, and applying is idempotent. The periodic checks stay as
 they were; this only makes changes arrive sooner.
+
+Topics' own policies (``/topic-policies/...``, broker/topic_policies.py) are followed the
+same way by a second watch (``follow_topic_policies``): a change drops that topic's
+cached policies and wakes the policy pass, so the broker serving a topic applies a
+change made through any broker (its rate limits, quotas, TTL) at once.
 """
 
 from __future__ import annotations
@@ -101,5 +106,33 @@ async def follow(store, resources, loaded_topics: Callable[[], list],
             # Once per outage, not once a second while etcd is away.
             if not failing:
                 log.warning("namespace policy watch failed, starting again: error=%s", error)
+            failing = True
+        await asyncio.sleep(RESTART_PAUSE_S)
+
+
+async def follow_topic_policies(store, topic_policies, on_change: Callable[[], None]) -> None:
+    """Runs until cancelled: drops ``topic_policies``' (a TopicPolicyStore) cached copy of
+    a topic's policies when they change in etcd, and calls ``on_change``."""
+    failing = False
+    while True:
+        try:
+            _, revision = await store.get_prefix_at(keys.TOPIC_POLICIES)
+            if failing:
+                log.info("topic policy watch running again")
+                failing = False
+            topic_policies.forget_all()
+            on_change()
+            watch = store.watch_prefix(keys.TOPIC_POLICIES, start_version=revision)
+            try:
+                async for event in watch:
+                    if event.kind == "reset":
+                        break
+                    topic_policies.forget_key(event.key[len(keys.TOPIC_POLICIES):])
+                    on_change()
+            finally:
+                await watch.close()
+        except MagnetarError as error:
+            if not failing:
+                log.warning("topic policy watch failed, starting again: error=%s", error)
             failing = True
         await asyncio.sleep(RESTART_PAUSE_S)

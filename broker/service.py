@@ -360,6 +360,9 @@ class BrokerService:
         # Policy changes applied when they happen (a set-deduplication at once).
         self._background.spawn(policy_watch.follow(self.resources.store, self.resources, self.loaded_topics,
                                                    self.apply_rate_limits_soon), name="policy watch")
+        self._background.spawn(policy_watch.follow_topic_policies(self.resources.store, self.resources.topic_policies,
+                                                                  self.apply_rate_limits_soon),
+                               name="topic policy watch")
         self._background.spawn(self._run_dispatch_watch(), name="dispatch watch")
         if self.authenticator.enabled:
             self._background.spawn(self._run_permission_checks(), name="permission checks")

@@ -19,7 +19,8 @@ policies that failed to load from their system topic are silently missing).
 
 Reads are cached per topic for ``cache_ttl_s`` (as namespace policies are), at most
 ``CACHED_TOPICS_MAX`` topics; a change through this broker drops the cached copy, so
-it acts at once here and within the cache time on other brokers. The absence of a
+it acts at once here, and broker/policy_watch.py drops other brokers' copies when it
+sees the change in etcd (within the cache time if the watch is down). The absence of a
 record is cached too (most topics have none).
 """
 
@@ -174,9 +175,17 @@ class TopicPolicyStore:
             self._cache.popitem(last=False)
 
     def forget(self, topic: TopicName) -> None:
-        key = _owner(topic).key_path
+        self.forget_key(_owner(topic).key_path)
+
+    def forget_key(self, key: str) -> None:
+        """Drops the cached policies of the topic whose key path is ``key`` (and its
+        namespace's last prefix read): the next read is fresh."""
         self._cache.pop(key, None)
         self._namespace_reads.pop(key.rsplit("/", 1)[0] + "/", None)
+
+    def forget_all(self) -> None:
+        self._cache.clear()
+        self._namespace_reads.clear()
 
     async def update(self, topic: TopicName, change: Callable[[TopicPolicies], None]) -> TopicPolicies:
         """Read-modify-write of the topic's record with compare-and-set (created when
