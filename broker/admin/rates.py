@@ -21,10 +21,10 @@ and write this broker's cluster's entry. A GET answers null when none is set; a 
 GET with ``?applied=true`` answers the rate in force (the topic's, else the
 namespace's). A topic path answers 404 for a missing topic; a partitioned topic's rate
 holds for each partition. The broker that took the change applies it at once (its
-policy pass is woken); so do the others for a namespace's change (broker/policy_watch.py
-wakes theirs); a topic's change made elsewhere is applied by the serving broker at its
-next policy check (``policy_check_interval_s``) after its cached copy of the topic's
-policies expired (``cache_ttl_s``), or when the topic loads.
+policy pass is woken); so do the others when their policy watches see it in etcd
+(broker/policy_watch.py wakes their passes); were a watch down, at the next policy
+check (``policy_check_interval_s``) after the cached copy expired (``cache_ttl_s``).
+A topic applies the current rates when it loads too.
 """
 
 from __future__ import annotations
