@@ -12,12 +12,18 @@ Theory of operation: one task per broker watches the ``/namespaces/`` prefix fro
 revision of a listing (nothing missed after it). On a change of a namespace's policies
 key it drops that namespace's cached policies (every later read is fresh) and applies
 the new deduplication setting to the namespace's loaded topics at once (turning it on
-restores the producers' last sequence ids before the next message is stored; the
-other policies are read fresh at their next use). When the watch breaks or etcd
+restores the producers' last sequence ids before the next message is stored), and
+wakes the broker's policy pass (rate limits; the other policies are read fresh at
+their next use). When the watch breaks or etcd
 compacted its history (a ``reset``), the whole cache is dropped and every loaded topic
 is brought in line, then the watch starts again from a new listing: a change is never
 lost, at worst applied twice, and applying is idempotent. The periodic checks stay as
 they were; this only makes changes arrive sooner.
+
+Topics' own policies (``/topic-policies/...``, broker/topic_policies.py) are followed the
+same way by a second watch (``follow_topic_policies``): a change drops that topic's
+cached policies and wakes the policy pass, so the broker serving a topic applies a
+change made through any broker (its rate limits, quotas, TTL) at once.
 """
 
 from __future__ import annotations
@@ -66,8 +72,11 @@ async def apply_to_topics(resources, topics: Iterable, namespace: NamespaceName 
     return applied
 
 
-async def follow(store, resources, loaded_topics: Callable[[], list]) -> None:
-    """Runs until cancelled (the broker's background task set owns it)."""
+async def follow(store, resources, loaded_topics: Callable[[], list],
+                 on_change: Callable[[], None] | None = None) -> None:
+    """Runs until cancelled (the broker's background task set owns it). ``on_change``
+    is called after a namespace's policies changed (the broker wakes its policy pass,
+    which applies the rate limits)."""
     failing = False
     while True:
         try:
@@ -88,6 +97,8 @@ async def follow(store, resources, loaded_topics: Callable[[], list]) -> None:
                     resources.forget_policies(namespace)
                     if event.kind == "put":
                         count = await apply_to_topics(resources, loaded_topics(), namespace)
+                        if on_change is not None:
+                            on_change()
                         log.info("namespace policies changed, applied: namespace=%s topics=%d", namespace, count)
             finally:
                 await watch.close()
@@ -95,5 +106,33 @@ async def follow(store, resources, loaded_topics: Callable[[], list]) -> None:
             # Once per outage, not once a second while etcd is away.
             if not failing:
                 log.warning("namespace policy watch failed, starting again: error=%s", error)
+            failing = True
+        await asyncio.sleep(RESTART_PAUSE_S)
+
+
+async def follow_topic_policies(store, topic_policies, on_change: Callable[[], None]) -> None:
+    """Runs until cancelled: drops ``topic_policies``' (a TopicPolicyStore) cached copy of
+    a topic's policies when they change in etcd, and calls ``on_change``."""
+    failing = False
+    while True:
+        try:
+            _, revision = await store.get_prefix_at(keys.TOPIC_POLICIES)
+            if failing:
+                log.info("topic policy watch running again")
+                failing = False
+            topic_policies.forget_all()
+            on_change()
+            watch = store.watch_prefix(keys.TOPIC_POLICIES, start_version=revision)
+            try:
+                async for event in watch:
+                    if event.kind == "reset":
+                        break
+                    topic_policies.forget_key(event.key[len(keys.TOPIC_POLICIES):])
+                    on_change()
+            finally:
+                await watch.close()
+        except MagnetarError as error:
+            if not failing:
+                log.warning("topic policy watch failed, starting again: error=%s", error)
             failing = True
         await asyncio.sleep(RESTART_PAUSE_S)

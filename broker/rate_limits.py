@@ -19,6 +19,11 @@ Theory of operation:
 - Because debt is paid, the long-run rate is the limit however the work arrives; a
   window of T seconds holds at most N + rate * T plus what one socket read (publish) or
   one dispatch read (dispatch) overshoots.
+- **per subscription** (Pulsar's ``subscriptionDispatchRate``): each subscription has
+  a bucket of its own (``SubscriptionDispatchRates`` makes it), and dispatches only what
+  both its own and the topic's shared bucket allow (``BothThrottles``).
+- The limits come from the topic's effective policies (broker/topic_policies.py): a
+  topic's own rate overrides its namespace's.
 - A limit of -1 or 0 (Pulsar's "no limit") for messages and bytes alike means no
   bucket and no cost.
 The buckets are pure (they take the time); the scopes hold the timers.
@@ -106,6 +111,23 @@ def dispatch_limit(doc: dict | None) -> RateLimit | None:
                       _positive_or_none(int(doc.get("dispatchThrottlingRateInByte", -1))),
                       float(doc.get("ratePeriodInSecond", 1)))
     return limit if limit.limited else None
+
+
+@dataclass(frozen=True)
+class TopicRateLimits:
+    """The limits a topic is served under (None: no limit)."""
+
+    publish: RateLimit | None
+    dispatch: RateLimit | None
+    per_subscription: RateLimit | None
+
+
+def topic_rate_limits(policies, cluster: str) -> TopicRateLimits:
+    """The limits in ``policies`` (a topic's effective NamespacePolicies: its own rates
+    laid over its namespace's) for ``cluster``."""
+    return TopicRateLimits(publish_limit((policies.publishMaxMessageRate or {}).get(cluster)),
+                           dispatch_limit((policies.topicDispatchRate or {}).get(cluster)),
+                           dispatch_limit((policies.subscriptionDispatchRate or {}).get(cluster)))
 
 
 class PublishRateScope:
@@ -207,3 +229,38 @@ class DispatchRateThrottle:
                 level = min(bucket.capacity, max(1.0, bucket.rate_per_s * DISPATCH_BATCH_S))
                 waits.append(bucket.seconds_until(level, now_s))
         return max(max(waits), WAIT_S_MIN)
+
+
+class BothThrottles:
+    """A subscription's own dispatch throttle and its topic's shared one: it dispatches
+    what both allow, and both pay for what it sent."""
+
+    def __init__(self, shared: DispatchRateThrottle, own: DispatchRateThrottle) -> None:
+        self.shared = shared
+        self.own = own
+
+    def allowance(self) -> int:
+        return min(self.shared.allowance(), self.own.allowance())
+
+    def consume(self, messages: int, size_bytes: int) -> None:
+        self.shared.consume(messages, size_bytes)
+        self.own.consume(messages, size_bytes)
+
+    def retry_after_s(self) -> float:
+        return max(throttle.retry_after_s() for throttle in (self.shared, self.own)
+                   if throttle.allowance() <= 0) if self.allowance() <= 0 else WAIT_S_MIN
+
+
+class SubscriptionDispatchRates:
+    """Makes each subscription of a topic its own throttle of ``limit`` (joined with the
+    topic's shared ``topic_throttle`` when there is one)."""
+
+    def __init__(self, limit: RateLimit, topic_throttle: DispatchRateThrottle | None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.limit = limit
+        self.topic_throttle = topic_throttle
+        self._clock = clock
+
+    def throttle(self) -> DispatchRateThrottle | BothThrottles:
+        own = DispatchRateThrottle(self.limit, self._clock)
+        return own if self.topic_throttle is None else BothThrottles(self.topic_throttle, own)

@@ -358,8 +358,11 @@ class BrokerService:
         self._background.spawn(self._run_retention(), name="retention")
         self._background.spawn(self._run_policies(), name="policies")
         # Policy changes applied when they happen (a set-deduplication at once).
-        self._background.spawn(policy_watch.follow(self.resources.store, self.resources, self.loaded_topics),
-                               name="policy watch")
+        self._background.spawn(policy_watch.follow(self.resources.store, self.resources, self.loaded_topics,
+                                                   self.apply_rate_limits_soon), name="policy watch")
+        self._background.spawn(policy_watch.follow_topic_policies(self.resources.store, self.resources.topic_policies,
+                                                                  self.apply_rate_limits_soon),
+                               name="topic policy watch")
         self._background.spawn(self._run_dispatch_watch(), name="dispatch watch")
         if self.authenticator.enabled:
             self._background.spawn(self._run_permission_checks(), name="permission checks")
@@ -435,14 +438,15 @@ class BrokerService:
                     log.warning("policy check failed: topic=%s error=%s", topic.full_name, error)
 
     def apply_rate_limits_soon(self) -> None:
-        """A namespace's rate limits changed here: the policy loop applies them now."""
+        """A namespace's or topic's rate limits changed here: the policy loop applies them now."""
         self._policies_changed.set()
 
     def apply_rate_limits(self, topic: PersistentTopic, policies: NamespacePolicies) -> None:
-        """Sets the topic's publish and dispatch rate limits from its namespace's policies
-        (this cluster's entries); a limit that did not change keeps its buckets."""
-        cluster = self.config.cluster
-        publish = rate_limits.publish_limit((policies.publishMaxMessageRate or {}).get(cluster))
+        """Sets the topic's publish, dispatch and per-subscription dispatch rate limits
+        from its effective policies (the topic's over its namespace's; this cluster's
+        entries); a limit that did not change keeps its buckets."""
+        limits = rate_limits.topic_rate_limits(policies, self.config.cluster)
+        publish = limits.publish
         current = topic.publish_rate.limit if topic.publish_rate is not None else None
         if publish != current:
             if topic.publish_rate is not None:
@@ -450,11 +454,18 @@ class BrokerService:
             topic.publish_rate = rate_limits.PublishRateScope(topic.full_name, publish, self.publish_limits) \
                 if publish is not None else None
             log.info("publish rate limit set: topic=%s limit=%s", topic.full_name, publish)
-        dispatch = rate_limits.dispatch_limit((policies.topicDispatchRate or {}).get(cluster))
+        dispatch = limits.dispatch
         current = topic.dispatch_throttle.limit if topic.dispatch_throttle is not None else None
-        if dispatch != current:
-            topic.set_dispatch_throttle(rate_limits.DispatchRateThrottle(dispatch) if dispatch is not None else None)
-            log.info("dispatch rate limit set: topic=%s limit=%s", topic.full_name, dispatch)
+        per_subscription = limits.per_subscription
+        current_per_subscription = topic.subscription_throttles.limit \
+            if topic.subscription_throttles is not None else None
+        if dispatch != current or per_subscription != current_per_subscription:
+            throttle = topic.dispatch_throttle if dispatch == current else \
+                rate_limits.DispatchRateThrottle(dispatch) if dispatch is not None else None
+            topic.set_dispatch_throttle(throttle, rate_limits.SubscriptionDispatchRates(per_subscription, throttle)
+                                        if per_subscription is not None else None)
+            log.info("dispatch rate limits set: topic=%s limit=%s per_subscription=%s", topic.full_name, dispatch,
+                     per_subscription)
 
     async def check_producer_quota(self, topic: PersistentTopic) -> None:
         """Refuses a new producer while a producer-blocking backlog quota is exceeded."""

@@ -172,6 +172,9 @@ class PersistentTopic:
         # subscription of the topic shares.
         self.publish_rate = None
         self.dispatch_throttle = None
+        # Makes each subscription's own throttle when subscriptions are limited one by
+        # one too (rate_limits.SubscriptionDispatchRates); None: they share the above.
+        self.subscription_throttles = None
         # Transactions (broker/topic_transactions.py): the buffer, pending acks.
         self.transactions = TopicTransactions(self, store, open_max=config.transactions_open_per_topic_max,
                                               aborted_max=config.transactions_aborted_per_topic_max)
@@ -231,14 +234,21 @@ class PersistentTopic:
                             unacked_per_consumer_max=self.config.unacked_per_consumer_max,
                             delayed_entries_max=self.config.delayed_delivery_entries_max)
         subscription.compacted_source_of = self.compaction.source
-        subscription.dispatch_throttle = self.dispatch_throttle
+        subscription.dispatch_throttle = self._subscription_throttle()
         return subscription
 
-    def set_dispatch_throttle(self, throttle) -> None:
-        """A new dispatch rate limit (None: none) for every subscription, now and later."""
+    def _subscription_throttle(self):
+        if self.subscription_throttles is None:
+            return self.dispatch_throttle
+        return self.subscription_throttles.throttle()
+
+    def set_dispatch_throttle(self, throttle, subscription_throttles=None) -> None:
+        """New dispatch rate limits for every subscription, now and later: the topic's
+        shared throttle (None: none), and the maker of each subscription's own (None: none)."""
         self.dispatch_throttle = throttle
+        self.subscription_throttles = subscription_throttles
         for subscription in self.subscriptions.values():
-            subscription.dispatch_throttle = throttle
+            subscription.dispatch_throttle = self._subscription_throttle()
             subscription.dispatcher.wake()
 
     # --- producers ----------------------------------------------------------------------------

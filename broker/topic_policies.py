@@ -19,7 +19,8 @@ policies that failed to load from their system topic are silently missing).
 
 Reads are cached per topic for ``cache_ttl_s`` (as namespace policies are), at most
 ``CACHED_TOPICS_MAX`` topics; a change through this broker drops the cached copy, so
-it acts at once here and within the cache time on other brokers. The absence of a
+it acts at once here, and broker/policy_watch.py drops other brokers' copies when it
+sees the change in etcd (within the cache time if the watch is down). The absence of a
 record is cached too (most topics have none).
 """
 
@@ -55,14 +56,18 @@ _UNREADABLE = object()
 # Compare-and-set attempts of one change before giving up (PreconditionFailed, retried
 # by the caller): each lost attempt means another change landed in between.
 CAS_ATTEMPTS_MAX = 16
-# TopicPolicies fields laid over NamespacePolicies fields of the same name.
-_OVERLAID = tuple(f.name for f in fields(TopicPolicies) if f.name != "backlog_quota_map")
+# TopicPolicies fields that are maps (backlog quota type -> quota, cluster -> rate): laid
+# over the namespace's map key by key.
+_MERGED = ("backlog_quota_map", "publishMaxMessageRate", "topicDispatchRate", "subscriptionDispatchRate")
+# TopicPolicies fields laid over NamespacePolicies fields of the same name, whole.
+_OVERLAID = tuple(f.name for f in fields(TopicPolicies) if f.name not in _MERGED)
 
 
 def overlay(namespace: NamespacePolicies, topic: TopicPolicies | None) -> NamespacePolicies:
     """The policies a topic is served under: its namespace's, with each field the topic
     sets taking their place (backlog quotas per quota type). Pure; neither argument
-    changes."""
+    changes. Maps (backlog quotas per quota type, rates per cluster) are laid over key by
+    key."""
     effective = copy.deepcopy(namespace)
     if topic is None:
         return effective
@@ -70,8 +75,10 @@ def overlay(namespace: NamespacePolicies, topic: TopicPolicies | None) -> Namesp
         value = getattr(topic, name)
         if value is not None:
             setattr(effective, name, copy.deepcopy(value))
-    if topic.backlog_quota_map:
-        effective.backlog_quota_map = {**effective.backlog_quota_map, **copy.deepcopy(topic.backlog_quota_map)}
+    for name in _MERGED:
+        value = getattr(topic, name)
+        if value:
+            setattr(effective, name, {**(getattr(effective, name) or {}), **copy.deepcopy(value)})
     return effective
 
 
@@ -168,9 +175,17 @@ class TopicPolicyStore:
             self._cache.popitem(last=False)
 
     def forget(self, topic: TopicName) -> None:
-        key = _owner(topic).key_path
+        self.forget_key(_owner(topic).key_path)
+
+    def forget_key(self, key: str) -> None:
+        """Drops the cached policies of the topic whose key path is ``key`` (and its
+        namespace's last prefix read): the next read is fresh."""
         self._cache.pop(key, None)
         self._namespace_reads.pop(key.rsplit("/", 1)[0] + "/", None)
+
+    def forget_all(self) -> None:
+        self._cache.clear()
+        self._namespace_reads.clear()
 
     async def update(self, topic: TopicName, change: Callable[[TopicPolicies], None]) -> TopicPolicies:
         """Read-modify-write of the topic's record with compare-and-set (created when

@@ -134,6 +134,9 @@ class NamespacePolicies:
     # and {cluster: DispatchRate} (broker/rate_limits.py, broker/admin/rates.py).
     publishMaxMessageRate: dict | None = None
     topicDispatchRate: dict | None = None
+    # Each subscription's own dispatch rate limit, {cluster: DispatchRate} (Pulsar's
+    # subscriptionDispatchRate), beside the topic's shared one.
+    subscriptionDispatchRate: dict | None = None
     # Automatic compaction: a topic is compacted once more than this many bytes were
     # written since its last compaction (Pulsar's compaction_threshold); None or 0: off.
     compaction_threshold: int | None = None
@@ -215,6 +218,11 @@ class TopicPolicies:
     schema_compatibility_strategy: str | None = None
     # Ensemble and quorums of the topic's new ledgers (read at the topic's next load).
     persistence: dict | None = None
+    # Rate limits, {cluster: rate} as the namespace's: laid over the namespace's per
+    # cluster (a topic's rate for one cluster leaves the namespace's for the others).
+    publishMaxMessageRate: dict | None = None
+    topicDispatchRate: dict | None = None
+    subscriptionDispatchRate: dict | None = None
 
     def encode(self) -> bytes:
         return json_record.encode(self)

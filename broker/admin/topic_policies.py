@@ -23,8 +23,9 @@ A GET answers the topic's own value (``null`` when it has none); with
 ``?applied=true`` the value in force: the topic's, else the namespace's, else the
 broker's default. A partition's policies are its partitioned topic's. The topic must
 exist (404 otherwise, as Pulsar). Any broker answers (the record is in etcd); the one
-serving the topic applies a change at once when the change went through it, the others
-within their policy cache time. Authorized like the topic's other admin paths (its
+serving the topic applies a change at once when the change went through it, and as
+soon as its topic policy watch sees it otherwise (broker/policy_watch.py; within its
+policy cache time if the watch is down). Authorized like the topic's other admin paths (its
 tenant's admins, superusers).
 """
 
