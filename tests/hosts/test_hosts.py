@@ -101,6 +101,7 @@ def test_every_server_listens_on_its_own_host_address(topology):
         assert status == 200, (name, status, body[:300])
 
 
+@pytest.mark.long
 def test_faults_of_every_kind_lose_nothing_acknowledged(topology, tmp_path):
     config = scenario.RunConfig(seed=SEED, kinds=SHORT_KINDS, nemesis_s=42.0, cycle=True, warmup_s=3.0,
                                 target_owner=True,

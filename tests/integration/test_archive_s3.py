@@ -150,6 +150,7 @@ STEP_EXPECTATIONS = {
 }
 
 
+@pytest.mark.long
 async def test_kill_9_at_each_commit_step_on_s3_leaves_a_consistent_archive(cluster, object_store):
     store = object_store
     bucket = store.make_bucket(f"crash-{uuid.uuid4().hex[:8]}")

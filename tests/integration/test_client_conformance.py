@@ -109,7 +109,7 @@ class PulsarLiteTarget(Target):
         await self.lite.start()
 
 
-@pytest.fixture(scope="module", params=["magnetar", "pulsar-lite"])
+@pytest.fixture(scope="module", params=["magnetar", pytest.param("pulsar-lite", marks=pytest.mark.long)])
 def target(request, tmp_path_factory):
     if request.param == "magnetar":
         yield MagnetarTarget(request.getfixturevalue("pulsar_cluster"))

@@ -335,6 +335,7 @@ async def current_owners(cluster: LocalCluster) -> dict[str, str]:
     return bundle_owners(await asyncio.to_thread(get))
 
 
+@pytest.mark.long
 async def test_add_then_remove_brokers_under_traffic(cluster):
     traffic = Traffic(broker_service_url(cluster))
     traffic.start()
@@ -375,6 +376,7 @@ async def test_add_then_remove_brokers_under_traffic(cluster):
           f"brokers {spread} ({spread_s:.1f} s after they were ready); drains {[(s['pod'], round(s['seconds'], 1)) for s in removed]}")
 
 
+@pytest.mark.long
 async def test_rolling_restart_of_the_brokers_under_traffic(cluster):
     traffic = Traffic(broker_service_url(cluster))
     traffic.start()
@@ -399,6 +401,7 @@ async def test_rolling_restart_of_the_brokers_under_traffic(cluster):
     assert not traffic.acknowledged - traffic.received
 
 
+@pytest.mark.long
 async def test_rolling_restart_of_the_proxies_under_traffic(cluster):
     """Clients outside, through the proxies' load balancer only, while the README's
     procedure replaces both proxy pods: each old one exits 0 at SIGTERM, the new ones
@@ -426,6 +429,7 @@ async def test_rolling_restart_of_the_proxies_under_traffic(cluster):
     assert sum(proxy_metric(p, "magnetar_proxy_bytes_total") for p in new) > 0
 
 
+@pytest.mark.long
 async def test_add_a_bookie(cluster):
     outputs = [await cluster.run_kubectl(line) for line in procedure("Add bookies")]
     listed = json.loads(outputs[2].strip().splitlines()[-1])["bookies"]
@@ -451,6 +455,7 @@ def last_json(output: str) -> dict:
     return json.loads(output.strip().splitlines()[-1])
 
 
+@pytest.mark.long
 async def test_recover_a_bookie_whose_volumes_were_lost(cluster):
     client = pulsar.Client(broker_service_url(cluster), operation_timeout_seconds=60)
     try:
@@ -507,6 +512,7 @@ async def test_recover_a_bookie_whose_volumes_were_lost(cluster):
         client.close()
 
 
+@pytest.mark.long
 async def test_decommission_a_bookie_under_traffic(cluster):
     bookie = cluster.pods["magnetar-bookie-3"]
     claims = [cluster.base_dir / "pvc" / f"{t}-magnetar-bookie-3" for t in ("journal", "ledgers")]

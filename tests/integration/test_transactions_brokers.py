@@ -33,7 +33,7 @@ from tests.integration.test_standalone_supervision import broker_pid
 from tests.integration.test_transactions import receive_all, topic_name
 from tests.txn_wire import ASSIGN_TOPIC, TxnError, WireConnection
 
-pytestmark = pytest.mark.timeout(400)
+pytestmark = [pytest.mark.timeout(400), pytest.mark.long]
 
 
 async def owner_not(connection: WireConnection, avoid: str, prefix: str) -> str:

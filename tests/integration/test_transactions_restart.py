@@ -37,7 +37,7 @@ from tests.integration.test_standalone_supervision import broker_pid
 from tests.integration.test_transactions import receive_all, topic_name
 from tests.txn_wire import Transaction, WireConnection
 
-pytestmark = pytest.mark.timeout(400)
+pytestmark = [pytest.mark.timeout(400), pytest.mark.long]
 
 
 async def connected(service_url: str, timeout_s: float = 90) -> WireConnection:
