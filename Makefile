@@ -83,14 +83,14 @@ TEST_PYTHON_ENV := env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(CURDIR)/
 # (bin-packing was not the bound). Cut CPU to cut time (tests/timings.py).
 test: setup
 	$(VENV)/bin/lint-imports --no-cache
-	$(TEST_PYTHON_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not spark_full and not hosts_proxy and not long" tests
+	$(TEST_PYTHON_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not spark_full and not hosts_proxy and not long and not fuzz_stateful" tests
 
 # The long tests make test leaves out to keep its 8-minute budget (marker `long`: kill -9
 # at every archive commit step on S3, transactions through kill -9 and across brokers,
 # the hosts harness's cycle of every fault kind, the k8s procedures under traffic, the
 # client conformance suite against pulsar-lite). CI runs it after make test (.ci/run).
 test-long: setup
-	$(TEST_PYTHON_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "long" tests
+	$(TEST_PYTHON_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "long and not fuzz_stateful" tests
 
 # make test, recording each test's wall and CPU time (its own and its child processes')
 # per xdist worker (tests/timings.py), then the modules longest first:

@@ -28,12 +28,12 @@ import collections
 import dataclasses
 import json
 import os
-import re
 import time
 
 from pathlib import Path
 
 import aiohttp
+import jsonschema
 import pytest
 import requests
 import schemathesis
@@ -53,7 +53,7 @@ from common.errors import (
     ReceiptForged,
     TooManyRequests,
 )
-from gateway.json_codec import WHITESPACE_CLASS
+from gateway.openapi import SUBSCRIPTION_PARAMETERS
 from gateway.receipts import ReceiptKeys, decode, encode
 from tests.cluster import Cluster
 from tests.integration.gateway_helpers import Gateway, drain, new_topic_path, start_gateway_cluster
@@ -298,12 +298,32 @@ def test_generated_requests_get_no_5xx_and_match_the_document(gateway_schema, gw
 
 STATEFUL_EXAMPLES = int(os.environ.get("GATEWAY_STATEFUL_EXAMPLES", "16"))
 STATEFUL_STEPS = int(os.environ.get("GATEWAY_STATEFUL_STEPS", "8"))
+STATEFUL_ROUNDS = 3
 _stateful_counts: collections.Counter[str] = collections.Counter()
 
 
-_DOCUMENTED_TOPIC = re.compile(f"[^/{WHITESPACE_CLASS}\\x00-\\x1f\\x7f]+")
+def _anchored(schema):
+    """``schema`` with each pattern's closing ``$`` made ``\\Z``: JSON Schema validators
+    in Python search with ``re``, whose ``$`` also matches before a final newline."""
+    if isinstance(schema, dict):
+        return {key: (value[:-1] + "\\Z" if key == "pattern" and value.endswith("$") else _anchored(value))
+                for key, value in schema.items()}
+    if isinstance(schema, list):
+        return [_anchored(item) for item in schema]
+    return schema
 
 
+_PATH_VALIDATORS = {parameter["name"]: jsonschema.Draft202012Validator(_anchored(parameter["schema"]))
+                    for parameter in SUBSCRIPTION_PARAMETERS}
+
+
+def _documented_path_parameters(parameters: dict) -> bool:
+    """True when every path parameter is valid by the document's schema for it."""
+    return all(_PATH_VALIDATORS[name].is_valid(value) for name, value in parameters.items()
+               if name in _PATH_VALIDATORS)
+
+
+@pytest.mark.fuzz_stateful
 def test_stateful_links_produce_pull_and_settle_by_receipt(gw_cluster):
     """schemathesis's state machine over the document's OpenAPI links: produce, create
     a subscription at the earliest position, pull, and ack, nack, extend (then ack by
@@ -328,12 +348,12 @@ def test_stateful_links_produce_pull_and_settle_by_receipt(gw_cluster):
             # namespaces are 404 - the stateless test covers that); links keep it.
             if case.path_parameters and "tenant" in case.path_parameters:
                 case.path_parameters = {**case.path_parameters, "tenant": "public", "namespace": namespace}
-            # The state machine's generator now and then breaks the document's own topic
-            # pattern (seen: a topic holding U+0085, a whitespace the pattern excludes, in
-            # one fresh-clone run of make test); such a request is not schema-valid, so the
-            # server's 400 for it is right and the case is dropped, not judged.
-            topic = (case.path_parameters or {}).get("topic")
-            assume(not isinstance(topic, str) or _DOCUMENTED_TOPIC.fullmatch(topic))
+            # The state machine's generator now and then breaks the document's own path
+            # parameter schemas (seen: a topic holding U+0085, a whitespace the pattern
+            # excludes; subscriptions holding '::' or a form feed); such a request is not
+            # schema-valid, so the server's 400 for it is right and the case is dropped,
+            # not judged.
+            assume(_documented_path_parameters(case.path_parameters or {}))
             # Generated waits are cut short; the links' pulls (10 messages, 1 s) keep theirs,
             # long enough for a first pull to see what the scenario produced.
             if isinstance(case.body, dict) and isinstance(case.body.get("wait_ms"), int) and not (
@@ -363,9 +383,21 @@ def test_stateful_links_produce_pull_and_settle_by_receipt(gw_cluster):
             case.validate_response(response, checks=CHECKS, transport_kwargs=kwargs or None,
                                    recorder=self.recorder)
 
-    Machine.run(settings=settings(max_examples=STATEFUL_EXAMPLES, stateful_step_count=STATEFUL_STEPS,
-                                  deadline=None, derandomize=True, database=None,
-                                  suppress_health_check=list(HealthCheck)))
+    def walked() -> bool:
+        settled = sum(count for key, count in _stateful_counts.items()
+                      if " result " in key and not key.endswith(" result error"))
+        return _stateful_counts["pull with messages"] > 0 and settled > 0
+
+    # Which links a run walks depends on the generator's draws (and, through set
+    # ordering, on the process's hash seed): a run of 16 scenarios once pulled messages
+    # twice and settled neither by its receipt. Every round is checked in full; rounds
+    # after the first draw afresh, until the chain was walked (at most STATEFUL_ROUNDS).
+    for round_index in range(STATEFUL_ROUNDS):
+        Machine.run(settings=settings(max_examples=STATEFUL_EXAMPLES, stateful_step_count=STATEFUL_STEPS,
+                                      deadline=None, derandomize=round_index == 0, database=None,
+                                      suppress_health_check=list(HealthCheck)))
+        if walked():
+            break
     print("stateful steps by operation and status:", dict(sorted(_stateful_counts.items())))
     if FUZZ_REPORT:
         stateful_report = FUZZ_REPORT.replace(".json", "_stateful.json")
@@ -373,7 +405,5 @@ def test_stateful_links_produce_pull_and_settle_by_receipt(gw_cluster):
             json.dump({"examples": STATEFUL_EXAMPLES, "steps_max": STATEFUL_STEPS,
                        "by_operation_and_status": dict(sorted(_stateful_counts.items())),
                        "unix_s": int(time.time())}, handle, indent=1)
-    settled = sum(count for key, count in _stateful_counts.items()
-                  if " result " in key and not key.endswith(" result error"))
-    assert _stateful_counts["pull with messages"] > 0 and settled > 0, (
+    assert walked(), (
         f"the links were not walked to a settle by a pulled receipt: {dict(_stateful_counts)}")

@@ -84,7 +84,9 @@ def test_freeze_startup_heap_collects_first_then_keeps_the_live_heap_out_of_coll
     try:
         frozen = freeze_startup_heap()
         assert garbage() is None, "a garbage cycle alive before the freeze was frozen instead of collected"
-        assert frozen == gc.get_freeze_count() > 1000
+        # The count only falls after the freeze, as frozen objects die by reference
+        # counting (another thread of a test worker may drop one at any moment).
+        assert frozen > 1000 and 0 <= frozen - gc.get_freeze_count() < 1000
         assert not any(obj is kept for obj in gc.get_objects()), "a frozen object is still walked by collections"
         # Frozen objects still die by reference counting.
         alive = weakref.ref(kept)
