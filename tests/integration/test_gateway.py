@@ -387,12 +387,15 @@ async def test_two_processes_serve_one_port_and_settle_at_the_lease_holder(gw_cl
                 await Gateway(multi.url, session).call("POST", f"{Gateway(multi.url, session).topic_url(path)}/message",
                                                        {"payload": f"p{i}"})
         held, issuers = [], set()
-        for _ in range(40):
+        for _ in range(200):
             if len(held) >= 40:
                 break
-            # A fresh connection each time: the kernel spreads them over the processes.
+            # A fresh connection each time: the kernel spreads them over the processes
+            # (by a hash of the connection's addresses). One message a pull, so that 40
+            # connections all landing on one process (2^-39) cannot pass for one process
+            # answering alone.
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
-                got = await Gateway(multi.url, session).pull(path, "s", max_messages=5, wait_ms=2000)
+                got = await Gateway(multi.url, session).pull(path, "s", max_messages=1, wait_ms=2000)
             held += got
             issuers |= {decode(m["receipt"], _keys(gw_cluster)).issuer_url for m in got}
         assert len(held) == 40 and len(issuers) == 2, (len(held), issuers)

@@ -4,9 +4,9 @@ cluster of its own: etcd, two bookies, two brokers, as processes; the official c
 Proves: the broker serving the topic applies the topic's publishRate set through the
 other broker at once — its topic policy watch (broker/policy_watch.py) drops its cached
 copy and wakes its policy pass, rather than waiting out the 5 s cache and the 5 s policy
-check — so the rate measured from 2 s after the call is the limit within 10 % (over a
+check — so the rate measured from 2 s after the call is at most the limit plus 10 % (over a
 6 s window: this case proves the propagation; tests/integration/test_rate_limits.py
-proves the 8 s accuracy).
+proves the accuracy within 10 % over 8 s).
 """
 
 from __future__ import annotations
@@ -44,6 +44,11 @@ async def test_a_topic_rate_set_through_another_broker_acts_on_the_serving_one_a
             client.close()
         rate = _rate_in_window(receipts, started, WINDOW_END_S)
         print(f"topic publish limit 120 msg/s set through the other broker: measured {rate:.1f} msg/s; {sent} sent")
-        assert 108 <= rate <= 132, rate
+        # Above the limit would mean the serving broker still used its cached policy (the
+        # unlimited producer sends thousands a second); the floor only says the limit is not
+        # grossly over-applied, and is loose because a loaded 2-core machine stalls the
+        # producer's process now and then (measured 100.0 in one CI run; the accuracy
+        # within 10 % over 8 s is test_rate_limits.py's).
+        assert 84 <= rate <= 132, rate
     finally:
         await cluster.stop()
