@@ -12,7 +12,10 @@ PROTOS := $(wildcard protocol/proto/*.proto)
 PROTO_OUT := $(PROTOS:.proto=_pb2.py)
 DATA_DIR ?= data/standalone
 # make test: pytest-xdist workers (files are spread over them; TEST_WORKERS=0 runs in one process).
-TEST_WORKERS ?= 3
+# Four on 2 cores because the suite mostly waits (processes starting, rate windows, Spark):
+# measured on a quiet machine (make test-times), 3 workers took 462 s of pytest using 59 %
+# of the two cores; 4 workers 407 s using 71 %.
+TEST_WORKERS ?= 4
 
 .PHONY: bench-journal bench-ack-state bench-transactions bench-client setup proto run test test-long test-times test-unit test-integration test-archive-full test-client-full test-subscriptions-full bench bench-bookie \
 	bench-pulsar partitions bench-subscriptions bench-archive bench-gateway fuzz-gateway fuzz fuzz-broker clean sim chaos fanout-check \
@@ -77,10 +80,11 @@ run: setup
 TEST_PYTHON_ENV := env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(CURDIR)/$(VENV)/pycache
 
 # The package layers first (.importlinter; a second of work), then every test.
-# What bounds it (make test-times, 2026-12-07): the run is ~750 CPU-s of work (650 of it
-# in the bookies, brokers, etcd and tools the tests start), so on 2 cores CPU alone is
-# 5-6 minutes; in the runs measured the three workers ended within seconds of each other
-# (bin-packing was not the bound). Cut CPU to cut time (tests/timings.py).
+# What bounds it (make test-times, 2026-12-07, a quiet machine): ~550-580 CPU-s of work,
+# most of it in the bookies, brokers, etcd and tools the tests start, so CPU alone is
+# 4.5-5 minutes on 2 cores; the rest is waiting, which the workers overlap. The longest
+# file (test_bundles.py, ~85 s) is far below a worker's share, so bin-packing is not the
+# bound. Cut CPU or waits to cut time (tests/timings.py).
 test: setup
 	$(VENV)/bin/lint-imports --no-cache
 	$(TEST_PYTHON_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not spark_full and not hosts_proxy and not long and not fuzz_stateful" tests
