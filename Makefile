@@ -92,9 +92,11 @@ test: setup
 # The long tests make test leaves out to keep its 8-minute budget (marker `long`: kill -9
 # at every archive commit step on S3, transactions through kill -9 and across brokers,
 # the hosts harness's cycle of every fault kind, the k8s procedures under traffic, the
-# client conformance suite against pulsar-lite). CI runs it after make test (.ci/run).
+# client conformance suite against pulsar-lite), and the proxy as the only door on hosts
+# of their own (marker `hosts_proxy`, also make hosts-proxy). CI runs it after make test
+# (.ci/run).
 test-long: setup
-	$(TEST_PYTHON_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "long and not fuzz_stateful" tests
+	$(TEST_PYTHON_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "(long or hosts_proxy) and not fuzz_stateful" tests
 
 # make test, recording each test's wall and CPU time (its own and its child processes')
 # per xdist worker (tests/timings.py), then the modules longest first:
@@ -336,7 +338,8 @@ sim: setup
 PARTITIONS_SEED ?= 1
 PARTITIONS_MINUTES ?= 12.5
 # The proxy as the only door (tests/hosts/test_proxy_hosts.py, about 70 s: longer than
-# make test's 40 s allowance for it): a client host that reaches only the proxy's host.
+# make test's 40 s allowance for it; make test-long runs it): a client host that reaches
+# only the proxy's host.
 .PHONY: hosts-proxy
 hosts-proxy: setup
 	$(TEST_PYTHON_ENV) $(PY) -m pytest -q -p no:cacheprovider -n 0 -m hosts_proxy tests/hosts/test_proxy_hosts.py
