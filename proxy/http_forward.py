@@ -8,8 +8,15 @@ the caller never gets a broker address it cannot reach, and the proxy never fetc
 address that is no broker. A redirect elsewhere is answered 502.
 
 Headers passed on: Authorization, Content-Type, Accept (the broker authenticates the
-caller); ``X-Original-Principal`` from a caller is dropped (only a proxy role may name
-one, and this proxy does not). Bodies are bounded by the app's body limit."""
+caller). ``X-Original-Principal`` from a caller is always dropped. A caller on the
+proxy's HTTPS port that sends no ``Authorization`` but presents a client certificate
+the TLS handshake verified (``--tls-trust-certs-file``), to a proxy that accepts the
+``tls`` method and has a token of its own (``--broker-token-file``), is forwarded as
+the proxy on its behalf: the proxy's token, and ``X-Original-Principal`` naming the
+certificate's CN, which brokers honour only from their ``--proxy-roles`` and authorize
+as that role (broker/admin/permissions.py) — as a piped binary connection's
+``original_principal``. Credentials a caller sends win over its certificate. Bodies are
+bounded by the app's body limit."""
 
 from __future__ import annotations
 
@@ -21,13 +28,17 @@ from urllib.parse import urljoin, urlsplit
 import aiohttp
 from aiohttp import web
 
+from proxy.auth import TLS_METHOD, ProxyAuthenticator
 from proxy.brokers import BrokerDirectory
 from proxy.metrics import ProxyMetrics
+from runtime.tls import certificate_common_name
 
 log = logging.getLogger(__name__)
 
 REDIRECTS_MAX = 5
 PASSED_HEADERS = ("Authorization", "Content-Type", "Accept")
+# The header brokers read the role a proxy acts for from (Pulsar's proxies send it too).
+ORIGINAL_PRINCIPAL_HEADER = "X-Original-Principal"
 ANSWER_HEADERS = ("Content-Type",)
 TIMEOUT_S = 60.0
 
@@ -37,10 +48,22 @@ def _origin(url: str) -> str:
     return f"{parts.scheme}://{(parts.hostname or '').lower()}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
 
 
+def certificate_principal(request: web.Request, auth: ProxyAuthenticator | None) -> str | None:
+    """The role a caller proves by its client certificate alone (the CN of a certificate
+    the handshake verified), when the proxy may forward it as that role; else None."""
+    if auth is None or not auth.enabled or TLS_METHOD not in auth.providers or "Authorization" in request.headers:
+        return None
+    if auth.own_credentials() is None:
+        return None
+    transport = request.transport
+    return certificate_common_name(transport.get_extra_info("peercert") if transport is not None else None)
+
+
 def add_forward_routes(app: web.Application, brokers: BrokerDirectory, metrics: ProxyMetrics, *,
-                       tls_context: ssl.SSLContext | None = None) -> None:
+                       tls_context: ssl.SSLContext | None = None, auth: ProxyAuthenticator | None = None) -> None:
     """``tls_context``: how brokers' https:// web addresses are checked (the CA of
-    --broker-tls-trust-certs-file); None: the system's CAs."""
+    --broker-tls-trust-certs-file); None: the system's CAs. ``auth``: the proxy's
+    authenticator (for callers proven by a client certificate, see the module's doc)."""
     session: dict[str, aiohttp.ClientSession] = {}
 
     async def on_cleanup(_app: web.Application) -> None:
@@ -58,6 +81,12 @@ def add_forward_routes(app: web.Application, brokers: BrokerDirectory, metrics: 
         allowed = {_origin(url) for url in urls}
         body = await request.read()
         headers = {name: request.headers[name] for name in PASSED_HEADERS if name in request.headers}
+        principal = certificate_principal(request, auth)
+        if principal is not None:
+            assert auth is not None
+            _method, token = auth.own_credentials()
+            headers["Authorization"] = f"Bearer {token.decode('ascii')}"
+            headers[ORIGINAL_PRINCIPAL_HEADER] = principal
         url = random.choice(urls).rstrip("/") + request.rel_url.raw_path_qs
         for _ in range(REDIRECTS_MAX + 1):
             try:

@@ -132,7 +132,7 @@ class ProxyProcess:
             return count > 0, {"brokers": count, "connections": len(server.connections)}
 
         app = build_ops_app(registry, health)
-        add_forward_routes(app, brokers, metrics, tls_context=broker_context)
+        add_forward_routes(app, brokers, metrics, tls_context=broker_context, auth=auth)
         client_tls = server_context(config.tls) if config.tls.enabled else None
         runners: list[web.AppRunner] = []
         listeners: list[asyncio.AbstractServer] = []

@@ -350,7 +350,7 @@ class GatewayProcess(ManagedProcess):
         return self
 
 
-_PROXY_READY = re.compile(r"proxy listening: service_url=(\S+) service_url_tls=(\S+) http_url=(\S+)")
+_PROXY_READY = re.compile(r"proxy listening: service_url=(\S+) service_url_tls=(\S+) http_url=(\S+) https_url=(\S+)")
 
 
 class ProxyProcess(ManagedProcess):
@@ -365,6 +365,7 @@ class ProxyProcess(ManagedProcess):
         self.service_url = ""
         self.service_url_tls = ""
         self.http_url = ""
+        self.https_url = ""      # "-" when not listening (--http-tls-port)
         super().__init__(name, [], os.path.join(base_dir, name, "proxy.log"))
 
     async def start(self) -> "ProxyProcess":
@@ -372,7 +373,7 @@ class ProxyProcess(ManagedProcess):
                                    "--http-port", "0", *self.extra_args)
         self.spawn()
         match = await self.wait_for_log(_PROXY_READY)
-        self.service_url, self.service_url_tls, self.http_url = match.group(1), match.group(2), match.group(3)
+        self.service_url, self.service_url_tls, self.http_url, self.https_url = match.groups()
         return self
 
 

@@ -12,13 +12,16 @@ not):
                                                   clients' HTTP lookup asks it first)
     GET  .../{topic}/permission-check?action=A    the caller's own permission A (Magnetar:
                                                   the gateway asks it with its caller's
-                                                  credentials; or, as a proxy role, for the
-                                                  role in X-Original-Principal)
+                                                  credentials, or for the role it names)
     GET  /admin/v2/tenants/{tenant}               tenant admin
     other /admin/v2/tenants paths                 superuser (create, change, delete, list)
     any other path naming a tenant                tenant admin (namespaces, policies,
                                                   permissions, topics, subscriptions, bundles)
     everything else under /admin/                 superuser (clusters, brokers, bookies)
+
+A proxy role (``--proxy-roles``) may name the role it acts for in ``X-Original-Principal``
+(the gateway and the proxy do, for callers they authenticated by client certificate):
+the request is then authorized for that role. Any other role naming one gets 403.
 
 ``/health`` and ``/metrics`` stay open (probes; no secrets are in the metrics).
 
@@ -94,10 +97,11 @@ async def _authorize(service: BrokerService, request: web.Request, role: str | N
 
 
 def _original_principal(service: BrokerService, request: web.Request, role: str | None, original: str) -> str:
-    """The role a proxy asks for (the gateway, for a caller it authenticated by client
-    certificate): only a proxy role may, and only on the permission check."""
-    if not request.path.endswith("/permission-check") or "topic" not in request.match_info:
-        raise AuthorizationDenied(f"{ORIGINAL_PRINCIPAL_HEADER} is accepted only on a topic's permission-check")
+    """The role a proxy acts for: the gateway asking a topic's permission-check for a
+    caller it authenticated by client certificate, or the proxy forwarding an admin or
+    lookup request of a caller it authenticated so (proxy/http_forward.py). Only a proxy
+    role may name one (as on the binary protocol's ``original_principal``); the request
+    is then authorized for the role named, never for the proxy's."""
     if role is None or role not in service.config.auth.proxies:
         raise AuthorizationDenied(f"only a proxy role may ask for another role ({ORIGINAL_PRINCIPAL_HEADER})")
     if not original or len(original.encode()) > ROLE_NAME_BYTES_MAX:

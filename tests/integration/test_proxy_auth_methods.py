@@ -20,16 +20,22 @@ Proves:
 - a client can never claim another identity through the proxy: bob (basic, and a
   certificate CN not granted) sending ``original_principal`` naming the granted role on
   a piped CONNECT is named as himself by the proxy (AuthorizationError on the producer),
-  while the granted role's own credentials get PRODUCER_SUCCESS on the same frames.
+  while the granted role's own credentials get PRODUCER_SUCCESS on the same frames;
+- the admin REST through the proxy's HTTPS port with a client certificate alone: the
+  granted CN's lookups succeed, a path only a superuser may use is refused also when
+  the caller names the superuser in X-Original-Principal, a CN not granted gets 403, no
+  certificate 401, a forged one fails the handshake.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import socket
 import ssl
 import time
+import urllib.error
 import urllib.request
 import uuid
 
@@ -91,8 +97,8 @@ def proxied(etcd_process, tmp_path_factory):
             "--authentication-enabled", "--authentication-providers", "basic,tls,token",
             "--basic-auth-file", users, "--token-secret-key", f"file://{key_path}",
             "--broker-token-file", proxy_token,
-            "--tls-port", "0", "--tls-cert-file", pki.cert_file, "--tls-key-file", pki.key_file,
-            "--tls-trust-certs-file", client_cas]).start())
+            "--tls-port", "0", "--http-tls-port", "0", "--tls-cert-file", pki.cert_file,
+            "--tls-key-file", pki.key_file, "--tls-trust-certs-file", client_cas]).start())
         namespace = f"public/methods-{uuid.uuid4().hex[:6]}"
         admin(cluster, signer, "PUT", f"/admin/v2/namespaces/{namespace}", b"{}")
         for role in (ALICE, "granted-client"):
@@ -194,6 +200,51 @@ def test_tls_client_certificate_through_the_proxy(proxied):
     refused(url, topic, pulsar.AuthenticationError, tls_trust_certs_file_path=pki.ca_file,
             tls_validate_hostname=True, authentication=pulsar.AuthenticationTLS("", ""))
     assert "Traceback" not in proxy.log_text()
+
+
+def https_status(url: str, pki, cert=None, headers: dict | None = None) -> int | None:
+    """The status of a GET over HTTPS, presenting ``cert`` (a pki: its client
+    certificate) or none; None when the TLS handshake fails."""
+    context = ssl.create_default_context(cafile=pki.ca_file)
+    if cert is not None:
+        context.load_cert_chain(cert.client_cert_file, cert.client_key_file)
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=30, context=context) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+    except (ssl.SSLError, urllib.error.URLError, ConnectionError):
+        return None
+
+
+def test_a_client_certificate_reaches_the_admin_rest_through_the_proxy(proxied):
+    """The proxy's HTTPS port: a caller proven by its certificate alone is forwarded as
+    its CN (the proxy's token and X-Original-Principal); the broker authorizes the CN."""
+    cluster, namespace, pki = proxied["cluster"], proxied["namespace"], proxied["pki"]
+    proxy = cluster.proxies[0]
+    base = proxy.https_url.replace("127.0.0.1", "localhost")
+    local = f"rest-{uuid.uuid4().hex[:6]}"
+    lookup = f"{base}/lookup/v2/topic/persistent/{namespace}/{local}"
+    partitions = f"{base}/admin/v2/persistent/{namespace}/{local}/partitions"
+    # The granted CN: its lookup and partition count (produce/consume's HTTP paths).
+    assert https_status(lookup, pki, pki) == 200
+    assert https_status(partitions, pki, pki) == 200
+    # Authenticated as itself, not as the proxy (whose role may do nothing) nor as whom
+    # it names: a superuser's path is refused, also when the caller names the superuser.
+    assert https_status(f"{base}/admin/v2/clusters", pki, pki) == 403
+    assert https_status(f"{base}/admin/v2/clusters", pki, pki, {"X-Original-Principal": SUPERUSER}) == 403
+    # A trusted CA's certificate whose CN is not granted: authenticated, not authorized.
+    assert https_status(lookup, pki, proxied["stranger"]) == 403
+    # No certificate and no credentials: the broker asks for them.
+    assert https_status(lookup, pki) == 401
+    # The granted CN in a certificate of another CA: the handshake fails.
+    assert https_status(lookup, pki, proxied["forged"]) is None
+    # Credentials sent win over the certificate: a wrong password is refused.
+    wrong = base64.b64encode(f"{ALICE}:{PASSWORDS[BOB]}".encode()).decode()
+    assert https_status(lookup, pki, pki, {"Authorization": f"Basic {wrong}"}) == 401
+    text = proxy.log_text()
+    assert "Traceback" not in text and PASSWORDS[BOB] not in text
 
 
 # --- raw frames: a client naming someone else -----------------------------------------------
