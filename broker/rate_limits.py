@@ -22,6 +22,12 @@ Theory of operation:
 - **per subscription** (Pulsar's ``subscriptionDispatchRate``): each subscription has
   a bucket of its own (``SubscriptionDispatchRates`` makes it), and dispatches only what
   both its own and the topic's shared bucket allow (``BothThrottles``).
+- **relative to the publish rate** (Pulsar's ``relativeToPublishRate``, dispatch limits
+  only): the limit is the configured rate plus what the topic published in the last
+  whole second (``PublishWindow``, counted as publishes come, so a backlog written
+  long before a consumer came does not lift it); the buckets' rate and capacity follow
+  it at each new second. A topic consumed as fast as it is fed never falls behind, and
+  a backlog drains at the configured rate above that.
 - The limits come from the topic's effective policies (broker/topic_policies.py): a
   topic's own rate overrides its namespace's.
 - A limit of -1 or 0 (Pulsar's "no limit") for messages and bytes alike means no
@@ -82,6 +88,8 @@ class RateLimit:
     messages: int | None
     size_bytes: int | None
     period_s: float = 1.0
+    # Dispatch only: the limit is this plus the topic's publish rate (see the header).
+    relative: bool = False
 
     @property
     def limited(self) -> bool:
@@ -109,7 +117,7 @@ def dispatch_limit(doc: dict | None) -> RateLimit | None:
         return None
     limit = RateLimit(_positive_or_none(int(doc.get("dispatchThrottlingRateInMsg", -1))),
                       _positive_or_none(int(doc.get("dispatchThrottlingRateInByte", -1))),
-                      float(doc.get("ratePeriodInSecond", 1)))
+                      float(doc.get("ratePeriodInSecond", 1)), bool(doc.get("relativeToPublishRate", False)))
     return limit if limit.limited else None
 
 
@@ -186,11 +194,44 @@ class PublishRateScope:
             self._limits.unblock(self)
 
 
+class PublishWindow:
+    """What a topic published in the last whole second of the clock (messages, bytes),
+    for relative dispatch limits: the topic counts each publish here while such a limit
+    is set (PersistentTopic.publish); pure (it takes the time)."""
+
+    __slots__ = ("_second", "_messages", "_bytes", "_last")
+
+    def __init__(self) -> None:
+        self._second = 0
+        self._messages = 0
+        self._bytes = 0
+        self._last = (0, 0)
+
+    def add(self, messages: int, size_bytes: int, now_s: float) -> None:
+        second = int(now_s)
+        if second != self._second:
+            self._last = (self._messages, self._bytes) if second == self._second + 1 else (0, 0)
+            self._second, self._messages, self._bytes = second, 0, 0
+        self._messages += messages
+        self._bytes += size_bytes
+
+    def last_second(self, now_s: float) -> tuple[int, int]:
+        """(messages, bytes) published in the whole second before ``now_s``'s."""
+        second = int(now_s)
+        if second == self._second:
+            return self._last
+        if second == self._second + 1:
+            return self._messages, self._bytes
+        return 0, 0
+
+
 class DispatchRateThrottle:
     """A topic's dispatch rate, shared by its subscriptions' dispatchers
-    (subscriptions/ports.py ``DispatchThrottle``)."""
+    (subscriptions/ports.py ``DispatchThrottle``). ``published``: the topic's publish
+    window, which a relative limit needs (without one it stays at the configured rate)."""
 
-    def __init__(self, limit: RateLimit, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, limit: RateLimit, clock: Callable[[], float] = time.monotonic,
+                 published: PublishWindow | None = None) -> None:
         self.limit = limit
         self._clock = clock
         now_s = clock()
@@ -200,10 +241,36 @@ class DispatchRateThrottle:
             if limit.size_bytes is not None else None
         # Mean bytes per message dispatched, to turn byte tokens into messages.
         self._message_bytes = 1024.0
+        self._published = published if limit.relative else None
+        self._second = int(now_s)
+        # The publish rates (messages/s, bytes/s) the buckets follow now.
+        self.publish_rates = (0.0, 0.0)
+
+    def _follow_publish_rate(self, now_s: float) -> None:
+        """A relative limit: at each new second, the buckets' rate becomes the configured
+        one plus what the topic published in the second before."""
+        assert self._published is not None
+        second = int(now_s)
+        if second == self._second:
+            return
+        self._second = second
+        messages, size_bytes = self._published.last_second(now_s)
+        self.publish_rates = (float(messages), float(size_bytes))
+        limit = self.limit
+        for bucket, configured, published_per_s in ((self._messages, limit.messages, self.publish_rates[0]),
+                                                    (self._bytes, limit.size_bytes, self.publish_rates[1])):
+            if bucket is None or configured is None:
+                continue
+            bucket.refill(now_s)          # tokens accrued so far at the old rate
+            bucket.rate_per_s = configured / limit.period_s + published_per_s
+            bucket.capacity = configured + published_per_s * limit.period_s
+            bucket.tokens = min(bucket.tokens, bucket.capacity)
 
     def allowance(self) -> int:
         """Messages that may be dispatched now (0: none until ``retry_after_s``)."""
         now_s = self._clock()
+        if self._published is not None:
+            self._follow_publish_rate(now_s)
         allowed = 2**31 - 1
         if self._messages is not None:
             allowed = min(allowed, int(self._messages.refill(now_s)))
@@ -256,11 +323,12 @@ class SubscriptionDispatchRates:
     topic's shared ``topic_throttle`` when there is one)."""
 
     def __init__(self, limit: RateLimit, topic_throttle: DispatchRateThrottle | None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, published: PublishWindow | None = None) -> None:
         self.limit = limit
         self.topic_throttle = topic_throttle
         self._clock = clock
+        self._published = published
 
     def throttle(self) -> DispatchRateThrottle | BothThrottles:
-        own = DispatchRateThrottle(self.limit, self._clock)
+        own = DispatchRateThrottle(self.limit, self._clock, self._published)
         return own if self.topic_throttle is None else BothThrottles(self.topic_throttle, own)

@@ -460,10 +460,13 @@ class BrokerService:
         current_per_subscription = topic.subscription_throttles.limit \
             if topic.subscription_throttles is not None else None
         if dispatch != current or per_subscription != current_per_subscription:
+            relative = any(limit is not None and limit.relative for limit in (dispatch, per_subscription))
+            topic.publish_window = (topic.publish_window or rate_limits.PublishWindow()) if relative else None
+            published = topic.publish_window
             throttle = topic.dispatch_throttle if dispatch == current else \
-                rate_limits.DispatchRateThrottle(dispatch) if dispatch is not None else None
-            topic.set_dispatch_throttle(throttle, rate_limits.SubscriptionDispatchRates(per_subscription, throttle)
-                                        if per_subscription is not None else None)
+                rate_limits.DispatchRateThrottle(dispatch, published=published) if dispatch is not None else None
+            topic.set_dispatch_throttle(throttle, rate_limits.SubscriptionDispatchRates(
+                per_subscription, throttle, published=published) if per_subscription is not None else None)
             log.info("dispatch rate limits set: topic=%s limit=%s per_subscription=%s", topic.full_name, dispatch,
                      per_subscription)
 

@@ -172,6 +172,9 @@ class PersistentTopic:
         # subscription of the topic shares.
         self.publish_rate = None
         self.dispatch_throttle = None
+        # What was published per second, while a dispatch limit is relative to it
+        # (broker/rate_limits.py PublishWindow; set with the limits by the service).
+        self.publish_window = None
         # Makes each subscription's own throttle when subscriptions are limited one by
         # one too (rate_limits.SubscriptionDispatchRates); None: they share the above.
         self.subscription_throttles = None
@@ -563,6 +566,8 @@ class PersistentTopic:
         producer.bytes_in += len(payload)
         self.messages_in += num_messages
         self.bytes_in += len(payload)
+        if self.publish_window is not None:      # a dispatch limit relative to publishing
+            self.publish_window.add(num_messages, len(payload), time.monotonic())
         return self.ledger.append(payload)
 
     # --- subscriptions --------------------------------------------------------------------------

@@ -8,7 +8,8 @@
     GET/POST/DELETE .../dispatchRate (namespace and topic paths as above)
         DispatchRate {"dispatchThrottlingRateInMsg", "dispatchThrottlingRateInByte",
         "ratePeriodInSecond", "relativeToPublishRate"}; each topic dispatches at most that
-        over all its subscriptions (relativeToPublishRate true is refused)
+        over all its subscriptions (with relativeToPublishRate: that plus what the topic
+        was published at over the last second, as Pulsar's)
     GET/POST/DELETE .../subscriptionDispatchRate (namespace and topic paths as above)
         DispatchRate; each subscription of a topic dispatches at most that on its own
         (and all of them together still at most the topic's dispatchRate)
@@ -65,15 +66,13 @@ def dispatch_rate_of(doc: object) -> dict:
     relative = doc.get("relativeToPublishRate", False)
     if not isinstance(relative, bool):
         raise InvalidArgument("relativeToPublishRate must be true or false")
-    if relative:
-        raise InvalidArgument("relativeToPublishRate is not supported: give absolute rates")
     return {"dispatchThrottlingRateInMsg": integer(doc.get("dispatchThrottlingRateInMsg", -1),
                                                    "dispatchThrottlingRateInMsg", minimum=-1, maximum=2**31 - 1),
             "dispatchThrottlingRateInByte": integer(doc.get("dispatchThrottlingRateInByte", -1),
                                                     "dispatchThrottlingRateInByte", minimum=-1, maximum=INT64_MAX),
             "ratePeriodInSecond": integer(doc.get("ratePeriodInSecond", 1), "ratePeriodInSecond",
                                           minimum=1, maximum=86_400),
-            "relativeToPublishRate": False}
+            "relativeToPublishRate": relative}
 
 
 

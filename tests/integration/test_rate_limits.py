@@ -250,3 +250,63 @@ def test_a_subscription_dispatch_rate_limits_each_subscription_on_its_own(pulsar
         rest, _ = _receive_for(consumers[index], 1200 - len(times[index]), 30)
         assert len(times[index]) + len(rest) == 1200
         consumers[index].close()
+
+
+def _publish_paced(client, topic: str, per_s: float, seconds: float) -> tuple[list[float], float]:
+    """Sends ``per_s`` messages a second on a fixed schedule (never blocking: a producer
+    blocked in the client's queue could hold the interpreter from the consumer beside
+    it); returns the receipts' times and when sending started."""
+    import pulsar
+
+    producer = client.create_producer(topic, batching_enabled=False)
+    receipts: list[float] = []
+    lock = threading.Lock()
+
+    def on_sent(result, _message_id) -> None:
+        assert result == pulsar.Result.Ok, result
+        with lock:
+            receipts.append(time.monotonic())
+
+    started = time.monotonic()
+    for index in range(int(per_s * seconds)):
+        delay_s = started + index / per_s - time.monotonic()
+        if delay_s > 0:
+            time.sleep(delay_s)
+        producer.send_async(b"p" * 100, on_sent)
+    producer.flush()
+    producer.close()
+    return receipts, started
+
+
+def test_a_dispatch_rate_relative_to_the_publish_rate_adds_what_is_published(pulsar_cluster, client):
+    """dispatchRate 50 msg/s relativeToPublishRate (Pulsar's), on a backlog of 1,500 while
+    a producer publishes 100 msg/s: the consumer gets ~150 msg/s, the configured rate plus
+    the publish rate (an absolute limit of 50 would fall behind the producer)."""
+    import pulsar
+
+    admin = pulsar_cluster.brokers[0].web_service_url
+    rate = {"dispatchThrottlingRateInMsg": 50, "dispatchThrottlingRateInByte": -1, "ratePeriodInSecond": 1,
+            "relativeToPublishRate": True}
+    namespace = _namespace(admin, dispatchRate=rate)
+    assert http_json("GET", f"{admin}/admin/v2/namespaces/{namespace}/dispatchRate") == rate
+    topic = _backlogged_topic(client, namespace, lambda t: client.subscribe(t, "s"), 1500, b"r" * 100)
+    # The backlog was published within the last second or two: a relative limit counts
+    # it (the rate is what was published in the last whole second), so the steady
+    # state is measured from 2 s on.
+    time.sleep(2.0)
+    consumer = client.subscribe(topic, "s", consumer_type=pulsar.ConsumerType.Exclusive)
+    published: list = []
+    publisher = threading.Thread(target=lambda: published.append(
+        _publish_paced(client, topic, 100, WINDOW_END_S + 1.0)))
+    publisher.start()
+    try:
+        times, started = _receive_for(consumer, 10_000, WINDOW_END_S)
+    finally:
+        publisher.join()
+    measured = _rate_in_window(times, started)
+    (receipts, publish_started), = published
+    publish_rate = _rate_in_window(receipts, publish_started)
+    print(f"dispatch limit 50 msg/s relative to publishing at {publish_rate:.1f} msg/s: measured {measured:.1f} msg/s")
+    assert 90 <= publish_rate <= 110, publish_rate
+    assert 135 <= measured <= 165, measured
+    consumer.close()
