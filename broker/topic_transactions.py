@@ -22,10 +22,16 @@ pending in transactions.
   slowest cursor's first unacknowledged entry: transactional entries with no marker
   after them are open again, aborted ones hidden again. Entries before the slowest
   cursor are acknowledged by every subscription, so their outcome no longer matters.
-- **Acknowledgements in a transaction** are checked for conflicts, written to etcd
-  (transactions/store.py) and only then answered; commit applies them to the cursor and
-  flushes it before the coordinator is answered; abort drops them and asks the
-  dispatcher to deliver them again. Loading the topic restores them.
+- **Acknowledgements in a transaction** (individual on any subscription, cumulative on
+  exclusive and failover ones) are checked for conflicts, written to etcd
+  (transactions/store.py) and only then answered. From then on the subscription's
+  dispatcher holds the messages back (``Subscription.held_acks``, the port
+  subscriptions/ports.HeldAcks: neither delivered nor redelivered, to any consumer),
+  and on a shared subscription they no longer count as unacknowledged at their
+  consumer. Commit applies them to the cursor and flushes it before the coordinator is
+  answered; abort releases them (``Subscription.release_held``: delivered again, the
+  redelivery count raised). Loading the topic restores them before any consumer can
+  attach, so a restart does not deliver them again either.
 """
 
 from __future__ import annotations
