@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import urllib.error
 import urllib.request
 
 import pulsar
@@ -239,3 +240,73 @@ async def test_a_cumulative_acknowledgement_in_a_transaction_on_failover_and_ref
     assert "NotAllowed" in str(not_allowed.value), not_allowed.value
     await wire.end(refused, commit=False)
     await shared.close()
+
+
+def admin_get(admin_url: str, path: str) -> tuple[int, object]:
+    try:
+        with urllib.request.urlopen(f"{admin_url}{path}", timeout=30) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"null")
+
+
+def txn_series(admin_url: str, coordinator_id: int) -> dict[str, float]:
+    """The pulsar_txn_* series of one coordinator, from the broker's /metrics."""
+    with urllib.request.urlopen(f"{admin_url}/metrics", timeout=30) as answer:
+        text = answer.read().decode()
+    found = {}
+    for line in text.splitlines():
+        if line.startswith("pulsar_txn_") and f'coordinator_id="{coordinator_id}"' in line:
+            name = line.split("{", 1)[0]
+            found[name] = float(line.rsplit(" ", 1)[1])
+    return found
+
+
+async def test_the_admin_rest_and_metrics_show_coordinators_and_an_open_transaction(standalone, wire, client):
+    _process, ready = standalone
+    admin_url = ready["admin_url"]
+    topic = topic_name("txn-admin")
+    await filled(client, topic, 2)
+    consumer = await wire.subscribe(topic, "admin-sub", sub_type=EXCLUSIVE)
+    received = [await consumer.receive() for _ in range(2)]
+    producer = await wire.producer(topic)
+    before = await asyncio.to_thread(txn_series, admin_url, 0)
+    txn = await wire.new_txn(timeout_ms=120_000)   # coordinator 0, the wire client's default
+    assert txn.most == 0
+    await producer.send(b"out", txn)
+    await consumer.ack(received[0], txn, cumulative=True)
+
+    status, coordinators = await asyncio.to_thread(admin_get, admin_url, "/admin/v3/transactions/coordinators")
+    assert status == 200 and str(txn.most) in coordinators, coordinators
+    stats = coordinators[str(txn.most)]
+    assert stats["state"] == "Ready" and stats["ongoingTxnSize"] >= 1, stats
+    status, one = await asyncio.to_thread(admin_get, admin_url,
+                                          f"/admin/v3/transactions/coordinators?coordinatorId={txn.most}")
+    assert status == 200 and list(one) == [str(txn.most)], one
+
+    path = f"/admin/v3/transactions/transactionMetadata/{txn.most}/{txn.least}"
+    status, metadata = await asyncio.to_thread(admin_get, admin_url, path)
+    assert status == 200, metadata
+    assert metadata["txnId"] == f"({txn.most},{txn.least})" and metadata["status"] == "OPEN"
+    assert metadata["timeoutAt"] == 120_000 and metadata["openTimestamp"] > 0
+    assert metadata["producedPartitions"][topic]["startPosition"] is not None, metadata
+    held = f"{received[0].ledger_id}:{received[0].entry_id}"
+    assert metadata["ackedPartitions"][topic]["admin-sub"] == {"cumulativeAckPosition": held}, metadata
+    await asyncio.sleep(0.05)
+    status, slow = await asyncio.to_thread(admin_get, admin_url, "/admin/v3/transactions/slowTransactions/1")
+    assert status == 200 and metadata["txnId"] in slow, slow
+    status, none_slow = await asyncio.to_thread(admin_get, admin_url,
+                                                "/admin/v3/transactions/slowTransactions/3600000")
+    assert status == 200 and metadata["txnId"] not in none_slow
+
+    during = await asyncio.to_thread(txn_series, admin_url, txn.most)
+    assert during["pulsar_txn_active_count"] >= 1, during
+    assert during["pulsar_txn_created_total"] >= before.get("pulsar_txn_created_total", 0) + 1, (before, during)
+    assert during["pulsar_txn_append_log_total"] >= before.get("pulsar_txn_append_log_total", 0) + 3
+
+    await wire.end(txn, commit=True)
+    status, gone = await asyncio.to_thread(admin_get, admin_url, path)
+    assert status == 404 and gone["error"] == "TransactionNotFound", gone
+    after = await asyncio.to_thread(txn_series, admin_url, txn.most)
+    assert after["pulsar_txn_committed_total"] == during.get("pulsar_txn_committed_total", 0) + 1, (during, after)
+    await consumer.close()
