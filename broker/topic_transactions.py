@@ -280,6 +280,12 @@ class TopicTransactions:
             # Not durable: not pending either (the client is told it failed). An
             # acknowledgement of the same transaction made durable before stays.
             undo()
+            # Held while the write was in flight, a message may have been passed over
+            # by the dispatcher (its consumer left, a redelivery): delivered again.
+            released = [position for position, _a, _s in entries if not pending.holds(position)]
+            if released:
+                subscription.release_held([] if cumulative else released,
+                                          through=released[-1] if cumulative else None, leave_sent=True)
             raise
         if not cumulative:
             subscription.hold([position for position, ack_set, size in entries

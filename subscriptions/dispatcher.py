@@ -170,11 +170,12 @@ class Dispatcher(abc.ABC):
         their redelivery counts raised unless not ``counted``."""
 
     @abc.abstractmethod
-    def release(self, positions: list[Position], *, through: Position | None = None) -> None:
+    def release(self, positions: list[Position], *, through: Position | None = None,
+                leave_sent: bool = False) -> None:
         """Entries held back for an open transaction (ports.HeldAcks) are released (it
         aborted): ``positions``, and every entry up to ``through`` when given (a
         cumulative acknowledgement), are delivered again unless acknowledged, their
-        redelivery counts raised."""
+        redelivery counts raised (``leave_sent``: not those a consumer still holds)."""
 
     async def close(self) -> None:
         if self._throttle_timer is not None:
@@ -444,7 +445,8 @@ class SingleActiveDispatcher(Dispatcher):
         self._hold_compacted_start()
         self.wake()
 
-    def release(self, positions: list[Position], *, through: Position | None = None) -> None:
+    def release(self, positions: list[Position], *, through: Position | None = None,
+                leave_sent: bool = False) -> None:
         """As ``redeliver``: a rewind to the first unacknowledged entry (the order of
         an exclusive subscription allows no other), the released entries counted."""
         cursor = self.subscription.cursor

@@ -251,7 +251,8 @@ class SharedDispatcher(Dispatcher):
         if chosen:
             self.wake()
 
-    def release(self, positions: list[Position], *, through: Position | None = None) -> None:
+    def release(self, positions: list[Position], *, through: Position | None = None,
+                leave_sent: bool = False) -> None:
         """Released entries join the replay set (cumulative acknowledgements, hence
         ``through``, do not exist on shared modes). One still pending at a consumer
         (acknowledged in part, so never held) is taken from it first."""
@@ -259,7 +260,7 @@ class SharedDispatcher(Dispatcher):
         cursor = self.subscription.cursor
         released = 0
         for position in positions:
-            if cursor.is_acked(position):
+            if cursor.is_acked(position) or (leave_sent and position in self.pending):
                 continue
             consumer = self.pending.pop(position, None)
             if consumer is not None:

@@ -152,11 +152,14 @@ class Subscription:
         if on_acked is not None and positions:
             on_acked(list(positions))
 
-    def release_held(self, positions: Sequence[Position], *, through: Position | None = None) -> None:
+    def release_held(self, positions: Sequence[Position], *, through: Position | None = None,
+                     leave_sent: bool = False) -> None:
         """The transaction that held ``positions`` (and, for a cumulative
         acknowledgement, every entry up to ``through``) aborted: what is not
-        acknowledged otherwise is delivered again, its redelivery count raised."""
-        self.dispatcher.release(list(positions), through=through)
+        acknowledged otherwise is delivered again, its redelivery count raised.
+        ``leave_sent``: a position still unacknowledged at a consumer stays there (the
+        hold was taken back before it took effect)."""
+        self.dispatcher.release(list(positions), through=through, leave_sent=leave_sent)
 
     def redeliver(self, consumer: ConsumerPort, positions: Sequence[Position], *, counted: bool = True) -> None:
         """The client asks for ``positions`` again (negative ack, ack timeout); none:
