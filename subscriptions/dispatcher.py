@@ -357,8 +357,11 @@ class Dispatcher(abc.ABC):
         if cursor.is_acked(entry.position):
             return None
         held = getattr(self.subscription, "held_acks", None)
-        if held is not None and held.holds(entry.position):
-            return None   # acknowledged in an open transaction (ports.HeldAcks)
+        unheld = None
+        if held is not None:
+            if held.holds(entry.position):
+                return None   # acknowledged in an open transaction (ports.HeldAcks)
+            unheld = held.unheld_bits(entry.position)
         try:
             count = message_count(stored_metadata(entry.data))
         except MagnetarError as error:
@@ -366,9 +369,13 @@ class Dispatcher(abc.ABC):
                       self.subscription.full_name, entry.position, error)
             return None
         partial = cursor.unacked_batch_bits(entry.position)
-        if partial is None:
+        if partial is None and unheld is None:
             return count, None
-        size, bits = partial
+        size, bits = partial if partial is not None else (count, (1 << count) - 1)
+        if unheld is not None:
+            bits &= unheld    # a batch held in part: its held messages are not sent
+            if not bits:
+                return None
         return count, int_to_ack_set_words(bits, max(size, count))
 
     def _check_end_of_topic(self) -> None:

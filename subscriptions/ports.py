@@ -119,6 +119,11 @@ class HeldAcks(Protocol):
 
     def holds(self, position: Position) -> bool: ...
 
+    def unheld_bits(self, position: Position) -> int | None:
+        """For a batch entry held in part: its messages not held, as ack-set bits (bit
+        i set: message i may be sent); None when no part of it is held."""
+        ...
+
 
 class DispatchThrottle(Protocol):
     """A dispatch rate limit a subscription's dispatcher obeys (the broker's

@@ -27,8 +27,9 @@ Two kinds, as in Pulsar:
 
 Entries are (position, ack_set words or None, batch_size) as the ACK carried them;
 ``ack_set`` words are the batch's messages left unacknowledged (the cursor's meaning).
-A batch acknowledged only in part is not held back (its other messages must still be
-delivered); conflicts are checked per entry, not per message of a batch.
+A batch acknowledged only in part is still delivered, without the messages held
+(``unheld_bits``: the dispatcher masks them out of the ack set it sends); conflicts are
+checked per entry, not per message of a batch (stricter than Pulsar).
 """
 
 from __future__ import annotations
@@ -58,6 +59,14 @@ def _whole(ack: PendingAck) -> bool:
     """Whether the acknowledgement covers its whole entry (no batch message left)."""
     ack_set = ack[1]
     return ack_set is None or not any(ack_set)
+
+
+def _bits(words: tuple[int, ...]) -> int:
+    """Ack-set words (int64s, as on the wire) as one int, bit i for message i."""
+    value = 0
+    for index, word in enumerate(words):
+        value |= (word & 0xFFFFFFFFFFFFFFFF) << (64 * index)
+    return value
 
 
 def _merged(old: PendingAck | None, new: PendingAck) -> PendingAck:
@@ -211,6 +220,22 @@ class PendingAcks:
         if txn_id is None:
             return False
         return _whole(self.by_txn[txn_id][position])
+
+    def unheld_bits(self, position: Position) -> int | None:
+        """For a batch acknowledged in part in open transactions: its messages left to
+        deliver, as ack-set bits (bit i set: message i is not held); None when no part
+        of it is held (``holds`` answers for whole entries)."""
+        bits = None
+        txn_id = self._owner.get(position)
+        if txn_id is not None:
+            ack = self.by_txn[txn_id][position]
+            if not _whole(ack):
+                bits = _bits(ack[1])
+        if self.cumulative is not None:
+            held = self.cumulative[1]
+            if position == held[0] and not _whole(held):
+                bits = _bits(held[1]) if bits is None else bits & _bits(held[1])
+        return bits
 
     # --- the etcd record -------------------------------------------------------------------
 

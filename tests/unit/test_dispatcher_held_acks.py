@@ -12,15 +12,22 @@ acknowledgements.
 from __future__ import annotations
 
 from common.position import Position
+from protocol.codec import encode_stored
+from protocol.proto import pulsar_api_pb2 as pb
+from subscriptions.ports import AckedMessage
 from tests.unit.test_dispatcher_selection import EXCLUSIVE, KEY_SHARED, SHARED, Harness, positions_of, run
 
 
 class Held:
     def __init__(self) -> None:
         self.positions: set[Position] = set()
+        self.in_part: dict[Position, int] = {}   # batch entries held in part: bits not held
 
     def holds(self, position: Position) -> bool:
         return position in self.positions
+
+    def unheld_bits(self, position: Position) -> int | None:
+        return self.in_part.get(position)
 
 
 def held_on(harness: Harness) -> Held:
@@ -122,6 +129,35 @@ def test_exclusive_held_entries_are_skipped_after_a_rewind_and_come_back_in_orde
         assert positions_of(a)[7:] == published
         # Counted by the rewind (every entry in flight then) and again by the release.
         assert [s.redelivery_count for s in a.sent[7:10]] == [2, 2, 2]
+        await harness.close()
+
+    run(scenario)
+
+
+def test_a_batch_held_in_part_is_sent_without_its_held_messages():
+    """A batch of 3: message 0 held by a transaction, message 1 acknowledged plainly
+    (batch index): a redelivery sends the entry with only message 2 left in its ack
+    set; once message 2 is held too, nothing is sent."""
+    async def scenario() -> None:
+        harness = Harness(SHARED)
+        held = held_on(harness)
+        metadata = pb.MessageMetadata(producer_name="p", sequence_id=1, publish_time=1_700_000_000_000,
+                                      num_messages_in_batch=3)
+        batch = harness.ledger.append(encode_stored(metadata, b"batch"))
+        a, b = harness.consumer("a", 1), harness.consumer("b", 2, permits=0)
+        harness.add(a, b)
+        await harness.settle()
+        assert positions_of(a) == [batch] and a.ack_sets == [None]
+        held.in_part[batch] = 0b110
+        harness.subscription.acknowledge(a, [AckedMessage(batch, (0b101,), 3)], cumulative=False)
+        b.permits = 100
+        harness.subscription.remove_consumer(a)
+        await harness.settle()
+        assert positions_of(b) == [batch] and b.ack_sets == [(0b100,)]
+        held.in_part[batch] = 0b010                   # message 2 held now as well
+        harness.nack(b, [])
+        await harness.settle()
+        assert positions_of(b) == [batch]
         await harness.close()
 
     run(scenario)

@@ -179,6 +179,13 @@ def test_whole_entries_acknowledged_in_a_transaction_are_held_back_and_batches_i
     assert not pending.holds(p(2)) and pending.by_txn[A][p(2)][1] == (0b110,)
     pending.undo(A, [(p(1), None, 0), (p(2), (0b110,), 3)], replaced)
     assert len(pending) == 0 and not pending.by_txn and not pending.holds(p(1))
+    # What of a batch held in part may still go out (bit i: message i not held).
+    assert pending.unheld_bits(p(2)) is None      # undone above
+    pending.add(A, [(p(2), (0b110,), 3)])
+    assert pending.unheld_bits(p(2)) == 0b110 and pending.unheld_bits(p(1)) is None
+    pending.add(A, [(p(2), (-2,), 64)])           # int64 words as on the wire: all but message 0
+    assert pending.unheld_bits(p(2)) == 0b110
+    pending.remove(A, [p(2)])
     # An ack set with nothing left is the whole entry.
     pending.add(B, [(p(4), (0,), 3)])
     assert pending.holds(p(4))
@@ -202,7 +209,7 @@ def test_one_cumulative_acknowledgement_at_a_time_holds_everything_up_to_it():
     with pytest.raises(TransactionConflict):            # a cumulative ack over B's individual one
         pending.add_cumulative(A, (p(10), None, 0), mark)
     previous = pending.add_cumulative(A, (p(8), (0b100,), 3), mark)   # the batch at 8 in part
-    assert pending.holds(p(7)) and not pending.holds(p(8))
+    assert pending.holds(p(7)) and not pending.holds(p(8)) and pending.unheld_bits(p(8)) == 0b100
     assert decode_acks(pending.encode(A)) == TxnAcks((), (p(8), (0b100,), 3))
     assert decode_acks(pending.encode(B)) == TxnAcks(((p(9), None, 0),))
     pending.restore_cumulative(previous)
