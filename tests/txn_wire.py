@@ -271,15 +271,19 @@ class WireConsumer:
                                                                         messagePermits=1))))
         return received
 
-    async def ack(self, message: Received, txn: Transaction | None = None, *, cumulative: bool = False) -> None:
+    async def ack(self, message: Received, txn: Transaction | None = None, *, cumulative: bool = False,
+                  ack_set: tuple[int, ...] | None = None, batch_size: int | None = None) -> None:
         """Acknowledges ``message`` (``cumulative``: it and everything before it), in
-        ``txn`` when given (adding the subscription first, as the Java client does)."""
+        ``txn`` when given (adding the subscription first, as the Java client does);
+        ``ack_set``: only some messages of a batch entry (the words of those left
+        unacknowledged, with ``batch_size``), as a batch-index acknowledgement."""
         connection = self.connection
         if txn is not None and (self.topic, self.subscription) not in txn.subscriptions:
             await (txn.via or connection).add_subscription(txn, self.topic, self.subscription)
         ack = pb.CommandAck(consumer_id=self.consumer_id,
                             ack_type=pb.CommandAck.Cumulative if cumulative else pb.CommandAck.Individual,
-                            message_id=[pb.MessageIdData(ledgerId=message.ledger_id, entryId=message.entry_id)],
+                            message_id=[pb.MessageIdData(ledgerId=message.ledger_id, entryId=message.entry_id,
+                                                         ack_set=list(ack_set or ()), batch_size=batch_size)],
                             request_id=next(connection.request_ids))
         if txn is not None:
             ack.txnid_most_bits, ack.txnid_least_bits = txn.most, txn.least

@@ -242,6 +242,57 @@ async def test_a_cumulative_acknowledgement_in_a_transaction_on_failover_and_ref
     await shared.close()
 
 
+def receive_unacked(consumer, timeout_ms: int = 2000) -> list[bytes]:
+    """What the official consumer gets until ``timeout_ms`` passes with nothing new,
+    acknowledging nothing."""
+    got = []
+    while True:
+        try:
+            got.append(consumer.receive(timeout_millis=timeout_ms).data())
+        except pulsar.Timeout:
+            return got
+
+
+async def test_a_batch_acknowledged_in_part_in_a_transaction_is_redelivered_without_the_held_message(
+        wire, client):
+    """A batch of three (the official producer batching): message 0 acknowledged in an
+    open transaction by batch index (ack set 0b110, as the Java client sends it). The
+    official consumer that takes over gets messages 1 and 2 only; another transaction
+    acknowledging message 1 conflicts (conflicts are per entry here); after the commit
+    message 0 is never delivered again."""
+    topic = topic_name("held-batch")
+    producer = client.create_producer(topic, batching_enabled=True, batching_max_messages=3,
+                                      batching_max_publish_delay_ms=60_000)
+    for i in range(3):
+        producer.send_async(f"b{i}".encode(), None)
+    await asyncio.to_thread(producer.flush)
+    consumer = await wire.subscribe(topic, "work", sub_type=SHARED)
+    batch = await consumer.receive()
+    assert batch.metadata.num_messages_in_batch == 3, batch.metadata
+    txn = await wire.new_txn(timeout_ms=120_000)
+    await consumer.ack(batch, txn, ack_set=(0b110,), batch_size=3)
+    await consumer.close()
+
+    official = client.subscribe(topic, "work", consumer_type=pulsar.ConsumerType.Shared)
+    assert await asyncio.to_thread(receive_unacked, official) == [b"b1", b"b2"]
+    await asyncio.to_thread(official.close)
+
+    other = await wire.subscribe(topic, "work", sub_type=SHARED)
+    again = await other.receive()
+    second = await wire.new_txn(timeout_ms=60_000)
+    with pytest.raises(TxnError) as conflict:
+        await other.ack(again, second, ack_set=(0b101,), batch_size=3)
+    assert conflict_of(conflict), conflict.value
+    await wire.end(second, commit=False)
+    await other.close()
+
+    await wire.end(txn, commit=True)
+    after = client.subscribe(topic, "work", consumer_type=pulsar.ConsumerType.Shared)
+    assert await asyncio.to_thread(receive_unacked, after) == [b"b1", b"b2"]
+    await asyncio.to_thread(after.close)
+    producer.close()
+
+
 def admin_get(admin_url: str, path: str) -> tuple[int, object]:
     try:
         with urllib.request.urlopen(f"{admin_url}{path}", timeout=30) as answer:
