@@ -1,10 +1,11 @@
 """Admin REST about transactions, as Pulsar's ``/admin/v3/transactions`` paths (the
 basics; superuser only when authorization is on, as every path naming no tenant):
 
-    GET /admin/v3/transactions/coordinators                 {id: stats} of the coordinators
-                                                            this broker serves (Pulsar asks
-                                                            every broker; here: ask each, or
-                                                            name one with ?coordinatorId=N)
+    GET /admin/v3/transactions/coordinators                 {id: stats} of every coordinator:
+                                                            those served here, and the others'
+                                                            asked of the brokers serving them
+                                                            (broker/admin/fanout.py, as
+                                                            Pulsar gathers them)
     GET /admin/v3/transactions/coordinators?coordinatorId=N the stats of coordinator N
                                                             (307 to the broker serving it)
     GET /admin/v3/transactions/transactionMetadata/{most}/{least}
@@ -14,7 +15,8 @@ basics; superuser only when authorization is on, as every path naming no tenant)
     GET /admin/v3/transactions/slowTransactions/{timeout}   {txnId: metadata} of transactions
                                                             open longer than ``timeout`` ms, on
                                                             the coordinators served here (or
-                                                            ?coordinatorId=N, redirected)
+                                                            ?coordinatorId=N, redirected; not
+                                                            gathered from other brokers)
 
 Coordinator stats (Pulsar's TransactionCoordinatorStats, the fields this design has):
 ``state`` ("Ready": loaded and served here), ``ongoingTxnSize`` (open or ending),
@@ -36,6 +38,7 @@ import time
 
 from aiohttp import web
 
+from broker.admin import fanout
 from broker.admin.common import path_integer, query_integer
 from broker.admin.topic_access import redirect_unless_owner
 from broker.service import BrokerService
@@ -45,6 +48,7 @@ from common.topic_name import TopicName
 from transactions.records import TxnId, TxnRecord
 
 _U64_MAX = 2**64 - 1
+BASE = "/admin/v3/transactions"
 
 
 def coordinator_stats(coordinator: Coordinator) -> dict:
@@ -96,7 +100,22 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
         return [await coordinators.coordinator(coordinator_id)]
 
     async def get_coordinators(request: web.Request) -> web.Response:
-        return web.json_response({str(c.coordinator_id): coordinator_stats(c) for c in await chosen(request)})
+        coordinators = coordinators_service()
+        if "coordinatorId" in request.query:
+            return web.json_response({str(c.coordinator_id): coordinator_stats(c) for c in await chosen(request)})
+        answer: dict[str, object] = {}
+        async with fanout.PartitionCalls(service, request) as remote:
+            for coordinator_id in range(coordinators.count):
+                partition = assign_partition(coordinator_id)
+                owner = await service.owner_of(partition)
+                if owner.is_self:
+                    answer[str(coordinator_id)] = coordinator_stats(await coordinators.coordinator(coordinator_id))
+                    continue
+                got = await remote.call("GET", owner, partition, path=f"{BASE}/coordinators",
+                                        query={"coordinatorId": str(coordinator_id)})
+                if isinstance(got, dict) and str(coordinator_id) in got:
+                    answer[str(coordinator_id)] = got[str(coordinator_id)]
+        return web.json_response(answer)
 
     async def get_metadata(request: web.Request) -> web.Response:
         coordinators = coordinators_service()
@@ -120,7 +139,6 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
                     slow[metadata["txnId"]] = metadata
         return web.json_response(slow)
 
-    base = "/admin/v3/transactions"
-    app.router.add_get(f"{base}/coordinators", get_coordinators)
-    app.router.add_get(f"{base}/transactionMetadata/{{most}}/{{least}}", get_metadata)
-    app.router.add_get(f"{base}/slowTransactions/{{timeout}}", get_slow)
+    app.router.add_get(f"{BASE}/coordinators", get_coordinators)
+    app.router.add_get(f"{BASE}/transactionMetadata/{{most}}/{{least}}", get_metadata)
+    app.router.add_get(f"{BASE}/slowTransactions/{{timeout}}", get_slow)
