@@ -76,6 +76,7 @@ def register_broker_metrics(service: BrokerService, registry: CollectorRegistry)
     if stages is not None:
         registry.register(StagesCollector(stages, "magnetar_broker", _STAGE_HELP))
     registry.register(_PolicyCollector(service))
+    registry.register(_TransactionCoordinatorCollector(service))
     registry.register(_PartitionCallsCollector(service))
     registry.register(_TopicTotalsCollector(service))
     topic_series = TopicSeriesText(service)
@@ -204,6 +205,45 @@ class _PolicyCollector(Collector):
         yield CounterMetricFamily("magnetar_broker_compactions_started_by_threshold",
                                   "Compactions started because a namespace's compactionThreshold was passed",
                                   value=counters.compactions_started)
+
+
+class _TransactionCoordinatorCollector(Collector):
+    """Pulsar's transaction coordinator series (its TransactionAggregator, names as in
+    Pulsar 3.x), one per coordinator this broker serves, labels ``cluster`` and
+    ``coordinator_id``: counted since this broker loaded it (a coordinator that moves
+    starts again at 0 on its new broker, as in Pulsar). ``append_log`` counts writes of
+    the coordinator's records to etcd (its log here). Pulsar's execution-latency
+    buckets are not kept."""
+
+    def __init__(self, service: BrokerService) -> None:
+        self._service = service
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        coordinators = self._service.transactions
+        if coordinators is None:
+            return
+        labels = ["cluster", "coordinator_id"]
+        active = GaugeMetricFamily("pulsar_txn_active_count", "Transactions open or ending on the coordinator",
+                                   labels=labels)
+        counters = {
+            "created": CounterMetricFamily("pulsar_txn_created", "Transactions created", labels=labels),
+            "committed": CounterMetricFamily("pulsar_txn_committed", "Transactions committed", labels=labels),
+            "aborted": CounterMetricFamily("pulsar_txn_aborted", "Transactions aborted (timeouts included)",
+                                           labels=labels),
+            "timed_out": CounterMetricFamily("pulsar_txn_timeout", "Transactions aborted by their timeout",
+                                             labels=labels),
+            "record_writes": CounterMetricFamily("pulsar_txn_append_log",
+                                                 "Writes of the coordinator's transaction records (etcd)",
+                                                 labels=labels),
+        }
+        cluster = self._service.config.cluster
+        for coordinator in coordinators.served():
+            values = [cluster, str(coordinator.coordinator_id)]
+            active.add_metric(values, len(coordinator.records))
+            for attribute, family in counters.items():
+                family.add_metric(values, getattr(coordinator, attribute))
+        yield active
+        yield from counters.values()
 
 
 class _PartitionCallsCollector(Collector):

@@ -22,10 +22,16 @@ pending in transactions.
   slowest cursor's first unacknowledged entry: transactional entries with no marker
   after them are open again, aborted ones hidden again. Entries before the slowest
   cursor are acknowledged by every subscription, so their outcome no longer matters.
-- **Acknowledgements in a transaction** are checked for conflicts, written to etcd
-  (transactions/store.py) and only then answered; commit applies them to the cursor and
-  flushes it before the coordinator is answered; abort drops them and asks the
-  dispatcher to deliver them again. Loading the topic restores them.
+- **Acknowledgements in a transaction** (individual on any subscription, cumulative on
+  exclusive and failover ones) are checked for conflicts, written to etcd
+  (transactions/store.py) and only then answered. From then on the subscription's
+  dispatcher holds the messages back (``Subscription.held_acks``, the port
+  subscriptions/ports.HeldAcks: neither delivered nor redelivered, to any consumer),
+  and on a shared subscription they no longer count as unacknowledged at their
+  consumer. Commit applies them to the cursor and flushes it before the coordinator is
+  answered; abort releases them (``Subscription.release_held``: delivered again, the
+  redelivery count raised). Loading the topic restores them before any consumer can
+  attach, so a restart does not deliver them again either.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from common.errors import MagnetarError, NotAllowed, ServiceNotReady
+from common.errors import MagnetarError, NotAllowed, ServiceNotReady, TransactionConflict
 from common.position import ManagedEntry, Position
 from metadata import keys
 from protocol.codec import decode_stored, encode_stored, stored_metadata
@@ -43,7 +49,7 @@ from protocol.proto import pulsar_api_pb2 as pb
 from runtime.eager_future import call_when_done
 from subscriptions.ports import AckedMessage
 from transactions.buffer import MARKER_TXN_ABORT, MARKER_TXN_COMMIT, TransactionBuffer
-from transactions.pending_acks import PendingAck, PendingAcks
+from transactions.pending_acks import PendingAck, PendingAcks, TxnAcks
 from transactions.records import TxnId
 from transactions.store import PendingAckStore
 
@@ -238,39 +244,80 @@ class TopicTransactions:
 
     # --- acknowledgements -------------------------------------------------------------------------
 
+    def _pending_of(self, subscription: "Subscription") -> PendingAcks:
+        """The subscription's pending acknowledgements, which its dispatcher consults
+        from now on (subscriptions/ports.HeldAcks: held entries are not delivered)."""
+        pending = self.pending.setdefault(subscription.name, PendingAcks())
+        subscription.held_acks = pending
+        return pending
+
     async def acknowledge(self, subscription: "Subscription", txn_id: TxnId, acks: list[AckedMessage],
                           *, cumulative: bool) -> None:
-        if cumulative:
-            raise NotAllowed("cumulative acknowledgement in a transaction is not supported")
-        pending = self.pending.setdefault(subscription.name, PendingAcks())
+        """Holds ``acks`` in ``txn_id`` (raises what refuses them: the caller answers
+        with it). Durable (etcd) before it returns; from then on the messages are held
+        back from every consumer of the subscription until the transaction ends."""
+        pending = self._pending_of(subscription)
         entries: list[PendingAck] = [(a.position, a.ack_set, a.batch_size) for a in acks]
-        pending.add(txn_id, entries)
+        cursor = subscription.cursor
+        if cumulative:
+            if subscription.mode.shares_messages:
+                raise NotAllowed("cumulative acknowledgement is not allowed on shared subscriptions")
+            if len(entries) != 1:
+                raise NotAllowed(f"a cumulative acknowledgement names one message, not {len(entries)}")
+            previous = pending.add_cumulative(txn_id, entries[0], cursor.mark_delete_position)
+            undo = lambda: pending.restore_cumulative(previous)   # noqa: E731
+        else:
+            for position, _ack_set, _size in entries:
+                if cursor.is_acked(position):
+                    # Pulsar's rule: acknowledged before (plainly, or by a committed
+                    # transaction) cannot be acknowledged again in a transaction.
+                    raise TransactionConflict(f"message {position} is acknowledged already")
+            replaced = pending.add(txn_id, entries)
+            undo = lambda: pending.undo(txn_id, entries, replaced)   # noqa: E731
         try:
             await self._ack_store.write(subscription.name, txn_id, pending.encode(txn_id))
         except BaseException:
             # Not durable: not pending either (the client is told it failed). An
             # acknowledgement of the same transaction made durable before stays.
-            pending.remove(txn_id, [position for position, _a, _s in entries])
+            undo()
+            # Held while the write was in flight, a message may have been passed over
+            # by the dispatcher (its consumer left, a redelivery): delivered again.
+            released = [position for position, _a, _s in entries if not pending.holds(position)]
+            if released:
+                subscription.release_held([] if cumulative else released,
+                                          through=released[-1] if cumulative else None, leave_sent=True)
             raise
+        if not cumulative:
+            subscription.hold([position for position, ack_set, size in entries
+                               if pending.holds(position)])
 
     async def end_on_subscription(self, subscription: "Subscription | None", name: str, txn_id: TxnId,
                                   *, commit: bool) -> None:
         pending = self.pending.get(name)
-        acks = pending.take(txn_id) if pending is not None else []
-        if subscription is not None and acks:
-            acked = [AckedMessage(position, ack_set, size) for position, ack_set, size in acks]
+        acks = pending.take(txn_id) if pending is not None else TxnAcks()
+        if subscription is not None and (acks.individual or acks.cumulative is not None):
+            acked = [AckedMessage(position, ack_set, size) for position, ack_set, size in acks.individual]
             if commit:
-                subscription.acknowledge(None, acked, cumulative=False)
+                if acked:
+                    subscription.acknowledge(None, acked, cumulative=False)
+                if acks.cumulative is not None:
+                    position, ack_set, size = acks.cumulative
+                    if subscription.mode.shares_messages:
+                        # Made shared since (every consumer left, a shared one came):
+                        # the acknowledgement still stands, straight on the cursor.
+                        subscription.cursor.ack_cumulative(position, list(ack_set) if ack_set else None)
+                    else:
+                        subscription.acknowledge(None, [AckedMessage(position, ack_set, size)], cumulative=True)
                 # Durable before the coordinator hears it: after this the acknowledgement
                 # survives any crash, and the pending record may go.
                 await subscription.cursor.flush()
             else:
-                positions = [a.position for a in acked]
-                for consumer in subscription.consumers:
-                    subscription.redeliver(consumer, positions)
+                through = acks.cumulative[0] if acks.cumulative is not None else None
+                subscription.release_held([a.position for a in acked], through=through)
         await self._ack_store.delete(name, txn_id)
-        log.info("transaction ended on subscription: topic=%s subscription=%s txn=%s action=%s acks=%d",
-                 self._topic.full_name, name, txn_id, "commit" if commit else "abort", len(acks))
+        log.info("transaction ended on subscription: topic=%s subscription=%s txn=%s action=%s acks=%d "
+                 "cumulative=%s", self._topic.full_name, name, txn_id, "commit" if commit else "abort",
+                 len(acks.individual), acks.cumulative[0] if acks.cumulative is not None else None)
 
     # --- recovery -----------------------------------------------------------------------------------
 
@@ -300,7 +347,12 @@ class TopicTransactions:
         for name, by_txn in (await self._ack_store.load()).items():
             pending = self.pending.setdefault(name, PendingAcks())
             for txn_id, acks in by_txn.items():
-                pending.add(txn_id, acks)
+                pending.restore(txn_id, acks)
+            subscription = self._topic.subscriptions.get(name)
+            if subscription is not None:
+                # Held back from the first read on: a new owner reads from the
+                # mark-delete position and would deliver them again.
+                subscription.held_acks = pending
         log.info("transaction buffer recovered: topic=%s entries_read=%d open=%d aborted=%d pending_ack_txns=%d "
                  "seconds=%.3f", self._topic.full_name, read, len(self.buffer.open), len(self.buffer.aborted),
                  sum(len(p.by_txn) for p in self.pending.values()), time.monotonic() - started)

@@ -98,6 +98,14 @@ class Coordinator:
         # One writer at a time per transaction record: requests for one transaction
         # are applied in turn (different transactions do not wait for each other).
         self.locks: dict[TxnId, asyncio.Lock] = {}
+        # Since this broker loaded it (Pulsar's coordinator stats and pulsar_txn_*
+        # metrics; they start again where the coordinator moves, as Pulsar's do).
+        self.loaded_at_ms = int(time.time() * 1000)
+        self.created = 0
+        self.committed = 0
+        self.aborted = 0
+        self.timed_out = 0
+        self.record_writes = 0   # the "transaction log" appends: etcd record writes
 
     def lock(self, txn_id: TxnId) -> asyncio.Lock:
         return self.locks.setdefault(txn_id, asyncio.Lock())
@@ -129,6 +137,11 @@ class TransactionCoordinators:
     @property
     def count(self) -> int:
         return self._config.transaction_coordinators
+
+    def served(self) -> list[Coordinator]:
+        """The coordinators loaded here (this broker serves their assign partitions, as
+        of its last check), by id."""
+        return [self._coordinators[n] for n in sorted(self._coordinators)]
 
     # --- start -------------------------------------------------------------------------------------
 
@@ -167,6 +180,7 @@ class TransactionCoordinators:
                         log.info("transaction timed out, aborting: txn=%s", record.txn_id)
                         try:
                             await self._decide(coordinator, record.txn_id, commit=False)
+                            coordinator.timed_out += 1
                         except MagnetarError as error:
                             log.warning("timed-out transaction not aborted yet: txn=%s error=%s", record.txn_id,
                                         error)
@@ -263,10 +277,13 @@ class TransactionCoordinators:
             raise Overloaded(f"coordinator {coordinator_id} has {len(coordinator.records)} open transactions, "
                              "the most allowed")
         txn_id = await coordinator.store.next_txn_id()
-        record = TxnRecord(txn_id, TxnStatus.OPEN, int(time.time() * 1000) + timeout_ms_for(txn_ttl), owner=owner)
+        now_ms = int(time.time() * 1000)
+        record = TxnRecord(txn_id, TxnStatus.OPEN, now_ms + timeout_ms_for(txn_ttl), owner=owner, opened_ms=now_ms)
         async with coordinator.lock(txn_id):
             await coordinator.store.write(record)
+            coordinator.record_writes += 1
             coordinator.records[txn_id] = record
+        coordinator.created += 1
         log.debug("transaction opened: txn=%s deadline_ms=%d", txn_id, record.deadline_ms)
         return txn_id
 
@@ -283,6 +300,7 @@ class TransactionCoordinators:
                 for name in names:
                     await self._mark_topic(name)
                 await coordinator.store.write(updated)
+                coordinator.record_writes += 1
                 coordinator.records[txn_id] = updated
 
     async def _mark_topic(self, name: str) -> None:
@@ -313,6 +331,7 @@ class TransactionCoordinators:
                 for topic, _name in pairs:
                     await self._mark_topic(topic)
                 await coordinator.store.write(updated)
+                coordinator.record_writes += 1
                 coordinator.records[txn_id] = updated
 
     async def end(self, txn_id: TxnId, *, commit: bool, role: str | None = None) -> None:
@@ -343,6 +362,7 @@ class TransactionCoordinators:
             decided = record.ended_by(commit)
             if decided != record:
                 await coordinator.store.write(decided)   # the decision point
+                coordinator.record_writes += 1
                 coordinator.records[txn_id] = decided
                 log.info("transaction decided: txn=%s action=%s partitions=%d subscriptions=%d", txn_id,
                          "commit" if commit else "abort", len(decided.partitions), len(decided.subscriptions))
@@ -372,6 +392,11 @@ class TransactionCoordinators:
             coordinator.records.pop(record.txn_id, None)
             coordinator.locks.pop(record.txn_id, None)
             coordinator.remember_ended(record.txn_id, commit)
+            coordinator.record_writes += 1
+            if commit:
+                coordinator.committed += 1
+            else:
+                coordinator.aborted += 1
         log.info("transaction ended: txn=%s action=%s", record.txn_id, "commit" if commit else "abort")
 
     async def _until_done(self, attempt, what: str) -> None:

@@ -169,6 +169,14 @@ class Dispatcher(abc.ABC):
         """Sends the given unacknowledged entries again (None: all of the consumer's),
         their redelivery counts raised unless not ``counted``."""
 
+    @abc.abstractmethod
+    def release(self, positions: list[Position], *, through: Position | None = None,
+                leave_sent: bool = False) -> None:
+        """Entries held back for an open transaction (ports.HeldAcks) are released (it
+        aborted): ``positions``, and every entry up to ``through`` when given (a
+        cumulative acknowledgement), are delivered again unless acknowledged, their
+        redelivery counts raised (``leave_sent``: not those a consumer still holds)."""
+
     async def close(self) -> None:
         if self._throttle_timer is not None:
             self._throttle_timer.cancel()
@@ -344,10 +352,16 @@ class Dispatcher(abc.ABC):
 
     def _prepare(self, entry: ManagedEntry) -> tuple[int, list[int] | None] | None:
         """(message count, ack_set to send) for an entry still to deliver; None if it
-        is acknowledged already."""
+        is acknowledged already, or held acknowledged by an open transaction."""
         cursor = self.subscription.cursor
         if cursor.is_acked(entry.position):
             return None
+        held = getattr(self.subscription, "held_acks", None)
+        unheld = None
+        if held is not None:
+            if held.holds(entry.position):
+                return None   # acknowledged in an open transaction (ports.HeldAcks)
+            unheld = held.unheld_bits(entry.position)
         try:
             count = message_count(stored_metadata(entry.data))
         except MagnetarError as error:
@@ -355,9 +369,13 @@ class Dispatcher(abc.ABC):
                       self.subscription.full_name, entry.position, error)
             return None
         partial = cursor.unacked_batch_bits(entry.position)
-        if partial is None:
+        if partial is None and unheld is None:
             return count, None
-        size, bits = partial
+        size, bits = partial if partial is not None else (count, (1 << count) - 1)
+        if unheld is not None:
+            bits &= unheld    # a batch held in part: its held messages are not sent
+            if not bits:
+                return None
         return count, int_to_ack_set_words(bits, max(size, count))
 
     def _check_end_of_topic(self) -> None:
@@ -430,6 +448,22 @@ class SingleActiveDispatcher(Dispatcher):
         start = self.subscription.ledger.next_position(cursor.mark_delete_position)
         if counted:
             self.subscription.count_redelivery_range(start, cursor.read_position)
+        cursor.rewind()
+        self._hold_compacted_start()
+        self.wake()
+
+    def release(self, positions: list[Position], *, through: Position | None = None,
+                leave_sent: bool = False) -> None:
+        """As ``redeliver``: a rewind to the first unacknowledged entry (the order of
+        an exclusive subscription allows no other), the released entries counted."""
+        cursor = self.subscription.cursor
+        for position in positions:
+            if not cursor.is_acked(position) and (through is None or position > through):
+                self.subscription.count_redelivery(position)
+        if through is not None:
+            ledger = self.subscription.ledger
+            self.subscription.count_redelivery_range(ledger.next_position(cursor.mark_delete_position),
+                                                     ledger.next_position(through))
         cursor.rewind()
         self._hold_compacted_start()
         self.wake()

@@ -251,6 +251,26 @@ class SharedDispatcher(Dispatcher):
         if chosen:
             self.wake()
 
+    def release(self, positions: list[Position], *, through: Position | None = None,
+                leave_sent: bool = False) -> None:
+        """Released entries join the replay set (cumulative acknowledgements, hence
+        ``through``, do not exist on shared modes). One still pending at a consumer
+        (acknowledged in part, so never held) is taken from it first."""
+        assert through is None, "a cumulative acknowledgement on a shared subscription"
+        cursor = self.subscription.cursor
+        released = 0
+        for position in positions:
+            if cursor.is_acked(position) or (leave_sent and position in self.pending):
+                continue
+            consumer = self.pending.pop(position, None)
+            if consumer is not None:
+                state = self._states[consumer]
+                state.unacked_messages -= state.pending.pop(position, 0)
+            self._add_replay(position, count=True)
+            released += 1
+        if released:
+            self.wake()
+
     def _add_replay(self, position: Position, *, count: bool) -> None:
         if count:
             self.subscription.count_redelivery(position)

@@ -12,6 +12,8 @@ imports ``broker/``; it is driven through plain values and talks back through th
 - ``PositionSource`` / ``EntrySource``: the managed ledger a cursor moves over and a
   dispatcher reads from.
 - ``AckedMessage``: one message id of an acknowledgement, decoded by the broker.
+- ``HeldAcks``: messages acknowledged where the subscription cannot see it yet (the
+  broker's transactions: Pulsar's pending-ack state), held back from delivery.
 """
 
 from __future__ import annotations
@@ -105,6 +107,22 @@ class AckedMessage:
     position: Position
     ack_set: tuple[int, ...] | None = None
     batch_size: int = 0
+
+
+class HeldAcks(Protocol):
+    """Acknowledgements a subscription holds pending outside its cursor (the broker's
+    open transactions, broker/topic_transactions.py). A held entry is treated as
+    acknowledged by the dispatcher — not delivered, not redelivered, whatever asks
+    (a consumer leaving, a redelivery request, a rewind, a new owner reading from the
+    mark-delete position) — until the holder applies it (the cursor acknowledges it)
+    or releases it (``Subscription.release_held``: delivered again)."""
+
+    def holds(self, position: Position) -> bool: ...
+
+    def unheld_bits(self, position: Position) -> int | None:
+        """For a batch entry held in part: its messages not held, as ack-set bits (bit
+        i set: message i may be sent); None when no part of it is held."""
+        ...
 
 
 class DispatchThrottle(Protocol):

@@ -21,7 +21,7 @@ from subscriptions.cursor import ManagedCursor
 from subscriptions.dispatcher import Dispatcher, SingleActiveDispatcher
 from subscriptions.dispatcher_shared import KeySharedDispatcher, SharedDispatcher
 from subscriptions.mode import SubscriptionMode
-from subscriptions.ports import AckedMessage, ConsumerPort, EntrySource
+from subscriptions.ports import AckedMessage, ConsumerPort, EntrySource, HeldAcks
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,9 @@ class Subscription:
         # Loops of dispatchers replaced by a mode change, until their cancellation ends.
         self._retired_loops: set[asyncio.Task[None]] = set()
         self.compacted_source_of: Callable[[], CompactedSource | None] = lambda: None
+        # Acknowledgements pending in open transactions (ports.HeldAcks), set by the
+        # broker once a transaction acknowledges here; None: nothing held.
+        self.held_acks: HeldAcks | None = None
 
     def compacted_view(self) -> CompactedSource | None:
         """The compacted ledger to serve before the topic itself (None: read the
@@ -140,6 +143,23 @@ class Subscription:
         on_acked = getattr(self.dispatcher, "on_acked", None)
         if on_acked is not None and done:
             on_acked(done)
+
+    def hold(self, positions: Sequence[Position]) -> None:
+        """``positions`` were acknowledged in an open transaction (``held_acks`` holds
+        them now): no longer unacknowledged at their consumer (its unacknowledged
+        count drops, as Pulsar's does), and not to be redelivered."""
+        on_acked = getattr(self.dispatcher, "on_acked", None)
+        if on_acked is not None and positions:
+            on_acked(list(positions))
+
+    def release_held(self, positions: Sequence[Position], *, through: Position | None = None,
+                     leave_sent: bool = False) -> None:
+        """The transaction that held ``positions`` (and, for a cumulative
+        acknowledgement, every entry up to ``through``) aborted: what is not
+        acknowledged otherwise is delivered again, its redelivery count raised.
+        ``leave_sent``: a position still unacknowledged at a consumer stays there (the
+        hold was taken back before it took effect)."""
+        self.dispatcher.release(list(positions), through=through, leave_sent=leave_sent)
 
     def redeliver(self, consumer: ConsumerPort, positions: Sequence[Position], *, counted: bool = True) -> None:
         """The client asks for ``positions`` again (negative ack, ack timeout); none:

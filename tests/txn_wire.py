@@ -54,6 +54,7 @@ class Received:
     entry_id: int
     payload: bytes
     metadata: pb.MessageMetadata
+    redelivery_count: int = 0
 
 
 @dataclass
@@ -121,7 +122,8 @@ class WireConnection:
                     queue = self.messages.get(message.consumer_id)
                     if queue is not None:
                         queue.put_nowait(Received(message.message_id.ledgerId, message.message_id.entryId,
-                                                  bytes(frame.payload.payload), frame.payload.metadata))
+                                                  bytes(frame.payload.payload), frame.payload.metadata,
+                                                  message.redelivery_count))
                 elif command.type in _ANSWER_FIELDS:
                     future = self.waiting.pop(getattr(command, _ANSWER_FIELDS[command.type]).request_id, None)
                     if future is not None and not future.done():
@@ -269,16 +271,39 @@ class WireConsumer:
                                                                         messagePermits=1))))
         return received
 
-    async def ack(self, message: Received, txn: Transaction | None = None) -> None:
+    async def ack(self, message: Received, txn: Transaction | None = None, *, cumulative: bool = False,
+                  ack_set: tuple[int, ...] | None = None, batch_size: int | None = None) -> None:
+        """Acknowledges ``message`` (``cumulative``: it and everything before it), in
+        ``txn`` when given (adding the subscription first, as the Java client does);
+        ``ack_set``: only some messages of a batch entry (the words of those left
+        unacknowledged, with ``batch_size``), as a batch-index acknowledgement."""
         connection = self.connection
         if txn is not None and (self.topic, self.subscription) not in txn.subscriptions:
             await (txn.via or connection).add_subscription(txn, self.topic, self.subscription)
-        ack = pb.CommandAck(consumer_id=self.consumer_id, ack_type=pb.CommandAck.Individual,
-                            message_id=[pb.MessageIdData(ledgerId=message.ledger_id, entryId=message.entry_id)],
+        ack = pb.CommandAck(consumer_id=self.consumer_id,
+                            ack_type=pb.CommandAck.Cumulative if cumulative else pb.CommandAck.Individual,
+                            message_id=[pb.MessageIdData(ledgerId=message.ledger_id, entryId=message.entry_id,
+                                                         ack_set=list(ack_set or ()), batch_size=batch_size)],
                             request_id=next(connection.request_ids))
         if txn is not None:
             ack.txnid_most_bits, ack.txnid_least_bits = txn.most, txn.least
         await connection.request(ack)
+
+    def redeliver_unacknowledged(self) -> None:
+        """REDELIVER_UNACKNOWLEDGED_MESSAGES for everything this consumer holds (no
+        answer comes: the broker sends them again)."""
+        self.connection.writer.write(encode_command(wrap(pb.CommandRedeliverUnacknowledgedMessages(
+            consumer_id=self.consumer_id))))
+
+    async def received_within(self, quiet_s: float) -> list[Received]:
+        """What arrives until ``quiet_s`` passes with nothing new (permits granted back
+        as ``receive`` does)."""
+        got = []
+        while True:
+            try:
+                got.append(await self.receive(timeout_s=quiet_s))
+            except TimeoutError:
+                return got
 
     async def close(self) -> None:
         connection = self.connection

@@ -76,6 +76,8 @@ class TxnRecord:
     # The role that opened it (None with authentication off): only that role, or a
     # superuser, may add to it or end it (Pulsar's verifyTxnOwnership).
     owner: str | None = None
+    # When it was opened (epoch ms; 0 in records written before this field existed).
+    opened_ms: int = 0
 
     def owned_by(self, role: str | None) -> bool:
         return self.owner is None or self.owner == role
@@ -127,6 +129,7 @@ class TxnRecord:
             "version": FORMAT_VERSION, "txn": self.txn_id.text, "status": self.status.value,
             "deadline_ms": self.deadline_ms, "partitions": list(self.partitions),
             "subscriptions": [list(pair) for pair in self.subscriptions], "owner": self.owner,
+            "opened_ms": self.opened_ms,
         }, separators=(",", ":")).encode()
 
     @classmethod
@@ -138,7 +141,8 @@ class TxnRecord:
             return cls(TxnId.parse(body["txn"]), TxnStatus(body["status"]), int(body["deadline_ms"]),
                        tuple(str(p) for p in body["partitions"]),
                        tuple((str(t), str(s)) for t, s in body["subscriptions"]),
-                       None if body.get("owner") is None else str(body["owner"]))
+                       None if body.get("owner") is None else str(body["owner"]),
+                       int(body.get("opened_ms", 0)))
         except (ValueError, KeyError, TypeError, AssertionError) as error:
             raise MetadataError(f"undecodable transaction record: {error}") from None
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from common.errors import MetadataError, MetadataVersionConflict, TransactionNotFound
 from metadata import keys
 from metadata.store import MetadataStore
-from transactions.pending_acks import PendingAck, decode_acks
+from transactions.pending_acks import TxnAcks, decode_acks
 from transactions.records import TxnId, TxnRecord
 
 # Ids of one coordinator: the counter is 63 bits so that ids stay Java longs.
@@ -81,11 +81,11 @@ class PendingAckStore:
     async def delete(self, subscription: str, txn_id: TxnId) -> None:
         await self._store.delete(keys.pending_acks(self._topic_key_path, subscription, txn_id.text))
 
-    async def load(self) -> dict[str, dict[TxnId, list[PendingAck]]]:
+    async def load(self) -> dict[str, dict[TxnId, TxnAcks]]:
         from urllib.parse import unquote
 
         prefix = keys.pending_acks_of_topic(self._topic_key_path)
-        found: dict[str, dict[TxnId, list[PendingAck]]] = {}
+        found: dict[str, dict[TxnId, TxnAcks]] = {}
         for stored in await self._store.get_prefix(prefix):
             subscription, _, txn_text = stored.key[len(prefix):].rpartition("/")
             found.setdefault(unquote(subscription), {})[TxnId.parse(txn_text)] = decode_acks(stored.value)

@@ -147,10 +147,10 @@ class PartitionCalls:
         return None if answer is ABSENT else answer
 
     async def call(self, method: str, owner: OwnerInfo, partition: TopicName, suffix: str = "", *,
-                   body: object = None, query: dict[str, str] | None = None) -> object:
-        """``<method> /admin/v2/<partition>[/<suffix>]`` of the broker serving
-        ``partition`` (``body`` sent as JSON unless None): its JSON answer (None for an
-        empty one), or ``ABSENT`` for a 404."""
+                   body: object = None, query: dict[str, str] | None = None, path: str | None = None) -> object:
+        """``<method> /admin/v2/<partition>[/<suffix>]`` (or ``path``, another path about
+        ``partition``) of the broker serving ``partition`` (``body`` sent as JSON unless
+        None): its JSON answer (None for an empty one), or ``ABSENT`` for a 404."""
         config = self._service.config
         if config.plain_ports_enabled and owner.web_service_url:
             base, ssl_context = owner.web_service_url, None
@@ -160,7 +160,8 @@ class PartitionCalls:
             base, ssl_context = owner.web_service_url_tls, self._ssl_context
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PARTITION_CALL_TIMEOUT_S))
-        url = f"{base}/admin/v2/{partition.rest_path}" + (f"/{suffix}" if suffix else "")
+        url = f"{base}{path}" if path is not None else \
+            f"{base}/admin/v2/{partition.rest_path}" + (f"/{suffix}" if suffix else "")
         counts = self._service.partition_calls
         try:
             async with self._session.request(method, url, headers=self._headers, ssl=ssl_context,

@@ -23,6 +23,7 @@ from broker.admin import (
     tenants,
     topic_policies,
     topics,
+    transactions,
 )
 from broker.service import BrokerService
 
@@ -44,3 +45,4 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
     archive.add_routes(app, service)
     schemas.add_routes(app, service)
     console.add_routes(app, service)
+    transactions.add_routes(app, service)

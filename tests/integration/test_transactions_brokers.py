@@ -14,15 +14,19 @@ transaction may not end it (AuthorizationError; Pulsar's ownership rule); a comm
 on broker X delivers the outputs stored on broker Y and applies
 the acknowledgement made on Y; an abort on X hides Y's outputs; a transaction open when
 X is killed is committed afterwards through whichever broker serves its coordinator
-then (its record was in etcd), and its outputs are delivered.
+then (its record was in etcd), and its outputs are delivered. Each broker's
+/admin/v3/transactions/coordinators answers for every coordinator, gathering the
+other broker's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
+import urllib.request
 
 import pulsar
 import pytest
@@ -34,6 +38,19 @@ from tests.integration.test_transactions import receive_all, topic_name
 from tests.txn_wire import ASSIGN_TOPIC, TxnError, WireConnection
 
 pytestmark = [pytest.mark.timeout(400), pytest.mark.long]
+
+
+def admin_json(base: str, path: str, token: str) -> object:
+    request = urllib.request.Request(f"{base}{path}", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        return json.loads(answer.read())
+
+
+def coordinator_stats_of_each_broker(admin_url: str, token: str) -> dict[str, dict]:
+    """{broker web address: its answer to /admin/v3/transactions/coordinators}."""
+    (cluster,) = admin_json(admin_url, "/admin/v2/clusters", token)
+    return {address: admin_json(f"http://{address}", "/admin/v3/transactions/coordinators", token)
+            for address in admin_json(admin_url, f"/admin/v2/brokers/{cluster}", token)}
 
 
 async def owner_not(connection: WireConnection, avoid: str, prefix: str) -> str:
@@ -89,6 +106,14 @@ async def test_a_transaction_whose_coordinator_and_topics_are_on_different_broke
             assert await asyncio.to_thread(receive_all, reader, 1000) == []
             await on_x.end(t1, commit=True)
             assert await asyncio.to_thread(receive_all, reader, 3000) == [b"t1-0", b"t1-1"]
+
+            # Each broker's /admin/v3/transactions/coordinators answers for every
+            # coordinator (4, the default), gathering those the other broker serves.
+            stats_by_broker = await asyncio.to_thread(coordinator_stats_of_each_broker, ready["admin_url"], token)
+            assert len(stats_by_broker) == 2, stats_by_broker
+            for address, stats in stats_by_broker.items():
+                assert sorted(stats) == ["0", "1", "2", "3"], (address, stats)
+                assert all(one["state"] == "Ready" for one in stats.values()), (address, stats)
 
             # Another role may not end (or add to) a transaction it did not open.
             signer = TokenSigner.with_secret_key(read_key_value(os.path.join(ready["data_dir"], "auth", "secret.key")))

@@ -9,7 +9,7 @@ import pytest
 from common.errors import InvalidTxnStatus, MetadataError, NotAllowed, Overloaded, TransactionConflict
 from common.position import Position
 from transactions.buffer import MARKER_TXN_ABORT, MARKER_TXN_COMMIT, TransactionBuffer
-from transactions.pending_acks import PendingAcks, decode_acks
+from transactions.pending_acks import PendingAcks, TxnAcks, decode_acks
 from transactions.records import (
     PARTITIONS_PER_TXN_MAX,
     TIMEOUT_S_MAX,
@@ -150,11 +150,11 @@ def test_a_message_is_acknowledged_in_one_transaction_at_a_time():
     with pytest.raises(TransactionConflict):
         pending.add(B, [(p(3), None, 0), (p(2), None, 0)])
     assert not pending.is_pending(p(3))   # a refused add holds nothing
-    assert decode_acks(pending.encode(A)) == [(p(1), None, 0), (p(2), None, 0)]
-    assert sorted(a[0] for a in pending.take(A)) == [p(1), p(2)]
+    assert decode_acks(pending.encode(A)) == TxnAcks(((p(1), None, 0), (p(2), None, 0)))
+    assert sorted(a[0] for a in pending.take(A).individual) == [p(1), p(2)]
     assert len(pending) == 0
     pending.add(B, [(p(2), (7, 0), 64)])
-    assert decode_acks(pending.encode(B)) == [(p(2), (7, 0), 64)]
+    assert decode_acks(pending.encode(B)) == TxnAcks(((p(2), (7, 0), 64),))
     pending.remove(B, [p(2)])
     assert len(pending) == 0 and not pending.by_txn
 
@@ -162,6 +162,64 @@ def test_a_message_is_acknowledged_in_one_transaction_at_a_time():
 def test_undecodable_pending_acks_are_a_metadata_error():
     with pytest.raises(MetadataError):
         decode_acks(b"[[1]]")
+    with pytest.raises(MetadataError):
+        decode_acks(b'"text"')
+    with pytest.raises(MetadataError):
+        decode_acks(b'{"cumulative": [1, 2]}')
+
+
+def test_whole_entries_acknowledged_in_a_transaction_are_held_back_and_batches_in_part_are_not():
+    pending = PendingAcks()
+    replaced = pending.add(A, [(p(1), None, 0), (p(2), (0b110,), 3)])
+    assert pending.holds(p(1)) and not pending.holds(p(2)) and not pending.holds(p(3))
+    # The same transaction acknowledges the rest of the batch: the whole entry is held.
+    pending.add(A, [(p(2), (0b001,), 3)])
+    assert pending.holds(p(2)) and pending.by_txn[A][p(2)][1] == (0,)
+    pending.undo(A, [(p(2), (0b001,), 3)], [(p(2), (0b110,), 3)])
+    assert not pending.holds(p(2)) and pending.by_txn[A][p(2)][1] == (0b110,)
+    pending.undo(A, [(p(1), None, 0), (p(2), (0b110,), 3)], replaced)
+    assert len(pending) == 0 and not pending.by_txn and not pending.holds(p(1))
+    # What of a batch held in part may still go out (bit i: message i not held).
+    assert pending.unheld_bits(p(2)) is None      # undone above
+    pending.add(A, [(p(2), (0b110,), 3)])
+    assert pending.unheld_bits(p(2)) == 0b110 and pending.unheld_bits(p(1)) is None
+    pending.add(A, [(p(2), (-2,), 64)])           # int64 words as on the wire: all but message 0
+    assert pending.unheld_bits(p(2)) == 0b110
+    pending.remove(A, [p(2)])
+    # An ack set with nothing left is the whole entry.
+    pending.add(B, [(p(4), (0,), 3)])
+    assert pending.holds(p(4))
+    assert pending.take(B) == TxnAcks(((p(4), (0,), 3),)) and not pending.holds(p(4))
+
+
+def test_one_cumulative_acknowledgement_at_a_time_holds_everything_up_to_it():
+    pending = PendingAcks()
+    mark = p(2)
+    with pytest.raises(TransactionConflict):            # acknowledged by the cursor already
+        pending.add_cumulative(A, (p(2), None, 0), mark)
+    assert pending.add_cumulative(A, (p(5), None, 0), mark) is None
+    assert pending.holds(p(3)) and pending.holds(p(5)) and not pending.holds(p(6))
+    with pytest.raises(TransactionConflict):            # another transaction's
+        pending.add_cumulative(B, (p(7), None, 0), mark)
+    with pytest.raises(TransactionConflict):            # not past its own
+        pending.add_cumulative(A, (p(5), None, 0), mark)
+    with pytest.raises(TransactionConflict):            # an individual ack under A's cumulative one
+        pending.add(B, [(p(4), None, 0)])
+    pending.add(B, [(p(9), None, 0)])
+    with pytest.raises(TransactionConflict):            # a cumulative ack over B's individual one
+        pending.add_cumulative(A, (p(10), None, 0), mark)
+    previous = pending.add_cumulative(A, (p(8), (0b100,), 3), mark)   # the batch at 8 in part
+    assert pending.holds(p(7)) and not pending.holds(p(8)) and pending.unheld_bits(p(8)) == 0b100
+    assert decode_acks(pending.encode(A)) == TxnAcks((), (p(8), (0b100,), 3))
+    assert decode_acks(pending.encode(B)) == TxnAcks(((p(9), None, 0),))
+    pending.restore_cumulative(previous)
+    assert pending.cumulative == (A, (p(5), None, 0))
+    assert pending.txns == {A, B} and len(pending) == 2
+    assert pending.take(A) == TxnAcks((), (p(5), None, 0)) and not pending.holds(p(3))
+    # Loading a topic restores both kinds as written.
+    again = PendingAcks()
+    again.restore(A, TxnAcks(((p(11), None, 0),), (p(5), None, 0)))
+    assert again.holds(p(4)) and again.holds(p(11)) and not again.holds(p(6))
 
 
 def test_the_opener_owns_a_transaction():
