@@ -34,14 +34,14 @@ from tests.hosts.network import Network  # noqa: E402
 MODES = {"abort": True, "graceful": False}
 
 
-def one_run(mode: str, seed: int, hold_s: float, keep: bool) -> dict:
+def one_run(mode: str, seed: int, hold_s: float, keepalive_s: float, keep: bool) -> dict:
     base_dir = tempfile.mkdtemp(prefix=f"magnetar-owner-{mode}-")
     network = Network()
     topology = None
     started = time.monotonic()
     try:
         network.create()
-        topology = owner_isolation.topology(network, base_dir, fence_aborts=MODES[mode])
+        topology = owner_isolation.topology(network, base_dir, fence_aborts=MODES[mode], keepalive_s=keepalive_s)
         topology.start()
         result = scenario.run(topology, owner_isolation.config(seed, hold_s), os.path.join(base_dir, "run"))
         recovery = owner_isolation.recovery(topology, result)
@@ -55,7 +55,7 @@ def one_run(mode: str, seed: int, hold_s: float, keep: bool) -> dict:
     if passed and not keep:
         shutil.rmtree(base_dir, ignore_errors=True)
     verdict = result.verdict.summary()
-    return {"mode": mode, "seed": seed, "hold_s": hold_s, "passed": passed, "wall_s": round(time.monotonic() - started, 1),
+    return {"mode": mode, "seed": seed, "hold_s": hold_s, "broker_keepalive_s": keepalive_s, "passed": passed, "wall_s": round(time.monotonic() - started, 1),
             "acknowledged": verdict["acknowledged"], "lost": verdict["lost"], "failed_sends": verdict["failed_sends"],
             "duplicates": sum(verdict["duplicates"].values()), "order_violations": verdict["order_violations"],
             "two_writers": len(verdict["two_writers"]), "consumers_complete": result.consumers_complete,
@@ -72,45 +72,50 @@ def markdown(report: dict) -> str:
         f"(pulsar-client {report['pulsar_client']}): 3 producers at {owner_isolation.RATE_PER_PRODUCER:.0f} msg/s, "
         "consumers on shared, failover and key-shared subscriptions of each topic. The owner of the first topic is "
         "isolated (its switch port down) and healed. `abort`: the fenced broker resets its client connections "
-        "(the default); `graceful`: it closes only its topics (`--fence-keeps-connections`, the former behaviour).",
+        "(the default); `graceful`: it closes only its topics (`--fence-keeps-connections`, the former behaviour). Broker keep-alive: a broker PINGs a connection "
+        "silent that long and closes it after twice that; 30 s is the default (Pulsar's too), 10 s the hosts "
+        "harness's (tests/hosts/topology.py), with which the brokers close their isolated clients' connections "
+        "themselves before a 25 s isolation ends.",
         "",
         "Stall: the longest gap between two acks of one producer overlapping the fault (from the injection to "
         "2 s after the heal). After heal: from the heal to the stalled producers' first ack.",
         "",
-        "| mode | hold (s) | acked | lost | failed sends | stall (s) | after heal (s) | consumers' stall (s) "
-        "| fenced at (s) | connections reset | other broker took over at (s) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| mode | broker keep-alive (s) | hold (s) | acked | lost | failed sends | stall (s) | after heal (s) | consumers' stall (s) "
+        "| fenced at (s) | connections reset | other broker took over at (s) | client noticed after heal (s) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for run in report["runs"]:
-        lines.append(f"| {run['mode']} | {run['hold_s']:.0f} | {run['acknowledged']} | **{run['lost']}** | "
+        lines.append(f"| {run['mode']} | {run['broker_keepalive_s']:g} | {run['hold_s']:.0f} | {run['acknowledged']} | **{run['lost']}** | "
                      f"{run['failed_sends']} | {run['stall_s']:.2f} | {run['after_heal_s']:.2f} | "
                      f"{run['consume_stall_s']:.2f} | {_num(run['fenced_after_s'])} | "
                      f"{'-' if run['aborted_connections'] is None else run['aborted_connections']} | "
-                     f"{_num(run['taken_over_after_s'])} |")
+                     f"{_num(run['taken_over_after_s'])} | {_num(run['client_noticed_after_s'], 2)} |")
     lines += ["", "## Per mode", ""]
     for mode, entry in report["per_mode"].items():
         lines.append(f"- {mode}: stall max {entry['stall_s_max']:.2f} s, mean {entry['stall_s_mean']:.2f} s; "
                      f"after heal max {entry['after_heal_s_max']:.2f} s, mean {entry['after_heal_s_mean']:.2f} s; "
-                     f"lost {entry['lost']}")
+                     f"lost {entry['lost']}, sends failed {entry['failed_sends']} ({entry['runs']} runs)")
     lines += ["", "## How the client came back (its own log lines, time relative to the heal)", ""]
     for index, run in enumerate(report["runs"]):
-        lines.append(f"Run {index + 1} ({run['mode']}):")
+        lines.append(f"Run {index + 1} ({run['mode']}, broker keep-alive {run['broker_keepalive_s']:g} s):")
         lines.append("")
         lines += [f"    {line}" for line in run["client_lines"][:12]] or ["    (no connection lines)"]
         lines.append("")
     return "\n".join(lines)
 
 
-def _num(value) -> str:
-    return "-" if value is None else f"{value:.1f}"
+def _num(value, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=2, help="runs per mode (modes alternate)")
+    parser.add_argument("--runs", type=int, default=3, help="runs per mode and keep-alive (modes alternate)")
     parser.add_argument("--hold-s", type=float, default=owner_isolation.HOLD_S)
     parser.add_argument("--modes", default="graceful,abort")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--broker-keepalive-s", default="30,10",
+                        help="comma-separated: each mode runs with each (10: the harness's, 30: Pulsar's default)")
     parser.add_argument("--out", default="bench/results/owner_isolation.json")
     parser.add_argument("--report", default="bench/results/owner_isolation.md")
     parser.add_argument("--keep", action="store_true", help="keep run directories even when they passed")
@@ -123,20 +128,25 @@ def main() -> int:
               "machine": f"{os.cpu_count()} cores, {platform.platform()}",
               "load_at_start": round(os.getloadavg()[0], 1), "pulsar_client": pulsar.__version__, "runs": []}
     modes = args.modes.split(",")
+    keepalives = [float(value) for value in args.broker_keepalive_s.split(",")]
     for index in range(args.runs):
-        for mode in modes:
-            run = one_run(mode, args.seed + index, args.hold_s, args.keep)
-            print(json.dumps({k: v for k, v in run.items() if k != "client_lines"}), flush=True)
-            report["runs"].append(run)
+        for keepalive_s in keepalives:
+            for mode in modes:
+                run = one_run(mode, args.seed + index, args.hold_s, keepalive_s, args.keep)
+                print(json.dumps({k: v for k, v in run.items() if k != "client_lines"}), flush=True)
+                report["runs"].append(run)
     report["per_mode"] = {}
-    for mode in modes:
-        runs = [run for run in report["runs"] if run["mode"] == mode]
-        report["per_mode"][mode] = {
-            "runs": len(runs), "lost": sum(run["lost"] for run in runs),
-            "stall_s_max": max(run["stall_s"] for run in runs),
-            "stall_s_mean": round(statistics.mean(run["stall_s"] for run in runs), 3),
-            "after_heal_s_max": max(run["after_heal_s"] for run in runs),
-            "after_heal_s_mean": round(statistics.mean(run["after_heal_s"] for run in runs), 3)}
+    for keepalive_s in keepalives:
+        for mode in modes:
+            runs = [run for run in report["runs"]
+                    if run["mode"] == mode and run["broker_keepalive_s"] == keepalive_s]
+            report["per_mode"][f"{mode}, broker keep-alive {keepalive_s:g} s"] = {
+                "runs": len(runs), "lost": sum(run["lost"] for run in runs),
+                "failed_sends": sum(run["failed_sends"] for run in runs),
+                "stall_s_max": max(run["stall_s"] for run in runs),
+                "stall_s_mean": round(statistics.mean(run["stall_s"] for run in runs), 3),
+                "after_heal_s_max": max(run["after_heal_s"] for run in runs),
+                "after_heal_s_mean": round(statistics.mean(run["after_heal_s"] for run in runs), 3)}
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as handle:
         json.dump(report, handle, indent=1)

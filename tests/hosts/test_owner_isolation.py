@@ -1,0 +1,79 @@
+"""The owner broker cut off the network for 25 s mid-traffic, then healed (issue 32):
+nothing acknowledged is lost, and the stall is bounded by what was measured
+(bench/results/owner_isolation.md), with margin.
+
+Topology, fault and figures: tests/hosts/owner_isolation.py. The brokers run with
+their default fence, which resets every client connection: after the heal the clients'
+first packet to the old owner is answered with a reset, they look the topics up again
+and find the broker that took the bundles over while the owner was away.
+
+Time: about 90 s of wall time on the 2-core machine (start ~15 s, traffic 57 s, drain
+and teardown), so it is marked ``long`` (make test-long).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import pytest
+
+from tests.hosts import owner_isolation, scenario
+from tests.hosts.network import Network
+
+pytestmark = pytest.mark.long
+
+SEED = int(os.environ.get("HOSTS_SEED", "32"))
+# The stall cannot be shorter than the hold (nothing reaches the isolated broker's
+# clients, and they notice nothing before the heal); after the heal, the measured runs
+# (bench/results/owner_isolation.md) came back within AFTER_HEAL_S_MEASURED. The bound
+# doubles that, plus the 2 s the figure's window runs past the heal.
+AFTER_HEAL_S_MEASURED = 3.0
+STALL_S_MAX = owner_isolation.HOLD_S + 2 * AFTER_HEAL_S_MEASURED + 2.0
+
+
+@pytest.fixture
+def topology(request):
+    base_dir = tempfile.mkdtemp(prefix="magnetar-owner-isolation-")
+    failed_before = request.session.testsfailed
+    network = Network()
+    topology = None
+    try:
+        network.create()
+        topology = owner_isolation.topology(network, base_dir)
+        topology.start()
+        yield topology
+    finally:
+        try:
+            if topology is not None:
+                topology.stop()
+        finally:
+            network.destroy()
+            if request.session.testsfailed > failed_before:
+                print(f"owner isolation test failed: server logs kept in {base_dir}")
+            else:
+                shutil.rmtree(base_dir, ignore_errors=True)
+
+
+def test_the_owner_isolated_for_25_s_loses_nothing_and_clients_return_soon_after_the_heal(topology, tmp_path,
+                                                                                         monkeypatch):
+    monkeypatch.setenv("HOSTS_CLIENT_LOG_LEVEL", "INFO")     # the client's connection lines, for the report
+    result = scenario.run(topology, owner_isolation.config(SEED), str(tmp_path / "run"))
+    recovery = owner_isolation.recovery(topology, result)
+    summary = {**result.summary(), "recovery": recovery.as_dict()}
+    print(f"seed={SEED}", summary)
+    verdict = result.verdict
+    assert verdict.acknowledged > 1000, summary
+    assert verdict.lost_count == 0, f"acknowledged messages lost (seed {SEED}): {summary}"
+    assert verdict.ok, summary
+    assert result.consumers_complete, summary
+    # The isolated broker fenced itself and reset its clients' connections...
+    assert recovery.fenced_after_s is not None, f"{recovery.target} never fenced itself: {summary}"
+    assert recovery.aborted_connections, f"{recovery.target} reset no connection when it fenced: {summary}"
+    # ...the other broker took its bundles over while it was away...
+    assert recovery.taken_over_after_s is not None and recovery.taken_over_after_s < owner_isolation.HOLD_S, summary
+    # ...and the clients were back on it soon after the heal.
+    assert recovery.stall_s >= owner_isolation.HOLD_S - 1.0, f"the fault stalled nothing: {summary}"
+    assert recovery.stall_s <= STALL_S_MAX, summary
+    assert recovery.after_heal_s <= 2 * AFTER_HEAL_S_MEASURED, summary
