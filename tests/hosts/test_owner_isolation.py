@@ -8,8 +8,8 @@ their defaults: the fence resets every client connection, and the keep-alive is 
 heal: the reset is what ends them). After the heal the clients' first packet to the old
 owner is answered with a reset, they look the topics up again and find the broker that
 took the bundles over while the owner was away. With the former graceful fence
-(``--fence-keeps-connections``) the same run stalled 32 s and 200 sends timed out
-(bench/results/owner_isolation.md).
+(``--fence-keeps-connections``) the same run stalled 27.3 s against 26.0 s (3 runs
+each), and once 31.9 s with 200 sends timed out (bench/results/owner_isolation*.md).
 
 Time: about 90 s of wall time on the 2-core machine (start ~15 s, traffic 57 s, drain
 and teardown), so it is marked ``long`` (make test-long).
