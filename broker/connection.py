@@ -354,7 +354,8 @@ class ServerConnection(LookupHandlers, ProducingHandlers, ConsumingHandlers, Adm
             self.transport.close()
 
     def abort(self) -> None:
-        """Drops the connection at once, unsent data and all: the peer gets a reset."""
+        """Drops the connection at once, unsent data and all (no close frames): the
+        socket is gone, so the peer's next packet is answered with a reset."""
         if self.transport is not None:
             write_batch.release(self.transport)
             self.transport.abort()
