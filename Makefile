@@ -348,6 +348,16 @@ partitions: setup
 	$(TEST_PYTHON_ENV) $(PY) bench/partitions.py --seed $(PARTITIONS_SEED) --minutes $(PARTITIONS_MINUTES) \
 		--out bench/results/partitions.json --report bench/results/partitions.md
 
+# The owner broker isolated 25 s mid-traffic (issue 32's 27 s stall), on a small topology,
+# with the fence resetting client connections (the default) and without
+# (--fence-keeps-connections), at the brokers' keep-alive of 30 s and 10 s: acks lost,
+# the stall, how the clients came back. About 80 s a run, 12 runs (bench/owner_isolation.py).
+OWNER_RUNS ?= 3
+.PHONY: partitions-owner
+partitions-owner: setup
+	$(TEST_PYTHON_ENV) $(PY) bench/owner_isolation.py --runs $(OWNER_RUNS) \
+		--out bench/results/owner_isolation.json --report bench/results/owner_isolation.md
+
 # A chaos run (not in make test): 3 brokers + 4 bookies under official-client load,
 # seeded faults one at a time, every acknowledged message id checked against those
 # consumed; the report goes to bench/results/chaos.json.

@@ -124,6 +124,14 @@ class BrokerConfig:
     consumers_per_topic_max: int = 10_000
     # Keep-alive: PING after this long without traffic; close after twice that.
     keepalive_interval_s: float = 30.0
+    # When the broker fences itself (its ownership lease unconfirmed, bundles/ownership.py)
+    # it aborts every client connection (the socket dropped, no close frames): after a
+    # partition heals, the client's first packet is answered with a reset and it looks its
+    # topics up again at once, instead of waiting behind backed-off retransmissions for
+    # close frames on a connection left open.
+    # False keeps the connections open and closes only the topics (the former behaviour,
+    # kept to measure against: bench/owner_isolation.py).
+    fence_aborts_connections: bool = True
     # Broker-wide entry cache for tailing reads (Pulsar's default is 1/5 of direct memory).
     entry_cache_bytes_max: int = 512 * MIB
     # Entries read from the ledger per dispatch round, and the bytes they may total.

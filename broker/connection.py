@@ -353,6 +353,13 @@ class ServerConnection(LookupHandlers, ProducingHandlers, ConsumingHandlers, Adm
             write_batch.release(self.transport)
             self.transport.close()
 
+    def abort(self) -> None:
+        """Drops the connection at once, unsent data and all (no close frames): the
+        socket is gone, so the peer's next packet is answered with a reset."""
+        if self.transport is not None:
+            write_batch.release(self.transport)
+            self.transport.abort()
+
     def _write_error(self, request_id: int, error: BaseException) -> None:
         message = error.message if isinstance(error, MagnetarError) else str(error)
         self.write_command(commands.error(request_id, server_error_for(error), message))

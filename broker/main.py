@@ -92,6 +92,9 @@ OPTIONS: list[ConfigOption] = [
     ConfigOption("--pending-sends-resume-ratio", BrokerConfig, "pending_sends_resume_ratio",
                  "a paused publisher is read again once each bound it hit is down to this share"),
     ConfigOption("--keepalive-interval-s", BrokerConfig, "keepalive_interval_s"),
+    ConfigOption("--fence-keeps-connections", BrokerConfig, "fence_aborts_connections",
+                 "on a self-fence close the topics but leave client connections open instead of resetting "
+                 "them (the former behaviour; for measurements)", switch_to=False),
     ConfigOption("--connect-timeout-s", BrokerConfig, "connect_timeout_s",
                  "a connection must finish its TLS handshake and CONNECT within this"),
     ConfigOption("--frame-timeout-s", BrokerConfig, "frame_timeout_s",

@@ -202,7 +202,9 @@ class BrokerService:
             self.broker_reports = PrefixCache(store, keys.BROKERS)
             self.ownership = OwnershipManager(store, bundles_config, identity,
                                               loaded_topics=self.loaded_topic_names, close_topics=self.close_topics,
-                                              preload_topics=self.preload_topics)
+                                              preload_topics=self.preload_topics,
+                                              on_fence=self.abort_connections if config.fence_aborts_connections
+                                              else None)
             topic_ownership = ownership = self.ownership
             self.leader = Leader(store, bundles_config, identity, lambda: ownership.lease, self.broker_reports)
             self._reporter = LoadReporter(store, bundles_config, ownership, self.load_counters)
@@ -280,6 +282,16 @@ class BrokerService:
                  target.service_url if target is not None else "-")
         await asyncio.gather(*(t.close(disconnect_clients=True, redirect=redirect) for t in topics),
                              return_exceptions=True)
+
+    def abort_connections(self) -> None:
+        """Resets every client connection (the broker fenced itself): a client cut off
+        from us by a partition gets a reset for its first packet after the heal and
+        looks its topics up again, rather than waiting for close frames queued behind
+        TCP's backed-off retransmissions. Nothing is served here any more anyway."""
+        connections = list(self.connections)
+        log.warning("fenced: aborting client connections: count=%d", len(connections))
+        for connection in connections:
+            connection.abort()
 
     def _destination(self, broker_id: str) -> Destination | None:
         """The URLs a hand-over to ``broker_id`` sends clients to; None if the broker is

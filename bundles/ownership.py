@@ -36,7 +36,8 @@ Theory of operation:
   load a topic it has not loaded (ServiceNotReady, retriable: a load needs etcd
   anyway), as well as every ownership change, which fail on etcd by themselves.
 - Self-fencing: when the lease has not been confirmed for ``fence_after_s`` (see bundles/config.py) of its
-  TTL, the broker stops serving every bundle at once (before any await), then closes
+  TTL, the broker stops serving every bundle at once (before any await), tells its owner
+  (``on_fence``: the broker aborts its client connections), then closes
   their topics concurrently, and refuses to serve until the lease is confirmed again (or, if lost, a new one is granted and bundles are taken
   anew). etcd can only hand the bundles to another broker after the full TTL, so two
   brokers never serve one bundle at once; ledger fencing backs this up regardless.
@@ -171,18 +172,21 @@ class OwnershipManager:
     def __init__(self, store: MetadataStore, config: BundlesConfig, identity: BrokerIdentity, *,
                  loaded_topics: Callable[[], list[TopicName]],
                  close_topics: Callable[[list[TopicName], str, str | None], Awaitable[None]],
-                 preload_topics: Callable[[list[str]], None] | None = None) -> None:
+                 preload_topics: Callable[[list[str]], None] | None = None,
+                 on_fence: Callable[[], None] | None = None) -> None:
         """``close_topics(names, reason, destination)`` closes loaded topics; a hand-over
         names the broker id the bundle goes to (else None), so that their clients can be
         sent there. ``preload_topics`` is handed the topics a hand-over's assignment
         names once this broker has taken the bundle; it must not block (it starts their
-        loads)."""
+        loads). ``on_fence`` is called when the broker fences itself (not when it
+        leaves), before its topics close; it must not block."""
         self._store = store
         self.config = config
         self.identity = identity
         self._loaded_topics = loaded_topics
         self._close_topics = close_topics
         self._preload_topics = preload_topics
+        self._on_fence = on_fence
         self.lease: Lease | None = None
         self._owners = PrefixCache(store, keys.BUNDLE_OWNERS, self._on_owner_change)
         self._assignments = PrefixCache(store, keys.BUNDLE_ASSIGNMENTS, self._on_assignment_change)
@@ -779,6 +783,8 @@ class OwnershipManager:
                 else:
                     log.error("lease not confirmed for %.1fs, stopping to serve every bundle: broker_id=%s",
                               time.monotonic() - lease.refreshed_at, self.identity.broker_id)
+                    if self._on_fence is not None:
+                        self._on_fence()
                 await self._stop_serving_all("lease not confirmed")
             if self._retired:
                 continue          # leaving: no new lease, no serving again

@@ -65,8 +65,11 @@ def _quiet_logger():
     import logging
 
     logger = logging.getLogger("pulsar-client")
-    logger.setLevel(logging.WARNING)
-    logger.addHandler(logging.StreamHandler(sys.stderr))
+    # INFO shows the client's connections opening and closing (tests/hosts/owner_isolation.py).
+    logger.setLevel(os.environ.get("HOSTS_CLIENT_LOG_LEVEL", "WARNING"))
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s.%(msecs)03d %(levelname)s %(message)s", "%Y-%m-%dT%H:%M:%S"))
+    logger.addHandler(handler)
     return logger
 
 

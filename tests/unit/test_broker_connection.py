@@ -400,3 +400,63 @@ async def test_ack_and_seek_ids_past_a_java_long_are_refused():
     assert T.ERROR not in [a.type for a in client.answers()]
     client.transport.close()
     await service.close()
+
+
+async def test_aborting_the_connections_drops_them_without_a_word_and_the_peer_is_reset():
+    """A fence's abort_connections (issue 32) on real loopback sockets: the broker
+    writes nothing more (no CLOSE_PRODUCER), forgets the connection and its producer,
+    and the client's next packet is answered with a reset, as after a partition heals."""
+    service = BrokerService(BrokerConfig(metadata_url="memory://", managed_ledger=ManagedLedgerConfig(1, 1, 1),
+                                         retention_check_interval_s=3600), MemoryStore(), FakeLedgerClient(),
+                            topic_ownership=GatedOwnership())
+    await service.start()
+    server = await asyncio.get_running_loop().create_server(lambda: ServerConnection(service), "127.0.0.1", 0)
+    writer = None
+    try:
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        decoder = CommandDecoder(frame_bytes_max=service.config.frame_bytes_max)
+
+        async def answer() -> pb.BaseCommand:
+            while (frame := decoder.next_command()) is NEED_DATA:
+                data = await asyncio.wait_for(reader.read(65536), TIMEOUT_S)
+                assert data, "the broker closed the connection"
+                decoder.feed(data)
+            return frame.command
+
+        writer.write(encode_command(commands.wrap(pb.CommandConnect(client_version="test", protocol_version=pb.v21))))
+        assert (await answer()).type == T.CONNECTED
+        writer.write(encode_command(commands.wrap(pb.CommandProducer(topic=TOPIC, producer_id=1, request_id=1,
+                                                                     producer_name="p"))))
+        assert (await answer()).type == T.PRODUCER_SUCCESS
+        topic = await service.get_topic(TopicName.parse(TOPIC), create=True)
+        assert len(service.connections) == 1 and len(topic.producers) == 1
+
+        service.abort_connections()
+        await settle()
+        assert service.connections == set()
+        assert topic.producers == {}
+        # Nothing more was written: the stream ends (or is reset) with no frame.
+        try:
+            rest = await asyncio.wait_for(reader.read(65536), TIMEOUT_S)
+        except ConnectionResetError:
+            rest = b""
+        assert rest == b"", rest
+        # The client's next packet finds no socket to take it: a reset.
+        reset = False
+        for _ in range(50):
+            try:
+                writer.write(encode_command(commands.wrap(pb.CommandPing())))
+                await writer.drain()
+                await asyncio.wait_for(reader.read(65536), 0.1)
+            except (ConnectionResetError, BrokenPipeError):
+                reset = True
+                break
+            except asyncio.TimeoutError:
+                pass
+        assert reset, "the peer was never reset"
+    finally:
+        if writer is not None:
+            writer.close()
+        server.close()
+        await service.close()

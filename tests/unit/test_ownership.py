@@ -103,8 +103,9 @@ async def _assign_all(store: MemoryStore, manager: OwnershipManager, bundles: Bu
 
 async def test_fencing_stops_serving_every_bundle_first_then_closes_them_concurrently():
     """Four served bundles, one loaded topic in each; topic closes block (etcd is away).
-    When the lease goes stale, the first close starts with nothing served any more,
-    and all four bundles' closes are under way at once."""
+    When the lease goes stale, the broker is told (on_fence: it resets its client
+    connections) once, before any close; the first close starts with nothing served
+    any more, and all four bundles' closes are under way at once."""
     store = MemoryStore()
     bundles = await _namespace(store)
     topics = _topics_one_per_bundle(bundles)
@@ -125,8 +126,10 @@ async def test_fencing_stops_serving_every_bundle_first_then_closes_them_concurr
             in_flight[0] -= 1
         closed.append(names)
 
+    fence_calls: list[int] = []      # closes begun when on_fence was called
     manager = OwnershipManager(store, BundlesConfig(lease_ttl_s=2), _identity("a"),
-                               loaded_topics=lambda: list(topics), close_topics=close_topics)
+                               loaded_topics=lambda: list(topics), close_topics=close_topics,
+                               on_fence=lambda: fence_calls.append(in_flight[0] + len(closed)))
     await manager.start()
     try:
         await _assign_all(store, manager, bundles)
@@ -135,6 +138,7 @@ async def test_fencing_stops_serving_every_bundle_first_then_closes_them_concurr
         await asyncio.wait_for(_wait_for(lambda: in_flight[0] == len(topics)), 2.0)
         assert served_at_first_close == [[]]
         assert manager.fenced
+        assert fence_calls == [0]
         assert [await manager.is_serving(topic) for topic in topics] == [False] * len(topics)
         release.set()
         await _until(lambda: len(closed) == len(topics), "every bundle's topics closed")
@@ -157,8 +161,10 @@ async def test_a_retired_broker_takes_no_new_lease_and_no_bundle():
     just before it exited); a bundle assigned to it afterwards is not taken."""
     store = MemoryStore()
     bundles = await _namespace(store)
+    fence_calls: list[bool] = []
     manager = OwnershipManager(store, BundlesConfig(lease_ttl_s=2), _identity("a"),
-                               loaded_topics=lambda: [], close_topics=_no_topics)
+                               loaded_topics=lambda: [], close_topics=_no_topics,
+                               on_fence=lambda: fence_calls.append(True))
     await manager.start()
     try:
         await _assign_all(store, manager, bundles)
@@ -168,6 +174,7 @@ async def test_a_retired_broker_takes_no_new_lease_and_no_bundle():
         assert revoked is not None and revoked.is_lost
         await asyncio.sleep(0.5)        # several rounds of the guard (every ttl / 20 = 0.1 s)
         assert manager.lease is revoked and manager.fenced
+        assert fence_calls == [], "a broker leaving has handed its bundles over: its clients are not reset"
         await store.put(keys.bundle_assignment(str(NAMESPACE), bundles.ranges[0].name),
                         AssignmentRecord("a").encode())
         await asyncio.sleep(0.2)
