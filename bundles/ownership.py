@@ -314,7 +314,8 @@ class OwnershipManager:
     async def owner_of(self, topic: TopicName, broker_urls: Callable[[str], tuple[str, str] | None]
                        ) -> BundleOwner:
         """The broker a client should talk to for ``topic``: its bundle's owner, or the
-        destination of a transfer under way. Waits (bounded) while nobody owns it."""
+        destination of a transfer under way. Waits (bounded) while nobody owns it;
+        ServiceNotReady when the owner on record is this broker and it is fenced."""
         namespace, bundle = await self.bundle_of(topic)
         deadline = time.monotonic() + self.config.ownership_wait_s
         refreshed = False
@@ -331,7 +332,14 @@ class OwnershipManager:
                     destination = self._destination(record, broker_urls)
                     if destination is not None:
                         return destination
-                return self._as_owner(record)
+                owner = self._as_owner(record)
+                if owner.is_self and self.fenced:
+                    # Our record may be stale (another broker may hold the bundle by
+                    # now): naming ourselves would send the client to a broker that
+                    # refuses it, once its topics have closed. Ask again later.
+                    raise ServiceNotReady("this broker is fenced (its lease is not confirmed): "
+                                          "it cannot name the bundle's owner now")
+                return owner
             if time.monotonic() > deadline:
                 raise ServiceNotReady(f"bundle {bundle_key(namespace, bundle)} has no owner yet")
             await self._wait_change(deadline)

@@ -52,7 +52,7 @@ from bundles.leader import Leader
 from bundles.load import LoadReporter
 from bundles.ownership import BrokerIdentity, OwnershipManager
 from bundles.records import AssignmentRecord, BundlesRecord, LoadReport, OwnerRecord, TransferRecord
-from common.errors import MetadataUnavailable, PreconditionFailed
+from common.errors import MetadataUnavailable, PreconditionFailed, ServiceNotReady
 from metadata import keys
 from metadata.memory_store import MemoryStore
 from metadata.prefix_cache import PrefixCache
@@ -140,6 +140,9 @@ async def test_fencing_stops_serving_every_bundle_first_then_closes_them_concurr
         assert manager.fenced
         assert fence_calls == [0]
         assert [await manager.is_serving(topic) for topic in topics] == [False] * len(topics)
+        # Its lookups no longer name itself (its record may be stale by now).
+        with pytest.raises(ServiceNotReady, match="fenced"):
+            await manager.owner_of(topics[0], lambda _broker: None)
         release.set()
         await _until(lambda: len(closed) == len(topics), "every bundle's topics closed")
         assert sorted(str(t) for names in closed for t in names) == sorted(str(t) for t in topics)
