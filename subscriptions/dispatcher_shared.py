@@ -396,6 +396,8 @@ class SharedDispatcher(Dispatcher):
         for position in list(self._replay[:_REPLAY_BATCH]):
             if not self._available():
                 break
+            if self._throttled():
+                break   # redeliveries count against a dispatch rate limit too; its timer wakes the round
             if position not in self._replay_set:
                 continue
             if self.subscription.cursor.is_acked(position):

@@ -310,3 +310,33 @@ def test_a_dispatch_rate_relative_to_the_publish_rate_adds_what_is_published(pul
     assert 90 <= publish_rate <= 110, publish_rate
     assert 135 <= measured <= 165, measured
     consumer.close()
+
+
+def test_redeliveries_are_throttled_like_first_deliveries(pulsar_cluster, client):
+    """dispatchThrottlingRateInMsg 100 set while a shared consumer holds 800 messages
+    unacknowledged; it asks for them again (redeliver-unacknowledged): they come back at
+    ~100 msg/s, not at once (Pulsar throttles replays too)."""
+    import pulsar
+
+    admin = pulsar_cluster.brokers[0].web_service_url
+    namespace = _namespace(admin)
+
+    def shared(topic: str):
+        return client.subscribe(topic, "s", consumer_type=pulsar.ConsumerType.Shared)
+
+    topic = _backlogged_topic(client, namespace, shared, 800, b"x" * 100)
+    consumer = shared(topic)
+    first = [consumer.receive(timeout_millis=10_000) for _ in range(800)]
+    assert len({message.message_id().entry_id() for message in first}) == 800
+    http_json("POST", f"{admin}/admin/v2/namespaces/{namespace}/dispatchRate",
+              {"dispatchThrottlingRateInMsg": 100, "dispatchThrottlingRateInByte": -1, "ratePeriodInSecond": 1})
+    time.sleep(1.5)      # the limit applied and its first period's burst available
+    consumer.redeliver_unacknowledged_messages()
+    times, started = _receive_for(consumer, 800, WINDOW_END_S)
+    measured = _rate_in_window(times, started)
+    print(f"dispatch limit 100 msg/s on redeliveries: measured {measured:.1f} msg/s")
+    assert 90 <= measured <= 110, measured
+    http_json("DELETE", f"{admin}/admin/v2/namespaces/{namespace}/dispatchRate")
+    rest, _ = _receive_for(consumer, 800 - len(times), 30)
+    assert len(times) + len(rest) == 800
+    consumer.close()
