@@ -214,6 +214,11 @@ class BrokerConfig:
     delete_inactive_topics_enabled: bool = False
     delete_inactive_topics_max_inactive_s: float = 60.0
     delete_inactive_topics_mode: str = "delete_when_no_subscriptions"
+    # A partition is deleted as any topic is (a client that comes back re-creates it
+    # while its partitioned topic exists). With this on, the partitioned topic itself
+    # (its metadata) goes once the sweep deleted its last partition (Pulsar's
+    # brokerDeleteInactivePartitionedTopicMetadataEnabled, off by default there too).
+    delete_inactive_partitioned_metadata: bool = False
     # How often the sweep runs (Pulsar's brokerDeleteInactiveTopicsFrequencySeconds, 60,
     # and subscriptionExpiryCheckIntervalInMinutes, 5): a topic or subscription goes at
     # most this long after its time.

@@ -9,7 +9,11 @@ as Pulsar defines them, with clocks that survive broker restarts.
   ``brokerDeleteInactiveTopics*`` settings): a topic with no producer and — in mode
   ``delete_when_no_subscriptions`` — no subscription, or — in mode
   ``delete_when_subscriptions_caught_up`` — no subscription with a backlog or a consumer,
-  is deleted once it has been so for ``maxInactiveDurationSeconds``.
+  is deleted once it has been so for ``maxInactiveDurationSeconds``. A partition is
+  deleted as any topic is, by the broker serving it (a client that comes back re-creates
+  it while its partitioned topic exists); with ``delete_inactive_partitioned_metadata``
+  (Pulsar's ``brokerDeleteInactivePartitionedTopicMetadataEnabled``) the partitioned
+  topic goes too once its last partition went.
 
 **The clocks.** Pulsar keeps "last active" in memory, so each broker restart starts
 them again and a cluster restarted more often than the expiry time never cleans up.
@@ -182,6 +186,7 @@ def decide(view: TopicView, record: ActivityRecord, topic_policy: InactiveTopicP
 class InactivityCounters:
     subscriptions_expired: int = 0
     topics_deleted: int = 0
+    partitioned_topics_deleted: int = 0
     sweeps: int = 0
 
 
@@ -198,6 +203,8 @@ class SweptService(Protocol):
     async def get_topic(self, name: TopicName, *, create: bool) -> Any: ...
 
     async def topics_of_namespace(self, namespace: NamespaceName) -> list[str]: ...
+
+    async def topic_exists(self, name: TopicName) -> bool: ...
 
 
 class InactivitySweeper:
@@ -258,11 +265,7 @@ class InactivitySweeper:
             if view is None:
                 continue
             record = records.get(key, ActivityRecord())
-            # A partition is not deleted alone (its partitioned topic's metadata would
-            # remain): partitioned topics are left to their operators.
-            policy = topic_policy if not name.is_partition else InactiveTopicPolicy(False, topic_policy.max_inactive_s,
-                                                                                    topic_policy.mode)
-            decision = decide(view, record, policy, expiry_s, int(time.time() * 1000))
+            decision = decide(view, record, topic_policy, expiry_s, int(time.time() * 1000))
             if decision.record != record:
                 if decision.record.empty:
                     await store.delete(key)
@@ -340,3 +343,25 @@ class InactivitySweeper:
         self.counters.topics_deleted += 1
         log.info("inactive topic deleted: topic=%s mode=%s max_inactive_s=%s", name, policy.mode,
                  policy.max_inactive_s)
+        if name.is_partition and service.config.delete_inactive_partitioned_metadata:
+            await self._delete_partitioned_if_empty(name.partitioned_parent)
+
+    async def _delete_partitioned_if_empty(self, parent: TopicName) -> None:
+        """The partitioned topic goes once none of its partitions exists (each deleted
+        by its owner's sweep). A partition a client re-creates between the check and the
+        delete is left without its partitioned topic, as after an admin's forced delete:
+        it is served while it exists and swept like any topic."""
+        service = self._service
+        try:
+            count = await service.resources.partitions(parent)
+            if count == 0:
+                return
+            for index in range(count):
+                if await service.topic_exists(parent.partition(index)):
+                    return
+            await service.resources.delete_partitioned(parent)
+        except MagnetarError as error:
+            log.warning("inactive partitioned topic deletion failed: topic=%s error=%s", parent, error)
+            return
+        self.counters.partitioned_topics_deleted += 1
+        log.info("inactive partitioned topic deleted: topic=%s partitions=%d", parent, count)

@@ -136,6 +136,9 @@ OPTIONS: list[ConfigOption] = [
     ConfigOption("--delete-inactive-topics-max-inactive-s", BrokerConfig, "delete_inactive_topics_max_inactive_s"),
     ConfigOption("--delete-inactive-topics-mode", BrokerConfig, "delete_inactive_topics_mode",
                  "delete_when_no_subscriptions or delete_when_subscriptions_caught_up"),
+    ConfigOption("--delete-inactive-partitioned-metadata", BrokerConfig, "delete_inactive_partitioned_metadata",
+                 "delete a partitioned topic once the inactive topic policy deleted its last partition",
+                 switch_to=True),
     ConfigOption("--inactivity-check-interval-s", BrokerConfig, "inactivity_check_interval_s",
                  "how often inactive subscriptions and topics are looked for"),
     # Security (broker/authentication.py, broker/authorization.py): off by default.

@@ -202,6 +202,9 @@ class _PolicyCollector(Collector):
                                   value=inactivity.subscriptions_expired)
         yield CounterMetricFamily("magnetar_broker_inactive_topics_deleted",
                                   "Topics deleted by the inactive topic policies", value=inactivity.topics_deleted)
+        yield CounterMetricFamily("magnetar_broker_inactive_partitioned_topics_deleted",
+                                  "Partitioned topics deleted once the inactive topic policies deleted their last "
+                                  "partition", value=inactivity.partitioned_topics_deleted)
         yield CounterMetricFamily("magnetar_broker_compactions_started_by_threshold",
                                   "Compactions started because a namespace's compactionThreshold was passed",
                                   value=counters.compactions_started)

@@ -88,10 +88,12 @@ async def test_inactive_topics_go_after_their_time_across_a_restart(cluster):
     http_json("POST", f"{admin}/admin/v2/namespaces/{namespace}/inactiveTopicPolicies", policy)
     assert http_json("GET", f"{admin}/admin/v2/namespaces/{namespace}/inactiveTopicPolicies") == policy
     names = {kind: f"persistent://{namespace}/{kind}" for kind in ("idle", "subscribed", "producing")}
+    parted = f"persistent://{namespace}/parted"
+    http_json("PUT", f"{admin}/admin/v2/persistent/{namespace}/parted/partitions", 2)
     untouched = f"persistent://public/default/{unique('default-ns')}"
     client = pulsar.Client(broker.service_url, operation_timeout_seconds=30)
     try:
-        for topic in (names["idle"], untouched):
+        for topic in (names["idle"], untouched, parted):
             producer = client.create_producer(topic)
             producer.send(b"x")
             producer.close()
@@ -112,6 +114,73 @@ async def test_inactive_topics_go_after_their_time_across_a_restart(cluster):
         remaining = await asyncio.to_thread(_topics, broker, namespace)
         assert names["subscribed"] in remaining and names["producing"] in remaining, remaining
         assert untouched in await asyncio.to_thread(_topics, broker, "public/default")
+        # The partitioned topic's partitions went as any topic does; the partitioned
+        # topic stays (the broker's --delete-inactive-partitioned-metadata is off), and a
+        # producer coming back re-creates its partitions.
+        # (A namespace's listing names a partitioned topic's partitions whether they
+        # exist or not, as Pulsar's: the broker's count says what it deleted.)
+        assert _metric(broker, "magnetar_broker_inactive_topics_deleted_total") == 3   # idle and 2 partitions
+        assert http_json("GET", f"{admin}/admin/v2/persistent/{namespace}/parted/partitions") == {"partitions": 2}
+        again = client.create_producer(parted)
+        for index in range(4):
+            again.send(f"back {index}".encode())
+        again.close()
         staying.close()
     finally:
         client.close()
+
+
+async def test_a_partitioned_topic_goes_with_its_last_partition_when_configured(cluster):
+    """--delete-inactive-partitioned-metadata on two brokers: the partitions of an idle
+    partitioned topic are deleted by whichever broker serves each, and the partitioned
+    topic itself once the last one went; a partitioned topic whose producer stays keeps
+    everything."""
+    import pulsar
+
+    await cluster.start_bookies(2)
+    brokers = await cluster.start_brokers(2, extra_args=[*SWEEP_ARGS, "--delete-inactive-partitioned-metadata"])
+    admin = brokers[0].web_service_url
+    namespace = f"public/{unique('cleanup-parted')}"
+    http_json("PUT", f"{admin}/admin/v2/namespaces/{namespace}", {"bundles": {"numBundles": 4}})
+    http_json("POST", f"{admin}/admin/v2/namespaces/{namespace}/inactiveTopicPolicies",
+              {"inactiveTopicDeleteMode": "delete_when_no_subscriptions", "maxInactiveDurationSeconds": 3,
+               "deleteWhileInactive": True})
+    for local in ("idle", "kept"):
+        http_json("PUT", f"{admin}/admin/v2/persistent/{namespace}/{local}/partitions", 4)
+    client = pulsar.Client(brokers[0].service_url, operation_timeout_seconds=30)
+    try:
+        producer = client.create_producer(f"persistent://{namespace}/idle")
+        for index in range(8):
+            producer.send(f"m{index}".encode())
+        producer.close()
+        staying = client.create_producer(f"persistent://{namespace}/kept")
+        staying.send(b"x")
+        owners = {http_json("GET", f"{admin}/lookup/v2/topic/persistent/{namespace}/idle-partition-{index}")
+                  ["brokerUrl"] for index in range(4)}
+        print(f"the idle topic's partitions were served by {len(owners)} broker(s)")
+
+        def partitioned() -> list[str]:
+            return http_json("GET", f"{admin}/admin/v2/persistent/{namespace}/partitioned")
+
+        await asyncio.to_thread(wait_until, lambda: f"persistent://{namespace}/idle" not in partitioned(), 30,
+                                "the idle partitioned topic to be deleted")
+        remaining = await asyncio.to_thread(_topics, brokers[0], namespace)
+        assert not [t for t in remaining if "/idle-partition-" in t], remaining
+        assert partitioned() == [f"persistent://{namespace}/kept"]
+        assert sum("/kept-partition-" in t for t in remaining) == 4, remaining
+        staying.send(b"still here")
+        staying.close()
+    finally:
+        client.close()
+    counted = sum(_metric(broker, "magnetar_broker_inactive_partitioned_topics_deleted_total") for broker in brokers)
+    assert counted == 1, counted
+
+
+def _metric(broker, name: str) -> float:
+    import urllib.request
+
+    with urllib.request.urlopen(f"{broker.web_service_url}/metrics", timeout=10) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in {broker.name}'s metrics")
