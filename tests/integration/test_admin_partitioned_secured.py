@@ -25,6 +25,7 @@ Proves that:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -35,7 +36,7 @@ import urllib.request
 import pulsar
 
 from runtime.tokens import TokenSigner, create_secret_key
-from tests.cluster import Cluster, unique
+from tests.cluster import Cluster, unique, wait_until
 from tests.tls_certs import make_pki
 
 PARTITIONS = 8
@@ -157,6 +158,12 @@ async def test_a_broker_reaches_the_other_brokers_partitions_with_its_own_token(
         await with_token.start()
         await without.start()
         https = {broker: _TLS_URLS.search(broker.log_text()).group(2) for broker in (with_token, without)}
+        # The premise (the partitions split between the two) needs each broker to see the
+        # other's load report before the bundles are assigned: the leader gives an
+        # unowned bundle to the least loaded broker it knows of.
+        await asyncio.to_thread(wait_until, lambda: all(
+            len(_call("GET", f"{broker.web_service_url}/admin/v2/brokers/standalone", token=caller_token)[1]) == 2
+            for broker in (with_token, without)), 30, "both brokers' load reports seen by both")
         namespace = f"public/{unique('secured-split')}"
         owners = _split_topic(https[with_token], with_token.web_service_url, with_token.service_url, namespace,
                               caller_token, pki, certificate=True)
