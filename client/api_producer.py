@@ -14,7 +14,10 @@ Theory of operation:
   ``send_async`` takes a callback ``(error or None, message_id)`` instead. A message
   without a receipt ``send_timeout_millis`` after it was queued fails with
   OperationTimeout (pulsar's Timeout): one periodic check over the messages in queue
-  order, not a timer per message (it may still be stored). A message
+  order, not a timer per message. An entry all of whose messages timed out leaves the
+  partition producer's pending ones: it is not sent again after a reconnection (one
+  written to a connection before may still be stored). Meanwhile the partition
+  producers reconnect without end (client/producer.py) until ``close``. A message
   with an explicit ``sequence_id`` starts a new batch unless it follows the previous
   one's id (the broker deduplicates by producer name and sequence id).
 - At most ``max_pending_messages`` messages await receipts across the partitions:
@@ -287,6 +290,18 @@ class Producer:
                     future.set_result(message_id)
 
         entry.add_done_callback(settle)
+        # Once every message of the entry is settled without it (timed out, or its
+        # caller cancelled the send), the entry is dropped from the partition
+        # producer's pending ones: not sent again after a reconnection.
+        unsettled = [len(futures)]
+
+        def release(_: asyncio.Future) -> None:
+            unsettled[0] -= 1
+            if unsettled[0] == 0 and not entry.done():
+                entry.cancel()
+
+        for future in futures:
+            future.add_done_callback(release)
 
     async def flush(self) -> None:
         """Sends every gathered batch now and waits for their receipts."""

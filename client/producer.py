@@ -12,10 +12,15 @@ Theory of operation:
   growing memory.
 - Reconnection: CLOSE_PRODUCER (topic unloaded, broker stopping), a lost connection or
   a retriable SEND_ERROR make the producer look the topic up again and register anew
-  under the same name, then send every pending entry again, in order. Attempts are
-  bounded (``reconnect_attempts_max``, exponential back-off); when they run out, every
-  pending send fails with ServiceNotReady and the producer is failed for good (its
-  owner makes another). The task doing it belongs to the producer; ``close`` stops it.
+  under the same name, then send every pending entry again, in order. Attempts wait a
+  jittered exponential back-off (``backoff_jittered_s``) and go on until the producer
+  is closed, or, with ``reconnect_attempts_max`` set, until that many failed in a row:
+  then every pending send fails with ServiceNotReady and the producer is failed for
+  good (its owner makes another). A non-retriable refusal (fenced, not authorized...)
+  fails it at once. The one task doing it belongs to the producer; ``close`` stops it.
+- A caller that stops waiting for an entry cancels its future: the entry leaves the
+  pending ones and is never sent again (one written before may still be stored). So
+  pending state stays bounded through an outage of any length once callers time out.
 - At-least-once: an entry stored whose receipt was lost with the connection is sent
   again and stored twice (the broker keeps no de-duplication state).
 """
@@ -38,6 +43,7 @@ from protocol.proto import pulsar_api_pb2 as pb
 from protocol.server_errors import error_for_server_error
 
 from client.compression import CODECS, compress
+from client.config import RECONNECT_LOG_EVERY
 from client.connection import ClientConnection
 from client.pool import BrokerPool
 from client.messages import MessageId, OutgoingMessage, batch_payload, single_metadata
@@ -94,6 +100,12 @@ class Producer:
         self.failure: MagnetarError | None = None
         self.closed = False
         self.last_used_s = time.monotonic()
+        # Observability: reconnection attempts made (all time), when the attempt that
+        # led to the current registration began, and when that registration completed
+        # (time.monotonic(); 0.0 before the first reconnection).
+        self.reconnect_attempts = 0
+        self.attempt_started_s = 0.0
+        self.registered_s = 0.0
 
     # --- connecting ------------------------------------------------------------------------------
 
@@ -123,6 +135,7 @@ class Producer:
                 and not self._pending:
             self._next_sequence_id = success.last_sequence_id + 1
         self._connection, self._producer_id = connection, producer_id
+        self.registered_s = time.monotonic()
         for pending in self._pending.values():
             connection.write_frame(self._frame(pending))
         log.debug("producer ready: topic=%s producer=%s resent=%d", self.topic, self.producer_name, len(self._pending))
@@ -185,6 +198,7 @@ class Producer:
     def _enqueue(self, sequence_id: int, count: int, batched: bool, metadata: pb.MessageMetadata,
                  payload: bytes) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
+        future.add_done_callback(lambda done, key=sequence_id: self._on_entry_done(key, done))
         pending = _PendingSend(sequence_id, count, batched, metadata, payload, future)
         self._pending[sequence_id] = pending
         self._pending_messages += count
@@ -194,6 +208,16 @@ class Producer:
             assert self._connection is not None
             self._connection.write_frame(self._frame(pending))
         return future
+
+    def _on_entry_done(self, sequence_id: int, future: asyncio.Future) -> None:
+        # Cancelled by a caller that gave up on it (a send timeout): not sent again.
+        # Receipts, errors and closing pop their entries before settling them.
+        if not future.cancelled():
+            return
+        pending = self._pending.get(sequence_id)
+        if pending is not None and pending.future is future:
+            del self._pending[sequence_id]
+            self._pending_messages -= pending.count
 
     def _frame(self, pending: _PendingSend) -> bytes:
         # The producer name in stored metadata must be the broker's, which a producer
@@ -280,18 +304,24 @@ class Producer:
     async def _reconnect(self) -> None:
         error: MagnetarError = ServiceNotReady(f"producer of {self.topic} could not reconnect")
         try:
-            for attempt in range(self.config.reconnect_attempts_max):
+            attempt = 0
+            while self.config.reconnect_attempts_left(attempt):
                 await asyncio.sleep(self.config.backoff_jittered_s(attempt, random.random()))
+                self.reconnect_attempts += 1
+                self.attempt_started_s = time.monotonic()
                 try:
                     await self._register()
                     return
                 except MagnetarError as failure:
                     error = failure
-                    log.info("producer reconnection failed: topic=%s attempt=%d error=%s", self.topic, attempt, failure)
+                    log.log(logging.INFO if attempt < RECONNECT_LOG_EVERY or attempt % RECONNECT_LOG_EVERY == 0
+                            else logging.DEBUG, "producer reconnection failed: topic=%s attempt=%d error=%s",
+                            self.topic, attempt, failure)
                     # Busy: the broker still holds our previous registration (it has not
                     # yet noticed the old connection close); it goes with that connection.
                     if not failure.retriable and not isinstance(failure, ProducerBusy):
                         break
+                attempt += 1
             self._give_up(error)
         finally:
             self._reconnect_task = None
