@@ -227,10 +227,13 @@ class Client:
                         is_read_compacted: bool = False, properties: dict | None = None,
                         initial_position: InitialPosition = InitialPosition.Latest,
                         dead_letter_policy: DeadLetterPolicy | None = None, is_pattern_topic: bool = False,
-                        pattern_auto_discovery_period: float = 60.0) -> Consumer:
+                        pattern_auto_discovery_period: float = 60.0,
+                        message_listener: Callable | None = None) -> Consumer:
         """Subscribes to a topic (all partitions of a partitioned one), a list of
         topics, or every topic of one namespace whose name matches a pattern (a
-        ``re.Pattern``, or a string with ``is_pattern_topic``)."""
+        ``re.Pattern``, or a string with ``is_pattern_topic``). ``message_listener``:
+        ``listener(consumer, message)``, a function or an ``async def``, called for
+        each message in order instead of ``receive`` (client/api_consumer.py)."""
         if not subscription_name:
             raise InvalidArgument("subscription_name must not be empty")
         pattern = None
@@ -259,7 +262,8 @@ class Client:
                             negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
                             unacked_messages_timeout_ms=unacked_messages_timeout_ms,
                             dead_letter_policy=dead_letter_policy, make_source=make_source, pattern=pattern,
-                            pattern_namespace=namespace, pattern_auto_discovery_period=pattern_auto_discovery_period)
+                            pattern_namespace=namespace, pattern_auto_discovery_period=pattern_auto_discovery_period,
+                            message_listener=message_listener)
         await consumer._start(topics)
         self._consumers.add(consumer)
         return consumer

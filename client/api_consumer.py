@@ -28,6 +28,14 @@ Theory of operation:
   with jittered back-off; its permits are granted again once subscribed.
 - Pattern subscriptions look for new matching topics every
   ``pattern_auto_discovery_period`` seconds.
+- With a ``message_listener``, one task of the consumer's takes the messages from the
+  queue in order and calls ``listener(consumer, message)`` for each, awaiting what it
+  returns when that is awaitable (an ``async def``): one message at a time, as the
+  official client's listener thread does per consumer. An exception from the listener
+  is logged and the message left unacknowledged (the listener acknowledges, or
+  negatively acknowledges, itself). ``receive`` and its kin are refused meanwhile.
+  ``pause_message_listener`` stops the calls (the queue fills to its bound and the
+  broker stops sending); ``close`` cancels the task, a call in progress with it.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import enum
+import inspect
 import logging
 import re
 import time
@@ -49,6 +58,9 @@ from client.messages import MessageId, OutgoingMessage, ReceivedEntry, ReceivedM
 from client.schema import Schema
 
 log = logging.getLogger(__name__)
+
+# ``listener(consumer, message)``: returns None, or an awaitable the consumer awaits.
+MessageListener = Callable[["Consumer", "Message"], Any]
 
 ACK_GROUP_IDS_MAX = 1_000
 # Dead-letter sends in flight per consumer at most (each holds one entry's messages).
@@ -166,7 +178,8 @@ class Consumer:
                  unacked_messages_timeout_ms: int | None, dead_letter_policy: DeadLetterPolicy | None,
                  make_source: Callable[["Consumer", str], Awaitable[_Source]], pattern: re.Pattern | None,
                  pattern_namespace: str, pattern_auto_discovery_period: float,
-                 message_filter: Callable[[ReceivedMessage], bool] | None = None) -> None:
+                 message_filter: Callable[[ReceivedMessage], bool] | None = None,
+                 message_listener: MessageListener | None = None) -> None:
         if receiver_queue_size <= 0:
             raise InvalidArgument("receiver_queue_size must be > 0")
         if unacked_messages_timeout_ms is not None and unacked_messages_timeout_ms < 1000:
@@ -195,6 +208,11 @@ class Consumer:
         self._tasks: list[asyncio.Task] = []
         self._failure: MagnetarError | None = None
         self._closed = False
+        if message_listener is not None and not callable(message_listener):
+            raise InvalidArgument("message_listener must be callable: listener(consumer, message)")
+        self._listener = message_listener
+        self._listening = asyncio.Event()
+        self._listening.set()
 
     async def _start(self, topics: Sequence[str]) -> None:
         try:
@@ -209,6 +227,8 @@ class Consumer:
         if self._pattern is not None:
             self._tasks.append(loop.create_task(every(self._pattern_period_s, self._on_discovery_tick),
                                                 name=f"pattern {self._pattern.pattern}"))
+        if self._listener is not None:
+            self._tasks.append(loop.create_task(self._run_listener(), name=f"listener {self._subscription}"))
 
     async def _add_source(self, topic: str) -> None:
         source = await self._make_source(self, topic)
@@ -290,6 +310,15 @@ class Consumer:
 
     async def receive(self, timeout_millis: int | None = None) -> Message:
         """The next message; OperationTimeout (pulsar's Timeout) after ``timeout_millis``."""
+        self._check_no_listener()
+        return await self._receive(timeout_millis)
+
+    def _check_no_listener(self) -> None:
+        if self._listener is not None:
+            raise InvalidArgument("this consumer has a message_listener: it is handed the messages, "
+                                  "receive is not allowed")
+
+    async def _receive(self, timeout_millis: int | None) -> Message:
         message = self._pop()
         if message is not None:
             return message
@@ -309,6 +338,7 @@ class Consumer:
                             max_num_bytes: int = 10 * 1024 * 1024) -> list[Message]:
         """Up to ``max_num_messages`` messages (or ``max_num_bytes``): what came within
         ``timeout_ms``, possibly none."""
+        self._check_no_listener()
         if max_num_messages <= 0 or max_num_bytes <= 0:
             raise InvalidArgument("batch_receive limits must be positive")
         batch: list[Message] = []
@@ -327,6 +357,37 @@ class Consumer:
         except TimeoutError:
             pass
         return batch
+
+    # --- the message listener -------------------------------------------------------------------
+
+    def pause_message_listener(self) -> None:
+        """Stops handing messages to the listener (after the call in progress); the queue
+        fills to ``receiver_queue_size`` and the broker then stops sending."""
+        self._listening.clear()
+
+    def resume_message_listener(self) -> None:
+        self._listening.set()
+
+    async def _run_listener(self) -> None:
+        listener = self._listener
+        assert listener is not None
+        while True:
+            await self._listening.wait()
+            try:
+                message = await self._receive(None)
+            except MagnetarError as error:      # closed, or failed for good
+                if not self._closed:
+                    log.warning("message listener stopped: subscription=%s error=%s", self._subscription, error)
+                return
+            # Paused while this one was awaited: it waits here (one message held).
+            await self._listening.wait()
+            try:
+                result = listener(self, message)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:     # the user's code: logged, the message left unacknowledged
+                log.exception("message listener failed, message left unacknowledged: subscription=%s "
+                              "topic=%s id=%s", self._subscription, message.topic_name(), message.message_id())
 
     def _check_open(self) -> None:
         if self._closed:

@@ -29,7 +29,7 @@ import pytest
 
 from client.routing import key_partition
 from magnetar.client import (AvroSchema, Client, CompressionType, ConsumerBusy, ConsumerType, DeadLetterPolicy,
-                             InitialPosition, JsonSchema, MessageId, NotConnected, ProducerAccessMode, PulsarException, Reader,
+                             InitialPosition, InvalidConfiguration, JsonSchema, MessageId, NotConnected, ProducerAccessMode, PulsarException, Reader,
                              StringSchema, Timeout)
 from tests.cluster import http_json, unique, unique_topic
 from tests.pulsar_lite import PulsarLiteProcess
@@ -349,6 +349,67 @@ async def test_negative_ack_redelivers_after_the_delay(client):
     assert again.redelivery_count() >= 1
     await consumer.acknowledge(again)
     await nothing_more(consumer)
+
+
+async def test_message_listener_in_order_errors_pause_and_close(client):
+    """An async listener gets every message in order and acknowledges it; one it raises
+    on is logged and left unacknowledged, so a plain-function listener on the same
+    subscription gets it again. receive is refused meanwhile; a paused listener is
+    handed nothing until resumed; closing ends the listener's task."""
+    topic = unique_topic("conf-listener")
+    got: list[bytes] = []
+    arrived = asyncio.Event()
+
+    async def on_message(consumer, message) -> None:
+        if not first_time(message):
+            return
+        await asyncio.sleep(0)          # an async listener may await
+        got.append(message.data())
+        arrived.set()
+        if message.data() == b"boom":
+            raise ValueError("the listener failed on purpose")
+        await consumer.acknowledge(message)
+
+    consumer = await client.subscribe(topic, "s", message_listener=on_message, ack_group_time_ms=0)
+    # An entry each: a batch entry is acknowledged whole, once all its messages were.
+    producer = await client.create_producer(topic, batching_enabled=False)
+    sent = [b"%02d" % i for i in range(10)] + [b"boom"] + [b"%02d" % i for i in range(10, 20)]
+    for payload in sent:
+        producer.send_nowait(payload)
+    await producer.flush()
+    async with asyncio.timeout(10):
+        while len(got) < len(sent):
+            arrived.clear()
+            await arrived.wait()
+    assert got == sent
+    with pytest.raises(InvalidConfiguration, match="message_listener"):
+        await consumer.receive(timeout_millis=100)
+
+    consumer.pause_message_listener()
+    await producer.send(b"while paused")
+    await asyncio.sleep(0.5)
+    assert got[-1] == sent[-1]
+    consumer.resume_message_listener()
+    async with asyncio.timeout(10):
+        while got[-1] != b"while paused":
+            arrived.clear()
+            await arrived.wait()
+    await consumer.close()
+    assert not [t for t in asyncio.all_tasks() if t.get_name() == "listener s" and not t.done()]
+
+    again: list[bytes] = []
+
+    def on_message_plainly(consumer, message) -> None:
+        again.append(message.data())
+        consumer.acknowledge_nowait(message)
+
+    second = await client.subscribe(topic, "s", message_listener=on_message_plainly)
+    async with asyncio.timeout(10):
+        while not again:
+            await asyncio.sleep(0.02)
+    await asyncio.sleep(0.3)
+    assert set(again) == {b"boom"}
+    await second.close()
 
 
 async def test_cumulative_ack_then_resubscribe(client):
