@@ -31,6 +31,7 @@ from client.api_consumer import (Consumer, ConsumerType, DeadLetterPolicy, Initi
                                  _Source)
 from client.api_producer import CompressionType, PartitionsRoutingMode, Producer, ProducerAccessMode
 from client.api_reader import Reader, StartFilter
+from client.api_retry import within_operation_timeout
 from client.config import ClientConfig
 from client.consumer import Consumer as PartitionConsumer
 from client.messages import MessageId
@@ -167,7 +168,8 @@ class Client:
     async def get_topic_partitions(self, topic: str) -> list[str]:
         """The partition names of ``topic``, or [topic] when it is not partitioned."""
         name = str(TopicName.parse(topic))
-        count = await self._pool.partitions(name)
+        count = await within_operation_timeout(self.config, lambda: self._pool.partitions(name),
+                                               f"partitions of {name}")
         return [f"{name}-partition-{index}" for index in range(count)] if count else [name]
 
     # --- producers ----------------------------------------------------------------------------
@@ -194,7 +196,7 @@ class Client:
                                               resume_sequence_ids=True)
                 if initial_sequence_id is not None:
                     partition.set_next_sequence_id(initial_sequence_id + 1)
-                await partition.start()
+                await within_operation_timeout(self.config, partition.start, f"producer of {name}")
                 made.append(partition)
         except BaseException:
             for partition in made:
@@ -254,7 +256,7 @@ class Client:
                 self._pool, name, subscription_name, sub_type=sub_type, consumer_name=consumer_name or "",
                 initial_position=InitialPosition(initial_position).value, properties=properties,
                 schema=schema.schema_info(), read_compacted=is_read_compacted, listener=source)
-            await source.low.start()
+            await within_operation_timeout(self.config, source.low.start, f"consumer of {name}")
             return source
 
         consumer = Consumer(self, subscription_name, ConsumerType(consumer_type), schema,
@@ -279,7 +281,7 @@ class Client:
         """A reader of one topic or partition from ``start_message_id`` (an id,
         ``MessageId.earliest`` or ``MessageId.latest``)."""
         name = str(TopicName.parse(topic))
-        if await self._pool.partitions(name):
+        if await within_operation_timeout(self.config, lambda: self._pool.partitions(name), f"partitions of {name}"):
             raise InvalidArgument(f"{name} is partitioned: read one of its partitions")
         schema = _schema(schema)
         start_filter = StartFilter()
@@ -296,7 +298,7 @@ class Client:
                 initial_position="earliest" if earliest else "latest", durable=False,
                 start_message_id=None if earliest or latest else start_message_id,
                 schema=schema.schema_info(), read_compacted=is_read_compacted, listener=source)
-            await source.low.start()
+            await within_operation_timeout(self.config, source.low.start, f"reader of {source_topic}")
             return source
 
         consumer = Consumer(self, subscription, ConsumerType.Exclusive, schema,

@@ -12,8 +12,11 @@ Proves:
   Timeout; a producer and a consumer closed during the outage stop reconnecting.
 - Many clients losing one broker do not all come back at once: the instants their
   successful reconnection attempts began are measured and spread out (jitter).
+- Creating a producer or consumer while the broker is away tries again until the
+  operation timeout: it fails with NotConnected once that passes, or succeeds once
+  the broker is back within it.
 
-About 30 s on the loaded 2-core machine (one cluster, two broker restarts).
+About 30 s on the loaded 2-core machine (one cluster, three broker restarts).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import time
 import pytest
 
 from client.config import SERVICE_RECONNECT_ATTEMPTS_MAX, ClientConfig
-from magnetar.client import Client, ConsumerType, InitialPosition, Timeout
+from magnetar.client import Client, ConsumerType, InitialPosition, NotConnected, Timeout
 from tests.cluster import unique_topic
 
 pytestmark = pytest.mark.timeout(150)
@@ -155,8 +158,8 @@ def most_in_window(instants: list[float], window_s: float) -> int:
 async def test_clients_reconnecting_after_one_restart_are_spread_out(pulsar_cluster):
     """24 clients (a connection each, the default back-off: 100 ms doubling to 5 s, each
     wait 50-100 % drawn) hold one producer each on the broker, which stops and starts
-    again. Measured: when each client's successful attempt began, and when it was
-    registered again."""
+    again. Measured: when each client's successful attempt began (what the jitter
+    spreads), and when it was registered again (printed)."""
     broker = pulsar_cluster.brokers[0]
     clients = [Client(broker.service_url, operation_timeout_seconds=10) for _ in range(CLIENTS)]
     try:
@@ -176,9 +179,45 @@ async def test_clients_reconnecting_after_one_restart_are_spread_out(pulsar_clus
               f"most {most_in_window(back, WINDOW_S)} in one 10 ms; attempts "
               f"{sorted(low.reconnect_attempts for low in lows)}")
         assert max(began) - min(began) >= 0.3
-        assert most_in_window(began, WINDOW_S) <= CLIENTS // 4
+        # Without jitter all 24 would begin within a millisecond or two (they lost the
+        # broker at the same instant and draw the same waits). A loop stall on this
+        # shared machine fires a few due timers together (4 seen in one window), hence
+        # a third. The registrations are not asserted: attempts that reach the broker
+        # before it has loaded the namespace's bundle wait for it and complete together.
+        assert most_in_window(began, WINDOW_S) <= CLIENTS // 3
         await asyncio.gather(*(producer.send(b"again") for producer in producers))
     finally:
         for client in clients:
             await client.close()
+    assert reconnect_tasks() == []
+
+
+async def test_creating_while_the_broker_is_away_tries_until_the_operation_timeout(pulsar_cluster):
+    """With the broker stopped, a client with a 2 s operation timeout fails to create a
+    producer with NotConnected after about 2 s; a producer and a consumer asked for
+    with a 60 s one are created once the broker is back, and work."""
+    broker = pulsar_cluster.brokers[0]
+    topic = unique_topic("create-away")
+    await broker.terminate()
+    hasty = Client(broker.service_url, operation_timeout_seconds=2)
+    client = Client(broker.service_url, operation_timeout_seconds=60)
+    try:
+        started_s = time.monotonic()
+        with pytest.raises(NotConnected):
+            await hasty.create_producer(topic)
+        assert 1.0 <= time.monotonic() - started_s < 5, time.monotonic() - started_s
+        producing = asyncio.ensure_future(client.create_producer(topic))
+        subscribing = asyncio.ensure_future(client.subscribe(topic, "s", initial_position=InitialPosition.Earliest))
+        await asyncio.sleep(2.0)
+        assert not producing.done() and not subscribing.done()
+        await broker.start()
+        async with asyncio.timeout(60):
+            producer, consumer = await producing, await subscribing
+        await producer.send(b"made while the broker was away")
+        assert (await consumer.receive(timeout_millis=10_000)).data() == b"made while the broker was away"
+    finally:
+        if not broker.running:
+            await broker.start()
+        await hasty.close()
+        await client.close()
     assert reconnect_tasks() == []
