@@ -28,7 +28,7 @@ import logging
 import time
 from typing import Callable, Mapping, Protocol, Sequence
 
-from common.errors import ConsumerBusy, InvalidArgument, MagnetarError, ServiceNotReady
+from common.errors import ConsumerBusy, InvalidArgument, MagnetarError, OperationTimeout, ServiceNotReady
 from runtime.tasks import cancel_and_wait
 from common.topic_name import TopicName
 from protocol.batch import message_count
@@ -156,8 +156,14 @@ class Consumer:
                                                             entryId=self.start_message_id.entry_id))
         try:
             await connection.request(wrap(body), request_id)
-        except BaseException:
+        except BaseException as error:
             connection.unregister_consumer(consumer_id)
+            if isinstance(error, (asyncio.CancelledError, OperationTimeout)) and not connection.closed:
+                # The broker may have subscribed it without our seeing the answer (a
+                # caller's timeout): undo that, or it holds the subscription (exclusive)
+                # for as long as the connection lives. The answer is not awaited.
+                connection.write_command(wrap(pb.CommandCloseConsumer(consumer_id=consumer_id,
+                                                                      request_id=connection.new_request_id())))
             raise
         self._connection, self._consumer_id = connection, consumer_id
         self.permits_outstanding = 0

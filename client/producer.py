@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from common.errors import InvalidArgument, MagnetarError, ProducerBusy, ServiceNotReady, ShuttingDown, TooManyRequests
+from common.errors import InvalidArgument, MagnetarError, OperationTimeout, ProducerBusy, ServiceNotReady, ShuttingDown, TooManyRequests
 from runtime.tasks import cancel_and_wait
 from common.topic_name import TopicName
 from protocol.codec import Frame, encode_payload_command, wrap
@@ -125,8 +125,13 @@ class Producer:
             body.schema.CopyFrom(self.schema)
         try:
             frame = await connection.request(wrap(body), request_id)
-        except BaseException:
+        except BaseException as error:
             connection.unregister_producer(producer_id)
+            if isinstance(error, (asyncio.CancelledError, OperationTimeout)) and not connection.closed:
+                # The broker may have registered it without our seeing the answer:
+                # undo that (an exclusive producer would hold the topic). Not awaited.
+                connection.write_command(wrap(pb.CommandCloseProducer(producer_id=producer_id,
+                                                                      request_id=connection.new_request_id())))
             raise
         success = frame.command.producer_success
         self.producer_name = success.producer_name
