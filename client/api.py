@@ -28,7 +28,7 @@ from common.errors import InvalidArgument
 from common.topic_name import TopicName
 
 from client.api_consumer import (Consumer, ConsumerType, DeadLetterPolicy, InitialPosition, Message,
-                                 _Source)
+                                 MultiplierRedeliveryBackoff, _Source)
 from client.api_producer import CompressionType, PartitionsRoutingMode, Producer, ProducerAccessMode
 from client.api_reader import Reader, StartFilter
 from client.api_retry import within_operation_timeout
@@ -41,8 +41,8 @@ from client.schema import AvroSchema, BytesSchema, JsonSchema, Schema, StringSch
 
 __all__ = [
     "Client", "Producer", "Consumer", "Reader", "Message", "MessageId", "ConsumerType", "InitialPosition",
-    "CompressionType", "PartitionsRoutingMode", "ProducerAccessMode", "DeadLetterPolicy", "AuthenticationToken",
-    "AuthenticationBasic", "AuthenticationTLS", "TLS", "Schema", "BytesSchema", "StringSchema", "JsonSchema", "AvroSchema",
+    "CompressionType", "PartitionsRoutingMode", "ProducerAccessMode", "DeadLetterPolicy", "MultiplierRedeliveryBackoff",
+    "AuthenticationToken", "AuthenticationBasic", "AuthenticationTLS", "TLS", "Schema", "BytesSchema", "StringSchema", "JsonSchema", "AvroSchema",
     "PulsarException", "Timeout", "TopicNotFound", "ProducerBusy", "ConsumerBusy", "ProducerQueueIsFull",
     "AuthenticationError", "AuthorizationError", "IncompatibleSchema", "AlreadyClosed", "NotConnected",
     "ProducerFenced", "TopicTerminated", "InvalidConfiguration", "SubscriptionNotFound",
@@ -230,7 +230,8 @@ class Client:
                         initial_position: InitialPosition = InitialPosition.Latest,
                         dead_letter_policy: DeadLetterPolicy | None = None, is_pattern_topic: bool = False,
                         pattern_auto_discovery_period: float = 60.0,
-                        message_listener: Callable | None = None) -> Consumer:
+                        message_listener: Callable | None = None,
+                        negative_ack_redelivery_backoff: MultiplierRedeliveryBackoff | None = None) -> Consumer:
         """Subscribes to a topic (all partitions of a partitioned one), a list of
         topics, or every topic of one namespace whose name matches a pattern (a
         ``re.Pattern``, or a string with ``is_pattern_topic``). ``message_listener``:
@@ -265,7 +266,8 @@ class Client:
                             unacked_messages_timeout_ms=unacked_messages_timeout_ms,
                             dead_letter_policy=dead_letter_policy, make_source=make_source, pattern=pattern,
                             pattern_namespace=namespace, pattern_auto_discovery_period=pattern_auto_discovery_period,
-                            message_listener=message_listener)
+                            message_listener=message_listener,
+                            negative_ack_redelivery_backoff=negative_ack_redelivery_backoff)
         await consumer._start(topics)
         self._consumers.add(consumer)
         return consumer

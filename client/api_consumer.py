@@ -15,7 +15,8 @@ Theory of operation:
   acknowledgements understand that). ``acknowledge_cumulative`` acknowledges
   everything up to a message at once.
 - ``negative_acknowledge`` has the message's entry delivered again after
-  ``negative_ack_redelivery_delay_ms``; with ``unacked_messages_timeout_ms``, entries
+  ``negative_ack_redelivery_delay_ms``, or, with a ``negative_ack_redelivery_backoff``,
+  after a delay growing with the message's redelivery count; with ``unacked_messages_timeout_ms``, entries
   handed out and not acknowledged within it are delivered again. Shared and
   key-shared subscriptions name the entries; exclusive and failover ones ask for all
   unacknowledged (the broker's rule for them), dropping what the queue held of that
@@ -90,6 +91,27 @@ class DeadLetterPolicy:
     def __post_init__(self) -> None:
         if self.max_redeliver_count <= 0:
             raise InvalidArgument("max_redeliver_count must be > 0")
+
+
+@dataclass(frozen=True)
+class MultiplierRedeliveryBackoff:
+    """Negative-ack back-off (the Java client's MultiplierRedeliveryBackoff): a message
+    negatively acknowledged after ``n`` redeliveries comes again after
+    ``min(min_delay_ms × multiplier ** n, max_delay_ms)``."""
+
+    min_delay_ms: int = 1_000
+    max_delay_ms: int = 60_000
+    multiplier: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.min_delay_ms <= self.max_delay_ms:
+            raise InvalidArgument("need 0 < min_delay_ms <= max_delay_ms")
+        if self.multiplier < 1:
+            raise InvalidArgument("multiplier must be >= 1")
+
+    def delay_ms(self, redelivery_count: int) -> int:
+        exponent = min(max(redelivery_count, 0), 64)     # past 64 doublings it is max_delay_ms anyway
+        return int(min(self.min_delay_ms * self.multiplier ** exponent, self.max_delay_ms))
 
 
 class Message:
@@ -179,7 +201,8 @@ class Consumer:
                  make_source: Callable[["Consumer", str], Awaitable[_Source]], pattern: re.Pattern | None,
                  pattern_namespace: str, pattern_auto_discovery_period: float,
                  message_filter: Callable[[ReceivedMessage], bool] | None = None,
-                 message_listener: MessageListener | None = None) -> None:
+                 message_listener: MessageListener | None = None,
+                 negative_ack_redelivery_backoff: MultiplierRedeliveryBackoff | None = None) -> None:
         if receiver_queue_size <= 0:
             raise InvalidArgument("receiver_queue_size must be > 0")
         if unacked_messages_timeout_ms is not None and unacked_messages_timeout_ms < 1000:
@@ -191,6 +214,7 @@ class Consumer:
         self.receiver_queue_size = receiver_queue_size
         self.ack_group_time_s = ack_group_time_ms / 1000
         self.nack_delay_s = negative_ack_redelivery_delay_ms / 1000
+        self.nack_backoff = negative_ack_redelivery_backoff
         self.ack_timeout_s = unacked_messages_timeout_ms / 1000 if unacked_messages_timeout_ms else None
         self.dead_letter_policy = dead_letter_policy
         self._make_source = make_source
@@ -452,10 +476,16 @@ class Consumer:
             source.low.ack_nowait(pending)
 
     async def negative_acknowledge(self, message: Message | MessageId) -> None:
-        """Has the message's entry delivered again after ``negative_ack_redelivery_delay_ms``."""
+        """Has the message's entry delivered again after ``negative_ack_redelivery_delay_ms``,
+        or with a ``negative_ack_redelivery_backoff`` after its delay for the message's
+        redelivery count (a bare id counts as not redelivered)."""
         source, message_id = self._source_of(message)
         source.entries.pop(message_id.position, None)
-        self._nacks.append((time.monotonic() + self.nack_delay_s, source, message_id.position))
+        delay_s = self.nack_delay_s
+        if self.nack_backoff is not None:
+            count = message.redelivery_count() if isinstance(message, Message) else 0
+            delay_s = self.nack_backoff.delay_ms(count) / 1000
+        self._nacks.append((time.monotonic() + delay_s, source, message_id.position))
 
     async def redeliver_unacknowledged_messages(self) -> None:
         for source in self._sources.values():

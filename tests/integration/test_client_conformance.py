@@ -29,7 +29,7 @@ import pytest
 
 from client.routing import key_partition
 from magnetar.client import (AvroSchema, Client, CompressionType, ConsumerBusy, ConsumerType, DeadLetterPolicy,
-                             InitialPosition, InvalidConfiguration, JsonSchema, MessageId, NotConnected, ProducerAccessMode, PulsarException, Reader,
+                             InitialPosition, InvalidConfiguration, JsonSchema, MessageId, MultiplierRedeliveryBackoff, NotConnected, ProducerAccessMode, PulsarException, Reader,
                              StringSchema, Timeout)
 from tests.cluster import http_json, unique, unique_topic
 from tests.pulsar_lite import PulsarLiteProcess
@@ -430,6 +430,34 @@ async def test_message_listener_in_order_errors_pause_and_close(client):
     await asyncio.sleep(0.3)
     assert set(again) == {b"boom"}
     await second.close()
+
+
+async def test_negative_ack_backoff_grows_with_redeliveries(client):
+    """MultiplierRedeliveryBackoff(200, 800, 2): one message negatively acknowledged on
+    each of its deliveries comes back after about 200, 400, 800 and 800 ms."""
+    topic = unique_topic("conf-nack-backoff")
+    consumer = await client.subscribe(topic, "s", consumer_type=ConsumerType.Shared,
+                                      negative_ack_redelivery_backoff=MultiplierRedeliveryBackoff(200, 800, 2))
+    producer = await client.create_producer(topic)
+    await producer.send(b"retry me later and later")
+    message = await consumer.receive(timeout_millis=5_000)
+    gaps_s, counts = [], []
+    for _ in range(4):
+        counts.append(message.redelivery_count())
+        nacked_s = time.monotonic()
+        await consumer.negative_acknowledge(message)
+        message = await consumer.receive(timeout_millis=10_000)
+        gaps_s.append(time.monotonic() - nacked_s)
+        assert message.data() == b"retry me later and later"
+    await consumer.acknowledge(message)
+    print("negative-ack gaps (s):", [round(g, 3) for g in gaps_s])
+    assert counts == [0, 1, 2, 3], counts
+    for gap_s, expected_s in zip(gaps_s, (0.2, 0.4, 0.8, 0.8)):
+        # The consumer redelivers on a 100 ms tick: never early; late by a tick and the
+        # broker's round trip, with room for the loaded machine.
+        assert expected_s - 0.01 <= gap_s < expected_s + 1.0, gaps_s
+    assert gaps_s[2] > gaps_s[0] + 0.3, gaps_s
+    await nothing_more(consumer)
 
 
 async def test_cumulative_ack_then_resubscribe(client):
