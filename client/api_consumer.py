@@ -614,8 +614,12 @@ class Consumer:
             self._flush_acks(source)
         self._closed = True
         self._arrived.set()
+        current = asyncio.current_task()
         for task in [*self._tasks, *self._dead_letter_sends]:
-            await cancel_and_wait(task)
+            # Not the listener's own task when the listener closes its consumer: it
+            # returns from the listener, finds the consumer closed and ends.
+            if task is not current:
+                await cancel_and_wait(task)
         for source in self._sources.values():
             if source.low is not None:
                 await source.low.close()

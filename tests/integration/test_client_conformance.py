@@ -431,6 +431,21 @@ async def test_message_listener_in_order_errors_pause_and_close(client):
     assert set(again) == {b"boom"}
     await second.close()
 
+    # A listener may close its own consumer.
+    closed_by_itself = asyncio.Event()
+
+    async def close_on_first(consumer, message) -> None:
+        await consumer.close()
+        closed_by_itself.set()
+
+    third = await client.subscribe(topic, "closer", initial_position=InitialPosition.Earliest,
+                                   message_listener=close_on_first)
+    async with asyncio.timeout(10):
+        await closed_by_itself.wait()
+    await asyncio.sleep(0.1)
+    assert not [t for t in asyncio.all_tasks() if t.get_name() == "listener closer" and not t.done()]
+    assert not third.is_connected()
+
 
 async def test_negative_ack_backoff_grows_with_redeliveries(client):
     """MultiplierRedeliveryBackoff(200, 800, 2): one message negatively acknowledged on
