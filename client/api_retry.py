@@ -3,12 +3,14 @@ tries again, as the official clients do, until the operation timeout has passed.
 
 Theory of operation: ``within_operation_timeout`` runs one attempt (a lookup, a
 registration) and, when it fails with a retriable error (no broker reachable, a topic
-being loaded or moved), waits the reconnection back-off (jittered, exponential) and
-tries again. A non-retriable error (not authorized, an exclusive subscription taken)
-is raised at once. The whole, attempts and waits, is bounded by
-``operation_timeout_ms``: past it the last error is raised (or OperationTimeout when an
-attempt itself ran out of time). Once created, a producer or consumer reconnects
-without end by itself (client/producer.py, client/consumer.py).
+being loaded or moved), waits the reconnection back-off (jittered, exponential; the
+last wait cut short to end at the deadline) and tries again. A non-retriable error
+(not authorized, an exclusive subscription taken) is raised at once, and the last
+error once an attempt fails at or after ``operation_timeout_ms``. Each attempt is
+bounded by itself (the connect timeout, and the operation timeout of each request),
+so the whole takes at most the operation timeout plus one attempt. Once created, a
+producer or consumer reconnects without end by itself (client/producer.py,
+client/consumer.py).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import logging
 import random
 from typing import Awaitable, Callable, TypeVar
 
-from common.errors import MagnetarError, OperationTimeout
+from common.errors import MagnetarError
 
 from client.config import ClientConfig
 
@@ -30,23 +32,15 @@ T = TypeVar("T")
 async def within_operation_timeout(config: ClientConfig, attempt: Callable[[], Awaitable[T]], what: str) -> T:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + config.operation_timeout_s
-    last: MagnetarError | None = None
     tries = 0
-    try:
-        async with asyncio.timeout_at(deadline):
-            while True:
-                try:
-                    return await attempt()
-                except MagnetarError as error:
-                    if not error.retriable:
-                        raise
-                    last = error
-                    wait_s = config.backoff_jittered_s(tries, random.random())
-                    if loop.time() + wait_s >= deadline:
-                        raise
-                    log.info("%s failed, trying again: attempt=%d wait_s=%.2f error=%s", what, tries, wait_s, error)
-                await asyncio.sleep(wait_s)
-                tries += 1
-    except TimeoutError:
-        raise OperationTimeout(f"{what} did not succeed within {config.operation_timeout_s:g} s"
-                               + (f" (last error: {last})" if last is not None else "")) from None
+    while True:
+        try:
+            return await attempt()
+        except MagnetarError as error:
+            left_s = deadline - loop.time()
+            if not error.retriable or left_s <= 0:
+                raise
+            wait_s = min(config.backoff_jittered_s(tries, random.random()), left_s)
+            log.info("%s failed, trying again: attempt=%d wait_s=%.2f error=%s", what, tries, wait_s, error)
+        await asyncio.sleep(wait_s)
+        tries += 1

@@ -128,6 +128,7 @@ class Consumer:
         # Observability, as the producer's: attempts made, when the attempt that led to
         # the current subscription began and when it completed (time.monotonic()).
         self.reconnect_attempts = 0
+        self.attempt_due_s = 0.0           # when the latest attempt was to begin (its wait drawn)
         self.attempt_started_s = 0.0
         self.registered_s = 0.0
 
@@ -334,7 +335,9 @@ class Consumer:
         try:
             attempt = 0
             while self.config.reconnect_attempts_left(attempt):
-                await asyncio.sleep(self.config.backoff_jittered_s(attempt, random.random()))
+                wait_s = self.config.backoff_jittered_s(attempt, random.random())
+                self.attempt_due_s = time.monotonic() + wait_s
+                await asyncio.sleep(wait_s)
                 self.reconnect_attempts += 1
                 self.attempt_started_s = time.monotonic()
                 attempt += 1

@@ -104,6 +104,7 @@ class Producer:
         # led to the current registration began, and when that registration completed
         # (time.monotonic(); 0.0 before the first reconnection).
         self.reconnect_attempts = 0
+        self.attempt_due_s = 0.0           # when the latest attempt was to begin (its wait drawn)
         self.attempt_started_s = 0.0
         self.registered_s = 0.0
 
@@ -311,7 +312,9 @@ class Producer:
         try:
             attempt = 0
             while self.config.reconnect_attempts_left(attempt):
-                await asyncio.sleep(self.config.backoff_jittered_s(attempt, random.random()))
+                wait_s = self.config.backoff_jittered_s(attempt, random.random())
+                self.attempt_due_s = time.monotonic() + wait_s
+                await asyncio.sleep(wait_s)
                 self.reconnect_attempts += 1
                 self.attempt_started_s = time.monotonic()
                 try:

@@ -158,8 +158,8 @@ def most_in_window(instants: list[float], window_s: float) -> int:
 async def test_clients_reconnecting_after_one_restart_are_spread_out(pulsar_cluster):
     """24 clients (a connection each, the default back-off: 100 ms doubling to 5 s, each
     wait 50-100 % drawn) hold one producer each on the broker, which stops and starts
-    again. Measured: when each client's successful attempt began (what the jitter
-    spreads), and when it was registered again (printed)."""
+    again. Measured: when each client's successful attempt was due (the wait it drew)
+    and began (what the host made of it), and when it was registered again (printed)."""
     broker = pulsar_cluster.brokers[0]
     clients = [Client(broker.service_url, operation_timeout_seconds=10) for _ in range(CLIENTS)]
     try:
@@ -172,18 +172,24 @@ async def test_clients_reconnecting_after_one_restart_are_spread_out(pulsar_clus
         await broker.start()
         await until(lambda: all(p.is_connected() for p in producers), 60, "every client back")
         lows = [partition_producer(p) for p in producers]
+        due = [low.attempt_due_s for low in lows]
         began = [low.attempt_started_s for low in lows]
         back = [low.registered_s for low in lows]
-        print(f"{CLIENTS} clients: successful attempts began over {max(began) - min(began):.3f} s, at most "
+        print(f"{CLIENTS} clients: successful attempts due over {max(due) - min(due):.3f} s, at most "
+              f"{most_in_window(due, WINDOW_S)} in one 10 ms; began over {max(began) - min(began):.3f} s, at most "
               f"{most_in_window(began, WINDOW_S)} in one 10 ms; registered over {max(back) - min(back):.3f} s, at "
               f"most {most_in_window(back, WINDOW_S)} in one 10 ms; attempts "
               f"{sorted(low.reconnect_attempts for low in lows)}")
         assert max(began) - min(began) >= 0.3
-        # Without jitter all 24 would begin within a millisecond or two (they lost the
-        # broker at the same instant and draw the same waits). A loop stall on this
-        # shared machine fires a few due timers together (4 seen in one window), hence
-        # a third. The registrations are not asserted: attempts that reach the broker
-        # before it has loaded the namespace's bundle wait for it and complete together.
+        # Without jitter all 24 would be due and begin within a millisecond or two
+        # (they lost the broker at the same instant and would wait the same). The
+        # instants drawn are asserted closely; the instants the attempts began, more
+        # loosely: a stall of this process on the shared machine fires the timers due
+        # meanwhile together (5 of 24 seen in one window). The registrations are not
+        # asserted: attempts that reach the broker before it has taken its topics back
+        # wait there and are answered together.
+        assert max(due) - min(due) >= 0.3
+        assert most_in_window(due, WINDOW_S) <= 4
         assert most_in_window(began, WINDOW_S) <= CLIENTS // 3
         await asyncio.gather(*(producer.send(b"again") for producer in producers))
     finally:
@@ -194,7 +200,7 @@ async def test_clients_reconnecting_after_one_restart_are_spread_out(pulsar_clus
 
 async def test_creating_while_the_broker_is_away_tries_until_the_operation_timeout(pulsar_cluster):
     """With the broker stopped, a client with a 2 s operation timeout fails to create a
-    producer with NotConnected after about 2 s; a producer and a consumer asked for
+    producer with NotConnected after about 2 s (its last attempt at the deadline); a producer and a consumer asked for
     with a 60 s one are created once the broker is back, and work."""
     broker = pulsar_cluster.brokers[0]
     topic = unique_topic("create-away")
@@ -205,7 +211,7 @@ async def test_creating_while_the_broker_is_away_tries_until_the_operation_timeo
         started_s = time.monotonic()
         with pytest.raises(NotConnected):
             await hasty.create_producer(topic)
-        assert 1.0 <= time.monotonic() - started_s < 5, time.monotonic() - started_s
+        assert 1.9 <= time.monotonic() - started_s < 5, time.monotonic() - started_s
         producing = asyncio.ensure_future(client.create_producer(topic))
         subscribing = asyncio.ensure_future(client.subscribe(topic, "s", initial_position=InitialPosition.Earliest))
         await asyncio.sleep(2.0)
