@@ -279,9 +279,12 @@ class Client:
 
     async def create_reader(self, topic: str, start_message_id: MessageId, schema: Schema | None = None,
                             receiver_queue_size: int = 1_000, reader_name: str | None = None,
-                            is_read_compacted: bool = False, start_message_id_inclusive: bool = False) -> Reader:
+                            is_read_compacted: bool = False, start_message_id_inclusive: bool = False,
+                            reader_listener: Callable | None = None) -> Reader:
         """A reader of one topic or partition from ``start_message_id`` (an id,
-        ``MessageId.earliest`` or ``MessageId.latest``)."""
+        ``MessageId.earliest`` or ``MessageId.latest``). ``reader_listener``:
+        ``listener(reader, message)``, a function or an ``async def``, called for each
+        message in order instead of ``read_next``."""
         name = str(TopicName.parse(topic))
         if await within_operation_timeout(self.config, lambda: self._pool.partitions(name), f"partitions of {name}"):
             raise InvalidArgument(f"{name} is partitioned: read one of its partitions")
@@ -307,10 +310,15 @@ class Client:
                             receiver_queue_size=receiver_queue_size, ack_group_time_ms=100,
                             negative_ack_redelivery_delay_ms=60_000, unacked_messages_timeout_ms=None,
                             dead_letter_policy=None, make_source=make_source, pattern=None, pattern_namespace="",
-                            pattern_auto_discovery_period=60.0, message_filter=start_filter)
+                            pattern_auto_discovery_period=60.0, message_filter=start_filter,
+                            message_listener=None if reader_listener is None else
+                            lambda _, message: reader_listener(reader, message))
         await consumer._start([name])
         self._consumers.add(consumer)
-        return Reader(consumer, start_filter)
+        # The listener's task starts with the consumer and first runs after this
+        # returns (it awaits a message), so ``reader`` is bound by then.
+        reader = Reader(consumer, start_filter)
+        return reader
 
     def _forget(self, consumer: Consumer) -> None:
         self._consumers.discard(consumer)

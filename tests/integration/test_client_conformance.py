@@ -475,6 +475,31 @@ async def test_negative_ack_backoff_grows_with_redeliveries(client):
     await nothing_more(consumer)
 
 
+async def test_reader_listener(client):
+    """A reader's listener gets (reader, message) for each message from the start, in
+    order; read_next is refused meanwhile."""
+    topic = unique_topic("conf-reader-listener")
+    producer = await client.create_producer(topic, batching_enabled=False)
+    for i in range(5):
+        await producer.send(b"r%d" % i)
+    got: list[bytes] = []
+    readers: set = set()
+
+    async def on_message(reader, message) -> None:
+        if first_time(message):
+            readers.add(reader)
+            got.append(message.data())
+
+    reader = await client.create_reader(topic, MessageId.earliest, reader_listener=on_message)
+    async with asyncio.timeout(10):
+        while len(got) < 5:
+            await asyncio.sleep(0.02)
+    assert got == [b"r0", b"r1", b"r2", b"r3", b"r4"] and readers == {reader}
+    with pytest.raises(InvalidConfiguration):
+        await reader.read_next(timeout_millis=100)
+    await reader.close()
+
+
 async def test_cumulative_ack_then_resubscribe(client):
     topic = unique_topic("conf-cumulative")
     consumer = await client.subscribe(topic, "s")
