@@ -18,9 +18,11 @@ Theory of operation:
   then every pending send fails with ServiceNotReady and the producer is failed for
   good (its owner makes another). A non-retriable refusal (fenced, not authorized...)
   fails it at once. The one task doing it belongs to the producer; ``close`` stops it.
-- A caller that stops waiting for an entry cancels its future: the entry leaves the
-  pending ones and is never sent again (one written before may still be stored). So
-  pending state stays bounded through an outage of any length once callers time out.
+- A caller that stops waiting for an entry cancels its future: the entry is dropped
+  from the pending ones before they are sent again and whenever they are full, so it
+  is never sent again (one written before may still be stored). So pending state
+  stays bounded through an outage of any length once callers time out. (Dropped
+  lazily: a callback per entry would cost every send.)
 - At-least-once: an entry stored whose receipt was lost with the connection is sent
   again and stored twice (the broker keeps no de-duplication state).
 """
@@ -142,6 +144,7 @@ class Producer:
             self._next_sequence_id = success.last_sequence_id + 1
         self._connection, self._producer_id = connection, producer_id
         self.registered_s = time.monotonic()
+        self._drop_abandoned()
         for pending in self._pending.values():
             connection.write_frame(self._frame(pending))
         log.debug("producer ready: topic=%s producer=%s resent=%d", self.topic, self.producer_name, len(self._pending))
@@ -198,13 +201,14 @@ class Producer:
         if self.failure is not None:
             raise self.failure
         if self._pending_messages + count > self.config.producer_pending_messages_max:
+            self._drop_abandoned()
+        if self._pending_messages + count > self.config.producer_pending_messages_max:
             raise TooManyRequests(f"producer of {self.topic} has {self._pending_messages} messages awaiting "
                                   f"receipts (limit {self.config.producer_pending_messages_max})")
 
     def _enqueue(self, sequence_id: int, count: int, batched: bool, metadata: pb.MessageMetadata,
                  payload: bytes) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
-        future.add_done_callback(lambda done, key=sequence_id: self._on_entry_done(key, done))
         pending = _PendingSend(sequence_id, count, batched, metadata, payload, future)
         self._pending[sequence_id] = pending
         self._pending_messages += count
@@ -215,15 +219,15 @@ class Producer:
             self._connection.write_frame(self._frame(pending))
         return future
 
-    def _on_entry_done(self, sequence_id: int, future: asyncio.Future) -> None:
-        # Cancelled by a caller that gave up on it (a send timeout): not sent again.
-        # Receipts, errors and closing pop their entries before settling them.
-        if not future.cancelled():
-            return
-        pending = self._pending.get(sequence_id)
-        if pending is not None and pending.future is future:
-            del self._pending[sequence_id]
-            self._pending_messages -= pending.count
+    def _drop_abandoned(self) -> None:
+        """Drops the pending entries whose callers gave up on them (cancelled their
+        futures): before sending the pending ones again, and when they would refuse a
+        send. Receipts, errors and closing pop their entries before settling them, so
+        a done future here is a cancelled one."""
+        if any(pending.future.done() for pending in self._pending.values()):
+            self._pending = collections.OrderedDict(
+                (key, pending) for key, pending in self._pending.items() if not pending.future.done())
+            self._pending_messages = sum(pending.count for pending in self._pending.values())
 
     def _frame(self, pending: _PendingSend) -> bytes:
         # The producer name in stored metadata must be the broker's, which a producer

@@ -693,6 +693,23 @@ async def test_sequence_ids_continue_under_a_producer_name(client):
     assert (message.producer_name(), message.sequence_id()) == (name, 100)
 
 
+async def test_a_sequence_id_that_jumps_while_a_batch_gathers(client):
+    """A message whose explicit sequence id does not follow the batch being gathered
+    closes that batch and starts the next: all three are stored, in order."""
+    topic = unique_topic("conf-seq-jump")
+    consumer = await client.subscribe(topic, "s")
+    producer = await client.create_producer(topic, batching_max_publish_delay_ms=1_000)
+    futures = [producer.send_nowait(b"a"), producer.send_nowait(b"b"), producer.send_nowait(b"c", sequence_id=100)]
+    await producer.flush()
+    async with asyncio.timeout(10):
+        ids = [await future for future in futures]
+    assert ids[0] < ids[2]
+    received = await drain(consumer, 3)
+    assert [m.data() for m in received] == [b"a", b"b", b"c"]
+    assert received[2].sequence_id() == 100
+    await nothing_more(consumer)
+
+
 # --- reconnection -------------------------------------------------------------------------
 
 async def test_carries_on_after_the_broker_restarts(target, client):
