@@ -138,6 +138,8 @@ async def test_producer_and_consumer_outlive_a_long_outage(pulsar_cluster):
         assert set(received) <= stored, set(received) - stored
     finally:
         await client.close()
+        if not broker.running:       # failed mid-way: the module's next tests need it
+            await broker.start()
     assert reconnect_tasks() == []
 
 
@@ -195,6 +197,8 @@ async def test_clients_reconnecting_after_one_restart_are_spread_out(pulsar_clus
     finally:
         for client in clients:
             await client.close()
+        if not broker.running:
+            await broker.start()
     assert reconnect_tasks() == []
 
 
