@@ -9,7 +9,9 @@ Proves:
   with Timeout once its send timeout passes, that message is never stored (it was
   dropped from the pending ones, so pending state stays bounded), and a send without
   a timeout completes after the reconnection; a receive during the outage fails with
-  Timeout; a producer and a consumer closed during the outage stop reconnecting.
+  Timeout; a producer and a consumer closed during the outage stop reconnecting. The
+  official client's producer, beside them, also comes back and delivers its send from
+  the outage (its back-off is longer: up to 60 s).
 - Many clients losing one broker do not all come back at once: the instants their
   successful reconnection attempts began are measured and spread out (jitter).
 - Creating a producer or consumer while the broker is away tries again until the
@@ -61,8 +63,11 @@ def reconnect_tasks() -> list[asyncio.Task]:
 
 
 async def test_producer_and_consumer_outlive_a_long_outage(pulsar_cluster):
+    import pulsar   # the official client, here so that collecting this module never loads it
+
     broker = pulsar_cluster.brokers[0]
     client = Client(broker.service_url, operation_timeout_seconds=10, config=QUICK_BACKOFF)
+    official = pulsar.Client(broker.service_url, operation_timeout_seconds=10)
     try:
         topic = unique_topic("outage")
         consumer = await client.subscribe(topic, "s", consumer_type=ConsumerType.Shared,
@@ -76,6 +81,15 @@ async def test_producer_and_consumer_outlive_a_long_outage(pulsar_cluster):
             await quick.send(payload)
         for _ in range(5):
             await consumer.acknowledge(await consumer.receive(timeout_millis=10_000))
+        # The official client's producer beside ours, for comparison: it never gives up
+        # either (its back-off: 100 ms doubling to 60 s).
+        official_producer = await asyncio.to_thread(official.create_producer, topic, send_timeout_millis=90_000,
+                                                    batching_enabled=False)
+        loop = asyncio.get_running_loop()
+        official_sent: asyncio.Future = loop.create_future()
+
+        def official_done(result, message_id) -> None:
+            loop.call_soon_threadsafe(lambda: official_sent.done() or official_sent.set_result((result, time.monotonic())))
 
         broker.kill9()
         down_s = time.monotonic()
@@ -92,6 +106,7 @@ async def test_producer_and_consumer_outlive_a_long_outage(pulsar_cluster):
                     "the timed-out entry given up (dropped before the pending entries are sent again)")
         # A send without a timeout waits for the reconnection; a receive fails by its own.
         later = patient.send_nowait(b"sent-during-the-outage")
+        official_producer.send_async(b"official-during-the-outage", official_done)
         with pytest.raises(Timeout):
             await consumer.receive(timeout_millis=1_000)
         # Closing stops reconnecting, broker or not.
@@ -121,6 +136,11 @@ async def test_producer_and_consumer_outlive_a_long_outage(pulsar_cluster):
         assert low_producer.reconnect_attempts > SERVICE_RECONNECT_ATTEMPTS_MAX
         assert low_consumer.reconnect_attempts > SERVICE_RECONNECT_ATTEMPTS_MAX
         assert low_producer.failure is None and low_consumer.failure is None
+        async with asyncio.timeout(90):
+            official_result, official_back_s = await official_sent
+        assert official_result == pulsar.Result.Ok, official_result
+        stored.add(b"official-during-the-outage")
+        print(f"the official client's send from the outage completed {official_back_s - up_s:.2f} s after the restart")
 
         # Every message whose send returned an id arrives (the five acknowledged before
         # may come again: at-least-once); the one that timed out never was stored.
@@ -138,6 +158,7 @@ async def test_producer_and_consumer_outlive_a_long_outage(pulsar_cluster):
         assert set(received) <= stored, set(received) - stored
     finally:
         await client.close()
+        await asyncio.to_thread(official.close)
         if not broker.running:       # failed mid-way: the module's next tests need it
             await broker.start()
     assert reconnect_tasks() == []
