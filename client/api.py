@@ -28,9 +28,10 @@ from common.errors import InvalidArgument
 from common.topic_name import TopicName
 
 from client.api_consumer import (Consumer, ConsumerType, DeadLetterPolicy, InitialPosition, Message,
-                                 _Source)
+                                 MultiplierRedeliveryBackoff, _Source)
 from client.api_producer import CompressionType, PartitionsRoutingMode, Producer, ProducerAccessMode
 from client.api_reader import Reader, StartFilter
+from client.api_retry import within_operation_timeout
 from client.config import ClientConfig
 from client.consumer import Consumer as PartitionConsumer
 from client.messages import MessageId
@@ -40,8 +41,8 @@ from client.schema import AvroSchema, BytesSchema, JsonSchema, Schema, StringSch
 
 __all__ = [
     "Client", "Producer", "Consumer", "Reader", "Message", "MessageId", "ConsumerType", "InitialPosition",
-    "CompressionType", "PartitionsRoutingMode", "ProducerAccessMode", "DeadLetterPolicy", "AuthenticationToken",
-    "AuthenticationBasic", "AuthenticationTLS", "TLS", "Schema", "BytesSchema", "StringSchema", "JsonSchema", "AvroSchema",
+    "CompressionType", "PartitionsRoutingMode", "ProducerAccessMode", "DeadLetterPolicy", "MultiplierRedeliveryBackoff",
+    "AuthenticationToken", "AuthenticationBasic", "AuthenticationTLS", "TLS", "Schema", "BytesSchema", "StringSchema", "JsonSchema", "AvroSchema",
     "PulsarException", "Timeout", "TopicNotFound", "ProducerBusy", "ConsumerBusy", "ProducerQueueIsFull",
     "AuthenticationError", "AuthorizationError", "IncompatibleSchema", "AlreadyClosed", "NotConnected",
     "ProducerFenced", "TopicTerminated", "InvalidConfiguration", "SubscriptionNotFound",
@@ -167,7 +168,8 @@ class Client:
     async def get_topic_partitions(self, topic: str) -> list[str]:
         """The partition names of ``topic``, or [topic] when it is not partitioned."""
         name = str(TopicName.parse(topic))
-        count = await self._pool.partitions(name)
+        count = await within_operation_timeout(self.config, lambda: self._pool.partitions(name),
+                                               f"partitions of {name}")
         return [f"{name}-partition-{index}" for index in range(count)] if count else [name]
 
     # --- producers ----------------------------------------------------------------------------
@@ -194,7 +196,7 @@ class Client:
                                               resume_sequence_ids=True)
                 if initial_sequence_id is not None:
                     partition.set_next_sequence_id(initial_sequence_id + 1)
-                await partition.start()
+                await within_operation_timeout(self.config, partition.start, f"producer of {name}")
                 made.append(partition)
         except BaseException:
             for partition in made:
@@ -227,10 +229,14 @@ class Client:
                         is_read_compacted: bool = False, properties: dict | None = None,
                         initial_position: InitialPosition = InitialPosition.Latest,
                         dead_letter_policy: DeadLetterPolicy | None = None, is_pattern_topic: bool = False,
-                        pattern_auto_discovery_period: float = 60.0) -> Consumer:
+                        pattern_auto_discovery_period: float = 60.0,
+                        message_listener: Callable | None = None,
+                        negative_ack_redelivery_backoff: MultiplierRedeliveryBackoff | None = None) -> Consumer:
         """Subscribes to a topic (all partitions of a partitioned one), a list of
         topics, or every topic of one namespace whose name matches a pattern (a
-        ``re.Pattern``, or a string with ``is_pattern_topic``)."""
+        ``re.Pattern``, or a string with ``is_pattern_topic``). ``message_listener``:
+        ``listener(consumer, message)``, a function or an ``async def``, called for
+        each message in order instead of ``receive`` (client/api_consumer.py)."""
         if not subscription_name:
             raise InvalidArgument("subscription_name must not be empty")
         pattern = None
@@ -251,7 +257,7 @@ class Client:
                 self._pool, name, subscription_name, sub_type=sub_type, consumer_name=consumer_name or "",
                 initial_position=InitialPosition(initial_position).value, properties=properties,
                 schema=schema.schema_info(), read_compacted=is_read_compacted, listener=source)
-            await source.low.start()
+            await within_operation_timeout(self.config, source.low.start, f"consumer of {name}")
             return source
 
         consumer = Consumer(self, subscription_name, ConsumerType(consumer_type), schema,
@@ -259,7 +265,9 @@ class Client:
                             negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
                             unacked_messages_timeout_ms=unacked_messages_timeout_ms,
                             dead_letter_policy=dead_letter_policy, make_source=make_source, pattern=pattern,
-                            pattern_namespace=namespace, pattern_auto_discovery_period=pattern_auto_discovery_period)
+                            pattern_namespace=namespace, pattern_auto_discovery_period=pattern_auto_discovery_period,
+                            message_listener=message_listener,
+                            negative_ack_redelivery_backoff=negative_ack_redelivery_backoff)
         await consumer._start(topics)
         self._consumers.add(consumer)
         return consumer
@@ -271,11 +279,14 @@ class Client:
 
     async def create_reader(self, topic: str, start_message_id: MessageId, schema: Schema | None = None,
                             receiver_queue_size: int = 1_000, reader_name: str | None = None,
-                            is_read_compacted: bool = False, start_message_id_inclusive: bool = False) -> Reader:
+                            is_read_compacted: bool = False, start_message_id_inclusive: bool = False,
+                            reader_listener: Callable | None = None) -> Reader:
         """A reader of one topic or partition from ``start_message_id`` (an id,
-        ``MessageId.earliest`` or ``MessageId.latest``)."""
+        ``MessageId.earliest`` or ``MessageId.latest``). ``reader_listener``:
+        ``listener(reader, message)``, a function or an ``async def``, called for each
+        message in order instead of ``read_next``."""
         name = str(TopicName.parse(topic))
-        if await self._pool.partitions(name):
+        if await within_operation_timeout(self.config, lambda: self._pool.partitions(name), f"partitions of {name}"):
             raise InvalidArgument(f"{name} is partitioned: read one of its partitions")
         schema = _schema(schema)
         start_filter = StartFilter()
@@ -292,17 +303,22 @@ class Client:
                 initial_position="earliest" if earliest else "latest", durable=False,
                 start_message_id=None if earliest or latest else start_message_id,
                 schema=schema.schema_info(), read_compacted=is_read_compacted, listener=source)
-            await source.low.start()
+            await within_operation_timeout(self.config, source.low.start, f"reader of {source_topic}")
             return source
 
         consumer = Consumer(self, subscription, ConsumerType.Exclusive, schema,
                             receiver_queue_size=receiver_queue_size, ack_group_time_ms=100,
                             negative_ack_redelivery_delay_ms=60_000, unacked_messages_timeout_ms=None,
                             dead_letter_policy=None, make_source=make_source, pattern=None, pattern_namespace="",
-                            pattern_auto_discovery_period=60.0, message_filter=start_filter)
+                            pattern_auto_discovery_period=60.0, message_filter=start_filter,
+                            message_listener=None if reader_listener is None else
+                            lambda _, message: reader_listener(reader, message))
         await consumer._start([name])
         self._consumers.add(consumer)
-        return Reader(consumer, start_filter)
+        # The listener's task starts with the consumer and first runs after this
+        # returns (it awaits a message), so ``reader`` is bound by then.
+        reader = Reader(consumer, start_filter)
+        return reader
 
     def _forget(self, consumer: Consumer) -> None:
         self._consumers.discard(consumer)

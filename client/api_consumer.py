@@ -15,7 +15,8 @@ Theory of operation:
   acknowledgements understand that). ``acknowledge_cumulative`` acknowledges
   everything up to a message at once.
 - ``negative_acknowledge`` has the message's entry delivered again after
-  ``negative_ack_redelivery_delay_ms``; with ``unacked_messages_timeout_ms``, entries
+  ``negative_ack_redelivery_delay_ms``, or, with a ``negative_ack_redelivery_backoff``,
+  after a delay growing with the message's redelivery count; with ``unacked_messages_timeout_ms``, entries
   handed out and not acknowledged within it are delivered again. Shared and
   key-shared subscriptions name the entries; exclusive and failover ones ask for all
   unacknowledged (the broker's rule for them), dropping what the queue held of that
@@ -28,6 +29,14 @@ Theory of operation:
   with jittered back-off; its permits are granted again once subscribed.
 - Pattern subscriptions look for new matching topics every
   ``pattern_auto_discovery_period`` seconds.
+- With a ``message_listener``, one task of the consumer's takes the messages from the
+  queue in order and calls ``listener(consumer, message)`` for each, awaiting what it
+  returns when that is awaitable (an ``async def``): one message at a time, as the
+  official client's listener thread does per consumer. An exception from the listener
+  is logged and the message left unacknowledged (the listener acknowledges, or
+  negatively acknowledges, itself). ``receive`` and its kin are refused meanwhile.
+  ``pause_message_listener`` stops the calls (the queue fills to its bound and the
+  broker stops sending); ``close`` cancels the task, a call in progress with it.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import enum
+import inspect
 import logging
 import re
 import time
@@ -49,6 +59,9 @@ from client.messages import MessageId, OutgoingMessage, ReceivedEntry, ReceivedM
 from client.schema import Schema
 
 log = logging.getLogger(__name__)
+
+# ``listener(consumer, message)``: returns None, or an awaitable the consumer awaits.
+MessageListener = Callable[["Consumer", "Message"], Any]
 
 ACK_GROUP_IDS_MAX = 1_000
 # Dead-letter sends in flight per consumer at most (each holds one entry's messages).
@@ -78,6 +91,27 @@ class DeadLetterPolicy:
     def __post_init__(self) -> None:
         if self.max_redeliver_count <= 0:
             raise InvalidArgument("max_redeliver_count must be > 0")
+
+
+@dataclass(frozen=True)
+class MultiplierRedeliveryBackoff:
+    """Negative-ack back-off (the Java client's MultiplierRedeliveryBackoff): a message
+    negatively acknowledged after ``n`` redeliveries comes again after
+    ``min(min_delay_ms × multiplier ** n, max_delay_ms)``."""
+
+    min_delay_ms: int = 1_000
+    max_delay_ms: int = 60_000
+    multiplier: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.min_delay_ms <= self.max_delay_ms:
+            raise InvalidArgument("need 0 < min_delay_ms <= max_delay_ms")
+        if self.multiplier < 1:
+            raise InvalidArgument("multiplier must be >= 1")
+
+    def delay_ms(self, redelivery_count: int) -> int:
+        exponent = min(max(redelivery_count, 0), 64)     # past 64 doublings it is max_delay_ms anyway
+        return int(min(self.min_delay_ms * self.multiplier ** exponent, self.max_delay_ms))
 
 
 class Message:
@@ -166,7 +200,9 @@ class Consumer:
                  unacked_messages_timeout_ms: int | None, dead_letter_policy: DeadLetterPolicy | None,
                  make_source: Callable[["Consumer", str], Awaitable[_Source]], pattern: re.Pattern | None,
                  pattern_namespace: str, pattern_auto_discovery_period: float,
-                 message_filter: Callable[[ReceivedMessage], bool] | None = None) -> None:
+                 message_filter: Callable[[ReceivedMessage], bool] | None = None,
+                 message_listener: MessageListener | None = None,
+                 negative_ack_redelivery_backoff: MultiplierRedeliveryBackoff | None = None) -> None:
         if receiver_queue_size <= 0:
             raise InvalidArgument("receiver_queue_size must be > 0")
         if unacked_messages_timeout_ms is not None and unacked_messages_timeout_ms < 1000:
@@ -178,6 +214,7 @@ class Consumer:
         self.receiver_queue_size = receiver_queue_size
         self.ack_group_time_s = ack_group_time_ms / 1000
         self.nack_delay_s = negative_ack_redelivery_delay_ms / 1000
+        self.nack_backoff = negative_ack_redelivery_backoff
         self.ack_timeout_s = unacked_messages_timeout_ms / 1000 if unacked_messages_timeout_ms else None
         self.dead_letter_policy = dead_letter_policy
         self._make_source = make_source
@@ -195,6 +232,11 @@ class Consumer:
         self._tasks: list[asyncio.Task] = []
         self._failure: MagnetarError | None = None
         self._closed = False
+        if message_listener is not None and not callable(message_listener):
+            raise InvalidArgument("message_listener must be callable: listener(consumer, message)")
+        self._listener = message_listener
+        self._listening = asyncio.Event()
+        self._listening.set()
 
     async def _start(self, topics: Sequence[str]) -> None:
         try:
@@ -209,6 +251,8 @@ class Consumer:
         if self._pattern is not None:
             self._tasks.append(loop.create_task(every(self._pattern_period_s, self._on_discovery_tick),
                                                 name=f"pattern {self._pattern.pattern}"))
+        if self._listener is not None:
+            self._tasks.append(loop.create_task(self._run_listener(), name=f"listener {self._subscription}"))
 
     async def _add_source(self, topic: str) -> None:
         source = await self._make_source(self, topic)
@@ -290,6 +334,15 @@ class Consumer:
 
     async def receive(self, timeout_millis: int | None = None) -> Message:
         """The next message; OperationTimeout (pulsar's Timeout) after ``timeout_millis``."""
+        self._check_no_listener()
+        return await self._receive(timeout_millis)
+
+    def _check_no_listener(self) -> None:
+        if self._listener is not None:
+            raise InvalidArgument("this consumer has a message_listener: it is handed the messages, "
+                                  "receive is not allowed")
+
+    async def _receive(self, timeout_millis: int | None) -> Message:
         message = self._pop()
         if message is not None:
             return message
@@ -309,6 +362,7 @@ class Consumer:
                             max_num_bytes: int = 10 * 1024 * 1024) -> list[Message]:
         """Up to ``max_num_messages`` messages (or ``max_num_bytes``): what came within
         ``timeout_ms``, possibly none."""
+        self._check_no_listener()
         if max_num_messages <= 0 or max_num_bytes <= 0:
             raise InvalidArgument("batch_receive limits must be positive")
         batch: list[Message] = []
@@ -327,6 +381,37 @@ class Consumer:
         except TimeoutError:
             pass
         return batch
+
+    # --- the message listener -------------------------------------------------------------------
+
+    def pause_message_listener(self) -> None:
+        """Stops handing messages to the listener (after the call in progress); the queue
+        fills to ``receiver_queue_size`` and the broker then stops sending."""
+        self._listening.clear()
+
+    def resume_message_listener(self) -> None:
+        self._listening.set()
+
+    async def _run_listener(self) -> None:
+        listener = self._listener
+        assert listener is not None
+        while True:
+            await self._listening.wait()
+            try:
+                message = await self._receive(None)
+            except MagnetarError as error:      # closed, or failed for good
+                if not self._closed:
+                    log.warning("message listener stopped: subscription=%s error=%s", self._subscription, error)
+                return
+            # Paused while this one was awaited: it waits here (one message held).
+            await self._listening.wait()
+            try:
+                result = listener(self, message)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:     # the user's code: logged, the message left unacknowledged
+                log.exception("message listener failed, message left unacknowledged: subscription=%s "
+                              "topic=%s id=%s", self._subscription, message.topic_name(), message.message_id())
 
     def _check_open(self) -> None:
         if self._closed:
@@ -391,10 +476,16 @@ class Consumer:
             source.low.ack_nowait(pending)
 
     async def negative_acknowledge(self, message: Message | MessageId) -> None:
-        """Has the message's entry delivered again after ``negative_ack_redelivery_delay_ms``."""
+        """Has the message's entry delivered again after ``negative_ack_redelivery_delay_ms``,
+        or with a ``negative_ack_redelivery_backoff`` after its delay for the message's
+        redelivery count (a bare id counts as not redelivered)."""
         source, message_id = self._source_of(message)
         source.entries.pop(message_id.position, None)
-        self._nacks.append((time.monotonic() + self.nack_delay_s, source, message_id.position))
+        delay_s = self.nack_delay_s
+        if self.nack_backoff is not None:
+            count = message.redelivery_count() if isinstance(message, Message) else 0
+            delay_s = self.nack_backoff.delay_ms(count) / 1000
+        self._nacks.append((time.monotonic() + delay_s, source, message_id.position))
 
     async def redeliver_unacknowledged_messages(self) -> None:
         for source in self._sources.values():
@@ -523,8 +614,12 @@ class Consumer:
             self._flush_acks(source)
         self._closed = True
         self._arrived.set()
+        current = asyncio.current_task()
         for task in [*self._tasks, *self._dead_letter_sends]:
-            await cancel_and_wait(task)
+            # Not the listener's own task when the listener closes its consumer: it
+            # returns from the listener, finds the consumer closed and ends.
+            if task is not current:
+                await cancel_and_wait(task)
         for source in self._sources.values():
             if source.low is not None:
                 await source.low.close()

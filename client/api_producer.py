@@ -14,7 +14,10 @@ Theory of operation:
   ``send_async`` takes a callback ``(error or None, message_id)`` instead. A message
   without a receipt ``send_timeout_millis`` after it was queued fails with
   OperationTimeout (pulsar's Timeout): one periodic check over the messages in queue
-  order, not a timer per message (it may still be stored). A message
+  order, not a timer per message. An entry all of whose messages timed out leaves the
+  partition producer's pending ones: it is not sent again after a reconnection (one
+  written to a connection before may still be stored). Meanwhile the partition
+  producers reconnect without end (client/producer.py) until ``close``. A message
   with an explicit ``sequence_id`` starts a new batch unless it follows the previous
   one's id (the broker deduplicates by producer name and sequence id).
 - At most ``max_pending_messages`` messages await receipts across the partitions:
@@ -69,12 +72,24 @@ class PartitionsRoutingMode(enum.IntEnum):
 SendCallback = Callable[[MagnetarError | None, MessageId | None], None]
 
 
+class _Entry:
+    """One entry's partition-producer future (once sent) and how many of its messages
+    have not timed out: at zero the entry is given up (cancelled, not sent again)."""
+
+    __slots__ = ("future", "unsettled")
+
+    def __init__(self, unsettled: int = 0) -> None:
+        self.future: asyncio.Future | None = None
+        self.unsettled = unsettled
+
+
 class _Batch:
     """Messages gathered for one partition producer, and the futures of their ids."""
 
-    __slots__ = ("messages", "futures", "size_bytes", "timer")
+    __slots__ = ("messages", "futures", "size_bytes", "timer", "entry")
 
     def __init__(self) -> None:
+        self.entry = _Entry()
         self.messages: list[OutgoingMessage] = []
         self.futures: list[asyncio.Future] = []
         self.size_bytes = 0
@@ -116,8 +131,9 @@ class Producer:
         self._room.set()
         self._on_closed = on_closed
         self._closed = False
-        # (deadline, future) of each message awaiting its receipt, in the order queued.
-        self._deadlines: collections.deque[tuple[float, asyncio.Future]] = collections.deque()
+        # (deadline, future, its entry) of each message awaiting its receipt, in the
+        # order queued.
+        self._deadlines: collections.deque[tuple[float, asyncio.Future, _Entry]] = collections.deque()
         self._expiry: asyncio.Task | None = None
         if self.send_timeout_s is not None:
             self._expiry = asyncio.get_running_loop().create_task(
@@ -126,11 +142,18 @@ class Producer:
     def _expire(self, now_s: float) -> bool:
         deadlines = self._deadlines
         while deadlines and (deadlines[0][1].done() or deadlines[0][0] <= now_s):
-            _, future = deadlines.popleft()
+            _, future, entry = deadlines.popleft()
             if not future.done():
                 future.set_exception(OperationTimeout(
                     f"no receipt for a message on {self._topic} within {self.send_timeout_s:g} s "
                     "(it may still be stored)"))
+            elif not future.cancelled():
+                continue
+            # Timed out or cancelled by its caller: once all of its entry's are, the
+            # entry leaves the partition producer (not sent again after a reconnection).
+            entry.unsettled -= 1
+            if entry.unsettled == 0 and entry.future is not None and not entry.future.done():
+                entry.future.cancel()
         return not self._closed
 
     # --- about ------------------------------------------------------------------------------
@@ -199,24 +222,30 @@ class Producer:
                                   dict(properties) if properties else {}, event_timestamp or 0, deliver_at)
         index = self._route(message)
         partition = self._partitions[index]
-        batch = self._batches[index]
         future = asyncio.get_running_loop().create_future()
         future.add_done_callback(self._on_done)
         self._pending += 1
+        if sequence_id is not None:
+            expected = partition._next_sequence_id + len(self._batches[index].messages)
+            if sequence_id != expected:
+                self._flush_batch(index)
+                partition.set_next_sequence_id(sequence_id)
+        alone = not self.batching_enabled or deliver_at is not None
+        if alone:
+            self._flush_batch(index)
+            entry = _Entry(1)
+        else:
+            batch = self._batches[index]    # after any flush above: the batch now gathering
+            entry = batch.entry
+            entry.unsettled += 1
         if self._expiry is not None:
             deadlines = self._deadlines
             if len(deadlines) > 2 * self.max_pending_messages + 1_000:
                 # Receipts came out of queue order (partitions): drop the settled ones.
                 self._deadlines = deadlines = collections.deque(d for d in deadlines if not d[1].done())
-            deadlines.append((time.monotonic() + self.send_timeout_s, future))
-        if sequence_id is not None:
-            expected = partition._next_sequence_id + len(batch.messages)
-            if sequence_id != expected:
-                self._flush_batch(index)
-                partition.set_next_sequence_id(sequence_id)
-        if not self.batching_enabled or deliver_at is not None:
-            self._flush_batch(index)
-            self._send_entry(partition, [message], [future], batched=False)
+            deadlines.append((time.monotonic() + self.send_timeout_s, future, entry))
+        if alone:
+            self._send_entry(partition, [message], [future], batched=False, entry=entry)
             return future
         batch.messages.append(message)
         batch.futures.append(future)
@@ -261,12 +290,12 @@ class Producer:
             return
         messages, futures = batch.messages, batch.futures
         self._batches[index] = _Batch()
-        self._send_entry(self._partitions[index], messages, futures, batched=True)
+        self._send_entry(self._partitions[index], messages, futures, batched=True, entry=batch.entry)
 
     def _send_entry(self, partition: PartitionProducer, messages: list[OutgoingMessage],
-                    futures: list[asyncio.Future], batched: bool) -> None:
+                    futures: list[asyncio.Future], batched: bool, entry: _Entry) -> None:
         try:
-            entry = partition.send_batch(messages) if batched else partition.send(messages[0])
+            sent = partition.send_batch(messages) if batched else partition.send(messages[0])
         except MagnetarError as error:
             for future in futures:
                 if not future.done():
@@ -286,7 +315,10 @@ class Producer:
                 if not future.done():
                     future.set_result(message_id)
 
-        entry.add_done_callback(settle)
+        sent.add_done_callback(settle)
+        entry.future = sent
+        if entry.unsettled == 0 and self._expiry is not None:
+            sent.cancel()   # every message of the batch timed out before it went
 
     async def flush(self) -> None:
         """Sends every gathered batch now and waits for their receipts."""

@@ -1,10 +1,13 @@
 """The client facade: a broker pool (connections and lookups, client/pool.py) and the
 producers and consumers made through it. ``close`` closes those first (each owns its
-own reconnection task), then the connections."""
+own reconnection task), then the connections. Its users are the project's services
+(the Spark source and sink, the diagnosis tool): without a config of their own, a
+producer or consumer gives up after SERVICE_RECONNECT_ATTEMPTS_MAX attempts and its
+owner decides what next (the public client, client/api.py, never gives up)."""
 
 from __future__ import annotations
 
-from client.config import ClientConfig
+from client.config import SERVICE_RECONNECT_ATTEMPTS_MAX, ClientConfig
 from client.consumer import Consumer
 from client.pool import BrokerPool
 from client.producer import Producer
@@ -12,7 +15,7 @@ from client.producer import Producer
 
 class PulsarClient:
     def __init__(self, service_url: str, config: ClientConfig | None = None) -> None:
-        self.config = config or ClientConfig()
+        self.config = config or ClientConfig(reconnect_attempts_max=SERVICE_RECONNECT_ATTEMPTS_MAX)
         self.pool = BrokerPool(service_url, self.config)
         self.producers: set[Producer] = set()
         self.consumers: set[Consumer] = set()

@@ -10,6 +10,14 @@ from common.errors import ConfigError
 from protocol.codec import FRAME_BYTES_MAX_DEFAULT
 
 
+# The reconnection bound of the project's own services (the gateway, the Spark source
+# and sink): they make another producer or consumer, or fail the task, when one fails.
+SERVICE_RECONNECT_ATTEMPTS_MAX = 10
+# Failed reconnection attempts are logged at INFO for the first few, then one in this
+# many (a broker down for an hour is about 700 attempts at the 5 s cap).
+RECONNECT_LOG_EVERY = 10
+
+
 @dataclass(frozen=True)
 class ClientConfig:
     # A TCP connect plus CONNECT/CONNECTED on loopback takes a millisecond; across a
@@ -30,10 +38,14 @@ class ClientConfig:
     # with TooManyRequests instead of queueing without bound.
     pending_requests_max: int = 1_000
     # Reconnection of a producer or consumer after CLOSE_PRODUCER / CLOSE_CONSUMER (topic
-    # unloaded, broker stopping) or a lost connection: attempts, with an exponential
-    # back-off between them. Ten attempts from 100 ms doubling to 5 s cover about 25 s,
-    # more than a broker's bundle handover (its lease TTL is 10 s).
-    reconnect_attempts_max: int = 10
+    # unloaded, broker stopping) or a lost connection, with an exponential back-off
+    # between attempts. None: attempts never stop until the producer or consumer is
+    # closed, as in the official clients (each user call is bounded by its own timeout
+    # instead). A number: after that many failed attempts in a row it fails for good,
+    # for an owner that makes another one (the gateway and the Spark source take
+    # SERVICE_RECONNECT_ATTEMPTS_MAX: ten attempts from 100 ms doubling to 5 s cover
+    # about 25 s, more than a broker's bundle handover, whose lease TTL is 10 s).
+    reconnect_attempts_max: int | None = None
     reconnect_backoff_ms_min: int = 100
     reconnect_backoff_ms_max: int = 5_000
     # Messages one producer may have sent and not yet had receipts for. Past it a send
@@ -71,10 +83,12 @@ class ClientConfig:
 
     def __post_init__(self) -> None:
         for name in ("connect_timeout_ms", "operation_timeout_ms", "lookup_redirects_max", "pending_requests_max",
-                     "reconnect_attempts_max", "reconnect_backoff_ms_min", "producer_pending_messages_max",
+                     "reconnect_backoff_ms_min", "producer_pending_messages_max",
                      "batch_messages_max", "batch_bytes_max"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0")
+        if self.reconnect_attempts_max is not None and self.reconnect_attempts_max <= 0:
+            raise ConfigError("reconnect_attempts_max must be > 0 (or None: without end)")
         if self.keepalive_interval_s <= 0:
             raise ConfigError("keepalive_interval_s must be > 0")
         if not self.reconnect_backoff_ms_min <= self.reconnect_backoff_ms_max:
@@ -95,6 +109,10 @@ class ClientConfig:
     @property
     def connect_timeout_s(self) -> float:
         return self.connect_timeout_ms / 1000
+
+    def reconnect_attempts_left(self, attempt: int) -> bool:
+        """Whether attempt ``attempt`` (0-based) of one reconnection may be made."""
+        return self.reconnect_attempts_max is None or attempt < self.reconnect_attempts_max
 
     def backoff_s(self, attempt: int) -> float:
         """The wait before reconnection attempt ``attempt`` (0-based)."""

@@ -14,8 +14,10 @@ Theory of operation:
   detach the consumer. The broker then gives every entry it held unacknowledged to
   someone else or again, so the listener's ``on_disconnected`` is told at once (what it
   handed on is no longer held here), and ``on_reconnected`` once subscribed again with
-  zero permits. Attempts are bounded (``reconnect_attempts_max`` with back-off); when
-  they run out, ``on_failed`` is told and the consumer is done for good.
+  zero permits. Attempts wait a jittered exponential back-off and go on until the
+  consumer is closed, or, with ``reconnect_attempts_max`` set, until that many failed
+  in a row; then (or at once on a non-retriable refusal) ``on_failed`` is told and
+  the consumer is done for good.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import logging
 import time
 from typing import Callable, Mapping, Protocol, Sequence
 
-from common.errors import ConsumerBusy, InvalidArgument, MagnetarError, ServiceNotReady
+from common.errors import ConsumerBusy, InvalidArgument, MagnetarError, OperationTimeout, ServiceNotReady
 from runtime.tasks import cancel_and_wait
 from common.topic_name import TopicName
 from protocol.batch import message_count
@@ -34,6 +36,7 @@ from protocol.codec import Frame, wrap
 from protocol.proto import pulsar_api_pb2 as pb
 
 from client.connection import ClientConnection
+from client.config import RECONNECT_LOG_EVERY
 from client.pool import BrokerPool
 from client.messages import MessageId, ReceivedEntry, ack_set_without, decode_entry
 
@@ -122,6 +125,12 @@ class Consumer:
         self.failure: MagnetarError | None = None
         self.closed = False
         self.last_used_s = time.monotonic()
+        # Observability, as the producer's: attempts made, when the attempt that led to
+        # the current subscription began and when it completed (time.monotonic()).
+        self.reconnect_attempts = 0
+        self.attempt_due_s = 0.0           # when the latest attempt was to begin (its wait drawn)
+        self.attempt_started_s = 0.0
+        self.registered_s = 0.0
 
     # --- subscribing ----------------------------------------------------------------------------
 
@@ -148,11 +157,18 @@ class Consumer:
                                                             entryId=self.start_message_id.entry_id))
         try:
             await connection.request(wrap(body), request_id)
-        except BaseException:
+        except BaseException as error:
             connection.unregister_consumer(consumer_id)
+            if isinstance(error, (asyncio.CancelledError, OperationTimeout)) and not connection.closed:
+                # The broker may have subscribed it without our seeing the answer (a
+                # caller's timeout): undo that, or it holds the subscription (exclusive)
+                # for as long as the connection lives. The answer is not awaited.
+                connection.write_command(wrap(pb.CommandCloseConsumer(consumer_id=consumer_id,
+                                                                      request_id=connection.new_request_id())))
             raise
         self._connection, self._consumer_id = connection, consumer_id
         self.permits_outstanding = 0
+        self.registered_s = time.monotonic()
         log.debug("consumer subscribed: topic=%s subscription=%s type=%s name=%s", self.topic, self.subscription,
                   self.sub_type, self.consumer_name)
 
@@ -317,14 +333,21 @@ class Consumer:
     async def _reconnect(self) -> None:
         error: MagnetarError = ServiceNotReady(f"consumer of {self.topic} could not reconnect")
         try:
-            for attempt in range(self.config.reconnect_attempts_max):
-                await asyncio.sleep(self.config.backoff_jittered_s(attempt, random.random()))
+            attempt = 0
+            while self.config.reconnect_attempts_left(attempt):
+                wait_s = self.config.backoff_jittered_s(attempt, random.random())
+                self.attempt_due_s = time.monotonic() + wait_s
+                await asyncio.sleep(wait_s)
+                self.reconnect_attempts += 1
+                self.attempt_started_s = time.monotonic()
+                attempt += 1
                 try:
                     await self._subscribe()
                 except MagnetarError as failure:
                     error = failure
-                    log.info("consumer reconnection failed: topic=%s subscription=%s attempt=%d error=%s",
-                             self.topic, self.subscription, attempt, failure)
+                    log.log(logging.INFO if attempt <= RECONNECT_LOG_EVERY or attempt % RECONNECT_LOG_EVERY == 0
+                            else logging.DEBUG, "consumer reconnection failed: topic=%s subscription=%s attempt=%d "
+                            "error=%s", self.topic, self.subscription, attempt - 1, failure)
                     # Busy: the broker still holds our previous registration (it has not
                     # yet noticed the old connection close); it goes with that connection.
                     if not failure.retriable and not isinstance(failure, ConsumerBusy):

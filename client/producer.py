@@ -12,10 +12,17 @@ Theory of operation:
   growing memory.
 - Reconnection: CLOSE_PRODUCER (topic unloaded, broker stopping), a lost connection or
   a retriable SEND_ERROR make the producer look the topic up again and register anew
-  under the same name, then send every pending entry again, in order. Attempts are
-  bounded (``reconnect_attempts_max``, exponential back-off); when they run out, every
-  pending send fails with ServiceNotReady and the producer is failed for good (its
-  owner makes another). The task doing it belongs to the producer; ``close`` stops it.
+  under the same name, then send every pending entry again, in order. Attempts wait a
+  jittered exponential back-off (``backoff_jittered_s``) and go on until the producer
+  is closed, or, with ``reconnect_attempts_max`` set, until that many failed in a row:
+  then every pending send fails with ServiceNotReady and the producer is failed for
+  good (its owner makes another). A non-retriable refusal (fenced, not authorized...)
+  fails it at once. The one task doing it belongs to the producer; ``close`` stops it.
+- A caller that stops waiting for an entry cancels its future: the entry is dropped
+  from the pending ones before they are sent again and whenever they are full, so it
+  is never sent again (one written before may still be stored). So pending state
+  stays bounded through an outage of any length once callers time out. (Dropped
+  lazily: a callback per entry would cost every send.)
 - At-least-once: an entry stored whose receipt was lost with the connection is sent
   again and stored twice (the broker keeps no de-duplication state).
 """
@@ -30,7 +37,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from common.errors import InvalidArgument, MagnetarError, ProducerBusy, ServiceNotReady, ShuttingDown, TooManyRequests
+from common.errors import InvalidArgument, MagnetarError, OperationTimeout, ProducerBusy, ServiceNotReady, ShuttingDown, TooManyRequests
 from runtime.tasks import cancel_and_wait
 from common.topic_name import TopicName
 from protocol.codec import Frame, encode_payload_command, wrap
@@ -38,6 +45,7 @@ from protocol.proto import pulsar_api_pb2 as pb
 from protocol.server_errors import error_for_server_error
 
 from client.compression import CODECS, compress
+from client.config import RECONNECT_LOG_EVERY
 from client.connection import ClientConnection
 from client.pool import BrokerPool
 from client.messages import MessageId, OutgoingMessage, batch_payload, single_metadata
@@ -94,6 +102,13 @@ class Producer:
         self.failure: MagnetarError | None = None
         self.closed = False
         self.last_used_s = time.monotonic()
+        # Observability: reconnection attempts made (all time), when the attempt that
+        # led to the current registration began, and when that registration completed
+        # (time.monotonic(); 0.0 before the first reconnection).
+        self.reconnect_attempts = 0
+        self.attempt_due_s = 0.0           # when the latest attempt was to begin (its wait drawn)
+        self.attempt_started_s = 0.0
+        self.registered_s = 0.0
 
     # --- connecting ------------------------------------------------------------------------------
 
@@ -113,8 +128,13 @@ class Producer:
             body.schema.CopyFrom(self.schema)
         try:
             frame = await connection.request(wrap(body), request_id)
-        except BaseException:
+        except BaseException as error:
             connection.unregister_producer(producer_id)
+            if isinstance(error, (asyncio.CancelledError, OperationTimeout)) and not connection.closed:
+                # The broker may have registered it without our seeing the answer:
+                # undo that (an exclusive producer would hold the topic). Not awaited.
+                connection.write_command(wrap(pb.CommandCloseProducer(producer_id=producer_id,
+                                                                      request_id=connection.new_request_id())))
             raise
         success = frame.command.producer_success
         self.producer_name = success.producer_name
@@ -123,6 +143,8 @@ class Producer:
                 and not self._pending:
             self._next_sequence_id = success.last_sequence_id + 1
         self._connection, self._producer_id = connection, producer_id
+        self.registered_s = time.monotonic()
+        self._drop_abandoned()
         for pending in self._pending.values():
             connection.write_frame(self._frame(pending))
         log.debug("producer ready: topic=%s producer=%s resent=%d", self.topic, self.producer_name, len(self._pending))
@@ -179,6 +201,8 @@ class Producer:
         if self.failure is not None:
             raise self.failure
         if self._pending_messages + count > self.config.producer_pending_messages_max:
+            self._drop_abandoned()
+        if self._pending_messages + count > self.config.producer_pending_messages_max:
             raise TooManyRequests(f"producer of {self.topic} has {self._pending_messages} messages awaiting "
                                   f"receipts (limit {self.config.producer_pending_messages_max})")
 
@@ -194,6 +218,16 @@ class Producer:
             assert self._connection is not None
             self._connection.write_frame(self._frame(pending))
         return future
+
+    def _drop_abandoned(self) -> None:
+        """Drops the pending entries whose callers gave up on them (cancelled their
+        futures): before sending the pending ones again, and when they would refuse a
+        send. Receipts, errors and closing pop their entries before settling them, so
+        a done future here is a cancelled one."""
+        if any(pending.future.done() for pending in self._pending.values()):
+            self._pending = collections.OrderedDict(
+                (key, pending) for key, pending in self._pending.items() if not pending.future.done())
+            self._pending_messages = sum(pending.count for pending in self._pending.values())
 
     def _frame(self, pending: _PendingSend) -> bytes:
         # The producer name in stored metadata must be the broker's, which a producer
@@ -280,18 +314,26 @@ class Producer:
     async def _reconnect(self) -> None:
         error: MagnetarError = ServiceNotReady(f"producer of {self.topic} could not reconnect")
         try:
-            for attempt in range(self.config.reconnect_attempts_max):
-                await asyncio.sleep(self.config.backoff_jittered_s(attempt, random.random()))
+            attempt = 0
+            while self.config.reconnect_attempts_left(attempt):
+                wait_s = self.config.backoff_jittered_s(attempt, random.random())
+                self.attempt_due_s = time.monotonic() + wait_s
+                await asyncio.sleep(wait_s)
+                self.reconnect_attempts += 1
+                self.attempt_started_s = time.monotonic()
                 try:
                     await self._register()
                     return
                 except MagnetarError as failure:
                     error = failure
-                    log.info("producer reconnection failed: topic=%s attempt=%d error=%s", self.topic, attempt, failure)
+                    log.log(logging.INFO if attempt < RECONNECT_LOG_EVERY or attempt % RECONNECT_LOG_EVERY == 0
+                            else logging.DEBUG, "producer reconnection failed: topic=%s attempt=%d error=%s",
+                            self.topic, attempt, failure)
                     # Busy: the broker still holds our previous registration (it has not
                     # yet noticed the old connection close); it goes with that connection.
                     if not failure.retriable and not isinstance(failure, ProducerBusy):
                         break
+                attempt += 1
             self._give_up(error)
         finally:
             self._reconnect_task = None

@@ -19,7 +19,7 @@ from typing import Callable
 
 import aiohttp
 
-from client.config import ClientConfig
+from client.config import SERVICE_RECONNECT_ATTEMPTS_MAX, ClientConfig
 from client.messages import OutgoingMessage, ReceivedEntry
 from client.pool import BrokerPool
 from common.errors import InvalidArgument, NotFound
@@ -47,8 +47,10 @@ class GatewayService:
         # The gateway's own token, as it is now (a renewed file's, read again).
         self.service_token: Callable[[], str] = TokenFile(config.service_token_file).current \
             if config.service_token_file else (lambda: config.service_token)
+        # A producer or consumer that cannot reconnect within the bound fails; the next
+        # request makes another one (ProducerPool / ConsumerPool drop failed ones).
         self.broker_pool = BrokerPool(config.service_url, ClientConfig(
-            auth_token_source=self.service_token, tls_trust_certs_file=config.broker_tls_trust_certs_file,
+            reconnect_attempts_max=SERVICE_RECONNECT_ATTEMPTS_MAX, auth_token_source=self.service_token, tls_trust_certs_file=config.broker_tls_trust_certs_file,
             tls_hostname_verification=config.broker_tls_hostname_verification))
         self.producers = ProducerPool(self.broker_pool, config)
         self.idempotent = IdempotentProducers(self.broker_pool, self.producers.partitions, self.deduplication_enabled,

@@ -29,7 +29,7 @@ import pytest
 
 from client.routing import key_partition
 from magnetar.client import (AvroSchema, Client, CompressionType, ConsumerBusy, ConsumerType, DeadLetterPolicy,
-                             InitialPosition, JsonSchema, MessageId, NotConnected, ProducerAccessMode, PulsarException, Reader,
+                             InitialPosition, InvalidConfiguration, JsonSchema, MessageId, MultiplierRedeliveryBackoff, NotConnected, ProducerAccessMode, PulsarException, Reader,
                              StringSchema, Timeout)
 from tests.cluster import http_json, unique, unique_topic
 from tests.pulsar_lite import PulsarLiteProcess
@@ -40,7 +40,8 @@ pytestmark = pytest.mark.timeout(120)
 # meets one asserts pulsar-lite's behaviour, not a skip):
 PULSAR_LITE_GAPS: dict[str, str] = {
     "exclusive": "a second consumer of an exclusive subscription: the connection is dropped "
-                 "(no ERROR answer; the official client times out)",
+                 "(no ERROR answer; the official client times out), the first consumer's with it, so "
+                 "a client trying again (ours, within its operation timeout) may take the subscription",
     "seek": "SEEK is answered with success but the subscription does not move and its "
             "consumers are not disconnected (the official client times out)",
     "pattern": "GET_TOPICS_OF_NAMESPACE is not answered (\"Unsupported command type: 32\"), "
@@ -258,9 +259,28 @@ async def test_receive_batch_receive_and_async_for(client):
 
 async def test_exclusive_refuses_a_second_consumer(target, client):
     topic = unique_topic("conf-exclusive")
-    await client.subscribe(topic, "only")
-    with pytest.raises(NotConnected if lite_gap(target, "exclusive") else ConsumerBusy):
-        await client.subscribe(topic, "only")
+    first = await client.subscribe(topic, "only")
+    if not lite_gap(target, "exclusive"):
+        with pytest.raises(ConsumerBusy):
+            await client.subscribe(topic, "only")
+        assert first.is_connected()
+        return
+    # pulsar-lite drops the connection, the first consumer's with it: whichever of the
+    # two subscribes again first holds the subscription, and the other one's next
+    # attempt drops the connection again. Never both at once; once the second is
+    # closed, the first holds it again.
+    try:
+        second = await client.subscribe(topic, "only")
+    except NotConnected:
+        second = None
+    for _ in range(50):
+        assert not (first.is_connected() and second is not None and second.is_connected())
+        await asyncio.sleep(0.02)
+    if second is not None:
+        await second.close()
+    async with asyncio.timeout(15):
+        while not first.is_connected():
+            await asyncio.sleep(0.05)
 
 
 async def test_shared_splits_exactly_once(client):
@@ -349,6 +369,135 @@ async def test_negative_ack_redelivers_after_the_delay(client):
     assert again.redelivery_count() >= 1
     await consumer.acknowledge(again)
     await nothing_more(consumer)
+
+
+async def test_message_listener_in_order_errors_pause_and_close(client):
+    """An async listener gets every message in order and acknowledges it; one it raises
+    on is logged and left unacknowledged, so a plain-function listener on the same
+    subscription gets it again. receive is refused meanwhile; a paused listener is
+    handed nothing until resumed; closing ends the listener's task."""
+    topic = unique_topic("conf-listener")
+    got: list[bytes] = []
+    arrived = asyncio.Event()
+
+    async def on_message(consumer, message) -> None:
+        if not first_time(message):
+            return
+        await asyncio.sleep(0)          # an async listener may await
+        got.append(message.data())
+        arrived.set()
+        if message.data() == b"boom":
+            raise ValueError("the listener failed on purpose")
+        await consumer.acknowledge(message)
+
+    consumer = await client.subscribe(topic, "s", message_listener=on_message, ack_group_time_ms=0)
+    # An entry each: a batch entry is acknowledged whole, once all its messages were.
+    producer = await client.create_producer(topic, batching_enabled=False)
+    sent = [b"%02d" % i for i in range(10)] + [b"boom"] + [b"%02d" % i for i in range(10, 20)]
+    for payload in sent:
+        producer.send_nowait(payload)
+    await producer.flush()
+    async with asyncio.timeout(10):
+        while len(got) < len(sent):
+            arrived.clear()
+            await arrived.wait()
+    assert got == sent
+    with pytest.raises(InvalidConfiguration, match="message_listener"):
+        await consumer.receive(timeout_millis=100)
+
+    consumer.pause_message_listener()
+    await producer.send(b"while paused")
+    await asyncio.sleep(0.5)
+    assert got[-1] == sent[-1]
+    consumer.resume_message_listener()
+    async with asyncio.timeout(10):
+        while got[-1] != b"while paused":
+            arrived.clear()
+            await arrived.wait()
+    await consumer.close()
+    assert not [t for t in asyncio.all_tasks() if t.get_name() == "listener s" and not t.done()]
+
+    again: list[bytes] = []
+
+    def on_message_plainly(consumer, message) -> None:
+        again.append(message.data())
+        consumer.acknowledge_nowait(message)
+
+    second = await client.subscribe(topic, "s", message_listener=on_message_plainly)
+    async with asyncio.timeout(10):
+        while not again:
+            await asyncio.sleep(0.02)
+    await asyncio.sleep(0.3)
+    assert set(again) == {b"boom"}
+    await second.close()
+
+    # A listener may close its own consumer.
+    closed_by_itself = asyncio.Event()
+
+    async def close_on_first(consumer, message) -> None:
+        await consumer.close()
+        closed_by_itself.set()
+
+    third = await client.subscribe(topic, "closer", initial_position=InitialPosition.Earliest,
+                                   message_listener=close_on_first)
+    async with asyncio.timeout(10):
+        await closed_by_itself.wait()
+    await asyncio.sleep(0.1)
+    assert not [t for t in asyncio.all_tasks() if t.get_name() == "listener closer" and not t.done()]
+    assert not third.is_connected()
+
+
+async def test_negative_ack_backoff_grows_with_redeliveries(client):
+    """MultiplierRedeliveryBackoff(200, 800, 2): one message negatively acknowledged on
+    each of its deliveries comes back after about 200, 400, 800 and 800 ms."""
+    topic = unique_topic("conf-nack-backoff")
+    consumer = await client.subscribe(topic, "s", consumer_type=ConsumerType.Shared,
+                                      negative_ack_redelivery_backoff=MultiplierRedeliveryBackoff(200, 800, 2))
+    producer = await client.create_producer(topic)
+    await producer.send(b"retry me later and later")
+    message = await consumer.receive(timeout_millis=5_000)
+    gaps_s, counts = [], []
+    for _ in range(4):
+        counts.append(message.redelivery_count())
+        nacked_s = time.monotonic()
+        await consumer.negative_acknowledge(message)
+        message = await consumer.receive(timeout_millis=10_000)
+        gaps_s.append(time.monotonic() - nacked_s)
+        assert message.data() == b"retry me later and later"
+    await consumer.acknowledge(message)
+    print("negative-ack gaps (s):", [round(g, 3) for g in gaps_s])
+    assert counts == [0, 1, 2, 3], counts
+    for gap_s, expected_s in zip(gaps_s, (0.2, 0.4, 0.8, 0.8)):
+        # The consumer redelivers on a 100 ms tick: never early; late by a tick and the
+        # broker's round trip, with room for the loaded machine.
+        assert expected_s - 0.01 <= gap_s < expected_s + 1.0, gaps_s
+    assert gaps_s[2] > gaps_s[0] + 0.3, gaps_s
+    await nothing_more(consumer)
+
+
+async def test_reader_listener(client):
+    """A reader's listener gets (reader, message) for each message from the start, in
+    order; read_next is refused meanwhile."""
+    topic = unique_topic("conf-reader-listener")
+    producer = await client.create_producer(topic, batching_enabled=False)
+    for i in range(5):
+        await producer.send(b"r%d" % i)
+    got: list[bytes] = []
+    readers: set = set()
+
+    async def on_message(reader, message) -> None:
+        if first_time(message):
+            readers.add(reader)
+            got.append(message.data())
+
+    reader = await client.create_reader(topic, MessageId.earliest, reader_listener=on_message)
+    async with asyncio.timeout(10):
+        while len(got) < 5:
+            await asyncio.sleep(0.02)
+    assert got == [b"r0", b"r1", b"r2", b"r3", b"r4"] and readers == {reader}
+    with pytest.raises(InvalidConfiguration):
+        await reader.read_next(timeout_millis=100)
+    await reader.close()
 
 
 async def test_cumulative_ack_then_resubscribe(client):
@@ -542,6 +691,23 @@ async def test_sequence_ids_continue_under_a_producer_name(client):
     consumer = await client.subscribe(topic, "s", initial_position=InitialPosition.Earliest)
     message = await consumer.receive(timeout_millis=5_000)
     assert (message.producer_name(), message.sequence_id()) == (name, 100)
+
+
+async def test_a_sequence_id_that_jumps_while_a_batch_gathers(client):
+    """A message whose explicit sequence id does not follow the batch being gathered
+    closes that batch and starts the next: all three are stored, in order."""
+    topic = unique_topic("conf-seq-jump")
+    consumer = await client.subscribe(topic, "s")
+    producer = await client.create_producer(topic, batching_max_publish_delay_ms=1_000)
+    futures = [producer.send_nowait(b"a"), producer.send_nowait(b"b"), producer.send_nowait(b"c", sequence_id=100)]
+    await producer.flush()
+    async with asyncio.timeout(10):
+        ids = [await future for future in futures]
+    assert ids[0] < ids[2]
+    received = await drain(consumer, 3)
+    assert [m.data() for m in received] == [b"a", b"b", b"c"]
+    assert received[2].sequence_id() == 100
+    await nothing_more(consumer)
 
 
 # --- reconnection -------------------------------------------------------------------------

@@ -135,6 +135,12 @@ def test_config_and_service_urls_refuse_bad_values():
     with pytest.raises(ConfigError, match="reconnect_backoff_ms_min"):
         ClientConfig(reconnect_backoff_ms_min=10, reconnect_backoff_ms_max=5)
     assert ClientConfig().backoff_s(0) == 0.1 and ClientConfig().backoff_s(40) == 5.0
+    with pytest.raises(ConfigError, match="reconnect_attempts_max"):
+        ClientConfig(reconnect_attempts_max=0)
+    # Without end by default (the public client); a bound when one is given.
+    assert ClientConfig().reconnect_attempts_left(10**9)
+    assert ClientConfig(reconnect_attempts_max=10).reconnect_attempts_left(9)
+    assert not ClientConfig(reconnect_attempts_max=10).reconnect_attempts_left(10)
     assert service_addresses("pulsar://a:1,b:2/") == ["a:1", "b:2"]
     for url in ("http://a:1", "pulsar://a", "pulsar://a:x"):
         with pytest.raises(ValueError):

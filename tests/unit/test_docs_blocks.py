@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Examples that cannot run in a test, per file (each marked in the file with its reason).
 SKIPPED_BY_MARKER = {"README.md": 7, "docs/client.md": 1, "docs/spark.md": 2}
 # Examples that run, per file.
-RUNNING = {"README.md": 5, "docs/archive.md": 1, "docs/client.md": 6, "docs/spark.md": 1}
+RUNNING = {"README.md": 5, "docs/archive.md": 1, "docs/client.md": 7, "docs/spark.md": 1}
 
 SAMPLE = '''# Title
 
