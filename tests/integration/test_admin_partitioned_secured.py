@@ -137,6 +137,25 @@ def _split_topic(admin_url: str, lookup_url: str, service_url: str, namespace: s
     finally:
         client.close()
     owners = [_owner(lookup_url, namespace, i, token, pki) for i in range(PARTITIONS)]
+    # The leader gives each new bundle to the broker with the fewest bundles of all
+    # namespaces (and the least traffic), so all 8 may land on one broker. The premise is
+    # then made by hand: the bundles holding them (all that broker's, then) are unloaded
+    # one at a time (each goes to the other broker) until the partitions are split.
+    owned = _call("GET", f"{lookup_url}/admin/v2/namespaces/{namespace}/bundleOwners", token=token)[1]
+    for bundle in sorted(b for b, owner in owned.items() if owner is not None):   # the partitions' bundles
+        if len(set(owners)) == 2:
+            break
+        status, answer = _call("PUT", f"{owners[0]}/admin/v2/namespaces/{namespace}/{bundle}/unload", token=token)
+        assert status == 204, (status, answer)
+
+        def settled() -> bool:
+            try:
+                owners[:] = [_owner(lookup_url, namespace, i, token, pki) for i in range(PARTITIONS)]
+            except (urllib.error.URLError, OSError):
+                return False      # the bundle in hand-over: not served for a moment
+            return True
+
+        wait_until(settled, 30, f"the partitions looked up again after unloading {bundle}")
     assert len(set(owners)) == 2, owners      # the test's premise: the partitions are split
     return owners
 
