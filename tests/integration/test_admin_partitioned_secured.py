@@ -66,7 +66,10 @@ def _call(method: str, url: str, *, pki=None, token: str | None = None, body: ob
             return response.status, (json.loads(text) if text.strip() else None)
     except urllib.error.HTTPError as error:
         text = error.read()
-        return error.code, (json.loads(text) if text.strip() else None)
+        try:
+            return error.code, (json.loads(text) if text.strip() else None)
+        except ValueError:
+            return error.code, text.decode(errors="replace")     # e.g. a PUT's 307 (not followed)
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -141,11 +144,14 @@ def _split_topic(admin_url: str, lookup_url: str, service_url: str, namespace: s
     # namespaces (and the least traffic), so all 8 may land on one broker. The premise is
     # then made by hand: the bundles holding them (all that broker's, then) are unloaded
     # one at a time (each goes to the other broker) until the partitions are split.
-    owned = _call("GET", f"{lookup_url}/admin/v2/namespaces/{namespace}/bundleOwners", token=token)[1]
+    owned = _call("GET", f"{lookup_url}/admin/v2/namespaces/{namespace}/bundleOwners", pki=pki, token=token)[1]
     for bundle in sorted(b for b, owner in owned.items() if owner is not None):   # the partitions' bundles
         if len(set(owners)) == 2:
             break
-        status, answer = _call("PUT", f"{owners[0]}/admin/v2/namespaces/{namespace}/{bundle}/unload", token=token)
+        status, answer = _call("PUT", f"{owners[0]}/admin/v2/namespaces/{namespace}/{bundle}/unload", pki=pki,
+                               token=token)
+        if status == 307:
+            continue          # another broker's bundle: not one to move
         assert status == 204, (status, answer)
 
         def settled() -> bool:
