@@ -21,6 +21,7 @@ pulsar-lite processes per module).
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import re
 import time
@@ -63,16 +64,20 @@ def lite_gap(target, gap: str) -> bool:
     return target.name == "pulsar-lite"
 
 
-class Target:
+class Target(abc.ABC):
+    """A broker the suite runs against: Magnetar or pulsar-lite."""
+
     def __init__(self, name: str, service_url: str) -> None:
         self.name = name
         self.service_url = service_url
 
+    @abc.abstractmethod
     async def partitioned_topic(self, partitions: int) -> tuple[str, str]:
-        raise NotImplementedError
+        """A partitioned topic of ``partitions``: (the service URL to reach it, its name)."""
 
+    @abc.abstractmethod
     async def restart(self) -> None:
-        raise NotImplementedError
+        """Stops the broker and starts it again on the same address and data."""
 
 
 class MagnetarTarget(Target):
