@@ -34,7 +34,6 @@ import base64
 import os
 import socket
 import ssl
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -43,10 +42,11 @@ import bcrypt
 import pulsar
 import pytest
 
-from protocol.codec import NEED_DATA, CommandDecoder, encode_command, wrap
+from protocol.codec import encode_command, wrap
 from protocol.proto import pulsar_api_pb2 as pb
 from runtime.tokens import TokenSigner, create_secret_key
 from tests.cluster import Cluster
+from tests.frame_exchange import exchange
 from tests.tls_certs import make_pki
 
 SUPERUSER = "admin-role"
@@ -253,29 +253,6 @@ def test_a_client_certificate_reaches_the_admin_rest_through_the_proxy(proxied):
 def connect_frame(method: str, data: bytes, **fields) -> bytes:
     return encode_command(wrap(pb.CommandConnect(client_version="methods-test", protocol_version=20,
                                                  auth_method_name=method, auth_data=data, **fields)))
-
-
-def exchange(stream: socket.socket, frames: list[bytes], timeout_s: float = 10.0) -> list:
-    """Sends ``frames`` one at a time, each after one answer frame to the one before;
-    returns the frames read."""
-    decoder = CommandDecoder()
-    got = []
-    deadline = time.monotonic() + timeout_s
-    stream.settimeout(timeout_s)
-    for frame in frames:
-        stream.sendall(frame)
-        wanted = len(got) + 1
-        while len(got) < wanted and time.monotonic() < deadline:
-            try:
-                chunk = stream.recv(65536)
-            except socket.timeout:
-                break
-            if not chunk:
-                return got
-            decoder.feed(chunk)
-            while (decoded := decoder.next_command()) is not NEED_DATA:
-                got.append(decoded)
-    return got
 
 
 def test_no_client_claims_another_identity_with_basic_or_tls(proxied):

@@ -22,15 +22,15 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-import time
 import uuid
 
 import pulsar
 import pytest
 
 from runtime.tokens import TokenSigner, create_secret_key
-from protocol.codec import NEED_DATA, CommandDecoder, encode_command, wrap
+from protocol.codec import encode_command, wrap
 from protocol.proto import pulsar_api_pb2 as pb
+from tests import frame_exchange
 from tests.cluster import Cluster
 
 SUPERUSER = "admin-role"
@@ -88,28 +88,10 @@ def new_namespace(cluster: Cluster, signer: TokenSigner) -> str:
 
 
 def exchange(port: int, frames: list[bytes], count: int, timeout_s: float = 10.0) -> list:
-    """Sends ``frames`` one at a time, each after the answer to the one before (the
-    first is CONNECT); returns every frame read (``count`` at most)."""
-    decoder = CommandDecoder()
-    got = []
+    """tests/frame_exchange.py's exchange on a new connection to ``port`` (the first
+    frame is CONNECT); ``count`` frames at most."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
-        deadline = time.monotonic() + timeout_s
-        for frame in frames:
-            sock.sendall(frame)
-            wanted = len(got) + 1
-            while len(got) < wanted and time.monotonic() < deadline:
-                try:
-                    chunk = sock.recv(65536)
-                except socket.timeout:
-                    break
-                if not chunk:
-                    return got
-                decoder.feed(chunk)
-                while (decoded := decoder.next_command()) is not NEED_DATA:
-                    got.append(decoded)
-            if len(got) >= count:
-                break
-    return got
+        return frame_exchange.exchange(sock, frames, timeout_s, count=count)
 
 
 def connect_frame(token: str, **fields) -> bytes:
