@@ -48,15 +48,19 @@ def _origin(url: str) -> str:
     return f"{parts.scheme}://{(parts.hostname or '').lower()}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
 
 
-def certificate_principal(request: web.Request, auth: ProxyAuthenticator | None) -> str | None:
-    """The role a caller proves by its client certificate alone (the CN of a certificate
-    the handshake verified), when the proxy may forward it as that role; else None."""
+def acting_for_certificate(request: web.Request, auth: ProxyAuthenticator | None) -> dict[str, str]:
+    """The headers that forward a caller proven by its client certificate alone (the CN
+    of a certificate the handshake verified) as that role: the proxy's token and
+    X-Original-Principal. Empty when the caller sent credentials, showed no such
+    certificate, or the proxy may not act for it (no tls method, no token of its own)."""
     if auth is None or not auth.enabled or TLS_METHOD not in auth.providers or "Authorization" in request.headers:
-        return None
-    if auth.own_credentials() is None:
-        return None
+        return {}
     transport = request.transport
-    return certificate_common_name(transport.get_extra_info("peercert") if transport is not None else None)
+    principal = certificate_common_name(transport.get_extra_info("peercert") if transport is not None else None)
+    credentials = auth.own_credentials() if principal is not None else None
+    if credentials is None:
+        return {}
+    return {"Authorization": f"Bearer {credentials[1].decode('ascii')}", ORIGINAL_PRINCIPAL_HEADER: principal}
 
 
 def add_forward_routes(app: web.Application, brokers: BrokerDirectory, metrics: ProxyMetrics, *,
@@ -81,12 +85,7 @@ def add_forward_routes(app: web.Application, brokers: BrokerDirectory, metrics: 
         allowed = {_origin(url) for url in urls}
         body = await request.read()
         headers = {name: request.headers[name] for name in PASSED_HEADERS if name in request.headers}
-        principal = certificate_principal(request, auth)
-        if principal is not None:
-            assert auth is not None
-            _method, token = auth.own_credentials()
-            headers["Authorization"] = f"Bearer {token.decode('ascii')}"
-            headers[ORIGINAL_PRINCIPAL_HEADER] = principal
+        headers.update(acting_for_certificate(request, auth))
         url = random.choice(urls).rstrip("/") + request.rel_url.raw_path_qs
         for _ in range(REDIRECTS_MAX + 1):
             try:
