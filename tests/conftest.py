@@ -11,6 +11,7 @@ import tempfile
 
 import pytest
 
+from tests import worker_crashes
 from tests.cluster import Cluster, EtcdProcess
 
 
@@ -67,7 +68,9 @@ def metadata_url(etcd_process) -> str:
     return etcd_process.url(f"/test-{uuid.uuid4().hex[:12]}")
 
 
+@pytest.hookimpl(trylast=True)   # after pytest's own faulthandler, which worker_crashes replaces
 def pytest_configure(config):
+    worker_crashes.enable_in_worker(config)
     # Inherited by every process the tests start: what a bookie or broker prints reaches
     # its log file at once, where the readiness checks and the failure reports read it.
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
@@ -75,6 +78,25 @@ def pytest_configure(config):
     # instead of every 10 ms (runtime/loop_monitor.py): idle servers are most of what a
     # run keeps alive, and at 10 ms each monitor took about 1 % of a core.
     os.environ.setdefault("MAGNETAR_LOOP_MONITOR_INTERVAL_S", "0.1")
+
+
+def pytest_unconfigure(config):
+    worker_crashes.close_in_worker()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_handlecrashitem(crashitem, report, sched):
+    """A test whose worker died: its report gets the worker's stacks, and a first crash
+    is rerun (tests/worker_crashes.py says why)."""
+    worker_crashes.handle_crash(crashitem, report)
+
+
+def pytest_report_teststatus(report):
+    return worker_crashes.teststatus(report)
+
+
+def pytest_terminal_summary(terminalreporter):
+    worker_crashes.summarize(terminalreporter)
 
 
 @pytest.hookimpl(hookwrapper=True)
