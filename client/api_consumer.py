@@ -26,7 +26,9 @@ Theory of operation:
   then acknowledged.
 - A lost connection or a broker closing the consumer: the source's queued messages
   are dropped (the broker delivers them again) and the partition consumer reconnects
-  with jittered back-off; its permits are granted again once subscribed.
+  with jittered back-off, without end until closed. Acknowledgements made meanwhile are
+  kept (at most ACKS_HELD_MAX) and sent once subscribed again, before its permits are
+  granted again, so the broker does not deliver those messages again.
 - Pattern subscriptions look for new matching topics every
   ``pattern_auto_discovery_period`` seconds.
 - With a ``message_listener``, one task of the consumer's takes the messages from the
@@ -64,6 +66,10 @@ log = logging.getLogger(__name__)
 MessageListener = Callable[["Consumer", "Message"], Any]
 
 ACK_GROUP_IDS_MAX = 1_000
+# Acknowledgements made while a source is disconnected, kept for its reconnection: a
+# bound on memory through a long outage (past it the oldest are dropped, and those
+# messages are delivered again: at-least-once).
+ACKS_HELD_MAX = 10_000
 # Dead-letter sends in flight per consumer at most (each holds one entry's messages).
 DEAD_LETTER_SENDS_MAX = 100
 
@@ -188,6 +194,10 @@ class _Source:
 
     def on_reconnected(self) -> None:
         assert self.low is not None
+        # Acknowledgements made while disconnected go first: the broker handles a
+        # connection's commands in order, so it has them before the FLOW lets it
+        # dispatch, and does not deliver those messages again.
+        self.owner._flush_acks(self)
         self.low.flow(self.owner.receiver_queue_size)
 
     def on_failed(self, error: MagnetarError) -> None:
@@ -472,8 +482,16 @@ class Consumer:
 
     def _flush_acks(self, source: _Source) -> None:
         pending = self._acks.pop(source, None)
-        if pending and source.low is not None:
-            source.low.ack_nowait(pending)
+        if not pending or source.low is None:
+            return
+        if not source.low.ack_nowait(pending) and not self._closed:
+            # Disconnected: kept for the reconnection (sent before its FLOW, so the
+            # broker does not deliver them again), the newest ACKS_HELD_MAX at most.
+            if len(pending) > ACKS_HELD_MAX:
+                log.info("acknowledgements held while disconnected over their bound, oldest dropped (delivered "
+                         "again): topic=%s dropped=%d", source.topic, len(pending) - ACKS_HELD_MAX)
+                del pending[:len(pending) - ACKS_HELD_MAX]
+            self._acks[source] = pending
 
     async def negative_acknowledge(self, message: Message | MessageId) -> None:
         """Has the message's entry delivered again after ``negative_ack_redelivery_delay_ms``,
