@@ -267,18 +267,20 @@ def decode_entry(message: pb.CommandMessage, metadata: pb.MessageMetadata, paylo
     batch_size = len(parts)
     to_deliver = ack_set_bits(message.ack_set) if len(message.ack_set) else (1 << batch_size) - 1
     messages = []
-    for part in parts:
-        if not to_deliver >> part.batch_index & 1:
+    publish_time, producer_name, first_sequence_id = metadata.publish_time, metadata.producer_name, metadata.sequence_id
+    for batch_index, single, part_payload, _ in parts:
+        if not to_deliver >> batch_index & 1:
             continue                      # acknowledged already
-        single = part.metadata
+        properties = single.properties
+        has = single.HasField
         messages.append(ReceivedMessage(
-            MessageId(ledger_id, entry_id, partition, part.batch_index, batch_size), bytes(part.payload),
-            single.partition_key if single.HasField("partition_key") else None,
-            bytes(single.ordering_key) if single.HasField("ordering_key") else None,
-            {kv.key: kv.value for kv in single.properties}, single.event_time,
-            sequence_id=single.sequence_id if single.HasField("sequence_id")
-            else metadata.sequence_id + part.batch_index,
-            **common))
+            MessageId(ledger_id, entry_id, partition, batch_index, batch_size), bytes(part_payload),
+            single.partition_key if has("partition_key") else None,
+            bytes(single.ordering_key) if has("ordering_key") else None,
+            {kv.key: kv.value for kv in properties} if properties else {}, single.event_time,
+            publish_time, producer_name,
+            single.sequence_id if has("sequence_id") else first_sequence_id + batch_index,
+            deliver_at))
     return ReceivedEntry(ledger_id, entry_id, partition, message.redelivery_count, batch_size, tuple(messages))
 
 

@@ -24,12 +24,11 @@ mean the count or a size is wrong, so the batch is refused rather than half-read
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 from google.protobuf.unknown_fields import UnknownFieldSet
 
-from protocol.codec import parse_proto
+from protocol.codec import parse_proto, parse_proto_or_none
 from protocol.proto.pulsar_api_pb2 import CompressionType, MessageMetadata, SingleMessageMetadata
 from common.errors import MalformedFrame
 
@@ -61,8 +60,11 @@ class EncryptedPayload(MalformedFrame):
         super().__init__("batch payload is encrypted; it cannot be split without the key")
 
 
-@dataclass(frozen=True, slots=True)
-class SingleMessage:
+class SingleMessage(NamedTuple):
+    """One message of a batch. A NamedTuple: one is made per message a batch holds, on
+    every consumer's and the compactor's path (a frozen dataclass sets each field
+    through object.__setattr__)."""
+
     batch_index: int
     metadata: SingleMessageMetadata
     payload: memoryview
@@ -116,15 +118,16 @@ def parse_batch(metadata: MessageMetadata, payload: bytes | memoryview) -> list[
             raise MalformedFrame(f"batch message {batch_index} metadata_size {metadata_size} "
                                  f"exceeds the {len(view) - metadata_start} bytes left")
         payload_start = metadata_start + metadata_size
-        single = parse_proto(SingleMessageMetadata, view[metadata_start:payload_start],
-                             f"SingleMessageMetadata of batch message {batch_index}")
+        metadata_view = view[metadata_start:payload_start]
+        single = parse_proto_or_none(SingleMessageMetadata, metadata_view)
+        if single is None:   # parsed again: raises the MalformedFrame that says what is wrong
+            single = parse_proto(SingleMessageMetadata, metadata_view, f"SingleMessageMetadata of batch message {batch_index}")
         payload_size = single.payload_size
         if not 0 <= payload_size <= len(view) - payload_start:
             raise MalformedFrame(f"batch message {batch_index} payload_size {payload_size} does not fit "
                                  f"the {len(view) - payload_start} bytes left")
         offset = payload_start + payload_size
-        messages.append(SingleMessage(batch_index, single, view[payload_start:offset],
-                                      view[metadata_start:payload_start]))
+        messages.append(SingleMessage(batch_index, single, view[payload_start:offset], metadata_view))
     if offset != len(view):
         raise MalformedFrame(f"batch has {len(view) - offset} bytes after its {count} messages")
     assert len(messages) == count

@@ -241,10 +241,38 @@ def _field_kind(field: FieldDescriptor) -> int:
     return kind
 
 
+# A type with at most this many fields that can hold a string (SingleMessageMetadata,
+# KeyValue, MessageIdData...) is checked field by field by name: cheaper than listing
+# the fields set. Bigger ones (BaseCommand has dozens) list what is set.
+_PLAN_FIELDS_MAX = 4
+_plans: dict[Descriptor, tuple[tuple[str, int], ...] | None] = {}
+
+
+def _plan(descriptor: Descriptor) -> tuple[tuple[str, int], ...] | None:
+    if descriptor in _plans:
+        return _plans[descriptor]
+    fields = tuple((field.name, kind) for field in descriptor.fields if (kind := _field_kind(field)) != _SCALAR)
+    plan = _plans[descriptor] = fields if len(fields) <= _PLAN_FIELDS_MAX else None
+    return plan
+
+
 def _strings_valid(message: Message) -> bool:
     """True if every string field set in ``message`` (recursively) decoded as UTF-8. The
     protobuf runtime hands back ``bytes`` instead of ``str`` for a proto2 string field
     with invalid UTF-8; a handler must never see that."""
+    plan = _plan(message.DESCRIPTOR)
+    if plan is not None:
+        for name, kind in plan:
+            if kind == _STRING:
+                # An unset string reads as its default, a str.
+                if type(getattr(message, name)) is not str:
+                    return False
+            elif kind == _MESSAGE:
+                if message.HasField(name) and not _strings_valid(getattr(message, name)):
+                    return False
+            elif (items := getattr(message, name)) and not _items_valid(kind, items):
+                return False
+        return True
     for field, value in message.ListFields():
         kind = _field_kind(field)
         if kind == _SCALAR:
@@ -255,14 +283,21 @@ def _strings_valid(message: Message) -> bool:
         elif kind == _MESSAGE:
             if not _strings_valid(value):
                 return False
-        elif kind == _STRINGS:
-            for item in value:
-                if type(item) is not str:
-                    return False
-        else:
-            for item in value:
-                if not _strings_valid(item):
-                    return False
+        elif not _items_valid(kind, value):
+            return False
+    return True
+
+
+def _items_valid(kind: int, items) -> bool:
+    """A repeated field's items: strings (``_STRINGS``) or messages (``_MESSAGES``)."""
+    if kind == _STRINGS:
+        for item in items:
+            if type(item) is not str:
+                return False
+    else:
+        for item in items:
+            if not _strings_valid(item):
+                return False
     return True
 
 
@@ -279,6 +314,20 @@ def parse_proto(message_class: type[M], data: bytes | memoryview, what: str) -> 
         raise MalformedFrame(f"{what} lacks required fields: {missing}")
     if _may_hold_strings(message.DESCRIPTOR) and not _strings_valid(message):
         raise MalformedFrame(f"{what} has a string field that is not valid UTF-8")
+    return message
+
+
+def parse_proto_or_none(message_class: type[M], data: bytes | memoryview) -> M | None:
+    """``parse_proto`` for a hot loop (a batch's messages): None instead of the error,
+    so no description is formatted per message; the caller parses a None's data again
+    with ``parse_proto`` for the error."""
+    try:
+        message = message_class.FromString(data)
+    except (DecodeError, ValueError, TypeError, RecursionError):
+        return None
+    # (A type that holds no string has an empty plan: nothing to check.)
+    if not message.IsInitialized() or not _strings_valid(message):
+        return None
     return message
 
 

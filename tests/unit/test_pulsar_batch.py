@@ -168,6 +168,9 @@ INVALID = [
     ("payload_size negative", 1, record(h("18ffffffffffffffffff01")), "payload_size -1"),
     ("payload_size too large", 1, record(h("1805"), b"abc"), "payload_size 5"),
     ("invalid utf-8 key", 1, record(h("1800 1201ff")), "UTF-8"),
+    # properties (field 1) holding KeyValue(key="k", value=b"\xff"): a nested string.
+    ("invalid utf-8 property value", 1, record(h("0a06 0a016b 1201ff 1800")), "UTF-8"),
+    ("invalid utf-8 property key", 1, record(h("0a06 0a01ff 12016b 1800")), "UTF-8"),
     ("empty payload", 1, b"", "declares 1"),
 ]
 
