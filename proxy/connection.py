@@ -22,12 +22,14 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from common.errors import AuthenticationFailed, MalformedFrame
 from protocol import commands
 from protocol.codec import Frame, command_body, command_name, encode_command, wrap
 from protocol.proto import pulsar_api_pb2 as pb
+from proxy.auth import TOKEN_METHOD
 from proxy.framing import take_frame
 from proxy.upstream import PROXY_VERSION, UpstreamGone
 
@@ -84,6 +86,15 @@ class ClientSide(_Side):
         self.broker_name = ""
         # The client the proxy authenticated (None with authentication off).
         self.client = None
+        # Its links to brokers for lookup-phase requests, naming it (opened at its first
+        # request; closed with this connection). None: the proxy's shared links.
+        self._links = None
+        # The lookup connection's credential check: due at the client's token expiry,
+        # then an AUTH_CHALLENGE, then closing if no valid answer came in time.
+        self._expiry: asyncio.TimerHandle | None = None
+        self._challenged = False
+        self._refresh_supported = False
+        self._protocol_version = 0
         # CONNECT named a broker: nothing more is read as frames (the rest is piped).
         self._piping = False
         # The client's credentials are being checked (reading paused until then).
@@ -160,6 +171,10 @@ class ClientSide(_Side):
             self._deadline.cancel()
         for task in self._tasks:
             task.cancel()
+        if self._links is not None:
+            self._links.close()
+        if self._expiry is not None:
+            self._expiry.cancel()
         if self._broker is not None:
             self._broker.close()
 
@@ -199,6 +214,8 @@ class ClientSide(_Side):
         elif self._authentication_failure is not None:
             self._refuse(frame.command, self._authentication_failure)
             self.close()
+        elif kind == T.AUTH_RESPONSE and self.client is not None:
+            self._spawn(self._refresh_credential(frame.command.authResponse))
         elif kind in FORWARDED:
             self._forward(frame.command)
         else:
@@ -243,8 +260,68 @@ class ClientSide(_Side):
         self._set_phase(Phase.LOOKUP)
         if self._deadline is not None:
             self._deadline.cancel()
-        self.write(commands.connected(PROXY_VERSION, commands.negotiated_protocol_version(connect.protocol_version),
-                                      self.config.frame_bytes_max - 10 * 1024))
+        self._protocol_version = commands.negotiated_protocol_version(connect.protocol_version)
+        self.write(commands.connected(PROXY_VERSION, self._protocol_version, self.config.frame_bytes_max - 10 * 1024))
+        if self.client is not None:
+            self._refresh_supported = connect.feature_flags.supports_auth_refresh
+            self._watch_expiry()
+
+    # --- a lookup connection's credential (Pulsar's proxy refreshes it like a broker) ----
+
+    def _watch_expiry(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        if self.client is None or self.client.expires_at_s is None:
+            return
+        delay = max(0.0, self.client.expires_at_s - time.time())
+        self._expiry = asyncio.get_running_loop().call_later(delay, self._credential_expired)
+
+    def _credential_expired(self) -> None:
+        """The client's credential expired on its lookup connection: it is asked for a
+        fresh one (AUTH_CHALLENGE, if it announced support and uses tokens) and has
+        ``handshake_timeout_s`` to answer; otherwise the connection ends, as a broker's
+        would. (A piped connection's credential is the broker's to check.)"""
+        self._expiry = None
+        if self.phase is not Phase.LOOKUP or self.client is None:
+            return
+        if self._challenged or not self._refresh_supported or self.client.method != TOKEN_METHOD:
+            self.server.metrics.refused.labels("credential_expired").inc()
+            log.info("client credential expired, closing: peer=%s role=%s challenged=%s", self.peer,
+                     self.client.role, self._challenged)
+            self.close()
+            return
+        self._challenged = True
+        self.write(commands.auth_challenge(PROXY_VERSION, self._protocol_version, TOKEN_METHOD))
+        log.info("client credential expired, challenging: peer=%s role=%s", self.peer, self.client.role)
+        self._expiry = asyncio.get_running_loop().call_later(self.config.handshake_timeout_s,
+                                                             self._credential_expired)
+
+    async def _refresh_credential(self, response: pb.CommandAuthResponse) -> None:
+        """The client's fresh credential: the same role must come back, verified, or the
+        connection ends. Links opened from now on carry it; idle ones are closed."""
+        assert self.client is not None
+        method = response.response.auth_method_name or self.client.method
+        connect = pb.CommandConnect(auth_method_name=method, auth_data=response.response.auth_data)
+        try:
+            fresh = await self.server.auth.authenticate(connect, None)
+        except AuthenticationFailed as error:
+            log.info("client credential refresh failed, closing: peer=%s role=%s error=%s", self.peer,
+                     self.client.role, error.message)
+            self.close()
+            return
+        if fresh is None or fresh.role != self.client.role:
+            log.info("client credential refresh names another role, closing: peer=%s role=%s", self.peer,
+                     self.client.role)
+            self.close()
+            return
+        self.client = fresh
+        self._challenged = False
+        if self._links is not None:
+            self._links.drop_idle()
+        log.info("client credential refreshed: peer=%s role=%s expires_at_s=%s", self.peer, fresh.role,
+                 fresh.expires_at_s)
+        self._watch_expiry()
 
     def _refuse(self, command: pb.BaseCommand, error: AuthenticationFailed) -> None:
         """Answers a request with ``error`` in the answer its command expects (the broker's shapes)."""
@@ -321,8 +398,10 @@ class ClientSide(_Side):
         name = FORWARDED[kind]
         client_request_id = command_body(command).request_id
         self.server.auth.name_client(command_body(command), self.client)
+        if self.client is not None and self._links is None:
+            self._links = self.server.client_links(lambda: self.client)
         try:
-            frame = await self.server.forward(command)
+            frame = await self.server.forward(command, self._links)
         except (UpstreamGone, TimeoutError) as error:
             self.server.metrics.lookups.labels(name, "unavailable").inc()
             message = str(error) or "no broker answered in time"
