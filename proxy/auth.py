@@ -13,8 +13,9 @@ brokers' methods, as Pulsar's proxy has providers of its own):
 It then connects to brokers with its own token (``--broker-token-file``, a role in the
 brokers' ``--proxy-roles``) and names its client in ``original_principal`` /
 ``original_auth_method`` (and ``original_auth_data`` with ``--forward-auth-data``) on
-the piped CONNECT and on every forwarded lookup. Brokers honour those fields only from a
-proxy role. Authorization stays the brokers'.
+the piped CONNECT and on the CONNECT of the links its lookup-phase requests go over
+(``proxy/upstream.py``). Brokers honour those fields only from a proxy role.
+Authorization stays the brokers'.
 
 Without it, a piped client's CONNECT reaches the broker with the client's own
 credentials, and the broker authenticates the client directly.
@@ -181,17 +182,10 @@ class ProxyAuthenticator:
             fields["original_auth_data"] = client.data.decode("ascii", errors="replace")
         return fields
 
-    def name_client(self, body, client: Client | None) -> None:
-        """Sets (or clears) the original_* fields of a forwarded lookup-phase request."""
+    @staticmethod
+    def strip_original(body) -> None:
+        """Clears a forwarded lookup-phase request's original_* fields: a client may not
+        name anyone, and the link it goes over names the client already (its CONNECT)."""
         for name in ORIGINAL_FIELDS:
             if body.DESCRIPTOR.fields_by_name.get(name) is not None:
                 body.ClearField(name)
-        if client is None:
-            return
-        if body.DESCRIPTOR.fields_by_name.get("original_principal") is not None:
-            body.original_principal = client.role
-        if body.DESCRIPTOR.fields_by_name.get("original_auth_method") is not None:
-            body.original_auth_method = client.method
-        if self.config.forward_auth_data and client.data \
-                and body.DESCRIPTOR.fields_by_name.get("original_auth_data") is not None:
-            body.original_auth_data = client.data.decode("ascii", errors="replace")

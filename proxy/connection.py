@@ -397,7 +397,7 @@ class ClientSide(_Side):
         kind = command.type
         name = FORWARDED[kind]
         client_request_id = command_body(command).request_id
-        self.server.auth.name_client(command_body(command), self.client)
+        self.server.auth.strip_original(command_body(command))
         if self.client is not None and self._links is None:
             self._links = self.server.client_links(lambda: self.client)
         try:
