@@ -191,8 +191,12 @@ class LinkPool:
             self._links[key] = link
             if self._on_count is not None:
                 self._on_count(1)
-            while len(self._links) > self._links_max:
-                self._drop(next(iter(self._links)))
+            # Past the bound, the least recently used idle links go (one an answer is
+            # awaited on stays: at worst a link per broker, while the answers come).
+            for old in [k for k, other in self._links.items() if other is not link and not other.busy]:
+                if len(self._links) <= self._links_max:
+                    break
+                self._drop(old)
         self._used(key, link)
         return link
 
