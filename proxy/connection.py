@@ -5,7 +5,9 @@ A client's first frame must be CONNECT (within ``handshake_timeout_s``):
 - **without** ``proxy_to_broker_url`` it is a lookup connection: the proxy answers
   CONNECTED itself and forwards LOOKUP, PARTITIONED_METADATA, GET_TOPICS_OF_NAMESPACE and
   GET_SCHEMA to a broker it picks (the brokers registered in etcd), giving each answer
-  back under the client's request id. LOOKUP answers become ``Connect`` with
+  back under the client's request id. An authenticated client's requests go over links
+  of its own whose CONNECT names it (``ProxyServer.client_links``), so brokers
+  authorize its role; its token's expiry is checked here (AUTH_CHALLENGE, then close). LOOKUP answers become ``Connect`` with
   ``proxy_through_service_url = true``: the client keeps the owner's URL as the
   logical address, connects physically to its service URL (this proxy, or another one
   behind the same name) and names the owner in ``proxy_to_broker_url``.
