@@ -7,7 +7,8 @@ A client's first frame must be CONNECT (within ``handshake_timeout_s``):
   GET_SCHEMA to a broker it picks (the brokers registered in etcd), giving each answer
   back under the client's request id. An authenticated client's requests go over links
   of its own whose CONNECT names it (``ProxyServer.client_links``), so brokers
-  authorize its role; its token's expiry is checked here (AUTH_CHALLENGE, then close). LOOKUP answers become ``Connect`` with
+  authorize its role; its token's expiry is checked here (AUTH_CHALLENGE, then close).
+  LOOKUP answers become ``Connect`` with
   ``proxy_through_service_url = true``: the client keeps the owner's URL as the
   logical address, connects physically to its service URL (this proxy, or another one
   behind the same name) and names the owner in ``proxy_to_broker_url``.
@@ -95,6 +96,7 @@ class ClientSide(_Side):
         # then an AUTH_CHALLENGE, then closing if no valid answer came in time.
         self._expiry: asyncio.TimerHandle | None = None
         self._challenged = False
+        self._refreshing = False
         self._refresh_supported = False
         self._protocol_version = 0
         # CONNECT named a broker: nothing more is read as frames (the rest is piped).
@@ -216,8 +218,12 @@ class ClientSide(_Side):
         elif self._authentication_failure is not None:
             self._refuse(frame.command, self._authentication_failure)
             self.close()
-        elif kind == T.AUTH_RESPONSE and self.client is not None:
-            self._spawn(self._refresh_credential(frame.command.authResponse))
+        elif kind == T.AUTH_RESPONSE:
+            # Taken only as the answer to our challenge, one at a time (a client cannot
+            # make the proxy verify credentials at will).
+            if self._challenged and not self._refreshing:
+                self._refreshing = True
+                self._spawn(self._refresh_credential(frame.command.authResponse))
         elif kind in FORWARDED:
             self._forward(frame.command)
         else:
@@ -303,14 +309,17 @@ class ClientSide(_Side):
         """The client's fresh credential: the same role must come back, verified, or the
         connection ends. Links opened from now on carry it; idle ones are closed."""
         assert self.client is not None
-        method = response.response.auth_method_name or self.client.method
-        connect = pb.CommandConnect(auth_method_name=method, auth_data=response.response.auth_data)
+        connect = pb.CommandConnect(auth_method_name=TOKEN_METHOD, auth_data=response.response.auth_data)
         try:
             fresh = await self.server.auth.authenticate(connect, None)
         except AuthenticationFailed as error:
             log.info("client credential refresh failed, closing: peer=%s role=%s error=%s", self.peer,
                      self.client.role, error.message)
             self.close()
+            return
+        finally:
+            self._refreshing = False
+        if self.phase is Phase.CLOSED:
             return
         if fresh is None or fresh.role != self.client.role:
             log.info("client credential refresh names another role, closing: peer=%s role=%s", self.peer,
