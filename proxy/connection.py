@@ -286,12 +286,20 @@ class ClientSide(_Side):
         self._expiry = asyncio.get_running_loop().call_later(delay, self._credential_expired)
 
     def _credential_expired(self) -> None:
-        """The client's credential expired on its lookup connection: it is asked for a
+        """The client's credential expired. On its lookup connection it is asked for a
         fresh one (AUTH_CHALLENGE, if it announced support and uses tokens) and has
         ``handshake_timeout_s`` to answer; otherwise the connection ends, as a broker's
-        would. (A piped connection's credential is the broker's to check.)"""
+        would. A piped connection is the broker's to check when the proxy forwards the
+        client's token (the broker challenges it through the pipe); otherwise the broker
+        sees only the proxy's credential, and the proxy closes the connection."""
         self._expiry = None
-        if self.phase is not Phase.LOOKUP or self.client is None:
+        if self.client is None or self.phase is Phase.CLOSED:
+            return
+        if self.phase is Phase.PIPED:
+            self.server.metrics.refused.labels("credential_expired").inc()
+            log.info("client credential expired on a piped connection the broker cannot renew, closing: peer=%s "
+                     "role=%s broker=%s", self.peer, self.client.role, self.broker_name)
+            self.close()
             return
         if self._challenged or not self._refresh_supported or self.client.method != TOKEN_METHOD:
             self.server.metrics.refused.labels("credential_expired").inc()
@@ -394,6 +402,10 @@ class ClientSide(_Side):
             self.server.metrics.bytes_client_to_broker.inc(len(rest))
             broker.write(rest)
         log.debug("piping: peer=%s broker=%s", self.peer, self.broker_name)
+        if self.client is not None and not self.server.auth.forwards_refreshable(self.client):
+            # The broker knows only the proxy's credential here: the client's expiry is
+            # enforced by the proxy (the client reconnects with a fresh one).
+            self._watch_expiry()
         self.transport.resume_reading()
 
     def _forward(self, command: pb.BaseCommand) -> None:

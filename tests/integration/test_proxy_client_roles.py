@@ -17,7 +17,10 @@ Proves:
   through the forwarding proxy past many expiries: the broker's AUTH_CHALLENGE on the
   piped connection is answered with the client's fresh token, which the broker
   verifies; the proxy challenges the client's lookup connection itself and takes its
-  fresh token; a client whose supplier keeps giving the expired token is closed by both.
+  fresh token; a client whose supplier keeps giving the expired token is closed by both;
+  through a proxy that does not forward tokens, the proxy closes the piped connection
+  at the client's expiry (the broker sees only the proxy's credential) and the client
+  reconnects with a fresh token, losing nothing.
 """
 
 from __future__ import annotations
@@ -214,8 +217,10 @@ def test_lookups_topic_lists_and_schemas_are_authorized_as_the_client(secured):
 def test_short_lived_tokens_are_renewed_through_the_proxy(secured):
     cluster, signer = secured
     fresh_role, stale_role = f"fresh-{uuid.uuid4().hex[:4]}", f"stale-{uuid.uuid4().hex[:4]}"
-    namespace = namespace_granted_to(cluster, signer, fresh_role, stale_role)
+    plain_role = f"plain-{uuid.uuid4().hex[:4]}"
+    namespace = namespace_granted_to(cluster, signer, fresh_role, stale_role, plain_role)
     proxy = cluster.proxies[1]   # --forward-auth-data
+    plain_proxy = cluster.proxies[0]   # names its clients only
     stale_tokens: list[str] = []
 
     def fresh_token() -> str:
@@ -230,21 +235,40 @@ def test_short_lived_tokens_are_renewed_through_the_proxy(secured):
                           operation_timeout_seconds=10)
     stale = pulsar.Client(proxy.service_url, authentication=pulsar.AuthenticationToken(stale_token),
                           operation_timeout_seconds=10)
+    # Through the proxy that does not forward tokens: the broker cannot renew the piped
+    # connection, so the proxy closes it at the client's expiry and the client comes
+    # back with a fresh token (reconnecting, as from a broker that closes).
+    plain = pulsar.Client(plain_proxy.service_url,
+                          authentication=pulsar.AuthenticationToken(lambda: signer.create(plain_role, expiry_s=2)),
+                          operation_timeout_seconds=10)
     try:
         topic = f"persistent://{namespace}/refresh"
         consumer = fresh.subscribe(topic, "s")
         producer = fresh.create_producer(topic)
         stale.create_producer(f"persistent://{namespace}/stale")
+        plain_topic = f"persistent://{namespace}/plain"
+        plain_consumer = plain.subscribe(plain_topic, "s")
+        plain_producer = plain.create_producer(plain_topic)
         sent = []
         started = time.monotonic()
         while time.monotonic() < started + 5:   # past two expiries and the checks after them
             payload = f"m{len(sent)}".encode()
             producer.send(payload)
+            plain_producer.send(payload)
             sent.append(payload)
             time.sleep(0.25)
         # A lookup after the expiries, on the same lookup connection.
         assert fresh.get_topic_partitions(topic) == [topic]
         assert [consumer.receive(timeout_millis=10_000).data() for _ in sent] == sent
+        # The plain proxy's client: every message, once its consumer is back (what was
+        # not acknowledged before a close comes again).
+        plain_got: set[bytes] = set()
+        while plain_got != set(sent):
+            message = plain_consumer.receive(timeout_millis=10_000)
+            plain_consumer.acknowledge(message)
+            plain_got.add(message.data())
+        assert re.search(rf"client credential expired on a piped connection the broker cannot renew, closing: "
+                         rf"peer=\S+ role={plain_role}\b", plain_proxy.log_text())
         broker_log, proxy_log = cluster.brokers[0].log_text(), proxy.log_text()
         # The piped connections: the broker challenged, the client's fresh token came back.
         assert len(re.findall(rf"credential refreshed: peer=\S+ role={fresh_role} method=token",
@@ -262,3 +286,4 @@ def test_short_lived_tokens_are_renewed_through_the_proxy(secured):
     finally:
         fresh.close()
         stale.close()
+        plain.close()
