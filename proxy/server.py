@@ -9,7 +9,7 @@ import ssl
 from protocol.codec import Frame
 from protocol.proto import pulsar_api_pb2 as pb
 from proxy.auth import ProxyAuthenticator
-from proxy.brokers import BrokerAddress, BrokerDirectory
+from proxy.brokers import BrokerDirectory
 from proxy.config import ProxyConfig
 from proxy.metrics import ProxyMetrics
 from proxy.upstream import LinkPool, UpstreamGone
