@@ -251,5 +251,25 @@ class Authenticator:
         return Identity(original_principal[:ROLE_BYTES_MAX], proxy.expires_at_s,
                         (original_method or proxy.method)[:METHOD_NAME_BYTES_MAX])
 
+    async def proxied_client(self, proxy: Identity, original_principal: str, original_method: str = "",
+                             original_data: str | None = None) -> Identity:
+        """The identity of a proxy's CONNECT naming its client (``on_behalf_of``). When
+        the proxy forwards the client's own credential (``original_auth_data``) of a
+        method this broker verifies from data alone (token, basic), it is verified too:
+        it must prove ``original_principal``, and its expiry is the connection's, not
+        the proxy's — the client's answer to AUTH_CHALLENGE, piped through the proxy,
+        renews it (Pulsar's originalAuthState). Otherwise the proxy's word stands until
+        the proxy's own credential expires, and no refresh is possible (Pulsar's "cannot
+        revalidate user credential when using proxy and not forwarding the credentials")."""
+        identity = self.on_behalf_of(proxy, original_principal, original_method)
+        method = identity.method
+        if not original_data or method not in (TOKEN_METHOD, BASIC_METHOD) or method not in self.providers:
+            return identity
+        client = await self.authenticate(method, original_data)
+        if client.role != identity.role:
+            raise AuthenticationFailed("the original_auth_data the proxy forwarded proves another role than its "
+                                       "original_principal")
+        return client
+
     def still_valid(self, identity: Identity, now_s: float | None = None) -> bool:
         return identity.expires_at_s is None or identity.expires_at_s > (time.time() if now_s is None else now_s)

@@ -475,8 +475,9 @@ class ServerConnection(LookupHandlers, ProducingHandlers, ConsumingHandlers, Adm
             self.identity = await self.service.authenticator.authenticate(method, data, self._peer_certificate())
             if connect.HasField("original_principal"):
                 # A proxy connecting for its client (proxy roles only).
-                self.identity = self.service.authenticator.on_behalf_of(
-                    self.identity, connect.original_principal, connect.original_auth_method)
+                self.identity = await self.service.authenticator.proxied_client(
+                    self.identity, connect.original_principal, connect.original_auth_method,
+                    connect.original_auth_data if connect.HasField("original_auth_data") else None)
         except AuthenticationFailed as error:
             # The reason, never the credential. The first request gets the error and
             # the connection ends (see the module's docstring).

@@ -109,6 +109,8 @@ class AdminHandlers:
         request = frame.command.getSchema
         try:
             name = TopicName.parse(request.topic)
+            # A topic's schema is for those who may produce or consume on it (as a lookup).
+            await self.service.authorizer.check_lookup(self.role, name)
             version = schemas.decode_version(request.schema_version) if request.HasField("schema_version") \
                 and request.schema_version else None
             found = await self.service.schemas.get(name, version)

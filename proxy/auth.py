@@ -13,8 +13,9 @@ brokers' methods, as Pulsar's proxy has providers of its own):
 It then connects to brokers with its own token (``--broker-token-file``, a role in the
 brokers' ``--proxy-roles``) and names its client in ``original_principal`` /
 ``original_auth_method`` (and ``original_auth_data`` with ``--forward-auth-data``) on
-the piped CONNECT and on every forwarded lookup. Brokers honour those fields only from a
-proxy role. Authorization stays the brokers'.
+the piped CONNECT and on the CONNECT of the links its lookup-phase requests go over
+(``proxy/upstream.py``). Brokers honour those fields only from a proxy role.
+Authorization stays the brokers'.
 
 Without it, a piped client's CONNECT reaches the broker with the client's own
 credentials, and the broker authenticates the client directly.
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from common.errors import AuthenticationFailed, ConfigError
 from runtime.password_file import PasswordFile
 from runtime.tls import certificate_common_name
-from runtime.tokens import KeyFileVerifier, TokenFile
+from runtime.tokens import KeyFileVerifier, TokenFile, expires_at_s
 from protocol.proto import pulsar_api_pb2 as pb
 
 TOKEN_METHOD = "token"
@@ -87,6 +88,9 @@ class Client:
     role: str
     method: str
     data: bytes
+    # When its credential stops being valid (seconds since the epoch; a token's exp);
+    # None: never.
+    expires_at_s: float | None = None
 
 
 class ProxyAuthenticator:
@@ -115,7 +119,8 @@ class ProxyAuthenticator:
                                        f"{', '.join(sorted(self.providers))})")
         if method == TOKEN_METHOD:
             assert self._keys is not None
-            return Client(self._keys.current().role(data), method, data)
+            claims = self._keys.current().claims(data)
+            return Client(claims["sub"], method, data, expires_at_s(claims))
         if method == BASIC_METHOD:
             assert self._passwords is not None
             if self._basic_checks is None:
@@ -147,25 +152,40 @@ class ProxyAuthenticator:
             return forwarded
         method, data = self.own_credentials()
         forwarded.auth_method_name, forwarded.auth_data = method, data
-        # The broker asks for fresh credentials of the connection's own role (the proxy's).
-        forwarded.feature_flags.supports_auth_refresh = False
         forwarded.original_principal = client.role
         forwarded.original_auth_method = client.method
-        if self.config.forward_auth_data and client.data:
+        if self.forwards_refreshable(client):
+            # The broker verifies the client's token and, when it expires, challenges:
+            # the client's AUTH_RESPONSE (its fresh token) is piped to the broker as it
+            # is, so its own announcement of refresh support stands.
             forwarded.original_auth_data = client.data.decode("ascii", errors="replace")
+        else:
+            if self.config.forward_auth_data and client.data:
+                forwarded.original_auth_data = client.data.decode("ascii", errors="replace")
+            # Nothing the client could answer a challenge with would renew this
+            # connection's credential (the proxy's): the broker closes it at expiry.
+            forwarded.feature_flags.supports_auth_refresh = False
         return forwarded
 
-    def name_client(self, body, client: Client | None) -> None:
-        """Sets (or clears) the original_* fields of a forwarded lookup-phase request."""
+    def forwards_refreshable(self, client: Client) -> bool:
+        """The client's token goes to brokers (``--forward-auth-data``): they verify it and
+        may challenge the client for a fresh one."""
+        return self.config.forward_auth_data and client.method == TOKEN_METHOD and bool(client.data)
+
+    def connect_fields_for(self, client: Client) -> dict:
+        """The CONNECT fields of a lookup link that speaks for ``client``: the proxy's own
+        credentials and the client named, as on its piped CONNECT."""
+        method, data = self.own_credentials()
+        fields = {"auth_method_name": method, "auth_data": data, "original_principal": client.role,
+                  "original_auth_method": client.method}
+        if self.config.forward_auth_data and client.data:
+            fields["original_auth_data"] = client.data.decode("ascii", errors="replace")
+        return fields
+
+    @staticmethod
+    def strip_original(body) -> None:
+        """Clears a forwarded lookup-phase request's original_* fields: a client may not
+        name anyone, and the link it goes over names the client already (its CONNECT)."""
         for name in ORIGINAL_FIELDS:
             if body.DESCRIPTOR.fields_by_name.get(name) is not None:
                 body.ClearField(name)
-        if client is None:
-            return
-        if body.DESCRIPTOR.fields_by_name.get("original_principal") is not None:
-            body.original_principal = client.role
-        if body.DESCRIPTOR.fields_by_name.get("original_auth_method") is not None:
-            body.original_auth_method = client.method
-        if self.config.forward_auth_data and client.data \
-                and body.DESCRIPTOR.fields_by_name.get("original_auth_data") is not None:
-            body.original_auth_data = client.data.decode("ascii", errors="replace")

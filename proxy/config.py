@@ -31,6 +31,11 @@ class ProxyConfig:
     lookup_timeout_s: float = 30.0
     # Lookup-phase requests of one client waiting on brokers at once.
     pending_lookups_max: int = 1_000
+    # An authenticated client's lookup-phase requests go over links to brokers that name
+    # that client (closed with its connection): at most this many per client connection,
+    # each closed after this long without a request.
+    client_links_max: int = 2
+    client_link_idle_s: float = 60.0
     # Brokers one lookup is tried on before it fails (a broker may have just died).
     lookup_attempts_max: int = 3
     # TLS towards brokers: lookups and piped connections use the brokers' pulsar+ssl://
@@ -63,5 +68,7 @@ class ProxyConfig:
             raise ConfigError("tls_port and http_tls_port need a TLS certificate (--tls-cert-file, --tls-key-file)")
         if not self.plain_ports_enabled and self.tls_port < 0:
             raise ConfigError("with the plain ports off (--no-plain-ports), tls_port must be set: clients need a port")
+        if self.client_links_max < 1 or not 1 <= self.client_link_idle_s <= 86_400:
+            raise ConfigError("client_links_max must be at least 1 and client_link_idle_s in [1, 86400]")
         if self.pending_lookups_max < 1 or self.lookup_attempts_max < 1:
             raise ConfigError("pending_lookups_max and lookup_attempts_max must be at least 1")

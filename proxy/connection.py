@@ -5,7 +5,10 @@ A client's first frame must be CONNECT (within ``handshake_timeout_s``):
 - **without** ``proxy_to_broker_url`` it is a lookup connection: the proxy answers
   CONNECTED itself and forwards LOOKUP, PARTITIONED_METADATA, GET_TOPICS_OF_NAMESPACE and
   GET_SCHEMA to a broker it picks (the brokers registered in etcd), giving each answer
-  back under the client's request id. LOOKUP answers become ``Connect`` with
+  back under the client's request id. An authenticated client's requests go over links
+  of its own whose CONNECT names it (``ProxyServer.client_links``), so brokers
+  authorize its role; its token's expiry is checked here (AUTH_CHALLENGE, then close).
+  LOOKUP answers become ``Connect`` with
   ``proxy_through_service_url = true``: the client keeps the owner's URL as the
   logical address, connects physically to its service URL (this proxy, or another one
   behind the same name) and names the owner in ``proxy_to_broker_url``.
@@ -22,12 +25,14 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from common.errors import AuthenticationFailed, MalformedFrame
 from protocol import commands
 from protocol.codec import Frame, command_body, command_name, encode_command, wrap
 from protocol.proto import pulsar_api_pb2 as pb
+from proxy.auth import TOKEN_METHOD
 from proxy.framing import take_frame
 from proxy.upstream import PROXY_VERSION, UpstreamGone
 
@@ -84,6 +89,16 @@ class ClientSide(_Side):
         self.broker_name = ""
         # The client the proxy authenticated (None with authentication off).
         self.client = None
+        # Its links to brokers for lookup-phase requests, naming it (opened at its first
+        # request; closed with this connection). None: the proxy's shared links.
+        self._links = None
+        # The lookup connection's credential check: due at the client's token expiry,
+        # then an AUTH_CHALLENGE, then closing if no valid answer came in time.
+        self._expiry: asyncio.TimerHandle | None = None
+        self._challenged = False
+        self._refreshing = False
+        self._refresh_supported = False
+        self._protocol_version = 0
         # CONNECT named a broker: nothing more is read as frames (the rest is piped).
         self._piping = False
         # The client's credentials are being checked (reading paused until then).
@@ -160,6 +175,10 @@ class ClientSide(_Side):
             self._deadline.cancel()
         for task in self._tasks:
             task.cancel()
+        if self._links is not None:
+            self._links.close()
+        if self._expiry is not None:
+            self._expiry.cancel()
         if self._broker is not None:
             self._broker.close()
 
@@ -199,6 +218,12 @@ class ClientSide(_Side):
         elif self._authentication_failure is not None:
             self._refuse(frame.command, self._authentication_failure)
             self.close()
+        elif kind == T.AUTH_RESPONSE:
+            # Taken only as the answer to our challenge, one at a time (a client cannot
+            # make the proxy verify credentials at will).
+            if self._challenged and not self._refreshing:
+                self._refreshing = True
+                self._spawn(self._refresh_credential(frame.command.authResponse))
         elif kind in FORWARDED:
             self._forward(frame.command)
         else:
@@ -243,8 +268,79 @@ class ClientSide(_Side):
         self._set_phase(Phase.LOOKUP)
         if self._deadline is not None:
             self._deadline.cancel()
-        self.write(commands.connected(PROXY_VERSION, commands.negotiated_protocol_version(connect.protocol_version),
-                                      self.config.frame_bytes_max - 10 * 1024))
+        self._protocol_version = commands.negotiated_protocol_version(connect.protocol_version)
+        self.write(commands.connected(PROXY_VERSION, self._protocol_version, self.config.frame_bytes_max - 10 * 1024))
+        if self.client is not None:
+            self._refresh_supported = connect.feature_flags.supports_auth_refresh
+            self._watch_expiry()
+
+    # --- a lookup connection's credential (Pulsar's proxy refreshes it like a broker) ----
+
+    def _watch_expiry(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        if self.client is None or self.client.expires_at_s is None:
+            return
+        delay = max(0.0, self.client.expires_at_s - time.time())
+        self._expiry = asyncio.get_running_loop().call_later(delay, self._credential_expired)
+
+    def _credential_expired(self) -> None:
+        """The client's credential expired. On its lookup connection it is asked for a
+        fresh one (AUTH_CHALLENGE, if it announced support and uses tokens) and has
+        ``handshake_timeout_s`` to answer; otherwise the connection ends, as a broker's
+        would. A piped connection is the broker's to check when the proxy forwards the
+        client's token (the broker challenges it through the pipe); otherwise the broker
+        sees only the proxy's credential, and the proxy closes the connection."""
+        self._expiry = None
+        if self.client is None or self.phase is Phase.CLOSED:
+            return
+        if self.phase is Phase.PIPED:
+            self.server.metrics.refused.labels("credential_expired").inc()
+            log.info("client credential expired on a piped connection the broker cannot renew, closing: peer=%s "
+                     "role=%s broker=%s", self.peer, self.client.role, self.broker_name)
+            self.close()
+            return
+        if self._challenged or not self._refresh_supported or self.client.method != TOKEN_METHOD:
+            self.server.metrics.refused.labels("credential_expired").inc()
+            log.info("client credential expired, closing: peer=%s role=%s challenged=%s", self.peer,
+                     self.client.role, self._challenged)
+            self.close()
+            return
+        self._challenged = True
+        self.write(commands.auth_challenge(PROXY_VERSION, self._protocol_version, TOKEN_METHOD))
+        log.info("client credential expired, challenging: peer=%s role=%s", self.peer, self.client.role)
+        self._expiry = asyncio.get_running_loop().call_later(self.config.handshake_timeout_s,
+                                                             self._credential_expired)
+
+    async def _refresh_credential(self, response: pb.CommandAuthResponse) -> None:
+        """The client's fresh credential: the same role must come back, verified, or the
+        connection ends. Links opened from now on carry it; idle ones are closed."""
+        assert self.client is not None
+        connect = pb.CommandConnect(auth_method_name=TOKEN_METHOD, auth_data=response.response.auth_data)
+        try:
+            fresh = await self.server.auth.authenticate(connect, None)
+        except AuthenticationFailed as error:
+            log.info("client credential refresh failed, closing: peer=%s role=%s error=%s", self.peer,
+                     self.client.role, error.message)
+            self.close()
+            return
+        finally:
+            self._refreshing = False
+        if self.phase is Phase.CLOSED:
+            return
+        if fresh is None or fresh.role != self.client.role:
+            log.info("client credential refresh names another role, closing: peer=%s role=%s", self.peer,
+                     self.client.role)
+            self.close()
+            return
+        self.client = fresh
+        self._challenged = False
+        if self._links is not None:
+            self._links.drop_idle()
+        log.info("client credential refreshed: peer=%s role=%s expires_at_s=%s", self.peer, fresh.role,
+                 fresh.expires_at_s)
+        self._watch_expiry()
 
     def _refuse(self, command: pb.BaseCommand, error: AuthenticationFailed) -> None:
         """Answers a request with ``error`` in the answer its command expects (the broker's shapes)."""
@@ -306,6 +402,10 @@ class ClientSide(_Side):
             self.server.metrics.bytes_client_to_broker.inc(len(rest))
             broker.write(rest)
         log.debug("piping: peer=%s broker=%s", self.peer, self.broker_name)
+        if self.client is not None and not self.server.auth.forwards_refreshable(self.client):
+            # The broker knows only the proxy's credential here: the client's expiry is
+            # enforced by the proxy (the client reconnects with a fresh one).
+            self._watch_expiry()
         self.transport.resume_reading()
 
     def _forward(self, command: pb.BaseCommand) -> None:
@@ -320,9 +420,11 @@ class ClientSide(_Side):
         kind = command.type
         name = FORWARDED[kind]
         client_request_id = command_body(command).request_id
-        self.server.auth.name_client(command_body(command), self.client)
+        self.server.auth.strip_original(command_body(command))
+        if self.client is not None and self._links is None:
+            self._links = self.server.client_links(lambda: self.client)
         try:
-            frame = await self.server.forward(command)
+            frame = await self.server.forward(command, self._links)
         except (UpstreamGone, TimeoutError) as error:
             self.server.metrics.lookups.labels(name, "unavailable").inc()
             message = str(error) or "no broker answered in time"

@@ -64,6 +64,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--buffer-bytes-max", type=int, default=DEFAULTS.buffer_bytes_max,
                         help="bytes buffered towards one side before reading the other pauses")
     parser.add_argument("--lookup-timeout-s", type=float, default=DEFAULTS.lookup_timeout_s)
+    parser.add_argument("--client-links-max", type=int, default=DEFAULTS.client_links_max,
+                        help="an authenticated client's connections to brokers for its lookups (each names it)")
+    parser.add_argument("--client-link-idle-s", type=float, default=DEFAULTS.client_link_idle_s,
+                        help="such a connection is closed after this long without a request")
     parser.add_argument("--broker-tls", action="store_true",
                         help="reach brokers on their pulsar+ssl:// addresses (lookups included)")
     parser.add_argument("--broker-tls-trust-certs-file", default="", help="CA of the brokers' certificates")
@@ -89,7 +93,8 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
     return ProxyConfig(metadata_url=args.metadata, host=args.host, port=args.port, http_port=args.http_port,
                        connections_max=args.connections_max, frame_bytes_max=args.frame_bytes_max,
                        handshake_timeout_s=args.handshake_timeout_s, buffer_bytes_max=args.buffer_bytes_max,
-                       lookup_timeout_s=args.lookup_timeout_s, broker_tls_only=args.broker_tls,
+                       lookup_timeout_s=args.lookup_timeout_s, client_links_max=args.client_links_max,
+                       client_link_idle_s=args.client_link_idle_s, broker_tls_only=args.broker_tls,
                        broker_tls_trust_certs_file=args.broker_tls_trust_certs_file,
                        broker_tls_hostname_verification=args.broker_tls_hostname_verification,
                        plain_ports_enabled=not args.no_plain_ports, tls_port=args.tls_port,

@@ -22,6 +22,9 @@ class ProxyMetrics:
         self.paused = Counter("magnetar_proxy_read_pauses_total",
                               "Times reading one side paused because the other side's buffer was full",
                               ["side"], registry=registry)
+        self.client_links = Gauge("magnetar_proxy_client_links_open",
+                                  "Connections to brokers open for authenticated clients' lookups (each names its "
+                                  "client)", registry=registry)
         for phase in ("handshake", "lookup", "piped"):
             self.connections.labels(phase)
         # The piped bytes' two children, looked up once: counted on every chunk piped.

@@ -11,7 +11,8 @@ by method (token, tls from the verified certificate's CN, basic from user:passwo
 over HTTP by scheme (Bearer, Basic) or, without a header, the client certificate;
 providers not configured are refused; AuthConfig and BrokerConfig refuse incomplete
 settings and never show the basic file's inline content; the new flags of the broker
-and the gateway are set from MAGNETAR_* variables too.
+and the gateway are set from MAGNETAR_* variables too; a proxy's forwarded client token
+is verified (the named role, its own expiry).
 """
 
 from __future__ import annotations
@@ -221,3 +222,30 @@ def test_the_new_flags_come_from_the_environment_too():
     args = parse_command_line(["gateway", "--service-url", "pulsar://127.0.0.1:6650"], {
         "MAGNETAR_AUTHENTICATION_PROVIDERS": "basic,tls", "MAGNETAR_TLS_TRUST_CERTS_FILE": "/etc/ca.pem"})
     assert (args.authentication_providers, args.tls_trust_certs_file) == ("basic,tls", "/etc/ca.pem")
+
+
+async def test_a_proxys_client_is_verified_when_its_token_is_forwarded(tmp_path):
+    """A proxy role naming its client (``original_principal``): with the client's token
+    forwarded (``original_auth_data``) the broker verifies it — it must prove the named
+    role, and its expiry is the connection's; without one, the proxy's word and the
+    proxy's expiry; a method this broker cannot verify from data stays the proxy's word;
+    a role that is no proxy role may name no one."""
+    key = create_secret_key()
+    (tmp_path / "secret.key").write_bytes(key)
+    signer = TokenSigner.with_secret_key(key)
+    authenticator = Authenticator(AuthConfig(authentication_enabled=True, proxy_roles="proxy-role",
+                                             token_secret_key=f"file://{tmp_path}/secret.key"))
+    proxy = await authenticator.authenticate("token", signer.create("proxy-role", expiry_s=3600))
+    alice_token = signer.create("alice", expiry_s=60)
+    identity = await authenticator.proxied_client(proxy, "alice", "token", alice_token)
+    assert identity.role == "alice" and identity.expires_at_s is not None
+    assert identity.expires_at_s < proxy.expires_at_s - 3000                 # alice's, not the proxy's
+    assert (await authenticator.proxied_client(proxy, "alice", "token")).expires_at_s == proxy.expires_at_s
+    assert (await authenticator.proxied_client(proxy, "alice", "basic", "alice:pw")).role == "alice"
+    with pytest.raises(AuthenticationFailed, match="another role"):
+        await authenticator.proxied_client(proxy, "alice", "token", signer.create("mallory"))
+    with pytest.raises(AuthenticationFailed, match="expired"):
+        await authenticator.proxied_client(proxy, "alice", "token", signer.create("alice", expiry_s=-60))
+    mallory = await authenticator.authenticate("token", signer.create("mallory"))
+    with pytest.raises(AuthenticationFailed, match="not a proxy role"):
+        await authenticator.proxied_client(mallory, "alice", "token", alice_token)

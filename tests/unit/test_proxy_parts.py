@@ -73,7 +73,7 @@ def test_without_authentication_the_clients_connect_goes_on_without_original_fie
     assert not forwarded.HasField("original_auth_method")
     assert forwarded.auth_data == b"client-token"        # the broker authenticates the client itself
     lookup = pb.CommandLookupTopic(topic="t", request_id=1, original_principal="someone-else")
-    auth.name_client(lookup, None)
+    auth.strip_original(lookup)
     assert not lookup.HasField("original_principal")
 
 
@@ -93,8 +93,11 @@ def test_an_authenticating_proxy_names_the_client_it_verified(tmp_path):
     assert not forwarded.HasField("original_auth_data")          # only with --forward-auth-data
     assert signer.create("proxy-role").encode() == forwarded.auth_data
     lookup = pb.CommandPartitionedTopicMetadata(topic="t", request_id=1, original_principal="alice")
-    auth.name_client(lookup, client)
-    assert lookup.original_principal == "bob"
+    auth.strip_original(lookup)   # the link it goes over names bob (its CONNECT)
+    assert not lookup.HasField("original_principal")
+    fields = auth.connect_fields_for(client)
+    assert (fields["original_principal"], fields["original_auth_method"]) == ("bob", "token")
+    assert fields["auth_data"] == signer.create("proxy-role").encode() and "original_auth_data" not in fields
     for bad in (pb.CommandConnect(client_version="t", protocol_version=20),
                 pb.CommandConnect(client_version="t", protocol_version=20, auth_method_name="token",
                                   auth_data=TokenSigner.with_secret_key(create_secret_key()).create("x").encode()),
