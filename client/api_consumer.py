@@ -345,6 +345,11 @@ class Consumer:
     async def receive(self, timeout_millis: int | None = None) -> Message:
         """The next message; OperationTimeout (pulsar's Timeout) after ``timeout_millis``."""
         self._check_no_listener()
+        # A message already queued is handed over without a second coroutine (the
+        # drain's every call): _receive is for waiting.
+        message = self._pop()
+        if message is not None:
+            return message
         return await self._receive(timeout_millis)
 
     def _check_no_listener(self) -> None:
