@@ -607,6 +607,12 @@ class Consumer:
 
     async def seek(self, position: MessageId | int) -> None:
         """Moves the subscription to a message id or to a publish time (epoch ms)."""
+        # Acknowledgements grouped or held so far are sent before the SEEK (as the
+        # official clients flush theirs), and any that cannot be are dropped: sent
+        # after it, they would acknowledge messages the seek is to deliver again.
+        for source in list(self._acks):
+            self._flush_acks(source)
+        self._acks.clear()
         for source in self._sources.values():
             assert source.low is not None
             if isinstance(position, MessageId):
