@@ -742,6 +742,7 @@ class PersistentTopic:
         try:
             await subscription.dispatcher.close()
             await subscription.cursor.delete()
+            await self.transactions.drop_subscription(name)   # its held acknowledgements go with it
         finally:
             self._deleting.discard(name)
         self.subscriptions.pop(name, None)
@@ -968,6 +969,7 @@ class PersistentTopic:
         for name, subscription in list(self.subscriptions.items()):
             await subscription.cursor.delete()
         await self._store.delete_prefix(keys.cursors_of_topic(self.name.key_path))
+        await self.transactions.drop_all()   # acknowledgements held in transactions
         await self._store.delete(keys.topic_activity(self.name.key_path))
         await self.compaction.delete()
         await self.ledger.delete()

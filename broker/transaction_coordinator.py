@@ -47,7 +47,7 @@ from common.topic_name import NamespaceName, TopicName
 from metadata import keys
 from metadata.policies import TenantInfo
 from transactions.records import TxnId, TxnRecord, TxnStatus, timeout_ms_for
-from transactions.store import CoordinatorStore
+from transactions.store import CoordinatorStore, PendingAckStore
 
 log = logging.getLogger(__name__)
 
@@ -449,6 +449,9 @@ class TransactionCoordinators:
         try:
             loaded = await self._service.get_topic(name, create=False)
         except TopicNotFound:
+            # Deleted with its pending acknowledgements (one written while it was
+            # being deleted may remain: removed here).
+            await PendingAckStore(self._store, name.key_path).delete(subscription, txn_id)
             return
         await loaded.transactions.end_on_subscription(loaded.subscriptions.get(subscription), subscription, txn_id,
                                                       commit=commit)

@@ -14,9 +14,14 @@ basics; superuser only when authorization is on, as every path naming no tenant)
                                                             404 once it ended)
     GET /admin/v3/transactions/slowTransactions/{timeout}   {txnId: metadata} of transactions
                                                             open longer than ``timeout`` ms, on
-                                                            the coordinators served here (or
-                                                            ?coordinatorId=N, redirected; not
-                                                            gathered from other brokers)
+                                                            every coordinator: those served
+                                                            here, the others' asked of the
+                                                            brokers serving them (as Pulsar
+                                                            gathers them); ?coordinatorId=N:
+                                                            coordinator N's (307 to its broker)
+
+The per-topic stats (transactionBufferStats, pendingAckStats, transactionInBufferStats,
+transactionInPendingAckStats) are broker/admin/transaction_stats.py.
 
 Coordinator stats (Pulsar's TransactionCoordinatorStats, the fields this design has):
 ``state`` ("Ready": loaded and served here), ``ongoingTxnSize`` (open or ending),
@@ -27,7 +32,8 @@ etcd counter; nothing is kept per low-water mark) and are left out.
 Transaction metadata (Pulsar's TransactionMetadata): ``txnId`` "(most,least)",
 ``status`` (OPEN, COMMITTING, ABORTING), ``openTimestamp`` (epoch ms; 0 for a record
 written before it was kept), ``timeoutAt`` (the timeout in ms, as Pulsar reports it),
-``producedPartitions`` {topic: {"startPosition": "L:E" or null, "aborted": false}} and
+``producedPartitions`` {topic: {"startPosition": "L:E" or null, "aborted": false}}
+(Pulsar's TransactionInBufferStats: the first entry it may own there) and
 ``ackedPartitions`` {topic: {subscription: {"cumulativeAckPosition": "L:E" or null}}};
 the per-topic parts are filled where this broker has the topic loaded, else empty.
 """
@@ -40,6 +46,7 @@ from aiohttp import web
 
 from broker.admin import fanout
 from broker.admin.common import path_integer, query_integer
+from broker.admin.transaction_stats import position_text, start_position
 from broker.admin.topic_access import redirect_unless_owner
 from broker.service import BrokerService
 from broker.transaction_coordinator import Coordinator, assign_partition
@@ -56,16 +63,12 @@ def coordinator_stats(coordinator: Coordinator) -> dict:
             "recoverStartTime": coordinator.loaded_at_ms, "recoverEndTime": coordinator.loaded_at_ms}
 
 
-def _position_text(position) -> str | None:
-    return None if position is None else f"{position.ledger_id}:{position.entry_id}"
-
-
 def transaction_metadata(service: BrokerService, record: TxnRecord) -> dict:
     produced: dict[str, dict] = {}
     for topic in record.partitions:
         loaded = service.loaded_topic(TopicName.parse(topic))
-        bound = loaded.transactions.buffer.open.get(record.txn_id) if loaded is not None else None
-        produced[topic] = {} if loaded is None else {"startPosition": _position_text(bound), "aborted": False}
+        produced[topic] = {} if loaded is None else {
+            "startPosition": position_text(start_position(loaded, record.txn_id)), "aborted": False}
     acked: dict[str, dict[str, dict]] = {}
     for topic, subscription in record.subscriptions:
         loaded = service.loaded_topic(TopicName.parse(topic))
@@ -74,7 +77,7 @@ def transaction_metadata(service: BrokerService, record: TxnRecord) -> dict:
             pending = loaded.transactions.pending.get(subscription)
             cumulative = pending.cumulative if pending is not None else None
             held = cumulative[1][0] if cumulative is not None and cumulative[0] == record.txn_id else None
-            stats = {"cumulativeAckPosition": _position_text(held)}
+            stats = {"cumulativeAckPosition": position_text(held)}
         acked.setdefault(topic, {})[subscription] = stats
     return {"txnId": f"({record.txn_id.most},{record.txn_id.least})", "status": record.status.value,
             "openTimestamp": record.opened_ms,
@@ -128,16 +131,40 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
         coordinator = await coordinators.coordinator(most)
         return web.json_response(transaction_metadata(service, coordinator.record(txn_id)))
 
-    async def get_slow(request: web.Request) -> web.Response:
-        timeout_ms = path_integer(request, "timeout", minimum=0, maximum=2**63 - 1)
+    def slow_here(coordinator: Coordinator, timeout_ms: int) -> dict[str, dict]:
         now_ms = int(time.time() * 1000)
         slow = {}
-        for coordinator in await chosen(request):
-            for record in list(coordinator.records.values()):
-                if record.opened_ms and now_ms - record.opened_ms > timeout_ms:
-                    metadata = transaction_metadata(service, record)
-                    slow[metadata["txnId"]] = metadata
-        return web.json_response(slow)
+        for record in list(coordinator.records.values()):
+            if record.opened_ms and now_ms - record.opened_ms > timeout_ms:
+                metadata = transaction_metadata(service, record)
+                slow[metadata["txnId"]] = metadata
+        return slow
+
+    async def get_slow(request: web.Request) -> web.Response:
+        timeout_ms = path_integer(request, "timeout", minimum=0, maximum=2**63 - 1)
+        coordinators = coordinators_service()
+        if "coordinatorId" in request.query:
+            slow: dict[str, dict] = {}
+            for coordinator in await chosen(request):
+                slow.update(slow_here(coordinator, timeout_ms))
+            return web.json_response(slow)
+
+        # Every coordinator: this broker's own, the others asked (with ?coordinatorId,
+        # so the broker asked answers for that one alone) of the brokers serving them.
+        async def one(coordinator_id: int) -> dict:
+            partition = assign_partition(coordinator_id)
+            owner = await service.owner_of(partition)
+            if owner.is_self:
+                return slow_here(await coordinators.coordinator(coordinator_id), timeout_ms)
+            got = await remote.call("GET", owner, partition, path=f"{BASE}/slowTransactions/{timeout_ms}",
+                                    query={"coordinatorId": str(coordinator_id)})
+            return got if isinstance(got, dict) else {}
+
+        answer: dict[str, dict] = {}
+        async with fanout.PartitionCalls(service, request) as remote:
+            for part in await fanout.bounded_gather(one(n) for n in range(coordinators.count)):
+                answer.update(part)
+        return web.json_response(answer)
 
     app.router.add_get(f"{BASE}/coordinators", get_coordinators)
     app.router.add_get(f"{BASE}/transactionMetadata/{{most}}/{{least}}", get_metadata)

@@ -1,0 +1,114 @@
+"""Admin REST about one topic's part in transactions: Pulsar's per-topic
+``/admin/v3/transactions`` stats, answered by the broker serving the topic (307 to it
+from any other, as every topic admin path). Authorized as any path naming a tenant
+(tenant admin; broker/admin/permissions.py). ``?authoritative`` is accepted and ignored.
+
+    GET /admin/v3/transactions/transactionBufferStats/{tenant}/{namespace}/{topic}
+        Pulsar's TransactionBufferStats: ``state`` ("Ready": loaded here),
+        ``maxReadPosition`` ("L:E": readers stop there), ``ongoingTxnSize`` (transactions
+        open on the topic), ``recoverStartTime`` / ``recoverEndTime`` (epoch ms when this
+        broker rebuilt the buffer as it loaded the topic; 0: nothing to rebuild, a topic
+        no transaction named), ``lastSnapshotTimestamps`` (always 0: no buffer snapshots
+        are taken here). Magnetar adds ``abortedTxnSize`` (aborted transactions whose
+        entries are still stored and skipped). Pulsar's ``lowWaterMarks`` and
+        ``snapshotStats`` have no counterpart and are left out.
+    GET /admin/v3/transactions/pendingAckStats/{tenant}/{namespace}/{topic}/{subName}
+        Pulsar's TransactionPendingAckStats: ``state`` ("Ready"), ``ongoingTxnSize``
+        (transactions holding acknowledgements on the subscription). Magnetar adds
+        ``pendingAckSize`` (messages held; a cumulative acknowledgement counts once).
+        404 when the subscription does not exist.
+    GET /admin/v3/transactions/transactionInBufferStats/{tenant}/{namespace}/{topic}/{most}/{least}
+        Pulsar's TransactionInBufferStats: ``startPosition`` ("L:E", the first entry the
+        open transaction may own on the topic; null when it is not open there) and
+        ``aborted`` (it was aborted and its entries are still stored).
+    GET /admin/v3/transactions/transactionInPendingAckStats/{tenant}/{namespace}/{topic}/{subName}/{most}/{least}
+        Pulsar's TransactionInPendingAckStats: ``cumulativeAckPosition`` ("L:E" of the
+        transaction's cumulative acknowledgement on the subscription, else null).
+        Magnetar adds ``individualAckSize`` (its individual acknowledgements held there).
+        404 when the subscription does not exist.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from broker.admin import topic_access
+from broker.admin.common import path_integer, topic_of
+from broker.admin.policy_codec import subscription_name_of
+from broker.service import BrokerService
+from broker.topic import PersistentTopic
+from common.errors import NotAllowed, SubscriptionNotFound
+from common.position import Position
+from transactions.pending_acks import PendingAcks
+from transactions.records import TxnId
+
+BASE = "/admin/v3/transactions"
+_U64_MAX = 2**64 - 1
+
+
+def position_text(position: Position | None) -> str | None:
+    return None if position is None else f"{position.ledger_id}:{position.entry_id}"
+
+
+def start_position(topic: PersistentTopic, txn_id: TxnId) -> Position | None:
+    """The first entry ``txn_id`` may own on ``topic`` (None: not open there). The
+    buffer keeps the entry before it, the last confirmed one at its first send."""
+    bound = topic.transactions.buffer.open.get(txn_id)
+    return None if bound is None else topic.ledger.next_position(bound)
+
+
+def buffer_stats(topic: PersistentTopic) -> dict:
+    transactions = topic.transactions
+    buffer = transactions.buffer
+    return {"state": "Ready", "maxReadPosition": position_text(buffer.max_read_position(topic.ledger.last_confirmed)),
+            "lastSnapshotTimestamps": 0, "ongoingTxnSize": len(buffer.open),
+            "recoverStartTime": transactions.recover_start_ms, "recoverEndTime": transactions.recover_end_ms,
+            "abortedTxnSize": len(buffer.aborted)}
+
+
+def _pending_of(topic: PersistentTopic, subscription: str) -> PendingAcks:
+    """The subscription's pending acknowledgements (empty if none was ever held);
+    SubscriptionNotFound when the subscription does not exist."""
+    if subscription not in topic.subscriptions:
+        raise SubscriptionNotFound(f"subscription {subscription} does not exist on {topic.full_name}")
+    return topic.transactions.pending.get(subscription) or PendingAcks()
+
+
+def add_routes(app: web.Application, service: BrokerService) -> None:
+    async def loaded(request: web.Request) -> PersistentTopic:
+        if service.transactions is None:
+            raise NotAllowed("transactions are disabled on this broker (transactions_enabled)")
+        return await topic_access.load(service, topic_of(request), request)
+
+    def txn_of(request: web.Request) -> TxnId:
+        return TxnId(path_integer(request, "most", minimum=0, maximum=_U64_MAX),
+                     path_integer(request, "least", minimum=0, maximum=_U64_MAX))
+
+    async def transaction_buffer_stats(request: web.Request) -> web.Response:
+        return web.json_response(buffer_stats(await loaded(request)))
+
+    async def pending_ack_stats(request: web.Request) -> web.Response:
+        pending = _pending_of(await loaded(request), subscription_name_of(request.match_info["subscription"]))
+        return web.json_response({"state": "Ready", "ongoingTxnSize": len(pending.txns), "pendingAckSize": len(pending)})
+
+    async def transaction_in_buffer_stats(request: web.Request) -> web.Response:
+        topic = await loaded(request)
+        txn_id = txn_of(request)
+        return web.json_response({"startPosition": position_text(start_position(topic, txn_id)),
+                                  "aborted": txn_id in topic.transactions.buffer.aborted})
+
+    async def transaction_in_pending_ack_stats(request: web.Request) -> web.Response:
+        pending = _pending_of(await loaded(request), subscription_name_of(request.match_info["subscription"]))
+        txn_id = txn_of(request)
+        cumulative = pending.cumulative
+        held = cumulative[1][0] if cumulative is not None and cumulative[0] == txn_id else None
+        return web.json_response({"cumulativeAckPosition": position_text(held),
+                                  "individualAckSize": len(pending.by_txn.get(txn_id, {}))})
+
+    topic_path = "{tenant}/{namespace}/{topic}"
+    app.router.add_get(f"{BASE}/transactionBufferStats/{topic_path}", transaction_buffer_stats)
+    app.router.add_get(f"{BASE}/pendingAckStats/{topic_path}/{{subscription}}", pending_ack_stats)
+    app.router.add_get(f"{BASE}/transactionInBufferStats/{topic_path}/{{most}}/{{least}}",
+                       transaction_in_buffer_stats)
+    app.router.add_get(f"{BASE}/transactionInPendingAckStats/{topic_path}/{{subscription}}/{{most}}/{{least}}",
+                       transaction_in_pending_ack_stats)
