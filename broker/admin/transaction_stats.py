@@ -74,6 +74,21 @@ def _pending_of(topic: PersistentTopic, subscription: str) -> PendingAcks:
     return topic.transactions.pending.get(subscription) or PendingAcks()
 
 
+def in_buffer_stats(topic: PersistentTopic, txn_id: TxnId) -> dict:
+    """Pulsar's TransactionInBufferStats of ``txn_id`` on ``topic``."""
+    return {"startPosition": position_text(start_position(topic, txn_id)),
+            "aborted": txn_id in topic.transactions.buffer.aborted}
+
+
+def in_pending_ack_stats(topic: PersistentTopic, subscription: str, txn_id: TxnId) -> dict:
+    """Pulsar's TransactionInPendingAckStats of ``txn_id`` on a subscription
+    (SubscriptionNotFound if it does not exist)."""
+    pending = _pending_of(topic, subscription)
+    cumulative = pending.cumulative
+    held = cumulative[1][0] if cumulative is not None and cumulative[0] == txn_id else None
+    return {"cumulativeAckPosition": position_text(held), "individualAckSize": len(pending.by_txn.get(txn_id, {}))}
+
+
 def add_routes(app: web.Application, service: BrokerService) -> None:
     async def loaded(request: web.Request) -> PersistentTopic:
         if service.transactions is None:
@@ -92,18 +107,12 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
         return web.json_response({"state": "Ready", "ongoingTxnSize": len(pending.txns), "pendingAckSize": len(pending)})
 
     async def transaction_in_buffer_stats(request: web.Request) -> web.Response:
-        topic = await loaded(request)
-        txn_id = txn_of(request)
-        return web.json_response({"startPosition": position_text(start_position(topic, txn_id)),
-                                  "aborted": txn_id in topic.transactions.buffer.aborted})
+        return web.json_response(in_buffer_stats(await loaded(request), txn_of(request)))
 
     async def transaction_in_pending_ack_stats(request: web.Request) -> web.Response:
-        pending = _pending_of(await loaded(request), subscription_name_of(request.match_info["subscription"]))
-        txn_id = txn_of(request)
-        cumulative = pending.cumulative
-        held = cumulative[1][0] if cumulative is not None and cumulative[0] == txn_id else None
-        return web.json_response({"cumulativeAckPosition": position_text(held),
-                                  "individualAckSize": len(pending.by_txn.get(txn_id, {}))})
+        topic = await loaded(request)
+        return web.json_response(in_pending_ack_stats(
+            topic, subscription_name_of(request.match_info["subscription"]), txn_of(request)))
 
     topic_path = "{tenant}/{namespace}/{topic}"
     app.router.add_get(f"{BASE}/transactionBufferStats/{topic_path}", transaction_buffer_stats)

@@ -127,6 +127,14 @@ class Cluster:
         assert owner in self.web, (owner, self.web)
         return owner, next(url for url in self.web if url != owner)
 
+    async def topic_not_on(self, url: str, prefix: str) -> str:
+        """A new topic served by the broker that is not ``url``."""
+        for _ in range(40):
+            topic = topic_name(prefix)
+            if await self.any.lookup(topic) != url:
+                return topic
+        raise AssertionError(f"40 new topics all went to {url}: cannot put a topic on the other broker")
+
     async def pending_records(self, topic: str, subscription: str | None = None) -> list[str]:
         key_path = TopicName.parse(topic).key_path
         prefix = keys.pending_acks_of_topic(key_path) if subscription is None else \
@@ -205,6 +213,12 @@ async def test_held_acknowledgements_go_with_their_deleted_subscription(cluster)
                                             f"{owner_web}{TXN}/pendingAckStats/{txn_path(topic)}/again")
     assert status == 200 and stats.get("ongoingTxnSize") == 0 and stats.get("pendingAckSize") == 0, (status, stats)
 
+    # The transaction's metadata still names the subscription; there is nothing of it left.
+    status, metadata = await asyncio.to_thread(
+        followed, "GET", f"{cluster.web[0]}{TXN}/transactionMetadata/{committed.most}/{committed.least}")
+    assert status == 200 and metadata["ackedPartitions"] == {topic: {"gone": {}, "again": {
+        "cumulativeAckPosition": None, "individualAckSize": 0}}}, (status, metadata)
+
     await cluster.coordinator(0).end(committed, commit=True)    # neither fails ...
     await cluster.coordinator(1).end(aborted, commit=False)
     status, names = await asyncio.to_thread(followed, "GET", f"{owner_web}/admin/v2/{rest_path(topic)}/subscriptions")
@@ -279,6 +293,13 @@ async def test_slow_transactions_are_gathered_from_every_broker(cluster):
                 if status == 307:
                     status, body, _location = await asyncio.to_thread(http, "GET", location)
                 assert status == 200 and {f"({txns[n].most},{txns[n].least})"} == mine & set(body), (n, base, body)
+        # Pulsar's coordinatorStats: every coordinator, or one alone with ?coordinatorId.
+        for base in cluster.web:
+            status, stats = await asyncio.to_thread(followed, "GET", f"{base}{TXN}/coordinatorStats")
+            assert status == 200 and sorted(stats) == [str(n) for n in coordinators], (base, stats)
+            assert all(one["state"] == "Ready" and one["ongoingTxnSize"] >= 1 for one in stats.values()), stats
+            status, one = await asyncio.to_thread(followed, "GET", f"{base}{TXN}/coordinatorStats?coordinatorId=1")
+            assert status == 200 and one["state"] == "Ready" and one["ongoingTxnSize"] >= 1, (base, one)
         # Which broker served what (2 brokers, 4 coordinators): each broker asked above
         # answered for coordinators it does not serve unless one broker served them all.
         print("coordinators served by broker:", served)
@@ -291,7 +312,8 @@ async def test_slow_transactions_are_gathered_from_every_broker(cluster):
 
 
 async def test_transaction_buffer_and_pending_ack_stats_answered_by_the_topics_broker(cluster):
-    topic = topic_name("txn-stats")
+    coordinator_url = cluster.any.transactions[3]
+    topic = await cluster.topic_not_on(coordinator_url, "txn-stats")
     await filled(cluster.client, topic, 3)
     owner = await cluster.owner(topic)
     owner_web, other_web = await cluster.web_of(topic)
@@ -327,6 +349,14 @@ async def test_transaction_buffer_and_pending_ack_stats_answered_by_the_topics_b
     assert in_pending == {"cumulativeAckPosition": position(received[1]), "individualAckSize": 0}, in_pending
     status, missing, _location = await asyncio.to_thread(http, "GET", f"{owner_web}{TXN}/pendingAckStats/{path}/nope")
     assert status == 404 and missing["error"] == "SubscriptionNotFound", (status, missing)
+
+    # The transaction's metadata, from its coordinator's broker (the other one): the
+    # per-topic parts asked of the topic's broker, as Pulsar's broker asks them.
+    status, metadata = await asyncio.to_thread(followed, "GET", f"{other_web}{TXN}/transactionMetadata/{ids}")
+    assert status == 200 and metadata["status"] == "OPEN", (status, metadata)
+    assert metadata["producedPartitions"] == {topic: in_buffer}, metadata
+    assert metadata["ackedPartitions"] == {topic: {"stats": in_pending}}, metadata
+    assert "owner" in metadata and metadata["timeoutAt"] == 120_000, metadata
 
     await cluster.coordinator(3).end(txn, commit=False)
     buffer = await asyncio.to_thread(get, f"transactionBufferStats/{path}")
