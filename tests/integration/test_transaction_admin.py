@@ -45,7 +45,7 @@ from common.topic_name import TopicName
 from metadata import keys, open_store
 from protocol.proto import pulsar_api_pb2 as pb
 from tests.integration.test_transactions import receive_all, topic_name
-from tests.txn_wire import WireConnection
+from tests.txn_wire import ASSIGN_TOPIC, WireConnection
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.asyncio(loop_scope="module")]
 
@@ -99,6 +99,20 @@ def txn_path(topic: str) -> str:
 
 def position(message) -> str:
     return f"{message.ledger_id}:{message.entry_id}"
+
+
+def latency_series(web_url: str, coordinator_id: int) -> dict[str, float]:
+    """The transaction execution-latency series of one coordinator, from its broker's
+    /metrics: Pulsar's pulsar_txn_execution_latency_le_* and the histogram's count."""
+    with urllib.request.urlopen(f"{web_url}/metrics", timeout=30) as answer:
+        text = answer.read().decode()
+    found = {}
+    for line in text.splitlines():
+        if f'coordinator_id="{coordinator_id}"' in line and (
+                line.startswith("pulsar_txn_execution_latency_le_")
+                or line.startswith("magnetar_broker_transaction_execution_seconds_count")):
+            found[line.split("{", 1)[0]] = float(line.rsplit(" ", 1)[1])
+    return found
 
 
 @dataclass
@@ -274,6 +288,9 @@ async def test_slow_transactions_are_gathered_from_every_broker(cluster):
     txns = [await cluster.coordinator(n).new_txn(timeout_ms=120_000, coordinator_id=n) for n in coordinators]
     mine = {f"({txn.most},{txn.least})" for txn in txns}
     served = {url: {n for n in coordinators if cluster.any.transactions[n] == url} for url in cluster.connections}
+    coordinator_webs = {n: (await cluster.web_of(f"{ASSIGN_TOPIC}-partition-{n}"))[0] for n in coordinators}
+    before = {n: await asyncio.to_thread(latency_series, coordinator_webs[n], n) for n in coordinators}
+    ended = False
     try:
         await asyncio.sleep(1.2)
         for base in cluster.web:
@@ -303,9 +320,24 @@ async def test_slow_transactions_are_gathered_from_every_broker(cluster):
         # Which broker served what (2 brokers, 4 coordinators): each broker asked above
         # answered for coordinators it does not serve unless one broker served them all.
         print("coordinators served by broker:", served)
+
+        # Ended (one committed, the others aborted): each lived more than 1.2 s, so it
+        # falls in Pulsar's le_5000 bucket or a later one, never an earlier one.
+        for index, txn in enumerate(txns):
+            await cluster.coordinator(txn.most).end(txn, commit=index == 0)
+        ended = True
+        for n in coordinators:
+            after = await asyncio.to_thread(latency_series, coordinator_webs[n], n)
+            grown = {name: after[name] - before[n].get(name, 0) for name in after}
+            assert len([name for name in after if name.startswith("pulsar_txn_execution_latency_le_")]) == 14, after
+            assert grown["magnetar_broker_transaction_execution_seconds_count"] == 1, (n, grown)
+            early = ("10", "20", "50", "100", "500", "1000")
+            assert sum(grown[f"pulsar_txn_execution_latency_le_{ms}"] for ms in early) == 0, (n, grown)
+            assert sum(value for name, value in grown.items() if name.startswith("pulsar_txn_execution")) == 1, grown
     finally:
-        for txn in txns:
-            await cluster.coordinator(txn.most).end(txn, commit=False)
+        if not ended:
+            for txn in txns:
+                await cluster.coordinator(txn.most).end(txn, commit=False)
 
 
 # --- per-topic stats ------------------------------------------------------------------------------------
