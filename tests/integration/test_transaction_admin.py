@@ -9,21 +9,25 @@ Java client sends them. What other consumers get is read with the official clien
 durable pending-acknowledgement records are read from etcd.
 
 Proves:
-- a subscription deleted (admin DELETE) while open transactions hold acknowledgements on
-  it takes them along: their records leave etcd at once, a subscription made again
+- a subscription deleted (admin DELETE, or the official client's unsubscribe) while
+  open transactions hold acknowledgements on it takes them along: their records leave etcd at once, a subscription made again
   under the name is neither held back by them nor acknowledged by their commit, the
   commit and the abort succeed and do not bring the deleted subscription back; records
   of a deleted subscription left behind by a broker that died before removing them are
   removed when the topic is loaded again;
 - a deleted topic takes its pending acknowledgements along, and a transaction's commit
   afterwards neither fails nor makes the topic again;
-- /admin/v3/transactions/slowTransactions asked of either broker lists the slow
-  transactions of every coordinator, the other broker's gathered; ?coordinatorId asked
-  of the wrong broker is redirected (307);
+- /admin/v3/transactions/slowTransactions and coordinatorStats asked of either broker
+  answer for every coordinator, the other broker's gathered; ?coordinatorId asked of
+  the wrong broker is redirected (307); once the transactions end, each coordinator's
+  execution-latency series (Pulsar's pulsar_txn_execution_latency_le_* and the
+  histogram) count each in a bucket no earlier than its lifetime;
 - transactionBufferStats, pendingAckStats, transactionInBufferStats and
   transactionInPendingAckStats carry Pulsar's field names and values that follow an
   open transaction, its abort and a reload of the topic; asked of the broker not
-  serving the topic they are redirected (307) to the one that does.
+  serving the topic they are redirected (307) to the one that does; the transaction's
+  metadata, asked of its coordinator's broker, carries the same per-topic parts (asked
+  of the topic's broker).
 """
 
 from __future__ import annotations
@@ -197,18 +201,29 @@ async def test_held_acknowledgements_go_with_their_deleted_subscription(cluster)
     owner_web, _other_web = await cluster.web_of(topic)
     gone = await owner.subscribe(topic, "gone", sub_type=SHARED)
     again = await owner.subscribe(topic, "again", sub_type=SHARED)
+    left = await owner.subscribe(topic, "left", sub_type=SHARED)
     on_gone = [await gone.receive() for _ in range(4)]
     on_again = [await again.receive() for _ in range(4)]
+    on_left = [await left.receive() for _ in range(4)]
     committed = await cluster.coordinator(0).new_txn(timeout_ms=120_000, coordinator_id=0)
     aborted = await cluster.coordinator(1).new_txn(timeout_ms=120_000, coordinator_id=1)
     await gone.ack(on_gone[0], committed)
     await gone.ack(on_gone[1], committed)
     await again.ack(on_again[0], committed)
     await gone.ack(on_gone[2], aborted)
+    await left.ack(on_left[3], aborted)
     assert len(await cluster.pending_records(topic, "gone")) == 2
     assert len(await cluster.pending_records(topic, "again")) == 1
+    assert len(await cluster.pending_records(topic, "left")) == 1
     await gone.close()
     await again.close()
+    await left.close()
+
+    # A client's unsubscribe (the official consumer's) deletes them as the admin does.
+    leaving = cluster.client.subscribe(topic, "left", consumer_type=pulsar.ConsumerType.Shared)
+    assert sorted(await asyncio.to_thread(receive_all, leaving, 1500)) == [b"m0", b"m1", b"m2"]   # m3 held
+    await asyncio.to_thread(leaving.unsubscribe)
+    assert await cluster.pending_records(topic, "left") == []
 
     # Deleted by the admin REST: the records go at once, the stats know it no more.
     base = f"{owner_web}/admin/v2/{rest_path(topic)}/subscription"
