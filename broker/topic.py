@@ -742,11 +742,11 @@ class PersistentTopic:
         try:
             await subscription.dispatcher.close()
             await subscription.cursor.delete()
-            await self.transactions.drop_subscription(name)   # its held acknowledgements go with it
         finally:
             self._deleting.discard(name)
         self.subscriptions.pop(name, None)
         self._cursor_stores.pop(name, None)
+        await self.transactions.drop_subscription(name)   # its held acknowledgements go with it
         log.info("subscription deleted: topic=%s subscription=%s", self.full_name, name)
 
     async def create_subscription(self, name: str, position: Position | None) -> None:

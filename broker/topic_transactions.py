@@ -250,7 +250,11 @@ class TopicTransactions:
 
     def _pending_of(self, subscription: "Subscription") -> PendingAcks:
         """The subscription's pending acknowledgements, which its dispatcher consults
-        from now on (subscriptions/ports.HeldAcks: held entries are not delivered)."""
+        from now on (subscriptions/ports.HeldAcks: held entries are not delivered).
+        SubscriptionNotFound for one deleted already (its held acknowledgements went
+        with it: ``drop_subscription``)."""
+        if self._topic.subscriptions.get(subscription.name) is not subscription:
+            raise SubscriptionNotFound(f"subscription {subscription.name} of {self._topic.full_name} was deleted")
         pending = self.pending.setdefault(subscription.name, PendingAcks())
         subscription.held_acks = pending
         return pending
