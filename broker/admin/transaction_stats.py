@@ -104,7 +104,8 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
 
     async def pending_ack_stats(request: web.Request) -> web.Response:
         pending = _pending_of(await loaded(request), subscription_name_of(request.match_info["subscription"]))
-        return web.json_response({"state": "Ready", "ongoingTxnSize": len(pending.txns), "pendingAckSize": len(pending)})
+        return web.json_response({"state": "Ready", "ongoingTxnSize": len(pending.txns),
+                                  "pendingAckSize": len(pending)})
 
     async def transaction_in_buffer_stats(request: web.Request) -> web.Response:
         return web.json_response(in_buffer_stats(await loaded(request), txn_of(request)))

@@ -10,11 +10,11 @@ durable pending-acknowledgement records are read from etcd.
 
 Proves:
 - a subscription deleted (admin DELETE, or the official client's unsubscribe) while
-  open transactions hold acknowledgements on it takes them along: their records leave etcd at once, a subscription made again
-  under the name is neither held back by them nor acknowledged by their commit, the
-  commit and the abort succeed and do not bring the deleted subscription back; records
-  of a deleted subscription left behind by a broker that died before removing them are
-  removed when the topic is loaded again;
+  open transactions hold acknowledgements on it takes them along: their records leave
+  etcd at once, a subscription made again under the name is neither held back by them
+  nor acknowledged by their commit, the commit and the abort succeed and do not bring
+  the deleted subscription back; records of a deleted subscription left behind by a
+  broker that died before removing them are removed when the topic is loaded again;
 - a deleted topic takes its pending acknowledgements along, and a transaction's commit
   afterwards neither fails nor makes the topic again;
 - /admin/v3/transactions/slowTransactions and coordinatorStats asked of either broker
@@ -36,7 +36,6 @@ import asyncio
 import json
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
@@ -172,7 +171,8 @@ async def cluster(tmp_path_factory):
         try:
             for connection in connections.values():
                 await connection.connect_coordinators()
-            _status, (cluster_name,) = await asyncio.to_thread(followed, "GET", f"{ready['admin_url']}/admin/v2/clusters")
+            _status, (cluster_name,) = await asyncio.to_thread(followed, "GET",
+                                                               f"{ready['admin_url']}/admin/v2/clusters")
             _status, addresses = await asyncio.to_thread(followed, "GET",
                                                          f"{ready['admin_url']}/admin/v2/brokers/{cluster_name}")
             assert len(addresses) == 2, addresses
