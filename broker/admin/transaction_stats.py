@@ -26,6 +26,11 @@ from any other, as every topic admin path). Authorized as any path naming a tena
         transaction's cumulative acknowledgement on the subscription, else null).
         Magnetar adds ``individualAckSize`` (its individual acknowledgements held there).
         404 when the subscription does not exist.
+    GET /admin/v3/transactions/positionStatsInPendingAck/{tenant}/{namespace}/{topic}/{subName}/
+        {ledgerId}/{entryId}[?batchIndex=i] (one path)
+        Pulsar's PositionInPendingAckStats: ``state`` "MarkDelete" (acknowledged for
+        good), "PendingAck" (held by an open transaction: the entry, or message i of its
+        batch), "NotInPendingAck". 404 when the subscription does not exist.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from broker.admin import topic_access
-from broker.admin.common import path_integer, topic_of
+from broker.admin.common import path_integer, query_integer, topic_of
 from broker.admin.policy_codec import subscription_name_of
 from broker.service import BrokerService
 from broker.topic import PersistentTopic
@@ -89,6 +94,27 @@ def in_pending_ack_stats(topic: PersistentTopic, subscription: str, txn_id: TxnI
     return {"cumulativeAckPosition": position_text(held), "individualAckSize": len(pending.by_txn.get(txn_id, {}))}
 
 
+def position_in_pending_ack(topic: PersistentTopic, subscription: str, position: Position,
+                            batch_index: int | None) -> str:
+    """Pulsar's PositionInPendingAckStats state of a message on a subscription:
+    "MarkDelete" (acknowledged for good), "PendingAck" (acknowledged in an open
+    transaction: all of the entry, the message ``batch_index`` of it, or — without a
+    batch index — any part of it), else "NotInPendingAck"."""
+    pending = _pending_of(topic, subscription)
+    cursor = topic.subscriptions[subscription].cursor
+    if cursor.is_acked(position):
+        return "MarkDelete"
+    partly = cursor.unacked_batch_bits(position) if batch_index is not None else None
+    if partly is not None and not (partly[1] >> batch_index) & 1:
+        return "MarkDelete"   # that message of the batch acknowledged (plainly)
+    if pending.holds(position):
+        return "PendingAck"
+    unheld = pending.unheld_bits(position)
+    if unheld is not None and (batch_index is None or not (unheld >> batch_index) & 1):
+        return "PendingAck"
+    return "NotInPendingAck"
+
+
 def add_routes(app: web.Application, service: BrokerService) -> None:
     async def loaded(request: web.Request) -> PersistentTopic:
         if service.transactions is None:
@@ -115,6 +141,16 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
         return web.json_response(in_pending_ack_stats(
             topic, subscription_name_of(request.match_info["subscription"]), txn_of(request)))
 
+    async def position_stats_in_pending_ack(request: web.Request) -> web.Response:
+        topic = await loaded(request)
+        position = Position(path_integer(request, "ledger_id", minimum=0, maximum=2**63 - 1),
+                            path_integer(request, "entry_id", minimum=0, maximum=2**63 - 1))
+        batch_index = query_integer(request, "batchIndex", default=-1, minimum=0, maximum=2**31 - 1) \
+            if "batchIndex" in request.query else None
+        state = position_in_pending_ack(topic, subscription_name_of(request.match_info["subscription"]), position,
+                                        batch_index)
+        return web.json_response({"state": state})
+
     topic_path = "{tenant}/{namespace}/{topic}"
     app.router.add_get(f"{BASE}/transactionBufferStats/{topic_path}", transaction_buffer_stats)
     app.router.add_get(f"{BASE}/pendingAckStats/{topic_path}/{{subscription}}", pending_ack_stats)
@@ -122,3 +158,5 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
                        transaction_in_buffer_stats)
     app.router.add_get(f"{BASE}/transactionInPendingAckStats/{topic_path}/{{subscription}}/{{most}}/{{least}}",
                        transaction_in_pending_ack_stats)
+    app.router.add_get(f"{BASE}/positionStatsInPendingAck/{topic_path}/{{subscription}}/{{ledger_id}}/{{entry_id}}",
+                       position_stats_in_pending_ack)

@@ -22,8 +22,8 @@ Proves:
   the wrong broker is redirected (307); once the transactions end, each coordinator's
   execution-latency series (Pulsar's pulsar_txn_execution_latency_le_* and the
   histogram) count each in a bucket no earlier than its lifetime;
-- transactionBufferStats, pendingAckStats, transactionInBufferStats and
-  transactionInPendingAckStats carry Pulsar's field names and values that follow an
+- transactionBufferStats, pendingAckStats, transactionInBufferStats,
+  transactionInPendingAckStats and positionStatsInPendingAck carry Pulsar's field names and values that follow an
   open transaction, its abort and a reload of the topic; asked of the broker not
   serving the topic they are redirected (307) to the one that does; the transaction's
   metadata, asked of its coordinator's broker, carries the same per-topic parts (asked
@@ -394,6 +394,12 @@ async def test_transaction_buffer_and_pending_ack_stats_answered_by_the_topics_b
     assert pending == {"state": "Ready", "ongoingTxnSize": 1, "pendingAckSize": 1}, pending
     in_pending = await asyncio.to_thread(get, f"transactionInPendingAckStats/{path}/stats/{ids}")
     assert in_pending == {"cumulativeAckPosition": position(received[1]), "individualAckSize": 0}, in_pending
+    # Under the cumulative acknowledgement, or not.
+    for message, state in ((received[0], "PendingAck"), (received[1], "PendingAck"),
+                           (received[2], "NotInPendingAck")):
+        got = await asyncio.to_thread(
+            get, f"positionStatsInPendingAck/{path}/stats/{message.ledger_id}/{message.entry_id}")
+        assert got == {"state": state}, (message, got)
     status, missing, _location = await asyncio.to_thread(http, "GET", f"{owner_web}{TXN}/pendingAckStats/{path}/nope")
     assert status == 404 and missing["error"] == "SubscriptionNotFound", (status, missing)
 
@@ -414,6 +420,13 @@ async def test_transaction_buffer_and_pending_ack_stats_answered_by_the_topics_b
         "state": "Ready", "ongoingTxnSize": 0, "pendingAckSize": 0}
     assert (await asyncio.to_thread(get, f"transactionInPendingAckStats/{path}/stats/{ids}"))[
         "cumulativeAckPosition"] is None
+    first = f"positionStatsInPendingAck/{path}/stats/{received[0].ledger_id}/{received[0].entry_id}"
+    assert await asyncio.to_thread(get, first) == {"state": "NotInPendingAck"}   # released by the abort
+    await consumer.ack(received[0])   # plainly, for good
+    deadline = time.monotonic() + 10
+    while (state := (await asyncio.to_thread(get, first))["state"]) != "MarkDelete":
+        assert time.monotonic() < deadline, state
+        await asyncio.sleep(0.1)
     await consumer.close()
 
     # Loaded again (maybe by the other broker): the buffer rebuilt from the topic, the
