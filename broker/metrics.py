@@ -13,6 +13,7 @@ from prometheus_client.registry import Collector
 
 from broker.service import BrokerService
 from broker.topic_metrics import ScrapeResult, TopicMetricsLimits, TopicSeries
+from broker.transaction_coordinator import EXECUTION_BUCKETS_MS
 from common.histograms import LatencyStages
 from ledger.bookie_client import LEDGER_STAGES
 
@@ -215,8 +216,11 @@ class _TransactionCoordinatorCollector(Collector):
     Pulsar 3.x), one per coordinator this broker serves, labels ``cluster`` and
     ``coordinator_id``: counted since this broker loaded it (a coordinator that moves
     starts again at 0 on its new broker, as in Pulsar). ``append_log`` counts writes of
-    the coordinator's records to etcd (its log here). Pulsar's execution-latency
-    buckets are not kept."""
+    the coordinator's records to etcd (its log here). The lifetime of ended
+    transactions (open to ended, commit or abort) as Pulsar exports it,
+    ``pulsar_txn_execution_latency_le_<ms>`` (the transactions in each bucket, not
+    cumulative; ``_le_overflow`` past the last), and as a Prometheus histogram,
+    ``magnetar_broker_transaction_execution_seconds``, of the same buckets."""
 
     def __init__(self, service: BrokerService) -> None:
         self._service = service
@@ -239,14 +243,30 @@ class _TransactionCoordinatorCollector(Collector):
                                                  "Writes of the coordinator's transaction records (etcd)",
                                                  labels=labels),
         }
+        bounds = [*map(str, EXECUTION_BUCKETS_MS), "overflow"]
+        latency = {bound: GaugeMetricFamily(f"pulsar_txn_execution_latency_le_{bound}",
+                                            f"Ended transactions that lived (open to ended) "
+                                            + (f"at most {bound} ms (and more than the bucket before)"
+                                               if bound != "overflow" else f"more than {EXECUTION_BUCKETS_MS[-1]} ms"),
+                                            labels=labels) for bound in bounds}
+        histogram = HistogramMetricFamily("magnetar_broker_transaction_execution_seconds",
+                                          "Ended transactions' lifetime, open to ended", labels=labels)
         cluster = self._service.config.cluster
         for coordinator in coordinators.served():
             values = [cluster, str(coordinator.coordinator_id)]
             active.add_metric(values, len(coordinator.records))
             for attribute, family in counters.items():
                 family.add_metric(values, getattr(coordinator, attribute))
+            execution = coordinator.execution_ms
+            for bound, count in zip(bounds, execution.counts):
+                latency[bound].add_metric(values, count)
+            cumulative = [count for _bound, count in execution.cumulative()]
+            histogram.add_metric(values, [*((str(ms / 1000), n) for ms, n in zip(EXECUTION_BUCKETS_MS, cumulative)),
+                                          ("+Inf", cumulative[-1])], sum_value=execution.sum / 1000)
         yield active
         yield from counters.values()
+        yield from latency.values()
+        yield histogram
 
 
 class _PartitionCallsCollector(Collector):

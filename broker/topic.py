@@ -746,6 +746,7 @@ class PersistentTopic:
             self._deleting.discard(name)
         self.subscriptions.pop(name, None)
         self._cursor_stores.pop(name, None)
+        await self.transactions.drop_subscription(name)   # its held acknowledgements go with it
         log.info("subscription deleted: topic=%s subscription=%s", self.full_name, name)
 
     async def create_subscription(self, name: str, position: Position | None) -> None:
@@ -968,6 +969,7 @@ class PersistentTopic:
         for name, subscription in list(self.subscriptions.items()):
             await subscription.cursor.delete()
         await self._store.delete_prefix(keys.cursors_of_topic(self.name.key_path))
+        await self.transactions.drop_all()   # acknowledgements held in transactions
         await self._store.delete(keys.topic_activity(self.name.key_path))
         await self.compaction.delete()
         await self.ledger.delete()

@@ -41,7 +41,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from common.errors import MagnetarError, NotAllowed, ServiceNotReady, TransactionConflict
+from common.errors import MagnetarError, NotAllowed, ServiceNotReady, SubscriptionNotFound, TransactionConflict
 from common.position import ManagedEntry, Position
 from metadata import keys
 from protocol.codec import decode_stored, encode_stored, stored_metadata
@@ -171,6 +171,10 @@ class TopicTransactions:
         # A coordinator named this topic in a transaction (the etcd key exists).
         self.marked = False
         self._marking: asyncio.Task[None] | None = None
+        # When this broker rebuilt the buffer as it loaded the topic (epoch ms; 0: it
+        # had nothing to rebuild, as Pulsar's transactionBufferStats say it).
+        self.recover_start_ms = 0
+        self.recover_end_ms = 0
         # Transactional sends waiting for the mark to be read (``publish``).
         self._deferred: list[tuple[Any, bytes, int, TxnId, asyncio.Future[Position]]] = []
 
@@ -246,7 +250,11 @@ class TopicTransactions:
 
     def _pending_of(self, subscription: "Subscription") -> PendingAcks:
         """The subscription's pending acknowledgements, which its dispatcher consults
-        from now on (subscriptions/ports.HeldAcks: held entries are not delivered)."""
+        from now on (subscriptions/ports.HeldAcks: held entries are not delivered).
+        SubscriptionNotFound for one deleted already (its held acknowledgements went
+        with it: ``drop_subscription``)."""
+        if self._topic.subscriptions.get(subscription.name) is not subscription:
+            raise SubscriptionNotFound(f"subscription {subscription.name} of {self._topic.full_name} was deleted")
         pending = self.pending.setdefault(subscription.name, PendingAcks())
         subscription.held_acks = pending
         return pending
@@ -287,6 +295,11 @@ class TopicTransactions:
                 subscription.release_held([] if cumulative else released,
                                           through=released[-1] if cumulative else None, leave_sent=True)
             raise
+        if self.pending.get(subscription.name) is not pending:
+            # The subscription was deleted while the record was being written (its
+            # records deleted then): this one goes too.
+            await self._ack_store.delete(subscription.name, txn_id)
+            raise SubscriptionNotFound(f"subscription {subscription.name} of {self._topic.full_name} was deleted")
         if not cumulative:
             subscription.hold([position for position, ack_set, size in entries
                                if pending.holds(position)])
@@ -319,6 +332,31 @@ class TopicTransactions:
                  "cumulative=%s", self._topic.full_name, name, txn_id, "commit" if commit else "abort",
                  len(acks.individual), acks.cumulative[0] if acks.cumulative is not None else None)
 
+    # --- deletion ------------------------------------------------------------------------------------
+
+    async def drop_subscription(self, name: str) -> None:
+        """The subscription was deleted (its cursor is gone): the acknowledgements held
+        on it in open transactions go with it, as Pulsar deletes a subscription's
+        pending-ack store. Those transactions' commit or abort later finds nothing here
+        to apply or release (a subscription made again under the name is a new one: it
+        is neither held back by them nor acknowledged by their commit)."""
+        pending = self.pending.pop(name, None)
+        try:
+            await self._ack_store.delete_subscription(name)
+        except MagnetarError as error:
+            # The subscription is gone all the same; its records go when the topic is
+            # next loaded (``recover`` removes those of subscriptions that do not exist).
+            log.warning("pending acknowledgements of a deleted subscription not removed yet: topic=%s "
+                        "subscription=%s error=%s", self._topic.full_name, name, error)
+        if pending is not None and len(pending):
+            log.info("pending acknowledgements dropped with their subscription: topic=%s subscription=%s txns=%s",
+                     self._topic.full_name, name, sorted(str(t) for t in pending.txns))
+
+    async def drop_all(self) -> None:
+        """The topic was deleted: every subscription's pending acknowledgements go."""
+        self.pending.clear()
+        await self._ack_store.delete_all()
+
     # --- recovery -----------------------------------------------------------------------------------
 
     async def recover(self) -> None:
@@ -328,6 +366,7 @@ class TopicTransactions:
         if not self.marked:
             return
         started = time.monotonic()
+        self.recover_start_ms = int(time.time() * 1000)
         ledger = self._topic.ledger
         cursors = [s.cursor.mark_delete_position for s in self._topic.subscriptions.values()]
         position = ledger.next_position(min(cursors)) if cursors else ledger.first_position
@@ -345,6 +384,13 @@ class TopicTransactions:
             read += len(entries)
             position = ledger.next_position(entries[-1].position)
         for name, by_txn in (await self._ack_store.load()).items():
+            if name not in self._topic.subscriptions:
+                # Its subscription was deleted, the broker dying before its records
+                # went: they go now (drop_subscription).
+                await self._ack_store.delete_subscription(name)
+                log.info("pending acknowledgements of a deleted subscription removed: topic=%s subscription=%s "
+                         "txns=%d", self._topic.full_name, name, len(by_txn))
+                continue
             pending = self.pending.setdefault(name, PendingAcks())
             for txn_id, acks in by_txn.items():
                 pending.restore(txn_id, acks)
@@ -353,6 +399,7 @@ class TopicTransactions:
                 # Held back from the first read on: a new owner reads from the
                 # mark-delete position and would deliver them again.
                 subscription.held_acks = pending
+        self.recover_end_ms = int(time.time() * 1000)
         log.info("transaction buffer recovered: topic=%s entries_read=%d open=%d aborted=%d pending_ack_txns=%d "
                  "seconds=%.3f", self._topic.full_name, read, len(self.buffer.open), len(self.buffer.aborted),
                  sum(len(p.by_txn) for p in self.pending.values()), time.monotonic() - started)

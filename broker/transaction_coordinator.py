@@ -43,11 +43,12 @@ from common.errors import (
     TransactionCoordinatorNotFound,
     TransactionNotFound,
 )
+from common.histograms import WeightedHistogram
 from common.topic_name import NamespaceName, TopicName
 from metadata import keys
 from metadata.policies import TenantInfo
 from transactions.records import TxnId, TxnRecord, TxnStatus, timeout_ms_for
-from transactions.store import CoordinatorStore
+from transactions.store import CoordinatorStore, PendingAckStore
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,8 @@ ASSIGN_TOPIC = "persistent://pulsar/system/transaction_coordinator_assign"
 # Back-off between attempts to tell a participant the outcome.
 END_RETRY_DELAY_S = 0.1
 END_RETRY_DELAY_S_MAX = 5.0
+# Pulsar's transaction execution latency buckets (ms; pulsar_txn_execution_latency_le_*).
+EXECUTION_BUCKETS_MS = (10, 20, 50, 100, 500, 1_000, 5_000, 15_000, 30_000, 60_000, 300_000, 1_500_000, 3_000_000)
 # Ended transactions remembered per coordinator, so a retried END_TXN (its answer was
 # lost) gets the outcome instead of TransactionNotFound.
 ENDED_REMEMBERED = 10_000
@@ -106,6 +109,8 @@ class Coordinator:
         self.aborted = 0
         self.timed_out = 0
         self.record_writes = 0   # the "transaction log" appends: etcd record writes
+        # Ended transactions' lifetimes, open to ended, in ms (Pulsar's execution latency).
+        self.execution_ms = WeightedHistogram(EXECUTION_BUCKETS_MS)
 
     def lock(self, txn_id: TxnId) -> asyncio.Lock:
         return self.locks.setdefault(txn_id, asyncio.Lock())
@@ -397,6 +402,8 @@ class TransactionCoordinators:
                 coordinator.committed += 1
             else:
                 coordinator.aborted += 1
+            if record.opened_ms:
+                coordinator.execution_ms.observe(max(0, int(time.time() * 1000) - record.opened_ms))
         log.info("transaction ended: txn=%s action=%s", record.txn_id, "commit" if commit else "abort")
 
     async def _until_done(self, attempt, what: str) -> None:
@@ -449,6 +456,9 @@ class TransactionCoordinators:
         try:
             loaded = await self._service.get_topic(name, create=False)
         except TopicNotFound:
+            # Deleted with its pending acknowledgements (one written while it was
+            # being deleted may remain: removed here).
+            await PendingAckStore(self._store, name.key_path).delete(subscription, txn_id)
             return
         await loaded.transactions.end_on_subscription(loaded.subscriptions.get(subscription), subscription, txn_id,
                                                       commit=commit)

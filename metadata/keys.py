@@ -213,9 +213,15 @@ def pending_acks_of_topic(topic_key_path: str) -> str:
 
 
 def pending_acks(topic_key_path: str, subscription: str, txn_text: str) -> str:
+    return f"{pending_acks_of_subscription(topic_key_path, subscription)}{txn_text}"
+
+
+def pending_acks_of_subscription(topic_key_path: str, subscription: str) -> str:
+    """Every pending-ack record of one subscription (the name quoted: no other
+    subscription's prefix)."""
     from urllib.parse import quote
 
-    return f"{pending_acks_of_topic(topic_key_path)}{quote(subscription, safe='')}/{txn_text}"
+    return f"{pending_acks_of_topic(topic_key_path)}{quote(subscription, safe='')}/"
 
 
 def transactional_topic(topic_key_path: str) -> str:

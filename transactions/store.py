@@ -91,5 +91,9 @@ class PendingAckStore:
             found.setdefault(unquote(subscription), {})[TxnId.parse(txn_text)] = decode_acks(stored.value)
         return found
 
+    async def delete_subscription(self, subscription: str) -> None:
+        """Every record of one subscription (it was deleted)."""
+        await self._store.delete_prefix(keys.pending_acks_of_subscription(self._topic_key_path, subscription))
+
     async def delete_all(self) -> None:
         await self._store.delete_prefix(keys.pending_acks_of_topic(self._topic_key_path))

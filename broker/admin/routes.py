@@ -23,6 +23,7 @@ from broker.admin import (
     tenants,
     topic_policies,
     topics,
+    transaction_stats,
     transactions,
 )
 from broker.service import BrokerService
@@ -46,3 +47,4 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
     schemas.add_routes(app, service)
     console.add_routes(app, service)
     transactions.add_routes(app, service)
+    transaction_stats.add_routes(app, service)

@@ -8,15 +8,24 @@ basics; superuser only when authorization is on, as every path naming no tenant)
                                                             Pulsar gathers them)
     GET /admin/v3/transactions/coordinators?coordinatorId=N the stats of coordinator N
                                                             (307 to the broker serving it)
+    GET /admin/v3/transactions/coordinatorStats             Pulsar's path for the same {id: stats}
+    GET /admin/v3/transactions/coordinatorStats?coordinatorId=N
+                                                            coordinator N's stats alone (as
+                                                            Pulsar answers; 307 to its broker)
     GET /admin/v3/transactions/transactionMetadata/{most}/{least}
                                                             an open or ending transaction
                                                             (307 to its coordinator's broker;
                                                             404 once it ended)
     GET /admin/v3/transactions/slowTransactions/{timeout}   {txnId: metadata} of transactions
                                                             open longer than ``timeout`` ms, on
-                                                            the coordinators served here (or
-                                                            ?coordinatorId=N, redirected; not
-                                                            gathered from other brokers)
+                                                            every coordinator: those served
+                                                            here, the others' asked of the
+                                                            brokers serving them (as Pulsar
+                                                            gathers them); ?coordinatorId=N:
+                                                            coordinator N's (307 to its broker)
+
+The per-topic stats (transactionBufferStats, pendingAckStats, transactionInBufferStats,
+transactionInPendingAckStats) are broker/admin/transaction_stats.py.
 
 Coordinator stats (Pulsar's TransactionCoordinatorStats, the fields this design has):
 ``state`` ("Ready": loaded and served here), ``ongoingTxnSize`` (open or ending),
@@ -26,29 +35,36 @@ etcd counter; nothing is kept per low-water mark) and are left out.
 
 Transaction metadata (Pulsar's TransactionMetadata): ``txnId`` "(most,least)",
 ``status`` (OPEN, COMMITTING, ABORTING), ``openTimestamp`` (epoch ms; 0 for a record
-written before it was kept), ``timeoutAt`` (the timeout in ms, as Pulsar reports it),
-``producedPartitions`` {topic: {"startPosition": "L:E" or null, "aborted": false}} and
-``ackedPartitions`` {topic: {subscription: {"cumulativeAckPosition": "L:E" or null}}};
-the per-topic parts are filled where this broker has the topic loaded, else empty.
+written before it was kept), ``timeoutAt`` (the timeout in ms, as Pulsar reports it), ``owner`` (the role that
+opened it; null with authentication off), ``producedPartitions`` {topic:
+TransactionInBufferStats} and ``ackedPartitions`` {topic: {subscription:
+TransactionInPendingAckStats}}, each asked of the broker serving the topic (as Pulsar's
+broker asks them; an empty object for a topic or subscription that no longer exists).
+slowTransactions reports at most ``SLOW_TRANSACTIONS_MAX`` per coordinator, the oldest.
 """
 
 from __future__ import annotations
 
 import time
+from urllib.parse import quote
 
 from aiohttp import web
 
 from broker.admin import fanout
 from broker.admin.common import path_integer, query_integer
+from broker.admin.transaction_stats import in_buffer_stats, in_pending_ack_stats
 from broker.admin.topic_access import redirect_unless_owner
 from broker.service import BrokerService
 from broker.transaction_coordinator import Coordinator, assign_partition
-from common.errors import NotAllowed, TransactionNotFound
+from common.errors import NotAllowed, SubscriptionNotFound, TopicNotFound, TransactionNotFound
 from common.topic_name import TopicName
 from transactions.records import TxnId, TxnRecord
 
 _U64_MAX = 2**64 - 1
 BASE = "/admin/v3/transactions"
+# Slow transactions reported per coordinator (the oldest first): each one's metadata
+# asks every topic and subscription it names.
+SLOW_TRANSACTIONS_MAX = 1_000
 
 
 def coordinator_stats(coordinator: Coordinator) -> dict:
@@ -56,30 +72,43 @@ def coordinator_stats(coordinator: Coordinator) -> dict:
             "recoverStartTime": coordinator.loaded_at_ms, "recoverEndTime": coordinator.loaded_at_ms}
 
 
-def _position_text(position) -> str | None:
-    return None if position is None else f"{position.ledger_id}:{position.entry_id}"
+async def transaction_metadata(service: BrokerService, record: TxnRecord, remote: fanout.PartitionCalls) -> dict:
+    """Pulsar's TransactionMetadata of an open or ending transaction, its per-topic
+    parts asked of each topic's broker (this one's own answered here), as Pulsar's
+    coordinator broker asks them: an empty object for a topic or subscription that no
+    longer exists."""
+    txn_id = record.txn_id
+    ids = f"{txn_id.most}/{txn_id.least}"
 
+    async def part(topic: str, subscription: str | None) -> dict:
+        name = TopicName.parse(topic)
+        owner = await service.owner_of(name)
+        if owner.is_self:
+            try:
+                loaded = await service.get_topic(name, create=False)
+                if subscription is None:
+                    return in_buffer_stats(loaded, txn_id)
+                return in_pending_ack_stats(loaded, subscription, txn_id)
+            except (TopicNotFound, SubscriptionNotFound):
+                return {}
+        where = f"{name.tenant}/{name.namespace}/{quote(name.local_name, safe='')}"
+        path = f"{BASE}/transactionInBufferStats/{where}/{ids}" if subscription is None else \
+            f"{BASE}/transactionInPendingAckStats/{where}/{quote(subscription, safe='')}/{ids}"
+        got = await remote.call("GET", owner, name, path=path)
+        return got if isinstance(got, dict) else {}
 
-def transaction_metadata(service: BrokerService, record: TxnRecord) -> dict:
-    produced: dict[str, dict] = {}
-    for topic in record.partitions:
-        loaded = service.loaded_topic(TopicName.parse(topic))
-        bound = loaded.transactions.buffer.open.get(record.txn_id) if loaded is not None else None
-        produced[topic] = {} if loaded is None else {"startPosition": _position_text(bound), "aborted": False}
+    produced_parts = list(record.partitions)
+    acked_parts = list(record.subscriptions)
+    answers = await fanout.bounded_gather([part(topic, None) for topic in produced_parts]
+                                          + [part(topic, subscription) for topic, subscription in acked_parts])
+    produced = dict(zip(produced_parts, answers[:len(produced_parts)]))
     acked: dict[str, dict[str, dict]] = {}
-    for topic, subscription in record.subscriptions:
-        loaded = service.loaded_topic(TopicName.parse(topic))
-        stats: dict = {}
-        if loaded is not None:
-            pending = loaded.transactions.pending.get(subscription)
-            cumulative = pending.cumulative if pending is not None else None
-            held = cumulative[1][0] if cumulative is not None and cumulative[0] == record.txn_id else None
-            stats = {"cumulativeAckPosition": _position_text(held)}
+    for (topic, subscription), stats in zip(acked_parts, answers[len(produced_parts):]):
         acked.setdefault(topic, {})[subscription] = stats
-    return {"txnId": f"({record.txn_id.most},{record.txn_id.least})", "status": record.status.value,
+    return {"txnId": f"({txn_id.most},{txn_id.least})", "status": record.status.value,
             "openTimestamp": record.opened_ms,
             "timeoutAt": record.deadline_ms - record.opened_ms if record.opened_ms else None,
-            "producedPartitions": produced, "ackedPartitions": acked}
+            "owner": record.owner, "producedPartitions": produced, "ackedPartitions": acked}
 
 
 def add_routes(app: web.Application, service: BrokerService) -> None:
@@ -98,6 +127,13 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
                                        maximum=coordinators.count - 1)
         await redirect_unless_owner(service, assign_partition(coordinator_id), request)
         return [await coordinators.coordinator(coordinator_id)]
+
+    async def get_coordinator_stats(request: web.Request) -> web.Response:
+        """Pulsar's coordinatorStats: with ?coordinatorId=N, N's stats alone."""
+        if "coordinatorId" in request.query:
+            (coordinator,) = await chosen(request)
+            return web.json_response(coordinator_stats(coordinator))
+        return await get_coordinators(request)
 
     async def get_coordinators(request: web.Request) -> web.Response:
         coordinators = coordinators_service()
@@ -126,19 +162,48 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
             raise TransactionNotFound(f"transaction {txn_id}: there is no coordinator {most}")
         await redirect_unless_owner(service, assign_partition(most), request)
         coordinator = await coordinators.coordinator(most)
-        return web.json_response(transaction_metadata(service, coordinator.record(txn_id)))
+        record = coordinator.record(txn_id)
+        async with fanout.PartitionCalls(service, request) as remote:
+            return web.json_response(await transaction_metadata(service, record, remote))
+
+    async def slow_here(coordinator: Coordinator, timeout_ms: int, remote: fanout.PartitionCalls) -> dict[str, dict]:
+        now_ms = int(time.time() * 1000)
+        slow = sorted((record for record in list(coordinator.records.values())
+                       if record.opened_ms and now_ms - record.opened_ms > timeout_ms), key=lambda r: r.opened_ms)
+        answer = {}
+        for record in slow[:SLOW_TRANSACTIONS_MAX]:
+            metadata = await transaction_metadata(service, record, remote)
+            answer[metadata["txnId"]] = metadata
+        return answer
 
     async def get_slow(request: web.Request) -> web.Response:
         timeout_ms = path_integer(request, "timeout", minimum=0, maximum=2**63 - 1)
-        now_ms = int(time.time() * 1000)
-        slow = {}
-        for coordinator in await chosen(request):
-            for record in list(coordinator.records.values()):
-                if record.opened_ms and now_ms - record.opened_ms > timeout_ms:
-                    metadata = transaction_metadata(service, record)
-                    slow[metadata["txnId"]] = metadata
-        return web.json_response(slow)
+        coordinators = coordinators_service()
+        async with fanout.PartitionCalls(service, request) as remote:
+            if "coordinatorId" in request.query:
+                slow: dict[str, dict] = {}
+                for coordinator in await chosen(request):
+                    slow.update(await slow_here(coordinator, timeout_ms, remote))
+                return web.json_response(slow)
+
+            # Every coordinator: this broker's own, the others asked (with
+            # ?coordinatorId, so the broker asked answers for that one alone) of the
+            # brokers serving them.
+            async def one(coordinator_id: int) -> dict:
+                partition = assign_partition(coordinator_id)
+                owner = await service.owner_of(partition)
+                if owner.is_self:
+                    return await slow_here(await coordinators.coordinator(coordinator_id), timeout_ms, remote)
+                got = await remote.call("GET", owner, partition, path=f"{BASE}/slowTransactions/{timeout_ms}",
+                                        query={"coordinatorId": str(coordinator_id)})
+                return got if isinstance(got, dict) else {}
+
+            answer: dict[str, dict] = {}
+            for part in await fanout.bounded_gather(one(n) for n in range(coordinators.count)):
+                answer.update(part)
+        return web.json_response(answer)
 
     app.router.add_get(f"{BASE}/coordinators", get_coordinators)
+    app.router.add_get(f"{BASE}/coordinatorStats", get_coordinator_stats)
     app.router.add_get(f"{BASE}/transactionMetadata/{{most}}/{{least}}", get_metadata)
     app.router.add_get(f"{BASE}/slowTransactions/{{timeout}}", get_slow)

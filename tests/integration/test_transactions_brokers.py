@@ -16,7 +16,9 @@ the acknowledgement made on Y; an abort on X hides Y's outputs; a transaction op
 X is killed is committed afterwards through whichever broker serves its coordinator
 then (its record was in etcd), and its outputs are delivered. Each broker's
 /admin/v3/transactions/coordinators answers for every coordinator, gathering the
-other broker's.
+other broker's; so do slowTransactions (each transaction's per-topic part asked of the
+topic's broker) and a topic's transactionBufferStats (redirected to its broker), with
+authorization on.
 """
 
 from __future__ import annotations
@@ -114,6 +116,23 @@ async def test_a_transaction_whose_coordinator_and_topics_are_on_different_broke
             for address, stats in stats_by_broker.items():
                 assert sorted(stats) == ["0", "1", "2", "3"], (address, stats)
                 assert all(one["state"] == "Ready" for one in stats.values()), (address, stats)
+
+            # slowTransactions and a topic's transaction buffer stats, asked of either
+            # broker with authorization on: gathered (the coordinator's broker asks the
+            # topic's for its part with its own token), or redirected to the topic's.
+            slow_txn = await on_x.new_txn(timeout_ms=120_000, coordinator_id=coordinator_id)
+            await producer.send(b"slow-0", slow_txn)
+            await asyncio.sleep(1.1)
+            sink_path = sink.removeprefix("persistent://")
+            for address in stats_by_broker:
+                slow = await asyncio.to_thread(admin_json, f"http://{address}",
+                                               "/admin/v3/transactions/slowTransactions/1000", token)
+                one = slow[f"({slow_txn.most},{slow_txn.least})"]
+                assert one["producedPartitions"][sink]["startPosition"] is not None, (address, one)
+                buffer = await asyncio.to_thread(admin_json, f"http://{address}",
+                                                 f"/admin/v3/transactions/transactionBufferStats/{sink_path}", token)
+                assert buffer["ongoingTxnSize"] == 1, (address, buffer)
+            await on_x.end(slow_txn, commit=False)
 
             # Another role may not end (or add to) a transaction it did not open.
             signer = TokenSigner.with_secret_key(read_key_value(os.path.join(ready["data_dir"], "auth", "secret.key")))
