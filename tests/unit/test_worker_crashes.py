@@ -38,8 +38,8 @@ def _run(tmp_path: Path, always: bool) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "CRASH_FLAG": str(tmp_path / "flag"),
            "CRASH_ALWAYS": "1" if always else ""}
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadfile",
-         "--max-worker-restart", "2", "--rootdir", str(tmp_path), str(tmp_path)],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "1", "--dist", "loadfile",
+         "--max-worker-restart", "1", "--rootdir", str(tmp_path), str(tmp_path)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
 
 
