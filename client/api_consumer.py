@@ -123,13 +123,15 @@ class MultiplierRedeliveryBackoff:
 class Message:
     """One message received (the official client's ``pulsar.Message`` methods)."""
 
-    __slots__ = ("_received", "_source", "_schema", "_redelivery_count")
+    __slots__ = ("_received", "_source", "_schema", "_redelivery_count", "_generation")
 
-    def __init__(self, received: ReceivedMessage, source: "_Source", schema: Schema, redelivery_count: int) -> None:
+    def __init__(self, received: ReceivedMessage, source: "_Source", schema: Schema, redelivery_count: int,
+                 generation: int = 0) -> None:
         self._received = received
         self._source = source
         self._schema = schema
         self._redelivery_count = redelivery_count
+        self._generation = generation      # the source's connection it came on (void once it is gone)
 
     def data(self) -> bytes:
         return self._received.payload
@@ -233,7 +235,9 @@ class Consumer:
         self._pattern_period_s = pattern_auto_discovery_period
         self._filter = message_filter
         self._sources: dict[str, _Source] = {}
-        self._queue: collections.deque[tuple[Message, int]] = collections.deque()
+        self._queue: collections.deque[Message] = collections.deque()
+        # A source asks for more messages once this many of its own were taken.
+        self._flow_after = max(1, receiver_queue_size // 2)
         self._arrived = asyncio.Event()
         self._acks: dict[_Source, list[MessageId]] = {}
         self._nacks: list[tuple[float, _Source, tuple[int, int]]] = []
@@ -308,13 +312,13 @@ class Consumer:
         generation = source.generation
         schema = self.schema
         redelivery_count = entry.redelivery_count
-        self._queue.extend((Message(m, source, schema, redelivery_count), generation) for m in messages)
+        self._queue.extend([Message(m, source, schema, redelivery_count, generation) for m in messages])
         self._arrived.set()
 
     def _drop_queued(self, source: _Source) -> None:
         # The broker delivers again whatever this source held; its queued messages go.
-        if any(message._source is source for message, _ in self._queue):
-            self._queue = collections.deque(item for item in self._queue if item[0]._source is not source)
+        if any(message._source is source for message in self._queue):
+            self._queue = collections.deque(message for message in self._queue if message._source is not source)
 
     def _on_failed(self, source: _Source, error: MagnetarError) -> None:
         self._failure = error
@@ -322,7 +326,7 @@ class Consumer:
 
     def _taken(self, source: _Source, count: int) -> None:
         source.taken += count
-        if source.taken >= max(1, self.receiver_queue_size // 2) and source.low is not None:
+        if source.taken >= self._flow_after and source.low is not None:
             if source.low.flow(source.taken):
                 source.taken = 0
 
@@ -330,11 +334,13 @@ class Consumer:
 
     def _pop(self) -> Message | None:
         while self._queue:
-            message, generation = self._queue.popleft()
+            message = self._queue.popleft()
             source = message._source
-            if generation != source.generation:
+            if message._generation != source.generation:
                 continue
-            self._taken(source, 1)
+            source.taken += 1
+            if source.taken >= self._flow_after:
+                self._taken(source, 0)
             if self.ack_timeout_s is not None:
                 state = source.entries.get(message._received.message_id.position)
                 if state is not None and not state[1]:
@@ -525,7 +531,7 @@ class Consumer:
         # Exclusive and failover: the broker sends everything unacknowledged again
         # from the start; what the queue holds of this source comes again with it.
         if source.low.redeliver_all():
-            queued = sum(1 for message, _ in self._queue if message._source is source)
+            queued = sum(1 for message in self._queue if message._source is source)
             source.generation += 1
             source.entries.clear()
             self._drop_queued(source)
