@@ -129,6 +129,10 @@ class MagnetarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Trigger.AvailableNow: each partition's last message when the query started;
         # no micro-batch goes past it (None: any trigger but AvailableNow).
         self.available_now_end: dict[str, tuple[int, int] | None] | None = None
+        # Each partition's newest message at the last latestOffset (before any read
+        # limit): what reportLatestOffset shows in the query's progress, beside the
+        # micro-batch's endOffset, so the query's lag can be seen there.
+        self.newest: dict[str, str] = {}
         self.history = LedgerHistory()
 
     def _check_data_loss(self, name: str, begin: tuple[int, int] | None) -> None:
@@ -221,6 +225,7 @@ class MagnetarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             begin = _position(start.get(name, NOTHING))
             self._check_data_loss(name, begin)
             end = manifest.last_message_position(self.options.admin_url, name)
+            self.newest[name] = _text(end) if end is not None else start.get(name, NOTHING)
             if self.available_now_end is not None:
                 cap = self.available_now_end.get(name)
                 end = None if cap is None or end is None else min(end, cap)
@@ -235,6 +240,14 @@ class MagnetarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 budget -= used
             latest[name] = _text(end)
         return latest
+
+    def reportLatestOffset(self) -> dict | None:
+        """Spark's latestOffset in the query's progress (``sources[].latestOffset``):
+        each partition's newest message as the last latestOffset found it, whatever the
+        read limit let the micro-batch take (its ``endOffset``). The two differ while the
+        query is behind: the Kafka source's ``avgOffsetsBehindLatest`` has no Python
+        data source hook, this is the one there is. None before the first trigger."""
+        return dict(self.newest) if self.newest else None
 
     def _position_within(self, name: str, begin, end, budget: int) -> tuple[tuple[int, int], int]:
         """The last whole entry after ``begin`` within ``budget`` messages (at least

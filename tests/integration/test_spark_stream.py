@@ -10,6 +10,7 @@ workers can run it beside the batch tests of test_spark.py."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import threading
 import uuid
@@ -103,10 +104,10 @@ def test_a_streaming_query_killed_and_restarted_from_its_checkpoint_sinks_every_
         holder.close()
 
 
-def stream_once(spark_session, cluster, topic: str, checkpoint: str, **options) -> set:
+def stream_once(spark_session, cluster, topic: str, checkpoint: str, progress: list | None = None, **options) -> set:
     """Runs a streaming query over ``topic`` from ``checkpoint`` until it has processed
     everything available, stops it, and returns the (ledger, entry, batch index) it read
-    (asserting it read none twice)."""
+    (asserting it read none twice); ``progress`` gets the query's progress reports."""
     reader = (spark_session.readStream.format("magnetar").option("adminUrl", cluster.admin_url)
               .option("serviceUrl", cluster.brokers[0].service_url).option("topic", topic))
     for name, value in options.items():
@@ -120,6 +121,8 @@ def stream_once(spark_session, cluster, topic: str, checkpoint: str, **options) 
              .option("checkpointLocation", checkpoint).trigger(processingTime="200 milliseconds").start())
     try:
         query.processAllAvailable()
+        if progress is not None:
+            progress.extend(query.recentProgress)
     finally:
         query.stop()
     assert len(read) == len(set(read)), "a message was read twice"
@@ -228,9 +231,17 @@ def test_a_stream_behind_the_archive_reads_the_files_then_the_tail(spark_session
         wait_until(lambda: len(http("GET", f"{admin}/archive")["ledgers"]) >= 2, 120, "two ledgers archived")
         sent.update(produce(cluster.client, topic, 3, base=2000, batching=False))   # the open ledger
         metrics_dir = str(tmp_path / "metrics")
-        read = stream_once(spark_session, cluster, topic, str(tmp_path / "checkpoint"), maxMessagesPerTrigger=700,
-                           metricsDir=metrics_dir)
+        progress: list = []
+        read = stream_once(spark_session, cluster, topic, str(tmp_path / "checkpoint"), progress=progress,
+                           maxMessagesPerTrigger=700, metricsDir=metrics_dir)
         assert read == set(sent)
+        # The lag shows in the progress: the first micro-batch ends (endOffset) before
+        # the topic's newest message (latestOffset); the last one reaches it.
+        ranges = [(source.endOffset, source.latestOffset) for report in progress for source in report.sources
+                  if source.endOffset and source.endOffset != source.startOffset]
+        assert ranges and all(latest for _end, latest in ranges), ranges
+        assert json.loads(ranges[0][0]) != json.loads(ranges[0][1]), ranges
+        assert json.loads(ranges[-1][0]) == json.loads(ranges[-1][1]), ranges
         archive_rows = sum(task["rows"] for task in metrics.collect(metrics_dir, "stream-archive"))
         tail_rows = sum(task["rows"] for task in metrics.collect(metrics_dir, "stream-tail"))
         assert archive_rows > 0 and tail_rows >= 3
