@@ -44,12 +44,9 @@ from __future__ import annotations
 import math
 from array import array
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable
+from typing import Any, Iterable
 
 from common.errors import ConfigError
-
-if TYPE_CHECKING:
-    from broker.topic import PersistentTopic
 
 
 @dataclass(frozen=True)
@@ -115,8 +112,10 @@ class TopicReading:
         return sum(s.messages_out for s in self.subscriptions.values())
 
 
-def read_topics(topics: Iterable["PersistentTopic"]) -> list[TopicReading]:
-    """What one sample needs of the loaded topics: one pass, counters only."""
+def read_topics(topics: Iterable[Any]) -> list[TopicReading]:
+    """What one sample needs of the loaded topics (broker/topic.py PersistentTopic, not
+    imported: broker/config.py imports this module, and topic imports config): one
+    pass, counters only."""
     readings = []
     for topic in topics:
         if topic.closing:
