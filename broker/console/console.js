@@ -194,7 +194,9 @@ async function overview(main) {
       h("th", {"class": "number"}, "storage"), h("th", {"class": "number"}, "producers"),
       h("th", {"class": "number"}, "subscriptions"), h("th", {}, "since when")),
     rows.map((row) => { const {topic, stats} = row; return stats.error
-      ? h("tr", {"data-topic": topic}, h("td", {}, topicLink(topic)), h("td", {"class": "error", colspan: 7}, stats.error))
+      ? h("tr", {"data-topic": topic}, h("td", {}, topicLink(topic)), h("td", {"class": "error", colspan: 7},
+          // A partition listed with its partitioned topic but never used has no ledger yet.
+          stats.error.startsWith("404 ") ? "not created yet (no producer or consumer used it)" : stats.error))
       : h("tr", {"data-topic": topic},
           h("td", {}, topicLink(topic)),
           h("td", {"class": "number" + (backlogOf(stats) > 0 ? " behind" : ""), "data-field": "backlog"},
