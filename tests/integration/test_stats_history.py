@@ -6,6 +6,7 @@ on two real brokers with token authentication and authorization on:
   tenant's; a superuser 200;
 - the broker that does not serve the topic answers 307 to the one that does, which
   answers the history it sampled (every 0.3 s here);
+- /metrics says how many topics have a history and how many the bound left out;
 - the history goes with the topic: unloaded, the topic has none (the route does not load
   it); loaded again, a new one begins after the unload; deleted, the route answers 404.
 """
@@ -93,6 +94,10 @@ async def test_history_route_is_authorized_redirected_and_dropped_with_the_topic
 
     doc = wait_until(sampled, 20, "three samples of the topic")
     assert doc["tracked"] and doc["intervalSeconds"] == 0.3
+    with urllib.request.urlopen(f"{owner}/metrics", timeout=30) as response:
+        metrics = response.read().decode()
+    assert "\nmagnetar_broker_stats_history_topics " in metrics
+    assert "\nmagnetar_broker_stats_history_topics_untracked 0.0\n" in metrics
     assert doc["subscriptions"]["s"]["msgBacklog"][-1] == 0 and doc["behindSince"] is None
 
     # Authorization: as for the topic's stats.
