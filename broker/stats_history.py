@@ -41,6 +41,7 @@ Pure: it reads topics and the times it is given; no IO, no clock, no logging.
 
 from __future__ import annotations
 
+import heapq
 import math
 from array import array
 from dataclasses import dataclass, field
@@ -102,14 +103,13 @@ class TopicReading:
     messages_in: int
     storage_bytes: int
     subscriptions: dict[str, SubscriptionReading] = field(default_factory=dict)
+    # Summed over the subscriptions once (the ranking past topics_max reads them often).
+    backlog_entries: int = field(init=False)
+    messages_out: int = field(init=False)
 
-    @property
-    def backlog_entries(self) -> int:
-        return sum(s.backlog_entries for s in self.subscriptions.values())
-
-    @property
-    def messages_out(self) -> int:
-        return sum(s.messages_out for s in self.subscriptions.values())
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "backlog_entries", sum(s.backlog_entries for s in self.subscriptions.values()))
+        object.__setattr__(self, "messages_out", sum(s.messages_out for s in self.subscriptions.values()))
 
 
 def read_topics(topics: Iterable[Any]) -> list[TopicReading]:
@@ -352,4 +352,4 @@ def _largest(readings: list[TopicReading], count: int, tracked) -> list[TopicRea
     then by name), in that order; all of them when they fit."""
     if len(readings) <= count:
         return readings
-    return sorted(readings, key=lambda r: (-r.backlog_entries, not tracked(r), r.name))[:count]
+    return heapq.nsmallest(count, readings, key=lambda r: (-r.backlog_entries, not tracked(r), r.name))
