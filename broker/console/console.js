@@ -37,7 +37,9 @@ function h(tag, attributes, ...children) {
 }
 
 async function api(path, options = {}) {
-  const headers = {"Content-Type": "application/json"};
+  // X-Magnetar-Forward: a topic another broker serves is answered through this one
+  // (broker/admin/forward.py); the page cannot follow a 307 to another origin.
+  const headers = {"Content-Type": "application/json", "X-Magnetar-Forward": "true"};
   const token = sessionStorage.getItem("magnetar.token");
   if (token) headers["Authorization"] = "Bearer " + token;
   const response = await fetch(path, {method: options.method || "GET", headers,

@@ -143,20 +143,23 @@ async def test_console_shows_backlog_and_moves_a_cursor(cluster, browser):
 
 
 async def test_console_draws_the_history_the_broker_kept(cluster, browser):
-    """Produced without consuming while no page was open, on a broker sampling every
-    0.5 s: the console opened afterwards draws the backlog chart from the broker's
-    history (at least the samples taken before the page was opened, so not from its own)
-    and shows since when the subscription falls behind, in the topic list, the topic's
-    header and the subscription's row, at the time the admin REST gives."""
+    """Produced without consuming while no page was open, on two brokers sampling every
+    0.5 s: the console opened afterwards, on the broker that does NOT serve the topic
+    (its requests are answered through that broker: broker/admin/forward.py), draws the
+    backlog chart from the serving broker's history (at least the samples taken before
+    the page was opened, so not from its own) and shows since when the subscription
+    falls behind, in the topic list, the topic's header and the subscription's row, at
+    the time the admin REST gives."""
     import pulsar
 
     await cluster.start_bookies(2)
-    (broker,) = await cluster.start_brokers(1, extra_args=["--stats-history-interval-s", "0.5",
-                                                           "--stats-history-window-s", "120"])
-    admin = broker.web_service_url
+    brokers = await cluster.start_brokers(2, extra_args=["--stats-history-interval-s", "0.5",
+                                                         "--stats-history-window-s", "120"])
     name = unique("history")
     topic, path = f"persistent://public/default/{name}", f"persistent/public/default/{name}"
-    client = pulsar.Client(broker.service_url, operation_timeout_seconds=30)
+    # The history lives on the serving broker (the CLI's urllib follows the 307 there).
+    admin = brokers[0].web_service_url
+    client = pulsar.Client(brokers[0].service_url, operation_timeout_seconds=30)
     try:
         client.subscribe(topic, "slow").close()       # a subscription nobody consumes
         producer = client.create_producer(topic, batching_enabled=False)
@@ -179,8 +182,10 @@ async def test_console_draws_the_history_the_broker_kept(cluster, browser):
         assert since == history["timestamps"][history["subscriptions"]["slow"]["firstSampleIndex"]
                                               + next(i for i, b in enumerate(backlogs) if b > 0)]
         samples_before = len(history["timestamps"])
+        serving = http_json("GET", f"{admin}/lookup/v2/topic/{path}")["httpUrl"]
+        (elsewhere,) = [b.web_service_url for b in brokers if b.web_service_url != serving]
 
-        browser.get(f"{admin}/console/")
+        browser.get(f"{elsewhere}/console/")
         row = f'tr[data-topic="{topic}"]'
         cell = f'{row} td[data-field="behind-since"] span'
         _wait_for(browser, lambda d: d.find_element("css selector", cell).get_attribute("data-since") == str(since),

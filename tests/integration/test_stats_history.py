@@ -5,7 +5,9 @@ on two real brokers with token authentication and authorization on:
   on the tenant 403; the tenant's admin 200 on its own tenant's topic and 403 on another
   tenant's; a superuser 200;
 - the broker that does not serve the topic answers 307 to the one that does, which
-  answers the history it sampled (every 0.3 s here);
+  answers the history it sampled (every 0.3 s here); asked as the console asks
+  (``X-Magnetar-Forward: true``), it answers the owner's answer itself, after
+  authorizing the caller (broker/admin/forward.py);
 - /metrics says how many topics have a history and how many the bound left out;
 - the history goes with the topic: unloaded, the topic has none (the route does not load
   it); loaded again, a new one begins after the unload; deleted, the route answers 404.
@@ -25,11 +27,14 @@ SUPERUSER = "ops-admin"
 TENANT_ADMIN = "alice"
 
 
-def _call(method: str, url: str, token: str | None, body: object = None, *, follow: bool = True
-          ) -> tuple[int, object, str | None]:
+def _call(method: str, url: str, token: str | None, body: object = None, *, follow: bool = True,
+          forward: bool = False) -> tuple[int, object, str | None]:
     """(status, JSON answer or None, Location) of one request; a 307 is followed once
-    with the same method, body and token when ``follow``."""
+    with the same method, body and token when ``follow``; ``forward`` asks the broker
+    to answer through itself, as the console does."""
     headers = {"Content-Type": "application/json"}
+    if forward:
+        headers["X-Magnetar-Forward"] = "true"
     if token is not None:
         headers["Authorization"] = f"Bearer {token}"
     data = None if body is None else json.dumps(body).encode()
@@ -107,6 +112,20 @@ async def test_history_route_is_authorized_redirected_and_dropped_with_the_topic
     assert status == 200 and "timestamps" not in doc and doc["tracked"], (status, doc)   # the redirect followed
     assert _call("GET", f"{urls[0]}/admin/v2/{other_path}/statsHistory", tenant_admin)[0] == 403
     assert _call("GET", f"{urls[0]}/admin/v2/{other_path}/statsHistory", superuser)[0] == 200
+
+    # Asked as the console asks (X-Magnetar-Forward), the other broker answers itself,
+    # with the owner's history, after authorizing the caller as for any request.
+    other_url = f"{other}/admin/v2/{path}/statsHistory"
+    status, doc, location = _call("GET", other_url, tenant_admin, follow=False, forward=True)
+    assert status == 200 and location is None and doc["tracked"] and doc["timestamps"], (status, doc)
+    assert _call("GET", other_url, None, follow=False, forward=True)[0] == 401
+    assert _call("GET", other_url, nobody, follow=False, forward=True)[0] == 403
+    # A change too (the console's skip all), and an error of the owner's comes back as such.
+    assert _call("POST", f"{other}/admin/v2/{path}/subscription/s/skip_all", superuser, follow=False,
+                 forward=True)[0] == 204
+    status, doc, _ = _call("POST", f"{other}/admin/v2/{path}/subscription/missing/skip_all", superuser,
+                           follow=False, forward=True)
+    assert status == 404 and doc["error"] == "SubscriptionNotFound", (status, doc)
 
     # Unloaded: no history, and the route does not load the topic again.
     assert _call("PUT", f"{owner}/admin/v2/{path}/unload", superuser)[0] == 204
