@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from protocol.codec import FRAME_PADDING_BYTES, MAX_MESSAGE_SIZE_DEFAULT
 from broker.authentication import AuthConfig
+from broker.stats_history import HistoryLimits
 from managed_ledger.managed_ledger import ManagedLedgerConfig
 from common.entry import ENTRY_HEADER_SIZE
 from common.errors import ConfigError
@@ -200,6 +201,15 @@ class BrokerConfig:
     metrics_topic_level: bool = True
     metrics_topics_max: int = 1000
     metrics_subscriptions_max: int = 5000
+    # The console's history (broker/stats_history.py): a sample of every loaded topic
+    # each stats_history_interval_s, kept stats_history_window_s; at most
+    # stats_history_topics_max topics and stats_history_subscriptions_max subscriptions
+    # (those with the largest backlog past the bounds). At the defaults (360 samples) the
+    # samples take at most 7.2 MB + 8.6 MB.
+    stats_history_interval_s: float = 10.0
+    stats_history_window_s: float = 3600.0
+    stats_history_topics_max: int = 500
+    stats_history_subscriptions_max: int = 1000
     # Cleaning up (broker/inactivity.py). A durable subscription with no consumer for
     # this many minutes is deleted, unless its namespace sets its own
     # subscription_expiration_time_minutes (Pulsar's subscriptionExpirationTimeMinutes,
@@ -316,8 +326,14 @@ class BrokerConfig:
             raise ConfigError("metrics_topics_max must be in [0, 1000000]")
         if not 0 <= self.metrics_subscriptions_max <= 10_000_000:
             raise ConfigError("metrics_subscriptions_max must be in [0, 10000000]")
+        self.stats_history_limits   # raises ConfigError when out of bounds
         if not 0 < self.write_buffer_low_bytes < self.write_buffer_high_bytes:
             raise ConfigError("write_buffer_low_bytes must be in (0, write_buffer_high_bytes)")
+
+    @property
+    def stats_history_limits(self) -> HistoryLimits:
+        return HistoryLimits(self.stats_history_interval_s, self.stats_history_window_s,
+                             self.stats_history_topics_max, self.stats_history_subscriptions_max)
 
     @property
     def listeners(self) -> dict[str, str]:

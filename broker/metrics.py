@@ -69,6 +69,15 @@ def register_broker_metrics(service: BrokerService, registry: CollectorRegistry)
          lambda: service.publish_limits.broker.size_bytes),
         ("magnetar_broker_publish_paused_connections", "Connections not read now because of pending sends",
          lambda: sum(1 for c in list(service.connections) if c.reading_paused)),
+        # The console's history (broker/stats_history.py) and what its bounds left out.
+        ("magnetar_broker_stats_history_topics", "Topics with a history for the console",
+         lambda: len(service.stats_history)),
+        ("magnetar_broker_stats_history_topics_untracked",
+         "Loaded topics without a history because of stats_history_topics_max (at the last sample)",
+         lambda: service.stats_history.counts.topics_untracked),
+        ("magnetar_broker_stats_history_subscriptions_untracked",
+         "Subscriptions of tracked topics without a history because of stats_history_subscriptions_max",
+         lambda: service.stats_history.counts.subscriptions_untracked),
     ]
     for name, help_text, function in gauges:
         Gauge(name, help_text, registry=registry).set_function(function)

@@ -42,6 +42,7 @@ from broker.redirect import Destination
 from broker.resources import Resources
 from broker.schema_compatibility import DEFAULT_STRATEGY
 from broker.schemas import SchemaRegistry
+from broker.stats_history import StatsHistory, read_topics
 from broker.transaction_coordinator import TransactionCoordinators
 from broker.transaction_peers import TransactionPeers
 from broker.topic import PersistentTopic
@@ -216,6 +217,8 @@ class BrokerService:
         self.policy_counters = policy_enforcement.PolicyCounters()
         # Subscription expiry and inactive-topic deletion (broker/inactivity.py).
         self.inactivity = InactivitySweeper(self)
+        # What the console draws over time, bounded (broker/stats_history.py).
+        self.stats_history = StatsHistory(config.stats_history_limits)
         self.archiver = Archiver(archiver_config or ArchiverConfig(), store, ledger_client, self.resources.policies)
         # Transaction coordinators served here, and the connections on which they tell
         # other brokers' topics the outcome (broker/transaction_coordinator.py).
@@ -380,6 +383,7 @@ class BrokerService:
             self._background.spawn(self._run_permission_checks(), name="permission checks")
         self._background.spawn(self.archiver.run(self.loaded_topics), name="archiver")
         self._background.spawn(self.inactivity.run(), name="inactivity")
+        self._background.spawn(self._run_stats_history(), name="stats history")
 
     async def _run_dispatch_watch(self) -> None:
         """Checks the dispatcher invariant of every loaded subscription on an interval
@@ -406,6 +410,12 @@ class BrokerService:
                 self.dispatch_wait_s_max = max(self.dispatch_wait_s_max, dispatcher.watch.wait_s_max)
         self.dispatch_stalls += stalls
         return stalls
+
+    async def _run_stats_history(self) -> None:
+        """Samples the loaded topics for the console's history (one synchronous pass)."""
+        while not self.shutting_down:
+            await asyncio.sleep(self.config.stats_history_interval_s)
+            self.stats_history.sample(read_topics(self.loaded_topics()), time.time() * 1000, time.monotonic())
 
     async def _run_retention(self) -> None:
         """Trims consumed ledgers of every loaded topic, per its namespace's policy."""
@@ -683,6 +693,7 @@ class BrokerService:
 
     def _on_topic_closed(self, topic: PersistentTopic) -> None:
         self.archiver.close_topic(topic.name, topic.ledger.archive)
+        self.stats_history.drop(topic.full_name, id(topic))
         loading = self.topics.get(topic.full_name)
         if loading is not None and loading.done() and not loading.exception() and loading.result() is topic:
             self.topics.pop(topic.full_name, None)

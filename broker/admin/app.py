@@ -70,6 +70,11 @@ def build_admin_app(service: BrokerService, registry: CollectorRegistry, *,
     from broker.admin.permissions import auth_middleware
 
     app.middlewares.append(auth_middleware(service))
+    # Inside auth: the console's requests for topics other brokers serve are answered
+    # through this broker (a browser cannot follow the 307 to another origin).
+    from broker.admin.forward import forward_middleware
+
+    app.middlewares.append(forward_middleware(service))
     from broker.admin import routes
 
     routes.add_routes(app, service)

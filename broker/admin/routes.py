@@ -19,6 +19,7 @@ from broker.admin import (
     permissions,
     rates,
     schemas,
+    stats_history,
     subscriptions,
     tenants,
     topic_policies,
@@ -40,6 +41,7 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
     namespaces.add_routes(app, service)
     rates.add_routes(app, service)
     topics.add_routes(app, service)
+    stats_history.add_routes(app, service)
     topic_policies.add_routes(app, service)
     subscriptions.add_routes(app, service)
     messages.add_routes(app, service)

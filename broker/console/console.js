@@ -1,8 +1,10 @@
 // Magnetar's operator console: a client of the broker's admin REST (/admin/v2/...), the
 // same API the CLI uses, with no endpoint of its own. Each page answers one question:
 //   #/                 which topics and subscriptions are falling behind (backlog, rates)
-//   #/topic/<path>     one topic: rates and backlog over time, its subscriptions, who holds
-//                      their unacknowledged messages; peek, skip, reset a cursor
+//   #/topic/<path>     one topic: rates and backlog over time (the broker's own history,
+//                      .../statsHistory: there on page load), since when each subscription
+//                      falls behind, who holds their unacknowledged messages; peek, skip,
+//                      reset a cursor
 //   #/cluster          brokers and bundle ownership, bookies' disks and read-only state,
 //                      under-replicated ledgers
 // The token (when the cluster asks for one) stays in this tab's sessionStorage and goes
@@ -11,11 +13,13 @@
 "use strict";
 
 const REFRESH_MS = 2000;             // how often the open page reloads what it shows
-const HISTORY_SAMPLES_MAX = 150;     // points kept per sparkline (5 minutes at 2 s)
 const OVERVIEW_TOPICS_MAX = 200;     // topics whose stats the overview fetches
+const HISTORIES_CACHED_MAX = 500;    // topics whose history answers are kept in this tab
 
 let timer = null;
-let history = {};                    // topic -> [{t, backlog, rateIn, rateOut}]
+// The broker samples its topics every intervalSeconds (broker/stats_history.py): a
+// history answer is asked again only once a new sample can be there.
+let histories = new Map();           // "path?samples=..." -> {fetchedAt, answer}
 let updatedAt = null;
 let peeked = {path: "", text: ""};   // the last peek, shown until another page is opened
 
@@ -33,7 +37,9 @@ function h(tag, attributes, ...children) {
 }
 
 async function api(path, options = {}) {
-  const headers = {"Content-Type": "application/json"};
+  // X-Magnetar-Forward: a topic another broker serves is answered through this one
+  // (broker/admin/forward.py); the page cannot follow a 307 to another origin.
+  const headers = {"Content-Type": "application/json", "X-Magnetar-Forward": "true"};
   const token = sessionStorage.getItem("magnetar.token");
   if (token) headers["Authorization"] = "Bearer " + token;
   const response = await fetch(path, {method: options.method || "GET", headers,
@@ -75,20 +81,80 @@ function showUpdated() {
   }
 }
 
-function sparkline(points, field, label) {
-  const width = 300, height = 40;
-  const values = points.map(p => p[field]);
-  const top = Math.max(1, ...values);
-  const coordinates = values.map((v, i) =>
-    `${(i / Math.max(1, HISTORY_SAMPLES_MAX - 1)) * width},${height - (v / top) * (height - 2) - 1}`).join(" ");
+function clock(ms) {
+  // Local time; the date too when it is not today.
+  const date = new Date(ms), pad = (n) => String(n).padStart(2, "0");
+  const time = `${pad(date.getHours())}:${pad(date.getMinutes())}:${pad(date.getSeconds())}`;
+  return date.toDateString() === new Date().toDateString() ? time
+    : `${date.getFullYear()}-${pad(date.getMonth() + 1)}-${pad(date.getDate())} ${time}`;
+}
+function duration(ms) {
+  const s = Math.max(0, Math.round(ms / 1000));
+  if (s < 120) return `${s} s`;
+  if (s < 7200) return `${Math.round(s / 60)} min`;
+  return `${(s / 3600).toFixed(1)} h`;
+}
+// "falling behind since ..." for a behindSince (ms) or null; data-since carries the ms.
+// A run that began at the broker's first sample of the subscription may be older.
+function behindText(since, firstSample, subscription) {
+  if (since === null || since === undefined) return h("span", {"class": "muted", "data-since": ""}, "not falling behind");
+  return h("span", {"class": "behind", "data-since": String(since),
+                    title: since <= firstSample ? "the broker's first sample of it already saw this backlog grow" : null},
+           `falling behind since ${clock(since)}${since <= firstSample ? " or before" : ""} ` +
+           `(${duration(Date.now() - since)})` + (subscription ? `: ${subscription}` : ""));
+}
+function topicBehind(history) {
+  const worst = (history.subscriptions || {})[history.behindSubscription];
+  return behindText(history.behindSince, worst ? worst.historyStart : null, history.behindSubscription);
+}
+
+async function historyOf(path, samples) {
+  const key = `${path}?samples=${samples}`;
+  const cached = histories.get(key);
+  if (cached && Date.now() - cached.fetchedAt < Math.max(REFRESH_MS, cached.answer.intervalSeconds * 1000)) {
+    return cached.answer;
+  }
+  const answer = await api(`/admin/v2/${path}/statsHistory?samples=${samples}`);
+  histories.delete(key);
+  histories.set(key, {fetchedAt: Date.now(), answer});
+  while (histories.size > HISTORIES_CACHED_MAX) histories.delete(histories.keys().next().value);
+  return answer;
+}
+
+// A line over time: x from the first to the last sample's time, y from 0 to the
+// largest value; a sample without a value (a rate's first) breaks the line.
+function chart(times, values, field, label, format, width = 300, height = 40) {
   const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
   svg.setAttribute("class", "spark");
   svg.setAttribute("width", width);
   svg.setAttribute("height", height);
-  const line = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
-  line.setAttribute("points", coordinates);
-  svg.append(line);
-  return h("div", {}, h("span", {"class": "muted"}, `${label} (max ${top.toFixed(1)}) `), svg);
+  svg.dataset.series = field;
+  const known = values.filter(v => v !== null && v !== undefined);
+  svg.dataset.points = String(known.length);
+  const top = Math.max(1, ...known);
+  const first = times[0], span = Math.max(1, times[times.length - 1] - first);
+  let segment = [];
+  const flush = () => {
+    if (segment.length === 1) {   // a lone sample: a dot
+      const [x, y] = segment[0].split(",");
+      const dot = document.createElementNS("http://www.w3.org/2000/svg", "circle");
+      dot.setAttribute("cx", x); dot.setAttribute("cy", y); dot.setAttribute("r", "1.5");
+      svg.append(dot);
+    } else if (segment.length) {
+      const line = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
+      line.setAttribute("points", segment.join(" "));
+      svg.append(line);
+    }
+    segment = [];
+  };
+  values.forEach((v, i) => {
+    if (v === null || v === undefined) { flush(); return; }
+    const x = times.length > 1 ? ((times[i] - first) / span) * (width - 2) + 1 : width - 1;
+    segment.push(`${x.toFixed(1)},${(height - (v / top) * (height - 2) - 1).toFixed(1)}`);
+  });
+  flush();
+  const caption = label ? h("span", {"class": "muted"}, `${label} (max ${format(top)}) `) : null;
+  return h("div", {"class": "chart"}, caption, svg);
 }
 
 // --- pages ---------------------------------------------------------------------------------------
@@ -112,13 +178,27 @@ async function overview(main) {
     }
   }
   rows.sort((a, b) => (b.stats.error ? -1 : backlogOf(b.stats)) - (a.stats.error ? -1 : backlogOf(a.stats)));
+  // Since when: asked only of the topics with a backlog (the others are not behind).
+  for (const row of rows) {
+    if (row.stats.error || backlogOf(row.stats) === 0) continue;
+    try { row.history = await historyOf(restPath(row.topic), false); } catch (e) { row.history = {error: e.message}; }
+  }
+  const sinceCell = (row) => {
+    const history = row.history;
+    if (!history) return h("td", {"data-field": "behind-since"}, behindText(null));
+    if (history.error) return h("td", {"data-field": "behind-since", "class": "error"}, history.error);
+    if (!history.tracked) return h("td", {"data-field": "behind-since", "class": "muted"}, "no history (past the bound)");
+    return h("td", {"data-field": "behind-since"}, topicBehind(history));
+  };
   const table = h("table", {id: "topics"},
     h("tr", {}, h("th", {}, "topic"), h("th", {"class": "number"}, "backlog (entries)"),
       h("th", {"class": "number"}, "in"), h("th", {"class": "number"}, "out"),
       h("th", {"class": "number"}, "storage"), h("th", {"class": "number"}, "producers"),
-      h("th", {"class": "number"}, "subscriptions")),
-    rows.map(({topic, stats}) => stats.error
-      ? h("tr", {"data-topic": topic}, h("td", {}, topicLink(topic)), h("td", {"class": "error", colspan: 6}, stats.error))
+      h("th", {"class": "number"}, "subscriptions"), h("th", {}, "since when")),
+    rows.map((row) => { const {topic, stats} = row; return stats.error
+      ? h("tr", {"data-topic": topic}, h("td", {}, topicLink(topic)), h("td", {"class": "error", colspan: 7},
+          // A partition listed with its partitioned topic but never used has no ledger yet.
+          stats.error.startsWith("404 ") ? "not created yet (no producer or consumer used it)" : stats.error))
       : h("tr", {"data-topic": topic},
           h("td", {}, topicLink(topic)),
           h("td", {"class": "number" + (backlogOf(stats) > 0 ? " behind" : ""), "data-field": "backlog"},
@@ -127,7 +207,8 @@ async function overview(main) {
           h("td", {"class": "number"}, rate(stats.msgRateOut, "msg")),
           h("td", {"class": "number"}, bytes(stats.storageSize)),
           h("td", {"class": "number"}, (stats.publishers || []).length),
-          h("td", {"class": "number"}, Object.keys(stats.subscriptions || {}).length))));
+          h("td", {"class": "number"}, Object.keys(stats.subscriptions || {}).length),
+          sinceCell(row)); }));
   main.replaceChildren(
     h("h2", {}, `Tenants and namespaces (${tenants.length} tenants)`), h("ul", {id: "namespaces"}, namespaces),
     h("h2", {}, `Topics, most behind first (${rows.length}${fetched >= OVERVIEW_TOPICS_MAX ? ", the first " +
@@ -137,15 +218,20 @@ async function overview(main) {
 async function topicPage(main, path) {
   const topic = path.replace(/^persistent\//, "persistent://");
   const stats = await api(`/admin/v2/${path}/stats`);
-  const points = history[topic] = (history[topic] || []).concat(
-    [{t: Date.now(), backlog: backlogOf(stats), rateIn: stats.msgRateIn || 0, rateOut: stats.msgRateOut || 0}])
-    .slice(-HISTORY_SAMPLES_MAX);
+  const history = await historyOf(path, true);
+  const times = history.timestamps || [];
   const subscriptions = Object.entries(stats.subscriptions || {});
   const subscriptionRows = subscriptions.map(([name, sub]) => {
     const consumers = [...(sub.consumers || [])].sort((a, b) => (b.unackedMessages || 0) - (a.unackedMessages || 0));
+    const past = (history.subscriptions || {})[name];
+    const subTimes = past ? times.slice(past.firstSampleIndex) : [];
     return h("tr", {"data-subscription": name},
       h("td", {}, name), h("td", {}, sub.type || ""),
       h("td", {"class": "number" + (sub.msgBacklog > 0 ? " behind" : ""), "data-field": "backlog"}, sub.msgBacklog),
+      h("td", {"data-field": "behind-since"}, past
+        ? [behindText(past.behindSince, past.historyStart),
+           chart(subTimes, past.msgBacklog, "msgBacklog", "", String, 160, 24)]
+        : h("span", {"class": "muted"}, history.tracked ? "no history yet (or past the bound)" : "no history")),
       h("td", {"class": "number"}, rate(sub.msgRateOut, "msg")),
       h("td", {"class": "number", "data-field": "unacked"}, sub.unackedMessages || 0),
       h("td", {}, consumers.length
@@ -169,15 +255,35 @@ async function topicPage(main, path) {
     h("h2", {}, topic),
     h("p", {}, `in ${rate(stats.msgRateIn, "msg")} (${bytes(stats.msgThroughputIn)}/s), out ${rate(stats.msgRateOut, "msg")}, ` +
       `storage ${bytes(stats.storageSize)}, ${(stats.publishers || []).length} producers`),
-    sparkline(points, "backlog", "backlog (entries)"), sparkline(points, "rateIn", "in (msg/s)"),
-    sparkline(points, "rateOut", "out (msg/s)"),
+    h("p", {id: "topic-behind"}, topicBehind(history)),
+    historyCharts(history),
     h("h2", {}, "Subscriptions"),
     h("table", {id: "subscriptions"},
       h("tr", {}, h("th", {}, "subscription"), h("th", {}, "type"), h("th", {"class": "number"}, "backlog (entries)"),
-        h("th", {"class": "number"}, "out"), h("th", {"class": "number"}, "unacked (msg)"),
+        h("th", {}, "since when, backlog over time"), h("th", {"class": "number"}, "out"), h("th", {"class": "number"}, "unacked (msg)"),
         h("th", {}, "consumers (most unacked first)"), h("th", {}, "")),
       subscriptionRows),
     h("pre", {"class": "peek", id: "peek"}, peeked.path === path ? peeked.text : ""));
+}
+
+function historyCharts(history) {
+  const times = history.timestamps || [];
+  if (!history.tracked || !times.length) {
+    return h("p", {id: "history", "class": "muted"},
+      `No history of this topic yet: the broker samples its loaded topics every ${history.intervalSeconds} s ` +
+      `and keeps the ${history.topicsMax} with the largest backlog; a topic that was just loaded or moved here ` +
+      "starts anew.");
+  }
+  const rate1 = (v) => Number(v).toFixed(1);
+  return h("div", {id: "history"},
+    h("p", {"class": "muted"}, `${times.length} samples, every ${history.intervalSeconds} s, ${clock(times[0])} – ` +
+      `${clock(times[times.length - 1])} (the broker keeps ${duration(history.windowSeconds * 1000)}; ` +
+      `history here since ${clock(history.historyStart)})`),
+    h("div", {"class": "charts"},
+      chart(times, history.msgBacklog, "msgBacklog", "backlog (entries)", String),
+      chart(times, history.msgRateIn, "msgRateIn", "in (msg/s)", rate1),
+      chart(times, history.storageSize, "storageSize", "storage", bytes),
+      chart(times, history.msgRateOut, "msgRateOut", "out (msg/s)", rate1)));
 }
 
 async function peek(path, subscription) {

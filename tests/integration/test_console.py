@@ -4,8 +4,10 @@ against a real broker: the overview lists a topic the official client produced t
 its backlog; the topic page shows the subscription's backlog and who holds unacked
 messages; "Skip all" and "Reset to min ago" clicked on the page move the cursor (the
 admin REST confirms); "Peek" shows the next message; the cluster page lists the
-bookies and the under-replicated count. With authentication on, the page shows the
-broker's refusal until a token is given, then the data.
+bookies and the under-replicated count. A page opened after the fact draws the history
+the broker kept (broker/stats_history.py) and says since when a subscription falls
+behind. With authentication on, the page shows the broker's refusal until a token is
+given, then the data.
 
 MAGNETAR_CONSOLE_SCREENSHOTS=<dir> saves the pages as PNGs there (docs/ has them).
 """
@@ -19,7 +21,7 @@ import time
 
 import pytest
 
-from tests.cluster import http_json, unique
+from tests.cluster import http_json, unique, wait_until
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -81,7 +83,8 @@ async def test_console_shows_backlog_and_moves_a_cursor(cluster, browser):
     import pulsar
 
     await cluster.start_bookies(2)
-    (broker,) = await cluster.start_brokers(1)
+    # A quick history, so that the screenshots show its charts.
+    (broker,) = await cluster.start_brokers(1, extra_args=["--stats-history-interval-s", "0.5"])
     admin = broker.web_service_url
     name = unique("console")
     topic, path = f"persistent://public/default/{name}", f"persistent/public/default/{name}"
@@ -135,6 +138,75 @@ async def test_console_shows_backlog_and_moves_a_cursor(cluster, browser):
         _screenshot(browser, "cluster")
         producer.close()
         holder.close()
+    finally:
+        client.close()
+
+
+async def test_console_draws_the_history_the_broker_kept(cluster, browser):
+    """Produced without consuming while no page was open, on two brokers sampling every
+    0.5 s: the console opened afterwards, on the broker that does NOT serve the topic
+    (its requests are answered through that broker: broker/admin/forward.py), draws the
+    backlog chart from the serving broker's history (at least the samples taken before
+    the page was opened, so not from its own) and shows since when the subscription
+    falls behind, in the topic list, the topic's header and the subscription's row, at
+    the time the admin REST gives."""
+    import pulsar
+
+    await cluster.start_bookies(2)
+    brokers = await cluster.start_brokers(2, extra_args=["--stats-history-interval-s", "0.5",
+                                                         "--stats-history-window-s", "120"])
+    name = unique("history")
+    topic, path = f"persistent://public/default/{name}", f"persistent/public/default/{name}"
+    # The history lives on the serving broker (the CLI's urllib follows the 307 there).
+    admin = brokers[0].web_service_url
+    client = pulsar.Client(brokers[0].service_url, operation_timeout_seconds=30)
+    try:
+        client.subscribe(topic, "slow").close()       # a subscription nobody consumes
+        producer = client.create_producer(topic, batching_enabled=False)
+        for _ in range(5):                            # a backlog growing over a few samples
+            for index in range(4):
+                producer.send(f"m-{index}".encode())
+            time.sleep(0.6)
+        producer.close()
+
+        def grown() -> dict | None:
+            answer = http_json("GET", f"{admin}/admin/v2/{path}/statsHistory")
+            slow = answer["subscriptions"].get("slow")
+            return answer if slow and slow["msgBacklog"][-1] == 20 and len(answer["timestamps"]) >= 8 else None
+
+        history = wait_until(grown, 20, "8 samples with the backlog of 20 in the broker's history")
+        since = history["subscriptions"]["slow"]["behindSince"]
+        assert since is not None and history["behindSince"] == since and history["behindSubscription"] == "slow"
+        backlogs = history["subscriptions"]["slow"]["msgBacklog"]
+        assert backlogs == sorted(backlogs) and backlogs[0] < 20, backlogs   # it grew while sampled
+        assert since == history["timestamps"][history["subscriptions"]["slow"]["firstSampleIndex"]
+                                              + next(i for i, b in enumerate(backlogs) if b > 0)]
+        samples_before = len(history["timestamps"])
+        serving = http_json("GET", f"{admin}/lookup/v2/topic/{path}")["httpUrl"]
+        (elsewhere,) = [b.web_service_url for b in brokers if b.web_service_url != serving]
+
+        browser.get(f"{elsewhere}/console/")
+        row = f'tr[data-topic="{topic}"]'
+        cell = f'{row} td[data-field="behind-since"] span'
+        _wait_for(browser, lambda d: d.find_element("css selector", cell).get_attribute("data-since") == str(since),
+                  "the topic's 'falling behind since' in the topic list")
+        assert _text_of(browser, cell).startswith("falling behind since ") and _text_of(browser, cell).endswith(": slow")
+        browser.find_element("css selector", f"{row} a").click()
+
+        def points(series: str) -> int:
+            return int(browser.find_element("css selector", f'#history svg[data-series="{series}"]')
+                       .get_attribute("data-points"))
+
+        _wait_for(browser, lambda d: points("msgBacklog") >= samples_before,
+                  f"a backlog chart of at least the {samples_before} samples taken before the page was opened")
+        assert points("msgRateIn") >= samples_before - 1       # no rate at the first sample
+        assert "backlog (entries) (max 20)" in _text_of(browser, "#history")
+        behind = browser.find_element("css selector", "#topic-behind span")
+        assert behind.get_attribute("data-since") == str(since) and "falling behind since" in behind.text
+        sub_cell = browser.find_element("css selector", 'tr[data-subscription="slow"] td[data-field="behind-since"]')
+        assert sub_cell.find_element("css selector", "span").get_attribute("data-since") == str(since)
+        assert int(sub_cell.find_element("css selector", "svg").get_attribute("data-points")) >= len(backlogs)
+        _screenshot(browser, "history")
     finally:
         client.close()
 
