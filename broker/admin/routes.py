@@ -13,6 +13,7 @@ from broker.admin import (
     bundles,
     clusters,
     console,
+    keys,
     lookup,
     messages,
     namespaces,
@@ -31,6 +32,7 @@ from broker.service import BrokerService
 
 
 def add_routes(app: web.Application, service: BrokerService) -> None:
+    keys.set_up(app, service)
     lookup.add_routes(app, service)
     permissions.add_routes(app, service)
     brokers.add_routes(app, service)
@@ -40,10 +42,10 @@ def add_routes(app: web.Application, service: BrokerService) -> None:
     tenants.add_routes(app, service)
     namespaces.add_routes(app, service)
     rates.add_routes(app, service)
-    topics.add_routes(app, service)
+    app.add_routes(topics.routes)
     stats_history.add_routes(app, service)
     topic_policies.add_routes(app, service)
-    subscriptions.add_routes(app, service)
+    app.add_routes(subscriptions.routes)
     messages.add_routes(app, service)
     archive.add_routes(app, service)
     schemas.add_routes(app, service)

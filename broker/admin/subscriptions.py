@@ -38,10 +38,10 @@ from aiohttp import web
 
 from broker import policy_enforcement
 from broker.admin import fanout, topic_access
+from broker.admin.keys import SERVICE
 from broker.admin.common import flag, json_body, message_id_of, path_integer, no_content, topic_of
 from broker.admin.policy_codec import subscription_name_of
 from common.position import Position
-from broker.service import BrokerService
 from broker.topic import PersistentTopic
 from common.topic_name import TopicName
 from common.errors import AlreadyExists, InvalidArgument, NotAllowed, PreconditionFailed, SubscriptionNotFound
@@ -111,205 +111,225 @@ def reset(subscription: Subscription, position: Position) -> None:
     subscription.reset_cursor(position)
 
 
-def add_routes(app: web.Application, service: BrokerService) -> None:
-    def named(request: web.Request) -> tuple[TopicName, str]:
-        return topic_of(request), subscription_name_of(request.match_info["subscription"])
+TOPIC_PATH = "/admin/v2/persistent/{tenant}/{namespace}/{topic}"
+SUBSCRIPTION_PATH = f"{TOPIC_PATH}/subscription/{{subscription}}"
 
-    async def each_partition(request: web.Request, what: str, local: Callable[[PersistentTopic, Subscription], Awaitable[object]],
-                             method: str, suffix: str, *, query: dict[str, str] | None = None) -> None:
-        """Applies one change to the subscription the request names on every partition
-        that has it: this broker's through ``local``, the others' by ``method`` on
-        ``suffix`` (under the subscription's path) at their owners; 404 if no partition
-        has it, the first failure (naming what was applied) if any partition failed."""
-        name, subscription = named(request)
+# Module-level handlers, registered in this order; each finds the broker in
+# ``request.app[SERVICE]``.
+routes = web.RouteTableDef()
+
+
+def named(request: web.Request) -> tuple[TopicName, str]:
+    return topic_of(request), subscription_name_of(request.match_info["subscription"])
+
+
+async def each_partition(request: web.Request, what: str, local: Callable[[PersistentTopic, Subscription], Awaitable[object]],
+                         method: str, suffix: str, *, query: dict[str, str] | None = None) -> None:
+    """Applies one change to the subscription the request names on every partition
+    that has it: this broker's through ``local``, the others' by ``method`` on
+    ``suffix`` (under the subscription's path) at their owners; 404 if no partition
+    has it, the first failure (naming what was applied) if any partition failed."""
+    service = request.app[SERVICE]
+    name, subscription = named(request)
+    targets = await topic_access.targets(service, name, request)
+    outcomes = fanout.Outcomes(f"{what} of subscription {subscription} on {name}")
+    path = f"subscription/{quote(subscription, safe='')}" + (f"/{suffix}" if suffix else "")
+    async with fanout.PartitionCalls(service, request) as remote:
+        await fanout.bounded_gather(
+            [outcomes.run(topic.name, local(topic, topic.subscriptions[subscription]))
+             for topic in targets.local if subscription in topic.subscriptions]
+            + [outcomes.run(partition, remote.call(method, owner, partition, path, query=query))
+               for partition, owner in targets.remote])
+    outcomes.raise_failure()
+    if not outcomes.applied:
+        raise SubscriptionNotFound(f"subscription {subscription} does not exist on {name}")
+
+
+@routes.get(f"{TOPIC_PATH}/subscriptions")
+async def list_subscriptions(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    targets = await topic_access.targets(service, topic_of(request), request)
+    names = {name for t in targets.local for name in t.subscriptions}
+    async with fanout.PartitionCalls(service, request) as remote:
+        answers = await fanout.bounded_gather(remote.json(owner, partition, "subscriptions")
+                                              for partition, owner in targets.remote)
+    for answer in answers:
+        if isinstance(answer, list):
+            names.update(str(n) for n in answer)
+    return web.json_response(sorted(names))
+
+
+@routes.put(SUBSCRIPTION_PATH)
+async def create_subscription(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    name, subscription = named(request)
+    body = await json_body(request, required=False)
+    kind, position = message_id_of(body) if body is not None else ("latest", None)
+    targets = await topic_access.targets(service, name, request, create=True)
+    if kind == "position" and targets.count > 1:
+        raise NotAllowed("a partitioned topic's subscription starts at earliest or latest, not a message id")
+    async with fanout.PartitionCalls(service, request) as remote:
+        # Checked everywhere first, so an existing subscription changes nothing.
+        for topic in targets.local:
+            if subscription in topic.subscriptions:
+                raise AlreadyExists(f"subscription {subscription} already exists on {topic.full_name}")
+        remote_names = await fanout.bounded_gather(remote.json(owner, partition, "subscriptions")
+                                                   for partition, owner in targets.remote)
+        for (partition, _), names in zip(targets.remote, remote_names):
+            if isinstance(names, list) and subscription in names:
+                raise AlreadyExists(f"subscription {subscription} already exists on {partition}")
+        outcomes = fanout.Outcomes(f"creating subscription {subscription} on {name}")
+        path = f"subscription/{quote(subscription, safe='')}"
+        await fanout.bounded_gather(
+            [outcomes.run(topic.name, topic.create_subscription(
+                subscription, topic.ledger.first_position if kind == "earliest" else position))
+             for topic in targets.local]
+            + [outcomes.run(partition, remote.call("PUT", owner, partition, path, body=body))
+               for partition, owner in targets.remote])
+    outcomes.raise_failure()
+    log.info("subscription created by admin: topic=%s subscription=%s start=%s partitions_elsewhere=%d",
+             name, subscription, position if position is not None else kind, len(targets.remote))
+    return no_content()
+
+
+@routes.delete(SUBSCRIPTION_PATH)
+async def delete_subscription(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    force = flag(request, "force")
+    name, subscription = named(request)
+    if not force:
+        # Refused before anything is deleted while any partition has consumers on it.
         targets = await topic_access.targets(service, name, request)
-        outcomes = fanout.Outcomes(f"{what} of subscription {subscription} on {name}")
-        path = f"subscription/{quote(subscription, safe='')}" + (f"/{suffix}" if suffix else "")
+        for topic in targets.local:
+            attached = topic.subscriptions.get(subscription)
+            if attached is not None and attached.consumers:
+                raise PreconditionFailed(f"subscription {subscription} on {topic.full_name} has "
+                                         f"{len(attached.consumers)} consumers attached")
         async with fanout.PartitionCalls(service, request) as remote:
-            await fanout.bounded_gather(
-                [outcomes.run(topic.name, local(topic, topic.subscriptions[subscription]))
-                 for topic in targets.local if subscription in topic.subscriptions]
-                + [outcomes.run(partition, remote.call(method, owner, partition, path, query=query))
-                   for partition, owner in targets.remote])
-        outcomes.raise_failure()
-        if not outcomes.applied:
-            raise SubscriptionNotFound(f"subscription {subscription} does not exist on {name}")
-
-    async def list_subscriptions(request: web.Request) -> web.Response:
-        targets = await topic_access.targets(service, topic_of(request), request)
-        names = {name for t in targets.local for name in t.subscriptions}
-        async with fanout.PartitionCalls(service, request) as remote:
-            answers = await fanout.bounded_gather(remote.json(owner, partition, "subscriptions")
-                                                  for partition, owner in targets.remote)
-        for answer in answers:
-            if isinstance(answer, list):
-                names.update(str(n) for n in answer)
-        return web.json_response(sorted(names))
-
-    async def create_subscription(request: web.Request) -> web.Response:
-        name, subscription = named(request)
-        body = await json_body(request, required=False)
-        kind, position = message_id_of(body) if body is not None else ("latest", None)
-        targets = await topic_access.targets(service, name, request, create=True)
-        if kind == "position" and targets.count > 1:
-            raise NotAllowed("a partitioned topic's subscription starts at earliest or latest, not a message id")
-        async with fanout.PartitionCalls(service, request) as remote:
-            # Checked everywhere first, so an existing subscription changes nothing.
-            for topic in targets.local:
-                if subscription in topic.subscriptions:
-                    raise AlreadyExists(f"subscription {subscription} already exists on {topic.full_name}")
-            remote_names = await fanout.bounded_gather(remote.json(owner, partition, "subscriptions")
+            remote_stats = await fanout.bounded_gather(remote.json(owner, partition, "stats")
                                                        for partition, owner in targets.remote)
-            for (partition, _), names in zip(targets.remote, remote_names):
-                if isinstance(names, list) and subscription in names:
-                    raise AlreadyExists(f"subscription {subscription} already exists on {partition}")
-            outcomes = fanout.Outcomes(f"creating subscription {subscription} on {name}")
-            path = f"subscription/{quote(subscription, safe='')}"
-            await fanout.bounded_gather(
-                [outcomes.run(topic.name, topic.create_subscription(
-                    subscription, topic.ledger.first_position if kind == "earliest" else position))
-                 for topic in targets.local]
-                + [outcomes.run(partition, remote.call("PUT", owner, partition, path, body=body))
-                   for partition, owner in targets.remote])
-        outcomes.raise_failure()
-        log.info("subscription created by admin: topic=%s subscription=%s start=%s partitions_elsewhere=%d",
-                 name, subscription, position if position is not None else kind, len(targets.remote))
-        return no_content()
+        for (partition, _), partition_stats in zip(targets.remote, remote_stats):
+            consumers = _consumers_of(partition_stats, subscription)
+            if consumers:
+                raise PreconditionFailed(f"subscription {subscription} on {partition} has "
+                                         f"{consumers} consumers attached")
 
-    async def delete_subscription(request: web.Request) -> web.Response:
-        force = flag(request, "force")
-        name, subscription = named(request)
-        if not force:
-            # Refused before anything is deleted while any partition has consumers on it.
-            targets = await topic_access.targets(service, name, request)
-            for topic in targets.local:
-                attached = topic.subscriptions.get(subscription)
-                if attached is not None and attached.consumers:
-                    raise PreconditionFailed(f"subscription {subscription} on {topic.full_name} has "
-                                             f"{len(attached.consumers)} consumers attached")
-            async with fanout.PartitionCalls(service, request) as remote:
-                remote_stats = await fanout.bounded_gather(remote.json(owner, partition, "stats")
-                                                           for partition, owner in targets.remote)
-            for (partition, _), partition_stats in zip(targets.remote, remote_stats):
-                consumers = _consumers_of(partition_stats, subscription)
-                if consumers:
-                    raise PreconditionFailed(f"subscription {subscription} on {partition} has "
-                                             f"{consumers} consumers attached")
+    async def delete_here(topic: PersistentTopic, attached: Subscription) -> None:
+        disconnected = attached.disconnect_consumers() if force else 0
+        await topic.unsubscribe(attached.name, None)
+        log.info("subscription deleted by admin: topic=%s subscription=%s consumers_disconnected=%d",
+                 topic.full_name, attached.name, disconnected)
 
-        async def delete_here(topic: PersistentTopic, attached: Subscription) -> None:
-            disconnected = attached.disconnect_consumers() if force else 0
-            await topic.unsubscribe(attached.name, None)
-            log.info("subscription deleted by admin: topic=%s subscription=%s consumers_disconnected=%d",
-                     topic.full_name, attached.name, disconnected)
+    await each_partition(request, "deletion", delete_here, "DELETE", "",
+                         query={"force": "true"} if force else None)
+    return no_content()
 
-        await each_partition(request, "deletion", delete_here, "DELETE", "",
-                             query={"force": "true"} if force else None)
-        return no_content()
 
-    async def skip_all(request: web.Request) -> web.Response:
-        async def skip_here(topic: PersistentTopic, subscription: Subscription) -> None:
-            skipped = await skip_entries(topic, subscription, INT64_MAX)
-            log.info("subscription backlog cleared: topic=%s subscription=%s entries=%d", topic.full_name,
-                     subscription.name, skipped)
+@routes.post(f"{SUBSCRIPTION_PATH}/skip_all")
+async def skip_all(request: web.Request) -> web.Response:
+    async def skip_here(topic: PersistentTopic, subscription: Subscription) -> None:
+        skipped = await skip_entries(topic, subscription, INT64_MAX)
+        log.info("subscription backlog cleared: topic=%s subscription=%s entries=%d", topic.full_name,
+                 subscription.name, skipped)
 
-        await each_partition(request, "clearing the backlog", skip_here, "POST", "skip_all")
-        return no_content()
+    await each_partition(request, "clearing the backlog", skip_here, "POST", "skip_all")
+    return no_content()
 
-    async def skip(request: web.Request) -> web.Response:
-        count = path_integer(request, "count", minimum=0, maximum=INT64_MAX)
 
-        async def skip_here(topic: PersistentTopic, subscription: Subscription) -> None:
-            skipped = await skip_entries(topic, subscription, count)
-            log.info("subscription entries skipped: topic=%s subscription=%s entries=%d", topic.full_name,
-                     subscription.name, skipped)
+@routes.post(f"{SUBSCRIPTION_PATH}/skip/{{count}}")
+async def skip(request: web.Request) -> web.Response:
+    count = path_integer(request, "count", minimum=0, maximum=INT64_MAX)
 
-        await each_partition(request, f"skipping {count} entries", skip_here, "POST", f"skip/{count}")
-        return no_content()
+    async def skip_here(topic: PersistentTopic, subscription: Subscription) -> None:
+        skipped = await skip_entries(topic, subscription, count)
+        log.info("subscription entries skipped: topic=%s subscription=%s entries=%d", topic.full_name,
+                 subscription.name, skipped)
 
-    async def reset_by_time(request: web.Request) -> web.Response:
-        timestamp_ms = path_integer(request, "timestamp", minimum=0, maximum=INT64_MAX)
+    await each_partition(request, f"skipping {count} entries", skip_here, "POST", f"skip/{count}")
+    return no_content()
 
-        async def reset_here(topic: PersistentTopic, subscription: Subscription) -> None:
-            position = await topic.find_position_by_time(timestamp_ms)
-            reset(subscription, position)
-            log.info("subscription reset by time: topic=%s subscription=%s timestamp_ms=%d position=%s",
-                     topic.full_name, subscription.name, timestamp_ms, position)
 
-        await each_partition(request, f"resetting to {timestamp_ms} ms", reset_here, "POST",
-                             f"resetcursor/{timestamp_ms}")
-        return no_content()
+@routes.post(f"{SUBSCRIPTION_PATH}/resetcursor/{{timestamp}}")
+async def reset_by_time(request: web.Request) -> web.Response:
+    timestamp_ms = path_integer(request, "timestamp", minimum=0, maximum=INT64_MAX)
 
-    async def expire_messages(request: web.Request) -> web.Response:
-        seconds = path_integer(request, "seconds", minimum=0, maximum=EXPIRY_SECONDS_MAX)
+    async def reset_here(topic: PersistentTopic, subscription: Subscription) -> None:
+        position = await topic.find_position_by_time(timestamp_ms)
+        reset(subscription, position)
+        log.info("subscription reset by time: topic=%s subscription=%s timestamp_ms=%d position=%s",
+                 topic.full_name, subscription.name, timestamp_ms, position)
 
-        async def expire_here(topic: PersistentTopic, subscription: Subscription) -> None:
-            expired = await expire_older_than(topic, [subscription], seconds)
-            log.info("subscription messages expired by admin: topic=%s subscription=%s older_than_s=%d entries=%d",
-                     topic.full_name, subscription.name, seconds, expired)
+    await each_partition(request, f"resetting to {timestamp_ms} ms", reset_here, "POST",
+                         f"resetcursor/{timestamp_ms}")
+    return no_content()
 
-        await each_partition(request, f"expiring messages older than {seconds} s", expire_here, "POST",
-                             f"expireMessages/{seconds}")
-        return no_content()
 
-    async def expire_all_subscriptions(request: web.Request) -> web.Response:
-        """Every durable subscription of the topic (each partition's, wherever it is
-        served) acknowledges what was published more than ``seconds`` ago."""
-        seconds = path_integer(request, "seconds", minimum=0, maximum=EXPIRY_SECONDS_MAX)
-        name = topic_of(request)
-        targets = await topic_access.targets(service, name, request)
-        outcomes = fanout.Outcomes(f"expiring messages older than {seconds} s on {name}")
+@routes.post(f"{SUBSCRIPTION_PATH}/resetcursor")
+async def reset_by_message_id(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    name, subscription_name = named(request)
+    body = await json_body(request, required=True)
+    kind, position = message_id_of(body)
+    excluded = flag(request, "isExcluded")
+    count = await topic_access.partition_count(service, name)
+    if count > 0:
+        index = body.get("partitionIndex", -1) if isinstance(body, dict) else -1
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count:
+            raise InvalidArgument(f"resetting {name} by message id needs a partitionIndex in [0, {count})")
+        name = name.partition(index)
+    topic = await topic_access.load(service, name, request)
+    subscription = topic_access.subscription_of(topic, subscription_name)
+    ledger = topic.ledger
+    if kind == "earliest":
+        target = ledger.first_position
+    elif kind == "latest":
+        target = ledger.end_position
+    else:
+        assert position is not None
+        target = ledger.next_position(position) if excluded else ledger.normalize(position)
+    reset(subscription, target)
+    log.info("subscription reset by message id: topic=%s subscription=%s position=%s", topic.full_name,
+             subscription_name, target)
+    return no_content()
 
-        async def expire_here(topic: PersistentTopic) -> None:
-            expired = await expire_older_than(topic, list(topic.subscriptions.values()), seconds)
-            log.info("messages expired by admin: topic=%s older_than_s=%d entries=%d", topic.full_name, seconds,
-                     expired)
 
-        async with fanout.PartitionCalls(service, request) as remote:
-            await fanout.bounded_gather(
-                [outcomes.run(topic.name, expire_here(topic)) for topic in targets.local]
-                + [outcomes.run(partition, remote.call("POST", owner, partition,
-                                                       f"all_subscription/expireMessages/{seconds}"))
-                   for partition, owner in targets.remote])
-        outcomes.raise_failure()
-        return no_content()
+@routes.post(f"{SUBSCRIPTION_PATH}/expireMessages/{{seconds}}")
+async def expire_messages(request: web.Request) -> web.Response:
+    seconds = path_integer(request, "seconds", minimum=0, maximum=EXPIRY_SECONDS_MAX)
 
-    async def reset_by_message_id(request: web.Request) -> web.Response:
-        name, subscription_name = named(request)
-        body = await json_body(request, required=True)
-        kind, position = message_id_of(body)
-        excluded = flag(request, "isExcluded")
-        count = await topic_access.partition_count(service, name)
-        if count > 0:
-            index = body.get("partitionIndex", -1) if isinstance(body, dict) else -1
-            if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count:
-                raise InvalidArgument(f"resetting {name} by message id needs a partitionIndex in [0, {count})")
-            name = name.partition(index)
-        topic = await topic_access.load(service, name, request)
-        subscription = topic_access.subscription_of(topic, subscription_name)
-        ledger = topic.ledger
-        if kind == "earliest":
-            target = ledger.first_position
-        elif kind == "latest":
-            target = ledger.end_position
-        else:
-            assert position is not None
-            target = ledger.next_position(position) if excluded else ledger.normalize(position)
-        reset(subscription, target)
-        log.info("subscription reset by message id: topic=%s subscription=%s position=%s", topic.full_name,
-                 subscription_name, target)
-        return no_content()
+    async def expire_here(topic: PersistentTopic, subscription: Subscription) -> None:
+        expired = await expire_older_than(topic, [subscription], seconds)
+        log.info("subscription messages expired by admin: topic=%s subscription=%s older_than_s=%d entries=%d",
+                 topic.full_name, subscription.name, seconds, expired)
 
-    topic_path = "/admin/v2/persistent/{tenant}/{namespace}/{topic}"
-    subscription_path = f"{topic_path}/subscription/{{subscription}}"
-    app.router.add_get(f"{topic_path}/subscriptions", list_subscriptions)
-    app.router.add_put(subscription_path, create_subscription)
-    app.router.add_delete(subscription_path, delete_subscription)
-    app.router.add_post(f"{subscription_path}/skip_all", skip_all)
-    app.router.add_post(f"{subscription_path}/skip/{{count}}", skip)
-    app.router.add_post(f"{subscription_path}/resetcursor/{{timestamp}}", reset_by_time)
-    app.router.add_post(f"{subscription_path}/resetcursor", reset_by_message_id)
-    app.router.add_post(f"{subscription_path}/expireMessages/{{seconds}}", expire_messages)
-    app.router.add_post(f"{topic_path}/all_subscription/expireMessages/{{seconds}}", expire_all_subscriptions)
+    await each_partition(request, f"expiring messages older than {seconds} s", expire_here, "POST",
+                         f"expireMessages/{seconds}")
+    return no_content()
+
+
+@routes.post(f"{TOPIC_PATH}/all_subscription/expireMessages/{{seconds}}")
+async def expire_all_subscriptions(request: web.Request) -> web.Response:
+    """Every durable subscription of the topic (each partition's, wherever it is
+    served) acknowledges what was published more than ``seconds`` ago."""
+    service = request.app[SERVICE]
+    seconds = path_integer(request, "seconds", minimum=0, maximum=EXPIRY_SECONDS_MAX)
+    name = topic_of(request)
+    targets = await topic_access.targets(service, name, request)
+    outcomes = fanout.Outcomes(f"expiring messages older than {seconds} s on {name}")
+
+    async def expire_here(topic: PersistentTopic) -> None:
+        expired = await expire_older_than(topic, list(topic.subscriptions.values()), seconds)
+        log.info("messages expired by admin: topic=%s older_than_s=%d entries=%d", topic.full_name, seconds,
+                 expired)
+
+    async with fanout.PartitionCalls(service, request) as remote:
+        await fanout.bounded_gather(
+            [outcomes.run(topic.name, expire_here(topic)) for topic in targets.local]
+            + [outcomes.run(partition, remote.call("POST", owner, partition,
+                                                   f"all_subscription/expireMessages/{seconds}"))
+               for partition, owner in targets.remote])
+    outcomes.raise_failure()
+    return no_content()
 
 
 def _consumers_of(topic_stats: object, subscription: str) -> int:
