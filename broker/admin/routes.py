@@ -1,4 +1,7 @@
-"""Route table of the broker's HTTP API: each resource module adds its own routes.
+"""Route table of the broker's HTTP API: each resource module adds its own routes (the
+topic and subscription modules as aiohttp ``RouteTableDef``s of module-level handlers,
+which find the broker in ``request.app[keys.SERVICE]``; the others still through an
+``add_routes(app, service)`` of closures).
 Order matters only where a fixed path and a pattern overlap; each module registers its
 fixed paths before its patterns."""
 
