@@ -16,7 +16,10 @@ Theory of operation:
   same bound.
 - When the writer is idle it starts a group as soon as the queue is drained (after one
   turn of the event loop, so adds that arrived together go together; or at once when
-  the caller says it queued the last of what arrived together: ``start_now``), or, with
+  the caller says it queued the last of what arrived together: ``start_now``; such a
+  caller may hold the appends' wake-ups until then, ``hold_start``, and a group it
+  starts on an idle writer is seen done by its completion without a turn of the writer
+  loop), or, with
   ``group_wait_ms_max`` > 0, once the oldest queued append has waited that long or
   the queue holds a full group, whichever comes first (BookKeeper's
   journalMaxGroupWaitMSec: fewer fsyncs for a little latency). Under load no time is

@@ -10,7 +10,8 @@ Theory of operation:
   the adds of one loop turn are packed by a callback at the next
   (``_flush_to_socket``), or at once when the caller says the adds that arrived
   together are queued (``BookieClientPool.flush_adds``: a broker connection at the end
-  of a read), and replies are read by the connection's own callbacks
+  of a read, which holds the pool from the read's start, ``hold_flushes``, so that its
+  adds schedule no turn at all), and replies are read by the connection's own callbacks
   (ledger/add_socket_connection.py), which resolve the futures as the bytes arrive.
 - The bookie answers each message with one reply, in order, so replies are matched to
   futures first-in first-out (no per-entry lookup).
