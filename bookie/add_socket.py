@@ -154,6 +154,9 @@ class _AddConnection(asyncio.Protocol):
         if self._closed:
             return
         self._decoder.feed(data)
+        # The journal's writer is not woken by each request's append: it is started
+        # (or woken) once, when the read's requests are all journaled.
+        self._node.hold_journal()
         try:
             while not self._closed:
                 body = self._decoder.next_body()
@@ -166,10 +169,10 @@ class _AddConnection(asyncio.Protocol):
         except MalformedFrame as error:
             log.info("add socket closed: peer=%s reason=%s", self._peer, error)
             self.abort()
-            return
-        # This read's requests are journaled: an idle journal writes them now rather
-        # than after its writer's loop turns (the requests of one read share a group).
-        self._node.start_journal_now()
+        finally:
+            # This read's requests are journaled: an idle journal writes them now rather
+            # than after its writer's loop turns (the requests of one read share a group).
+            self._node.start_journal_now()
 
     def eof_received(self) -> bool:
         if self._decoder.buffered_bytes:

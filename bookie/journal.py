@@ -16,7 +16,10 @@ Theory of operation:
   same bound.
 - When the writer is idle it starts a group as soon as the queue is drained (after one
   turn of the event loop, so adds that arrived together go together; or at once when
-  the caller says it queued the last of what arrived together: ``start_now``), or, with
+  the caller says it queued the last of what arrived together: ``start_now``; such a
+  caller may hold the appends' wake-ups until then, ``hold_start``, and a group it
+  starts on an idle writer is seen done by its completion without a turn of the writer
+  loop), or, with
   ``group_wait_ms_max`` > 0, once the oldest queued append has waited that long or
   the queue holds a full group, whichever comes first (BookKeeper's
   journalMaxGroupWaitMSec: fewer fsyncs for a little latency). Under load no time is
@@ -178,6 +181,9 @@ class Journal:
         # idle for appends (then start_now may start a group itself).
         self._in_flight: tuple[asyncio.Future[None], list[_Append]] | None = None
         self._idle = False
+        # The caller starts the writing itself (start_now) once it has queued what
+        # arrived together (hold_start): appends meanwhile do not wake the writer loop.
+        self._held = False
         # One thread does every journal write and fsync, so they are ordered.
         self._io = IoThread("journal")
         self.applied_position = JournalPosition(first_journal_id, FILE_HEADER_SIZE)
@@ -251,16 +257,34 @@ class Journal:
                 self._in_flight[0].cancel()     # as before: a cancelled writer acknowledges nothing more
             raise
 
+    def hold_start(self) -> bool:
+        """Until the next ``start_now``, appends do not wake the writer loop: the
+        caller (the add socket, around a read; ``start_now`` in a ``finally``) says
+        when what arrived together is queued. True when this call began the hold."""
+        if self._held:
+            return False
+        self._held = True
+        return True
+
     def start_now(self) -> None:
         """Starts writing what is queued at once when the writer waits idle (and no
         ``group_wait_ms_max`` linger is asked for), instead of after the writer loop's
         turns. For a caller that has just queued the last of what arrived together (the
         add socket, at the end of a read): a lone add does not wait two loop turns, and
         the adds of one read still share a group. Under load the writer is never idle,
-        so nothing changes there."""
+        so nothing changes there. Ends a hold (``hold_start``): what it queued and
+        this call did not start wakes the writer loop, as the appends would have.
+
+        A group started here while the writer loop waits idle is seen done by
+        ``_complete_group`` itself, which wakes the loop only when there is more to do
+        (a failure, more appends, closing): an add to an idle journal costs no turn of
+        the writer loop."""
+        self._held = False
         if self._idle and self._in_flight is None and self._queue and self.config.group_wait_ms_max <= 0 \
                 and self._failed is None:
             self._start_group()
+        elif self._queue:
+            self._pending_event.set()
 
     def _start_group(self) -> None:
         """Takes a group off the queue and hands it to the IO thread; ``_in_flight``
@@ -299,16 +323,29 @@ class Journal:
         lets the writer loop go on (its failure is the writer loop's to handle)."""
         if completed.cancelled():
             return   # the writer loop was cancelled meanwhile (closing): as before, no acks
+        # A group start_now started while the writer loop waited idle: the loop still
+        # waits there and does not await ``completed``. Whatever it must handle (a
+        # failure) or go on with (more appends, closing) wakes it; then it finds this
+        # group in flight and awaits ``completed`` as if it had started it.
+        unawaited = self._idle
         if error is not None:
             completed.set_exception(error)
+            if unawaited:
+                self._pending_event.set()
             return
         assert position is not None
         try:
             self._acknowledge_group(group, group_bytes, group_records, round_started, position)
         except BaseException as broken:    # the writer loop raises it, as when it did this itself
             completed.set_exception(broken)
+            if unawaited:
+                self._pending_event.set()
             return
         completed.set_result(None)
+        if unawaited:
+            self._in_flight = None          # what the writer loop does after awaiting it
+            if self._queue or self._closing:
+                self._pending_event.set()
 
     def _acknowledge_group(self, group: list[_Append], group_bytes: int, group_records: int, round_started: float,
                            position: JournalPosition) -> None:
@@ -494,7 +531,8 @@ class Journal:
         self._queue.append(_Append(buffers, tokens, future, record_bytes, size_bytes, self._clock()))
         self._queue_record_bytes += record_bytes
         self._queued_bytes += size_bytes
-        self._pending_event.set()
+        if not self._held:
+            self._pending_event.set()
         return future
 
     # --- trimming -------------------------------------------------------------------------------

@@ -186,6 +186,12 @@ class BookieNode:
         size = sum(len(item.entry) for item in items)
         return self.journal.has_room(size) and (not items or self.storage.has_room(items[0].ledger_id, size))
 
+    def hold_journal(self) -> None:
+        """Adds journaled until ``start_journal_now`` do not wake the journal's writer
+        (``Journal.hold_start``): the caller starts it when they are all queued."""
+        if self.journal is not None:
+            self.journal.hold_start()
+
     def start_journal_now(self) -> None:
         """What was journaled so far arrived together: an idle journal writes it now
         (``Journal.start_now``)."""

@@ -161,7 +161,9 @@ class ServerConnection(LookupHandlers, ProducingHandlers, ConsumingHandlers, Adm
         self._stages = getattr(getattr(service, "ledger_client", None), "stages", None)
         # Run at the end of each read: the entries its SENDs made leave for the bookies
         # in that turn, not the next (LedgerClient.flush_adds); None without a client.
+        # Held from the read's start (hold_flushes), so no add schedules a flush of its own.
         self._flush_adds = getattr(getattr(service, "ledger_client", None), "flush_adds", None)
+        self._hold_flushes = getattr(getattr(service, "ledger_client", None), "hold_flushes", None)
         self._keepalive: asyncio.Task[None] | None = None
         # The CONNECT deadline, and the deadline of a frame begun and not yet whole
         # (with the count of frames handled when it was armed: progress re-arms it).
@@ -230,11 +232,17 @@ class ServerConnection(LookupHandlers, ProducingHandlers, ConsumingHandlers, Adm
 
     def data_received(self, data: bytes) -> None:
         opened = write_batch.begin()
+        if self._hold_flushes is not None:
+            self._hold_flushes()
         try:
             self._on_data(data)
         finally:
-            if opened:
-                write_batch.end()
+            try:
+                if self._flush_adds is not None:
+                    self._flush_adds()      # ends the hold, whatever the read did
+            finally:
+                if opened:
+                    write_batch.end()
 
     def _on_data(self, data: bytes) -> None:
         self.session.traffic(time.monotonic())
@@ -262,8 +270,6 @@ class ServerConnection(LookupHandlers, ProducingHandlers, ConsumingHandlers, Adm
                 self._frame_deadline = None
         elif self._frame_deadline is None and not self.is_closing:
             self._arm_frame_deadline()
-        if self._flush_adds is not None:
-            self._flush_adds()
 
     def _arm_frame_deadline(self) -> None:
         self._frames_at_arming = self._frames_handled

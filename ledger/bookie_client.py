@@ -10,7 +10,8 @@ Theory of operation:
   the adds of one loop turn are packed by a callback at the next
   (``_flush_to_socket``), or at once when the caller says the adds that arrived
   together are queued (``BookieClientPool.flush_adds``: a broker connection at the end
-  of a read), and replies are read by the connection's own callbacks
+  of a read, which holds the pool from the read's start, ``hold_flushes``, so that its
+  adds schedule no turn at all), and replies are read by the connection's own callbacks
   (ledger/add_socket_connection.py), which resolve the futures as the bytes arrive.
 - The bookie answers each message with one reply, in order, so replies are matched to
   futures first-in first-out (no per-entry lookup).
@@ -140,10 +141,29 @@ class _AddStream:
 LEDGER_STAGES = ("bookie_add_send_wait", "bookie_add_round_trip")
 
 
+class FlushesDue(set):
+    """The pool's bookie clients whose add-socket flush is due (``flush_adds`` runs
+    them), and whether a caller holds them (``BookieClientPool.hold_flushes``): then that
+    caller flushes at the end of what it is handling, and an add asks for no turn."""
+
+    held = False
+
+
+class _FlushByHolder:
+    """Stands for a flush the holder of the pool's hold runs (flush_adds): nothing is
+    scheduled, so there is nothing to cancel."""
+
+    def cancel(self) -> None:
+        pass
+
+
+_FLUSH_BY_HOLDER = _FlushByHolder()
+
+
 class BookieClient:
     def __init__(self, bookie_id: str, address: str, config: LedgerClientConfig, *,
                  stages: LatencyStages | None = None, add_address: str = "",
-                 flush_due: set["BookieClient"] | None = None) -> None:
+                 flush_due: "FlushesDue | None" = None) -> None:
         self.bookie_id = bookie_id
         # The pool's set of clients whose add-socket flush is scheduled (it may run them
         # sooner: BookieClientPool.flush_adds); None: alone, the scheduled turn only.
@@ -181,8 +201,9 @@ class BookieClient:
         # receiver ends by itself): cancelled and awaited by close.
         self._tasks = TaskSet(f"bookie client {bookie_id}")
         self._sender: asyncio.Task[None] | None = None
-        # The add socket: the queued adds' flush, scheduled for the next loop turn.
-        self._flush_handle: asyncio.Handle | None = None
+        # The add socket: the queued adds' flush, scheduled for the next loop turn (or
+        # _FLUSH_BY_HOLDER: left to the holder of the pool's hold, flush_adds).
+        self._flush_handle: asyncio.Handle | _FlushByHolder | None = None
         self._closed = False
 
     # --- adds ------------------------------------------------------------------------------
@@ -199,11 +220,17 @@ class BookieClient:
         self._queue.append((message, future, len(entry), time.perf_counter()))
         if self.add_address:
             # The add socket: what this turn queues leaves in one request at the next,
-            # or sooner when the caller says the adds that arrived together are queued.
+            # or sooner when the caller says the adds that arrived together are queued;
+            # under the pool's hold that caller is sure to say so, and no turn is asked
+            # for (a turn asked for and cancelled still costs the loop one more turn).
             if self._flush_handle is None:
-                self._flush_handle = asyncio.get_running_loop().call_soon(self._flush_to_socket)
-                if self._flush_due is not None:
-                    self._flush_due.add(self)
+                due = self._flush_due
+                if due is not None and due.held:
+                    self._flush_handle = _FLUSH_BY_HOLDER
+                else:
+                    self._flush_handle = asyncio.get_running_loop().call_soon(self._flush_to_socket)
+                if due is not None:
+                    due.add(self)
             return future
         self._queued_event.set()
         if self._sender is None or self._sender.done():
@@ -551,9 +578,9 @@ class BookieClientPool:
         self._address_of = address_of
         self._add_address_of = add_address_of
         self._clients: dict[str, BookieClient] = {}
-        # Clients with an add-socket flush scheduled for the next turn (each removes
-        # itself when it flushes or closes): what flush_adds runs at once.
-        self._flush_due: set[BookieClient] = set()
+        # Clients with an add-socket flush due (each removes itself when it flushes or
+        # closes): what flush_adds runs at once.
+        self._flush_due = FlushesDue()
         # Closes of stale clients (a bookie that re-registered at another address, or
         # credentials that changed): one per replaced client; awaited by close.
         self._tasks = TaskSet("bookie client pool")
@@ -595,11 +622,25 @@ class BookieClientPool:
                                                              add_address=add_address, flush_due=self._flush_due)
         return client
 
+    def hold_flushes(self) -> bool:
+        """Until the next ``flush_adds``, adds queued on add sockets wait for it and
+        schedule no flush of their own for the next loop turn. For a caller that will
+        call ``flush_adds`` when it has handled what arrived together (a broker
+        connection, around a read; in a ``finally``): the adds leave as they did, and
+        the loop is spared the turn each flush scheduled and cancelled cost it. True
+        when this call began the hold; False when one was already held."""
+        if self._flush_due.held:
+            return False
+        self._flush_due.held = True
+        return True
+
     def flush_adds(self) -> None:
-        """Sends the adds queued on add sockets now rather than at the next loop turn.
-        For a caller that has just handled the last of what arrived together (a broker
-        connection at the end of a read): a lone entry does not wait a turn, and the
-        entries of one read still leave in one request per bookie."""
+        """Sends the adds queued on add sockets now rather than at the next loop turn,
+        and ends a hold (``hold_flushes``). For a caller that has just handled the last of
+        what arrived together (a broker connection at the end of a read): a lone entry
+        does not wait a turn, and the entries of one read still leave in one request
+        per bookie."""
+        self._flush_due.held = False
         if self._flush_due:
             for client in list(self._flush_due):
                 client.flush_now()

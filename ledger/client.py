@@ -52,8 +52,12 @@ class LedgerClient:
     async def start(self) -> None:
         await self.registry.start()
 
+    def hold_flushes(self) -> bool:
+        """Queued adds wait for ``flush_adds`` (``BookieClientPool.hold_flushes``)."""
+        return self.pool.hold_flushes()
+
     def flush_adds(self) -> None:
-        """Sends queued adds now (``BookieClientPool.flush_adds``)."""
+        """Sends queued adds now, ending a hold (``BookieClientPool.flush_adds``)."""
         self.pool.flush_adds()
 
     async def close(self) -> None:

@@ -202,6 +202,35 @@ async def test_the_pool_s_flush_adds_sends_what_is_queued_in_the_same_turn(booki
         await pool.close()
 
 
+async def test_adds_under_the_pool_s_hold_wait_for_its_flush_and_schedule_no_turn(bookie) -> None:
+    """Under hold_flushes an add schedules no flush for the next turn (a broker read's
+    adds leave at its end, flush_adds, which ends the hold): turns pass and nothing is
+    sent; flush_adds sends them in one request; after it adds schedule their turn
+    again. A second hold_flushes inside a hold is not the holder's."""
+    config = LedgerClientConfig(add_transport="socket", add_timeout_s=5.0, read_timeout_s=5.0)
+    pool = BookieClientPool(config, lambda bookie_id: "127.0.0.1:1", add_address_of=lambda bookie_id: bookie.address)
+    try:
+        client = pool.get("bookie-1")
+        await client.add(3, 0, b"a")                       # connected and welcomed
+        assert pool.hold_flushes() is True
+        assert pool.hold_flushes() is False
+        held = [client.add(3, 1, b"b"), client.add(3, 2, b"c")]
+        assert not isinstance(client._flush_handle, asyncio.Handle)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        await asyncio.sleep(0.05)
+        assert len(bookie.requests) == 1 and not any(f.done() for f in held)
+        pool.flush_adds()
+        await asyncio.wait_for(asyncio.gather(*held), 5)
+        later = client.add(3, 3, b"d")                     # no hold: its own turn
+        assert isinstance(client._flush_handle, asyncio.Handle)
+        await asyncio.wait_for(later, 5)
+        assert [[e.entry_id for e in r.entries] for r in bookie.requests] == [[0], [1, 2], [3]]
+        assert not pool._flush_due
+    finally:
+        await pool.close()
+
+
 async def test_a_refused_hello_fails_the_adds_with_the_refusal_and_the_next_add_reconnects(
         bookie, make_client) -> None:
     client = make_client()

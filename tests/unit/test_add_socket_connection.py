@@ -39,6 +39,11 @@ class _Node:
         self.admitted: list[int] = []
         # How many batches had been journaled at each start_journal_now call.
         self.started_at: list[int] = []
+        # How many batches had been journaled at each hold_journal call.
+        self.held_at: list[int] = []
+
+    def hold_journal(self) -> None:
+        self.held_at.append(len(self.futures))
 
     def start_journal_now(self) -> None:
         self.started_at.append(len(self.futures))

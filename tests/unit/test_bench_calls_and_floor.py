@@ -135,3 +135,23 @@ def test_floor_cpu_per_ack_counts_servers_and_the_warm_up() -> None:
     run["skeleton"]["ack"]["cpu_ms_per_request"] = {"relay": 0.1, "store": 0.15, "one_process_store": 0.2}
     # 1.0 CPU-s over 800 measured + 200 warm-up messages: 1 ms each; the skeleton 0.25 ms.
     assert floor.ack_cpu_ms(run) == (1.0, 0.25)
+
+
+def test_ack_cpu_ratios_come_from_the_same_run_and_never_from_a_missing_figure() -> None:
+    """bench/ack_cpu.py: CPU ms per entry from a side's ticks over its own entries; the new
+    tree over the baseline and each side over the skeleton; a side without entries has
+    no figure and gives no ratio."""
+    import ack_cpu
+    tick_ms = 1000 / ack_cpu.CLOCK_TICKS_PER_S
+    sides = {"new": {"ticks": 60, "entries": 1000, "latencies_us": [900, 800, 1000]},
+             "baseline": {"ticks": 66, "entries": 1000, "latencies_us": [1000]},
+             "skeleton": {"ticks": 33, "entries": 1000, "latencies_us": [600, 700]},
+             "baseline_copy": {"ticks": 0, "entries": 0, "latencies_us": []}}
+    result = ack_cpu.summarize(sides, new="new", baseline="baseline")
+    assert result["sides"]["new"] == {"entries": 1000, "cpu_ms_per_entry": round(60 * tick_ms / 1000, 4),
+                                      "p50_ms": 0.9}
+    assert result["new_over_baseline"] == round(60 / 66, 3)
+    assert result["over_skeleton"]["new"] == round(60 / 33, 3)
+    assert result["over_skeleton"]["baseline_copy"] is None
+    assert result["sides"]["baseline_copy"]["cpu_ms_per_entry"] is None
+    assert ack_cpu.summarize(sides, new="new", baseline=None)["new_over_baseline"] is None

@@ -537,6 +537,82 @@ async def test_a_group_started_by_start_now_is_cancelled_with_the_writer(tmp_pat
     assert harness.groups == []
 
 
+class _CountingEvent(asyncio.Event):
+    """An asyncio.Event that counts the waits begun on it (the writer loop's idle waits)."""
+
+    waits = 0
+
+    async def wait(self) -> bool:
+        self.waits += 1
+        return await super().wait()
+
+
+async def test_held_appends_wait_for_start_now_and_an_idle_writer_is_never_woken(tmp_path, harnesses):
+    """Under hold_start an append does not wake the writer loop: turns pass and nothing
+    is written until start_now. A group start_now starts on an idle writer is
+    acknowledged by its completion alone: over three such rounds the writer loop begins
+    one idle wait and is never woken out of it (each round used to cost it two turns),
+    and every add is durable and replayed in order."""
+    harness = harnesses(tmp_path, fsync_enabled=True)
+    journal = harness.journal
+    event = journal._pending_event = _CountingEvent()
+    await asyncio.sleep(0)      # the writer task reaches its idle wait
+    assert event.waits == 1
+    for round_index in range(3):
+        assert journal.hold_start() is True
+        assert journal.hold_start() is False
+        futures = [harness.add(1, 2 * round_index), harness.add(1, 2 * round_index + 1)]
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert len(harness.groups) == round_index and not any(f.done() for f in futures)
+        journal.start_now()
+        await asyncio.wait_for(asyncio.gather(*futures), 5)
+        await asyncio.sleep(0)
+        assert journal._in_flight is None and journal._idle
+    assert event.waits == 1
+    assert harness.groups == [[(1, 0), (1, 1)], [(1, 2), (1, 3)], [(1, 4), (1, 5)]]
+    assert _replayed(tmp_path) == [(1, entry_id) for entry_id in range(6)]
+
+
+async def test_start_now_under_a_hold_on_a_busy_writer_wakes_it_for_the_next_group(tmp_path, harnesses, fsync_gate):
+    """A hold ended by start_now while a group is in its fsync starts nothing: the held
+    appends wake the writer loop then (as their appends would have), and form the next
+    group once the first is durable."""
+    gate, _synced, entered = fsync_gate
+    harness = harnesses(tmp_path, fsync_enabled=True)
+    first = harness.add(1, 0)
+    assert await asyncio.to_thread(entered.wait, 5)
+    harness.journal.hold_start()
+    queued = [harness.add(1, 1), harness.add(1, 2)]
+    harness.journal.start_now()
+    gate.set()
+    await asyncio.wait_for(asyncio.gather(first, *queued), 5)
+    assert harness.groups == [[(1, 0)], [(1, 1), (1, 2)]]
+
+
+async def test_a_failed_group_started_on_an_idle_writer_stops_the_writer(tmp_path, harnesses, monkeypatch):
+    """An fdatasync failure in a group start_now started while the writer loop waited
+    idle wakes the loop, which fails the journal and ends, as when it started the group
+    itself: nothing is acknowledged, later appends are refused."""
+    harness = harnesses(tmp_path, fsync_enabled=True)
+    await asyncio.sleep(0)
+
+    def failing_fdatasync(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", failing_fdatasync)
+    harness.journal.hold_start()
+    future = harness.add(1, 0)
+    harness.journal.start_now()
+    with pytest.raises(BookieStorageError):
+        await asyncio.wait_for(future, 5)
+    await asyncio.wait_for(harness.task, 5)
+    assert isinstance(harness.journal.failed, BookieStorageError)
+    assert harness.groups == []
+    with pytest.raises(BookieStorageError):
+        harness.add(1, 1)
+
+
 # --- space allocated ahead of the writes ------------------------------------------------------
 
 async def test_space_is_allocated_ahead_in_steps_and_replay_stops_at_the_zeros(tmp_path, harnesses, caplog):

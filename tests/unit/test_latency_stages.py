@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from broker.metrics import BROKER_STAGES, StagesCollector
-from common.histograms import STAGE_BUCKETS_S, LatencyStages
+from common.histograms import STAGE_BUCKETS_S, LatencyStages, WeightedHistogram
 
 
 def test_stages_record_weighted_seconds_and_refuse_unknown_names() -> None:
@@ -27,6 +27,24 @@ def test_stages_record_weighted_seconds_and_refuse_unknown_names() -> None:
     assert histogram.sum == pytest.approx(0.0012)
     with pytest.raises(KeyError):
         stages.observe("no_such_stage", 0.1)
+
+
+def test_a_stage_records_what_a_weighted_histogram_records() -> None:
+    """LatencyStages.observe (written out for the hot path) counts exactly as
+    WeightedHistogram.observe of the value clamped at 0: buckets, count, sum and max,
+    bucket bounds and negative clock differences included."""
+    stages = LatencyStages(("a",))
+    reference = WeightedHistogram(STAGE_BUCKETS_S)
+    values = [-0.001, 0.0, 0.00005, 0.000051, 0.0003, 0.0025, 1.0, 3.5, 0.0001]
+    for index, value in enumerate(values):
+        weight = 1 + index % 3
+        stages.observe("a", value, weight)
+        reference.observe(max(0.0, value), weight)
+    recorded = stages.histograms["a"]
+    assert (recorded.counts, recorded.count, recorded.sum, recorded.max) == \
+        (reference.counts, reference.count, reference.sum, reference.max)
+    with pytest.raises(KeyError):
+        stages.observe("b", 0.1)
 
 
 def test_broker_stages_are_exported_as_histograms() -> None:
