@@ -303,13 +303,14 @@ def decode_entry(message: pb.CommandMessage, metadata: pb.MessageMetadata, paylo
     to_deliver = ack_set_bits(message.ack_set) if len(message.ack_set) else (1 << batch_size) - 1
     messages = []
     publish_time, producer_name, first_sequence_id = metadata.publish_time, metadata.producer_name, metadata.sequence_id
+    make_id = tuple.__new__   # a NamedTuple's own __new__ is a Python-level wrapper
     for batch_index, single, part_payload, _ in parts:
         if not to_deliver >> batch_index & 1:
             continue                      # acknowledged already
         properties = single.properties
         has = single.HasField
         messages.append(ReceivedMessage(
-            MessageId(ledger_id, entry_id, partition, batch_index, batch_size), bytes(part_payload),
+            make_id(MessageId, (ledger_id, entry_id, partition, batch_index, batch_size)), bytes(part_payload),
             single.partition_key if has("partition_key") else None,
             bytes(single.ordering_key) if has("ordering_key") else None,
             {kv.key: kv.value for kv in properties} if properties else {}, single.event_time,

@@ -79,8 +79,9 @@ def _checked(service: GatewayService, topic: str, subscription: str, handles: li
 
 
 def _message_id(receipt: Receipt) -> MessageId:
-    return MessageId(receipt.ledger_id, receipt.entry_id, receipt.partition, receipt.batch_index,
-                     receipt.batch_size)
+    # tuple.__new__ straight: a NamedTuple's own __new__ is a Python-level wrapper.
+    return tuple.__new__(MessageId, (receipt.ledger_id, receipt.entry_id, receipt.partition, receipt.batch_index,
+                                     receipt.batch_size))
 
 
 def _results(items: list[Item]) -> list[dict]:

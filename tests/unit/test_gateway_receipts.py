@@ -121,3 +121,19 @@ def test_errors_are_4xx_and_not_retriable():
     for cls in (InvalidReceipt, ReceiptForged, ReceiptForeign):
         assert issubclass(cls, MagnetarError)
         assert 400 <= cls.http_status < 500 and not cls.retriable
+
+
+def test_the_signature_is_hmac_sha256_under_the_named_key_whatever_was_signed_before():
+    """The last 16 bytes are HMAC-SHA256(key, the rest), as the standard library computes
+    it, under each handle's own key: signing with keyed states kept per key (a cache)
+    never mixes the keys of handles signed one after the other."""
+    import hashlib
+    import hmac
+
+    rotated = ReceiptKeys("standalone", {"k2": b"b" * 40, "k1": b"a" * 32}, "k2")
+    for keys, key in ((KEYS, b"a" * 32), (rotated, b"b" * 40), (KEYS, b"a" * 32)):
+        for attempt in (1, 2):
+            handle = encode(receipt(attempt=attempt), keys)
+            raw = base64.urlsafe_b64decode(handle + "=" * (-len(handle) % 4))
+            assert raw[-16:] == hmac.new(key, raw[:-16], hashlib.sha256).digest()[:16]
+            assert decode(handle, rotated).attempt == attempt
