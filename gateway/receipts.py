@@ -167,7 +167,7 @@ class ReceiptContext:
     only the per-message numbers, signs and encodes. A pull renders one receipt per
     message, so this is on the gateway's hot path."""
 
-    __slots__ = ("_key", "_mode_index", "_instance_id", "_texts", "_sizes")
+    __slots__ = ("_key", "_mode_index", "_instance_id", "_texts", "_sizes", "_fields")
 
     def __init__(self, keys: ReceiptKeys, instance_id: bytes, issuer_url: str, topic: str, subscription: str,
                  consumer: str, mode: str) -> None:
@@ -181,6 +181,8 @@ class ReceiptContext:
         self._instance_id = instance_id
         self._texts = b"".join(texts)
         self._sizes = tuple(len(text) for text in texts)
+        # The text fields as decode gives them back (receipt's fields, in its order).
+        self._fields = (keys.cluster, instance_id, issuer_url, topic, subscription, consumer, mode)
 
     def handle(self, ledger_id: int, entry_id: int, partition: int, batch_index: int, batch_size: int,
                attempt: int, deadline_ms: int) -> str:
@@ -188,6 +190,42 @@ class ReceiptContext:
                           batch_index, batch_size, attempt, deadline_ms, *self._sizes) + self._texts
         raw = body + _signature(self._key, body)
         return _b2a(raw, newline=False).translate(_TO_URLSAFE).rstrip(b"=").decode("ascii")
+
+
+    def receipt(self, ledger_id: int, entry_id: int, partition: int, batch_index: int, batch_size: int,
+                attempt: int, deadline_ms: int) -> Receipt:
+        """What ``decode`` gives back for the handle ``handle`` makes of the same numbers."""
+        return Receipt(*self._fields, ledger_id, entry_id, partition, batch_index, batch_size, attempt,
+                       deadline_ms)
+
+
+class IssuedReceipts:
+    """Handles this instance issued lately, with their receipts: an acknowledgement that
+    comes back to the issuing instance with a handle it remembers (the very string it
+    signed) has its receipt without being decoded and verified again, which is most of
+    an ack's cost per message. Anything else (another instance's handle, one forgotten,
+    a forgery) is decoded and verified in full, so the answer is the same either way.
+    Bounded: the oldest are forgotten first; a handle is forgotten once used."""
+
+    def __init__(self, size_max: int) -> None:
+        self.size_max = size_max
+        self._receipts: dict[str, Receipt] = {}
+
+    def __len__(self) -> int:
+        return len(self._receipts)
+
+    def add(self, handle: str, receipt: Receipt) -> None:
+        receipts = self._receipts
+        if len(receipts) >= self.size_max:
+            del receipts[next(iter(receipts))]   # dicts keep insertion order: the oldest
+        receipts[handle] = receipt
+
+    def take(self, handle: object) -> Receipt | None:
+        """The receipt of ``handle`` if this instance issued it and remembers it (then
+        forgotten); None otherwise."""
+        if type(handle) is not str:
+            return None
+        return self._receipts.pop(handle, None)
 
 
 def encode(receipt: Receipt, keys: ReceiptKeys) -> str:
