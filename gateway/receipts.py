@@ -205,10 +205,13 @@ class IssuedReceipts:
     signed) has its receipt without being decoded and verified again, which is most of
     an ack's cost per message. Anything else (another instance's handle, one forgotten,
     a forgery) is decoded and verified in full, so the answer is the same either way.
-    Bounded: the oldest are forgotten first; a handle is forgotten once used."""
+    Bounded in handles and in their characters (long topic and consumer names make long
+    handles): the oldest are forgotten first; a handle is forgotten once used."""
 
-    def __init__(self, size_max: int) -> None:
+    def __init__(self, size_max: int, chars_max: int) -> None:
         self.size_max = size_max
+        self.chars_max = chars_max
+        self.chars = 0
         self._receipts: dict[str, Receipt] = {}
 
     def __len__(self) -> int:
@@ -216,8 +219,11 @@ class IssuedReceipts:
 
     def add(self, handle: str, receipt: Receipt) -> None:
         receipts = self._receipts
-        if len(receipts) >= self.size_max:
-            del receipts[next(iter(receipts))]   # dicts keep insertion order: the oldest
+        self.chars += len(handle)
+        while receipts and (len(receipts) >= self.size_max or self.chars > self.chars_max):
+            oldest = next(iter(receipts))   # dicts keep insertion order
+            del receipts[oldest]
+            self.chars -= len(oldest)
         receipts[handle] = receipt
 
     def take(self, handle: object) -> Receipt | None:
@@ -225,7 +231,10 @@ class IssuedReceipts:
         forgotten); None otherwise."""
         if type(handle) is not str:
             return None
-        return self._receipts.pop(handle, None)
+        receipt = self._receipts.pop(handle, None)
+        if receipt is not None:
+            self.chars -= len(handle)
+        return receipt
 
 
 def encode(receipt: Receipt, keys: ReceiptKeys) -> str:

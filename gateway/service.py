@@ -37,9 +37,11 @@ from gateway.receipts import IssuedReceipts, Receipt, ReceiptContext
 
 log = logging.getLogger(__name__)
 
-# Receipts remembered by handle (gateway/receipts.IssuedReceipts): about 0.5 KB each, so
-# at most about 10 MB; a steady drain needs a few times the messages in flight.
+# Receipts remembered by handle (gateway/receipts.IssuedReceipts): a steady drain needs a
+# few times the messages in flight. A typical handle is about 250 characters, so about
+# 10 MB in all; the character bound holds it near that when names are long.
 ISSUED_RECEIPTS_MAX = 20_000
+ISSUED_RECEIPT_CHARS_MAX = 8_000_000
 
 
 class GatewayService:
@@ -49,7 +51,7 @@ class GatewayService:
         self.instance_id = os.urandom(8)
         self.instance_name = f"gateway-{self.instance_id.hex()}"
         # Handles issued lately, so an ack coming back here skips decoding them (bounded).
-        self.issued = IssuedReceipts(ISSUED_RECEIPTS_MAX)
+        self.issued = IssuedReceipts(ISSUED_RECEIPTS_MAX, ISSUED_RECEIPT_CHARS_MAX)
         # The gateway's own token, as it is now (a renewed file's, read again).
         self.service_token: Callable[[], str] = TokenFile(config.service_token_file).current \
             if config.service_token_file else (lambda: config.service_token)

@@ -147,7 +147,7 @@ def test_issued_receipts_give_back_what_decode_would_once_and_stay_bounded():
 
     context = ReceiptContext(KEYS, b"\x01" * 8, "http://127.0.0.1:8081", "persistent://public/default/orders",
                              "billing", "wörker", "key_shared")
-    issued = IssuedReceipts(3)
+    issued = IssuedReceipts(3, 10_000)
     handles = []
     for index in range(4):
         numbers = (12, 345 + index, -1, index, 10, 2, 1_800_000_000_000)
@@ -162,3 +162,10 @@ def test_issued_receipts_give_back_what_decode_would_once_and_stay_bounded():
     assert issued.take(forged) is None and issued.take(None) is None and issued.take(["x"]) is None
     with pytest.raises(ReceiptForged):
         decode(forged, KEYS)
+    assert issued.chars == sum(len(handle) for handle in handles[2:])
+    # The character bound: handles past it push the oldest out, and at least the newest stays.
+    small = IssuedReceipts(100, 2 * len(handles[0]))
+    for handle in handles:
+        small.add(handle, decode(handle, KEYS))
+    assert len(small) == 2 and small.chars <= small.chars_max
+    assert small.take(handles[3]) == decode(handles[3], KEYS) and small.take(handles[1]) is None
