@@ -108,8 +108,11 @@ def ack_set_bits(words: Sequence[int]) -> int:
 
 # --- producing ---------------------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class OutgoingMessage:
+    """One message to send; read-only by convention (not frozen: the gateway makes one
+    per message of a produce request, and frozen dataclasses are slow to make)."""
+
     payload: bytes
     key: str | None = None
     ordering_key: bytes | None = None
@@ -120,6 +123,8 @@ class OutgoingMessage:
     @property
     def size_bytes(self) -> int:
         """Bytes this message adds to a batch, roughly (payload, key, properties)."""
+        if self.key is None and self.ordering_key is None and not self.properties:
+            return len(self.payload)
         size = len(self.payload) + len(self.key or "") + len(self.ordering_key or b"")
         for name, value in self.properties.items():
             size += len(name) + len(value)
@@ -146,6 +151,22 @@ def single_metadata(producer_name: str, sequence_id: int, publish_time_ms: int,
     return metadata
 
 
+def _varint(value: int) -> bytes:
+    """``value`` (>= 0) as a protobuf varint."""
+    if value < 0x80:
+        return bytes((value,))
+    if value < 0x4000:
+        return bytes((value & 0x7F | 0x80, value >> 7))
+    if value < 0x20_0000:
+        return bytes((value & 0x7F | 0x80, value >> 7 & 0x7F | 0x80, value >> 14))
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
 def batch_payload(producer_name: str, sequence_id: int, publish_time_ms: int,
                   messages: Sequence[OutgoingMessage]) -> tuple[pb.MessageMetadata, bytes]:
     """The MessageMetadata and payload of ``messages`` as one batch entry whose messages
@@ -157,7 +178,21 @@ def batch_payload(producer_name: str, sequence_id: int, publish_time_ms: int,
     # checks per message (payload_size set or not, required fields) cost a sixth of the
     # gateway's batched produce in a profile, and this builds each field exactly once.
     parts: list[bytes] = []
+    # Record heads of plain messages by payload size (a batch's sizes repeat).
+    heads: dict[int, bytes] = {}
     for index, message in enumerate(messages):
+        if (message.key is None and message.ordering_key is None and not message.properties
+                and not message.event_time_ms):
+            # A plain message's record has only payload_size (field 3) and sequence_id
+            # (field 8), written here as protobuf writes them (tests/unit/
+            # test_client_messages.py checks the bytes are the same).
+            payload = message.payload
+            head = heads.get(len(payload))
+            if head is None:
+                head = heads[len(payload)] = b"\x18" + _varint(len(payload)) + b"\x40"
+            record = head + _varint(sequence_id + index)
+            parts += (_U32.pack(len(record)), record, payload)
+            continue
         single = pb.SingleMessageMetadata(payload_size=len(message.payload), sequence_id=sequence_id + index)
         if message.properties:
             single.properties.extend(_properties(message.properties))
@@ -268,13 +303,14 @@ def decode_entry(message: pb.CommandMessage, metadata: pb.MessageMetadata, paylo
     to_deliver = ack_set_bits(message.ack_set) if len(message.ack_set) else (1 << batch_size) - 1
     messages = []
     publish_time, producer_name, first_sequence_id = metadata.publish_time, metadata.producer_name, metadata.sequence_id
+    make_id = tuple.__new__   # a NamedTuple's own __new__ is a Python-level wrapper
     for batch_index, single, part_payload, _ in parts:
         if not to_deliver >> batch_index & 1:
             continue                      # acknowledged already
         properties = single.properties
         has = single.HasField
         messages.append(ReceivedMessage(
-            MessageId(ledger_id, entry_id, partition, batch_index, batch_size), bytes(part_payload),
+            make_id(MessageId, (ledger_id, entry_id, partition, batch_index, batch_size)), bytes(part_payload),
             single.partition_key if has("partition_key") else None,
             bytes(single.ordering_key) if has("ordering_key") else None,
             {kv.key: kv.value for kv in properties} if properties else {}, single.event_time,

@@ -269,8 +269,11 @@ class Producer:
         if pending.future.done():
             return
         if pending.batched:
-            pending.future.set_result([MessageId(ledger_id, entry_id, self.partition, index, pending.count)
-                                       for index in range(pending.count)])
+            # tuple.__new__ straight: a NamedTuple's own __new__ is a Python-level
+            # wrapper, a third of this per-message cost.
+            make, partition, count = tuple.__new__, self.partition, pending.count
+            pending.future.set_result([make(MessageId, (ledger_id, entry_id, partition, index, count))
+                                       for index in range(count)])
         else:
             pending.future.set_result(MessageId(ledger_id, entry_id, self.partition))
 

@@ -28,7 +28,8 @@ async def json_body(request: web.Request, *, required: bool = True) -> Any:
     """The request body parsed as JSON; InvalidArgument if it is not JSON. An empty body
     is None when not ``required``."""
     data = await request.read()
-    if not data.strip():
+    # isspace, not strip: strip copies the whole body (140 KB for a batch of 100).
+    if not data or data.isspace():
         if required:
             raise InvalidArgument("the request needs a JSON body")
         return None

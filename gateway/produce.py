@@ -63,6 +63,8 @@ async def _stored(service: GatewayService, entries: Sequence[SentEntry], count: 
 
 
 def _result(outcome: MessageId | Duplicate | MagnetarError) -> dict:
+    if type(outcome) is MessageId:
+        return {"status": "stored", "message_id": f"{outcome[0]}:{outcome[1]}:{outcome[2]}:{outcome[3]}"}
     if isinstance(outcome, MagnetarError):
         return {"status": "error", "error": error_document(outcome)}
     if isinstance(outcome, Duplicate):

@@ -48,6 +48,7 @@ import binascii
 import hmac
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 from common.errors import ConfigError, InvalidReceipt, ReceiptForeign, ReceiptForged
 
@@ -62,10 +63,28 @@ MODES = ("shared", "key_shared", "exclusive", "failover", "broadcast")
 KEY_BYTES_MIN = 16
 
 _HEAD = struct.Struct(">BB8sQQiiiIQBBHHHH")
-try:   # OpenSSL's one-shot HMAC, without hmac.digest's Python wrapper
-    from _hashlib import hmac_digest as _digest
+try:   # OpenSSL's HMAC object, without hmac.HMAC's Python wrapper
+    from _hashlib import hmac_new as _hmac_new
 except ImportError:  # pragma: no cover - a Python built without OpenSSL
-    _digest = hmac.digest
+    _hmac_new = hmac.new
+
+# HMAC-SHA256 states with a key already absorbed, by key: signing or verifying copies
+# one and hashes only the body (half the cost of a one-shot HMAC, which sets the key up
+# again on every call). Bounded; emptied when full (a cache of the cluster's few keys).
+_KEYED: dict[bytes, Any] = {}
+_KEYED_MAX = 64
+
+
+def _signature(key: bytes, body: bytes) -> bytes:
+    """HMAC-SHA256(key, body) cut to SIGNATURE_BYTES."""
+    keyed = _KEYED.get(key)
+    if keyed is None:
+        if len(_KEYED) >= _KEYED_MAX:
+            _KEYED.clear()
+        keyed = _KEYED[key] = _hmac_new(key, digestmod="sha256")
+    state = keyed.copy()
+    state.update(body)
+    return state.digest()[:SIGNATURE_BYTES]
 _b2a = binascii.b2a_base64
 _a2b = binascii.a2b_base64
 _TO_URLSAFE = bytes.maketrans(b"+/", b"-_")
@@ -148,7 +167,7 @@ class ReceiptContext:
     only the per-message numbers, signs and encodes. A pull renders one receipt per
     message, so this is on the gateway's hot path."""
 
-    __slots__ = ("_key", "_mode_index", "_instance_id", "_texts", "_sizes")
+    __slots__ = ("_key", "_mode_index", "_instance_id", "_texts", "_sizes", "_fields")
 
     def __init__(self, keys: ReceiptKeys, instance_id: bytes, issuer_url: str, topic: str, subscription: str,
                  consumer: str, mode: str) -> None:
@@ -162,13 +181,60 @@ class ReceiptContext:
         self._instance_id = instance_id
         self._texts = b"".join(texts)
         self._sizes = tuple(len(text) for text in texts)
+        # The text fields as decode gives them back (receipt's fields, in its order).
+        self._fields = (keys.cluster, instance_id, issuer_url, topic, subscription, consumer, mode)
 
     def handle(self, ledger_id: int, entry_id: int, partition: int, batch_index: int, batch_size: int,
                attempt: int, deadline_ms: int) -> str:
         body = _HEAD.pack(FORMAT_VERSION, self._mode_index, self._instance_id, ledger_id, entry_id, partition,
                           batch_index, batch_size, attempt, deadline_ms, *self._sizes) + self._texts
-        raw = body + _digest(self._key, body, "sha256")[:SIGNATURE_BYTES]
+        raw = body + _signature(self._key, body)
         return _b2a(raw, newline=False).translate(_TO_URLSAFE).rstrip(b"=").decode("ascii")
+
+
+    def receipt(self, ledger_id: int, entry_id: int, partition: int, batch_index: int, batch_size: int,
+                attempt: int, deadline_ms: int) -> Receipt:
+        """What ``decode`` gives back for the handle ``handle`` makes of the same numbers."""
+        return Receipt(*self._fields, ledger_id, entry_id, partition, batch_index, batch_size, attempt,
+                       deadline_ms)
+
+
+class IssuedReceipts:
+    """Handles this instance issued lately, with their receipts: an acknowledgement that
+    comes back to the issuing instance with a handle it remembers (the very string it
+    signed) has its receipt without being decoded and verified again, which is most of
+    an ack's cost per message. Anything else (another instance's handle, one forgotten,
+    a forgery) is decoded and verified in full, so the answer is the same either way.
+    Bounded in handles and in their characters (long topic and consumer names make long
+    handles): the oldest are forgotten first; a handle is forgotten once used."""
+
+    def __init__(self, size_max: int, chars_max: int) -> None:
+        self.size_max = size_max
+        self.chars_max = chars_max
+        self.chars = 0
+        self._receipts: dict[str, Receipt] = {}
+
+    def __len__(self) -> int:
+        return len(self._receipts)
+
+    def add(self, handle: str, receipt: Receipt) -> None:
+        receipts = self._receipts
+        self.chars += len(handle)
+        while receipts and (len(receipts) >= self.size_max or self.chars > self.chars_max):
+            oldest = next(iter(receipts))   # dicts keep insertion order
+            del receipts[oldest]
+            self.chars -= len(oldest)
+        receipts[handle] = receipt
+
+    def take(self, handle: object) -> Receipt | None:
+        """The receipt of ``handle`` if this instance issued it and remembers it (then
+        forgotten); None otherwise."""
+        if type(handle) is not str:
+            return None
+        receipt = self._receipts.pop(handle, None)
+        if receipt is not None:
+            self.chars -= len(handle)
+        return receipt
 
 
 def encode(receipt: Receipt, keys: ReceiptKeys) -> str:
@@ -229,7 +295,7 @@ def decode(handle: object, keys: ReceiptKeys) -> Receipt:
     key = keys.keys.get(key_id)
     if key is None:
         raise ReceiptForged(f"receipt is signed with key id {key_id!r}, which this cluster does not have")
-    expected = _digest(key, body, "sha256")[:SIGNATURE_BYTES]
+    expected = _signature(key, body)
     if not hmac.compare_digest(expected, signature):
         raise ReceiptForged("receipt signature does not verify")
     # Signed by us, so the fields were valid when written; check anyway, cheaply.

@@ -33,9 +33,15 @@ from gateway.consumers import ConsumerKey, ConsumerPool, DeadLetterPolicy, Gatew
 from gateway.json_codec import PullSpec
 from gateway.idempotent import IdempotentProducers
 from gateway.producers import ProducerPool, partition_topic
-from gateway.receipts import Receipt, ReceiptContext
+from gateway.receipts import IssuedReceipts, Receipt, ReceiptContext
 
 log = logging.getLogger(__name__)
+
+# Receipts remembered by handle (gateway/receipts.IssuedReceipts): a steady drain needs a
+# few times the messages in flight. A typical handle is about 250 characters, so about
+# 10 MB in all; the character bound holds it near that when names are long.
+ISSUED_RECEIPTS_MAX = 20_000
+ISSUED_RECEIPT_CHARS_MAX = 8_000_000
 
 
 class GatewayService:
@@ -44,6 +50,8 @@ class GatewayService:
         self.issuer_url = issuer_url
         self.instance_id = os.urandom(8)
         self.instance_name = f"gateway-{self.instance_id.hex()}"
+        # Handles issued lately, so an ack coming back here skips decoding them (bounded).
+        self.issued = IssuedReceipts(ISSUED_RECEIPTS_MAX, ISSUED_RECEIPT_CHARS_MAX)
         # The gateway's own token, as it is now (a renewed file's, read again).
         self.service_token: Callable[[], str] = TokenFile(config.service_token_file).current \
             if config.service_token_file else (lambda: config.service_token)
@@ -180,8 +188,11 @@ class GatewayService:
             context = consumer.receipt_context = ReceiptContext(
                 self.config.receipt_keys, self.instance_id, self.issuer_url, key.topic, key.subscription, key.name,
                 key.mode)
-        return context.handle(slot_message_id.ledger_id, slot_message_id.entry_id, slot_message_id.partition,
-                              slot_message_id.batch_index, slot_message_id.batch_size, attempt, deadline_ms)
+        numbers = (slot_message_id.ledger_id, slot_message_id.entry_id, slot_message_id.partition,
+                   slot_message_id.batch_index, slot_message_id.batch_size, attempt, deadline_ms)
+        handle = context.handle(*numbers)
+        self.issued.add(handle, context.receipt(*numbers))
+        return handle
 
     def is_ours(self, receipt: Receipt) -> bool:
         return receipt.instance_id == self.instance_id

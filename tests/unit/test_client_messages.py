@@ -67,6 +67,28 @@ def test_a_batch_round_trips_and_the_ack_set_drops_acknowledged_messages():
     assert [m.message_id.batch_index for m in partly.messages] == [1, 2, 4]
 
 
+@pytest.mark.parametrize("first_sequence_id", [0, 126, 127, 128, 16_383, 16_384, 2**21 - 1, 2**35, 2**63 - 10])
+def test_a_plain_batch_is_laid_out_byte_for_byte_as_protobuf_lays_it_out(first_sequence_id):
+    # batch_payload writes a plain message's record itself (no key, ordering key,
+    # properties or event time): the same bytes as SingleMessageMetadata's serializer,
+    # across varint lengths; a mixed batch keeps both layouts in order.
+    import struct
+
+    messages = [OutgoingMessage(b"p" * size) for size in (0, 1, 127, 128, 300, 16_384, 70_000)]
+    messages.insert(3, OutgoingMessage(b"keyed", key="k", event_time_ms=5))
+    _, payload = batch_payload("p", first_sequence_id, 1000, messages)
+    expected = b""
+    for index, message in enumerate(messages):
+        single = pb.SingleMessageMetadata(payload_size=len(message.payload), sequence_id=first_sequence_id + index)
+        if message.key is not None:
+            single.partition_key = message.key
+        if message.event_time_ms:
+            single.event_time = message.event_time_ms
+        record = single.SerializeToString()
+        expected += struct.pack(">I", len(record)) + record + message.payload
+    assert payload == expected
+
+
 def test_zlib_payloads_inflate_and_a_lying_size_is_caught():
     metadata, payload = batch_payload("p", 0, 1000, [OutgoingMessage(b"x" * 100)] * 3)
     metadata.compression = pb.ZLIB

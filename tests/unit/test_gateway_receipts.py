@@ -121,3 +121,51 @@ def test_errors_are_4xx_and_not_retriable():
     for cls in (InvalidReceipt, ReceiptForged, ReceiptForeign):
         assert issubclass(cls, MagnetarError)
         assert 400 <= cls.http_status < 500 and not cls.retriable
+
+
+def test_the_signature_is_hmac_sha256_under_the_named_key_whatever_was_signed_before():
+    """The last 16 bytes are HMAC-SHA256(key, the rest), as the standard library computes
+    it, under each handle's own key: signing with keyed states kept per key (a cache)
+    never mixes the keys of handles signed one after the other."""
+    import hashlib
+    import hmac
+
+    rotated = ReceiptKeys("standalone", {"k2": b"b" * 40, "k1": b"a" * 32}, "k2")
+    for keys, key in ((KEYS, b"a" * 32), (rotated, b"b" * 40), (KEYS, b"a" * 32)):
+        for attempt in (1, 2):
+            handle = encode(receipt(attempt=attempt), keys)
+            raw = base64.urlsafe_b64decode(handle + "=" * (-len(handle) % 4))
+            assert raw[-16:] == hmac.new(key, raw[:-16], hashlib.sha256).digest()[:16]
+            assert decode(handle, rotated).attempt == attempt
+
+
+def test_issued_receipts_give_back_what_decode_would_once_and_stay_bounded():
+    """A remembered handle's receipt equals its decoding; it is handed out once (then
+    the handle decodes as any other); the oldest are forgotten past the bound; anything
+    not issued (a forgery, a non-string) is not found, so it goes through decode."""
+    from gateway.receipts import IssuedReceipts, ReceiptContext
+
+    context = ReceiptContext(KEYS, b"\x01" * 8, "http://127.0.0.1:8081", "persistent://public/default/orders",
+                             "billing", "wörker", "key_shared")
+    issued = IssuedReceipts(3, 10_000)
+    handles = []
+    for index in range(4):
+        numbers = (12, 345 + index, -1, index, 10, 2, 1_800_000_000_000)
+        handle = context.handle(*numbers)
+        issued.add(handle, context.receipt(*numbers))
+        handles.append(handle)
+    assert len(issued) == 3 and issued.take(handles[0]) is None          # the oldest, forgotten
+    remembered = issued.take(handles[1])
+    assert remembered == decode(handles[1], KEYS)
+    assert issued.take(handles[1]) is None                                # once
+    forged = handles[2][:-2] + ("A" if handles[2][-2] != "A" else "B") + handles[2][-1]
+    assert issued.take(forged) is None and issued.take(None) is None and issued.take(["x"]) is None
+    with pytest.raises(ReceiptForged):
+        decode(forged, KEYS)
+    assert issued.chars == sum(len(handle) for handle in handles[2:])
+    # The character bound: handles past it push the oldest out, and at least the newest stays.
+    small = IssuedReceipts(100, 2 * len(handles[0]))
+    for handle in handles:
+        small.add(handle, decode(handle, KEYS))
+    assert len(small) == 2 and small.chars <= small.chars_max
+    assert small.take(handles[3]) == decode(handles[3], KEYS) and small.take(handles[1]) is None
