@@ -82,6 +82,9 @@ RECEIVE_BATCH = 1_000
 # cancelled mid-read: redis-py connections are not safe to cancel in a read).
 REDIS_BLOCK_MS = 100
 CASE_TIMEOUT_S = 150
+# A consuming case in which nothing arrives for this long ends as a failed run (pulsar-lite
+# 0.2.0 sometimes stops dispatching to one of several subscriptions: docs/client.md "Speed").
+STALL_S = 20.0
 CLIENTS = ("ours", "official", "redis")
 WORKLOADS = ("produce", "drain", "fanout", "work_queue")
 # ours / official at least this (the issue's aims); ours / Redis at least 1 everywhere.
@@ -93,6 +96,14 @@ def deliveries(workload: str, messages: int) -> int:
     """What a case's rate counts: every delivery (fan-out reads the backlog once per
     subscription)."""
     return messages * FANOUT_SUBSCRIPTIONS if workload == "fanout" else messages
+
+
+def _timed(elapsed: float, cpu_s: float) -> tuple[float, float]:
+    """Prints a case's result as soon as its timed section ends: a client that crashes
+    while closing or exiting (the official client has, twice: SIGABRT, "terminate called
+    without an active exception") still has its measurement, recorded with the crash."""
+    print(json.dumps({"elapsed_s": elapsed, "cpu_s": cpu_s}), flush=True)
+    return elapsed, cpu_s
 
 
 # --- the client processes: Pulsar's protocol (ours and the official asyncio API) ------------------
@@ -124,15 +135,43 @@ async def _produce_pulsar(kind: str, url: str, topic: str, count: int, size: int
         start, cpu_start = time.perf_counter(), time.process_time()
         for base in range(0, count, window):
             await asyncio.gather(*(producer.send(payload) for _ in range(min(window, count - base))))
-        elapsed, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
+        elapsed, cpu_s = _timed(time.perf_counter() - start, time.process_time() - cpu_start)
         await producer.close()
     return elapsed, cpu_s
 
 
-async def _receive_each(consumer, count: int) -> None:
-    for _ in range(count):
-        message = await consumer.receive()
-        await consumer.acknowledge(message)
+async def _until_done(tasks: list[asyncio.Task], received: list[int], done: asyncio.Event,
+                      cancel: bool = True) -> tuple[float, float]:
+    """Waits for ``done``; a case in which no consumer received anything for STALL_S ends
+    with an error naming each consumer's count (recorded as a failed run), not at the
+    runner's CASE_TIMEOUT_S. The tasks are cancelled either way (a work-queue consumer
+    waits in receive() for nothing more once the backlog is read); with ``cancel`` False
+    (redis-py readers, not safe to cancel mid-read) they are awaited instead, unless the
+    case failed. Returns ``perf_counter()`` and ``process_time()`` at the moment ``done``
+    was seen: the end of the timed section (not the tasks' winding down)."""
+    try:
+        seen, since = -1, time.monotonic()
+        while not done.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), 1.0)
+            for task in tasks:
+                if task.done() and not task.cancelled() and task.exception():
+                    raise task.exception()
+            if sum(received) != seen:
+                seen, since = sum(received), time.monotonic()
+            elif time.monotonic() - since > STALL_S:
+                raise RuntimeError(f"stalled: nothing received for {STALL_S:.0f} s; received per consumer: "
+                                   f"{received}")
+        return time.perf_counter(), time.process_time()
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        raise
+    finally:
+        if cancel:
+            for task in tasks:
+                task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _consume_pulsar(kind: str, url: str, topic: str, count: int, workload: str) -> tuple[float, float]:
@@ -141,36 +180,41 @@ async def _consume_pulsar(kind: str, url: str, topic: str, count: int, workload:
         start, cpu_start = time.perf_counter(), time.process_time()
         if workload == "drain":
             consumers = [await client.subscribe(topic, "drain", initial_position=earliest)]
-            await _receive_each(consumers[0], count)
         elif workload == "fanout":
             consumers = await asyncio.gather(*(
                 client.subscribe(topic, f"fanout-{n}", initial_position=earliest)
                 for n in range(FANOUT_SUBSCRIPTIONS)))
-            await asyncio.gather(*(_receive_each(consumer, count) for consumer in consumers))
         else:
             consumers = await asyncio.gather(*(
                 client.subscribe(topic, "work", consumer_type=types.Shared, initial_position=earliest,
                                  consumer_name=f"worker-{n}")
                 for n in range(WORK_QUEUE_CONSUMERS)))
-            received = [0]
-            done = asyncio.Event()
+        # Each consumer counts what it received; the case is done when each of them has
+        # read the backlog (drain, fanout: every subscription gets every message) or when
+        # they have together (work_queue: one subscription shares it out).
+        received = [0] * len(consumers)
+        done = asyncio.Event()
+        shared = workload == "work_queue"
+        finished, total = [0], [0]
 
-            async def work(consumer) -> None:
-                while True:
-                    message = await consumer.receive()
-                    await consumer.acknowledge(message)
-                    received[0] += 1
-                    if received[0] >= count:
+        async def receive_each(index: int, consumer) -> None:
+            while True:
+                message = await consumer.receive()
+                await consumer.acknowledge(message)
+                received[index] += 1
+                if shared:
+                    total[0] += 1
+                    if total[0] >= count:
                         done.set()
+                elif received[index] >= count:
+                    finished[0] += 1
+                    if finished[0] == len(consumers):
+                        done.set()
+                    return
 
-            workers = [asyncio.create_task(work(consumer)) for consumer in consumers]
-            try:
-                await done.wait()
-            finally:
-                for task in workers:      # the others wait in receive() for nothing more
-                    task.cancel()
-                await asyncio.gather(*workers, return_exceptions=True)
-        elapsed, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
+        end, cpu_end = await _until_done(
+            [asyncio.create_task(receive_each(n, consumer)) for n, consumer in enumerate(consumers)], received, done)
+        elapsed, cpu_s = _timed(end - start, cpu_end - cpu_start)
         for consumer in consumers:
             await consumer.close()
     return elapsed, cpu_s
@@ -207,17 +251,18 @@ async def _produce_redis(url: str, key: str, count: int, size: int, window: int)
                 for _ in range(min(window, count - base)):
                     pipe.xadd(key, {"d": payload})
                 await pipe.execute()
-        return time.perf_counter() - start, time.process_time() - cpu_start
+        return _timed(time.perf_counter() - start, time.process_time() - cpu_start)
     finally:
         await client.aclose()
 
 
-async def _redis_group_reader(client, key: str, group: str, consumer: str, received: list[int],
-                              count: int, stop: asyncio.Event) -> None:
+async def _redis_group_reader(client, key: str, group: str, consumer: str, index: int, received: list[int],
+                              count: int, total: list[int], done: asyncio.Event) -> None:
     """XREADGROUP a batch, handle each entry and queue an XACK for it, send the batch's
-    XACKs in one pipeline; until ``count`` is reached over every reader sharing
-    ``received`` (``stop`` then set)."""
-    while not stop.is_set():
+    XACKs in one pipeline; until ``count`` entries are read by this reader (its own
+    group: drain, fanout) or by all the readers sharing ``total`` (one group: work_queue,
+    ``total`` None here otherwise), which sets ``done``."""
+    while not done.is_set():
         answer = await client.xreadgroup(group, consumer, {key: ">"}, count=RECEIVE_BATCH, block=REDIS_BLOCK_MS)
         if not answer:
             continue
@@ -226,10 +271,13 @@ async def _redis_group_reader(client, key: str, group: str, consumer: str, recei
                 for entry_id, fields in entries:
                     _ = fields[b"d"]                 # the message, as a handler would take it
                     pipe.xack(key, group, entry_id)
-                    received[0] += 1
+                    received[index] += 1
             await pipe.execute()
-        if received[0] >= count:
-            stop.set()
+        if total is not None:
+            total[0] = sum(received)
+        if (total[0] if total is not None else received[index]) >= count:
+            done.set()
+            return
 
 
 async def _consume_redis(url: str, key: str, count: int, workload: str) -> tuple[float, float]:
@@ -239,16 +287,27 @@ async def _consume_redis(url: str, key: str, count: int, workload: str) -> tuple
         start, cpu_start = time.perf_counter(), time.process_time()
         if workload == "work_queue":
             await client.xgroup_create(key, "work", id="0")
-            received, stop = [0], asyncio.Event()
-            await asyncio.gather(*(_redis_group_reader(client, key, "work", f"worker-{n}", received, count, stop)
-                                   for n in range(WORK_QUEUE_CONSUMERS)))
+            received, total, done = [0] * WORK_QUEUE_CONSUMERS, [0], asyncio.Event()
+            readers = [_redis_group_reader(client, key, "work", f"worker-{n}", n, received, count, total, done)
+                       for n in range(WORK_QUEUE_CONSUMERS)]
+            every = done
         else:
             groups = ["drain"] if workload == "drain" else [f"fanout-{n}" for n in range(FANOUT_SUBSCRIPTIONS)]
             for group in groups:
                 await client.xgroup_create(key, group, id="0")
-            await asyncio.gather(*(_redis_group_reader(client, key, group, "c0", [0], count, asyncio.Event())
-                                   for group in groups))
-        return time.perf_counter() - start, time.process_time() - cpu_start
+            received, dones = [0] * len(groups), [asyncio.Event() for _ in groups]
+            readers = [_redis_group_reader(client, key, group, "c0", n, received, count, None, dones[n])
+                       for n, group in enumerate(groups)]
+            every = asyncio.Event()
+
+            async def all_done() -> None:
+                for each in dones:
+                    await each.wait()
+                every.set()
+            readers.append(all_done())
+        end, cpu_end = await _until_done([asyncio.create_task(reader) for reader in readers], received, every,
+                                         cancel=False)
+        return _timed(end - start, cpu_end - cpu_start)
     finally:
         await client.aclose()
 
@@ -267,25 +326,23 @@ async def _fill_redis(url: str, key: str, count: int, size: int) -> None:
 
 
 def worker(args: argparse.Namespace) -> None:
-    """One case; CPU is the whole process's (the official client's C++ threads too)
-    over the timed section only, not the imports and connection before it."""
+    """One case, its result printed by ``_timed`` as its timed section ends; CPU is the
+    whole process's (the official client's C++ threads too) over the timed section only,
+    not the imports and connection before it."""
     if args.workload == "fill":
         fill = _fill_redis if args.client == "redis" else _fill_pulsar
         asyncio.run(fill(args.url, args.topic, args.messages, args.message_bytes))
-        elapsed, cpu_s = 0.0, 0.0
+        print(json.dumps({"filled": args.messages}), flush=True)
     elif args.workload == "produce":
         if args.client == "redis":
-            run = _produce_redis(args.url, args.topic, args.messages, args.message_bytes, args.window)
+            asyncio.run(_produce_redis(args.url, args.topic, args.messages, args.message_bytes, args.window))
         else:
-            run = _produce_pulsar(args.client, args.url, args.topic, args.messages, args.message_bytes, args.window)
-        elapsed, cpu_s = asyncio.run(run)
+            asyncio.run(_produce_pulsar(args.client, args.url, args.topic, args.messages, args.message_bytes,
+                                        args.window))
+    elif args.client == "redis":
+        asyncio.run(_consume_redis(args.url, args.topic, args.messages, args.workload))
     else:
-        if args.client == "redis":
-            run = _consume_redis(args.url, args.topic, args.messages, args.workload)
-        else:
-            run = _consume_pulsar(args.client, args.url, args.topic, args.messages, args.workload)
-        elapsed, cpu_s = asyncio.run(run)
-    print(json.dumps({"elapsed_s": elapsed, "cpu_s": cpu_s}), flush=True)
+        asyncio.run(_consume_pulsar(args.client, args.url, args.topic, args.messages, args.workload))
 
 
 def run_worker(client: str, workload: str, url: str, topic: str, args: argparse.Namespace) -> dict:
@@ -297,11 +354,15 @@ def run_worker(client: str, workload: str, url: str, topic: str, args: argparse.
     except subprocess.TimeoutExpired:
         return {"failed": f"no result within {CASE_TIMEOUT_S} s"}
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or not lines:
+    if not lines:
         # Recorded, not raised: one crashed client process (the official client once
         # died of SIGSEGV against pulsar-lite) must not lose the rest of the run.
         return {"failed": f"exit status {done.returncode}", "stderr_tail": done.stderr[-1500:]}
     result = json.loads(lines[-1])
+    if done.returncode != 0:
+        # The timed section ended and was printed; the process died after it (closing,
+        # exiting): the measurement stands, the crash is recorded beside it.
+        result["crashed_after_result"] = {"exit_status": done.returncode, "stderr_tail": done.stderr[-500:]}
     if workload != "fill":
         counted = deliveries(workload, args.messages)
         result["msgs_per_s"] = counted / result["elapsed_s"]
@@ -330,7 +391,8 @@ def summarize(workload: str, runs: dict[str, list[dict]]) -> dict:
         summary[client] = {
             "msgs_per_s_median": statistics.median(r["msgs_per_s"] for r in good) if good else None,
             "cpu_s_per_100k_median": statistics.median(r["cpu_s_per_100k"] for r in good) if good else None,
-            "failed_runs": len(client_runs) - len(good), "runs": client_runs}
+            "failed_runs": len(client_runs) - len(good),
+            "crashed_after_result": sum(1 for r in good if "crashed_after_result" in r), "runs": client_runs}
     ours = summary.get("ours", {})
     for other, aim in (("official", AIMS_VS_OFFICIAL[workload]), ("redis", AIM_VS_REDIS)):
         if other not in summary:
