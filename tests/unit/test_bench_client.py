@@ -5,13 +5,17 @@ workloads each message once; the case order puts our client beside each other cl
 reverses on every other repeat, so each pair alternates which goes first; the summary
 takes medians over the runs that did not fail, and checks the issue's aims per workload
 (drain and fan-out >= 5x the official client, produce and work queue >= 2x, >= Redis
-everywhere) from them, with no verdict where a side has no run.
+everywhere) from them, with no verdict where a side has no run; a consuming case in which
+nothing arrives for STALL_S fails naming what each consumer received.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
+
+import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -57,3 +61,29 @@ def test_summary_medians_and_aims():
     assert lost["ours"]["msgs_per_s_median"] is None
     assert lost["ratio_ours_to_official"] is None and lost["aim_vs_official_met"] is None
     assert "ratio_ours_to_redis" not in lost
+
+
+def test_a_stalled_case_fails_naming_each_consumer_and_a_finished_one_returns(monkeypatch):
+    monkeypatch.setattr(client_bench, "STALL_S", 0.5)
+
+    async def stalled() -> None:
+        received = [3, 0]
+        never = asyncio.Event()
+        tasks = [asyncio.create_task(asyncio.sleep(60)) for _ in received]
+        with pytest.raises(RuntimeError, match=r"stalled.*\[3, 0\]"):
+            await client_bench._until_done(tasks, received, never)
+        assert all(task.cancelled() for task in tasks)
+
+    async def finished() -> tuple[float, float]:
+        received, done = [0], asyncio.Event()
+
+        async def consume() -> None:
+            for _ in range(5):
+                received[0] += 1
+                await asyncio.sleep(0)
+            done.set()
+        return await client_bench._until_done([asyncio.create_task(consume())], received, done, cancel=False)
+
+    asyncio.run(stalled())
+    end, cpu_end = asyncio.run(finished())
+    assert end > 0 and cpu_end > 0
