@@ -197,8 +197,8 @@ bench-compaction: setup
 # (pulsar.asyncio) and Redis through redis-py's asyncio API (Streams) in one run, against
 # Magnetar and pulsar-lite: produce, drain, fan-out and work-queue rates, client CPU per
 # message, ours / official and ours / Redis as ratios with the issue's aims checked
-# (bench/client_bench.py, docs/client.md "Speed"; about 1.5 minutes on a quiet 2-core
-# machine, 5-6 at load average 8-10). The bench starts its own redis-server on a free
+# (bench/client_bench.py, docs/client.md "Speed"; about 2.5 minutes on this 2-core
+# machine at load average 2-4, 6 at 5-11). The bench starts its own redis-server on a free
 # loopback port: Debian's package, installed here once when missing (as root, quietly;
 # apt is told not to start the packaged service, as for ops-tools above), redis-py and
 # hiredis come with the dev extra. CLIENT_BENCH_ARGS="--brokers magnetar" and the like.
