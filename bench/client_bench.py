@@ -20,7 +20,8 @@ process, one event loop, as an asyncio service would run it):
   last message.
 - fanout: the same backlog read by FANOUT_SUBSCRIPTIONS subscriptions of the topic
   (exclusive, from the earliest position), a consumer each, all in the one process and
-  reading at once, ``receive`` + ``acknowledge`` per message; the rate counts every
+  reading at once through one client (against pulsar-lite a client each:
+  FANOUT_CLIENT_PER_SUBSCRIPTION), ``receive`` + ``acknowledge`` per message; the rate counts every
   delivery (MESSAGES x FANOUT_SUBSCRIPTIONS) from subscribing to the last one. A backlog,
   not live traffic: live, the rate would be the producer's, and the client's delivery
   capacity (what the issue's aim is about) would not show; a service catching up after a
@@ -50,8 +51,9 @@ Reported per broker and workload: each client's msgs/s and the client process's 
 seconds per 100,000 messages (deliveries for fanout), and ours / official and ours / Redis
 as ratios of rates and of CPU per message, with the issue's aims (drain and fanout >= 5x
 the official client, produce and work_queue >= 2x; >= Redis everywhere) checked. A client
-process that crashes or hangs is recorded as a failed run (with its stderr's end), not
-fatal. The three clients run the same case back to back, ours in the middle (adjacent to
+process that crashes or hangs before its timed section ends, or a consuming case in
+which nothing arrives for STALL_S, is recorded as a failed run (with its stderr's end),
+not fatal. The three clients run the same case back to back, ours in the middle (adjacent to
 both others), the order reversed on every other repeat, and the ratios are of the
 medians. Redis is measured again in each broker's section, beside that section's runs.
 """
