@@ -86,13 +86,9 @@ def pytest_unconfigure(config):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_handlecrashitem(crashitem, report, sched):
-    """A test whose worker died: its report gets the worker's stacks, and a first crash
-    is rerun (tests/worker_crashes.py says why)."""
+    """A test whose worker died: its report gets the worker's stacks
+    (tests/worker_crashes.py says why)."""
     worker_crashes.handle_crash(crashitem, report)
-
-
-def pytest_report_teststatus(report):
-    return worker_crashes.teststatus(report)
 
 
 def pytest_terminal_summary(terminalreporter):
