@@ -117,24 +117,11 @@ def scores(reports: dict[str, LoadReport], owners: dict[str, str]) -> dict[str, 
 
 
 def least_loaded(reports: dict[str, LoadReport], owners: dict[str, str], exclude: set[str] | None = None,
-                 namespace: str | None = None) -> str | None:
-    """The broker to give a bundle: the lowest score, ties broken on CPU, then on the
-    broker id. With ``namespace`` (of the bundle being placed) only the brokers that own
-    the fewest of that namespace's bundles are candidates, as Pulsar's load manager
-    does: a new namespace's bundles (a partitioned topic's partitions) are spread over
-    the brokers before the cluster-wide score decides, instead of all going to the
-    broker that happens to own the fewest bundles of other namespaces."""
+                 ) -> str | None:
     exclude = exclude or set()
-    current = {broker: score for broker, score in scores(reports, owners).items() if broker not in exclude}
-    if namespace is not None and current:
-        prefix = namespace + "/"
-        of_namespace = {broker: 0 for broker in current}
-        for bundle, owner in owners.items():
-            if owner in of_namespace and bundle.startswith(prefix):
-                of_namespace[owner] += 1
-        fewest = min(of_namespace.values())
-        current = {broker: score for broker, score in current.items() if of_namespace[broker] == fewest}
-    candidates = sorted((round(score, 6), reports[broker].cpu_fraction, broker) for broker, score in current.items())
+    current = scores(reports, owners)
+    candidates = sorted((round(score, 6), reports[broker].cpu_fraction, broker)
+                        for broker, score in current.items() if broker not in exclude)
     return candidates[0][2] if candidates else None
 
 

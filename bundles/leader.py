@@ -199,10 +199,10 @@ class Leader:
                     planned[bkey] = assignment.broker_id
                     self._assigned_at.setdefault(bkey, now)
                     continue
-            namespace, _, bundle = bkey.rpartition("/")
-            target = balancer.least_loaded(reports, planned, namespace=namespace)
+            target = balancer.least_loaded(reports, planned)
             if target is None:
                 return
+            namespace, _, bundle = bkey.rpartition("/")
             key = keys.bundle_assignment(namespace, bundle)
             new = AssignmentRecord(target, reason="unowned", decided_by=self.identity.broker_id,
                                    decided_ms=int(time.time() * 1000))

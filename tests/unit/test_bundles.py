@@ -62,27 +62,6 @@ def test_least_loaded_prefers_fewer_bundles_and_less_traffic():
     assert scores(reports, owners)["a"] > scores(reports, owners)["b"]
 
 
-def test_a_namespaces_bundles_spread_over_the_brokers_before_the_score_decides():
-    """Broker a owns six bundles of other namespaces, b two: placed on the score alone,
-    all four bundles of a new namespace would go to b (it stays the lowest). Placed with
-    their namespace, each goes to a broker owning the fewest of that namespace's
-    bundles, the score choosing among those: b, a, b, a."""
-    reports = {"a": report("a"), "b": report("b")}
-    planned = {**{f"system/ns/{i}": "a" for i in range(6)}, "other/ns/0": "b", "other/ns/1": "b"}
-    alone = dict(planned)
-    for i in range(4):
-        alone[f"public/new/{i}"] = least_loaded(reports, alone)
-    assert {alone[f"public/new/{i}"] for i in range(4)} == {"b"}
-    for i in range(4):
-        planned[f"public/new/{i}"] = least_loaded(reports, planned, namespace="public/new")
-    assert [planned[f"public/new/{i}"] for i in range(4)] == ["b", "a", "b", "a"]
-    # "public/new" is not a prefix of "public/newer": another namespace is not counted.
-    # (counted, a would own one and b none of it, and b would be chosen.)
-    assert least_loaded(reports, {"public/newer/0": "a", "x/y/0": "b", "x/y/1": "b"}, namespace="public/new") == "a"
-    # The excluded broker is no candidate, even when it owns none of the namespace.
-    assert least_loaded(reports, {"public/new/0": "a"}, exclude={"b"}, namespace="public/new") == "a"
-
-
 def test_shedding_moves_from_the_busiest_and_stops_when_even():
     """All four bundles on one broker: moves go to the empty brokers until 2-1-1, and
     then nothing moves (a move would not make things more even)."""
