@@ -57,7 +57,10 @@ class Leader:
         self.is_leader = False
         self._wake = asyncio.Event()
         # bundle key -> when we assigned it (kept while the assignment is pending) and
-        # when we moved it (kept for the cooldown); both pruned every round.
+        # when we moved or assigned it (kept for the cooldown: a bundle that just got an
+        # owner, at start-up or after a failover, is not shed before the cooldown ends,
+        # as Pulsar's shedding grace period keeps recently loaded bundles put); both
+        # pruned every round.
         self._assigned_at: dict[str, float] = {}
         self._moved_at: dict[str, float] = {}
         # bundle key -> the last move ordered for it, until the reports show it
@@ -210,6 +213,7 @@ class Leader:
             if await self._store.transaction([Compare(key, expected), Compare(keys.bundle_owner(namespace, bundle), 0)],
                                              [Put(key, new.encode(), lease.lease_id)]) is not None:
                 self._assigned_at[bkey] = now
+                self._moved_at[bkey] = now
                 planned[bkey] = target
                 log.info("bundle assigned: bundle=%s broker_id=%s", bkey, target)
         # Shed only when every bundle is owned (nothing was just assigned or pending).

@@ -548,7 +548,12 @@ async def test_leader_forgets_moves_past_the_cooldown_and_bundles_that_are_gone(
                             f"{NAMESPACE}/0x00000000_0x00000010": now}
         leader._assigned_at = {f"{NAMESPACE}/0x00000000_0x00000010": now}
         await leader._decide()
-        assert list(leader._moved_at) == [live]
+        # The old move and the gone bundle's are forgotten. Every bundle was unowned,
+        # so this round assigned each, and an assignment starts a cooldown too: each
+        # range has this round's time (range 1's hour-old move is replaced by it).
+        assert set(leader._moved_at) == {f"{NAMESPACE}/{r.name}" for r in bundles.ranges}
+        assert all(at >= now for at in leader._moved_at.values()), leader._moved_at
+        assert live in leader._moved_at
         assert f"{NAMESPACE}/0x00000000_0x00000010" not in leader._assigned_at
     finally:
         await brokers.close()
@@ -564,6 +569,7 @@ async def test_leader_corrects_reports_by_its_moves_until_they_show():
     try:
         await leader._decide()
         await _until(lambda: len(manager.serving()) == len(bundles.ranges) == len(manager.owners()), "all owned")
+        leader._moved_at.clear()   # as if the cooldown that the assignments began had passed
         rates = {f"{NAMESPACE}/{b.name}": 5.0 * (i + 1) for i, b in enumerate(bundles.ranges)}
         now_ms = int(time.time() * 1000)
 
@@ -847,6 +853,7 @@ async def test_leader_clears_a_transfer_nobody_acted_on(stale: bool):
     try:
         await leader._decide()
         await _until(lambda: len(manager.serving()) == len(bundles.ranges) == len(manager.owners()), "all owned")
+        leader._moved_at.clear()   # as if the cooldown that the assignments began had passed
         await store.put(keys.broker("b"), LoadReport("b", "pulsar://b:6650", "http://b:8080").encode())
         await _until(lambda: len(brokers.records) == 2, "b's report")
         decided_ms = int(time.time() * 1000) - (int(BundlesConfig().assignment_timeout_s * 1000) + 1000 if stale else 0)
