@@ -26,7 +26,6 @@ Proves:
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import socket
 import time
@@ -36,10 +35,10 @@ import uuid
 import pulsar
 import pytest
 
-from runtime.tokens import TokenSigner, create_secret_key
+from runtime.tokens import TokenSigner
 from protocol.codec import encode_command, wrap
 from protocol.proto import pulsar_api_pb2 as pb
-from tests import frame_exchange
+from tests import frame_exchange, token_files
 from tests.cluster import Cluster
 
 SUPERUSER = "admin-role"
@@ -50,14 +49,8 @@ T = pb.BaseCommand
 @pytest.fixture(scope="module")
 def secured(etcd_process, tmp_path_factory):
     base = tmp_path_factory.mktemp("proxy-client-roles")
-    key = create_secret_key()
-    key_path = os.path.join(str(base), "secret.key")
-    with open(key_path, "wb") as handle:
-        handle.write(key)
-    signer = TokenSigner.with_secret_key(key)
-    proxy_token = os.path.join(str(base), "proxy.token")
-    with open(proxy_token, "w") as handle:
-        handle.write(signer.create(PROXY_ROLE))
+    key_path, signer = token_files.secret_key_file(str(base))
+    proxy_token = token_files.token_file(str(base), "proxy.token", signer, PROXY_ROLE)
     cluster = Cluster(etcd_process, str(base))
     proxy_args = ["--authentication-enabled", "--token-secret-key", f"file://{key_path}",
                   "--broker-token-file", proxy_token]

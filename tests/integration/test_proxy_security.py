@@ -20,17 +20,16 @@ Proves:
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import uuid
 
 import pulsar
 import pytest
 
-from runtime.tokens import TokenSigner, create_secret_key
+from runtime.tokens import TokenSigner
 from protocol.codec import encode_command, wrap
 from protocol.proto import pulsar_api_pb2 as pb
-from tests import frame_exchange
+from tests import frame_exchange, token_files
 from tests.cluster import Cluster
 
 SUPERUSER = "admin-role"
@@ -41,14 +40,8 @@ T = pb.BaseCommand
 @pytest.fixture(scope="module")
 def secured(etcd_process, tmp_path_factory):
     base = tmp_path_factory.mktemp("proxy-secured")
-    key = create_secret_key()
-    key_path = os.path.join(str(base), "secret.key")
-    with open(key_path, "wb") as handle:
-        handle.write(key)
-    signer = TokenSigner.with_secret_key(key)
-    proxy_token = os.path.join(str(base), "proxy.token")
-    with open(proxy_token, "w") as handle:
-        handle.write(signer.create(PROXY_ROLE))
+    key_path, signer = token_files.secret_key_file(str(base))
+    proxy_token = token_files.token_file(str(base), "proxy.token", signer, PROXY_ROLE)
     cluster = Cluster(etcd_process, str(base))
     try:
         asyncio.run(cluster.start_bookies(1))
