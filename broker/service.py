@@ -26,7 +26,8 @@ from typing import Callable, Protocol
 
 from broker import policy_enforcement, policy_watch
 from broker.inactivity import InactivitySweeper
-from broker.archiver import Archiver, ArchiverConfig
+from broker.archiver import Archiver
+from broker.archiver_config import ArchiverConfig
 from broker.authentication import Authenticator
 from broker.authorization import Authorizer
 from broker.config import BrokerConfig
