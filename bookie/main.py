@@ -1,6 +1,8 @@
-"""Wiring of ``magnetar bookie``: parse options into BookieConfig, build the node, the
-gRPC server, the ops HTTP server, registration, checkpointer, GC and disk monitor, and
-run them under one TaskGroup until SIGTERM/SIGINT (or a fatal journal error)."""
+"""Wiring of ``magnetar bookie``: parse options into BookieConfig, start the bookie's
+components in order (``BookieProcess``: metadata store, gRPC port, ops HTTP server,
+storage, servicer, add socket, gRPC server, registration; runtime/lifecycle.py), run
+the checkpointer, GC, disk monitor and journal under one TaskGroup until SIGTERM/SIGINT
+(or a fatal journal error), then stop the components in reverse."""
 
 from __future__ import annotations
 
@@ -35,12 +37,14 @@ from common.errors import MagnetarError
 from common.version import __version__
 from runtime.listen import bind_failure, probe_bind
 from runtime.gc_pauses import freeze_startup_heap
+from runtime.lifecycle import Component, LifecycleStack
 from runtime.loop_monitor import LoopMonitor
 from runtime.ops_http import add_ready_route, build_ops_app, start_ops_server
 from runtime.tasks import stop_on_signals
 from metadata import open_store
 from metadata.etcd_tls import ETCD_TLS_OPTIONS, etcd_tls_from_args
 from metadata.start_retry import while_unavailable
+from metadata.store import MetadataStore
 from metadata.bookie_record import BookieRecord
 from bookie.security import BookieSecurityConfig, TokenInterceptor, server_credentials
 from runtime.tls import CertificateReloader, TlsConfig, server_context
@@ -142,12 +146,48 @@ def add_address_for(address: str, add_port: int) -> str:
     return f"{address.rsplit(':', 1)[0]}:{add_port}"
 
 
+async def _nothing_to_stop() -> None:
+    """The servicer holds nothing of its own: the gRPC server and the node it serves
+    stop as components of their own."""
+
+
 class BookieProcess:
+    """``magnetar bookie``: its start-up is a stack of named components (runtime/lifecycle.py),
+    started in this order and stopped in reverse — the metadata store; the gRPC port (bound
+    before anything else starts, so a port in use is reported before storage is opened);
+    the ops HTTP server; storage (cookie check, journal replay, disk usage); the add
+    socket; the gRPC server; the registration in etcd — then the background tasks run
+    under one TaskGroup until SIGTERM/SIGINT or a fatal journal error."""
+
     def __init__(self, config: BookieConfig) -> None:
         self.config = config
         self.stopping = asyncio.Event()
         self.exit_code = 0
         self.add_address = ""
+        # Set by the components as they start (see run).
+        self.store: MetadataStore | None = None
+        self.server: grpc.aio.Server | None = None
+        self.tokens: TokenInterceptor | None = None
+        self.address = ""
+        self.bookie_id = ""
+        self.registry = CollectorRegistry()
+        self.http_address = ""
+        self.node: BookieNode | None = None
+        self.storage: DiskLedgerStorage | None = None
+        self.directories: list[str] = []
+        self.servicer: BookieServicer | None = None
+        self.add_socket: AddSocketServer | None = None
+        self.add_socket_tls = None
+        self.registration: Registration | None = None
+        self.started_at_ms = 0
+        # Filled in once storage is open and the bookie registered; until then /health
+        # answers 503 "starting" (journal replay may take a while).
+        self._serving: dict[str, object] = {}
+        self._runner = None
+        self._grpc_started = False
+        self._journal_task: asyncio.Task[None] | None = None
+        self._stopping_orderly = False
+        self.loop_monitor: LoopMonitor | None = None
 
     def _record(self, node: BookieNode, address: str, http_address: str, started_at_ms: int) -> BookieRecord:
         usage = node.disk_usage
@@ -158,11 +198,46 @@ class BookieProcess:
             add_address=self.add_address)
 
     async def run(self) -> int:
+        log.info("bookie starting: config=%s", self.config)
+        stack = LifecycleStack("bookie", [
+            Component("metadata store", self._open_store, self._close_store),
+            Component("gRPC port", self._bind_grpc_port, self._release_grpc_port),
+            Component("ops HTTP", self._start_ops_http, self._stop_ops_http),
+            Component("storage", self._open_storage, self._close_storage),
+            Component("servicer", self._build_servicer, _nothing_to_stop),
+            Component("add socket", self._start_add_socket, self._close_add_socket),
+            Component("gRPC server", self._start_grpc, self._stop_grpc),
+            Component("registration", self._register, self._unregister),
+        ])
+        await stack.start()
+        node = self.node
+        assert node is not None
+        frozen = freeze_startup_heap()
+        log.info("bookie listening: bookie_id=%s address=%s http_address=%s add_address=%s read_only=%s replayed=%d "
+                 "frozen_objects=%d", self.bookie_id, self.address, self.http_address, self.add_address or "-",
+                 node.read_only, node.replayed_records, frozen)
+        try:
+            await self._serve(stack)
+        finally:
+            await stack.stop()   # after a failure; nothing left to stop after an orderly stop
+        log.info("bookie stopped: bookie_id=%s", self.bookie_id)
+        return self.exit_code
+
+    # --- components, in start order -----------------------------------------------------
+
+    async def _open_store(self) -> None:
         config = self.config
-        log.info("bookie starting: config=%s", config)
-        store = open_store(config.metadata_url, tls=config.metadata_tls)
+        self.store = open_store(config.metadata_url, tls=config.metadata_tls)
+
+    async def _close_store(self) -> None:
+        assert self.store is not None
+        await self.store.close()
+
+    async def _bind_grpc_port(self) -> None:
+        config = self.config
         # One token check for gRPC and the add socket: one key file watched, one cache.
         tokens = TokenInterceptor(config.security) if config.security.authentication_enabled else None
+        self.tokens = tokens
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", config.grpc_message_bytes_max),
@@ -197,13 +272,21 @@ class BookieProcess:
             port = 0
         if port == 0:
             raise bind_failure("--port", config.host, config.port, probe_bind(config.host, config.port))
+        self.server = server
         listen_address = f"{config.host}:{port}"
-        address = config.advertised_address or listen_address
-        bookie_id = config.bookie_id or address
-        registry = CollectorRegistry()
-        # Filled in once storage is open and the bookie registered; until then /health
-        # answers 503 "starting" (journal replay may take a while).
-        serving: dict[str, object] = {}
+        self.address = config.advertised_address or listen_address
+        self.bookie_id = config.bookie_id or self.address
+
+    async def _release_grpc_port(self) -> None:
+        """A server that never started serving lets its port go (one that served was
+        stopped, gracefully, by its own component)."""
+        assert self.server is not None
+        if not self._grpc_started:
+            await self.server.stop(grace=None)
+
+    async def _start_ops_http(self) -> None:
+        config = self.config
+        bookie_id, serving = self.bookie_id, self._serving
 
         async def health() -> tuple[bool, dict]:
             node_now, registration_now = serving.get("node"), serving.get("registration")
@@ -221,69 +304,118 @@ class BookieProcess:
             ok, details = await health()
             return ok and not details.get("read_only", True), details
 
-        ops_app = build_ops_app(registry, health)
+        ops_app = build_ops_app(self.registry, health)
         add_ready_route(ops_app, ready)
-        runner, http_port = await start_ops_server(ops_app, config.host, config.http_port, flag="--http-port")
-        http_address = f"{address.rsplit(':', 1)[0]}:{http_port}"
-        try:
-            await while_unavailable("cookie check", lambda: check_cookie(
-                store, bookie_id, config.journal.journal_dir, list(config.storage.ledger_dirs)))
-            storage = DiskLedgerStorage(config.storage, read_threads=config.read_threads,
-                                        fsync_enabled=config.journal.fsync_enabled)
-            node = BookieNode(config, storage, bookie_id)
-        except BaseException:
-            await runner.cleanup()
-            await store.close()
-            raise
-        add_socket: AddSocketServer | None = None
-        # TLS on the add socket: the gRPC port's certificate, kept in step with its files.
-        add_socket_tls = server_context(config.security.tls) \
-            if config.add_socket_port >= 0 and config.security.tls.enabled else None
+        self._runner, http_port = await start_ops_server(ops_app, config.host, config.http_port,
+                                                         flag="--http-port")
+        self.http_address = f"{self.address.rsplit(':', 1)[0]}:{http_port}"
 
-        async def close_add_socket() -> None:
-            if add_socket is not None:
-                await add_socket.close()
+    async def _stop_ops_http(self) -> None:
+        assert self._runner is not None
+        await self._runner.cleanup()
 
+    async def _open_storage(self) -> None:
+        config, store = self.config, self.store
+        assert store is not None
+        await while_unavailable("cookie check", lambda: check_cookie(
+            store, self.bookie_id, config.journal.journal_dir, list(config.storage.ledger_dirs)))
+        self.storage = DiskLedgerStorage(config.storage, read_threads=config.read_threads,
+                                         fsync_enabled=config.journal.fsync_enabled)
+        node = self.node = BookieNode(config, self.storage, self.bookie_id)
         try:
             await asyncio.to_thread(node.open)
             assert node.journal is not None
-            directories = [config.journal.journal_dir, *config.storage.ledger_dirs]
-            node.disk_usage = await asyncio.to_thread(disk_monitor.measure, directories)
+            self.directories = [config.journal.journal_dir, *config.storage.ledger_dirs]
+            node.disk_usage = await asyncio.to_thread(disk_monitor.measure, self.directories)
             node.read_only = disk_monitor.decide_read_only(False, node.disk_usage.ratio,
                                                            config.disk.usage_threshold,
                                                            config.disk.usage_lwm_threshold)
-            metrics = BookieMetrics(node, registry)
-            loop_monitor = LoopMonitor(registry, "magnetar_bookie")
-            servicer = BookieServicer(node, metrics)
-            bookie_pb2_grpc.add_BookieServicer_to_server(servicer, server)
-            if config.add_socket_port >= 0:
-                add_socket = AddSocketServer(
-                    servicer, message_bytes_max=config.grpc_message_bytes_max,
-                    token_check=tokens.check_token if tokens is not None else None,
-                    ssl_context=add_socket_tls)
-                add_port = await add_socket.start(config.host, config.add_socket_port)
-                self.add_address = add_address_for(address, add_port)
-            registration = Registration(store, config.registration_ttl_s)
-            serving.update(node=node, registration=registration)
-            started_at_ms = int(time.time() * 1000)
-            await server.start()
-            await registration.register(self._record(node, address, http_address, started_at_ms))
         except BaseException:
-            # A failed start (a bad disk, etcd away) leaves nothing running; the first
-            # error is the one reported, a cleanup failure only logged.
-            for cleanup in (lambda: server.stop(grace=None), close_add_socket, storage.close, runner.cleanup,
-                            store.close):
-                try:
-                    await cleanup()
-                except Exception as error:
-                    log.info("cleanup after a failed start failed: error=%r", error)
+            await self._close_storage()
+            raise
+
+    async def _close_storage(self) -> None:
+        """After serving: the journal stops (its last group written; not after a task
+        failed, which ended it), then a checkpoint unless the journal failed; then the
+        storage closes. After a failed start: only the storage closes."""
+        node, storage = self.node, self.storage
+        assert node is not None and storage is not None
+        try:
+            if self._journal_task is not None:
+                if self._stopping_orderly:
+                    await node.close()
+                    await self._journal_task
+                if node.journal is not None and node.journal.failed is None:
+                    await node.checkpoint()
+            await storage.close()
+        finally:
             if node.journal is not None:
                 node.journal.close_file()
+
+    async def _build_servicer(self) -> None:
+        node, server = self.node, self.server
+        assert node is not None and server is not None
+        metrics = BookieMetrics(node, self.registry)
+        self.loop_monitor = LoopMonitor(self.registry, "magnetar_bookie")
+        self.servicer = BookieServicer(node, metrics)
+        bookie_pb2_grpc.add_BookieServicer_to_server(self.servicer, server)
+
+    async def _start_add_socket(self) -> None:
+        config = self.config
+        if config.add_socket_port < 0:
+            return
+        # TLS on the add socket: the gRPC port's certificate, kept in step with its files.
+        self.add_socket_tls = server_context(config.security.tls) if config.security.tls.enabled else None
+        tokens = self.tokens
+        self.add_socket = AddSocketServer(
+            self.servicer, message_bytes_max=config.grpc_message_bytes_max,
+            token_check=tokens.check_token if tokens is not None else None,
+            ssl_context=self.add_socket_tls)
+        try:
+            add_port = await self.add_socket.start(config.host, config.add_socket_port)
+        except BaseException:
+            await self.add_socket.close()
             raise
-        frozen = freeze_startup_heap()
-        log.info("bookie listening: bookie_id=%s address=%s http_address=%s add_address=%s read_only=%s replayed=%d "
-                 "frozen_objects=%d", bookie_id, address, http_address, self.add_address or "-", node.read_only,
-                 node.replayed_records, frozen)
+        self.add_address = add_address_for(self.address, add_port)
+
+    async def _close_add_socket(self) -> None:
+        if self.add_socket is not None:
+            await self.add_socket.close()
+
+    async def _start_grpc(self) -> None:
+        assert self.server is not None and self.store is not None
+        self.registration = Registration(self.store, self.config.registration_ttl_s)
+        self._serving.update(node=self.node, registration=self.registration)
+        self.started_at_ms = int(time.time() * 1000)
+        await self.server.start()
+        self._grpc_started = True
+
+    async def _stop_grpc(self) -> None:
+        assert self.server is not None
+        await self.server.stop(grace=2.0)
+
+    async def _register(self) -> None:
+        assert self.registration is not None and self.node is not None
+        await self.registration.register(self._record(self.node, self.address, self.http_address,
+                                                      self.started_at_ms))
+
+    async def _unregister(self) -> None:
+        assert self.registration is not None
+        try:
+            await self.registration.unregister()
+        except MagnetarError:
+            pass
+
+    # --- serving --------------------------------------------------------------------------
+
+    async def _serve(self, stack: LifecycleStack) -> None:
+        """The background tasks until told to stop; then they are cancelled and the
+        components stopped (the journal's task ends when the storage stops it)."""
+        config, node, registration, store, storage = (self.config, self.node, self.registration, self.store,
+                                                      self.storage)
+        assert node is not None and registration is not None and store is not None and storage is not None
+        loop_monitor = self.loop_monitor
+        assert loop_monitor is not None
 
         async def watch_journal() -> None:
             assert node.journal is not None
@@ -296,7 +428,7 @@ class BookieProcess:
         async def watch_disks() -> None:
             while True:
                 await asyncio.sleep(config.disk.check_interval_s)
-                usage = await asyncio.to_thread(disk_monitor.measure, directories)
+                usage = await asyncio.to_thread(disk_monitor.measure, self.directories)
                 node.disk_usage = usage
                 published = registration.record
                 checked = disk_monitor.check(usage, node.read_only,
@@ -305,49 +437,31 @@ class BookieProcess:
                 if checked.flipped:
                     node.read_only = checked.read_only
                     log.warning("bookie %s: bookie_id=%s disk_usage_ratio=%.4f directory=%s",
-                                "turned read-only" if checked.read_only else "writable again", bookie_id,
+                                "turned read-only" if checked.read_only else "writable again", self.bookie_id,
                                 usage.ratio, usage.worst_directory)
                 if checked.republish:   # the policy: bookie/disk_monitor.py
-                    registration.update(self._record(node, address, http_address, started_at_ms))
+                    registration.update(self._record(node, self.address, self.http_address, self.started_at_ms))
 
         gc_trigger = asyncio.Event()
-        try:
-            async with asyncio.TaskGroup() as tasks:
-                journal_task = tasks.create_task(watch_journal())
-                background = [
-                    tasks.create_task(node.run_checkpointer()),
-                    tasks.create_task(registration.run()),
-                    tasks.create_task(run_gc(store, storage, config.gc, gc_trigger, bookie_id)),
-                    tasks.create_task(watch_disks()),
-                    tasks.create_task(loop_monitor.run()),
-                ]
-                if add_socket_tls is not None:
-                    background.append(tasks.create_task(
-                        CertificateReloader(config.security.tls, add_socket_tls).run()))
-                await self.stopping.wait()
-                log.info("bookie stopping: bookie_id=%s", bookie_id)
-                for task in background:
-                    task.cancel()
-                try:
-                    await registration.unregister()
-                except MagnetarError:
-                    pass
-                await server.stop(grace=2.0)
-                await close_add_socket()
-                await node.close()
-                await journal_task
-        finally:
-            try:
-                if node.journal is not None and node.journal.failed is None:
-                    await node.checkpoint()
-                await storage.close()
-            finally:
-                if node.journal is not None:
-                    node.journal.close_file()
-                await runner.cleanup()
-                await store.close()
-        log.info("bookie stopped: bookie_id=%s", bookie_id)
-        return self.exit_code
+        async with asyncio.TaskGroup() as tasks:
+            self._journal_task = tasks.create_task(watch_journal())
+            background = [
+                tasks.create_task(node.run_checkpointer()),
+                tasks.create_task(registration.run()),
+                tasks.create_task(run_gc(store, storage, config.gc, gc_trigger, self.bookie_id)),
+                tasks.create_task(watch_disks()),
+                tasks.create_task(loop_monitor.run()),
+            ]
+            if self.add_socket_tls is not None:
+                background.append(tasks.create_task(
+                    CertificateReloader(config.security.tls, self.add_socket_tls).run()))
+            await self.stopping.wait()
+            log.info("bookie stopping: bookie_id=%s", self.bookie_id)
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            self._stopping_orderly = True
+            await stack.stop()
 
 
 def main(args: argparse.Namespace) -> int:

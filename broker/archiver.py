@@ -28,7 +28,7 @@ Theory of operation:
   the topic still lists.
 - Crash points for tests: with ``pause_at_step`` set, the archiver logs
   ``archive paused at step: step=<name>`` and waits there for ever, so a test can
-  kill -9 the broker at exactly that step (STEPS below).
+  kill -9 the broker at exactly that step (STEPS, broker/archiver_config.py).
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 from archive.format import FORMAT_VERSION, is_temp_name
@@ -49,7 +48,9 @@ from archive.policy import ArchivedLedger, LedgerState, ledgers_to_archive, ledg
 from archive.reader import verify_file
 from archive.writer import SliceBuilder, WriterConfig, publish, write_temp
 from managed_ledger.archive_reads import ArchiveReads
+from broker.archiver_config import ArchiverConfig
 from broker.topic import PersistentTopic
+from broker.topic_archive import TopicArchive
 from common.errors import (
     ArchiveError,
     ConfigError,
@@ -58,7 +59,7 @@ from common.errors import (
     MetadataVersionConflict,
     NoSuchLedger,
 )
-from common.position import ManagedEntry, Position
+from common.position import Position
 from common.topic_name import NamespaceName, TopicName
 from ledger.client import LedgerClient
 from metadata.policies import NamespacePolicies, OffloadPolicies
@@ -67,112 +68,8 @@ from metadata.store import MetadataStore
 
 log = logging.getLogger(__name__)
 
-MIB = 1024 * 1024
 # Deleted topics' archives looked at per pass (the rest wait for the next).
 DELETED_TOPICS_PER_PASS = 64
-# The named points of an archive where a test may stop the broker (pause_at_step).
-# "mid-rename" is reached on object stores only, where a rename is a copy then a delete:
-# between the two (a local rename is one atomic step).
-STEPS = ("before-rename", "mid-rename", "after-rename", "before-manifest", "before-bookie-delete")
-
-
-@dataclass(frozen=True)
-class ArchiverConfig:
-    # The archive location when the namespace policy names none ("": none; then a
-    # policy must name one). Standalone passes data/standalone/archive.
-    location_url: str = ""
-    # An S3-compatible store's endpoint ("": MAGNETAR_ARCHIVE_ENDPOINT_URL, else AWS).
-    # Its credentials come from botocore's chain (environment, credentials file), never here.
-    endpoint_url: str = ""
-    check_interval_s: float = 5.0
-    # One slice (file) of a ledger is built in memory before it is written: this bounds it.
-    file_bytes_max: int = 128 * MIB
-    batch_bytes_max: int = 16 * MIB
-    # Entries asked of the bookies per read while archiving (the ledger client splits
-    # them per bookie); 512 entries of 1 KiB to 128 KiB is 0.5 to 64 MiB.
-    read_entries_max: int = 512
-    # Worker threads for Arrow encoding, file writes and reads (the bounded executor).
-    threads: int = 2
-    # Rebuilt entries of archived ledgers kept for readers, and batches read ahead.
-    read_cache_bytes_max: int = 128 * MIB
-    read_ahead_batches: int = 2
-    # Files no manifest names are deleted once older than this: longer than any
-    # archive write takes (a slice is written in seconds), so another broker's write in
-    # progress is never taken for an orphan.
-    orphan_grace_s: float = 3600.0
-    # How often a topic's archive directory is listed for orphans (a LIST request on an
-    # object store: not on every pass).
-    gc_interval_s: float = 300.0
-    # Tests only: stop at this step (one of STEPS) for a kill -9.
-    pause_at_step: str = ""
-
-    def __post_init__(self) -> None:
-        if not 0.05 <= self.check_interval_s <= 3600:
-            raise ConfigError("archive check_interval_s must be in [0.05, 3600]")
-        if not 1 <= self.read_entries_max <= 10_000:
-            raise ConfigError("archive read_entries_max must be in [1, 10000]")
-        if not 1 <= self.threads <= 64:
-            raise ConfigError("archive threads must be in [1, 64]")
-        if not MIB <= self.read_cache_bytes_max <= 64 * 1024 * MIB:
-            raise ConfigError("archive read_cache_bytes_max must be in [1 MiB, 64 GiB]")
-        if not 0 <= self.read_ahead_batches <= 64:
-            raise ConfigError("archive read_ahead_batches must be in [0, 64]")
-        if not 0 <= self.orphan_grace_s <= 30 * 86400:
-            raise ConfigError("archive orphan_grace_s must be in [0, 30 days]")
-        if not 0.05 <= self.gc_interval_s <= 86400:
-            raise ConfigError("archive gc_interval_s must be in [0.05, 86400]")
-        if self.pause_at_step and self.pause_at_step not in STEPS:
-            raise ConfigError(f"archive pause_at_step must be one of {', '.join(STEPS)}")
-        WriterConfig(batch_bytes_max=self.batch_bytes_max, file_bytes_max=self.file_bytes_max)
-
-
-@dataclass
-class OffloadStatus:
-    """Pulsar's OffloadProcessStatus, for GET …/offload."""
-
-    state: str = "NOT_RUN"         # NOT_RUN, RUNNING, SUCCESS, ERROR
-    last_error: str = ""
-    first_unarchived: Position | None = None
-    ledgers_archived: int = 0
-
-    def to_json(self, partition_index: int) -> dict:
-        first = self.first_unarchived or Position(-1, -1)
-        return {"status": self.state, "lastError": self.last_error,
-                "firstUnoffloadedMessage": {"ledgerId": first.ledger_id, "entryId": first.entry_id,
-                                            "partitionIndex": partition_index},
-                "ledgersArchived": self.ledgers_archived}
-
-
-@dataclass
-class TopicArchive:
-    """One topic's archive as its owner sees it: the manifest records, read-through to
-    the archive for ledgers the bookies no longer hold (the managed ledger's
-    ``ArchivedLedgers``)."""
-
-    name: TopicName
-    reads: ArchiveReads
-    records: dict[int, LedgerRecord] = field(default_factory=dict)
-    status: OffloadStatus = field(default_factory=OffloadStatus)
-    requested_upto: Position | None = None
-    # Records marked bookie_deleted whose bookie copy is known gone.
-    released: set[int] = field(default_factory=set)
-    # When the archive's directory was last listed for orphans (monotonic seconds).
-    listed_at: float = float("-inf")
-
-    def archived(self, ledger_id: int) -> bool:
-        return ledger_id in self.records
-
-    def serves(self, ledger_id: int) -> bool:
-        record = self.records.get(ledger_id)
-        return record is not None and record.bookie_deleted_ms > 0
-
-    def _following(self, ledger_id: int) -> LedgerRecord | None:
-        later = [r for l, r in self.records.items() if l > ledger_id and r.bookie_deleted_ms > 0]
-        return later[0] if later else None
-
-    async def read(self, ledger_id: int, first: int, last: int, bytes_max: int) -> list[ManagedEntry]:
-        record = self.records[ledger_id]
-        return await self.reads.read(record, first, min(last, record.entry_count - 1), bytes_max, self._following)
 
 
 class Archiver:

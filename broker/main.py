@@ -16,8 +16,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram
 
 from broker.admin.app import build_admin_app
-from broker.archiver import STEPS as ARCHIVE_STEPS
-from broker.archiver import ArchiverConfig
+from broker.archiver_config import STEPS as ARCHIVE_STEPS
+from broker.archiver_config import ArchiverConfig
 from managed_ledger.compaction import PAUSE_POINTS as COMPACTION_PAUSE_POINTS
 from broker.authentication import AuthConfig
 from broker.config import HTTP_PORT_OFFSET, BrokerConfig

@@ -45,7 +45,7 @@ def register_broker_metrics(service: BrokerService, registry: CollectorRegistry)
         # permits and a subscription with backlog get a read within the bound.
         ("magnetar_dispatcher_wait_seconds_max",
          "Longest a dispatcher waited with backlog and a consumer with permits, without a read",
-         lambda: service.dispatch_wait_s_max),
+         lambda: service.upkeep.dispatch_wait_s_max),
         # Metadata outages (bundles/ownership.py): 1 while etcd has not confirmed this
         # broker's lease for a while and only loaded topics are served.
         ("magnetar_broker_metadata_degraded", "1 while etcd is away and only loaded topics are served",
@@ -61,7 +61,7 @@ def register_broker_metrics(service: BrokerService, registry: CollectorRegistry)
         ("magnetar_broker_entry_cache_misses", "Entry cache misses", lambda: service.cache.misses),
         ("magnetar_broker_topics_preloaded",
          "Topics loaded ahead of their clients when a bundle was handed to this broker (since start)",
-         lambda: service.topics_preloaded),
+         lambda: service.topic_loader.topics_preloaded),
         # Publish back-pressure (broker/publish_limits.py).
         ("magnetar_broker_pending_sends", "Sends accepted and not yet answered (whole broker)",
          lambda: service.publish_limits.broker.sends),
@@ -306,7 +306,7 @@ class _PublishLimitsCollector(Collector):
         stats = self._service.publish_limits.stats
         yield CounterMetricFamily("magnetar_dispatcher_stalls",
                                   "Dispatchers found waiting past the bound with backlog and permits (then woken)",
-                                  value=self._service.dispatch_stalls)
+                                  value=self._service.upkeep.dispatch_stalls)
         yield CounterMetricFamily("magnetar_broker_publish_reading_pauses",
                                   "Times a connection stopped being read because of pending sends",
                                   value=stats.reading_pauses)

@@ -26,7 +26,7 @@ quotas, as Pulsar defines them.
   oldest unconsumed entry and stays periodic.
 
 The checks run every ``policy_check_interval_s`` on the loaded topics whose namespace
-sets one of these policies (``BrokerService._run_policies``); what they did is counted
+sets one of these policies (``TopicUpkeep.run_policies``, broker/topic_upkeep.py); what they did is counted
 in ``PolicyCounters`` and shown in /metrics.
 """
 

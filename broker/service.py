@@ -1,13 +1,8 @@
 """The broker service: the topics this broker serves, and the lookups, partition
 metadata and namespace listings clients ask for.
 
-Topics load on first use (a producer, consumer, lookup or admin call). Concurrent
-first uses share one load: its future is registered before anything is awaited, and
-the load runs as the service's task, so a caller going away (its client disconnected)
-does not cancel it for the others. A topic that is closing is loaded again only once
-its close has finished (two managed ledgers of one topic would fence each other).
-A topic is auto-created when its namespace exists and allows it (on by default, as in
-Pulsar standalone); otherwise the caller gets TopicNotFound.
+Topics load on first use, one load per topic however many ask (broker/topic_loading.py).
+Other brokers' URLs come from their load reports (broker/broker_directory.py).
 Ownership: ``owner_of`` says which broker serves a topic: the owner of the topic's
 bundle, from the bundles layer (bundles/ownership.py); a topic loads here only once
 this broker serves its bundle. The service builds its bundles parts itself from a
@@ -30,28 +25,29 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from broker import policy_enforcement, policy_watch
-from broker import rate_limits
 from broker.inactivity import InactivitySweeper
-from broker.archiver import Archiver, ArchiverConfig
+from broker.archiver import Archiver
+from broker.archiver_config import ArchiverConfig
 from broker.authentication import Authenticator
 from broker.authorization import Authorizer
 from broker.config import BrokerConfig
-from managed_ledger.managed_ledger import ManagedLedger, ManagedLedgerConfig
+from managed_ledger.managed_ledger import ManagedLedger
 from broker.publish_limits import Limit, PendingSends, PublishLimits, ReadGate
-from broker.redirect import Destination
+from broker.broker_directory import BrokerDirectory
 from broker.resources import Resources
 from broker.schema_compatibility import DEFAULT_STRATEGY
 from broker.schemas import SchemaRegistry
-from broker.stats_history import StatsHistory, read_topics
+from broker.stats_history import StatsHistory
 from broker.transaction_coordinator import TransactionCoordinators
 from broker.transaction_peers import TransactionPeers
 from broker.topic import PersistentTopic
 from broker.topic_list_watchers import TopicListWatchers
+from broker.topic_loading import TopicLoader
+from broker.topic_upkeep import TopicUpkeep
 from bundles.config import BundlesConfig
 from bundles.leader import Leader
 from bundles.load import LoadReporter
 from bundles.ownership import BrokerIdentity, BundleOwner, OwnershipManager
-from bundles.records import LoadReport
 from metadata import keys
 from metadata.prefix_cache import PrefixCache
 from common.topic_name import DEFAULT_NAMESPACE, DEFAULT_TENANT, NamespaceName, TopicName
@@ -62,27 +58,18 @@ from common.errors import (
     MagnetarError,
     MetadataKeyExists,
     NamespaceNotFound,
-    NotAllowed,
     PreconditionFailed,
     ServiceNotReady,
-    TenantNotFound,
     TopicNotFound,
 )
-from runtime.tasks import TaskSet, cancel_and_wait
+from runtime.tasks import TaskSet
 from runtime.tls import PeerClientContexts
 from runtime.tokens import TokenFile
-from metadata.policies import NamespacePolicies, PersistencePolicies, TenantInfo
+from metadata.policies import NamespacePolicies, TenantInfo
 from metadata.store import MetadataStore
 
 log = logging.getLogger(__name__)
 
-# Times one get_topic call starts over after finding the topic closing (each time a
-# close and a load complete in between; more means the topic flaps, e.g. its bundle
-# moves back and forth, and the caller is better told to retry).
-_TOPIC_LOAD_ATTEMPTS_MAX = 4
-# Topics of a bundle just handed over that load at once (ServerConnection's loads, for
-# the clients that come back, are not counted against it).
-PRELOADS_CONCURRENT_MAX = 8
 
 
 def _log_publish_blocked(gate: ReadGate, scope: PendingSends) -> None:
@@ -148,15 +135,9 @@ class BrokerService:
         # Set by a grant or revoke through this broker: the permission loop checks every
         # connection at once instead of at its next interval.
         self._recheck_permissions = asyncio.Event()
-        self._policies_changed = asyncio.Event()
         self.cache = EntryCache(config.entry_cache_bytes_max)
-        self.topics: dict[str, asyncio.Future[PersistentTopic]] = {}
-        # One task per topic being loaded (each catches and hands on its own failure):
-        # cancelled and awaited by close, after the background tasks.
-        self._loads: set[asyncio.Task[None]] = set()
-        # Loads in progress that may create their topic (see get_topic).
-        self._creating_loads: set[asyncio.Future] = set()
-        self.topics_preloaded = 0
+        # The topics served here, loaded on first use (broker/topic_loading.py).
+        self.topic_loader = TopicLoader(self)
         # Admin calls this broker made on partitions other brokers serve, by outcome
         # (broker/admin/fanout.py: ok, absent, refused, unreachable), since start.
         self.partition_calls: dict[str, int] = dict.fromkeys(PARTITION_CALL_OUTCOMES, 0)
@@ -171,10 +152,6 @@ class BrokerService:
         self.handing_over = False
         self._hand_over_task: asyncio.Future[None] | None = None   # owned: close awaits it
         self.connections: set = set()
-        # The dispatcher invariant since start (check_dispatchers): stalls found, and the
-        # longest wait with backlog and permits seen, in seconds.
-        self.dispatch_stalls = 0
-        self.dispatch_wait_s_max = 0.0
         # Open connections per client IP address (connections_per_address_max).
         self._connections_by_address: dict[str, int] = {}
         self._refusing_connections = False   # an episode of refusals was logged
@@ -210,11 +187,16 @@ class BrokerService:
             self.leader = Leader(store, bundles_config, identity, lambda: ownership.lease, self.broker_reports)
             self._reporter = LoadReporter(store, bundles_config, ownership, self.load_counters)
         self.topic_ownership = topic_ownership
+        # This broker's URLs and the others' (broker/broker_directory.py).
+        self.directory = BrokerDirectory(config, self.broker_reports)
         # The archive (broker/archiver.py): archives closed ledgers per the namespaces'
         # offload policies and serves ledgers whose bookie copy is gone.
         self.schemas = SchemaRegistry(store)
         # What message TTL and backlog quotas did (shown in /metrics).
         self.policy_counters = policy_enforcement.PolicyCounters()
+        # Retention, policies, the dispatcher watch and history over the loaded topics
+        # (broker/topic_upkeep.py).
+        self.upkeep = TopicUpkeep(self)
         # Subscription expiry and inactive-topic deletion (broker/inactivity.py).
         self.inactivity = InactivitySweeper(self)
         # What the console draws over time, bounded (broker/stats_history.py).
@@ -227,35 +209,13 @@ class BrokerService:
                                                   tls=self.peer_tls.current if config.tls.cert_file else None)
 
     def broker_urls(self, broker_id: str) -> tuple[str, str] | None:
-        """(service URL, web service URL) of a live broker, from its load report."""
-        if broker_id == self.broker_id:
-            return self.config.service_url, self.config.web_service_url
-        if self.broker_reports is None:
-            return None
-        record = self.broker_reports.get(keys.broker(broker_id))
-        if record is None:
-            return None
-        report = LoadReport.decode(record.value)
-        return report.service_url, report.web_service_url
+        return self.directory.broker_urls(broker_id)
 
     def broker_listeners(self, broker_id: str) -> dict[str, str] | None:
-        """A live broker's advertised listeners (name -> pulsar:// URL), from its load
-        report; None if it is not known."""
-        if broker_id == self.broker_id:
-            return self.config.listeners
-        if self.broker_reports is None:
-            return None
-        record = self.broker_reports.get(keys.broker(broker_id))
-        return LoadReport.decode(record.value).listeners if record is not None else None
+        return self.directory.broker_listeners(broker_id)
+
     def broker_tls_urls(self, broker_id: str) -> tuple[str, str]:
-        """(pulsar+ssl:// URL, https:// URL) of a live broker, ("", "") without TLS."""
-        if broker_id == self.broker_id:
-            return self.config.service_url_tls, self.config.web_service_url_tls
-        record = self.broker_reports.get(keys.broker(broker_id)) if self.broker_reports is not None else None
-        if record is None:
-            return "", ""
-        report = LoadReport.decode(record.value)
-        return report.service_url_tls, report.web_service_url_tls
+        return self.directory.broker_tls_urls(broker_id)
 
     async def owner_of(self, topic: TopicName) -> OwnerInfo:
         if self.topic_ownership is None:
@@ -278,7 +238,7 @@ class BrokerService:
         topics = [t for t in (self.loaded_topic(n) for n in names) if t is not None]
         if not topics:
             return
-        target = self._destination(destination) if destination else None
+        target = self.directory.destination(destination) if destination else None
         redirect = None if target is None else (
             lambda connection: target.urls_for(getattr(connection, "listener_name", "")))
         log.info("closing topics: count=%d reason=%s redirect_to=%s", len(topics), reason,
@@ -296,47 +256,22 @@ class BrokerService:
         for connection in connections:
             connection.abort()
 
-    def _destination(self, broker_id: str) -> Destination | None:
-        """The URLs a hand-over to ``broker_id`` sends clients to; None if the broker is
-        not known (no load report): its clients look the topics up instead."""
-        if broker_id == self.broker_id:
-            return None
-        urls = self.broker_urls(broker_id)
-        if urls is None:
-            return None
-        return Destination(urls[0], self.broker_tls_urls(broker_id)[0], dict(self.broker_listeners(broker_id) or {}))
+    # --- topics (broker/topic_loading.py) ---------------------------------------------------
 
     def preload_topics(self, names: list[str]) -> None:
-        """Starts loading the topics a bundle's previous owner had loaded (named by the
-        hand-over), ``PRELOADS_CONCURRENT_MAX`` at a time, so that their clients,
-        reconnecting meanwhile, find them loaded or join their loads. Existing topics
-        only; a name that fails is left to its clients. Owned like the loads."""
-        if self.shutting_down or not names:
-            return
-        task = asyncio.get_running_loop().create_task(self._preload(names))
-        self._loads.add(task)
-        task.add_done_callback(self._loads.discard)
+        self.topic_loader.preload_topics(names)
 
-    async def _preload(self, names: list[str]) -> None:
-        started = time.monotonic()
-        slots = asyncio.Semaphore(PRELOADS_CONCURRENT_MAX)
-        loaded = 0
+    async def get_topic(self, name: TopicName, *, create: bool) -> PersistentTopic:
+        return await self.topic_loader.get_topic(name, create=create)
 
-        async def load(text: str) -> None:
-            nonlocal loaded
-            async with slots:
-                try:
-                    await self.get_topic(TopicName.parse(text), create=False)
-                    loaded += 1
-                except MagnetarError as error:
-                    log.info("topic not preloaded: topic=%s error=%s", text, error)
+    def loaded_topic(self, name: TopicName) -> PersistentTopic | None:
+        return self.topic_loader.loaded_topic(name)
 
-        await asyncio.gather(*(load(name) for name in names))
-        self.topics_preloaded += loaded
-        log.info("topics preloaded: loaded=%d named=%d seconds=%.3f", loaded, len(names), time.monotonic() - started)
+    def loaded_topics(self) -> list[PersistentTopic]:
+        return self.topic_loader.loaded_topics()
 
     def loaded_topic_names(self) -> list[TopicName]:
-        return [t.name for t in self.loaded_topics()]
+        return self.topic_loader.loaded_topic_names()
 
     def load_counters(self) -> tuple[dict[str, tuple[int, int]], int]:
         """({topic: (messages in, messages dispatched)}, connections): the load report's input."""
@@ -370,127 +305,27 @@ class BrokerService:
         if self.transactions is not None:
             await self.transactions.start()
             self._background.spawn(self.transactions.run_sweeps(), name="transaction timeouts")
-        self._background.spawn(self._run_retention(), name="retention")
-        self._background.spawn(self._run_policies(), name="policies")
+        self._background.spawn(self.upkeep.run_retention(), name="retention")
+        self._background.spawn(self.upkeep.run_policies(), name="policies")
         # Policy changes applied when they happen (a set-deduplication at once).
         self._background.spawn(policy_watch.follow(self.resources.store, self.resources, self.loaded_topics,
                                                    self.apply_rate_limits_soon), name="policy watch")
         self._background.spawn(policy_watch.follow_topic_policies(self.resources.store, self.resources.topic_policies,
                                                                   self.apply_rate_limits_soon),
                                name="topic policy watch")
-        self._background.spawn(self._run_dispatch_watch(), name="dispatch watch")
+        self._background.spawn(self.upkeep.run_dispatch_watch(), name="dispatch watch")
         if self.authenticator.enabled:
             self._background.spawn(self._run_permission_checks(), name="permission checks")
         self._background.spawn(self.archiver.run(self.loaded_topics), name="archiver")
         self._background.spawn(self.inactivity.run(), name="inactivity")
-        self._background.spawn(self._run_stats_history(), name="stats history")
-
-    async def _run_dispatch_watch(self) -> None:
-        """Checks the dispatcher invariant of every loaded subscription on an interval
-        (subscriptions/dispatch_watch.py): a stall is counted, logged and woken."""
-        while not self.shutting_down:
-            await asyncio.sleep(self.config.dispatch_watch_interval_s)
-            self.check_dispatchers(time.monotonic())
-
-    def check_dispatchers(self, now_s: float) -> int:
-        """One pass of the dispatcher invariant; returns the stalls it found."""
-        stalls = 0
-        for topic in self.loaded_topics():
-            for subscription in list(topic.subscriptions.values()):
-                dispatcher = subscription.dispatcher
-                if not subscription.consumers and dispatcher.watch.resting:
-                    # Nothing to watch (no consumer, no wait under way): 100,000 idle
-                    # subscriptions made this pass, 4 times a second, most of an idle
-                    # broker's CPU (bench/topics_scale.py). Skipping cannot make a stall
-                    # up: a wait starts afresh at the first sample after a consumer came.
-                    continue
-                dispatcher.watch.bound_s = self.config.dispatch_stall_bound_s
-                if dispatcher.check_progress(now_s):
-                    stalls += 1
-                self.dispatch_wait_s_max = max(self.dispatch_wait_s_max, dispatcher.watch.wait_s_max)
-        self.dispatch_stalls += stalls
-        return stalls
-
-    async def _run_stats_history(self) -> None:
-        """Samples the loaded topics for the console's history (one synchronous pass)."""
-        while not self.shutting_down:
-            await asyncio.sleep(self.config.stats_history_interval_s)
-            self.stats_history.sample(read_topics(self.loaded_topics()), time.time() * 1000, time.monotonic())
-
-    async def _run_retention(self) -> None:
-        """Trims consumed ledgers of every loaded topic, per its namespace's policy."""
-        while not self.shutting_down:
-            await asyncio.sleep(self.config.retention_check_interval_s)
-            for topic in self.loaded_topics():
-                try:
-                    policies = await self.resources.effective_policies(topic.name)
-                    if not policies.deduplicationEnabled and not topic.closing:
-                        # A snapshot left from when it was on holds entries: let it go.
-                        await topic.set_deduplication(False)
-                    retention = policies.retention()
-                    await topic.trim_ledgers(retention.retentionTimeInMinutes, retention.retentionSizeInMB,
-                                             await self.archiver.retention_gate(topic))
-                except MagnetarError as error:
-                    log.warning("retention check failed: topic=%s error=%s", topic.full_name, error)
-
-    async def _run_policies(self) -> None:
-        """Applies message TTL, backlog quotas, the compaction threshold and the rate
-        limits to the loaded topics whose namespace sets them
-        (broker/policy_enforcement.py, broker/rate_limits.py); at once after a policy
-        change through this broker's admin API (apply_rate_limits_soon)."""
-        while not self.shutting_down:
-            try:
-                async with asyncio.timeout(self.config.policy_check_interval_s):
-                    await self._policies_changed.wait()
-            except TimeoutError:
-                pass
-            self._policies_changed.clear()
-            for topic in self.loaded_topics():
-                if topic.closing:
-                    continue
-                try:
-                    policies = await self.resources.effective_policies(topic.name)
-                    self.apply_rate_limits(topic, policies)
-                    topic.backlog_size_quota = policy_enforcement.size_quota(policies)
-                    if policy_enforcement.has_time_policies(policies):
-                        await policy_enforcement.enforce(topic, policies, self.policy_counters)
-                    if topic.compact_past(policies.compaction_threshold or 0):
-                        self.policy_counters.compactions_started += 1
-                except MagnetarError as error:
-                    log.warning("policy check failed: topic=%s error=%s", topic.full_name, error)
+        self._background.spawn(self.upkeep.run_stats_history(), name="stats history")
 
     def apply_rate_limits_soon(self) -> None:
         """A namespace's or topic's rate limits changed here: the policy loop applies them now."""
-        self._policies_changed.set()
+        self.upkeep.apply_rate_limits_soon()
 
     def apply_rate_limits(self, topic: PersistentTopic, policies: NamespacePolicies) -> None:
-        """Sets the topic's publish, dispatch and per-subscription dispatch rate limits
-        from its effective policies (the topic's over its namespace's; this cluster's
-        entries); a limit that did not change keeps its buckets."""
-        limits = rate_limits.topic_rate_limits(policies, self.config.cluster)
-        publish = limits.publish
-        current = topic.publish_rate.limit if topic.publish_rate is not None else None
-        if publish != current:
-            if topic.publish_rate is not None:
-                topic.publish_rate.close()
-            topic.publish_rate = rate_limits.PublishRateScope(topic.full_name, publish, self.publish_limits) \
-                if publish is not None else None
-            log.info("publish rate limit set: topic=%s limit=%s", topic.full_name, publish)
-        dispatch = limits.dispatch
-        current = topic.dispatch_throttle.limit if topic.dispatch_throttle is not None else None
-        per_subscription = limits.per_subscription
-        current_per_subscription = topic.subscription_throttles.limit \
-            if topic.subscription_throttles is not None else None
-        if dispatch != current or per_subscription != current_per_subscription:
-            relative = any(limit is not None and limit.relative for limit in (dispatch, per_subscription))
-            topic.publish_window = (topic.publish_window or rate_limits.PublishWindow()) if relative else None
-            published = topic.publish_window
-            throttle = topic.dispatch_throttle if dispatch == current else \
-                rate_limits.DispatchRateThrottle(dispatch, published=published) if dispatch is not None else None
-            topic.set_dispatch_throttle(throttle, rate_limits.SubscriptionDispatchRates(
-                per_subscription, throttle, published=published) if per_subscription is not None else None)
-            log.info("dispatch rate limits set: topic=%s limit=%s per_subscription=%s", topic.full_name, dispatch,
-                     per_subscription)
+        self.upkeep.apply_rate_limits(topic, policies)
 
     async def check_producer_quota(self, topic: PersistentTopic) -> None:
         """Refuses a new producer while a producer-blocking backlog quota is exceeded."""
@@ -546,166 +381,6 @@ class BrokerService:
                     await connection.recheck_permissions()
                 except MagnetarError as error:
                     log.warning("permission check failed: peer=%s error=%s", connection.peer, error)
-
-    # --- topics ---------------------------------------------------------------------------
-
-    async def _ledger_config(self, namespace: NamespaceName, policies: NamespacePolicies) -> ManagedLedgerConfig:
-        base = self.config.managed_ledger
-        default = PersistencePolicies(base.ensemble_size, base.write_quorum_size, base.ack_quorum_size)
-        persistence = policies.persistence_policies(default)
-        from dataclasses import replace
-
-        return replace(base, ensemble_size=persistence.bookkeeperEnsemble,
-                       write_quorum_size=persistence.bookkeeperWriteQuorum,
-                       ack_quorum_size=persistence.bookkeeperAckQuorum)
-
-    async def get_topic(self, name: TopicName, *, create: bool) -> PersistentTopic:
-        """The loaded topic (loading it if needed). Raises TopicNotFound if it does not
-        exist and may not be created here. A caller joining a load in progress gets
-        that load's outcome — except a caller that may create the topic, joining a load
-        that might not and found no topic (an admin stats call racing a producer's first
-        use): it loads again, creating."""
-        key = str(name)
-        for _attempt in range(_TOPIC_LOAD_ATTEMPTS_MAX):
-            if self.shutting_down:
-                raise ServiceNotReady("broker is shutting down")
-            loading = self.topics.get(key)
-            if loading is None:
-                loading = self._start_load(name, create=create, previous=None)
-            load_creates = loading in self._creating_loads
-            try:
-                topic = await asyncio.shield(loading)
-            except MagnetarError as error:
-                if self.topics.get(key) is loading:
-                    self.topics.pop(key, None)
-                if isinstance(error, TopicNotFound) and create and not load_creates:
-                    continue
-                raise
-            if not topic.closing:
-                return topic
-            if self.topics.get(key) is loading:
-                # Replaced at once (no await in between), so concurrent callers share
-                # the new load; it waits for this close to finish.
-                self._start_load(name, create=create, previous=topic)
-        raise ServiceNotReady(f"topic {name} keeps closing while it is loaded: retry")
-
-    def _start_load(self, name: TopicName, *, create: bool,
-                    previous: PersistentTopic | None) -> asyncio.Future[PersistentTopic]:
-        """Registers the topic's load and starts it as a task of the service."""
-        future: asyncio.Future[PersistentTopic] = asyncio.get_running_loop().create_future()
-        self.topics[str(name)] = future
-        if create:
-            self._creating_loads.add(future)
-            future.add_done_callback(self._creating_loads.discard)
-        task = asyncio.get_running_loop().create_task(self._run_load(name, create, previous, future))
-        self._loads.add(task)
-        task.add_done_callback(self._loads.discard)
-        return future
-
-    async def _run_load(self, name: TopicName, create: bool, previous: PersistentTopic | None,
-                        future: asyncio.Future[PersistentTopic]) -> None:
-        topic: PersistentTopic | None = None
-        try:
-            if previous is not None:
-                await previous.wait_closed()
-            await self.ensure_serving(name)
-            topic = await self._load_topic(name, create=create)
-            if self.topic_ownership is not None and not await self.topic_ownership.is_serving(name):
-                # The bundle left this broker while the topic loaded: do not keep it.
-                raise ServiceNotReady(f"topic {name} moved to another broker while loading")
-        except BaseException as error:
-            if isinstance(error, Exception) and not isinstance(error, MagnetarError):
-                log.error("loading a topic failed: topic=%s error=%r", name, error, exc_info=error)
-            if self.topics.get(str(name)) is future:
-                self.topics.pop(str(name), None)
-            future.set_exception(error if isinstance(error, MagnetarError) else ServiceNotReady(str(error)))
-            future.exception()  # retrieved: waiters get it through shield
-            if topic is not None:
-                await self._close_unkept(topic)
-            if not isinstance(error, Exception):
-                raise   # cancelled (the service is closing)
-            return
-        future.set_result(topic)
-
-    async def _close_unkept(self, topic: PersistentTopic) -> None:
-        """Closes a topic whose load failed after it was opened (its waiters were
-        already told)."""
-        try:
-            await topic.close(disconnect_clients=False)
-        except Exception as error:
-            log.warning("closing a topic that was not kept failed: topic=%s error=%r", topic.full_name, error)
-
-    async def _load_topic(self, name: TopicName, *, create: bool) -> PersistentTopic:
-        namespace = name.namespace_name
-        try:
-            # Fresh: the topic's own policies are read from etcd at every load, and a
-            # topic whose policies cannot be read is not served (ServiceNotReady,
-            # broker/topic_policies.py), rather than served under its namespace's alone.
-            policies = await self.resources.effective_policies(name, fresh=True)
-        except NamespaceNotFound:
-            try:
-                await self.resources.tenant(name.tenant)
-            except TenantNotFound:
-                raise TopicNotFound(f"topic {name}: tenant {name.tenant} does not exist") from None
-            raise TopicNotFound(f"topic {name}: namespace {namespace} does not exist") from None
-        if create and name.is_partition is False and await self.resources.partitions(name) > 0:
-            raise NotAllowed(f"{name} is a partitioned topic: use its partitions")
-        may_create = create and policies.allows_auto_topic_creation(self.config.allow_auto_topic_creation)
-        if name.is_partition and create:
-            # A partition of an existing partitioned topic may always be created, and
-            # a -partition-N name never otherwise (as the admin API refuses it): a
-            # client still connected to a partitioned topic deleted by force must not
-            # bring one of its partitions back as a topic of its own.
-            parent_partitions = await self.resources.partitions(name.partitioned_parent)
-            may_create = name.partition_index < parent_partitions
-        archive = await self.archiver.open_topic(name)
-        ledger = ManagedLedger(name, self.store, self.ledger_client, self.cache,
-                               await self._ledger_config(namespace, policies), archive=archive)
-        try:
-            await ledger.open(create_if_missing=may_create)
-        except BaseException:
-            self.archiver.close_topic(name, archive)
-            raise
-        topic = PersistentTopic(name, ledger, self.store, self.config, self.ledger_client)
-        topic.on_closed = self._on_topic_closed
-        self.apply_rate_limits(topic, policies)
-        try:
-            await topic.load_subscriptions()
-        except MagnetarError:
-            # The subscriptions loaded before the failure have dispatchers (tasks) of
-            # their own: closed here, not left pending for the garbage collector.
-            for subscription in list(topic.subscriptions.values()):
-                await subscription.close()
-            await ledger.close()
-            self.archiver.close_topic(name, archive)
-            raise
-        if self.transactions is not None:
-            try:
-                await topic.transactions.recover()
-            except MagnetarError:
-                for subscription in list(topic.subscriptions.values()):
-                    await subscription.close()
-                await ledger.close()
-                self.archiver.close_topic(name, archive)
-                raise
-        log.info("topic loaded: topic=%s subscriptions=%d", name, len(topic.subscriptions))
-        return topic
-
-    def _on_topic_closed(self, topic: PersistentTopic) -> None:
-        self.archiver.close_topic(topic.name, topic.ledger.archive)
-        self.stats_history.drop(topic.full_name, id(topic))
-        loading = self.topics.get(topic.full_name)
-        if loading is not None and loading.done() and not loading.exception() and loading.result() is topic:
-            self.topics.pop(topic.full_name, None)
-
-    def loaded_topic(self, name: TopicName) -> PersistentTopic | None:
-        future = self.topics.get(str(name))
-        if future is None or not future.done() or future.exception() is not None:
-            return None
-        return future.result()
-
-    def loaded_topics(self) -> list[PersistentTopic]:
-        return [f.result() for f in self.topics.values() if f.done() and f.exception() is None]
 
     async def create_topic(self, name: TopicName) -> PersistentTopic:
         """Creates a non-partitioned topic (or a partition) whatever the namespace's
@@ -861,7 +536,7 @@ class BrokerService:
         if self._hand_over_task is not None:
             await asyncio.gather(self._hand_over_task, return_exceptions=True)
         await self._background.close()
-        await cancel_and_wait(*self._loads)
+        await self.topic_loader.close()
         if self.transactions is not None:
             await self.transactions.close()
         await self.transaction_peers.close()
@@ -874,5 +549,5 @@ class BrokerService:
         await self.topic_list_watchers.close()
         topics = self.loaded_topics()
         await asyncio.gather(*(t.close(disconnect_clients=True) for t in topics), return_exceptions=True)
-        self.topics.clear()
+        self.topic_loader.topics.clear()
         await self.archiver.close()

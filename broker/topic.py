@@ -20,37 +20,34 @@ the check and the attachment. A consumer added to a closed dispatcher would be
 attached to nothing: it would never receive another message, and nobody would tell
 its client to reconnect.
 
-Producer access modes (Pulsar's PIP-68): Shared producers coexist; an Exclusive one
-is refused (ProducerFenced) while any producer is attached; WaitForExclusive queues
-(bounded) until the topic is free, and is told so with a PRODUCER_SUCCESS that is not
-ready yet; ExclusiveWithFencing closes every other producer and fails the queued
-ones. Each grant of exclusive access moves the topic epoch, kept in the managed
-ledger's properties so it survives restarts and moves: an exclusive producer that
-reconnects with an older epoch was superseded meanwhile and is fenced.
+The topic's parts, each in a module of its own: producer access modes
+(broker/producer_access.py), deduplication (broker/topic_deduplication.py), where
+message ids, times and counts fall (broker/topic_positions.py), transactions
+(broker/topic_transactions.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
-import itertools
 import logging
 import time
 from typing import Awaitable, Callable
 from urllib.parse import unquote
 
 from protocol import commands
-from protocol.batch import message_count
-from protocol.codec import stored_metadata
 from broker.config import BrokerConfig
 from managed_ledger.compaction import TopicCompaction
 from managed_ledger.managed_ledger_info import PURPOSE_CURSOR, ownership_tags
 from broker.consumer import Consumer
-from broker.deduplication import SNAPSHOT_PROPERTY, Deduplication, snapshot_position
+from broker.deduplication import Deduplication
 from managed_ledger.managed_ledger import ManagedLedger
 from common.position import Position
 from broker.producer import Producer, generated_producer_name
+from broker.producer_access import ACCESS_SHARED, ProducerAccess
+from broker.topic_deduplication import TopicDeduplication
+from broker.topic_positions import TopicPositions
+from broker.topic_retention import TopicRetention
 from broker.topic_transactions import TopicTransactions
 from protocol.proto import pulsar_api_pb2 as pb
 from common.topic_name import TopicName
@@ -90,30 +87,8 @@ def broadcast_member_name(subscription: str, member: str) -> str:
     return f"{subscription}{BROADCAST_MEMBER_SEPARATOR}{member}"
 
 
-def _last_batch_index(metadata: pb.MessageMetadata) -> int:
-    """The batch index of an entry's last message (-1: not a batch)."""
-    return message_count(metadata) - 1 if metadata.HasField("num_messages_in_batch") else -1
-
-
-# The clients' MessageId.earliest is (-1, -1) and MessageId.latest (INT64_MAX, INT64_MAX);
-# ledger and entry ids are uint64 on the wire.
-_EARLIEST_ID = 2**64 - 1
-# Below the position of every entry (ledger ids are not negative): where a
-# read_compacted subscription from "earliest" starts (_compacted_start).
-_BEFORE_EVERY_POSITION = Position(-1, 0)
-_LATEST_ID = 2**63 - 1
-# Publish-time searches read at most this many entries (binary search over a topic).
-_TIME_SEARCH_READS_MAX = 200
-
-# ProducerAccessMode (PulsarApi.proto).
-ACCESS_SHARED, ACCESS_EXCLUSIVE, ACCESS_WAIT_FOR_EXCLUSIVE, ACCESS_EXCLUSIVE_WITH_FENCING = 0, 1, 2, 3
-# WaitForExclusive producers queued per topic; more are refused with ProducerBusy (a
-# queue is for a handful of standby writers, not a crowd).
-WAITING_EXCLUSIVE_PRODUCERS_MAX = 100
 # Cursors of one topic recovered at once while it loads (those with a cursor ledger).
 CURSOR_LOADS_CONCURRENT_MAX = 16
-# The managed-ledger property holding the topic epoch.
-TOPIC_EPOCH_PROPERTY = "magnetar.topic.epoch"
 
 
 class PersistentTopic:
@@ -138,29 +113,21 @@ class PersistentTopic:
         self.closed = False
         self._close_task: asyncio.Task[None] | None = None
         self._producer_names: set[str] = set()
-        # Producer access modes: the producer holding exclusive access (granted, maybe
-        # not registered yet), the WaitForExclusive producers queued, the topic epoch.
-        self._exclusive_producer: Producer | None = None
-        self._waiting_exclusive: collections.deque[tuple[Producer, asyncio.Future[int]]] = collections.deque()
-        epoch = ledger.properties.get(TOPIC_EPOCH_PROPERTY)
-        self.topic_epoch: int | None = int(epoch) if epoch is not None else None
-        self._promotions: set[asyncio.Task[None]] = set()
+        # Producer access modes (broker/producer_access.py).
+        self.access = ProducerAccess(self)
         # Compaction (managed_ledger/compaction.py): the compacted ledger and the last run's status.
         self.compaction = TopicCompaction(ledger, pause_at=config.compaction_pause_at)
         self._compaction_task: asyncio.Task[None] | None = None
+        # Where message ids, publish times and entry counts fall (broker/topic_positions.py).
+        self.positions = TopicPositions(ledger, self.compaction)
+        # Backlog and retention (broker/topic_retention.py).
+        self.retention = TopicRetention(self)
         # The namespace's destination_storage backlog quota (limit bytes, policy), as the
         # broker last read it (producer creation, each policy check): every SEND is
         # checked against it (broker/policy_enforcement.py).
         self.backlog_size_quota: tuple[int, str] | None = None
-        # Deduplication (broker/deduplication.py): None while the policy is off.
-        self.dedup: Deduplication | None = None
-        self._dedup_lock = asyncio.Lock()
-        self._dedup_snapshot_task: asyncio.Task[None] | None = None
-        # The position of the deduplication snapshot last written to the managed-ledger
-        # properties (None: none), and when (monotonic): a new owner replays the entries
-        # after it, so retention keeps them (trim_ledgers).
-        self._dedup_snapshot_written: Position | None = self._stored_dedup_snapshot_position()
-        self._dedup_snapshot_written_at = time.monotonic()
+        # Deduplication (broker/topic_deduplication.py).
+        self.deduplication = TopicDeduplication(self)
         self.on_closed: Callable[["PersistentTopic"], None] | None = None
         self.created_at = time.time()
         ledger.on_fenced = self._on_ledger_fenced
@@ -269,7 +236,7 @@ class PersistentTopic:
             raise TopicTerminated(f"topic {self.full_name} is terminated")
         if producer.name in self._producer_names:
             raise ProducerBusy(f"producer {producer.name} is already connected to {self.full_name}")
-        if producer.access_mode != ACCESS_SHARED and self._exclusive_producer is not producer:
+        if producer.access_mode != ACCESS_SHARED and self.access.exclusive_producer is not producer:
             # Granted exclusive access, then fenced out before it was attached.
             raise ProducerFenced(f"producer {producer.name} lost exclusive access to {self.full_name}")
         self._producer_names.add(producer.name)
@@ -317,249 +284,33 @@ class PersistentTopic:
         self.trigger_compaction()
         return True
 
-    # --- deduplication -----------------------------------------------------------------------
+    # --- deduplication (broker/topic_deduplication.py) ----------------------------------------
+
+    @property
+    def dedup(self) -> Deduplication | None:
+        """None while the namespace policy is off."""
+        return self.deduplication.dedup
 
     async def set_deduplication(self, enabled: bool) -> None:
-        """Follows the namespace policy. Turning it on restores the last snapshot and
-        replays the entries stored after it (or, with no snapshot, starts from the
-        end of the topic and records that)."""
-        if enabled == (self.dedup is not None) and (enabled or self._dedup_snapshot_written is None):
-            return
-        async with self._dedup_lock:
-            if not enabled:
-                if self.dedup is not None or SNAPSHOT_PROPERTY in self.ledger.properties:
-                    # Off: the snapshot goes, and with it what retention kept for it.
-                    self.dedup = None
-                    await self.ledger.set_properties({SNAPSHOT_PROPERTY: None})
-                    log.info("deduplication disabled: topic=%s", self.full_name)
-                self._dedup_snapshot_written = None
-                return
-            if self.dedup is not None:
-                return
-            dedup = Deduplication()
-            snapshot = self.ledger.properties.get(SNAPSHOT_PROPERTY)
-            if snapshot is None:
-                await self.ledger.set_properties({SNAPSHOT_PROPERTY: dedup.take_snapshot(self.ledger.last_confirmed)})
-                replayed = 0
-            else:
-                dedup.restore(snapshot)
-                replayed = await self._replay_for_deduplication(dedup)
-            self._dedup_written(dedup.snapshot_position)
-            self._check_open()
-            self.dedup = dedup
-            log.info("deduplication enabled: topic=%s producers=%d replayed_entries=%d", self.full_name,
-                     len(dedup.persisted), replayed)
-
-    async def _replay_for_deduplication(self, dedup: Deduplication) -> int:
-        """Reads the entries after the snapshot's position: each names its producer and
-        sequence ids. At most about SNAPSHOT_INTERVAL_ENTRIES after a crash."""
-        ledger = self.ledger
-        position = ledger.next_position(dedup.snapshot_position) if dedup.snapshot_position.entry_id >= 0 \
-            else ledger.normalize(Position(dedup.snapshot_position.ledger_id, 0))
-        if position < ledger.first_position:
-            position = ledger.first_position
-        end = ledger.last_confirmed
-        count = 0
-        while position <= end:
-            entries = await ledger.read(position, 500, self.config.dispatch_bytes_max)
-            if not entries:
-                break
-            for entry in entries:
-                if entry.position > end:
-                    break
-                metadata = stored_metadata(entry.data)
-                dedup.replay(metadata.producer_name, metadata.sequence_id, metadata.highest_sequence_id,
-                             entry.position)
-                count += 1
-            position = ledger.next_position(entries[-1].position)
-        return count
+        await self.deduplication.set_deduplication(enabled)
 
     def on_stored(self, producer_name: str, sequence_id: int, highest_sequence_id: int, position: Position) -> None:
-        """A SEND's entry is stored (called in entry order): deduplication counts it
-        and writes a snapshot now and then."""
-        dedup = self.dedup
-        if dedup is None:
-            return
-        dedup.on_stored(producer_name, sequence_id, highest_sequence_id, position)
-        if dedup.snapshot_due():
-            self._start_dedup_snapshot(dedup)
+        self.deduplication.on_stored(producer_name, sequence_id, highest_sequence_id, position)
 
-    def _start_dedup_snapshot(self, dedup: Deduplication) -> None:
-        """Writes a snapshot of what is stored so far, unless one is being written."""
-        if self._dedup_snapshot_task is not None or self.closing:
-            return
-        position = dedup.last_stored
-        snapshot = dedup.take_snapshot(position)
-        task = asyncio.get_running_loop().create_task(self._write_dedup_snapshot(snapshot, position))
-        self._dedup_snapshot_task = task
-        task.add_done_callback(functools.partial(log_failure, owner=f"topic {self.full_name}"))
+    # --- producer access modes (broker/producer_access.py) ------------------------------------
 
-    async def _write_dedup_snapshot(self, snapshot: str, position: Position) -> None:
-        try:
-            await self.ledger.set_properties({SNAPSHOT_PROPERTY: snapshot})
-            self._dedup_written(position)
-        except MagnetarError as error:
-            # The next snapshot (or the replay of a longer tail) covers it.
-            log.warning("deduplication snapshot not written: topic=%s error=%s", self.full_name, error)
-        finally:
-            self._dedup_snapshot_task = None
-
-    def _stored_dedup_snapshot_position(self) -> Position | None:
-        """The position of the deduplication snapshot in the managed-ledger properties
-        (None: none, or unreadable): retention keeps what comes after it from the
-        moment the topic loads, deduplication on in memory or not yet (it is turned on
-        by the first producer; replaying then needs those entries)."""
-        text = self.ledger.properties.get(SNAPSHOT_PROPERTY)
-        if text is None:
-            return None
-        try:
-            return snapshot_position(text)
-        except MagnetarError as error:
-            log.warning("deduplication snapshot unreadable, retention keeps nothing for it: topic=%s error=%s",
-                        self.full_name, error)
-            return None
-
-    def _dedup_written(self, position: Position) -> None:
-        self._dedup_snapshot_written = position
-        self._dedup_snapshot_written_at = time.monotonic()
-
-    async def _final_dedup_snapshot(self) -> None:
-        """On close, after the last append: a new owner then has nothing to replay."""
-        dedup = self.dedup
-        if dedup is None or self.ledger.fenced_error is not None:
-            return
-        if self._dedup_snapshot_task is not None:
-            await asyncio.gather(self._dedup_snapshot_task, return_exceptions=True)
-        if dedup.snapshot_position == self.ledger.last_confirmed:
-            return
-        position = self.ledger.last_confirmed
-        try:
-            await self.ledger.set_properties({SNAPSHOT_PROPERTY: dedup.take_snapshot(position)})
-            self._dedup_written(position)
-        except MagnetarError as error:
-            log.warning("deduplication snapshot not written at close: topic=%s error=%s", self.full_name, error)
-
-    # --- producer access modes ------------------------------------------------------------------
+    @property
+    def topic_epoch(self) -> int | None:
+        return self.access.topic_epoch
 
     async def acquire_access(self, producer: Producer, epoch: int | None, on_queued: Callable[[], None]
                              ) -> int | None:
-        """Grants ``producer`` its access mode; returns the topic epoch it holds (None:
-        the topic never had an exclusive producer). ``epoch``: the one the client held
-        before (a reconnect). ``on_queued`` is called when a WaitForExclusive producer
-        starts to wait. A cancelled caller leaves nothing granted or queued."""
-        self._check_open()
-        mode = producer.access_mode
-        holder = self._exclusive_producer
-        if mode != ACCESS_SHARED and epoch is not None and self.topic_epoch is not None and epoch < self.topic_epoch:
-            # A reconnect of an exclusive producer that another superseded meanwhile.
-            # (Pulsar would queue a WaitForExclusive one here, and its sends would time
-            # out; failing it at once says what happened.)
-            raise ProducerFenced(f"topic {self.full_name} epoch moved to {self.topic_epoch}; "
-                                 f"the producer held {epoch}")
-        if mode == ACCESS_SHARED:
-            if holder is not None or self._waiting_exclusive:
-                raise ProducerBusy(f"topic {self.full_name} has an exclusive producer: "
-                                   f"{holder.name if holder else 'queued'}")
-            return self.topic_epoch
-        if mode == ACCESS_EXCLUSIVE:
-            if holder is not None or self._waiting_exclusive:
-                raise ProducerFenced(f"topic {self.full_name} has an exclusive producer: "
-                                     f"{holder.name if holder else 'queued'}")
-            if self.producers:
-                raise ProducerFenced(f"topic {self.full_name} has shared producers")
-            return await self._become_exclusive(producer, epoch)
-        if mode == ACCESS_EXCLUSIVE_WITH_FENCING:
-            if holder is not None or self.producers:
-                self._fence_producers()
-            return await self._become_exclusive(producer, epoch)
-        if mode == ACCESS_WAIT_FOR_EXCLUSIVE:
-            if holder is None and not self.producers:
-                return await self._become_exclusive(producer, epoch)
-            if len(self._waiting_exclusive) >= WAITING_EXCLUSIVE_PRODUCERS_MAX:
-                raise ProducerBusy(f"topic {self.full_name} has {WAITING_EXCLUSIVE_PRODUCERS_MAX} producers "
-                                   "waiting for exclusive access")
-            granted: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-            self._waiting_exclusive.append((producer, granted))
-            on_queued()
-            log.info("producer waiting for exclusive access: topic=%s producer=%s", self.full_name, producer.name)
-            try:
-                return await granted
-            except asyncio.CancelledError:
-                self._waiting_exclusive = collections.deque(
-                    item for item in self._waiting_exclusive if item[0] is not producer)
-                self.release_access(producer)
-                raise
-        raise NotAllowed(f"unknown producer access mode {mode}")
-
-    def _fence_producers(self) -> None:
-        """ExclusiveWithFencing: every other producer is closed (its client reconnects
-        and is refused: ProducerFenced) and every queued one fails."""
-        waiting, self._waiting_exclusive = self._waiting_exclusive, collections.deque()
-        for producer, granted in waiting:
-            if not granted.done():
-                granted.set_exception(ProducerFenced(f"fenced out of {self.full_name}"))
-        for producer in list(self.producers.values()):
-            log.info("producer fenced out: topic=%s producer=%s", self.full_name, producer.name)
-            if not producer.closed:
-                producer.connection.write_command(commands.close_producer(producer.producer_id))
-                producer.connection.forget_producer(producer)
-            producer.closed = True
-            self.remove_producer(producer)
-        self._exclusive_producer = None
-
-    async def _become_exclusive(self, producer: Producer, epoch: int | None) -> int:
-        current = self.topic_epoch
-        if epoch is not None and current is not None and epoch < current:
-            raise ProducerFenced(f"topic {self.full_name} epoch moved to {current}; the producer held {epoch}")
-        # Taken before the await below, so that a concurrent request sees it.
-        self._exclusive_producer = producer
-        if epoch is not None and epoch == current:
-            new_epoch = epoch                     # a reconnect of the holder
-        else:
-            # A new grant. An epoch the client claims beyond the topic's was never
-            # granted here (a deleted topic's, or forged): it is not adopted, so
-            # epochs only ever move by one (a forged 2**64 - 1 made every later grant
-            # overflow the wire field, and no exclusive producer could be created).
-            new_epoch = (current if current is not None else -1) + 1
-        try:
-            if new_epoch != current:
-                await self.ledger.set_properties({TOPIC_EPOCH_PROPERTY: str(new_epoch)})
-        except BaseException:
-            if self._exclusive_producer is producer:
-                self._exclusive_producer = None
-            raise
-        self.topic_epoch = new_epoch
-        log.info("exclusive producer: topic=%s producer=%s epoch=%d", self.full_name, producer.name, new_epoch)
-        return new_epoch
+        return await self.access.acquire_access(producer, epoch, on_queued)
 
     def release_access(self, producer: Producer) -> None:
-        """The producer left: if it held exclusive access, the next queued one gets it."""
-        if self._exclusive_producer is not producer:
-            return
-        self._exclusive_producer = None
-        while self._waiting_exclusive and not self.closing:
-            successor, granted = self._waiting_exclusive.popleft()
-            if granted.done():
-                continue
-            self._exclusive_producer = successor    # reserved until its epoch is stored
-            task = asyncio.get_running_loop().create_task(self._promote(successor, granted))
-            self._promotions.add(task)
-            task.add_done_callback(self._promotions.discard)
-            task.add_done_callback(functools.partial(log_failure, owner=f"topic {self.full_name}"))
-            return
+        self.access.release_access(producer)
 
-    async def _promote(self, producer: Producer, granted: asyncio.Future[int]) -> None:
-        self._exclusive_producer = None
-        try:
-            epoch = await self._become_exclusive(producer, None)
-        except MagnetarError as error:
-            if not granted.done():
-                granted.set_exception(error)
-            return
-        if granted.done():            # the waiting client went away meanwhile
-            self.release_access(producer)
-        else:
-            granted.set_result(epoch)
+    # --- publishing ------------------------------------------------------------------------------
 
     def publish(self, producer: Producer, payload: bytes, num_messages: int) -> asyncio.Future[Position]:
         producer.messages_in += num_messages
@@ -635,14 +386,14 @@ class PersistentTopic:
     async def _new_subscription(self, name: str, mode: SubscriptionMode, durable: bool, initial_position: int,
                                 start_message_id: pb.MessageIdData | None, rollback_duration_s: int,
                                 read_compacted: bool = False) -> Subscription:
-        start = self._start_position(initial_position, start_message_id, durable)
+        start = self.positions.start_position(initial_position, start_message_id, durable)
         compacted_start = None
         if rollback_duration_s > 0:
             start = await self.find_position_by_time(int((time.time() - rollback_duration_s) * 1000))
         elif read_compacted:
-            compacted_start = self._compacted_start(initial_position, start_message_id, durable)
+            compacted_start = self.positions.compacted_start(initial_position, start_message_id, durable)
             start = compacted_start or start
-        state = CursorState(mark_delete=self._before(start))
+        state = CursorState(mark_delete=self.positions.before(start))
         store = self._cursor_store(name) if durable else None
         subscription = self._make_subscription(name, state, store, mode)
         if durable:
@@ -652,79 +403,6 @@ class PersistentTopic:
         log.info("subscription created: topic=%s subscription=%s durable=%s start=%s",
                  self.full_name, name, durable, start)
         return subscription
-
-    def _before(self, position: Position) -> Position:
-        """The mark-delete position that makes ``position`` the next to read."""
-        if position.entry_id > 0:
-            return Position(position.ledger_id, position.entry_id - 1)
-        # The entry before the first of a ledger: the last of the previous ledger, or
-        # "nothing" within this one; either way next_position lands on ``position``.
-        previous = [l for l in self.ledger.ledger_ids() if l < position.ledger_id]
-        if previous:
-            return Position(previous[-1], self.ledger.last_entry_of(previous[-1]))
-        return Position(position.ledger_id, -1)
-
-    def _start_position(self, initial_position: int, start_message_id: pb.MessageIdData | None,
-                        durable: bool) -> Position:
-        ledger = self.ledger
-        if start_message_id is not None and not durable:
-            if start_message_id.ledgerId == _EARLIEST_ID:
-                return ledger.first_position                             # MessageId.earliest
-            if start_message_id.ledgerId == _LATEST_ID:
-                return ledger.end_position                               # MessageId.latest
-            # Start at the entry itself: the client drops what it should not see
-            # (messages before a batch index, or the start message when not inclusive).
-            return ledger.normalize(Position(start_message_id.ledgerId, start_message_id.entryId))
-        if initial_position == pb.CommandSubscribe.Earliest:
-            return ledger.first_position
-        return ledger.end_position
-
-    def _compacted_start(self, initial_position: int, start_message_id: pb.MessageIdData | None,
-                         durable: bool) -> Position | None:
-        """Where a new read_compacted subscription starts when that is before the oldest
-        entry the topic still stores (else None: where ``_start_position`` puts it); see
-        ``_compacted_position``."""
-        if start_message_id is not None and not durable:
-            return self._compacted_position(start_message_id)
-        if initial_position == pb.CommandSubscribe.Earliest and self.compaction.record is not None:
-            return _BEFORE_EVERY_POSITION
-        return None
-
-    def _compacted_position(self, message_id: pb.MessageIdData) -> Position | None:
-        """Where ``message_id`` puts a read_compacted subscription (a start or a seek)
-        when that is before the oldest entry the topic still stores; None when it is
-        where it puts any subscription. The compacted ledger keeps the latest value of
-        keys whose ledgers retention has deleted since, at their original positions; a
-        position moved onto the topic's stored entries would skip them. So "earliest"
-        is before every position, and an id inside the compacted range (a reader back
-        after a reconnect) is taken as it is (Pulsar reads both the same way). The
-        mark-delete position goes just before it, and the dispatcher reads the compacted
-        ledger from right after the mark-delete position (``Dispatcher._compacted_from``),
-        also after a rewind."""
-        record = self.compaction.record
-        if record is None or message_id.ledgerId == _LATEST_ID:
-            return None
-        if message_id.ledgerId == _EARLIEST_ID:
-            return _BEFORE_EVERY_POSITION
-        requested = Position(message_id.ledgerId, message_id.entryId)
-        if requested <= record.horizon and requested < self.ledger.first_position:
-            return requested
-        return None
-
-    def seek_position(self, message_id: pb.MessageIdData, *, read_compacted: bool = False) -> Position:
-        """Where a SEEK to ``message_id`` puts the cursor (the next entry to deliver):
-        MessageId.earliest is the oldest stored entry, MessageId.latest the end of the
-        topic, any other id its own entry (the client drops what it should not see
-        again: the sought message itself unless it asked for an inclusive start). For a
-        read_compacted subscription, what ``_compacted_position`` says first."""
-        compacted = self._compacted_position(message_id) if read_compacted else None
-        if compacted is not None:
-            return compacted
-        if message_id.ledgerId == _EARLIEST_ID:
-            return self.ledger.first_position
-        if message_id.ledgerId == _LATEST_ID:
-            return self.ledger.end_position
-        return self.ledger.normalize(Position(message_id.ledgerId, message_id.entryId))
 
     async def unsubscribe(self, name: str, consumer: Consumer | None) -> None:
         subscription = self.subscriptions.get(name)
@@ -756,7 +434,7 @@ class PersistentTopic:
 
         async def create() -> Subscription:
             start = position if position is not None else self.ledger.end_position
-            state = CursorState(mark_delete=self._before(self.ledger.normalize(start)))
+            state = CursorState(mark_delete=self.positions.before(self.ledger.normalize(start)))
             subscription = self._make_subscription(name, state, self._cursor_store(name),
                                                    SubscriptionMode.EXCLUSIVE)
             await subscription.cursor.save_now()
@@ -764,116 +442,37 @@ class PersistentTopic:
 
         await self._create_once(name, create)
 
-    # --- queries --------------------------------------------------------------------------------
+    # --- queries (broker/topic_positions.py) ---------------------------------------------------
+
+    def seek_position(self, message_id: pb.MessageIdData, *, read_compacted: bool = False) -> Position:
+        return self.positions.seek_position(message_id, read_compacted=read_compacted)
 
     async def last_message_id(self, *, read_compacted: bool = False) -> tuple[Position, int]:
-        """The last stored message: (position, batch index; -1 if not a batch). An empty
-        topic answers (current ledger, -1). For a read_compacted consumer, when nothing
-        follows the compaction horizon, the last message of the compacted ledger: the
-        topic's own last may be one compaction dropped (a tombstone, say), and the
-        clients' has_message_available would then stay true with nothing left to read
-        (what Pulsar fixed in apache/pulsar#18808)."""
-        last = self.ledger.last_confirmed
-        record = self.compaction.record
-        if read_compacted and record is not None and last <= record.horizon:
-            compacted = await self.compaction.last_entry()
-            if compacted is None:
-                return Position(max(self.ledger.current_ledger_id, last.ledger_id), -1), -1
-            if compacted.batch_size:
-                return compacted.position, compacted.keep_bits.bit_length() - 1
-            return compacted.position, _last_batch_index(stored_metadata(compacted.stored))
-        if last.entry_id < 0:
-            return Position(max(self.ledger.current_ledger_id, last.ledger_id), -1), -1
-        entries = await self.ledger.read(last, 1, 1)
-        if not entries:
-            return last, -1
-        return last, _last_batch_index(stored_metadata(entries[0].data))
-
-    async def _publish_time(self, position: Position) -> int:
-        entries = await self.ledger.read(position, 1, 1)
-        if not entries:
-            return -1
-        return int(stored_metadata(entries[0].data).publish_time)
+        return await self.positions.last_message_id(read_compacted=read_compacted)
 
     async def find_position_by_time(self, timestamp_ms: int) -> Position:
-        """The first entry published at or after ``timestamp_ms`` (binary search over
-        the topic's entries by publish time; the end of the topic if none)."""
-        ledger = self.ledger
-        end = ledger.end_position
-        positions: list[tuple[int, int]] = []   # (ledger_id, entry count)
-        for ledger_id in ledger.ledger_ids():
-            count = ledger.last_entry_of(ledger_id) + 1
-            if count > 0:
-                positions.append((ledger_id, count))
-        total = sum(count for _, count in positions)
-        if total == 0:
-            return end
-
-        def at(index: int) -> Position:
-            for ledger_id, count in positions:
-                if index < count:
-                    return Position(ledger_id, index)
-                index -= count
-            raise AssertionError(index)
-
-        low, high = 0, total
-        reads = 0
-        while low < high and reads < _TIME_SEARCH_READS_MAX:
-            middle = (low + high) // 2
-            reads += 1
-            if await self._publish_time(at(middle)) >= timestamp_ms:
-                high = middle
-            else:
-                low = middle + 1
-        return at(low) if low < total else end
-
-    # --- backlog (policies: broker/policy_enforcement.py) ----------------------------------------
-
-    def mean_entry_bytes(self) -> float:
-        entries = self.ledger.number_of_entries()
-        return self.ledger.total_size() / entries if entries > 0 else 0.0
-
-    def backlog_bytes(self) -> int:
-        """The slowest durable subscription's unconsumed entries times the mean entry
-        size (Pulsar's estimate); 0 with no durable subscription."""
-        return int(self.backlog_entries() * self.mean_entry_bytes())
-
-    def backlog_entries(self, *, pending: bool = False) -> int:
-        """The slowest durable subscription's unconsumed entries (0 with no durable
-        subscription); with ``pending``, appends not yet confirmed count too (what the
-        backlog is about to be)."""
-        if not any(s.cursor.durable for s in self.subscriptions.values()):
-            return 0
-        backlog = self.entries_between(self.consumed_upto(), self.ledger.last_confirmed)
-        return backlog + self.ledger.pending_appends if pending else backlog
-
-    async def oldest_unconsumed_publish_ms(self) -> int | None:
-        """The publish time of the slowest durable subscription's next entry (None: no
-        backlog)."""
-        if not any(s.cursor.durable for s in self.subscriptions.values()):
-            return None
-        upto = self.consumed_upto()
-        if upto >= self.ledger.last_confirmed:
-            return None
-        published = await self._publish_time(self.ledger.next_position(upto))
-        return published if published >= 0 else None
+        return await self.positions.find_position_by_time(timestamp_ms)
 
     def position_after(self, position: Position, count: int) -> Position:
-        """The entry ``count`` entries after ``position`` (position + count), or the end
-        of the topic if there are fewer."""
-        assert count > 0
-        ledger = self.ledger
-        for ledger_id in ledger.ledger_ids():
-            if ledger_id < position.ledger_id:
-                continue
-            last = ledger.last_entry_of(ledger_id)
-            first = position.entry_id + 1 if ledger_id == position.ledger_id else 0
-            available = last - first + 1
-            if available >= count:
-                return Position(ledger_id, first + count - 1)
-            if available > 0:
-                count -= available
-        return ledger.end_position
+        return self.positions.position_after(position, count)
+
+    # --- backlog and retention (broker/topic_retention.py) --------------------------------------
+
+    def mean_entry_bytes(self) -> float:
+        return self.retention.mean_entry_bytes()
+
+    def backlog_bytes(self) -> int:
+        return self.retention.backlog_bytes()
+
+    def backlog_entries(self, *, pending: bool = False) -> int:
+        return self.retention.backlog_entries(pending=pending)
+
+    async def oldest_unconsumed_publish_ms(self) -> int | None:
+        return await self.retention.oldest_unconsumed_publish_ms()
+
+    async def trim_ledgers(self, retention_minutes: int, retention_mb: int,
+                           may_delete: Callable[[int], bool] | None = None) -> list[int]:
+        return await self.retention.trim_ledgers(retention_minutes, retention_mb, may_delete)
 
     # --- closing ---------------------------------------------------------------------------------
 
@@ -915,12 +514,7 @@ class PersistentTopic:
         assert self.closing
         if self.publish_rate is not None:
             self.publish_rate.close()   # nothing stays paused on a topic that is gone
-        waiting, self._waiting_exclusive = self._waiting_exclusive, collections.deque()
-        for _producer, granted in waiting:
-            if not granted.done():
-                granted.set_exception(TopicFenced(f"topic {self.full_name} is being closed"))
-        for task in list(self._promotions):
-            task.cancel()
+        self.access.close()
         if self._compaction_task is not None:
             self._compaction_task.cancel()
             await asyncio.gather(self._compaction_task, return_exceptions=True)
@@ -956,7 +550,7 @@ class PersistentTopic:
             await self.ledger.close()
         except MagnetarError as error:
             log.warning("closing managed ledger failed: topic=%s error=%s", self.full_name, error)
-        await self._final_dedup_snapshot()
+        await self.deduplication.final_snapshot()
         self.closed = True
         if self.on_closed is not None:
             self.on_closed(self)
@@ -984,55 +578,6 @@ class PersistentTopic:
     def ensure_not_terminated(self) -> None:
         if self.ledger.terminated:
             raise TopicTerminated(f"topic {self.full_name} is terminated")
-
-    # --- retention ---------------------------------------------------------------------------
-
-    def consumed_upto(self) -> Position:
-        """The lowest mark-delete position of the durable subscriptions (with none, the
-        last stored entry: retention alone then decides)."""
-        marks = [s.cursor.mark_delete_position for s in self.subscriptions.values() if s.cursor.durable]
-        # (The compacted ledger holds copies of what it serves up to its horizon; what
-        # comes after it trim_ledgers keeps, but that is not backlog.)
-        return min(marks) if marks else self.ledger.last_confirmed
-
-    async def trim_ledgers(self, retention_minutes: int, retention_mb: int,
-                           may_delete: Callable[[int], bool] | None = None) -> list[int]:
-        """Deletes the ledgers every durable cursor has passed that retention no longer
-        protects (see managed_ledger/retention.py), oldest first and, given ``may_delete`` (the
-        archive's gate: archived ledgers only), no further than the first it refuses.
-        None holding entries after the last deduplication snapshot written (a quiet
-        topic's stale snapshot is renewed here) or after the compaction horizon.
-        Returns their ids."""
-        from managed_ledger.retention import LedgerSpan, ledgers_to_delete
-
-        if self.closing:
-            return []
-        dedup = self.dedup
-        if dedup is not None and dedup.snapshot_stale(time.monotonic() - self._dedup_snapshot_written_at):
-            self._start_dedup_snapshot(dedup)     # moves the hold below on (next time)
-        ledger = self.ledger
-        now_ms = int(time.time() * 1000)
-        # A ledger not closed yet (the current one, or one whose close is in progress)
-        # is as young as can be.
-        spans = [LedgerSpan(info.ledger_id, ledger.last_entry_of(info.ledger_id), max(info.size_bytes, 0),
-                            info.closed_ms if info.closed_ms > 0 else now_ms) for info in ledger.ledger_infos()]
-        upto = self.consumed_upto()
-        if self._dedup_snapshot_written is not None:
-            # A new owner replays the entries after the last snapshot written.
-            upto = min(upto, self._dedup_snapshot_written)
-        compacted = self.compaction.record
-        if compacted is not None:
-            # The next compaction reads the entries after the horizon (Pulsar's
-            # __compaction cursor holds them the same way).
-            upto = min(upto, compacted.horizon)
-        doomed = ledgers_to_delete(spans, ledger.current_ledger_id, tuple(upto), retention_minutes, retention_mb,
-                                   now_ms)
-        if may_delete is not None:
-            doomed = list(itertools.takewhile(may_delete, doomed))
-        if not doomed:
-            return []
-        await ledger.delete_ledgers_before(doomed[-1] + 1)
-        return doomed
 
     # --- stats ---------------------------------------------------------------------------------
 

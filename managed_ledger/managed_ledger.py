@@ -149,7 +149,7 @@ class ManagedLedgerConfig:
 
 
 class ArchivedLedgers(Protocol):
-    """The topic's archive, as reads need it (broker/archiver.py's TopicArchive)."""
+    """The topic's archive, as reads need it (broker/topic_archive.py's TopicArchive)."""
 
     def serves(self, ledger_id: int) -> bool:
         """True when the ledger is read from the archive (the bookies dropped it)."""

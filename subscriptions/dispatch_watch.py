@@ -2,7 +2,7 @@
 deliver and a consumer that can take them gets a read within a bounded time. Pure (the
 caller passes the time).
 
-Theory of operation: a watchdog (the broker's, broker/service.py) samples every
+Theory of operation: a watchdog (the broker's, broker/topic_upkeep.py) samples every
 dispatcher on an interval and hands its ``DispatchWatch`` three facts: whether the
 dispatcher could send now (a consumer with permits on a writable connection, and a
 read position at or before the last confirmed entry), whether a read is in progress,

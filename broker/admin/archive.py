@@ -27,52 +27,61 @@ from aiohttp import web
 
 from broker.admin import topic_access
 from broker.admin.common import json_body, message_id_of, no_content, topic_of
-from broker.service import BrokerService
+from broker.admin.keys import SERVICE
 from common.errors import TopicNotFound
 
 log = logging.getLogger(__name__)
 
+TOPIC_PATH = "/admin/v2/persistent/{tenant}/{namespace}/{topic}"
 
-def add_routes(app: web.Application, service: BrokerService) -> None:
+# Module-level handlers, registered in this order; each finds the broker in
+# ``request.app[SERVICE]``.
+routes = web.RouteTableDef()
+
+
+@routes.put(f"{TOPIC_PATH}/offload")
+async def trigger(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
     archiver = service.archiver
+    name = topic_of(request)
+    topic = await topic_access.load(service, name, request)
+    body = await json_body(request, required=False)
+    upto = topic.ledger.last_confirmed
+    if body is not None:
+        kind, position = message_id_of(body)
+        if kind == "position":
+            assert position is not None
+            upto = position
+        elif kind == "earliest":
+            return no_content()
+    archiver.request(name, upto)
+    log.info("archive requested by admin: topic=%s upto=%s", name, upto)
+    return no_content()
 
-    async def trigger(request: web.Request) -> web.Response:
-        name = topic_of(request)
-        topic = await topic_access.load(service, name, request)
-        body = await json_body(request, required=False)
-        upto = topic.ledger.last_confirmed
-        if body is not None:
-            kind, position = message_id_of(body)
-            if kind == "position":
-                assert position is not None
-                upto = position
-            elif kind == "earliest":
-                return no_content()
-        archiver.request(name, upto)
-        log.info("archive requested by admin: topic=%s upto=%s", name, upto)
-        return no_content()
 
-    async def status(request: web.Request) -> web.Response:
-        name = topic_of(request)
-        await topic_access.load(service, name, request)
-        archive = archiver.topic_archive(name)
-        if archive is None:
-            raise TopicNotFound(f"topic {name} is not loaded here")
-        return web.json_response(archive.status.to_json(name.partition_index))
+@routes.get(f"{TOPIC_PATH}/offload")
+async def status(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    archiver = service.archiver
+    name = topic_of(request)
+    await topic_access.load(service, name, request)
+    archive = archiver.topic_archive(name)
+    if archive is None:
+        raise TopicNotFound(f"topic {name} is not loaded here")
+    return web.json_response(archive.status.to_json(name.partition_index))
 
-    async def manifest(request: web.Request) -> web.Response:
-        name = topic_of(request)
-        count = await topic_access.partition_count(service, name)
-        names = [name.partition(i) for i in range(count)] if count > 0 else [name]
-        if count == 0 and not await topic_access.exists(service, name):
-            raise TopicNotFound(f"topic {name} does not exist")
-        ledgers = []
-        for topic in names:
-            records = await archiver.manifest.ledgers(topic.key_path)
-            ledgers.extend(record.to_json() for record in records.values())
-        return web.json_response({"topic": str(name), "partitions": count, "ledgers": ledgers})
 
-    topic_path = "/admin/v2/persistent/{tenant}/{namespace}/{topic}"
-    app.router.add_put(f"{topic_path}/offload", trigger)
-    app.router.add_get(f"{topic_path}/offload", status)
-    app.router.add_get(f"{topic_path}/archive", manifest)
+@routes.get(f"{TOPIC_PATH}/archive")
+async def manifest(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    archiver = service.archiver
+    name = topic_of(request)
+    count = await topic_access.partition_count(service, name)
+    names = [name.partition(i) for i in range(count)] if count > 0 else [name]
+    if count == 0 and not await topic_access.exists(service, name):
+        raise TopicNotFound(f"topic {name} does not exist")
+    ledgers = []
+    for topic in names:
+        records = await archiver.manifest.ledgers(topic.key_path)
+        ledgers.extend(record.to_json() for record in records.values())
+    return web.json_response({"topic": str(name), "partitions": count, "ledgers": ledgers})

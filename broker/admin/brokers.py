@@ -20,6 +20,7 @@ import ipaddress
 
 from aiohttp import web
 
+from broker.admin.keys import SERVICE
 from broker.service import BrokerService
 from common.errors import NotAllowed, ServiceNotReady
 
@@ -65,52 +66,62 @@ def runtime_configuration(service: BrokerService) -> dict[str, str]:
     }
     return {name: str(value) for name, value in values.items()}
 
+# Module-level handlers, registered in this order; each finds the broker in
+# ``request.app[SERVICE]``.
+routes = web.RouteTableDef()
 
-def add_routes(app: web.Application, service: BrokerService) -> None:
-    async def health(request: web.Request) -> web.Response:
-        if service.shutting_down:
-            raise ServiceNotReady("broker is shutting down")
-        if not service.serving:
-            raise ServiceNotReady("broker is starting")
-        return web.Response(text="ok")
 
-    async def leader_broker(request: web.Request) -> web.Response:
-        leader = service.leader.leader() if service.leader is not None else None
-        if leader is None:
-            if service.leader is not None:
-                raise ServiceNotReady("no leader elected right now")
-            return web.json_response({"brokerId": service.broker_id, "serviceUrl": service.config.web_service_url})
-        return web.json_response({"brokerId": leader.broker_id, "serviceUrl": leader.web_service_url,
-                                  "brokerServiceUrl": leader.service_url})
+@routes.post("/admin/v2/brokers/drain")
+async def drain(request: web.Request) -> web.Response:
+    # Only from the broker's own host: anyone who can reach the HTTP port (clients
+    # do, for lookups) could otherwise empty a broker.
+    service = request.app[SERVICE]
+    if not _is_loopback(request.remote):
+        raise NotAllowed("drain is accepted from the broker's own host only")
+    await service.hand_over()
+    owned = service.ownership.serving() if service.ownership is not None else []
+    return web.json_response({"brokerId": service.broker_id, "bundlesOwned": len(owned)})
 
-    async def runtime(request: web.Request) -> web.Response:
-        return web.json_response(runtime_configuration(service))
 
-    async def cluster_brokers(request: web.Request) -> web.Response:
-        cluster = request.match_info["cluster"]
-        await service.resources.cluster(cluster)
-        if cluster != service.config.cluster:
-            return web.json_response([])
-        if service.broker_reports is None:
-            return web.json_response([_web_address(service.config.web_service_url)])
-        from bundles.records import LoadReport
+@routes.get("/admin/v2/brokers/health")
+async def health(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    if service.shutting_down:
+        raise ServiceNotReady("broker is shutting down")
+    if not service.serving:
+        raise ServiceNotReady("broker is starting")
+    return web.Response(text="ok")
 
-        addresses = sorted(_web_address(LoadReport.decode(r.value).web_service_url)
-                           for r in service.broker_reports.records.values())
-        return web.json_response(addresses)
 
-    async def drain(request: web.Request) -> web.Response:
-        # Only from the broker's own host: anyone who can reach the HTTP port (clients
-        # do, for lookups) could otherwise empty a broker.
-        if not _is_loopback(request.remote):
-            raise NotAllowed("drain is accepted from the broker's own host only")
-        await service.hand_over()
-        owned = service.ownership.serving() if service.ownership is not None else []
-        return web.json_response({"brokerId": service.broker_id, "bundlesOwned": len(owned)})
+@routes.get("/admin/v2/brokers/leaderBroker")
+async def leader_broker(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    leader = service.leader.leader() if service.leader is not None else None
+    if leader is None:
+        if service.leader is not None:
+            raise ServiceNotReady("no leader elected right now")
+        return web.json_response({"brokerId": service.broker_id, "serviceUrl": service.config.web_service_url})
+    return web.json_response({"brokerId": leader.broker_id, "serviceUrl": leader.web_service_url,
+                              "brokerServiceUrl": leader.service_url})
 
-    # The fixed paths first: {cluster} would match them too.
-    app.router.add_post("/admin/v2/brokers/drain", drain)
-    app.router.add_get("/admin/v2/brokers/health", health)
-    app.router.add_get("/admin/v2/brokers/leaderBroker", leader_broker)
-    app.router.add_get("/admin/v2/brokers/configuration/runtime", runtime)
-    app.router.add_get("/admin/v2/brokers/{cluster}", cluster_brokers)
+
+@routes.get("/admin/v2/brokers/configuration/runtime")
+async def runtime(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    return web.json_response(runtime_configuration(service))
+
+
+@routes.get("/admin/v2/brokers/{cluster}")
+async def cluster_brokers(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    cluster = request.match_info["cluster"]
+    await service.resources.cluster(cluster)
+    if cluster != service.config.cluster:
+        return web.json_response([])
+    if service.broker_reports is None:
+        return web.json_response([_web_address(service.config.web_service_url)])
+    from bundles.records import LoadReport
+
+    addresses = sorted(_web_address(LoadReport.decode(r.value).web_service_url)
+                       for r in service.broker_reports.records.values())
+    return web.json_response(addresses)

@@ -19,6 +19,7 @@ import json
 from aiohttp import web
 
 from broker.admin.common import redirect_base
+from broker.admin.keys import SERVICE
 from broker.service import BrokerService
 from common.topic_name import NamespaceName
 from bundles.hashing import BundleRange
@@ -27,92 +28,111 @@ from bundles.records import OwnerRecord
 from common.errors import PreconditionFailed
 from metadata import keys
 
+BASE = "/admin/v2/namespaces/{tenant}/{namespace}"
 
-def add_routes(app: web.Application, service: BrokerService) -> None:
-    def namespace_of(request: web.Request) -> NamespaceName:
-        return NamespaceName.parse(f"{request.match_info['tenant']}/{request.match_info['namespace']}")
+# Module-level handlers, registered in this order; each finds the broker in
+# ``request.app[SERVICE]``.
+routes = web.RouteTableDef()
 
-    def ownership():
-        if service.ownership is None:
-            raise PreconditionFailed("this broker runs without the bundles layer")
-        return service.ownership
 
-    async def get_bundles(request: web.Request) -> web.Response:
-        namespace = namespace_of(request)
-        await service.resources.policies(namespace)
-        bundles = await ownership().bundles_of(namespace)
-        return web.json_response({"boundaries": [f"0x{min(b, 0xFFFFFFFF):08x}" for b in bundles.boundaries],
-                                  "numBundles": len(bundles.ranges)})
+def namespace_of(request: web.Request) -> NamespaceName:
+    return NamespaceName.parse(f"{request.match_info['tenant']}/{request.match_info['namespace']}")
 
-    async def bundle_owners(request: web.Request) -> web.Response:
-        """Fresh boundaries (another broker may have split a bundle), owners from this
-        broker's watched mirror of the owner keys (no etcd read per bundle)."""
-        namespace = namespace_of(request)
-        await service.resources.policies(namespace)
-        manager = ownership()
-        bundles = await manager.bundles_of(namespace, refresh=True)
-        owners = manager.owner_records()
-        result = {}
-        for bundle in bundles.ranges:
-            owner = owners.get(bundle_key(str(namespace), bundle))
-            result[bundle.name] = None if owner is None else {
-                "broker": owner.broker_id, "state": owner.state, "to": owner.to or None}
-        return web.json_response(result)
 
-    async def redirect_unless_owner(request: web.Request, namespace: NamespaceName, bundle: str) -> None:
-        record = await service.store.get(keys.bundle_owner(str(namespace), bundle))
-        if record is None:
-            raise PreconditionFailed(f"bundle {bundle_key(str(namespace), bundle)} has no owner right now")
-        owner = OwnerRecord.decode(record.value)
-        if owner.broker_id != service.broker_id:
-            base = redirect_base(request, owner.web_service_url, service.broker_tls_urls(owner.broker_id)[1])
-            raise web.HTTPTemporaryRedirect(location=f"{base}{request.path_qs}")
+def ownership(service: BrokerService):
+    if service.ownership is None:
+        raise PreconditionFailed("this broker runs without the bundles layer")
+    return service.ownership
 
-    def destination() -> str | None:
-        if service.broker_reports is None:
-            return None
-        return ownership().handover_target(service.broker_reports)
 
-    async def unload_bundle(request: web.Request) -> web.Response:
-        namespace = namespace_of(request)
-        bundle = BundleRange.parse(request.match_info["bundle"]).name
-        await redirect_unless_owner(request, namespace, bundle)
-        await ownership().release(str(namespace), bundle, to=destination(), reason="admin unload")
-        return web.Response(status=204)
+async def redirect_unless_owner(request: web.Request, namespace: NamespaceName, bundle: str) -> None:
+    service = request.app[SERVICE]
+    record = await service.store.get(keys.bundle_owner(str(namespace), bundle))
+    if record is None:
+        raise PreconditionFailed(f"bundle {bundle_key(str(namespace), bundle)} has no owner right now")
+    owner = OwnerRecord.decode(record.value)
+    if owner.broker_id != service.broker_id:
+        base = redirect_base(request, owner.web_service_url, service.broker_tls_urls(owner.broker_id)[1])
+        raise web.HTTPTemporaryRedirect(location=f"{base}{request.path_qs}")
 
-    async def unload_namespace(request: web.Request) -> web.Response:
-        namespace = namespace_of(request)
-        await service.resources.policies(namespace)
-        manager = ownership()
-        mine = [b.rpartition("/")[2] for b in manager.serving() if b.rpartition("/")[0] == str(namespace)]
-        for bundle in mine:
-            await manager.release(str(namespace), bundle, to=destination(), reason="admin unload")
-        # Bundles owned elsewhere are unloaded by their owners' admin endpoints; this
-        # broker reports what it handed over.
-        return web.json_response({"unloaded": mine})
 
-    async def split_bundle(request: web.Request) -> web.Response:
-        namespace = namespace_of(request)
-        bundle = BundleRange.parse(request.match_info["bundle"]).name
-        await redirect_unless_owner(request, namespace, bundle)
-        low, high = await ownership().split(namespace, bundle)
-        if request.query.get("unload", "false").lower() == "true":
-            await ownership().release(str(namespace), high, to=destination(), reason="split")
-        return web.json_response({"bundles": [low, high]})
+def destination(service: BrokerService) -> str | None:
+    if service.broker_reports is None:
+        return None
+    return ownership(service).handover_target(service.broker_reports)
 
-    async def owned_namespaces(request: web.Request) -> web.Response:
-        broker = request.match_info["broker"]
-        owned = {}
-        for bkey, owner in (service.ownership.owner_records().items() if service.ownership else []):
-            if owner.broker_id == broker or owner.web_service_url.split("://", 1)[-1] == broker:
-                owned[bkey] = {"broker_assignment": "shared", "is_controlled": False,
-                               "is_active": owner.state == "owned"}
-        return web.Response(text=json.dumps(owned), content_type="application/json")
 
-    base = "/admin/v2/namespaces/{tenant}/{namespace}"
-    app.router.add_get(f"{base}/bundles", get_bundles)
-    app.router.add_get(f"{base}/bundleOwners", bundle_owners)
-    app.router.add_put(f"{base}/unload", unload_namespace)
-    app.router.add_put(f"{base}/{{bundle}}/unload", unload_bundle)
-    app.router.add_put(f"{base}/{{bundle}}/split", split_bundle)
-    app.router.add_get("/admin/v2/brokers/{cluster}/{broker}/ownedNamespaces", owned_namespaces)
+@routes.get(f"{BASE}/bundles")
+async def get_bundles(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    namespace = namespace_of(request)
+    await service.resources.policies(namespace)
+    bundles = await ownership(service).bundles_of(namespace)
+    return web.json_response({"boundaries": [f"0x{min(b, 0xFFFFFFFF):08x}" for b in bundles.boundaries],
+                              "numBundles": len(bundles.ranges)})
+
+
+@routes.get(f"{BASE}/bundleOwners")
+async def bundle_owners(request: web.Request) -> web.Response:
+    """Fresh boundaries (another broker may have split a bundle), owners from this
+    broker's watched mirror of the owner keys (no etcd read per bundle)."""
+    service = request.app[SERVICE]
+    namespace = namespace_of(request)
+    await service.resources.policies(namespace)
+    manager = ownership(service)
+    bundles = await manager.bundles_of(namespace, refresh=True)
+    owners = manager.owner_records()
+    result = {}
+    for bundle in bundles.ranges:
+        owner = owners.get(bundle_key(str(namespace), bundle))
+        result[bundle.name] = None if owner is None else {
+            "broker": owner.broker_id, "state": owner.state, "to": owner.to or None}
+    return web.json_response(result)
+
+
+@routes.put(f"{BASE}/unload")
+async def unload_namespace(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    namespace = namespace_of(request)
+    await service.resources.policies(namespace)
+    manager = ownership(service)
+    mine = [b.rpartition("/")[2] for b in manager.serving() if b.rpartition("/")[0] == str(namespace)]
+    for bundle in mine:
+        await manager.release(str(namespace), bundle, to=destination(service), reason="admin unload")
+    # Bundles owned elsewhere are unloaded by their owners' admin endpoints; this
+    # broker reports what it handed over.
+    return web.json_response({"unloaded": mine})
+
+
+@routes.put(f"{BASE}/{{bundle}}/unload")
+async def unload_bundle(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    namespace = namespace_of(request)
+    bundle = BundleRange.parse(request.match_info["bundle"]).name
+    await redirect_unless_owner(request, namespace, bundle)
+    await ownership(service).release(str(namespace), bundle, to=destination(service), reason="admin unload")
+    return web.Response(status=204)
+
+
+@routes.put(f"{BASE}/{{bundle}}/split")
+async def split_bundle(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    namespace = namespace_of(request)
+    bundle = BundleRange.parse(request.match_info["bundle"]).name
+    await redirect_unless_owner(request, namespace, bundle)
+    low, high = await ownership(service).split(namespace, bundle)
+    if request.query.get("unload", "false").lower() == "true":
+        await ownership(service).release(str(namespace), high, to=destination(service), reason="split")
+    return web.json_response({"bundles": [low, high]})
+
+
+@routes.get("/admin/v2/brokers/{cluster}/{broker}/ownedNamespaces")
+async def owned_namespaces(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    broker = request.match_info["broker"]
+    owned = {}
+    for bkey, owner in (service.ownership.owner_records().items() if service.ownership else []):
+        if owner.broker_id == broker or owner.web_service_url.split("://", 1)[-1] == broker:
+            owned[bkey] = {"broker_assignment": "shared", "is_controlled": False,
+                           "is_active": owner.state == "owned"}
+    return web.Response(text=json.dumps(owned), content_type="application/json")

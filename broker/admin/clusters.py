@@ -17,7 +17,7 @@ import logging
 from aiohttp import web
 
 from broker.admin.common import json_body, no_content
-from broker.service import BrokerService
+from broker.admin.keys import SERVICE
 from common.topic_name import validate_name_part
 from common.errors import AlreadyExists, InvalidArgument, MetadataKeyExists, PreconditionFailed
 from metadata import keys
@@ -59,47 +59,60 @@ def cluster_data_of(doc: object) -> dict:
 def cluster_data_json(data: dict) -> dict:
     return {**{field: "" for field in _STRING_FIELDS[:4]}, **data}
 
+# Module-level handlers, registered in this order; each finds the broker in
+# ``request.app[SERVICE]``.
+routes = web.RouteTableDef()
 
-def add_routes(app: web.Application, service: BrokerService) -> None:
+
+@routes.get("/admin/v2/clusters")
+async def list_clusters(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
     resources = service.resources
+    return web.json_response(sorted(await resources.clusters()))
 
-    async def list_clusters(request: web.Request) -> web.Response:
-        return web.json_response(sorted(await resources.clusters()))
 
-    async def get_cluster(request: web.Request) -> web.Response:
-        return web.json_response(cluster_data_json(await resources.cluster(request.match_info["cluster"])))
+@routes.get("/admin/v2/clusters/{cluster}")
+async def get_cluster(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    resources = service.resources
+    return web.json_response(cluster_data_json(await resources.cluster(request.match_info["cluster"])))
 
-    async def create_cluster(request: web.Request) -> web.Response:
-        name = request.match_info["cluster"]
-        validate_name_part(name, "cluster")
-        data = cluster_data_of(await json_body(request, required=False))
-        try:
-            await service.store.create(keys.cluster(name), json.dumps(data).encode())
-        except MetadataKeyExists:
-            raise AlreadyExists(f"cluster {name} already exists") from None
-        log.info("cluster created: cluster=%s", name)
-        return no_content()
 
-    async def update_cluster(request: web.Request) -> web.Response:
-        name = request.match_info["cluster"]
-        data = cluster_data_of(await json_body(request, required=True))
-        await resources.cluster(name)
-        await resources.put_cluster(name, data)
-        log.info("cluster updated: cluster=%s", name)
-        return no_content()
+@routes.put("/admin/v2/clusters/{cluster}")
+async def create_cluster(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    name = request.match_info["cluster"]
+    validate_name_part(name, "cluster")
+    data = cluster_data_of(await json_body(request, required=False))
+    try:
+        await service.store.create(keys.cluster(name), json.dumps(data).encode())
+    except MetadataKeyExists:
+        raise AlreadyExists(f"cluster {name} already exists") from None
+    log.info("cluster created: cluster=%s", name)
+    return no_content()
 
-    async def delete_cluster(request: web.Request) -> web.Response:
-        name = request.match_info["cluster"]
-        await resources.cluster(name)
-        for tenant in await resources.tenants():
-            if name in (await resources.tenant(tenant)).allowedClusters:
-                raise PreconditionFailed(f"cluster {name} is still allowed for tenant {tenant}")
-        await resources.delete_cluster(name)
-        log.info("cluster deleted: cluster=%s", name)
-        return no_content()
 
-    app.router.add_get("/admin/v2/clusters", list_clusters)
-    app.router.add_get("/admin/v2/clusters/{cluster}", get_cluster)
-    app.router.add_put("/admin/v2/clusters/{cluster}", create_cluster)
-    app.router.add_post("/admin/v2/clusters/{cluster}", update_cluster)
-    app.router.add_delete("/admin/v2/clusters/{cluster}", delete_cluster)
+@routes.post("/admin/v2/clusters/{cluster}")
+async def update_cluster(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    resources = service.resources
+    name = request.match_info["cluster"]
+    data = cluster_data_of(await json_body(request, required=True))
+    await resources.cluster(name)
+    await resources.put_cluster(name, data)
+    log.info("cluster updated: cluster=%s", name)
+    return no_content()
+
+
+@routes.delete("/admin/v2/clusters/{cluster}")
+async def delete_cluster(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    resources = service.resources
+    name = request.match_info["cluster"]
+    await resources.cluster(name)
+    for tenant in await resources.tenants():
+        if name in (await resources.tenant(tenant)).allowedClusters:
+            raise PreconditionFailed(f"cluster {name} is still allowed for tenant {tenant}")
+    await resources.delete_cluster(name)
+    log.info("cluster deleted: cluster=%s", name)
+    return no_content()

@@ -14,7 +14,6 @@ import os
 
 from aiohttp import web
 
-from broker.service import BrokerService
 
 CONSOLE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "console")
 _FILES = {"": ("index.html", "text/html"), "index.html": ("index.html", "text/html"),
@@ -34,19 +33,22 @@ def _load() -> dict[str, tuple[bytes, str]]:
     return loaded
 
 
-def add_routes(app: web.Application, _service: BrokerService) -> None:
-    files = _load()
+_PAGES = _load()
 
-    async def redirect(_request: web.Request) -> web.Response:
-        raise web.HTTPFound("/console/")
+# Module-level handlers, registered in this order.
+routes = web.RouteTableDef()
 
-    async def asset(request: web.Request) -> web.Response:
-        found = files.get(request.match_info.get("name", ""))
-        if found is None:
-            raise web.HTTPNotFound()
-        body, content_type = found
-        return web.Response(body=body, content_type=content_type, headers=_HEADERS)
 
-    app.router.add_get("/console", redirect)
-    app.router.add_get("/console/", asset)
-    app.router.add_get("/console/{name}", asset)
+@routes.get("/console")
+async def redirect(_request: web.Request) -> web.Response:
+    raise web.HTTPFound("/console/")
+
+
+@routes.get("/console/{name}")
+@routes.get("/console/")
+async def asset(request: web.Request) -> web.Response:
+    found = _PAGES.get(request.match_info.get("name", ""))
+    if found is None:
+        raise web.HTTPNotFound()
+    body, content_type = found
+    return web.Response(body=body, content_type=content_type, headers=_HEADERS)

@@ -15,17 +15,20 @@ from __future__ import annotations
 from aiohttp import web
 
 from broker.admin.common import topic_of
-from broker.service import BrokerService
+from broker.admin.keys import SERVICE
 
 LISTENER_NAME_HEADER = "X-Pulsar-ListenerName"
 
+# Module-level handlers, registered in this order; each finds the broker in
+# ``request.app[SERVICE]``.
+routes = web.RouteTableDef()
 
-def add_routes(app: web.Application, service: BrokerService) -> None:
-    async def lookup(request: web.Request) -> web.Response:
-        listener_name = request.query.get("listenerName") or request.headers.get(LISTENER_NAME_HEADER, "")
-        owner = await service.lookup(topic_of(request), listener_name)
-        return web.json_response({"brokerUrl": owner.service_url, "httpUrl": owner.web_service_url,
-                                  "nativeUrl": owner.service_url, "brokerUrlTls": owner.service_url_tls,
-                                  "httpUrlTls": owner.web_service_url_tls})
 
-    app.router.add_get("/lookup/v2/topic/persistent/{tenant}/{namespace}/{topic}", lookup)
+@routes.get("/lookup/v2/topic/persistent/{tenant}/{namespace}/{topic}")
+async def lookup(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    listener_name = request.query.get("listenerName") or request.headers.get(LISTENER_NAME_HEADER, "")
+    owner = await service.lookup(topic_of(request), listener_name)
+    return web.json_response({"brokerUrl": owner.service_url, "httpUrl": owner.web_service_url,
+                              "nativeUrl": owner.service_url, "brokerUrlTls": owner.service_url_tls,
+                              "httpUrlTls": owner.web_service_url_tls})

@@ -26,7 +26,7 @@ from broker.admin import topic_access
 from broker.admin.common import path_integer, query_integer, topic_of
 from broker.admin.subscriptions import nth_unacknowledged
 from broker.admin.policy_codec import subscription_name_of
-from broker.service import BrokerService
+from broker.admin.keys import SERVICE
 from broker.topic import PersistentTopic
 from client.compression import CODECS, decompress
 from common.errors import BrokerError, InvalidArgument, MalformedFrame, NotAllowed, NotFound
@@ -68,52 +68,59 @@ async def _entry(topic: PersistentTopic, position: Position) -> web.Response:
         raise NotFound(f"no entry at {position} of {topic.full_name}")
     return entry_response(position, entries[0].data)
 
+TOPIC_PATH = "/admin/v2/persistent/{tenant}/{namespace}/{topic}"
 
-def add_routes(app: web.Application, service: BrokerService) -> None:
-    async def loaded(request: web.Request) -> PersistentTopic:
-        name = topic_of(request)
-        if await topic_access.partition_count(service, name) > 0:
-            raise NotAllowed(f"{name} is a partitioned topic: look at the messages of one of its partitions")
-        return await topic_access.load(service, name, request)
+# Module-level handlers, registered in this order; each finds the broker in
+# ``request.app[SERVICE]``.
+routes = web.RouteTableDef()
 
-    async def peek(request: web.Request) -> web.Response:
-        n = path_integer(request, "position", minimum=1, maximum=PEEK_POSITION_MAX)
-        subscription_name = subscription_name_of(request.match_info["subscription"])
-        topic = await loaded(request)
-        subscription = topic_access.subscription_of(topic, subscription_name)
-        position = await nth_unacknowledged(topic, subscription, n)
-        if position is None:
-            raise NotFound(f"subscription {subscription_name} of {topic.full_name} has fewer than {n} "
-                           "unacknowledged entries")
-        return await _entry(topic, position)
 
-    async def by_id(request: web.Request) -> web.Response:
-        ledger_id = path_integer(request, "ledger", minimum=0, maximum=_ID_MAX)
-        entry_id = path_integer(request, "entry", minimum=0, maximum=_ID_MAX)
-        topic = await loaded(request)
-        position = Position(ledger_id, entry_id)
-        if position > topic.ledger.last_confirmed or position < topic.ledger.first_position:
-            raise NotFound(f"no entry at {position} of {topic.full_name}")
-        return await _entry(topic, position)
+async def loaded(request: web.Request) -> PersistentTopic:
+    service = request.app[SERVICE]
+    name = topic_of(request)
+    if await topic_access.partition_count(service, name) > 0:
+        raise NotAllowed(f"{name} is a partitioned topic: look at the messages of one of its partitions")
+    return await topic_access.load(service, name, request)
 
-    async def examine(request: web.Request) -> web.Response:
-        """The n-th message from the topic's oldest stored entry (``initialPosition=
-        earliest``) or back from its newest (``latest``, the default; 1 is the last)."""
-        initial = request.query.get("initialPosition", "latest")
-        if initial not in ("earliest", "latest"):
-            raise InvalidArgument(f"initialPosition must be earliest or latest, not {initial!r}")
-        n = query_integer(request, "messagePosition", default=1, minimum=1, maximum=PEEK_POSITION_MAX)
-        topic = await loaded(request)
-        ledger = topic.ledger
-        first = ledger.first_position
-        before_first = Position(first.ledger_id, first.entry_id - 1)
-        stored = topic.entries_between(before_first, ledger.last_confirmed) if ledger.last_confirmed >= first else 0
-        if n > stored:
-            raise NotFound(f"{topic.full_name} holds {stored} entries, fewer than {n}")
-        position = topic.position_after(before_first, n if initial == "earliest" else stored - n + 1)
-        return await _entry(topic, position)
 
-    topic_path = "/admin/v2/persistent/{tenant}/{namespace}/{topic}"
-    app.router.add_get(f"{topic_path}/examinemessage", examine)
-    app.router.add_get(f"{topic_path}/subscription/{{subscription}}/position/{{position}}", peek)
-    app.router.add_get(f"{topic_path}/ledger/{{ledger}}/entry/{{entry}}", by_id)
+@routes.get(f"{TOPIC_PATH}/examinemessage")
+async def examine(request: web.Request) -> web.Response:
+    """The n-th message from the topic's oldest stored entry (``initialPosition=
+    earliest``) or back from its newest (``latest``, the default; 1 is the last)."""
+    initial = request.query.get("initialPosition", "latest")
+    if initial not in ("earliest", "latest"):
+        raise InvalidArgument(f"initialPosition must be earliest or latest, not {initial!r}")
+    n = query_integer(request, "messagePosition", default=1, minimum=1, maximum=PEEK_POSITION_MAX)
+    topic = await loaded(request)
+    ledger = topic.ledger
+    first = ledger.first_position
+    before_first = Position(first.ledger_id, first.entry_id - 1)
+    stored = topic.entries_between(before_first, ledger.last_confirmed) if ledger.last_confirmed >= first else 0
+    if n > stored:
+        raise NotFound(f"{topic.full_name} holds {stored} entries, fewer than {n}")
+    position = topic.position_after(before_first, n if initial == "earliest" else stored - n + 1)
+    return await _entry(topic, position)
+
+
+@routes.get(f"{TOPIC_PATH}/subscription/{{subscription}}/position/{{position}}")
+async def peek(request: web.Request) -> web.Response:
+    n = path_integer(request, "position", minimum=1, maximum=PEEK_POSITION_MAX)
+    subscription_name = subscription_name_of(request.match_info["subscription"])
+    topic = await loaded(request)
+    subscription = topic_access.subscription_of(topic, subscription_name)
+    position = await nth_unacknowledged(topic, subscription, n)
+    if position is None:
+        raise NotFound(f"subscription {subscription_name} of {topic.full_name} has fewer than {n} "
+                       "unacknowledged entries")
+    return await _entry(topic, position)
+
+
+@routes.get(f"{TOPIC_PATH}/ledger/{{ledger}}/entry/{{entry}}")
+async def by_id(request: web.Request) -> web.Response:
+    ledger_id = path_integer(request, "ledger", minimum=0, maximum=_ID_MAX)
+    entry_id = path_integer(request, "entry", minimum=0, maximum=_ID_MAX)
+    topic = await loaded(request)
+    position = Position(ledger_id, entry_id)
+    if position > topic.ledger.last_confirmed or position < topic.ledger.first_position:
+        raise NotFound(f"no entry at {position} of {topic.full_name}")
+    return await _entry(topic, position)

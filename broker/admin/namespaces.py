@@ -53,7 +53,7 @@ from aiohttp import web
 from broker import inactivity
 from broker.admin import policy_codec, topic_access
 from broker.admin.common import flag, json_body, namespace_of, no_content
-from broker.service import BrokerService
+from broker.admin.keys import SERVICE
 from common.topic_name import TopicName
 from common.errors import AlreadyExists, NotFound, PreconditionFailed, TopicNotFound
 from metadata.policies import NamespacePolicies
@@ -79,139 +79,177 @@ _SIMPLE_POLICIES: dict[str, tuple[str, Callable[[object], object]]] = {
     "inactiveTopicPolicies": ("inactive_topic_policies", inactivity.inactive_topic_policy_of),
 }
 
+NAMESPACE_PATH = "/admin/v2/namespaces/{tenant}/{namespace}"
 
-def add_routes(app: web.Application, service: BrokerService) -> None:
+# Module-level handlers, registered in this order; each finds the broker in
+# ``request.app[SERVICE]``.
+routes = web.RouteTableDef()
+
+
+def simple_policy_handlers(path: str, attribute: str, decode: Callable[[object], object]) -> None:
+    async def get_policy(request: web.Request) -> web.Response:
+        service = request.app[SERVICE]
+        resources = service.resources
+        policies = await resources.policies(namespace_of(request), fresh=True)
+        return web.json_response(getattr(policies, attribute))
+
+    async def set_policy(request: web.Request) -> web.Response:
+        service = request.app[SERVICE]
+        resources = service.resources
+        namespace = namespace_of(request)
+        value = decode(await json_body(request, required=True))
+        await resources.update_policies(namespace, lambda p: setattr(p, attribute, value))
+        log.info("namespace policy set: namespace=%s policy=%s value=%s", namespace, path, json.dumps(value))
+        return no_content()
+
+    async def remove_policy(request: web.Request) -> web.Response:
+        service = request.app[SERVICE]
+        resources = service.resources
+        namespace = namespace_of(request)
+        await resources.update_policies(namespace, lambda p: setattr(p, attribute, None))
+        log.info("namespace policy removed: namespace=%s policy=%s", namespace, path)
+        return no_content()
+
+    route = f"/admin/v2/namespaces/{{tenant}}/{{namespace}}/{path}"
+    routes.get(route)(get_policy)
+    routes.post(route)(set_policy)
+    if path == "schemaCompatibilityStrategy":
+        routes.put(route)(set_policy)      # Pulsar's verb for this one
+    routes.delete(route)(remove_policy)
+
+
+@routes.get("/admin/v2/namespaces/{tenant}")
+async def list_namespaces(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
     resources = service.resources
+    tenant = request.match_info["tenant"]
+    await resources.tenant(tenant)
+    return web.json_response(sorted(await resources.namespaces(tenant)))
 
-    async def list_namespaces(request: web.Request) -> web.Response:
-        tenant = request.match_info["tenant"]
-        await resources.tenant(tenant)
-        return web.json_response(sorted(await resources.namespaces(tenant)))
 
-    async def create_namespace(request: web.Request) -> web.Response:
-        namespace = namespace_of(request)
-        policies = policy_codec.namespace_policies_of(await json_body(request, required=False))
-        await resources.create_namespace(namespace, policies)
-        log.info("namespace created: namespace=%s", namespace)
-        return no_content()
+@routes.put(NAMESPACE_PATH)
+async def create_namespace(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    resources = service.resources
+    namespace = namespace_of(request)
+    policies = policy_codec.namespace_policies_of(await json_body(request, required=False))
+    await resources.create_namespace(namespace, policies)
+    log.info("namespace created: namespace=%s", namespace)
+    return no_content()
 
-    async def get_namespace(request: web.Request) -> web.Response:
-        policies = await resources.policies(namespace_of(request), fresh=True)
-        return web.json_response(json.loads(policies.encode()))
 
-    async def delete_namespace(request: web.Request) -> web.Response:
-        namespace = namespace_of(request)
-        force = flag(request, "force")
-        await resources.policies(namespace, fresh=True)
-        topics = await service.topics_of_namespace(namespace)
-        partitioned = await resources.partitioned_topics(namespace)
-        if (topics or partitioned) and not force:
-            raise PreconditionFailed(f"namespace {namespace} still has {len(topics)} topics and "
-                                     f"{len(partitioned)} partitioned topics")
-        for parent in partitioned:
-            await topic_access.delete_partitioned(service, TopicName.parse(parent), request, force=True)
-        await topic_access.delete_topics(service, [TopicName.parse(t) for t in await service.topics_of_namespace(namespace)],
-                                         request, what=f"deleting the topics of {namespace}")
-        await resources.delete_namespace(namespace)
-        log.info("namespace deleted: namespace=%s force=%s topics=%d partitioned=%d", namespace, force,
-                 len(topics), len(partitioned))
-        return no_content()
+@routes.get(NAMESPACE_PATH)
+async def get_namespace(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    resources = service.resources
+    policies = await resources.policies(namespace_of(request), fresh=True)
+    return web.json_response(json.loads(policies.encode()))
 
-    async def namespace_topics(request: web.Request) -> web.Response:
-        return web.json_response(await topic_access.namespace_topics(service, namespace_of(request)))
 
-    # --- policies ---------------------------------------------------------------------
+@routes.delete(NAMESPACE_PATH)
+async def delete_namespace(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    resources = service.resources
+    namespace = namespace_of(request)
+    force = flag(request, "force")
+    await resources.policies(namespace, fresh=True)
+    topics = await service.topics_of_namespace(namespace)
+    partitioned = await resources.partitioned_topics(namespace)
+    if (topics or partitioned) and not force:
+        raise PreconditionFailed(f"namespace {namespace} still has {len(topics)} topics and "
+                                 f"{len(partitioned)} partitioned topics")
+    for parent in partitioned:
+        await topic_access.delete_partitioned(service, TopicName.parse(parent), request, force=True)
+    await topic_access.delete_topics(service,
+                                     [TopicName.parse(t) for t in await service.topics_of_namespace(namespace)],
+                                     request, what=f"deleting the topics of {namespace}")
+    await resources.delete_namespace(namespace)
+    log.info("namespace deleted: namespace=%s force=%s topics=%d partitioned=%d", namespace, force,
+             len(topics), len(partitioned))
+    return no_content()
 
-    def simple_policy_handlers(path: str, attribute: str, decode: Callable[[object], object]) -> None:
-        async def get_policy(request: web.Request) -> web.Response:
-            policies = await resources.policies(namespace_of(request), fresh=True)
-            return web.json_response(getattr(policies, attribute))
 
-        async def set_policy(request: web.Request) -> web.Response:
-            namespace = namespace_of(request)
-            value = decode(await json_body(request, required=True))
-            await resources.update_policies(namespace, lambda p: setattr(p, attribute, value))
-            log.info("namespace policy set: namespace=%s policy=%s value=%s", namespace, path, json.dumps(value))
-            return no_content()
+@routes.get(f"{NAMESPACE_PATH}/topics")
+async def namespace_topics(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    return web.json_response(await topic_access.namespace_topics(service, namespace_of(request)))
 
-        async def remove_policy(request: web.Request) -> web.Response:
-            namespace = namespace_of(request)
-            await resources.update_policies(namespace, lambda p: setattr(p, attribute, None))
-            log.info("namespace policy removed: namespace=%s policy=%s", namespace, path)
-            return no_content()
 
-        route = f"/admin/v2/namespaces/{{tenant}}/{{namespace}}/{path}"
-        app.router.add_get(route, get_policy)
-        app.router.add_post(route, set_policy)
-        if path == "schemaCompatibilityStrategy":
-            app.router.add_put(route, set_policy)      # Pulsar's verb for this one
-        app.router.add_delete(route, remove_policy)
+for _path, (_attribute, _decode) in _SIMPLE_POLICIES.items():
+    simple_policy_handlers(_path, _attribute, _decode)
 
-    async def get_backlog_quotas(request: web.Request) -> web.Response:
-        policies = await resources.policies(namespace_of(request), fresh=True)
-        return web.json_response(policies.backlog_quota_map)
 
-    async def set_backlog_quota(request: web.Request) -> web.Response:
-        namespace = namespace_of(request)
-        quota_type = policy_codec.backlog_quota_type_of(request.query.get("backlogQuotaType"))
-        quota = policy_codec.backlog_quota_of(await json_body(request, required=True))
-        await resources.update_policies(namespace, lambda p: p.backlog_quota_map.__setitem__(quota_type, quota))
-        log.info("backlog quota set: namespace=%s type=%s quota=%s", namespace, quota_type, json.dumps(quota))
-        return no_content()
+@routes.get(f"{NAMESPACE_PATH}/backlogQuotaMap")
+async def get_backlog_quotas(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    resources = service.resources
+    policies = await resources.policies(namespace_of(request), fresh=True)
+    return web.json_response(policies.backlog_quota_map)
 
-    async def remove_backlog_quota(request: web.Request) -> web.Response:
-        namespace = namespace_of(request)
-        quota_type = policy_codec.backlog_quota_type_of(request.query.get("backlogQuotaType"))
-        await resources.update_policies(namespace, lambda p: p.backlog_quota_map.pop(quota_type, None))
-        log.info("backlog quota removed: namespace=%s type=%s", namespace, quota_type)
-        return no_content()
 
-    # --- broadcast subscriptions (Magnetar) -------------------------------------------------
+@routes.post(f"{NAMESPACE_PATH}/backlogQuota")
+async def set_backlog_quota(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    resources = service.resources
+    namespace = namespace_of(request)
+    quota_type = policy_codec.backlog_quota_type_of(request.query.get("backlogQuotaType"))
+    quota = policy_codec.backlog_quota_of(await json_body(request, required=True))
+    await resources.update_policies(namespace, lambda p: p.backlog_quota_map.__setitem__(quota_type, quota))
+    log.info("backlog quota set: namespace=%s type=%s quota=%s", namespace, quota_type, json.dumps(quota))
+    return no_content()
 
-    async def list_broadcast(request: web.Request) -> web.Response:
-        policies = await resources.policies(namespace_of(request), fresh=True)
-        return web.json_response(sorted(policies.broadcast_subscriptions))
 
-    async def add_broadcast(request: web.Request) -> web.Response:
-        namespace = namespace_of(request)
-        name = policy_codec.subscription_name_of(await json_body(request, required=True))
+@routes.delete(f"{NAMESPACE_PATH}/backlogQuota")
+async def remove_backlog_quota(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    resources = service.resources
+    namespace = namespace_of(request)
+    quota_type = policy_codec.backlog_quota_type_of(request.query.get("backlogQuotaType"))
+    await resources.update_policies(namespace, lambda p: p.backlog_quota_map.pop(quota_type, None))
+    log.info("backlog quota removed: namespace=%s type=%s", namespace, quota_type)
+    return no_content()
 
-        def add(policies: NamespacePolicies) -> None:
-            if name in policies.broadcast_subscriptions:
-                raise AlreadyExists(f"{name} is already a broadcast subscription of {namespace}")
-            if len(policies.broadcast_subscriptions) >= policy_codec.BROADCAST_SUBSCRIPTIONS_MAX:
-                raise PreconditionFailed(f"namespace {namespace} has the most broadcast subscriptions allowed "
-                                         f"({policy_codec.BROADCAST_SUBSCRIPTIONS_MAX})")
-            policies.broadcast_subscriptions = sorted([*policies.broadcast_subscriptions, name])
 
-        await resources.update_policies(namespace, add)
-        log.info("broadcast subscription added: namespace=%s subscription=%s", namespace, name)
-        return no_content()
+@routes.get(f"{NAMESPACE_PATH}/broadcastSubscriptions")
+async def list_broadcast(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    resources = service.resources
+    policies = await resources.policies(namespace_of(request), fresh=True)
+    return web.json_response(sorted(policies.broadcast_subscriptions))
 
-    async def remove_broadcast(request: web.Request) -> web.Response:
-        namespace = namespace_of(request)
-        name = request.match_info["subscription"]
 
-        def remove(policies: NamespacePolicies) -> None:
-            if name not in policies.broadcast_subscriptions:
-                raise NotFound(f"{name} is not a broadcast subscription of {namespace}")
-            policies.broadcast_subscriptions = [s for s in policies.broadcast_subscriptions if s != name]
+@routes.post(f"{NAMESPACE_PATH}/broadcastSubscriptions")
+async def add_broadcast(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    resources = service.resources
+    namespace = namespace_of(request)
+    name = policy_codec.subscription_name_of(await json_body(request, required=True))
 
-        await resources.update_policies(namespace, remove)
-        log.info("broadcast subscription removed: namespace=%s subscription=%s", namespace, name)
-        return no_content()
+    def add(policies: NamespacePolicies) -> None:
+        if name in policies.broadcast_subscriptions:
+            raise AlreadyExists(f"{name} is already a broadcast subscription of {namespace}")
+        if len(policies.broadcast_subscriptions) >= policy_codec.BROADCAST_SUBSCRIPTIONS_MAX:
+            raise PreconditionFailed(f"namespace {namespace} has the most broadcast subscriptions allowed "
+                                     f"({policy_codec.BROADCAST_SUBSCRIPTIONS_MAX})")
+        policies.broadcast_subscriptions = sorted([*policies.broadcast_subscriptions, name])
 
-    namespace_path = "/admin/v2/namespaces/{tenant}/{namespace}"
-    app.router.add_get("/admin/v2/namespaces/{tenant}", list_namespaces)
-    app.router.add_put(namespace_path, create_namespace)
-    app.router.add_get(namespace_path, get_namespace)
-    app.router.add_delete(namespace_path, delete_namespace)
-    app.router.add_get(f"{namespace_path}/topics", namespace_topics)
-    for path, (attribute, decode) in _SIMPLE_POLICIES.items():
-        simple_policy_handlers(path, attribute, decode)
-    app.router.add_get(f"{namespace_path}/backlogQuotaMap", get_backlog_quotas)
-    app.router.add_post(f"{namespace_path}/backlogQuota", set_backlog_quota)
-    app.router.add_delete(f"{namespace_path}/backlogQuota", remove_backlog_quota)
-    app.router.add_get(f"{namespace_path}/broadcastSubscriptions", list_broadcast)
-    app.router.add_post(f"{namespace_path}/broadcastSubscriptions", add_broadcast)
-    app.router.add_delete(f"{namespace_path}/broadcastSubscriptions/{{subscription}}", remove_broadcast)
+    await resources.update_policies(namespace, add)
+    log.info("broadcast subscription added: namespace=%s subscription=%s", namespace, name)
+    return no_content()
+
+
+@routes.delete(f"{NAMESPACE_PATH}/broadcastSubscriptions/{{subscription}}")
+async def remove_broadcast(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    resources = service.resources
+    namespace = namespace_of(request)
+    name = request.match_info["subscription"]
+
+    def remove(policies: NamespacePolicies) -> None:
+        if name not in policies.broadcast_subscriptions:
+            raise NotFound(f"{name} is not a broadcast subscription of {namespace}")
+        policies.broadcast_subscriptions = [s for s in policies.broadcast_subscriptions if s != name]
+
+    await resources.update_policies(namespace, remove)
+    log.info("broadcast subscription removed: namespace=%s subscription=%s", namespace, name)
+    return no_content()

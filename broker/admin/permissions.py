@@ -47,6 +47,7 @@ from aiohttp import web
 
 from broker.admin.common import json_body, namespace_of, no_content, topic_of
 from broker.authorization import ACTIONS, CONSUME, PRODUCE
+from broker.admin.keys import SERVICE
 from broker.service import BrokerService
 from common.errors import AuthorizationDenied, InvalidArgument, NotFound
 from metadata.policies import NamespacePolicies
@@ -156,101 +157,121 @@ def _auth_of(policies: NamespacePolicies) -> dict:
     policies.auth_policies = auth
     return auth
 
+NAMESPACE_PATH = "/admin/v2/namespaces/{tenant}/{namespace}/permissions"
+TOPIC_PATH = "/admin/v2/persistent/{tenant}/{namespace}/{topic}"
 
-def add_routes(app: web.Application, service: BrokerService) -> None:
+# Module-level handlers, registered in this order; each finds the broker in
+# ``request.app[SERVICE]``.
+routes = web.RouteTableDef()
+
+
+@routes.get(NAMESPACE_PATH)
+async def namespace_permissions(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
     resources = service.resources
+    policies = await resources.policies(namespace_of(request), fresh=True)
+    return web.json_response(_auth_of(policies)["namespace_auth"])
 
-    async def namespace_permissions(request: web.Request) -> web.Response:
-        policies = await resources.policies(namespace_of(request), fresh=True)
-        return web.json_response(_auth_of(policies)["namespace_auth"])
 
-    async def grant_namespace(request: web.Request) -> web.Response:
-        namespace = namespace_of(request)
-        role = _role_from_path(request)
-        actions = _actions_of(await json_body(request, required=True))
+@routes.post(f"{NAMESPACE_PATH}/{{role}}")
+async def grant_namespace(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    resources = service.resources
+    namespace = namespace_of(request)
+    role = _role_from_path(request)
+    actions = _actions_of(await json_body(request, required=True))
 
-        def grant(policies: NamespacePolicies) -> None:
-            grants = _auth_of(policies)["namespace_auth"]
-            if role not in grants and len(grants) >= GRANTS_PER_RESOURCE_MAX:
-                raise InvalidArgument(f"namespace {namespace} has {GRANTS_PER_RESOURCE_MAX} roles granted already")
-            grants[role] = actions
+    def grant(policies: NamespacePolicies) -> None:
+        grants = _auth_of(policies)["namespace_auth"]
+        if role not in grants and len(grants) >= GRANTS_PER_RESOURCE_MAX:
+            raise InvalidArgument(f"namespace {namespace} has {GRANTS_PER_RESOURCE_MAX} roles granted already")
+        grants[role] = actions
 
-        await resources.update_policies(namespace, grant)
-        log.info("permission granted: namespace=%s role=%s actions=%s", namespace, role, ",".join(actions))
-        service.recheck_permissions_now()
-        return no_content()
+    await resources.update_policies(namespace, grant)
+    log.info("permission granted: namespace=%s role=%s actions=%s", namespace, role, ",".join(actions))
+    service.recheck_permissions_now()
+    return no_content()
 
-    async def revoke_namespace(request: web.Request) -> web.Response:
-        namespace = namespace_of(request)
-        role = _role_from_path(request)
 
-        def revoke(policies: NamespacePolicies) -> None:
-            grants = _auth_of(policies)["namespace_auth"]
-            if role not in grants:
-                raise NotFound(f"role {role} has no permissions on namespace {namespace}")
-            del grants[role]
+@routes.delete(f"{NAMESPACE_PATH}/{{role}}")
+async def revoke_namespace(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    resources = service.resources
+    namespace = namespace_of(request)
+    role = _role_from_path(request)
 
-        await resources.update_policies(namespace, revoke)
-        log.info("permission revoked: namespace=%s role=%s", namespace, role)
-        service.recheck_permissions_now()
-        return no_content()
+    def revoke(policies: NamespacePolicies) -> None:
+        grants = _auth_of(policies)["namespace_auth"]
+        if role not in grants:
+            raise NotFound(f"role {role} has no permissions on namespace {namespace}")
+        del grants[role]
 
-    async def topic_permissions(request: web.Request) -> web.Response:
-        topic = topic_of(request)
-        policies = await resources.policies(topic.namespace_name, fresh=True)
-        return web.json_response(_auth_of(policies)["destination_auth"].get(str(topic), {}))
+    await resources.update_policies(namespace, revoke)
+    log.info("permission revoked: namespace=%s role=%s", namespace, role)
+    service.recheck_permissions_now()
+    return no_content()
 
-    async def grant_topic(request: web.Request) -> web.Response:
-        topic = topic_of(request)
-        role = _role_from_path(request)
-        actions = _actions_of(await json_body(request, required=True))
 
-        def grant(policies: NamespacePolicies) -> None:
-            by_topic = _auth_of(policies)["destination_auth"]
-            if str(topic) not in by_topic and len(by_topic) >= GRANTS_PER_RESOURCE_MAX:
-                raise InvalidArgument(f"namespace {topic.namespace_name} has {GRANTS_PER_RESOURCE_MAX} topics "
-                                      "with grants already")
-            grants = by_topic.setdefault(str(topic), {})
-            if role not in grants and len(grants) >= GRANTS_PER_RESOURCE_MAX:
-                raise InvalidArgument(f"topic {topic} has {GRANTS_PER_RESOURCE_MAX} roles granted already")
-            grants[role] = actions
+@routes.get(f"{TOPIC_PATH}/permissions")
+async def topic_permissions(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    resources = service.resources
+    topic = topic_of(request)
+    policies = await resources.policies(topic.namespace_name, fresh=True)
+    return web.json_response(_auth_of(policies)["destination_auth"].get(str(topic), {}))
 
-        await resources.update_policies(topic.namespace_name, grant)
-        log.info("permission granted: topic=%s role=%s actions=%s", topic, role, ",".join(actions))
-        service.recheck_permissions_now()
-        return no_content()
 
-    async def revoke_topic(request: web.Request) -> web.Response:
-        topic = topic_of(request)
-        role = _role_from_path(request)
+@routes.post(f"{TOPIC_PATH}/permissions/{{role}}")
+async def grant_topic(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    resources = service.resources
+    topic = topic_of(request)
+    role = _role_from_path(request)
+    actions = _actions_of(await json_body(request, required=True))
 
-        def revoke(policies: NamespacePolicies) -> None:
-            grants = _auth_of(policies)["destination_auth"].get(str(topic), {})
-            if role not in grants:
-                raise NotFound(f"role {role} has no permissions on topic {topic}")
-            del grants[role]
-            if not grants:
-                policies.auth_policies["destination_auth"].pop(str(topic), None)
+    def grant(policies: NamespacePolicies) -> None:
+        by_topic = _auth_of(policies)["destination_auth"]
+        if str(topic) not in by_topic and len(by_topic) >= GRANTS_PER_RESOURCE_MAX:
+            raise InvalidArgument(f"namespace {topic.namespace_name} has {GRANTS_PER_RESOURCE_MAX} topics "
+                                  "with grants already")
+        grants = by_topic.setdefault(str(topic), {})
+        if role not in grants and len(grants) >= GRANTS_PER_RESOURCE_MAX:
+            raise InvalidArgument(f"topic {topic} has {GRANTS_PER_RESOURCE_MAX} roles granted already")
+        grants[role] = actions
 
-        await resources.update_policies(topic.namespace_name, revoke)
-        log.info("permission revoked: topic=%s role=%s", topic, role)
-        service.recheck_permissions_now()
-        return no_content()
+    await resources.update_policies(topic.namespace_name, grant)
+    log.info("permission granted: topic=%s role=%s actions=%s", topic, role, ",".join(actions))
+    service.recheck_permissions_now()
+    return no_content()
 
-    async def permission_check(request: web.Request) -> web.Response:
-        """204 when the caller's role may do ``action`` on the topic, 403 otherwise."""
-        action = request.query.get("action", "")
-        if action not in (PRODUCE, CONSUME):
-            raise InvalidArgument("action must be produce or consume")
-        await service.authorizer.check(_role_of(request), topic_of(request), action)
-        return no_content()
 
-    namespace_path = "/admin/v2/namespaces/{tenant}/{namespace}/permissions"
-    app.router.add_get(namespace_path, namespace_permissions)
-    app.router.add_post(f"{namespace_path}/{{role}}", grant_namespace)
-    app.router.add_delete(f"{namespace_path}/{{role}}", revoke_namespace)
-    topic_path = "/admin/v2/persistent/{tenant}/{namespace}/{topic}"
-    app.router.add_get(f"{topic_path}/permissions", topic_permissions)
-    app.router.add_post(f"{topic_path}/permissions/{{role}}", grant_topic)
-    app.router.add_delete(f"{topic_path}/permissions/{{role}}", revoke_topic)
-    app.router.add_get(f"{topic_path}/permission-check", permission_check)
+@routes.delete(f"{TOPIC_PATH}/permissions/{{role}}")
+async def revoke_topic(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    resources = service.resources
+    topic = topic_of(request)
+    role = _role_from_path(request)
+
+    def revoke(policies: NamespacePolicies) -> None:
+        grants = _auth_of(policies)["destination_auth"].get(str(topic), {})
+        if role not in grants:
+            raise NotFound(f"role {role} has no permissions on topic {topic}")
+        del grants[role]
+        if not grants:
+            policies.auth_policies["destination_auth"].pop(str(topic), None)
+
+    await resources.update_policies(topic.namespace_name, revoke)
+    log.info("permission revoked: topic=%s role=%s", topic, role)
+    service.recheck_permissions_now()
+    return no_content()
+
+
+@routes.get(f"{TOPIC_PATH}/permission-check")
+async def permission_check(request: web.Request) -> web.Response:
+    """204 when the caller's role may do ``action`` on the topic, 403 otherwise."""
+    service = request.app[SERVICE]
+    action = request.query.get("action", "")
+    if action not in (PRODUCE, CONSUME):
+        raise InvalidArgument("action must be produce or consume")
+    await service.authorizer.check(_role_of(request), topic_of(request), action)
+    return no_content()

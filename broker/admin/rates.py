@@ -38,7 +38,7 @@ from aiohttp import web
 
 from broker.admin import topic_access
 from broker.admin.common import flag, integer, json_body, namespace_of, no_content, topic_of
-from broker.service import BrokerService
+from broker.admin.keys import SERVICE
 from common.errors import InvalidArgument, TopicNotFound
 from common.topic_name import TopicName
 
@@ -92,77 +92,101 @@ def _with_rate(rates: dict | None, cluster: str, rate: dict | None) -> dict | No
         changed[cluster] = rate
     return changed or None
 
+# Module-level handlers, registered in this order; each finds the broker in
+# ``request.app[SERVICE]``.
+routes = web.RouteTableDef()
 
-def add_routes(app: web.Application, service: BrokerService) -> None:
-    resources = service.resources
-    topic_store = resources.topic_policies
-    cluster = service.config.cluster
 
-    async def existing_topic(request: web.Request) -> TopicName:
-        name = topic_of(request)
-        if await topic_access.partition_count(service, name.partitioned_parent) > 0 \
-                or await topic_access.exists(service, name):
-            return name
-        raise TopicNotFound(f"topic {name} does not exist")
+async def existing_topic(request: web.Request) -> TopicName:
+    service = request.app[SERVICE]
+    name = topic_of(request)
+    if await topic_access.partition_count(service, name.partitioned_parent) > 0 \
+            or await topic_access.exists(service, name):
+        return name
+    raise TopicNotFound(f"topic {name} does not exist")
 
-    def namespace_handlers(path: str, attribute: str, decode: Callable[[object], dict]) -> None:
-        async def get_rate(request: web.Request) -> web.Response:
-            policies = await resources.policies(namespace_of(request), fresh=True)
-            return web.json_response((getattr(policies, attribute) or {}).get(cluster))
 
-        async def set_rate(request: web.Request) -> web.Response:
-            namespace = namespace_of(request)
-            rate = decode(await json_body(request, required=True))
-            await resources.update_policies(
-                namespace, lambda p: setattr(p, attribute, _with_rate(getattr(p, attribute), cluster, rate)))
-            log.info("namespace rate set: namespace=%s policy=%s value=%s", namespace, path, json.dumps(rate))
-            service.apply_rate_limits_soon()
-            return no_content()
+def namespace_handlers(path: str, attribute: str, decode: Callable[[object], dict]) -> None:
+    async def get_rate(request: web.Request) -> web.Response:
+        service = request.app[SERVICE]
+        resources = service.resources
+        cluster = service.config.cluster
+        policies = await resources.policies(namespace_of(request), fresh=True)
+        return web.json_response((getattr(policies, attribute) or {}).get(cluster))
 
-        async def remove_rate(request: web.Request) -> web.Response:
-            namespace = namespace_of(request)
-            await resources.update_policies(
-                namespace, lambda p: setattr(p, attribute, _with_rate(getattr(p, attribute), cluster, None)))
-            log.info("namespace rate removed: namespace=%s policy=%s", namespace, path)
-            service.apply_rate_limits_soon()
-            return no_content()
+    async def set_rate(request: web.Request) -> web.Response:
+        service = request.app[SERVICE]
+        resources = service.resources
+        cluster = service.config.cluster
+        namespace = namespace_of(request)
+        rate = decode(await json_body(request, required=True))
+        await resources.update_policies(
+            namespace, lambda p: setattr(p, attribute, _with_rate(getattr(p, attribute), cluster, rate)))
+        log.info("namespace rate set: namespace=%s policy=%s value=%s", namespace, path, json.dumps(rate))
+        service.apply_rate_limits_soon()
+        return no_content()
 
-        route = f"/admin/v2/namespaces/{{tenant}}/{{namespace}}/{path}"
-        app.router.add_get(route, get_rate)
-        app.router.add_post(route, set_rate)
-        app.router.add_delete(route, remove_rate)
+    async def remove_rate(request: web.Request) -> web.Response:
+        service = request.app[SERVICE]
+        resources = service.resources
+        cluster = service.config.cluster
+        namespace = namespace_of(request)
+        await resources.update_policies(
+            namespace, lambda p: setattr(p, attribute, _with_rate(getattr(p, attribute), cluster, None)))
+        log.info("namespace rate removed: namespace=%s policy=%s", namespace, path)
+        service.apply_rate_limits_soon()
+        return no_content()
 
-    def topic_handlers(path: str, attribute: str, decode: Callable[[object], dict]) -> None:
-        async def get_rate(request: web.Request) -> web.Response:
-            name = await existing_topic(request)
-            if flag(request, "applied"):
-                policies = await resources.effective_policies(name, fresh=True)
-            else:
-                policies = await topic_store.get(name, fresh=True)
-            return web.json_response((getattr(policies, attribute) or {}).get(cluster) if policies else None)
+    route = f"/admin/v2/namespaces/{{tenant}}/{{namespace}}/{path}"
+    routes.get(route)(get_rate)
+    routes.post(route)(set_rate)
+    routes.delete(route)(remove_rate)
 
-        async def set_rate(request: web.Request) -> web.Response:
-            name = await existing_topic(request)
-            rate = decode(await json_body(request, required=True))
-            await topic_store.update(
-                name, lambda p: setattr(p, attribute, _with_rate(getattr(p, attribute), cluster, rate)))
-            log.info("topic rate set: topic=%s policy=%s value=%s", name.partitioned_parent, path, json.dumps(rate))
-            service.apply_rate_limits_soon()
-            return no_content()
 
-        async def remove_rate(request: web.Request) -> web.Response:
-            name = await existing_topic(request)
-            await topic_store.update(
-                name, lambda p: setattr(p, attribute, _with_rate(getattr(p, attribute), cluster, None)))
-            log.info("topic rate removed: topic=%s policy=%s", name.partitioned_parent, path)
-            service.apply_rate_limits_soon()
-            return no_content()
+def topic_handlers(path: str, attribute: str, decode: Callable[[object], dict]) -> None:
+    async def get_rate(request: web.Request) -> web.Response:
+        service = request.app[SERVICE]
+        resources = service.resources
+        topic_store = resources.topic_policies
+        cluster = service.config.cluster
+        name = await existing_topic(request)
+        if flag(request, "applied"):
+            policies = await resources.effective_policies(name, fresh=True)
+        else:
+            policies = await topic_store.get(name, fresh=True)
+        return web.json_response((getattr(policies, attribute) or {}).get(cluster) if policies else None)
 
-        route = f"/admin/v2/persistent/{{tenant}}/{{namespace}}/{{topic}}/{path}"
-        app.router.add_get(route, get_rate)
-        app.router.add_post(route, set_rate)
-        app.router.add_delete(route, remove_rate)
+    async def set_rate(request: web.Request) -> web.Response:
+        service = request.app[SERVICE]
+        resources = service.resources
+        topic_store = resources.topic_policies
+        cluster = service.config.cluster
+        name = await existing_topic(request)
+        rate = decode(await json_body(request, required=True))
+        await topic_store.update(
+            name, lambda p: setattr(p, attribute, _with_rate(getattr(p, attribute), cluster, rate)))
+        log.info("topic rate set: topic=%s policy=%s value=%s", name.partitioned_parent, path, json.dumps(rate))
+        service.apply_rate_limits_soon()
+        return no_content()
 
-    for path, (attribute, decode) in _RATES.items():
-        namespace_handlers(path, attribute, decode)
-        topic_handlers(path, attribute, decode)
+    async def remove_rate(request: web.Request) -> web.Response:
+        service = request.app[SERVICE]
+        resources = service.resources
+        topic_store = resources.topic_policies
+        cluster = service.config.cluster
+        name = await existing_topic(request)
+        await topic_store.update(
+            name, lambda p: setattr(p, attribute, _with_rate(getattr(p, attribute), cluster, None)))
+        log.info("topic rate removed: topic=%s policy=%s", name.partitioned_parent, path)
+        service.apply_rate_limits_soon()
+        return no_content()
+
+    route = f"/admin/v2/persistent/{{tenant}}/{{namespace}}/{{topic}}/{path}"
+    routes.get(route)(get_rate)
+    routes.post(route)(set_rate)
+    routes.delete(route)(remove_rate)
+
+
+for _path, (_attribute, _decode) in _RATES.items():
+    namespace_handlers(_path, _attribute, _decode)
+    topic_handlers(_path, _attribute, _decode)

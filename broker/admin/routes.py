@@ -1,7 +1,6 @@
-"""Route table of the broker's HTTP API: each resource module adds its own routes (the
-topic and subscription modules as aiohttp ``RouteTableDef``s of module-level handlers,
-which find the broker in ``request.app[keys.SERVICE]``; the others still through an
-``add_routes(app, service)`` of closures).
+"""Route table of the broker's HTTP API: each resource module holds its routes as an
+aiohttp ``RouteTableDef`` of module-level handlers, which find the broker in
+``request.app[keys.SERVICE]`` (set here, before the tables are added).
 Order matters only where a fixed path and a pattern overlap; each module registers its
 fixed paths before its patterns."""
 
@@ -36,22 +35,22 @@ from broker.service import BrokerService
 
 def add_routes(app: web.Application, service: BrokerService) -> None:
     keys.set_up(app, service)
-    lookup.add_routes(app, service)
-    permissions.add_routes(app, service)
-    brokers.add_routes(app, service)
-    bookies.add_routes(app, service)
-    bundles.add_routes(app, service)
-    clusters.add_routes(app, service)
-    tenants.add_routes(app, service)
-    namespaces.add_routes(app, service)
-    rates.add_routes(app, service)
+    app.add_routes(lookup.routes)
+    app.add_routes(permissions.routes)
+    app.add_routes(brokers.routes)
+    app.add_routes(bookies.routes)
+    app.add_routes(bundles.routes)
+    app.add_routes(clusters.routes)
+    app.add_routes(tenants.routes)
+    app.add_routes(namespaces.routes)
+    app.add_routes(rates.routes)
     app.add_routes(topics.routes)
-    stats_history.add_routes(app, service)
-    topic_policies.add_routes(app, service)
+    app.add_routes(stats_history.routes)
+    app.add_routes(topic_policies.routes)
     app.add_routes(subscriptions.routes)
-    messages.add_routes(app, service)
-    archive.add_routes(app, service)
-    schemas.add_routes(app, service)
-    console.add_routes(app, service)
-    transactions.add_routes(app, service)
-    transaction_stats.add_routes(app, service)
+    app.add_routes(messages.routes)
+    app.add_routes(archive.routes)
+    app.add_routes(schemas.routes)
+    app.add_routes(console.routes)
+    app.add_routes(transactions.routes)
+    app.add_routes(transaction_stats.routes)

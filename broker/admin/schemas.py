@@ -21,7 +21,7 @@ from aiohttp import web
 from broker import schema_compatibility
 from broker.admin.common import json_body, no_content, topic_of
 from broker.schemas import TYPE_CODES
-from broker.service import BrokerService
+from broker.admin.keys import SERVICE
 from common.errors import InvalidArgument, NotFound
 
 log = logging.getLogger(__name__)
@@ -41,61 +41,78 @@ def _schema_body(doc: object) -> tuple[str, bytes, dict[str, str]]:
         raise InvalidArgument("properties must be an object")
     return schema_type.upper(), data.encode(), {str(k): str(v) for k, v in properties.items()}
 
+BASE = "/admin/v2/schemas/{tenant}/{namespace}/{topic}"
 
-def add_routes(app: web.Application, service: BrokerService) -> None:
+# Module-level handlers, registered in this order; each finds the broker in
+# ``request.app[SERVICE]``.
+routes = web.RouteTableDef()
+
+
+@routes.get(f"{BASE}/schema")
+async def get_latest(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
     registry = service.schemas
+    name = topic_of(request)
+    found = await registry.get(name)
+    if found is None:
+        raise NotFound(f"no schema for {name}")
+    return web.json_response(found.admin_json())
 
-    async def get_latest(request: web.Request) -> web.Response:
-        name = topic_of(request)
-        found = await registry.get(name)
-        if found is None:
-            raise NotFound(f"no schema for {name}")
-        return web.json_response(found.admin_json())
 
-    async def get_version(request: web.Request) -> web.Response:
-        name = topic_of(request)
-        text = request.match_info["version"]
-        if not text.isdigit():
-            raise InvalidArgument(f"version must be a number, not {text!r}")
-        version = int(text)
-        found = await registry.get(name, version)
-        if found is None:
-            raise NotFound(f"no schema version {version} for {name}")
-        return web.json_response(found.admin_json())
+@routes.get(f"{BASE}/schema/{{version}}")
+async def get_version(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    registry = service.schemas
+    name = topic_of(request)
+    text = request.match_info["version"]
+    if not text.isdigit():
+        raise InvalidArgument(f"version must be a number, not {text!r}")
+    version = int(text)
+    found = await registry.get(name, version)
+    if found is None:
+        raise NotFound(f"no schema version {version} for {name}")
+    return web.json_response(found.admin_json())
 
-    async def get_all(request: web.Request) -> web.Response:
-        versions = await registry.versions(topic_of(request))
-        return web.json_response({"getSchemaResponses": [v.admin_json() for v in versions]})
 
-    async def post_schema(request: web.Request) -> web.Response:
-        name = topic_of(request)
-        schema_type, data, properties = _schema_body(await json_body(request, required=True))
-        strategy = await service.schema_strategy(name)
-        version = await registry.put(name, schema_type, data, properties, strategy)
-        log.info("schema registered by admin: topic=%s version=%d type=%s", name, version, schema_type)
-        return web.json_response({"version": version})
+@routes.get(f"{BASE}/schemas")
+async def get_all(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    registry = service.schemas
+    versions = await registry.versions(topic_of(request))
+    return web.json_response({"getSchemaResponses": [v.admin_json() for v in versions]})
 
-    async def check_compatibility(request: web.Request) -> web.Response:
-        name = topic_of(request)
-        schema_type, data, _ = _schema_body(await json_body(request, required=True))
-        strategy = await service.schema_strategy(name)
-        versions = await registry.versions(name)
-        ok = any(v.type == schema_type and v.data == data for v in versions) or schema_compatibility.compatible(
-            strategy, (schema_type, data), [(v.type, v.data) for v in versions])
-        return web.json_response({"isCompatible": ok, "schemaCompatibilityStrategy": strategy})
 
-    async def delete_schema(request: web.Request) -> web.Response:
-        name = topic_of(request)
-        if not await registry.delete(name):
-            raise NotFound(f"no schema for {name}")
-        log.info("schema deleted by admin: topic=%s", name)
-        return no_content()
+@routes.post(f"{BASE}/schema")
+async def post_schema(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    registry = service.schemas
+    name = topic_of(request)
+    schema_type, data, properties = _schema_body(await json_body(request, required=True))
+    strategy = await service.schema_strategy(name)
+    version = await registry.put(name, schema_type, data, properties, strategy)
+    log.info("schema registered by admin: topic=%s version=%d type=%s", name, version, schema_type)
+    return web.json_response({"version": version})
 
-    base = "/admin/v2/schemas/{tenant}/{namespace}/{topic}"
-    app.router.add_get(f"{base}/schema", get_latest)
-    app.router.add_get(f"{base}/schema/{{version}}", get_version)
-    app.router.add_get(f"{base}/schemas", get_all)
-    app.router.add_post(f"{base}/schema", post_schema)
-    app.router.add_post(f"{base}/compatibility", check_compatibility)
-    app.router.add_delete(f"{base}/schema", delete_schema)
 
+@routes.post(f"{BASE}/compatibility")
+async def check_compatibility(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    registry = service.schemas
+    name = topic_of(request)
+    schema_type, data, _ = _schema_body(await json_body(request, required=True))
+    strategy = await service.schema_strategy(name)
+    versions = await registry.versions(name)
+    ok = any(v.type == schema_type and v.data == data for v in versions) or schema_compatibility.compatible(
+        strategy, (schema_type, data), [(v.type, v.data) for v in versions])
+    return web.json_response({"isCompatible": ok, "schemaCompatibilityStrategy": strategy})
+
+
+@routes.delete(f"{BASE}/schema")
+async def delete_schema(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    registry = service.schemas
+    name = topic_of(request)
+    if not await registry.delete(name):
+        raise NotFound(f"no schema for {name}")
+    log.info("schema deleted by admin: topic=%s", name)
+    return no_content()

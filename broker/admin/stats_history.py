@@ -23,19 +23,22 @@ from aiohttp import web
 
 from broker.admin import topic_access
 from broker.admin.common import flag, topic_of
-from broker.service import BrokerService
+from broker.admin.keys import SERVICE
 from common.errors import NotAllowed, TopicNotFound
 
+# Module-level handlers, registered in this order; each finds the broker in
+# ``request.app[SERVICE]``.
+routes = web.RouteTableDef()
 
-def add_routes(app: web.Application, service: BrokerService) -> None:
-    async def stats_history(request: web.Request) -> web.Response:
-        name = topic_of(request)
-        if await topic_access.partition_count(service, name) > 0:
-            raise NotAllowed(f"{name} is a partitioned topic: ask one of its partitions for its history")
-        await topic_access.redirect_unless_owner(service, name, request)
-        if service.loaded_topic(name) is None and not await topic_access.exists(service, name):
-            raise TopicNotFound(f"topic {name} does not exist")
-        return web.json_response(service.stats_history.topic_history(str(name),
-                                                                     samples=flag(request, "samples", default=True)))
 
-    app.router.add_get("/admin/v2/persistent/{tenant}/{namespace}/{topic}/statsHistory", stats_history)
+@routes.get("/admin/v2/persistent/{tenant}/{namespace}/{topic}/statsHistory")
+async def stats_history(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    name = topic_of(request)
+    if await topic_access.partition_count(service, name) > 0:
+        raise NotAllowed(f"{name} is a partitioned topic: ask one of its partitions for its history")
+    await topic_access.redirect_unless_owner(service, name, request)
+    if service.loaded_topic(name) is None and not await topic_access.exists(service, name):
+        raise TopicNotFound(f"topic {name} does not exist")
+    return web.json_response(service.stats_history.topic_history(str(name),
+                                                                 samples=flag(request, "samples", default=True)))

@@ -40,6 +40,7 @@ from aiohttp import web
 from broker.admin import policy_codec, topic_access
 from broker.admin.common import flag, json_body, no_content, topic_of
 from broker.schema_compatibility import DEFAULT_STRATEGY
+from broker.admin.keys import SERVICE
 from broker.service import BrokerService
 from broker.topic_policies import limit
 from common.errors import InvalidArgument, TopicNotFound
@@ -81,89 +82,114 @@ def _applied(service: BrokerService, attribute: str, effective: NamespacePolicie
                                 "managedLedgerMaxMarkDeleteRate": 0.0}}
     return defaults.get(attribute)
 
+TOPIC_PATH = "/admin/v2/persistent/{tenant}/{namespace}/{topic}"
 
-def add_routes(app: web.Application, service: BrokerService) -> None:
-    resources = service.resources
-    store = resources.topic_policies
+# Module-level handlers, registered in this order; each finds the broker in
+# ``request.app[SERVICE]``.
+routes = web.RouteTableDef()
 
-    async def existing_topic(request: web.Request) -> TopicName:
-        name = topic_of(request)
-        owner = name.partitioned_parent
-        if await topic_access.partition_count(service, owner) > 0 or await topic_access.exists(service, name):
-            return name
-        raise TopicNotFound(f"topic {name} does not exist")
 
-    def simple(path: str, attribute: str, decode: Callable[[object], object]) -> None:
-        async def get_policy(request: web.Request) -> web.Response:
-            name = await existing_topic(request)
-            if flag(request, "applied"):
-                return web.json_response(_applied(service, attribute,
-                                                  await resources.effective_policies(name, fresh=True)))
-            own = await store.get(name, fresh=True)
-            return web.json_response(getattr(own, attribute) if own is not None else None)
+async def existing_topic(request: web.Request) -> TopicName:
+    service = request.app[SERVICE]
+    name = topic_of(request)
+    owner = name.partitioned_parent
+    if await topic_access.partition_count(service, owner) > 0 or await topic_access.exists(service, name):
+        return name
+    raise TopicNotFound(f"topic {name} does not exist")
 
-        async def set_policy(request: web.Request) -> web.Response:
-            name = await existing_topic(request)
-            if path == "messageTTL" and "messageTTL" in request.query:
-                try:
-                    body: object = int(request.query["messageTTL"])
-                except ValueError:
-                    raise InvalidArgument("messageTTL must be an integer number of seconds") from None
-            else:
-                body = await json_body(request, required=True)
-            value = decode(body)
-            await store.update(name, lambda p: setattr(p, attribute, value))
-            log.info("topic policy set: topic=%s policy=%s value=%s", name.partitioned_parent, path,
-                     json.dumps(value))
-            return no_content()
 
-        async def remove_policy(request: web.Request) -> web.Response:
-            name = await existing_topic(request)
-            await store.update(name, lambda p: setattr(p, attribute, None))
-            log.info("topic policy removed: topic=%s policy=%s", name.partitioned_parent, path)
-            return no_content()
-
-        route = f"/admin/v2/persistent/{{tenant}}/{{namespace}}/{{topic}}/{path}"
-        app.router.add_get(route, get_policy)
-        app.router.add_post(route, set_policy)
-        if path == "schemaCompatibilityStrategy":
-            app.router.add_put(route, set_policy)      # Pulsar's verb for this one
-        app.router.add_delete(route, remove_policy)
-
-    async def get_backlog_quotas(request: web.Request) -> web.Response:
+def simple(path: str, attribute: str, decode: Callable[[object], object]) -> None:
+    async def get_policy(request: web.Request) -> web.Response:
+        service = request.app[SERVICE]
+        resources = service.resources
+        store = resources.topic_policies
         name = await existing_topic(request)
         if flag(request, "applied"):
-            return web.json_response((await resources.effective_policies(name, fresh=True)).backlog_quota_map)
+            return web.json_response(_applied(service, attribute,
+                                              await resources.effective_policies(name, fresh=True)))
         own = await store.get(name, fresh=True)
-        return web.json_response(own.backlog_quota_map if own is not None else {})
+        return web.json_response(getattr(own, attribute) if own is not None else None)
 
-    async def set_backlog_quota(request: web.Request) -> web.Response:
+    async def set_policy(request: web.Request) -> web.Response:
+        service = request.app[SERVICE]
+        resources = service.resources
+        store = resources.topic_policies
         name = await existing_topic(request)
-        quota_type = policy_codec.backlog_quota_type_of(request.query.get("backlogQuotaType"))
-        quota = policy_codec.backlog_quota_of(await json_body(request, required=True))
-
-        def change(policies: TopicPolicies) -> None:
-            policies.backlog_quota_map = {**policies.backlog_quota_map, quota_type: quota}
-
-        await store.update(name, change)
-        log.info("topic backlog quota set: topic=%s type=%s quota=%s", name.partitioned_parent, quota_type,
-                 json.dumps(quota))
+        if path == "messageTTL" and "messageTTL" in request.query:
+            try:
+                body: object = int(request.query["messageTTL"])
+            except ValueError:
+                raise InvalidArgument("messageTTL must be an integer number of seconds") from None
+        else:
+            body = await json_body(request, required=True)
+        value = decode(body)
+        await store.update(name, lambda p: setattr(p, attribute, value))
+        log.info("topic policy set: topic=%s policy=%s value=%s", name.partitioned_parent, path,
+                 json.dumps(value))
         return no_content()
 
-    async def remove_backlog_quota(request: web.Request) -> web.Response:
+    async def remove_policy(request: web.Request) -> web.Response:
+        service = request.app[SERVICE]
+        resources = service.resources
+        store = resources.topic_policies
         name = await existing_topic(request)
-        quota_type = policy_codec.backlog_quota_type_of(request.query.get("backlogQuotaType"))
-
-        def change(policies: TopicPolicies) -> None:
-            policies.backlog_quota_map = {k: v for k, v in policies.backlog_quota_map.items() if k != quota_type}
-
-        await store.update(name, change)
-        log.info("topic backlog quota removed: topic=%s type=%s", name.partitioned_parent, quota_type)
+        await store.update(name, lambda p: setattr(p, attribute, None))
+        log.info("topic policy removed: topic=%s policy=%s", name.partitioned_parent, path)
         return no_content()
 
-    for path, (attribute, decode) in _SIMPLE.items():
-        simple(path, attribute, decode)
-    topic_path = "/admin/v2/persistent/{tenant}/{namespace}/{topic}"
-    app.router.add_get(f"{topic_path}/backlogQuotaMap", get_backlog_quotas)
-    app.router.add_post(f"{topic_path}/backlogQuota", set_backlog_quota)
-    app.router.add_delete(f"{topic_path}/backlogQuota", remove_backlog_quota)
+    route = f"/admin/v2/persistent/{{tenant}}/{{namespace}}/{{topic}}/{path}"
+    routes.get(route)(get_policy)
+    routes.post(route)(set_policy)
+    if path == "schemaCompatibilityStrategy":
+        routes.put(route)(set_policy)      # Pulsar's verb for this one
+    routes.delete(route)(remove_policy)
+
+
+for _path, (_attribute, _decode) in _SIMPLE.items():
+    simple(_path, _attribute, _decode)
+
+
+@routes.get(f"{TOPIC_PATH}/backlogQuotaMap")
+async def get_backlog_quotas(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    resources = service.resources
+    store = resources.topic_policies
+    name = await existing_topic(request)
+    if flag(request, "applied"):
+        return web.json_response((await resources.effective_policies(name, fresh=True)).backlog_quota_map)
+    own = await store.get(name, fresh=True)
+    return web.json_response(own.backlog_quota_map if own is not None else {})
+
+
+@routes.post(f"{TOPIC_PATH}/backlogQuota")
+async def set_backlog_quota(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    resources = service.resources
+    store = resources.topic_policies
+    name = await existing_topic(request)
+    quota_type = policy_codec.backlog_quota_type_of(request.query.get("backlogQuotaType"))
+    quota = policy_codec.backlog_quota_of(await json_body(request, required=True))
+
+    def change(policies: TopicPolicies) -> None:
+        policies.backlog_quota_map = {**policies.backlog_quota_map, quota_type: quota}
+
+    await store.update(name, change)
+    log.info("topic backlog quota set: topic=%s type=%s quota=%s", name.partitioned_parent, quota_type,
+             json.dumps(quota))
+    return no_content()
+
+
+@routes.delete(f"{TOPIC_PATH}/backlogQuota")
+async def remove_backlog_quota(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    resources = service.resources
+    store = resources.topic_policies
+    name = await existing_topic(request)
+    quota_type = policy_codec.backlog_quota_type_of(request.query.get("backlogQuotaType"))
+
+    def change(policies: TopicPolicies) -> None:
+        policies.backlog_quota_map = {k: v for k, v in policies.backlog_quota_map.items() if k != quota_type}
+
+    await store.update(name, change)
+    log.info("topic backlog quota removed: topic=%s type=%s", name.partitioned_parent, quota_type)
+    return no_content()

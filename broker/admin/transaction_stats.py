@@ -40,7 +40,7 @@ from aiohttp import web
 from broker.admin import topic_access
 from broker.admin.common import path_integer, query_integer, topic_of
 from broker.admin.policy_codec import subscription_name_of
-from broker.service import BrokerService
+from broker.admin.keys import SERVICE
 from broker.topic import PersistentTopic
 from common.errors import NotAllowed, SubscriptionNotFound
 from common.position import Position
@@ -114,49 +114,56 @@ def position_in_pending_ack(topic: PersistentTopic, subscription: str, position:
         return "PendingAck"
     return "NotInPendingAck"
 
+TOPIC_PATH = "{tenant}/{namespace}/{topic}"
 
-def add_routes(app: web.Application, service: BrokerService) -> None:
-    async def loaded(request: web.Request) -> PersistentTopic:
-        if service.transactions is None:
-            raise NotAllowed("transactions are disabled on this broker (transactions_enabled)")
-        return await topic_access.load(service, topic_of(request), request)
+# Module-level handlers, registered in this order; each finds the broker in
+# ``request.app[SERVICE]``.
+routes = web.RouteTableDef()
 
-    def txn_of(request: web.Request) -> TxnId:
-        return TxnId(path_integer(request, "most", minimum=0, maximum=_U64_MAX),
-                     path_integer(request, "least", minimum=0, maximum=_U64_MAX))
 
-    async def transaction_buffer_stats(request: web.Request) -> web.Response:
-        return web.json_response(buffer_stats(await loaded(request)))
+async def loaded(request: web.Request) -> PersistentTopic:
+    service = request.app[SERVICE]
+    if service.transactions is None:
+        raise NotAllowed("transactions are disabled on this broker (transactions_enabled)")
+    return await topic_access.load(service, topic_of(request), request)
 
-    async def pending_ack_stats(request: web.Request) -> web.Response:
-        pending = _pending_of(await loaded(request), subscription_name_of(request.match_info["subscription"]))
-        return web.json_response({"state": "Ready", "ongoingTxnSize": len(pending.txns),
-                                  "pendingAckSize": len(pending)})
 
-    async def transaction_in_buffer_stats(request: web.Request) -> web.Response:
-        return web.json_response(in_buffer_stats(await loaded(request), txn_of(request)))
+def txn_of(request: web.Request) -> TxnId:
+    return TxnId(path_integer(request, "most", minimum=0, maximum=_U64_MAX),
+                 path_integer(request, "least", minimum=0, maximum=_U64_MAX))
 
-    async def transaction_in_pending_ack_stats(request: web.Request) -> web.Response:
-        topic = await loaded(request)
-        return web.json_response(in_pending_ack_stats(
-            topic, subscription_name_of(request.match_info["subscription"]), txn_of(request)))
 
-    async def position_stats_in_pending_ack(request: web.Request) -> web.Response:
-        topic = await loaded(request)
-        position = Position(path_integer(request, "ledger_id", minimum=0, maximum=2**63 - 1),
-                            path_integer(request, "entry_id", minimum=0, maximum=2**63 - 1))
-        batch_index = query_integer(request, "batchIndex", default=-1, minimum=0, maximum=2**31 - 1) \
-            if "batchIndex" in request.query else None
-        state = position_in_pending_ack(topic, subscription_name_of(request.match_info["subscription"]), position,
-                                        batch_index)
-        return web.json_response({"state": state})
+@routes.get(f"{BASE}/transactionBufferStats/{TOPIC_PATH}")
+async def transaction_buffer_stats(request: web.Request) -> web.Response:
+    return web.json_response(buffer_stats(await loaded(request)))
 
-    topic_path = "{tenant}/{namespace}/{topic}"
-    app.router.add_get(f"{BASE}/transactionBufferStats/{topic_path}", transaction_buffer_stats)
-    app.router.add_get(f"{BASE}/pendingAckStats/{topic_path}/{{subscription}}", pending_ack_stats)
-    app.router.add_get(f"{BASE}/transactionInBufferStats/{topic_path}/{{most}}/{{least}}",
-                       transaction_in_buffer_stats)
-    app.router.add_get(f"{BASE}/transactionInPendingAckStats/{topic_path}/{{subscription}}/{{most}}/{{least}}",
-                       transaction_in_pending_ack_stats)
-    app.router.add_get(f"{BASE}/positionStatsInPendingAck/{topic_path}/{{subscription}}/{{ledger_id}}/{{entry_id}}",
-                       position_stats_in_pending_ack)
+
+@routes.get(f"{BASE}/pendingAckStats/{TOPIC_PATH}/{{subscription}}")
+async def pending_ack_stats(request: web.Request) -> web.Response:
+    pending = _pending_of(await loaded(request), subscription_name_of(request.match_info["subscription"]))
+    return web.json_response({"state": "Ready", "ongoingTxnSize": len(pending.txns),
+                              "pendingAckSize": len(pending)})
+
+
+@routes.get(f"{BASE}/transactionInBufferStats/{TOPIC_PATH}/{{most}}/{{least}}")
+async def transaction_in_buffer_stats(request: web.Request) -> web.Response:
+    return web.json_response(in_buffer_stats(await loaded(request), txn_of(request)))
+
+
+@routes.get(f"{BASE}/transactionInPendingAckStats/{TOPIC_PATH}/{{subscription}}/{{most}}/{{least}}")
+async def transaction_in_pending_ack_stats(request: web.Request) -> web.Response:
+    topic = await loaded(request)
+    return web.json_response(in_pending_ack_stats(
+        topic, subscription_name_of(request.match_info["subscription"]), txn_of(request)))
+
+
+@routes.get(f"{BASE}/positionStatsInPendingAck/{TOPIC_PATH}/{{subscription}}/{{ledger_id}}/{{entry_id}}")
+async def position_stats_in_pending_ack(request: web.Request) -> web.Response:
+    topic = await loaded(request)
+    position = Position(path_integer(request, "ledger_id", minimum=0, maximum=2**63 - 1),
+                        path_integer(request, "entry_id", minimum=0, maximum=2**63 - 1))
+    batch_index = query_integer(request, "batchIndex", default=-1, minimum=0, maximum=2**31 - 1) \
+        if "batchIndex" in request.query else None
+    state = position_in_pending_ack(topic, subscription_name_of(request.match_info["subscription"]), position,
+                                    batch_index)
+    return web.json_response({"state": state})

@@ -54,6 +54,7 @@ from broker.admin import fanout
 from broker.admin.common import path_integer, query_integer
 from broker.admin.transaction_stats import in_buffer_stats, in_pending_ack_stats
 from broker.admin.topic_access import redirect_unless_owner
+from broker.admin.keys import SERVICE
 from broker.service import BrokerService
 from broker.transaction_coordinator import Coordinator, assign_partition
 from common.errors import NotAllowed, SubscriptionNotFound, TopicNotFound, TransactionNotFound
@@ -110,100 +111,114 @@ async def transaction_metadata(service: BrokerService, record: TxnRecord, remote
             "timeoutAt": record.deadline_ms - record.opened_ms if record.opened_ms else None,
             "owner": record.owner, "producedPartitions": produced, "ackedPartitions": acked}
 
+# Module-level handlers, registered in this order; each finds the broker in
+# ``request.app[SERVICE]``.
+routes = web.RouteTableDef()
 
-def add_routes(app: web.Application, service: BrokerService) -> None:
-    def coordinators_service():
-        if service.transactions is None:
-            raise NotAllowed("transactions are disabled on this broker (transactions_enabled)")
-        return service.transactions
 
-    async def chosen(request: web.Request) -> list[Coordinator]:
-        """The coordinator ?coordinatorId names (redirected to its broker), or every one
-        served here."""
-        coordinators = coordinators_service()
-        if "coordinatorId" not in request.query:
-            return coordinators.served()
-        coordinator_id = query_integer(request, "coordinatorId", default=0, minimum=0,
-                                       maximum=coordinators.count - 1)
-        await redirect_unless_owner(service, assign_partition(coordinator_id), request)
-        return [await coordinators.coordinator(coordinator_id)]
+def coordinators_service(service: BrokerService):
+    if service.transactions is None:
+        raise NotAllowed("transactions are disabled on this broker (transactions_enabled)")
+    return service.transactions
 
-    async def get_coordinator_stats(request: web.Request) -> web.Response:
-        """Pulsar's coordinatorStats: with ?coordinatorId=N, N's stats alone."""
+
+async def chosen(request: web.Request) -> list[Coordinator]:
+    """The coordinator ?coordinatorId names (redirected to its broker), or every one
+    served here."""
+    service = request.app[SERVICE]
+    coordinators = coordinators_service(service)
+    if "coordinatorId" not in request.query:
+        return coordinators.served()
+    coordinator_id = query_integer(request, "coordinatorId", default=0, minimum=0,
+                                   maximum=coordinators.count - 1)
+    await redirect_unless_owner(service, assign_partition(coordinator_id), request)
+    return [await coordinators.coordinator(coordinator_id)]
+
+
+async def slow_here(service: BrokerService, coordinator: Coordinator, timeout_ms: int,
+                    remote: fanout.PartitionCalls) -> dict[str, dict]:
+    now_ms = int(time.time() * 1000)
+    slow = sorted((record for record in list(coordinator.records.values())
+                   if record.opened_ms and now_ms - record.opened_ms > timeout_ms), key=lambda r: r.opened_ms)
+    answer = {}
+    for record in slow[:SLOW_TRANSACTIONS_MAX]:
+        metadata = await transaction_metadata(service, record, remote)
+        answer[metadata["txnId"]] = metadata
+    return answer
+
+
+@routes.get(f"{BASE}/coordinators")
+async def get_coordinators(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    coordinators = coordinators_service(service)
+    if "coordinatorId" in request.query:
+        return web.json_response({str(c.coordinator_id): coordinator_stats(c) for c in await chosen(request)})
+    answer: dict[str, object] = {}
+    async with fanout.PartitionCalls(service, request) as remote:
+        for coordinator_id in range(coordinators.count):
+            partition = assign_partition(coordinator_id)
+            owner = await service.owner_of(partition)
+            if owner.is_self:
+                answer[str(coordinator_id)] = coordinator_stats(await coordinators.coordinator(coordinator_id))
+                continue
+            got = await remote.call("GET", owner, partition, path=f"{BASE}/coordinators",
+                                    query={"coordinatorId": str(coordinator_id)})
+            if isinstance(got, dict) and str(coordinator_id) in got:
+                answer[str(coordinator_id)] = got[str(coordinator_id)]
+    return web.json_response(answer)
+
+
+@routes.get(f"{BASE}/coordinatorStats")
+async def get_coordinator_stats(request: web.Request) -> web.Response:
+    """Pulsar's coordinatorStats: with ?coordinatorId=N, N's stats alone."""
+    if "coordinatorId" in request.query:
+        (coordinator,) = await chosen(request)
+        return web.json_response(coordinator_stats(coordinator))
+    return await get_coordinators(request)
+
+
+@routes.get(f"{BASE}/transactionMetadata/{{most}}/{{least}}")
+async def get_metadata(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    coordinators = coordinators_service(service)
+    most = path_integer(request, "most", minimum=0, maximum=_U64_MAX)
+    least = path_integer(request, "least", minimum=0, maximum=_U64_MAX)
+    txn_id = TxnId(most, least)
+    if most >= coordinators.count:
+        raise TransactionNotFound(f"transaction {txn_id}: there is no coordinator {most}")
+    await redirect_unless_owner(service, assign_partition(most), request)
+    coordinator = await coordinators.coordinator(most)
+    record = coordinator.record(txn_id)
+    async with fanout.PartitionCalls(service, request) as remote:
+        return web.json_response(await transaction_metadata(service, record, remote))
+
+
+@routes.get(f"{BASE}/slowTransactions/{{timeout}}")
+async def get_slow(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    timeout_ms = path_integer(request, "timeout", minimum=0, maximum=2**63 - 1)
+    coordinators = coordinators_service(service)
+    async with fanout.PartitionCalls(service, request) as remote:
         if "coordinatorId" in request.query:
-            (coordinator,) = await chosen(request)
-            return web.json_response(coordinator_stats(coordinator))
-        return await get_coordinators(request)
+            slow: dict[str, dict] = {}
+            for coordinator in await chosen(request):
+                slow.update(await slow_here(service, coordinator, timeout_ms, remote))
+            return web.json_response(slow)
 
-    async def get_coordinators(request: web.Request) -> web.Response:
-        coordinators = coordinators_service()
-        if "coordinatorId" in request.query:
-            return web.json_response({str(c.coordinator_id): coordinator_stats(c) for c in await chosen(request)})
-        answer: dict[str, object] = {}
-        async with fanout.PartitionCalls(service, request) as remote:
-            for coordinator_id in range(coordinators.count):
-                partition = assign_partition(coordinator_id)
-                owner = await service.owner_of(partition)
-                if owner.is_self:
-                    answer[str(coordinator_id)] = coordinator_stats(await coordinators.coordinator(coordinator_id))
-                    continue
-                got = await remote.call("GET", owner, partition, path=f"{BASE}/coordinators",
-                                        query={"coordinatorId": str(coordinator_id)})
-                if isinstance(got, dict) and str(coordinator_id) in got:
-                    answer[str(coordinator_id)] = got[str(coordinator_id)]
-        return web.json_response(answer)
+        # Every coordinator: this broker's own, the others asked (with
+        # ?coordinatorId, so the broker asked answers for that one alone) of the
+        # brokers serving them.
+        async def one(coordinator_id: int) -> dict:
+            partition = assign_partition(coordinator_id)
+            owner = await service.owner_of(partition)
+            if owner.is_self:
+                return await slow_here(service, await coordinators.coordinator(coordinator_id), timeout_ms,
+                                       remote)
+            got = await remote.call("GET", owner, partition, path=f"{BASE}/slowTransactions/{timeout_ms}",
+                                    query={"coordinatorId": str(coordinator_id)})
+            return got if isinstance(got, dict) else {}
 
-    async def get_metadata(request: web.Request) -> web.Response:
-        coordinators = coordinators_service()
-        most = path_integer(request, "most", minimum=0, maximum=_U64_MAX)
-        least = path_integer(request, "least", minimum=0, maximum=_U64_MAX)
-        txn_id = TxnId(most, least)
-        if most >= coordinators.count:
-            raise TransactionNotFound(f"transaction {txn_id}: there is no coordinator {most}")
-        await redirect_unless_owner(service, assign_partition(most), request)
-        coordinator = await coordinators.coordinator(most)
-        record = coordinator.record(txn_id)
-        async with fanout.PartitionCalls(service, request) as remote:
-            return web.json_response(await transaction_metadata(service, record, remote))
-
-    async def slow_here(coordinator: Coordinator, timeout_ms: int, remote: fanout.PartitionCalls) -> dict[str, dict]:
-        now_ms = int(time.time() * 1000)
-        slow = sorted((record for record in list(coordinator.records.values())
-                       if record.opened_ms and now_ms - record.opened_ms > timeout_ms), key=lambda r: r.opened_ms)
-        answer = {}
-        for record in slow[:SLOW_TRANSACTIONS_MAX]:
-            metadata = await transaction_metadata(service, record, remote)
-            answer[metadata["txnId"]] = metadata
-        return answer
-
-    async def get_slow(request: web.Request) -> web.Response:
-        timeout_ms = path_integer(request, "timeout", minimum=0, maximum=2**63 - 1)
-        coordinators = coordinators_service()
-        async with fanout.PartitionCalls(service, request) as remote:
-            if "coordinatorId" in request.query:
-                slow: dict[str, dict] = {}
-                for coordinator in await chosen(request):
-                    slow.update(await slow_here(coordinator, timeout_ms, remote))
-                return web.json_response(slow)
-
-            # Every coordinator: this broker's own, the others asked (with
-            # ?coordinatorId, so the broker asked answers for that one alone) of the
-            # brokers serving them.
-            async def one(coordinator_id: int) -> dict:
-                partition = assign_partition(coordinator_id)
-                owner = await service.owner_of(partition)
-                if owner.is_self:
-                    return await slow_here(await coordinators.coordinator(coordinator_id), timeout_ms, remote)
-                got = await remote.call("GET", owner, partition, path=f"{BASE}/slowTransactions/{timeout_ms}",
-                                        query={"coordinatorId": str(coordinator_id)})
-                return got if isinstance(got, dict) else {}
-
-            answer: dict[str, dict] = {}
-            for part in await fanout.bounded_gather(one(n) for n in range(coordinators.count)):
-                answer.update(part)
-        return web.json_response(answer)
-
-    app.router.add_get(f"{BASE}/coordinators", get_coordinators)
-    app.router.add_get(f"{BASE}/coordinatorStats", get_coordinator_stats)
-    app.router.add_get(f"{BASE}/transactionMetadata/{{most}}/{{least}}", get_metadata)
-    app.router.add_get(f"{BASE}/slowTransactions/{{timeout}}", get_slow)
+        answer: dict[str, dict] = {}
+        for part in await fanout.bounded_gather(one(n) for n in range(coordinators.count)):
+            answer.update(part)
+    return web.json_response(answer)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from broker.archiver import ArchiverConfig
+from broker.archiver_config import ArchiverConfig
 from broker.config import BrokerConfig
 from managed_ledger.managed_ledger import ManagedLedgerConfig
 from broker.service import BrokerService

@@ -271,7 +271,7 @@ async def test_service_close_stops_a_load_in_progress():
         await service.close()
         with pytest.raises(ServiceNotReady):
             await caller
-    assert not service._loads
+    assert not service.topic_loader._loads
 
 
 async def test_create_topic_creates_the_record_once():

@@ -28,7 +28,7 @@ import argparse
 
 import pytest
 
-from broker.archiver import ArchiverConfig
+from broker.archiver_config import ArchiverConfig
 
 from bookie import main as bookie_main
 from bookie.config import BookieConfig, JournalConfig, LedgerStorageConfig

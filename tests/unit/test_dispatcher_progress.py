@@ -297,7 +297,7 @@ def test_a_tail_larger_than_one_read_is_finished_by_the_task_and_permits_still_b
 
 def test_a_resting_watch_may_skip_samples_without_making_up_a_stall():
     """The broker skips the samples of a subscription with no consumer while its watch
-    rests (broker/service.py check_dispatchers: 100,000 idle subscriptions). A watch
+    rests (broker/topic_upkeep.py check_dispatchers: 100,000 idle subscriptions). A watch
     rests only with no wait under way; after samples were skipped for a long time, the
     first sample with work starts a wait afresh instead of counting the skipped time."""
     watch = DispatchWatch(bound_s=1.0)
