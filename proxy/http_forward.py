@@ -15,8 +15,9 @@ the TLS handshake verified (``--tls-trust-certs-file``), to a proxy that accepts
 the proxy on its behalf: the proxy's token, and ``X-Original-Principal`` naming the
 certificate's CN, which brokers honour only from their ``--proxy-roles`` and authorize
 as that role (broker/admin/permissions.py) — as a piped binary connection's
-``original_principal``. Credentials a caller sends win over its certificate. Bodies are
-bounded by the app's body limit."""
+``original_principal``. Credentials a caller sends win over its certificate. A request's
+body is read whole (bounded by the app's body limit: it may be sent again after a
+redirect); the broker's answer is streamed to the caller (``_stream_answer``)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,9 @@ PASSED_HEADERS = ("Authorization", "Content-Type", "Accept")
 # The header brokers read the role a proxy acts for from (Pulsar's proxies send it too).
 ORIGINAL_PRINCIPAL_HEADER = "X-Original-Principal"
 ANSWER_HEADERS = ("Content-Type",)
+# The whole exchange with a broker (connect, request, answer read to its end).
 TIMEOUT_S = 60.0
+STREAM_CHUNK_BYTES = 64 * 1024
 
 
 def _origin(url: str) -> str:
@@ -61,6 +64,35 @@ def acting_for_certificate(request: web.Request, auth: ProxyAuthenticator | None
     if credentials is None:
         return {}
     return {"Authorization": f"Bearer {credentials[1].decode('ascii')}", ORIGINAL_PRINCIPAL_HEADER: principal}
+
+
+async def _stream_answer(request: web.Request, answer: aiohttp.ClientResponse,
+                         metrics: ProxyMetrics) -> web.StreamResponse:
+    """The broker's answer passed on as it arrives, ``STREAM_CHUNK_BYTES`` at a time: the
+    proxy holds at most about one chunk per request (plus the transports' buffers), and a
+    slow caller slows the read from the broker (each write waits for the caller's
+    transport to drain). Once the status is sent a broken upstream cannot be reported
+    with another: the caller's connection is then closed before the announced length or
+    the last chunk, which it sees as a truncated answer, never as a complete one."""
+    response = web.StreamResponse(status=answer.status,
+                                  headers={name: answer.headers[name] for name in ANSWER_HEADERS
+                                           if name in answer.headers})
+    if answer.content_length is not None:
+        response.content_length = answer.content_length
+    await response.prepare(request)
+    try:
+        async for chunk in answer.content.iter_chunked(STREAM_CHUNK_BYTES):
+            await response.write(chunk)
+    except (aiohttp.ClientError, TimeoutError) as error:
+        metrics.http.labels("unavailable").inc()
+        log.warning("broker answer broken off while passed on: status=%d error=%s", answer.status,
+                    type(error).__name__)
+        if request.transport is not None:
+            request.transport.close()
+        return response
+    await response.write_eof()
+    metrics.http.labels("ok" if answer.status < 500 else "error").inc()
+    return response
 
 
 def add_forward_routes(app: web.Application, brokers: BrokerDirectory, metrics: ProxyMetrics, *,
@@ -101,11 +133,7 @@ def add_forward_routes(app: web.Application, brokers: BrokerDirectory, metrics: 
                             return web.json_response({"reason": "redirect to an address that is not a broker"},
                                                      status=502)
                         continue
-                    payload = await answer.read()
-                    metrics.http.labels("ok" if answer.status < 500 else "error").inc()
-                    return web.Response(status=answer.status, body=payload,
-                                        headers={name: answer.headers[name] for name in ANSWER_HEADERS
-                                                 if name in answer.headers})
+                    return await _stream_answer(request, answer, metrics)
             except (aiohttp.ClientError, TimeoutError) as error:
                 metrics.http.labels("unavailable").inc()
                 return web.json_response({"reason": f"broker unreachable: {type(error).__name__}"}, status=503)
