@@ -21,7 +21,12 @@ it); ``startingOffsetsByTimestamp`` (JSON, per topic ``{"<topic>": ms}`` or per
 partition ``{"<topic>": {"0": ms, …}}``; topics it does not name start by the other
 options); ``maxMessagesPerTrigger`` (Spark's ReadLimit: a micro-batch ends at the
 last whole entry within the limit, counted by reading the range on the driver; at least
-one entry, so a batch of more messages than the limit still moves on).
+one entry, so a batch of more messages than the limit still moves on);
+``minMessagesPerTrigger`` with ``maxTriggerDelay`` (default 15m; the Kafka source's
+``minOffsetsPerTrigger``/``maxTriggerDelay``): a trigger that finds fewer new messages
+than the minimum runs no micro-batch, until the minimum is there or the delay since the
+last batch passed (spark/admission.py; counted by reading the new range on the driver,
+up to the minimum; not applied under Trigger.AvailableNow, which reads what is stored).
 
 ``failOnDataLoss`` (default true, as Spark's Kafka source): before a micro-batch is
 planned and before it is read, each partition's start offset is checked against what
@@ -35,6 +40,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass
 from typing import Iterator, Mapping
 
@@ -46,6 +52,7 @@ from archive.reader import ArchiveFile
 from common.errors import ConfigError, MessagesDeleted, TailGap
 from common.topic_name import TopicName
 from spark import manifest, metrics
+from spark.admission import TriggerAdmission, parse_delay_s
 from spark.bounds import Bounds
 from spark.data_loss import LedgerHistory, find_loss
 from spark.options import _boolean, _get, _integer, parse_read_options, topic_name
@@ -125,6 +132,15 @@ class MagnetarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.starting_timestamp_ms = _integer(options, "startingTimestamp", None, 0)
         self.starting_by_timestamp = _timestamps_by_topic(_get(options, "startingOffsetsByTimestamp"))
         self.max_messages = _integer(options, "maxMessagesPerTrigger", None, 1)
+        # minMessagesPerTrigger / maxTriggerDelay (spark/admission.py).
+        minimum = _integer(options, "minMessagesPerTrigger", None, 1)
+        delay_text = _get(options, "maxTriggerDelay")
+        if minimum is None and delay_text is not None:
+            raise ConfigError("option maxTriggerDelay needs minMessagesPerTrigger")
+        if minimum is not None and self.max_messages is not None and minimum > self.max_messages:
+            raise ConfigError(f"option minMessagesPerTrigger ({minimum}) is above maxMessagesPerTrigger "
+                              f"({self.max_messages})")
+        self.admission = None if minimum is None else TriggerAdmission(minimum, parse_delay_s(delay_text))
         self.fail_on_data_loss = _boolean(options, "failOnDataLoss", True)
         # Trigger.AvailableNow: each partition's last message when the query started;
         # no micro-batch goes past it (None: any trigger but AvailableNow).
@@ -239,7 +255,32 @@ class MagnetarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 end, used = self._position_within(name, begin, end, budget)
                 budget -= used
             latest[name] = _text(end)
+        if self.admission is not None and self.available_now_end is None and latest != start:
+            available = self._count_new(start, latest, self.admission.minimum)
+            if available and not self.admission.admit(time.monotonic(), available):
+                log.debug("spark stream puts a micro-batch off: %d new messages, minMessagesPerTrigger %d",
+                          available, self.admission.minimum)
+                return dict(start)
         return latest
+
+    def _count_new(self, start: dict, latest: dict, needed: int) -> int:
+        """The messages between ``start`` and ``latest`` (all partitions), counted by
+        reading the ranges on the driver as a task would, up to ``needed`` at most."""
+        counted = 0
+        for name, end_text in latest.items():
+            begin, end = _position(start.get(name, NOTHING)), _position(end_text)
+            if end is None or (begin is not None and end <= begin):
+                continue
+            for partition in self._plan(name, begin, end):
+                batches = self._read_partition(partition, check=False)
+                try:
+                    for batch in batches:
+                        counted += batch.num_rows
+                        if counted >= needed:
+                            return counted
+                finally:
+                    batches.close()
+        return counted
 
     def reportLatestOffset(self) -> dict | None:
         """Spark's latestOffset in the query's progress (``sources[].latestOffset``):

@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import threading
+import time
 import uuid
 
 import pulsar
@@ -246,6 +247,56 @@ def test_a_stream_behind_the_archive_reads_the_files_then_the_tail(spark_session
         tail_rows = sum(task["rows"] for task in metrics.collect(metrics_dir, "stream-tail"))
         assert archive_rows > 0 and tail_rows >= 3
         assert archive_rows + tail_rows == len(sent)
+    finally:
+        holder.close()
+
+
+@pytest.mark.timeout(600)
+def test_min_messages_per_trigger_puts_a_micro_batch_off_until_the_minimum_is_there(
+        spark_session, archived, tmp_path):
+    """minMessagesPerTrigger 5 with a maxTriggerDelay of 10 minutes (so no batch in this
+    test can be let through by the delay): the first trigger reads the 3 messages there
+    at once (a reader's first batch is never put off); 2 more make no micro-batch for 4 s
+    (a query without the option reads them within a trigger of 0.3 s); 3 more reach the
+    minimum and the 5 come in one micro-batch."""
+    cluster, _topic, _sent = archived
+    topic = f"persistent://public/default/spark-min-trigger-{uuid.uuid4().hex[:8]}"
+    holder = cluster.client.subscribe(topic, "holder", initial_position=pulsar.InitialPosition.Earliest)
+    batches: list[set] = []
+    lock = threading.Lock()
+
+    def sink(batch, _batch_id) -> None:
+        rows = {tuple(row) for row in batch.collect()}
+        if rows:
+            with lock:
+                batches.append(rows)
+
+    def count() -> int:
+        with lock:
+            return len(batches)
+
+    try:
+        first = produce(cluster.client, topic, 3, batching=False)
+        stream = (spark_session.readStream.format("magnetar").option("adminUrl", cluster.admin_url)
+                  .option("serviceUrl", cluster.brokers[0].service_url).option("topic", topic)
+                  .option("minMessagesPerTrigger", "5").option("maxTriggerDelay", "10m").load())
+        query = (stream.select("ledger_id", "entry_id", "batch_index").writeStream.foreachBatch(sink)
+                 .option("checkpointLocation", str(tmp_path / "checkpoint"))
+                 .trigger(processingTime="300 milliseconds").start())
+        try:
+            wait_until(lambda: count() >= 1, 120, "the first micro-batch")
+            second = produce(cluster.client, topic, 2, base=3, batching=False)
+            deadline = time.monotonic() + 4
+            while time.monotonic() < deadline:
+                assert count() == 1, f"a micro-batch of fewer than 5 messages ran: {batches}"
+                time.sleep(0.1)
+            third = produce(cluster.client, topic, 3, base=5, batching=False)
+            wait_until(lambda: count() >= 2, 120, "the micro-batch of 5 messages")
+        finally:
+            query.stop()
+        assert batches[0] == set(first)
+        assert batches[1] == set(second) | set(third), batches
+        assert len(batches) == 2, batches
     finally:
         holder.close()
 
