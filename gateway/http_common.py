@@ -22,6 +22,10 @@ SUBSCRIPTION_CHARS_MAX = 256
 _TENANT = re.compile(r"[-=:.A-Za-z0-9_]{1,128}")
 TOPIC_CHARS_MAX = 188
 _DOT_SEGMENTS = (".", "..")
+# A local name ending as a partition's does: the gateway serves topics, not partitions,
+# whatever comes before the suffix (the document's "not" on the topic; TopicName does
+# not call "-partition-0", with nothing before it, a partition).
+PARTITION_SUFFIX = re.compile(r"-partition-(0|[1-9][0-9]*)$")
 
 
 async def json_body(request: web.Request, *, required: bool = True) -> Any:
@@ -62,7 +66,7 @@ def topic_of(request: web.Request) -> str:
         name = TopicName.from_parts(info["tenant"], info["namespace"], info["topic"])
     except InvalidArgument as error:
         raise InvalidArgument(f"topic: {error.message}") from None
-    if name.is_partition:
+    if name.is_partition or PARTITION_SUFFIX.search(info["topic"]):
         raise InvalidArgument("name the topic, not one of its partitions (the gateway spreads over them)")
     return str(name)
 

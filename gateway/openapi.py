@@ -15,6 +15,7 @@ from aiohttp import web
 
 from common.version import __version__
 from gateway.config import GatewayConfig
+from gateway.http_common import PARTITION_SUFFIX
 from gateway.json_codec import (
     DEAD_LETTER_TOPIC_CHARS_MAX,
     DEAD_LETTER_TOPIC_PATTERN,
@@ -73,7 +74,7 @@ TOPIC_PARAMETERS = [
     _path_parameter("namespace", _NAME_PART, "Pulsar namespace, e.g. default"),
     _path_parameter("topic", {"type": "string", "pattern": f"^[^/{_WHITESPACE}\\x00-\\x1f\\x7f]+$",
                               "maxLength": TOPIC_CHARS_MAX,
-                              "not": {"anyOf": [_DOT_SEGMENTS, {"pattern": r"-partition-(0|[1-9][0-9]*)$"}]}},
+                              "not": {"anyOf": [_DOT_SEGMENTS, {"pattern": PARTITION_SUFFIX.pattern}]}},
                     "the topic's local name (the topic, not one of its partitions)"),
 ]
 SUBSCRIPTION_PARAMETERS = TOPIC_PARAMETERS + [

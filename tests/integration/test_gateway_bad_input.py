@@ -140,6 +140,13 @@ async def test_bad_requests_get_clear_4xx_and_change_nothing(gateway, gw_cluster
     status, document, _ = await raw(gateway, "POST", f"{base}/v1/topics/persistent/public/default/my%20topic/message",
                                     b'{"payload": "x"}')
     assert_error(status, document, 400, INVALID, "may not hold whitespace")
+    # A partition's name, also with nothing before its suffix (the fuzzer's
+    # "-partition-0" was once taken as a topic by settles whose receipts all failed).
+    for local in ("orders-partition-0", "-partition-0", "-partition-12"):
+        status, document, _ = await raw(gateway, "POST",
+                                        f"{base}/v1/topics/persistent/public/default/{local}/subscriptions/s/nack",
+                                        b'{"receipts": ["x"]}')
+        assert_error(status, document, 400, INVALID, "not one of its partitions")
     # What was accepted: three messages.
     await gateway.call("POST", f"{topic_url}/message", {"payload": "good-1"})
     await gateway.produce(path, [{"payload": "good-2"}, {"payload": "Z29vZC0z", "encoding": "base64"}])
