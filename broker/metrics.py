@@ -112,7 +112,7 @@ class TopicSeriesText:
         config = service.config
         self._series = TopicSeries(config.cluster, TopicMetricsLimits(
             topic_level=config.metrics_topic_level, topics_max=config.metrics_topics_max,
-            subscriptions_max=config.metrics_subscriptions_max))
+            subscriptions_max=config.metrics_subscriptions_max, transactions=config.transactions_enabled))
         self.last: ScrapeResult | None = None
         self.last_seconds = 0.0
 

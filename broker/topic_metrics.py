@@ -26,6 +26,11 @@ Theory of operation:
   ``magnetar_broker_metrics_topics_folded`` and
   ``magnetar_broker_metrics_subscriptions_omitted`` count what the limits held back, so a
   dashboard can say its per-topic view is partial.
+- With transactions on, Pulsar's transaction series too: per topic its buffer's open
+  transactions and the transactions committed and aborted on it
+  (``pulsar_txn_tb_*_total``), per subscription those ended on its pending
+  acknowledgements (``pulsar_txn_tp_*_count_total``); counted since the topic loaded on
+  this broker, as Pulsar's (which start again at a load too).
 - The text is written directly (``TopicSeries.scrape``), not through prometheus_client's
   generic writer, and the rates keep one sample per loaded topic and consumer: the
   scrape's cost is one pass over the loaded topics (bench/metrics_bench.py).
@@ -53,6 +58,12 @@ TOPIC_SERIES: tuple[tuple[str, str], ...] = (
     ("pulsar_storage_size", "Bytes the topic's ledgers hold"),
     ("pulsar_msg_backlog", "Entries not yet acknowledged, summed over the topic's subscriptions"),
 )
+# With transactions on (the broker's transactions_enabled), as Pulsar's TopicStats.
+TOPIC_TRANSACTION_SERIES: tuple[tuple[str, str], ...] = (
+    ("pulsar_txn_tb_active_total", "Transactions open on the topic (its transaction buffer)"),
+    ("pulsar_txn_tb_aborted_total", "Transactions aborted on the topic since it loaded on this broker"),
+    ("pulsar_txn_tb_committed_total", "Transactions committed on the topic since it loaded on this broker"),
+)
 SUBSCRIPTION_SERIES: tuple[tuple[str, str], ...] = (
     ("pulsar_subscription_back_log", "Entries the subscription has not acknowledged"),
     ("pulsar_subscription_msg_rate_out", "Messages dispatched to the subscription's consumers per second"),
@@ -61,6 +72,12 @@ SUBSCRIPTION_SERIES: tuple[tuple[str, str], ...] = (
     ("pulsar_subscription_delayed", "Delayed messages waiting for their delivery time"),
     ("pulsar_subscription_consumers_count", "Consumers attached to the subscription"),
 )
+SUBSCRIPTION_TRANSACTION_SERIES: tuple[tuple[str, str], ...] = (
+    ("pulsar_txn_tp_committed_count_total",
+     "Transactions committed on the subscription (its pending acknowledgements) since the topic loaded here"),
+    ("pulsar_txn_tp_aborted_count_total",
+     "Transactions aborted on the subscription (its pending acknowledgements) since the topic loaded here"),
+)
 
 
 @dataclass(frozen=True)
@@ -68,6 +85,8 @@ class TopicMetricsLimits:
     topic_level: bool = True
     topics_max: int = 1000
     subscriptions_max: int = 5000
+    # The transaction series (TOPIC_/SUBSCRIPTION_TRANSACTION_SERIES) are written.
+    transactions: bool = False
 
 
 # A counter is measured over at least this long (as broker/stats.py RATE_WINDOW_S_MIN):
@@ -137,6 +156,16 @@ def _subscription_values(topic: "PersistentTopic", subscription: "Subscription",
     return (backlog, rate, throughput, unacked, delayed, len(consumers))
 
 
+def _topic_transaction_values(topic: "PersistentTopic") -> tuple:
+    transactions = topic.transactions
+    return (len(transactions.buffer.open), transactions.aborted, transactions.committed)
+
+
+def _subscription_transaction_values(topic: "PersistentTopic", name: str) -> tuple:
+    ended = topic.transactions.ended_on.get(name)
+    return (0, 0) if ended is None else (ended[0], ended[1])
+
+
 @dataclass
 class ScrapeResult:
     text: str
@@ -158,8 +187,11 @@ class TopicSeries:
     def scrape(self, topics: Iterable["PersistentTopic"], now_s: float) -> ScrapeResult:
         limits = self.limits
         cluster = _escape(self.cluster)
-        topic_lines: list[list[str]] = [[] for _ in TOPIC_SERIES]
-        subscription_lines: list[list[str]] = [[] for _ in SUBSCRIPTION_SERIES]
+        topic_series = TOPIC_SERIES + TOPIC_TRANSACTION_SERIES if limits.transactions else TOPIC_SERIES
+        subscription_series = (SUBSCRIPTION_SERIES + SUBSCRIPTION_TRANSACTION_SERIES if limits.transactions
+                               else SUBSCRIPTION_SERIES)
+        topic_lines: list[list[str]] = [[] for _ in topic_series]
+        subscription_lines: list[list[str]] = [[] for _ in subscription_series]
         topics_count: dict[str, int] = {}
         folded: dict[str, list[float]] = {}        # namespace -> summed topic values
         exposed_topics = exposed_subscriptions = 0
@@ -175,6 +207,8 @@ class TopicSeries:
             values_by_name = []
             for name in sorted(subscriptions):
                 values = _subscription_values(topic, subscriptions[name], rates, now_s)
+                if limits.transactions:
+                    values += _subscription_transaction_values(topic, name)
                 values_by_name.append((name, values))
                 backlog += values[0]
                 rate_out += values[1]
@@ -182,6 +216,8 @@ class TopicSeries:
                 consumers += values[5]
             values = (len(subscriptions), len(topic.producers), consumers, rate_in, rate_out, throughput_in,
                       throughput_out, topic.ledger.total_size(), backlog)
+            if limits.transactions:
+                values += _topic_transaction_values(topic)
             if limits.topic_level and exposed_topics < limits.topics_max:
                 exposed_topics += 1
                 labels = f'cluster="{cluster}",namespace="{_escape(namespace)}",topic="{_escape(topic.full_name)}"'
@@ -213,7 +249,7 @@ class TopicSeries:
                 lines.append(suffix + _number(value))
         out: list[str] = []
         samples = 0
-        for (name, help_text), lines in (*zip(TOPIC_SERIES, topic_lines), *zip(SUBSCRIPTION_SERIES,
+        for (name, help_text), lines in (*zip(topic_series, topic_lines), *zip(subscription_series,
                                                                               subscription_lines)):
             out.append(f"# HELP {name} {help_text}\n# TYPE {name} gauge\n")
             out.extend(f"{name}{line}\n" for line in lines)

@@ -177,6 +177,13 @@ class TopicTransactions:
         self.recover_end_ms = 0
         # Transactional sends waiting for the mark to be read (``publish``).
         self._deferred: list[tuple[Any, bytes, int, TxnId, asyncio.Future[Position]]] = []
+        # Transactions ended on this topic since it loaded here (its buffer: Pulsar's
+        # pulsar_txn_tb_committed_total / _aborted_total), and on each subscription
+        # ([committed, aborted]: pulsar_txn_tp_committed_count_total / _aborted_...;
+        # an entry per existing subscription that saw one, gone with it).
+        self.committed = 0
+        self.aborted = 0
+        self.ended_on: dict[str, list[int]] = {}
 
     def entries_for(self, cursor: "ManagedCursor") -> TransactionalEntries:
         return TransactionalEntries(self._topic.ledger, self, cursor)
@@ -243,6 +250,10 @@ class TopicTransactions:
         position = await self._topic.ledger.append(marker_entry(txn_id, commit=commit))
         self.buffer.marker_stored(txn_id, position)
         self.buffer.forget_trimmed(self._topic.ledger.first_position)
+        if commit:
+            self.committed += 1
+        else:
+            self.aborted += 1
         log.info("transaction ended on topic: topic=%s txn=%s action=%s marker=%s", self._topic.full_name, txn_id,
                  "commit" if commit else "abort", position)
 
@@ -328,6 +339,8 @@ class TopicTransactions:
                 through = acks.cumulative[0] if acks.cumulative is not None else None
                 subscription.release_held([a.position for a in acked], through=through)
         await self._ack_store.delete(name, txn_id)
+        if subscription is not None and self._topic.subscriptions.get(name) is subscription:
+            self.ended_on.setdefault(name, [0, 0])[0 if commit else 1] += 1
         log.info("transaction ended on subscription: topic=%s subscription=%s txn=%s action=%s acks=%d "
                  "cumulative=%s", self._topic.full_name, name, txn_id, "commit" if commit else "abort",
                  len(acks.individual), acks.cumulative[0] if acks.cumulative is not None else None)
@@ -341,6 +354,7 @@ class TopicTransactions:
         to apply or release (a subscription made again under the name is a new one: it
         is neither held back by them nor acknowledged by their commit)."""
         pending = self.pending.pop(name, None)
+        self.ended_on.pop(name, None)
         try:
             await self._ack_store.delete_subscription(name)
         except MagnetarError as error:
@@ -355,6 +369,7 @@ class TopicTransactions:
     async def drop_all(self) -> None:
         """The topic was deleted: every subscription's pending acknowledgements go."""
         self.pending.clear()
+        self.ended_on.clear()
         await self._ack_store.delete_all()
 
     # --- recovery -----------------------------------------------------------------------------------

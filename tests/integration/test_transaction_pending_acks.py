@@ -301,6 +301,21 @@ def admin_get(admin_url: str, path: str) -> tuple[int, object]:
         return error.code, json.loads(error.read() or b"null")
 
 
+def topic_txn_series(admin_url: str, topic: str) -> dict[str, float]:
+    """The per-topic and per-subscription transaction series of ``topic`` (Pulsar's
+    pulsar_txn_tb_* and pulsar_txn_tp_*), keyed "name" or "name/subscription"."""
+    with urllib.request.urlopen(f"{admin_url}/metrics", timeout=30) as answer:
+        text = answer.read().decode()
+    found = {}
+    for line in text.splitlines():
+        if line.startswith(("pulsar_txn_tb_", "pulsar_txn_tp_")) and f'topic="{topic}"' in line:
+            name = line.split("{", 1)[0]
+            if 'subscription="' in line:
+                name += "/" + line.split('subscription="', 1)[1].split('"', 1)[0]
+            found[name] = float(line.rsplit(" ", 1)[1])
+    return found
+
+
 def txn_series(admin_url: str, coordinator_id: int) -> dict[str, float]:
     """The pulsar_txn_* series of one coordinator, from the broker's /metrics."""
     with urllib.request.urlopen(f"{admin_url}/metrics", timeout=30) as answer:
@@ -353,6 +368,11 @@ async def test_the_admin_rest_and_metrics_show_coordinators_and_an_open_transact
 
     during = await asyncio.to_thread(txn_series, admin_url, txn.most)
     assert during["pulsar_txn_active_count"] >= 1, during
+    # The topic's own series: one transaction open in its buffer, none ended yet.
+    on_topic = await asyncio.to_thread(topic_txn_series, admin_url, topic)
+    assert on_topic == {"pulsar_txn_tb_active_total": 1, "pulsar_txn_tb_aborted_total": 0,
+                        "pulsar_txn_tb_committed_total": 0, "pulsar_txn_tp_committed_count_total/admin-sub": 0,
+                        "pulsar_txn_tp_aborted_count_total/admin-sub": 0}, on_topic
     assert during["pulsar_txn_created_total"] >= before.get("pulsar_txn_created_total", 0) + 1, (before, during)
     assert during["pulsar_txn_append_log_total"] >= before.get("pulsar_txn_append_log_total", 0) + 3
 
@@ -361,4 +381,13 @@ async def test_the_admin_rest_and_metrics_show_coordinators_and_an_open_transact
     assert status == 404 and gone["error"] == "TransactionNotFound", gone
     after = await asyncio.to_thread(txn_series, admin_url, txn.most)
     assert after["pulsar_txn_committed_total"] == during.get("pulsar_txn_committed_total", 0) + 1, (during, after)
+    expected = {"pulsar_txn_tb_active_total": 0, "pulsar_txn_tb_aborted_total": 0,
+                "pulsar_txn_tb_committed_total": 1, "pulsar_txn_tp_committed_count_total/admin-sub": 1,
+                "pulsar_txn_tp_aborted_count_total/admin-sub": 0}
+    for _ in range(100):
+        on_topic = await asyncio.to_thread(topic_txn_series, admin_url, topic)
+        if on_topic == expected:
+            break
+        await asyncio.sleep(0.1)
+    assert on_topic == expected, on_topic
     await consumer.close()
