@@ -27,7 +27,7 @@ from typing import Mapping, NamedTuple, Protocol, Sequence
 
 from client.compression import CODECS, decompress
 from common.errors import InvalidArgument, MalformedFrame
-from protocol.batch import EncryptedPayload, UnsupportedCompression, is_batch, parse_batch
+from protocol.batch import EncryptedPayload, PlainRecord, UnsupportedCompression, is_batch, parse_batch
 from protocol.proto import pulsar_api_pb2 as pb
 
 _U32 = struct.Struct(">I")
@@ -348,7 +348,7 @@ def split_batch(metadata: pb.MessageMetadata, payload: bytes | memoryview, ledge
         metadata_plain.compression = pb.NONE
         metadata = metadata_plain
     try:
-        parts = parse_batch(metadata, payload)
+        parts = parse_batch(metadata, payload, plain=True)
     except UnsupportedCompression as error:
         return (error.codec, metadata, payload)
     except EncryptedPayload:
@@ -361,10 +361,16 @@ def split_batch(metadata: pb.MessageMetadata, payload: bytes | memoryview, ledge
     records = []
     payload_bytes = 0
     for batch_index, single, part_payload, _ in parts:
-        properties = single.properties
-        has = single.HasField
         data = bytes(part_payload)
         payload_bytes += len(data)
+        if type(single) is PlainRecord:
+            sequence_id = single.sequence_id
+            records.append((make_id(MessageId, (ledger_id, entry_id, partition, batch_index, batch_size)), data,
+                            None, None, (), 0,
+                            first_sequence_id + batch_index if sequence_id is None else sequence_id))
+            continue
+        properties = single.properties
+        has = single.HasField
         records.append((
             make_id(MessageId, (ledger_id, entry_id, partition, batch_index, batch_size)), data,
             single.partition_key if has("partition_key") else None,
