@@ -97,31 +97,36 @@ def _plain_record(view: memoryview, start: int, end: int) -> PlainRecord | None:
     sequence_id, each once; None for any other record (protobuf reads it)."""
     if end - start < 2 or view[start] != _PAYLOAD_SIZE_TAG:
         return None
-    index, size, shift, limit = start + 1, 0, 0, min(end, start + 1 + _SIZE_VARINT_BYTES_MAX)
-    while True:
-        if index >= limit:
-            return None
-        byte = view[index]
-        index += 1
-        size |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            break
-        shift += 7
+    size, index = _varint(view, start + 1, min(end, start + 1 + _SIZE_VARINT_BYTES_MAX))
+    if index < 0:
+        return None
     if index == end:
         return tuple.__new__(PlainRecord, (size, None))
     if view[index] != _SEQUENCE_ID_TAG:
         return None
-    index, sequence_id, shift, limit = index + 1, 0, 0, min(end, index + 1 + _SEQUENCE_VARINT_BYTES_MAX)
-    while True:
-        if index >= limit:
-            return None
+    sequence_id, index = _varint(view, index + 1, min(end, index + 1 + _SEQUENCE_VARINT_BYTES_MAX))
+    return tuple.__new__(PlainRecord, (size, sequence_id)) if index == end else None
+
+
+def _varint(view: memoryview, index: int, limit: int) -> tuple[int, int]:
+    """The varint at ``view[index]`` ending before ``limit``, and the index after it;
+    index -1 when it does not end there. One- and two-byte varints (most sizes and
+    sequence ids of a batch) are read without the loop."""
+    if index >= limit:
+        return 0, -1
+    byte = view[index]
+    if byte < 0x80:
+        return byte, index + 1
+    value, shift = byte & 0x7F, 7
+    index += 1
+    while index < limit:
         byte = view[index]
         index += 1
-        sequence_id |= (byte & 0x7F) << shift
+        value |= (byte & 0x7F) << shift
         if byte < 0x80:
-            break
+            return value, index
         shift += 7
-    return tuple.__new__(PlainRecord, (size, sequence_id)) if index == end else None
+    return 0, -1
 
 
 def is_batch(metadata: MessageMetadata) -> bool:
@@ -162,6 +167,7 @@ def parse_batch(metadata: MessageMetadata, payload: bytes | memoryview, *, plain
         raise MalformedFrame(f"batch declares {count} messages but has only {len(view)} bytes")
     messages = []
     offset = 0
+    make = tuple.__new__   # a NamedTuple's own __new__ is a Python-level wrapper
     for batch_index in range(count):
         if len(view) - offset < _U32.size:
             raise MalformedFrame(f"batch message {batch_index} is truncated before its size")
@@ -182,7 +188,7 @@ def parse_batch(metadata: MessageMetadata, payload: bytes | memoryview, *, plain
             raise MalformedFrame(f"batch message {batch_index} payload_size {payload_size} does not fit "
                                  f"the {len(view) - payload_start} bytes left")
         offset = payload_start + payload_size
-        messages.append(SingleMessage(batch_index, single, view[payload_start:offset], metadata_view))
+        messages.append(make(SingleMessage, (batch_index, single, view[payload_start:offset], metadata_view)))
     if offset != len(view):
         raise MalformedFrame(f"batch has {len(view) - offset} bytes after its {count} messages")
     assert len(messages) == count
