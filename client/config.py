@@ -80,6 +80,14 @@ class ClientConfig:
     # certificate's common name) unless a token or basic credentials are given.
     tls_cert_file: str = ""
     tls_key_file: str = ""
+    # Batch entries split once for every subscription of a topic read through one
+    # connection (client/split_cache.py): the splits kept per connection, by count,
+    # bytes and age. 64 entries cover subscriptions up to 64 entries apart (64,000
+    # messages of 1,000-message batches); 16 MiB is about 25 full 256-byte batches of
+    # 1,000 (each kept with its payload copies). 0 entries: nothing is shared.
+    split_cache_entries_max: int = 64
+    split_cache_bytes_max: int = 16 * 1024 * 1024
+    split_cache_age_max_s: float = 5.0
 
     def __post_init__(self) -> None:
         for name in ("connect_timeout_ms", "operation_timeout_ms", "lookup_redirects_max", "pending_requests_max",
@@ -89,6 +97,10 @@ class ClientConfig:
                 raise ConfigError(f"{name} must be > 0")
         if self.reconnect_attempts_max is not None and self.reconnect_attempts_max <= 0:
             raise ConfigError("reconnect_attempts_max must be > 0 (or None: without end)")
+        if self.split_cache_entries_max < 0:
+            raise ConfigError("split_cache_entries_max must be >= 0 (0: batches are not shared)")
+        if self.split_cache_bytes_max <= 0 or self.split_cache_age_max_s <= 0:
+            raise ConfigError("split_cache_bytes_max and split_cache_age_max_s must be > 0")
         if self.keepalive_interval_s <= 0:
             raise ConfigError("keepalive_interval_s must be > 0")
         if not self.reconnect_backoff_ms_min <= self.reconnect_backoff_ms_max:

@@ -41,6 +41,7 @@ from protocol.server_errors import error_for_server_error
 from protocol.session import Due, Role, Session, Verdict
 
 from client.config import ClientConfig
+from client.split_cache import SplitCache
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +107,15 @@ class ClientConnection(asyncio.Protocol):
         self._requests: dict[int, asyncio.Future[Frame]] = {}
         self._producers: dict[int, FrameHandler] = {}
         self._consumers: dict[int, FrameHandler] = {}
+        # Batch splits shared by the subscriptions of a topic read here (fan-out):
+        # consumer id -> (topic, subscription), and per topic its subscriptions with
+        # how many consumers each; splits are kept only for a topic with two or more.
+        self.splits: SplitCache | None = None
+        if config.split_cache_entries_max:
+            self.splits = SplitCache(config.split_cache_entries_max, config.split_cache_bytes_max,
+                                     config.split_cache_age_max_s)
+        self._reading: dict[int, tuple[str, str]] = {}
+        self._subscriptions_of: dict[str, dict[str, int]] = {}
         self._next_request_id = 1
         self._next_handler_id = 1
         self._writable = asyncio.Event()
@@ -189,6 +199,8 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self.splits is not None:
+            self.splits.clear()
         self.session.closed()
         self._writable.set()
         if self._keepalive is not None:
@@ -277,6 +289,8 @@ class ClientConnection(asyncio.Protocol):
 
     def _on_keepalive_check(self, now_s: float) -> bool:
         """What the session's keep-alive asks for now; False once it is over."""
+        if self.splits is not None:
+            self.splits.expire(now_s)
         due = self.session.due(now_s)
         if due is Due.PING:
             self._write(encode_command(wrap(pb.CommandPing())))
@@ -319,10 +333,16 @@ class ClientConnection(asyncio.Protocol):
         self._producers[producer_id] = handler
         return producer_id
 
-    def register_consumer(self, handler: FrameHandler) -> int:
+    def register_consumer(self, handler: FrameHandler, topic: str = "", subscription: str = "") -> int:
+        """The handler's consumer id. ``topic`` and ``subscription`` (when given) say
+        what it reads, so that subscriptions of one topic share batch splits."""
         consumer_id = self._next_handler_id
         self._next_handler_id += 1
         self._consumers[consumer_id] = handler
+        if topic:
+            self._reading[consumer_id] = (topic, subscription)
+            subscriptions = self._subscriptions_of.setdefault(topic, {})
+            subscriptions[subscription] = subscriptions.get(subscription, 0) + 1
         return consumer_id
 
     def unregister_producer(self, producer_id: int) -> None:
@@ -330,6 +350,26 @@ class ClientConnection(asyncio.Protocol):
 
     def unregister_consumer(self, consumer_id: int) -> None:
         self._consumers.pop(consumer_id, None)
+        reading = self._reading.pop(consumer_id, None)
+        if reading is None:
+            return
+        topic, subscription = reading
+        subscriptions = self._subscriptions_of[topic]
+        subscriptions[subscription] -= 1
+        if not subscriptions[subscription]:
+            del subscriptions[subscription]
+        if len(subscriptions) < 2:
+            if self.splits is not None:
+                self.splits.drop_topic(topic)
+            if not subscriptions:
+                del self._subscriptions_of[topic]
+
+    def splits_for(self, topic: str) -> SplitCache | None:
+        """The batch splits to share for ``topic``: only while two or more of its
+        subscriptions are read through this connection (one subscription, or the
+        consumers of one shared subscription, get each entry once: nothing to share)."""
+        subscriptions = self._subscriptions_of.get(topic)
+        return self.splits if subscriptions is not None and len(subscriptions) > 1 else None
 
     # --- requests ----------------------------------------------------------------------------------
 

@@ -4,8 +4,10 @@ Theory of operation:
 - Nothing is prefetched: the broker sends only what ``flow`` granted (permits count
   messages, a batch entry takes as many as it holds, so one entry may overshoot).
   ``permits_outstanding`` is what was granted and not yet used.
-- Each MESSAGE is decoded (client/messages.py) and handed to the listener's
-  ``on_entry`` synchronously, in arrival order; the listener must not block.
+- Each MESSAGE is decoded (client/messages.py; a batch entry is split once for all the
+  subscriptions of its topic read through the connection: client/split_cache.py) and
+  handed to the listener's ``on_entry`` synchronously, in arrival order; the listener
+  must not block.
 - ``ack`` names messages individually (batch messages by index, through Pulsar's ack
   sets) or cumulatively, and waits for the broker's ACK_RESPONSE, so a returned ack was
   applied. ``redeliver`` asks the broker to send entries again (REDELIVER with their
@@ -139,7 +141,7 @@ class Consumer:
 
     async def _subscribe(self) -> None:
         connection = await self.pool.connection_for(self.topic)
-        consumer_id = connection.register_consumer(self)
+        consumer_id = connection.register_consumer(self, self.topic, self.subscription)
         request_id = connection.new_request_id()
         body = pb.CommandSubscribe(
             topic=self.topic, subscription=self.subscription, subType=SUB_TYPES[self.sub_type],
@@ -192,8 +194,12 @@ class Consumer:
         command = frame.command
         if command.type == T.MESSAGE:
             assert frame.payload is not None
-            self.permits_outstanding -= message_count(frame.payload.metadata)
-            entry = decode_entry(command.message, frame.payload.metadata, frame.payload.payload, self.partition)
+            payload = frame.payload
+            self.permits_outstanding -= message_count(payload.metadata)
+            connection = self._connection
+            splits = connection.splits_for(self.topic) if connection is not None else None
+            entry = decode_entry(command.message, payload.metadata, payload.payload, self.partition, splits,
+                                 self.topic, payload.stored)
             self.listener.on_entry(entry)
         elif command.type == T.CLOSE_CONSUMER:
             log.info("broker closed consumer, reconnecting: topic=%s subscription=%s", self.topic, self.subscription)

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
-from typing import Mapping, NamedTuple, Sequence
+from typing import Mapping, NamedTuple, Protocol, Sequence
 
 from client.compression import CODECS, decompress
 from common.errors import InvalidArgument, MalformedFrame
-from protocol.batch import EncryptedPayload, UnsupportedCompression, is_batch, parse_batch
+from protocol.batch import EncryptedPayload, PlainRecord, UnsupportedCompression, is_batch, parse_batch
 from protocol.proto import pulsar_api_pb2 as pb
 
 _U32 = struct.Struct(">I")
@@ -259,65 +259,146 @@ class ReceivedEntry:
         return (self.ledger_id, self.entry_id)
 
 
+class SplitBatch(NamedTuple):
+    """A batch entry split into all its messages (the ack set not yet applied): what
+    every consumer of the entry computes alike, so the consumers of one connection may
+    share it (client/split_cache.py). Immutable through and through: tuples, ints, str
+    and bytes; each consumer builds its own ReceivedMessages from it, with property
+    dicts of their own.
+
+    ``records`` holds per message (message_id, payload, key, ordering_key, properties
+    as (name, value) pairs, event_time_ms, sequence_id)."""
+
+    batch_size: int
+    records: tuple[tuple, ...]
+    publish_time_ms: int
+    producer_name: str
+    deliver_at_ms: int | None
+    payload_bytes: int                  # the messages' payloads together
+
+
 def decode_entry(message: pb.CommandMessage, metadata: pb.MessageMetadata, payload: bytes | memoryview,
-                 partition: int = NO_PARTITION) -> ReceivedEntry:
-    """Splits one received entry into its messages. Raises MalformedFrame."""
+                 partition: int = NO_PARTITION, splits: "SplitCacheLike | None" = None, topic: str = "",
+                 stored: bytes | memoryview | None = None) -> ReceivedEntry:
+    """Splits one received entry into its messages. Raises MalformedFrame.
+
+    With ``splits`` (the connection's cache, given when several subscriptions of
+    ``topic`` are read through it), a batch entry already split for another of them is
+    taken from there when its ``stored`` bytes (the payload section as received:
+    metadata and payload) are the same, and one split here is left there for the
+    others. Only the split is shared: the ack set, the redelivery count and every
+    object handed out are this call's own."""
     ledger_id, entry_id = message.message_id.ledgerId, message.message_id.entryId
     if message.message_id.HasField("partition") and message.message_id.partition >= 0:
         partition = message.message_id.partition
+    if is_batch(metadata):
+        key = None
+        if splits is not None and stored is not None:
+            key = (topic, partition, ledger_id, entry_id)
+            split = splits.get(key, stored)
+            if split is not None:
+                return entry_of(split, message, partition)
+        split = split_batch(metadata, payload, ledger_id, entry_id, partition)
+        if not isinstance(split, SplitBatch):
+            codec, metadata, payload = split
+            return _opaque(message, metadata, payload, partition, codec)
+        if key is not None:
+            splits.put(key, stored, split)
+        return entry_of(split, message, partition)
     deliver_at = metadata.deliver_at_time if metadata.HasField("deliver_at_time") else None
     key = metadata.partition_key if metadata.HasField("partition_key") else None
     ordering_key = bytes(metadata.ordering_key) if metadata.HasField("ordering_key") else None
-    common = dict(publish_time_ms=metadata.publish_time, producer_name=metadata.producer_name,
-                  deliver_at_ms=deliver_at)
+    if metadata.compression in CODECS and not metadata.encryption_keys:
+        try:
+            payload = decompress(metadata.compression, payload, metadata.uncompressed_size)
+        except MalformedFrame:
+            return _opaque(message, metadata, payload, partition, "UNREADABLE")
+        compression = None
+    elif metadata.compression != pb.NONE or metadata.encryption_keys:
+        compression = "ENCRYPTED" if metadata.encryption_keys else pb.CompressionType.Name(metadata.compression)
+    else:
+        compression = None
+    single = ReceivedMessage(
+        MessageId(ledger_id, entry_id, partition), bytes(payload), key, ordering_key,
+        {kv.key: kv.value for kv in metadata.properties}, metadata.event_time, metadata.publish_time,
+        metadata.producer_name, metadata.sequence_id, deliver_at, compression)
+    return ReceivedEntry(ledger_id, entry_id, partition, message.redelivery_count, 0, (single,))
+
+
+class SplitCacheLike(Protocol):
+    def get(self, key: tuple[str, int, int, int], stored: bytes | memoryview) -> SplitBatch | None: ...
+
+    def put(self, key: tuple[str, int, int, int], stored: bytes | memoryview, split: SplitBatch) -> None: ...
+
+
+def split_batch(metadata: pb.MessageMetadata, payload: bytes | memoryview, ledger_id: int, entry_id: int,
+                partition: int) -> SplitBatch | tuple[str, pb.MessageMetadata, bytes | memoryview]:
+    """A batch entry's messages (decompressed first), or, when it cannot be split,
+    (why, metadata, payload) to hand it over whole: its codec (unknown here),
+    ENCRYPTED, or UNREADABLE (a producer's bug: handed over rather than dropped, so the
+    receiver sees it and can dead-letter it)."""
     if metadata.compression in CODECS and not metadata.encryption_keys:
         try:
             inflated = decompress(metadata.compression, payload, metadata.uncompressed_size)
         except MalformedFrame:
-            return _opaque(message, metadata, payload, partition, "UNREADABLE")
+            return ("UNREADABLE", metadata, payload)
         payload = inflated
         metadata_plain = pb.MessageMetadata()
         metadata_plain.CopyFrom(metadata)
         metadata_plain.compression = pb.NONE
         metadata = metadata_plain
-    if not is_batch(metadata):
-        compression = None
-        if metadata.compression != pb.NONE or metadata.encryption_keys:
-            compression = "ENCRYPTED" if metadata.encryption_keys else pb.CompressionType.Name(metadata.compression)
-        single = ReceivedMessage(
-            MessageId(ledger_id, entry_id, partition), bytes(payload), key, ordering_key,
-            {kv.key: kv.value for kv in metadata.properties}, metadata.event_time, sequence_id=metadata.sequence_id,
-            compression=compression, **common)
-        return ReceivedEntry(ledger_id, entry_id, partition, message.redelivery_count, 0, (single,))
     try:
-        parts = parse_batch(metadata, payload)
+        parts = parse_batch(metadata, payload, plain=True)
     except UnsupportedCompression as error:
-        return _opaque(message, metadata, payload, partition, error.codec)
+        return (error.codec, metadata, payload)
     except EncryptedPayload:
-        return _opaque(message, metadata, payload, partition, "ENCRYPTED")
+        return ("ENCRYPTED", metadata, payload)
     except MalformedFrame:
-        # A batch that does not split (a producer's bug): handed over whole rather than
-        # dropped, so the receiver sees it and can dead-letter it.
-        return _opaque(message, metadata, payload, partition, "UNREADABLE")
+        return ("UNREADABLE", metadata, payload)
     batch_size = len(parts)
-    to_deliver = ack_set_bits(message.ack_set) if len(message.ack_set) else (1 << batch_size) - 1
-    messages = []
-    publish_time, producer_name, first_sequence_id = metadata.publish_time, metadata.producer_name, metadata.sequence_id
+    first_sequence_id = metadata.sequence_id
     make_id = tuple.__new__   # a NamedTuple's own __new__ is a Python-level wrapper
+    records = []
+    payload_bytes = 0
     for batch_index, single, part_payload, _ in parts:
-        if not to_deliver >> batch_index & 1:
-            continue                      # acknowledged already
+        data = bytes(part_payload)
+        payload_bytes += len(data)
+        if type(single) is PlainRecord:
+            sequence_id = single.sequence_id
+            records.append((make_id(MessageId, (ledger_id, entry_id, partition, batch_index, batch_size)), data,
+                            None, None, (), 0,
+                            first_sequence_id + batch_index if sequence_id is None else sequence_id))
+            continue
         properties = single.properties
         has = single.HasField
-        messages.append(ReceivedMessage(
-            make_id(MessageId, (ledger_id, entry_id, partition, batch_index, batch_size)), bytes(part_payload),
+        records.append((
+            make_id(MessageId, (ledger_id, entry_id, partition, batch_index, batch_size)), data,
             single.partition_key if has("partition_key") else None,
             bytes(single.ordering_key) if has("ordering_key") else None,
-            {kv.key: kv.value for kv in properties} if properties else {}, single.event_time,
-            publish_time, producer_name,
-            single.sequence_id if has("sequence_id") else first_sequence_id + batch_index,
-            deliver_at))
-    return ReceivedEntry(ledger_id, entry_id, partition, message.redelivery_count, batch_size, tuple(messages))
+            tuple([(kv.key, kv.value) for kv in properties]) if properties else (),
+            single.event_time,
+            single.sequence_id if has("sequence_id") else first_sequence_id + batch_index))
+    deliver_at = metadata.deliver_at_time if metadata.HasField("deliver_at_time") else None
+    return SplitBatch(batch_size, tuple(records), metadata.publish_time, metadata.producer_name, deliver_at,
+                      payload_bytes)
+
+
+def entry_of(split: SplitBatch, message: pb.CommandMessage, partition: int) -> ReceivedEntry:
+    """The entry one consumer received: the messages of ``split`` its MESSAGE's ack set
+    (Pulsar's convention: the bits of the messages still to deliver) keeps, as
+    ReceivedMessages of its own."""
+    batch_size = split.batch_size
+    publish_time, producer_name, deliver_at = split.publish_time_ms, split.producer_name, split.deliver_at_ms
+    received = ReceivedMessage
+    records = split.records
+    if len(message.ack_set):
+        to_deliver = ack_set_bits(message.ack_set)
+        records = [record for index, record in enumerate(records) if to_deliver >> index & 1]
+    messages = tuple([received(message_id, data, key, ordering_key, dict(properties) if properties else {},
+                               event_time, publish_time, producer_name, sequence_id, deliver_at)
+                      for message_id, data, key, ordering_key, properties, event_time, sequence_id in records])
+    ledger_id, entry_id = message.message_id.ledgerId, message.message_id.entryId
+    return ReceivedEntry(ledger_id, entry_id, partition, message.redelivery_count, batch_size, messages)
 
 
 def _opaque(message: pb.CommandMessage, metadata: pb.MessageMetadata, payload: bytes | memoryview,

@@ -89,6 +89,23 @@ def test_a_plain_batch_is_laid_out_byte_for_byte_as_protobuf_lays_it_out(first_s
     assert payload == expected
 
 
+def test_plain_and_keyed_messages_of_one_batch_decode_alike():
+    """Plain records (size and sequence id only, read without protobuf) beside keyed
+    ones; a record without a sequence id takes the batch's first plus its index."""
+    import struct
+
+    messages = [OutgoingMessage(b"a"), OutgoingMessage(b"b", key="k", properties={"x": "y"}),
+                OutgoingMessage(b"c", event_time_ms=9), OutgoingMessage(b"d")]
+    metadata, payload = batch_payload("p", 40, 1000, messages)
+    entry = received(metadata, payload)
+    assert [(m.payload, m.key, m.properties, m.event_time_ms, m.sequence_id) for m in entry.messages] == [
+        (b"a", None, {}, 0, 40), (b"b", "k", {"x": "y"}, 0, 41), (b"c", None, {}, 9, 42), (b"d", None, {}, 0, 43)]
+    no_sequence_ids = b"".join(struct.pack(">I", 2) + bytes((0x18, len(data))) + data for data in (b"e", b"f"))
+    metadata.num_messages_in_batch = 2
+    assert [(m.payload, m.sequence_id) for m in received(metadata, no_sequence_ids).messages] == \
+        [(b"e", 40), (b"f", 41)]
+
+
 def test_zlib_payloads_inflate_and_a_lying_size_is_caught():
     metadata, payload = batch_payload("p", 0, 1000, [OutgoingMessage(b"x" * 100)] * 3)
     metadata.compression = pb.ZLIB

@@ -6,7 +6,11 @@ and the frame decoder; the payloads returned are views, not copies; a payload co
 a batch exactly when num_messages_in_batch is set (a batch of one included); compressed
 (any codec, even one newer than our .proto) and encrypted payloads are refused with a
 typed error naming why; every inconsistent size or count raises MalformedFrame; and
-seeded random mutations of batches raise nothing but MalformedFrame.
+seeded random mutations of batches raise nothing but MalformedFrame. The client's
+hand-read plain records (``plain=True``: only payload_size and sequence_id) give what
+protobuf gives, for plain records in every varint length, for the records that must go
+to protobuf (other fields, a field twice, fields out of order, long varints), and
+for mutated batches: the same messages or the same refusal.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import pytest
 
 from protocol.batch import (
     EncryptedPayload,
+    PlainRecord,
     SingleMessage,
     UnsupportedCompression,
     encode_batch,
@@ -204,3 +209,82 @@ def test_mutated_batches_raise_only_malformed_frame():
         except MalformedFrame:
             pass
     assert parsed_any
+
+
+def _outcome(metadata: pb.MessageMetadata, data: bytes, plain: bool):
+    """What parse_batch makes of ``data``: each message's (index, payload, size,
+    sequence id or None), or the refusal's type."""
+    try:
+        messages = parse_batch(metadata, data, plain=plain)
+    except MalformedFrame as error:
+        return type(error)
+    result = []
+    for message in messages:
+        single = message.metadata
+        if isinstance(single, PlainRecord):
+            sequence_id = single.sequence_id
+        else:
+            sequence_id = single.sequence_id if single.HasField("sequence_id") else None
+        result.append((message.batch_index, bytes(message.payload), single.payload_size, sequence_id,
+                       bytes(message.metadata_bytes)))
+    return result
+
+
+def test_plain_records_read_by_hand_are_what_protobuf_reads():
+    def varint(value: int, pad: int = 0) -> bytes:
+        out = bytearray()
+        while True:
+            out.append(value & 0x7F | (0x80 if value >= 0x80 or pad else 0))
+            value >>= 7
+            if value == 0 and not pad:
+                break
+            if value == 0:
+                pad -= 1
+                if not pad:
+                    out[-1] &= 0x7F
+                    break
+        return bytes(out)
+
+    def batch(record: bytes, payload: bytes) -> bytes:
+        return struct.pack(">I", len(record)) + record + payload
+
+    cases = []
+    for size in (0, 1, 127, 128, 300, 16_383, 16_384, 100_000):
+        payload = bytes(size % 251 for _ in range(size))
+        for sequence_id in (None, 0, 1, 127, 128, 2**21, 2**35, 2**62, 2**63 - 1, 2**63, 2**64 - 1):
+            record = b"\x18" + varint(size) + (b"" if sequence_id is None else b"\x40" + varint(sequence_id))
+            cases.append(batch(record, payload))
+    cases += [
+        batch(b"\x18" + varint(3, pad=2) + b"\x40\x05", b"abc"),                  # non-canonical size
+        batch(b"\x18\x83\x80\x80\x80\x00", b"abc"),                            # a 5-byte size: protobuf's
+        batch(b"\x18\x83\x80\x80\x80\x10", b"abc"),                            # size past 32 bits
+        batch(b"\x18\x03\x40" + varint(5, pad=9), b"abc"),                      # 9-byte sequence id
+        batch(b"\x18\x03\x40" + varint(5, pad=10), b"abc"),                     # 10-byte: protobuf's
+        batch(b"\x18\x03\x40\x05\x40\x06", b"abc"),                            # sequence_id twice
+        batch(b"\x18\x01\x18\x03", b"abc"),                                    # payload_size twice
+        batch(b"\x40\x05\x18\x03", b"abc"),                                    # out of order
+        batch(b"\x18\x03\x30\x07", b"abc"),                                    # event_time
+        batch(b"\x18\x03\x40\x05\x30\x07", b"abc"),                            # then event_time
+        batch(b"\x18\x03\x40", b"abc"),                                        # sequence id cut
+        batch(b"\x18\x83", b"abc"),                                            # size cut
+        batch(b"\x18", b""),                                                   # no value
+        batch(b"\x18\x03\x12\x01k", b"abc"),                                   # a key
+    ]
+    for data in cases:
+        assert _outcome(batch_metadata(1), data, True) == _outcome(batch_metadata(1), data, False), data.hex()
+
+    # Mutated plain batches (as the client's producer writes them): same messages or
+    # the same refusal.
+    rng = random.Random(3803)
+    plain = [(pb.SingleMessageMetadata(sequence_id=index), rng.randbytes(rng.randint(0, 300))) for index in range(6)]
+    source = encode_batch(plain)
+    assert all(isinstance(m.metadata, PlainRecord) for m in parse_batch(batch_metadata(6), source, plain=True))
+    for _attempt in range(5_000):
+        data = bytearray(source)
+        for _mutation in range(rng.randint(1, 2)):
+            index = rng.randrange(len(data))
+            if rng.random() < 0.7:
+                data[index] = rng.randrange(256)
+            else:
+                del data[index]
+        assert _outcome(batch_metadata(6), bytes(data), True) == _outcome(batch_metadata(6), bytes(data), False)
