@@ -49,6 +49,9 @@ class TopicUpkeep:
         # longest wait with backlog and permits seen, in seconds.
         self.dispatch_stalls = 0
         self.dispatch_wait_s_max = 0.0
+        # The last console-history sample: how long its one synchronous pass held the
+        # event loop (reading every loaded topic and recording), in seconds.
+        self.stats_history_sample_s = 0.0
 
     async def run_dispatch_watch(self) -> None:
         """Checks the dispatcher invariant of every loaded subscription on an interval
@@ -80,7 +83,10 @@ class TopicUpkeep:
         """Samples the loaded topics for the console's history (one synchronous pass)."""
         while not self._service.shutting_down:
             await asyncio.sleep(self._service.config.stats_history_interval_s)
-            self._service.stats_history.sample(read_topics(self._service.loaded_topics()), time.time() * 1000, time.monotonic())
+            started = time.perf_counter()
+            self._service.stats_history.sample(read_topics(self._service.loaded_topics()), time.time() * 1000,
+                                               time.monotonic())
+            self.stats_history_sample_s = time.perf_counter() - started
 
     async def run_retention(self) -> None:
         """Trims consumed ledgers of every loaded topic, per its namespace's policy."""

@@ -103,6 +103,8 @@ async def test_history_route_is_authorized_redirected_and_dropped_with_the_topic
         metrics = response.read().decode()
     assert "\nmagnetar_broker_stats_history_topics " in metrics
     assert "\nmagnetar_broker_stats_history_topics_untracked 0.0\n" in metrics
+    sample_s = float(metrics.split("\nmagnetar_broker_stats_history_sample_seconds ", 1)[1].split("\n", 1)[0])
+    assert 0 < sample_s < 5, sample_s     # samples were taken: the last one's pass was timed
     assert doc["subscriptions"]["s"]["msgBacklog"][-1] == 0 and doc["behindSince"] is None
 
     # Authorization: as for the topic's stats.
