@@ -77,6 +77,7 @@ import aetcd.rpc as etcd_rpc
 import aetcd.utils
 
 from common.errors import ConfigError, InvalidArgument, MagnetarError, MetadataLeaseExpired, MetadataUnavailable
+from metadata.etcd_read_batches import ReadBatches
 from metadata.etcd_tls import CredentialFiles, EtcdTlsConfig, SecureClient
 from runtime.tasks import TaskSet, cancel_and_wait, log_failure
 from metadata.store import Compare, Delete, Lease, MetadataStore, Put, Record, Watch, WatchEvent
@@ -321,6 +322,8 @@ class EtcdStore(MetadataStore):
         # without this bound a peer that sends lookups and hangs up, again and again,
         # piles up calls (and memory) without limit: issue 13's live fuzz.
         self._read_slots = asyncio.Semaphore(config.reads_in_flight_max)
+        # Reads of one turn of the loop go to etcd together (metadata/etcd_read_batches.py).
+        self._read_batches: ReadBatches = ReadBatches(self._send_reads, self._spawn_read)
         # Started with the first lease (config.lease_thread); closed by close.
         self._lease_thread: _LeaseThread | None = None
         self._closed = False
@@ -408,30 +411,69 @@ class EtcdStore(MetadataStore):
                 self._rotate_endpoint(client)
             raise translated from None
 
-    async def _read(self, coroutine_factory):
-        """``_call`` for a read, shielded from its caller's cancellation. grpc.aio keeps
-        ~16 KiB for good for every unary call cancelled while in flight (a broker whose
-        clients hang up with lookups pending grew by that much per lookup: issue 13's
-        live fuzz), so a read whose caller is cancelled is left to finish (or time out)
-        by itself and its result dropped. A read changes nothing, so finishing it is
-        harmless."""
+    async def _read(self, read: tuple[str, object]):
+        """A read (``("get", full key)`` or ``("range", RangeRequest)``), sent with the
+        other reads of this turn of the loop (metadata/etcd_read_batches.py) and
+        shielded from its caller's cancellation. grpc.aio keeps ~16 KiB for good for
+        every unary call cancelled while in flight (a broker whose clients hang up with
+        lookups pending grew by that much per lookup: issue 13's live fuzz), so a read
+        whose caller is cancelled is left to finish (or time out) by itself and its
+        result dropped. A read changes nothing, so finishing it is harmless. A read
+        holds one of ``reads_in_flight_max`` slots until its reply came."""
         await self._read_slots.acquire()   # a caller cancelled here never starts its read
-        task = asyncio.ensure_future(self._call(coroutine_factory))
-        self._shielded_reads.add(task)
-        task.add_done_callback(self._read_done)
-        return await asyncio.shield(task)
+        future = self._read_batches.submit(read)
+        future.add_done_callback(self._read_done)
+        return await asyncio.shield(future)
 
-    def _read_done(self, task: asyncio.Task) -> None:
+    def _read_done(self, future: asyncio.Future) -> None:
         self._read_slots.release()
-        self._shielded_reads.discard(task)
-        if not task.cancelled():
-            task.exception()   # retrieved: the caller has it, or it is gone and wants none
+        if not future.cancelled():
+            future.exception()   # retrieved: the caller has it, or it is gone and wants none
+
+    def _spawn_read(self, coroutine) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._shielded_reads.add(task)
+        task.add_done_callback(self._shielded_reads.discard)
+
+    async def _send_reads(self, reads: Sequence[tuple[str, object]]) -> list:
+        """The replies to ``reads``, in order (an exception for a read that failed):
+        one read alone as its own call, several as one read-only transaction. A
+        transaction etcd or gRPC refuses for its size is sent again read by read."""
+        if len(reads) == 1:
+            kind, value = reads[0]
+            if kind == "get":
+                return [await self._call(lambda c: c.get(value))]
+            return [await self._call(functools.partial(self._range_call, value))]
+        request = etcd_rpc.TxnRequest(success=[
+            etcd_rpc.RequestOp(request_range=value if kind == "range" else etcd_rpc.RangeRequest(key=value))
+            for kind, value in reads])
+
+        async def run(client: aetcd.Client):
+            await client.connect()
+            return await client.kvstub.Txn(request, timeout=self.config.call_timeout_s, metadata=client.metadata)
+
+        try:
+            reply = await self._call(run)
+        except (InvalidArgument, MetadataUnavailable) as error:
+            if isinstance(error, MetadataUnavailable) and "RESOURCE_EXHAUSTED" not in str(error):
+                raise
+            alone = await asyncio.gather(*(self._send_reads([read]) for read in reads), return_exceptions=True)
+            return [outcome if isinstance(outcome, BaseException) else outcome[0] for outcome in alone]
+        replies: list = []
+        for (kind, _value), response in zip(reads, reply.responses):
+            found = response.response_range
+            replies.append(found if kind == "range" else (found.kvs[0] if found.count >= 1 and found.kvs else None))
+        return replies
+
+    async def _range_call(self, request: etcd_rpc.RangeRequest, client: aetcd.Client):
+        await client.connect()
+        return await client.kvstub.Range(request, timeout=self.config.call_timeout_s, metadata=client.metadata)
 
     # --- key/value ----------------------------------------------------------------------
 
     async def get(self, key: str) -> Record | None:
         full = self._full(key).encode()
-        result = await self._read(lambda c: c.get(full))
+        result = await self._read(("get", full))
         if result is None:
             return None
         return Record(key, bytes(result.value), result.mod_revision, result.create_revision,
@@ -448,12 +490,7 @@ class EtcdStore(MetadataStore):
             sort_target=etcd_rpc.RangeRequest.KEY,
         )
 
-        async def query(client: aetcd.Client):
-            await client.connect()
-            return await client.kvstub.Range(request, timeout=self.config.call_timeout_s,
-                                             metadata=client.metadata)
-
-        response = await self._read(query)
+        response = await self._read(("range", request))
         records = [
             Record(self._relative(kv.key.decode()), bytes(kv.value), kv.mod_revision,
                    kv.create_revision, kv.lease)
