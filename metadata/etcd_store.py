@@ -77,7 +77,7 @@ import aetcd.rpc as etcd_rpc
 import aetcd.utils
 
 from common.errors import ConfigError, InvalidArgument, MagnetarError, MetadataLeaseExpired, MetadataUnavailable
-from metadata.etcd_read_batches import ReadBatches
+from metadata.etcd_batches import TurnBatches, disjoint_groups
 from metadata.etcd_tls import CredentialFiles, EtcdTlsConfig, SecureClient
 from runtime.tasks import TaskSet, cancel_and_wait, log_failure
 from metadata.store import Compare, Delete, Lease, MetadataStore, Put, Record, Watch, WatchEvent
@@ -125,6 +125,15 @@ _LEASE_RETRY_S_MIN = 0.1
 # etcd answers in milliseconds, and a bound shorter than a scheduling hiccup would fail
 # refreshes that were fine.
 _LEASE_REFRESH_TIMEOUT_S_MIN = 0.2
+
+
+def _txn_keys(request: etcd_rpc.TxnRequest) -> set[bytes]:
+    """Every key a transaction compares or writes."""
+    keys = {compare.key for compare in request.compare}
+    for operation in request.success:
+        which = operation.WhichOneof("request")
+        keys.add(getattr(operation, which).key)
+    return keys
 
 
 def _translate(error: BaseException) -> tuple[MagnetarError, bool]:
@@ -322,8 +331,10 @@ class EtcdStore(MetadataStore):
         # without this bound a peer that sends lookups and hangs up, again and again,
         # piles up calls (and memory) without limit: issue 13's live fuzz.
         self._read_slots = asyncio.Semaphore(config.reads_in_flight_max)
-        # Reads of one turn of the loop go to etcd together (metadata/etcd_read_batches.py).
-        self._read_batches: ReadBatches = ReadBatches(self._send_reads, self._spawn_read)
+        # Reads, and transactions, of one turn of the loop go to etcd together
+        # (metadata/etcd_batches.py).
+        self._read_batches: TurnBatches = TurnBatches(self._send_reads, self._spawn_read)
+        self._write_batches: TurnBatches = TurnBatches(self._send_transactions, self._spawn_read)
         # Started with the first lease (config.lease_thread); closed by close.
         self._lease_thread: _LeaseThread | None = None
         self._closed = False
@@ -413,7 +424,7 @@ class EtcdStore(MetadataStore):
 
     async def _read(self, read: tuple[str, object]):
         """A read (``("get", full key)`` or ``("range", RangeRequest)``), sent with the
-        other reads of this turn of the loop (metadata/etcd_read_batches.py) and
+        other reads of this turn of the loop (metadata/etcd_batches.py) and
         shielded from its caller's cancellation. grpc.aio keeps ~16 KiB for good for
         every unary call cancelled while in flight (a broker whose clients hang up with
         lookups pending grew by that much per lookup: issue 13's live fuzz), so a read
@@ -544,7 +555,12 @@ class EtcdStore(MetadataStore):
                     key=self._full(operation.key).encode(),
                 )))
         request = etcd_rpc.TxnRequest(compare=compare_messages, success=success, failure=[])
+        # Sent with the other transactions of this turn of the loop (etcd_batches.py).
+        # Not shielded: a caller cancelled now leaves its write's outcome unknown, as a
+        # caller cancelled while the write is on the way always did.
+        return await self._write_batches.submit(request)
 
+    async def _send_transaction(self, request: etcd_rpc.TxnRequest) -> int | None:
         async def run(client: aetcd.Client):
             await client.connect()
             return await client.kvstub.Txn(request, timeout=self.config.call_timeout_s,
@@ -554,6 +570,44 @@ class EtcdStore(MetadataStore):
         if not response.succeeded:
             return None
         return int(response.header.revision)
+
+    async def _send_transactions(self, requests: Sequence[etcd_rpc.TxnRequest]) -> list:
+        """The outcomes of ``requests`` (a revision, None for a compare that failed, or
+        the error), in order: those whose keys do not overlap go as one transaction
+        (``disjoint_groups``; the groups one after the other)."""
+        if len(requests) == 1:
+            return [await self._send_transaction(requests[0])]
+        outcomes: list = [None] * len(requests)
+        groups = disjoint_groups([(_txn_keys(r), len(r.compare), len(r.success)) for r in requests])
+
+        async def send(group: list[int]) -> None:
+            try:
+                results = await self._send_group([requests[i] for i in group])
+            except Exception as error:  # noqa: BLE001 (handed to each caller of the group)
+                results = [error] * len(group)
+            for index, result in zip(group, results):
+                outcomes[index] = result
+
+        for group in groups:    # in order: calls on one key are applied as they were asked
+            await send(group)
+        return outcomes
+
+    async def _send_group(self, requests: list[etcd_rpc.TxnRequest]) -> list:
+        if len(requests) > 1:
+            combined = etcd_rpc.TxnRequest(compare=[c for r in requests for c in r.compare],
+                                           success=[o for r in requests for o in r.success], failure=[])
+            try:
+                revision = await self._send_transaction(combined)
+            except MetadataUnavailable as error:
+                if "RESOURCE_EXHAUSTED" not in str(error):
+                    raise   # etcd away: the outcome of each is unknown, as it would be alone
+                revision = None   # refused for its size: each alone, below
+            except MagnetarError:
+                revision = None   # refused as a whole (too large, a lease unknown): each alone
+            if revision is not None:
+                return [revision] * len(requests)
+        alone = await asyncio.gather(*(self._send_transaction(r) for r in requests), return_exceptions=True)
+        return list(alone)
 
     # --- leases --------------------------------------------------------------------------
 

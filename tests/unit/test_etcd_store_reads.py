@@ -26,7 +26,7 @@ from types import SimpleNamespace
 import aetcd.rpc as etcd_rpc
 
 from common.errors import MetadataUnavailable
-from metadata.etcd_read_batches import BATCH_MAX
+from metadata.etcd_batches import BATCH_MAX
 from metadata.etcd_store import EtcdStore, EtcdStoreConfig
 
 ROOT = "/magnetar/standalone"
