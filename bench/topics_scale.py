@@ -107,13 +107,16 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start_profile(pid: int, path: str | None) -> subprocess.Popen | None:
-    """py-spy sampling ``pid`` into ``path`` (raw collapsed stacks) until stopped."""
+def start_profile(pid: int, path: str | None, gil_only: bool = False) -> subprocess.Popen | None:
+    """py-spy sampling ``pid`` into ``path`` (raw collapsed stacks) until stopped.
+    ``gil_only``: only the thread holding the GIL is sampled (py-spy --gil), so a
+    thread waiting for the GIL or in select() is not counted: closer to Python CPU."""
     if not path:
         return None
     spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
     return subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", "200", "--format", "raw", "--nonblocking",
-                             "--output", path], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             *(["--gil"] if gil_only else []), "--output", path],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def stop_profile(process: subprocess.Popen | None) -> None:
@@ -350,7 +353,7 @@ async def run(args: argparse.Namespace) -> dict:
             pids = {"broker": broker_b.process.pid, "bookie": cluster.bookies[0].process.pid,
                     "etcd": cluster.etcd.process.pid}
             cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
-            profile = start_profile(broker_b.process.pid, args.profile_failover)
+            profile = start_profile(broker_b.process.pid, args.profile_failover, args.profile_gil)
             loaded_at: list[float] = []
 
             async def load(connection: LookupConnection, topic: str) -> None:
@@ -396,6 +399,8 @@ def main() -> int:
     parser.add_argument("--lease-ttl-s", type=int, default=30)
     parser.add_argument("--idle-s", type=float, default=10.0)
     parser.add_argument("--profile-failover", default=None, help="py-spy raw profile of broker B's load here")
+    parser.add_argument("--profile-gil", action="store_true",
+                        help="profile only the thread holding the GIL (py-spy --gil)")
     parser.add_argument("--ledgers", choices=("lazy", "eager"), default="lazy",
                         help="lazy: brokers with --lazy-ledgers (a topic's first ledger at its first publish); "
                              "eager: the default (a ledger at every load)")

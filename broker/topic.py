@@ -160,7 +160,7 @@ class PersistentTopic:
         # Inline cursors (no ledger) load without awaiting anything, and without a task.
         records = await self._store.get_prefix(keys.cursors_of_topic(self.name.key_path))
         names = [unquote(record.key.rsplit("/", 1)[1]) for record in records]
-        stores = [self._cursor_store(name) for name in names]
+        stores = [self._cursor_store(name, record.key) for name, record in zip(names, records)]
         states: list[CursorState | None | BaseException] = [
             store.load_inline(record) for store, record in zip(stores, records)]
         in_ledgers = [index for index, state in enumerate(states) if state is None]
@@ -181,9 +181,11 @@ class PersistentTopic:
             if state is not None:
                 self.subscriptions[name] = self._make_subscription(name, state, store, SubscriptionMode.EXCLUSIVE)
 
-    def _cursor_store(self, subscription: str) -> LedgerCursorStore:
+    def _cursor_store(self, subscription: str, key: str | None = None) -> LedgerCursorStore:
+        """``key``: the pointer's key when it was just read (not built again)."""
         config = self.ledger.config
-        return LedgerCursorStore(self._store, keys.cursor(self.name.key_path, subscription), self._ledger_client,
+        key = key or keys.cursor(self.name.key_path, subscription)
+        return LedgerCursorStore(self._store, key, self._ledger_client,
                                  quorums=(config.ensemble_size, config.write_quorum_size, config.ack_quorum_size),
                                  owner=self.config.effective_broker_id,
                                  ledger_tags=ownership_tags(self.full_name, PURPOSE_CURSOR))

@@ -253,7 +253,8 @@ class TopicLoader:
                 await ledger.close()
                 self._service.archiver.close_topic(name, archive)
                 raise
-        log.info("topic loaded: topic=%s subscriptions=%d", name, len(topic.subscriptions))
+        log.info("topic loaded: topic=%s ledgers=%d last_confirmed=%s subscriptions=%d", name,
+                 len(ledger.ledger_ids()), ledger.last_confirmed, len(topic.subscriptions))
         return topic
 
     def _on_topic_closed(self, topic: PersistentTopic) -> None:

@@ -68,8 +68,10 @@ def normalize(position: Position, ledger_ids: Collection[int], last_entry_of: Ca
             return Position(ledger_id, entry_id)
         if ledger_id in ledger_ids and entry_id <= last_entry_of(ledger_id):
             return Position(ledger_id, entry_id)
-        following = next((l for l in ledger_ids if l > ledger_id), None)
-        if following is None:
+        for following in ledger_ids:    # a loop, not next(genexpr): no generator per call
+            if following > ledger_id:
+                break
+        else:
             return Position(ledger_id, entry_id)
         ledger_id, entry_id = following, 0
 

@@ -286,8 +286,9 @@ class ManagedLedger:
             await self._start_new_ledger()
         elif not (created or written):
             await self._write_info()
-        log.info("managed ledger opened: topic=%s ledgers=%d last_confirmed=%s",
-                 self.name, len(self._ledgers), self.last_confirmed)
+        # Debug: the broker's "topic loaded" line says it (a bundle's load logged both).
+        log.debug("managed ledger opened: topic=%s ledgers=%d last_confirmed=%s",
+                  self.name, len(self._ledgers), self.last_confirmed)
 
     @staticmethod
     async def create_record(store: MetadataStore, topic: TopicName) -> tuple[ManagedLedgerInfo, int]:

@@ -82,7 +82,9 @@ def decode_record(data: bytes | memoryview) -> CursorRecord:
     batches_size = _u32(view, offset)
     offset += 4
     try:
-        raw_batches = json.loads(bytes(_take(view, offset, batches_size)))
+        raw = _take(view, offset, batches_size)
+        # Most records have no partly acknowledged batch: "[]" needs no JSON parser.
+        raw_batches = [] if raw == b"[]" else json.loads(bytes(raw))
         batches = {Position(int(l), int(e)): (int(size), int(bits)) for l, e, size, bits in raw_batches}
     except (ValueError, TypeError, OverflowError, RecursionError) as error:
         # OverflowError: int() of a JSON Infinity; RecursionError: JSON nested too deep.
@@ -91,7 +93,8 @@ def decode_record(data: bytes | memoryview) -> CursorRecord:
     properties_size = _u32(view, offset)
     offset += 4
     try:
-        raw_properties = json.loads(bytes(_take(view, offset, properties_size)))
+        raw = _take(view, offset, properties_size)
+        raw_properties = {} if raw == b"{}" else json.loads(bytes(raw))
         properties = {str(k): int(v) for k, v in raw_properties.items()}
     except (ValueError, TypeError, AttributeError, OverflowError, RecursionError) as error:
         raise MalformedFrame(f"cursor record properties: {error}") from None

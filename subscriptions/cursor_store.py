@@ -76,8 +76,9 @@ class LedgerCursorStore:
         self._client = ledger_client
         self._quorums = quorums
         self._owner = owner
-        # Written into every pointer: tells our own writes from another broker's.
-        self._session = uuid.uuid4().hex
+        # Written into every pointer: tells our own writes from another broker's. Made
+        # at the first write: most cursors a broker loads are never written by it.
+        self._session_value: str | None = None
         self._handle: WriteHandle | None = None
         self._ledger_id = -1          # the ledger etcd points at (ours or a previous owner's)
         self._version = 0             # the pointer's version as last read or written (0: absent)
@@ -85,6 +86,12 @@ class LedgerCursorStore:
         self._deltas_since_snapshot = 0
         self.saves = 0
         self.snapshots = 0
+
+    @property
+    def _session(self) -> str:
+        if self._session_value is None:
+            self._session_value = uuid.uuid4().hex
+        return self._session_value
 
     # --- loading -----------------------------------------------------------------------
 

@@ -157,7 +157,10 @@ async def test_a_late_failure_on_an_old_client_does_not_close_the_new_one(fake_c
         return None
 
     fake_clients.script = [failing(fail_1), failing(fail_2), answering]
+    # Asked in different turns of the loop: reads of one turn would go as one call
+    # (metadata/etcd_batches.py), and this needs two calls in flight.
     call_1 = asyncio.create_task(store.get("/k"))
+    await _until(lambda: len(fake_clients.script) == 2)
     call_2 = asyncio.create_task(store.get("/k"))
     await _until(lambda: len(fake_clients.script) == 1)      # calls 1 and 2 started, on A
     client_a = store._client
