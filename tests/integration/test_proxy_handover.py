@@ -1,0 +1,246 @@
+"""A bundle moved while the official client produces and consumes through the proxy.
+
+Real etcd, 3 bookies, 3 brokers and one proxy; the client's service URL is the proxy's
+only. While a producer sends continuously (each receipt recorded with its time) and a
+consumer on a Shared subscription receives and acknowledges, the topic's bundle is
+transferred twice to a named broker (``unload?destinationBroker=``: the old owner's
+CLOSE_PRODUCER / CLOSE_CONSUMER name the new owner, ``assignedBrokerServiceUrl``) and
+then unloaded once without a destination.
+
+Proves:
+- every acknowledged message was received (a Shared subscription may redeliver: the
+  duplicates are counted, not refused), and no error reached the application;
+- the producer's sends resumed after each move within a bound (the longest gap between
+  receipts is measured and reported);
+- the bundle went where it was sent (the lookup names the destination);
+- the client never connected to a broker's address: the test process's own TCP
+  connections, sampled throughout, only ever reach the proxy's port (and the admin
+  REST); the client's log shows each new connection made *through* the proxy with the
+  assigned broker as its logical address; the new owner's producer and consumer are
+  on connections the proxy's process opened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import threading
+import time
+import urllib.request
+import uuid
+
+import psutil
+import pulsar
+
+from bundles.hashing import BundleRange, topic_hash
+from magnetar.tools.admin_client import AdminClient
+from tests.cluster import Cluster, created_retrying
+
+FAST = ["--lease-ttl-s", "4", "--load-report-interval-s", "0.5", "--leader-interval-s", "0.3", "--no-shedding"]
+NAMESPACE = "public/default"
+# A move's stall as the producer sees it: its longest gap between two receipts.
+STALL_MAX_S = 5.0
+
+
+class Traffic:
+    """A producer (sync sends; receipts and their times recorded) and a consumer on a
+    Shared subscription (received payloads recorded, each acknowledged), in threads."""
+
+    def __init__(self, url: str, topic: str) -> None:
+        self.client = pulsar.Client(url, operation_timeout_seconds=30)
+        self.consumer = created_retrying(lambda: self.client.subscribe(
+            topic, "moving", consumer_type=pulsar.ConsumerType.Shared,
+            initial_position=pulsar.InitialPosition.Earliest))
+        self.producer = created_retrying(lambda: self.client.create_producer(
+            topic, send_timeout_millis=60_000, batching_enabled=False))
+        self.acked: list[int] = []
+        self.acked_at: list[float] = []
+        self.received: list[int] = []
+        self.errors: list[str] = []
+        self._stop_producing = threading.Event()
+        self._stop_consuming = threading.Event()
+        self._threads = [threading.Thread(target=self._produce, daemon=True),
+                         threading.Thread(target=self._consume, daemon=True)]
+
+    def _produce(self) -> None:
+        sequence = 0
+        while not self._stop_producing.is_set():
+            try:
+                self.producer.send(str(sequence).encode())
+            except Exception as error:  # recorded: the test asserts none happened
+                self.errors.append("send: " + repr(error))
+                time.sleep(0.2)
+                continue
+            self.acked_at.append(time.monotonic())
+            self.acked.append(sequence)
+            sequence += 1
+            time.sleep(0.003)
+
+    def _consume(self) -> None:
+        while not self._stop_consuming.is_set():
+            try:
+                message = self.consumer.receive(timeout_millis=300)
+            except pulsar.Timeout:
+                continue
+            except Exception as error:
+                self.errors.append("receive: " + repr(error))
+                time.sleep(0.2)
+                continue
+            self.received.append(int(message.data()))
+            self.consumer.acknowledge(message)
+
+    def start(self) -> "Traffic":
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def wait_acked(self, count: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(self.acked) < count:
+            assert time.monotonic() < deadline, f"only {len(self.acked)} acknowledged, errors {self.errors[:3]}"
+            time.sleep(0.02)
+
+    def stall_after(self, moment: float) -> float:
+        """The longest gap between receipts from the last one before ``moment`` on."""
+        times = self.acked_at[:]
+        first = max((i for i, t in enumerate(times) if t < moment), default=0)
+        return max((b - a for a, b in zip(times[first:], times[first + 1:])), default=0.0)
+
+    def finish(self, timeout_s: float = 30) -> None:
+        self._stop_producing.set()
+        self._threads[0].join(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while not set(self.acked) <= set(self.received) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._stop_consuming.set()
+        self._threads[1].join(timeout_s)
+        self.client.close()
+
+
+class OwnConnections:
+    """Samples this process's TCP connections (the official client lives in it) every
+    20 ms: the remote ports it ever reached."""
+
+    def __init__(self) -> None:
+        self.remote_ports: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._process = psutil.Process(os.getpid())
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            for connection in self._process.net_connections(kind="tcp"):
+                if connection.raddr:
+                    self.remote_ports.add(connection.raddr.port)
+            time.sleep(0.02)
+
+    def __enter__(self) -> "OwnConnections":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def port_of(url: str) -> int:
+    return int(url.rsplit(":", 1)[1].rstrip("/"))
+
+
+def admin(broker, method: str, path: str):
+    return AdminClient(broker.web_service_url).request(method, path).document()
+
+
+def bundle_of(cluster: Cluster, topic: str) -> str:
+    owners = admin(cluster.brokers[0], "GET", f"/admin/v2/namespaces/{NAMESPACE}/bundleOwners")
+    return next(b for b in owners if BundleRange.parse(b).contains(topic_hash(f"persistent://{NAMESPACE}/{topic}")))
+
+
+def owner_of(cluster: Cluster, topic: str):
+    url = admin(cluster.brokers[0], "GET", f"/lookup/v2/topic/persistent/{NAMESPACE}/{topic}")["brokerUrl"]
+    return next(b for b in cluster.brokers if b.service_url == url)
+
+
+def proxy_connections_to(proxy, broker_port: int) -> set[int]:
+    """The local ports of the proxy process's connections to ``broker_port``."""
+    process = psutil.Process(proxy.process.pid)
+    return {c.laddr.port for p in (process, *process.children(recursive=True))
+            for c in p.net_connections(kind="tcp") if c.raddr and c.raddr.port == broker_port}
+
+
+def proxy_metric(proxy, name: str, labels: str) -> float:
+    text = urllib.request.urlopen(f"{proxy.http_url}/metrics", timeout=10).read().decode()
+    return sum(float(v) for v in re.findall(rf"^{re.escape(name)}{re.escape(labels)} (\S+)$", text, re.M))
+
+
+async def test_bundle_moves_under_traffic_through_the_proxy(etcd_process, tmp_path, capfd):
+    cluster = Cluster(etcd_process, str(tmp_path))
+    try:
+        await cluster.start_bookies(3)
+        await asyncio.gather(*(cluster.broker(extra_args=FAST).start() for _ in range(3)))
+        proxy = await cluster.proxy().start()
+        broker_ports = {port_of(b.service_url) for b in cluster.brokers}
+        topic = f"moving-{uuid.uuid4().hex[:8]}"
+        with OwnConnections() as own:
+            traffic = await asyncio.to_thread(Traffic, proxy.service_url, f"persistent://{NAMESPACE}/{topic}")
+            traffic.start()
+            await asyncio.to_thread(traffic.wait_acked, 150, 30)
+            stalls = []
+            targets = []
+            # Twice to a named broker (the CLOSE_* name it), then once where the owner picks.
+            for round_index in range(3):
+                owner = owner_of(cluster, topic)
+                bundle = bundle_of(cluster, topic)
+                path = f"/admin/v2/namespaces/{NAMESPACE}/{bundle}/unload"
+                target = None
+                if round_index < 2:
+                    target = next(b for b in cluster.brokers if b is not owner)
+                    path += f"?destinationBroker={target.broker_id}"
+                    targets.append(target)
+                before = len(traffic.acked)
+                moved_at = time.monotonic()
+                admin(owner, "PUT", path)
+                await asyncio.to_thread(traffic.wait_acked, before + 150, 30)
+                new_owner = owner_of(cluster, topic)
+                assert new_owner is not owner, f"round {round_index}: the bundle stayed on {owner.broker_id}"
+                if target is not None:
+                    assert new_owner is target, (round_index, new_owner.broker_id, target.broker_id)
+                stalls.append(traffic.stall_after(moved_at))
+            # The new owner's producer and consumer are on connections the proxy opened.
+            owner = owner_of(cluster, topic)
+            stats = admin(owner, "GET", f"/admin/v2/persistent/{NAMESPACE}/{topic}/stats")
+            addresses = [p["address"] for p in stats["publishers"]]
+            addresses += [c["address"] for c in stats["subscriptions"]["moving"]["consumers"]]
+            proxy_sockets = proxy_connections_to(proxy, port_of(owner.service_url))
+            assert len(addresses) == 2 and all(port_of(a) in proxy_sockets for a in addresses), \
+                (addresses, proxy_sockets)
+            await asyncio.to_thread(traffic.finish)
+        client_log = capfd.readouterr().out
+
+        assert not traffic.errors, traffic.errors[:3]
+        lost = set(traffic.acked) - set(traffic.received)
+        assert not lost, f"{len(lost)} acknowledged messages never received"
+        duplicates = len(traffic.received) - len(set(traffic.received))
+        assert max(stalls) < STALL_MAX_S, f"sends stalled {max(stalls):.2f}s after a move ({stalls})"
+
+        # The client stayed behind the proxy: it never reached a broker's binary port...
+        direct = own.remote_ports & broker_ports
+        assert not direct, f"the client connected to brokers directly (ports {direct})\n{client_log[-3000:]}"
+        assert port_of(proxy.service_url) in own.remote_ports
+        # ... its log shows each broker connection made to the proxy's port (the lookup
+        # connection, then piped ones naming a broker as the logical address), each
+        # destination named in a CLOSE_PRODUCER reached that way ...
+        connected = re.findall(r"-> [^\]]*:(\d+)\] Connected to broker(.*)", client_log)
+        assert connected, client_log[-3000:]
+        assert {int(port) for port, _ in connected} == {port_of(proxy.service_url)}, connected
+        logical = {url for _, rest in connected for url in re.findall(r"Logical broker: (\S+),", rest)}
+        assert {t.service_url for t in targets} <= logical, (logical, connected)
+        assert len(re.findall(r"Closed producer: \d+ assignedBrokerUrl: pulsar://", client_log)) == 3, \
+            client_log[-3000:]
+        # ... and the proxy accepted them all (the lookup connection and one per broker).
+        assert proxy_metric(proxy, "magnetar_proxy_connections_accepted_total", "") >= 1 + len(logical)
+        print(f"through the proxy: 3 moves, stalls {[round(s, 2) for s in stalls]} s, "
+              f"{len(traffic.acked)} acknowledged, {duplicates} redelivered")
+    finally:
+        await cluster.stop()
