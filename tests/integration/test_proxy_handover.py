@@ -32,9 +32,10 @@ import uuid
 
 import psutil
 import pulsar
+import pytest
 
 from bundles.hashing import BundleRange, topic_hash
-from magnetar.tools.admin_client import AdminClient
+from magnetar.tools.admin_client import AdminClient, AdminError
 from tests.cluster import Cluster, created_retrying
 
 FAST = ["--lease-ttl-s", "4", "--load-report-interval-s", "0.5", "--leader-interval-s", "0.3", "--no-shedding"]
@@ -188,8 +189,10 @@ async def test_bundle_moves_under_traffic_through_the_proxy(etcd_process, tmp_pa
             await asyncio.to_thread(traffic.wait_acked, 150, 30)
             stalls = []
             targets = []
-            # Twice to a named broker (the CLOSE_* name it), then once where the owner picks.
-            for round_index in range(3):
+            # Twice to a named broker, then where the owner picks (the CLOSE_* name the
+            # new owner each time), then the topic alone unloaded: it stays where it is
+            # and the client finds it again by a lookup through the proxy.
+            for round_index in range(4):
                 owner = owner_of(cluster, topic)
                 bundle = bundle_of(cluster, topic)
                 path = f"/admin/v2/namespaces/{NAMESPACE}/{bundle}/unload"
@@ -198,15 +201,26 @@ async def test_bundle_moves_under_traffic_through_the_proxy(etcd_process, tmp_pa
                     target = next(b for b in cluster.brokers if b is not owner)
                     path += f"?destinationBroker={target.broker_id}"
                     targets.append(target)
+                elif round_index == 3:
+                    path = f"/admin/v2/persistent/{NAMESPACE}/{topic}/unload"
                 before = len(traffic.acked)
                 moved_at = time.monotonic()
                 admin(owner, "PUT", path)
                 await asyncio.to_thread(traffic.wait_acked, before + 150, 30)
                 new_owner = owner_of(cluster, topic)
-                assert new_owner is not owner, f"round {round_index}: the bundle stayed on {owner.broker_id}"
+                if round_index < 3:
+                    assert new_owner is not owner, f"round {round_index}: the bundle stayed on {owner.broker_id}"
                 if target is not None:
                     assert new_owner is target, (round_index, new_owner.broker_id, target.broker_id)
                 stalls.append(traffic.stall_after(moved_at))
+            # A destination that is no live broker, or the owner itself, is refused (412).
+            owner = owner_of(cluster, topic)
+            bundle = bundle_of(cluster, topic)
+            for named in ("no-such-broker:1", owner.broker_id):
+                with pytest.raises(AdminError) as refused:
+                    admin(owner, "PUT", f"/admin/v2/namespaces/{NAMESPACE}/{bundle}/unload?destinationBroker={named}")
+                assert refused.value.status == 412, refused.value
+            assert owner_of(cluster, topic) is owner
             # The new owner's producer and consumer are on connections the proxy opened.
             owner = owner_of(cluster, topic)
             stats = admin(owner, "GET", f"/admin/v2/persistent/{NAMESPACE}/{topic}/stats")
@@ -238,9 +252,10 @@ async def test_bundle_moves_under_traffic_through_the_proxy(etcd_process, tmp_pa
         assert {t.service_url for t in targets} <= logical, (logical, connected)
         assert len(re.findall(r"Closed producer: \d+ assignedBrokerUrl: pulsar://", client_log)) == 3, \
             client_log[-3000:]
+        assert re.search(r"Closed producer: \d+\s*\n", client_log), "the topic unload's CLOSE_PRODUCER named nobody"
         # ... and the proxy accepted them all (the lookup connection and one per broker).
         assert proxy_metric(proxy, "magnetar_proxy_connections_accepted_total", "") >= 1 + len(logical)
-        print(f"through the proxy: 3 moves, stalls {[round(s, 2) for s in stalls]} s, "
+        print(f"through the proxy: 3 moves and an unload, stalls {[round(s, 2) for s in stalls]} s, "
               f"{len(traffic.acked)} acknowledged, {duplicates} redelivered")
     finally:
         await cluster.stop()
