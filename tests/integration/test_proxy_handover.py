@@ -3,7 +3,8 @@
 Real etcd, 3 bookies, 3 brokers and one proxy; the client's service URL is the proxy's
 only. While a producer sends continuously (each receipt recorded with its time) and a
 consumer on a Shared subscription receives and acknowledges, the topic's bundle is
-transferred twice to a named broker (``unload?destinationBroker=``: the old owner's
+transferred twice to a named broker (``unload?destinationBroker=``, the first time with
+``magnetar admin`` through the proxy's HTTP port; the old owner's
 CLOSE_PRODUCER / CLOSE_CONSUMER name the new owner, ``assignedBrokerServiceUrl``) and
 then unloaded once without a destination.
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import subprocess
 import threading
 import time
 import urllib.request
@@ -36,7 +38,7 @@ import pytest
 
 from bundles.hashing import BundleRange, topic_hash
 from magnetar.tools.admin_client import AdminClient, AdminError
-from tests.cluster import Cluster, created_retrying
+from tests.cluster import Cluster, created_retrying, python_command
 
 FAST = ["--lease-ttl-s", "4", "--load-report-interval-s", "0.5", "--leader-interval-s", "0.3", "--no-shedding"]
 NAMESPACE = "public/default"
@@ -205,7 +207,14 @@ async def test_bundle_moves_under_traffic_through_the_proxy(etcd_process, tmp_pa
                     path = f"/admin/v2/persistent/{NAMESPACE}/{topic}/unload"
                 before = len(traffic.acked)
                 moved_at = time.monotonic()
-                admin(owner, "PUT", path)
+                if round_index == 0:
+                    # From outside too: `magnetar admin` through the proxy's HTTP port.
+                    await asyncio.to_thread(subprocess.run, python_command(
+                        "admin", "--admin-url", proxy.http_url, "namespaces", "unload", NAMESPACE,
+                        "--bundle", bundle, "--destinationBroker", target.broker_id),
+                        check=True, capture_output=True, timeout=60)
+                else:
+                    admin(owner, "PUT", path)
                 await asyncio.to_thread(traffic.wait_acked, before + 150, 30)
                 new_owner = owner_of(cluster, topic)
                 if round_index < 3:
