@@ -39,6 +39,7 @@ import pytest
 from bundles.hashing import BundleRange, topic_hash
 from magnetar.tools.admin_client import AdminClient, AdminError
 from tests.cluster import Cluster, created_retrying, python_command
+from tests.tls_certs import make_pki
 
 FAST = ["--lease-ttl-s", "4", "--load-report-interval-s", "0.5", "--leader-interval-s", "0.3", "--no-shedding"]
 NAMESPACE = "public/default"
@@ -50,8 +51,8 @@ class Traffic:
     """A producer (sync sends; receipts and their times recorded) and a consumer on a
     Shared subscription (received payloads recorded, each acknowledged), in threads."""
 
-    def __init__(self, url: str, topic: str) -> None:
-        self.client = pulsar.Client(url, operation_timeout_seconds=30)
+    def __init__(self, url: str, topic: str, **client_args) -> None:
+        self.client = pulsar.Client(url, operation_timeout_seconds=30, **client_args)
         self.consumer = created_retrying(lambda: self.client.subscribe(
             topic, "moving", consumer_type=pulsar.ConsumerType.Shared,
             initial_position=pulsar.InitialPosition.Earliest))
@@ -177,12 +178,33 @@ def proxy_metric(proxy, name: str, labels: str) -> float:
     return sum(float(v) for v in re.findall(rf"^{re.escape(name)}{re.escape(labels)} (\S+)$", text, re.M))
 
 
-async def test_bundle_moves_under_traffic_through_the_proxy(etcd_process, tmp_path, capfd):
-    cluster = Cluster(etcd_process, str(tmp_path))
+async def start_cluster(cluster: Cluster, pki) -> Cluster:
+    await cluster.start_bookies(3)
+    await asyncio.gather(*(cluster.broker(extra_args=FAST).start() for _ in range(3)))
+    # Plain brokers; the proxy takes clients on a plain and a TLS port.
+    await cluster.proxy(extra_args=["--tls-port", "0", "--tls-cert-file", pki.cert_file,
+                                    "--tls-key-file", pki.key_file]).start()
+    return cluster
+
+
+@pytest.fixture(scope="module")
+def moving(etcd_process, tmp_path_factory):
+    """3 bookies, 3 brokers and a proxy shared by this module's tests; its PKI."""
+    base = tmp_path_factory.mktemp("handover")
+    pki = make_pki(str(base / "pki"))
+    cluster = Cluster(etcd_process, str(base))
     try:
-        await cluster.start_bookies(3)
-        await asyncio.gather(*(cluster.broker(extra_args=FAST).start() for _ in range(3)))
-        proxy = await cluster.proxy().start()
+        asyncio.run(start_cluster(cluster, pki))
+        yield cluster, pki
+    finally:
+        asyncio.run(cluster.stop())
+
+
+async def test_bundle_moves_under_traffic_through_the_proxy(moving, capfd):
+    cluster, _ = moving
+    proxy = cluster.proxies[0]
+    capfd.readouterr()
+    if True:
         broker_ports = {port_of(b.service_url) for b in cluster.brokers}
         topic = f"moving-{uuid.uuid4().hex[:8]}"
         with OwnConnections() as own:
@@ -266,5 +288,42 @@ async def test_bundle_moves_under_traffic_through_the_proxy(etcd_process, tmp_pa
         assert proxy_metric(proxy, "magnetar_proxy_connections_accepted_total", "") >= 1 + len(logical)
         print(f"through the proxy: 3 moves and an unload, stalls {[round(s, 2) for s in stalls]} s, "
               f"{len(traffic.acked)} acknowledged, {duplicates} redelivered")
-    finally:
-        await cluster.stop()
+
+
+async def test_a_tls_client_of_the_proxy_follows_a_transfer_to_a_plain_broker(moving, capfd):
+    """A client on the proxy's TLS port (the brokers have no TLS listener): the bundle
+    transferred to a named broker. The CLOSE_* name the destination's plain URL in the
+    TLS field too (the client reads the field of its own scheme, and only names it back
+    to the proxy), so the client reconnects at once, through the proxy's TLS port."""
+    cluster, pki = moving
+    proxy = cluster.proxies[0]
+    broker_ports = {port_of(b.service_url) for b in cluster.brokers}
+    capfd.readouterr()
+    topic = f"moving-tls-{uuid.uuid4().hex[:8]}"
+    with OwnConnections() as own:
+        traffic = await asyncio.to_thread(Traffic, proxy.service_url_tls, f"persistent://{NAMESPACE}/{topic}",
+                                          tls_trust_certs_file_path=pki.ca_file, tls_validate_hostname=True)
+        traffic.start()
+        await asyncio.to_thread(traffic.wait_acked, 100, 30)
+        owner = owner_of(cluster, topic)
+        target = next(b for b in cluster.brokers if b is not owner)
+        before = len(traffic.acked)
+        moved_at = time.monotonic()
+        admin(owner, "PUT", f"/admin/v2/namespaces/{NAMESPACE}/{bundle_of(cluster, topic)}/unload"
+                            f"?destinationBroker={target.broker_id}")
+        await asyncio.to_thread(traffic.wait_acked, before + 100, 30)
+        stall = traffic.stall_after(moved_at)
+        assert owner_of(cluster, topic) is target
+        await asyncio.to_thread(traffic.finish)
+    client_log = capfd.readouterr().out
+    assert not traffic.errors, traffic.errors[:3]
+    lost = set(traffic.acked) - set(traffic.received)
+    assert not lost, f"{len(lost)} acknowledged messages never received"
+    assert not own.remote_ports & broker_ports, own.remote_ports
+    connected = re.findall(r"-> [^\]]*:(\d+)\] Connected to broker(.*)", client_log)
+    assert {int(port) for port, _ in connected} == {port_of(proxy.service_url_tls)}, connected
+    assert f"Closed producer: 0 assignedBrokerUrl: {target.service_url}" in client_log, client_log[-3000:]
+    assert re.search(re.escape(topic) + r", [^\]]*\] Schedule reconnection in 0 s", client_log), \
+        client_log[-3000:]
+    assert stall < STALL_MAX_S, stall
+    print(f"TLS client through the proxy: transfer stall {stall:.2f} s")
