@@ -1,24 +1,26 @@
 """A bundle moved while the official client produces and consumes through the proxy.
 
-Real etcd, 3 bookies, 3 brokers and one proxy; the client's service URL is the proxy's
-only. While a producer sends continuously (each receipt recorded with its time) and a
-consumer on a Shared subscription receives and acknowledges, the topic's bundle is
-transferred twice to a named broker (``unload?destinationBroker=``, the first time with
-``magnetar admin`` through the proxy's HTTP port; the old owner's
-CLOSE_PRODUCER / CLOSE_CONSUMER name the new owner, ``assignedBrokerServiceUrl``) and
-then unloaded once without a destination.
+Real etcd, 3 bookies, 3 brokers (no TLS listener) and one proxy (a plain and a TLS
+port), shared by the module's tests; the client's service URL is the proxy's only.
 
 Proves:
-- every acknowledged message was received (a Shared subscription may redeliver: the
-  duplicates are counted, not refused), and no error reached the application;
-- the producer's sends resumed after each move within a bound (the longest gap between
-  receipts is measured and reported);
-- the bundle went where it was sent (the lookup names the destination);
-- the client never connected to a broker's address: the test process's own TCP
-  connections, sampled throughout, only ever reach the proxy's port (and the admin
-  REST); the client's log shows each new connection made *through* the proxy with the
-  assigned broker as its logical address; the new owner's producer and consumer are
-  on connections the proxy's process opened.
+- while a producer sends continuously (each receipt recorded with its time) and a
+  consumer on a Shared subscription receives and acknowledges, the topic's bundle
+  transferred twice to a named broker (``unload?destinationBroker=``, the first time
+  with ``magnetar admin`` through the proxy's HTTP port), once to the broker the owner
+  picks, and the topic unloaded once: every acknowledged message was received (a
+  Shared subscription may redeliver: duplicates are counted, not refused), no error
+  reached the application, the producer's longest gap between receipts after each
+  move is under a bound (and reported), the bundle went where it was sent;
+- the client never went around the proxy although the old owner's CLOSE_PRODUCER /
+  CLOSE_CONSUMER named the next owner (``assignedBrokerServiceUrl``): the test
+  process's own TCP connections, sampled every 20 ms, never reached a broker's binary
+  port; the client's log shows every connection made to the proxy's port, each named
+  destination as a logical address; the new owner's producer and consumer sit on
+  connections of the proxy's process (their addresses in the topic's stats);
+- a ``destinationBroker`` that is no live broker, or the owner itself: 412;
+- a client on the proxy's TLS port follows a transfer at once too (the broker names the
+  plain URL in the TLS field to connections that reached it in plain text).
 """
 
 from __future__ import annotations
@@ -204,90 +206,94 @@ async def test_bundle_moves_under_traffic_through_the_proxy(moving, capfd):
     cluster, _ = moving
     proxy = cluster.proxies[0]
     capfd.readouterr()
-    if True:
-        broker_ports = {port_of(b.service_url) for b in cluster.brokers}
-        topic = f"moving-{uuid.uuid4().hex[:8]}"
-        with OwnConnections() as own:
-            traffic = await asyncio.to_thread(Traffic, proxy.service_url, f"persistent://{NAMESPACE}/{topic}")
-            traffic.start()
-            await asyncio.to_thread(traffic.wait_acked, 150, 30)
-            stalls = []
-            targets = []
-            # Twice to a named broker, then where the owner picks (the CLOSE_* name the
-            # new owner each time), then the topic alone unloaded: it stays where it is
-            # and the client finds it again by a lookup through the proxy.
-            for round_index in range(4):
-                owner = owner_of(cluster, topic)
-                bundle = bundle_of(cluster, topic)
-                path = f"/admin/v2/namespaces/{NAMESPACE}/{bundle}/unload"
-                target = None
-                if round_index < 2:
-                    target = next(b for b in cluster.brokers if b is not owner)
-                    path += f"?destinationBroker={target.broker_id}"
-                    targets.append(target)
-                elif round_index == 3:
-                    path = f"/admin/v2/persistent/{NAMESPACE}/{topic}/unload"
-                before = len(traffic.acked)
-                moved_at = time.monotonic()
-                if round_index == 0:
-                    # From outside too: `magnetar admin` through the proxy's HTTP port.
-                    await asyncio.to_thread(subprocess.run, python_command(
-                        "admin", "--admin-url", proxy.http_url, "namespaces", "unload", NAMESPACE,
-                        "--bundle", bundle, "--destinationBroker", target.broker_id),
-                        check=True, capture_output=True, timeout=60)
-                else:
-                    admin(owner, "PUT", path)
-                await asyncio.to_thread(traffic.wait_acked, before + 150, 30)
-                new_owner = owner_of(cluster, topic)
-                if round_index < 3:
-                    assert new_owner is not owner, f"round {round_index}: the bundle stayed on {owner.broker_id}"
-                if target is not None:
-                    assert new_owner is target, (round_index, new_owner.broker_id, target.broker_id)
-                stalls.append(traffic.stall_after(moved_at))
-            # A destination that is no live broker, or the owner itself, is refused (412).
+    broker_ports = {port_of(b.service_url) for b in cluster.brokers}
+    topic = f"moving-{uuid.uuid4().hex[:8]}"
+    with OwnConnections() as own:
+        traffic = await asyncio.to_thread(Traffic, proxy.service_url, f"persistent://{NAMESPACE}/{topic}")
+        traffic.start()
+        await asyncio.to_thread(traffic.wait_acked, 150, 30)
+        stalls = []
+        targets = []
+        # Twice to a named broker, then where the owner picks (the CLOSE_* name the
+        # new owner each time), then the topic alone unloaded: it stays where it is
+        # and the client finds it again by a lookup through the proxy.
+        for round_index in range(4):
             owner = owner_of(cluster, topic)
             bundle = bundle_of(cluster, topic)
-            for named in ("no-such-broker:1", owner.broker_id):
-                with pytest.raises(AdminError) as refused:
-                    admin(owner, "PUT", f"/admin/v2/namespaces/{NAMESPACE}/{bundle}/unload?destinationBroker={named}")
-                assert refused.value.status == 412, refused.value
-            assert owner_of(cluster, topic) is owner
-            # The new owner's producer and consumer are on connections the proxy opened.
-            owner = owner_of(cluster, topic)
+            path = f"/admin/v2/namespaces/{NAMESPACE}/{bundle}/unload"
+            target = None
+            if round_index < 2:
+                target = next(b for b in cluster.brokers if b is not owner)
+                path += f"?destinationBroker={target.broker_id}"
+                targets.append(target)
+            elif round_index == 3:
+                path = f"/admin/v2/persistent/{NAMESPACE}/{topic}/unload"
+            before = len(traffic.acked)
+            moved_at = time.monotonic()
+            if round_index == 0:
+                # From outside too: `magnetar admin` through the proxy's HTTP port.
+                await asyncio.to_thread(subprocess.run, python_command(
+                    "admin", "--admin-url", proxy.http_url, "namespaces", "unload", NAMESPACE,
+                    "--bundle", bundle, "--destinationBroker", target.broker_id),
+                    check=True, capture_output=True, timeout=60)
+            else:
+                admin(owner, "PUT", path)
+            await asyncio.to_thread(traffic.wait_acked, before + 150, 30)
+            new_owner = owner_of(cluster, topic)
+            if round_index < 3:
+                assert new_owner is not owner, f"round {round_index}: the bundle stayed on {owner.broker_id}"
+            if target is not None:
+                assert new_owner is target, (round_index, new_owner.broker_id, target.broker_id)
+            stalls.append(traffic.stall_after(moved_at))
+        # A destination that is no live broker, or the owner itself, is refused (412).
+        owner = owner_of(cluster, topic)
+        bundle = bundle_of(cluster, topic)
+        for named in ("no-such-broker:1", owner.broker_id):
+            with pytest.raises(AdminError) as refused:
+                admin(owner, "PUT", f"/admin/v2/namespaces/{NAMESPACE}/{bundle}/unload?destinationBroker={named}")
+            assert refused.value.status == 412, refused.value
+        assert owner_of(cluster, topic) is owner
+        # The new owner's producer and consumer are on connections the proxy opened.
+        owner = owner_of(cluster, topic)
+        deadline = time.monotonic() + 10
+        while True:   # the consumer may still be reconnecting after the last unload
             stats = admin(owner, "GET", f"/admin/v2/persistent/{NAMESPACE}/{topic}/stats")
             addresses = [p["address"] for p in stats["publishers"]]
             addresses += [c["address"] for c in stats["subscriptions"]["moving"]["consumers"]]
-            proxy_sockets = proxy_connections_to(proxy, port_of(owner.service_url))
-            assert len(addresses) == 2 and all(port_of(a) in proxy_sockets for a in addresses), \
-                (addresses, proxy_sockets)
-            await asyncio.to_thread(traffic.finish)
-        client_log = capfd.readouterr().out
+            if len(addresses) == 2 or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.2)
+        proxy_sockets = proxy_connections_to(proxy, port_of(owner.service_url))
+        assert len(addresses) == 2 and all(port_of(a) in proxy_sockets for a in addresses), \
+            (addresses, proxy_sockets)
+        await asyncio.to_thread(traffic.finish)
+    client_log = capfd.readouterr().out
 
-        assert not traffic.errors, traffic.errors[:3]
-        lost = set(traffic.acked) - set(traffic.received)
-        assert not lost, f"{len(lost)} acknowledged messages never received"
-        duplicates = len(traffic.received) - len(set(traffic.received))
-        assert max(stalls) < STALL_MAX_S, f"sends stalled {max(stalls):.2f}s after a move ({stalls})"
+    assert not traffic.errors, traffic.errors[:3]
+    lost = set(traffic.acked) - set(traffic.received)
+    assert not lost, f"{len(lost)} acknowledged messages never received"
+    duplicates = len(traffic.received) - len(set(traffic.received))
+    assert max(stalls) < STALL_MAX_S, f"sends stalled {max(stalls):.2f}s after a move ({stalls})"
 
-        # The client stayed behind the proxy: it never reached a broker's binary port...
-        direct = own.remote_ports & broker_ports
-        assert not direct, f"the client connected to brokers directly (ports {direct})\n{client_log[-3000:]}"
-        assert port_of(proxy.service_url) in own.remote_ports
-        # ... its log shows each broker connection made to the proxy's port (the lookup
-        # connection, then piped ones naming a broker as the logical address), each
-        # destination named in a CLOSE_PRODUCER reached that way ...
-        connected = re.findall(r"-> [^\]]*:(\d+)\] Connected to broker(.*)", client_log)
-        assert connected, client_log[-3000:]
-        assert {int(port) for port, _ in connected} == {port_of(proxy.service_url)}, connected
-        logical = {url for _, rest in connected for url in re.findall(r"Logical broker: (\S+),", rest)}
-        assert {t.service_url for t in targets} <= logical, (logical, connected)
-        assert len(re.findall(r"Closed producer: \d+ assignedBrokerUrl: pulsar://", client_log)) == 3, \
-            client_log[-3000:]
-        assert re.search(r"Closed producer: \d+\s*\n", client_log), "the topic unload's CLOSE_PRODUCER named nobody"
-        # ... and the proxy accepted them all (the lookup connection and one per broker).
-        assert proxy_metric(proxy, "magnetar_proxy_connections_accepted_total", "") >= 1 + len(logical)
-        print(f"through the proxy: 3 moves and an unload, stalls {[round(s, 2) for s in stalls]} s, "
-              f"{len(traffic.acked)} acknowledged, {duplicates} redelivered")
+    # The client stayed behind the proxy: it never reached a broker's binary port...
+    direct = own.remote_ports & broker_ports
+    assert not direct, f"the client connected to brokers directly (ports {direct})\n{client_log[-3000:]}"
+    assert port_of(proxy.service_url) in own.remote_ports
+    # ... its log shows each broker connection made to the proxy's port (the lookup
+    # connection, then piped ones naming a broker as the logical address), each
+    # destination named in a CLOSE_PRODUCER reached that way ...
+    connected = re.findall(r"-> [^\]]*:(\d+)\] Connected to broker(.*)", client_log)
+    assert connected, client_log[-3000:]
+    assert {int(port) for port, _ in connected} == {port_of(proxy.service_url)}, connected
+    logical = {url for _, rest in connected for url in re.findall(r"Logical broker: (\S+),", rest)}
+    assert {t.service_url for t in targets} <= logical, (logical, connected)
+    assert len(re.findall(r"Closed producer: \d+ assignedBrokerUrl: pulsar://", client_log)) >= 3, \
+        client_log[-3000:]
+    assert re.search(r"Closed producer: \d+\s*\n", client_log), "the topic unload's CLOSE_PRODUCER named nobody"
+    # ... and the proxy accepted them all (the lookup connection and one per broker).
+    assert proxy_metric(proxy, "magnetar_proxy_connections_accepted_total", "") >= 1 + len(logical)
+    print(f"through the proxy: 3 moves and an unload, stalls {[round(s, 2) for s in stalls]} s, "
+          f"{len(traffic.acked)} acknowledged, {duplicates} redelivered")
 
 
 async def test_a_tls_client_of_the_proxy_follows_a_transfer_to_a_plain_broker(moving, capfd):
