@@ -1,6 +1,6 @@
 """A bundle moved while the official client produces and consumes through the proxy.
 
-Real etcd, 3 bookies, 3 brokers (no TLS listener) and one proxy (a plain and a TLS
+Real etcd, 2 bookies, 3 brokers (no TLS listener) and one proxy (a plain and a TLS
 port), shared by the module's tests; the client's service URL is the proxy's only.
 
 Proves:
@@ -181,7 +181,7 @@ def proxy_metric(proxy, name: str, labels: str) -> float:
 
 
 async def start_cluster(cluster: Cluster, pki) -> Cluster:
-    await cluster.start_bookies(3)
+    await cluster.start_bookies(2)   # the brokers' default ensemble
     await asyncio.gather(*(cluster.broker(extra_args=FAST).start() for _ in range(3)))
     # Plain brokers; the proxy takes clients on a plain and a TLS port.
     await cluster.proxy(extra_args=["--tls-port", "0", "--tls-cert-file", pki.cert_file,
@@ -191,7 +191,7 @@ async def start_cluster(cluster: Cluster, pki) -> Cluster:
 
 @pytest.fixture(scope="module")
 def moving(etcd_process, tmp_path_factory):
-    """3 bookies, 3 brokers and a proxy shared by this module's tests; its PKI."""
+    """2 bookies, 3 brokers and a proxy shared by this module's tests; its PKI."""
     base = tmp_path_factory.mktemp("handover")
     pki = make_pki(str(base / "pki"))
     cluster = Cluster(etcd_process, str(base))
@@ -211,7 +211,7 @@ async def test_bundle_moves_under_traffic_through_the_proxy(moving, capfd):
     with OwnConnections() as own:
         traffic = await asyncio.to_thread(Traffic, proxy.service_url, f"persistent://{NAMESPACE}/{topic}")
         traffic.start()
-        await asyncio.to_thread(traffic.wait_acked, 150, 30)
+        await asyncio.to_thread(traffic.wait_acked, 100, 30)
         stalls = []
         targets = []
         # Twice to a named broker, then where the owner picks (the CLOSE_* name the
@@ -238,7 +238,7 @@ async def test_bundle_moves_under_traffic_through_the_proxy(moving, capfd):
                     check=True, capture_output=True, timeout=60)
             else:
                 admin(owner, "PUT", path)
-            await asyncio.to_thread(traffic.wait_acked, before + 150, 30)
+            await asyncio.to_thread(traffic.wait_acked, before + 100, 30)
             new_owner = owner_of(cluster, topic)
             if round_index < 3:
                 assert new_owner is not owner, f"round {round_index}: the bundle stayed on {owner.broker_id}"
