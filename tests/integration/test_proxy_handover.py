@@ -19,8 +19,9 @@ Proves:
   destination as a logical address; the new owner's producer and consumer sit on
   connections of the proxy's process (their addresses in the topic's stats);
 - a ``destinationBroker`` that is no live broker, or the owner itself: 412;
-- a client on the proxy's TLS port follows a transfer at once too (the broker names the
-  plain URL in the TLS field to connections that reached it in plain text).
+- a client on the proxy's TLS port (a Failover subscription) follows a transfer at once
+  too (the broker names the plain URL in the TLS field to connections that reached it
+  in plain text); nothing lost.
 """
 
 from __future__ import annotations
@@ -53,10 +54,10 @@ class Traffic:
     """A producer (sync sends; receipts and their times recorded) and a consumer on a
     Shared subscription (received payloads recorded, each acknowledged), in threads."""
 
-    def __init__(self, url: str, topic: str, **client_args) -> None:
+    def __init__(self, url: str, topic: str, consumer_type=pulsar.ConsumerType.Shared, **client_args) -> None:
         self.client = pulsar.Client(url, operation_timeout_seconds=30, **client_args)
         self.consumer = created_retrying(lambda: self.client.subscribe(
-            topic, "moving", consumer_type=pulsar.ConsumerType.Shared,
+            topic, "moving", consumer_type=consumer_type,
             initial_position=pulsar.InitialPosition.Earliest))
         self.producer = created_retrying(lambda: self.client.create_producer(
             topic, send_timeout_millis=60_000, batching_enabled=False))
@@ -297,8 +298,8 @@ async def test_bundle_moves_under_traffic_through_the_proxy(moving, capfd):
 
 
 async def test_a_tls_client_of_the_proxy_follows_a_transfer_to_a_plain_broker(moving, capfd):
-    """A client on the proxy's TLS port (the brokers have no TLS listener): the bundle
-    transferred to a named broker. The CLOSE_* name the destination's plain URL in the
+    """A client on the proxy's TLS port (the brokers have no TLS listener), its consumer
+    on a Failover subscription: the bundle transferred to a named broker. The CLOSE_* name the destination's plain URL in the
     TLS field too (the client reads the field of its own scheme, and only names it back
     to the proxy), so the client reconnects at once, through the proxy's TLS port."""
     cluster, pki = moving
@@ -308,7 +309,7 @@ async def test_a_tls_client_of_the_proxy_follows_a_transfer_to_a_plain_broker(mo
     topic = f"moving-tls-{uuid.uuid4().hex[:8]}"
     with OwnConnections() as own:
         traffic = await asyncio.to_thread(Traffic, proxy.service_url_tls, f"persistent://{NAMESPACE}/{topic}",
-                                          tls_trust_certs_file_path=pki.ca_file, tls_validate_hostname=True)
+                                          pulsar.ConsumerType.Failover, tls_trust_certs_file_path=pki.ca_file, tls_validate_hostname=True)
         traffic.start()
         await asyncio.to_thread(traffic.wait_acked, 100, 30)
         owner = owner_of(cluster, topic)
@@ -332,4 +333,5 @@ async def test_a_tls_client_of_the_proxy_follows_a_transfer_to_a_plain_broker(mo
     assert re.search(re.escape(topic) + r", [^\]]*\] Schedule reconnection in 0 s", client_log), \
         client_log[-3000:]
     assert stall < STALL_MAX_S, stall
-    print(f"TLS client through the proxy: transfer stall {stall:.2f} s")
+    duplicates = len(traffic.received) - len(set(traffic.received))
+    print(f"TLS client through the proxy: transfer stall {stall:.2f} s, {duplicates} redelivered")
