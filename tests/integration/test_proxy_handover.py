@@ -22,6 +22,9 @@ Proves:
 - a client on the proxy's TLS port (a Failover subscription) follows a transfer at once
   too (the broker names the plain URL in the TLS field to connections that reached it
   in plain text); nothing lost.
+- (``long``, make test-long) the owner stopped with SIGTERM under traffic (a rolling
+  restart's step): it hands its bundles over, the client follows through the proxy to
+  the broker its CLOSE_PRODUCER names, nothing lost, never to a broker's address.
 """
 
 from __future__ import annotations
@@ -335,3 +338,39 @@ async def test_a_tls_client_of_the_proxy_follows_a_transfer_to_a_plain_broker(mo
     assert stall < STALL_MAX_S, stall
     duplicates = len(traffic.received) - len(set(traffic.received))
     print(f"TLS client through the proxy: transfer stall {stall:.2f} s, {duplicates} redelivered")
+
+
+@pytest.mark.long
+async def test_owner_stopped_gracefully_under_traffic_through_the_proxy(moving, capfd):
+    """A rolling restart's step behind the proxy: the topic's owner gets SIGTERM and hands
+    its bundles to the other brokers, its CLOSE_* naming each bundle's next owner. The
+    client follows through the proxy (never to a broker's address), nothing is lost.
+    Last in the module: it stops a broker of the shared cluster."""
+    cluster, _ = moving
+    proxy = cluster.proxies[0]
+    broker_ports = {port_of(b.service_url) for b in cluster.brokers}
+    capfd.readouterr()
+    topic = f"moving-stop-{uuid.uuid4().hex[:8]}"
+    with OwnConnections() as own:
+        traffic = await asyncio.to_thread(Traffic, proxy.service_url, f"persistent://{NAMESPACE}/{topic}")
+        traffic.start()
+        await asyncio.to_thread(traffic.wait_acked, 100, 30)
+        owner = owner_of(cluster, topic)
+        before = len(traffic.acked)
+        stopped_at = time.monotonic()
+        assert await owner.terminate() == 0, owner.log_text()[-3000:]
+        await asyncio.to_thread(traffic.wait_acked, before + 100, 30)
+        stall = traffic.stall_after(stopped_at)
+        new_owner = next(b for b in cluster.brokers if b.running and b.service_url == admin(
+            b, "GET", f"/lookup/v2/topic/persistent/{NAMESPACE}/{topic}")["brokerUrl"])
+        await asyncio.to_thread(traffic.finish)
+    client_log = capfd.readouterr().out
+    assert not traffic.errors, traffic.errors[:3]
+    lost = set(traffic.acked) - set(traffic.received)
+    assert not lost, f"{len(lost)} acknowledged messages never received"
+    assert not own.remote_ports & broker_ports, own.remote_ports
+    connected = re.findall(r"-> [^\]]*:(\d+)\] Connected to broker(.*)", client_log)
+    assert {int(port) for port, _ in connected} == {port_of(proxy.service_url)}, connected
+    assert f"Closed producer: 0 assignedBrokerUrl: {new_owner.service_url}" in client_log, client_log[-3000:]
+    assert stall < STALL_MAX_S, stall
+    print(f"owner stopped behind the proxy: stall {stall:.2f} s")
