@@ -25,6 +25,10 @@ Proves:
 - (``long``, make test-long) the owner stopped with SIGTERM under traffic (a rolling
   restart's step): it hands its bundles over, the client follows through the proxy to
   the broker its CLOSE_PRODUCER names, nothing lost, never to a broker's address.
+- (``long``) behind an authenticating proxy (brokers with token authentication and
+  authorization, the client's role granted one namespace, the proxy's role nothing):
+  a transfer to a named broker, the new owner authorizes the client's role on the
+  reconnect through the proxy; nothing lost, no error, reconnect "in 0 s".
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import pytest
 
 from bundles.hashing import BundleRange, topic_hash
 from magnetar.tools.admin_client import AdminClient, AdminError
+from tests import token_files
 from tests.cluster import Cluster, created_retrying, python_command
 from tests.tls_certs import make_pki
 
@@ -374,3 +379,68 @@ async def test_owner_stopped_gracefully_under_traffic_through_the_proxy(moving, 
     assert f"Closed producer: 0 assignedBrokerUrl: {new_owner.service_url}" in client_log, client_log[-3000:]
     assert stall < STALL_MAX_S, stall
     print(f"owner stopped behind the proxy: stall {stall:.2f} s")
+
+
+@pytest.mark.long
+async def test_a_transfer_behind_an_authenticating_proxy(etcd_process, tmp_path, capfd):
+    """Brokers with token authentication and authorization; a proxy that authenticates
+    clients and names them to brokers (``original_principal``, its own token of a proxy
+    role). A client whose role is granted one namespace produces and consumes through it
+    while the bundle is transferred to a named broker: the new owner authorizes the
+    client's role on the reconnect that the CLOSE_* sent through the proxy; nothing lost,
+    no error, never to a broker's address."""
+    key_path, signer = token_files.secret_key_file(str(tmp_path))
+    proxy_token = token_files.token_file(str(tmp_path), "proxy.token", signer, "proxy-role")
+    superuser = signer.create("admin-role")
+    cluster = Cluster(etcd_process, str(tmp_path))
+    try:
+        await cluster.start_bookies(2)
+        await asyncio.gather(*(cluster.broker(extra_args=[
+            *FAST, "--authentication-enabled", "--authorization-enabled", "--superuser-roles", "admin-role",
+            "--proxy-roles", "proxy-role", "--token-secret-key", f"file://{key_path}"]).start() for _ in range(2)))
+        proxy = await cluster.proxy(extra_args=["--authentication-enabled", "--token-secret-key",
+                                                f"file://{key_path}", "--broker-token-file", proxy_token]).start()
+        broker_ports = {port_of(b.service_url) for b in cluster.brokers}
+
+        def as_admin(broker, method: str, path: str, body=None):
+            return AdminClient(broker.web_service_url, token=superuser).request(method, path, body=body).document()
+
+        namespace = f"public/moving-{uuid.uuid4().hex[:6]}"
+        as_admin(cluster.brokers[0], "PUT", f"/admin/v2/namespaces/{namespace}", {})
+        as_admin(cluster.brokers[0], "POST", f"/admin/v2/namespaces/{namespace}/permissions/app",
+                 ["produce", "consume"])
+        topic = f"persistent://{namespace}/orders"
+        capfd.readouterr()
+        with OwnConnections() as own:
+            traffic = await asyncio.to_thread(Traffic, proxy.service_url, topic,
+                                              authentication=pulsar.AuthenticationToken(signer.create("app")))
+            traffic.start()
+            await asyncio.to_thread(traffic.wait_acked, 100, 30)
+            lookup = f"/lookup/v2/topic/{topic.replace('persistent://', 'persistent/')}"
+            owner_url = as_admin(cluster.brokers[0], "GET", lookup)["brokerUrl"]
+            owner = next(b for b in cluster.brokers if b.service_url == owner_url)
+            target = next(b for b in cluster.brokers if b is not owner)
+            owners = as_admin(owner, "GET", f"/admin/v2/namespaces/{namespace}/bundleOwners")
+            bundle = next(b for b in owners if BundleRange.parse(b).contains(topic_hash(topic)))
+            before = len(traffic.acked)
+            moved_at = time.monotonic()
+            as_admin(owner, "PUT", f"/admin/v2/namespaces/{namespace}/{bundle}/unload"
+                                   f"?destinationBroker={target.broker_id}")
+            await asyncio.to_thread(traffic.wait_acked, before + 100, 30)
+            stall = traffic.stall_after(moved_at)
+            assert as_admin(cluster.brokers[0], "GET", lookup)["brokerUrl"] == target.service_url
+            await asyncio.to_thread(traffic.finish)
+        client_log = capfd.readouterr().out
+        assert not traffic.errors, traffic.errors[:3]
+        lost = set(traffic.acked) - set(traffic.received)
+        assert not lost, f"{len(lost)} acknowledged messages never received"
+        assert not own.remote_ports & broker_ports, own.remote_ports
+        connected = re.findall(r"-> [^\]]*:(\d+)\] Connected to broker(.*)", client_log)
+        assert {int(port) for port, _ in connected} == {port_of(proxy.service_url)}, connected
+        assert f"Closed producer: 0 assignedBrokerUrl: {target.service_url}" in client_log, client_log[-3000:]
+        assert re.search(re.escape(topic) + r", [^\]]*\] Schedule reconnection in 0 s", client_log), \
+            client_log[-3000:]
+        assert stall < STALL_MAX_S, stall
+        print(f"authenticating proxy: transfer stall {stall:.2f} s")
+    finally:
+        await cluster.stop()
