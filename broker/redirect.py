@@ -12,6 +12,14 @@ advertised listeners in the cluster, that is the destination's URL for the liste
 the client names in its lookups, which the connection remembers; a connection that
 never looked anything up names none, and then nothing is named (the client looks up,
 as without this). Without listeners it is the destination's service URLs.
+
+A client reads the field of its own scheme: ``...Tls`` when its socket is TLS. A client
+whose socket is TLS while its connection reached this broker in plain text sits behind a
+hop that ends TLS — a proxy (proxy/): it only names the URL back to its service URL
+(``proxy_to_broker_url``), and the proxy pipes by what the address is. For it, a
+destination without a TLS listener is named by its plain URL in the TLS field too (as
+the proxy does for lookup answers); without that it got no URL and looked the topic up
+after its back-off. A client on a TLS connection of this broker gets only real TLS URLs.
 """
 
 from __future__ import annotations
@@ -34,3 +42,19 @@ class Destination:
         if listener_name:
             return None   # it asks for a listener nobody advertises: its lookups fail too
         return self.service_url, self.service_url_tls
+
+    def urls_for_connection(self, listener_name: str, over_tls: bool) -> tuple[str, str] | None:
+        """``urls_for``, for a client connection that reached this broker over TLS or
+        not: one that did not is named the plain URL in the TLS field when the
+        destination has no TLS listener (its client may sit behind a TLS proxy)."""
+        urls = self.urls_for(listener_name)
+        if urls is None or over_tls or urls[1]:
+            return urls
+        return urls[0], urls[0]
+
+
+def connection_over_tls(connection) -> bool:
+    """Whether a client connection reached this broker over TLS (its transport's SSL
+    object; a connection without a transport counts as plain)."""
+    transport = getattr(connection, "transport", None)
+    return transport is not None and transport.get_extra_info("ssl_object") is not None

@@ -34,6 +34,7 @@ from broker.config import BrokerConfig
 from managed_ledger.managed_ledger import ManagedLedger
 from broker.publish_limits import Limit, PendingSends, PublishLimits, ReadGate
 from broker.broker_directory import BrokerDirectory
+from broker.redirect import connection_over_tls
 from broker.resources import Resources
 from broker.schema_compatibility import DEFAULT_STRATEGY
 from broker.schemas import SchemaRegistry
@@ -240,7 +241,8 @@ class BrokerService:
             return
         target = self.directory.destination(destination) if destination else None
         redirect = None if target is None else (
-            lambda connection: target.urls_for(getattr(connection, "listener_name", "")))
+            lambda connection: target.urls_for_connection(getattr(connection, "listener_name", ""),
+                                                          connection_over_tls(connection)))
         log.info("closing topics: count=%d reason=%s redirect_to=%s", len(topics), reason,
                  target.service_url if target is not None else "-")
         await asyncio.gather(*(t.close(disconnect_clients=True, redirect=redirect) for t in topics),

@@ -3,7 +3,8 @@
     GET /admin/v2/namespaces/{t}/{ns}/bundles                  {"boundaries": [...], "numBundles": n}
     GET /admin/v2/namespaces/{t}/{ns}/bundleOwners             {bundle: {"broker", "state", "to"}} (Magnetar)
     PUT /admin/v2/namespaces/{t}/{ns}/unload                   hand every bundle to other brokers
-    PUT /admin/v2/namespaces/{t}/{ns}/{bundle}/unload          hand one bundle to another broker
+    PUT /admin/v2/namespaces/{t}/{ns}/{bundle}/unload[?destinationBroker={broker id}]
+                                                               hand one bundle to another broker (that one)
     PUT /admin/v2/namespaces/{t}/{ns}/{bundle}/split[?unload=true]
                                                                split in two (and hand the upper half over)
     GET /admin/v2/brokers/{cluster}/{broker}/ownedNamespaces   bundles a broker owns
@@ -62,6 +63,19 @@ def destination(service: BrokerService) -> str | None:
     return ownership(service).handover_target(service.broker_reports)
 
 
+def named_destination(service: BrokerService, request: web.Request) -> str | None:
+    """Pulsar's ``destinationBroker``: a live broker's id (as bundleOwners names it),
+    not this one; without it, the broker picks (``destination``)."""
+    named = request.query.get("destinationBroker", "")
+    if not named:
+        return destination(service)
+    if named == service.broker_id:
+        raise PreconditionFailed(f"destinationBroker {named} is this broker, the bundle's owner")
+    if service.broker_reports is None or service.broker_reports.get(keys.broker(named)) is None:
+        raise PreconditionFailed(f"destinationBroker {named} is not a live broker")
+    return named
+
+
 @routes.get(f"{BASE}/bundles")
 async def get_bundles(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
@@ -110,7 +124,8 @@ async def unload_bundle(request: web.Request) -> web.Response:
     namespace = namespace_of(request)
     bundle = BundleRange.parse(request.match_info["bundle"]).name
     await redirect_unless_owner(request, namespace, bundle)
-    await ownership(service).release(str(namespace), bundle, to=destination(service), reason="admin unload")
+    await ownership(service).release(str(namespace), bundle, to=named_destination(service, request),
+                                     reason="admin unload")
     return web.Response(status=204)
 
 

@@ -193,7 +193,10 @@ def namespaces_set_auto_topic_creation(client, args):
 
 def namespaces_unload(client, args):
     if args.bundle:
-        return client.request("PUT", _namespace(args.namespace, args.bundle, "unload"))
+        return client.request("PUT", _namespace(args.namespace, args.bundle, "unload"),
+                              query={"destinationBroker": args.destination_broker})
+    if args.destination_broker:
+        raise SystemExit("--destinationBroker needs --bundle")
     return client.request("PUT", _namespace(args.namespace, "unload"))
 
 
@@ -506,6 +509,8 @@ def _add_namespaces(resources) -> None:
                      "hand a namespace's bundles (or one, with --bundle) to other brokers")
     unload.add_argument("namespace", metavar="TENANT/NAMESPACE")
     unload.add_argument("-b", "--bundle", default=None, help="a bundle, e.g. 0x00000000_0x40000000")
+    unload.add_argument("-d", "--destinationBroker", dest="destination_broker", default=None,
+                        help="with --bundle: the broker (its id, as bundle-owners names it) to hand it to")
     _action(actions, "bundles", namespaces_bundles, "a namespace's bundle boundaries").add_argument(
         "namespace", metavar="TENANT/NAMESPACE")
     _action(actions, "bundle-owners", namespaces_bundle_owners, "which broker owns each bundle").add_argument(

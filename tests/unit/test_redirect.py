@@ -35,3 +35,18 @@ def test_close_commands_name_the_broker_only_when_given():
     assert consumer.close_consumer.assignedBrokerServiceUrl == "pulsar://b:6650"
     assert not consumer.close_consumer.HasField("assignedBrokerServiceUrlTls")
     assert not commands.close_consumer(3).close_consumer.HasField("assignedBrokerServiceUrl")
+
+
+def test_a_plain_connection_gets_the_plain_url_in_the_tls_field_when_there_is_no_tls_one():
+    plain_only = Destination("pulsar://b:6650")
+    # Reached us in plain text: a client reading the TLS field is behind a TLS proxy.
+    assert plain_only.urls_for_connection("", over_tls=False) == ("pulsar://b:6650", "pulsar://b:6650")
+    # Over TLS: only a real TLS URL (none here).
+    assert plain_only.urls_for_connection("", over_tls=True) == ("pulsar://b:6650", "")
+    both = Destination("pulsar://b:6650", "pulsar+ssl://b:6651")
+    assert both.urls_for_connection("", over_tls=False) == ("pulsar://b:6650", "pulsar+ssl://b:6651")
+    assert both.urls_for_connection("", over_tls=True) == ("pulsar://b:6650", "pulsar+ssl://b:6651")
+    # Listeners decide as before (a listener URL is plain; nothing named without one).
+    listeners = Destination("pulsar://b:6650", "", {"internal": "pulsar://b:6650"})
+    assert listeners.urls_for_connection("", over_tls=False) is None
+    assert listeners.urls_for_connection("internal", over_tls=False) == ("pulsar://b:6650", "pulsar://b:6650")
