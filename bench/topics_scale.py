@@ -53,6 +53,7 @@ import asyncio
 import json
 import os
 import platform
+import re
 import signal
 import subprocess
 import sys
@@ -311,8 +312,13 @@ async def run(args: argparse.Namespace) -> dict:
                 scrapes.append(round(time.perf_counter() - started, 3))
                 await asyncio.sleep(1.0)
             result["metrics_scrape"] = {"seconds": scrapes, "bytes": len(scrape)}
+            # The console history's last sample over every loaded topic (it runs every
+            # --stats-history-interval-s, 10 s by default, on the event loop in one go).
+            sampled = re.search(rb"^magnetar_broker_stats_history_sample_seconds (\S+)$", scrape, re.M)
+            result["stats_history_sample_s"] = round(float(sampled.group(1)), 4) if sampled else None
             print(json.dumps({"idle_broker_cpu_s_per_s": result["idle_broker_cpu_s_per_s"],
-                              "metrics_scrape": result["metrics_scrape"]}), flush=True)
+                              "metrics_scrape": result["metrics_scrape"],
+                              "stats_history_sample_s": result["stats_history_sample_s"]}), flush=True)
 
             before = etcd_counters(etcd_port)
             lookups = every_topic * args.lookup_rounds
