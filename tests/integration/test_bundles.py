@@ -34,7 +34,8 @@ import pulsar
 
 from bundles.hashing import BundleRange
 from magnetar.tools.admin_client import AdminClient
-from tests.cluster import Cluster, EtcdProcess, created_retrying, free_port
+from tests.cluster import Cluster, EtcdProcess, free_port
+from tests.traffic import Traffic
 
 FAST = ["--lease-ttl-s", "4", "--load-report-interval-s", "0.5", "--leader-interval-s", "0.3",
         "--shedding-cooldown-s", "3", "--retention-check-interval-s", "1"]
@@ -50,81 +51,6 @@ def admin(cluster: Cluster, method: str, path: str, avoid=None):
     web_service_url = next(b.web_service_url for b in cluster.brokers if b.running and b is not avoid)
     return AdminClient(web_service_url).request(method, path).document()
 
-
-class Traffic:
-    """A producer (sync sends, recording what was acknowledged and the gaps between
-    acknowledgements) and a consumer (recording what it received), in threads."""
-
-    def __init__(self, url: str, topic: str) -> None:
-        self.client = pulsar.Client(url, operation_timeout_seconds=30)
-        self.topic = topic
-        # Brokers that just joined take bundles over: creation may race a move.
-        self.consumer = created_retrying(lambda: self.client.subscribe(
-            topic, "traffic", initial_position=pulsar.InitialPosition.Earliest))
-        self.producer = created_retrying(lambda: self.client.create_producer(
-            topic, send_timeout_millis=90_000, batching_enabled=False))
-        self.acked: list[int] = []
-        self.received: list[int] = []
-        self.errors: list[str] = []
-        self.gaps: list[float] = []
-        self.stop_producing = threading.Event()
-        self.stop_consuming = threading.Event()
-        self._threads = [threading.Thread(target=self._produce, daemon=True),
-                         threading.Thread(target=self._consume, daemon=True)]
-
-    def _produce(self) -> None:
-        sequence = 0
-        last = time.monotonic()
-        while not self.stop_producing.is_set():
-            try:
-                self.producer.send(str(sequence).encode())
-            except Exception as error:  # recorded: the test asserts none happened
-                self.errors.append(repr(error))
-                time.sleep(0.2)
-                continue
-            now = time.monotonic()
-            self.gaps.append(now - last)
-            last = now
-            self.acked.append(sequence)
-            sequence += 1
-            time.sleep(0.002)
-
-    def _consume(self) -> None:
-        while not self.stop_consuming.is_set():
-            try:
-                message = self.consumer.receive(timeout_millis=500)
-            except pulsar.Timeout:
-                continue
-            except Exception as error:
-                self.errors.append("consume: " + repr(error))
-                time.sleep(0.2)
-                continue
-            self.received.append(int(message.data()))
-            self.consumer.acknowledge(message)
-
-    def start(self) -> "Traffic":
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def wait_acked(self, count: int, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while len(self.acked) < count:
-            assert time.monotonic() < deadline, f"only {len(self.acked)} acknowledged, errors {self.errors[:3]}"
-            time.sleep(0.05)
-
-    def finish(self, timeout_s: float = 60) -> None:
-        self.stop_producing.set()
-        self._threads[0].join(timeout_s)
-        deadline = time.monotonic() + timeout_s
-        while not set(self.acked) <= set(self.received) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        self.stop_consuming.set()
-        self._threads[1].join(timeout_s)
-        self.client.close()
-
-    def lost(self) -> set[int]:
-        return set(self.acked) - set(self.received)
 
 
 async def start_cluster(etcd: EtcdProcess, base_dir: str, brokers: int, *extra: str) -> Cluster:

@@ -25,7 +25,8 @@ import urllib.request
 import uuid
 
 from tests.cluster import Cluster, EtcdProcess
-from tests.integration.test_bundles import Traffic, service_url
+from tests.integration.test_bundles import service_url
+from tests.traffic import Traffic
 
 BROKER_ARGS = ["--lease-ttl-s", "10", "--load-report-interval-s", "0.5", "--leader-interval-s", "0.3",
                "--no-shedding", "--retention-check-interval-s", "1"]

@@ -25,7 +25,6 @@ import json
 import random
 import re
 import socket
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -38,7 +37,8 @@ from magnetar.tools.admin_client import AdminClient
 from protocol.codec import encode_command, wrap
 from protocol.proto import pulsar_api_pb2 as pb
 from tests import fuzz_inputs
-from tests.cluster import Cluster, created_retrying
+from tests.cluster import Cluster
+from tests.traffic import Traffic
 
 FAST = ["--lease-ttl-s", "4", "--load-report-interval-s", "0.5", "--leader-interval-s", "0.3",
         "--shedding-cooldown-s", "3"]
@@ -87,74 +87,6 @@ def owner_of(cluster: Cluster, topic: str):
     lookup = admin(cluster, "GET", f"/lookup/v2/topic/persistent/public/default/{topic}")
     return next(b for b in cluster.brokers if b.service_url == lookup["brokerUrl"])
 
-
-class Traffic:
-    """A producer (sync sends, recording what was acknowledged) and a consumer
-    (recording what it received), in threads, through ``url``."""
-
-    def __init__(self, url: str, topic: str, subscription_type=pulsar.ConsumerType.Exclusive) -> None:
-        self.client = pulsar.Client(url, operation_timeout_seconds=30)
-        self.consumer = created_retrying(lambda: self.client.subscribe(
-            topic, "traffic", consumer_type=subscription_type, initial_position=pulsar.InitialPosition.Earliest))
-        self.producer = created_retrying(lambda: self.client.create_producer(
-            topic, send_timeout_millis=90_000, batching_enabled=False))
-        self.acked: list[int] = []
-        self.received: list[int] = []
-        self.errors: list[str] = []
-        self.stop_producing = threading.Event()
-        self.stop_consuming = threading.Event()
-        self._threads = [threading.Thread(target=self._produce, daemon=True),
-                         threading.Thread(target=self._consume, daemon=True)]
-
-    def _produce(self) -> None:
-        sequence = 0
-        while not self.stop_producing.is_set():
-            try:
-                self.producer.send(str(sequence).encode())
-            except Exception as error:  # recorded: the tests assert none happened
-                self.errors.append(repr(error))
-                time.sleep(0.2)
-                continue
-            self.acked.append(sequence)
-            sequence += 1
-            time.sleep(0.002)
-
-    def _consume(self) -> None:
-        while not self.stop_consuming.is_set():
-            try:
-                message = self.consumer.receive(timeout_millis=500)
-            except pulsar.Timeout:
-                continue
-            except Exception as error:
-                self.errors.append("consume: " + repr(error))
-                time.sleep(0.2)
-                continue
-            self.received.append(int(message.data()))
-            self.consumer.acknowledge(message)
-
-    def start(self) -> "Traffic":
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def wait_acked(self, count: int, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while len(self.acked) < count:
-            assert time.monotonic() < deadline, f"only {len(self.acked)} acknowledged, errors {self.errors[:3]}"
-            time.sleep(0.05)
-
-    def finish(self, timeout_s: float = 60) -> None:
-        self.stop_producing.set()
-        self._threads[0].join(timeout_s)
-        deadline = time.monotonic() + timeout_s
-        while not set(self.acked) <= set(self.received) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        self.stop_consuming.set()
-        self._threads[1].join(timeout_s)
-        self.client.close()
-
-    def lost(self) -> set[int]:
-        return set(self.acked) - set(self.received)
 
 
 def produce_consume(url: str, topic: str, count: int, subscription_type) -> tuple[set[bytes], int]:

@@ -49,8 +49,9 @@ import pytest
 from bundles.hashing import BundleRange, topic_hash
 from magnetar.tools.admin_client import AdminClient, AdminError
 from tests import token_files
-from tests.cluster import Cluster, created_retrying, python_command
+from tests.cluster import Cluster, python_command
 from tests.tls_certs import make_pki
+from tests.traffic import Traffic
 
 FAST = ["--lease-ttl-s", "4", "--load-report-interval-s", "0.5", "--leader-interval-s", "0.3", "--no-shedding"]
 NAMESPACE = "public/default"
@@ -58,79 +59,10 @@ NAMESPACE = "public/default"
 STALL_MAX_S = 5.0
 
 
-class Traffic:
-    """A producer (sync sends; receipts and their times recorded) and a consumer on a
-    Shared subscription (received payloads recorded, each acknowledged), in threads."""
 
-    def __init__(self, url: str, topic: str, consumer_type=pulsar.ConsumerType.Shared, **client_args) -> None:
-        self.client = pulsar.Client(url, operation_timeout_seconds=30, **client_args)
-        self.consumer = created_retrying(lambda: self.client.subscribe(
-            topic, "moving", consumer_type=consumer_type,
-            initial_position=pulsar.InitialPosition.Earliest))
-        self.producer = created_retrying(lambda: self.client.create_producer(
-            topic, send_timeout_millis=60_000, batching_enabled=False))
-        self.acked: list[int] = []
-        self.acked_at: list[float] = []
-        self.received: list[int] = []
-        self.errors: list[str] = []
-        self._stop_producing = threading.Event()
-        self._stop_consuming = threading.Event()
-        self._threads = [threading.Thread(target=self._produce, daemon=True),
-                         threading.Thread(target=self._consume, daemon=True)]
-
-    def _produce(self) -> None:
-        sequence = 0
-        while not self._stop_producing.is_set():
-            try:
-                self.producer.send(str(sequence).encode())
-            except Exception as error:  # recorded: the test asserts none happened
-                self.errors.append("send: " + repr(error))
-                time.sleep(0.2)
-                continue
-            self.acked_at.append(time.monotonic())
-            self.acked.append(sequence)
-            sequence += 1
-            time.sleep(0.003)
-
-    def _consume(self) -> None:
-        while not self._stop_consuming.is_set():
-            try:
-                message = self.consumer.receive(timeout_millis=300)
-            except pulsar.Timeout:
-                continue
-            except Exception as error:
-                self.errors.append("receive: " + repr(error))
-                time.sleep(0.2)
-                continue
-            self.received.append(int(message.data()))
-            self.consumer.acknowledge(message)
-
-    def start(self) -> "Traffic":
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def wait_acked(self, count: int, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while len(self.acked) < count:
-            assert time.monotonic() < deadline, f"only {len(self.acked)} acknowledged, errors {self.errors[:3]}"
-            time.sleep(0.02)
-
-    def stall_after(self, moment: float) -> float:
-        """The longest gap between receipts from the last one before ``moment`` on."""
-        times = self.acked_at[:]
-        first = max((i for i, t in enumerate(times) if t < moment), default=0)
-        return max((b - a for a, b in zip(times[first:], times[first + 1:])), default=0.0)
-
-    def finish(self, timeout_s: float = 30) -> None:
-        self._stop_producing.set()
-        self._threads[0].join(timeout_s)
-        deadline = time.monotonic() + timeout_s
-        while not set(self.acked) <= set(self.received) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        self._stop_consuming.set()
-        self._threads[1].join(timeout_s)
-        self.client.close()
+def moving_traffic(url: str, topic: str, consumer_type=pulsar.ConsumerType.Shared, **client_args) -> Traffic:
+    """Traffic (tests/traffic.py) on the subscription "moving", Shared unless said."""
+    return Traffic(url, topic, consumer_type, subscription="moving", send_timeout_ms=60_000, **client_args)
 
 
 class OwnConnections:
@@ -218,7 +150,7 @@ async def test_bundle_moves_under_traffic_through_the_proxy(moving, capfd):
     broker_ports = {port_of(b.service_url) for b in cluster.brokers}
     topic = f"moving-{uuid.uuid4().hex[:8]}"
     with OwnConnections() as own:
-        traffic = await asyncio.to_thread(Traffic, proxy.service_url, f"persistent://{NAMESPACE}/{topic}")
+        traffic = await asyncio.to_thread(moving_traffic, proxy.service_url, f"persistent://{NAMESPACE}/{topic}")
         traffic.start()
         await asyncio.to_thread(traffic.wait_acked, 100, 30)
         stalls = []
@@ -316,7 +248,7 @@ async def test_a_tls_client_of_the_proxy_follows_a_transfer_to_a_plain_broker(mo
     capfd.readouterr()
     topic = f"moving-tls-{uuid.uuid4().hex[:8]}"
     with OwnConnections() as own:
-        traffic = await asyncio.to_thread(Traffic, proxy.service_url_tls, f"persistent://{NAMESPACE}/{topic}",
+        traffic = await asyncio.to_thread(moving_traffic, proxy.service_url_tls, f"persistent://{NAMESPACE}/{topic}",
                                           pulsar.ConsumerType.Failover, tls_trust_certs_file_path=pki.ca_file, tls_validate_hostname=True)
         traffic.start()
         await asyncio.to_thread(traffic.wait_acked, 100, 30)
@@ -357,7 +289,7 @@ async def test_owner_stopped_gracefully_under_traffic_through_the_proxy(moving, 
     capfd.readouterr()
     topic = f"moving-stop-{uuid.uuid4().hex[:8]}"
     with OwnConnections() as own:
-        traffic = await asyncio.to_thread(Traffic, proxy.service_url, f"persistent://{NAMESPACE}/{topic}")
+        traffic = await asyncio.to_thread(moving_traffic, proxy.service_url, f"persistent://{NAMESPACE}/{topic}")
         traffic.start()
         await asyncio.to_thread(traffic.wait_acked, 100, 30)
         owner = owner_of(cluster, topic)
@@ -412,7 +344,7 @@ async def test_a_transfer_behind_an_authenticating_proxy(etcd_process, tmp_path,
         topic = f"persistent://{namespace}/orders"
         capfd.readouterr()
         with OwnConnections() as own:
-            traffic = await asyncio.to_thread(Traffic, proxy.service_url, topic,
+            traffic = await asyncio.to_thread(moving_traffic, proxy.service_url, topic,
                                               authentication=pulsar.AuthenticationToken(signer.create("app")))
             traffic.start()
             await asyncio.to_thread(traffic.wait_acked, 100, 30)

@@ -35,7 +35,7 @@ from bench.fanout_check import running_standalone
 from magnetar import standalone as standalone_module
 from magnetar.standalone import Child, Standalone
 from tests.cluster import free_port
-from tests.integration.test_bundles import Traffic
+from tests.traffic import Traffic
 
 
 def children_of(pid: int) -> dict[int, list[str]]:
