@@ -256,7 +256,9 @@ class MagnetarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 budget -= used
             latest[name] = _text(end)
         if self.admission is not None and self.available_now_end is None and latest != start:
-            available = self._count_new(start, latest, self.admission.minimum)
+            # The first trigger is let through whatever it finds: not counted.
+            available = (self.admission.minimum if self.admission.last_s is None
+                         else self._count_new(start, latest, self.admission.minimum))
             if available and not self.admission.admit(time.monotonic(), available):
                 log.debug("spark stream puts a micro-batch off: %d new messages, minMessagesPerTrigger %d",
                           available, self.admission.minimum)

@@ -275,23 +275,40 @@ def test_min_messages_per_trigger_puts_a_micro_batch_off_until_the_minimum_is_th
         with lock:
             return len(batches)
 
-    try:
-        first = produce(cluster.client, topic, 3, batching=False)
+    def start():
         stream = (spark_session.readStream.format("magnetar").option("adminUrl", cluster.admin_url)
                   .option("serviceUrl", cluster.brokers[0].service_url).option("topic", topic)
                   .option("minMessagesPerTrigger", "5").option("maxTriggerDelay", "10m").load())
-        query = (stream.select("ledger_id", "entry_id", "batch_index").writeStream.foreachBatch(sink)
-                 .option("checkpointLocation", str(tmp_path / "checkpoint"))
-                 .trigger(processingTime="300 milliseconds").start())
+        return (stream.select("ledger_id", "entry_id", "batch_index").writeStream.foreachBatch(sink)
+                .option("checkpointLocation", str(tmp_path / "checkpoint"))
+                .trigger(processingTime="300 milliseconds").start())
+
+    def batches_or_failure(query, wanted: int):
+        """True once ``wanted`` micro-batches came; the query's error once it died."""
+        if count() >= wanted:
+            return True
+        return None if query.isActive else (query.exception() or "the query stopped")
+
+    try:
+        first = produce(cluster.client, topic, 3, batching=False)
+        query = start()
         try:
-            wait_until(lambda: count() >= 1, 120, "the first micro-batch")
+            outcome = wait_until(lambda: batches_or_failure(query, 1), 120, "the first micro-batch")
+            if outcome is not True and "failed to connect back" in str(outcome):
+                # Spark waits a fixed 10 s for the source's Python worker to start, which
+                # a loaded 2-core machine has missed: started again from the checkpoint
+                # (nothing ran yet, so the first trigger is still this reader's first).
+                query = start()
+                outcome = wait_until(lambda: batches_or_failure(query, 1), 120, "the first micro-batch")
+            assert outcome is True, f"the query failed: {outcome}"
             second = produce(cluster.client, topic, 2, base=3, batching=False)
             deadline = time.monotonic() + 4
             while time.monotonic() < deadline:
                 assert count() == 1, f"a micro-batch of fewer than 5 messages ran: {batches}"
                 time.sleep(0.1)
             third = produce(cluster.client, topic, 3, base=5, batching=False)
-            wait_until(lambda: count() >= 2, 120, "the micro-batch of 5 messages")
+            outcome = wait_until(lambda: batches_or_failure(query, 2), 120, "the micro-batch of 5 messages")
+            assert outcome is True, f"the query failed: {outcome}"
         finally:
             query.stop()
         assert batches[0] == set(first)
