@@ -79,8 +79,11 @@ def register_broker_metrics(service: BrokerService, registry: CollectorRegistry)
          "Subscriptions of tracked topics without a history because of stats_history_subscriptions_max",
          lambda: service.stats_history.counts.subscriptions_untracked),
         ("magnetar_broker_stats_history_sample_seconds",
-         "How long the last console-history sample held the event loop (one pass over the loaded topics)",
+         "How long the last console-history sample worked in all (a pass over the loaded topics)",
          lambda: service.upkeep.stats_history_sample_s),
+        ("magnetar_broker_stats_history_hold_seconds",
+         "The longest the last console-history sample held the event loop at once",
+         lambda: service.upkeep.stats_history_hold_s),
     ]
     for name, help_text, function in gauges:
         Gauge(name, help_text, registry=registry).set_function(function)

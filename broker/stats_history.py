@@ -5,8 +5,8 @@ Served by ``GET .../{topic}/statsHistory`` (broker/admin/stats_history.py).
 
 Theory of operation:
 - **Sampling.** Every ``interval_s`` the broker reads its loaded topics
-  (``read_topics``: counters and backlogs the topics keep anyway, no IO) and hands the
-  readings to ``StatsHistory.sample``. Rates are the counters' growth since the
+  (``read_topics``: counters and backlogs the topics keep anyway, no IO; a few at a time,
+  broker/topic_upkeep.py) and hands the readings to ``StatsHistory.sample``. Rates are the counters' growth since the
   previous sample divided by the time between them; a series' first sample has no rate
   (``None`` in the answer), and a counter that went down (a subscription deleted and
   made again) measures nothing for that sample rather than a negative rate.

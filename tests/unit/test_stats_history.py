@@ -159,3 +159,60 @@ def test_memory_bound_and_limits_are_checked():
         HistoryLimits(interval_s=0.05, window_s=7 * 24 * 3600)           # too many samples
     with pytest.raises(ConfigError):
         HistoryLimits(topics_max=-1)
+
+
+# --- the sampling pass (broker/topic_upkeep.py) lets the event loop go -------------------------
+
+class _Cursor:
+    def __init__(self, backlog: int) -> None:
+        self.backlog = backlog
+
+    def backlog_entries(self, _entries_between) -> int:
+        return self.backlog
+
+
+class _LoadedTopic:
+    """What read_topics reads of a loaded topic (broker/topic.py PersistentTopic)."""
+
+    def __init__(self, index: int) -> None:
+        from types import SimpleNamespace
+        dispatcher = SimpleNamespace(messages_dispatched=index, unacked_messages=lambda _consumer: 0)
+        self.full_name = f"persistent://public/default/t-{index}"
+        self.closing = False
+        self.messages_in = index
+        self.ledger = SimpleNamespace(total_size=lambda: 100)
+        self.entries_between = None
+        self.subscriptions = {"s": SimpleNamespace(dispatcher=dispatcher, consumers=[], cursor=_Cursor(index))}
+
+
+async def test_a_sample_reads_the_topics_a_few_at_a_time_letting_the_loop_go():
+    """With the hold bound at zero the pass lets the loop run other tasks after every
+    topic; what it records is the same as one pass in one go (the 20 largest backlogs),
+    and it reports the time it worked and the longest hold."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from broker.topic_upkeep import TopicUpkeep
+
+    topics = [_LoadedTopic(index) for index in range(200)]
+    history = StatsHistory(HistoryLimits(interval_s=10, window_s=3600, topics_max=20, subscriptions_max=20))
+    service = SimpleNamespace(loaded_topics=lambda: topics, stats_history=history)
+    upkeep = TopicUpkeep(service)
+    upkeep.STATS_HISTORY_HOLD_S = 0.0
+    turns = 0
+
+    async def other_task() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    ticker = asyncio.create_task(other_task())
+    await asyncio.sleep(0)
+    turns = 0
+    await upkeep.sample_stats_history()
+    ticker.cancel()
+    assert turns >= 199, turns                 # ran between the topics' readings
+    assert len(history) == 20 and history.topic_history("persistent://public/default/t-199")["tracked"]
+    assert history.topic_history("persistent://public/default/t-0")["tracked"] is False
+    assert 0 < upkeep.stats_history_hold_s <= upkeep.stats_history_sample_s
