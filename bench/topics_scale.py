@@ -314,11 +314,20 @@ async def run(args: argparse.Namespace) -> dict:
             result["metrics_scrape"] = {"seconds": scrapes, "bytes": len(scrape)}
             # The console history's last sample over every loaded topic (it runs every
             # --stats-history-interval-s, 10 s by default, on the event loop in one go).
-            sampled = re.search(rb"^magnetar_broker_stats_history_sample_seconds (\S+)$", scrape, re.M)
-            result["stats_history_sample_s"] = round(float(sampled.group(1)), 4) if sampled else None
+            for name in ("sample", "hold"):
+                found = re.search(rb"^magnetar_broker_stats_history_" + name.encode() + rb"_seconds (\S+)$",
+                                  scrape, re.M)
+                result[f"stats_history_{name}_s"] = round(float(found.group(1)), 4) if found else None
+            # The broker's full (generation 2) collections so far: a long hold above may
+            # be one of them, which any allocation can start.
+            gen2 = {kind: re.search(rb'^magnetar_broker_gc_pause_seconds_' + kind.encode()
+                                    + rb'\{generation="2"\} (\S+)$', scrape, re.M) for kind in ("count", "sum")}
+            result["gc_generation2"] = {kind: float(found.group(1)) if found else None for kind, found in gen2.items()}
             print(json.dumps({"idle_broker_cpu_s_per_s": result["idle_broker_cpu_s_per_s"],
                               "metrics_scrape": result["metrics_scrape"],
-                              "stats_history_sample_s": result["stats_history_sample_s"]}), flush=True)
+                              "stats_history_sample_s": result["stats_history_sample_s"],
+                              "stats_history_hold_s": result["stats_history_hold_s"],
+                              "gc_generation2": result["gc_generation2"]}), flush=True)
 
             before = etcd_counters(etcd_port)
             lookups = every_topic * args.lookup_rounds

@@ -92,7 +92,7 @@ class TopicUpkeep:
     async def sample_stats_history(self) -> None:
         """One sample of the loaded topics. The topics are read a few at a time, the loop
         let go every ``STATS_HISTORY_HOLD_S`` of work: 10,000 topics of 10 subscriptions
-        take about half a second to read (bench/results/topics_scale_history_sample.json),
+        take about half a second to read (bench/results/topics_scale_history_sample_*.json),
         which in one go held every connection of the broker that long every 10 s. The
         readings are therefore not of one instant but of the pass (rates over a 10 s
         interval barely notice); recording them is one step."""
