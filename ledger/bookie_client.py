@@ -420,8 +420,7 @@ class BookieClient:
         oldest_sent, _ = stream.inflight[0]
         left = oldest_sent + self.config.add_timeout_s - time.monotonic()
         if left <= 0:
-            self._break(stream, AddTimeout(f"bookie {self.bookie_id} did not answer an add "
-                                           f"within {self.config.add_timeout_s}s"))
+            self._time_out(stream)
             return
         stream.timer = asyncio.get_running_loop().call_later(left, self._on_stream_timer, stream)
 
@@ -466,8 +465,19 @@ class BookieClient:
             return
         oldest_sent, _ = stream.inflight[0]
         if time.monotonic() - oldest_sent > self.config.add_timeout_s:
-            self._break(stream, AddTimeout(f"bookie {self.bookie_id} did not answer an add "
-                                           f"within {self.config.add_timeout_s}s"))
+            self._time_out(stream)
+
+    def _time_out(self, stream: _AddStream) -> None:
+        """The bookie left an add unanswered past the timeout: the stream breaks, and the
+        adds still queued for it fail with the same error instead of going on a new
+        stream to a bookie that does not answer (behind a write held by flow control,
+        each batch would have waited a timeout of its own in turn)."""
+        error = AddTimeout(f"bookie {self.bookie_id} did not answer an add within {self.config.add_timeout_s}s")
+        queued, self._queue = self._queue, []
+        for _message, future, _size, _queued_at in queued:
+            if not future.done():
+                future.set_exception(error)
+        self._break(stream, error)
 
     def _break(self, stream: _AddStream, error: MagnetarError) -> None:
         if stream.broken is None:

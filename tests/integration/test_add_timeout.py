@@ -6,8 +6,10 @@ Proves: an add a stalled bookie does not answer fails with AddTimeout about
 bookie meanwhile (the sender used to look only after each write and after an idle wait
 of the whole timeout, so adds arriving until just before the timeout pushed the failure
 to nearly twice the timeout: a paused bookie stalled the hosts workload 10 s, not 5);
-and a writer whose ensemble holds the stalled bookie, with a spare to replace it, goes
-on within about one add timeout.
+a write held by flow control (a bookie that reads nothing) no longer keeps the
+timeout from firing, and the adds queued behind it fail with it; and a writer whose
+ensemble holds the stalled bookie, with a spare to replace it, goes on within about one
+add timeout. About 16 s in all.
 """
 
 from __future__ import annotations
@@ -109,3 +111,35 @@ async def test_writer_goes_on_within_one_add_timeout_of_a_stalled_bookie(cluster
     finally:
         await client.close()
         await store.close()
+
+
+async def test_add_timeout_when_flow_control_holds_the_write(cluster):
+    """79 entries of 1 MB for a stopped bookie: the bookie reads nothing, so HTTP/2 flow
+    control and the socket buffers hold the sender in its write. Every add (the written
+    batch and those still queued behind it) fails with AddTimeout about one timeout
+    after it was queued; the sender, which looked at the timeout only between writes,
+    used to wait for gRPC's keep-alive to kill the connection (10 s + 5 s)."""
+    (bookie,) = await cluster.start_bookies(1)
+    client = BookieClient(bookie.bookie_id, bookie.address, LedgerClientConfig(add_timeout_s=ADD_TIMEOUT_S))
+    payload = b"x" * (1000 * 1024)
+    try:
+        await asyncio.wait_for(client.add(LEDGER_ID, 0, _entry(0)), 10)
+        os.kill(bookie.process.pid, signal.SIGSTOP)
+        try:
+            queued_at = time.monotonic()
+            futures = [client.add(LEDGER_ID, entry_id,
+                                  encode_entry(LEDGER_ID, entry_id, entry_id - 1, entry_id * len(payload), payload))
+                       for entry_id in range(1, 80)]
+            done_at: list[float] = []
+            for future in futures:
+                future.add_done_callback(lambda _f: done_at.append(time.monotonic()))
+            results = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), 30)
+        finally:
+            os.kill(bookie.process.pid, signal.SIGCONT)
+        assert all(isinstance(result, AddTimeout) for result in results), results[:3]
+        last_failure_s = max(done_at) - queued_at
+        assert last_failure_s <= ADD_TIMEOUT_S + SLACK_S, \
+            f"the last add failed {last_failure_s:.2f}s after it was queued; the add timeout is {ADD_TIMEOUT_S}s"
+        await asyncio.wait_for(client.add(LEDGER_ID, 80, _entry(80)), 10)
+    finally:
+        await client.close()
