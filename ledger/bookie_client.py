@@ -287,7 +287,15 @@ class BookieClient:
             self._track(stream, futures)
             self._arm_timer(stream)
             try:
-                await stream.call.write(bookie_pb2.AddRequest(entries=batch, replies_may_merge=True))
+                # Bounded by the add timeout as well: whatever holds a write (flow control,
+                # a new stream waiting for its headers to go, or a slot among the
+                # connection's streams), the sender is never held longer than the batch
+                # it writes may wait.
+                async with asyncio.timeout(self.config.add_timeout_s):
+                    await stream.call.write(bookie_pb2.AddRequest(entries=batch, replies_may_merge=True))
+            except TimeoutError:
+                if stream.broken is None:
+                    self._time_out(stream)
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if stream.broken is None or (task is not None and task.cancelling()):
