@@ -321,13 +321,6 @@ class WriteHandle:
                     pending = self._pending.get(entry_id)
                     if pending is not None and resend and entry_id not in held_ids:
                         self._send(pending, resend)
-            # Every failure is handled: the bookies replaced are out of the ensemble
-            # (their late replies are ignored by index) and the ones retried or kept in
-            # place were already forgiven. A later change may choose them again. Kept
-            # out for the handle's life, they left a four-bookie E=3 writer with no
-            # replacement at a second fault, and it retried the cut bookie until the cut
-            # healed (tests/sim/test_bookie_faults_in_a_row.py).
-            self._failed_bookies.clear()
             held, self._held = self._held, []
             for pending in held:
                 self._send(pending, self._tracker.write_set(pending.entry_id))
