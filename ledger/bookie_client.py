@@ -130,7 +130,7 @@ class _AddStream:
         self.broken: MagnetarError | None = None
         # gRPC: the task reading the call's replies. The add socket: the task connecting.
         self.receiver: asyncio.Task[None] | None = None
-        # The add socket: when the oldest in-flight batch is next looked at for its age.
+        # When the oldest in-flight batch is next looked at for its age (both transports).
         self.timer: asyncio.TimerHandle | None = None
 
 
@@ -285,8 +285,25 @@ class BookieClient:
                 continue
             stream = self._stream_now()
             self._track(stream, futures)
+            self._arm_timer(stream)
             try:
-                await stream.call.write(bookie_pb2.AddRequest(entries=batch, replies_may_merge=True))
+                # Bounded by the add timeout as well: whatever holds a write (flow control,
+                # a new stream waiting for its headers to go, or a slot among the
+                # connection's streams), the sender is never held longer than the batch
+                # it writes may wait.
+                async with asyncio.timeout(self.config.add_timeout_s):
+                    await stream.call.write(bookie_pb2.AddRequest(entries=batch, replies_may_merge=True))
+            except TimeoutError:
+                if stream.broken is None:
+                    self._time_out(stream)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if stream.broken is None or (task is not None and task.cancelling()):
+                    raise
+                # The add timeout broke the stream (cancelled its call) while this write
+                # waited (a bookie that stopped reading: flow control holds the write);
+                # grpc.aio reports the call's local cancellation as CancelledError.
+                # Not this task's cancellation: the queue goes on a new stream.
             except grpc.aio.AioRpcError as error:
                 # The call ended (the bookie refused it, or it broke): its status says which.
                 self._break(stream, await self._write_failure(error))
@@ -366,9 +383,7 @@ class BookieClient:
                 continue
             self._track(stream, futures)
             stream.call.send(bookie_pb2.AddRequest(entries=batch, replies_may_merge=True))
-            if stream.timer is None:
-                stream.timer = asyncio.get_running_loop().call_later(
-                    self.config.add_timeout_s, self._on_stream_timer, stream)
+            self._arm_timer(stream)
 
     def _socket_stream_now(self) -> _AddStream:
         stream = self._stream
@@ -393,6 +408,17 @@ class BookieClient:
         stream.receiver = self._tasks.spawn(connection.connect(), name=f"add-socket-connect {self.bookie_id}")
         return stream
 
+    def _arm_timer(self, stream: _AddStream) -> None:
+        """Makes sure the stream's oldest in-flight batch is looked at when it would be
+        past the add timeout. A timer of its own, on both transports: on gRPC the sender
+        looked only after each write and after an idle wait of the whole timeout, so an
+        add that had waited 4.9 s when the last add came in was noticed 5 s later, not
+        0.1 s (a paused bookie stalled its writers 10 s, not 5; the sender, held in a
+        write by flow control, did not look at all)."""
+        if stream.timer is None and stream.broken is None:
+            stream.timer = asyncio.get_running_loop().call_later(
+                self.config.add_timeout_s, self._on_stream_timer, stream)
+
     def _on_stream_timer(self, stream: _AddStream) -> None:
         """Breaks the stream when its oldest in-flight batch waited past the add
         timeout; else looks again when that batch would."""
@@ -402,8 +428,7 @@ class BookieClient:
         oldest_sent, _ = stream.inflight[0]
         left = oldest_sent + self.config.add_timeout_s - time.monotonic()
         if left <= 0:
-            self._break(stream, AddTimeout(f"bookie {self.bookie_id} did not answer an add "
-                                           f"within {self.config.add_timeout_s}s"))
+            self._time_out(stream)
             return
         stream.timer = asyncio.get_running_loop().call_later(left, self._on_stream_timer, stream)
 
@@ -448,8 +473,19 @@ class BookieClient:
             return
         oldest_sent, _ = stream.inflight[0]
         if time.monotonic() - oldest_sent > self.config.add_timeout_s:
-            self._break(stream, AddTimeout(f"bookie {self.bookie_id} did not answer an add "
-                                           f"within {self.config.add_timeout_s}s"))
+            self._time_out(stream)
+
+    def _time_out(self, stream: _AddStream) -> None:
+        """The bookie left an add unanswered past the timeout: the stream breaks, and the
+        adds still queued for it fail with the same error instead of going on a new
+        stream to a bookie that does not answer (behind a write held by flow control,
+        each batch would have waited a timeout of its own in turn)."""
+        error = AddTimeout(f"bookie {self.bookie_id} did not answer an add within {self.config.add_timeout_s}s")
+        queued, self._queue = self._queue, []
+        for _message, future, _size, _queued_at in queued:
+            if not future.done():
+                future.set_exception(error)
+        self._break(stream, error)
 
     def _break(self, stream: _AddStream, error: MagnetarError) -> None:
         if stream.broken is None:

@@ -26,6 +26,7 @@ from ledger.handle import WriteHandle
 from ledger.ledger_ids import LedgerIdAllocator
 from ledger.metadata import Fragment, LedgerMetadata, LedgerState, VersionedMetadata, validate_quorums
 from ledger.placement import choose_ensemble
+from ledger.quarantine import BookieQuarantine
 from ledger.reader import LedgerReader
 from ledger.recovery import recover_ledger
 from metadata import keys
@@ -45,7 +46,8 @@ class LedgerClient:
         self.stages = stages
         self.pool = BookieClientPool(self.config, self.registry.address_of, stages=stages,
                                      add_address_of=self.registry.add_address_of)
-        self.context = LedgerContext(store, self.registry, self.pool, self.config, rng or random.Random())
+        self.context = LedgerContext(store, self.registry, self.pool, self.config, rng or random.Random(),
+                                     BookieQuarantine(self.config.bookie_quarantine_s))
         # Ledger ids: concurrent creations of this process share one compare-and-swap.
         self.ledger_ids = LedgerIdAllocator(store)
 
@@ -74,7 +76,8 @@ class LedgerClient:
             writable = self.registry.writable()
         if len(writable) < ensemble_size:
             raise NotEnoughBookies(ensemble_size, len(writable))
-        ensemble = choose_ensemble(writable, ensemble_size, self.context.rng)
+        ensemble = choose_ensemble(writable, ensemble_size, self.context.rng,
+                                   avoid=self.context.quarantine.members())
         ledger_id = await self.ledger_ids.next_id()
         metadata = LedgerMetadata(
             ledger_id=ledger_id, ensemble_size=ensemble_size, write_quorum_size=write_quorum_size,

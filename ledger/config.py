@@ -28,6 +28,9 @@ class LedgerClientConfig:
     # change). BookKeeper's addEntryTimeout default is 5 s.
     add_timeout_s: float = 5.0
     read_timeout_s: float = 10.0
+    # A bookie that failed an add is chosen last for new ensembles and replacements for
+    # this long (ledger/quarantine.py; BookKeeper's bookieQuarantineTimeSeconds). 0: off.
+    bookie_quarantine_s: float = 60.0
     # Fence, last-add-confirmed and info calls.
     control_timeout_s: float = 5.0
     # Adds pending for one bookie are coalesced into one stream message of at most
@@ -62,6 +65,8 @@ class LedgerClientConfig:
         for name in ("add_timeout_s", "read_timeout_s", "control_timeout_s"):
             if not 0 < getattr(self, name) <= 600:
                 raise ConfigError(f"{name} must be in (0, 600]")
+        if not 0 <= self.bookie_quarantine_s <= 3_600:
+            raise ConfigError("bookie_quarantine_s must be in [0, 3600]")
         if not 1 <= self.batch_entries_max <= 10_000:
             raise ConfigError("batch_entries_max must be in [1, 10000]")
         if not 64 * 1024 <= self.batch_bytes_max <= self.grpc_message_bytes_max // 2:

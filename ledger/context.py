@@ -1,14 +1,16 @@
 """What every ledger handle needs from its client: the metadata store, the bookie
-registry, the pool of bookie connections, configuration and a random source."""
+registry, the pool of bookie connections, configuration, a random source and the
+quarantine of bookies that failed lately."""
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ledger.bookie_client import BookieClientPool
 from ledger.bookie_registry import BookieRegistry
 from ledger.config import LedgerClientConfig
+from ledger.quarantine import BookieQuarantine
 from common.errors import LedgerMetadataConflict, NoSuchLedger
 from ledger.metadata import LedgerMetadata, VersionedMetadata
 from metadata import keys
@@ -22,6 +24,8 @@ class LedgerContext:
     pool: BookieClientPool
     config: LedgerClientConfig
     rng: random.Random
+    # Bookies that failed an add lately: chosen last (ledger/quarantine.py).
+    quarantine: BookieQuarantine = field(default_factory=lambda: BookieQuarantine(0.0))
 
     async def read_metadata(self, ledger_id: int) -> VersionedMetadata:
         record = await self.store.get(keys.ledger(ledger_id))

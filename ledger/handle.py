@@ -233,6 +233,10 @@ class WriteHandle:
                     "error=%s", self.ledger_id, bookie_id, entry_id, error)
         self._failed_indices.add(index)
         self._failed_bookies.add(bookie_id)
+        if not isinstance(error, BookieReadOnly):
+            # Chosen last for new ensembles and replacements for a while (a read-only
+            # bookie is not chosen anyway).
+            self._context.quarantine.add(bookie_id)
         if self._change_task is None:
             self._change_start = self._tracker.last_add_confirmed + 1
             self._change_task = asyncio.get_running_loop().create_task(self._change_ensemble())
@@ -338,7 +342,8 @@ class WriteHandle:
         for index in indices:
             try:
                 new_ensemble[index] = choose_replacement(registry.writable(), new_ensemble, self._context.rng,
-                                                         exclude=self._failed_bookies)
+                                                         exclude=self._failed_bookies,
+                                                         avoid=self._context.quarantine.members())
                 continue
             except NotEnoughBookies:
                 bookie_id = self._ensemble[index]

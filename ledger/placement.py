@@ -3,13 +3,14 @@ random generator.
 
 Only writable (not read-only) bookies are chosen. Among them the choice is random,
 weighted toward free space so that a fuller disk takes new ledgers more slowly, and
-never twice the same bookie in one ensemble.
+never twice the same bookie in one ensemble. Bookies the caller asks to avoid (the
+ones that failed an add lately) are chosen only when the others are not enough.
 """
 
 from __future__ import annotations
 
 import random
-from typing import Sequence
+from typing import AbstractSet, Sequence
 
 from common.errors import NotEnoughBookies
 from metadata.bookie_record import BookieRecord
@@ -27,17 +28,28 @@ def _weighted_sample(candidates: list[BookieRecord], count: int, rng: random.Ran
 
 
 def choose_ensemble(bookies: Sequence[BookieRecord], ensemble_size: int, rng: random.Random,
-                    exclude: set[str] | None = None) -> tuple[str, ...]:
+                    exclude: AbstractSet[str] | None = None, avoid: AbstractSet[str] = frozenset()
+                    ) -> tuple[str, ...]:
+    """``ensemble_size`` writable bookies, none in ``exclude``. Bookies in ``avoid`` (the
+    client's quarantine, ledger/quarantine.py) are taken only when the others are not
+    enough, and then only as many as are missing."""
     exclude = exclude or set()
     candidates = sorted((b for b in bookies if not b.read_only and b.bookie_id not in exclude),
                         key=lambda b: b.bookie_id)
     if len(candidates) < ensemble_size:
         raise NotEnoughBookies(ensemble_size, len(candidates))
-    return tuple(b.bookie_id for b in _weighted_sample(candidates, ensemble_size, rng))
+    preferred = [b for b in candidates if b.bookie_id not in avoid] if avoid else candidates
+    if len(preferred) >= ensemble_size:
+        return tuple(b.bookie_id for b in _weighted_sample(preferred, ensemble_size, rng))
+    avoided = [b for b in candidates if b.bookie_id in avoid]
+    chosen = preferred + _weighted_sample(avoided, ensemble_size - len(preferred), rng)
+    rng.shuffle(chosen)
+    return tuple(b.bookie_id for b in chosen)
 
 
 def choose_replacement(bookies: Sequence[BookieRecord], ensemble: Sequence[str], rng: random.Random,
-                       exclude: set[str] | None = None) -> str:
-    """A writable bookie not in ``ensemble`` nor in ``exclude``."""
-    excluded = set(ensemble) | (exclude or set())
-    return choose_ensemble(bookies, 1, rng, excluded)[0]
+                       exclude: AbstractSet[str] | None = None, avoid: AbstractSet[str] = frozenset()) -> str:
+    """A writable bookie not in ``ensemble`` nor in ``exclude``; one in ``avoid`` only if
+    no other is left."""
+    excluded = set(ensemble) | set(exclude or ())
+    return choose_ensemble(bookies, 1, rng, excluded, avoid)[0]
