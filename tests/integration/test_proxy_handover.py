@@ -90,6 +90,25 @@ class OwnConnections:
         self._stop.set()
         self._thread.join(5)
 
+def assert_followed_behind_proxy(traffic: Traffic, own: "OwnConnections", broker_ports: set[int], client_log: str,
+                                 proxy_port: int, new_owner_url: str, topic: str | None, stall: float) -> None:
+    """What every hand-over through the proxy must show: no client error, nothing
+    acknowledged lost, no connection of this process to a broker, every connection of
+    the client to the proxy, the close naming the new owner (and, given ``topic``, the
+    client reconnecting at once), and a stall under STALL_MAX_S."""
+    assert not traffic.errors, traffic.errors[:3]
+    lost = set(traffic.acked) - set(traffic.received)
+    assert not lost, f"{len(lost)} acknowledged messages never received"
+    assert not own.remote_ports & broker_ports, own.remote_ports
+    connected = re.findall(r"-> [^\]]*:(\d+)\] Connected to broker(.*)", client_log)
+    assert {int(port) for port, _ in connected} == {proxy_port}, connected
+    assert f"Closed producer: 0 assignedBrokerUrl: {new_owner_url}" in client_log, client_log[-3000:]
+    if topic is not None:
+        assert re.search(re.escape(topic) + r", [^\]]*\] Schedule reconnection in 0 s", client_log), \
+            client_log[-3000:]
+    assert stall < STALL_MAX_S, stall
+
+
 
 def port_of(url: str) -> int:
     return int(url.rsplit(":", 1)[1].rstrip("/"))
@@ -262,17 +281,8 @@ async def test_a_tls_client_of_the_proxy_follows_a_transfer_to_a_plain_broker(mo
         stall = traffic.stall_after(moved_at)
         assert owner_of(cluster, topic) is target
         await asyncio.to_thread(traffic.finish)
-    client_log = capfd.readouterr().out
-    assert not traffic.errors, traffic.errors[:3]
-    lost = set(traffic.acked) - set(traffic.received)
-    assert not lost, f"{len(lost)} acknowledged messages never received"
-    assert not own.remote_ports & broker_ports, own.remote_ports
-    connected = re.findall(r"-> [^\]]*:(\d+)\] Connected to broker(.*)", client_log)
-    assert {int(port) for port, _ in connected} == {port_of(proxy.service_url_tls)}, connected
-    assert f"Closed producer: 0 assignedBrokerUrl: {target.service_url}" in client_log, client_log[-3000:]
-    assert re.search(re.escape(topic) + r", [^\]]*\] Schedule reconnection in 0 s", client_log), \
-        client_log[-3000:]
-    assert stall < STALL_MAX_S, stall
+    assert_followed_behind_proxy(traffic, own, broker_ports, capfd.readouterr().out,
+                                 port_of(proxy.service_url_tls), target.service_url, topic, stall)
     duplicates = len(traffic.received) - len(set(traffic.received))
     print(f"TLS client through the proxy: transfer stall {stall:.2f} s, {duplicates} redelivered")
 
@@ -301,15 +311,8 @@ async def test_owner_stopped_gracefully_under_traffic_through_the_proxy(moving, 
         new_owner = next(b for b in cluster.brokers if b.running and b.service_url == admin(
             b, "GET", f"/lookup/v2/topic/persistent/{NAMESPACE}/{topic}")["brokerUrl"])
         await asyncio.to_thread(traffic.finish)
-    client_log = capfd.readouterr().out
-    assert not traffic.errors, traffic.errors[:3]
-    lost = set(traffic.acked) - set(traffic.received)
-    assert not lost, f"{len(lost)} acknowledged messages never received"
-    assert not own.remote_ports & broker_ports, own.remote_ports
-    connected = re.findall(r"-> [^\]]*:(\d+)\] Connected to broker(.*)", client_log)
-    assert {int(port) for port, _ in connected} == {port_of(proxy.service_url)}, connected
-    assert f"Closed producer: 0 assignedBrokerUrl: {new_owner.service_url}" in client_log, client_log[-3000:]
-    assert stall < STALL_MAX_S, stall
+    assert_followed_behind_proxy(traffic, own, broker_ports, capfd.readouterr().out,
+                                 port_of(proxy.service_url), new_owner.service_url, None, stall)
     print(f"owner stopped behind the proxy: stall {stall:.2f} s")
 
 
@@ -362,17 +365,8 @@ async def test_a_transfer_behind_an_authenticating_proxy(etcd_process, tmp_path,
             stall = traffic.stall_after(moved_at)
             assert as_admin(cluster.brokers[0], "GET", lookup)["brokerUrl"] == target.service_url
             await asyncio.to_thread(traffic.finish)
-        client_log = capfd.readouterr().out
-        assert not traffic.errors, traffic.errors[:3]
-        lost = set(traffic.acked) - set(traffic.received)
-        assert not lost, f"{len(lost)} acknowledged messages never received"
-        assert not own.remote_ports & broker_ports, own.remote_ports
-        connected = re.findall(r"-> [^\]]*:(\d+)\] Connected to broker(.*)", client_log)
-        assert {int(port) for port, _ in connected} == {port_of(proxy.service_url)}, connected
-        assert f"Closed producer: 0 assignedBrokerUrl: {target.service_url}" in client_log, client_log[-3000:]
-        assert re.search(re.escape(topic) + r", [^\]]*\] Schedule reconnection in 0 s", client_log), \
-            client_log[-3000:]
-        assert stall < STALL_MAX_S, stall
+        assert_followed_behind_proxy(traffic, own, broker_ports, capfd.readouterr().out,
+                                     port_of(proxy.service_url), target.service_url, topic, stall)
         print(f"authenticating proxy: transfer stall {stall:.2f} s")
     finally:
         await cluster.stop()
