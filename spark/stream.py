@@ -38,6 +38,7 @@ oldest stored message.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -273,16 +274,23 @@ class MagnetarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             begin, end = _position(start.get(name, NOTHING)), _position(end_text)
             if end is None or (begin is not None and end <= begin):
                 continue
-            for partition in self._plan(name, begin, end):
-                batches = self._read_partition(partition, check=False)
-                try:
-                    for batch in batches:
-                        counted += batch.num_rows
-                        if counted >= needed:
-                            return counted
-                finally:
-                    batches.close()
+            with contextlib.closing(self._driver_batches(name, begin, end)) as batches:
+                for batch in batches:
+                    counted += batch.num_rows
+                    if counted >= needed:
+                        return counted
         return counted
+
+    def _driver_batches(self, name: str, begin, end) -> Iterator[pa.RecordBatch]:
+        """The rows of entries (begin, end] of partition ``name``, read on the driver the
+        way the tasks read them (archive files, then the tail); each partition's reader is
+        closed when it is done or when this generator is."""
+        for partition in self._plan(name, begin, end):
+            batches = self._read_partition(partition, check=False)
+            try:
+                yield from batches
+            finally:
+                batches.close()
 
     def reportLatestOffset(self) -> dict | None:
         """Spark's latestOffset in the query's progress (``sources[].latestOffset``):
@@ -299,22 +307,17 @@ class MagnetarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         chosen, used = None, 0
         counted = 0
         current, current_rows = None, 0
-        for partition in self._plan(name, begin, end):
-            batches = self._read_partition(partition, check=False)
-            try:
-                for batch in batches:
-                    for position in zip(batch.column("ledger_id").to_pylist(),
-                                        batch.column("entry_id").to_pylist()):
-                        if position != current:
-                            if current is not None:
-                                if chosen is not None and counted + current_rows > budget:
-                                    return chosen, used
-                                counted += current_rows
-                                chosen, used = current, counted
-                            current, current_rows = position, 0
-                        current_rows += 1
-            finally:
-                batches.close()
+        with contextlib.closing(self._driver_batches(name, begin, end)) as batches:
+            for batch in batches:
+                for position in zip(batch.column("ledger_id").to_pylist(), batch.column("entry_id").to_pylist()):
+                    if position != current:
+                        if current is not None:
+                            if chosen is not None and counted + current_rows > budget:
+                                return chosen, used
+                            counted += current_rows
+                            chosen, used = current, counted
+                        current, current_rows = position, 0
+                    current_rows += 1
         if current is not None and (chosen is None or counted + current_rows <= budget):
             counted += current_rows
             chosen, used = current, counted
